@@ -1,0 +1,74 @@
+"""A billing budget on the environment's project with email and Pub/Sub alerts (S14).
+
+A budget alerts; it never caps spend. The optional Pub/Sub topic is where an automated reaction
+(stopping TPU VMs) subscribes. Setting it needs `pubsub.topics.setIamPolicy` on the topic for the
+deployer; Cloud Billing then grants itself publish rights.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pulumi
+import pulumi_gcp as gcp
+
+from infra.apis import ProjectApis
+from infra.config import PlatformConfig
+
+
+class BudgetAlerts(pulumi.ComponentResource):
+    def __init__(self, name: str, cfg: PlatformConfig, apis: ProjectApis, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("tpu-platform:billing:BudgetAlerts", name, None, opts)
+        budget = cfg.budget
+        self.channels = [
+            gcp.monitoring.NotificationChannel(
+                f"{name}-email-{i}",
+                project=cfg.project,
+                display_name=f"{cfg.stack} budget: {email}",
+                type="email",
+                labels={"email_address": email},
+                user_labels=cfg.labels,
+                opts=pulumi.ResourceOptions(parent=self, depends_on=apis.needs("monitoring")),
+            )
+            for i, email in enumerate(budget.emails)
+        ]
+        self.topic = (
+            gcp.pubsub.Topic(
+                f"{name}-topic",
+                name=f"{cfg.stack}-budget-alerts",
+                project=cfg.project,
+                labels=cfg.labels,
+                opts=pulumi.ResourceOptions(parent=self, depends_on=apis.needs("pubsub")),
+            )
+            if budget.pubsub_topic
+            else None
+        )
+        project_number = gcp.organizations.get_project_output(project_id=cfg.project).number
+        units = math.floor(budget.amount)
+        self.budget = gcp.billing.Budget(
+            f"{name}-budget",
+            billing_account=cfg.billing_account,
+            display_name=f"{cfg.project} {cfg.stack}"[:60],
+            budget_filter=gcp.billing.BudgetBudgetFilterArgs(
+                projects=[project_number.apply(lambda n: f"projects/{n}")],
+                calendar_period="MONTH",
+            ),
+            amount=gcp.billing.BudgetAmountArgs(
+                specified_amount=gcp.billing.BudgetAmountSpecifiedAmountArgs(
+                    currency_code=budget.currency,
+                    units=str(units),
+                    nanos=round((budget.amount - units) * 1e9) or None,
+                )
+            ),
+            threshold_rules=[
+                gcp.billing.BudgetThresholdRuleArgs(threshold_percent=t.percent / 100, spend_basis=t.basis)
+                for t in budget.thresholds
+            ],
+            all_updates_rule=gcp.billing.BudgetAllUpdatesRuleArgs(
+                monitoring_notification_channels=[c.name for c in self.channels],
+                pubsub_topic=self.topic.id if self.topic else None,
+                schema_version="1.0" if self.topic else None,
+            ),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=apis.needs("billingbudgets")),
+        )
+        self.register_outputs({"name": self.budget.name})

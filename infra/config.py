@@ -1,0 +1,311 @@
+"""A stack's settings, parsed and validated once into frozen objects.
+
+Components never read `pulumi.Config`; they take these objects, so they are testable with plain
+values. `parse_stack_config` is pure: it takes the raw config strings exactly as Pulumi hands them to
+the program (objects JSON-encoded) and either returns a `PlatformConfig` or raises one `ConfigError`
+listing every bad setting with its key, value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from infra import iam, naming
+from infra.schema import MISSING, ConfigError, Node, Problems
+
+PROJECT = "tpu-platform"
+BUCKET_PURPOSES = ("data", "checkpoints", "models")
+# Settings that are objects; Pulumi hands them over JSON-encoded.
+OBJECT_KEYS = ("buckets", "budget", "workloads")
+SCALAR_KEYS = ("owner", "billingAccount", "production", "namePrefix")
+
+# Cloud Storage locations (https://cloud.google.com/storage/docs/locations): multi-regions,
+# predefined dual-regions and the regions where Cloud TPUs run or data is commonly kept.
+BUCKET_LOCATIONS = frozenset(
+    {
+        "US",
+        "EU",
+        "ASIA",
+        "NAM4",
+        "EUR4",
+        "EUR5",
+        "EUR7",
+        "EUR8",
+        "ASIA1",
+        "US-CENTRAL1",
+        "US-CENTRAL2",
+        "US-EAST1",
+        "US-EAST4",
+        "US-EAST5",
+        "US-SOUTH1",
+        "US-WEST1",
+        "US-WEST4",
+        "EUROPE-WEST4",
+        "EUROPE-WEST1",
+        "ASIA-EAST1",
+        "ASIA-NORTHEAST1",
+        "ASIA-SOUTHEAST1",
+    }
+)
+STORAGE_CLASSES = ("STANDARD", "NEARLINE", "COLDLINE", "ARCHIVE")
+SPEND_BASIS = {"current": "CURRENT_SPEND", "forecasted": "FORECASTED_SPEND"}
+GCP_PROJECT_ID = r"[a-z][a-z0-9-]{4,28}[a-z0-9]"
+BILLING_ACCOUNT = r"[0-9A-F]{6}-[0-9A-F]{6}-[0-9A-F]{6}"
+KMS_KEY = re.compile(r"projects/(?P<project>[^/]+)/locations/(?P<location>[^/]+)/keyRings/[^/]+/cryptoKeys/[^/]+")
+EMAIL = r"[^@\s]+@[^@\s]+\.[a-z]{2,}"
+MAX_BUDGET_CHANNELS = 5  # the Billing Budgets API accepts at most 5 monitoring channels
+
+
+@dataclass(frozen=True)
+class BucketSettings:
+    location: str
+    storage_class: str
+    kms_key_name: str | None
+    noncurrent_versions_to_keep: int
+    noncurrent_version_days: int
+    # Purposes whose bucket, objects included, `pulumi destroy` may delete. Empty by default.
+    destroyable: frozenset[str]
+
+
+@dataclass(frozen=True)
+class Threshold:
+    percent: float  # 100 = the whole budget
+    basis: str  # CURRENT_SPEND | FORECASTED_SPEND
+
+
+@dataclass(frozen=True)
+class BudgetSettings:
+    amount: float
+    currency: str
+    thresholds: tuple[Threshold, ...]
+    emails: tuple[str, ...]
+    pubsub_topic: bool
+
+
+@dataclass(frozen=True)
+class WorkloadSettings:
+    name: str
+    description: str
+    bucket_access: tuple[tuple[str, str], ...]  # (purpose, "read" | "write")
+    project_roles: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class PlatformConfig:
+    stack: str
+    project: str
+    region: str
+    owner: str
+    billing_account: str
+    production: bool
+    name_prefix: str
+    buckets: BucketSettings
+    budget: BudgetSettings
+    workloads: tuple[WorkloadSettings, ...]
+
+    @property
+    def environment(self) -> str:
+        return self.stack
+
+    def bucket_name(self, purpose: str) -> str:
+        return bucket_name(self.name_prefix, self.stack, purpose)
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return {"environment": self.stack, "owner": self.owner, "managed-by": "pulumi"}
+
+
+def bucket_name(prefix: str, stack: str, purpose: str) -> str:
+    return f"{prefix}-{stack}-{purpose}"
+
+
+def service_account_id(workload: str, stack: str) -> str:
+    return f"tpu-{workload}-{stack}"
+
+
+def parse_stack_config(stack: str, raw: Mapping[str, str]) -> PlatformConfig:
+    """Parse the raw config of `stack` (keys like `tpu-platform:budget`), or raise ConfigError."""
+    problems = Problems()
+    own, gcp = _split_namespaces(stack, raw, problems)
+    root = Node(own, "", problems)
+
+    if naming.label_value_problem(stack) or not re.fullmatch(r"[a-z][a-z0-9-]{0,11}", stack):
+        problems.add("stack name", stack, "1-12 lowercase letters, digits and '-', starting with a letter")
+    project = Node(gcp, "", problems).str(
+        "gcp:project", pattern=GCP_PROJECT_ID, allowed="a GCP project id: 6-30 lowercase letters, digits and '-'"
+    )
+    region = gcp.get("gcp:region", "us-central1")
+
+    owner = root.str(f"{PROJECT}:owner", check=_label_value)
+    billing_account = root.str(
+        f"{PROJECT}:billingAccount", pattern=BILLING_ACCOUNT, allowed="a billing account id like 012345-6789AB-CDEF01"
+    )
+    production = root.bool(f"{PROJECT}:production", False)
+    name_prefix = root.str(f"{PROJECT}:namePrefix", "") or project or ""
+
+    buckets = _buckets(root.child(f"{PROJECT}:buckets"), production, problems)
+    budget = _budget(root.child(f"{PROJECT}:budget"))
+    workloads = tuple(_workload(name, node) for name, node in root.items(f"{PROJECT}:workloads"))
+    if not workloads:
+        problems.add(f"{PROJECT}:workloads", MISSING, "declare at least one workload")
+    root.done([f"{PROJECT}:{k}" for k in SCALAR_KEYS + OBJECT_KEYS])
+
+    if name_prefix and not problems.items:
+        for purpose in BUCKET_PURPOSES:
+            name = bucket_name(name_prefix, stack, purpose)
+            if why := naming.bucket_name_problem(name):
+                problems.add(f"{PROJECT}:namePrefix", name_prefix, f"gives bucket name '{name}', which needs {why}")
+                break
+        for w in workloads:
+            account = service_account_id(w.name, stack)
+            if why := naming.service_account_id_problem(account):
+                problems.add(
+                    f"{PROJECT}:workloads.{w.name}", w.name, f"gives service account id '{account}', which needs {why}"
+                )
+
+    problems.raise_if_any(stack)
+    return PlatformConfig(
+        stack=stack,
+        project=project,
+        region=region,
+        owner=owner,
+        billing_account=billing_account,
+        production=production,
+        name_prefix=name_prefix,
+        buckets=buckets,
+        budget=budget,
+        workloads=workloads,
+    )
+
+
+def _split_namespaces(stack: str, raw: Mapping[str, str], problems: Problems) -> tuple[dict[str, Any], dict[str, Any]]:
+    own: dict[str, Any] = {}
+    gcp: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key.startswith(f"{PROJECT}:"):
+            if key.removeprefix(f"{PROJECT}:") in OBJECT_KEYS and isinstance(value, str):
+                try:
+                    value = json.loads(value)
+                except json.JSONDecodeError:
+                    problems.add(key, value, "must be a YAML mapping (Pulumi passes it as JSON)")
+                    continue
+            own[key] = value
+        elif key.startswith("gcp:"):
+            gcp[key] = value
+    return own, gcp
+
+
+def _label_value(value: str) -> str | None:
+    if not value:
+        return "must not be empty"
+    return naming.label_value_problem(value)
+
+
+def _buckets(node: Node | None, production: bool, problems: Problems) -> BucketSettings:
+    if node is None:
+        return BucketSettings("", "STANDARD", None, 0, 0, frozenset())
+    location = node.str("location", choices=BUCKET_LOCATIONS)
+    kms_key_name = node.str(
+        "kmsKeyName", None, pattern=KMS_KEY.pattern, allowed="projects/P/locations/L/keyRings/R/cryptoKeys/K"
+    )
+    destroyable = node.str_list("destroyable", [], choices=BUCKET_PURPOSES)
+    settings = BucketSettings(
+        location=location,
+        storage_class=node.str("storageClass", "STANDARD", choices=STORAGE_CLASSES),
+        kms_key_name=kms_key_name,
+        noncurrent_versions_to_keep=node.number("noncurrentVersionsToKeep", 3, minimum=1, maximum=100, integer=True),
+        noncurrent_version_days=node.number("noncurrentVersionDays", 30, minimum=1, maximum=3650, integer=True),
+        destroyable=frozenset(destroyable or ()),
+    )
+    node.done()
+    if kms_key_name and location:
+        key_location = KMS_KEY.fullmatch(kms_key_name)
+        if key_location and key_location["location"].upper() != location:
+            problems.add(
+                node.key("kmsKeyName"),
+                kms_key_name,
+                f"the key must be in the buckets' location {location.lower()}, not {key_location['location']}",
+            )
+    if production:
+        if not kms_key_name:
+            problems.add(
+                node.key("kmsKeyName"),
+                MISSING,
+                "required when production is true (customer-managed encryption)",
+            )
+        if destroyable:
+            problems.add(
+                node.key("destroyable"),
+                destroyable,
+                "must be empty when production is true: no production bucket is destroyable",
+            )
+    return settings
+
+
+def _budget(node: Node | None) -> BudgetSettings:
+    if node is None:
+        return BudgetSettings(0, "USD", (), (), False)
+    thresholds = []
+    for t in node.elements("thresholds", max_items=20):
+        thresholds.append(
+            Threshold(
+                percent=t.number("percent", minimum=0, maximum=1000, exclusive_minimum=True),
+                basis=SPEND_BASIS.get(t.str("basis", "current", choices=SPEND_BASIS) or "", ""),
+            )
+        )
+        t.done()
+    seen = [(t.percent, t.basis) for t in thresholds]
+    for i, pair in enumerate(seen):
+        if pair in seen[:i]:
+            node.problems.add(
+                f"{node.key('thresholds')}[{i}]",
+                {"percent": pair[0]},
+                "duplicates an earlier threshold with the same percent and basis",
+            )
+    if not thresholds:
+        node.problems.add(node.key("thresholds"), MISSING, "list at least one threshold")
+    settings = BudgetSettings(
+        amount=node.number("amount", minimum=0, exclusive_minimum=True),
+        currency=node.str(
+            "currency",
+            "USD",
+            pattern=r"[A-Z]{3}",
+            allowed="an ISO 4217 code like USD, matching the billing account's currency",
+        ),
+        thresholds=tuple(thresholds),
+        emails=tuple(
+            node.str_list("emails", [], max_items=MAX_BUDGET_CHANNELS, pattern=EMAIL, allowed="an email address") or ()
+        ),
+        pubsub_topic=node.bool("pubsubTopic", False),
+    )
+    node.done()
+    return settings
+
+
+def _workload(name: str, node: Node) -> WorkloadSettings:
+    if why := naming.resource_id_problem(name, max_length=16):
+        node.problems.add(node.path, name, f"workload names need {why}")
+    access_node = node.child("bucketAccess", {})
+    access = dict(iam.DEFAULT_BUCKET_ACCESS)
+    if access_node is not None:
+        for purpose in BUCKET_PURPOSES:
+            level = access_node.str(purpose, access[purpose], choices=(*iam.BUCKET_ROLE_FOR_ACCESS, "none"))
+            if level:
+                access[purpose] = level
+        access_node.done(BUCKET_PURPOSES)
+    roles = node.str_list("projectRoles", list(iam.DEFAULT_PROJECT_ROLES), choices=iam.ALLOWED_PROJECT_ROLES)
+    settings = WorkloadSettings(
+        name=name,
+        description=node.str("description", f"TPU workload {name}"),
+        bucket_access=tuple((p, level) for p, level in access.items() if level != "none"),
+        project_roles=tuple(roles or ()),
+    )
+    node.done()
+    return settings
+
+
+__all__ = ["ConfigError", "PlatformConfig", "parse_stack_config"]

@@ -1,0 +1,59 @@
+"""One dedicated service account per workload, holding only allow-listed roles (S25).
+
+Never the default Compute Engine account and never a key. Project roles come from the workload's
+config (already checked against `iam.ALLOWED_PROJECT_ROLES`); storage roles are granted on each
+bucket the workload uses, not on the project.
+"""
+
+from __future__ import annotations
+
+import pulumi
+import pulumi_gcp as gcp
+
+from infra import iam
+from infra.apis import ProjectApis
+from infra.config import PlatformConfig, WorkloadSettings, service_account_id
+
+
+class WorkloadIdentity(pulumi.ComponentResource):
+    def __init__(
+        self,
+        name: str,
+        cfg: PlatformConfig,
+        workload: WorkloadSettings,
+        buckets: dict[str, gcp.storage.Bucket],
+        apis: ProjectApis,
+        opts: pulumi.ResourceOptions | None = None,
+    ):
+        super().__init__("tpu-platform:iam:WorkloadIdentity", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        self.account = gcp.serviceaccount.Account(
+            f"{name}-sa",
+            account_id=service_account_id(workload.name, cfg.stack),
+            display_name=f"TPU workload {workload.name} ({cfg.stack})",
+            description=workload.description,
+            project=cfg.project,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=apis.needs("iam")),
+        )
+        self.email = self.account.email
+        member = self.account.email.apply(iam.service_account_member)
+
+        for role in workload.project_roles:
+            gcp.projects.IAMMember(
+                f"{name}-{role.removeprefix('roles/').replace('.', '-')}",
+                project=cfg.project,
+                role=role,
+                member=member,
+                opts=pulumi.ResourceOptions.merge(
+                    child, pulumi.ResourceOptions(depends_on=apis.needs("cloudresourcemanager"))
+                ),
+            )
+        for purpose, access in workload.bucket_access:
+            gcp.storage.BucketIAMMember(
+                f"{name}-{purpose}-{access}",
+                bucket=buckets[purpose].name,
+                role=iam.BUCKET_ROLE_FOR_ACCESS[access],
+                member=member,
+                opts=child,
+            )
+        self.register_outputs({"email": self.email})

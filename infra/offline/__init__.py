@@ -1,0 +1,1 @@
+"""The offline plan: the real program run in-process under Pulumi's mocks."""

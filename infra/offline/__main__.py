@@ -1,0 +1,46 @@
+"""`python -m infra.offline plan [--stack dev] [--json]`: what `pulumi up` would create, offline."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import pulumi
+
+from infra.offline.render import to_json, to_text
+from infra.offline.runner import plan_stack
+from infra.offline.stackfile import StackFileError, available_stacks, stack_of
+from infra.schema import ConfigError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m infra.offline", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    plan = commands.add_parser("plan", help="run the program under mocks and print the planned resources")
+    plan.add_argument("--stack", default="dev", help=f"stack file to plan (here: {', '.join(available_stacks())})")
+    plan.add_argument("--stack-file", type=Path, help="plan this Pulumi.<stack>.yaml instead (e.g. a draft)")
+    plan.add_argument("--json", action="store_true", help="print the plan as JSON")
+    args = parser.parse_args(argv)
+
+    try:
+        stack = stack_of(args.stack_file) if args.stack_file else args.stack
+        result = plan_stack(stack, args.stack_file)
+    except (ConfigError, StackFileError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except pulumi.RunError as error:  # the program's own config error, as `pulumi up` would show it
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+    if args.json:
+        json.dump(to_json(result), sys.stdout, indent=2, sort_keys=True, default=str)
+        print()
+    else:
+        print(to_text(result), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+"""Pulumi mocks that answer like GCP and record every registration.
+
+Computed outputs are realistic and deterministic (derived from names by hashing), so two plans of
+the same stack are identical and a plan reads like `pulumi preview` against a real project.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import pulumi
+from pulumi.runtime import rpc
+from pulumi.runtime.mocks import MockCallArgs, MockMonitor, MockResourceArgs
+from pulumi.runtime.sync_await import _ensure_event_loop
+
+
+def _digits(seed: str, count: int) -> str:
+    return str(int(hashlib.sha256(seed.encode()).hexdigest(), 16))[:count]
+
+
+def _hex(seed: str, count: int) -> str:
+    return hashlib.sha256(seed.encode()).hexdigest()[:count]
+
+
+def project_number(project: str) -> str:
+    return "1" + _digits(project, 11)
+
+
+class GcpMocks(pulumi.runtime.Mocks):
+    def __init__(self, default_project: str):
+        self.default_project = default_project
+
+    def call(self, args: MockCallArgs) -> tuple[dict, list[tuple[str, str]] | None]:
+        inputs = args.args
+        project = inputs.get("projectId") or inputs.get("project") or self.default_project
+        if args.token == "gcp:organizations/getProject:getProject":
+            return {"projectId": project, "number": project_number(project), "name": project}, []
+        if args.token == "gcp:storage/getProjectServiceAccount:getProjectServiceAccount":
+            email = f"service-{project_number(project)}@gs-project-accounts.iam.gserviceaccount.com"
+            return {"emailAddress": email, "member": f"serviceAccount:{email}", "project": project}, []
+        if args.token == "gcp:compute/getDefaultServiceAccount:getDefaultServiceAccount":
+            email = f"{project_number(project)}-compute@developer.gserviceaccount.com"
+            return {"email": email, "member": f"serviceAccount:{email}", "project": project}, []
+        raise NotImplementedError(f"offline plan has no mock for the data source {args.token}")
+
+    def new_resource(self, args: MockResourceArgs) -> tuple[str | None, dict]:
+        inputs = dict(args.inputs)
+        project = inputs.get("project", self.default_project)
+        state: dict[str, Any] = {"project": project, **inputs}
+        name = inputs.get("name") or args.name
+        token = args.typ
+        if token == "gcp:serviceaccount/account:Account":
+            email = f"{inputs['accountId']}@{project}.iam.gserviceaccount.com"
+            state |= {
+                "email": email,
+                "member": f"serviceAccount:{email}",
+                "name": f"projects/{project}/serviceAccounts/{email}",
+                "uniqueId": "1" + _digits(email, 20),
+            }
+            return f"projects/{project}/serviceAccounts/{email}", state
+        if token == "gcp:storage/bucket:Bucket":
+            state |= {"url": f"gs://{name}", "selfLink": f"https://www.googleapis.com/storage/v1/b/{name}"}
+            return name, state
+        if token == "gcp:projects/service:Service":
+            return f"{project}/{inputs['service']}", state
+        if token == "gcp:billing/budget:Budget":
+            budget_id = _hex(f"{self.default_project}/{args.name}/{inputs.get('billingAccount')}", 32)
+            state["name"] = f"billingAccounts/{inputs.get('billingAccount')}/budgets/{budget_id}"
+            return state["name"], state
+        if token == "gcp:monitoring/notificationChannel:NotificationChannel":
+            state["name"] = f"projects/{project}/notificationChannels/{_digits(args.name, 19)}"
+            return state["name"], state
+        if token == "gcp:pubsub/topic:Topic":
+            return f"projects/{project}/topics/{name}", state
+        if token.startswith("gcp:compute/"):
+            kind = {
+                "network": "networks",
+                "subnetwork": "subnetworks",
+                "firewall": "firewalls",
+                "router": "routers",
+            }.get(token.split("/")[1].split(":")[0].lower())
+            if kind:
+                region = f"regions/{inputs['region']}/" if "region" in inputs else "global/"
+                state["selfLink"] = f"https://www.googleapis.com/compute/v1/projects/{project}/{region}{kind}/{name}"
+                state.setdefault("name", name)
+                return f"projects/{project}/{region}{kind}/{name}", state
+        if token == "gcp:tpu/v2Vm:V2Vm":
+            state |= {
+                "state": "READY",
+                "networkEndpoints": [{"ipAddress": f"10.{i}.0.2", "port": 8470} for i in range(1)],
+            }
+            return f"projects/{project}/locations/{inputs.get('zone')}/nodes/{name}", state
+        return f"{args.name}-id", state
+
+
+@dataclass
+class Registration:
+    """One resource as the engine would receive it: inputs plus the options that matter to a reviewer."""
+
+    urn: str
+    type: str
+    name: str
+    parent: str
+    custom: bool
+    inputs: dict[str, Any]
+    dependencies: list[str] = field(default_factory=list)
+    protect: bool = False
+    retain_on_delete: bool = False
+    ignore_changes: list[str] = field(default_factory=list)
+
+
+class RecordingMonitor(MockMonitor):
+    def __init__(self, mocks: GcpMocks):
+        super().__init__(mocks)
+        self.registrations: list[Registration] = []
+
+    def RegisterResource(self, request):  # noqa: N802 - the gRPC method name
+        response = super().RegisterResource(request)
+        if request.type != "pulumi:pulumi:Stack":
+            _ensure_event_loop()
+            self.registrations.append(
+                Registration(
+                    urn=response.urn,
+                    type=request.type,
+                    name=request.name,
+                    parent=request.parent,
+                    custom=request.custom,
+                    inputs=rpc.deserialize_properties(request.object),
+                    dependencies=sorted(request.dependencies),
+                    protect=bool(request.protect),
+                    retain_on_delete=bool(request.retainOnDelete),
+                    ignore_changes=list(request.ignoreChanges),
+                )
+            )
+        return response

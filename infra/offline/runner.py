@@ -1,0 +1,91 @@
+"""Run a Pulumi program in-process under the recording GCP mocks and collect what it declared."""
+
+from __future__ import annotations
+
+import runpy
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pulumi
+import pulumi.runtime
+from pulumi.runtime import settings
+from pulumi.runtime.stack import run_pulumi_func
+from pulumi.runtime.sync_await import _sync_await
+
+from infra.offline.mocks import GcpMocks, RecordingMonitor, Registration
+from infra.offline.stackfile import ROOT, project_name, read_stack_config
+
+
+@dataclass
+class PlanResult:
+    stack: str
+    project: str
+    resources: list[Registration]
+    outputs: dict[str, Any]
+    warnings: list[str] = field(default_factory=list)
+
+    def of_type(self, token: str) -> list[Registration]:
+        return [r for r in self.resources if r.type == token]
+
+    def by_urn(self) -> dict[str, Registration]:
+        return {r.urn: r for r in self.resources}
+
+
+class _WarningCollector:
+    """Receives the engine log (pulumi.log.warn) that would appear in `pulumi preview`."""
+
+    def __init__(self) -> None:
+        self.warnings: list[str] = []
+
+    def debug(self, msg: str) -> None: ...
+    def info(self, msg: str) -> None: ...
+
+    def warning(self, msg: str) -> None:
+        self.warnings.append(msg)
+
+    def error(self, msg: str) -> None:
+        self.warnings.append(f"error: {msg}")
+
+
+def run_program(
+    stack: str,
+    config: dict[str, str],
+    program: Callable[[], Any] | None = None,
+    project: str = "tpu-platform",
+    monitor: RecordingMonitor | None = None,
+) -> PlanResult:
+    """Run `program` (default: the real `__main__.py`) with `config` as the stack's config.
+
+    Each call starts from a clean runtime, so runs never see each other's resources or outputs.
+    Pass `monitor` to inspect what was registered even when the program fails.
+    """
+    gcp_project = config.get("gcp:project", "offline-project")
+    monitor = monitor or RecordingMonitor(GcpMocks(gcp_project))
+    mocks = monitor.mocks
+    log = _WarningCollector()
+    settings.reset_options(project=project, stack=stack)
+    pulumi.runtime.set_all_config(dict(config))
+    pulumi.runtime.set_mocks(mocks, project=project, stack=stack, preview=False, monitor=monitor, logger=log)  # type: ignore[arg-type]
+    root = settings.get_root_resource()
+    collected: dict[str, Any] = {}
+
+    def body() -> None:
+        if program is None:
+            runpy.run_path(str(ROOT / "__main__.py"), run_name="__main__")
+        else:
+            program()
+        outputs = getattr(root, "outputs", {})
+        collected.update(_sync_await(pulumi.Output.from_input(outputs).future()) or {})
+
+    try:
+        _sync_await(run_pulumi_func(body))
+    finally:
+        settings.set_root_resource(None)  # type: ignore[arg-type]
+    return PlanResult(stack, gcp_project, monitor.registrations, collected, log.warnings)
+
+
+def plan_stack(stack: str, stack_file: Path | None = None) -> PlanResult:
+    """The offline plan of a stack file: the real program with that stack's config."""
+    return run_program(stack, read_stack_config(stack, ROOT, stack_file), project=project_name(ROOT))

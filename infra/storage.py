@@ -1,0 +1,96 @@
+"""Cloud Storage for data, checkpoints and models (S12, S25, S26).
+
+Secure and keep-by-default: uniform access, public access prevention enforced, versioning, optional
+CMEK, and a bucket survives `pulumi destroy` (retain_on_delete) unless its stack lists it as
+destroyable. Production buckets are also `protect`ed, so even a delete in the program is refused.
+"""
+
+from __future__ import annotations
+
+import pulumi
+import pulumi_gcp as gcp
+
+from infra.apis import ProjectApis
+from infra.config import BUCKET_PURPOSES, PlatformConfig
+
+# Incomplete multipart uploads (an interrupted checkpoint write) cost money and are never read.
+ABORT_UPLOADS_AFTER_DAYS = 1
+
+
+class PlatformBuckets(pulumi.ComponentResource):
+    def __init__(self, name: str, cfg: PlatformConfig, apis: ProjectApis, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("tpu-platform:storage:Buckets", name, None, opts)
+        settings = cfg.buckets
+        needs: list[pulumi.Resource] = apis.needs("storage")
+
+        if settings.kms_key_name:
+            # The Cloud Storage service agent encrypts with the key; grant it on that key only.
+            agent = gcp.storage.get_project_service_account_output(
+                project=cfg.project, opts=pulumi.InvokeOutputOptions(depends_on=needs)
+            )
+            needs = [
+                *needs,
+                gcp.kms.CryptoKeyIAMMember(
+                    f"{name}-cmek-agent",
+                    crypto_key_id=settings.kms_key_name,
+                    role="roles/cloudkms.cryptoKeyEncrypterDecrypter",
+                    member=agent.email_address.apply(lambda email: f"serviceAccount:{email}"),
+                    opts=pulumi.ResourceOptions(parent=self, depends_on=apis.needs("cloudkms")),
+                ),
+            ]
+
+        self.buckets: dict[str, gcp.storage.Bucket] = {}
+        for purpose in BUCKET_PURPOSES:
+            destroyable = purpose in settings.destroyable
+            self.buckets[purpose] = gcp.storage.Bucket(
+                f"{name}-{purpose}",
+                name=cfg.bucket_name(purpose),
+                project=cfg.project,
+                location=settings.location,
+                storage_class=settings.storage_class,
+                uniform_bucket_level_access=True,
+                public_access_prevention="enforced",
+                versioning=gcp.storage.BucketVersioningArgs(enabled=True),
+                lifecycle_rules=_lifecycle_rules(
+                    settings.noncurrent_versions_to_keep, settings.noncurrent_version_days
+                ),
+                encryption=(
+                    gcp.storage.BucketEncryptionArgs(default_kms_key_name=settings.kms_key_name)
+                    if settings.kms_key_name
+                    else None
+                ),
+                force_destroy=destroyable,
+                labels={**cfg.labels, "purpose": purpose},
+                opts=pulumi.ResourceOptions(
+                    parent=self,
+                    depends_on=needs,
+                    retain_on_delete=not destroyable,
+                    protect=cfg.production,
+                ),
+            )
+        self.urls = {p: b.url for p, b in self.buckets.items()}
+        self.register_outputs({"urls": self.urls})
+
+
+def _lifecycle_rules(versions_to_keep: int, noncurrent_days: int) -> list[gcp.storage.BucketLifecycleRuleArgs]:
+    delete = gcp.storage.BucketLifecycleRuleActionArgs(type="Delete")
+    return [
+        # Old versions of overwritten objects (checkpoints, `latest` pointers) expire...
+        gcp.storage.BucketLifecycleRuleArgs(
+            action=delete,
+            condition=gcp.storage.BucketLifecycleRuleConditionArgs(
+                days_since_noncurrent_time=noncurrent_days, with_state="ARCHIVED"
+            ),
+        ),
+        # ...and never pile up beyond a few per object.
+        gcp.storage.BucketLifecycleRuleArgs(
+            action=delete,
+            condition=gcp.storage.BucketLifecycleRuleConditionArgs(
+                num_newer_versions=versions_to_keep, with_state="ARCHIVED"
+            ),
+        ),
+        gcp.storage.BucketLifecycleRuleArgs(
+            action=gcp.storage.BucketLifecycleRuleActionArgs(type="AbortIncompleteMultipartUpload"),
+            condition=gcp.storage.BucketLifecycleRuleConditionArgs(age=ABORT_UPLOADS_AFTER_DAYS),
+        ),
+    ]

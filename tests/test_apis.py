@@ -1,0 +1,49 @@
+"""APIs: enabled per stack, never disabled on destroy, and waited for by every resource that uses them."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support import depends_on, plan, stack_config
+
+# Which API each resource type needs. Kept here, independent of the program, so a component that
+# forgets its dependency fails this test.
+API_FOR_TYPE = {
+    "gcp:storage/bucket:Bucket": "storage.googleapis.com",
+    "gcp:storage/bucketIAMMember:BucketIAMMember": "storage.googleapis.com",
+    "gcp:serviceaccount/account:Account": "iam.googleapis.com",
+    "gcp:projects/iAMMember:IAMMember": "cloudresourcemanager.googleapis.com",
+    "gcp:billing/budget:Budget": "billingbudgets.googleapis.com",
+    "gcp:monitoring/notificationChannel:NotificationChannel": "monitoring.googleapis.com",
+    "gcp:pubsub/topic:Topic": "pubsub.googleapis.com",
+    "gcp:kms/cryptoKeyIAMMember:CryptoKeyIAMMember": "cloudkms.googleapis.com",
+}
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_every_resource_waits_for_its_api(stack):
+    result = plan(stack_config(stack), stack)
+    services = {r.inputs["service"]: r.urn for r in result.of_type("gcp:projects/service:Service")}
+    checked = 0
+    for resource in result.resources:
+        if not resource.custom or resource.type == "gcp:projects/service:Service":
+            continue
+        assert resource.type in API_FOR_TYPE, f"add {resource.type} to API_FOR_TYPE"
+        api = API_FOR_TYPE[resource.type]
+        assert api in services, f"{resource.name} needs {api}, which the stack does not enable"
+        assert depends_on(result, resource, services[api]), f"{resource.name} does not wait for {api}"
+        checked += 1
+    assert checked > 10
+
+
+def test_apis_stay_enabled_on_destroy():
+    for service in plan(stack_config()).of_type("gcp:projects/service:Service"):
+        assert service.inputs["disableOnDestroy"] is False
+
+
+def test_optional_apis_follow_the_config():
+    dev = {s.inputs["service"] for s in plan(stack_config("dev")).of_type("gcp:projects/service:Service")}
+    prod = {s.inputs["service"] for s in plan(stack_config("prod"), "prod").of_type("gcp:projects/service:Service")}
+    assert {"tpu.googleapis.com", "compute.googleapis.com", "billingbudgets.googleapis.com"} <= dev
+    assert "cloudkms.googleapis.com" not in dev and "pubsub.googleapis.com" not in dev
+    assert {"cloudkms.googleapis.com", "pubsub.googleapis.com"} <= prod

@@ -1,0 +1,49 @@
+"""Budget alerts: thresholds from config, email channels, optional Pub/Sub topic for automation."""
+
+from __future__ import annotations
+
+from infra.offline.mocks import project_number
+from tests.support import plan, stack_config, with_object
+
+BUDGET = "gcp:billing/budget:Budget"
+
+
+def test_dev_budget_amount_thresholds_and_scope():
+    (budget,) = plan(stack_config()).of_type(BUDGET)
+    assert budget.inputs["billingAccount"] == "01A2B3-C4D5E6-F7A8B9"
+    assert budget.inputs["amount"] == {"specifiedAmount": {"currencyCode": "USD", "units": "300"}}
+    assert budget.inputs["thresholdRules"] == [
+        {"thresholdPercent": 0.5, "spendBasis": "CURRENT_SPEND"},
+        {"thresholdPercent": 0.9, "spendBasis": "CURRENT_SPEND"},
+        {"thresholdPercent": 1.0, "spendBasis": "FORECASTED_SPEND"},
+    ]
+    assert budget.inputs["budgetFilter"]["projects"] == [f"projects/{project_number('acme-ml-sandbox')}"]
+
+
+def test_fractional_amount_uses_nanos():
+    raw = with_object(stack_config(), "budget", lambda b: b.update(amount=99.5))
+    (budget,) = plan(raw).of_type(BUDGET)
+    assert budget.inputs["amount"]["specifiedAmount"] == {"currencyCode": "USD", "units": "99", "nanos": 500000000}
+
+
+def test_email_channels_feed_the_budget():
+    result = plan(stack_config("prod"), "prod")
+    channels = result.of_type("gcp:monitoring/notificationChannel:NotificationChannel")
+    assert sorted(c.inputs["labels"]["email_address"] for c in channels) == [
+        "finops@acme.example",
+        "ml-platform-alerts@acme.example",
+    ]
+    (budget,) = result.of_type(BUDGET)
+    names = budget.inputs["allUpdatesRule"]["monitoringNotificationChannels"]
+    assert len(names) == 2 and all(n.startswith("projects/acme-ml-production/notificationChannels/") for n in names)
+
+
+def test_pubsub_topic_only_when_asked():
+    assert not plan(stack_config("dev")).of_type("gcp:pubsub/topic:Topic")
+    result = plan(stack_config("prod"), "prod")
+    (topic,) = result.of_type("gcp:pubsub/topic:Topic")
+    (budget,) = result.of_type(BUDGET)
+    assert (
+        budget.inputs["allUpdatesRule"]["pubsubTopic"] == f"projects/acme-ml-production/topics/{topic.inputs['name']}"
+    )
+    assert budget.inputs["allUpdatesRule"]["schemaVersion"] == "1.0"

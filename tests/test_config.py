@@ -1,0 +1,153 @@
+"""Stack settings are parsed without Pulumi: every bad value gets one clear, complete message."""
+
+from __future__ import annotations
+
+import pytest
+
+from infra.config import parse_stack_config
+from infra.schema import ConfigError
+from tests.support import replace_object, stack_config, with_object, with_scalar
+
+
+def problems_of(raw: dict[str, str], stack: str = "dev") -> str:
+    with pytest.raises(ConfigError) as caught:
+        parse_stack_config(stack, raw)
+    message = str(caught.value)
+    assert message.startswith(f"stack '{stack}'")
+    return message
+
+
+def test_shipped_stacks_parse():
+    dev = parse_stack_config("dev", stack_config("dev"))
+    prod = parse_stack_config("prod", stack_config("prod"))
+    assert dev.buckets.destroyable == {"checkpoints", "models"}
+    assert not dev.production and dev.buckets.kms_key_name is None
+    assert prod.production and prod.buckets.kms_key_name and not prod.buckets.destroyable
+    assert prod.budget.amount > dev.budget.amount
+    assert dev.bucket_name("data") == "acme-ml-sandbox-dev-data"
+
+
+def test_defaults_from_pulumi_yaml_apply():
+    cfg = parse_stack_config("dev", stack_config("dev"))
+    assert cfg.name_prefix == "acme-ml-sandbox"  # namePrefix default "" means the project id
+
+
+def test_unknown_top_level_key_is_named():
+    raw = with_scalar(stack_config(), "tpu-platform:bucket", "oops")
+    message = problems_of(raw)
+    assert "tpu-platform:bucket = 'oops': unknown key" in message
+    assert "tpu-platform:buckets" in message  # lists what is known
+
+
+def test_unknown_nested_key_is_named():
+    raw = with_object(stack_config(), "buckets", lambda b: b.update(versionsToKeep=3))
+    assert "tpu-platform:buckets.versionsToKeep = 3: unknown key" in problems_of(raw)
+
+
+@pytest.mark.parametrize(
+    ("percent", "expected"),
+    [
+        (0, "must be a number > 0 and <= 1000"),
+        (-5, "must be a number > 0 and <= 1000"),
+        (5000, "must be a number > 0 and <= 1000"),
+        ("half", "must be a number"),
+    ],
+)
+def test_bad_threshold(percent, expected):
+    raw = with_object(stack_config(), "budget", lambda b: b["thresholds"].append({"percent": percent}))
+    message = problems_of(raw)
+    assert f"tpu-platform:budget.thresholds[3].percent = {percent!r}: {expected}" in message
+
+
+def test_duplicate_threshold():
+    raw = with_object(stack_config(), "budget", lambda b: b["thresholds"].append({"percent": 50}))
+    assert "tpu-platform:budget.thresholds[3]" in problems_of(raw)
+
+
+def test_unknown_spend_basis():
+    raw = with_object(stack_config(), "budget", lambda b: b["thresholds"].append({"percent": 70, "basis": "daily"}))
+    assert "thresholds[3].basis = 'daily': must be one of current, forecasted" in problems_of(raw)
+
+
+def test_bad_bucket_location():
+    raw = with_object(stack_config(), "buckets", lambda b: b.update(location="MARS-NORTH1"))
+    message = problems_of(raw)
+    assert "tpu-platform:buckets.location = 'MARS-NORTH1': must be one of" in message
+    assert "US-CENTRAL1" in message
+
+
+def test_disallowed_role_is_refused():
+    raw = with_object(stack_config(), "workloads", lambda w: w["mnist"].update(projectRoles=["roles/editor"]))
+    message = problems_of(raw)
+    assert "tpu-platform:workloads.mnist.projectRoles[0] = 'roles/editor': must be one of" in message
+    assert "roles/logging.logWriter" in message
+
+
+def test_bucket_access_levels_are_closed():
+    raw = with_object(stack_config(), "workloads", lambda w: w["mnist"].update(bucketAccess={"data": "admin"}))
+    assert "workloads.mnist.bucketAccess.data = 'admin': must be one of none, read, write" in problems_of(raw)
+
+
+def test_production_requires_cmek_and_nothing_destroyable():
+    def weaken(buckets):
+        del buckets["kmsKeyName"]
+        buckets["destroyable"] = ["data"]
+
+    message = problems_of(with_object(stack_config("prod"), "buckets", weaken), "prod")
+    assert "tpu-platform:buckets.kmsKeyName = (not set): required when production is true" in message
+    assert "tpu-platform:buckets.destroyable = ['data']: must be empty when production is true" in message
+
+
+def test_cmek_key_must_share_the_bucket_location():
+    key = "projects/k/locations/europe-west4/keyRings/r/cryptoKeys/c"
+    raw = with_object(stack_config("prod"), "buckets", lambda b: b.update(kmsKeyName=key))
+    assert "must be in the buckets' location us-central1, not europe-west4" in problems_of(raw, "prod")
+
+
+def test_missing_required_values():
+    raw = with_scalar(with_scalar(stack_config(), "billingAccount", None), "owner", None)
+    message = problems_of(raw)
+    assert "tpu-platform:billingAccount = (not set): required" in message
+    assert "tpu-platform:owner = (not set): required" in message
+    assert "2 invalid settings" in message
+
+
+def test_wrong_types():
+    raw = with_scalar(stack_config(), "production", "yes")
+    raw = with_object(raw, "budget", lambda b: b.update(emails="ops@acme.example"))
+    message = problems_of(raw)
+    assert "tpu-platform:production = 'yes': must be true or false" in message
+    assert "tpu-platform:budget.emails = 'ops@acme.example': must be a list, not a string" in message
+
+
+def test_too_many_budget_channels():
+    emails = [f"u{i}@acme.example" for i in range(6)]
+    raw = with_object(stack_config(), "budget", lambda b: b.update(emails=emails))
+    assert "must have at most 5 items" in problems_of(raw)
+
+
+def test_object_setting_that_is_not_a_mapping():
+    raw = with_scalar(stack_config(), "budget", "300")
+    assert "tpu-platform:budget = 300: must be a mapping, not int" in problems_of(raw)
+
+
+def test_name_prefix_that_breaks_bucket_names():
+    raw = with_scalar(stack_config(), "namePrefix", "Acme_ML")
+    message = problems_of(raw)
+    assert "tpu-platform:namePrefix = 'Acme_ML': gives bucket name 'Acme_ML-dev-data'" in message
+
+
+def test_workload_name_breaking_naming_rules():
+    message = problems_of(replace_object(stack_config(), "workloads", {"Bad_Name": {}}))
+    assert "tpu-platform:workloads.Bad_Name = 'Bad_Name': workload names need" in message
+
+
+def test_bad_stack_name():
+    assert "stack name = 'Production-EU-West'" in problems_of(stack_config(), "Production-EU-West")
+
+
+def test_every_problem_is_reported_at_once():
+    raw = with_object(stack_config(), "buckets", lambda b: b.update(location="MARS", storageClass="HOT"))
+    raw = with_object(raw, "budget", lambda b: b.update(amount=-1))
+    message = problems_of(raw)
+    assert "3 invalid settings" in message

@@ -1,0 +1,50 @@
+"""Workload identities: one dedicated service account each, allow-listed roles only, no keys."""
+
+from __future__ import annotations
+
+from infra import iam
+from tests.support import plan, stack_config, with_object
+
+PROJECT_MEMBER = "gcp:projects/iAMMember:IAMMember"
+BUCKET_MEMBER = "gcp:storage/bucketIAMMember:BucketIAMMember"
+
+
+def test_one_service_account_per_workload():
+    raw = with_object(stack_config(), "workloads", lambda w: w.update(jax={"description": "JAX MNIST"}))
+    accounts = plan(raw).of_type("gcp:serviceaccount/account:Account")
+    assert sorted(a.inputs["accountId"] for a in accounts) == ["tpu-jax-dev", "tpu-mnist-dev"]
+
+
+def test_project_roles_are_only_log_and_metric_writers():
+    for stack in ("dev", "prod"):
+        result = plan(stack_config(stack), stack)
+        roles = sorted(m.inputs["role"] for m in result.of_type(PROJECT_MEMBER))
+        assert roles == ["roles/logging.logWriter", "roles/monitoring.metricWriter"]
+        for grant in result.of_type(PROJECT_MEMBER) + result.of_type(BUCKET_MEMBER):
+            assert grant.inputs["role"] in iam.ALLOWED_PROJECT_ROLES | iam.ALLOWED_BUCKET_ROLES
+            assert grant.inputs["member"].startswith("serviceAccount:tpu-")
+
+
+def test_storage_access_is_granted_per_bucket():
+    grants = {
+        (g.inputs["bucket"].rsplit("-", 1)[-1], g.inputs["role"]) for g in plan(stack_config()).of_type(BUCKET_MEMBER)
+    }
+    assert grants == {
+        ("data", "roles/storage.objectViewer"),
+        ("checkpoints", "roles/storage.objectUser"),
+        ("models", "roles/storage.objectUser"),
+    }
+
+
+def test_bucket_access_can_be_narrowed():
+    raw = with_object(stack_config(), "workloads", lambda w: w["mnist"].update(bucketAccess={"models": "none"}))
+    buckets = {g.inputs["bucket"] for g in plan(raw).of_type(BUCKET_MEMBER)}
+    assert buckets == {"acme-ml-sandbox-dev-data", "acme-ml-sandbox-dev-checkpoints"}
+
+
+def test_no_keys_and_no_default_compute_account():
+    for stack in ("dev", "prod"):
+        result = plan(stack_config(stack), stack)
+        assert not result.of_type("gcp:serviceaccount/key:Key")
+        for r in result.resources:
+            assert "-compute@developer.gserviceaccount.com" not in repr(r.inputs)

@@ -1,0 +1,82 @@
+"""The README's main command: `python -m infra.offline plan`, in a real subprocess."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from infra.offline.mocks import GcpMocks, RecordingMonitor
+from infra.offline.runner import run_program
+from tests.support import stack_config, with_object
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_plan(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "infra.offline", "plan", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_text_plan_of_dev():
+    done = run_plan()
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "Offline plan of stack 'dev' in GCP project acme-ml-sandbox" in out
+    for expected in (
+        "+ buckets-data  (gcp:storage/bucket:Bucket)  [kept on destroy]",
+        "publicAccessPrevention: enforced",
+        "service: tpu.googleapis.com",
+        "accountId: tpu-mnist-dev",
+        "role: roles/storage.objectViewer",
+        "thresholdRules[2].spendBasis: FORECASTED_SPEND",
+        "labels.email_address: ml-platform-alerts@acme.example",
+        "bucketUrls.data: gs://acme-ml-sandbox-dev-data",
+    ):
+        assert expected in out
+
+
+def test_json_plan_of_prod_matches_the_text():
+    done = run_plan("--stack", "prod", "--json")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert data["stack"] == "prod"
+    assert data["resourceCount"] == len(data["resources"]) == 28
+    buckets = [r for r in data["resources"] if r["type"] == "gcp:storage/bucket:Bucket"]
+    assert all(b["options"] == {"protect": True, "retainOnDelete": True} for b in buckets)
+    assert data["outputs"]["budgetAlertTopic"] == "projects/acme-ml-production/topics/prod-budget-alerts"
+
+
+def test_unknown_stack_names_the_available_ones():
+    done = run_plan("--stack", "staging")
+    assert done.returncode == 2
+    assert "no stack file Pulumi.staging.yaml; stacks here: dev, prod" in done.stderr
+
+
+def test_bad_stack_file_fails_with_the_key_and_no_traceback(tmp_path):
+    draft = tmp_path / "Pulumi.dev.yaml"
+    draft.write_text((ROOT / "Pulumi.dev.yaml").read_text().replace("location: US-CENTRAL1", "location: MOON"))
+    done = run_plan("--stack-file", str(draft))
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert "stack 'dev': 1 invalid setting" in done.stderr
+    assert "tpu-platform:buckets.location = 'MOON': must be one of" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda b: b.update(location="MOON"),
+        lambda b: b.update(colour="blue"),
+    ],
+)
+def test_bad_config_registers_nothing(edit):
+    monitor = RecordingMonitor(GcpMocks("acme-ml-sandbox"))
+    with pytest.raises(Exception, match="tpu-platform:buckets"):
+        run_program("dev", with_object(stack_config(), "buckets", edit), monitor=monitor)
+    assert monitor.registrations == []

@@ -1,0 +1,75 @@
+"""The whole program per shipped stack file, through the same path as the offline plan."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from infra.offline.runner import plan_stack
+
+# Hand-written inventories: a change in what a stack creates must show up here, on purpose.
+INVENTORY = {
+    "dev": {
+        "gcp:projects/service:Service": 8,
+        "gcp:storage/bucket:Bucket": 3,
+        "gcp:serviceaccount/account:Account": 1,
+        "gcp:projects/iAMMember:IAMMember": 2,
+        "gcp:storage/bucketIAMMember:BucketIAMMember": 3,
+        "gcp:monitoring/notificationChannel:NotificationChannel": 1,
+        "gcp:billing/budget:Budget": 1,
+        "tpu-platform:project:Apis": 1,
+        "tpu-platform:storage:Buckets": 1,
+        "tpu-platform:iam:WorkloadIdentity": 1,
+        "tpu-platform:billing:BudgetAlerts": 1,
+    },
+    "prod": {
+        "gcp:projects/service:Service": 10,
+        "gcp:storage/bucket:Bucket": 3,
+        "gcp:kms/cryptoKeyIAMMember:CryptoKeyIAMMember": 1,
+        "gcp:serviceaccount/account:Account": 1,
+        "gcp:projects/iAMMember:IAMMember": 2,
+        "gcp:storage/bucketIAMMember:BucketIAMMember": 3,
+        "gcp:monitoring/notificationChannel:NotificationChannel": 2,
+        "gcp:pubsub/topic:Topic": 1,
+        "gcp:billing/budget:Budget": 1,
+        "tpu-platform:project:Apis": 1,
+        "tpu-platform:storage:Buckets": 1,
+        "tpu-platform:iam:WorkloadIdentity": 1,
+        "tpu-platform:billing:BudgetAlerts": 1,
+    },
+}
+
+
+@pytest.mark.parametrize("stack", sorted(INVENTORY))
+def test_inventory(stack):
+    result = plan_stack(stack)
+    assert dict(Counter(r.type for r in result.resources)) == INVENTORY[stack]
+
+
+@pytest.mark.parametrize("stack", sorted(INVENTORY))
+def test_outputs_are_usable(stack):
+    outputs = plan_stack(stack).outputs
+    project = {"dev": "acme-ml-sandbox", "prod": "acme-ml-production"}[stack]
+    assert outputs["project"] == project
+    assert outputs["bucketUrls"] == {p: f"gs://{project}-{stack}-{p}" for p in ("data", "checkpoints", "models")}
+    assert outputs["serviceAccounts"] == {"mnist": f"tpu-mnist-{stack}@{project}.iam.gserviceaccount.com"}
+    assert outputs["budgetName"].startswith("billingAccounts/01A2B3-C4D5E6-F7A8B9/budgets/")
+    assert "tpu.googleapis.com" in outputs["enabledApis"]
+
+
+def test_children_are_parented_to_their_component():
+    result = plan_stack("dev")
+    components = {r.urn: r for r in result.resources if not r.custom}
+    for resource in result.resources:
+        if resource.custom:
+            assert resource.parent in components, f"{resource.name} is not inside a component"
+            assert resource.name.startswith(components[resource.parent].name)
+
+
+def test_runs_are_isolated_and_deterministic():
+    first = plan_stack("dev")
+    plan_stack("prod")
+    again = plan_stack("dev")
+    assert sorted(r.urn for r in first.resources) == sorted(r.urn for r in again.resources)
+    assert first.outputs == again.outputs

@@ -1,0 +1,78 @@
+"""Buckets: private, versioned, encrypted where asked, and kept on destroy unless the stack says so."""
+
+from __future__ import annotations
+
+from tests.support import plan, stack_config, with_object
+
+BUCKET = "gcp:storage/bucket:Bucket"
+
+
+def buckets(result):
+    return {r.inputs["labels"]["purpose"]: r for r in result.of_type(BUCKET)}
+
+
+def test_every_bucket_is_private_and_versioned():
+    for stack in ("dev", "prod"):
+        for bucket in plan(stack_config(stack), stack).of_type(BUCKET):
+            assert bucket.inputs["uniformBucketLevelAccess"] is True
+            assert bucket.inputs["publicAccessPrevention"] == "enforced"
+            assert bucket.inputs["versioning"] == {"enabled": True}
+
+
+def test_names_come_from_the_stable_prefix():
+    names = {p: b.inputs["name"] for p, b in buckets(plan(stack_config())).items()}
+    assert names == {
+        "data": "acme-ml-sandbox-dev-data",
+        "checkpoints": "acme-ml-sandbox-dev-checkpoints",
+        "models": "acme-ml-sandbox-dev-models",
+    }
+
+
+def test_noncurrent_versions_expire_by_age_and_count():
+    raw = with_object(
+        stack_config(), "buckets", lambda b: b.update(noncurrentVersionDays=9, noncurrentVersionsToKeep=4)
+    )
+    rules = buckets(plan(raw))["checkpoints"].inputs["lifecycleRules"]
+    conditions = [r["condition"] for r in rules if r["action"]["type"] == "Delete"]
+    assert {"daysSinceNoncurrentTime": 9, "withState": "ARCHIVED"} in conditions
+    assert {"numNewerVersions": 4, "withState": "ARCHIVED"} in conditions
+    assert any(r["action"]["type"] == "AbortIncompleteMultipartUpload" for r in rules)
+
+
+def test_dev_keeps_data_but_may_destroy_scratch_buckets():
+    by_purpose = buckets(plan(stack_config("dev")))
+    data = by_purpose["data"]
+    assert data.retain_on_delete and not data.inputs.get("forceDestroy")
+    for scratch in ("checkpoints", "models"):
+        assert by_purpose[scratch].inputs["forceDestroy"] is True
+        assert not by_purpose[scratch].retain_on_delete
+
+
+def test_buckets_are_kept_on_destroy_by_default():
+    raw = with_object(stack_config("dev"), "buckets", lambda b: b.pop("destroyable"))
+    for bucket in plan(raw).of_type(BUCKET):
+        assert bucket.retain_on_delete and not bucket.inputs.get("forceDestroy")
+        assert not bucket.protect
+
+
+def test_prod_buckets_are_protected_and_encrypted_with_cmek():
+    result = plan(stack_config("prod"), "prod")
+    key = "projects/acme-security-keys/locations/us-central1/keyRings/ml-production/cryptoKeys/buckets"
+    grants = result.of_type("gcp:kms/cryptoKeyIAMMember:CryptoKeyIAMMember")
+    assert len(grants) == 1
+    grant = grants[0]
+    assert grant.inputs["cryptoKeyId"] == key
+    assert grant.inputs["role"] == "roles/cloudkms.cryptoKeyEncrypterDecrypter"
+    # The Cloud Storage service agent of this project, not a person or the workload.
+    assert grant.inputs["member"].startswith("serviceAccount:service-")
+    assert grant.inputs["member"].endswith("@gs-project-accounts.iam.gserviceaccount.com")
+    for bucket in buckets(result).values():
+        assert bucket.protect and bucket.retain_on_delete
+        assert bucket.inputs["encryption"] == {"defaultKmsKeyName": key}
+        # A bucket created before its key grant would fail to encrypt.
+        assert grant.urn in bucket.dependencies
+
+
+def test_dev_buckets_use_google_managed_keys():
+    for bucket in plan(stack_config()).of_type(BUCKET):
+        assert "encryption" not in bucket.inputs
