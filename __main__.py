@@ -1,6 +1,7 @@
 """tpu-platform: TPU as a service on Google Cloud, one stack per environment."""
 
 from infra.platform import build_platform, export_all
-from infra.stack import load_config
+from infra.stack import config_errors_reported, load_config
 
-export_all(build_platform(load_config()))
+with config_errors_reported():
+    export_all(build_platform(load_config()))

@@ -8,6 +8,7 @@ listing every bad setting with its key, value and what is allowed.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 from collections.abc import Mapping
@@ -15,12 +16,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from infra import iam, naming
+from infra.catalog import PROVISIONING_MODELS, AcceleratorType, load_catalog
+from infra.programs import PROGRAMS
 from infra.schema import MISSING, ConfigError, Node, Problems
 
 PROJECT = "tpu-platform"
 BUCKET_PURPOSES = ("data", "checkpoints", "models")
 # Settings that are objects; Pulumi hands them over JSON-encoded.
-OBJECT_KEYS = ("buckets", "budget", "workloads")
+OBJECT_KEYS = ("buckets", "budget", "workloads", "network", "tpuVms")
 SCALAR_KEYS = ("owner", "billingAccount", "production", "namePrefix")
 
 # Cloud Storage locations (https://cloud.google.com/storage/docs/locations): multi-regions,
@@ -57,6 +60,7 @@ GCP_PROJECT_ID = r"[a-z][a-z0-9-]{4,28}[a-z0-9]"
 BILLING_ACCOUNT = r"[0-9A-F]{6}-[0-9A-F]{6}-[0-9A-F]{6}"
 KMS_KEY = re.compile(r"projects/(?P<project>[^/]+)/locations/(?P<location>[^/]+)/keyRings/[^/]+/cryptoKeys/[^/]+")
 EMAIL = r"[^@\s]+@[^@\s]+\.[a-z]{2,}"
+RESERVED_LABELS = ("environment", "owner", "managed-by", "workload", "provisioning")
 MAX_BUDGET_CHANNELS = 5  # the Billing Budgets API accepts at most 5 monitoring channels
 
 
@@ -92,6 +96,43 @@ class WorkloadSettings:
     description: str
     bucket_access: tuple[tuple[str, str], ...]  # (purpose, "read" | "write")
     project_roles: tuple[str, ...]
+    program: str  # a key of infra.programs.PROGRAMS
+    framework_version: str  # the framework release the program is pinned to (S21)
+    data_object: str  # path of the training data in the data bucket; "" = the program's own download
+    epochs: int
+    batch_size: int
+
+    @property
+    def framework(self) -> str:
+        return PROGRAMS[self.program].framework
+
+    def access(self, purpose: str) -> str:
+        return dict(self.bucket_access).get(purpose, "none")
+
+
+@dataclass(frozen=True)
+class NetworkSettings:
+    subnets: tuple[tuple[str, str], ...]  # (region, private CIDR)
+    flow_log_sampling: float
+
+    def cidr(self, region: str) -> str | None:
+        return dict(self.subnets).get(region)
+
+
+@dataclass(frozen=True)
+class TpuVmSettings:
+    name: str
+    accelerator: AcceleratorType
+    zone: str
+    runtime_version: str
+    provisioning: str  # on-demand | spot | preemptible | reserved
+    workload: str
+    labels: tuple[tuple[str, str], ...]
+    description: str
+
+    @property
+    def region(self) -> str:
+        return self.zone.rsplit("-", 1)[0]
 
 
 @dataclass(frozen=True)
@@ -106,6 +147,11 @@ class PlatformConfig:
     buckets: BucketSettings
     budget: BudgetSettings
     workloads: tuple[WorkloadSettings, ...]
+    network: NetworkSettings
+    tpu_vms: tuple[TpuVmSettings, ...]
+
+    def workload(self, name: str) -> WorkloadSettings:
+        return next(w for w in self.workloads if w.name == name)
 
     @property
     def environment(self) -> str:
@@ -152,6 +198,8 @@ def parse_stack_config(stack: str, raw: Mapping[str, str]) -> PlatformConfig:
     workloads = tuple(_workload(name, node) for name, node in root.items(f"{PROJECT}:workloads"))
     if not workloads:
         problems.add(f"{PROJECT}:workloads", MISSING, "declare at least one workload")
+    network = _network(root.child(f"{PROJECT}:network"))
+    tpu_vms = _tpu_vms(root, {w.name: w for w in workloads}, network)
     root.done([f"{PROJECT}:{k}" for k in SCALAR_KEYS + OBJECT_KEYS])
 
     if name_prefix and not problems.items:
@@ -179,6 +227,8 @@ def parse_stack_config(stack: str, raw: Mapping[str, str]) -> PlatformConfig:
         buckets=buckets,
         budget=budget,
         workloads=workloads,
+        network=network,
+        tpu_vms=tpu_vms,
     )
 
 
@@ -303,9 +353,121 @@ def _workload(name: str, node: Node) -> WorkloadSettings:
         description=node.str("description", f"TPU workload {name}"),
         bucket_access=tuple((p, level) for p, level in access.items() if level != "none"),
         project_roles=tuple(roles or ()),
+        program=node.str("program", choices=PROGRAMS),
+        framework_version=node.str(
+            "frameworkVersion", pattern=r"\d+\.\d+\.\d+", allowed="an exact release like 2.15.0 (pinned, S21)"
+        ),
+        data_object=node.str(
+            "dataObject",
+            "",
+            pattern=r"([A-Za-z0-9_.-]+/)*[A-Za-z0-9_.-]+",
+            allowed="an object path in the data bucket like mnist/mnist.npz",
+        ),
+        epochs=node.number("epochs", 5, minimum=1, maximum=10_000, integer=True),
+        batch_size=node.number("batchSize", 256, minimum=1, maximum=1_048_576, integer=True),
     )
     node.done()
     return settings
 
 
 __all__ = ["ConfigError", "PlatformConfig", "parse_stack_config"]
+
+
+def _network(node: Node | None) -> NetworkSettings:
+    if node is None:
+        return NetworkSettings((), 0.5)
+    subnets: list[tuple[str, str]] = []
+    entries = node.entries("subnets")
+    for region, cidr, key in entries:
+        if not re.fullmatch(r"[a-z]+-[a-z]+\d+", str(region)):
+            node.problems.add(key, cidr, f"'{region}' is not a GCP region like us-central1")
+            continue
+        try:
+            network = ipaddress.ip_network(str(cidr), strict=True)
+        except ValueError:
+            node.problems.add(key, cidr, "must be an IPv4 network like 10.20.0.0/20, with no host bits set")
+            continue
+        if not network.is_private or network.version != 4 or not 8 <= network.prefixlen <= 29:
+            node.problems.add(key, cidr, "must be a private IPv4 range (10/8, 172.16/12, 192.168/16), /8 to /29")
+            continue
+        clash = next((r for r, c in subnets if ipaddress.ip_network(c).overlaps(network)), None)
+        if clash:
+            node.problems.add(key, cidr, f"overlaps the subnet of {clash}")
+            continue
+        subnets.append((str(region), str(cidr)))
+    if not entries and "subnets" in node.data:
+        node.problems.add(node.key("subnets"), {}, "declare at least one region: CIDR")
+    settings = NetworkSettings(
+        subnets=tuple(subnets),
+        flow_log_sampling=node.number("flowLogSampling", 0.5, minimum=0, maximum=1, exclusive_minimum=True),
+    )
+    node.done()
+    return settings
+
+
+def _tpu_vms(root: Node, workloads: dict[str, WorkloadSettings], network: NetworkSettings) -> tuple[TpuVmSettings, ...]:
+    catalog = load_catalog()
+    vms: list[TpuVmSettings] = []
+    names: set[str] = set()
+    for node in root.elements(f"{PROJECT}:tpuVms", []):
+        name = node.str("name", check=lambda n: naming.resource_id_problem(n, 63))
+        if name in names:
+            node.problems.add(node.key("name"), name, "another TPU VM of this stack has this name")
+        names.add(name)
+        workload_name = node.str("workload", choices=workloads) if workloads else node.str("workload")
+        zone = node.str("zone", pattern=r"[a-z]+-[a-z]+\d+-[a-z]", allowed="a zone like us-central1-b")
+        provisioning = node.str("provisioning", "on-demand", choices=PROVISIONING_MODELS)
+        runtime = node.str("runtimeVersion")
+        accelerator_name = node.str("acceleratorType")
+        accelerator = catalog.accelerator(accelerator_name) if accelerator_name else None
+        if isinstance(accelerator, str):
+            node.problems.add(node.key("acceleratorType"), accelerator_name, accelerator)
+            accelerator = None
+        user_labels: list[tuple[str, str]] = []
+        for key, value, path in node.entries("labels", {}):
+            if why := naming.label_key_problem(key):
+                node.problems.add(path, key, f"label keys need {why}")
+            elif key in RESERVED_LABELS:
+                node.problems.add(
+                    path, value, f"'{key}' is set by the platform; reserved: {', '.join(RESERVED_LABELS)}"
+                )
+            elif not isinstance(value, str) or (why := naming.label_value_problem(value)):
+                node.problems.add(path, value, f"label values need {why or 'a string'}")
+            else:
+                user_labels.append((key, value))
+        description = node.str("description", "")
+        node.done()
+
+        workload = workloads.get(workload_name) if workload_name else None
+        if accelerator and zone and (why := catalog.zone_problem(accelerator, zone)):
+            node.problems.add(node.key("zone"), zone, why)
+        pinned = workload and workload.program and workload.framework_version
+        if accelerator and runtime and workload and pinned:
+            why = catalog.runtime_problem(accelerator, runtime, workload.framework, workload.framework_version)
+            if why:
+                node.problems.add(node.key("runtimeVersion"), runtime, why)
+        if zone and network.subnets and network.cidr(zone.rsplit("-", 1)[0]) is None:
+            region = zone.rsplit("-", 1)[0]
+            node.problems.add(node.key("zone"), zone, f"add a subnet for {region} under tpu-platform:network.subnets")
+        if provisioning in ("spot", "preemptible") and workload and workload.access("checkpoints") != "write":
+            node.problems.add(
+                node.key("provisioning"),
+                provisioning,
+                f"a {provisioning} TPU can be reclaimed at any time (S19): its workload '{workload.name}' needs "
+                "write access to the checkpoints bucket to resume, or use on-demand",
+            )
+        vms.append(
+            TpuVmSettings(
+                name=name,
+                accelerator=accelerator,  # type: ignore[arg-type]  # None only when a problem is raised
+                zone=zone,
+                runtime_version=runtime,
+                provisioning=provisioning,
+                workload=workload_name,
+                labels=tuple(user_labels),
+                description=description,
+            )
+        )
+    if vms and not network.subnets:
+        root.problems.add(f"{PROJECT}:network.subnets", MISSING, "TPU VMs need a subnet in their region")
+    return tuple(vms)

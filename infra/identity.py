@@ -38,8 +38,9 @@ class WorkloadIdentity(pulumi.ComponentResource):
         self.email = self.account.email
         member = self.account.email.apply(iam.service_account_member)
 
+        self.grants: list[pulumi.Resource] = []
         for role in workload.project_roles:
-            gcp.projects.IAMMember(
+            grant = gcp.projects.IAMMember(
                 f"{name}-{role.removeprefix('roles/').replace('.', '-')}",
                 project=cfg.project,
                 role=role,
@@ -48,12 +49,14 @@ class WorkloadIdentity(pulumi.ComponentResource):
                     child, pulumi.ResourceOptions(depends_on=apis.needs("cloudresourcemanager"))
                 ),
             )
+            self.grants.append(grant)
         for purpose, access in workload.bucket_access:
-            gcp.storage.BucketIAMMember(
+            grant = gcp.storage.BucketIAMMember(
                 f"{name}-{purpose}-{access}",
                 bucket=buckets[purpose].name,
                 role=iam.BUCKET_ROLE_FOR_ACCESS[access],
                 member=member,
                 opts=child,
             )
+            self.grants.append(grant)
         self.register_outputs({"email": self.email})

@@ -10,24 +10,47 @@ from infra.apis import ProjectApis, required_apis
 from infra.budget import BudgetAlerts
 from infra.config import PlatformConfig
 from infra.identity import WorkloadIdentity
+from infra.network import PrivateNetwork
 from infra.storage import PlatformBuckets
+from infra.tpu.cloud_tpu import BACKENDS
+from infra.tpu.metadata import vm_metadata
+from infra.tpu.vm import TpuVm
+
+TPU_BACKEND = "cloud-tpu"
 
 
 def build_platform(cfg: PlatformConfig) -> dict[str, Any]:
     """Declare every resource of the stack and return the stack outputs."""
+    metadata = vm_metadata(cfg)  # may refuse the config: before any resource is declared
     apis = ProjectApis("apis", cfg.project, required_apis(cfg))
+    network = PrivateNetwork("network", cfg, apis)
     buckets = PlatformBuckets("buckets", cfg, apis)
     identities = {w.name: WorkloadIdentity(f"workload-{w.name}", cfg, w, buckets.buckets, apis) for w in cfg.workloads}
     budget = BudgetAlerts("budget", cfg, apis)
+    vms = {
+        vm.name: TpuVm(
+            f"tpu-{vm.name}",
+            cfg,
+            vm,
+            metadata[vm.name],
+            identities[vm.workload],
+            network,
+            BACKENDS[TPU_BACKEND],
+            needs=apis.needs("tpu"),
+        )
+        for vm in cfg.tpu_vms
+    }
 
     return {
         "project": cfg.project,
         "environment": cfg.environment,
         "enabledApis": sorted(apis.services),
+        "network": network.network.self_link,
         "bucketUrls": buckets.urls,
         "serviceAccounts": {name: identity.email for name, identity in identities.items()},
         "budgetName": budget.budget.name,
         "budgetAlertTopic": budget.topic.id if budget.topic else None,
+        "tpuVms": {name: vm.outputs for name, vm in vms.items()},
     }
 
 

@@ -192,6 +192,13 @@ class Node:
             return None
         return Node(value, self.key(name), self.problems)
 
+    def entries(self, name: str, default: Any = MISSING) -> list[tuple[str, Any, str]]:
+        """(key, value, key path) of each entry of a free-form mapping, e.g. labels or subnets by region."""
+        parent = self.child(name, default)
+        if parent is None:
+            return []
+        return [(str(k), v, parent.key(str(k))) for k, v in parent.data.items()]
+
     def items(self, name: str) -> list[tuple[str, Node]]:
         """Each (key, child mapping) of a mapping-of-mappings, e.g. workloads by name."""
         parent = self.child(name, {})

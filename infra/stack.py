@@ -1,6 +1,9 @@
-"""The edge between Pulumi and the platform: read this stack's raw config, parse it once."""
+"""The edge between Pulumi and the platform: read this stack's raw config once, report config errors."""
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
 
 import pulumi
 import pulumi.runtime
@@ -16,8 +19,13 @@ def raw_stack_config() -> dict[str, str]:
 
 
 def load_config() -> PlatformConfig:
+    return parse_stack_config(pulumi.get_stack(), raw_stack_config())
+
+
+@contextlib.contextmanager
+def config_errors_reported() -> Iterator[None]:
+    """A config mistake is not a crash: RunError makes Pulumi print the message alone, no traceback."""
     try:
-        return parse_stack_config(pulumi.get_stack(), raw_stack_config())
+        yield
     except ConfigError as error:
-        # RunError prints the message alone: a config mistake is not a crash, so no traceback.
         raise pulumi.RunError(str(error)) from None

@@ -30,6 +30,11 @@ def replace_object(raw: dict[str, str], key: str, value: Any) -> dict[str, str]:
     return {**raw, f"{NS}:{key}": json.dumps(value)}
 
 
+def workload_settings(raw: dict[str, str], name: str = "mnist") -> dict[str, Any]:
+    """A copy of one workload's settings from `raw`, to declare another like it."""
+    return copy.deepcopy(json.loads(raw[f"{NS}:workloads"])[name])
+
+
 def with_scalar(raw: dict[str, str], key: str, value: str | None) -> dict[str, str]:
     out = dict(raw)
     full = key if ":" in key else f"{NS}:{key}"

@@ -17,6 +17,13 @@ API_FOR_TYPE = {
     "gcp:monitoring/notificationChannel:NotificationChannel": "monitoring.googleapis.com",
     "gcp:pubsub/topic:Topic": "pubsub.googleapis.com",
     "gcp:kms/cryptoKeyIAMMember:CryptoKeyIAMMember": "cloudkms.googleapis.com",
+    "gcp:compute/network:Network": "compute.googleapis.com",
+    "gcp:compute/subnetwork:Subnetwork": "compute.googleapis.com",
+    "gcp:compute/router:Router": "compute.googleapis.com",
+    "gcp:compute/routerNat:RouterNat": "compute.googleapis.com",
+    "gcp:compute/firewall:Firewall": "compute.googleapis.com",
+    "gcp:compute/projectMetadataItem:ProjectMetadataItem": "compute.googleapis.com",
+    "gcp:tpu/v2Vm:V2Vm": "tpu.googleapis.com",
 }
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from infra.config import parse_stack_config
 from infra.schema import ConfigError
-from tests.support import replace_object, stack_config, with_object, with_scalar
+from tests.support import replace_object, stack_config, with_object, with_scalar, workload_settings
 
 
 def problems_of(raw: dict[str, str], stack: str = "dev") -> str:
@@ -138,7 +138,8 @@ def test_name_prefix_that_breaks_bucket_names():
 
 
 def test_workload_name_breaking_naming_rules():
-    message = problems_of(replace_object(stack_config(), "workloads", {"Bad_Name": {}}))
+    raw = replace_object(stack_config(), "workloads", {"Bad_Name": workload_settings(stack_config())})
+    message = problems_of(replace_object(raw, "tpuVms", []))
     assert "tpu-platform:workloads.Bad_Name = 'Bad_Name': workload names need" in message
 
 

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 from infra import iam
-from tests.support import plan, stack_config, with_object
+from tests.support import plan, stack_config, with_object, workload_settings
 
 PROJECT_MEMBER = "gcp:projects/iAMMember:IAMMember"
 BUCKET_MEMBER = "gcp:storage/bucketIAMMember:BucketIAMMember"
 
 
 def test_one_service_account_per_workload():
-    raw = with_object(stack_config(), "workloads", lambda w: w.update(jax={"description": "JAX MNIST"}))
+    raw = stack_config()
+    raw = with_object(raw, "workloads", lambda w: w.update(second=workload_settings(raw)))
     accounts = plan(raw).of_type("gcp:serviceaccount/account:Account")
-    assert sorted(a.inputs["accountId"] for a in accounts) == ["tpu-jax-dev", "tpu-mnist-dev"]
+    assert sorted(a.inputs["accountId"] for a in accounts) == ["tpu-mnist-dev", "tpu-second-dev"]
 
 
 def test_project_roles_are_only_log_and_metric_writers():

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from infra import naming
 from infra.config import parse_stack_config, service_account_id
 from infra.schema import ConfigError
-from tests.support import replace_object, stack_config
+from tests.support import replace_object, stack_config, workload_settings
 
 LOWER = string.ascii_lowercase + string.digits + "-_"
 
@@ -50,7 +50,8 @@ def test_label_values(value):
 
 @given(st.from_regex(r"[a-z][a-z0-9-]{0,15}", fullmatch=True), st.from_regex(r"[a-z][a-z0-9]{0,11}", fullmatch=True))
 def test_a_workload_is_accepted_exactly_when_its_names_are_valid(workload, stack):
-    raw = replace_object(stack_config(), "workloads", {workload: {}})
+    raw = replace_object(stack_config(), "workloads", {workload: workload_settings(stack_config())})
+    raw = replace_object(raw, "tpuVms", [])
     names_ok = (
         naming.resource_id_problem(workload, 16) is None
         and naming.service_account_id_problem(service_account_id(workload, stack)) is None

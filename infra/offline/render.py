@@ -10,7 +10,7 @@ from typing import Any
 from infra.offline.mocks import Registration
 from infra.offline.runner import PlanResult
 
-LONG_STRING = 120  # longer strings (startup scripts, policies) are summarised by size and digest
+LONG_STRING = 300  # longer or multi-line strings (startup scripts) are summarised by size and digest
 
 
 def _urn_name(urn: str) -> str:
@@ -34,7 +34,7 @@ def _flatten(value: Any, prefix: str = "") -> list[tuple[str, Any]]:
 
 
 def _show(value: Any) -> str:
-    if isinstance(value, str) and len(value) > LONG_STRING:
+    if isinstance(value, str) and (len(value) > LONG_STRING or "\n" in value):
         digest = hashlib.sha256(value.encode()).hexdigest()[:12]
         return f"<{len(value.encode()):,} bytes, sha256 {digest}…>"
     if isinstance(value, str):

@@ -1,0 +1,211 @@
+"""The TPU catalog (`tpu.yaml` beside this file) and the rules that read it.
+
+Pure: no Pulumi. Each `*_problem` function returns why a choice would fail on GCP, phrased as what
+to do instead, or None when it is fine. These are the seed's troubleshooting items (no stock in the
+zone, "Failed to connect to remote TPU" from a version mismatch) turned into plan-time checks.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+CATALOG_FILE = Path(__file__).with_name("tpu.yaml")
+TF_RUNTIME = re.compile(r"tpu-vm-tf-(?P<version>\d+\.\d+\.\d+)(?P<pod>-pod)?(?P<v4>-v4)?(?P<kind>-pjrt|-se)?")
+PROVISIONING_MODELS = ("on-demand", "spot", "preemptible", "reserved")
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("."))
+
+
+@dataclass(frozen=True)
+class PriceRow:
+    sizes: frozenset[int] | None
+    region: str
+    on_demand: float
+    spot: float
+
+
+@dataclass(frozen=True)
+class Generation:
+    name: str
+    prefix: str
+    suffix: str  # "cores" (2 per chip) or "chips"
+    sizes: tuple[int, ...]
+    single_host: frozenset[int]
+    chips_per_host: int
+    hbm_gib_per_chip: float
+    bf16_tflops_per_chip: float
+    secure_boot: bool
+    jax_runtime: str
+    tf_min: str
+    zones: dict[str, frozenset[int] | None]  # None: every size
+    prices: tuple[PriceRow, ...]
+
+    def type_name(self, size: int) -> str:
+        return f"{self.prefix}-{size}"
+
+    def zones_for(self, size: int) -> list[str]:
+        return sorted(z for z, sizes in self.zones.items() if sizes is None or size in sizes)
+
+
+@dataclass(frozen=True)
+class AcceleratorType:
+    generation: Generation
+    size: int
+
+    @property
+    def name(self) -> str:
+        return self.generation.type_name(self.size)
+
+    @property
+    def chips(self) -> int:
+        return self.size // 2 if self.generation.suffix == "cores" else self.size
+
+    @property
+    def multi_host(self) -> bool:
+        return self.size not in self.generation.single_host
+
+    @property
+    def hosts(self) -> int:
+        return max(1, self.chips // self.generation.chips_per_host) if self.multi_host else 1
+
+    @property
+    def hbm_gib(self) -> float:
+        return self.chips * self.generation.hbm_gib_per_chip
+
+
+@dataclass(frozen=True)
+class TpuCatalog:
+    generations: dict[str, Generation]
+    unsupported: dict[str, str]
+    prices_date: str
+    prices_source: str
+    tf_suffix_required_from: str
+    tf_v4_suffix_until: str
+
+    def accelerator(self, name: str) -> AcceleratorType | str:
+        """The accelerator type `name` (like `v5litepod-8`), or why it is not one."""
+        prefix, _, size = name.rpartition("-")
+        for unsupported, why in self.unsupported.items():
+            if name.startswith(unsupported):
+                return f"{why}; use another generation"
+        by_prefix = {g.prefix: g for g in self.generations.values()}
+        if prefix not in by_prefix:
+            known = ", ".join(f"{g.prefix}-N" for g in self.generations.values())
+            return f"unknown TPU type; types look like {known}"
+        generation = by_prefix[prefix]
+        if not size.isdigit() or int(size) not in generation.sizes:
+            sizes = ", ".join(generation.type_name(s) for s in generation.sizes)
+            return f"not a {generation.name} size; valid sizes: {sizes}"
+        return AcceleratorType(generation, int(size))
+
+    def zone_problem(self, accelerator: AcceleratorType, zone: str) -> str | None:
+        zones = accelerator.generation.zones_for(accelerator.size)
+        if zone not in zones:
+            return f"{accelerator.name} is not offered in {zone}; zones that offer it: {', '.join(zones)}"
+        return None
+
+    def expected_tf_runtime(self, accelerator: AcceleratorType, tf_version: str) -> str:
+        """The runtime_version that carries TensorFlow `tf_version` for this accelerator."""
+        runtime = f"tpu-vm-tf-{tf_version}"
+        if accelerator.multi_host:
+            runtime += "-pod"
+        if accelerator.generation.name == "v4" and version_key(tf_version) <= version_key(self.tf_v4_suffix_until):
+            runtime += "-v4"
+        if version_key(tf_version) >= version_key(self.tf_suffix_required_from):
+            runtime += "-pjrt"
+        return runtime
+
+    def runtime_problem(
+        self, accelerator: AcceleratorType, runtime: str, framework: str, framework_version: str
+    ) -> str | None:
+        """Why `runtime` would not run a `framework`==`framework_version` workload on `accelerator`."""
+        generation = accelerator.generation
+        if framework == "jax":
+            if runtime != generation.jax_runtime:
+                return f"JAX on {generation.name} runs on runtime {generation.jax_runtime}, not {runtime}"
+            return None
+        match = TF_RUNTIME.fullmatch(runtime)
+        if match is None:
+            return (
+                f"not a TensorFlow runtime; a workload pinned to TensorFlow {framework_version} on "
+                f"{accelerator.name} needs {self.expected_tf_runtime(accelerator, framework_version)}"
+            )
+        version = match["version"]
+        if version != framework_version:
+            return (
+                f"the runtime carries TensorFlow {version} but the workload is pinned to {framework_version} "
+                f"(the seed's 'Failed to connect to remote TPU'); use runtime "
+                f"{self.expected_tf_runtime(accelerator, framework_version)} or pin the workload to {version}"
+            )
+        if version_key(version) < version_key(generation.tf_min):
+            return f"{generation.name} needs TensorFlow {generation.tf_min} or newer"
+        expected = self.expected_tf_runtime(accelerator, version)
+        allowed = {expected}
+        if expected.endswith("-pjrt") and version_key(generation.tf_min) < version_key(self.tf_suffix_required_from):
+            # Generations older than the PJRT cut-over also accept the StreamExecutor (-se) runtime.
+            allowed.add(expected.removesuffix("-pjrt") + "-se")
+        if runtime not in allowed:
+            if accelerator.multi_host and not match["pod"]:
+                why = f"{accelerator.name} is a multi-host slice ({accelerator.hosts} VMs) and needs a -pod runtime"
+            elif match["pod"] and not accelerator.multi_host:
+                why = f"{accelerator.name} is a single host and must not use a -pod runtime"
+            else:
+                why = f"the runtime's suffixes do not fit {accelerator.name} with TensorFlow {version}"
+            return f"{why}; use {expected}"
+        return None
+
+    def price_per_chip_hour(self, accelerator: AcceleratorType, provisioning: str) -> tuple[float, str]:
+        """(USD per chip-hour, region of the price). Spot and preemptible share the spot price;
+        reserved capacity is priced as on-demand here (the conservative bound; discounts vary by contract)."""
+        for row in accelerator.generation.prices:
+            if row.sizes is None or accelerator.size in row.sizes:
+                price = row.spot if provisioning in ("spot", "preemptible") else row.on_demand
+                return price, row.region
+        raise LookupError(f"no price for {accelerator.name} in the catalog")
+
+
+def _generation(name: str, data: dict[str, Any]) -> Generation:
+    return Generation(
+        name=name,
+        prefix=data["prefix"],
+        suffix=data["suffix"],
+        sizes=tuple(data["sizes"]),
+        single_host=frozenset(data["single_host"]),
+        chips_per_host=data["chips_per_host"],
+        hbm_gib_per_chip=float(data["hbm_gib_per_chip"]),
+        bf16_tflops_per_chip=float(data["bf16_tflops_per_chip"]),
+        secure_boot=bool(data["secure_boot"]),
+        jax_runtime=data["jax_runtime"],
+        tf_min=str(data["tf_min"]),
+        zones={z: None if s == "all" else frozenset(s) for z, s in data["zones"].items()},
+        prices=tuple(
+            PriceRow(
+                sizes=frozenset(p["sizes"]) if "sizes" in p else None,
+                region=p["region"],
+                on_demand=float(p["on_demand"]),
+                spot=float(p["spot"]),
+            )
+            for p in data["prices"]
+        ),
+    )
+
+
+@functools.cache
+def load_catalog(path: Path = CATALOG_FILE) -> TpuCatalog:
+    data = yaml.safe_load(path.read_text())
+    return TpuCatalog(
+        generations={name: _generation(name, g) for name, g in data["generations"].items()},
+        unsupported=dict(data.get("not_in_cloud_tpu_api") or {}),
+        prices_date=str(data["prices_date"]),
+        prices_source=str(data["prices_source"]),
+        tf_suffix_required_from=str(data["tensorflow"]["suffix_required_from"]),
+        tf_v4_suffix_until=str(data["tensorflow"]["v4_suffix_until"]),
+    )

@@ -1,0 +1,116 @@
+"""A private network per environment for TPU VMs (S17, S25).
+
+No external IPs anywhere: Private Google Access reaches Google APIs (Cloud Storage, Logging) and a
+Cloud NAT per region reaches package indexes. Ingress is closed except SSH from Google's IAP range
+and traffic between the workers of a multi-host slice. OS Login is on for the project.
+"""
+
+from __future__ import annotations
+
+import pulumi
+import pulumi_gcp as gcp
+
+from infra.apis import ProjectApis
+from infra.config import PlatformConfig
+
+# Google's IAP TCP-forwarding range (https://cloud.google.com/iap/docs/using-tcp-forwarding).
+IAP_SSH_RANGE = "35.235.240.0/20"
+TPU_VM_TAG = "tpu-vm"
+
+
+class PrivateNetwork(pulumi.ComponentResource):
+    def __init__(self, name: str, cfg: PlatformConfig, apis: ProjectApis, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("tpu-platform:network:PrivateNetwork", name, None, opts)
+        base = f"tpu-{cfg.stack}"
+        compute = pulumi.ResourceOptions(parent=self, depends_on=apis.needs("compute"))
+        self.network = gcp.compute.Network(
+            f"{name}-vpc",
+            name=base,
+            project=cfg.project,
+            auto_create_subnetworks=False,
+            routing_mode="REGIONAL",
+            description=f"TPU VMs of stack {cfg.stack}",
+            opts=compute,
+        )
+        child = pulumi.ResourceOptions(parent=self)
+        self.subnets: dict[str, gcp.compute.Subnetwork] = {}
+        self.nats: dict[str, gcp.compute.RouterNat] = {}
+        for region, cidr in cfg.network.subnets:
+            subnet = gcp.compute.Subnetwork(
+                f"{name}-{region}",
+                name=f"{base}-{region}",
+                project=cfg.project,
+                region=region,
+                network=self.network.id,
+                ip_cidr_range=cidr,
+                private_ip_google_access=True,
+                log_config=gcp.compute.SubnetworkLogConfigArgs(
+                    aggregation_interval="INTERVAL_5_SEC",
+                    flow_sampling=cfg.network.flow_log_sampling,
+                    metadata="INCLUDE_ALL_METADATA",
+                ),
+                opts=child,
+            )
+            router = gcp.compute.Router(
+                f"{name}-{region}-router",
+                name=f"{base}-{region}",
+                project=cfg.project,
+                region=region,
+                network=self.network.id,
+                opts=child,
+            )
+            self.subnets[region] = subnet
+            self.nats[region] = gcp.compute.RouterNat(
+                f"{name}-{region}-nat",
+                name=f"{base}-{region}",
+                project=cfg.project,
+                region=region,
+                router=router.name,
+                nat_ip_allocate_option="AUTO_ONLY",
+                source_subnetwork_ip_ranges_to_nat="LIST_OF_SUBNETWORKS",
+                subnetworks=[
+                    gcp.compute.RouterNatSubnetworkArgs(name=subnet.id, source_ip_ranges_to_nats=["ALL_IP_RANGES"])
+                ],
+                log_config=gcp.compute.RouterNatLogConfigArgs(enable=True, filter="ERRORS_ONLY"),
+                opts=child,
+            )
+
+        gcp.compute.Firewall(
+            f"{name}-ssh-from-iap",
+            name=f"{base}-ssh-from-iap",
+            project=cfg.project,
+            network=self.network.id,
+            direction="INGRESS",
+            source_ranges=[IAP_SSH_RANGE],
+            allows=[gcp.compute.FirewallAllowArgs(protocol="tcp", ports=["22"])],
+            target_tags=[TPU_VM_TAG],
+            log_config=gcp.compute.FirewallLogConfigArgs(metadata="INCLUDE_ALL_METADATA"),
+            description="SSH only through Identity-Aware Proxy",
+            opts=child,
+        )
+        if cfg.network.subnets:
+            # Workers of a multi-host slice exchange data with each other.
+            gcp.compute.Firewall(
+                f"{name}-between-tpu-workers",
+                name=f"{base}-between-tpu-workers",
+                project=cfg.project,
+                network=self.network.id,
+                direction="INGRESS",
+                source_tags=[TPU_VM_TAG],
+                target_tags=[TPU_VM_TAG],
+                allows=[
+                    gcp.compute.FirewallAllowArgs(protocol="tcp"),
+                    gcp.compute.FirewallAllowArgs(protocol="udp"),
+                    gcp.compute.FirewallAllowArgs(protocol="icmp"),
+                ],
+                description="Traffic between the workers of TPU slices",
+                opts=child,
+            )
+        gcp.compute.ProjectMetadataItem(
+            f"{name}-oslogin",
+            project=cfg.project,
+            key="enable-oslogin",
+            value="TRUE",
+            opts=compute,
+        )
+        self.register_outputs({"network": self.network.self_link})
