@@ -4,14 +4,22 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STACK ?= dev
 STAMP := $(VENV)/.installed
+WVENV := .venv-workloads
+WSTAMP := $(WVENV)/.installed
 
-.PHONY: plan plan-json test lint typecheck unit clean
+.PHONY: plan plan-json test lint typecheck unit bench clean
 
 $(STAMP): requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements-dev.txt
 	touch $(STAMP)
+
+$(WSTAMP): requirements-workloads.txt
+	$(PYTHON) -m venv $(WVENV)
+	$(WVENV)/bin/python -m pip install --quiet --upgrade pip
+	$(WVENV)/bin/python -m pip install --quiet -r requirements-workloads.txt
+	touch $(WSTAMP)
 
 plan: $(STAMP)  ## offline plan of a stack (STACK=dev by default)
 	$(PY) -m infra.offline plan --stack $(STACK)
@@ -26,10 +34,13 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/pyright
 
-unit: $(STAMP)
-	$(PY) -m pytest
+unit: $(STAMP) $(WSTAMP)
+	WORKLOADS_PYTHON=$(WVENV)/bin/python $(PY) -m pytest
+
+bench: $(STAMP)  ## offline-plan scale: 20 and 200 TPU VMs
+	$(PY) benchmarks/plan_scale.py
 
 test: lint typecheck unit  ## everything CI runs
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(WVENV) .pytest_cache .ruff_cache

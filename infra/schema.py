@@ -14,8 +14,13 @@ T = TypeVar("T")
 
 
 class _Missing:
+    """A required value that is not set: falsy, so follow-up checks on it are skipped."""
+
     def __repr__(self) -> str:
         return "<missing>"
+
+    def __bool__(self) -> bool:
+        return False
 
 
 MISSING: Any = _Missing()

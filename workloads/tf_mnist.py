@@ -113,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     accuracy = float(history.history["val_accuracy"][-1])
     print(f"Training took {wall:.1f} s on {device}; final validation accuracy {accuracy:.4f}", flush=True)
     if args.model_dir:
+        tf.io.gfile.makedirs(args.model_dir)
         path = args.model_dir.rstrip("/") + "/mnist.keras"
         model.save(path)
         print(f"Saved the model to {path}", flush=True)

@@ -71,7 +71,8 @@ def to_text(plan: PlanResult, extra_sections: list[str] | None = None) -> str:
     children: dict[str, list[Registration]] = {}
     for r in plan.resources:
         children.setdefault(r.parent, []).append(r)
-    roots = [p for p in children if p not in {r.urn for r in plan.resources}]
+    declared = {r.urn for r in plan.resources}
+    roots = [p for p in children if p not in declared]
     lines = [
         f"Offline plan of stack '{plan.stack}' in GCP project {plan.project}",
         f"(the real program under Pulumi mocks: `pulumi up` on an empty stack would create "

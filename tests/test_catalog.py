@@ -1,0 +1,118 @@
+"""The TPU catalog's rules: one accepted and one rejected case each, asserting on the advice given."""
+
+from __future__ import annotations
+
+import pytest
+
+from infra.catalog import AcceleratorType, load_catalog
+
+catalog = load_catalog()
+
+
+def accelerator(name: str) -> AcceleratorType:
+    result = catalog.accelerator(name)
+    assert isinstance(result, AcceleratorType), result
+    return result
+
+
+@pytest.mark.parametrize(
+    ("name", "chips", "hosts", "multi_host"),
+    [
+        ("v2-8", 4, 1, False),
+        ("v3-32", 16, 4, True),
+        ("v4-8", 4, 1, False),
+        ("v4-32", 16, 4, True),
+        ("v5litepod-8", 8, 1, False),
+        ("v5litepod-16", 16, 4, True),
+        ("v5p-16", 8, 2, True),
+        ("v6e-1", 1, 1, False),
+        ("v6e-256", 256, 64, True),
+    ],
+)
+def test_chips_and_hosts(name, chips, hosts, multi_host):
+    acc = accelerator(name)
+    assert (acc.chips, acc.hosts, acc.multi_host) == (chips, hosts, multi_host)
+
+
+def test_unknown_size_lists_the_valid_ones():
+    assert catalog.accelerator("v4-9") == (
+        "not a v4 size; valid sizes: v4-8, v4-16, v4-32, v4-64, v4-128, v4-256, v4-512, v4-1024, v4-2048, v4-4096"
+    )
+
+
+def test_unknown_generation_shows_the_type_shapes():
+    assert "types look like v2-N, v3-N, v4-N, v5litepod-N, v5p-N, v6e-N" in str(catalog.accelerator("v9-8"))
+
+
+def test_tpu7x_is_refused_with_the_reason():
+    assert "only through Compute Engine and GKE" in str(catalog.accelerator("tpu7x-8"))
+
+
+def test_zone_rule():
+    assert catalog.zone_problem(accelerator("v4-8"), "us-central2-b") is None
+    assert catalog.zone_problem(accelerator("v4-8"), "europe-west4-a") == (
+        "v4-8 is not offered in europe-west4-a; zones that offer it: us-central2-b"
+    )
+
+
+def test_zone_rule_by_size():
+    assert catalog.zone_problem(accelerator("v2-8"), "us-central1-b") is None
+    assert "zones that offer it: europe-west4-a, us-central1-a" in str(
+        catalog.zone_problem(accelerator("v2-32"), "us-central1-b")
+    )
+
+
+def test_tensorflow_version_must_match_the_runtime():
+    v3 = accelerator("v3-8")
+    assert catalog.runtime_problem(v3, "tpu-vm-tf-2.13.0", "tensorflow", "2.13.0") is None
+    why = catalog.runtime_problem(v3, "tpu-vm-tf-2.13.0", "tensorflow", "2.15.0")
+    assert why == (
+        "the runtime carries TensorFlow 2.13.0 but the workload is pinned to 2.15.0 (the seed's 'Failed to connect "
+        "to remote TPU'); use runtime tpu-vm-tf-2.15.0-pjrt or pin the workload to 2.13.0"
+    )
+
+
+def test_multi_host_needs_a_pod_runtime():
+    assert catalog.runtime_problem(accelerator("v4-32"), "tpu-vm-tf-2.15.0-pod-pjrt", "tensorflow", "2.15.0") is None
+    assert catalog.runtime_problem(accelerator("v4-32"), "tpu-vm-tf-2.15.0-pjrt", "tensorflow", "2.15.0") == (
+        "v4-32 is a multi-host slice (4 VMs) and needs a -pod runtime; use tpu-vm-tf-2.15.0-pod-pjrt"
+    )
+    assert "must not use a -pod runtime" in str(
+        catalog.runtime_problem(accelerator("v4-8"), "tpu-vm-tf-2.15.0-pod-pjrt", "tensorflow", "2.15.0")
+    )
+
+
+def test_pjrt_suffix_from_2_15_and_v4_suffix_until_2_10():
+    v2 = accelerator("v2-8")
+    assert catalog.runtime_problem(v2, "tpu-vm-tf-2.15.0-se", "tensorflow", "2.15.0") is None
+    assert "use tpu-vm-tf-2.15.0-pjrt" in str(catalog.runtime_problem(v2, "tpu-vm-tf-2.15.0", "tensorflow", "2.15.0"))
+    v4 = accelerator("v4-8")
+    assert catalog.runtime_problem(v4, "tpu-vm-tf-2.10.0-v4", "tensorflow", "2.10.0") is None
+    assert "use tpu-vm-tf-2.10.0-v4" in str(catalog.runtime_problem(v4, "tpu-vm-tf-2.10.0", "tensorflow", "2.10.0"))
+
+
+def test_new_generations_need_a_recent_tensorflow():
+    v5e = accelerator("v5litepod-8")
+    assert catalog.runtime_problem(v5e, "tpu-vm-tf-2.15.0-pjrt", "tensorflow", "2.15.0") is None
+    assert catalog.runtime_problem(v5e, "tpu-vm-tf-2.14.1", "tensorflow", "2.14.1") == (
+        "v5e needs TensorFlow 2.15.0 or newer"
+    )
+    assert "use tpu-vm-tf-2.15.0-pjrt" in str(
+        catalog.runtime_problem(v5e, "tpu-vm-tf-2.15.0-se", "tensorflow", "2.15.0")
+    )
+
+
+def test_jax_runtime_per_generation():
+    assert catalog.runtime_problem(accelerator("v6e-8"), "v2-alpha-tpuv6e", "jax", "0.4.35") is None
+    assert catalog.runtime_problem(accelerator("v6e-8"), "tpu-ubuntu2204-base", "jax", "0.4.35") == (
+        "JAX on v6e runs on runtime v2-alpha-tpuv6e, not tpu-ubuntu2204-base"
+    )
+
+
+def test_prices_have_a_date_and_spot_is_cheaper():
+    assert catalog.prices_date and catalog.prices_source
+    for generation in catalog.generations.values():
+        acc = AcceleratorType(generation, generation.sizes[0])
+        on_demand, _ = catalog.price_per_chip_hour(acc, "on-demand")
+        spot, _ = catalog.price_per_chip_hour(acc, "spot")
+        assert 0 < spot < on_demand

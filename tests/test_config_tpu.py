@@ -1,0 +1,113 @@
+"""TPU VM entries in the stack file: each mistake names the entry's key and says what to do."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support import stack_config, with_object
+from tests.test_config import problems_of
+
+
+def vm_edit(**changes):
+    def edit(vms):
+        for key, value in changes.items():
+            if value is None:
+                vms[0].pop(key, None)
+            else:
+                vms[0][key] = value
+
+    return edit
+
+
+def vm_problems(stack: str = "dev", **changes) -> str:
+    return problems_of(with_object(stack_config(stack), "tpuVms", vm_edit(**changes)), stack)
+
+
+@pytest.mark.parametrize("name", ["Mnist", "mnist_v2", "-mnist", "9lives", "x" * 64])
+def test_bad_vm_name(name):
+    assert f"tpu-platform:tpuVms[0].name = {name!r}: 1-63 lowercase letters" in vm_problems(name=name)
+
+
+def test_unknown_workload_lists_the_known_ones():
+    assert "tpu-platform:tpuVms[0].workload = 'bert': must be one of mnist" in vm_problems(workload="bert")
+
+
+def test_missing_zone():
+    assert "tpu-platform:tpuVms[0].zone = (not set): required" in vm_problems(zone=None)
+
+
+def test_duplicate_vm_names():
+    raw = with_object(stack_config(), "tpuVms", lambda vms: vms.append(dict(vms[0])))
+    assert "tpu-platform:tpuVms[1].name = 'mnist-v2-spot': another TPU VM of this stack has this name" in problems_of(
+        raw
+    )
+
+
+def test_zone_without_that_tpu():
+    message = vm_problems("prod", acceleratorType="v4-8", runtimeVersion="tpu-vm-tf-2.15.0-pjrt", zone="europe-west4-a")
+    assert (
+        "tpuVms[0].zone = 'europe-west4-a': v4-8 is not offered in europe-west4-a; zones that offer it: us-central2-b"
+        in (message)
+    )
+
+
+def test_runtime_that_does_not_match_the_pinned_framework():
+    message = vm_problems("dev", runtimeVersion="tpu-vm-tf-2.13.0")
+    assert "tpuVms[0].runtimeVersion = 'tpu-vm-tf-2.13.0': the runtime carries TensorFlow 2.13.0" in message
+    assert "use runtime tpu-vm-tf-2.14.1" in message
+
+
+def test_unknown_accelerator_type():
+    assert "tpuVms[0].acceleratorType = 'v2-16': not a v2 size; valid sizes: v2-8, v2-32" in vm_problems(
+        acceleratorType="v2-16"
+    )
+
+
+def test_spot_vm_needs_checkpoints():
+    raw = with_object(stack_config(), "workloads", lambda w: w["mnist"].update(bucketAccess={"checkpoints": "none"}))
+    message = problems_of(raw)
+    assert "tpu-platform:tpuVms[0].provisioning = 'spot': a spot TPU can be reclaimed at any time (S19)" in message
+
+
+def test_region_without_a_subnet():
+    message = vm_problems(
+        "prod", acceleratorType="v6e-8", zone="europe-west4-a", runtimeVersion="tpu-vm-tf-2.15.0-pjrt"
+    )
+    assert "add a subnet for europe-west4 under tpu-platform:network.subnets" in message
+
+
+def test_reserved_and_bad_labels():
+    message = vm_problems(labels={"owner": "someone-else", "Team": "x", "ok": "Not Valid"})
+    assert "tpuVms[0].labels.owner = 'someone-else': 'owner' is set by the platform" in message
+    assert "tpuVms[0].labels.Team = 'Team': label keys need" in message
+    assert "tpuVms[0].labels.ok = 'Not Valid': label values need" in message
+
+
+def test_bad_provisioning_model():
+    assert "provisioning = 'cheap': must be one of on-demand, preemptible, reserved, spot" in vm_problems(
+        provisioning="cheap"
+    )
+
+
+@pytest.mark.parametrize(
+    ("cidr", "expected"),
+    [
+        ("10.20.0.1/20", "no host bits set"),
+        ("8.8.8.0/24", "must be a private IPv4 range"),
+        ("banana", "must be an IPv4 network"),
+    ],
+)
+def test_bad_subnet_cidr(cidr, expected):
+    raw = with_object(stack_config(), "network", lambda n: n["subnets"].update({"us-central1": cidr}))
+    assert f"tpu-platform:network.subnets.us-central1 = {cidr!r}: " in problems_of(raw)
+    assert expected in problems_of(raw)
+
+
+def test_overlapping_subnets():
+    raw = with_object(stack_config(), "network", lambda n: n["subnets"].update({"europe-west4": "10.20.8.0/24"}))
+    assert "network.subnets.europe-west4 = '10.20.8.0/24': overlaps the subnet of us-central1" in problems_of(raw)
+
+
+def test_unpinned_framework_version():
+    raw = with_object(stack_config(), "workloads", lambda w: w["mnist"].update(frameworkVersion="latest"))
+    assert "workloads.mnist.frameworkVersion = 'latest': an exact release like 2.15.0" in problems_of(raw)

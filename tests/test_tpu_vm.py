@@ -1,0 +1,106 @@
+"""Every TPU VM: own identity, no external IP, the stack's network, labels and its rendered workload."""
+
+from __future__ import annotations
+
+import pytest
+
+from infra.programs import PROGRAMS
+from infra.tpu.cloud_tpu import CLOUD_PLATFORM_SCOPE
+from tests.support import depends_on, plan, stack_config, with_object
+
+V2VM = "gcp:tpu/v2Vm:V2Vm"
+IN_PLACE = {"description", "labels", "metadata", "tags", "dataDisks"}  # what V2Vm updates without replacing
+
+
+def vms(stack: str = "dev", raw=None):
+    result = plan(raw or stack_config(stack), stack)
+    return result, result.of_type(V2VM)
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_vm_identity_network_and_labels(stack):
+    result, nodes = vms(stack)
+    (network,) = result.of_type("gcp:compute/network:Network")
+    (subnet,) = result.of_type("gcp:compute/subnetwork:Subnetwork")
+    (account,) = result.of_type("gcp:serviceaccount/account:Account")
+    assert nodes
+    for vm in nodes:
+        assert vm.inputs["serviceAccount"] == {
+            "email": f"{account.inputs['accountId']}@{result.project}.iam.gserviceaccount.com",
+            "scopes": [CLOUD_PLATFORM_SCOPE],
+        }
+        assert "compute@developer.gserviceaccount.com" not in vm.inputs["serviceAccount"]["email"]
+        config = vm.inputs["networkConfig"]
+        assert config["enableExternalIps"] is False
+        assert config["network"] == f"projects/{result.project}/global/networks/{network.inputs['name']}"
+        assert config["subnetwork"].endswith(f"/subnetworks/{subnet.inputs['name']}")
+        assert {"environment", "workload", "owner", "provisioning"} <= set(vm.inputs["labels"])
+        assert vm.inputs["labels"]["environment"] == stack
+        assert vm.inputs["tags"] == ["tpu-vm"]
+        assert vm.inputs["metadata"]["enable-oslogin"] == "TRUE"
+        assert vm.inputs["metadata"]["block-project-ssh-keys"] == "TRUE"
+
+
+def test_startup_script_carries_the_workload():
+    _, (vm,) = vms()
+    script = vm.inputs["metadata"]["startup-script"]
+    assert PROGRAMS["tf_mnist"].source() in script
+    assert "TPU_PLATFORM_DATA=gs://acme-ml-sandbox-dev-data/mnist/mnist.npz" in script
+    assert "TPU_PLATFORM_CHECKPOINT_DIR=gs://acme-ml-sandbox-dev-checkpoints/mnist/mnist-v2-spot" in script
+    assert "'tensorflow-tpu==2.14.1'" in script
+
+
+def test_provisioning_models_map_to_scheduling():
+    _, (dev,) = vms("dev")
+    _, (prod,) = vms("prod")
+    assert dev.inputs["schedulingConfig"] == {"spot": True, "preemptible": False, "reserved": False}
+    assert prod.inputs["schedulingConfig"] == {"spot": False, "preemptible": False, "reserved": False}
+    raw = with_object(stack_config("prod"), "tpuVms", lambda v: v[0].update(provisioning="reserved"))
+    _, (reserved,) = vms("prod", raw)
+    assert reserved.inputs["schedulingConfig"]["reserved"] is True
+
+
+def test_secure_boot_where_the_generation_supports_it():
+    _, (v2,) = vms("dev")
+    _, (v5e,) = vms("prod")
+    assert "shieldedInstanceConfig" not in v2.inputs
+    assert v5e.inputs["shieldedInstanceConfig"] == {"enableSecureBoot": True}
+
+
+def test_vm_waits_for_tpu_api_grants_and_nat():
+    result, (vm,) = vms()
+    by_type = {r.type: r for r in result.resources}
+    services = {s.inputs["service"]: s.urn for s in result.of_type("gcp:projects/service:Service")}
+    assert depends_on(result, vm, services["tpu.googleapis.com"])
+    assert depends_on(result, vm, by_type["gcp:compute/routerNat:RouterNat"].urn)
+    for grant in result.of_type("gcp:storage/bucketIAMMember:BucketIAMMember"):
+        assert grant.urn in vm.dependencies
+
+
+def test_changing_only_the_workload_updates_the_vm_in_place():
+    _, (before,) = vms()
+    raw = with_object(stack_config(), "workloads", lambda w: w["mnist"].update(epochs=9, batchSize=512))
+    _, (after,) = vms("dev", raw)
+    changed = {k for k in before.inputs.keys() | after.inputs.keys() if before.inputs.get(k) != after.inputs.get(k)}
+    assert changed == {"metadata"}
+    assert changed <= IN_PLACE
+    assert before.urn == after.urn
+
+
+def test_outputs_give_the_iap_ssh_command_and_console_link():
+    outputs = plan(stack_config()).outputs["tpuVms"]["mnist-v2-spot"]
+    assert outputs["sshCommand"] == (
+        "gcloud compute tpus tpu-vm ssh mnist-v2-spot --zone us-central1-b --project acme-ml-sandbox"
+        " --tunnel-through-iap"
+    )
+    assert outputs["consoleUrl"].endswith("/tpus/details/us-central1-b/mnist-v2-spot?project=acme-ml-sandbox")
+    assert (outputs["acceleratorType"], outputs["provisioning"], outputs["hosts"]) == ("v2-8", "spot", 1)
+    assert 1000 < outputs["startupScriptBytes"] < 256 * 1024
+
+
+def test_multi_host_slices_ssh_to_every_worker():
+    def to_pod(vms):
+        vms[0].update(acceleratorType="v2-32", zone="us-central1-a", runtimeVersion="tpu-vm-tf-2.14.1-pod")
+
+    outputs = plan(with_object(stack_config(), "tpuVms", to_pod)).outputs["tpuVms"]["mnist-v2-spot"]
+    assert outputs["hosts"] == 4 and outputs["sshCommand"].endswith("--worker=all")
