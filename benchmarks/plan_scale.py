@@ -60,7 +60,7 @@ def plan_once(count: int, folder: Path) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[20, 200, 400])
     args = parser.parse_args()
     rows = []

@@ -98,6 +98,7 @@ class WorkloadSettings:
     project_roles: tuple[str, ...]
     program: str  # a key of infra.programs.PROGRAMS
     framework_version: str  # the framework release the program is pinned to (S21)
+    memory_gib_per_chip: float | None  # declared HBM need per chip, checked against the TPU type (S20)
     data_object: str  # path of the training data in the data bucket; "" = the program's own download
     epochs: int
     batch_size: int
@@ -149,6 +150,7 @@ class PlatformConfig:
     workloads: tuple[WorkloadSettings, ...]
     network: NetworkSettings
     tpu_vms: tuple[TpuVmSettings, ...]
+    warnings: tuple[str, ...] = ()  # legal settings that are likely mistakes, shown by the plan
 
     def workload(self, name: str) -> WorkloadSettings:
         return next(w for w in self.workloads if w.name == name)
@@ -229,6 +231,7 @@ def parse_stack_config(stack: str, raw: Mapping[str, str]) -> PlatformConfig:
         workloads=workloads,
         network=network,
         tpu_vms=tpu_vms,
+        warnings=tuple(f"stack '{stack}': {w}" for w in problems.warnings),
     )
 
 
@@ -347,7 +350,13 @@ def _workload(name: str, node: Node) -> WorkloadSettings:
             if level:
                 access[purpose] = level
         access_node.done(BUCKET_PURPOSES)
-    roles = node.str_list("projectRoles", list(iam.DEFAULT_PROJECT_ROLES), choices=iam.ALLOWED_PROJECT_ROLES)
+    roles = node.str_list(
+        "projectRoles",
+        list(iam.DEFAULT_PROJECT_ROLES),
+        choices=iam.ALLOWED_PROJECT_ROLES,
+        allowed="project roles are allow-listed in infra/iam.py; storage access is granted per bucket "
+        "with bucketAccess (read, write or none)",
+    )
     settings = WorkloadSettings(
         name=name,
         description=node.str("description", f"TPU workload {name}"),
@@ -357,6 +366,7 @@ def _workload(name: str, node: Node) -> WorkloadSettings:
         framework_version=node.str(
             "frameworkVersion", pattern=r"\d+\.\d+\.\d+", allowed="an exact release like 2.15.0 (pinned, S21)"
         ),
+        memory_gib_per_chip=node.number("memoryGibPerChip", None, minimum=0, exclusive_minimum=True),
         data_object=node.str(
             "dataObject",
             "",
@@ -406,68 +416,76 @@ def _network(node: Node | None) -> NetworkSettings:
 
 
 def _tpu_vms(root: Node, workloads: dict[str, WorkloadSettings], network: NetworkSettings) -> tuple[TpuVmSettings, ...]:
-    catalog = load_catalog()
     vms: list[TpuVmSettings] = []
-    names: set[str] = set()
     for node in root.elements(f"{PROJECT}:tpuVms", []):
-        name = node.str("name", check=lambda n: naming.resource_id_problem(n, 63))
-        if name in names:
-            node.problems.add(node.key("name"), name, "another TPU VM of this stack has this name")
-        names.add(name)
-        workload_name = node.str("workload", choices=workloads) if workloads else node.str("workload")
-        zone = node.str("zone", pattern=r"[a-z]+-[a-z]+\d+-[a-z]", allowed="a zone like us-central1-b")
-        provisioning = node.str("provisioning", "on-demand", choices=PROVISIONING_MODELS)
-        runtime = node.str("runtimeVersion")
-        accelerator_name = node.str("acceleratorType")
-        accelerator = catalog.accelerator(accelerator_name) if accelerator_name else None
-        if isinstance(accelerator, str):
-            node.problems.add(node.key("acceleratorType"), accelerator_name, accelerator)
-            accelerator = None
-        user_labels: list[tuple[str, str]] = []
-        for key, value, path in node.entries("labels", {}):
-            if why := naming.label_key_problem(key):
-                node.problems.add(path, key, f"label keys need {why}")
-            elif key in RESERVED_LABELS:
-                node.problems.add(
-                    path, value, f"'{key}' is set by the platform; reserved: {', '.join(RESERVED_LABELS)}"
-                )
-            elif not isinstance(value, str) or (why := naming.label_value_problem(value)):
-                node.problems.add(path, value, f"label values need {why or 'a string'}")
-            else:
-                user_labels.append((key, value))
-        description = node.str("description", "")
-        node.done()
-
-        workload = workloads.get(workload_name) if workload_name else None
-        if accelerator and zone and (why := catalog.zone_problem(accelerator, zone)):
-            node.problems.add(node.key("zone"), zone, why)
-        pinned = workload and workload.program and workload.framework_version
-        if accelerator and runtime and workload and pinned:
-            why = catalog.runtime_problem(accelerator, runtime, workload.framework, workload.framework_version)
-            if why:
-                node.problems.add(node.key("runtimeVersion"), runtime, why)
-        if zone and network.subnets and network.cidr(zone.rsplit("-", 1)[0]) is None:
-            region = zone.rsplit("-", 1)[0]
-            node.problems.add(node.key("zone"), zone, f"add a subnet for {region} under tpu-platform:network.subnets")
-        if provisioning in ("spot", "preemptible") and workload and workload.access("checkpoints") != "write":
+        vm = _tpu_vm(node, workloads)
+        if vm.name in {v.name for v in vms}:
+            node.problems.add(node.key("name"), vm.name, "another TPU VM of this stack has this name")
+        workload = workloads.get(vm.workload) if vm.workload else None
+        if workload:
+            _check_against_catalog(node, vm, workload)
+        if vm.zone and network.subnets and network.cidr(vm.region) is None:
             node.problems.add(
-                node.key("provisioning"),
-                provisioning,
-                f"a {provisioning} TPU can be reclaimed at any time (S19): its workload '{workload.name}' needs "
-                "write access to the checkpoints bucket to resume, or use on-demand",
+                node.key("zone"), vm.zone, f"add a subnet for {vm.region} under {PROJECT}:network.subnets"
             )
-        vms.append(
-            TpuVmSettings(
-                name=name,
-                accelerator=accelerator,  # type: ignore[arg-type]  # None only when a problem is raised
-                zone=zone,
-                runtime_version=runtime,
-                provisioning=provisioning,
-                workload=workload_name,
-                labels=tuple(user_labels),
-                description=description,
-            )
-        )
+        vms.append(vm)
     if vms and not network.subnets:
         root.problems.add(f"{PROJECT}:network.subnets", MISSING, "TPU VMs need a subnet in their region")
     return tuple(vms)
+
+
+def _tpu_vm(node: Node, workloads: dict[str, WorkloadSettings]) -> TpuVmSettings:
+    accelerator_name = node.str("acceleratorType")
+    accelerator = load_catalog().accelerator(accelerator_name) if accelerator_name else None
+    if isinstance(accelerator, str):
+        node.problems.add(node.key("acceleratorType"), accelerator_name, accelerator)
+        accelerator = None
+    user_labels: list[tuple[str, str]] = []
+    for key, value, path in node.entries("labels", {}):
+        if why := naming.label_key_problem(key):
+            node.problems.add(path, key, f"label keys need {why}")
+        elif key in RESERVED_LABELS:
+            node.problems.add(path, value, f"'{key}' is set by the platform; reserved: {', '.join(RESERVED_LABELS)}")
+        elif not isinstance(value, str) or (why := naming.label_value_problem(value)):
+            node.problems.add(path, value, f"label values need {why or 'a string'}")
+        else:
+            user_labels.append((key, value))
+    vm = TpuVmSettings(
+        name=node.str("name", check=lambda n: naming.resource_id_problem(n, 63)),
+        accelerator=accelerator,  # type: ignore[arg-type]  # None only when a problem is raised
+        zone=node.str("zone", pattern=r"[a-z]+-[a-z]+\d+-[a-z]", allowed="a zone like us-central1-b"),
+        runtime_version=node.str("runtimeVersion"),
+        provisioning=node.str("provisioning", "on-demand", choices=PROVISIONING_MODELS),
+        workload=node.str("workload", choices=workloads) if workloads else node.str("workload"),
+        labels=tuple(user_labels),
+        description=node.str("description", ""),
+    )
+    node.done()
+    return vm
+
+
+def _check_against_catalog(node: Node, vm: TpuVmSettings, workload: WorkloadSettings) -> None:
+    """The seed's troubleshooting items (S16, S17, S19, S20), caught before anything is created."""
+    catalog = load_catalog()
+    problems = node.problems
+    if vm.provisioning in ("spot", "preemptible") and workload.access("checkpoints") != "write":
+        problems.add(
+            node.key("provisioning"),
+            vm.provisioning,
+            f"a {vm.provisioning} TPU can be reclaimed at any time (S19): its workload '{workload.name}' needs "
+            "write access to the checkpoints bucket to resume, or use on-demand",
+        )
+    accelerator = vm.accelerator
+    if not accelerator:
+        return
+    if vm.zone and (why := catalog.zone_problem(accelerator, vm.zone)):
+        problems.add(node.key("zone"), vm.zone, why)
+    if vm.runtime_version and workload.program and workload.framework_version:
+        why = catalog.runtime_problem(accelerator, vm.runtime_version, workload.framework, workload.framework_version)
+        if why:
+            problems.add(node.key("runtimeVersion"), vm.runtime_version, why)
+    need = workload.memory_gib_per_chip
+    if need and (why := catalog.memory_problem(accelerator, need)):
+        problems.add(node.key("acceleratorType"), accelerator.name, f"workload '{workload.name}' {why}")
+    if workload.batch_size and (advice := catalog.batch_warning(accelerator, workload.batch_size)):
+        problems.warn(f"{PROJECT}:workloads.{workload.name}.batchSize", workload.batch_size, advice)

@@ -53,9 +53,14 @@ class ConfigError(Exception):
 @dataclass
 class Problems:
     items: list[Problem] = field(default_factory=list)
+    warnings: list[Problem] = field(default_factory=list)
 
     def add(self, key: str, value: Any, allowed: str) -> None:
         self.items.append(Problem(key, value, allowed))
+
+    def warn(self, key: str, value: Any, advice: str) -> None:
+        """Legal but likely a mistake: shown in the plan, does not stop it."""
+        self.warnings.append(Problem(key, value, advice))
 
     def raise_if_any(self, stack: str) -> None:
         if self.items:
@@ -113,7 +118,8 @@ class Node:
         if choices is not None:
             options = sorted(choices)
             if value not in options:
-                self.problems.add(key, value, f"must be one of {', '.join(options)}")
+                hint = f"; {allowed}" if allowed else ""
+                self.problems.add(key, value, f"must be one of {', '.join(options)}{hint}")
                 return None
         if pattern is not None and not re.fullmatch(pattern, value):
             self.problems.add(key, value, allowed or f"must match {pattern}")

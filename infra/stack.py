@@ -19,7 +19,10 @@ def raw_stack_config() -> dict[str, str]:
 
 
 def load_config() -> PlatformConfig:
-    return parse_stack_config(pulumi.get_stack(), raw_stack_config())
+    cfg = parse_stack_config(pulumi.get_stack(), raw_stack_config())
+    for warning in cfg.warnings:
+        pulumi.log.warn(warning)
+    return cfg
 
 
 @contextlib.contextmanager

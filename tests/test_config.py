@@ -81,6 +81,7 @@ def test_disallowed_role_is_refused():
     message = problems_of(raw)
     assert "tpu-platform:workloads.mnist.projectRoles[0] = 'roles/editor': must be one of" in message
     assert "roles/logging.logWriter" in message
+    assert "storage access is granted per bucket with bucketAccess" in message  # what to do instead
 
 
 def test_bucket_access_levels_are_closed():

@@ -31,7 +31,7 @@ def write(path: str, train: int = 2048, test: int = 512, seed: int = 0) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("path")
     parser.add_argument("--train", type=int, default=2048)
     parser.add_argument("--test", type=int, default=512)

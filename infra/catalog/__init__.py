@@ -40,6 +40,7 @@ class Generation:
     sizes: tuple[int, ...]
     single_host: frozenset[int]
     chips_per_host: int
+    devices_per_chip: int
     hbm_gib_per_chip: float
     bf16_tflops_per_chip: float
     secure_boot: bool
@@ -75,6 +76,11 @@ class AcceleratorType:
     @property
     def hosts(self) -> int:
         return max(1, self.chips // self.generation.chips_per_host) if self.multi_host else 1
+
+    @property
+    def devices(self) -> int:
+        """Devices (replicas) a data-parallel step is sharded over."""
+        return self.chips * self.generation.devices_per_chip
 
     @property
     def hbm_gib(self) -> float:
@@ -162,6 +168,32 @@ class TpuCatalog:
             return f"{why}; use {expected}"
         return None
 
+    def memory_problem(self, accelerator: AcceleratorType, gib_per_chip: float) -> str | None:
+        """Why a workload needing `gib_per_chip` of HBM would run out of memory (S20)."""
+        have = accelerator.generation.hbm_gib_per_chip
+        if gib_per_chip <= have:
+            return None
+        roomier = sorted(
+            (g.hbm_gib_per_chip, g.name) for g in self.generations.values() if g.hbm_gib_per_chip >= gib_per_chip
+        )
+        options = ", ".join(f"{name} ({hbm:g} GiB)" for hbm, name in roomier) or "none: shard the model"
+        return (
+            f"needs {gib_per_chip:g} GiB of HBM per chip but {accelerator.generation.name} has {have:g}; "
+            f"use a smaller batch or model, model parallelism, or a generation with more: {options}"
+        )
+
+    def batch_warning(self, accelerator: AcceleratorType, batch_size: int) -> str | None:
+        """Advice when a global batch does not shard evenly over the TPU's devices (S20)."""
+        if batch_size % accelerator.devices == 0:
+            return None
+        lower = batch_size - batch_size % accelerator.devices
+        suggestions = ", ".join(str(b) for b in (lower, lower + accelerator.devices) if b > 0)
+        return (
+            f"batch size {batch_size} does not split evenly over the {accelerator.devices} devices of "
+            f"{accelerator.name}; use a multiple of {accelerator.devices} (e.g. {suggestions}), "
+            "ideally 128 per device"
+        )
+
     def price_per_chip_hour(self, accelerator: AcceleratorType, provisioning: str) -> tuple[float, str]:
         """(USD per chip-hour, region of the price). Spot and preemptible share the spot price;
         reserved capacity is priced as on-demand here (the conservative bound; discounts vary by contract)."""
@@ -180,6 +212,7 @@ def _generation(name: str, data: dict[str, Any]) -> Generation:
         sizes=tuple(data["sizes"]),
         single_host=frozenset(data["single_host"]),
         chips_per_host=data["chips_per_host"],
+        devices_per_chip=data["devices_per_chip"],
         hbm_gib_per_chip=float(data["hbm_gib_per_chip"]),
         bf16_tflops_per_chip=float(data["bf16_tflops_per_chip"]),
         secure_boot=bool(data["secure_boot"]),

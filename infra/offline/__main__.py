@@ -9,10 +9,12 @@ from pathlib import Path
 
 import pulumi
 
+from infra.offline.policy_check import check_policies
 from infra.offline.render import to_json, to_text
 from infra.offline.runner import plan_stack
 from infra.offline.stackfile import StackFileError, available_stacks, stack_of
 from infra.schema import ConfigError
+from policy.policies import RULES
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,11 +36,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
 
+    violations = check_policies(result)
     if args.json:
-        json.dump(to_json(result), sys.stdout, indent=2, sort_keys=True, default=str)
+        json.dump(to_json(result, [v.as_dict() for v in violations]), sys.stdout, indent=2, sort_keys=True, default=str)
         print()
     else:
-        print(to_text(result), end="")
+        section = (
+            "Policy violations:\n" + "\n".join(f"  - {v}" for v in violations)
+            if violations
+            else (f"Policies: all {len(RULES)} rules of the policy pack pass.")
+        )
+        print(to_text(result, [section]), end="")
+    mandatory = [v for v in violations if v.enforcement == "mandatory"]
+    if mandatory:
+        print(
+            f"error: {len(mandatory)} mandatory policy violation(s); `pulumi preview --policy-pack policy`"
+            " would refuse this stack",
+            file=sys.stderr,
+        )
+        return 3
     return 0
 
 

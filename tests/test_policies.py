@@ -1,0 +1,203 @@
+"""Each policy with one compliant and one violating resource, called directly; then the whole pack."""
+
+from __future__ import annotations
+
+import runpy
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+import pulumi_gcp as gcp
+import pytest
+from google.protobuf import empty_pb2
+from pulumi.runtime.proto import analyzer_pb2, analyzer_pb2_grpc
+from pulumi_policy import (
+    PolicyCustomTimeouts,
+    PolicyResource,
+    PolicyResourceOptions,
+    ResourceValidationArgs,
+    StackValidationArgs,
+)
+
+from infra.offline import __main__ as offline_cli
+from infra.offline.policy_check import check_policies
+from infra.offline.runner import run_program
+from policy import policies
+from tests.support import stack_config
+
+ROOT = Path(__file__).resolve().parents[1]
+OPTS = PolicyResourceOptions(False, [], None, [], PolicyCustomTimeouts(0, 0, 0), [])
+
+
+def violations(rule, resource_type: str, props: dict) -> list[str]:
+    found: list[str] = []
+    rule(ResourceValidationArgs(resource_type, props, f"urn:x::{resource_type}::r", "r", OPTS, None), found.append)
+    return found
+
+
+GOOD_BUCKET = {
+    "name": "acme-dev-data",
+    "uniformBucketLevelAccess": True,
+    "publicAccessPrevention": "enforced",
+    "labels": {"environment": "dev", "owner": "ml", "purpose": "data"},
+}
+GOOD_VM = {
+    "serviceAccount": {"email": "tpu-mnist-dev@acme.iam.gserviceaccount.com"},
+    "networkConfig": {"enableExternalIps": False},
+    "labels": {"environment": "dev", "owner": "ml"},
+}
+
+CASES = [
+    # rule, type, compliant props, violating props, expected words
+    (policies.no_broad_project_roles, "gcp:projects/iAMMember:IAMMember",
+     {"role": "roles/logging.logWriter"}, {"role": "roles/editor"}, "basic or admin"),
+    (policies.no_broad_project_roles, "gcp:projects/iAMMember:IAMMember",
+     {"role": "roles/monitoring.metricWriter"}, {"role": "roles/storage.admin"}, "basic or admin"),
+    (policies.no_broad_project_roles, "gcp:projects/iAMBinding:IAMBinding",
+     {"role": "roles/logging.logWriter"}, {"role": "roles/iam.serviceAccountTokenCreator"}, "act as every service"),
+    (policies.no_broad_project_roles, "gcp:projects/iAMPolicy:IAMPolicy",
+     {"policyData": '{"bindings": [{"role": "roles/logging.logWriter"}]}'},
+     {"policyData": '{"bindings": [{"role": "roles/owner"}]}'}, "basic or admin"),
+    (policies.no_service_account_keys, "gcp:serviceaccount/account:Account", {}, None, "keys"),
+    (policies.tpu_vm_dedicated_service_account, "gcp:tpu/v2Vm:V2Vm", GOOD_VM,
+     {**GOOD_VM, "serviceAccount": {"email": "123-compute@developer.gserviceaccount.com"}}, "default Compute Engine"),
+    (policies.tpu_vm_dedicated_service_account, "gcp:tpu/v2Vm:V2Vm", GOOD_VM,
+     {k: v for k, v in GOOD_VM.items() if k != "serviceAccount"}, "default Compute Engine"),
+    (policies.tpu_vm_no_external_ip, "gcp:tpu/v2Vm:V2Vm", GOOD_VM,
+     {**GOOD_VM, "networkConfig": {"enableExternalIps": True}}, "no external IP"),
+    (policies.bucket_uniform_access, "gcp:storage/bucket:Bucket", GOOD_BUCKET,
+     {**GOOD_BUCKET, "uniformBucketLevelAccess": False}, "uniform"),
+    (policies.bucket_public_access_prevention, "gcp:storage/bucket:Bucket", GOOD_BUCKET,
+     {**GOOD_BUCKET, "publicAccessPrevention": "inherited"}, "public access prevention"),
+    (policies.bucket_no_public_members, "gcp:storage/bucketIAMMember:BucketIAMMember",
+     {"member": "serviceAccount:a@b.iam.gserviceaccount.com"}, {"member": "allUsers"}, "public"),
+    (policies.bucket_no_public_members, "gcp:storage/bucketIAMBinding:BucketIAMBinding",
+     {"members": ["group:ml@acme.example"]}, {"members": ["allAuthenticatedUsers"]}, "public"),
+    (policies.firewall_no_open_ingress, "gcp:compute/firewall:Firewall",
+     {"sourceRanges": ["35.235.240.0/20"], "allows": [{"protocol": "tcp", "ports": ["22"]}]},
+     {"sourceRanges": ["0.0.0.0/0"], "allows": [{"protocol": "tcp", "ports": ["20-30"]}]}, "0.0.0.0/0"),
+    (policies.firewall_no_open_ingress, "gcp:compute/firewall:Firewall",
+     {"sourceRanges": ["0.0.0.0/0"], "allows": [{"protocol": "tcp", "ports": ["443"]}]},
+     {"sourceRanges": ["0.0.0.0/0"], "allows": [{"protocol": "all"}]}, "all ports"),
+    (policies.bucket_cmek_in_production, "gcp:storage/bucket:Bucket",
+     {**GOOD_BUCKET, "labels": {"environment": "prod"}, "encryption": {"defaultKmsKeyName": "projects/k/..."}},
+     {**GOOD_BUCKET, "labels": {"environment": "prod"}}, "customer-managed key"),
+    (policies.required_labels, "gcp:storage/bucket:Bucket", GOOD_BUCKET,
+     {**GOOD_BUCKET, "labels": {"environment": "dev"}}, "missing labels owner"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("rule", "resource_type", "good", "bad", "words"), CASES)
+def test_resource_rule(rule, resource_type, good, bad, words):
+    assert violations(rule, resource_type, good) == []
+    if bad is None:  # the type itself is the violation
+        bad_type, bad = "gcp:serviceaccount/key:Key", {}
+    else:
+        bad_type = resource_type
+    found = violations(rule, bad_type, bad)
+    assert len(found) == 1 and words in found[0]
+
+
+def test_unknown_values_are_not_violations():
+    # In a real preview, computed values arrive as None.
+    assert (
+        violations(policies.tpu_vm_dedicated_service_account, "gcp:tpu/v2Vm:V2Vm", {"serviceAccount": {"email": None}})
+        == []
+    )
+
+
+def stack_resource(resource_type: str, props: dict, name: str, dependencies=()) -> PolicyResource:
+    return PolicyResource(resource_type, props, f"urn:{name}", name, OPTS, None, None, list(dependencies), {})
+
+
+def stack_violations(rule, resources) -> list[str]:
+    found: list[str] = []
+    rule(StackValidationArgs(resources), lambda message, urn=None: found.append(message))
+    return found
+
+
+def test_budget_in_every_stack():
+    assert (
+        stack_violations(policies.budget_in_every_stack, [stack_resource("gcp:billing/budget:Budget", {}, "b")]) == []
+    )
+    assert "budget" in stack_violations(policies.budget_in_every_stack, [])[0]
+
+
+def test_spot_tpu_needs_a_checkpoint_grant():
+    bucket = stack_resource(
+        "gcp:storage/bucket:Bucket", {"name": "ck", "labels": {"purpose": "checkpoints"}}, "checkpoints"
+    )
+    grant = stack_resource(
+        "gcp:storage/bucketIAMMember:BucketIAMMember", {"bucket": "ck", "role": "roles/storage.objectUser"}, "grant"
+    )
+    spot = {"schedulingConfig": {"spot": True}}
+    safe = stack_resource("gcp:tpu/v2Vm:V2Vm", spot, "vm", [grant])
+    unsafe = stack_resource("gcp:tpu/v2Vm:V2Vm", spot, "vm", [])
+    on_demand = stack_resource("gcp:tpu/v2Vm:V2Vm", {"schedulingConfig": {"spot": False}}, "vm", [])
+    assert stack_violations(policies.spot_tpu_has_checkpoints, [bucket, grant, safe]) == []
+    assert stack_violations(policies.spot_tpu_has_checkpoints, [bucket, grant, on_demand]) == []
+    assert "cannot write checkpoints" in stack_violations(policies.spot_tpu_has_checkpoints, [bucket, grant, unsafe])[0]
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_shipped_stacks_pass_every_policy(stack):
+    assert check_policies(run_program(stack, stack_config(stack))) == []
+
+
+def weakened_program() -> None:
+    """The real program plus what a careless change could add by hand, bypassing the stack config."""
+    runpy.run_path(str(ROOT / "__main__.py"), run_name="__main__")
+    gcp.projects.IAMMember("rogue-editor", project="acme-ml-sandbox", role="roles/editor", member="user:a@acme.example")
+    gcp.storage.BucketIAMMember("rogue-public", bucket="acme-ml-sandbox-dev-data", role="roles/storage.objectViewer",
+                                member="allUsers")  # fmt: skip
+    gcp.tpu.V2Vm(
+        "rogue-vm",
+        zone="us-central1-b",
+        runtime_version="tpu-vm-tf-2.14.1",
+        accelerator_type="v2-8",
+        network_config=gcp.tpu.V2VmNetworkConfigArgs(enable_external_ips=True),
+        scheduling_config=gcp.tpu.V2VmSchedulingConfigArgs(spot=True),
+        labels={"environment": "dev", "owner": "ml-platform"},
+    )
+
+
+def test_weakened_stack_fails_with_the_expected_violations():
+    found = check_policies(run_program("dev", stack_config(), program=weakened_program))
+    assert {(v.policy, v.resource) for v in found} == {
+        ("no-broad-project-roles", "rogue-editor"),
+        ("bucket-no-public-members", "rogue-public"),
+        ("tpu-vm-no-external-ip", "rogue-vm"),
+        ("tpu-vm-dedicated-service-account", "rogue-vm"),
+        ("spot-tpu-has-checkpoints", "rogue-vm"),
+    }
+    assert all(v.enforcement == "mandatory" for v in found)
+
+
+def test_offline_plan_exits_3_on_mandatory_violations(monkeypatch, capsys):
+    weakened = run_program("dev", stack_config(), program=weakened_program)
+    monkeypatch.setattr(offline_cli, "plan_stack", lambda stack, stack_file=None: weakened)
+    assert offline_cli.main(["plan"]) == 3
+    out, err = capsys.readouterr()
+    assert "[mandatory] tpu-vm-no-external-ip: rogue-vm:" in out
+    assert "5 mandatory policy violation(s)" in err
+
+
+def test_the_pack_serves_every_rule(tmp_path):
+    """Start the real pack as `pulumi preview --policy-pack` does and ask it what it enforces."""
+    pack = subprocess.Popen(
+        [sys.executable, "__main__.py"], cwd=ROOT / "policy", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert pack.stdout is not None
+        port = int(pack.stdout.readline().strip())
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            info = analyzer_pb2_grpc.AnalyzerStub(channel).GetAnalyzerInfo(empty_pb2.Empty(), timeout=30)
+    finally:
+        pack.kill()
+        pack.wait()
+    assert info.name == "tpu-platform"
+    assert sorted(p.name for p in info.policies) == sorted(r.name for r in policies.RULES)
+    levels = {p.name: analyzer_pb2.EnforcementLevel.Name(p.enforcementLevel) for p in info.policies}
+    assert levels["required-labels"] == "ADVISORY"
+    assert levels["tpu-vm-no-external-ip"] == "MANDATORY"
