@@ -11,10 +11,10 @@ WORKLOADS = ROOT / "workloads"
 
 
 def workloads_python() -> str:
-    python = os.environ.get("WORKLOADS_PYTHON") or str(ROOT / ".venv-workloads" / "bin" / "python")
-    if not Path(python).exists():
+    python = ROOT / os.environ.get("WORKLOADS_PYTHON", ".venv-workloads/bin/python")  # relative to the repo
+    if not python.exists():
         raise RuntimeError(f"{python} is missing: `make test` creates it from requirements-workloads.txt")
-    return python
+    return str(python)
 
 
 def run_workload(program: str, *args: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess[str]:
