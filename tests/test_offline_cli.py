@@ -80,3 +80,40 @@ def test_bad_config_registers_nothing(edit):
     with pytest.raises(Exception, match="tpu-platform:buckets"):
         run_program("dev", with_object(stack_config(), "buckets", edit), monitor=monitor)
     assert monitor.registrations == []
+
+
+GUARDRAIL_CASES = {
+    "tpu-missing-in-zone": (
+        lambda c: c["tpu-platform:tpuVms"][0].update(
+            acceleratorType="v4-8", zone="europe-west4-a", provisioning="on-demand"
+        ),
+        "v4-8 is not offered in europe-west4-a; zones that offer it: us-central2-b",
+    ),
+    "version-mismatch": (
+        lambda c: c["tpu-platform:tpuVms"][0].update(runtimeVersion="tpu-vm-tf-2.13.0"),
+        "use runtime tpu-vm-tf-2.14.1 or pin the workload to 2.13.0",
+    ),
+    "spot-without-checkpoints": (
+        lambda c: c["tpu-platform:workloads"]["mnist"].update(bucketAccess={"checkpoints": "none"}),
+        "needs write access to the checkpoints bucket to resume, or use on-demand",
+    ),
+    "editor-role": (
+        lambda c: c["tpu-platform:workloads"]["mnist"].update(projectRoles=["roles/editor"]),
+        "storage access is granted per bucket with bucketAccess",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GUARDRAIL_CASES))
+def test_seed_troubleshooting_items_fail_the_plan_with_the_fix(case, tmp_path):
+    import yaml
+
+    edit, fix = GUARDRAIL_CASES[case]
+    stack = yaml.safe_load((ROOT / "Pulumi.dev.yaml").read_text())
+    edit(stack["config"])
+    draft = tmp_path / "Pulumi.dev.yaml"
+    draft.write_text(yaml.safe_dump(stack))
+    done = run_plan("--stack-file", str(draft))
+    assert done.returncode == 2
+    assert fix in done.stderr
+    assert "Traceback" not in done.stderr
