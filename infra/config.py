@@ -100,6 +100,9 @@ class WorkloadSettings:
     framework_version: str  # the framework release the program is pinned to (S21)
     memory_gib_per_chip: float | None  # declared HBM need per chip, checked against the TPU type (S20)
     data_object: str  # path of the training data in the data bucket; "" = the program's own download
+    run: str  # run id: checkpoints, model and completion marker live under it; a new id is a new run
+    checkpoint_every_steps: int
+    checkpoint_every_minutes: float
     epochs: int
     batch_size: int
 
@@ -373,6 +376,9 @@ def _workload(name: str, node: Node) -> WorkloadSettings:
             pattern=r"([A-Za-z0-9_.-]+/)*[A-Za-z0-9_.-]+",
             allowed="an object path in the data bucket like mnist/mnist.npz",
         ),
+        run=node.str("run", "r1", check=lambda r: naming.resource_id_problem(r, 32)),
+        checkpoint_every_steps=node.number("checkpointEverySteps", 200, minimum=1, maximum=10**7, integer=True),
+        checkpoint_every_minutes=node.number("checkpointEveryMinutes", 10, minimum=0.5, maximum=1440),
         epochs=node.number("epochs", 5, minimum=1, maximum=10_000, integer=True),
         batch_size=node.number("batchSize", 256, minimum=1, maximum=1_048_576, integer=True),
     )

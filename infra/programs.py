@@ -1,4 +1,4 @@
-"""The training programs in `workloads/` that a workload can run, and the framework each uses."""
+"""The training programs in `workloads/` that a workload can run: files shipped, framework, extras."""
 
 from __future__ import annotations
 
@@ -6,6 +6,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 WORKLOADS_DIR = Path(__file__).resolve().parents[1] / "workloads"
+SUPPORT_FILES = ("runlib.py",)  # shared by every program: CLI contract, storage, checkpoints
+# (import name, pinned requirement) every program needs beyond its framework; installed only if missing.
+COMMON_REQUIREMENTS = (("google.cloud.storage", "google-cloud-storage==3.17.1"),)
 
 
 @dataclass(frozen=True)
@@ -13,6 +16,7 @@ class Program:
     name: str
     framework: str  # "tensorflow" | "jax"
     filename: str
+    requirements: tuple[tuple[str, str], ...] = ()
 
     @property
     def path(self) -> Path:
@@ -21,7 +25,16 @@ class Program:
     def source(self) -> str:
         return self.path.read_text()
 
+    def files(self) -> tuple[tuple[str, str], ...]:
+        """(filename, source) of everything the VM needs; the entry point first."""
+        return ((self.filename, self.source()), *((f, (WORKLOADS_DIR / f).read_text()) for f in SUPPORT_FILES))
+
+    @property
+    def all_requirements(self) -> tuple[tuple[str, str], ...]:
+        return COMMON_REQUIREMENTS + self.requirements
+
 
 PROGRAMS: dict[str, Program] = {
     "tf_mnist": Program("tf_mnist", "tensorflow", "tf_mnist.py"),
+    "jax_mnist": Program("jax_mnist", "jax", "jax_mnist.py", (("optax", "optax==0.2.8"),)),
 }

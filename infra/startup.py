@@ -1,10 +1,17 @@
-"""Render a TPU VM's `startup-script` metadata: install, write and run its workload under systemd.
+"""Render a TPU VM's start-up: the `startup-script` and the `tpu-platform-env` metadata it reads.
 
 Pure and deterministic (same inputs, same bytes), so a plan shows no change unless the workload or
-its settings changed. The script runs as root on every boot of every worker of the slice:
-  1. install the pinned framework, only when the image lacks that exact version (S21);
-  2. write the program and its settings to disk;
-  3. run it as a systemd service: it survives reboots, restarts on failure and logs to the journal.
+its settings changed. The script runs as root on every boot of every worker of the slice, and is
+idempotent:
+  1. install the pinned framework and the program's extras, only when the image lacks them (S21);
+  2. write the program files; fetch the run settings from the metadata server (so a settings change
+     is a metadata update, not a new script);
+  3. if the run's completion marker exists, do nothing more;
+  4. otherwise start it as a systemd service: it restarts on failure, logs structured lines to the
+     journal, and resumes from its newest checkpoint after a reboot, a preemption or a re-created VM.
+
+`TPU_PLATFORM_ROOT`, `TPU_PLATFORM_PYTHON` and `GCE_METADATA_HOST` let the tests run the very same
+script in a sandbox (files under a temporary root, a metadata server on loopback).
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from dataclasses import dataclass
 # GCE metadata limits (https://cloud.google.com/compute/docs/metadata/setting-custom-metadata#limitations).
 MAX_METADATA_VALUE_BYTES = 256 * 1024
 MAX_METADATA_TOTAL_BYTES = 512 * 1024
+ENV_ATTRIBUTE = "tpu-platform-env"
 
 # How to install each framework's TPU build when the runtime image lacks the pinned version.
 FRAMEWORK_INSTALL = {
@@ -26,6 +34,7 @@ FRAMEWORK_INSTALL = {
     "jax": ("jax", "jax[tpu]=={version}", "https://storage.googleapis.com/jax-releases/libtpu_releases.html"),
 }
 _SAFE_VALUE = re.compile(r"[A-Za-z0-9_./:@=+,-]*")
+_SAFE_REQUIREMENT = re.compile(r"[A-Za-z0-9_.\[\]-]+==[0-9][A-Za-z0-9.]*")
 _HEREDOC_PROGRAM = "TPU_PLATFORM_PROGRAM"
 
 
@@ -34,10 +43,10 @@ class StartupSpec:
     stack: str
     vm: str
     workload: str
-    program_filename: str
-    program_source: str
+    files: tuple[tuple[str, str], ...]  # (filename, source); the first is the entry point
     framework: str
     framework_version: str
+    requirements: tuple[tuple[str, str], ...]  # (import name, pinned requirement)
     # Settings for the program: environment name -> (command-line flag, value).
     settings: tuple[tuple[str, str, str], ...]
 
@@ -46,56 +55,94 @@ class StartupSpec:
         return f"tpu-workload-{self.workload}.service"
 
 
-def render_startup_script(spec: StartupSpec) -> str:
+def _check(spec: StartupSpec) -> None:
     for env, flag, value in spec.settings:
         if not _SAFE_VALUE.fullmatch(value) or not re.fullmatch(r"[A-Z_][A-Z0-9_]*", env):
             raise ValueError(f"unsafe setting {env}={value!r} for workload {spec.workload}")
         if not flag.startswith("--"):
             raise ValueError(f"setting {env} needs a --flag, not {flag!r}")
-    if any(line == _HEREDOC_PROGRAM for line in spec.program_source.splitlines()):
-        raise ValueError(f"{spec.program_filename} contains the line {_HEREDOC_PROGRAM}, which ends the here-document")
+    for module, requirement in spec.requirements:
+        if not (_SAFE_REQUIREMENT.fullmatch(requirement) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", module)):
+            raise ValueError(f"unsafe requirement {requirement!r}")
+    for filename, source in spec.files:
+        if not re.fullmatch(r"[A-Za-z0-9_]+\.py", filename):
+            raise ValueError(f"unsafe file name {filename!r}")
+        if any(line == _HEREDOC_PROGRAM for line in source.splitlines()):
+            raise ValueError(f"{filename} contains the line {_HEREDOC_PROGRAM}, which ends the here-document")
+
+
+def render_env(spec: StartupSpec) -> str:
+    """The `tpu-platform-env` metadata value: the run's settings, one NAME=value per line."""
+    _check(spec)
+    return "".join(f"{env}={value}\n" for env, _, value in spec.settings)
+
+
+def _write_file(filename: str, source: str) -> str:
+    body = source if source.endswith("\n") else source + "\n"
+    return f"""  cat > "${{APP_DIR}}/{filename}" <<'{_HEREDOC_PROGRAM}'
+{body}{_HEREDOC_PROGRAM}
+"""
+
+
+def render_startup_script(spec: StartupSpec) -> str:
+    _check(spec)
     module, requirement, find_links = FRAMEWORK_INSTALL[spec.framework]
     requirement = requirement.format(version=spec.framework_version)
-    app_dir = f"/opt/tpu-platform/{spec.workload}"
-    env_file = f"/etc/tpu-platform/{spec.workload}.env"
-    env_lines = "\n".join(f"{env}={value}" for env, _, value in spec.settings)
+    entry = spec.files[0][0]
     exec_args = " ".join(f"{flag} ${{{env}}}" for env, flag, _ in spec.settings)
-    source = spec.program_source if spec.program_source.endswith("\n") else spec.program_source + "\n"
+    extras = " ".join(f"{m}={r}" for m, r in spec.requirements)
+    writes = "".join(_write_file(name, source) for name, source in spec.files)
+    checkpoint_env = next((env for env, flag, _ in spec.settings if flag == "--checkpoint-dir"), "")
+    completed = f'"${{{checkpoint_env}:-}}"' if checkpoint_env else '""'
 
     return f"""#!/bin/bash
 # tpu-platform start-up for TPU VM {spec.vm} (stack {spec.stack}), workload {spec.workload}.
 # Rendered by infra/startup.py; runs as root on every boot of every worker. Edit the stack, not this.
 set -euo pipefail
 
-readonly APP_DIR={app_dir}
-readonly ENV_FILE={env_file}
+readonly ROOT="${{TPU_PLATFORM_ROOT:-}}"
+readonly PYTHON="${{TPU_PLATFORM_PYTHON:-/usr/bin/python3}}"
+readonly METADATA="http://${{GCE_METADATA_HOST:-metadata.google.internal}}/computeMetadata/v1"
+readonly APP_DIR="${{ROOT}}/opt/tpu-platform/{spec.workload}"
+readonly ENV_FILE="${{ROOT}}/etc/tpu-platform/{spec.workload}.env"
+readonly UNIT_FILE="${{ROOT}}/etc/systemd/system/{spec.unit}"
 readonly UNIT={spec.unit}
 readonly FRAMEWORK_VERSION={spec.framework_version}
 
 log() {{ echo "tpu-platform: $*"; }}
 
-ensure_framework() {{
+metadata() {{
+  curl --silent --fail --retry 5 --retry-connrefused -H 'Metadata-Flavor: Google' "${{METADATA}}/$1"
+}}
+
+ensure_packages() {{
   local installed
-  installed="$(python3 -c 'import {module}; print({module}.__version__)' 2>/dev/null || true)"
+  installed="$("${{PYTHON}}" -c 'import {module}; print({module}.__version__)' 2>/dev/null || true)"
   if [[ "${{installed}}" == "${{FRAMEWORK_VERSION}}" ]]; then
     log "{spec.framework} ${{installed}} is already installed"
-    return
+  else
+    log "installing {spec.framework} ${{FRAMEWORK_VERSION}} (found: ${{installed:-none}})"
+    "${{PYTHON}}" -m pip install --quiet '{requirement}' -f {find_links}
   fi
-  log "installing {spec.framework} ${{FRAMEWORK_VERSION}} (found: ${{installed:-none}})"
-  python3 -m pip install --quiet '{requirement}' -f {find_links}
+  local extra extras=({extras})
+  for extra in "${{extras[@]}}"; do
+    if ! "${{PYTHON}}" -c "import ${{extra%%=*}}" 2>/dev/null; then
+      log "installing ${{extra#*=}}"
+      "${{PYTHON}}" -m pip install --quiet "${{extra#*=}}"
+    fi
+  done
 }}
 
 install_program() {{
-  mkdir -p "${{APP_DIR}}" "$(dirname "${{ENV_FILE}}")"
-  cat > "${{APP_DIR}}/{spec.program_filename}" <<'{_HEREDOC_PROGRAM}'
-{source}{_HEREDOC_PROGRAM}
-  cat > "${{ENV_FILE}}" <<'TPU_PLATFORM_ENV'
-{env_lines}
-TPU_PLATFORM_ENV
+  mkdir -p "${{APP_DIR}}" "$(dirname "${{ENV_FILE}}")" "$(dirname "${{UNIT_FILE}}")"
+{writes}  # Settings live in metadata: changing them updates the VM in place, and this script reads them anew.
+  metadata "instance/attributes/{ENV_ATTRIBUTE}" > "${{ENV_FILE}}.new"
+  echo "TPU_WORKER_ID=$(metadata instance/attributes/agent-worker-number || echo 0)" >> "${{ENV_FILE}}.new"
+  mv "${{ENV_FILE}}.new" "${{ENV_FILE}}"
 }}
 
 install_unit() {{
-  cat > "/etc/systemd/system/${{UNIT}}" <<'TPU_PLATFORM_UNIT'
+  cat > "${{UNIT_FILE}}" <<'TPU_PLATFORM_UNIT'
 [Unit]
 Description=tpu-platform workload {spec.workload} (stack {spec.stack})
 Wants=network-online.target
@@ -103,25 +150,36 @@ After=network-online.target
 
 [Service]
 Type=simple
-EnvironmentFile={env_file}
-ExecStart=/usr/bin/python3 -u {app_dir}/{spec.program_filename} {exec_args}
+EnvironmentFile=@ENV_FILE@
+ExecStart=@PYTHON@ -u @APP_DIR@/{entry} {exec_args}
 Restart=on-failure
 RestartSec=30
+# Preemption notice to exit: the program checkpoints on SIGTERM within this time.
+TimeoutStopSec=25
 StandardOutput=journal
 StandardError=journal
 SyslogIdentifier=tpu-workload-{spec.workload}
-
-[Install]
-WantedBy=multi-user.target
 TPU_PLATFORM_UNIT
+  sed -i -e "s|@ENV_FILE@|${{ENV_FILE}}|" -e "s|@PYTHON@|${{PYTHON}}|" -e "s|@APP_DIR@|${{APP_DIR}}|" "${{UNIT_FILE}}"
   systemctl daemon-reload
-  systemctl enable "${{UNIT}}"
 }}
 
-ensure_framework
+run_finished() {{
+  local checkpoint_dir
+  # shellcheck source=/dev/null
+  checkpoint_dir="$(set -a && source "${{ENV_FILE}}" && echo {completed})"
+  [[ -n "${{checkpoint_dir}}" ]] || return 1
+  [[ "$("${{PYTHON}}" "${{APP_DIR}}/runlib.py" status --checkpoint-dir "${{checkpoint_dir}}")" == complete ]]
+}}
+
+ensure_packages
 install_program
 install_unit
-# Starts the run on first boot and after a reboot; a no-op while it is already running.
+if run_finished; then
+  log "workload {spec.workload} already completed its run; not starting it again"
+  exit 0
+fi
+# First boot: starts the run. Reboot, preemption or re-created VM: the run resumes from its checkpoint.
 systemctl start "${{UNIT}}"
 log "workload {spec.workload} started as ${{UNIT}}; follow it with: journalctl -u ${{UNIT}} -f"
 """

@@ -13,10 +13,17 @@ import pytest
 from infra.config import parse_stack_config
 from infra.programs import Program
 from infra.schema import ConfigError
-from infra.startup import MAX_METADATA_VALUE_BYTES, StartupSpec, metadata_size_problem, render_startup_script
+from infra.startup import (
+    MAX_METADATA_VALUE_BYTES,
+    StartupSpec,
+    metadata_size_problem,
+    render_env,
+    render_startup_script,
+)
 from infra.tpu.metadata import startup_spec, vm_metadata
 from tests.support import stack_config
 
+ROOT = Path(__file__).resolve().parents[1]
 SHELLCHECK = shutil.which("shellcheck") or str(Path(sys.executable).with_name("shellcheck"))
 
 
@@ -45,13 +52,29 @@ def test_installs_the_version_pinned_for_the_runtime_only_when_missing():
     assert 'if [[ "${installed}" == "${FRAMEWORK_VERSION}" ]]; then' in dev
 
 
-def test_runs_under_systemd_with_settings_passed_in():
+def test_runs_under_systemd_with_settings_from_metadata():
     script = render_startup_script(spec())
     assert "Restart=on-failure" in script and "StandardOutput=journal" in script
-    assert "WantedBy=multi-user.target" in script
-    assert 'systemctl enable "${UNIT}"' in script
+    assert 'systemctl start "${UNIT}"' in script
     assert "--data ${TPU_PLATFORM_DATA} --epochs ${TPU_PLATFORM_EPOCHS}" in script
-    assert "TPU_PLATFORM_MODEL_DIR=gs://acme-ml-sandbox-dev-models/mnist/mnist-v2-spot" in script
+    assert 'metadata "instance/attributes/tpu-platform-env"' in script
+    env = render_env(spec())
+    assert "TPU_PLATFORM_MODEL_DIR=gs://acme-ml-sandbox-dev-models/mnist/mnist-v2-spot/r1\n" in env
+    assert "TPU_PLATFORM_CHECKPOINT_DIR=gs://acme-ml-sandbox-dev-checkpoints/mnist/mnist-v2-spot/r1\n" in env
+
+
+def test_ships_the_program_and_its_support_files():
+    script = render_startup_script(spec())
+    for name in ("tf_mnist.py", "runlib.py"):
+        assert (ROOT / "workloads" / name).read_text() in script
+    assert "google.cloud.storage=google-cloud-storage==3.17.1" in script
+
+
+def test_a_finished_run_is_not_started_again():
+    script = render_startup_script(spec())
+    finished = script.index("if run_finished; then")
+    assert finished < script.index('systemctl start "${UNIT}"')
+    assert 'runlib.py" status --checkpoint-dir' in script
 
 
 def test_unsafe_settings_are_refused():
@@ -61,7 +84,7 @@ def test_unsafe_settings_are_refused():
 
 
 def test_a_program_cannot_end_the_here_document():
-    bad = dataclasses.replace(spec(), program_source="print(1)\nTPU_PLATFORM_PROGRAM\n")
+    bad = dataclasses.replace(spec(), files=(("main.py", "print(1)\nTPU_PLATFORM_PROGRAM\n"),))
     with pytest.raises(ValueError, match="ends the here-document"):
         render_startup_script(bad)
 
@@ -79,7 +102,7 @@ def test_oversized_workload_is_a_config_error(monkeypatch):
     with pytest.raises(ConfigError) as caught:
         vm_metadata(cfg)
     message = str(caught.value)
-    assert "tpu-platform:tpuVms[0].workload = 'mnist': metadata 'startup-script' is 30" in message
+    assert "tpu-platform:tpuVms[0].workload = 'mnist': metadata 'startup-script' is 3" in message
     assert "GCP allows 262,144 per value" in message
 
 

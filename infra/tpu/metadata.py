@@ -1,4 +1,4 @@
-"""Each TPU VM's metadata: its rendered start-up script plus the access settings, size-checked.
+"""Each TPU VM's metadata: its start-up script, run settings and access settings, size-checked.
 
 Computed for every VM before any resource is declared, so an oversized or unrenderable workload
 fails the plan with a config error and nothing registered.
@@ -9,21 +9,31 @@ from __future__ import annotations
 from infra.config import PROJECT, PlatformConfig, TpuVmSettings
 from infra.programs import PROGRAMS
 from infra.schema import Problems
-from infra.startup import StartupSpec, metadata_size_problem, render_startup_script
+from infra.startup import ENV_ATTRIBUTE, StartupSpec, metadata_size_problem, render_env, render_startup_script
+
+
+def run_prefix(cfg: PlatformConfig, vm: TpuVmSettings) -> str:
+    """Where one run of a VM keeps its checkpoints and model: a new `run` id starts afresh."""
+    workload = cfg.workload(vm.workload)
+    return f"{workload.name}/{vm.name}/{workload.run}"
 
 
 def startup_spec(cfg: PlatformConfig, vm: TpuVmSettings) -> StartupSpec:
     workload = cfg.workload(vm.workload)
     program = PROGRAMS[workload.program]
-    run = f"{workload.name}/{vm.name}"
+    run = run_prefix(cfg, vm)
+    data = f"gs://{cfg.bucket_name('data')}/{workload.data_object}" if workload.data_object else ""
     settings = [
-        (
-            "TPU_PLATFORM_DATA",
-            "--data",
-            f"gs://{cfg.bucket_name('data')}/{workload.data_object}" if workload.data_object else "",
-        ),
+        ("TPU_PLATFORM_DATA", "--data", data),
         ("TPU_PLATFORM_EPOCHS", "--epochs", str(workload.epochs)),
         ("TPU_PLATFORM_BATCH_SIZE", "--batch-size", str(workload.batch_size)),
+        ("TPU_PLATFORM_RUN_ID", "--run-id", f"{cfg.stack}/{run}"),
+        ("TPU_PLATFORM_CHECKPOINT_EVERY_STEPS", "--checkpoint-every-steps", str(workload.checkpoint_every_steps)),
+        (
+            "TPU_PLATFORM_CHECKPOINT_EVERY_MINUTES",
+            "--checkpoint-every-minutes",
+            f"{workload.checkpoint_every_minutes:g}",
+        ),
     ]
     if workload.access("checkpoints") == "write":
         settings.append(
@@ -35,12 +45,22 @@ def startup_spec(cfg: PlatformConfig, vm: TpuVmSettings) -> StartupSpec:
         stack=cfg.stack,
         vm=vm.name,
         workload=workload.name,
-        program_filename=program.filename,
-        program_source=program.source(),
+        files=program.files(),
         framework=program.framework,
         framework_version=workload.framework_version,
+        requirements=program.all_requirements,
         settings=tuple(settings),
     )
+
+
+def render_metadata(spec: StartupSpec) -> dict[str, str]:
+    return {
+        "startup-script": render_startup_script(spec),
+        ENV_ATTRIBUTE: render_env(spec),
+        # Log in with IAM identities (OS Login), never with keys pasted into metadata.
+        "enable-oslogin": "TRUE",
+        "block-project-ssh-keys": "TRUE",
+    }
 
 
 def vm_metadata(cfg: PlatformConfig) -> dict[str, dict[str, str]]:
@@ -48,12 +68,7 @@ def vm_metadata(cfg: PlatformConfig) -> dict[str, dict[str, str]]:
     problems = Problems()
     out: dict[str, dict[str, str]] = {}
     for index, vm in enumerate(cfg.tpu_vms):
-        metadata = {
-            "startup-script": render_startup_script(startup_spec(cfg, vm)),
-            # Log in with IAM identities (OS Login), never with keys pasted into metadata.
-            "enable-oslogin": "TRUE",
-            "block-project-ssh-keys": "TRUE",
-        }
+        metadata = render_metadata(startup_spec(cfg, vm))
         if why := metadata_size_problem(metadata):
             problems.add(f"{PROJECT}:tpuVms[{index}].workload", vm.workload, f"{why}; ship a smaller program")
         out[vm.name] = metadata

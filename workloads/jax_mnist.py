@@ -1,0 +1,184 @@
+#!/usr/bin/env python3
+"""MNIST in JAX (S27): the same model as tf_mnist.py, data-parallel over every TPU chip of a slice.
+
+Plain JAX and Optax: Conv(32, 3x3) → ReLU → MaxPool 2x2 → Dense(64) → ReLU → Dense(10) logits, Adam,
+softmax cross-entropy. On a multi-host slice `jax.distributed` connects the workers; each loads its
+share of every global batch, and only process 0 writes checkpoints, the model and metrics.
+Parameters, optimizer state, step and data position are checkpointed every N steps or minutes and
+on SIGTERM; a restart resumes from the newest complete checkpoint. Same command line as tf_mnist.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import runlib
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+
+def multi_host() -> bool:
+    """Cloud TPU sets the worker list; more than one worker means a multi-host slice."""
+    return len([h for h in os.environ.get("TPU_WORKER_HOSTNAMES", "").split(",") if h]) > 1
+
+
+def init_params(key: jax.Array) -> dict[str, jax.Array]:
+    k1, k2, k3 = jax.random.split(key, 3)
+
+    def glorot(k: jax.Array, shape: tuple[int, ...], fan_in: int, fan_out: int) -> jax.Array:
+        limit = np.sqrt(6.0 / (fan_in + fan_out))
+        return jax.random.uniform(k, shape, minval=-limit, maxval=limit)
+
+    return {
+        "conv_w": glorot(k1, (3, 3, 1, 32), 9, 9 * 32),
+        "conv_b": jnp.zeros(32),
+        "dense_w": glorot(k2, (13 * 13 * 32, 64), 13 * 13 * 32, 64),
+        "dense_b": jnp.zeros(64),
+        "out_w": glorot(k3, (64, 10), 64, 10),
+        "out_b": jnp.zeros(10),
+    }
+
+
+def forward(params: dict[str, jax.Array], x: jax.Array) -> jax.Array:
+    y = jax.lax.conv_general_dilated(x, params["conv_w"], (1, 1), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    y = jax.nn.relu(y + params["conv_b"])
+    y = jax.lax.reduce_window(y, -jnp.inf, jax.lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+    y = y.reshape(y.shape[0], -1)
+    y = jax.nn.relu(y @ params["dense_w"] + params["dense_b"])
+    return y @ params["out_w"] + params["out_b"]
+
+
+OPTIMIZER = optax.adam(1e-3)
+
+
+@jax.jit
+def train_step(params: Any, opt_state: Any, x: jax.Array, y: jax.Array) -> tuple[Any, Any, jax.Array]:
+    def loss_fn(p: Any) -> jax.Array:
+        return optax.softmax_cross_entropy_with_integer_labels(forward(p, x), y).mean()
+
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    updates, opt_state = OPTIMIZER.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+
+def prepare(x: np.ndarray) -> np.ndarray:
+    return (x.astype("float32") / 255.0)[..., np.newaxis]
+
+
+def to_files(params: Any, opt_state: Any, state: dict) -> dict[str, bytes]:
+    leaves = jax.tree_util.tree_leaves((params, opt_state))
+    return {
+        "train_state.npz": runlib.pack({f"l{i}": np.asarray(v) for i, v in enumerate(leaves)}),
+        "state.json": json.dumps(state).encode(),
+    }
+
+
+def from_files(files: dict[str, bytes], like: Any) -> tuple[Any, dict]:
+    arrays = runlib.unpack(files["train_state.npz"])
+    treedef = jax.tree_util.tree_structure(like)
+    restored = jax.tree_util.tree_unflatten(treedef, [jnp.asarray(arrays[f"l{i}"]) for i in range(len(arrays))])
+    return restored, json.loads(files["state.json"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = runlib.parse_args((__doc__ or "").splitlines()[0], argv)
+    if multi_host():
+        jax.distributed.initialize()  # Cloud TPU: coordinator and process ids come from the environment
+    process, processes = jax.process_index(), jax.process_count()
+    log = runlib.Log(args.run_id, process)
+    checkpoints = runlib.Checkpoints(runlib.Store(args.checkpoint_dir)) if args.checkpoint_dir else None
+    if checkpoints and (done := checkpoints.complete()):
+        log("run already complete; not training again", **done)
+        return 0
+    preemption = runlib.Preemption()
+    devices = jax.devices()
+    device = devices[0].platform.upper()
+    log(f"Running on {device} with {len(devices)} device(s) in {processes} process(es)", device=device)
+    if args.batch_size % len(devices):
+        raise SystemExit(f"batch size {args.batch_size} must divide over {len(devices)} devices")
+
+    mesh = Mesh(np.array(devices), ("data",))
+    batch_sharding, replicated = NamedSharding(mesh, P("data")), NamedSharding(mesh, P())
+    data = runlib.load_data(args.data) if args.data else None
+    if data is None:
+        raise SystemExit("--data is required for the JAX workload (prepare it with prepare_data.py)")
+    total = runlib.steps_for(args, len(data.x_train))
+
+    params = init_params(jax.random.PRNGKey(0))
+    opt_state = OPTIMIZER.init(params)
+    state = {"step": 0, "resumes": 0, "wall_seconds": 0.0}
+    restore_seconds = 0.0
+    if checkpoints and (latest := checkpoints.latest()):
+        started = time.perf_counter()
+        (params, opt_state), state = from_files(latest[1], (params, opt_state))
+        state["resumes"] += 1
+        restore_seconds = time.perf_counter() - started
+        log("resumed from checkpoint", step=state["step"], resumes=state["resumes"], seconds=restore_seconds)
+    params, opt_state = jax.device_put((params, opt_state), replicated)
+
+    timer = runlib.CheckpointTimer(args.checkpoint_every_steps, 60 * args.checkpoint_every_minutes, state["step"])
+    save_seconds: list[float] = []
+    waited = 0.0
+    start_step = step = state["step"]
+    begun = session_start = time.perf_counter()
+    share = args.batch_size // processes  # each process feeds its slice of the global batch
+    stream = runlib.batches(data, args.batch_size, state["step"], total)
+    while step < total:
+        fetch = time.perf_counter()
+        item = next(stream, None)
+        waited += time.perf_counter() - fetch
+        if item is None:
+            break
+        step, x, y = item
+        local = slice(process * share, (process + 1) * share)
+        xs = jax.make_array_from_process_local_data(batch_sharding, prepare(x[local]))
+        ys = jax.make_array_from_process_local_data(batch_sharding, y[local].astype("int32"))
+        params, opt_state, loss = train_step(params, opt_state, xs, ys)
+        step += 1
+        if step % 50 == 0 or step == total:
+            log("training", step=step, loss=round(float(loss), 5), total_steps=total)
+        if checkpoints and (timer.due(step) or preemption.requested or step == total):
+            state.update(step=step, wall_seconds=state["wall_seconds"] + time.perf_counter() - begun)
+            begun = time.perf_counter()
+            if process == 0:
+                save_seconds.append(checkpoints.save(step, to_files(params, opt_state, state)))
+                log("checkpoint written", step=step, seconds=round(save_seconds[-1], 4))
+            timer.done(step)
+        if preemption.requested:
+            log("SIGTERM: checkpoint written, exiting for preemption", severity="WARNING", step=step)
+            return 0
+
+    wall = state["wall_seconds"] + time.perf_counter() - begun
+    session = time.perf_counter() - session_start
+    logits = jax.jit(forward)(params, prepare(data.x_test))
+    accuracy = float(np.mean(np.argmax(np.asarray(logits), axis=1) == data.y_test))
+    metrics = {
+        "framework": "jax",
+        "device": device,
+        "steps": step,
+        "wall_seconds": round(wall, 3),
+        "val_accuracy": round(accuracy, 4),
+        "resumes": state["resumes"],
+        "examples_per_second": round((step - start_step) * args.batch_size / session, 1) if session else None,
+        "input_wait_share": round(waited / session, 4) if session else None,
+        "checkpoint_write_seconds": round(float(np.mean(save_seconds)), 4) if save_seconds else None,
+        "checkpoint_restore_seconds": round(restore_seconds, 4),
+        "data_read_seconds": round(data.read_seconds, 4),
+    }
+    print(f"Training took {wall:.1f} s on {device}; final validation accuracy {accuracy:.4f}", flush=True)
+    model = {"params.npz": runlib.pack({k: np.asarray(v) for k, v in params.items()})}
+    runlib.finish(checkpoints, args.model_dir, model, metrics, process)
+    print(json.dumps(metrics), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
