@@ -37,8 +37,9 @@ typecheck: $(STAMP)
 unit: $(STAMP) $(WSTAMP)
 	WORKLOADS_PYTHON=$(WVENV)/bin/python $(PY) -m pytest
 
-bench: $(STAMP)  ## offline-plan scale: 20 and 200 TPU VMs
+bench: $(STAMP) $(WSTAMP)  ## figures: offline-plan scale, workload throughput and checkpoint times
 	$(PY) benchmarks/plan_scale.py
+	$(PY) benchmarks/workloads.py --python $(WVENV)/bin/python
 
 test: lint typecheck unit  ## everything CI runs
 

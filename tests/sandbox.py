@@ -1,0 +1,200 @@
+"""A sandbox for the real start-up script: a GCS emulator and a GCE metadata server on loopback.
+
+Shimmed, because it cannot exist here: `systemctl` (no systemd in a test; the shim starts the unit's
+ExecStart with its EnvironmentFile, detached, like `systemctl start`) and `python3` (the workloads'
+virtualenv stands in for the VM image's Python). Everything else is real: the rendered script, curl
+against the metadata server, the program files it writes, the workload, and google-cloud-storage
+against the emulator.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import ClassVar
+
+from tests.workloads import workloads_python
+
+SYSTEMCTL_SHIM = '''#!{python}
+"""systemctl for the sandbox: daemon-reload is a no-op; start runs ExecStart detached, once."""
+import os, re, subprocess, sys
+from pathlib import Path
+
+state = Path(os.environ["SANDBOX_STATE"])
+command, *rest = sys.argv[1:]
+if command != "start":
+    sys.exit(0)
+unit = rest[0]
+pid_file = state / (unit + ".pid")
+if pid_file.exists():
+    try:
+        os.kill(int(pid_file.read_text()), 0)
+        sys.exit(0)  # already running: like systemd, start is a no-op
+    except OSError:
+        pass
+text = (Path(os.environ.get("TPU_PLATFORM_ROOT", "")) / "etc/systemd/system" / unit).read_text()
+fields = dict(re.findall(r"^(\\w+)=(.*)$", text, re.M))
+env = dict(os.environ)
+for line in Path(fields["EnvironmentFile"]).read_text().splitlines():
+    if "=" in line:
+        key, value = line.split("=", 1)
+        env[key] = value
+argv = [re.sub(r"\\$\\{{(\\w+)\\}}", lambda m: env.get(m[1], ""), word) for word in fields["ExecStart"].split()]
+with open(state / (unit + ".log"), "ab") as log:
+    process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+pid_file.write_text(str(process.pid))
+with open(state / "starts", "a") as starts:
+    starts.write(unit + "\\n")
+'''
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.1) -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if result := predicate():
+            return result
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+
+
+@contextlib.contextmanager
+def storage_emulator() -> Iterator[str]:
+    """A real GCS emulator (gcp-storage-emulator) on loopback; yields STORAGE_EMULATOR_HOST."""
+    port = free_port()
+    binary = Path(sys.executable).with_name("gcp-storage-emulator")
+    process = subprocess.Popen(
+        [str(binary), "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+
+        def accepting() -> bool:
+            with socket.socket() as s:
+                return s.connect_ex(("127.0.0.1", port)) == 0
+
+        wait_for(accepting, 30, "the storage emulator")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+class _MetadataHandler(http.server.BaseHTTPRequestHandler):
+    attributes: ClassVar[dict[str, str]] = {}
+
+    def do_GET(self) -> None:
+        prefix = "/computeMetadata/v1/instance/attributes/"
+        if self.headers.get("Metadata-Flavor") != "Google":
+            self.send_error(403, "Missing Metadata-Flavor: Google")  # as the real server answers
+            return
+        key = self.path.removeprefix(prefix)
+        if not self.path.startswith(prefix) or key not in self.attributes:
+            self.send_error(404)
+            return
+        body = self.attributes[key].encode()
+        self.send_response(200)
+        self.send_header("Metadata-Flavor", "Google")
+        self.send_header("Content-Type", "application/text")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def metadata_server(attributes: dict[str, str]) -> Iterator[str]:
+    """A GCE metadata server on loopback answering instance attributes; yields GCE_METADATA_HOST."""
+    handler = type("Handler", (_MetadataHandler,), {"attributes": dict(attributes)})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+
+
+class Vm:
+    """One sandboxed TPU VM worker: a root folder, shims on PATH, and a way to boot it."""
+
+    def __init__(self, folder: Path, metadata_host: str, emulator_host: str):
+        self.root = folder / "root"
+        self.state = folder / "state"
+        self.shims = folder / "shims"
+        for path in (self.root, self.state, self.shims):
+            path.mkdir(parents=True, exist_ok=True)
+        systemctl = self.shims / "systemctl"
+        systemctl.write_text(SYSTEMCTL_SHIM.format(python=sys.executable))
+        systemctl.chmod(0o755)
+        # A wrapper, not a symlink: a virtualenv's Python finds its packages from the path it was run as.
+        python3 = self.shims / "python3"
+        python3.write_text(f'#!/bin/sh\nexec "{workloads_python()}" "$@"\n')
+        python3.chmod(0o755)
+        self.env = {
+            **os.environ,
+            "PATH": f"{self.shims}:{os.environ['PATH']}",
+            "TPU_PLATFORM_ROOT": str(self.root),
+            "TPU_PLATFORM_PYTHON": str(python3),
+            "GCE_METADATA_HOST": metadata_host,
+            "STORAGE_EMULATOR_HOST": emulator_host,
+            "SANDBOX_STATE": str(self.state),
+            "TF_CPP_MIN_LOG_LEVEL": "2",
+            "CUDA_VISIBLE_DEVICES": "",
+        }
+
+    def boot(self, script: str) -> subprocess.CompletedProcess[str]:
+        """Run the start-up script as a VM boot does (as root there; as this user here)."""
+        path = self.state / "startup-script"
+        path.write_text(script)
+        self.pid_file("").parent.mkdir(exist_ok=True)
+        return subprocess.run(["bash", str(path)], env=self.env, capture_output=True, text=True, timeout=300)
+
+    def pid_file(self, unit: str) -> Path:
+        return self.state / f"{unit}.pid"
+
+    def pid(self, unit: str) -> int | None:
+        path = self.pid_file(unit)
+        return int(path.read_text()) if path.exists() else None
+
+    def alive(self, unit: str) -> bool:
+        pid = self.pid(unit)
+        if pid is None:
+            return False
+        try:
+            waited, _ = os.waitpid(pid, os.WNOHANG)
+            if waited == pid:
+                return False
+        except ChildProcessError:
+            pass  # not our child: the shim spawned it
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            return False
+        # A zombie still answers kill(0); its state says it is done.
+        with contextlib.suppress(OSError):
+            return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+        return True
+
+    def log(self, unit: str) -> str:
+        path = self.state / f"{unit}.log"
+        return path.read_text() if path.exists() else ""
+
+    def starts(self) -> int:
+        path = self.state / "starts"
+        return len(path.read_text().splitlines()) if path.exists() else 0
