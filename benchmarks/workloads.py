@@ -40,8 +40,8 @@ def main() -> None:
         subprocess.run([args.python, str(WORKLOADS / "sample_mnist.py"), str(sample), "--train", str(args.train)],
                        check=True)  # fmt: skip
         prep = run(args.python, "prepare_data.py", str(sample), str(folder / "shards"), cwd=folder)
-        print(f"prepare_data: {prep['examples']} examples, {prep['megabytes']} MB in {prep['seconds']} s "
-              f"({prep['examples_per_second']:,} examples/s, {prep['megabytes_per_second']} MB/s, local disk)")  # fmt: skip
+        rate = f"{prep['examples_per_second']:,} examples/s, {prep['megabytes_per_second']} MB/s, local disk"
+        print(f"prepare_data: {prep['examples']} examples, {prep['megabytes']} MB in {prep['seconds']} s ({rate})")
         print(f"{'workload':<10} {'examples/s':>11} {'ckpt write ms':>14} {'ckpt restore ms':>16} {'input wait':>11}")
         for program in ("tf_mnist.py", "jax_mnist.py"):
             common = ["--data", str(folder / "shards"), "--batch-size", str(args.batch_size),

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pulumi
 
+from infra.offline.diff import diff_markdown
 from infra.offline.policy_check import check_policies
 from infra.offline.render import to_json, to_text
 from infra.offline.runner import plan_stack
@@ -24,7 +25,18 @@ def main(argv: list[str] | None = None) -> int:
     plan.add_argument("--stack", default="dev", help=f"stack file to plan (here: {', '.join(available_stacks())})")
     plan.add_argument("--stack-file", type=Path, help="plan this Pulumi.<stack>.yaml instead (e.g. a draft)")
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
+    compare = commands.add_parser("diff", help="Markdown summary of the change between two `plan --json` files")
+    compare.add_argument("base", type=Path)
+    compare.add_argument("head", type=Path)
     args = parser.parse_args(argv)
+    if args.command == "diff":
+        try:
+            base, head = (json.loads(p.read_text()) for p in (args.base, args.head))
+        except (OSError, json.JSONDecodeError) as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        print(diff_markdown(base, head), end="")
+        return 0
 
     try:
         stack = stack_of(args.stack_file) if args.stack_file else args.stack
