@@ -24,7 +24,7 @@ PROJECT = "tpu-platform"
 BUCKET_PURPOSES = ("data", "checkpoints", "models")
 # Settings that are objects; Pulumi hands them over JSON-encoded.
 OBJECT_KEYS = ("buckets", "budget", "workloads", "network", "tpuVms")
-SCALAR_KEYS = ("owner", "billingAccount", "production", "namePrefix")
+SCALAR_KEYS = ("owner", "billingAccount", "production", "namePrefix", "deployer")
 
 # Cloud Storage locations (https://cloud.google.com/storage/docs/locations): multi-regions,
 # predefined dual-regions and the regions where Cloud TPUs run or data is commonly kept.
@@ -148,6 +148,7 @@ class PlatformConfig:
     billing_account: str
     production: bool
     name_prefix: str
+    deployer: str  # CI's deploy service account, or "" when people deploy
     buckets: BucketSettings
     budget: BudgetSettings
     workloads: tuple[WorkloadSettings, ...]
@@ -197,6 +198,12 @@ def parse_stack_config(stack: str, raw: Mapping[str, str]) -> PlatformConfig:
     )
     production = root.bool(f"{PROJECT}:production", False)
     name_prefix = root.str(f"{PROJECT}:namePrefix", "") or project or ""
+    deployer = root.str(
+        f"{PROJECT}:deployer",
+        "",
+        pattern=r"([a-z][-a-z0-9]{4,28}[a-z0-9]@[a-z][-a-z0-9]{4,28}[a-z0-9]\.iam\.gserviceaccount\.com)?",
+        allowed="a service account email like ci-deployer@PROJECT.iam.gserviceaccount.com",
+    )
 
     buckets = _buckets(root.child(f"{PROJECT}:buckets"), production, problems)
     budget = _budget(root.child(f"{PROJECT}:budget"))
@@ -229,6 +236,7 @@ def parse_stack_config(stack: str, raw: Mapping[str, str]) -> PlatformConfig:
         billing_account=billing_account,
         production=production,
         name_prefix=name_prefix,
+        deployer=deployer,
         buckets=buckets,
         budget=budget,
         workloads=workloads,

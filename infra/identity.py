@@ -59,4 +59,13 @@ class WorkloadIdentity(pulumi.ComponentResource):
                 opts=child,
             )
             self.grants.append(grant)
+        if cfg.deployer:
+            # Attaching this account to a TPU VM needs actAs on it: granted on this account only.
+            gcp.serviceaccount.IAMMember(
+                f"{name}-deployer-act-as",
+                service_account_id=self.account.name,
+                role="roles/iam.serviceAccountUser",
+                member=iam.service_account_member(cfg.deployer),
+                opts=child,
+            )
         self.register_outputs({"email": self.email})

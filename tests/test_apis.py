@@ -12,6 +12,7 @@ API_FOR_TYPE = {
     "gcp:storage/bucket:Bucket": "storage.googleapis.com",
     "gcp:storage/bucketIAMMember:BucketIAMMember": "storage.googleapis.com",
     "gcp:serviceaccount/account:Account": "iam.googleapis.com",
+    "gcp:serviceaccount/iAMMember:IAMMember": "iam.googleapis.com",
     "gcp:projects/iAMMember:IAMMember": "cloudresourcemanager.googleapis.com",
     "gcp:billing/budget:Budget": "billingbudgets.googleapis.com",
     "gcp:monitoring/notificationChannel:NotificationChannel": "monitoring.googleapis.com",

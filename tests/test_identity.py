@@ -49,3 +49,18 @@ def test_no_keys_and_no_default_compute_account():
         assert not result.of_type("gcp:serviceaccount/key:Key")
         for r in result.resources:
             assert "-compute@developer.gserviceaccount.com" not in repr(r.inputs)
+
+
+def test_the_ci_deployer_may_use_each_workload_account_and_nothing_else():
+    grants = plan(stack_config()).of_type("gcp:serviceaccount/iAMMember:IAMMember")
+    assert [(g.inputs["role"], g.inputs["member"]) for g in grants] == [
+        (
+            "roles/iam.serviceAccountUser",
+            "serviceAccount:tpu-platform-ci-deployer@acme-ml-admin.iam.gserviceaccount.com",
+        )
+    ]
+    assert (
+        grants[0]
+        .inputs["serviceAccountId"]
+        .endswith("/serviceAccounts/tpu-mnist-dev@acme-ml-sandbox.iam.gserviceaccount.com")
+    )

@@ -86,6 +86,16 @@ class GcpMocks(pulumi.runtime.Mocks):
                 state["selfLink"] = f"https://www.googleapis.com/compute/v1/projects/{project}/{region}{kind}/{name}"
                 state.setdefault("name", name)
                 return f"projects/{project}/{region}{kind}/{name}", state
+        if token.startswith("gcp:iam/workloadIdentityPool"):
+            pools = f"projects/{project_number(project)}/locations/global/workloadIdentityPools"
+            state["name"] = f"{pools}/{inputs['workloadIdentityPoolId']}"
+            if "workloadIdentityPoolProviderId" in inputs:
+                state["name"] += f"/providers/{inputs['workloadIdentityPoolProviderId']}"
+            return state["name"], state
+        if token == "gcp:kms/keyRing:KeyRing":
+            return f"projects/{project}/locations/{inputs['location']}/keyRings/{inputs['name']}", state
+        if token == "gcp:kms/cryptoKey:CryptoKey":
+            return f"{inputs['keyRing']}/cryptoKeys/{inputs['name']}", state
         if token == "gcp:tpu/v2Vm:V2Vm":
             state |= {
                 "state": "READY",

@@ -1,0 +1,112 @@
+"""The bootstrap program under mocks: keyless CI identities, a safe state bucket, a rotated key."""
+
+from __future__ import annotations
+
+import json
+import runpy
+from pathlib import Path
+
+import pytest
+
+from bootstrap.program import DEPLOY_ROLES, PREVIEW_ROLES, parse_bootstrap_config
+from infra.offline.runner import PlanResult, run_program
+from infra.offline.stackfile import read_stack_config
+from infra.schema import ConfigError
+from policy.policies import IMPERSONATION_ROLES
+
+BOOTSTRAP = Path(__file__).resolve().parents[1] / "bootstrap"
+
+
+def bootstrap_config(**overrides: str) -> dict[str, str]:
+    raw = read_stack_config("acme", BOOTSTRAP)
+    return {**raw, **{f"tpu-platform-bootstrap:{k}": v for k, v in overrides.items()}}
+
+
+def plan(raw: dict[str, str] | None = None) -> PlanResult:
+    return run_program(
+        "acme",
+        raw or bootstrap_config(),
+        program=lambda: runpy.run_path(str(BOOTSTRAP / "__main__.py"), run_name="__main__"),
+        project="tpu-platform-bootstrap",
+    )
+
+
+def test_oidc_provider_accepts_only_the_repository():
+    (provider,) = plan().of_type("gcp:iam/workloadIdentityPoolProvider:WorkloadIdentityPoolProvider")
+    assert provider.inputs["oidc"] == {"issuerUri": "https://token.actions.githubusercontent.com"}
+    assert provider.inputs["attributeCondition"] == "assertion.repository == 'acme/tpu-platform'"
+    assert provider.inputs["attributeMapping"]["attribute.repository"] == "assertion.repository"
+
+
+def test_accounts_are_federated_on_the_account_not_the_project():
+    result = plan()
+    federated = {g.name: g for g in result.of_type("gcp:serviceaccount/iAMMember:IAMMember")}
+    pool = "principalSet://iam.googleapis.com/projects/"
+    assert federated["ci-previewer-federated"].inputs["member"].startswith(pool)
+    assert (
+        federated["ci-previewer-federated"]
+        .inputs["member"]
+        .endswith("/workloadIdentityPools/github/attribute.repository/acme/tpu-platform")
+    )
+    # Deploys are further pinned to the deploy ref.
+    assert (
+        federated["ci-deployer-federated"]
+        .inputs["member"]
+        .endswith("/attribute.repository_ref/acme/tpu-platform@refs/heads/main")
+    )
+    assert all(g.inputs["role"] == "roles/iam.workloadIdentityUser" for g in federated.values())
+
+
+def test_no_project_role_can_impersonate_service_accounts():
+    grants = plan().of_type("gcp:projects/iAMMember:IAMMember")
+    roles = {g.inputs["role"] for g in grants}
+    assert roles == set(PREVIEW_ROLES) | set(DEPLOY_ROLES)
+    assert not roles & (IMPERSONATION_ROLES | {"roles/owner", "roles/editor"})
+    # Each environment project gets every role, for the right account.
+    projects = {g.inputs["project"] for g in grants}
+    assert projects == {"acme-ml-sandbox", "acme-ml-production"}
+    previewer = {g.inputs["role"] for g in grants if "previewer" in g.inputs["member"]}
+    assert previewer == set(PREVIEW_ROLES)
+    assert all(r.endswith("Viewer") or r.endswith(".viewer") or r in ("roles/browser", "roles/iam.securityReviewer")
+               for r in previewer)  # fmt: skip
+
+
+def test_state_bucket_is_versioned_private_and_kept():
+    (bucket,) = plan().of_type("gcp:storage/bucket:Bucket")
+    assert bucket.inputs["versioning"] == {"enabled": True}
+    assert bucket.inputs["uniformBucketLevelAccess"] is True
+    assert bucket.inputs["publicAccessPrevention"] == "enforced"
+    assert bucket.protect and bucket.retain_on_delete
+
+
+def test_secrets_key_rotates_within_90_days_and_is_protected():
+    result = plan()
+    (key,) = result.of_type("gcp:kms/cryptoKey:CryptoKey")
+    assert int(key.inputs["rotationPeriod"].removesuffix("s")) <= 90 * 24 * 3600
+    assert key.protect
+    assert result.outputs["secretsProvider"].startswith("gcpkms://projects/acme-ml-admin/locations/us-central1/")
+
+
+def test_no_keys_anywhere():
+    assert not plan().of_type("gcp:serviceaccount/key:Key")
+
+
+def test_outputs_are_what_ci_needs():
+    outputs = plan().outputs
+    assert outputs["stateBackend"] == "gs://acme-ml-pulumi-state"
+    assert outputs["workloadIdentityProvider"].endswith("/workloadIdentityPools/github/providers/github-actions")
+    assert outputs["deployServiceAccount"] == "tpu-platform-ci-deployer@acme-ml-admin.iam.gserviceaccount.com"
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        ("githubRepository", "not a repo", "owner/name of a GitHub repository"),
+        ("deployRef", "main", "a full git ref like refs/heads/main"),
+        ("stateBucket", "Bad_Bucket", "3-63 characters"),
+        ("environmentProjects", json.dumps(["Bad Project"]), "GCP project ids"),
+    ],
+)
+def test_bad_bootstrap_settings(key, value, expected):
+    with pytest.raises(ConfigError, match=expected):
+        parse_bootstrap_config("acme", bootstrap_config(**{key: value}))
