@@ -21,6 +21,11 @@ $(WSTAMP): requirements-workloads.txt
 	$(WVENV)/bin/python -m pip install --quiet -r requirements-workloads.txt
 	touch $(WSTAMP)
 
+NSTAMP := node_modules/.installed
+$(NSTAMP): package.json package-lock.json
+	npm ci --silent --no-audit --no-fund
+	touch $(NSTAMP)
+
 plan: $(STAMP)  ## offline plan of a stack (STACK=dev by default)
 	$(PY) -m infra.offline plan --stack $(STACK)
 
@@ -34,7 +39,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/pyright
 
-unit: $(STAMP) $(WSTAMP)
+unit: $(STAMP) $(WSTAMP) $(NSTAMP)
 	WORKLOADS_PYTHON=$(WVENV)/bin/python $(PY) -m pytest
 
 bench: $(STAMP) $(WSTAMP)  ## figures: offline-plan scale, workload throughput and checkpoint times
@@ -44,4 +49,4 @@ bench: $(STAMP) $(WSTAMP)  ## figures: offline-plan scale, workload throughput a
 test: lint typecheck unit  ## everything CI runs
 
 clean:
-	rm -rf $(VENV) $(WVENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(WVENV) node_modules .pytest_cache .ruff_cache
