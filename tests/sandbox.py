@@ -36,8 +36,9 @@ unit = rest[0]
 pid_file = state / (unit + ".pid")
 if pid_file.exists():
     try:
-        os.kill(int(pid_file.read_text()), 0)
-        sys.exit(0)  # already running: like systemd, start is a no-op
+        # Running, not a zombie left unreaped after it exited: like systemd, start is then a no-op.
+        if Path(f"/proc/{pid_file.read_text()}/stat").read_text().split(") ")[-1][0] != "Z":
+            sys.exit(0)
     except OSError:
         pass
 text = (Path(os.environ.get("TPU_PLATFORM_ROOT", "")) / "etc/systemd/system" / unit).read_text()
@@ -188,7 +189,7 @@ class Vm:
             return False
         # A zombie still answers kill(0); its state says it is done.
         with contextlib.suppress(OSError):
-            return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+            return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][0] != "Z"
         return True
 
     def log(self, unit: str) -> str:
