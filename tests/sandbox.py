@@ -37,7 +37,7 @@ pid_file = state / (unit + ".pid")
 if pid_file.exists():
     try:
         # Running, not a zombie left unreaped after it exited: like systemd, start is then a no-op.
-        if Path(f"/proc/{pid_file.read_text()}/stat").read_text().split(") ")[-1][0] != "Z":
+        if Path(f"/proc/{{pid_file.read_text()}}/stat").read_text().split(") ")[-1][0] != "Z":
             sys.exit(0)
     except OSError:
         pass
