@@ -28,6 +28,8 @@ def required_apis(cfg: PlatformConfig) -> tuple[str, ...]:
         apis.append("cloudkms.googleapis.com")
     if cfg.budget.pubsub_topic:
         apis.append("pubsub.googleapis.com")
+    if any(vm.schedule for vm in cfg.tpu_vms):
+        apis.append("cloudscheduler.googleapis.com")
     return tuple(apis)
 
 

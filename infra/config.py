@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
+import zoneinfo
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -18,12 +19,13 @@ from typing import Any
 from infra import iam, naming
 from infra.catalog import PROVISIONING_MODELS, AcceleratorType, load_catalog
 from infra.programs import PROGRAMS
+from infra.schedule import CronError, parse_cron
 from infra.schema import MISSING, ConfigError, Node, Problems
 
 PROJECT = "tpu-platform"
 BUCKET_PURPOSES = ("data", "checkpoints", "models")
 # Settings that are objects; Pulumi hands them over JSON-encoded.
-OBJECT_KEYS = ("buckets", "budget", "workloads", "network", "tpuVms")
+OBJECT_KEYS = ("buckets", "budget", "workloads", "network", "tpuVms", "monitoring")
 SCALAR_KEYS = ("owner", "billingAccount", "production", "namePrefix", "deployer")
 
 # Cloud Storage locations (https://cloud.google.com/storage/docs/locations): multi-regions,
@@ -88,6 +90,7 @@ class BudgetSettings:
     thresholds: tuple[Threshold, ...]
     emails: tuple[str, ...]
     pubsub_topic: bool
+    fail_over_budget: bool  # an estimate above the budget fails the plan instead of warning
 
 
 @dataclass(frozen=True)
@@ -124,6 +127,18 @@ class NetworkSettings:
 
 
 @dataclass(frozen=True)
+class MonitoringSettings:
+    idle_minutes: int  # alert when a TPU's TensorCores idle longer than this
+
+
+@dataclass(frozen=True)
+class ScheduleSettings:
+    start: str  # unix-cron, as Cloud Scheduler reads it
+    stop: str
+    time_zone: str
+
+
+@dataclass(frozen=True)
 class TpuVmSettings:
     name: str
     accelerator: AcceleratorType
@@ -133,6 +148,7 @@ class TpuVmSettings:
     workload: str
     labels: tuple[tuple[str, str], ...]
     description: str
+    schedule: ScheduleSettings | None
 
     @property
     def region(self) -> str:
@@ -154,6 +170,7 @@ class PlatformConfig:
     workloads: tuple[WorkloadSettings, ...]
     network: NetworkSettings
     tpu_vms: tuple[TpuVmSettings, ...]
+    monitoring: MonitoringSettings
     warnings: tuple[str, ...] = ()  # legal settings that are likely mistakes, shown by the plan
 
     def workload(self, name: str) -> WorkloadSettings:
@@ -212,6 +229,14 @@ def parse_stack_config(stack: str, raw: Mapping[str, str]) -> PlatformConfig:
         problems.add(f"{PROJECT}:workloads", MISSING, "declare at least one workload")
     network = _network(root.child(f"{PROJECT}:network"))
     tpu_vms = _tpu_vms(root, {w.name: w for w in workloads}, network)
+    monitoring_node = root.child(f"{PROJECT}:monitoring", {})
+    monitoring = MonitoringSettings(
+        idle_minutes=monitoring_node.number("idleMinutes", 60, minimum=5, maximum=10080, integer=True)
+        if monitoring_node
+        else 60
+    )
+    if monitoring_node:
+        monitoring_node.done()
     root.done([f"{PROJECT}:{k}" for k in SCALAR_KEYS + OBJECT_KEYS])
 
     if name_prefix and not problems.items:
@@ -242,6 +267,7 @@ def parse_stack_config(stack: str, raw: Mapping[str, str]) -> PlatformConfig:
         workloads=workloads,
         network=network,
         tpu_vms=tpu_vms,
+        monitoring=monitoring,
         warnings=tuple(f"stack '{stack}': {w}" for w in problems.warnings),
     )
 
@@ -312,7 +338,7 @@ def _buckets(node: Node | None, production: bool, problems: Problems) -> BucketS
 
 def _budget(node: Node | None) -> BudgetSettings:
     if node is None:
-        return BudgetSettings(0, "USD", (), (), False)
+        return BudgetSettings(0, "USD", (), (), False, False)
     thresholds = []
     for t in node.elements("thresholds", max_items=20):
         thresholds.append(
@@ -345,6 +371,7 @@ def _budget(node: Node | None) -> BudgetSettings:
             node.str_list("emails", [], max_items=MAX_BUDGET_CHANNELS, pattern=EMAIL, allowed="an email address") or ()
         ),
         pubsub_topic=node.bool("pubsubTopic", False),
+        fail_over_budget=node.bool("failOverBudget", False),
     )
     node.done()
     return settings
@@ -473,9 +500,38 @@ def _tpu_vm(node: Node, workloads: dict[str, WorkloadSettings]) -> TpuVmSettings
         workload=node.str("workload", choices=workloads) if workloads else node.str("workload"),
         labels=tuple(user_labels),
         description=node.str("description", ""),
+        schedule=_schedule(node.child("schedule", None)),
     )
     node.done()
     return vm
+
+
+def _cron(text: str) -> str | None:
+    try:
+        parse_cron(text)
+    except CronError as error:
+        return f"not a unix-cron schedule: {error}"
+    return None
+
+
+def _time_zone(name: str) -> str | None:
+    try:
+        zoneinfo.ZoneInfo(name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        return "an IANA time zone like Europe/Berlin or America/New_York"
+    return None
+
+
+def _schedule(node: Node | None) -> ScheduleSettings | None:
+    if node is None or not node.data:
+        return None
+    schedule = ScheduleSettings(
+        start=node.str("start", check=_cron),
+        stop=node.str("stop", check=_cron),
+        time_zone=node.str("timeZone", "Etc/UTC", check=_time_zone),
+    )
+    node.done()
+    return schedule
 
 
 def _check_against_catalog(node: Node, vm: TpuVmSettings, workload: WorkloadSettings) -> None:
@@ -501,5 +557,12 @@ def _check_against_catalog(node: Node, vm: TpuVmSettings, workload: WorkloadSett
     need = workload.memory_gib_per_chip
     if need and (why := catalog.memory_problem(accelerator, need)):
         problems.add(node.key("acceleratorType"), accelerator.name, f"workload '{workload.name}' {why}")
+    if vm.schedule and accelerator.multi_host:
+        problems.add(
+            node.key("schedule"),
+            {"start": vm.schedule.start, "stop": vm.schedule.stop},
+            f"{accelerator.name} is a multi-host slice, which the TPU API cannot stop or start; "
+            "remove the schedule, or use a single-host type",
+        )
     if workload.batch_size and (advice := catalog.batch_warning(accelerator, workload.batch_size)):
         problems.warn(f"{PROJECT}:workloads.{workload.name}.batchSize", workload.batch_size, advice)

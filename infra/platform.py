@@ -8,9 +8,13 @@ import pulumi
 
 from infra.apis import ProjectApis, required_apis
 from infra.budget import BudgetAlerts
-from infra.config import PlatformConfig
+from infra.config import PROJECT, PlatformConfig
+from infra.cost import StackCost, estimate
 from infra.identity import WorkloadIdentity
+from infra.lifecycle import TpuSchedules, schedule_outputs
+from infra.monitoring import TpuMonitoring
 from infra.network import PrivateNetwork
+from infra.schema import ConfigError, Problem
 from infra.storage import PlatformBuckets
 from infra.tpu.cloud_tpu import BACKENDS
 from infra.tpu.metadata import vm_metadata
@@ -22,6 +26,7 @@ TPU_BACKEND = "cloud-tpu"
 def build_platform(cfg: PlatformConfig) -> dict[str, Any]:
     """Declare every resource of the stack and return the stack outputs."""
     metadata = vm_metadata(cfg)  # may refuse the config: before any resource is declared
+    cost = check_cost(cfg)
     apis = ProjectApis("apis", cfg.project, required_apis(cfg))
     network = PrivateNetwork("network", cfg, apis)
     buckets = PlatformBuckets("buckets", cfg, apis)
@@ -40,6 +45,9 @@ def build_platform(cfg: PlatformConfig) -> dict[str, Any]:
         )
         for vm in cfg.tpu_vms
     }
+    if any(vm.schedule for vm in cfg.tpu_vms):
+        TpuSchedules("schedules", cfg, apis, {name: vm.node for name, vm in vms.items()})
+    TpuMonitoring("monitoring", cfg, apis, budget.channels)
 
     return {
         "project": cfg.project,
@@ -51,7 +59,27 @@ def build_platform(cfg: PlatformConfig) -> dict[str, Any]:
         "budgetName": budget.budget.name,
         "budgetAlertTopic": budget.topic.id if budget.topic else None,
         "tpuVms": {name: vm.outputs for name, vm in vms.items()},
+        "schedules": schedule_outputs(cfg.tpu_vms),
+        "costEstimate": cost.as_output(),
     }
+
+
+def check_cost(cfg: PlatformConfig) -> StackCost:
+    """The monthly estimate; over the budget it warns, or fails the plan when the stack says so."""
+    cost = estimate(cfg)
+    if cost.over_budget:
+        message = (
+            f"estimated TPU cost {cost.monthly_total:,.2f} USD/month exceeds the budget of "
+            f"{cfg.budget.amount:,.2f} USD (prices of {cost.prices_date})"
+        )
+        if cfg.budget.fail_over_budget:
+            raise ConfigError(
+                cfg.stack,
+                [Problem(f"{PROJECT}:budget.amount", cfg.budget.amount,
+                         f"{message}; raise the budget, use spot TPUs or schedules, or set failOverBudget: false")],
+            )  # fmt: skip
+        pulumi.log.warn(f"stack '{cfg.stack}': {message}")
+    return cost
 
 
 def export_all(outputs: dict[str, Any]) -> None:

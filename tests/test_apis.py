@@ -25,6 +25,10 @@ API_FOR_TYPE = {
     "gcp:compute/firewall:Firewall": "compute.googleapis.com",
     "gcp:compute/projectMetadataItem:ProjectMetadataItem": "compute.googleapis.com",
     "gcp:tpu/v2Vm:V2Vm": "tpu.googleapis.com",
+    "gcp:projects/iAMCustomRole:IAMCustomRole": "iam.googleapis.com",
+    "gcp:cloudscheduler/job:Job": "cloudscheduler.googleapis.com",
+    "gcp:monitoring/alertPolicy:AlertPolicy": "monitoring.googleapis.com",
+    "gcp:monitoring/dashboard:Dashboard": "monitoring.googleapis.com",
 }
 
 

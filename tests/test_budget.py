@@ -11,7 +11,7 @@ BUDGET = "gcp:billing/budget:Budget"
 def test_dev_budget_amount_thresholds_and_scope():
     (budget,) = plan(stack_config()).of_type(BUDGET)
     assert budget.inputs["billingAccount"] == "01A2B3-C4D5E6-F7A8B9"
-    assert budget.inputs["amount"] == {"specifiedAmount": {"currencyCode": "USD", "units": "300"}}
+    assert budget.inputs["amount"] == {"specifiedAmount": {"currencyCode": "USD", "units": "500"}}
     assert budget.inputs["thresholdRules"] == [
         {"thresholdPercent": 0.5, "spendBasis": "CURRENT_SPEND"},
         {"thresholdPercent": 0.9, "spendBasis": "CURRENT_SPEND"},
@@ -21,9 +21,9 @@ def test_dev_budget_amount_thresholds_and_scope():
 
 
 def test_fractional_amount_uses_nanos():
-    raw = with_object(stack_config(), "budget", lambda b: b.update(amount=99.5))
+    raw = with_object(stack_config(), "budget", lambda b: b.update(amount=999.5))
     (budget,) = plan(raw).of_type(BUDGET)
-    assert budget.inputs["amount"]["specifiedAmount"] == {"currencyCode": "USD", "units": "99", "nanos": 500000000}
+    assert budget.inputs["amount"]["specifiedAmount"] == {"currencyCode": "USD", "units": "999", "nanos": 500000000}
 
 
 def test_email_channels_feed_the_budget():

@@ -13,15 +13,17 @@ def test_one_service_account_per_workload():
     raw = stack_config()
     raw = with_object(raw, "workloads", lambda w: w.update(second=workload_settings(raw)))
     accounts = plan(raw).of_type("gcp:serviceaccount/account:Account")
-    assert sorted(a.inputs["accountId"] for a in accounts) == ["tpu-mnist-dev", "tpu-second-dev"]
+    workloads = sorted(a.inputs["accountId"] for a in accounts if a.name.startswith("workload-"))
+    assert workloads == ["tpu-mnist-dev", "tpu-second-dev"]
 
 
 def test_project_roles_are_only_log_and_metric_writers():
     for stack in ("dev", "prod"):
         result = plan(stack_config(stack), stack)
-        roles = sorted(m.inputs["role"] for m in result.of_type(PROJECT_MEMBER))
+        workload_grants = [m for m in result.of_type(PROJECT_MEMBER) if m.name.startswith("workload-")]
+        roles = sorted(m.inputs["role"] for m in workload_grants)
         assert roles == ["roles/logging.logWriter", "roles/monitoring.metricWriter"]
-        for grant in result.of_type(PROJECT_MEMBER) + result.of_type(BUCKET_MEMBER):
+        for grant in workload_grants + result.of_type(BUCKET_MEMBER):
             assert grant.inputs["role"] in iam.ALLOWED_PROJECT_ROLES | iam.ALLOWED_BUCKET_ROLES
             assert grant.inputs["member"].startswith("serviceAccount:tpu-")
 

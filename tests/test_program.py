@@ -11,11 +11,11 @@ from infra.offline.runner import plan_stack
 # Hand-written inventories: a change in what a stack creates must show up here, on purpose.
 INVENTORY = {
     "dev": {
-        "gcp:projects/service:Service": 8,
+        "gcp:projects/service:Service": 9,
         "gcp:storage/bucket:Bucket": 3,
-        "gcp:serviceaccount/account:Account": 1,
+        "gcp:serviceaccount/account:Account": 2,
         "gcp:serviceaccount/iAMMember:IAMMember": 1,
-        "gcp:projects/iAMMember:IAMMember": 2,
+        "gcp:projects/iAMMember:IAMMember": 3,
         "gcp:storage/bucketIAMMember:BucketIAMMember": 3,
         "gcp:monitoring/notificationChannel:NotificationChannel": 1,
         "gcp:billing/budget:Budget": 1,
@@ -32,6 +32,12 @@ INVENTORY = {
         "gcp:tpu/v2Vm:V2Vm": 1,
         "tpu-platform:network:PrivateNetwork": 1,
         "tpu-platform:tpu:TpuVm": 1,
+        "gcp:projects/iAMCustomRole:IAMCustomRole": 1,
+        "gcp:cloudscheduler/job:Job": 2,
+        "tpu-platform:lifecycle:TpuSchedules": 1,
+        "gcp:monitoring/alertPolicy:AlertPolicy": 2,
+        "gcp:monitoring/dashboard:Dashboard": 1,
+        "tpu-platform:monitoring:TpuMonitoring": 1,
     },
     "prod": {
         "gcp:projects/service:Service": 10,
@@ -57,6 +63,9 @@ INVENTORY = {
         "gcp:tpu/v2Vm:V2Vm": 1,
         "tpu-platform:network:PrivateNetwork": 1,
         "tpu-platform:tpu:TpuVm": 1,
+        "gcp:monitoring/alertPolicy:AlertPolicy": 2,
+        "gcp:monitoring/dashboard:Dashboard": 1,
+        "tpu-platform:monitoring:TpuMonitoring": 1,
     },
 }
 

@@ -22,7 +22,7 @@ def test_vm_identity_network_and_labels(stack):
     result, nodes = vms(stack)
     (network,) = result.of_type("gcp:compute/network:Network")
     (subnet,) = result.of_type("gcp:compute/subnetwork:Subnetwork")
-    (account,) = result.of_type("gcp:serviceaccount/account:Account")
+    (account,) = [a for a in result.of_type("gcp:serviceaccount/account:Account") if a.name.startswith("workload-")]
     assert nodes
     for vm in nodes:
         assert vm.inputs["serviceAccount"] == {
@@ -102,6 +102,8 @@ def test_outputs_give_the_iap_ssh_command_and_console_link():
 def test_multi_host_slices_ssh_to_every_worker():
     def to_pod(vms):
         vms[0].update(acceleratorType="v2-32", zone="us-central1-a", runtimeVersion="tpu-vm-tf-2.14.1-pod")
+        vms[0].pop("schedule")  # the TPU API cannot stop a multi-host slice
 
-    outputs = plan(with_object(stack_config(), "tpuVms", to_pod)).outputs["tpuVms"]["mnist-v2-spot"]
+    raw = with_object(stack_config(), "budget", lambda b: b.update(amount=10_000))  # a slice costs more
+    outputs = plan(with_object(raw, "tpuVms", to_pod)).outputs["tpuVms"]["mnist-v2-spot"]
     assert outputs["hosts"] == 4 and outputs["sshCommand"].endswith("--worker=all")

@@ -92,6 +92,9 @@ class GcpMocks(pulumi.runtime.Mocks):
             if "workloadIdentityPoolProviderId" in inputs:
                 state["name"] += f"/providers/{inputs['workloadIdentityPoolProviderId']}"
             return state["name"], state
+        if token == "gcp:projects/iAMCustomRole:IAMCustomRole":
+            state["name"] = f"projects/{project}/roles/{inputs['roleId']}"
+            return state["name"], state
         if token == "gcp:kms/keyRing:KeyRing":
             return f"projects/{project}/locations/{inputs['location']}/keyRings/{inputs['name']}", state
         if token == "gcp:kms/cryptoKey:CryptoKey":

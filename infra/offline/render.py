@@ -7,6 +7,7 @@ import json
 from collections import Counter
 from typing import Any
 
+from infra.cost import cost_table
 from infra.offline.mocks import Registration
 from infra.offline.runner import PlanResult
 
@@ -62,6 +63,7 @@ def to_json(plan: PlanResult, violations: list[dict[str, Any]] | None = None) ->
             for r in resources
         ],
         "outputs": plan.outputs,
+        "cost": plan.outputs.get("costEstimate"),
         "warnings": plan.warnings,
         "violations": violations or [],
     }
@@ -93,11 +95,13 @@ def to_text(plan: PlanResult, extra_sections: list[str] | None = None) -> str:
         walk(root, 0)
 
     lines += ["", "Outputs:"]
-    for key, value in _flatten(plan.outputs):
+    for key, value in _flatten({k: v for k, v in plan.outputs.items() if k != "costEstimate"}):
         lines.append(f"  {key}: {_show(value)}")
     lines += ["", "Resources by type:"]
     for token, count in sorted(Counter(r.type for r in plan.resources).items()):
         lines.append(f"  {count:4d}  {token}")
+    if plan.outputs.get("costEstimate"):
+        lines += ["", cost_table(plan.outputs["costEstimate"])]
     for section in extra_sections or []:
         lines += ["", section]
     if plan.warnings:

@@ -1,0 +1,52 @@
+"""Scheduled stop/start: Cloud Scheduler jobs calling the TPU API as a narrowly scoped account."""
+
+from __future__ import annotations
+
+import base64
+
+from infra.lifecycle import SCHEDULER_PERMISSIONS
+from tests.support import plan, stack_config
+from tests.test_config_tpu import vm_problems
+
+
+def test_jobs_stop_and_start_the_node_through_the_tpu_api():
+    result = plan(stack_config())
+    jobs = {j.inputs["name"]: j for j in result.of_type("gcp:cloudscheduler/job:Job")}
+    assert set(jobs) == {"tpu-mnist-v2-spot-start", "tpu-mnist-v2-spot-stop"}
+    stop = jobs["tpu-mnist-v2-spot-stop"]
+    assert stop.inputs["schedule"] == "0 20 * * 1-5" and stop.inputs["timeZone"] == "Europe/Berlin"
+    assert stop.inputs["region"] == "us-central1"
+    target = stop.inputs["httpTarget"]
+    assert target["uri"] == (
+        "https://tpu.googleapis.com/v2/projects/acme-ml-sandbox/locations/us-central1-b/nodes/mnist-v2-spot:stop"
+    )
+    assert target["httpMethod"] == "POST" and base64.b64decode(target["body"]) == b"{}"
+    assert target["oauthToken"]["serviceAccountEmail"] == "tpu-scheduler-dev@acme-ml-sandbox.iam.gserviceaccount.com"
+    (node,) = result.of_type("gcp:tpu/v2Vm:V2Vm")
+    assert node.urn in stop.dependencies
+
+
+def test_the_custom_role_holds_only_start_stop_and_get():
+    result = plan(stack_config())
+    (role,) = result.of_type("gcp:projects/iAMCustomRole:IAMCustomRole")
+    assert sorted(role.inputs["permissions"]) == sorted(SCHEDULER_PERMISSIONS)
+    assert set(SCHEDULER_PERMISSIONS) == {"tpu.nodes.get", "tpu.nodes.start", "tpu.nodes.stop"}
+    grants = [g for g in result.of_type("gcp:projects/iAMMember:IAMMember") if "scheduler" in g.inputs["member"]]
+    assert [g.inputs["role"] for g in grants] == [f"projects/acme-ml-sandbox/roles/{role.inputs['roleId']}"]
+
+
+def test_no_schedule_no_scheduler():
+    result = plan(stack_config("prod"), "prod")
+    assert not result.of_type("gcp:cloudscheduler/job:Job")
+    assert "cloudscheduler.googleapis.com" not in result.outputs["enabledApis"]
+
+
+def test_multi_host_schedules_are_refused():
+    message = vm_problems(acceleratorType="v2-32", zone="us-central1-a", runtimeVersion="tpu-vm-tf-2.14.1-pod")
+    assert "v2-32 is a multi-host slice, which the TPU API cannot stop or start" in message
+
+
+def test_bad_schedules():
+    message = vm_problems(schedule={"start": "8am", "stop": "0 20 * * 1-5", "timeZone": "Mars/Olympus"})
+    assert "tpuVms[0].schedule.start = '8am': not a unix-cron schedule: needs 5 fields" in message
+    assert "tpuVms[0].schedule.timeZone = 'Mars/Olympus': an IANA time zone" in message

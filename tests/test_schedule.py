@@ -1,0 +1,46 @@
+"""Unix-cron parsing and the running hours a stop/start schedule implies."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from infra.schedule import CronError, parse_cron, running_hours_per_month
+
+
+@pytest.mark.parametrize(
+    ("start", "stop", "hours"),
+    [
+        ("0 8 * * 1-5", "0 20 * * 1-5", round(12 * 5 * 30 / 7, 2)),  # office hours: 257.14
+        ("0 9 * * *", "0 17 * * *", 8 * 30),  # every day 9-17
+        ("30 22 * * *", "30 6 * * *", 8 * 30),  # overnight, across midnight
+        ("0 0 * * 1", "0 0 * * 6", round(5 * 24 * 30 / 7, 2)),  # Monday to Friday, nights included
+    ],
+)
+def test_hours_per_month(start, stop, hours):
+    assert running_hours_per_month(start, stop) == hours
+
+
+def test_cron_fields():
+    cron = parse_cron("*/15 8-10,14 1 * 0")
+    assert cron.minutes == {0, 15, 30, 45} and cron.hours == {8, 9, 10, 14}
+    # Day of month and day of week both restricted: either matches (cron's rule).
+    assert cron.matches(dt.datetime(2026, 6, 1, 8, 15))  # the 1st, a Monday
+    assert cron.matches(dt.datetime(2026, 6, 7, 9, 30))  # a Sunday
+    assert not cron.matches(dt.datetime(2026, 6, 2, 9, 30))
+    assert parse_cron("0 0 * * 7").weekdays == {0}  # 7 is Sunday too
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("0 8 * *", "needs 5 fields"),
+        ("60 8 * * *", "outside 0-59 in the minute field"),
+        ("0 8 * * mon", "'mon' is not a number"),
+        ("*/0 8 * * *", "bad step"),
+    ],
+)
+def test_bad_cron(text, why):
+    with pytest.raises(CronError, match=why):
+        parse_cron(text)
