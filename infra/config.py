@@ -62,6 +62,7 @@ GCP_PROJECT_ID = r"[a-z][a-z0-9-]{4,28}[a-z0-9]"
 BILLING_ACCOUNT = r"[0-9A-F]{6}-[0-9A-F]{6}-[0-9A-F]{6}"
 KMS_KEY = re.compile(r"projects/(?P<project>[^/]+)/locations/(?P<location>[^/]+)/keyRings/[^/]+/cryptoKeys/[^/]+")
 EMAIL = r"[^@\s]+@[^@\s]+\.[a-z]{2,}"
+ON_COMPLETION = ("keep", "stop", "delete")
 RESERVED_LABELS = ("environment", "owner", "managed-by", "workload", "provisioning")
 MAX_BUDGET_CHANNELS = 5  # the Billing Budgets API accepts at most 5 monitoring channels
 
@@ -149,6 +150,7 @@ class TpuVmSettings:
     labels: tuple[tuple[str, str], ...]
     description: str
     schedule: ScheduleSettings | None
+    on_completion: str  # keep | stop | delete: what happens to the TPU when its run has finished
 
     @property
     def region(self) -> str:
@@ -501,6 +503,7 @@ def _tpu_vm(node: Node, workloads: dict[str, WorkloadSettings]) -> TpuVmSettings
         labels=tuple(user_labels),
         description=node.str("description", ""),
         schedule=_schedule(node.child("schedule", None)),
+        on_completion=node.str("onCompletion", "keep", choices=ON_COMPLETION),
     )
     node.done()
     return vm
@@ -563,6 +566,19 @@ def _check_against_catalog(node: Node, vm: TpuVmSettings, workload: WorkloadSett
             {"start": vm.schedule.start, "stop": vm.schedule.stop},
             f"{accelerator.name} is a multi-host slice, which the TPU API cannot stop or start; "
             "remove the schedule, or use a single-host type",
+        )
+    if vm.on_completion == "stop" and accelerator.multi_host:
+        problems.add(
+            node.key("onCompletion"),
+            "stop",
+            f"{accelerator.name} is a multi-host slice, which the TPU API cannot stop; use delete or keep",
+        )
+    if vm.on_completion != "keep" and workload.access("checkpoints") != "write":
+        problems.add(
+            node.key("onCompletion"),
+            vm.on_completion,
+            f"a finished run is known by its completion marker in the checkpoints bucket; workload "
+            f"'{workload.name}' needs write access to it",
         )
     if workload.batch_size and (advice := catalog.batch_warning(accelerator, workload.batch_size)):
         problems.warn(f"{PROJECT}:workloads.{workload.name}.batchSize", workload.batch_size, advice)

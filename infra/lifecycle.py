@@ -17,6 +17,7 @@ from infra.apis import ProjectApis
 from infra.config import PlatformConfig, TpuVmSettings
 
 SCHEDULER_PERMISSIONS = ("tpu.nodes.get", "tpu.nodes.start", "tpu.nodes.stop")
+SELF_STOP_PERMISSIONS = ("tpu.nodes.get", "tpu.nodes.stop", "tpu.nodes.delete")
 TPU_API = "https://tpu.googleapis.com/v2"
 
 
@@ -102,3 +103,47 @@ def schedule_outputs(vms: Sequence[TpuVmSettings]) -> dict[str, dict[str, str]]:
         for vm in vms
         if vm.schedule
     }
+
+
+class RunToCompletion(pulumi.ComponentResource):
+    """Lets a workload stop or delete its own TPU when its run is complete (onCompletion).
+
+    One custom role with stop/delete/get, granted to each such workload's account under an IAM
+    condition naming its own node, so a workload cannot touch another TPU.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        cfg: PlatformConfig,
+        apis: ProjectApis,
+        accounts: dict[str, pulumi.Output[str]],
+        opts: pulumi.ResourceOptions | None = None,
+    ):
+        super().__init__("tpu-platform:lifecycle:RunToCompletion", name, None, opts)
+        self.role = gcp.projects.IAMCustomRole(
+            f"{name}-role",
+            project=cfg.project,
+            role_id=custom_role_id("tpuPlatformSelfStop", cfg.stack),
+            title=f"tpu-platform: stop or delete own TPU ({cfg.stack})",
+            description="Granted per TPU VM, conditioned on that node's name.",
+            permissions=list(SELF_STOP_PERMISSIONS),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=apis.needs("iam")),
+        )
+        for vm in cfg.tpu_vms:
+            if vm.on_completion == "keep":
+                continue
+            node = f"projects/{cfg.project}/locations/{vm.zone}/nodes/{vm.name}"
+            gcp.projects.IAMMember(
+                f"{name}-{vm.name}",
+                project=cfg.project,
+                role=self.role.name,
+                member=accounts[vm.workload].apply(iam.service_account_member),
+                condition=gcp.projects.IAMMemberConditionArgs(
+                    title=f"only-{vm.name}"[:100],
+                    description=f"{vm.on_completion} TPU VM {vm.name} when its run is complete",
+                    expression=f'resource.name == "{node}"',
+                ),
+                opts=pulumi.ResourceOptions(parent=self, depends_on=apis.needs("cloudresourcemanager")),
+            )
+        self.register_outputs({})

@@ -11,7 +11,7 @@ from infra.budget import BudgetAlerts
 from infra.config import PROJECT, PlatformConfig
 from infra.cost import StackCost, estimate
 from infra.identity import WorkloadIdentity
-from infra.lifecycle import TpuSchedules, schedule_outputs
+from infra.lifecycle import RunToCompletion, TpuSchedules, schedule_outputs
 from infra.monitoring import TpuMonitoring
 from infra.network import PrivateNetwork
 from infra.schema import ConfigError, Problem
@@ -45,6 +45,8 @@ def build_platform(cfg: PlatformConfig) -> dict[str, Any]:
         )
         for vm in cfg.tpu_vms
     }
+    if any(vm.on_completion != "keep" for vm in cfg.tpu_vms):
+        RunToCompletion("run-to-completion", cfg, apis, {n: i.email for n, i in identities.items()})
     if any(vm.schedule for vm in cfg.tpu_vms):
         TpuSchedules("schedules", cfg, apis, {name: vm.node for name, vm in vms.items()})
     TpuMonitoring("monitoring", cfg, apis, budget.channels)

@@ -177,6 +177,9 @@ install_program
 install_unit
 if run_finished; then
   log "workload {spec.workload} already completed its run; not starting it again"
+  # A finished run never keeps idle chips billing: stop or delete this TPU if the stack says so.
+  # shellcheck source=/dev/null
+  (set -a && source "${{ENV_FILE}}" && "${{PYTHON}}" "${{APP_DIR}}/runlib.py" on-completion)
   exit 0
 fi
 # First boot: starts the run. Reboot, preemption or re-created VM: the run resumes from its checkpoint.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import http.server
+import json
 import os
 import socket
 import subprocess
@@ -103,11 +104,17 @@ class _MetadataHandler(http.server.BaseHTTPRequestHandler):
         if self.headers.get("Metadata-Flavor") != "Google":
             self.send_error(403, "Missing Metadata-Flavor: Google")  # as the real server answers
             return
+        if self.path == "/computeMetadata/v1/instance/service-accounts/default/token":
+            self._answer(json.dumps({"access_token": SANDBOX_TOKEN, "expires_in": 3599, "token_type": "Bearer"}))
+            return
         key = self.path.removeprefix(prefix)
         if not self.path.startswith(prefix) or key not in self.attributes:
             self.send_error(404)
             return
-        body = self.attributes[key].encode()
+        self._answer(self.attributes[key])
+
+    def _answer(self, text: str) -> None:
+        body = text.encode()
         self.send_response(200)
         self.send_header("Metadata-Flavor", "Google")
         self.send_header("Content-Type", "application/text")
@@ -131,10 +138,44 @@ def metadata_server(attributes: dict[str, str]) -> Iterator[str]:
         server.shutdown()
 
 
+SANDBOX_TOKEN = "sandbox-access-token"
+
+
+class _TpuApiHandler(http.server.BaseHTTPRequestHandler):
+    """Records each call (method, path, bearer token) and answers like a long-running operation."""
+
+    calls: ClassVar[list[tuple[str, str, str]]] = []
+
+    def _record(self) -> None:
+        self.calls.append((self.command, self.path, self.headers.get("Authorization", "")))
+        body = json.dumps({"name": "projects/p/locations/z/operations/sandbox", "done": False}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_POST = do_DELETE = do_GET = _record  # noqa: N815 - the http.server method names
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def tpu_api() -> Iterator[tuple[str, list[tuple[str, str, str]]]]:
+    """A stand-in for tpu.googleapis.com on loopback; yields its base URL and the calls it received."""
+    handler = type("Handler", (_TpuApiHandler,), {"calls": []})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", handler.calls
+    finally:
+        server.shutdown()
+
+
 class Vm:
     """One sandboxed TPU VM worker: a root folder, shims on PATH, and a way to boot it."""
 
-    def __init__(self, folder: Path, metadata_host: str, emulator_host: str):
+    def __init__(self, folder: Path, metadata_host: str, emulator_host: str, tpu_api_url: str = ""):
         self.root = folder / "root"
         self.state = folder / "state"
         self.shims = folder / "shims"
@@ -155,6 +196,7 @@ class Vm:
             "GCE_METADATA_HOST": metadata_host,
             "STORAGE_EMULATOR_HOST": emulator_host,
             "SANDBOX_STATE": str(self.state),
+            "TPU_PLATFORM_TPU_API": tpu_api_url,
             "TF_CPP_MIN_LOG_LEVEL": "2",
             "CUDA_VISIBLE_DEVICES": "",
         }

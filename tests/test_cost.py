@@ -30,7 +30,7 @@ def test_hand_computed_fleet():
         {"name": "spot-always", "provisioning": "spot"},                      # 4 chips × 0.34 × 720
         {"name": "on-demand-office", "provisioning": "on-demand",             # 4 × 1.125 × 257.14
          "schedule": {"start": "0 8 * * 1-5", "stop": "0 20 * * 1-5"}},
-        {"name": "pod-preemptible", "provisioning": "preemptible", "acceleratorType": "v2-32",
+        {"name": "pod-preemptible", "provisioning": "preemptible", "acceleratorType": "v2-32", "onCompletion": "keep",
          "zone": "us-central1-a", "runtimeVersion": "tpu-vm-tf-2.14.1-pod"},  # 16 × 0.38 × 720
     ))  # fmt: skip
     cost = cost_of(raw)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 
-from infra.lifecycle import SCHEDULER_PERMISSIONS
+from infra.lifecycle import SCHEDULER_PERMISSIONS, SELF_STOP_PERMISSIONS
 from tests.support import plan, stack_config
 from tests.test_config_tpu import vm_problems
 
@@ -28,7 +28,9 @@ def test_jobs_stop_and_start_the_node_through_the_tpu_api():
 
 def test_the_custom_role_holds_only_start_stop_and_get():
     result = plan(stack_config())
-    (role,) = result.of_type("gcp:projects/iAMCustomRole:IAMCustomRole")
+    (role,) = [
+        r for r in result.of_type("gcp:projects/iAMCustomRole:IAMCustomRole") if "Scheduler" in r.inputs["roleId"]
+    ]
     assert sorted(role.inputs["permissions"]) == sorted(SCHEDULER_PERMISSIONS)
     assert set(SCHEDULER_PERMISSIONS) == {"tpu.nodes.get", "tpu.nodes.start", "tpu.nodes.stop"}
     grants = [g for g in result.of_type("gcp:projects/iAMMember:IAMMember") if "scheduler" in g.inputs["member"]]
@@ -50,3 +52,22 @@ def test_bad_schedules():
     message = vm_problems(schedule={"start": "8am", "stop": "0 20 * * 1-5", "timeZone": "Mars/Olympus"})
     assert "tpuVms[0].schedule.start = '8am': not a unix-cron schedule: needs 5 fields" in message
     assert "tpuVms[0].schedule.timeZone = 'Mars/Olympus': an IANA time zone" in message
+
+
+def test_a_finished_run_may_stop_only_its_own_node():
+    result = plan(stack_config())
+    (role,) = [
+        r for r in result.of_type("gcp:projects/iAMCustomRole:IAMCustomRole") if "SelfStop" in r.inputs["roleId"]
+    ]
+    assert sorted(role.inputs["permissions"]) == sorted(SELF_STOP_PERMISSIONS)
+    (grant,) = [g for g in result.of_type("gcp:projects/iAMMember:IAMMember") if g.name.startswith("run-to-completion")]
+    assert grant.inputs["member"] == "serviceAccount:tpu-mnist-dev@acme-ml-sandbox.iam.gserviceaccount.com"
+    assert grant.inputs["condition"]["expression"] == (
+        'resource.name == "projects/acme-ml-sandbox/locations/us-central1-b/nodes/mnist-v2-spot"'
+    )
+    env = result.of_type("gcp:tpu/v2Vm:V2Vm")[0].inputs["metadata"]["tpu-platform-env"]
+    assert "TPU_PLATFORM_ON_COMPLETION=stop\n" in env
+
+
+def test_keep_grants_nothing():
+    assert not plan(stack_config("prod"), "prod").of_type("gcp:projects/iAMCustomRole:IAMCustomRole")

@@ -4,7 +4,8 @@ server on loopback (see tests/sandbox.py for what is shimmed and why).
 For both workloads: first boot starts the run; SIGTERM mid-training (what GCE sends before a
 preemption) leaves a committed checkpoint in the bucket; the next boot resumes from that step, not
 from zero, and finishes with the same step count as an uninterrupted run and `resumes: 1`; a third
-boot does nothing.
+boot does nothing. The dev VM says `onCompletion: stop`: the finished run stops its own TPU
+through the TPU API (a stand-in on loopback), and so does every later boot.
 """
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ from google.cloud import storage
 
 from infra.config import parse_stack_config
 from infra.tpu.metadata import render_metadata, startup_spec
-from tests.sandbox import Vm, metadata_server, storage_emulator, wait_for
+from tests.sandbox import SANDBOX_TOKEN, Vm, metadata_server, storage_emulator, tpu_api, wait_for
 from tests.support import stack_config, with_object
 from tests.workloads import WORKLOADS, workloads_python
 
 pytestmark = pytest.mark.slow
 
 BATCH, EPOCHS, TRAIN = 32, 12, 2048
+NODE = "projects/acme-ml-sandbox/locations/us-central1-b/nodes/mnist-v2-spot"
 TOTAL_STEPS = EPOCHS * (TRAIN // BATCH)  # what an uninterrupted run trains
 
 
@@ -81,8 +83,8 @@ def committed_steps(client: storage.Client, prefix: str) -> list[int]:
 def test_preempted_run_resumes_and_finishes_once(program, module, emulator, tmp_path):
     metadata, unit = vm_metadata_for(program, module)
     run = f"mnist/mnist-v2-spot/e2e-{program.replace('_', '-')}/"
-    with metadata_server(metadata) as metadata_host:
-        vm = Vm(tmp_path, metadata_host, os.environ["STORAGE_EMULATOR_HOST"])
+    with metadata_server(metadata) as metadata_host, tpu_api() as (api_url, api_calls):
+        vm = Vm(tmp_path, metadata_host, os.environ["STORAGE_EMULATOR_HOST"], api_url)
 
         # Boot 1: the run starts; preempt it once a checkpoint is committed.
         first = vm.boot(metadata["startup-script"])
@@ -115,6 +117,8 @@ def test_preempted_run_resumes_and_finishes_once(program, module, emulator, tmp_
         structured = [json.loads(line) for line in log.splitlines() if line.startswith("{") and '"loss"' in line]
         assert structured and {"severity", "run_id", "step", "loss"} <= structured[-1].keys()
         assert structured[-1]["run_id"] == f"dev/{run.rstrip('/')}"
+        stop = ("POST", f"/v2/{NODE}:stop", f"Bearer {SANDBOX_TOKEN}")
+        assert api_calls == [stop]  # the finished run stopped its own TPU, as its own account
 
         # Boot 3: the run is complete; nothing starts.
         starts = vm.starts()
@@ -122,3 +126,4 @@ def test_preempted_run_resumes_and_finishes_once(program, module, emulator, tmp_
         assert third.returncode == 0, third.stderr
         assert "already completed its run; not starting it again" in third.stdout
         assert vm.starts() == starts
+        assert api_calls == [stop, stop]  # and a restarted VM stops again instead of idling

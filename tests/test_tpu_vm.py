@@ -103,6 +103,7 @@ def test_multi_host_slices_ssh_to_every_worker():
     def to_pod(vms):
         vms[0].update(acceleratorType="v2-32", zone="us-central1-a", runtimeVersion="tpu-vm-tf-2.14.1-pod")
         vms[0].pop("schedule")  # the TPU API cannot stop a multi-host slice
+        vms[0]["onCompletion"] = "delete"
 
     raw = with_object(stack_config(), "budget", lambda b: b.update(amount=10_000))  # a slice costs more
     outputs = plan(with_object(raw, "tpuVms", to_pod)).outputs["tpuVms"]["mnist-v2-spot"]

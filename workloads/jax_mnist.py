@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(f"Training took {wall:.1f} s on {device}; final validation accuracy {accuracy:.4f}", flush=True)
     model = {"params.npz": runlib.pack({k: np.asarray(v) for k, v in params.items()})}
-    runlib.finish(checkpoints, args.model_dir, model, metrics, process)
+    runlib.finish(checkpoints, args.model_dir, model, metrics, process, args.on_completion, args.node)
     print(json.dumps(metrics), flush=True)
     return 0
 

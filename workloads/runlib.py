@@ -28,6 +28,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +54,9 @@ def parse_args(description: str, argv: list[str] | None = None) -> argparse.Name
     parser.add_argument("--checkpoint-every-minutes", type=float, default=10.0)
     parser.add_argument("--run-id", default=os.environ.get("TPU_PLATFORM_RUN_ID", "local"))
     parser.add_argument("--tpu", choices=("auto", "local", "none"), default="auto", help="use a TPU: auto-detect")
+    parser.add_argument("--on-completion", choices=("keep", "stop", "delete"), default="keep",
+                        help="what to do with this TPU once the run is complete")  # fmt: skip
+    parser.add_argument("--node", default="", help="this TPU node: projects/P/locations/Z/nodes/N")
     return parser.parse_args(argv)
 
 
@@ -322,8 +326,12 @@ def finish(
     model_files: dict[str, bytes],
     metrics: dict[str, Any],
     process: int,
+    on_completion: str = "keep",
+    node: str = "",
 ) -> None:
-    """Export the model and metrics, then mark the run complete. Only process 0 writes."""
+    """Export the model and metrics, mark the run complete, then keep, stop or delete the TPU.
+
+    Only process 0 writes and acts."""
     if process != 0:
         return
     if model_dir:
@@ -333,6 +341,44 @@ def finish(
         store.write("metrics.json", json.dumps(metrics, sort_keys=True, indent=2).encode())
     if checkpoints is not None:
         checkpoints.mark_complete(metrics)
+    apply_on_completion(on_completion, node)
+
+
+# ---------------------------------------------------------------------------------- run to completion
+def _metadata_token() -> str:
+    host = os.environ.get("GCE_METADATA_HOST", "metadata.google.internal")
+    request = urllib.request.Request(
+        f"http://{host}/computeMetadata/v1/instance/service-accounts/default/token",
+        headers={"Metadata-Flavor": "Google"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())["access_token"]
+
+
+def node_action(action: str, node: str) -> int:
+    """Stop or delete this TPU node through the TPU API, as the VM's own service account.
+
+    `node` is `projects/P/locations/Z/nodes/N`; the account may do this to its own node only.
+    """
+    api = os.environ.get("TPU_PLATFORM_TPU_API", "https://tpu.googleapis.com")
+    url, method = (f"{api}/v2/{node}:stop", "POST") if action == "stop" else (f"{api}/v2/{node}", "DELETE")
+    request = urllib.request.Request(
+        url,
+        data=b"{}" if method == "POST" else None,
+        method=method,
+        headers={"Authorization": f"Bearer {_metadata_token()}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return response.status
+
+
+def apply_on_completion(action: str, node: str) -> str:
+    """What a finished run does with its TPU: keep it, stop it or delete it."""
+    if action in ("stop", "delete") and node:
+        status_code = node_action(action, node)
+        print(json.dumps({"severity": "NOTICE", "message": f"run complete: {action} requested for {node}",
+                          "status": status_code}), flush=True)  # fmt: skip
+    return action
 
 
 def status(checkpoint_dir: str) -> str:
@@ -344,8 +390,14 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     ask = commands.add_parser("status", help="print `complete` once the run's completion marker exists")
     ask.add_argument("--checkpoint-dir", required=True)
+    act = commands.add_parser("on-completion", help="keep, stop or delete this TPU (a finished run)")
+    act.add_argument("--action", default=os.environ.get("TPU_PLATFORM_ON_COMPLETION", "keep"))
+    act.add_argument("--node", default=os.environ.get("TPU_PLATFORM_NODE", ""))
     args = parser.parse_args(argv)
-    print(status(args.checkpoint_dir))
+    if args.command == "status":
+        print(status(args.checkpoint_dir))
+    else:
+        print(apply_on_completion(args.action, args.node))
     return 0
 
 

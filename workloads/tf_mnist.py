@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         "data_read_seconds": round(data.read_seconds, 4),
     }
     print(f"Training took {wall:.1f} s on {device}; final validation accuracy {accuracy:.4f}", flush=True)
-    runlib.finish(checkpoints, args.model_dir, trainer.saved_model(), metrics, process)
+    runlib.finish(checkpoints, args.model_dir, trainer.saved_model(), metrics, process, args.on_completion, args.node)
     print(json.dumps(metrics), flush=True)
     return 0
 

@@ -35,6 +35,10 @@ def startup_spec(cfg: PlatformConfig, vm: TpuVmSettings) -> StartupSpec:
             f"{workload.checkpoint_every_minutes:g}",
         ),
     ]
+    settings += [
+        ("TPU_PLATFORM_ON_COMPLETION", "--on-completion", vm.on_completion),
+        ("TPU_PLATFORM_NODE", "--node", f"projects/{cfg.project}/locations/{vm.zone}/nodes/{vm.name}"),
+    ]
     if workload.access("checkpoints") == "write":
         settings.append(
             ("TPU_PLATFORM_CHECKPOINT_DIR", "--checkpoint-dir", f"gs://{cfg.bucket_name('checkpoints')}/{run}")

@@ -75,6 +75,7 @@ class TpuVm(pulumi.ComponentResource):
             "chips": vm.accelerator.chips,
             "hosts": vm.accelerator.hosts,
             "provisioning": vm.provisioning,
+            "onCompletion": vm.on_completion,
             "runtimeVersion": vm.runtime_version,
             "workload": vm.workload,
             "serviceAccount": identity.email,
