@@ -10,6 +10,15 @@ import pulumi_gcp as gcp
 
 from infra.config import PlatformConfig
 
+# The TPU guard's serverless stack (see infra/automation.py).
+AUTOMATION_APIS = (
+    "cloudfunctions.googleapis.com",
+    "run.googleapis.com",
+    "cloudbuild.googleapis.com",
+    "artifactregistry.googleapis.com",
+    "eventarc.googleapis.com",
+)
+
 BASE_APIS = (
     "cloudresourcemanager.googleapis.com",  # project IAM grants
     "iam.googleapis.com",
@@ -28,8 +37,11 @@ def required_apis(cfg: PlatformConfig) -> tuple[str, ...]:
         apis.append("cloudkms.googleapis.com")
     if cfg.budget.pubsub_topic:
         apis.append("pubsub.googleapis.com")
-    if any(vm.schedule for vm in cfg.tpu_vms):
+    automation = cfg.automation.budget_action or cfg.automation.recovery_every_minutes
+    if any(vm.schedule for vm in cfg.tpu_vms) or cfg.automation.recovery_every_minutes:
         apis.append("cloudscheduler.googleapis.com")
+    if automation:
+        apis += list(AUTOMATION_APIS)
     return tuple(apis)
 
 

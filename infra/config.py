@@ -25,7 +25,7 @@ from infra.schema import MISSING, ConfigError, Node, Problems
 PROJECT = "tpu-platform"
 BUCKET_PURPOSES = ("data", "checkpoints", "models")
 # Settings that are objects; Pulumi hands them over JSON-encoded.
-OBJECT_KEYS = ("buckets", "budget", "workloads", "network", "tpuVms", "monitoring")
+OBJECT_KEYS = ("buckets", "budget", "workloads", "network", "tpuVms", "monitoring", "automation")
 SCALAR_KEYS = ("owner", "billingAccount", "production", "namePrefix", "deployer")
 
 # Cloud Storage locations (https://cloud.google.com/storage/docs/locations): multi-regions,
@@ -128,6 +128,15 @@ class NetworkSettings:
 
 
 @dataclass(frozen=True)
+class AutomationSettings:
+    budget_action: str | None  # stop | delete the environment's TPUs when spend reaches budget_at_percent
+    budget_at_percent: float
+    dry_run: bool  # log what would be done, do nothing
+    recovery_every_minutes: int  # 0: no preemption recovery
+    recovery_max_attempts: int
+
+
+@dataclass(frozen=True)
 class MonitoringSettings:
     idle_minutes: int  # alert when a TPU's TensorCores idle longer than this
 
@@ -173,6 +182,7 @@ class PlatformConfig:
     network: NetworkSettings
     tpu_vms: tuple[TpuVmSettings, ...]
     monitoring: MonitoringSettings
+    automation: AutomationSettings
     warnings: tuple[str, ...] = ()  # legal settings that are likely mistakes, shown by the plan
 
     def workload(self, name: str) -> WorkloadSettings:
@@ -239,6 +249,7 @@ def parse_stack_config(stack: str, raw: Mapping[str, str]) -> PlatformConfig:
     )
     if monitoring_node:
         monitoring_node.done()
+    automation = _automation(root.child(f"{PROJECT}:automation", {}), budget, tpu_vms)
     root.done([f"{PROJECT}:{k}" for k in SCALAR_KEYS + OBJECT_KEYS])
 
     if name_prefix and not problems.items:
@@ -270,6 +281,7 @@ def parse_stack_config(stack: str, raw: Mapping[str, str]) -> PlatformConfig:
         network=network,
         tpu_vms=tpu_vms,
         monitoring=monitoring,
+        automation=automation,
         warnings=tuple(f"stack '{stack}': {w}" for w in problems.warnings),
     )
 
@@ -582,3 +594,31 @@ def _check_against_catalog(node: Node, vm: TpuVmSettings, workload: WorkloadSett
         )
     if workload.batch_size and (advice := catalog.batch_warning(accelerator, workload.batch_size)):
         problems.warn(f"{PROJECT}:workloads.{workload.name}.batchSize", workload.batch_size, advice)
+
+
+def _automation(node: Node | None, budget: BudgetSettings, vms: tuple[TpuVmSettings, ...]) -> AutomationSettings:
+    if node is None:
+        return AutomationSettings(None, 100, False, 0, 0)
+    action = node.child("budgetAction", {})
+    recovery = node.child("recovery", {})
+    settings = AutomationSettings(
+        budget_action=action.str("action", None, choices=("stop", "delete")) if action else None,
+        budget_at_percent=action.number("atPercent", 100, minimum=1, maximum=1000) if action else 100,
+        dry_run=action.bool("dryRun", False) if action else False,
+        recovery_every_minutes=recovery.number("everyMinutes", 0, minimum=1, maximum=1440, integer=True)
+        if recovery
+        else 0,
+        recovery_max_attempts=recovery.number("maxAttempts", 5, minimum=1, maximum=100, integer=True)
+        if recovery
+        else 0,
+    )
+    for child in (action, recovery, node):
+        if child is not None:
+            child.done()
+    if action and action.data and not budget.pubsub_topic:
+        node.problems.add(
+            f"{node.key('budgetAction')}", action.data, "needs tpu-platform:budget.pubsubTopic: true to hear the budget"
+        )
+    if recovery and recovery.data and not any(vm.provisioning in ("spot", "preemptible") for vm in vms):
+        node.problems.warn(node.key("recovery"), recovery.data, "no spot or preemptible TPU VM to recover")
+    return settings

@@ -7,6 +7,7 @@ from typing import Any
 import pulumi
 
 from infra.apis import ProjectApis, required_apis
+from infra.automation import TpuGuard
 from infra.budget import BudgetAlerts
 from infra.config import PROJECT, PlatformConfig
 from infra.cost import StackCost, estimate
@@ -50,6 +51,9 @@ def build_platform(cfg: PlatformConfig) -> dict[str, Any]:
     if any(vm.schedule for vm in cfg.tpu_vms):
         TpuSchedules("schedules", cfg, apis, {name: vm.node for name, vm in vms.items()})
     TpuMonitoring("monitoring", cfg, apis, budget.channels)
+    if cfg.automation.budget_action or cfg.automation.recovery_every_minutes:
+        accounts = {n: i.account for n, i in identities.items()}
+        TpuGuard("guard", cfg, apis, buckets, accounts, budget.topic)
 
     return {
         "project": cfg.project,

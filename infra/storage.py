@@ -39,6 +39,13 @@ class PlatformBuckets(pulumi.ComponentResource):
                 ),
             ]
 
+        # What another bucket of this stack must wait for: the API and, with CMEK, the key grant.
+        self.ready = needs
+        self.encryption = (
+            gcp.storage.BucketEncryptionArgs(default_kms_key_name=settings.kms_key_name)
+            if settings.kms_key_name
+            else None
+        )
         self.buckets: dict[str, gcp.storage.Bucket] = {}
         for purpose in BUCKET_PURPOSES:
             destroyable = purpose in settings.destroyable
@@ -54,11 +61,7 @@ class PlatformBuckets(pulumi.ComponentResource):
                 lifecycle_rules=_lifecycle_rules(
                     settings.noncurrent_versions_to_keep, settings.noncurrent_version_days
                 ),
-                encryption=(
-                    gcp.storage.BucketEncryptionArgs(default_kms_key_name=settings.kms_key_name)
-                    if settings.kms_key_name
-                    else None
-                ),
+                encryption=self.encryption,
                 force_destroy=destroyable,
                 labels={**cfg.labels, "purpose": purpose},
                 opts=pulumi.ResourceOptions(

@@ -29,6 +29,10 @@ API_FOR_TYPE = {
     "gcp:cloudscheduler/job:Job": "cloudscheduler.googleapis.com",
     "gcp:monitoring/alertPolicy:AlertPolicy": "monitoring.googleapis.com",
     "gcp:monitoring/dashboard:Dashboard": "monitoring.googleapis.com",
+    "gcp:storage/bucketObject:BucketObject": "storage.googleapis.com",
+    "gcp:cloudfunctionsv2/function:Function": "cloudfunctions.googleapis.com",
+    "gcp:cloudfunctionsv2/functionIamMember:FunctionIamMember": "cloudfunctions.googleapis.com",
+    "gcp:cloudrunv2/serviceIamMember:ServiceIamMember": "run.googleapis.com",
 }
 
 

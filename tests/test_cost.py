@@ -46,7 +46,8 @@ def test_hand_computed_fleet():
 def test_shipped_stacks():
     dev, prod = cost_of(stack_config("dev")), cost_of(stack_config("prod"), "prod")
     assert dev.monthly_total == pytest.approx(4 * 0.34 * 257.14, abs=0.01)  # spot v2-8, office hours
-    assert prod.monthly_total == pytest.approx(8 * 1.20 * 720)  # on-demand v5litepod-8, always on
+    # on-demand v5litepod-8 and spot v5litepod-4, always on
+    assert prod.monthly_total == pytest.approx(8 * 1.20 * 720 + 4 * 0.213 * 720)
     assert dev.prices_date == "2026-10"
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 
 from infra.lifecycle import SCHEDULER_PERMISSIONS, SELF_STOP_PERMISSIONS
-from tests.support import plan, stack_config
+from tests.support import plan, stack_config, with_object
 from tests.test_config_tpu import vm_problems
 
 
@@ -38,7 +38,8 @@ def test_the_custom_role_holds_only_start_stop_and_get():
 
 
 def test_no_schedule_no_scheduler():
-    result = plan(stack_config("prod"), "prod")
+    raw = with_object(stack_config(), "tpuVms", lambda vms: vms[0].pop("schedule"))
+    result = plan(with_object(raw, "budget", lambda b: b.update(amount=2000)))  # always on costs more
     assert not result.of_type("gcp:cloudscheduler/job:Job")
     assert "cloudscheduler.googleapis.com" not in result.outputs["enabledApis"]
 
@@ -70,4 +71,6 @@ def test_a_finished_run_may_stop_only_its_own_node():
 
 
 def test_keep_grants_nothing():
-    assert not plan(stack_config("prod"), "prod").of_type("gcp:projects/iAMCustomRole:IAMCustomRole")
+    raw = with_object(stack_config(), "tpuVms", lambda vms: vms[0].update(onCompletion="keep"))
+    roles = plan(raw).of_type("gcp:projects/iAMCustomRole:IAMCustomRole")
+    assert [r.inputs["roleId"] for r in roles] == ["tpuPlatformSchedulerDev"]

@@ -8,14 +8,17 @@ BUCKET = "gcp:storage/bucket:Bucket"
 
 
 def buckets(result):
-    return {r.inputs["labels"]["purpose"]: r for r in result.of_type(BUCKET)}
+    """The platform's data, checkpoints and models buckets."""
+    return {r.inputs["labels"]["purpose"]: r for r in result.of_type(BUCKET) if r.name.startswith("buckets-")}
 
 
 def test_every_bucket_is_private_and_versioned():
     for stack in ("dev", "prod"):
-        for bucket in plan(stack_config(stack), stack).of_type(BUCKET):
+        result = plan(stack_config(stack), stack)
+        for bucket in result.of_type(BUCKET):
             assert bucket.inputs["uniformBucketLevelAccess"] is True
             assert bucket.inputs["publicAccessPrevention"] == "enforced"
+        for bucket in buckets(result).values():
             assert bucket.inputs["versioning"] == {"enabled": True}
 
 

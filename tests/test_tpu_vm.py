@@ -53,17 +53,17 @@ def test_startup_script_carries_the_workload():
 
 def test_provisioning_models_map_to_scheduling():
     _, (dev,) = vms("dev")
-    _, (prod,) = vms("prod")
+    prod, _spot = sorted(vms("prod")[1], key=lambda r: r.name)
     assert dev.inputs["schedulingConfig"] == {"spot": True, "preemptible": False, "reserved": False}
     assert prod.inputs["schedulingConfig"] == {"spot": False, "preemptible": False, "reserved": False}
     raw = with_object(stack_config("prod"), "tpuVms", lambda v: v[0].update(provisioning="reserved"))
-    _, (reserved,) = vms("prod", raw)
+    reserved, _spot = sorted(vms("prod", raw)[1], key=lambda r: r.name)
     assert reserved.inputs["schedulingConfig"]["reserved"] is True
 
 
 def test_secure_boot_where_the_generation_supports_it():
     _, (v2,) = vms("dev")
-    _, (v5e,) = vms("prod")
+    v5e, _spot = sorted(vms("prod")[1], key=lambda r: r.name)
     assert "shieldedInstanceConfig" not in v2.inputs
     assert v5e.inputs["shieldedInstanceConfig"] == {"enableSecureBoot": True}
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pulumi
@@ -92,6 +93,9 @@ class GcpMocks(pulumi.runtime.Mocks):
             if "workloadIdentityPoolProviderId" in inputs:
                 state["name"] += f"/providers/{inputs['workloadIdentityPoolProviderId']}"
             return state["name"], state
+        if token == "gcp:cloudfunctionsv2/function:Function":
+            state["url"] = f"https://{inputs.get('location')}-{project}.cloudfunctions.net/{name}"
+            return f"projects/{project}/locations/{inputs.get('location')}/functions/{name}", state
         if token == "gcp:projects/iAMCustomRole:IAMCustomRole":
             state["name"] = f"projects/{project}/roles/{inputs['roleId']}"
             return state["name"], state
@@ -124,6 +128,22 @@ class Registration:
     ignore_changes: list[str] = field(default_factory=list)
 
 
+def plain(value: Any) -> Any:
+    """Assets and archives as data a plan can print and diff: file names with content digests."""
+    if isinstance(value, pulumi.FileAsset):
+        path = Path(value.path)
+        return {"file": path.name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()[:16]}
+    if isinstance(value, pulumi.StringAsset):
+        return {"text": True, "sha256": hashlib.sha256(value.text.encode()).hexdigest()[:16]}
+    if isinstance(value, pulumi.AssetArchive):
+        return {"archive": {name: plain(v) for name, v in sorted(value.assets.items())}}
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    return value
+
+
 class RecordingMonitor(MockMonitor):
     def __init__(self, mocks: GcpMocks):
         super().__init__(mocks)
@@ -140,7 +160,7 @@ class RecordingMonitor(MockMonitor):
                     name=request.name,
                     parent=request.parent,
                     custom=request.custom,
-                    inputs=rpc.deserialize_properties(request.object),
+                    inputs=plain(rpc.deserialize_properties(request.object)),
                     dependencies=sorted(request.dependencies),
                     protect=bool(request.protect),
                     retain_on_delete=bool(request.retainOnDelete),
