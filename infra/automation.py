@@ -28,7 +28,6 @@ SOURCE = Path(__file__).resolve().parents[1] / "functions" / "tpu_guard"
 SOURCE_FILES = ("main.py", "decisions.py", "requirements.txt")
 GUARD_PERMISSIONS = (
     "tpu.nodes.list",
-    "tpu.nodes.get",
     "tpu.nodes.stop",
     "tpu.nodes.delete",
     "tpu.nodes.create",

@@ -131,3 +131,37 @@ def test_budget_action_needs_the_budget_topic():
     assert "needs tpu-platform:budget.pubsubTopic: true" in problems_of(raw)
     bad = with_object(stack_config("prod"), "automation", lambda a: a["budgetAction"].update(action="pause"))
     assert "automation.budgetAction.action = 'pause': must be one of delete, stop" in problems_of(bad, "prod")
+
+
+def test_every_api_call_of_the_guard_is_allowed_to_its_identity():
+    """Read main.py's HTTP calls and check each against the permissions the guard's role holds."""
+    import ast
+
+    source = Path(__file__).resolve().parents[1] / "functions" / "tpu_guard" / "main.py"
+    calls = []
+    for call in ast.walk(ast.parse(source.read_text())):
+        if (
+            isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Attribute)
+            and isinstance(call.func.value, ast.Name)
+            and call.func.value.id == "session"
+            and call.args
+        ):
+            calls.append((call.func.attr, ast.unparse(call.args[0])))
+    needed = set()
+    for method, url in calls:
+        if "{TPU}" in url:
+            if url.endswith(":stop'") or url.endswith(':stop"'):
+                needed.add("tpu.nodes.stop")
+            elif "operation" in url:
+                needed.add("tpu.operations.get")
+            elif url.rstrip("'\"").endswith("/nodes"):
+                needed.add("tpu.nodes.list" if method == "get" else "tpu.nodes.create")
+            elif method == "delete":
+                needed.add("tpu.nodes.delete")
+            else:
+                raise AssertionError(f"unclassified TPU call: {method} {url}")
+        else:
+            assert "STORAGE" in url or "_attempts_url" in url or "upload" in url, url  # the counters object
+    assert needed == {"tpu.nodes.list", "tpu.nodes.stop", "tpu.nodes.delete", "tpu.nodes.create", "tpu.operations.get"}
+    assert needed == set(GUARD_PERMISSIONS)  # nothing it does not use
