@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from typing import Any
 
 import jax
@@ -110,69 +109,35 @@ def main(argv: list[str] | None = None) -> int:
     data = runlib.load_data(args.data) if args.data else None
     if data is None:
         raise SystemExit("--data is required for the JAX workload (prepare it with prepare_data.py)")
-    total = runlib.steps_for(args, len(data.x_train))
-
     params = init_params(jax.random.PRNGKey(0))
     opt_state = OPTIMIZER.init(params)
-    state = {"step": 0, "resumes": 0, "wall_seconds": 0.0}
-    restore_seconds = 0.0
-    if checkpoints and (latest := checkpoints.latest()):
-        started = time.perf_counter()
-        (params, opt_state), state = from_files(latest[1], (params, opt_state))
-        state["resumes"] += 1
-        restore_seconds = time.perf_counter() - started
-        log("resumed from checkpoint", step=state["step"], resumes=state["resumes"], seconds=restore_seconds)
     params, opt_state = jax.device_put((params, opt_state), replicated)
-
-    timer = runlib.CheckpointTimer(args.checkpoint_every_steps, 60 * args.checkpoint_every_minutes, state["step"])
-    save_seconds: list[float] = []
-    waited = 0.0
-    start_step = step = state["step"]
-    begun = session_start = time.perf_counter()
     share = args.batch_size // processes  # each process feeds its slice of the global batch
-    stream = runlib.batches(data, args.batch_size, state["step"], total)
-    while step < total:
-        fetch = time.perf_counter()
-        item = next(stream, None)
-        waited += time.perf_counter() - fetch
-        if item is None:
-            break
-        step, x, y = item
+
+    def restore(files: dict[str, bytes]) -> dict:
+        nonlocal params, opt_state
+        (params, opt_state), state = from_files(files, (params, opt_state))
+        params, opt_state = jax.device_put((params, opt_state), replicated)
+        return state
+
+    def step_fn(x: np.ndarray, y: np.ndarray) -> float:
+        nonlocal params, opt_state
         local = slice(process * share, (process + 1) * share)
         xs = jax.make_array_from_process_local_data(batch_sharding, prepare(x[local]))
         ys = jax.make_array_from_process_local_data(batch_sharding, y[local].astype("int32"))
         params, opt_state, loss = train_step(params, opt_state, xs, ys)
-        step += 1
-        if step % 50 == 0 or step == total:
-            log("training", step=step, loss=round(float(loss), 5), total_steps=total)
-        if checkpoints and (timer.due(step) or preemption.requested or step == total):
-            state.update(step=step, wall_seconds=state["wall_seconds"] + time.perf_counter() - begun)
-            begun = time.perf_counter()
-            if process == 0:
-                save_seconds.append(checkpoints.save(step, to_files(params, opt_state, state)))
-                log("checkpoint written", step=step, seconds=round(save_seconds[-1], 4))
-            timer.done(step)
-        if preemption.requested:
-            log("SIGTERM: checkpoint written, exiting for preemption", severity="WARNING", step=step)
-            return 0
+        return float(loss)
 
-    wall = state["wall_seconds"] + time.perf_counter() - begun
-    session = time.perf_counter() - session_start
+    def state_files(state: dict) -> dict[str, bytes]:
+        return to_files(params, opt_state, state)
+
+    outcome = runlib.train(args, log, data, checkpoints, preemption, process, restore, step_fn, state_files)
+    if outcome.preempted:
+        return 0
     logits = jax.jit(forward)(params, prepare(data.x_test))
     accuracy = float(np.mean(np.argmax(np.asarray(logits), axis=1) == data.y_test))
-    metrics = {
-        "framework": "jax",
-        "device": device,
-        "steps": step,
-        "wall_seconds": round(wall, 3),
-        "val_accuracy": round(accuracy, 4),
-        "resumes": state["resumes"],
-        "examples_per_second": round((step - start_step) * args.batch_size / session, 1) if session else None,
-        "input_wait_share": round(waited / session, 4) if session else None,
-        "checkpoint_write_seconds": round(float(np.mean(save_seconds)), 4) if save_seconds else None,
-        "checkpoint_restore_seconds": round(restore_seconds, 4),
-        "data_read_seconds": round(data.read_seconds, 4),
-    }
+    metrics = {"framework": "jax", "device": device, **outcome.metrics, "val_accuracy": round(accuracy, 4)}
+    wall = metrics["wall_seconds"]
     print(f"Training took {wall:.1f} s on {device}; final validation accuracy {accuracy:.4f}", flush=True)
     model = {"params.npz": runlib.pack({k: np.asarray(v) for k, v in params.items()})}
     runlib.finish(checkpoints, args.model_dir, model, metrics, process, args.on_completion, args.node)

@@ -29,7 +29,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -312,12 +312,88 @@ def steps_for(args: argparse.Namespace, examples: int) -> int:
     return args.steps or args.epochs * (examples // args.batch_size)
 
 
-# ----------------------------------------------------------------------------------- run skeleton
+# ----------------------------------------------------------------------------------- the training loop
 @dataclass
-class RunState:
+class Outcome:
     step: int
-    resumes: int
-    wall_seconds: float
+    preempted: bool
+    metrics: dict[str, Any]  # steps, wall time, resumes, throughput, checkpoint and input figures
+
+
+def train(
+    args: argparse.Namespace,
+    log: Log,
+    data: Dataset,
+    checkpoints: Checkpoints | None,
+    preemption: Preemption,
+    process: int,
+    restore: Callable[[dict[str, bytes]], dict[str, Any]],
+    step_fn: Callable[[np.ndarray, np.ndarray], float],
+    state_files: Callable[[dict[str, Any]], dict[str, bytes]],
+) -> Outcome:
+    """The loop every workload shares: resume, train, checkpoint on time and on SIGTERM.
+
+    `restore` loads a checkpoint's files into the model and returns its state (step, resumes,
+    wall_seconds); `step_fn` trains one global batch and returns the loss; `state_files` serialises
+    the model and optimizer with the state. Only process 0 writes checkpoints.
+    """
+    total = steps_for(args, len(data.x_train))
+    state: dict[str, Any] = {"step": 0, "resumes": 0, "wall_seconds": 0.0}
+    restore_seconds = 0.0
+    if checkpoints and (latest := checkpoints.latest()):
+        started = time.perf_counter()
+        state = restore(latest[1])
+        state["resumes"] += 1
+        restore_seconds = time.perf_counter() - started
+        log("resumed from checkpoint", step=state["step"], resumes=state["resumes"], seconds=restore_seconds)
+
+    timer = CheckpointTimer(args.checkpoint_every_steps, 60 * args.checkpoint_every_minutes, state["step"])
+    save_seconds: list[float] = []
+    waited = 0.0
+    start_step = step = state["step"]
+    begun = session_start = time.perf_counter()
+    stream = batches(data, args.batch_size, start_step, total)
+    preempted = False
+    while step < total:
+        fetch = time.perf_counter()
+        item = next(stream, None)
+        waited += time.perf_counter() - fetch
+        if item is None:
+            break
+        step, x, y = item
+        loss = step_fn(x, y)
+        step += 1
+        if step % 50 == 0 or step == total:
+            log("training", step=step, loss=round(loss, 5), total_steps=total)
+        if checkpoints and (timer.due(step) or preemption.requested or step == total):
+            state.update(step=step, wall_seconds=state["wall_seconds"] + time.perf_counter() - begun)
+            begun = time.perf_counter()
+            if process == 0:
+                save_seconds.append(checkpoints.save(step, state_files(state)))
+                log("checkpoint written", step=step, seconds=round(save_seconds[-1], 4))
+            timer.done(step)
+        if preemption.requested:
+            log("SIGTERM: checkpoint written, exiting for preemption", severity="WARNING", step=step)
+            preempted = True
+            break
+
+    wall = state["wall_seconds"] + time.perf_counter() - begun
+    session = time.perf_counter() - session_start  # this process only, for throughput figures
+    trained = step - start_step
+    return Outcome(
+        step=step,
+        preempted=preempted,
+        metrics={
+            "steps": step,
+            "wall_seconds": round(wall, 3),
+            "resumes": state["resumes"],
+            "examples_per_second": round(trained * args.batch_size / session, 1) if session else None,
+            "input_wait_share": round(waited / session, 4) if session else None,
+            "checkpoint_write_seconds": round(float(np.mean(save_seconds)), 4) if save_seconds else None,
+            "checkpoint_restore_seconds": round(restore_seconds, 4),
+            "data_read_seconds": round(data.read_seconds, 4),
+        },
+    )
 
 
 def finish(

@@ -16,7 +16,6 @@ import json
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -128,62 +127,19 @@ def main(argv: list[str] | None = None) -> int:
     strategy, device = make_strategy(args.tpu)
     log(f"Running on {device} with {strategy.num_replicas_in_sync} replica(s)", device=device)
     data = load(args.data)
-    total = runlib.steps_for(args, len(data.x_train))
     trainer = Trainer(strategy, args.batch_size)
 
-    state = {"step": 0, "resumes": 0, "wall_seconds": 0.0}
-    restore_seconds = 0.0
-    if checkpoints and (latest := checkpoints.latest()):
-        started = time.perf_counter()
-        state = trainer.restore(latest[1])
-        state["resumes"] += 1
-        restore_seconds = time.perf_counter() - started
-        log("resumed from checkpoint", step=state["step"], resumes=state["resumes"], seconds=restore_seconds)
+    def step_fn(x: np.ndarray, y: np.ndarray) -> float:
+        return float(trainer.train_step(tf.constant(prepare(x)), tf.constant(y.astype("int64"))))
 
-    timer = runlib.CheckpointTimer(args.checkpoint_every_steps, 60 * args.checkpoint_every_minutes, state["step"])
-    save_seconds: list[float] = []
-    waited = 0.0
-    start_step = state["step"]
-    begun = session_start = time.perf_counter()
-    step, loss = state["step"], float("nan")
-    stream = runlib.batches(data, args.batch_size, state["step"], total)
-    while step < total:
-        fetch = time.perf_counter()
-        item = next(stream, None)
-        waited += time.perf_counter() - fetch
-        if item is None:
-            break
-        step, x, y = item
-        loss = float(trainer.train_step(tf.constant(prepare(x)), tf.constant(y.astype("int64"))))
-        step += 1
-        if step % 50 == 0 or step == total:
-            log("training", step=step, loss=round(loss, 5), total_steps=total)
-        if checkpoints and (timer.due(step) or preemption.requested or step == total):
-            state.update(step=step, wall_seconds=state["wall_seconds"] + time.perf_counter() - begun)
-            begun = time.perf_counter()
-            save_seconds.append(checkpoints.save(step, trainer.state_files(state)))
-            timer.done(step)
-            log("checkpoint written", step=step, seconds=round(save_seconds[-1], 4))
-        if preemption.requested:
-            log("SIGTERM: checkpoint written, exiting for preemption", severity="WARNING", step=step)
-            return 0
-
-    wall = state["wall_seconds"] + time.perf_counter() - begun
-    session = time.perf_counter() - session_start  # this process only, for throughput figures
+    outcome = runlib.train(
+        args, log, data, checkpoints, preemption, process, trainer.restore, step_fn, trainer.state_files
+    )
+    if outcome.preempted:
+        return 0
     accuracy = trainer.accuracy(data.x_test, data.y_test)
-    metrics = {
-        "framework": "tensorflow",
-        "device": device,
-        "steps": step,
-        "wall_seconds": round(wall, 3),
-        "val_accuracy": round(accuracy, 4),
-        "resumes": state["resumes"],
-        "examples_per_second": round((step - start_step) * args.batch_size / session, 1) if session else None,
-        "input_wait_share": round(waited / session, 4) if session else None,
-        "checkpoint_write_seconds": round(float(np.mean(save_seconds)), 4) if save_seconds else None,
-        "checkpoint_restore_seconds": round(restore_seconds, 4),
-        "data_read_seconds": round(data.read_seconds, 4),
-    }
+    metrics = {"framework": "tensorflow", "device": device, **outcome.metrics, "val_accuracy": round(accuracy, 4)}
+    wall = metrics["wall_seconds"]
     print(f"Training took {wall:.1f} s on {device}; final validation accuracy {accuracy:.4f}", flush=True)
     runlib.finish(checkpoints, args.model_dir, trainer.saved_model(), metrics, process, args.on_completion, args.node)
     print(json.dumps(metrics), flush=True)
