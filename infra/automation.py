@@ -21,7 +21,7 @@ import pulumi_gcp as gcp
 from infra import iam
 from infra.apis import ProjectApis
 from infra.config import PlatformConfig
-from infra.lifecycle import custom_role_id
+from infra.lifecycle import custom_role
 from infra.storage import PlatformBuckets
 
 SOURCE = Path(__file__).resolve().parents[1] / "functions" / "tpu_guard"
@@ -67,15 +67,10 @@ class TpuGuard(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, depends_on=apis.needs("iam")),
         )
         member = self.account.email.apply(iam.service_account_member)
-        self.role = gcp.projects.IAMCustomRole(
-            f"{name}-role",
-            project=cfg.project,
-            role_id=custom_role_id("tpuPlatformGuard", cfg.stack),
-            title=f"tpu-platform TPU guard ({cfg.stack})",
-            description="List, stop, delete and re-create TPU nodes; nothing else.",
-            permissions=list(GUARD_PERMISSIONS),
-            opts=pulumi.ResourceOptions(parent=self, depends_on=apis.needs("iam")),
-        )
+        self.role = custom_role(
+            name, cfg, apis, self, id_prefix="tpuPlatformGuard", title="TPU guard",
+            description="List, stop, delete and re-create TPU nodes; nothing else.", permissions=GUARD_PERMISSIONS,
+        )  # fmt: skip
         grants: list[pulumi.Resource] = [
             gcp.projects.IAMMember(
                 f"{name}-tpu",

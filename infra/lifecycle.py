@@ -30,6 +30,22 @@ def custom_role_id(prefix: str, stack: str) -> str:
     return prefix + "".join(part.capitalize() for part in stack.split("-"))
 
 
+def custom_role(
+    name: str, cfg: PlatformConfig, apis: ProjectApis, parent: pulumi.Resource, *,
+    id_prefix: str, title: str, description: str, permissions: Sequence[str],
+) -> gcp.projects.IAMCustomRole:  # fmt: skip
+    """A project custom role holding exactly `permissions`: the platform's unit of least privilege."""
+    return gcp.projects.IAMCustomRole(
+        f"{name}-role",
+        project=cfg.project,
+        role_id=custom_role_id(id_prefix, cfg.stack),
+        title=f"tpu-platform: {title} ({cfg.stack})",
+        description=description,
+        permissions=list(permissions),
+        opts=pulumi.ResourceOptions(parent=parent, depends_on=apis.needs("iam")),
+    )
+
+
 class TpuSchedules(pulumi.ComponentResource):
     def __init__(
         self,
@@ -49,15 +65,10 @@ class TpuSchedules(pulumi.ComponentResource):
             project=cfg.project,
             opts=iam_api,
         )
-        self.role = gcp.projects.IAMCustomRole(
-            f"{name}-role",
-            project=cfg.project,
-            role_id=custom_role_id("tpuPlatformScheduler", cfg.stack),
-            title=f"tpu-platform TPU scheduler ({cfg.stack})",
-            description="Start, stop and read TPU nodes; nothing else.",
-            permissions=list(SCHEDULER_PERMISSIONS),
-            opts=iam_api,
-        )
+        self.role = custom_role(
+            name, cfg, apis, self, id_prefix="tpuPlatformScheduler", title="TPU scheduler",
+            description="Start, stop and read TPU nodes; nothing else.", permissions=SCHEDULER_PERMISSIONS,
+        )  # fmt: skip
         grant = gcp.projects.IAMMember(
             f"{name}-grant",
             project=cfg.project,
@@ -121,15 +132,10 @@ class RunToCompletion(pulumi.ComponentResource):
         opts: pulumi.ResourceOptions | None = None,
     ):
         super().__init__("tpu-platform:lifecycle:RunToCompletion", name, None, opts)
-        self.role = gcp.projects.IAMCustomRole(
-            f"{name}-role",
-            project=cfg.project,
-            role_id=custom_role_id("tpuPlatformSelfStop", cfg.stack),
-            title=f"tpu-platform: stop or delete own TPU ({cfg.stack})",
-            description="Granted per TPU VM, conditioned on that node's name.",
-            permissions=list(SELF_STOP_PERMISSIONS),
-            opts=pulumi.ResourceOptions(parent=self, depends_on=apis.needs("iam")),
-        )
+        self.role = custom_role(
+            name, cfg, apis, self, id_prefix="tpuPlatformSelfStop", title="stop or delete own TPU",
+            description="Granted per TPU VM, conditioned on that node's name.", permissions=SELF_STOP_PERMISSIONS,
+        )  # fmt: skip
         for vm in cfg.tpu_vms:
             if vm.on_completion == "keep":
                 continue
