@@ -74,6 +74,7 @@ def parse_cron(text: str) -> Cron:
     return Cron(minutes, hours, days, months, weekdays, parts[2] == "*", parts[4] == "*")
 
 
+@functools.cache  # a fleet usually shares a few schedules; each simulation walks two weeks of minutes
 def running_hours_per_month(start: str, stop: str) -> float:
     """Hours a VM runs in a 30-day month when started and stopped by these crons (steady state)."""
     start_cron, stop_cron = parse_cron(start), parse_cron(stop)

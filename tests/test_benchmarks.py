@@ -1,0 +1,30 @@
+"""The benchmark scripts still run (tiny sizes); their figures are for the README, not asserted."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.workloads import workloads_python
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+def run(*args: str) -> str:
+    done = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_plan_scale_benchmark_runs():
+    out = run("benchmarks/plan_scale.py", "--sizes", "1", "3")
+    assert "marginal cost 1 -> 3 VMs" in out
+
+
+def test_workload_benchmark_runs():
+    out = run("benchmarks/workloads.py", "--python", workloads_python(), "--train", "1024", "--steps", "30")
+    assert "prepare_data:" in out and "tf_mnist" in out and "jax_mnist" in out
