@@ -112,9 +112,12 @@ class Store:
             cut = len(root) + 1 if root else 0
             return sorted(b.name[cut:] for b in bucket.client.list_blobs(bucket, prefix=start))
         base = Path(self.root)
-        if not (base / prefix).exists():
-            return []
-        return sorted(str(p.relative_to(base)) for p in (base / prefix).rglob("*") if p.is_file())
+        # os.walk skips folders that vanish while it walks (a writer rotating old checkpoints away).
+        return sorted(
+            str((Path(folder) / name).relative_to(base))
+            for folder, _, names in os.walk(base / prefix)
+            for name in names
+        )
 
     def exists(self, name: str) -> bool:
         if self.remote:
