@@ -11,8 +11,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import json
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +19,8 @@ import pulumi
 import pulumi_gcp as gcp
 
 from infra import naming
-from infra.schema import Node, Problems
+from infra.config import BILLING_ACCOUNT, GCP_PROJECT_ID
+from infra.schema import Node, Problems, decode_objects
 from infra.stack import raw_stack_config
 
 NAMESPACE = "tpu-platform-bootstrap"
@@ -84,13 +83,10 @@ class BootstrapConfig:
 
 def parse_bootstrap_config(stack: str, raw: dict[str, str]) -> BootstrapConfig:
     problems = Problems()
-    own: dict[str, Any] = {k: v for k, v in raw.items() if k.startswith(f"{NAMESPACE}:")}
     projects_key = f"{NAMESPACE}:environmentProjects"
-    if isinstance(own.get(projects_key), str):  # Pulumi passes lists JSON-encoded
-        with contextlib.suppress(json.JSONDecodeError):  # if not JSON, reported below as "must be a list"
-            own[projects_key] = json.loads(own[projects_key])
+    own = decode_objects({k: v for k, v in raw.items() if k.startswith(f"{NAMESPACE}:")}, [projects_key], problems)
     root = Node(own, "", problems)
-    project = Node(raw, "", problems).str("gcp:project", pattern=r"[a-z][a-z0-9-]{4,28}[a-z0-9]")
+    project = Node(raw, "", problems).str("gcp:project", pattern=GCP_PROJECT_ID, allowed="a GCP project id")
     config = BootstrapConfig(
         project=project,
         repository=root.str(f"{NAMESPACE}:githubRepository", pattern=r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+",
@@ -100,9 +96,9 @@ def parse_bootstrap_config(stack: str, raw: dict[str, str]) -> BootstrapConfig:
         state_bucket=root.str(f"{NAMESPACE}:stateBucket", check=naming.bucket_name_problem),
         location=root.str(f"{NAMESPACE}:location", "us-central1", pattern=r"[a-z]+-[a-z]+\d+",
                           allowed="a region like us-central1"),
-        billing_account=root.str(f"{NAMESPACE}:billingAccount", None, pattern=r"[0-9A-F]{6}-[0-9A-F]{6}-[0-9A-F]{6}",
+        billing_account=root.str(f"{NAMESPACE}:billingAccount", None, pattern=BILLING_ACCOUNT,
                                  allowed="a billing account id like 012345-6789AB-CDEF01"),
-        environment_projects=tuple(root.str_list(projects_key, pattern=r"[a-z][a-z0-9-]{4,28}[a-z0-9]",
+        environment_projects=tuple(root.str_list(projects_key, pattern=GCP_PROJECT_ID,
                                                  allowed="GCP project ids") or ()),
     )  # fmt: skip
     root.done([f"{NAMESPACE}:{k}" for k in KEYS])

@@ -37,10 +37,9 @@ def required_apis(cfg: PlatformConfig) -> tuple[str, ...]:
         apis.append("cloudkms.googleapis.com")
     if cfg.budget.pubsub_topic:
         apis.append("pubsub.googleapis.com")
-    automation = cfg.automation.budget_action or cfg.automation.recovery_every_minutes
-    if any(vm.schedule for vm in cfg.tpu_vms) or cfg.automation.recovery_every_minutes:
+    if cfg.has_schedules or cfg.automation.recovery_every_minutes:
         apis.append("cloudscheduler.googleapis.com")
-    if automation:
+    if cfg.automation.enabled:
         apis += list(AUTOMATION_APIS)
     return tuple(apis)
 

@@ -9,18 +9,16 @@ listing every bad setting with its key, value and what is allowed.
 from __future__ import annotations
 
 import ipaddress
-import json
 import re
 import zoneinfo
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from infra import iam, naming
-from infra.catalog import PROVISIONING_MODELS, AcceleratorType, load_catalog
+from infra.catalog import PROVISIONING_MODELS, RECLAIMABLE, AcceleratorType, load_catalog
 from infra.programs import PROGRAMS
 from infra.schedule import CronError, parse_cron
-from infra.schema import MISSING, ConfigError, Node, Problems
+from infra.schema import MISSING, ConfigError, Node, Problems, decode_objects
 
 PROJECT = "tpu-platform"
 BUCKET_PURPOSES = ("data", "checkpoints", "models")
@@ -135,6 +133,10 @@ class AutomationSettings:
     recovery_every_minutes: int  # 0: no preemption recovery
     recovery_max_attempts: int
 
+    @property
+    def enabled(self) -> bool:
+        return bool(self.budget_action or self.recovery_every_minutes)
+
 
 @dataclass(frozen=True)
 class MonitoringSettings:
@@ -162,6 +164,11 @@ class TpuVmSettings:
     on_completion: str  # keep | stop | delete: what happens to the TPU when its run has finished
 
     @property
+    def reclaimable(self) -> bool:
+        """Spot or preemptible: GCE may take it back at any time."""
+        return self.provisioning in RECLAIMABLE
+
+    @property
     def region(self) -> str:
         return self.zone.rsplit("-", 1)[0]
 
@@ -184,6 +191,14 @@ class PlatformConfig:
     monitoring: MonitoringSettings
     automation: AutomationSettings
     warnings: tuple[str, ...] = ()  # legal settings that are likely mistakes, shown by the plan
+
+    @property
+    def has_schedules(self) -> bool:
+        return any(vm.schedule for vm in self.tpu_vms)
+
+    @property
+    def has_self_stop(self) -> bool:
+        return any(vm.on_completion != "keep" for vm in self.tpu_vms)
 
     def workload(self, name: str) -> WorkloadSettings:
         return next(w for w in self.workloads if w.name == name)
@@ -211,7 +226,10 @@ def service_account_id(workload: str, stack: str) -> str:
 def parse_stack_config(stack: str, raw: Mapping[str, str]) -> PlatformConfig:
     """Parse the raw config of `stack` (keys like `tpu-platform:budget`), or raise ConfigError."""
     problems = Problems()
-    own, gcp = _split_namespaces(stack, raw, problems)
+    own = decode_objects(
+        {k: v for k, v in raw.items() if k.startswith(f"{PROJECT}:")}, [f"{PROJECT}:{k}" for k in OBJECT_KEYS], problems
+    )
+    gcp = {k: v for k, v in raw.items() if k.startswith("gcp:")}
     root = Node(own, "", problems)
 
     if naming.label_value_problem(stack) or not re.fullmatch(r"[a-z][a-z0-9-]{0,11}", stack):
@@ -241,14 +259,7 @@ def parse_stack_config(stack: str, raw: Mapping[str, str]) -> PlatformConfig:
         problems.add(f"{PROJECT}:workloads", MISSING, "declare at least one workload")
     network = _network(root.child(f"{PROJECT}:network"))
     tpu_vms = _tpu_vms(root, {w.name: w for w in workloads}, network)
-    monitoring_node = root.child(f"{PROJECT}:monitoring", {})
-    monitoring = MonitoringSettings(
-        idle_minutes=monitoring_node.number("idleMinutes", 60, minimum=5, maximum=10080, integer=True)
-        if monitoring_node
-        else 60
-    )
-    if monitoring_node:
-        monitoring_node.done()
+    monitoring = _monitoring(root.child(f"{PROJECT}:monitoring", {}))
     automation = _automation(root.child(f"{PROJECT}:automation", {}), budget, tpu_vms)
     root.done([f"{PROJECT}:{k}" for k in SCALAR_KEYS + OBJECT_KEYS])
 
@@ -284,23 +295,6 @@ def parse_stack_config(stack: str, raw: Mapping[str, str]) -> PlatformConfig:
         automation=automation,
         warnings=tuple(f"stack '{stack}': {w}" for w in problems.warnings),
     )
-
-
-def _split_namespaces(stack: str, raw: Mapping[str, str], problems: Problems) -> tuple[dict[str, Any], dict[str, Any]]:
-    own: dict[str, Any] = {}
-    gcp: dict[str, Any] = {}
-    for key, value in raw.items():
-        if key.startswith(f"{PROJECT}:"):
-            if key.removeprefix(f"{PROJECT}:") in OBJECT_KEYS and isinstance(value, str):
-                try:
-                    value = json.loads(value)
-                except json.JSONDecodeError:
-                    problems.add(key, value, "must be a YAML mapping (Pulumi passes it as JSON)")
-                    continue
-            own[key] = value
-        elif key.startswith("gcp:"):
-            gcp[key] = value
-    return own, gcp
 
 
 def _label_value(value: str) -> str | None:
@@ -472,10 +466,12 @@ def _network(node: Node | None) -> NetworkSettings:
 
 def _tpu_vms(root: Node, workloads: dict[str, WorkloadSettings], network: NetworkSettings) -> tuple[TpuVmSettings, ...]:
     vms: list[TpuVmSettings] = []
+    names: set[str] = set()
     for node in root.elements(f"{PROJECT}:tpuVms", []):
         vm = _tpu_vm(node, workloads)
-        if vm.name in {v.name for v in vms}:
+        if vm.name in names:
             node.problems.add(node.key("name"), vm.name, "another TPU VM of this stack has this name")
+        names.add(vm.name)
         workload = workloads.get(vm.workload) if vm.workload else None
         if workload:
             _check_against_catalog(node, vm, workload)
@@ -553,7 +549,7 @@ def _check_against_catalog(node: Node, vm: TpuVmSettings, workload: WorkloadSett
     """The seed's troubleshooting items (S16, S17, S19, S20), caught before anything is created."""
     catalog = load_catalog()
     problems = node.problems
-    if vm.provisioning in ("spot", "preemptible") and workload.access("checkpoints") != "write":
+    if vm.reclaimable and workload.access("checkpoints") != "write":
         problems.add(
             node.key("provisioning"),
             vm.provisioning,
@@ -596,6 +592,14 @@ def _check_against_catalog(node: Node, vm: TpuVmSettings, workload: WorkloadSett
         problems.warn(f"{PROJECT}:workloads.{workload.name}.batchSize", workload.batch_size, advice)
 
 
+def _monitoring(node: Node | None) -> MonitoringSettings:
+    if node is None:
+        return MonitoringSettings(60)
+    settings = MonitoringSettings(idle_minutes=node.number("idleMinutes", 60, minimum=5, maximum=10080, integer=True))
+    node.done()
+    return settings
+
+
 def _automation(node: Node | None, budget: BudgetSettings, vms: tuple[TpuVmSettings, ...]) -> AutomationSettings:
     if node is None:
         return AutomationSettings(None, 100, False, 0, 0)
@@ -619,6 +623,6 @@ def _automation(node: Node | None, budget: BudgetSettings, vms: tuple[TpuVmSetti
         node.problems.add(
             f"{node.key('budgetAction')}", action.data, "needs tpu-platform:budget.pubsubTopic: true to hear the budget"
         )
-    if recovery and recovery.data and not any(vm.provisioning in ("spot", "preemptible") for vm in vms):
+    if recovery and recovery.data and not any(vm.reclaimable for vm in vms):
         node.problems.warn(node.key("recovery"), recovery.data, "no spot or preemptible TPU VM to recover")
     return settings

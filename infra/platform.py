@@ -46,12 +46,12 @@ def build_platform(cfg: PlatformConfig) -> dict[str, Any]:
         )
         for vm in cfg.tpu_vms
     }
-    if any(vm.on_completion != "keep" for vm in cfg.tpu_vms):
+    if cfg.has_self_stop:
         RunToCompletion("run-to-completion", cfg, apis, {n: i.email for n, i in identities.items()})
-    if any(vm.schedule for vm in cfg.tpu_vms):
+    if cfg.has_schedules:
         TpuSchedules("schedules", cfg, apis, {name: vm.node for name, vm in vms.items()})
     TpuMonitoring("monitoring", cfg, apis, budget.channels)
-    if cfg.automation.budget_action or cfg.automation.recovery_every_minutes:
+    if cfg.automation.enabled:
         accounts = {n: i.account for n, i in identities.items()}
         TpuGuard("guard", cfg, apis, buckets, accounts, budget.topic)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,15 +24,20 @@ class Program:
         return WORKLOADS_DIR / self.filename
 
     def source(self) -> str:
-        return self.path.read_text()
+        return _read(self.path)
 
     def files(self) -> tuple[tuple[str, str], ...]:
         """(filename, source) of everything the VM needs; the entry point first."""
-        return ((self.filename, self.source()), *((f, (WORKLOADS_DIR / f).read_text()) for f in SUPPORT_FILES))
+        return ((self.filename, self.source()), *((f, _read(WORKLOADS_DIR / f)) for f in SUPPORT_FILES))
 
     @property
     def all_requirements(self) -> tuple[tuple[str, str], ...]:
         return COMMON_REQUIREMENTS + self.requirements
+
+
+@functools.cache  # read once per run, however many VMs ship the file
+def _read(path: Path) -> str:
+    return path.read_text()
 
 
 PROGRAMS: dict[str, Program] = {

@@ -5,12 +5,11 @@ full key path, so one run reports all bad settings at once, each naming key, val
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
-
-T = TypeVar("T")
+from typing import Any
 
 
 class _Missing:
@@ -71,6 +70,18 @@ def _type_name(value: Any) -> str:
     return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean"}.get(
         type(value), type(value).__name__
     )
+
+
+def decode_objects(raw: Mapping[str, Any], keys: Iterable[str], problems: Problems) -> dict[str, Any]:
+    """`raw` with the values of `keys` JSON-decoded: Pulumi passes object and list config as JSON."""
+    out = dict(raw)
+    for key in keys:
+        if isinstance(out.get(key), str):
+            try:
+                out[key] = json.loads(out[key])
+            except json.JSONDecodeError:
+                problems.add(key, out.pop(key), "must be a YAML mapping or list (Pulumi passes it as JSON)")
+    return out
 
 
 class Node:

@@ -18,6 +18,7 @@ import yaml
 CATALOG_FILE = Path(__file__).with_name("tpu.yaml")
 TF_RUNTIME = re.compile(r"tpu-vm-tf-(?P<version>\d+\.\d+\.\d+)(?P<pod>-pod)?(?P<v4>-v4)?(?P<kind>-pjrt|-se)?")
 PROVISIONING_MODELS = ("on-demand", "spot", "preemptible", "reserved")
+RECLAIMABLE = ("spot", "preemptible")  # GCE may take them back at any time; both bill the spot price
 
 
 def version_key(version: str) -> tuple[int, ...]:
@@ -81,10 +82,6 @@ class AcceleratorType:
     def devices(self) -> int:
         """Devices (replicas) a data-parallel step is sharded over."""
         return self.chips * self.generation.devices_per_chip
-
-    @property
-    def hbm_gib(self) -> float:
-        return self.chips * self.generation.hbm_gib_per_chip
 
 
 @dataclass(frozen=True)
@@ -199,7 +196,7 @@ class TpuCatalog:
         reserved capacity is priced as on-demand here (the conservative bound; discounts vary by contract)."""
         for row in accelerator.generation.prices:
             if row.sizes is None or accelerator.size in row.sizes:
-                price = row.spot if provisioning in ("spot", "preemptible") else row.on_demand
+                price = row.spot if provisioning in RECLAIMABLE else row.on_demand
                 return price, row.region
         raise LookupError(f"no price for {accelerator.name} in the catalog")
 

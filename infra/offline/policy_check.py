@@ -68,9 +68,10 @@ def check_policies(plan: PlanResult, rules: tuple[Rule, ...] = RULES) -> list[Vi
 
         return report
 
+    stack_args = StackValidationArgs(_policy_resources(plan))
     for rule in rules:
         if rule.stack:
-            rule.validate(StackValidationArgs(_policy_resources(plan)), reporter(rule, None))
+            rule.validate(stack_args, reporter(rule, None))
             continue
         for r in plan.resources:
             args = ResourceValidationArgs(r.type, r.inputs, r.urn, r.name, _options(r), None)
