@@ -77,65 +77,61 @@ class TpuMonitoring(pulumi.ComponentResource):
     ):
         super().__init__("tpu-platform:monitoring:TpuMonitoring", name, None, opts)
         child = pulumi.ResourceOptions(parent=self, depends_on=apis.needs("monitoring"))
-        idle_seconds = cfg.monitoring.idle_minutes * 60
-        common = {
-            "project": cfg.project,
-            "combiner": "OR",
-            "notification_channels": [c.name for c in channels],
-            "user_labels": cfg.labels,
-        }
-        self.idle = gcp.monitoring.AlertPolicy(
-            f"{name}-idle",
-            display_name=f"TPU idle > {cfg.monitoring.idle_minutes} min ({cfg.stack})",
-            severity="WARNING",
-            documentation=gcp.monitoring.AlertPolicyDocumentationArgs(
-                content="A TPU is billed while idle. Stop it, let its schedule stop it, or set onCompletion.",
-                mime_type="text/markdown",
+
+        def alert(
+            suffix: str, title: str, severity: str, runbook: str, condition: gcp.monitoring.AlertPolicyConditionArgs
+        ) -> gcp.monitoring.AlertPolicy:
+            return gcp.monitoring.AlertPolicy(
+                f"{name}-{suffix}",
+                project=cfg.project,
+                display_name=f"{title} ({cfg.stack})",
+                severity=severity,
+                documentation=gcp.monitoring.AlertPolicyDocumentationArgs(content=runbook, mime_type="text/markdown"),
+                combiner="OR",
+                conditions=[condition],
+                notification_channels=[c.name for c in channels],
+                user_labels=cfg.labels,
+                opts=child,
+            )
+
+        self.idle = alert(
+            "idle",
+            f"TPU idle > {cfg.monitoring.idle_minutes} min",
+            "WARNING",
+            "A TPU is billed while idle. Stop it, let its schedule stop it, or set onCompletion.",
+            gcp.monitoring.AlertPolicyConditionArgs(
+                display_name="TensorCore idle",
+                condition_threshold=gcp.monitoring.AlertPolicyConditionConditionThresholdArgs(
+                    filter=f'metric.type = "{IDLE}" AND {TPU_WORKER}',
+                    comparison="COMPARISON_GT",
+                    threshold_value=cfg.monitoring.idle_minutes * 60,
+                    duration="0s",
+                    aggregations=[
+                        gcp.monitoring.AlertPolicyConditionConditionThresholdAggregationArgs(
+                            alignment_period="300s", per_series_aligner="ALIGN_MAX"
+                        )
+                    ],
+                ),
             ),
-            conditions=[
-                gcp.monitoring.AlertPolicyConditionArgs(
-                    display_name="TensorCore idle",
-                    condition_threshold=gcp.monitoring.AlertPolicyConditionConditionThresholdArgs(
-                        filter=f'metric.type = "{IDLE}" AND {TPU_WORKER}',
-                        comparison="COMPARISON_GT",
-                        threshold_value=idle_seconds,
-                        duration="0s",
-                        aggregations=[
-                            gcp.monitoring.AlertPolicyConditionConditionThresholdAggregationArgs(
-                                alignment_period="300s", per_series_aligner="ALIGN_MAX"
-                            )
-                        ],
-                    ),
-                )
-            ],
-            opts=child,
-            **common,
         )
-        self.not_reporting = gcp.monitoring.AlertPolicy(
-            f"{name}-not-reporting",
-            display_name=f"TPU VM not reporting ({cfg.stack})",
-            severity="ERROR",
-            documentation=gcp.monitoring.AlertPolicyDocumentationArgs(
-                content="No metrics from a TPU worker for 10 minutes: the node is not READY (stopped, preempted, "
-                "repairing) or its host is down. Check `gcloud compute tpus tpu-vm list`.",
-                mime_type="text/markdown",
+        self.not_reporting = alert(
+            "not-reporting",
+            "TPU VM not reporting",
+            "ERROR",
+            "No metrics from a TPU worker for 10 minutes: the node is not READY (stopped, preempted, "
+            "repairing) or its host is down. Check `gcloud compute tpus tpu-vm list`.",
+            gcp.monitoring.AlertPolicyConditionArgs(
+                display_name="No CPU metrics from a TPU worker",
+                condition_absent=gcp.monitoring.AlertPolicyConditionConditionAbsentArgs(
+                    filter=f'metric.type = "{CPU}" AND {TPU_WORKER}',
+                    duration="600s",
+                    aggregations=[
+                        gcp.monitoring.AlertPolicyConditionConditionAbsentAggregationArgs(
+                            alignment_period="300s", per_series_aligner="ALIGN_MEAN"
+                        )
+                    ],
+                ),
             ),
-            conditions=[
-                gcp.monitoring.AlertPolicyConditionArgs(
-                    display_name="No CPU metrics from a TPU worker",
-                    condition_absent=gcp.monitoring.AlertPolicyConditionConditionAbsentArgs(
-                        filter=f'metric.type = "{CPU}" AND {TPU_WORKER}',
-                        duration="600s",
-                        aggregations=[
-                            gcp.monitoring.AlertPolicyConditionConditionAbsentAggregationArgs(
-                                alignment_period="300s", per_series_aligner="ALIGN_MEAN"
-                            )
-                        ],
-                    ),
-                )
-            ],
-            opts=child,
-            **common,
         )
         self.dashboard = gcp.monitoring.Dashboard(
             f"{name}-dashboard", project=cfg.project, dashboard_json=dashboard_json(cfg), opts=child
