@@ -1,18 +1,31 @@
 """The bootstrap's resources: what CI needs to run `pulumi preview/up` with no key anywhere.
 
-- a GCS bucket for Pulumi state: versioned, uniform access, public access prevented, protected;
-- a KMS key (rotated at most every 90 days, protected) for the `gcpkms://` secrets provider;
-- a Workload Identity pool and GitHub OIDC provider that only accepts the configured repository;
-- two service accounts, each impersonable only through that pool: a previewer (read-only roles on
-  the environment projects) and a deployer (the admin roles the platform's resources need), whose
-  principal also pins the deploy ref. `roles/iam.workloadIdentityUser` is granted on each account,
-  never at project level.
+Run once by an administrator (see the README for the roles that takes, computed by the tests), and
+again whenever `bootstrap/access.json` changes:
+- a GCS bucket for Pulumi state: versioned, soft delete kept 30 days, uniform access, public access
+  prevented, protected;
+- a KMS key (rotated every 90 days, protected) for the `gcpkms://` secrets provider;
+- a Workload Identity pool whose GitHub provider accepts only this repository, pinned by its numeric
+  id and its owner's (a renamed or re-created repository of the same name gets nothing);
+- one previewer for all environments: reads state, decrypts secrets, and holds per environment a
+  custom role of exactly the reads `pulumi preview --refresh` makes (no write at all);
+- one deployer per environment, federated only for that GitHub environment *and* the deploy
+  workflow on the deploy ref, so the environment's required reviewers are a real boundary. It holds a
+  custom role computed from that environment's plan (`bootstrap/access.json`), the project IAM admin
+  role only under a condition listing the roles the plan grants, costs-manager on the billing
+  account, and read-write on its own stack's state only. It can create service accounts and custom
+  roles in its own project, which makes it that environment's administrator, and nothing more;
+- for each environment: Cloud Resource Manager and Service Usage enabled (the provider's user-project
+  header needs them before the first preview), and CMEK keys in other projects granted to the
+  environment's Cloud Storage agent.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pulumi
@@ -24,8 +37,12 @@ from infra.schema import Node, Problems, decode_objects
 from infra.stack import raw_stack_config
 
 NAMESPACE = "tpu-platform-bootstrap"
+PLATFORM_PROJECT = "tpu-platform"  # the Pulumi project name of the platform (its state paths)
 GITHUB_ISSUER = "https://token.actions.githubusercontent.com"
 KEY_ROTATION = "7776000s"  # 90 days
+STATE_SOFT_DELETE = "2592000"  # 30 days to undo a deleted or overwritten state file
+ACCESS_FILE = Path(__file__).resolve().parent / "access.json"
+DEPLOY_WORKFLOW = ".github/workflows/deploy.yml"
 APIS = (
     "cloudresourcemanager.googleapis.com",
     "iam.googleapis.com",
@@ -34,63 +51,78 @@ APIS = (
     "storage.googleapis.com",
     "cloudkms.googleapis.com",
 )
-# Enough for `pulumi preview --refresh`: read every resource type the platform declares, nothing more.
-PREVIEW_ROLES = (
-    "roles/browser",
-    "roles/iam.securityReviewer",
-    "roles/serviceusage.serviceUsageViewer",
-    "roles/compute.viewer",
-    "roles/tpu.viewer",
-    "roles/storage.bucketViewer",
-    "roles/monitoring.viewer",
-    "roles/pubsub.viewer",
-    "roles/cloudscheduler.viewer",
-    "roles/workflows.viewer",
-    "roles/eventarc.viewer",
-)
-# What `pulumi up` of the platform creates, and nothing that impersonates service accounts at project
-# level. serviceAccountAdmin lets the deploy grant itself use of each workload account it creates.
-DEPLOY_ROLES = (
-    "roles/serviceusage.serviceUsageAdmin",
-    "roles/resourcemanager.projectIamAdmin",
-    "roles/iam.serviceAccountAdmin",
-    "roles/iam.roleAdmin",
-    "roles/storage.admin",
-    "roles/compute.networkAdmin",
-    "roles/compute.securityAdmin",
-    "roles/tpu.admin",
-    "roles/monitoring.editor",
-    "roles/pubsub.admin",
-    "roles/cloudscheduler.admin",
-    "roles/workflows.admin",
-    "roles/eventarc.admin",
-)
+# Enabled in each environment project before its first preview: with gcp:userProjectOverride the
+# provider sends X-Goog-User-Project on every call (terraform-provider-google transport/config.go),
+# which Google accepts only once these are on (hashicorp/terraform-provider-google#11435).
+ENVIRONMENT_APIS = ("cloudresourcemanager.googleapis.com", "serviceusage.googleapis.com")
+PROJECT_IAM_ADMIN = "roles/resourcemanager.projectIamAdmin"
+# What whoever runs the bootstrap needs, by where (tests/test_access.py proves these cover its plan):
+# on the admin project and each environment project; on the billing account; on the project of
+# each CMEK key. No basic role.
+BOOTSTRAP_ADMIN_ROLES: dict[str, tuple[str, ...]] = {
+    "project": (
+        "roles/serviceusage.serviceUsageAdmin",
+        "roles/resourcemanager.projectIamAdmin",
+        "roles/iam.serviceAccountAdmin",
+        "roles/iam.roleAdmin",
+        "roles/iam.workloadIdentityPoolAdmin",
+        "roles/storage.admin",
+        "roles/cloudkms.admin",
+    ),
+    "billing": ("roles/billing.admin",),
+    "kms": ("roles/cloudkms.admin",),
+}
+ENCRYPTER_DECRYPTER = "roles/cloudkms.cryptoKeyEncrypterDecrypter"
 
 
-KEYS = ("githubRepository", "deployRef", "stateBucket", "location", "billingAccount", "environmentProjects")
+KEYS = (
+    "githubRepository",
+    "githubRepositoryId",
+    "githubRepositoryOwnerId",
+    "deployRef",
+    "stateBucket",
+    "location",
+    "billingAccount",
+    "environments",
+)
 
 
 @dataclass(frozen=True)
 class BootstrapConfig:
     project: str
     repository: str
+    repository_id: str
+    repository_owner_id: str
     deploy_ref: str
     state_bucket: str
     location: str
     billing_account: str | None
-    environment_projects: tuple[str, ...]
+    environments: dict[str, str]  # stack -> its GCP project
 
 
 def parse_bootstrap_config(stack: str, raw: dict[str, str]) -> BootstrapConfig:
     problems = Problems()
-    projects_key = f"{NAMESPACE}:environmentProjects"
-    own = decode_objects({k: v for k, v in raw.items() if k.startswith(f"{NAMESPACE}:")}, [projects_key], problems)
+    envs_key = f"{NAMESPACE}:environments"
+    own = decode_objects({k: v for k, v in raw.items() if k.startswith(f"{NAMESPACE}:")}, [envs_key], problems)
     root = Node(own, "", problems)
     project = Node(raw, "", problems).str("gcp:project", pattern=GCP_PROJECT_ID, allowed="a GCP project id")
+    environments: dict[str, str] = {}
+    for name, value, key in root.entries(envs_key):
+        if not re.fullmatch(r"[a-z][a-z0-9-]{0,15}", name):
+            problems.add(key, name, "a stack name of 1-16 lowercase letters, digits and '-'")
+        else:
+            env_project = root.check_str(key, value, pattern=GCP_PROJECT_ID, allowed="a GCP project id")
+            if env_project is not None:
+                environments[name] = env_project
+    numeric = r"[0-9]{1,20}"
     config = BootstrapConfig(
         project=project,
         repository=root.str(f"{NAMESPACE}:githubRepository", pattern=r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+",
                             allowed="owner/name of a GitHub repository"),
+        repository_id=root.str(f"{NAMESPACE}:githubRepositoryId", pattern=numeric,
+                               allowed="the repository's numeric id (gh api repos/OWNER/NAME --jq .id)"),
+        repository_owner_id=root.str(f"{NAMESPACE}:githubRepositoryOwnerId", pattern=numeric,
+                                     allowed="the owner's numeric id (gh api repos/OWNER/NAME --jq .owner.id)"),
         deploy_ref=root.str(f"{NAMESPACE}:deployRef", "refs/heads/main", pattern=r"refs/(heads|tags)/[A-Za-z0-9_./-]+",
                             allowed="a full git ref like refs/heads/main"),
         state_bucket=root.str(f"{NAMESPACE}:stateBucket", check=naming.bucket_name_problem),
@@ -98,23 +130,72 @@ def parse_bootstrap_config(stack: str, raw: dict[str, str]) -> BootstrapConfig:
                           allowed="a region like us-central1"),
         billing_account=root.str(f"{NAMESPACE}:billingAccount", None, pattern=BILLING_ACCOUNT,
                                  allowed="a billing account id like 012345-6789AB-CDEF01"),
-        environment_projects=tuple(root.str_list(projects_key, pattern=GCP_PROJECT_ID,
-                                                 allowed="GCP project ids") or ()),
+        environments=environments,
     )  # fmt: skip
     root.done([f"{NAMESPACE}:{k}" for k in KEYS])
+    access = read_access()
+    for name, env_project in environments.items():
+        entry = access.get(name)
+        if entry is None:
+            problems.add(f"{envs_key}.{name}", name, f"a stack planned in {ACCESS_FILE.name}: {', '.join(access)}")
+        elif entry["project"] != env_project:
+            planned = f"the project of Pulumi.{name}.yaml ({entry['project']}), as planned in {ACCESS_FILE.name}"
+            problems.add(f"{envs_key}.{name}", env_project, planned)
     problems.raise_if_any(stack)
     return config
+
+
+def read_access() -> dict[str, Any]:
+    return json.loads(ACCESS_FILE.read_text())
 
 
 def load_bootstrap_config() -> BootstrapConfig:
     return parse_bootstrap_config(pulumi.get_stack(), raw_stack_config())
 
 
+def role_suffix(stack: str) -> str:
+    """Custom role ids allow letters, digits, '_' and '.' only."""
+    return "".join(part.capitalize() for part in stack.split("-"))
+
+
+def deployer_account_id(stack: str) -> str:
+    return f"tpu-deployer-{stack}"
+
+
+def modified_grants_condition(roles: list[str]) -> str:
+    """Grant or revoke only these roles (cloud.google.com/iam/docs/setting-limits-on-granting-roles)."""
+    listed = ", ".join(f"'{role}'" for role in roles)
+    return f"api.getAttribute('iam.googleapis.com/modifiedGrantsByRole', []).hasOnly([{listed}])"
+
+
+def state_paths_condition(bucket: str, stack: str) -> str:
+    """The deployer reads and writes its own stack's state files only.
+
+    Pulumi's DIY backend keeps a stack under `.pulumi/{stacks,history,backups,locks}/<project>/<stack>`
+    and reads `.pulumi/meta.yaml`. Object reads and writes are checked on the object (`resource.name`);
+    listing is checked on the bucket, so it is limited with the `objectListPrefix` API attribute
+    (Cloud Storage, "IAM Conditions: API attributes").
+    """
+    objects = f"projects/_/buckets/{bucket}/objects/"
+    own = [f".pulumi/{kind}/{PLATFORM_PROJECT}/{stack}" for kind in ("stacks", "history", "backups", "locks")]
+    names = " || ".join(f"resource.name.startsWith('{objects}{path}')" for path in own)
+    lists = " || ".join(
+        f"api.getAttribute('storage.googleapis.com/objectListPrefix', '').startsWith('{path}')"
+        for path in [*own, f".pulumi/stacks/{PLATFORM_PROJECT}/"]
+    )
+    return f"{names} || resource.name == '{objects}.pulumi/meta.yaml' || {lists}"
+
+
 def _principal_set(pool: gcp.iam.WorkloadIdentityPool, attribute: str, value: str) -> pulumi.Output[str]:
     return pool.name.apply(lambda name: f"principalSet://iam.googleapis.com/{name}/attribute.{attribute}/{value}")
 
 
+def _member(account: gcp.serviceaccount.Account) -> pulumi.Output[str]:
+    return account.email.apply(lambda email: f"serviceAccount:{email}")
+
+
 def build_bootstrap(cfg: BootstrapConfig) -> dict[str, Any]:
+    access = read_access()
     services = [
         gcp.projects.Service(f"api-{api.split('.')[0]}", project=cfg.project, service=api, disable_on_destroy=False)
         for api in APIS
@@ -130,6 +211,9 @@ def build_bootstrap(cfg: BootstrapConfig) -> dict[str, Any]:
         uniform_bucket_level_access=True,
         public_access_prevention="enforced",
         versioning=gcp.storage.BucketVersioningArgs(enabled=True),
+        # A deleted or overwritten state object stays recoverable for 30 days (previews take no lock
+        # on a GCS backend: pulumi/pulumi#8642), on top of the 50 kept versions.
+        soft_delete_policy=gcp.storage.BucketSoftDeletePolicyArgs(retention_duration_seconds=int(STATE_SOFT_DELETE)),
         lifecycle_rules=[
             gcp.storage.BucketLifecycleRuleArgs(
                 action=gcp.storage.BucketLifecycleRuleActionArgs(type="Delete"),
@@ -166,63 +250,143 @@ def build_bootstrap(cfg: BootstrapConfig) -> dict[str, Any]:
         attribute_mapping={
             "google.subject": "assertion.sub",
             "attribute.repository": "assertion.repository",
-            "attribute.ref": "assertion.ref",
-            "attribute.repository_ref": "assertion.repository + '@' + assertion.ref",
+            "attribute.repository_id": "assertion.repository_id",
+            # GitHub's token names the job's environment only when the job has one, and always the
+            # workflow file and ref that run it (GitHub, "About security hardening with OpenID Connect").
+            "attribute.deploy": (
+                "(has(assertion.environment) ? assertion.environment : 'none') + '@' + assertion.job_workflow_ref"
+            ),
         },
-        # Tokens from any other repository are refused by the provider itself.
-        attribute_condition=f"assertion.repository == '{cfg.repository}'",
+        # Numeric ids, not the name: a deleted-and-recreated repository, or one renamed into the old name,
+        # keeps the name but not the id (GitHub's OIDC claims repository_id, repository_owner_id).
+        attribute_condition=(
+            f"assertion.repository_id == '{cfg.repository_id}' && "
+            f"assertion.repository_owner_id == '{cfg.repository_owner_id}'"
+        ),
         opts=after_apis,
     )
 
-    accounts: dict[str, gcp.serviceaccount.Account] = {}
-    for role_name, who, roles in (
-        ("previewer", _principal_set(pool, "repository", cfg.repository), PREVIEW_ROLES),
-        ("deployer", _principal_set(pool, "repository_ref", f"{cfg.repository}@{cfg.deploy_ref}"), DEPLOY_ROLES),
-    ):
-        account = gcp.serviceaccount.Account(
-            f"ci-{role_name}",
-            account_id=f"tpu-platform-ci-{role_name}",
-            display_name=f"tpu-platform CI {role_name} (GitHub {cfg.repository})",
-            project=cfg.project,
-            opts=after_apis,
+    def account(name: str, account_id: str, display: str) -> gcp.serviceaccount.Account:
+        return gcp.serviceaccount.Account(
+            name, account_id=account_id, display_name=display, project=cfg.project, opts=after_apis
         )
-        accounts[role_name] = account
-        member = account.email.apply(lambda email: f"serviceAccount:{email}")
+
+    def federate(name: str, target: gcp.serviceaccount.Account, who: pulumi.Output[str]) -> None:
         gcp.serviceaccount.IAMMember(
-            f"ci-{role_name}-federated",
-            service_account_id=account.name,
-            role="roles/iam.workloadIdentityUser",
-            member=who,
+            name, service_account_id=target.name, role="roles/iam.workloadIdentityUser", member=who
+        )
+
+    previewer = account("ci-previewer", "tpu-platform-ci-previewer", f"tpu-platform CI previewer ({cfg.repository})")
+    federate("ci-previewer-federated", previewer, _principal_set(pool, "repository_id", cfg.repository_id))
+    # A preview reads state and decrypts its secrets, and can write neither.
+    gcp.storage.BucketIAMMember(
+        "ci-previewer-state", bucket=state.name, role="roles/storage.objectViewer", member=_member(previewer)
+    )
+    gcp.kms.CryptoKeyIAMMember(
+        "ci-previewer-secrets",
+        crypto_key_id=key.id,
+        role="roles/cloudkms.cryptoKeyDecrypter",
+        member=_member(previewer),
+    )
+    if cfg.billing_account:
+        gcp.billing.AccountIamMember(
+            "ci-previewer-billing",
+            billing_account_id=cfg.billing_account,
+            role="roles/billing.viewer",
+            member=_member(previewer),
+        )
+
+    deployers: dict[str, pulumi.Output[str]] = {}
+    for stack, project in sorted(cfg.environments.items()):
+        entry = access[stack]
+        env_apis = [
+            gcp.projects.Service(
+                f"{stack}-api-{api.split('.')[0]}", project=project, service=api, disable_on_destroy=False
+            )
+            for api in ENVIRONMENT_APIS
+        ]
+        in_env = pulumi.ResourceOptions(depends_on=env_apis)
+        deployer = account(f"deployer-{stack}", deployer_account_id(stack), f"tpu-platform deployer of {stack}")
+        deployers[stack] = deployer.email
+        member = _member(deployer)
+        workflow = f"{cfg.repository}/{DEPLOY_WORKFLOW}@{cfg.deploy_ref}"
+        federate(f"deployer-{stack}-federated", deployer, _principal_set(pool, "deploy", f"{stack}@{workflow}"))
+
+        role = gcp.projects.IAMCustomRole(
+            f"deployer-{stack}-role",
+            project=project,
+            role_id=f"tpuPlatformDeployer{role_suffix(stack)}",
+            title=f"tpu-platform: deployer of {stack}",
+            description="Computed from the environment's plan (bootstrap/access.json); nothing else.",
+            permissions=entry["deployerPermissions"],
+            opts=in_env,
+        )
+        gcp.projects.IAMMember(f"deployer-{stack}-grant", project=project, role=role.name, member=member, opts=in_env)
+        gcp.projects.IAMMember(
+            f"deployer-{stack}-grants-only-platform-roles",
+            project=project,
+            role=PROJECT_IAM_ADMIN,
+            member=member,
+            condition=gcp.projects.IAMMemberConditionArgs(
+                title="only-platform-roles",
+                description=f"Grant and revoke only the roles the {stack} plan grants",
+                expression=modified_grants_condition(entry["grantableRoles"]),
+            ),
+            opts=in_env,
         )
         gcp.storage.BucketIAMMember(
-            f"ci-{role_name}-state", bucket=state.name, role="roles/storage.objectUser", member=member
+            f"deployer-{stack}-state",
+            bucket=state.name,
+            role="roles/storage.objectUser",
+            member=member,
+            condition=gcp.storage.BucketIAMMemberConditionArgs(
+                title=f"own-state-{stack}",
+                description=f"Only the state of stack {stack}",
+                expression=state_paths_condition(cfg.state_bucket, stack),
+            ),
         )
         gcp.kms.CryptoKeyIAMMember(
-            f"ci-{role_name}-secrets",
-            crypto_key_id=key.id,
-            role="roles/cloudkms.cryptoKeyEncrypterDecrypter",
-            member=member,
+            f"deployer-{stack}-secrets", crypto_key_id=key.id, role=ENCRYPTER_DECRYPTER, member=member
         )
-        for project in cfg.environment_projects:
-            for role in roles:
-                gcp.projects.IAMMember(
-                    f"ci-{role_name}-{project}-{re.sub(r'[^a-zA-Z0-9]+', '-', role.removeprefix('roles/'))}",
-                    project=project,
-                    role=role,
-                    member=member,
-                )
-        if cfg.billing_account:
+        for account_id in entry["billingAccounts"]:
             gcp.billing.AccountIamMember(
-                f"ci-{role_name}-billing",
-                billing_account_id=cfg.billing_account,
-                role="roles/billing.viewer" if role_name == "previewer" else "roles/billing.costsManager",
+                f"deployer-{stack}-billing-{account_id}",
+                billing_account_id=account_id,
+                role="roles/billing.costsManager",
                 member=member,
             )
+
+        preview_role = gcp.projects.IAMCustomRole(
+            f"previewer-{stack}-role",
+            project=project,
+            role_id=f"tpuPlatformPreviewer{role_suffix(stack)}",
+            title=f"tpu-platform: previewer of {stack}",
+            description="The reads of `pulumi preview --refresh` (bootstrap/access.json); no write.",
+            permissions=entry["previewerPermissions"],
+            opts=in_env,
+        )
+        gcp.projects.IAMMember(
+            f"previewer-{stack}-grant", project=project, role=preview_role.name, member=_member(previewer), opts=in_env
+        )
+
+        if entry["cmekKeys"]:
+            # The environment's Cloud Storage agent uses keys kept in another project; the grant is made
+            # here so that the deployer needs no right on those keys.
+            agent = gcp.storage.get_project_service_account_output(
+                project=project, opts=pulumi.InvokeOutputOptions(depends_on=env_apis)
+            )
+            for index, key_name in enumerate(entry["cmekKeys"]):
+                gcp.kms.CryptoKeyIAMMember(
+                    f"{stack}-cmek-{index}-storage-agent",
+                    crypto_key_id=key_name,
+                    role=ENCRYPTER_DECRYPTER,
+                    member=agent.member,
+                )
 
     return {
         "stateBackend": state.name.apply(lambda name: f"gs://{name}"),
         "secretsProvider": key.id.apply(lambda key_id: f"gcpkms://{key_id}"),
         "workloadIdentityProvider": provider.name,
-        "previewServiceAccount": accounts["previewer"].email,
-        "deployServiceAccount": accounts["deployer"].email,
+        "previewServiceAccount": previewer.email,
+        "deployServiceAccounts": deployers,
     }

@@ -31,15 +31,18 @@ BASE_APIS = (
 )
 
 
+def guard_needed(cfg: PlatformConfig) -> bool:
+    """The TPU guard serves budget actions, recovery, run completion and scheduled starts."""
+    return bool(cfg.automation.enabled or cfg.has_self_stop or cfg.has_schedules)
+
+
 def required_apis(cfg: PlatformConfig) -> tuple[str, ...]:
     apis: list[str] = list(BASE_APIS)
-    if cfg.buckets.kms_key_name:
-        apis.append("cloudkms.googleapis.com")
     if cfg.budget.pubsub_topic:
         apis.append("pubsub.googleapis.com")
     if cfg.has_schedules or cfg.automation.recovery_every_minutes:
         apis.append("cloudscheduler.googleapis.com")
-    if cfg.automation.enabled:
+    if guard_needed(cfg):
         apis += list(AUTOMATION_APIS)
     return tuple(apis)
 

@@ -1,38 +1,68 @@
-"""Budget actions and preemption recovery (S13, S14, S19): the TPU guard on Cloud Run functions.
+"""The TPU guard: budget actions, preemption recovery, run completion and scheduled starts, as Cloud Run
+functions (2nd gen) whose decisions are pure, tested Python in `functions/tpu_guard/`.
 
-Why functions rather than Cloud Workflows: the decisions (which node, when to give up, dry run)
-are Python in `functions/tpu_guard/decisions.py`, tested offline on recorded node listings, and the
-same file runs in the cloud. Nothing to operate: Eventarc delivers the budget's Pub/Sub messages,
-Cloud Scheduler calls the recovery with an OIDC token.
+It is deployed in every stack that uses a feature needing it: a budget action, recovery, a VM with
+`onCompletion: stop|delete`, or a schedule (starts go through it).
 
-Identity: one guard account with a custom role holding only the TPU permissions the guard uses, use
-of each workload account (a re-created node runs as it), and write access to its own recovery
-counters in the checkpoints bucket. The scheduler's invoker account may only invoke the recovery.
+Identities (each grant has its evidence next to it):
+- the guard account: a custom role with exactly the TPU permissions of the guard's calls; act-as on
+  each workload account (a re-created node runs as it); the run-status bucket (completion markers,
+  its recovery records); Eventarc's event receiver (Cloud Storage events) and `run.invoker` on the
+  functions its triggers call;
+- an invoker account for Cloud Scheduler: `run.invoker` on the recovery and scheduled-start services.
+  A 2nd-gen function is served by the Cloud Run service of its name, and `roles/run.invoker` on that
+  service authorises the call; `roles/cloudfunctions.invoker` does not (Cloud Scheduler's "Use
+  authentication with HTTP targets"; the provider's `cloudfunctions2_function` scheduler example);
+- a build account: functions build with it, not with the Compute default account that new projects
+  use and that may lack `cloudbuild.builds.builder` (Cloud Run functions, "Configure the build
+  service account");
+- Google's agents: Eventarc's service agent is provisioned and granted `roles/eventarc.serviceAgent`
+  before any trigger exists ("Permission denied while using the Eventarc Service Agent"), and the
+  Cloud Storage agent may publish to Pub/Sub, which direct Cloud Storage events need (Eventarc,
+  "Roles and permissions for Cloud Run functions targets").
+The deployer gets act-as on the guard, invoker and build accounts; each function waits for them.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import pulumi
 import pulumi_gcp as gcp
 
-from infra import iam
+from infra import grants, iam
 from infra.apis import ProjectApis
 from infra.config import PlatformConfig
-from infra.lifecycle import custom_role
-from infra.storage import PlatformBuckets
+from infra.lifecycle import StartTarget, custom_role
 
 SOURCE = Path(__file__).resolve().parents[1] / "functions" / "tpu_guard"
 SOURCE_FILES = ("main.py", "decisions.py", "requirements.txt")
+# The REST methods the guard's code calls (functions/tpu_guard/main.py), and so its role.
+GUARD_METHODS = (
+    "tpu.projects.locations.nodes.list",
+    "tpu.projects.locations.nodes.get",
+    "tpu.projects.locations.nodes.stop",
+    "tpu.projects.locations.nodes.start",
+    "tpu.projects.locations.nodes.delete",
+    "tpu.projects.locations.nodes.create",
+    "tpu.projects.locations.operations.get",
+)
 GUARD_PERMISSIONS = (
     "tpu.nodes.list",
+    "tpu.nodes.get",
     "tpu.nodes.stop",
+    "tpu.nodes.start",
     "tpu.nodes.delete",
     "tpu.nodes.create",
     "tpu.operations.get",
 )
+BUILDER_ROLE = "roles/cloudbuild.builds.builder"
+EVENTARC_AGENT_ROLE = "roles/eventarc.serviceAgent"
+EVENT_RECEIVER_ROLE = "roles/eventarc.eventReceiver"
+PUBLISHER_ROLE = "roles/pubsub.publisher"
+INVOKER_ROLE = "roles/run.invoker"
 
 
 def source_digest() -> str:
@@ -42,15 +72,26 @@ def source_digest() -> str:
     return digest.hexdigest()[:16]
 
 
+def completion_actions(cfg: PlatformConfig) -> str:
+    """What the guard does when a VM's run completes: decided here, never by the marker's content."""
+    return json.dumps(
+        {vm.name: {"action": vm.on_completion, "zone": vm.zone} for vm in cfg.tpu_vms if vm.on_completion != "keep"},
+        sort_keys=True,
+    )
+
+
 class TpuGuard(pulumi.ComponentResource):
     def __init__(
         self,
         name: str,
         cfg: PlatformConfig,
         apis: ProjectApis,
-        buckets: PlatformBuckets,
+        encryption: gcp.storage.BucketEncryptionArgs | None,
+        storage_ready: list[pulumi.Resource],
         workload_accounts: dict[str, gcp.serviceaccount.Account],
+        status_bucket: gcp.storage.Bucket,
         topic: gcp.pubsub.Topic | None,
+        budget_name: pulumi.Output[str],
         opts: pulumi.ResourceOptions | None = None,
     ):
         super().__init__("tpu-platform:automation:TpuGuard", name, None, opts)
@@ -58,45 +99,78 @@ class TpuGuard(pulumi.ComponentResource):
         region = cfg.region
         child = pulumi.ResourceOptions(parent=self)
         needs = apis.needs("cloudfunctions", "run", "cloudbuild", "artifactregistry", "eventarc")
+        crm = apis.needs("cloudresourcemanager")
 
-        self.account = gcp.serviceaccount.Account(
-            f"{name}-sa",
-            account_id=f"tpu-guard-{cfg.stack}",
-            display_name=f"TPU guard: budget actions and preemption recovery ({cfg.stack})",
-            project=cfg.project,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=apis.needs("iam")),
-        )
+        def account(suffix: str, account_id: str, display: str) -> gcp.serviceaccount.Account:
+            return gcp.serviceaccount.Account(
+                f"{name}-{suffix}",
+                account_id=account_id,
+                display_name=display,
+                project=cfg.project,
+                opts=pulumi.ResourceOptions(parent=self, depends_on=apis.needs("iam")),
+            )
+
+        self.account = account("sa", f"tpu-guard-{cfg.stack}", f"TPU guard ({cfg.stack})")
+        self.invoker = account("invoker", f"tpu-guard-invoker-{cfg.stack}", f"Invokes the TPU guard ({cfg.stack})")
+        self.builder = account("builder", f"tpu-guard-build-{cfg.stack}", f"Builds the TPU guard ({cfg.stack})")
         member = self.account.email.apply(iam.service_account_member)
+        invoker_member = self.invoker.email.apply(iam.service_account_member)
         self.role = custom_role(
             name, cfg, apis, self, id_prefix="tpuPlatformGuard", title="TPU guard",
-            description="List, stop, delete and re-create TPU nodes; nothing else.", permissions=GUARD_PERMISSIONS,
+            description="List, read, stop, start, delete and re-create TPU nodes; nothing else.",
+            permissions=GUARD_PERMISSIONS,
         )  # fmt: skip
-        grants: list[pulumi.Resource] = [
-            gcp.projects.IAMMember(
-                f"{name}-tpu",
-                project=cfg.project,
-                role=self.role.name,
-                member=member,
-                opts=pulumi.ResourceOptions(parent=self, depends_on=apis.needs("cloudresourcemanager")),
+        agent = gcp.projects.ServiceIdentity(
+            f"{name}-eventarc-agent",
+            project=cfg.project,
+            service="eventarc.googleapis.com",
+            opts=pulumi.ResourceOptions(parent=self, depends_on=apis.needs("eventarc")),
+        )
+        storage_agent = gcp.storage.get_project_service_account_output(
+            project=cfg.project, opts=pulumi.InvokeOutputOptions(depends_on=apis.needs("storage"))
+        )
+        ready: list[pulumi.Resource] = [
+            grants.project_role(
+                f"{name}-tpu", cfg.project, self.role.name, member, parent=self, depends_on=crm,
+                permissions=frozenset(GUARD_PERMISSIONS),
             ),
+            grants.project_role(
+                f"{name}-receiver", cfg.project, EVENT_RECEIVER_ROLE, member, parent=self, depends_on=crm
+            ),
+            grants.project_role(
+                f"{name}-eventarc-agent", cfg.project, EVENTARC_AGENT_ROLE,
+                agent.email.apply(iam.service_account_member), parent=self, depends_on=crm,
+            ),
+            grants.project_role(
+                f"{name}-storage-agent-publisher", cfg.project, PUBLISHER_ROLE, storage_agent.member,
+                parent=self, depends_on=crm,
+            ),
+            grants.project_role(
+                f"{name}-builder", cfg.project, BUILDER_ROLE, self.builder.email.apply(iam.service_account_member),
+                parent=self, depends_on=crm,
+            ),
+            # Completion markers to read, recovery records to keep: the status bucket only.
             gcp.storage.BucketIAMMember(
-                f"{name}-state",
-                bucket=buckets.buckets["checkpoints"].name,
-                role="roles/storage.objectUser",
-                member=member,
-                opts=child,
+                f"{name}-status", bucket=status_bucket.name, role="roles/storage.objectUser", member=member, opts=child
             ),
-        ]
-        for workload, account in workload_accounts.items():
-            grants.append(
+        ]  # fmt: skip
+        for workload, workload_account in workload_accounts.items():
+            ready.append(
                 gcp.serviceaccount.IAMMember(
                     f"{name}-act-as-{workload}",
-                    service_account_id=account.name,
-                    role="roles/iam.serviceAccountUser",
+                    service_account_id=workload_account.name,
+                    role=grants.SERVICE_ACCOUNT_USER,
                     member=member,
                     opts=child,
                 )
             )
+        invoker_ready: list[pulumi.Resource] = []
+        if cfg.deployer:
+            ready += [
+                grants.act_as(f"{name}-deployer-act-as", self.account, cfg.deployer, self),
+                grants.act_as(f"{name}-deployer-act-as-builder", self.builder, cfg.deployer, self),
+            ]
+            invoker_ready.append(grants.act_as(f"{name}-deployer-act-as-invoker", self.invoker, cfg.deployer, self))
 
         source_bucket = gcp.storage.Bucket(
             f"{name}-source",
@@ -105,10 +179,10 @@ class TpuGuard(pulumi.ComponentResource):
             location=cfg.buckets.location,
             uniform_bucket_level_access=True,
             public_access_prevention="enforced",
-            encryption=buckets.encryption,
+            encryption=encryption,
             force_destroy=True,  # build input only: rebuilt from the repository on every change
             labels={**cfg.labels, "purpose": "functions-source"},
-            opts=pulumi.ResourceOptions(parent=self, depends_on=buckets.ready),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=storage_ready),
         )
         archive = gcp.storage.BucketObject(
             f"{name}-archive",
@@ -117,15 +191,27 @@ class TpuGuard(pulumi.ComponentResource):
             source=pulumi.AssetArchive({f: pulumi.FileAsset(str(SOURCE / f)) for f in SOURCE_FILES}),
             opts=child,
         )
+        ready.append(
+            # The build reads its source as the build account.
+            gcp.storage.BucketIAMMember(
+                f"{name}-builder-source",
+                bucket=source_bucket.name,
+                role="roles/storage.objectViewer",
+                member=self.builder.email.apply(iam.service_account_member),
+                opts=child,
+            )
+        )
         settings = {
             "PROJECT": cfg.project,
             "ENVIRONMENT": cfg.stack,
             "ZONES": ",".join(sorted({vm.zone for vm in cfg.tpu_vms})),
-            "STATE_BUCKET": cfg.bucket_name("checkpoints"),
+            "STATE_BUCKET": status_bucket.name,
+            "STATUS_BUCKET": status_bucket.name,
+            "COMPLETION_ACTIONS": completion_actions(cfg),
         }
 
         def function(
-            suffix: str, entry_point: str, extra: dict[str, str], trigger=None
+            suffix: str, entry_point: str, extra: dict[str, pulumi.Input[str]], trigger=None, timeout: int = 300
         ) -> gcp.cloudfunctionsv2.Function:
             return gcp.cloudfunctionsv2.Function(
                 f"{name}-{suffix}",
@@ -135,6 +221,7 @@ class TpuGuard(pulumi.ComponentResource):
                 build_config=gcp.cloudfunctionsv2.FunctionBuildConfigArgs(
                     runtime="python312",
                     entry_point=entry_point,
+                    service_account=self.builder.id,
                     source=gcp.cloudfunctionsv2.FunctionBuildConfigSourceArgs(
                         storage_source=gcp.cloudfunctionsv2.FunctionBuildConfigSourceStorageSourceArgs(
                             bucket=source_bucket.name, object=archive.name
@@ -146,12 +233,23 @@ class TpuGuard(pulumi.ComponentResource):
                     environment_variables={**settings, **extra},
                     ingress_settings="ALLOW_INTERNAL_ONLY",
                     max_instance_count=1,  # one guard at a time: no two recoveries of one node
-                    timeout_seconds=1800 if suffix == "recovery" else 300,
+                    timeout_seconds=timeout,
                     available_memory="256M",
                 ),
                 event_trigger=trigger,
                 labels=cfg.labels,
-                opts=pulumi.ResourceOptions(parent=self, depends_on=[*needs, *grants]),
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[*needs, *ready, agent]),
+            )
+
+        def invoke_grant(suffix: str, fn: gcp.cloudfunctionsv2.Function, who: pulumi.Output[str]) -> pulumi.Resource:
+            return gcp.cloudrunv2.ServiceIamMember(
+                f"{name}-{suffix}",
+                project=cfg.project,
+                location=region,
+                name=fn.name,  # a 2nd-gen function is served by the Cloud Run service of its name
+                role=INVOKER_ROLE,
+                member=who,
+                opts=child,
             )
 
         self.budget_function = None
@@ -163,6 +261,8 @@ class TpuGuard(pulumi.ComponentResource):
                     "BUDGET_ACTION": auto.budget_action,
                     "BUDGET_AT_PERCENT": f"{auto.budget_at_percent:g}",
                     "DRY_RUN": "true" if auto.dry_run else "false",
+                    "BILLING_ACCOUNT": cfg.billing_account,
+                    "BUDGET_NAME": budget_name,
                 },
                 gcp.cloudfunctionsv2.FunctionEventTriggerArgs(
                     trigger_region=region,
@@ -172,35 +272,35 @@ class TpuGuard(pulumi.ComponentResource):
                     service_account_email=self.account.email,
                 ),
             )
-            gcp.cloudrunv2.ServiceIamMember(
-                f"{name}-budget-invoker",
-                project=cfg.project,
-                location=region,
-                name=self.budget_function.name,  # a 2nd-gen function runs as the Run service of its name
-                role="roles/run.invoker",
-                member=member,
-                opts=child,
+            invoke_grant("budget-invoker", self.budget_function, member)
+
+        self.complete_function = None
+        if cfg.has_self_stop:
+            # Direct Cloud Storage events: the trigger's region is the bucket's location.
+            self.complete_function = function(
+                "complete",
+                "on_complete",
+                {},
+                gcp.cloudfunctionsv2.FunctionEventTriggerArgs(
+                    trigger_region=cfg.buckets.location.lower(),
+                    event_type="google.cloud.storage.object.v1.finalized",
+                    event_filters=[
+                        gcp.cloudfunctionsv2.FunctionEventTriggerEventFilterArgs(
+                            attribute="bucket", value=status_bucket.name
+                        )
+                    ],
+                    retry_policy="RETRY_POLICY_RETRY",
+                    service_account_email=self.account.email,
+                ),
             )
+            invoke_grant("complete-invoker", self.complete_function, member)
 
         self.recovery_function = None
         if auto.recovery_every_minutes:
-            self.recovery_function = function("recovery", "recover", {"MAX_ATTEMPTS": str(auto.recovery_max_attempts)})
-            invoker = gcp.serviceaccount.Account(
-                f"{name}-invoker",
-                account_id=f"tpu-guard-invoker-{cfg.stack}",
-                display_name=f"Invokes the TPU recovery ({cfg.stack})",
-                project=cfg.project,
-                opts=pulumi.ResourceOptions(parent=self, depends_on=apis.needs("iam")),
+            self.recovery_function = function(
+                "recovery", "recover", {"MAX_ATTEMPTS": str(auto.recovery_max_attempts)}, timeout=1800
             )
-            invoke = gcp.cloudfunctionsv2.FunctionIamMember(
-                f"{name}-recovery-invoker",
-                project=cfg.project,
-                location=region,
-                cloud_function=self.recovery_function.name,
-                role="roles/cloudfunctions.invoker",
-                member=invoker.email.apply(iam.service_account_member),
-                opts=child,
-            )
+            invoker_ready.append(invoke_grant("recovery-invoker", self.recovery_function, invoker_member))
             gcp.cloudscheduler.Job(
                 f"{name}-recovery-schedule",
                 name=f"tpu-recovery-{cfg.stack}",
@@ -213,9 +313,15 @@ class TpuGuard(pulumi.ComponentResource):
                     uri=self.recovery_function.url,
                     http_method="POST",
                     oidc_token=gcp.cloudscheduler.JobHttpTargetOidcTokenArgs(
-                        service_account_email=invoker.email, audience=self.recovery_function.url
+                        service_account_email=self.invoker.email, audience=self.recovery_function.url
                     ),
                 ),
-                opts=pulumi.ResourceOptions(parent=self, depends_on=[*apis.needs("cloudscheduler"), invoke]),
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[*apis.needs("cloudscheduler"), *invoker_ready]),
             )
-        self.register_outputs({})
+
+        self.start: StartTarget | None = None
+        if cfg.has_schedules:
+            start_function = function("scheduled-start", "scheduled_start", {})
+            invoker_ready.append(invoke_grant("start-invoker", start_function, invoker_member))
+            self.start = StartTarget(start_function.url, self.invoker.email, list(invoker_ready))
+        self.register_outputs({"account": self.account.email})

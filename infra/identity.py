@@ -10,9 +10,18 @@ from __future__ import annotations
 import pulumi
 import pulumi_gcp as gcp
 
-from infra import iam
+from infra import grants, iam
 from infra.apis import ProjectApis
 from infra.config import PlatformConfig, WorkloadSettings, service_account_id
+
+# The REST methods a workload's program calls (workloads/runlib.py), by where they are granted: it
+# reads data, reads and writes checkpoints and models, and writes logs and metrics. No TPU method.
+WORKLOAD_METHODS: dict[str, tuple[str, ...]] = {
+    "data": ("storage.objects.get", "storage.objects.list"),
+    "checkpoints": ("storage.objects.get", "storage.objects.list", "storage.objects.insert", "storage.objects.delete"),
+    "models": ("storage.objects.get", "storage.objects.list", "storage.objects.insert", "storage.objects.delete"),
+    "project": ("logging.entries.write", "monitoring.projects.timeSeries.create"),
+}
 
 
 class WorkloadIdentity(pulumi.ComponentResource):
@@ -40,14 +49,13 @@ class WorkloadIdentity(pulumi.ComponentResource):
 
         self.grants: list[pulumi.Resource] = []
         for role in workload.project_roles:
-            grant = gcp.projects.IAMMember(
+            grant = grants.project_role(
                 f"{name}-{role.removeprefix('roles/').replace('.', '-')}",
-                project=cfg.project,
-                role=role,
-                member=member,
-                opts=pulumi.ResourceOptions.merge(
-                    child, pulumi.ResourceOptions(depends_on=apis.needs("cloudresourcemanager"))
-                ),
+                cfg.project,
+                role,
+                member,
+                parent=self,
+                depends_on=apis.needs("cloudresourcemanager"),
             )
             self.grants.append(grant)
         for purpose, access in workload.bucket_access:
@@ -60,12 +68,7 @@ class WorkloadIdentity(pulumi.ComponentResource):
             )
             self.grants.append(grant)
         if cfg.deployer:
-            # Attaching this account to a TPU VM needs actAs on it: granted on this account only.
-            gcp.serviceaccount.IAMMember(
-                f"{name}-deployer-act-as",
-                service_account_id=self.account.name,
-                role="roles/iam.serviceAccountUser",
-                member=iam.service_account_member(cfg.deployer),
-                opts=child,
-            )
+            # Attaching this account to a TPU VM needs actAs on it (nodes.create checks it), so the
+            # VM waits for this grant like for the others.
+            self.grants.append(grants.act_as(f"{name}-deployer-act-as", self.account, cfg.deployer, self))
         self.register_outputs({"email": self.email})

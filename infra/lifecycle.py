@@ -1,23 +1,32 @@
-"""Scheduled stop/start of TPU VMs (S15): Cloud Scheduler calls the TPU API with OAuth.
+"""A TPU VM's life: scheduled stop and start, and what happens when its run is complete.
 
-The calls run as a dedicated scheduler service account holding one custom role with exactly the
-permissions stop/start need, so a leaked schedule can do nothing else.
+- Stops: Cloud Scheduler calls the TPU API's `nodes.stop` with OAuth as a scheduler account whose
+  custom role holds exactly get and stop.
+- Starts go through the TPU guard's `scheduled-start` function (OIDC), which starts a node only if
+  its run is not complete: a finished run is never booted again by the next morning's schedule.
+- Run to completion: the workload writes `<vm>/COMPLETE` in the run-status bucket (its account may
+  write only under its own VM's prefix); the guard, told by the object's finalize event, stops or
+  deletes the node. The VM holds no TPU right at all (Cloud TPU ignores resource conditions, so a
+  grant "on its own node" cannot be expressed: reference/gcp-iam/README.md).
 """
 
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import pulumi
 import pulumi_gcp as gcp
 
-from infra import iam
+from infra import grants, iam
 from infra.apis import ProjectApis
 from infra.config import PlatformConfig, TpuVmSettings
 
-SCHEDULER_PERMISSIONS = ("tpu.nodes.get", "tpu.nodes.start", "tpu.nodes.stop")
-SELF_STOP_PERMISSIONS = ("tpu.nodes.get", "tpu.nodes.stop", "tpu.nodes.delete")
+# The REST methods the scheduler account calls, and so the exact permissions of its role.
+SCHEDULER_METHODS = ("tpu.projects.locations.nodes.get", "tpu.projects.locations.nodes.stop")
+SCHEDULER_PERMISSIONS = ("tpu.nodes.get", "tpu.nodes.stop")
 TPU_API = "https://tpu.googleapis.com/v2"
 
 
@@ -46,6 +55,15 @@ def custom_role(
     )
 
 
+@dataclass(frozen=True)
+class StartTarget:
+    """Where scheduled starts go: the guard's function, called with OIDC as its invoker account."""
+
+    url: pulumi.Output[str]
+    invoker_email: pulumi.Output[str]
+    ready: list[pulumi.Resource]  # the invoker's act-as and run.invoker grants
+
+
 class TpuSchedules(pulumi.ComponentResource):
     def __init__(
         self,
@@ -53,6 +71,7 @@ class TpuSchedules(pulumi.ComponentResource):
         cfg: PlatformConfig,
         apis: ProjectApis,
         nodes: dict[str, pulumi.Resource],
+        start: StartTarget,
         opts: pulumi.ResourceOptions | None = None,
     ):
         super().__init__("tpu-platform:lifecycle:TpuSchedules", name, None, opts)
@@ -61,50 +80,80 @@ class TpuSchedules(pulumi.ComponentResource):
         self.account = gcp.serviceaccount.Account(
             f"{name}-sa",
             account_id=f"tpu-scheduler-{cfg.stack}",
-            display_name=f"TPU stop/start schedules ({cfg.stack})",
+            display_name=f"TPU stop schedules ({cfg.stack})",
             project=cfg.project,
             opts=iam_api,
         )
         self.role = custom_role(
             name, cfg, apis, self, id_prefix="tpuPlatformScheduler", title="TPU scheduler",
-            description="Start, stop and read TPU nodes; nothing else.", permissions=SCHEDULER_PERMISSIONS,
+            description="Stop and read TPU nodes; nothing else.", permissions=SCHEDULER_PERMISSIONS,
         )  # fmt: skip
-        grant = gcp.projects.IAMMember(
-            f"{name}-grant",
-            project=cfg.project,
-            role=self.role.name,
-            member=self.account.email.apply(iam.service_account_member),
-            opts=pulumi.ResourceOptions(parent=self, depends_on=apis.needs("cloudresourcemanager")),
-        )
+        ready: list[pulumi.Resource] = [
+            grants.project_role(
+                f"{name}-grant",
+                cfg.project,
+                self.role.name,
+                self.account.email.apply(iam.service_account_member),
+                parent=self,
+                depends_on=apis.needs("cloudresourcemanager"),
+                permissions=frozenset(SCHEDULER_PERMISSIONS),
+            )
+        ]
+        if cfg.deployer:  # a job with an OAuth token attaches the account: act-as checked on it
+            ready.append(grants.act_as(f"{name}-deployer-act-as", self.account, cfg.deployer, self))
         self.jobs: list[gcp.cloudscheduler.Job] = []
         for vm in scheduled:
             assert vm.schedule is not None
-            for action, cron in (("start", vm.schedule.start), ("stop", vm.schedule.stop)):
-                self.jobs.append(
-                    gcp.cloudscheduler.Job(
-                        f"{name}-{vm.name}-{action}",
-                        name=f"tpu-{vm.name}-{action}",
-                        project=cfg.project,
-                        region=vm.region,
-                        description=f"{action.capitalize()} TPU VM {vm.name} ({cfg.stack})",
-                        schedule=cron,
-                        time_zone=vm.schedule.time_zone,
-                        http_target=gcp.cloudscheduler.JobHttpTargetArgs(
-                            uri=f"{node_url(cfg.project, vm)}:{action}",
-                            http_method="POST",
-                            body=base64.b64encode(b"{}").decode(),
-                            headers={"Content-Type": "application/json"},
-                            oauth_token=gcp.cloudscheduler.JobHttpTargetOauthTokenArgs(
-                                service_account_email=self.account.email,
-                                scope="https://www.googleapis.com/auth/cloud-platform",
-                            ),
+            if vm.name not in nodes:
+                continue  # deleted once its run completed: nothing left to start or stop
+            after = pulumi.ResourceOptions(parent=self, depends_on=[*apis.needs("cloudscheduler"), nodes[vm.name]])
+            # Stop: the TPU API directly (cloudscheduler.v1 HttpTarget with an OAuth token).
+            self.jobs.append(
+                gcp.cloudscheduler.Job(
+                    f"{name}-{vm.name}-stop",
+                    name=f"tpu-{vm.name}-stop",
+                    project=cfg.project,
+                    region=vm.region,
+                    description=f"Stop TPU VM {vm.name} ({cfg.stack})",
+                    schedule=vm.schedule.stop,
+                    time_zone=vm.schedule.time_zone,
+                    http_target=gcp.cloudscheduler.JobHttpTargetArgs(
+                        uri=f"{node_url(cfg.project, vm)}:stop",
+                        http_method="POST",
+                        body=base64.b64encode(b"{}").decode(),
+                        headers={"Content-Type": "application/json"},
+                        oauth_token=gcp.cloudscheduler.JobHttpTargetOauthTokenArgs(
+                            service_account_email=self.account.email,
+                            scope="https://www.googleapis.com/auth/cloud-platform",
                         ),
-                        retry_config=gcp.cloudscheduler.JobRetryConfigArgs(retry_count=3),
-                        opts=pulumi.ResourceOptions(
-                            parent=self, depends_on=[*apis.needs("cloudscheduler"), grant, nodes[vm.name]]
-                        ),
-                    )
+                    ),
+                    retry_config=gcp.cloudscheduler.JobRetryConfigArgs(retry_count=3),
+                    opts=pulumi.ResourceOptions.merge(after, pulumi.ResourceOptions(depends_on=ready)),
                 )
+            )
+            # Start: through the guard, which refuses to boot a VM whose run is complete.
+            self.jobs.append(
+                gcp.cloudscheduler.Job(
+                    f"{name}-{vm.name}-start",
+                    name=f"tpu-{vm.name}-start",
+                    project=cfg.project,
+                    region=vm.region,
+                    description=f"Start TPU VM {vm.name} unless its run is complete ({cfg.stack})",
+                    schedule=vm.schedule.start,
+                    time_zone=vm.schedule.time_zone,
+                    http_target=gcp.cloudscheduler.JobHttpTargetArgs(
+                        uri=start.url,
+                        http_method="POST",
+                        body=base64.b64encode(json.dumps({"node": vm.name}).encode()).decode(),
+                        headers={"Content-Type": "application/json"},
+                        oidc_token=gcp.cloudscheduler.JobHttpTargetOidcTokenArgs(
+                            service_account_email=start.invoker_email, audience=start.url
+                        ),
+                    ),
+                    retry_config=gcp.cloudscheduler.JobRetryConfigArgs(retry_count=3),
+                    opts=pulumi.ResourceOptions.merge(after, pulumi.ResourceOptions(depends_on=start.ready)),
+                )
+            )
         self.register_outputs({"account": self.account.email})
 
 
@@ -116,11 +165,18 @@ def schedule_outputs(vms: Sequence[TpuVmSettings]) -> dict[str, dict[str, str]]:
     }
 
 
-class RunToCompletion(pulumi.ComponentResource):
-    """Lets a workload stop or delete its own TPU when its run is complete (onCompletion).
+def status_prefix(vm: str) -> str:
+    return f"{vm}/"
 
-    One custom role with stop/delete/get, granted to each such workload's account under an IAM
-    condition naming its own node, so a workload cannot touch another TPU.
+
+class RunStatus(pulumi.ComponentResource):
+    """The run-status bucket: completion markers, and the guard's own records.
+
+    Kept by `pulumi destroy` in every stack (a completed run must stay completed), versioned, private.
+    Each workload account may read and write only under the prefixes of the VMs it runs on: Cloud
+    Storage recognises `resource.name` in conditions (conditions-resource-attributes), and the object
+    name is `projects/_/buckets/BUCKET/objects/NAME`. Listing is checked on the bucket, not the object,
+    so the workload reads its marker by name (`objects.get`) and never lists.
     """
 
     def __init__(
@@ -129,27 +185,37 @@ class RunToCompletion(pulumi.ComponentResource):
         cfg: PlatformConfig,
         apis: ProjectApis,
         accounts: dict[str, pulumi.Output[str]],
+        encryption: gcp.storage.BucketEncryptionArgs | None,
+        ready: list[pulumi.Resource],
         opts: pulumi.ResourceOptions | None = None,
     ):
-        super().__init__("tpu-platform:lifecycle:RunToCompletion", name, None, opts)
-        self.role = custom_role(
-            name, cfg, apis, self, id_prefix="tpuPlatformSelfStop", title="stop or delete own TPU",
-            description="Granted per TPU VM, conditioned on that node's name.", permissions=SELF_STOP_PERMISSIONS,
-        )  # fmt: skip
+        super().__init__("tpu-platform:lifecycle:RunStatus", name, None, opts)
+        self.bucket_name = cfg.bucket_name("status")
+        self.bucket = gcp.storage.Bucket(
+            f"{name}-bucket",
+            name=self.bucket_name,
+            project=cfg.project,
+            location=cfg.buckets.location,
+            uniform_bucket_level_access=True,
+            public_access_prevention="enforced",
+            versioning=gcp.storage.BucketVersioningArgs(enabled=True),
+            encryption=encryption,
+            labels={**cfg.labels, "purpose": "run-status"},
+            opts=pulumi.ResourceOptions(parent=self, depends_on=ready, retain_on_delete=True, protect=cfg.production),
+        )
+        self.grants: dict[str, pulumi.Resource] = {}
         for vm in cfg.tpu_vms:
-            if vm.on_completion == "keep":
-                continue
-            node = f"projects/{cfg.project}/locations/{vm.zone}/nodes/{vm.name}"
-            gcp.projects.IAMMember(
-                f"{name}-{vm.name}",
-                project=cfg.project,
-                role=self.role.name,
+            objects = f"projects/_/buckets/{self.bucket_name}/objects/{status_prefix(vm.name)}"
+            self.grants[vm.name] = gcp.storage.BucketIAMMember(
+                f"{name}-{vm.name}-writer",
+                bucket=self.bucket.name,
+                role="roles/storage.objectUser",
                 member=accounts[vm.workload].apply(iam.service_account_member),
-                condition=gcp.projects.IAMMemberConditionArgs(
-                    title=f"only-{vm.name}"[:100],
-                    description=f"{vm.on_completion} TPU VM {vm.name} when its run is complete",
-                    expression=f'resource.name == "{node}"',
+                condition=gcp.storage.BucketIAMMemberConditionArgs(
+                    title=f"run-status-{vm.name}"[:100],
+                    description=f"Only the run status of TPU VM {vm.name}",
+                    expression=f'resource.name.startsWith("{objects}")',
                 ),
-                opts=pulumi.ResourceOptions(parent=self, depends_on=apis.needs("cloudresourcemanager")),
+                opts=pulumi.ResourceOptions(parent=self),
             )
-        self.register_outputs({})
+        self.register_outputs({"bucket": self.bucket.name})

@@ -106,11 +106,7 @@ class PrivateNetwork(pulumi.ComponentResource):
                 description="Traffic between the workers of TPU slices",
                 opts=child,
             )
-        gcp.compute.ProjectMetadataItem(
-            f"{name}-oslogin",
-            project=cfg.project,
-            key="enable-oslogin",
-            value="TRUE",
-            opts=compute,
-        )
+        # OS Login is switched on in each TPU VM's own metadata (infra/tpu/metadata.py), not project-wide:
+        # project metadata (setCommonInstanceMetadata) would also need act-as on the Compute default account
+        # (reference/gcp-iam/methods.json), and would change every VM of the project.
         self.register_outputs({"network": self.network.self_link})

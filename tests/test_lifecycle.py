@@ -1,15 +1,18 @@
-"""Scheduled stop/start: Cloud Scheduler jobs calling the TPU API as a narrowly scoped account."""
+"""A TPU VM's life: scheduled stops through the TPU API, starts through the guard, run completion."""
 
 from __future__ import annotations
 
 import base64
+import json
 
-from infra.lifecycle import SCHEDULER_PERMISSIONS, SELF_STOP_PERMISSIONS
+from infra.lifecycle import SCHEDULER_PERMISSIONS
+from infra.offline.mocks import GcpMocks, RecordingMonitor
+from infra.offline.runner import run_program
 from tests.support import plan, stack_config, with_object
 from tests.test_config_tpu import vm_problems
 
 
-def test_jobs_stop_and_start_the_node_through_the_tpu_api():
+def test_jobs_stop_through_the_tpu_api_and_start_through_the_guard():
     result = plan(stack_config())
     jobs = {j.inputs["name"]: j for j in result.of_type("gcp:cloudscheduler/job:Job")}
     assert set(jobs) == {"tpu-mnist-v2-spot-start", "tpu-mnist-v2-spot-stop"}
@@ -24,15 +27,22 @@ def test_jobs_stop_and_start_the_node_through_the_tpu_api():
     assert target["oauthToken"]["serviceAccountEmail"] == "tpu-scheduler-dev@acme-ml-sandbox.iam.gserviceaccount.com"
     (node,) = result.of_type("gcp:tpu/v2Vm:V2Vm")
     assert node.urn in stop.dependencies
+    start = jobs["tpu-mnist-v2-spot-start"].inputs
+    assert (
+        start["httpTarget"]["uri"] == "https://us-central1-acme-ml-sandbox.cloudfunctions.net/tpu-scheduled-start-dev"
+    )
+    assert json.loads(base64.b64decode(start["httpTarget"]["body"])) == {"node": "mnist-v2-spot"}
+    invoker = "tpu-guard-invoker-dev@acme-ml-sandbox.iam.gserviceaccount.com"
+    assert start["httpTarget"]["oidcToken"]["serviceAccountEmail"] == invoker
 
 
-def test_the_custom_role_holds_only_start_stop_and_get():
+def test_the_custom_role_holds_only_stop_and_get():
     result = plan(stack_config())
     (role,) = [
         r for r in result.of_type("gcp:projects/iAMCustomRole:IAMCustomRole") if "Scheduler" in r.inputs["roleId"]
     ]
     assert sorted(role.inputs["permissions"]) == sorted(SCHEDULER_PERMISSIONS)
-    assert set(SCHEDULER_PERMISSIONS) == {"tpu.nodes.get", "tpu.nodes.start", "tpu.nodes.stop"}
+    assert set(SCHEDULER_PERMISSIONS) == {"tpu.nodes.get", "tpu.nodes.stop"}
     grants = [g for g in result.of_type("gcp:projects/iAMMember:IAMMember") if "scheduler" in g.inputs["member"]]
     assert [g.inputs["role"] for g in grants] == [f"projects/acme-ml-sandbox/roles/{role.inputs['roleId']}"]
 
@@ -55,22 +65,53 @@ def test_bad_schedules():
     assert "tpuVms[0].schedule.timeZone = 'Mars/Olympus': an IANA time zone" in message
 
 
-def test_a_finished_run_may_stop_only_its_own_node():
+def test_a_finished_run_holds_no_tpu_right_and_writes_only_its_own_status():
     result = plan(stack_config())
-    (role,) = [
-        r for r in result.of_type("gcp:projects/iAMCustomRole:IAMCustomRole") if "SelfStop" in r.inputs["roleId"]
+    roles = {r.inputs["roleId"] for r in result.of_type("gcp:projects/iAMCustomRole:IAMCustomRole")}
+    assert roles == {"tpuPlatformSchedulerDev", "tpuPlatformGuardDev"}
+    workload = "serviceAccount:tpu-mnist-dev@acme-ml-sandbox.iam.gserviceaccount.com"
+    assert not [g for g in result.of_type("gcp:projects/iAMMember:IAMMember") if g.inputs["member"] == workload
+                and g.inputs["role"].startswith("projects/")]  # fmt: skip
+    (status,) = [
+        g for g in result.of_type("gcp:storage/bucketIAMMember:BucketIAMMember") if g.name.startswith("run-status")
     ]
-    assert sorted(role.inputs["permissions"]) == sorted(SELF_STOP_PERMISSIONS)
-    (grant,) = [g for g in result.of_type("gcp:projects/iAMMember:IAMMember") if g.name.startswith("run-to-completion")]
-    assert grant.inputs["member"] == "serviceAccount:tpu-mnist-dev@acme-ml-sandbox.iam.gserviceaccount.com"
-    assert grant.inputs["condition"]["expression"] == (
-        'resource.name == "projects/acme-ml-sandbox/locations/us-central1-b/nodes/mnist-v2-spot"'
+    assert status.inputs["member"] == workload
+    assert status.inputs["condition"]["expression"] == (
+        'resource.name.startsWith("projects/_/buckets/acme-ml-sandbox-dev-status/objects/mnist-v2-spot/")'
     )
-    env = result.of_type("gcp:tpu/v2Vm:V2Vm")[0].inputs["metadata"]["tpu-platform-env"]
-    assert "TPU_PLATFORM_ON_COMPLETION=stop\n" in env
 
 
-def test_keep_grants_nothing():
-    raw = with_object(stack_config(), "tpuVms", lambda vms: vms[0].update(onCompletion="keep"))
-    roles = plan(raw).of_type("gcp:projects/iAMCustomRole:IAMCustomRole")
-    assert [r.inputs["roleId"] for r in roles] == ["tpuPlatformSchedulerDev"]
+def test_the_guard_acts_on_completion_as_the_stack_says_never_as_the_marker_says():
+    result = plan(stack_config())
+    (complete,) = [f for f in result.of_type("gcp:cloudfunctionsv2/function:Function") if f.name == "guard-complete"]
+    env = complete.inputs["serviceConfig"]["environmentVariables"]
+    assert json.loads(env["COMPLETION_ACTIONS"]) == {"mnist-v2-spot": {"action": "stop", "zone": "us-central1-b"}}
+    trigger = complete.inputs["eventTrigger"]
+    assert trigger["eventType"] == "google.cloud.storage.object.v1.finalized"
+    assert trigger["eventFilters"] == [{"attribute": "bucket", "value": "acme-ml-sandbox-dev-status"}]
+
+
+def test_the_status_bucket_survives_destroy():
+    (bucket,) = [b for b in plan(stack_config()).of_type("gcp:storage/bucket:Bucket") if b.name == "run-status-bucket"]
+    assert bucket.retain_on_delete and bucket.inputs["versioning"] == {"enabled": True}
+
+
+def completed_plan(raw: dict[str, str], *markers: str):
+    monitor = RecordingMonitor(GcpMocks("acme-ml-sandbox", {"acme-ml-sandbox-dev-status": list(markers)}))
+    return run_program("dev", raw, monitor=monitor)
+
+
+def test_a_vm_deleted_on_completion_is_no_longer_declared():
+    raw = with_object(stack_config(), "tpuVms", lambda vms: vms[0].update(onCompletion="delete"))
+    assert plan(raw).of_type("gcp:tpu/v2Vm:V2Vm")
+    result = completed_plan(raw, "mnist-v2-spot/COMPLETE", "other-vm/COMPLETE")
+    assert not result.of_type("gcp:tpu/v2Vm:V2Vm")
+    assert not result.of_type("gcp:cloudscheduler/job:Job")  # nothing left to stop or start
+    assert any("mnist-v2-spot completed its run and was deleted" in w for w in result.warnings)
+    assert ("gcp:storage/getBucketObjects:getBucketObjects", {"bucket": "acme-ml-sandbox-dev-status",
+            "matchGlob": "*/COMPLETE"}) in result.invokes  # fmt: skip
+
+
+def test_a_stopped_vm_stays_declared_when_complete():
+    result = completed_plan(stack_config(), "mnist-v2-spot/COMPLETE")
+    assert result.of_type("gcp:tpu/v2Vm:V2Vm")  # stop keeps the node (and its disk); the guard refuses starts

@@ -48,6 +48,10 @@ def test_ssh_only_from_iap_and_nothing_from_anywhere():
         assert [r.inputs["sourceTags"] for r in internal] == [["tpu-vm"]]
 
 
-def test_os_login_is_on_for_the_project():
-    (item,) = plan(stack_config()).of_type("gcp:compute/projectMetadataItem:ProjectMetadataItem")
-    assert (item.inputs["key"], item.inputs["value"]) == ("enable-oslogin", "TRUE")
+def test_os_login_is_on_per_vm_not_project_wide():
+    """Project metadata would need setCommonInstanceMetadata and act-as on the Compute default
+    account (reference/gcp-iam/methods.json); each VM's own metadata switches OS Login on instead."""
+    result = plan(stack_config())
+    assert not result.of_type("gcp:compute/projectMetadataItem:ProjectMetadataItem")
+    for vm in result.of_type("gcp:tpu/v2Vm:V2Vm"):
+        assert vm.inputs["metadata"]["enable-oslogin"] == "TRUE"

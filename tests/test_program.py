@@ -11,12 +11,19 @@ from infra.offline.runner import plan_stack
 # Hand-written inventories: a change in what a stack creates must show up here, on purpose.
 INVENTORY = {
     "dev": {
-        "gcp:projects/service:Service": 9,
-        "gcp:storage/bucket:Bucket": 3,
-        "gcp:serviceaccount/account:Account": 2,
-        "gcp:serviceaccount/iAMMember:IAMMember": 1,
-        "gcp:projects/iAMMember:IAMMember": 4,
-        "gcp:storage/bucketIAMMember:BucketIAMMember": 3,
+        # 8 base + Cloud Scheduler and the 5 serverless APIs of the guard (completion, scheduled starts).
+        "gcp:projects/service:Service": 14,
+        "gcp:storage/bucket:Bucket": 5,  # data, checkpoints, models, run status, the guard's function source
+        "gcp:storage/bucketObject:BucketObject": 1,
+        "gcp:serviceaccount/account:Account": 5,  # workload, scheduler, guard, guard invoker, guard build
+        # the deployer may attach the workload, scheduler, guard, invoker and build accounts; the guard the workload
+        "gcp:serviceaccount/iAMMember:IAMMember": 6,
+        # log + metric writer; scheduler and guard roles; event receiver; Eventarc agent; Storage agent
+        # publisher; builder
+        "gcp:projects/iAMMember:IAMMember": 8,
+        "gcp:projects/serviceIdentity:ServiceIdentity": 1,  # Eventarc's service agent
+        # data, checkpoints, models; the VM's own status prefix; the guard's status; the builder's source
+        "gcp:storage/bucketIAMMember:BucketIAMMember": 6,
         "gcp:monitoring/notificationChannel:NotificationChannel": 1,
         "gcp:billing/budget:Budget": 1,
         "tpu-platform:project:Apis": 1,
@@ -28,29 +35,32 @@ INVENTORY = {
         "gcp:compute/router:Router": 1,
         "gcp:compute/routerNat:RouterNat": 1,
         "gcp:compute/firewall:Firewall": 2,
-        "gcp:compute/projectMetadataItem:ProjectMetadataItem": 1,
         "gcp:tpu/v2Vm:V2Vm": 1,
         "tpu-platform:network:PrivateNetwork": 1,
         "tpu-platform:tpu:TpuVm": 1,
-        "gcp:projects/iAMCustomRole:IAMCustomRole": 2,
+        "gcp:projects/iAMCustomRole:IAMCustomRole": 2,  # scheduler, guard
         "gcp:cloudscheduler/job:Job": 2,
+        "gcp:cloudfunctionsv2/function:Function": 2,  # completion, scheduled start
+        "gcp:cloudrunv2/serviceIamMember:ServiceIamMember": 2,
         "tpu-platform:lifecycle:TpuSchedules": 1,
-        "tpu-platform:lifecycle:RunToCompletion": 1,
+        "tpu-platform:lifecycle:RunStatus": 1,
+        "tpu-platform:automation:TpuGuard": 1,
         "gcp:monitoring/alertPolicy:AlertPolicy": 2,
         "gcp:monitoring/dashboard:Dashboard": 1,
         "tpu-platform:monitoring:TpuMonitoring": 1,
     },
     "prod": {
-        # 10 base + KMS and Pub/Sub APIs; + Cloud Scheduler and the 5 serverless APIs of the TPU guard.
-        "gcp:projects/service:Service": 16,
-        "gcp:storage/bucket:Bucket": 4,  # data, checkpoints, models + the guard's function source
+        # 8 base + Pub/Sub; + Cloud Scheduler and the 5 serverless APIs of the TPU guard. The CMEK key's
+        # grant is the bootstrap's, so no Cloud KMS API here.
+        "gcp:projects/service:Service": 15,
+        "gcp:storage/bucket:Bucket": 5,
         "gcp:storage/bucketObject:BucketObject": 1,
-        "gcp:kms/cryptoKeyIAMMember:CryptoKeyIAMMember": 1,
-        "gcp:serviceaccount/account:Account": 3,  # the workload, the guard, the guard's invoker
-        "gcp:serviceaccount/iAMMember:IAMMember": 2,  # CI deployer and guard may use the workload account
-        "gcp:projects/iAMMember:IAMMember": 4,  # log + metric writer, guard role, self-delete of the spot VM
-        "gcp:projects/iAMCustomRole:IAMCustomRole": 2,
-        "gcp:storage/bucketIAMMember:BucketIAMMember": 4,
+        "gcp:serviceaccount/account:Account": 4,  # the workload, the guard, its invoker, its build account
+        "gcp:serviceaccount/iAMMember:IAMMember": 5,
+        "gcp:projects/iAMMember:IAMMember": 7,
+        "gcp:projects/serviceIdentity:ServiceIdentity": 1,
+        "gcp:projects/iAMCustomRole:IAMCustomRole": 1,
+        "gcp:storage/bucketIAMMember:BucketIAMMember": 7,  # 3 workload + 2 VM status prefixes + guard + builder
         "gcp:monitoring/notificationChannel:NotificationChannel": 2,
         "gcp:monitoring/alertPolicy:AlertPolicy": 2,
         "gcp:monitoring/dashboard:Dashboard": 1,
@@ -61,11 +71,9 @@ INVENTORY = {
         "gcp:compute/router:Router": 1,
         "gcp:compute/routerNat:RouterNat": 1,
         "gcp:compute/firewall:Firewall": 2,
-        "gcp:compute/projectMetadataItem:ProjectMetadataItem": 1,
         "gcp:tpu/v2Vm:V2Vm": 2,
-        "gcp:cloudfunctionsv2/function:Function": 2,
-        "gcp:cloudfunctionsv2/functionIamMember:FunctionIamMember": 1,
-        "gcp:cloudrunv2/serviceIamMember:ServiceIamMember": 1,
+        "gcp:cloudfunctionsv2/function:Function": 3,  # budget, completion, recovery
+        "gcp:cloudrunv2/serviceIamMember:ServiceIamMember": 3,
         "gcp:cloudscheduler/job:Job": 1,
         "tpu-platform:project:Apis": 1,
         "tpu-platform:storage:Buckets": 1,
@@ -74,7 +82,7 @@ INVENTORY = {
         "tpu-platform:network:PrivateNetwork": 1,
         "tpu-platform:tpu:TpuVm": 2,
         "tpu-platform:monitoring:TpuMonitoring": 1,
-        "tpu-platform:lifecycle:RunToCompletion": 1,
+        "tpu-platform:lifecycle:RunStatus": 1,
         "tpu-platform:automation:TpuGuard": 1,
     },
 }
@@ -91,7 +99,8 @@ def test_outputs_are_usable(stack):
     outputs = plan_stack(stack).outputs
     project = {"dev": "acme-ml-sandbox", "prod": "acme-ml-production"}[stack]
     assert outputs["project"] == project
-    assert outputs["bucketUrls"] == {p: f"gs://{project}-{stack}-{p}" for p in ("data", "checkpoints", "models")}
+    purposes = ("data", "checkpoints", "models", "status")
+    assert outputs["bucketUrls"] == {p: f"gs://{project}-{stack}-{p}" for p in purposes}
     assert outputs["serviceAccounts"] == {"mnist": f"tpu-mnist-{stack}@{project}.iam.gserviceaccount.com"}
     assert outputs["budgetName"].startswith("billingAccounts/01A2B3-C4D5E6-F7A8B9/budgets/")
     assert "tpu.googleapis.com" in outputs["enabledApis"]

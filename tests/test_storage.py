@@ -54,6 +54,8 @@ def test_dev_keeps_data_but_may_destroy_scratch_buckets():
 def test_buckets_are_kept_on_destroy_by_default():
     raw = with_object(stack_config("dev"), "buckets", lambda b: b.pop("destroyable"))
     for bucket in plan(raw).of_type(BUCKET):
+        if bucket.name == "guard-source":
+            continue  # build input only, rebuilt from the repository: destroyable on purpose
         assert bucket.retain_on_delete and not bucket.inputs.get("forceDestroy")
         assert not bucket.protect
 
@@ -61,19 +63,12 @@ def test_buckets_are_kept_on_destroy_by_default():
 def test_prod_buckets_are_protected_and_encrypted_with_cmek():
     result = plan(stack_config("prod"), "prod")
     key = "projects/acme-security-keys/locations/us-central1/keyRings/ml-production/cryptoKeys/buckets"
-    grants = result.of_type("gcp:kms/cryptoKeyIAMMember:CryptoKeyIAMMember")
-    assert len(grants) == 1
-    grant = grants[0]
-    assert grant.inputs["cryptoKeyId"] == key
-    assert grant.inputs["role"] == "roles/cloudkms.cryptoKeyEncrypterDecrypter"
-    # The Cloud Storage service agent of this project, not a person or the workload.
-    assert grant.inputs["member"].startswith("serviceAccount:service-")
-    assert grant.inputs["member"].endswith("@gs-project-accounts.iam.gserviceaccount.com")
+    # The key lives in another project: its grant to this project's Cloud Storage agent is the
+    # bootstrap's (tests/test_access.py), so the deployer holds no right on it.
+    assert not result.of_type("gcp:kms/cryptoKeyIAMMember:CryptoKeyIAMMember")
     for bucket in buckets(result).values():
         assert bucket.protect and bucket.retain_on_delete
         assert bucket.inputs["encryption"] == {"defaultKmsKeyName": key}
-        # A bucket created before its key grant would fail to encrypt.
-        assert grant.urn in bucket.dependencies
 
 
 def test_dev_buckets_use_google_managed_keys():

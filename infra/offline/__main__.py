@@ -9,11 +9,14 @@ from pathlib import Path
 
 import pulumi
 
+from infra.offline.access import ACCESS_FILE
+from infra.offline.access import generate as generate_access
+from infra.offline.access import render as render_access
 from infra.offline.diff import diff_markdown
 from infra.offline.policy_check import check_policies
 from infra.offline.render import to_json, to_text
 from infra.offline.runner import plan_stack
-from infra.offline.stackfile import StackFileError, available_stacks, stack_of
+from infra.offline.stackfile import ROOT, StackFileError, available_stacks, stack_of
 from infra.schema import ConfigError
 from policy.policies import RULES
 
@@ -25,10 +28,19 @@ def main(argv: list[str] | None = None) -> int:
     plan.add_argument("--stack", default="dev", help=f"stack file to plan (here: {', '.join(available_stacks())})")
     plan.add_argument("--stack-file", type=Path, help="plan this Pulumi.<stack>.yaml instead (e.g. a draft)")
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
+    access = commands.add_parser("access", help="CI identities' permissions computed from every stack's plan")
+    access.add_argument("--write", action="store_true", help=f"rewrite {ACCESS_FILE.relative_to(ROOT)}")
     compare = commands.add_parser("diff", help="Markdown summary of the change between two `plan --json` files")
     compare.add_argument("base", type=Path)
     compare.add_argument("head", type=Path)
     args = parser.parse_args(argv)
+    if args.command == "access":
+        text = render_access(generate_access())
+        if args.write:
+            ACCESS_FILE.write_text(text)
+        else:
+            print(text, end="")
+        return 0
     if args.command == "diff":
         try:
             base, head = (json.loads(p.read_text()) for p in (args.base, args.head))

@@ -6,6 +6,7 @@ the same stack are identical and a plan reads like `pulumi preview` against a re
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,12 +31,21 @@ def project_number(project: str) -> str:
 
 
 class GcpMocks(pulumi.runtime.Mocks):
-    def __init__(self, default_project: str):
+    def __init__(self, default_project: str, status_objects: dict[str, list[str]] | None = None):
         self.default_project = default_project
+        # bucket -> object names, for the invokes that list a bucket (the run-status markers)
+        self.status_objects = status_objects or {}
+        self.invokes: list[tuple[str, dict[str, Any]]] = []
 
     def call(self, args: MockCallArgs) -> tuple[dict, list[tuple[str, str]] | None]:
         inputs = args.args
+        self.invokes.append((args.token, dict(inputs)))
         project = inputs.get("projectId") or inputs.get("project") or self.default_project
+        if args.token == "gcp:storage/getBucketObjects:getBucketObjects":
+            names = self.status_objects.get(inputs["bucket"], [])
+            glob = inputs.get("matchGlob", "*")
+            matched = [n for n in names if fnmatch.fnmatchcase(n, glob)]
+            return {"bucket": inputs["bucket"], "bucketObjects": [{"name": n} for n in matched]}, []
         if args.token == "gcp:organizations/getProject:getProject":
             return {"projectId": project, "number": project_number(project), "name": project}, []
         if args.token == "gcp:storage/getProjectServiceAccount:getProjectServiceAccount":
@@ -87,6 +97,11 @@ class GcpMocks(pulumi.runtime.Mocks):
                 state["selfLink"] = f"https://www.googleapis.com/compute/v1/projects/{project}/{region}{kind}/{name}"
                 state.setdefault("name", name)
                 return f"projects/{project}/{region}{kind}/{name}", state
+        if token == "gcp:projects/serviceIdentity:ServiceIdentity":
+            agent = {"eventarc.googleapis.com": "gcp-sa-eventarc"}.get(inputs["service"], "gcp-sa-unknown")
+            state |= {"email": f"service-{project_number(project)}@{agent}.iam.gserviceaccount.com"}
+            state["member"] = f"serviceAccount:{state['email']}"
+            return f"projects/{project}/services/{inputs['service']}", state
         if token.startswith("gcp:iam/workloadIdentityPool"):
             pools = f"projects/{project_number(project)}/locations/global/workloadIdentityPools"
             state["name"] = f"{pools}/{inputs['workloadIdentityPoolId']}"

@@ -25,6 +25,7 @@ class PlanResult:
     resources: list[Registration]
     outputs: dict[str, Any]
     warnings: list[str] = field(default_factory=list)
+    invokes: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
 
     def of_type(self, token: str) -> list[Registration]:
         return [r for r in self.resources if r.type == token]
@@ -83,7 +84,8 @@ def run_program(
         _sync_await(run_pulumi_func(body))
     finally:
         settings.set_root_resource(None)  # type: ignore[arg-type]
-    return PlanResult(stack, gcp_project, monitor.registrations, collected, log.warnings)
+    invokes = mocks.invokes if isinstance(mocks, GcpMocks) else []
+    return PlanResult(stack, gcp_project, monitor.registrations, collected, log.warnings, invokes)
 
 
 def plan_stack(stack: str, stack_file: Path | None = None) -> PlanResult:

@@ -1,0 +1,222 @@
+"""Which REST methods the provider calls for each resource type the program and the bootstrap declare.
+
+pulumi-gcp is bridged from the Terraform google provider, whose resources call their API's
+create / get / patch / delete (IAM members: getIamPolicy then setIamPolicy, a read-modify-write of the
+whole policy). Source of each row: `terraform-provider-google`, `google/services/<service>/resource_<name>.go`
+(generated from magic-modules `mmv1/products/<product>/<Resource>.yaml`), and the page named in its
+comment where a row departs from that pattern. A type missing here fails the permission tests with its
+name: nothing is granted by guess.
+
+`act_as` lists the input paths that attach a service account: Google checks `iam.serviceAccounts.actAs`
+on that account (reference/gcp-iam/README.md; methods.json lists it for `nodes.create`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+PHASES = ("create", "read", "update", "delete")
+
+
+@dataclass(frozen=True)
+class Calls:
+    create: tuple[str, ...]
+    read: tuple[str, ...]
+    update: tuple[str, ...] = ()
+    delete: tuple[str, ...] = ()
+    act_as: tuple[str, ...] = ()
+    # Extra methods that depend on the inputs (e.g. force_destroy empties a bucket first).
+    extra: Callable[[Mapping[str, Any]], dict[str, tuple[str, ...]]] | None = field(default=None, compare=False)
+
+    def methods(self, phase: str, inputs: Mapping[str, Any]) -> tuple[str, ...]:
+        base: tuple[str, ...] = getattr(self, phase)
+        return base + ((self.extra(inputs).get(phase, ())) if self.extra else ())
+
+
+def _crud(prefix: str, *, create: str = "create", update: str | None = "patch", operations: str | None = None) -> Calls:
+    """The common shape: `<prefix>.create/get/patch/delete`, polling `operations` for long-running calls."""
+    poll = (operations,) if operations else ()
+    return Calls(
+        create=(f"{prefix}.{create}", f"{prefix}.get", *poll),
+        read=(f"{prefix}.get",),
+        update=(f"{prefix}.{update}", *poll) if update else (),
+        delete=(f"{prefix}.delete", *poll),
+    )
+
+
+def _iam_member(resource: str) -> Calls:
+    """`google_*_iam_member`: read the whole policy, add or remove one binding, write it back."""
+    get, set_ = f"{resource}.getIamPolicy", f"{resource}.setIamPolicy"
+    return Calls(create=(get, set_), read=(get,), update=(get, set_), delete=(get, set_))
+
+
+def _bucket_extra(inputs: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
+    # force_destroy: the provider lists and deletes every object before deleting the bucket.
+    return {"delete": ("storage.objects.list", "storage.objects.delete")} if inputs.get("forceDestroy") else {}
+
+
+def _service_extra(inputs: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
+    # disable_on_destroy: false (the platform's choice) means destroy leaves the API enabled.
+    return {"delete": ("serviceusage.services.disable",)} if inputs.get("disableOnDestroy") else {}
+
+
+COMPUTE_GLOBAL_OPS = "compute.globalOperations.get"
+COMPUTE_REGION_OPS = "compute.regionOperations.get"
+_FUNCTION = _crud(
+    "cloudfunctions.projects.locations.functions", operations="cloudfunctions.projects.locations.operations.get"
+)
+
+RESOURCE_CALLS: dict[str, Calls] = {
+    # resource_google_project_service.go: enable, then read the enabled list (services.list filtered
+    # on state:ENABLED); waits on the Service Usage operation.
+    "gcp:projects/service:Service": Calls(
+        create=("serviceusage.services.enable", "serviceusage.services.list", "serviceusage.operations.get"),
+        read=("serviceusage.services.list",),
+        extra=_service_extra,
+    ),
+    # resource_google_project_service_identity.go: generateServiceIdentity; no read or delete call.
+    "gcp:projects/serviceIdentity:ServiceIdentity": Calls(
+        create=("serviceusage.services.generateServiceIdentity",), read=()
+    ),
+    "gcp:projects/iAMMember:IAMMember": _iam_member("cloudresourcemanager.projects"),
+    # resource_google_project_iam_custom_role.go: an id deleted less than 37 days ago is undeleted
+    # and patched instead of created.
+    "gcp:projects/iAMCustomRole:IAMCustomRole": Calls(
+        create=(
+            "iam.projects.roles.create",
+            "iam.projects.roles.get",
+            "iam.projects.roles.undelete",
+            "iam.projects.roles.patch",
+        ),
+        read=("iam.projects.roles.get",),
+        update=("iam.projects.roles.patch",),
+        delete=("iam.projects.roles.delete",),
+    ),
+    "gcp:serviceaccount/account:Account": _crud("iam.projects.serviceAccounts"),
+    "gcp:serviceaccount/iAMMember:IAMMember": _iam_member("iam.projects.serviceAccounts"),
+    "gcp:storage/bucket:Bucket": Calls(
+        create=("storage.buckets.insert", "storage.buckets.get"),
+        read=("storage.buckets.get",),
+        update=("storage.buckets.patch",),
+        delete=("storage.buckets.delete",),
+        extra=_bucket_extra,
+    ),
+    "gcp:storage/bucketIAMMember:BucketIAMMember": _iam_member("storage.buckets"),
+    "gcp:storage/bucketObject:BucketObject": Calls(
+        create=("storage.objects.insert", "storage.objects.get"),
+        read=("storage.objects.get",),
+        update=("storage.objects.patch",),
+        delete=("storage.objects.delete",),
+    ),
+    "gcp:compute/network:Network": _crud("compute.networks", create="insert", operations=COMPUTE_GLOBAL_OPS),
+    # resource_compute_subnetwork.go: private Google access is its own call.
+    "gcp:compute/subnetwork:Subnetwork": Calls(
+        create=("compute.subnetworks.insert", "compute.subnetworks.get", COMPUTE_REGION_OPS),
+        read=("compute.subnetworks.get",),
+        update=("compute.subnetworks.patch", "compute.subnetworks.setPrivateIpGoogleAccess", COMPUTE_REGION_OPS),
+        delete=("compute.subnetworks.delete", COMPUTE_REGION_OPS),
+    ),
+    "gcp:compute/firewall:Firewall": _crud("compute.firewalls", create="insert", operations=COMPUTE_GLOBAL_OPS),
+    "gcp:compute/router:Router": _crud("compute.routers", create="insert", operations=COMPUTE_REGION_OPS),
+    # resource_compute_router_nat.go: a NAT is a field of its router: get the router, patch it.
+    "gcp:compute/routerNat:RouterNat": Calls(
+        create=("compute.routers.get", "compute.routers.patch", COMPUTE_REGION_OPS),
+        read=("compute.routers.get",),
+        update=("compute.routers.get", "compute.routers.patch", COMPUTE_REGION_OPS),
+        delete=("compute.routers.get", "compute.routers.patch", COMPUTE_REGION_OPS),
+    ),
+    "gcp:tpu/v2Vm:V2Vm": Calls(
+        **{
+            k: v
+            for k, v in vars(
+                _crud("tpu.projects.locations.nodes", operations="tpu.projects.locations.operations.get")
+            ).items()
+            if k in PHASES
+        },
+        act_as=("serviceAccount.email",),
+    ),
+    "gcp:billing/budget:Budget": _crud("billingbudgets.billingAccounts.budgets"),
+    "gcp:monitoring/alertPolicy:AlertPolicy": _crud("monitoring.projects.alertPolicies"),
+    "gcp:monitoring/notificationChannel:NotificationChannel": _crud("monitoring.projects.notificationChannels"),
+    "gcp:monitoring/dashboard:Dashboard": _crud("monitoring.projects.dashboards"),
+    "gcp:pubsub/topic:Topic": _crud("pubsub.projects.topics"),
+    "gcp:pubsub/topicIAMMember:TopicIAMMember": _iam_member("pubsub.projects.topics"),
+    "gcp:cloudscheduler/job:Job": Calls(
+        **{k: v for k, v in vars(_crud("cloudscheduler.projects.locations.jobs")).items() if k in PHASES},
+        act_as=("httpTarget.oauthToken.serviceAccountEmail", "httpTarget.oidcToken.serviceAccountEmail"),
+    ),
+    # A 2nd-gen function with an event trigger: Cloud Functions creates the Eventarc trigger for the
+    # caller, who needs Eventarc rights and act-as on the runtime, trigger and build accounts
+    # (Eventarc, "Roles and permissions for Cloud Run functions targets").
+    "gcp:cloudfunctionsv2/function:Function": Calls(
+        create=_FUNCTION.create,
+        read=_FUNCTION.read,
+        update=_FUNCTION.update,
+        delete=_FUNCTION.delete,
+        act_as=("serviceConfig.serviceAccountEmail", "eventTrigger.serviceAccountEmail", "buildConfig.serviceAccount"),
+        extra=lambda inputs: (
+            {
+                "create": ("eventarc.projects.locations.triggers.create", "eventarc.projects.locations.triggers.get"),
+                "read": ("eventarc.projects.locations.triggers.get",),
+                "update": ("eventarc.projects.locations.triggers.patch",),
+                "delete": ("eventarc.projects.locations.triggers.delete",),
+            }
+            if inputs.get("eventTrigger")
+            else {}
+        ),
+    ),
+    "gcp:cloudrunv2/serviceIamMember:ServiceIamMember": _iam_member("run.projects.locations.services"),
+    "gcp:kms/cryptoKeyIAMMember:CryptoKeyIAMMember": _iam_member("cloudkms.projects.locations.keyRings.cryptoKeys"),
+    # The bootstrap's own resources (run by a human project owner).
+    # Key rings cannot be deleted: the provider only forgets them (resource_kms_key_ring.go).
+    "gcp:kms/keyRing:KeyRing": Calls(
+        create=("cloudkms.projects.locations.keyRings.create", "cloudkms.projects.locations.keyRings.get"),
+        read=("cloudkms.projects.locations.keyRings.get",),
+    ),
+    # resource_kms_crypto_key.go: delete destroys every key version and clears the rotation.
+    "gcp:kms/cryptoKey:CryptoKey": Calls(
+        create=(
+            "cloudkms.projects.locations.keyRings.cryptoKeys.create",
+            "cloudkms.projects.locations.keyRings.cryptoKeys.get",
+        ),
+        read=("cloudkms.projects.locations.keyRings.cryptoKeys.get",),
+        update=("cloudkms.projects.locations.keyRings.cryptoKeys.patch",),
+        delete=(
+            "cloudkms.projects.locations.keyRings.cryptoKeys.cryptoKeyVersions.list",
+            "cloudkms.projects.locations.keyRings.cryptoKeys.cryptoKeyVersions.destroy",
+            "cloudkms.projects.locations.keyRings.cryptoKeys.patch",
+        ),
+    ),
+    "gcp:iam/workloadIdentityPool:WorkloadIdentityPool": _crud("iam.projects.locations.workloadIdentityPools"),
+    "gcp:iam/workloadIdentityPoolProvider:WorkloadIdentityPoolProvider": _crud(
+        "iam.projects.locations.workloadIdentityPools.providers"
+    ),
+    "gcp:billing/accountIamMember:AccountIamMember": _iam_member("cloudbilling.billingAccounts"),
+}
+
+
+# Data sources the program reads while it runs (in `preview` as in `up`).
+INVOKE_CALLS: dict[str, tuple[str, ...]] = {
+    "gcp:storage/getBucketObjects:getBucketObjects": ("storage.objects.list",),
+    "gcp:storage/getProjectServiceAccount:getProjectServiceAccount": ("storage.projects.serviceAccount.get",),
+    "gcp:organizations/getProject:getProject": ("cloudresourcemanager.projects.get",),
+}
+
+
+def invoke_calls(token: str) -> tuple[str, ...]:
+    try:
+        return INVOKE_CALLS[token]
+    except KeyError:
+        raise KeyError(f"no permission mapping for the data source {token}: add it to INVOKE_CALLS") from None
+
+
+def calls_for(resource_type: str) -> Calls:
+    try:
+        return RESOURCE_CALLS[resource_type]
+    except KeyError:
+        raise KeyError(
+            f"no permission mapping for the resource type {resource_type}: add the methods its provider calls "
+            "to infra/access/calls.py, with the provider source as evidence"
+        ) from None

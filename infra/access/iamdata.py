@@ -1,0 +1,117 @@
+"""Google's predefined roles and the permissions each REST method checks, read from `reference/gcp-iam/`.
+
+The tables come from the public iam-dataset (see reference/gcp-iam/README.md). Where that dataset is
+wrong or silent, `METHOD_FIXES` says what the method really checks and where Google says so.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import cache
+from pathlib import Path
+
+DATA = Path(__file__).resolve().parents[2] / "reference" / "gcp-iam"
+
+# Methods the dataset lacks or gets wrong, with Google's own page for each.
+METHOD_FIXES: dict[str, tuple[str, ...]] = {
+    # Logging's access-control page: writing log entries needs logging.logEntries.create.
+    # https://cloud.google.com/logging/docs/access-control
+    "logging.entries.write": ("logging.logEntries.create",),
+    # The dataset maps a provider's patch to the workforce-pool permissions; the roles data (and the
+    # Workload Identity Pool Admin role) name the workload-pool ones.
+    "iam.projects.locations.workloadIdentityPools.providers.patch": (
+        "iam.googleapis.com/workloadIdentityPoolProviders.get",
+        "iam.googleapis.com/workloadIdentityPoolProviders.update",
+    ),
+    "iam.projects.locations.workloadIdentityPools.patch": (
+        "iam.googleapis.com/workloadIdentityPools.get",
+        "iam.googleapis.com/workloadIdentityPools.update",
+    ),
+    # `gcloud beta services identity create` (services.generateServiceIdentity) needs
+    # serviceusage.services.use on the project (Service Usage access-control page).
+    "serviceusage.services.generateServiceIdentity": ("serviceusage.services.use",),
+    # projects.serviceAccount.get returns (and creates) the Cloud Storage service agent; Cloud
+    # Storage's IAM permissions page lists resourcemanager.projects.get for it.
+    "storage.projects.serviceAccount.get": ("resourcemanager.projects.get",),
+    # Cloud Billing access control: changing a billing account's IAM needs billing.accounts.setIamPolicy.
+    # https://cloud.google.com/billing/docs/how-to/billing-access
+    "cloudbilling.billingAccounts.setIamPolicy": ("billing.accounts.setIamPolicy",),
+}
+
+# "Resource attributes for IAM Conditions" (cloud.google.com/iam/docs/conditions-resource-attributes):
+# only these services recognise resource.name / resource.type / resource.service in a condition.
+CONDITION_RESOURCE_SERVICES: frozenset[str] = frozenset(
+    f"{s}.googleapis.com"
+    for s in (
+        *("apigee", "apihub", "backupdr", "bigquery", "bigqueryreservation", "bigtableadmin", "binaryauthorization"),
+        *("ces", "clouddeploy", "cloudkms", "cloudresourcemanager", "compute", "container", "connectors"),
+        *("dataform", "firestore", "iap", "integrations", "logging", "pubsublite", "secretmanager", "spanner"),
+        *("sqladmin", "storage"),
+    )
+)
+
+# Permission services whose API host differs from the permission prefix.
+_PERMISSION_SERVICE_HOST = {"resourcemanager": "cloudresourcemanager", "billing": "cloudbilling"}
+
+
+class UnknownMethodError(KeyError):
+    pass
+
+
+@cache
+def roles() -> dict[str, frozenset[str]]:
+    data = json.loads((DATA / "roles.json").read_text())
+    return {name: frozenset(entry["permissions"]) for name, entry in data.items()}
+
+
+@cache
+def _methods() -> dict[str, tuple[str, ...]]:
+    data = json.loads((DATA / "methods.json").read_text())
+    return {name: tuple(_normalise(p) for p in perms) for name, perms in data.items()}
+
+
+def _normalise(permission: str) -> str:
+    # Google spells workload identity pool permissions with the host ("iam.googleapis.com/x.create",
+    # as roles.json does); the methods table writes a dash there.
+    return re.sub(r"^iam\.googleapis\.com-", "iam.googleapis.com/", permission)
+
+
+def method_permissions(method: str, *, acls: bool = True) -> frozenset[str]:
+    """What Google checks when `method` (e.g. `tpu.projects.locations.nodes.create`) is called.
+
+    The table lists, for Cloud Storage reads and writes, the IAM-policy permissions that only
+    `projection=full` or an ACL in the request needs (Cloud Storage, "IAM permissions for JSON API
+    methods"); `acls=False` drops them, for code that never asks for ACLs.
+    """
+    if method in METHOD_FIXES:
+        return frozenset(METHOD_FIXES[method])
+    known = _methods().get(method)
+    if not known:  # absent, or [] which the dataset uses for "unknown"
+        raise UnknownMethodError(f"no permission data for {method!r}: add it to METHOD_FIXES, with a source")
+    if not acls and method.startswith("storage.objects."):
+        known = tuple(p for p in known if not p.endswith(("IamPolicy",))) or known
+    return frozenset(known)
+
+
+def role_permissions(role: str) -> frozenset[str]:
+    try:
+        return roles()[role]
+    except KeyError:
+        raise KeyError(f"{role!r} is not a predefined role in reference/gcp-iam/roles.json") from None
+
+
+def service_of_permission(permission: str) -> str:
+    """The API host a permission belongs to: `tpu.nodes.get` -> `tpu.googleapis.com`."""
+    prefix = permission.split(".", 1)[0]
+    return f"{_PERMISSION_SERVICE_HOST.get(prefix, prefix)}.googleapis.com"
+
+
+# Verbs that look like reads but mint credentials.
+TOKEN_VERBS = frozenset({"getAccessToken", "getOpenIdToken", "getIdToken"})
+
+
+def is_read(permission: str) -> bool:
+    """Whether a permission only reads: a get, list or search (never a write, a use, or a token)."""
+    verb = permission.rsplit(".", 1)[-1]
+    return verb.startswith(("get", "list", "search")) and verb not in TOKEN_VERBS

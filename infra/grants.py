@@ -1,0 +1,87 @@
+"""The platform's grant helpers: one way to give an account a role, at each level.
+
+- `act_as`: the deployer may attach one service account (to a TPU VM, a Scheduler job, a function);
+  Google checks `iam.serviceAccounts.actAs` on the account itself, so the grant is made there, never
+  on the project. Whatever attaches the account must depend on the grant (tests check the closure).
+- `project_role`: a project-level role. Conditions on resource attributes are refused for services
+  that ignore them (Google's "Resource attributes for IAM Conditions"): such a grant would silently
+  apply to every resource of the service.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pulumi
+import pulumi_gcp as gcp
+
+from infra import iam
+from infra.access import iamdata
+
+SERVICE_ACCOUNT_USER = "roles/iam.serviceAccountUser"
+_RESOURCE_ATTRIBUTE = re.compile(r"\bresource\.(name|type|service)\b")
+
+
+class UnsupportedConditionError(ValueError):
+    pass
+
+
+def check_condition(
+    role: str, permissions: frozenset[str], expression: str | None, on_service: str | None = None
+) -> None:
+    """Refuse a condition on resource attributes when a service the role covers does not support them.
+
+    `on_service`: the grant is on one resource of that service (a bucket, say), where only that
+    service's permissions take effect; None for a project-level grant.
+    """
+    if not expression or not _RESOURCE_ATTRIBUTE.search(expression):
+        return
+    services = {iamdata.service_of_permission(p) for p in permissions}
+    if on_service is not None:
+        services &= {on_service}
+    unsupported = sorted(services - iamdata.CONDITION_RESOURCE_SERVICES)
+    if unsupported:
+        raise UnsupportedConditionError(
+            f"{role}: a condition on resource attributes ({expression!r}) is ignored by {', '.join(unsupported)} "
+            "(cloud.google.com/iam/docs/conditions-resource-attributes), so the grant would cover every resource "
+            "of those services; scope it another way"
+        )
+
+
+def act_as(
+    name: str, account: gcp.serviceaccount.Account, deployer: str, parent: pulumi.Resource
+) -> gcp.serviceaccount.IAMMember:
+    """The deployer may attach `account`; granted on that account only."""
+    return gcp.serviceaccount.IAMMember(
+        name,
+        service_account_id=account.name,
+        role=SERVICE_ACCOUNT_USER,
+        member=iam.service_account_member(deployer),
+        opts=pulumi.ResourceOptions(parent=parent),
+    )
+
+
+def project_role(
+    name: str,
+    project: str,
+    role: str | pulumi.Output[str],
+    member: pulumi.Input[str],
+    *,
+    parent: pulumi.Resource,
+    depends_on: list[pulumi.Resource],
+    permissions: frozenset[str] | None = None,
+    condition: gcp.projects.IAMMemberConditionArgs | None = None,
+) -> gcp.projects.IAMMember:
+    """`role` for `member` on `project`. Pass `permissions` for a custom role, so a condition can be checked."""
+    if condition is not None:
+        expression = condition.expression if isinstance(condition.expression, str) else None
+        held = permissions if permissions is not None else iamdata.role_permissions(str(role))
+        check_condition(str(role), held, expression)
+    return gcp.projects.IAMMember(
+        name,
+        project=project,
+        role=role,
+        member=member,
+        condition=condition,
+        opts=pulumi.ResourceOptions(parent=parent, depends_on=depends_on),
+    )

@@ -1,0 +1,59 @@
+"""The CI identities' permissions, computed from the shipped stacks' offline plans.
+
+`python -m infra.offline access --write` regenerates `bootstrap/access.json`, which the bootstrap
+reads to build each environment's deployer and previewer roles; a test fails when the file and the
+plans drift apart (a change that needs a new permission then says so in review, and the bootstrap
+is applied before the deploy that needs it).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from infra.access.environment import EnvironmentAccess, environment_access
+from infra.access.model import Declared
+from infra.config import parse_stack_config
+from infra.offline.runner import PlanResult, plan_stack
+from infra.offline.stackfile import ROOT, available_stacks, read_stack_config
+
+ACCESS_FILE = ROOT / "bootstrap" / "access.json"
+
+
+def declared(result: PlanResult) -> list[Declared]:
+    return [Declared(r.type, r.name, r.inputs) for r in result.resources if r.custom]
+
+
+def quota_project(config: dict[str, str]) -> str | None:
+    """The project X-Goog-User-Project names when the stack turns `gcp:userProjectOverride` on."""
+    if str(config.get("gcp:userProjectOverride", "")).lower() != "true":
+        return None
+    return config.get("gcp:billingProject") or config.get("gcp:project")
+
+
+def access_of(stack: str, result: PlanResult | None = None) -> EnvironmentAccess:
+    result = result or plan_stack(stack)
+    return environment_access(
+        stack, result.project, declared(result), result.invokes, quota_project(read_stack_config(stack))
+    )
+
+
+def cmek_keys(stack: str) -> list[str]:
+    """Keys in other projects the environment's Google agents must use: granted by the bootstrap."""
+    cfg = parse_stack_config(stack, read_stack_config(stack))
+    return [cfg.buckets.kms_key_name] if cfg.buckets.kms_key_name else []
+
+
+def generate(stacks: list[str] | None = None) -> dict[str, Any]:
+    return {
+        stack: {**access_of(stack).as_json(), "cmekKeys": cmek_keys(stack)} for stack in (stacks or available_stacks())
+    }
+
+
+def render(data: dict[str, Any]) -> str:
+    return json.dumps(data, indent=2, sort_keys=True) + "\n"
+
+
+def write(path: Path = ACCESS_FILE) -> None:
+    path.write_text(render(generate()))
