@@ -164,3 +164,16 @@ def test_cli_refuses_bad_input_without_a_traceback(tmp_path, outputs, stack_file
     assert done.returncode == 2
     assert expected in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "ci.json").exists()
+
+
+def test_the_committed_identities_are_the_bootstraps_planned_outputs():
+    """The file names the deployers the bootstrap declares and the stack files expect."""
+    from infra.offline.stackfile import read_stack_config
+    from tests.test_bootstrap import plan
+
+    outputs = plan().outputs
+    committed = json.loads(ci_identities.DEFAULT_FILE.read_text())
+    assert committed["previewServiceAccount"] == outputs["previewServiceAccount"]
+    for entry in committed["stacks"]:
+        assert entry["deployServiceAccount"] == outputs["deployServiceAccounts"][entry["stack"]]
+        assert entry["deployServiceAccount"] == read_stack_config(entry["stack"])["tpu-platform:deployer"]
