@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pulumi
 
-from infra.offline.access import ACCESS_FILE
+from infra.offline.access import ACCESS_FILE, who_can_do_what
 from infra.offline.access import generate as generate_access
 from infra.offline.access import render as render_access
 from infra.offline.diff import diff_markdown
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
             if violations
             else (f"Policies: all {len(RULES)} rules of the policy pack pass.")
         )
-        print(to_text(result, [section]), end="")
+        print(to_text(result, [section, who_can_do_what(result)]), end="")
     mandatory = [v for v in violations if v.enforcement == "mandatory"]
     if mandatory:
         print(

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.access.environment import EnvironmentAccess, environment_access
-from infra.access.model import Declared
+from infra.access.model import Declared, custom_roles, grants_to
 from infra.config import parse_stack_config
 from infra.offline.runner import PlanResult, plan_stack
 from infra.offline.stackfile import ROOT, available_stacks, read_stack_config
@@ -57,3 +57,43 @@ def render(data: dict[str, Any]) -> str:
 
 def write(path: Path = ACCESS_FILE) -> None:
     path.write_text(render(generate()))
+
+
+def _short(scope: str) -> str:
+    return scope.split("/serviceAccounts/")[-1].split("@")[0] if "/serviceAccounts/" in scope else scope
+
+
+def who_can_do_what(result: PlanResult) -> str:
+    """The plan's identities and what each may do, for reviewers: the deployer and previewer as
+    computed from this plan, then every account the plan creates with each of its grants."""
+    access = access_of(result.stack, result)
+    config = read_stack_config(result.stack)
+    lines = ["Who can do what (computed from Google's role data in reference/gcp-iam):"]
+    deployer = config.get("tpu-platform:deployer") or "(no tpu-platform:deployer set)"
+    resources = declared(result)
+    acts_as = sorted(
+        str(r.inputs.get("serviceAccountId", "")).rsplit("/", 1)[-1].split("@")[0]
+        for r in resources
+        if r.type == "gcp:serviceaccount/iAMMember:IAMMember" and r.inputs.get("member") == f"serviceAccount:{deployer}"
+    )
+    lines.append(
+        f"  deployer   {deployer}: custom role of {len(access.deployer_permissions)} permissions on {access.project}; "
+        f"may grant only {len(access.grantable_roles)} roles; acts as {', '.join(acts_as) or 'nothing'}; "
+        f"billing.costsManager on {', '.join(access.billing_accounts) or 'no billing account'}"
+    )
+    lines.append(
+        f"  previewer  {len(access.previewer_permissions)} read permissions on {access.project}, "
+        "state read-only, secrets decrypt-only; writes nothing"
+    )
+    custom = custom_roles(resources, result.project)
+    accounts = [r for r in resources if r.type == "gcp:serviceaccount/account:Account"]
+    for account in accounts:
+        email = f"{account.inputs['accountId']}@{result.project}.iam.gserviceaccount.com"
+        grants = []
+        for grant in grants_to(f"serviceAccount:{email}", resources, result.project, custom):
+            where = _short(grant.scope)
+            condition = " (own prefix)" if grant.condition else ""
+            role = grant.role.rsplit("/", 1)[-1]
+            grants.append(f"{role} on {where}{condition} [{len(grant.permissions)}]")
+        lines.append(f"  {account.inputs['accountId']:<24} " + ("; ".join(grants) or "no grants"))
+    return "\n".join(lines)
