@@ -58,7 +58,7 @@ def test_the_ci_deployer_may_use_each_workload_account_and_nothing_else():
     assert [(g.inputs["role"], g.inputs["member"]) for g in grants] == [
         (
             "roles/iam.serviceAccountUser",
-            "serviceAccount:tpu-platform-ci-deployer@acme-ml-admin.iam.gserviceaccount.com",
+            "serviceAccount:tpu-deployer-dev@acme-ml-admin.iam.gserviceaccount.com",
         )
     ]
     assert (
