@@ -114,7 +114,7 @@ class GrantException:
     check: Check | None = None  # a further condition on the grant: its problem, or None
 
     def pattern(self) -> re.Pattern[str]:
-        return re.compile("\n".join((self.member, self.role, self.target)))
+        return re.compile("\n".join(f"(?:{field})" for field in (self.member, self.role, self.target)))
 
     def matches(self, grant: Grant) -> re.Match[str] | None:
         if grant.level != self.level or None in (grant.member, grant.role, grant.target):
