@@ -19,10 +19,10 @@ ROLES_FILE = Path(__file__).resolve().parents[1] / "reference" / "gcp-iam" / "ro
 # one of these must be a named exception (`exceptions.py`). Patterns are fnmatch-style over permission
 # names (`service.resource.verb`).
 DENIED_PERMISSIONS: Mapping[str, str] = {
+    # Before `*.setIamPolicy` (which covers it), for its own reason: the policy that grants everything.
+    "resourcemanager.projects.setIamPolicy": "rewrites the project's IAM policy: any role on every resource in it",
     # Rewrites who may do what on the resource: the holder can grant itself any role there.
     "*.setIamPolicy": "changes the resource's IAM policy, so its holder can grant itself any role there",
-    # Named although `*.setIamPolicy` covers it: the project's policy is the one that grants everything.
-    "resourcemanager.projects.setIamPolicy": "rewrites the project's IAM policy: any role on every resource in it",
     # Attaching an account to a VM, job or function runs code with that account's rights.
     "iam.serviceAccounts.actAs": "runs resources as a service account, so its holder gains that account's rights",
     # Mint credentials of the account directly (the serviceAccountTokenCreator family).
@@ -56,7 +56,7 @@ def predefined_roles() -> Mapping[str, frozenset[str]]:
 
 
 def why_denied(permission: str) -> str | None:
-    """The reason `permission` is on the deny-list, or None."""
+    """The reason `permission` is on the deny-list (its first matching entry), or None."""
     return next((why for pattern, why in DENIED_PERMISSIONS.items() if fnmatchcase(permission, pattern)), None)
 
 
