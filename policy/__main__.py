@@ -1,9 +1,16 @@
 """The policy pack: `pulumi preview --policy-pack policy`. Assembles the rules of `policies.py`."""
 
+import sys
+from pathlib import Path
 from typing import Any
 
-from policies import RULES, Rule
+# The pack's modules import each other as the `policy` package; the pack starts with only its own folder
+# on the path, so the repository root (which also holds the role data) goes there too.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from pulumi_policy import Policy, PolicyPack, ResourceValidationPolicy, StackValidationPolicy
+
+from policy.policies import RULES, Rule
 
 
 def to_policy(rule: Rule) -> Policy:

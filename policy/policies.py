@@ -11,12 +11,16 @@ None, so every rule treats a missing value as "cannot tell", never as a violatio
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from pulumi_policy import EnforcementLevel, ResourceValidationArgs, StackValidationArgs
+from pulumi_policy import EnforcementLevel, PolicyResource, ResourceValidationArgs, StackValidationArgs
+
+from .exceptions import EXCEPTIONS, ROLE_EXCEPTIONS, GrantException
+from .grants import Grant, custom_role_name, custom_roles_declared, grants_of, role_permissions
+from .permissions import denied
 
 
 class Report(Protocol):
@@ -32,16 +36,16 @@ BUCKET = "gcp:storage/bucket:Bucket"
 V2VM = "gcp:tpu/v2Vm:V2Vm"
 BUDGET = "gcp:billing/budget:Budget"
 BUCKET_MEMBER = "gcp:storage/bucketIAMMember:BucketIAMMember"
-PROJECT_IAM = {"gcp:projects/iAMMember:IAMMember", "gcp:projects/iAMBinding:IAMBinding"}
 PUBLIC_MEMBERS = {"allUsers", "allAuthenticatedUsers"}
-BASIC_ROLES = {"roles/owner", "roles/editor", "roles/viewer"}
+# Kept for tests/test_bootstrap.py; the pack judges roles by their permissions (`judge_grant`).
 IMPERSONATION_ROLES = {
     "roles/iam.serviceAccountUser",
     "roles/iam.serviceAccountTokenCreator",
     "roles/iam.serviceAccountKeyAdmin",
     "roles/iam.workloadIdentityUser",
 }
-PRODUCTION_ENVIRONMENTS = {"prod", "production"}
+# The program marks a production stack's labelled resources so (its `tpu-platform:production` setting).
+PRODUCTION_LABEL = ("environment-class", "production")
 REQUIRED_LABELS = ("environment", "owner")
 LABELS_PROPERTY = {
     BUCKET: "labels",
@@ -53,23 +57,83 @@ CHECKPOINT_WRITER_ROLES = {"roles/storage.objectUser", "roles/storage.objectAdmi
 DEFAULT_COMPUTE_ACCOUNT = "-compute@developer.gserviceaccount.com"
 
 
-def _is_admin_role(role: str) -> bool:
-    return role.endswith("Admin") or role.endswith(".admin")
+@dataclass(frozen=True)
+class Verdict:
+    violations: tuple[str, ...] = ()  # mandatory
+    cannot_tell: tuple[str, ...] = ()  # advisory: the pack lacks what it needs to judge
 
 
-def no_broad_project_roles(args: ResourceValidationArgs, report: Report) -> None:
-    """No basic or admin roles, and nothing that can impersonate service accounts, at project level."""
-    if args.resource_type in PROJECT_IAM:
-        roles = [args.props.get("role")]
-    elif args.resource_type == "gcp:projects/iAMPolicy:IAMPolicy" and args.props.get("policyData"):
-        roles = [b.get("role") for b in json.loads(args.props["policyData"]).get("bindings", [])]
-    else:
-        return
-    for role in filter(None, roles):
-        if role in BASIC_ROLES or _is_admin_role(role):
-            report(f"project-level {role} is a basic or admin role; grant a narrow role on the resource instead")
-        elif role in IMPERSONATION_ROLES:
-            report(f"project-level {role} lets the member act as every service account; grant it on one account")
+def _who(grant: Grant) -> str:
+    return f"{grant.role or '(unknown role)'} for {grant.member or '(unknown member)'} on {grant.level} {grant.target}"
+
+
+def _excused(grant: Grant, risky: Mapping[str, str], exception: GrantException, match: Any, custom_roles) -> Verdict:
+    if exception.check and (problem := exception.check(grant, match, custom_roles)):
+        return Verdict(violations=(f"{_who(grant)} matches exception '{exception.name}' except that {problem}",))
+    rest = [p for p in risky if exception.may_hold is not None and p not in exception.may_hold]
+    if rest:
+        return Verdict(violations=(f"{_who(grant)} grants {', '.join(rest)}, beyond exception '{exception.name}'",))
+    return Verdict()
+
+
+def judge_grant(grant: Grant, custom_roles: Mapping[str, frozenset[str]]) -> Verdict:
+    """Whether `grant` confers a deny-listed permission that no named exception covers."""
+    if grant.role is None:
+        return Verdict(cannot_tell=(f"{_who(grant)}: the role is not known yet, so the pack cannot judge it",))
+    permissions = role_permissions(grant.role, custom_roles)
+    if permissions is None:
+        source = "Google's role data" if grant.role.startswith("roles/") else "this stack's custom roles"
+        return Verdict(cannot_tell=(f"{_who(grant)}: {grant.role} is not in {source}, so the pack cannot tell "
+                                    "what it grants",))  # fmt: skip
+    risky = denied(permissions)
+    if not risky:
+        return Verdict()
+    for exception in EXCEPTIONS:
+        if match := exception.matches(grant):
+            return _excused(grant, risky, exception, match, custom_roles)
+    if None in (grant.member, grant.target) and any(e.could_match(grant) for e in EXCEPTIONS):
+        return Verdict(cannot_tell=(f"{_who(grant)}: an exception may apply once the member and target are known",))
+    reasons = "; ".join(f"{p}: {why}" for p, why in risky.items())
+    return Verdict(violations=(f"{_who(grant)} grants deny-listed permissions ({reasons})",))
+
+
+def _grants(resources: Iterable[PolicyResource]) -> list[tuple[PolicyResource, Grant]]:
+    return [(r, g) for r in resources for g in grants_of(r.resource_type, r.props)]
+
+
+def _custom_roles(resources: Iterable[PolicyResource]) -> dict[str, frozenset[str]]:
+    return custom_roles_declared((r.resource_type, r.props) for r in resources)
+
+
+def no_dangerous_grants(args: StackValidationArgs, report: Report) -> None:
+    """No role holding a deny-listed permission at project, folder, organisation, account or billing level."""
+    custom_roles = _custom_roles(args.resources)
+    for resource, grant in _grants(args.resources):
+        for message in judge_grant(grant, custom_roles).violations:
+            report(message, resource.urn)
+
+
+def grants_judged(args: StackValidationArgs, report: Report) -> None:
+    """The grants the pack cannot judge: roles it does not know, values a preview does not know yet."""
+    custom_roles = _custom_roles(args.resources)
+    for resource, grant in _grants(args.resources):
+        for message in judge_grant(grant, custom_roles).cannot_tell:
+            report(message, resource.urn)
+
+
+def custom_roles_no_dangerous_permissions(args: ResourceValidationArgs, report: Report) -> None:
+    """A custom role's own permission list holds nothing deny-listed beyond its named exception."""
+    name = custom_role_name(args.resource_type, args.props)
+    if name is None and args.resource_type not in (
+        "gcp:projects/iAMCustomRole:IAMCustomRole",
+        "gcp:organizations/iAMCustomRole:IAMCustomRole",
+    ):
+        return  # fmt: skip
+    risky = denied(args.props.get("permissions") or ())
+    allowed = next((may for pattern, may in ROLE_EXCEPTIONS.items() if name and re.fullmatch(pattern, name)), None)
+    rest = [p for p in risky if not allowed or p not in allowed]
+    if rest:
+        report(f"custom role {name or args.name} holds {', '.join(f'{p} ({risky[p]})' for p in rest)}")
 
 
 def no_service_account_keys(args: ResourceValidationArgs, report: Report) -> None:
@@ -145,12 +209,24 @@ def firewall_no_open_ingress(args: ResourceValidationArgs, report: Report) -> No
         report(f"ingress from {', '.join(sorted(anywhere))} to SSH or all ports; admit IAP's 35.235.240.0/20 instead")
 
 
-def bucket_cmek_in_production(args: ResourceValidationArgs, report: Report) -> None:
-    if args.resource_type != BUCKET:
+def _labels(resource: PolicyResource) -> Mapping[str, Any]:
+    prop = LABELS_PROPERTY.get(resource.resource_type)
+    return (resource.props.get(prop) if prop else None) or {}
+
+
+def is_production(resources: Iterable[PolicyResource]) -> bool:
+    """A stack is production when the program says so on its resources, whatever the stack is called."""
+    key, value = PRODUCTION_LABEL
+    return any(_labels(r).get(key) == value for r in resources)
+
+
+def bucket_cmek_in_production(args: StackValidationArgs, report: Report) -> None:
+    """Every bucket of a production stack, labelled or not, is encrypted with a customer-managed key."""
+    if not is_production(args.resources):
         return
-    environment = (args.props.get("labels") or {}).get("environment")
-    if environment in PRODUCTION_ENVIRONMENTS and not (args.props.get("encryption") or {}).get("defaultKmsKeyName"):
-        report(f"buckets of the {environment} environment are encrypted with a customer-managed key")
+    for bucket in args.resources:
+        if bucket.resource_type == BUCKET and not (bucket.props.get("encryption") or {}).get("defaultKmsKeyName"):
+            report(f"bucket {bucket.name} of a production stack is encrypted with a customer-managed key", bucket.urn)
 
 
 def required_labels(args: ResourceValidationArgs, report: Report) -> None:
@@ -204,8 +280,12 @@ class Rule:
 
 
 RULES: tuple[Rule, ...] = (
-    Rule("no-broad-project-roles", "No basic, admin or impersonation roles at project level", MANDATORY,
-         no_broad_project_roles),
+    Rule("no-dangerous-grants", "No grant of a deny-listed permission outside the named exceptions", MANDATORY,
+         no_dangerous_grants, stack=True),
+    Rule("grants-judged", "Grants the pack cannot judge (unknown roles, values not known yet)", ADVISORY,
+         grants_judged, stack=True),
+    Rule("custom-roles-no-dangerous-permissions", "Custom roles hold no deny-listed permission", MANDATORY,
+         custom_roles_no_dangerous_permissions),
     Rule("no-service-account-keys", "No service-account keys", MANDATORY, no_service_account_keys),
     Rule("tpu-vm-dedicated-service-account", "TPU VMs never use the default compute account", MANDATORY,
          tpu_vm_dedicated_service_account),
@@ -216,7 +296,8 @@ RULES: tuple[Rule, ...] = (
     Rule("bucket-no-public-members", "No allUsers / allAuthenticatedUsers on buckets", MANDATORY,
          bucket_no_public_members),
     Rule("firewall-no-open-ingress", "No SSH or all-ports ingress from anywhere", MANDATORY, firewall_no_open_ingress),
-    Rule("bucket-cmek-in-production", "Production buckets use CMEK", MANDATORY, bucket_cmek_in_production),
+    Rule("bucket-cmek-in-production", "Production buckets use CMEK", MANDATORY, bucket_cmek_in_production,
+         stack=True),
     Rule("required-labels", "Labelled resources carry environment and owner", ADVISORY, required_labels),
     Rule("budget-in-every-stack", "Every stack has a budget", MANDATORY, budget_in_every_stack, stack=True),
     Rule("spot-tpu-has-checkpoints", "Spot TPU VMs can write checkpoints", MANDATORY, spot_tpu_has_checkpoints,

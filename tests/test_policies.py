@@ -50,15 +50,6 @@ GOOD_VM = {
 
 CASES = [
     # rule, type, compliant props, violating props, expected words
-    (policies.no_broad_project_roles, "gcp:projects/iAMMember:IAMMember",
-     {"role": "roles/logging.logWriter"}, {"role": "roles/editor"}, "basic or admin"),
-    (policies.no_broad_project_roles, "gcp:projects/iAMMember:IAMMember",
-     {"role": "roles/monitoring.metricWriter"}, {"role": "roles/storage.admin"}, "basic or admin"),
-    (policies.no_broad_project_roles, "gcp:projects/iAMBinding:IAMBinding",
-     {"role": "roles/logging.logWriter"}, {"role": "roles/iam.serviceAccountTokenCreator"}, "act as every service"),
-    (policies.no_broad_project_roles, "gcp:projects/iAMPolicy:IAMPolicy",
-     {"policyData": '{"bindings": [{"role": "roles/logging.logWriter"}]}'},
-     {"policyData": '{"bindings": [{"role": "roles/owner"}]}'}, "basic or admin"),
     (policies.no_service_account_keys, "gcp:serviceaccount/account:Account", {}, None, "keys"),
     (policies.tpu_vm_dedicated_service_account, "gcp:tpu/v2Vm:V2Vm", GOOD_VM,
      {**GOOD_VM, "serviceAccount": {"email": "123-compute@developer.gserviceaccount.com"}}, "default Compute Engine"),
@@ -80,9 +71,6 @@ CASES = [
     (policies.firewall_no_open_ingress, "gcp:compute/firewall:Firewall",
      {"sourceRanges": ["0.0.0.0/0"], "allows": [{"protocol": "tcp", "ports": ["443"]}]},
      {"sourceRanges": ["0.0.0.0/0"], "allows": [{"protocol": "all"}]}, "all ports"),
-    (policies.bucket_cmek_in_production, "gcp:storage/bucket:Bucket",
-     {**GOOD_BUCKET, "labels": {"environment": "prod"}, "encryption": {"defaultKmsKeyName": "projects/k/..."}},
-     {**GOOD_BUCKET, "labels": {"environment": "prod"}}, "customer-managed key"),
     (policies.required_labels, "gcp:storage/bucket:Bucket", GOOD_BUCKET,
      {**GOOD_BUCKET, "labels": {"environment": "dev"}}, "missing labels owner"),
 ]  # fmt: skip
@@ -140,6 +128,28 @@ def test_spot_tpu_needs_a_checkpoint_grant():
     assert "cannot write checkpoints" in stack_violations(policies.spot_tpu_has_checkpoints, [bucket, grant, unsafe])[0]
 
 
+def bucket(labels: dict, cmek: bool = False, name: str = "b") -> PolicyResource:
+    encryption = (
+        {"encryption": {"defaultKmsKeyName": "projects/k/locations/us/keyRings/r/cryptoKeys/c"}} if cmek else {}
+    )
+    return stack_resource("gcp:storage/bucket:Bucket", {**GOOD_BUCKET, "labels": labels, **encryption}, name)
+
+
+PRODUCTION = {"environment": "live", "owner": "ml", "environment-class": "production"}
+
+
+def test_production_is_what_the_program_labels_not_the_stack_name():
+    # A stack whose resources carry environment-class=production needs CMEK on every bucket, even unlabelled ones.
+    assert stack_violations(policies.bucket_cmek_in_production, [bucket(PRODUCTION, cmek=True)]) == []
+    found = stack_violations(policies.bucket_cmek_in_production, [bucket(PRODUCTION, cmek=True), bucket({}, name="x")])
+    assert len(found) == 1 and "bucket x of a production stack" in found[0]
+    # The name alone decides nothing: a stack called prod without the label is not production to the pack.
+    assert stack_violations(policies.bucket_cmek_in_production, [bucket({"environment": "prod", "owner": "ml"})]) == []
+    # The label on any labelled resource marks the stack (here a Pub/Sub topic's).
+    topic = stack_resource("gcp:pubsub/topic:Topic", {"labels": PRODUCTION}, "t")
+    assert len(stack_violations(policies.bucket_cmek_in_production, [topic, bucket({})])) == 1
+
+
 @pytest.mark.parametrize("stack", ["dev", "prod"])
 def test_shipped_stacks_pass_every_policy(stack):
     assert check_policies(run_program(stack, stack_config(stack))) == []
@@ -165,7 +175,7 @@ def weakened_program() -> None:
 def test_weakened_stack_fails_with_the_expected_violations():
     found = check_policies(run_program("dev", stack_config(), program=weakened_program))
     assert {(v.policy, v.resource) for v in found} == {
-        ("no-broad-project-roles", "rogue-editor"),
+        ("no-dangerous-grants", "rogue-editor"),
         ("bucket-no-public-members", "rogue-public"),
         ("tpu-vm-no-external-ip", "rogue-vm"),
         ("tpu-vm-dedicated-service-account", "rogue-vm"),
