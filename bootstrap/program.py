@@ -369,6 +369,35 @@ def build_bootstrap(cfg: BootstrapConfig) -> dict[str, Any]:
             f"previewer-{stack}-grant", project=project, role=preview_role.name, member=_member(previewer), opts=in_env
         )
 
+        agent_apis = {grant["agent"] for grant in entry["agentGrants"]} - {"storage.googleapis.com"}
+        for api in sorted(agent_apis):  # an agent is generated only where its API is on
+            env_apis.append(
+                gcp.projects.Service(f"{stack}-api-{api.split('.')[0]}", project=project, service=api,
+                                     disable_on_destroy=False)
+            )  # fmt: skip
+        for grant in entry["agentGrants"]:
+            # Google's agents of the environment, with roles the deployer may not grant (they hold
+            # act-as and token rights): provisioned and granted here, before the first deploy.
+            short = grant["agent"].split(".")[0]
+            if grant["agent"] == "storage.googleapis.com":
+                agent_member = gcp.storage.get_project_service_account_output(
+                    project=project, opts=pulumi.InvokeOutputOptions(depends_on=env_apis)
+                ).member
+            else:
+                identity = gcp.projects.ServiceIdentity(
+                    f"{stack}-{short}-agent",
+                    project=project,
+                    service=grant["agent"],
+                    opts=pulumi.ResourceOptions(depends_on=env_apis),
+                )
+                agent_member = identity.member
+            gcp.projects.IAMMember(
+                f"{stack}-{short}-agent-{grant['role'].rsplit('.', 1)[-1]}",
+                project=project,
+                role=grant["role"],
+                member=agent_member,
+                opts=in_env,
+            )
         if entry["cmekKeys"]:
             # The environment's Cloud Storage agent uses keys kept in another project; the grant is made
             # here so that the deployer needs no right on those keys.

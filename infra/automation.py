@@ -15,11 +15,13 @@ Identities (each grant has its evidence next to it):
   authentication with HTTP targets"; the provider's `cloudfunctions2_function` scheduler example);
 - a build account: functions build with it, not with the Compute default account that new projects
   use and that may lack `cloudbuild.builds.builder` (Cloud Run functions, "Configure the build
-  service account");
-- Google's agents: Eventarc's service agent is provisioned and granted `roles/eventarc.serviceAgent`
-  before any trigger exists ("Permission denied while using the Eventarc Service Agent"), and the
-  Cloud Storage agent may publish to Pub/Sub, which direct Cloud Storage events need (Eventarc,
-  "Roles and permissions for Cloud Run functions targets").
+  service account"); it holds Cloud Run Builder and reads the source bucket;
+- Google's agents are the bootstrap's: it provisions Eventarc's service agent and grants it
+  `roles/eventarc.serviceAgent` before any trigger exists ("Permission denied while using the
+  Eventarc Service Agent"), and lets the Cloud Storage agent publish to Pub/Sub, which direct Cloud
+  Storage events need (Eventarc, "Roles and permissions for Cloud Run functions targets"). Those
+  roles hold act-as and token rights, so the deployer may not grant them (its condition lists only
+  the plan's own roles, and the policy pack refuses such a list).
 The deployer gets act-as on the guard, invoker and build accounts; each function waits for them.
 """
 
@@ -58,10 +60,10 @@ GUARD_PERMISSIONS = (
     "tpu.nodes.create",
     "tpu.operations.get",
 )
-BUILDER_ROLE = "roles/cloudbuild.builds.builder"
-EVENTARC_AGENT_ROLE = "roles/eventarc.serviceAgent"
+# Cloud Run, "Deploy a Cloud Run function": the build service account needs Cloud Run Builder. Narrower
+# than cloudbuild.builds.builder, which can create builds (the policy pack's deny-list).
+BUILDER_ROLE = "roles/run.builder"
 EVENT_RECEIVER_ROLE = "roles/eventarc.eventReceiver"
-PUBLISHER_ROLE = "roles/pubsub.publisher"
 INVOKER_ROLE = "roles/run.invoker"
 
 
@@ -120,15 +122,6 @@ class TpuGuard(pulumi.ComponentResource):
             description="List, read, stop, start, delete and re-create TPU nodes; nothing else.",
             permissions=GUARD_PERMISSIONS,
         )  # fmt: skip
-        agent = gcp.projects.ServiceIdentity(
-            f"{name}-eventarc-agent",
-            project=cfg.project,
-            service="eventarc.googleapis.com",
-            opts=pulumi.ResourceOptions(parent=self, depends_on=apis.needs("eventarc")),
-        )
-        storage_agent = gcp.storage.get_project_service_account_output(
-            project=cfg.project, opts=pulumi.InvokeOutputOptions(depends_on=apis.needs("storage"))
-        )
         ready: list[pulumi.Resource] = [
             grants.project_role(
                 f"{name}-tpu", cfg.project, self.role.name, member, parent=self, depends_on=crm,
@@ -136,14 +129,6 @@ class TpuGuard(pulumi.ComponentResource):
             ),
             grants.project_role(
                 f"{name}-receiver", cfg.project, EVENT_RECEIVER_ROLE, member, parent=self, depends_on=crm
-            ),
-            grants.project_role(
-                f"{name}-eventarc-agent", cfg.project, EVENTARC_AGENT_ROLE,
-                agent.email.apply(iam.service_account_member), parent=self, depends_on=crm,
-            ),
-            grants.project_role(
-                f"{name}-storage-agent-publisher", cfg.project, PUBLISHER_ROLE, storage_agent.member,
-                parent=self, depends_on=crm,
             ),
             grants.project_role(
                 f"{name}-builder", cfg.project, BUILDER_ROLE, self.builder.email.apply(iam.service_account_member),
@@ -238,7 +223,7 @@ class TpuGuard(pulumi.ComponentResource):
                 ),
                 event_trigger=trigger,
                 labels=cfg.labels,
-                opts=pulumi.ResourceOptions(parent=self, depends_on=[*needs, *ready, agent]),
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[*needs, *ready]),
             )
 
         def invoke_grant(suffix: str, fn: gcp.cloudfunctionsv2.Function, who: pulumi.Output[str]) -> pulumi.Resource:

@@ -174,6 +174,19 @@ EXCEPTIONS: tuple[GrantException, ...] = (
         role=r"roles/iam\.serviceAccountUser",
         target=rf"tpu-(?!guard-|scheduler-|deployer-)[a-z0-9-]+-(?P=env)@(?P=project){SA}",
     ),
+    GrantException(
+        "google-service-agent-own-role",
+        "a Google service agent holding its own service's agent role, which Google grants it by default "
+        "when the service is first used; the bootstrap grants it before the first trigger (Eventarc, "
+        "'Roles and permissions for Cloud Run functions targets')",
+        level="project",
+        member=r"serviceAccount:service-\d+@gcp-sa-(?P<service>[a-z]+)\.iam\.gserviceaccount\.com",
+        role=r"roles/(?P<role_service>[a-z]+)\.serviceAgent",
+        target=rf"{PROJECT_ID}",
+        check=lambda grant, match, _roles: (
+            None if match["service"] == match["role_service"] else "a service agent holding another service's role"
+        ),
+    ),
 )
 
 # Custom roles whose own permission list may hold part of the deny-list: role name pattern -> what.

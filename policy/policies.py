@@ -239,9 +239,15 @@ def required_labels(args: ResourceValidationArgs, report: Report) -> None:
         report(f"missing labels {', '.join(missing)} (cost reports and clean-up group resources by them)")
 
 
+# What runs up a bill: a stack declaring any of these needs a budget. The bootstrap (a bucket, a key,
+# identities) declares none, and is judged by every other rule like any stack.
+SPENDING_TYPES = {V2VM, "gcp:cloudfunctionsv2/function:Function", "gcp:tpu/v2QueuedResource:V2QueuedResource"}
+
+
 def budget_in_every_stack(args: StackValidationArgs, report: Report) -> None:
-    if not any(r.resource_type == BUDGET for r in args.resources):
-        report("every stack has a billing budget with alerts")
+    spends = any(r.resource_type in SPENDING_TYPES for r in args.resources)
+    if spends and not any(r.resource_type == BUDGET for r in args.resources):
+        report("every stack that runs TPUs or functions has a billing budget with alerts")
 
 
 def spot_tpu_has_checkpoints(args: StackValidationArgs, report: Report) -> None:

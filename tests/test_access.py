@@ -358,20 +358,30 @@ def test_everything_that_attaches_an_account_waits_for_the_act_as_grant(stack):
     assert checked >= 3
 
 
-def test_functions_wait_for_the_eventarc_agent_and_build_with_their_own_account():
+def test_functions_build_with_their_own_account_as_cloud_run_builder():
     result = env_plan("prod")
-    (agent_grant,) = [
-        r
-        for r in result.of_type("gcp:projects/iAMMember:IAMMember")
-        if r.inputs["role"] == "roles/eventarc.serviceAgent"
-    ]
-    for fn in result.of_type("gcp:cloudfunctions2/function:Function") + result.of_type(
-        "gcp:cloudfunctionsv2/function:Function"
-    ):
-        assert depends_on(result, fn, agent_grant.urn), fn.name
-        assert fn.inputs["buildConfig"]["serviceAccount"].endswith(
-            "tpu-guard-build-prod@acme-ml-production.iam.gserviceaccount.com"
-        )
+    functions = result.of_type("gcp:cloudfunctionsv2/function:Function")
+    assert len(functions) == 3  # budget, recovery, completion
+    builder = "tpu-guard-build-prod@acme-ml-production.iam.gserviceaccount.com"
+    for fn in functions:
+        assert fn.inputs["buildConfig"]["serviceAccount"].endswith(builder)
+    roles = {
+        g.inputs["role"] for g in result.of_type("gcp:projects/iAMMember:IAMMember") if builder in g.inputs["member"]
+    }
+    assert roles == {"roles/run.builder"}
+
+
+def test_google_agents_are_provisioned_and_granted_by_the_bootstrap_before_any_trigger():
+    """Their roles hold act-as and token rights: the deployer may not grant them."""
+    identities = {
+        (r.inputs["project"], r.inputs["service"])
+        for r in boot().of_type("gcp:projects/serviceIdentity:ServiceIdentity")
+    }
+    grants = {(r.inputs["project"], r.inputs["role"]) for r in boot().of_type("gcp:projects/iAMMember:IAMMember")}
+    for stack, project in PROJECTS.items():
+        assert (project, "eventarc.googleapis.com") in identities
+        assert {(project, "roles/eventarc.serviceAgent"), (project, "roles/pubsub.publisher")} <= grants
+        assert "roles/eventarc.serviceAgent" not in needs(stack).project_grants[project]
 
 
 def test_scheduler_calls_the_recovery_with_run_invoker_on_its_run_service():

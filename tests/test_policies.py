@@ -105,11 +105,14 @@ def stack_violations(rule, resources) -> list[str]:
     return found
 
 
-def test_budget_in_every_stack():
-    assert (
-        stack_violations(policies.budget_in_every_stack, [stack_resource("gcp:billing/budget:Budget", {}, "b")]) == []
-    )
-    assert "budget" in stack_violations(policies.budget_in_every_stack, [])[0]
+def test_budget_in_every_stack_that_spends():
+    vm = stack_resource("gcp:tpu/v2Vm:V2Vm", {}, "vm")
+    budget = stack_resource("gcp:billing/budget:Budget", {}, "b")
+    assert stack_violations(policies.budget_in_every_stack, [vm, budget]) == []
+    assert "budget" in stack_violations(policies.budget_in_every_stack, [vm])[0]
+    # A stack of identities and a state bucket (the bootstrap) runs up no bill.
+    bucket = stack_resource("gcp:storage/bucket:Bucket", {}, "state")
+    assert stack_violations(policies.budget_in_every_stack, [bucket]) == []
 
 
 def test_spot_tpu_needs_a_checkpoint_grant():

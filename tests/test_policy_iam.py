@@ -385,3 +385,27 @@ def test_a_member_a_preview_does_not_know_yet_is_cannot_tell_where_an_exception_
     # No exception grants roles/owner, whoever the member turns out to be.
     mandatory, advisory = judged([project_grant("roles/owner", member=None)])
     assert "roles/owner" in mandatory["g"][0] and advisory == {}
+
+
+def test_a_google_service_agent_may_hold_its_own_agent_role_only():
+    from policy.exceptions import EXCEPTIONS
+    from policy.grants import Grant as PolicyGrant
+
+    (agent,) = [e for e in EXCEPTIONS if e.name == "google-service-agent-own-role"]
+    member = "serviceAccount:service-123@gcp-sa-eventarc.iam.gserviceaccount.com"
+    own = PolicyGrant("project", "acme-ml-sandbox", "roles/eventarc.serviceAgent", member, None)
+    assert agent.matches(own)
+    other = PolicyGrant("project", "acme-ml-sandbox", "roles/run.serviceAgent", member, None)
+    match = agent.matches(other)
+    assert match is not None and agent.check is not None and agent.check(other, match, {})
+    impostor = "serviceAccount:service-123@gcp-sa-eventarc.example.com"
+    fake = PolicyGrant("project", "acme-ml-sandbox", "roles/eventarc.serviceAgent", impostor, None)
+    assert not agent.matches(fake)
+
+
+def test_the_bootstrap_plan_passes_the_pack():
+    """The pack knows the bootstrap's shapes (named exceptions) and judges it like any stack."""
+    from infra.offline.policy_check import check_policies
+    from tests.test_bootstrap import plan
+
+    assert [str(v) for v in check_policies(plan()) if v.enforcement == "mandatory"] == []

@@ -18,10 +18,8 @@ INVENTORY = {
         "gcp:serviceaccount/account:Account": 5,  # workload, scheduler, guard, guard invoker, guard build
         # the deployer may attach the workload, scheduler, guard, invoker and build accounts; the guard the workload
         "gcp:serviceaccount/iAMMember:IAMMember": 6,
-        # log + metric writer; scheduler and guard roles; event receiver; Eventarc agent; Storage agent
-        # publisher; builder
-        "gcp:projects/iAMMember:IAMMember": 8,
-        "gcp:projects/serviceIdentity:ServiceIdentity": 1,  # Eventarc's service agent
+        # log + metric writer; scheduler and guard roles; event receiver; builder (Google's agents: bootstrap)
+        "gcp:projects/iAMMember:IAMMember": 6,
         # data, checkpoints, models; the VM's own status prefix; the guard's status; the builder's source
         "gcp:storage/bucketIAMMember:BucketIAMMember": 6,
         "gcp:monitoring/notificationChannel:NotificationChannel": 1,
@@ -57,8 +55,7 @@ INVENTORY = {
         "gcp:storage/bucketObject:BucketObject": 1,
         "gcp:serviceaccount/account:Account": 4,  # the workload, the guard, its invoker, its build account
         "gcp:serviceaccount/iAMMember:IAMMember": 5,
-        "gcp:projects/iAMMember:IAMMember": 7,
-        "gcp:projects/serviceIdentity:ServiceIdentity": 1,
+        "gcp:projects/iAMMember:IAMMember": 5,
         "gcp:projects/iAMCustomRole:IAMCustomRole": 1,
         "gcp:storage/bucketIAMMember:BucketIAMMember": 7,  # 3 workload + 2 VM status prefixes + guard + builder
         "gcp:monitoring/notificationChannel:NotificationChannel": 2,

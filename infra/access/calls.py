@@ -104,11 +104,15 @@ RESOURCE_CALLS: dict[str, Calls] = {
         extra=_bucket_extra,
     ),
     "gcp:storage/bucketIAMMember:BucketIAMMember": _iam_member("storage.buckets"),
+    # Updates never happen here: the platform's objects set only bucket, name and source, and a new
+    # source (its md5) forces a new object (resource_storage_bucket_object.go: ForceNew).
     "gcp:storage/bucketObject:BucketObject": Calls(
         create=("storage.objects.insert", "storage.objects.get"),
         read=("storage.objects.get",),
-        update=("storage.objects.patch",),
         delete=("storage.objects.delete",),
+        extra=lambda inputs: (
+            {"update": ("storage.objects.patch",)} if set(inputs) - {"bucket", "name", "source"} else {}
+        ),
     ),
     "gcp:compute/network:Network": _crud("compute.networks", create="insert", operations=COMPUTE_GLOBAL_OPS),
     # resource_compute_subnetwork.go: private Google access is its own call.

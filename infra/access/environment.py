@@ -29,6 +29,25 @@ class AccessError(ValueError):
     pass
 
 
+# Google's agents that the plan's features need, with the role each needs, granted by the bootstrap
+# (Eventarc, "Roles and permissions for Cloud Run functions targets"): Eventarc's agent for any
+# event trigger; the Cloud Storage agent publishes direct Cloud Storage events to Pub/Sub.
+EVENTARC_AGENT = {"agent": "eventarc.googleapis.com", "role": "roles/eventarc.serviceAgent"}
+STORAGE_AGENT_PUBLISHER = {"agent": "storage.googleapis.com", "role": "roles/pubsub.publisher"}
+
+
+def agent_grants(resources: Iterable[Declared]) -> list[dict[str, str]]:
+    triggers = [
+        r.inputs["eventTrigger"]
+        for r in resources
+        if r.type == "gcp:cloudfunctionsv2/function:Function" and r.inputs.get("eventTrigger")
+    ]
+    out = [EVENTARC_AGENT] if triggers else []
+    if any(str(t.get("eventType", "")).startswith("google.cloud.storage.") for t in triggers):
+        out.append(STORAGE_AGENT_PUBLISHER)
+    return out
+
+
 @dataclass(frozen=True)
 class EnvironmentAccess:
     stack: str
@@ -37,9 +56,11 @@ class EnvironmentAccess:
     grantable_roles: tuple[str, ...]
     previewer_permissions: tuple[str, ...]
     billing_accounts: tuple[str, ...]
+    agent_grants: tuple[dict[str, str], ...] = ()
 
     def as_json(self) -> dict[str, Any]:
         return {
+            "agentGrants": list(self.agent_grants),
             "project": self.project,
             "deployerPermissions": list(self.deployer_permissions),
             "grantableRoles": list(self.grantable_roles),
@@ -84,4 +105,5 @@ def environment_access(
         grantable_roles=tuple(sorted(deploy.project_grants.get(project, set()))),
         previewer_permissions=tuple(sorted(reads)),
         billing_accounts=tuple(sorted(billing)),
+        agent_grants=tuple(agent_grants(resources)),
     )
