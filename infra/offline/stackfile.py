@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import yaml
 from yaml.nodes import MappingNode
@@ -37,11 +37,6 @@ class StackFileLoader(yaml.SafeLoader):
     a key given twice in one mapping is an error, not "the last one wins".
     """
 
-    yaml_implicit_resolvers: ClassVar[dict[str | None, list[tuple[str, re.Pattern[str]]]]] = {
-        first: [(tag, rx) for tag, rx in resolvers if not tag.endswith((":bool", ":int", ":float"))]
-        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-    }
-
     def construct_mapping(self, node: MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, int] = {}
         for key_node, _ in node.value:
@@ -55,6 +50,11 @@ class StackFileLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+# Start from SafeLoader's resolvers less its YAML 1.1 booleans and numbers, then add YAML 1.2's.
+StackFileLoader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if not tag.endswith((":bool", ":int", ":float"))]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
 for _tag, _rx, _first in (
     ("tag:yaml.org,2002:bool", _BOOL_12, "tTfF"),
     ("tag:yaml.org,2002:int", _INT_12, "-+0123456789"),
