@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import re
-import unicodedata
 import zoneinfo
 from collections.abc import Callable, Mapping
 
@@ -284,38 +283,14 @@ def _network(node: Node | None) -> NetworkSettings:
     return settings
 
 
-def _is_label_letter(char: str) -> bool:
-    """A lowercase letter, international ones included (GCP label rules allow them)."""
-    return unicodedata.category(char) == "Ll"
-
-
-def label_key_problem(key: str) -> str | None:
-    # https://cloud.google.com/compute/docs/labeling-resources#requirements: keys 1-63 characters of
-    # lowercase letters (international characters allowed), digits, '_' and '-', starting with a letter.
-    if not (1 <= len(key) <= 63 and _is_label_letter(key[0]) and all(_label_char(c) for c in key)):
-        return "1-63 lowercase letters (international ones too), digits, '_' or '-', starting with a letter"
-    return None
-
-
-def _label_char(char: str) -> bool:
-    return _is_label_letter(char) or char in "0123456789_-"
-
-
-def label_value_problem(value: str) -> str | None:
-    # Same page: values at most 63 characters of lowercase letters (international too), digits, '_', '-'.
-    if not (len(value) <= 63 and all(_label_char(c) for c in value)):
-        return "at most 63 lowercase letters (international ones too), digits, '_' or '-'"
-    return None
-
-
 def _labels(node: Node) -> tuple[tuple[str, str], ...]:
     user_labels: list[tuple[str, str]] = []
     for key, value, path in node.entries("labels", False, max_items=MAX_LABELS - len(RESERVED_LABELS)):
-        if why := label_key_problem(key):
+        if why := naming.label_key_problem(key):
             node.problems.add(path, key, f"label keys need {why}")
         elif key in RESERVED_LABELS:
             node.problems.add(path, value, f"'{key}' is set by the platform; reserved: {', '.join(RESERVED_LABELS)}")
-        elif not isinstance(value, str) or (why := label_value_problem(value)):
+        elif not isinstance(value, str) or (why := naming.label_value_problem(value)):
             node.problems.add(path, value, f"label values need {why or 'a string'}")
         else:
             user_labels.append((key, value))
