@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from croniter import CroniterError, croniter
@@ -47,7 +48,7 @@ def _check_dialect(parts: list[str]) -> None:
             raise CronError(f"'{part}' is not a number, range, list, step or * in the {name} field{hint}")
 
 
-def _values(expanded: list[int | str], low: int, high: int) -> frozenset[int]:
+def _values(expanded: Sequence[int | str], low: int, high: int) -> frozenset[int]:
     if expanded == ["*"]:
         return frozenset(range(low, high + 1))
     return frozenset(int(v) for v in expanded)
