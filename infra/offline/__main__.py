@@ -1,7 +1,7 @@
 """`python -m infra.offline plan [--stack dev] [--json]`: what `pulumi up` would create, offline.
 
-Also `diff BASE HEAD` (the PR comment from two `plan --json` files) and `render` (the start-up
-script a TPU VM will run).
+Also `diff BASE HEAD` (the PR comment from two `plan --json` files), `render` (the start-up
+script a TPU VM will run) and `schema [--write]` (the stack files' JSON Schema and settings table).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pulumi
 
-from infra.config import parse_stack_config
+from infra.config import docs, parse_stack_config
 from infra.offline.diff import as_plan, diff_markdown, unreadable_markdown
 from infra.offline.policy_check import check_policies
 from infra.offline.render import to_json, to_text
@@ -84,7 +84,16 @@ def main(argv: list[str] | None = None) -> int:
     _stack_arguments(render)
     render.add_argument("--vm", help="the TPU VM's name (needed when the stack has several)")
     render.add_argument("--env", action="store_true", help="print the run settings it reads instead")
+    schema = commands.add_parser("schema", help="the JSON Schema of stack files and the README's settings table")
+    schema.add_argument("--write", action="store_true", help="regenerate schema/stack.schema.json and the table")
     args = parser.parse_args(argv)
+    if args.command == "schema":
+        if args.write:
+            for path in docs.write():
+                print(f"wrote {path.relative_to(docs.ROOT)}", file=sys.stderr)
+        else:
+            print(docs.schema_text(), end="")
+        return 0
     if args.command == "diff":
         return _diff(args.base, args.head)
     if args.command == "render":
