@@ -337,7 +337,7 @@ def _cron(expression: str) -> str | None:
     try:
         parse_cron(expression)
     except CronError as error:
-        return f"not a unix-cron schedule as Cloud Scheduler reads it: {error}"
+        return f"not a unix-cron schedule: {error}"
     return None
 
 
