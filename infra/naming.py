@@ -7,20 +7,28 @@ not an invented house style.
 from __future__ import annotations
 
 import re
+import unicodedata
 
+# Whole-string matches (`fullmatch`): `match` with `$` would accept a trailing newline.
 # https://cloud.google.com/storage/docs/buckets#naming (names without dots)
-_BUCKET = re.compile(r"^[a-z0-9][a-z0-9_-]{1,61}[a-z0-9]$")
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9_-]{1,61}[a-z0-9]")
 # https://cloud.google.com/iam/docs/service-accounts-create#creating: 6-30 chars
-_SERVICE_ACCOUNT_ID = re.compile(r"^[a-z](?:[-a-z0-9]{4,28}[a-z0-9])$")
-# https://cloud.google.com/compute/docs/labeling-resources#requirements
-_LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
-_LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
+_SERVICE_ACCOUNT_ID = re.compile(r"[a-z](?:[-a-z0-9]{4,28}[a-z0-9])")
 # RFC 1035 names, as Compute Engine and Cloud TPU node ids use them.
-_RFC1035 = re.compile(r"^[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?$")
+_RFC1035 = re.compile(r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?")
+
+
+def _label_letter(char: str) -> bool:
+    """A lowercase letter, international ones included (Unicode category Ll)."""
+    return unicodedata.category(char) == "Ll"
+
+
+def _label_char(char: str) -> bool:
+    return _label_letter(char) or char in "0123456789_-"
 
 
 def bucket_name_problem(name: str) -> str | None:
-    if not _BUCKET.match(name):
+    if not _BUCKET.fullmatch(name):
         return "3-63 characters of lowercase letters, digits, '-' and '_', starting and ending with a letter or digit"
     if name.startswith("goog") or "google" in name or "g00gle" in name:
         return "must not start with 'goog' or contain 'google'"
@@ -28,25 +36,28 @@ def bucket_name_problem(name: str) -> str | None:
 
 
 def service_account_id_problem(account_id: str) -> str | None:
-    if not _SERVICE_ACCOUNT_ID.match(account_id):
+    if not _SERVICE_ACCOUNT_ID.fullmatch(account_id):
         return "6-30 characters of lowercase letters, digits and '-', starting with a letter and not ending with '-'"
     return None
 
 
+# https://cloud.google.com/compute/docs/labeling-resources#requirements: keys and values of lowercase
+# letters, numeric characters, underscores and dashes, "international characters are allowed"; keys
+# 1-63 characters starting with a lowercase letter or international character, values at most 63.
 def label_key_problem(key: str) -> str | None:
-    if not _LABEL_KEY.match(key):
-        return "1-63 lowercase letters, digits, '_' or '-', starting with a letter"
+    if not (1 <= len(key) <= 63 and _label_letter(key[0]) and all(_label_char(c) for c in key)):
+        return "1-63 lowercase letters (international ones too), digits, '_' or '-', starting with a letter"
     return None
 
 
 def label_value_problem(value: str) -> str | None:
-    if not _LABEL_VALUE.match(value):
-        return "at most 63 lowercase letters, digits, '_' or '-'"
+    if not (len(value) <= 63 and all(_label_char(c) for c in value)):
+        return "at most 63 lowercase letters (international ones too), digits, '_' or '-'"
     return None
 
 
 def resource_id_problem(name: str, max_length: int = 63) -> str | None:
     """RFC 1035 ids (TPU nodes, networks, firewalls, routers)."""
-    if len(name) > max_length or not _RFC1035.match(name):
+    if len(name) > max_length or not _RFC1035.fullmatch(name):
         return f"1-{max_length} lowercase letters, digits and '-', starting with a letter and not ending with '-'"
     return None

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+from croniter import CroniterError, croniter
 
 FIELDS = (("minute", 0, 59), ("hour", 0, 23), ("day of month", 1, 31), ("month", 1, 12), ("day of week", 0, 7))
 HOURS_PER_MONTH = 24 * 30  # "always on", the month
@@ -16,30 +20,38 @@ class CronError(ValueError):
     pass
 
 
-def _field(text: str, name: str, low: int, high: int) -> frozenset[int]:
-    values: set[int] = set()
-    for part in text.split(","):
-        body, _, step_text = part.partition("/")
-        step = int(step_text) if step_text.isdigit() and int(step_text) > 0 else None
-        if step_text and step is None:
-            raise CronError(f"bad step '{step_text}' in the {name} field")
-        if body == "*":
-            start, end = low, high
-        elif "-" in body:
-            a, _, b = body.partition("-")
-            if not (a.isdigit() and b.isdigit()):
-                raise CronError(f"bad range '{body}' in the {name} field")
-            start, end = int(a), int(b)
-        elif body.isdigit():
-            start = end = int(body)
-            if step:
-                end = high
-        else:
-            raise CronError(f"'{body}' is not a number, range or * in the {name} field")
-        if not (low <= start <= end <= high):
-            raise CronError(f"'{body}' is outside {low}-{high} in the {name} field")
-        values.update(range(start, end + 1, step or 1))
-    return frozenset(values)
+# Cloud Scheduler reads unix-cron (https://cloud.google.com/scheduler/docs/configuring/cron-job-schedules):
+# five fields, each `*`, a number, a range `a-b`, a list `a,b` or a step `*/n` / `a-b/n`; months and
+# weekdays may be named (JAN, MON-FRI). croniter also reads six-field (seconds), `L`, `W`, `#` and `?`
+# extensions that Cloud Scheduler refuses, so those are refused first.
+_FIELD = re.compile(
+    r"(\*|[0-9A-Za-z]+(-[0-9A-Za-z]+)?)(/[0-9]+)?(,(\*|[0-9A-Za-z]+(-[0-9A-Za-z]+)?)(/[0-9]+)?)*", re.ASCII
+)
+_NAMES = re.compile(r"[A-Za-z]+")
+_MONTHS = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
+_DAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
+
+
+def _check_dialect(parts: list[str]) -> None:
+    if len(parts) != 5:
+        raise CronError("needs 5 fields: minute hour day-of-month month day-of-week")
+    for part, (name, _, _) in zip(parts, FIELDS, strict=True):
+        if not _FIELD.fullmatch(part):
+            raise CronError(
+                f"'{part}' is not a number, range, list, step or * in the {name} field "
+                "(Cloud Scheduler has no L, W, # or ? extensions)"
+            )
+        names = {n.lower() for n in _NAMES.findall(part)}
+        known = {"month": _MONTHS, "day of week": _DAYS}.get(name, ())
+        if names - set(known):
+            hint = "" if known else " (Cloud Scheduler has no L, W, # or ? extensions)"
+            raise CronError(f"'{part}' is not a number, range, list, step or * in the {name} field{hint}")
+
+
+def _values(expanded: Sequence[int | str], low: int, high: int) -> frozenset[int]:
+    if expanded == ["*"]:
+        return frozenset(range(low, high + 1))
+    return frozenset(int(v) for v in expanded)
 
 
 @dataclass(frozen=True)
@@ -65,10 +77,13 @@ class Cron:
 @functools.cache
 def parse_cron(text: str) -> Cron:
     parts = text.split()
-    if len(parts) != 5:
-        raise CronError("needs 5 fields: minute hour day-of-month month day-of-week")
+    _check_dialect(parts)
+    try:
+        expanded, _nth = croniter.expand(" ".join(parts))
+    except (CroniterError, ValueError) as error:
+        raise CronError(str(error)) from None
     minutes, hours, days, months, weekdays = (
-        _field(part, name, low, high) for part, (name, low, high) in zip(parts, FIELDS, strict=True)
+        _values(values, low, high) for values, (_, low, high) in zip(expanded, FIELDS, strict=True)
     )
     weekdays = frozenset(d % 7 for d in weekdays)
     return Cron(minutes, hours, days, months, weekdays, parts[2] == "*", parts[4] == "*")

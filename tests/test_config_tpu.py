@@ -66,7 +66,9 @@ def test_unknown_accelerator_type():
 def test_spot_vm_needs_checkpoints():
     raw = with_object(stack_config(), "workloads", lambda w: w["mnist"].update(bucketAccess={"checkpoints": "none"}))
     message = problems_of(raw)
-    assert "tpu-platform:tpuVms[0].provisioning = 'spot': a spot TPU can be reclaimed at any time (S19)" in message
+    assert (
+        "tpu-platform:tpuVms[0].provisioning = 'spot': a spot TPU can be reclaimed at any time: its workload" in message
+    )
 
 
 def test_region_without_a_subnet():

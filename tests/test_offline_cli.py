@@ -117,3 +117,33 @@ def test_seed_troubleshooting_items_fail_the_plan_with_the_fix(case, tmp_path):
     assert done.returncode == 2
     assert fix in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def run_render(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "infra.offline", "render", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_render_prints_the_start_up_script_the_vm_will_run():
+    from infra.config import parse_stack_config
+    from infra.tpu.metadata import vm_metadata
+
+    done = run_render("--stack", "prod", "--vm", "mnist-v5e-spot")
+    assert done.returncode == 0, done.stderr
+    expected = vm_metadata(parse_stack_config("prod", stack_config("prod")))["mnist-v5e-spot"]["startup-script"]
+    assert done.stdout == expected
+    assert done.stdout.startswith("#!/bin/bash\n# tpu-platform start-up for TPU VM mnist-v5e-spot (stack prod)")
+
+
+def test_render_env_prints_the_run_settings():
+    done = run_render("--env")
+    assert done.returncode == 0, done.stderr
+    assert "TPU_PLATFORM_EPOCHS=5\n" in done.stdout
+
+
+def test_render_asks_which_vm_when_there_are_several():
+    done = run_render("--stack", "prod")
+    assert done.returncode == 2
+    assert "pass --vm, one of mnist-v5e, mnist-v5e-spot" in done.stderr
+    assert "Traceback" not in done.stderr

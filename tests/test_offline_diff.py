@@ -1,4 +1,4 @@
-"""The PR plan diff on two crafted plans: an added VM, a removed bucket, a changed label, a new violation."""
+"""The PR plan diff: real plans of edited stacks, read as a reviewer would."""
 
 from __future__ import annotations
 
@@ -8,15 +8,25 @@ import subprocess
 import sys
 from pathlib import Path
 
-from infra.offline.diff import diff_markdown
+from infra.offline import force_new
+from infra.offline.diff import diff_markdown, line_diff
 from infra.offline.render import to_json
 from infra.offline.runner import plan_stack
+from tests.support import NS, plan, stack_config, with_object
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def as_json(result) -> dict:
+    return json.loads(json.dumps(to_json(result), default=str))
+
+
 def base_plan() -> dict:
-    return json.loads(json.dumps(to_json(plan_stack("dev")), default=str))
+    return as_json(plan_stack("dev"))
+
+
+def head_plan(edit_key: str, edit) -> dict:
+    return as_json(plan(with_object(stack_config(), edit_key, edit)))
 
 
 def crafted_head(base: dict) -> dict:
@@ -33,25 +43,57 @@ def crafted_head(base: dict) -> dict:
     head["violations"] = [
         {"policy": "tpu-vm-no-external-ip", "enforcement": "mandatory", "resource": extra["name"], "message": "no"}
     ]
+    head["warnings"] = ["stack 'dev': estimated TPU cost 979.20 USD/month exceeds the budget of 500.00 USD"]
     head["cost"] = {"monthlyTotal": 979.2}
     base["cost"] = {"monthlyTotal": 489.6}
     return head
 
 
-def test_diff_summarises_each_kind_of_change():
+def test_diff_summarises_each_kind_of_change_with_pulumis_summary_line():
     base = base_plan()
     head = crafted_head(base)
     markdown = diff_markdown(base, head)
+    unchanged = len(base["resources"]) - 2
     assert "### Offline plan diff: stack `dev`" in markdown
-    assert "**1 to add, 1 to change, 1 to delete**" in markdown
-    assert "#### Added\n- `tpu-mnist-second-node` (gcp:tpu/v2Vm:V2Vm)" in markdown
-    assert "#### Removed\n- `buckets-models` (gcp:storage/bucket:Bucket)" in markdown
+    assert f"**+ 1 to create, ~ 1 to update, +- 0 to replace, - 1 to delete, {unchanged} unchanged**" in markdown
+    assert "#### + Create\n- `tpu-mnist-second-node` (gcp:tpu/v2Vm:V2Vm)" in markdown
+    assert "#### - Delete\n- `buckets-models` (gcp:storage/bucket:Bucket)" in markdown
     assert (
-        "- `buckets-data` (gcp:storage/bucket:Bucket)\n  - `inputs.labels.owner`: `ml-platform` → `research`"
-        in markdown
+        "#### ~ Update in place\n- `buckets-data` (gcp:storage/bucket:Bucket)\n"
+        "  - `inputs.labels.owner`: `ml-platform` → `research`" in markdown
     )
     assert "- ❌ new [mandatory] `tpu-vm-no-external-ip` on `tpu-mnist-second-node`: no" in markdown
+    assert "#### Warnings\n- new: stack 'dev': estimated TPU cost 979.20 USD/month exceeds the budget" in markdown
     assert "#### Estimated TPU cost: $979.20/month (+489.60)" in markdown
+
+
+def test_a_vm_moved_to_another_zone_is_a_replacement():
+    base = base_plan()
+    head = head_plan("tpuVms", lambda vms: vms[0].update(zone="us-central1-c"))
+    markdown = diff_markdown(base, head)
+    # The node is replaced; the stop job's URL and the guard's completion actions name the zone (updates).
+    assert "+- 1 to replace" in markdown
+    replaced = markdown.split("#### +- Replace (destroyed and created again)\n", 1)[1].split("#### ~ Update")[0]
+    assert "- `tpu-mnist-v2-spot-node` (gcp:tpu/v2Vm:V2Vm)" in replaced
+    assert "  - `inputs.zone`: `us-central1-b` → `us-central1-c` **(forces replacement)**" in replaced
+    assert "~ 3 to update" in markdown
+
+
+def test_a_changed_epochs_shows_the_changed_line_and_updates_in_place():
+    base = base_plan()
+    head = head_plan("workloads", lambda w: w["mnist"].update(epochs=7))
+    markdown = diff_markdown(base, head)
+    assert "+- 0 to replace" in markdown and "~ 1 to update" in markdown
+    assert "  - `inputs.metadata.tpu-platform-env`:" in markdown
+    assert "    -TPU_PLATFORM_EPOCHS=5\n    +TPU_PLATFORM_EPOCHS=7" in markdown
+
+
+def test_a_long_single_line_json_value_is_diffed_by_line():
+    old = json.dumps({"widgets": [{"title": f"chart {i}", "x": i} for i in range(10)]})
+    new = old.replace('"chart 7"', '"chart seven"')
+    assert old[:60] == new[:60]  # the old 60-character cut showed both sides alike
+    diff = line_diff(old, new)
+    assert '-   "title": "chart 7",' in diff and '+   "title": "chart seven",' in diff
 
 
 def test_identical_plans_show_no_change():
@@ -59,11 +101,64 @@ def test_identical_plans_show_no_change():
     assert "No resource changes." in diff_markdown(base, copy.deepcopy(base))
 
 
-def test_options_changes_are_shown():
+def test_options_changes_are_shown_as_updates():
     base = base_plan()
     head = copy.deepcopy(base)
     next(r for r in head["resources"] if r["name"] == "buckets-data")["options"]["retainOnDelete"] = False
-    assert "`options.retainOnDelete`: `True` → `False`" in diff_markdown(base, head)
+    markdown = diff_markdown(base, head)
+    assert "`options.retainOnDelete`: `true` → `false`" in markdown
+    assert "+- 0 to replace" in markdown
+
+
+def test_every_resource_type_the_stacks_declare_has_a_replacement_rule():
+    types = {r.type for stack in ("dev", "prod") for r in plan_stack(stack).resources if r.custom}
+    assert sorted(t for t in types if not force_new.known(t)) == []
+
+
+def test_the_replacement_table_names_its_source():
+    source = force_new.source()
+    assert source["repository"] == "hashicorp/terraform-provider-google-beta"
+    assert len(str(source["commit"])) == 40
+    # Spot checks against the provider's schema: a bucket's location and a VM's runtime force new.
+    assert force_new.effect("gcp:storage/bucket:Bucket", "location") == "replace"
+    assert force_new.effect("gcp:storage/bucket:Bucket", "labels.owner") == "update"
+    assert force_new.effect("gcp:tpu/v2Vm:V2Vm", "runtimeVersion") == "replace"
+    assert force_new.effect("gcp:tpu/v2Vm:V2Vm", "schedulingConfig.spot") == "replace"
+    assert force_new.effect("gcp:compute/subnetwork:Subnetwork", "ipCidrRange") == "replace?"  # only shrinking
+
+
+def test_the_extractor_reads_nested_force_new_fields():
+    go = """
+    Schema: map[string]*schema.Schema{
+        "name": {Type: schema.TypeString, ForceNew: true},
+        "labels": {
+            Type: schema.TypeMap,
+            Elem: &schema.Schema{Type: schema.TypeString},
+        },
+        "network_config": {
+            Type: schema.TypeList,
+            Elem: &schema.Resource{
+                Schema: map[string]*schema.Schema{
+                    "network": {
+                        Type:     schema.TypeString,
+                        ForceNew: true,
+                    },
+                    "queue_count": {Type: schema.TypeInt},
+                },
+            },
+        },
+    },
+    CustomizeDiff: customdiff.ForceNewIfChange("retention_policy.0.is_locked", isLocked),
+    """
+    always, conditional = force_new.force_new_paths(go)
+    assert always == {"name", "network_config.network"}
+    assert conditional == {"retention_policy.is_locked"}
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "infra.offline", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_cli_prints_the_diff_of_two_plan_files(tmp_path):
@@ -71,11 +166,27 @@ def test_cli_prints_the_diff_of_two_plan_files(tmp_path):
     head = crafted_head(base)
     (tmp_path / "base.json").write_text(json.dumps(base))
     (tmp_path / "head.json").write_text(json.dumps(head))
-    done = subprocess.run(
-        [sys.executable, "-m", "infra.offline", "diff", str(tmp_path / "base.json"), str(tmp_path / "head.json")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    )
+    done = run_cli("diff", str(tmp_path / "base.json"), str(tmp_path / "head.json"))
     assert done.returncode == 0, done.stderr
     assert done.stdout == diff_markdown(base, head)
+
+
+def test_an_invalid_stack_file_yields_a_comment_with_its_errors(tmp_path):
+    draft = tmp_path / "Pulumi.dev.yaml"
+    draft.write_text((ROOT / "Pulumi.dev.yaml").read_text().replace("epochs: 5", "epochs: many"))
+    head = run_cli("plan", "--stack-file", str(draft), "--json")
+    assert head.returncode == 2
+    (tmp_path / "head.json").write_text(head.stdout)
+    (tmp_path / "base.json").write_text(json.dumps(base_plan()))
+    done = run_cli("diff", str(tmp_path / "base.json"), str(tmp_path / "head.json"))
+    assert done.returncode == 0, done.stderr
+    assert "The head's stack file is invalid" in done.stdout
+    assert f"{NS}:workloads.mnist.epochs = 'many': must be an integer" in done.stdout
+
+
+def test_an_empty_head_plan_still_yields_a_comment(tmp_path):
+    (tmp_path / "base.json").write_text("{}")
+    (tmp_path / "head.json").write_text("")
+    done = run_cli("diff", str(tmp_path / "base.json"), str(tmp_path / "head.json"))
+    assert done.returncode == 0
+    assert "The head plan could not be read" in done.stdout

@@ -36,11 +36,30 @@ def test_cron_fields():
     ("text", "why"),
     [
         ("0 8 * *", "needs 5 fields"),
-        ("60 8 * * *", "outside 0-59 in the minute field"),
-        ("0 8 * * mon", "'mon' is not a number"),
-        ("*/0 8 * * *", "bad step"),
+        ("60 8 * * *", "out of range"),
+        ("*/0 8 * * *", "step '0'"),
+        # croniter extensions Cloud Scheduler's unix-cron does not have:
+        ("0 8 * * * *", "needs 5 fields"),  # seconds
+        ("0 8 L * *", "no L, W, # or \\? extensions"),
+        ("0 8 * * 1#2", "no L, W, # or \\? extensions"),
+        ("0 8 ? * 1", "no L, W, # or \\? extensions"),
+        ("0 8 15W * *", "no L, W, # or \\? extensions"),
+        ("0 8 * * ١-٥", "not a number"),  # Arabic-Indic digits
+        ("0 8 * * ²", "not a number"),
+        ("0 8 * * 1-5\n", None),  # a trailing newline is whitespace between fields: fine
     ],
 )
 def test_bad_cron(text, why):
+    if why is None:
+        assert parse_cron(text) == parse_cron(text.strip())
+        return
     with pytest.raises(CronError, match=why):
         parse_cron(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "same_as"),
+    [("0 8 * * MON-FRI", "0 8 * * 1-5"), ("0 8 * JAN-MAR sun", "0 8 * 1-3 0"), ("0 8 * * mon,wed", "0 8 * * 1,3")],
+)
+def test_named_months_and_weekdays_as_cloud_scheduler_reads_them(text, same_as):
+    assert parse_cron(text) == parse_cron(same_as)

@@ -1,4 +1,8 @@
-"""`python -m infra.offline plan [--stack dev] [--json]`: what `pulumi up` would create, offline."""
+"""`python -m infra.offline plan [--stack dev] [--json]`: what `pulumi up` would create, offline.
+
+Also `diff BASE HEAD` (the PR comment from two `plan --json` files), `render` (the start-up
+script a TPU VM will run) and `schema [--write]` (the stack files' JSON Schema and settings table).
+"""
 
 from __future__ import annotations
 
@@ -9,30 +13,84 @@ from pathlib import Path
 
 import pulumi
 
+from infra.config import docs, parse_stack_config
 from infra.offline.access import ACCESS_FILE, who_can_do_what
 from infra.offline.access import generate as generate_access
 from infra.offline.access import render as render_access
-from infra.offline.diff import diff_markdown
+from infra.offline.diff import as_plan, diff_markdown, unreadable_markdown
 from infra.offline.policy_check import check_policies
 from infra.offline.render import to_json, to_text
 from infra.offline.runner import plan_stack
-from infra.offline.stackfile import ROOT, StackFileError, available_stacks, stack_of
+from infra.offline.stackfile import ROOT, StackFileError, available_stacks, read_stack_config, stack_of
 from infra.schema import ConfigError
+from infra.tpu.metadata import vm_metadata
 from policy.policies import RULES
+
+
+def _stack_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--stack", default="dev", help=f"stack file to read (here: {', '.join(available_stacks())})")
+    parser.add_argument("--stack-file", type=Path, help="read this Pulumi.<stack>.yaml instead (e.g. a draft)")
+
+
+def _error_lines(error: Exception) -> list[str]:
+    return str(error).splitlines()
+
+
+def _diff(base_path: Path, head_path: Path) -> int:
+    plans = []
+    for which, path in (("base", base_path), ("head", head_path)):
+        try:
+            plans.append(as_plan(json.loads(path.read_text())))
+        except (OSError, json.JSONDecodeError) as error:
+            if which == "base":
+                plans.append({})  # a base that cannot be planned: everything in the head is new
+                continue
+            print(unreadable_markdown(which, str(error).splitlines()[0] if str(error) else "empty"), end="")
+            return 0
+    print(diff_markdown(plans[0], plans[1]), end="")
+    return 0
+
+
+def _render(stack_name: str, stack_file: Path | None, vm_name: str | None, attribute: str) -> int:
+    try:
+        stack = stack_of(stack_file) if stack_file else stack_name
+        cfg = parse_stack_config(stack, read_stack_config(stack, ROOT, stack_file))
+        metadata = vm_metadata(cfg)
+    except (ConfigError, StackFileError) as error:
+        print("error: " + "\n".join(_error_lines(error)), file=sys.stderr)
+        return 2
+    names = sorted(metadata)
+    if not names:
+        print(f"error: stack '{stack}' declares no TPU VMs", file=sys.stderr)
+        return 2
+    if vm_name is None and len(names) > 1:
+        print(f"error: stack '{stack}' has several TPU VMs; pass --vm, one of {', '.join(names)}", file=sys.stderr)
+        return 2
+    vm = vm_name or names[0]
+    if vm not in metadata:
+        print(f"error: stack '{stack}' has no TPU VM '{vm}'; its TPU VMs: {', '.join(names)}", file=sys.stderr)
+        return 2
+    print(metadata[vm][attribute], end="" if metadata[vm][attribute].endswith("\n") else "\n")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m infra.offline", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     plan = commands.add_parser("plan", help="run the program under mocks and print the planned resources")
-    plan.add_argument("--stack", default="dev", help=f"stack file to plan (here: {', '.join(available_stacks())})")
-    plan.add_argument("--stack-file", type=Path, help="plan this Pulumi.<stack>.yaml instead (e.g. a draft)")
-    plan.add_argument("--json", action="store_true", help="print the plan as JSON")
+    _stack_arguments(plan)
+    plan.add_argument("--json", action="store_true", help="print the plan as JSON (a bad stack: its errors)")
     access = commands.add_parser("access", help="CI identities' permissions computed from every stack's plan")
     access.add_argument("--write", action="store_true", help=f"rewrite {ACCESS_FILE.relative_to(ROOT)}")
     compare = commands.add_parser("diff", help="Markdown summary of the change between two `plan --json` files")
     compare.add_argument("base", type=Path)
     compare.add_argument("head", type=Path)
+    render = commands.add_parser("render", help="print the start-up script a TPU VM of the stack will run")
+    _stack_arguments(render)
+    render.add_argument("--vm", help="the TPU VM's name (needed when the stack has several)")
+    render.add_argument("--env", action="store_true", help="print the run settings it reads instead")
+    schema = commands.add_parser("schema", help="the JSON Schema of stack files and the README's settings table")
+    schema.add_argument("--write", action="store_true", help="regenerate schema/stack.schema.json and the table")
     args = parser.parse_args(argv)
     if args.command == "access":
         text = render_access(generate_access())
@@ -41,23 +99,29 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(text, end="")
         return 0
-    if args.command == "diff":
-        try:
-            base, head = (json.loads(p.read_text()) for p in (args.base, args.head))
-        except (OSError, json.JSONDecodeError) as error:
-            print(f"error: {error}", file=sys.stderr)
-            return 2
-        print(diff_markdown(base, head), end="")
+    if args.command == "schema":
+        if args.write:
+            for path in docs.write():
+                print(f"wrote {path.relative_to(docs.ROOT)}", file=sys.stderr)
+        else:
+            print(docs.schema_text(), end="")
         return 0
+    if args.command == "diff":
+        return _diff(args.base, args.head)
+    if args.command == "render":
+        return _render(args.stack, args.stack_file, args.vm, "tpu-platform-env" if args.env else "startup-script")
 
+    stack = args.stack
     try:
         stack = stack_of(args.stack_file) if args.stack_file else args.stack
         result = plan_stack(stack, args.stack_file)
-    except (ConfigError, StackFileError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    except pulumi.RunError as error:  # the program's own config error, as `pulumi up` would show it
-        print(f"error: {error}", file=sys.stderr)
+    except (ConfigError, StackFileError, pulumi.RunError) as error:
+        # RunError: the program's own config error, as `pulumi up` would show it.
+        lines = _error_lines(error)
+        print("error: " + "\n".join(lines), file=sys.stderr)
+        if args.json:  # the PR diff shows these instead of posting nothing
+            json.dump({"stack": stack, "errors": lines}, sys.stdout, indent=2)
+            print()
         return 2
 
     violations = check_policies(result)

@@ -1,20 +1,43 @@
 """Compare two offline plans (`plan --json`) and summarise the change as Markdown for a PR.
 
 For forks and PRs without cloud access: no credentials needed, only the plans of the base and the
-head. Resources are matched by URN; a change lists the properties that differ.
+head. Resources are matched by URN. A changed resource is an update or, when an input the provider
+cannot change in place differs (`force_new.json`), a replacement: destroyed and created again.
+Long and multi-line values are shown as a line diff. A head that could not be planned (a bad stack
+file) is shown with its errors; warnings and policy results of the head are listed.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import difflib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TypeAlias
 
-MAX_VALUE = 80
-UNSET = object()  # a property present on one side only
+from infra.offline import force_new
+
+SHORT_VALUE = 80  # longer strings, and any multi-line string, are shown as a line diff
+DIFF_CONTEXT = 2
+MAX_DIFF_LINES = 60  # per property, so a rewritten script does not bury the rest of the comment
+
+Json: TypeAlias = "bool | int | float | str | list[Json] | dict[str, Json] | None"
 
 
-def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
+class _Unset:
+    """A property present on one side only."""
+
+    def __repr__(self) -> str:
+        return "(unset)"
+
+
+UNSET = _Unset()
+Value: TypeAlias = "Json | _Unset"
+
+
+def _flat(value: Json, prefix: str = "") -> dict[str, Json]:
     if isinstance(value, dict):
-        out: dict[str, Any] = {}
+        out: dict[str, Json] = {}
         for key, child in value.items():
             out.update(_flat(child, f"{prefix}.{key}" if prefix else key))
         return out
@@ -26,18 +49,8 @@ def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix: value}
 
 
-def _show(value: Any) -> str:
-    if value is UNSET:
-        return "_(unset)_"
-    text = value if isinstance(value, str) else repr(value)
-    text = text.replace("\n", "⏎").replace("|", "\\|")
-    if len(text) > MAX_VALUE:
-        text = f"{text[: MAX_VALUE - 20]}… ({len(text):,} chars)"
-    return f"`{text}`"
-
-
-def changed_properties(before: dict[str, Any], after: dict[str, Any]) -> list[tuple[str, Any, Any]]:
-    old, new = _flat(before), _flat(after)
+def changed_properties(before: Mapping[str, Json], after: Mapping[str, Json]) -> list[tuple[str, Value, Value]]:
+    old, new = _flat(dict(before)), _flat(dict(after))
     return [
         (key, old.get(key, UNSET), new.get(key, UNSET))
         for key in sorted(old.keys() | new.keys())
@@ -45,65 +58,200 @@ def changed_properties(before: dict[str, Any], after: dict[str, Any]) -> list[tu
     ]
 
 
-def _cost(plan: dict[str, Any]) -> float | None:
-    cost = plan.get("cost") or {}
-    return cost.get("monthlyTotal")
+def _code(text: str) -> str:
+    """Inline code that survives backticks and table pipes in the value."""
+    text = text.replace("|", "\\|")
+    fence = "``" if "`" in text else "`"
+    return f"{fence}{text}{fence}" if fence == "`" else f"{fence} {text} {fence}"
 
 
-def diff_markdown(base: dict[str, Any], head: dict[str, Any]) -> str:
+def _is_long(value: Value) -> bool:
+    return isinstance(value, str) and (len(value) > SHORT_VALUE or "\n" in value)
+
+
+def _show(value: Value) -> str:
+    if isinstance(value, _Unset):
+        return "_(unset)_"
+    return _code(value if isinstance(value, str) else json.dumps(value))
+
+
+def _lines(value: Value) -> list[str]:
+    """A long value as lines: JSON documents (dashboards) pretty-printed, scripts by line."""
+    if isinstance(value, _Unset) or value is None:
+        return []
+    text = value if isinstance(value, str) else json.dumps(value)
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, dict | list):
+        text = json.dumps(parsed, indent=1, sort_keys=True)
+    return text.splitlines()
+
+
+def line_diff(old: Value, new: Value) -> list[str]:
+    """A unified diff of two long values, cut after MAX_DIFF_LINES lines."""
+    lines = list(difflib.unified_diff(_lines(old), _lines(new), "base", "head", n=DIFF_CONTEXT, lineterm=""))[2:]
+    if len(lines) > MAX_DIFF_LINES:
+        hidden = len(lines) - MAX_DIFF_LINES
+        lines = [*lines[:MAX_DIFF_LINES], f"… {hidden} more diff lines (run the plan diff locally to see all)"]
+    return lines
+
+
+@dataclass(frozen=True)
+class Change:
+    urn: str
+    name: str
+    type: str
+    properties: list[tuple[str, Value, Value, str]]  # (key, old, new, effect: update | replace | replace?)
+
+    @property
+    def replaced(self) -> bool:
+        return any(effect == "replace" for *_, effect in self.properties)
+
+
+def _resources(plan: Mapping[str, Json]) -> dict[str, dict[str, Json]]:
+    resources = plan.get("resources")
+    out: dict[str, dict[str, Json]] = {}
+    for r in resources if isinstance(resources, list) else []:
+        if isinstance(r, dict) and isinstance(r.get("urn"), str):
+            out[str(r["urn"])] = r
+    return out
+
+
+def _effect(token: str, key: str) -> str:
+    if not key.startswith("inputs."):
+        return "update"  # options (protect, retainOnDelete) change how Pulumi treats it, not the cloud
+    return force_new.effect(token, key.removeprefix("inputs."))
+
+
+def _changes(before: dict[str, dict[str, Json]], after: dict[str, dict[str, Json]]) -> list[Change]:
+    out = []
+    for urn in sorted(before.keys() & after.keys()):
+        old, new = before[urn], after[urn]
+        props = changed_properties(
+            {"inputs": old.get("inputs"), "options": old.get("options", {})},
+            {"inputs": new.get("inputs"), "options": new.get("options", {})},
+        )
+        if props:
+            token = str(new.get("type"))
+            out.append(Change(urn, str(new.get("name")), token, [(k, o, n, _effect(token, k)) for k, o, n in props]))
+    return out
+
+
+def _label(resource: Mapping[str, Json]) -> str:
+    return f"`{resource.get('name')}` ({resource.get('type')})"
+
+
+def _strings(plan: Mapping[str, Json], key: str) -> list[str]:
+    items = plan.get(key)
+    return [str(i) for i in items] if isinstance(items, list) else []
+
+
+def _violations(plan: Mapping[str, Json]) -> dict[tuple[str, str, str], dict[str, Json]]:
+    items = plan.get("violations")
+    out: dict[tuple[str, str, str], dict[str, Json]] = {}
+    for v in items if isinstance(items, list) else []:
+        if isinstance(v, dict):
+            out[(str(v.get("policy")), str(v.get("resource") or "stack"), str(v.get("message")))] = v
+    return out
+
+
+def _cost(plan: Mapping[str, Json]) -> float | None:
+    cost = plan.get("cost")
+    total = cost.get("monthlyTotal") if isinstance(cost, dict) else None
+    return float(total) if isinstance(total, int | float) else None
+
+
+def summary_line(create: int, update: int, replace: int, delete: int, unchanged: int) -> str:
+    """Pulumi's preview summary, on one line."""
+    return (
+        f"+ {create} to create, ~ {update} to update, +- {replace} to replace, - {delete} to delete, "
+        f"{unchanged} unchanged"
+    )
+
+
+def _property_lines(key: str, old: Value, new: Value, effect: str) -> list[str]:
+    mark = {"replace": " **(forces replacement)**", "replace?": " _(may force replacement)_"}.get(effect, "")
+    if _is_long(old) or _is_long(new):
+        body = line_diff(old, new)
+        return [f"  - `{key}`{mark}:", "", "    ```diff", *(f"    {line}" for line in body), "    ```", ""]
+    return [f"  - `{key}`: {_show(old)} → {_show(new)}{mark}"]
+
+
+def diff_markdown(base: Mapping[str, Json], head: Mapping[str, Json]) -> str:
     stack = head.get("stack") or base.get("stack")
-    before = {r["urn"]: r for r in base.get("resources", [])}
-    after = {r["urn"]: r for r in head.get("resources", [])}
+    lines = [f"### Offline plan diff: stack `{stack}`", ""]
+    errors = _strings(head, "errors")
+    if errors:
+        lines += [
+            "❌ **The head's stack file is invalid: `pulumi preview` and `pulumi up` would stop before "
+            "creating anything.**",
+            "",
+            "```",
+            *errors,
+            "```",
+        ]
+        return "\n".join(lines) + "\n"
+
+    before, after = _resources(base), _resources(head)
     added = sorted(after.keys() - before.keys())
     removed = sorted(before.keys() - after.keys())
-    changed = {
-        urn: props
-        for urn in sorted(before.keys() & after.keys())
-        if (props := changed_properties(
-            {"inputs": before[urn]["inputs"], "options": before[urn].get("options", {})},
-            {"inputs": after[urn]["inputs"], "options": after[urn].get("options", {})},
-        ))
-    }  # fmt: skip
-
-    def name(resource: dict[str, Any]) -> str:
-        return f"`{resource['name']}` ({resource['type']})"
-
-    lines = [f"### Offline plan diff: stack `{stack}`", ""]
-    if not (added or removed or changed):
+    changes = _changes(before, after)
+    replaced = [c for c in changes if c.replaced]
+    updated = [c for c in changes if not c.replaced]
+    unchanged = len(before.keys() & after.keys()) - len(changes)
+    if not (added or removed or changes):
         lines.append("No resource changes.")
     else:
-        lines.append(f"**{len(added)} to add, {len(changed)} to change, {len(removed)} to delete**")
-    for title, urns, plan in (("Added", added, after), ("Removed", removed, before)):
+        lines.append(f"**{summary_line(len(added), len(updated), len(replaced), len(removed), unchanged)}**")
+
+    for title, urns, plan in (("+ Create", added, after), ("- Delete", removed, before)):
         if urns:
-            lines += ["", f"#### {title}", *(f"- {name(plan[u])}" for u in urns)]
-    if changed:
-        lines += ["", "#### Changed"]
-        for urn, props in changed.items():
-            lines.append(f"- {name(after[urn])}")
-            for key, old, new in props:
-                show_old = (
-                    "_(unset)_" if not isinstance(old, str | int | float | bool | list | type(None)) else _show(old)
-                )
-                show_new = (
-                    "_(unset)_" if not isinstance(new, str | int | float | bool | list | type(None)) else _show(new)
-                )
-                lines.append(f"  - `{key}`: {show_old} → {show_new}")
+            lines += ["", f"#### {title}", *(f"- {_label(plan[u])}" for u in urns)]
+    for title, group in (("+- Replace (destroyed and created again)", replaced), ("~ Update in place", updated)):
+        if not group:
+            continue
+        lines += ["", f"#### {title}"]
+        for change in group:
+            lines.append(f"- `{change.name}` ({change.type})")
+            for key, old, new, effect in change.properties:
+                lines += _property_lines(key, old, new, effect)
+    unknown = sorted(
+        {c.type for c in changes if not force_new.known(c.type) and not c.type.startswith("tpu-platform:")}
+    )
+    if unknown:
+        lines += ["", f"_Not in the replacement table (shown as updates): {', '.join(unknown)}._"]
 
-    def violation_key(v: dict[str, Any]) -> tuple:
-        return (v.get("policy"), v.get("resource"), v.get("message"))
+    old_v, new_v = _violations(base), _violations(head)
+    if new_v or old_v:
+        lines += ["", "#### Policies"]
+        for key in sorted(new_v):
+            v = new_v[key]
+            status = "❌ new" if key not in old_v else "⚠️ still"
+            lines.append(f"- {status} [{v.get('enforcement')}] `{key[0]}` on `{key[1]}`: {key[2]}")
+        lines += [f"- ✅ resolved `{k[0]}` on `{k[1]}`" for k in sorted(old_v.keys() - new_v.keys())]
 
-    old_v = {violation_key(v): v for v in base.get("violations", [])}
-    new_v = {violation_key(v): v for v in head.get("violations", [])}
-    introduced = [new_v[k] for k in sorted(new_v.keys() - old_v.keys(), key=str)]
-    resolved = [old_v[k] for k in sorted(old_v.keys() - new_v.keys(), key=str)]
-    if introduced or resolved:
-        lines += ["", "#### Policy violations"]
-        lines += [f"- ❌ new [{v['enforcement']}] `{v['policy']}` on `{v.get('resource') or 'stack'}`: {v['message']}"
-                  for v in introduced]  # fmt: skip
-        lines += [f"- ✅ resolved `{v['policy']}` on `{v.get('resource') or 'stack'}`" for v in resolved]
+    warnings = _strings(head, "warnings")
+    if warnings:
+        old_w = set(_strings(base, "warnings"))
+        lines += ["", "#### Warnings", *(f"- {'new: ' if w not in old_w else ''}{w}" for w in warnings)]
 
     base_cost, head_cost = _cost(base), _cost(head)
     if head_cost is not None or base_cost is not None:
         delta = (head_cost or 0.0) - (base_cost or 0.0)
         lines += ["", f"#### Estimated TPU cost: ${head_cost or 0:,.2f}/month ({delta:+,.2f})"]
     return "\n".join(lines) + "\n"
+
+
+def unreadable_markdown(which: str, why: str, stack: str | None = None) -> str:
+    """The comment when a plan file cannot be read: say so rather than post nothing."""
+    title = f"### Offline plan diff: stack `{stack}`" if stack else "### Offline plan diff"
+    return f"{title}\n\n❌ The {which} plan could not be read ({why}); see the job log for the plan's error.\n"
+
+
+def as_plan(data: Json) -> Mapping[str, Json]:
+    return data if isinstance(data, dict) else {}
+
+
+__all__: Sequence[str] = ("changed_properties", "diff_markdown", "line_diff", "summary_line", "unreadable_markdown")

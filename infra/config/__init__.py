@@ -1,0 +1,75 @@
+"""A stack's settings, parsed and validated once into frozen objects.
+
+- `model`: the frozen objects components read (`PlatformConfig` and its parts);
+- `settings`: one declaration per setting (key, type, default, bounds, description), from which
+  the reader, the JSON Schema of stack files and the README's settings table are made;
+- `reader`: `parse_stack_config`, raw Pulumi config -> `PlatformConfig` or one `ConfigError`;
+- `rules`: checks across settings (the TPU catalog, production, names);
+- `docs`: the JSON Schema and the settings table, generated.
+
+Components never read `pulumi.Config`; they take these objects, so they are testable with plain values.
+"""
+
+from infra.config.model import (
+    BUCKET_PURPOSES,
+    PLATFORM_ACCOUNTS,
+    PROJECT,
+    RESERVED_LABELS,
+    AutomationSettings,
+    BucketSettings,
+    BudgetSettings,
+    MonitoringSettings,
+    NetworkSettings,
+    PlatformConfig,
+    ScheduleSettings,
+    Threshold,
+    TpuVmSettings,
+    WorkloadSettings,
+    bucket_name,
+    service_account_id,
+)
+from infra.config.reader import OBJECT_KEYS, SCALAR_KEYS, parse_stack_config
+from infra.config.settings import (
+    BILLING_ACCOUNT,
+    BUCKET_LOCATIONS,
+    EMAIL,
+    GCP_PROJECT_ID,
+    KMS_KEY,
+    MAX_BUDGET_CHANNELS,
+    ON_COMPLETION,
+    SPEND_BASIS,
+    STORAGE_CLASSES,
+)
+from infra.schema import ConfigError
+
+__all__ = [
+    "BILLING_ACCOUNT",
+    "BUCKET_LOCATIONS",
+    "BUCKET_PURPOSES",
+    "EMAIL",
+    "GCP_PROJECT_ID",
+    "KMS_KEY",
+    "MAX_BUDGET_CHANNELS",
+    "OBJECT_KEYS",
+    "ON_COMPLETION",
+    "PLATFORM_ACCOUNTS",
+    "PROJECT",
+    "RESERVED_LABELS",
+    "SCALAR_KEYS",
+    "SPEND_BASIS",
+    "STORAGE_CLASSES",
+    "AutomationSettings",
+    "BucketSettings",
+    "BudgetSettings",
+    "ConfigError",
+    "MonitoringSettings",
+    "NetworkSettings",
+    "PlatformConfig",
+    "ScheduleSettings",
+    "Threshold",
+    "TpuVmSettings",
+    "WorkloadSettings",
+    "bucket_name",
+    "parse_stack_config",
+    "service_account_id",
+]

@@ -1,0 +1,175 @@
+"""The settings of one stack, as frozen objects: what the components read. Pure data, no parsing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from infra.catalog import RECLAIMABLE, AcceleratorType
+from infra.programs import PROGRAMS
+
+PROJECT = "tpu-platform"
+BUCKET_PURPOSES = ("data", "checkpoints", "models")
+# Labels the platform sets on every labelled resource; a stack may not set them itself.
+RESERVED_LABELS = ("environment", "owner", "managed-by", "workload", "provisioning")
+# Service accounts the platform creates per stack besides the workloads' (infra/lifecycle.py,
+# infra/automation.py): `service_account_id(name, stack)` of each. A workload may not take these
+# names, or its account would be the platform's (tests/test_config_names.py plans them to check).
+PLATFORM_ACCOUNTS = ("scheduler", "guard", "guard-invoker", "guard-build")
+
+
+@dataclass(frozen=True)
+class BucketSettings:
+    location: str
+    storage_class: str
+    kms_key_name: str | None
+    noncurrent_versions_to_keep: int
+    noncurrent_version_days: int
+    # Purposes whose bucket, objects included, `pulumi destroy` may delete. Empty by default.
+    destroyable: frozenset[str]
+
+
+@dataclass(frozen=True)
+class Threshold:
+    percent: float  # 100 = the whole budget
+    basis: str  # CURRENT_SPEND | FORECASTED_SPEND
+
+
+@dataclass(frozen=True)
+class BudgetSettings:
+    amount: float
+    currency: str
+    thresholds: tuple[Threshold, ...]
+    emails: tuple[str, ...]
+    pubsub_topic: bool
+    fail_over_budget: bool  # an estimate above the budget fails the plan instead of warning
+
+
+@dataclass(frozen=True)
+class WorkloadSettings:
+    name: str
+    description: str
+    bucket_access: tuple[tuple[str, str], ...]  # (purpose, "read" | "write")
+    project_roles: tuple[str, ...]
+    program: str  # a key of infra.programs.PROGRAMS
+    framework_version: str  # the framework release the program is pinned to
+    memory_gib_per_chip: float | None  # declared HBM need per chip, checked against the TPU type
+    data_object: str  # path of the training data in the data bucket; "" = the program's own download
+    run: str  # run id: checkpoints, model and completion marker live under it; a new id is a new run
+    checkpoint_every_steps: int
+    checkpoint_every_minutes: float
+    epochs: int
+    batch_size: int
+
+    @property
+    def framework(self) -> str:
+        return PROGRAMS[self.program].framework
+
+    def access(self, purpose: str) -> str:
+        return dict(self.bucket_access).get(purpose, "none")
+
+
+@dataclass(frozen=True)
+class NetworkSettings:
+    subnets: tuple[tuple[str, str], ...]  # (region, private CIDR)
+    flow_log_sampling: float
+
+    def cidr(self, region: str) -> str | None:
+        return dict(self.subnets).get(region)
+
+
+@dataclass(frozen=True)
+class AutomationSettings:
+    budget_action: str | None  # stop | delete the environment's TPUs when spend reaches budget_at_percent
+    budget_at_percent: float
+    dry_run: bool  # log what would be done, do nothing
+    recovery_every_minutes: int  # 0: no preemption recovery
+    recovery_max_attempts: int
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.budget_action or self.recovery_every_minutes)
+
+
+@dataclass(frozen=True)
+class MonitoringSettings:
+    idle_minutes: int  # alert when a TPU's TensorCores idle longer than this
+
+
+@dataclass(frozen=True)
+class ScheduleSettings:
+    start: str  # unix-cron, as Cloud Scheduler reads it
+    stop: str
+    time_zone: str
+
+
+@dataclass(frozen=True)
+class TpuVmSettings:
+    name: str
+    accelerator: AcceleratorType
+    zone: str
+    runtime_version: str
+    provisioning: str  # on-demand | spot | preemptible | reserved
+    workload: str
+    labels: tuple[tuple[str, str], ...]
+    description: str
+    schedule: ScheduleSettings | None
+    on_completion: str  # keep | stop | delete: what happens to the TPU when its run has finished
+
+    @property
+    def reclaimable(self) -> bool:
+        """Spot or preemptible: GCE may take it back at any time."""
+        return self.provisioning in RECLAIMABLE
+
+    @property
+    def region(self) -> str:
+        return self.zone.rsplit("-", 1)[0]
+
+
+@dataclass(frozen=True)
+class PlatformConfig:
+    stack: str
+    project: str
+    region: str
+    owner: str
+    billing_account: str
+    production: bool
+    name_prefix: str
+    deployer: str  # CI's deploy service account, or "" when people deploy
+    buckets: BucketSettings
+    budget: BudgetSettings
+    workloads: tuple[WorkloadSettings, ...]
+    network: NetworkSettings
+    tpu_vms: tuple[TpuVmSettings, ...]
+    monitoring: MonitoringSettings
+    automation: AutomationSettings
+    warnings: tuple[str, ...] = ()  # legal settings that are likely mistakes, shown by the plan
+
+    @property
+    def has_schedules(self) -> bool:
+        return any(vm.schedule for vm in self.tpu_vms)
+
+    @property
+    def has_self_stop(self) -> bool:
+        return any(vm.on_completion != "keep" for vm in self.tpu_vms)
+
+    def workload(self, name: str) -> WorkloadSettings:
+        return next(w for w in self.workloads if w.name == name)
+
+    @property
+    def environment(self) -> str:
+        return self.stack
+
+    def bucket_name(self, purpose: str) -> str:
+        return bucket_name(self.name_prefix, self.stack, purpose)
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return {"environment": self.stack, "owner": self.owner, "managed-by": "pulumi"}
+
+
+def bucket_name(prefix: str, stack: str, purpose: str) -> str:
+    return f"{prefix}-{stack}-{purpose}"
+
+
+def service_account_id(workload: str, stack: str) -> str:
+    return f"tpu-{workload}-{stack}"

@@ -1,0 +1,390 @@
+"""Read a stack's raw config into `PlatformConfig`, each value through its declaration in `settings.py`.
+
+`parse_stack_config` is pure: it takes the raw config strings exactly as Pulumi hands them to the
+program (objects JSON-encoded) and either returns a `PlatformConfig` or raises one `ConfigError`
+listing every bad setting with its key, value and what is allowed. Rules that span settings
+(a TPU type in its zone, production needs CMEK, …) are in `rules.py`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import re
+import zoneinfo
+from collections.abc import Callable, Mapping
+
+from infra import iam, naming
+from infra.catalog import AcceleratorType, load_catalog
+from infra.config import rules
+from infra.config.model import (
+    BUCKET_PURPOSES,
+    PROJECT,
+    RESERVED_LABELS,
+    AutomationSettings,
+    BucketSettings,
+    BudgetSettings,
+    MonitoringSettings,
+    NetworkSettings,
+    PlatformConfig,
+    ScheduleSettings,
+    Threshold,
+    TpuVmSettings,
+    WorkloadSettings,
+)
+from infra.config.settings import (
+    MAX_ACCOUNT_DESCRIPTION_BYTES,
+    MAX_LABELS,
+    MAX_TPU_DESCRIPTION,
+    SETTINGS,
+    SPEND_BASIS,
+    Setting,
+    children,
+    setting,
+)
+from infra.schedule import CronError, parse_cron
+from infra.schema import MISSING, Node, Problems, decode_objects
+
+OBJECT_KEYS = tuple(s.name for s in children("") if s.kind in ("object", "map", "list"))
+SCALAR_KEYS = tuple(s.name for s in children("") if s.kind not in ("object", "map", "list"))
+_ACCELERATOR_NAME = r"[a-z][a-z0-9]*-[0-9]{1,5}"
+
+
+def _name(s: Setting) -> str:
+    """How the key is found in its node: top-level keys whole (`tpu-platform:owner`), others by leaf."""
+    return s.full if "." not in s.key else s.name
+
+
+def _str_choices(s: Setting) -> tuple[str, ...] | None:
+    return tuple(c for c in s.choices if isinstance(c, str)) or None
+
+
+def text(node: Node, key: str, check: Callable[[str], str | None] | None = None) -> str:
+    s = setting(key)
+    default = s.default if isinstance(s.default, str) else MISSING
+    return node.str(_name(s), default, choices=_str_choices(s), pattern=s.pattern, allowed=s.allowed, check=check)
+
+
+def optional_text(node: Node, key: str, check: Callable[[str], str | None] | None = None) -> str | None:
+    s = setting(key)
+    return node.str(_name(s), None, choices=_str_choices(s), pattern=s.pattern, allowed=s.allowed, check=check)
+
+
+def texts(node: Node, key: str, default: list[str]) -> list[str]:
+    s = setting(key)
+    return node.str_list(
+        _name(s), default, max_items=s.max_items, choices=_str_choices(s), pattern=s.pattern, allowed=s.allowed
+    )
+
+
+def integer(node: Node, key: str) -> int:
+    s = setting(key)
+    default = s.default if isinstance(s.default, int) and not isinstance(s.default, bool) else MISSING
+    ints = tuple(c for c in s.choices if isinstance(c, int)) or None
+    return node.integer(
+        _name(s),
+        0 if s.optional and default is MISSING else default,
+        minimum=None if s.minimum is None else int(s.minimum),
+        maximum=None if s.maximum is None else int(s.maximum),
+        choices=ints,
+    )
+
+
+def number(node: Node, key: str) -> float:
+    s = setting(key)
+    default = s.default if isinstance(s.default, int | float) and not isinstance(s.default, bool) else MISSING
+    return node.number(_name(s), default, minimum=s.minimum, maximum=s.maximum, exclusive_minimum=s.exclusive_minimum)
+
+
+def optional_number(node: Node, key: str) -> float | None:
+    s = setting(key)
+    return node.optional_number(_name(s), minimum=s.minimum, maximum=s.maximum, exclusive_minimum=s.exclusive_minimum)
+
+
+def flag(node: Node, key: str) -> bool:
+    s = setting(key)
+    return node.bool(_name(s), s.default if isinstance(s.default, bool) else MISSING)
+
+
+def parse_stack_config(stack: str, raw: Mapping[str, str]) -> PlatformConfig:
+    """Parse the raw config of `stack` (keys like `tpu-platform:budget`), or raise ConfigError."""
+    problems = Problems()
+    own = decode_objects(
+        {k: v for k, v in raw.items() if k.startswith(f"{PROJECT}:")}, [f"{PROJECT}:{k}" for k in OBJECT_KEYS], problems
+    )
+    gcp = Node({k: v for k, v in raw.items() if k.startswith("gcp:")}, "", problems)
+    root = Node(own, "", problems)
+
+    if naming.label_value_problem(stack) or not re.fullmatch(r"[a-z][a-z0-9-]{0,11}", stack, flags=re.ASCII):
+        problems.add("stack name", stack, "1-12 lowercase letters, digits and '-', starting with a letter")
+    project = text(gcp, "gcp:project")
+    region = text(gcp, "gcp:region")
+    owner = text(root, "owner", check=_label_value)
+    billing_account = text(root, "billingAccount")
+    production = flag(root, "production")
+    name_prefix = text(root, "namePrefix") or project
+    deployer = text(root, "deployer")
+
+    buckets = _buckets(root.child(f"{PROJECT}:buckets"))
+    budget = _budget(root.child(f"{PROJECT}:budget"))
+    workloads = tuple(_workload(name, node) for name, node in root.items(f"{PROJECT}:workloads"))
+    if not workloads:
+        problems.add(f"{PROJECT}:workloads", MISSING, "declare at least one workload")
+    network = _network(root.child(f"{PROJECT}:network"))
+    tpu_vms = tuple(_tpu_vm(node) for node in root.elements(f"{PROJECT}:tpuVms", []))
+    monitoring = _monitoring(root.child(f"{PROJECT}:monitoring", False))
+    automation = _automation(root.child(f"{PROJECT}:automation", False))
+    root.done([f"{PROJECT}:{k}" for k in SCALAR_KEYS + OBJECT_KEYS])
+
+    cfg = PlatformConfig(
+        stack=stack,
+        project=project,
+        region=region,
+        owner=owner,
+        billing_account=billing_account,
+        production=production,
+        name_prefix=name_prefix,
+        deployer=deployer,
+        buckets=buckets,
+        budget=budget,
+        workloads=workloads,
+        network=network,
+        tpu_vms=tpu_vms,
+        monitoring=monitoring,
+        automation=automation,
+    )
+    rules.check(cfg, problems)
+    problems.raise_if_any(stack)
+    return dataclasses.replace(cfg, warnings=tuple(f"stack '{stack}': {w}" for w in problems.warnings))
+
+
+def _label_value(value: str) -> str | None:
+    if not value:
+        return "must not be empty"
+    return naming.label_value_problem(value)
+
+
+def _buckets(node: Node | None) -> BucketSettings:
+    if node is None:
+        return BucketSettings("", "STANDARD", None, 0, 0, frozenset())
+    settings = BucketSettings(
+        location=text(node, "buckets.location"),
+        storage_class=text(node, "buckets.storageClass"),
+        kms_key_name=optional_text(node, "buckets.kmsKeyName"),
+        noncurrent_versions_to_keep=integer(node, "buckets.noncurrentVersionsToKeep"),
+        noncurrent_version_days=integer(node, "buckets.noncurrentVersionDays"),
+        destroyable=frozenset(texts(node, "buckets.destroyable", [])),
+    )
+    node.done()
+    return settings
+
+
+def _budget(node: Node | None) -> BudgetSettings:
+    if node is None:
+        return BudgetSettings(0, "USD", (), (), False, False)
+    thresholds = []
+    for t in node.elements("thresholds", max_items=setting("budget.thresholds").max_items):
+        thresholds.append(
+            Threshold(
+                percent=number(t, "budget.thresholds[].percent"),
+                basis=SPEND_BASIS.get(text(t, "budget.thresholds[].basis"), ""),
+            )
+        )
+        t.done()
+    seen = [(t.percent, t.basis) for t in thresholds]
+    for i, pair in enumerate(seen):
+        if pair in seen[:i]:
+            node.problems.add(
+                f"{node.key('thresholds')}[{i}]",
+                {"percent": pair[0]},
+                "duplicates an earlier threshold with the same percent and basis",
+            )
+    if not thresholds:
+        node.problems.add(node.key("thresholds"), MISSING, "list at least one threshold")
+    settings = BudgetSettings(
+        amount=number(node, "budget.amount"),
+        currency=text(node, "budget.currency"),
+        thresholds=tuple(thresholds),
+        emails=tuple(texts(node, "budget.emails", [])),
+        pubsub_topic=flag(node, "budget.pubsubTopic"),
+        fail_over_budget=flag(node, "budget.failOverBudget"),
+    )
+    node.done()
+    return settings
+
+
+def _account_description(description: str) -> str | None:
+    if len(description.encode()) > MAX_ACCOUNT_DESCRIPTION_BYTES:
+        return f"at most {MAX_ACCOUNT_DESCRIPTION_BYTES} UTF-8 bytes (a service account description)"
+    return None
+
+
+def _workload(name: str, node: Node) -> WorkloadSettings:
+    if why := naming.resource_id_problem(name, max_length=16):
+        node.problems.add(node.path, name, f"workload names need {why}")
+    access_node = node.child("bucketAccess", False)
+    access = {p: str(setting(f"workloads.<name>.bucketAccess.{p}").default) for p in BUCKET_PURPOSES}
+    if access_node is not None:
+        for purpose in BUCKET_PURPOSES:
+            access[purpose] = text(access_node, f"workloads.<name>.bucketAccess.{purpose}") or access[purpose]
+        access_node.done(BUCKET_PURPOSES)
+    settings = WorkloadSettings(
+        name=name,
+        description=optional_text(node, "workloads.<name>.description", check=_account_description)
+        or f"TPU workload {name}",
+        bucket_access=tuple((p, level) for p, level in access.items() if level != "none"),
+        project_roles=tuple(texts(node, "workloads.<name>.projectRoles", list(iam.DEFAULT_PROJECT_ROLES))),
+        program=text(node, "workloads.<name>.program"),
+        framework_version=text(node, "workloads.<name>.frameworkVersion"),
+        memory_gib_per_chip=optional_number(node, "workloads.<name>.memoryGibPerChip"),
+        data_object=text(node, "workloads.<name>.dataObject"),
+        run=text(node, "workloads.<name>.run", check=lambda r: naming.resource_id_problem(r, 32)),
+        checkpoint_every_steps=integer(node, "workloads.<name>.checkpointEverySteps"),
+        checkpoint_every_minutes=number(node, "workloads.<name>.checkpointEveryMinutes"),
+        epochs=integer(node, "workloads.<name>.epochs"),
+        batch_size=integer(node, "workloads.<name>.batchSize"),
+    )
+    node.done()
+    return settings
+
+
+def _network(node: Node | None) -> NetworkSettings:
+    if node is None:
+        return NetworkSettings((), 0.5)
+    subnets: list[tuple[str, str]] = []
+    entries = node.entries("subnets")
+    allowed = setting("network.subnets").allowed
+    for region, cidr, key in entries:
+        if not re.fullmatch(r"[a-z]+-[a-z]+[0-9]+", region, flags=re.ASCII):
+            node.problems.add(key, cidr, f"'{region}' is not a GCP region like us-central1")
+            continue
+        try:
+            network = ipaddress.ip_network(str(cidr), strict=True)
+        except ValueError:
+            node.problems.add(key, cidr, "must be an IPv4 network like 10.20.0.0/20, with no host bits set")
+            continue
+        if (
+            not isinstance(cidr, str)
+            or not network.is_private
+            or network.version != 4
+            or not 8 <= network.prefixlen <= 29
+        ):
+            node.problems.add(key, cidr, f"must be {allowed}")
+            continue
+        clash = next((r for r, c in subnets if ipaddress.ip_network(c).overlaps(network)), None)
+        if clash:
+            node.problems.add(key, cidr, f"overlaps the subnet of {clash}")
+            continue
+        subnets.append((region, cidr))
+    if not entries and "subnets" in node.data:
+        node.problems.add(node.key("subnets"), {}, "declare at least one region: CIDR")
+    settings = NetworkSettings(subnets=tuple(subnets), flow_log_sampling=number(node, "network.flowLogSampling"))
+    node.done()
+    return settings
+
+
+def _labels(node: Node) -> tuple[tuple[str, str], ...]:
+    user_labels: list[tuple[str, str]] = []
+    for key, value, path in node.entries("labels", False, max_items=MAX_LABELS - len(RESERVED_LABELS)):
+        if why := naming.label_key_problem(key):
+            node.problems.add(path, key, f"label keys need {why}")
+        elif key in RESERVED_LABELS:
+            node.problems.add(path, value, f"'{key}' is set by the platform; reserved: {', '.join(RESERVED_LABELS)}")
+        elif not isinstance(value, str) or (why := naming.label_value_problem(value)):
+            node.problems.add(path, value, f"label values need {why or 'a string'}")
+        else:
+            user_labels.append((key, value))
+    return tuple(user_labels)
+
+
+def _accelerator(node: Node) -> AcceleratorType | None:
+    name = text(node, "tpuVms[].acceleratorType")
+    if not name:
+        return None
+    if not re.fullmatch(_ACCELERATOR_NAME, name, flags=re.ASCII):
+        node.problems.add(node.key("acceleratorType"), name, setting("tpuVms[].acceleratorType").allowed)
+        return None
+    accelerator = load_catalog().accelerator(name)
+    if isinstance(accelerator, str):
+        node.problems.add(node.key("acceleratorType"), name, accelerator)
+        return None
+    return accelerator
+
+
+def _tpu_description(description: str) -> str | None:
+    return f"at most {MAX_TPU_DESCRIPTION} characters" if len(description) > MAX_TPU_DESCRIPTION else None
+
+
+def _tpu_vm(node: Node) -> TpuVmSettings:
+    accelerator = _accelerator(node)
+    vm = TpuVmSettings(
+        name=text(node, "tpuVms[].name", check=lambda n: naming.resource_id_problem(n, 63)),
+        accelerator=accelerator or rules.NO_ACCELERATOR,
+        zone=text(node, "tpuVms[].zone"),
+        runtime_version=text(node, "tpuVms[].runtimeVersion"),
+        provisioning=text(node, "tpuVms[].provisioning"),
+        workload=text(node, "tpuVms[].workload"),
+        labels=_labels(node),
+        description=text(node, "tpuVms[].description", check=_tpu_description),
+        schedule=_schedule(node.child("schedule", False)),
+        on_completion=text(node, "tpuVms[].onCompletion"),
+    )
+    node.done()
+    return vm
+
+
+def _cron(expression: str) -> str | None:
+    try:
+        parse_cron(expression)
+    except CronError as error:
+        return f"not a unix-cron schedule: {error}"
+    return None
+
+
+def _time_zone(name: str) -> str | None:
+    try:
+        zoneinfo.ZoneInfo(name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        return "an IANA time zone like Europe/Berlin or America/New_York"
+    return None
+
+
+def _schedule(node: Node | None) -> ScheduleSettings | None:
+    if node is None or not node.data:
+        return None
+    schedule = ScheduleSettings(
+        start=text(node, "tpuVms[].schedule.start", check=_cron),
+        stop=text(node, "tpuVms[].schedule.stop", check=_cron),
+        time_zone=text(node, "tpuVms[].schedule.timeZone", check=_time_zone),
+    )
+    node.done()
+    return schedule
+
+
+def _monitoring(node: Node | None) -> MonitoringSettings:
+    if node is None:
+        return MonitoringSettings(60)
+    settings = MonitoringSettings(idle_minutes=integer(node, "monitoring.idleMinutes"))
+    node.done()
+    return settings
+
+
+def _automation(node: Node | None) -> AutomationSettings:
+    if node is None:
+        return AutomationSettings(None, 100, False, 0, 0)
+    action = node.child("budgetAction", False)
+    recovery = node.child("recovery", False)
+    settings = AutomationSettings(
+        budget_action=optional_text(action, "automation.budgetAction.action") if action else None,
+        budget_at_percent=number(action, "automation.budgetAction.atPercent") if action else 100,
+        dry_run=flag(action, "automation.budgetAction.dryRun") if action else False,
+        recovery_every_minutes=integer(recovery, "automation.recovery.everyMinutes") if recovery else 0,
+        recovery_max_attempts=integer(recovery, "automation.recovery.maxAttempts") if recovery else 0,
+    )
+    for child in (action, recovery, node):
+        if child is not None:
+            child.done()
+    return settings
+
+
+__all__ = ["SETTINGS", "parse_stack_config"]

@@ -1,0 +1,169 @@
+"""Rules across settings, checked once every value has been read on its own.
+
+Each adds a problem (the plan stops) or a warning (the plan goes on) naming the key it is about.
+These are the troubleshooting items of the seed guide, caught before anything is created: no TPU of
+that type in the zone, a runtime that does not carry the pinned framework, a reclaimable TPU with
+nowhere to checkpoint, and the names GCP would refuse or that would collide.
+"""
+
+from __future__ import annotations
+
+import re
+
+from infra import naming
+from infra.catalog import AcceleratorType, Generation, load_catalog
+from infra.config.model import (
+    BUCKET_PURPOSES,
+    PLATFORM_ACCOUNTS,
+    PROJECT,
+    PlatformConfig,
+    TpuVmSettings,
+    WorkloadSettings,
+    bucket_name,
+    service_account_id,
+)
+from infra.config.settings import KMS_KEY
+from infra.schema import MISSING, Problems
+
+# Stands in for an accelerator type that was refused: the parse stops before anything reads it.
+NO_ACCELERATOR = AcceleratorType(
+    Generation("", "", "chips", (), frozenset(), 1, 1, 0.0, 0.0, False, "", "0.0.0", {}, ()), 0
+)
+
+
+def check(cfg: PlatformConfig, problems: Problems) -> None:
+    _production(cfg, problems)
+    _kms_location(cfg, problems)
+    _tpu_vms(cfg, problems)
+    _automation(cfg, problems)
+    if cfg.name_prefix and not problems.items:
+        _names(cfg, problems)
+
+
+def _production(cfg: PlatformConfig, problems: Problems) -> None:
+    if not cfg.production:
+        return
+    if not cfg.buckets.kms_key_name:
+        problems.add(
+            f"{PROJECT}:buckets.kmsKeyName", MISSING, "required when production is true (customer-managed encryption)"
+        )
+    if cfg.buckets.destroyable:
+        problems.add(
+            f"{PROJECT}:buckets.destroyable",
+            sorted(cfg.buckets.destroyable),
+            "must be empty when production is true: no production bucket is destroyable",
+        )
+
+
+def _kms_location(cfg: PlatformConfig, problems: Problems) -> None:
+    key, location = cfg.buckets.kms_key_name, cfg.buckets.location
+    match = re.fullmatch(KMS_KEY, key or "")
+    if match and location and match["location"].upper() != location:
+        problems.add(
+            f"{PROJECT}:buckets.kmsKeyName",
+            key,
+            f"the key must be in the buckets' location {location.lower()}, not {match['location']}",
+        )
+
+
+def _tpu_vms(cfg: PlatformConfig, problems: Problems) -> None:
+    workloads = {w.name: w for w in cfg.workloads}
+    names: set[str] = set()
+    for index, vm in enumerate(cfg.tpu_vms):
+        key = f"{PROJECT}:tpuVms[{index}]"
+        if vm.name and vm.name in names:
+            problems.add(f"{key}.name", vm.name, "another TPU VM of this stack has this name")
+        names.add(vm.name)
+        workload = workloads.get(vm.workload)
+        if vm.workload and workload is None and workloads:
+            problems.add(f"{key}.workload", vm.workload, f"must be one of {', '.join(sorted(workloads))}")
+        if workload:
+            _against_catalog(key, vm, workload, problems)
+        if vm.zone and cfg.network.subnets and cfg.network.cidr(vm.region) is None:
+            problems.add(f"{key}.zone", vm.zone, f"add a subnet for {vm.region} under {PROJECT}:network.subnets")
+    if cfg.tpu_vms and not cfg.network.subnets:
+        problems.add(f"{PROJECT}:network.subnets", MISSING, "TPU VMs need a subnet in their region")
+
+
+def _against_catalog(key: str, vm: TpuVmSettings, workload: WorkloadSettings, problems: Problems) -> None:
+    catalog = load_catalog()
+    if vm.reclaimable and workload.access("checkpoints") != "write":
+        problems.add(
+            f"{key}.provisioning",
+            vm.provisioning,
+            f"a {vm.provisioning} TPU can be reclaimed at any time: its workload '{workload.name}' needs "
+            "write access to the checkpoints bucket to resume, or use on-demand",
+        )
+    accelerator = vm.accelerator
+    if accelerator is NO_ACCELERATOR:
+        return
+    if vm.zone and (why := catalog.zone_problem(accelerator, vm.zone)):
+        problems.add(f"{key}.zone", vm.zone, why)
+    if vm.runtime_version and workload.program and workload.framework_version:
+        why = catalog.runtime_problem(accelerator, vm.runtime_version, workload.framework, workload.framework_version)
+        if why:
+            problems.add(f"{key}.runtimeVersion", vm.runtime_version, why)
+    need = workload.memory_gib_per_chip
+    if need and (why := catalog.memory_problem(accelerator, need)):
+        problems.add(f"{key}.acceleratorType", accelerator.name, f"workload '{workload.name}' {why}")
+    if vm.schedule and accelerator.multi_host:
+        problems.add(
+            f"{key}.schedule",
+            {"start": vm.schedule.start, "stop": vm.schedule.stop},
+            f"{accelerator.name} is a multi-host slice, which the TPU API cannot stop or start; "
+            "remove the schedule, or use a single-host type",
+        )
+    if vm.on_completion == "stop" and accelerator.multi_host:
+        problems.add(
+            f"{key}.onCompletion",
+            "stop",
+            f"{accelerator.name} is a multi-host slice, which the TPU API cannot stop; use delete or keep",
+        )
+    if vm.on_completion != "keep" and workload.access("checkpoints") != "write":
+        problems.add(
+            f"{key}.onCompletion",
+            vm.on_completion,
+            f"a finished run is known by its completion marker in the checkpoints bucket; workload "
+            f"'{workload.name}' needs write access to it",
+        )
+    if workload.batch_size and (advice := catalog.batch_warning(accelerator, workload.batch_size)):
+        problems.warn(f"{PROJECT}:workloads.{workload.name}.batchSize", workload.batch_size, advice)
+
+
+def _automation(cfg: PlatformConfig, problems: Problems) -> None:
+    auto = cfg.automation
+    if auto.budget_action and not cfg.budget.pubsub_topic:
+        problems.add(
+            f"{PROJECT}:automation.budgetAction",
+            {"action": auto.budget_action},
+            f"needs {PROJECT}:budget.pubsubTopic: true to hear the budget",
+        )
+    if auto.recovery_every_minutes and not any(vm.reclaimable for vm in cfg.tpu_vms):
+        problems.warn(
+            f"{PROJECT}:automation.recovery",
+            {"everyMinutes": auto.recovery_every_minutes},
+            "no spot or preemptible TPU VM to recover",
+        )
+
+
+def _names(cfg: PlatformConfig, problems: Problems) -> None:
+    for purpose in BUCKET_PURPOSES:
+        name = bucket_name(cfg.name_prefix, cfg.stack, purpose)
+        if why := naming.bucket_name_problem(name):
+            problems.add(f"{PROJECT}:namePrefix", cfg.name_prefix, f"gives bucket name '{name}', which needs {why}")
+            break
+    platform = {service_account_id(p, cfg.stack): p for p in PLATFORM_ACCOUNTS}
+    reserved = (*PLATFORM_ACCOUNTS, "deployer")  # and the name of CI's deploy identity, to avoid confusion
+    for w in cfg.workloads:
+        account = service_account_id(w.name, cfg.stack)
+        if why := naming.service_account_id_problem(account):
+            problems.add(
+                f"{PROJECT}:workloads.{w.name}", w.name, f"gives service account id '{account}', which needs {why}"
+            )
+        elif account in platform or w.name in reserved:
+            problems.add(
+                f"{PROJECT}:workloads.{w.name}",
+                w.name,
+                f"is reserved: the platform's own service accounts are named after "
+                f"{', '.join(reserved)} (this one would be '{account}')",
+            )

@@ -1,0 +1,440 @@
+"""One declaration per stack setting: key, type, default, bounds and description.
+
+The reader (`reader.py`) reads each value through its declaration, and the JSON Schema of
+`Pulumi.<stack>.yaml` and the README's settings table are generated from the same list
+(`python -m infra.offline schema --write`), so the three cannot disagree.
+
+Keys are paths below the stack file's `config:`: `tpu-platform:budget.amount`; `[]` is each item
+of a list (`tpuVms[].zone`) and `<name>` each key of a mapping (`workloads.<name>.epochs`).
+Limits are GCP's where GCP has one; the comment beside each says where it is documented.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from infra import iam
+from infra.catalog import PROVISIONING_MODELS, load_catalog
+from infra.config.model import BUCKET_PURPOSES, PROJECT
+from infra.programs import PROGRAMS
+
+Kind = Literal["string", "integer", "number", "boolean", "list", "object", "map"]
+Scalar = str | int | float | bool
+
+# Cloud Storage locations (https://cloud.google.com/storage/docs/locations): multi-regions,
+# predefined dual-regions and the regions where Cloud TPUs run or data is commonly kept.
+BUCKET_LOCATIONS = (
+    "US", "EU", "ASIA", "NAM4", "EUR4", "EUR5", "EUR7", "EUR8", "ASIA1",
+    "US-CENTRAL1", "US-CENTRAL2", "US-EAST1", "US-EAST4", "US-EAST5", "US-SOUTH1", "US-WEST1", "US-WEST4",
+    "EUROPE-WEST4", "EUROPE-WEST1", "ASIA-EAST1", "ASIA-NORTHEAST1", "ASIA-SOUTHEAST1",
+)  # fmt: skip
+STORAGE_CLASSES = ("STANDARD", "NEARLINE", "COLDLINE", "ARCHIVE")
+SPEND_BASIS = {"current": "CURRENT_SPEND", "forecasted": "FORECASTED_SPEND"}
+ON_COMPLETION = ("keep", "stop", "delete")
+BUDGET_ACTIONS = ("stop", "delete")
+GCP_PROJECT_ID = r"[a-z][a-z0-9-]{4,28}[a-z0-9]"
+BILLING_ACCOUNT = r"[0-9A-F]{6}-[0-9A-F]{6}-[0-9A-F]{6}"
+KMS_KEY = r"projects/(?P<project>[^/\s]+)/locations/(?P<location>[^/\s]+)/keyRings/[^/\s]+/cryptoKeys/[^/\s]+"
+EMAIL = r"[^@\s]+@[^@\s]+\.[a-z]{2,}"
+SERVICE_ACCOUNT_EMAIL = r"[a-z][-a-z0-9]{4,28}[a-z0-9]@[a-z][-a-z0-9]{4,28}[a-z0-9]\.iam\.gserviceaccount\.com"
+MAX_BUDGET_CHANNELS = 5  # the Billing Budgets API accepts at most 5 monitoring channels
+# Budget amounts are sent as `units`, an int64 (Billing Budgets API, google.type.Money).
+MAX_BUDGET_AMOUNT = 2**63 - 1
+# IAM ServiceAccount.description: "The maximum length is 256 UTF-8 bytes" (iam v1 discovery document).
+MAX_ACCOUNT_DESCRIPTION_BYTES = 256
+# Cloud TPU Node.description: "Maximum of 512 characters" (tpu v2 discovery document).
+MAX_TPU_DESCRIPTION = 512
+# "Each resource can have up to 64 labels" (https://cloud.google.com/compute/docs/labeling-resources);
+# the platform sets RESERVED_LABELS on each TPU VM itself.
+MAX_LABELS = 64
+# `recovery.everyMinutes` becomes `*/N * * * *`: N must divide the hour, or the runs are uneven
+# (`*/45` fires at :00 and :45) or hourly (`*/90` is `0`).
+RECOVERY_INTERVALS = (1, 2, 3, 4, 5, 6, 10, 12, 15, 20, 30)
+
+
+def tpu_regions() -> tuple[str, ...]:
+    """Regions with a Cloud TPU zone in the catalog."""
+    zones = {z for g in load_catalog().generations.values() for z in g.zones}
+    return tuple(sorted({z.rsplit("-", 1)[0] for z in zones}))
+
+
+@dataclass(frozen=True)
+class Setting:
+    key: str
+    kind: Kind
+    description: str
+    default: Scalar | None = None  # None: no default (required unless `optional`)
+    optional: bool = False  # may be left unset with no default
+    minimum: float | None = None
+    maximum: float | None = None
+    exclusive_minimum: bool = False
+    choices: tuple[str, ...] | tuple[int, ...] = ()
+    pattern: str | None = None
+    allowed: str = ""  # what a pattern or check accepts, in words (error messages, the table)
+    max_items: int | None = None
+    items: Kind | None = None  # kind of list items / map values
+
+    @property
+    def full(self) -> str:
+        """The key as the stack file writes it at the top: `tpu-platform:budget.amount`, `gcp:region`."""
+        return self.key if self.key.startswith("gcp:") else f"{PROJECT}:{self.key}"
+
+    @property
+    def name(self) -> str:
+        """The key as written in the stack file: `tpu-platform:budget`, `gcp:region`, or a nested leaf."""
+        return self.key.rsplit(".", 1)[-1].removesuffix("[]")
+
+    @property
+    def required(self) -> bool:
+        return self.default is None and not self.optional and self.kind not in ("object", "map", "list")
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting(
+        "gcp:project",
+        "string",
+        "GCP project the stack deploys into.",
+        pattern=GCP_PROJECT_ID,
+        allowed="a GCP project id: 6-30 lowercase letters, digits and '-'",
+    ),
+    Setting(
+        "gcp:region",
+        "string",
+        "Region of the stack's regional services (functions, schedules); a region with Cloud TPUs.",
+        default="us-central1",
+        choices=tpu_regions(),
+    ),
+    Setting(
+        "owner",
+        "string",
+        "Team that owns the environment; the `owner` label on every labelled resource.",
+        allowed="a label value: at most 63 lowercase letters, digits, '_' or '-'",
+    ),
+    Setting(
+        "billingAccount",
+        "string",
+        "Billing account that pays for the project; the budget is created on it.",
+        pattern=BILLING_ACCOUNT,
+        allowed="a billing account id like 012345-6789AB-CDEF01",
+    ),
+    Setting("production", "boolean", "Production: buckets need CMEK and none may be destroyed.", default=False),
+    Setting(
+        "namePrefix",
+        "string",
+        "Prefix of bucket names; empty means the GCP project id. Changing it replaces the buckets.",
+        default="",
+    ),
+    Setting(
+        "deployer",
+        "string",
+        "CI's deploy service account (the bootstrap's output); empty when people deploy.",
+        default="",
+        pattern=f"({SERVICE_ACCOUNT_EMAIL})?",
+        allowed="a service account email like ci-deployer@PROJECT.iam.gserviceaccount.com",
+    ),
+    Setting("buckets", "object", "The data, checkpoints and models buckets."),
+    Setting("buckets.location", "string", "Location of all three buckets.", choices=BUCKET_LOCATIONS),
+    Setting("buckets.storageClass", "string", "Default storage class.", default="STANDARD", choices=STORAGE_CLASSES),
+    Setting(
+        "buckets.kmsKeyName",
+        "string",
+        "Customer-managed key for the buckets, in their location; required in production.",
+        optional=True,
+        pattern=KMS_KEY,
+        allowed="projects/P/locations/L/keyRings/R/cryptoKeys/K",
+    ),
+    Setting(
+        "buckets.noncurrentVersionsToKeep", "integer", "Older object versions kept.", default=3, minimum=1, maximum=100
+    ),
+    Setting(
+        "buckets.noncurrentVersionDays",
+        "integer",
+        "Days an older version is kept.",
+        default=30,
+        minimum=1,
+        maximum=3650,
+    ),
+    Setting(
+        "buckets.destroyable",
+        "list",
+        "Buckets `pulumi destroy` may delete, objects included (never in production).",
+        items="string",
+        choices=BUCKET_PURPOSES,
+        optional=True,
+    ),
+    Setting("budget", "object", "The monthly budget on the billing account, scoped to the project."),
+    Setting("budget.amount", "number", "Monthly budget.", minimum=0, exclusive_minimum=True, maximum=MAX_BUDGET_AMOUNT),
+    Setting(
+        "budget.currency",
+        "string",
+        "Currency of the amount; the billing account's.",
+        default="USD",
+        pattern=r"[A-Z]{3}",
+        allowed="an ISO 4217 code like USD, matching the billing account's currency",
+    ),
+    Setting("budget.thresholds", "list", "Alert thresholds (at least one).", items="object", max_items=20),
+    Setting(
+        "budget.thresholds[].percent",
+        "number",
+        "Percent of the budget (100 = all of it).",
+        minimum=0,
+        exclusive_minimum=True,
+        maximum=1000,
+    ),
+    Setting(
+        "budget.thresholds[].basis",
+        "string",
+        "Spend so far or forecast for the month.",
+        default="current",
+        choices=tuple(SPEND_BASIS),
+    ),
+    Setting(
+        "budget.emails",
+        "list",
+        "Who is emailed at each threshold.",
+        items="string",
+        optional=True,
+        max_items=MAX_BUDGET_CHANNELS,
+        pattern=EMAIL,
+        allowed="an email address",
+    ),
+    Setting(
+        "budget.pubsubTopic",
+        "boolean",
+        "Publish budget notifications to a Pub/Sub topic (needed by budgetAction).",
+        default=False,
+    ),
+    Setting(
+        "budget.failOverBudget",
+        "boolean",
+        "Fail the plan when the cost estimate exceeds the budget (else warn).",
+        default=False,
+    ),
+    Setting("workloads", "map", "Training workloads by name (1-16 lowercase letters, digits, '-').", items="object"),
+    Setting(
+        "workloads.<name>.description",
+        "string",
+        "Description of the workload's service account.",
+        optional=True,
+        allowed=f"at most {MAX_ACCOUNT_DESCRIPTION_BYTES} UTF-8 bytes",
+    ),
+    Setting("workloads.<name>.program", "string", "The program it runs (infra/programs.py).", choices=tuple(PROGRAMS)),
+    Setting(
+        "workloads.<name>.frameworkVersion",
+        "string",
+        "Exact framework release the program is pinned to.",
+        pattern=r"[0-9]+\.[0-9]+\.[0-9]+",
+        allowed="an exact release like 2.15.0",
+    ),
+    Setting("workloads.<name>.bucketAccess", "object", "Access to each bucket: read, write or none.", optional=True),
+    *(
+        Setting(
+            f"workloads.<name>.bucketAccess.{purpose}",
+            "string",
+            f"Access to the {purpose} bucket.",
+            default=iam.DEFAULT_BUCKET_ACCESS[purpose],
+            choices=(*iam.BUCKET_ROLE_FOR_ACCESS, "none"),
+        )
+        for purpose in BUCKET_PURPOSES
+    ),
+    Setting(
+        "workloads.<name>.projectRoles",
+        "list",
+        "Project roles of the workload's account (allow-listed).",
+        items="string",
+        default=None,
+        optional=True,
+        choices=tuple(sorted(iam.ALLOWED_PROJECT_ROLES)),
+        allowed="project roles are allow-listed in infra/iam.py; storage access is granted per bucket "
+        "with bucketAccess (read, write or none)",
+    ),
+    Setting(
+        "workloads.<name>.memoryGibPerChip",
+        "number",
+        "Accelerator memory the workload needs per chip (checked).",
+        optional=True,
+        minimum=0,
+        exclusive_minimum=True,
+        maximum=1024,
+    ),
+    Setting(
+        "workloads.<name>.dataObject",
+        "string",
+        "Training data in the data bucket; empty: the program downloads it.",
+        default="",
+        pattern=r"([A-Za-z0-9_.-]+/)*[A-Za-z0-9_.-]+",
+        allowed="an object path in the data bucket like mnist/mnist.npz",
+    ),
+    Setting(
+        "workloads.<name>.run",
+        "string",
+        "Run id: a new id starts a new run (new checkpoints and model).",
+        default="r1",
+        allowed="1-32 lowercase letters, digits and '-', starting with a letter",
+    ),
+    Setting(
+        "workloads.<name>.checkpointEverySteps",
+        "integer",
+        "Checkpoint every N steps.",
+        default=200,
+        minimum=1,
+        maximum=10**7,
+    ),
+    Setting(
+        "workloads.<name>.checkpointEveryMinutes",
+        "number",
+        "Checkpoint at least every N minutes.",
+        default=10,
+        minimum=0.5,
+        maximum=1440,
+    ),
+    Setting("workloads.<name>.epochs", "integer", "Training epochs.", default=5, minimum=1, maximum=10_000),
+    Setting("workloads.<name>.batchSize", "integer", "Global batch size.", default=256, minimum=1, maximum=1_048_576),
+    Setting("network", "object", "The private network."),
+    Setting(
+        "network.subnets",
+        "map",
+        "Private IPv4 CIDR of the subnet in each region (one per TPU region).",
+        items="string",
+        allowed="a private IPv4 range (10/8, 172.16/12, 192.168/16), /8 to /29",
+    ),
+    Setting(
+        "network.flowLogSampling",
+        "number",
+        "VPC flow log sampling rate.",
+        default=0.5,
+        minimum=0,
+        exclusive_minimum=True,
+        maximum=1,
+    ),
+    Setting("tpuVms", "list", "The TPU VMs.", items="object", optional=True),
+    Setting(
+        "tpuVms[].name",
+        "string",
+        "TPU node name.",
+        allowed="1-63 lowercase letters, digits and '-', starting with a letter",
+    ),
+    Setting(
+        "tpuVms[].acceleratorType",
+        "string",
+        "TPU type, like v5litepod-8 (infra/catalog/tpu.yaml).",
+        allowed="a TPU type like v5litepod-8",
+    ),
+    Setting(
+        "tpuVms[].zone",
+        "string",
+        "Zone offering that TPU type.",
+        pattern=r"[a-z]+-[a-z]+[0-9]+-[a-z]",
+        allowed="a zone like us-central1-b",
+    ),
+    Setting("tpuVms[].runtimeVersion", "string", "TPU software version matching the workload's framework."),
+    Setting(
+        "tpuVms[].provisioning",
+        "string",
+        "How the capacity is bought.",
+        default="on-demand",
+        choices=PROVISIONING_MODELS,
+    ),
+    Setting("tpuVms[].workload", "string", "The workload it runs (a key of workloads)."),
+    Setting(
+        "tpuVms[].labels",
+        "map",
+        f"Extra labels (at most {MAX_LABELS} with the platform's own).",
+        items="string",
+        optional=True,
+    ),
+    Setting(
+        "tpuVms[].description",
+        "string",
+        "Node description.",
+        default="",
+        allowed=f"at most {MAX_TPU_DESCRIPTION} characters",
+    ),
+    Setting(
+        "tpuVms[].onCompletion",
+        "string",
+        "What happens to the TPU when its run has finished.",
+        default="keep",
+        choices=ON_COMPLETION,
+    ),
+    Setting("tpuVms[].schedule", "object", "Stop and start it on a schedule (Cloud Scheduler).", optional=True),
+    Setting(
+        "tpuVms[].schedule.start",
+        "string",
+        "When to start it: unix-cron as Cloud Scheduler reads it.",
+        allowed="5 fields: minute hour day-of-month month day-of-week",
+    ),
+    Setting(
+        "tpuVms[].schedule.stop",
+        "string",
+        "When to stop it: unix-cron.",
+        allowed="5 fields: minute hour day-of-month month day-of-week",
+    ),
+    Setting(
+        "tpuVms[].schedule.timeZone",
+        "string",
+        "IANA time zone of the schedule.",
+        default="Etc/UTC",
+        allowed="an IANA time zone like Europe/Berlin",
+    ),
+    Setting("monitoring", "object", "Alerts.", optional=True),
+    Setting(
+        "monitoring.idleMinutes",
+        "integer",
+        "Alert when a TPU's TensorCores idle longer than this.",
+        default=60,
+        minimum=5,
+        maximum=10080,
+    ),
+    Setting("automation", "object", "The TPU guard: budget actions and preemption recovery.", optional=True),
+    Setting(
+        "automation.budgetAction", "object", "Act on the TPUs when spend reaches a share of the budget.", optional=True
+    ),
+    Setting(
+        "automation.budgetAction.action",
+        "string",
+        "Stop or delete the stack's TPUs.",
+        optional=True,
+        choices=BUDGET_ACTIONS,
+    ),
+    Setting(
+        "automation.budgetAction.atPercent",
+        "number",
+        "Percent of the budget that triggers it.",
+        default=100,
+        minimum=1,
+        maximum=1000,
+    ),
+    Setting("automation.budgetAction.dryRun", "boolean", "Log what would be done, do nothing.", default=False),
+    Setting("automation.recovery", "object", "Re-create preempted spot or preemptible TPUs.", optional=True),
+    Setting(
+        "automation.recovery.everyMinutes",
+        "integer",
+        "How often to look for preempted TPUs (divides the hour).",
+        optional=True,
+        choices=RECOVERY_INTERVALS,
+    ),
+    Setting(
+        "automation.recovery.maxAttempts",
+        "integer",
+        "Re-creations per TPU before giving up.",
+        default=5,
+        minimum=1,
+        maximum=100,
+    ),
+)
+
+BY_KEY = {s.key: s for s in SETTINGS}
+
+
+def setting(key: str) -> Setting:
+    """The declaration of `key` (`budget.amount`, `tpuVms[].zone` or `gcp:region`)."""
+    return BY_KEY[key]
+
+
+def children(parent: str) -> tuple[Setting, ...]:
+    """The settings directly below `parent` (`budget`, `budget.thresholds[]`; "" for the top level)."""
+    if not parent:
+        return tuple(s for s in SETTINGS if "." not in s.key and not s.key.startswith("gcp:"))
+    return tuple(s for s in SETTINGS if s.key.startswith(parent + ".") and "." not in s.key[len(parent) + 1 :])
