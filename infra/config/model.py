@@ -10,7 +10,7 @@ from infra.programs import PROGRAMS
 PROJECT = "tpu-platform"
 BUCKET_PURPOSES = ("data", "checkpoints", "models")
 # Labels the platform sets on every labelled resource; a stack may not set them itself.
-RESERVED_LABELS = ("environment", "owner", "managed-by", "workload", "provisioning")
+RESERVED_LABELS = ("environment", "owner", "managed-by", "workload", "provisioning", "environment-class")
 # Service accounts the platform creates per stack besides the workloads' (infra/lifecycle.py,
 # infra/automation.py): `service_account_id(name, stack)` of each. A workload may not take these
 # names, or its account would be the platform's (tests/test_config_names.py plans them to check).
@@ -164,7 +164,9 @@ class PlatformConfig:
 
     @property
     def labels(self) -> dict[str, str]:
-        return {"environment": self.stack, "owner": self.owner, "managed-by": "pulumi"}
+        # `environment-class` is the one notion of production the policy pack reads (policy/policies.py).
+        kind = {"environment-class": "production"} if self.production else {}
+        return {"environment": self.stack, "owner": self.owner, "managed-by": "pulumi", **kind}
 
 
 def bucket_name(prefix: str, stack: str, purpose: str) -> str:
