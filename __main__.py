@@ -4,4 +4,5 @@ from infra.platform import build_platform, export_all
 from infra.stack import config_errors_reported, load_config
 
 with config_errors_reported():
-    export_all(build_platform(load_config()))
+    config, secrets = load_config()
+    export_all(build_platform(config, secrets), secrets)

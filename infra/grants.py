@@ -48,6 +48,26 @@ def check_condition(
         )
 
 
+def prefix_condition(bucket: str, prefix: str, title: str) -> gcp.storage.BucketIAMMemberConditionArgs:
+    """Objects under `prefix` only, listing included.
+
+    Cloud Storage checks object reads and writes on the object, whose name in a condition is
+    `projects/_/buckets/BUCKET/objects/NAME` (resource.name; Cloud Storage supports resource attributes),
+    and `objects.list` on the bucket, where only the `storage.googleapis.com/objectListPrefix` API
+    attribute narrows it (IAM, "Attribute reference for IAM Conditions": API attributes).
+    """
+    if not re.fullmatch(r"[a-z0-9][a-z0-9._/-]*/", prefix):
+        raise ValueError(f"prefix {prefix!r}: lowercase letters, digits, '.', '_', '-' and '/', ending in '/'")
+    return gcp.storage.BucketIAMMemberConditionArgs(
+        title=title[:100],
+        description=f"Only objects under {prefix}",
+        expression=(
+            f'resource.name.startsWith("projects/_/buckets/{bucket}/objects/{prefix}") || '
+            f'api.getAttribute("storage.googleapis.com/objectListPrefix", "").startsWith("{prefix}")'
+        ),
+    )
+
+
 def act_as(
     name: str, account: gcp.serviceaccount.Account, deployer: str, parent: pulumi.Resource
 ) -> gcp.serviceaccount.IAMMember:

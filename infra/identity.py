@@ -59,11 +59,18 @@ class WorkloadIdentity(pulumi.ComponentResource):
             )
             self.grants.append(grant)
         for purpose, access in workload.bucket_access:
+            # Data is shared input; checkpoints and models are each workload's own, under its prefix.
+            condition = (
+                None
+                if purpose == "data"
+                else grants.prefix_condition(cfg.bucket_name(purpose), f"{workload.name}/", f"{workload.name}-only")
+            )
             grant = gcp.storage.BucketIAMMember(
                 f"{name}-{purpose}-{access}",
                 bucket=buckets[purpose].name,
                 role=iam.BUCKET_ROLE_FOR_ACCESS[access],
                 member=member,
+                condition=condition,
                 opts=child,
             )
             self.grants.append(grant)

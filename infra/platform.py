@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import pulumi
@@ -17,6 +18,7 @@ from infra.monitoring import TpuMonitoring
 from infra.network import PrivateNetwork
 from infra.run_status import completed_runs
 from infra.schema import ConfigError, Problem
+from infra.secrets import hide, keep_secret
 from infra.storage import PlatformBuckets
 from infra.tpu.cloud_tpu import BACKENDS
 from infra.tpu.metadata import vm_metadata
@@ -25,10 +27,13 @@ from infra.tpu.vm import TpuVm
 TPU_BACKEND = "cloud-tpu"
 
 
-def build_platform(cfg: PlatformConfig) -> dict[str, Any]:
+def build_platform(cfg: PlatformConfig, secrets: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Declare every resource of the stack and return the stack outputs."""
+    secrets = secrets or {}
     metadata = vm_metadata(cfg)  # may refuse the config: before any resource is declared
+    refuse_secrets_in_metadata(cfg, metadata, secrets)
     cost = check_cost(cfg)
+    keep_secret(secrets)
     apis = ProjectApis("apis", cfg.project, required_apis(cfg))
     network = PrivateNetwork("network", cfg, apis)
     buckets = PlatformBuckets("buckets", cfg, apis)
@@ -101,6 +106,23 @@ def check_cost(cfg: PlatformConfig) -> StackCost:
     return cost
 
 
-def export_all(outputs: dict[str, Any]) -> None:
+def refuse_secrets_in_metadata(
+    cfg: PlatformConfig, metadata: dict[str, dict[str, str]], secrets: Mapping[str, str]
+) -> None:
+    """VM metadata is readable by whoever can read the node: no secret value may end up there."""
+    problems = [
+        Problem(key, "[secret]",
+                f"a value marked secure would reach the metadata of TPU VM {vm}, which anyone who can read the node "
+                "sees; keep it out of workload settings (a secret belongs in Secret Manager, read by the "
+                "workload's account)")
+        for vm, items in metadata.items()
+        for plaintext, key in secrets.items()
+        if any(plaintext in value for value in items.values())
+    ]  # fmt: skip
+    if problems:
+        raise ConfigError(cfg.stack, problems)
+
+
+def export_all(outputs: dict[str, Any], secrets: Mapping[str, str] | None = None) -> None:
     for key, value in outputs.items():
-        pulumi.export(key, value)
+        pulumi.export(key, hide(value, secrets or {}))

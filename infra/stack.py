@@ -11,6 +11,7 @@ from pulumi.runtime import config as runtime_config
 
 from infra.config import PlatformConfig, parse_stack_config
 from infra.schema import ConfigError
+from infra.secrets import secret_keys, secret_values
 
 
 def raw_stack_config() -> dict[str, str]:
@@ -18,11 +19,13 @@ def raw_stack_config() -> dict[str, str]:
     return {**pulumi.runtime.get_config_env(), **runtime_config.CONFIG.get()}
 
 
-def load_config() -> PlatformConfig:
-    cfg = parse_stack_config(pulumi.get_stack(), raw_stack_config())
+def load_config() -> tuple[PlatformConfig, dict[str, str]]:
+    """The parsed config, and the plaintexts of the values Pulumi marked secret (see infra/secrets.py)."""
+    raw = raw_stack_config()
+    cfg = parse_stack_config(pulumi.get_stack(), raw)
     for warning in cfg.warnings:
         pulumi.log.warn(warning)
-    return cfg
+    return cfg, secret_values(raw, secret_keys(raw))
 
 
 @contextlib.contextmanager

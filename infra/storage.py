@@ -59,6 +59,20 @@ class PlatformBuckets(pulumi.ComponentResource):
                     protect=cfg.production,
                 ),
             )
+        if settings.data_access_logs:
+            # Who read or wrote which object: Data Access audit logs are off by default for Cloud Storage
+            # (Cloud Audit Logs, "Data Access audit logs"). Part of the project's IAM policy, changed by
+            # the provider with getIamPolicy/setIamPolicy like a grant.
+            gcp.projects.IAMAuditConfig(
+                f"{name}-data-access-logs",
+                project=cfg.project,
+                service="storage.googleapis.com",
+                audit_log_configs=[
+                    gcp.projects.IAMAuditConfigAuditLogConfigArgs(log_type="DATA_READ"),
+                    gcp.projects.IAMAuditConfigAuditLogConfigArgs(log_type="DATA_WRITE"),
+                ],
+                opts=pulumi.ResourceOptions(parent=self, depends_on=apis.needs("cloudresourcemanager")),
+            )
         self.urls = {p: b.url for p, b in self.buckets.items()}
         self.register_outputs({"urls": self.urls})
 

@@ -31,6 +31,7 @@ API_FOR_TYPE = {
     "gcp:storage/bucketObject:BucketObject": "storage.googleapis.com",
     "gcp:cloudfunctionsv2/function:Function": "cloudfunctions.googleapis.com",
     "gcp:projects/serviceIdentity:ServiceIdentity": "eventarc.googleapis.com",
+    "gcp:projects/iAMAuditConfig:IAMAuditConfig": "cloudresourcemanager.googleapis.com",
     "gcp:cloudrunv2/serviceIamMember:ServiceIamMember": "run.googleapis.com",
 }
 

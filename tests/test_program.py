@@ -15,6 +15,7 @@ INVENTORY = {
         "gcp:projects/service:Service": 14,
         "gcp:storage/bucket:Bucket": 5,  # data, checkpoints, models, run status, the guard's function source
         "gcp:storage/bucketObject:BucketObject": 1,
+        "gcp:projects/iAMAuditConfig:IAMAuditConfig": 1,  # Cloud Storage Data Access logs
         "gcp:serviceaccount/account:Account": 5,  # workload, scheduler, guard, guard invoker, guard build
         # the deployer may attach the workload, scheduler, guard, invoker and build accounts; the guard the workload
         "gcp:serviceaccount/iAMMember:IAMMember": 6,
@@ -53,6 +54,7 @@ INVENTORY = {
         "gcp:projects/service:Service": 15,
         "gcp:storage/bucket:Bucket": 5,
         "gcp:storage/bucketObject:BucketObject": 1,
+        "gcp:projects/iAMAuditConfig:IAMAuditConfig": 1,
         "gcp:serviceaccount/account:Account": 4,  # the workload, the guard, its invoker, its build account
         "gcp:serviceaccount/iAMMember:IAMMember": 5,
         "gcp:projects/iAMMember:IAMMember": 5,

@@ -81,6 +81,8 @@ RESOURCE_CALLS: dict[str, Calls] = {
         create=("serviceusage.services.generateServiceIdentity",), read=()
     ),
     "gcp:projects/iAMMember:IAMMember": _iam_member("cloudresourcemanager.projects"),
+    # Audit configs live in the project's IAM policy (resource_google_project_iam_audit_config.go).
+    "gcp:projects/iAMAuditConfig:IAMAuditConfig": _iam_member("cloudresourcemanager.projects"),
     # resource_google_project_iam_custom_role.go: an id deleted less than 37 days ago is undeleted
     # and patched instead of created.
     "gcp:projects/iAMCustomRole:IAMCustomRole": Calls(

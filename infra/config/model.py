@@ -26,6 +26,8 @@ class BucketSettings:
     noncurrent_version_days: int
     # Purposes whose bucket, objects included, `pulumi destroy` may delete. Empty by default.
     destroyable: frozenset[str]
+    # Cloud Storage Data Access audit logs (who read or wrote which object); on unless turned off.
+    data_access_logs: bool = True
 
 
 @dataclass(frozen=True)

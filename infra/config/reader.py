@@ -174,6 +174,7 @@ def _buckets(node: Node | None) -> BucketSettings:
         noncurrent_versions_to_keep=integer(node, "buckets.noncurrentVersionsToKeep"),
         noncurrent_version_days=integer(node, "buckets.noncurrentVersionDays"),
         destroyable=frozenset(texts(node, "buckets.destroyable", [])),
+        data_access_logs=flag(node, "buckets.dataAccessLogs"),
     )
     node.done()
     return settings

@@ -163,6 +163,13 @@ SETTINGS: tuple[Setting, ...] = (
         choices=BUCKET_PURPOSES,
         optional=True,
     ),
+    Setting(
+        "buckets.dataAccessLogs",
+        "boolean",
+        "Cloud Storage Data Access audit logs (reads and writes of objects) for the project; turning them off "
+        "is a visible choice.",
+        default=True,
+    ),
     Setting("budget", "object", "The monthly budget on the billing account, scoped to the project."),
     Setting("budget.amount", "number", "Monthly budget.", minimum=0, exclusive_minimum=True, maximum=MAX_BUDGET_AMOUNT),
     Setting(

@@ -27,6 +27,10 @@ _IAM_MEMBER = "google-beta/tpgiamresource/resource_iam_member.go"
 # Pulumi type token -> the provider files that declare its schema (for IAM members: the generic
 # member schema plus the parent's IAM schema, whose id fields are ForceNew too).
 SOURCES: dict[str, tuple[str, ...]] = {
+    "gcp:projects/iAMAuditConfig:IAMAuditConfig": (
+        "google-beta/tpgiamresource/resource_iam_audit_config.go",
+        "google-beta/services/resourcemanager/iam_project.go",
+    ),
     "gcp:billing/budget:Budget": ("google-beta/services/billingbudgets/resource_billing_budget.go",),
     "gcp:cloudfunctionsv2/function:Function": (
         "google-beta/services/cloudfunctions2/resource_cloudfunctions2_function.go",

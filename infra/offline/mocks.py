@@ -141,6 +141,10 @@ class Registration:
     protect: bool = False
     retain_on_delete: bool = False
     ignore_changes: list[str] = field(default_factory=list)
+    secret_paths: list[str] = field(default_factory=list)  # inputs the engine received as secrets
+    # What the state would hold: the provider's outputs, with the outputs of secret inputs secret too
+    # (Pulumi, "Secrets": an output is secret when the input of the same name is).
+    state: dict[str, Any] = field(default_factory=dict)
 
 
 def plain(value: Any) -> Any:
@@ -159,7 +163,34 @@ def plain(value: Any) -> Any:
     return value
 
 
+SECRET = "[secret]"
+
+
+def masked(value: Any, path: str = "", found: list[str] | None = None) -> Any:
+    """`value` with each secret (the engine's secret sentinel) replaced by "[secret]", its path noted."""
+    found = found if found is not None else []
+    if isinstance(value, dict):
+        if value.get(rpc._special_sig_key) == rpc._special_secret_sig:
+            found.append(path or ".")
+            return SECRET
+        return {k: masked(v, f"{path}.{k}" if path else k, found) for k, v in value.items()}
+    if isinstance(value, list):
+        return [masked(v, f"{path}[{i}]", found) for i, v in enumerate(value)]
+    return value
+
+
+def _state(response: Any, secret_paths: list[str]) -> dict[str, Any]:
+    state = plain(masked(rpc.deserialize_properties(response.object)))
+    for path in secret_paths:
+        key = path.split(".", 1)[0].split("[", 1)[0]
+        if key in state:
+            state[key] = SECRET
+    return state
+
+
 class RecordingMonitor(MockMonitor):
+    """Records each registration as a plan shows it: secrets masked, as `pulumi preview` masks them."""
+
     def __init__(self, mocks: GcpMocks):
         super().__init__(mocks)
         self.registrations: list[Registration] = []
@@ -168,6 +199,8 @@ class RecordingMonitor(MockMonitor):
         response = super().RegisterResource(request)
         if request.type != "pulumi:pulumi:Stack":
             _ensure_event_loop()
+            secret_paths: list[str] = []
+            inputs = masked(rpc.deserialize_properties(request.object), "", secret_paths)
             self.registrations.append(
                 Registration(
                     urn=response.urn,
@@ -175,11 +208,13 @@ class RecordingMonitor(MockMonitor):
                     name=request.name,
                     parent=request.parent,
                     custom=request.custom,
-                    inputs=plain(rpc.deserialize_properties(request.object)),
+                    inputs=plain(inputs),
                     dependencies=sorted(request.dependencies),
                     protect=bool(request.protect),
                     retain_on_delete=bool(request.retainOnDelete),
                     ignore_changes=list(request.ignoreChanges),
+                    secret_paths=secret_paths,
+                    state=_state(response, secret_paths),
                 )
             )
         return response

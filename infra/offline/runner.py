@@ -14,7 +14,7 @@ from pulumi.runtime import settings
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
-from infra.offline.mocks import GcpMocks, RecordingMonitor, Registration
+from infra.offline.mocks import SECRET, GcpMocks, RecordingMonitor, Registration
 from infra.offline.stackfile import ROOT, project_name, read_stack_config
 
 
@@ -56,6 +56,7 @@ def run_program(
     program: Callable[[], Any] | None = None,
     project: str = "tpu-platform",
     monitor: RecordingMonitor | None = None,
+    secret_keys: list[str] | None = None,
 ) -> PlanResult:
     """Run `program` (default: the real `__main__.py`) with `config` as the stack's config.
 
@@ -67,7 +68,7 @@ def run_program(
     mocks = monitor.mocks
     log = _WarningCollector()
     settings.reset_options(project=project, stack=stack)
-    pulumi.runtime.set_all_config(dict(config))
+    pulumi.runtime.set_all_config(dict(config), secret_keys or [])  # [] resets an earlier run's
     pulumi.runtime.set_mocks(mocks, project=project, stack=stack, preview=False, monitor=monitor, logger=log)  # type: ignore[arg-type]
     root = settings.get_root_resource()
     collected: dict[str, Any] = {}
@@ -78,7 +79,10 @@ def run_program(
         else:
             program()
         outputs = getattr(root, "outputs", {})
-        collected.update(_sync_await(pulumi.Output.from_input(outputs).future()) or {})
+        for key, value in outputs.items():
+            output = pulumi.Output.from_input(value)
+            secret = _sync_await(output.is_secret())
+            collected[key] = SECRET if secret else _sync_await(output.future())
 
     try:
         _sync_await(run_pulumi_func(body))
