@@ -1,0 +1,74 @@
+"""IAM Conditions evaluated with a real CEL implementation (cel-python), as IAM evaluates them.
+
+Cloud Storage gives a condition `resource.name` (`projects/_/buckets/B/objects/NAME`) for object reads
+and writes, and the `storage.googleapis.com/objectListPrefix` API attribute for `objects.list`, which
+is checked on the bucket (IAM, "Attribute reference for IAM Conditions"). The requests below are those
+runlib makes: get and write its own objects, list its own prefix.
+"""
+
+from __future__ import annotations
+
+import celpy
+import pytest
+from celpy import celtypes
+
+from tests.support import plan, stack_config, with_object, workload_settings
+
+CHECKPOINTS = "acme-ml-sandbox-dev-checkpoints"
+
+
+def evaluate(expression: str, *, object_name: str | None = None, list_prefix: str | None = None) -> bool:
+    """One request as IAM sees it: an object call names the object; a list call names the bucket."""
+    bucket = f"projects/_/buckets/{CHECKPOINTS}"
+    resource = f"{bucket}/objects/{object_name}" if object_name is not None else bucket
+    attributes = {} if list_prefix is None else {"storage.googleapis.com/objectListPrefix": list_prefix}
+
+    def get_attribute(api: celtypes.MapType, name: celtypes.StringType, default: celtypes.Value) -> celtypes.Value:
+        return api.get(name, default)
+
+    env = celpy.Environment()
+    program = env.program(env.compile(expression), functions={"getAttribute": get_attribute})
+    activation = {
+        "resource": celtypes.MapType({celtypes.StringType("name"): celtypes.StringType(resource)}),
+        "api": celtypes.MapType({celtypes.StringType(k): celtypes.StringType(v) for k, v in attributes.items()}),
+    }
+    return bool(program.evaluate(activation))
+
+
+def checkpoint_conditions() -> dict[str, str]:
+    raw = stack_config()
+    raw = with_object(raw, "workloads", lambda w: w.update(other=workload_settings(raw)))
+    grants = plan(raw).of_type("gcp:storage/bucketIAMMember:BucketIAMMember")
+    return {
+        g.inputs["member"].split(":")[1].split("@")[0]: g.inputs["condition"]["expression"]
+        for g in grants
+        if g.inputs["bucket"] == CHECKPOINTS
+    }
+
+
+def test_each_workload_reads_and_writes_only_its_own_checkpoints():
+    conditions = checkpoint_conditions()
+    assert set(conditions) == {"tpu-mnist-dev", "tpu-other-dev"}
+    mnist = conditions["tpu-mnist-dev"]
+    assert evaluate(mnist, object_name="mnist/mnist-v2-spot/run-1/ckpt-0000000100/state.npz")
+    assert not evaluate(mnist, object_name="other/vm/run-1/ckpt-0000000100/state.npz")
+    assert not evaluate(mnist, object_name="mnist-evil/vm/x")  # a sibling prefix, not its own
+    assert not evaluate(conditions["tpu-other-dev"], object_name="mnist/mnist-v2-spot/run-1/COMPLETE")
+
+
+@pytest.mark.parametrize(
+    ("prefix", "allowed"),
+    [
+        ("mnist/mnist-v2-spot/run-1/ckpt-", True),  # runlib lists its own checkpoints
+        ("mnist/", True),
+        ("other/", False),
+        ("", False),  # the whole bucket
+        ("mnis", False),
+    ],
+)
+def test_a_workload_lists_its_own_prefix_only(prefix, allowed):
+    assert evaluate(checkpoint_conditions()["tpu-mnist-dev"], list_prefix=prefix) is allowed
+
+
+def test_a_list_without_a_prefix_attribute_is_refused():
+    assert not evaluate(checkpoint_conditions()["tpu-mnist-dev"])
