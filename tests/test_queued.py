@@ -9,13 +9,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pulumi
 import pytest
 import requests
 
 from infra.tpu import queued_api as api
+from infra.tpu.backend import TpuNodeSpec
+from infra.tpu.cloud_tpu import BACKENDS
 from infra.tpu.queued import (
     BASE_URL_ENV,
     PollSettings,
+    QueuedCapacity,
     QueuedTpuError,
     QueuedTpuProvider,
     request_from_props,
@@ -354,3 +358,58 @@ def test_serialised_provider_loads_in_a_fresh_process() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], input=blob, capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.split() == ["PollSettings", "0.01", "['state']"]
+
+
+# --- declaration through the backend, under Pulumi mocks
+
+
+class RecordingMocks(pulumi.runtime.Mocks):
+    def __init__(self) -> None:
+        self.resources: list[pulumi.runtime.MockResourceArgs] = []
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str | None, dict]:
+        self.resources.append(args)
+        return f"{args.name}-id", dict(args.inputs)
+
+    def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict, list[tuple[str, str]] | None]:
+        return {}, None
+
+
+def test_backend_declares_a_queued_resource_with_fallback_subnets() -> None:
+    mocks = RecordingMocks()
+    pulumi.runtime.set_mocks(mocks, preview=False)
+    spec = TpuNodeSpec(
+        node_id="train-v5e",
+        project="p",
+        zone="us-west4-a",
+        accelerator_type="v5litepod-16",
+        runtime_version="v2-alpha-tpuv5-lite",
+        provisioning="spot",
+        service_account_email=pulumi.Output.from_input("wl@p.iam.gserviceaccount.com"),
+        network=NET,
+        subnetwork=pulumi.Output.from_input(subnet("us-west4")),
+        secure_boot=False,
+        labels={"workload": "mnist"},
+        tags=["tpu-vm"],
+        metadata={"startup-script": "#!/bin/bash\n"},
+        description="mnist",
+    )
+    capacity = QueuedCapacity(fallback_zones=(("us-central1-a", pulumi.Output.from_input(subnet("us-central1"))),))
+    node = BACKENDS["queued"].create_node("vm-node", spec, pulumi.ResourceOptions(), capacity)  # type: ignore[call-arg]
+
+    @pulumi.runtime.test
+    def check() -> pulumi.Output[Any]:
+        def assert_inputs(_: Any) -> None:
+            (args,) = [r for r in mocks.resources if r.name == "vm-node"]
+            assert args.typ == "pulumi-python:dynamic/tpu:QueuedResource"
+            assert args.inputs["zones"] == [
+                {"zone": "us-west4-a", "subnetwork": subnet("us-west4")},
+                {"zone": "us-central1-a", "subnetwork": subnet("us-central1")},
+            ]
+            assert args.inputs["serviceAccountEmail"] == "wl@p.iam.gserviceaccount.com"
+            assert args.inputs["__provider"]  # the provider travels in state, serialised
+            assert api.problems(request_from_props(args.inputs)) == []
+
+        return node.urn.apply(assert_inputs)
+
+    check()
