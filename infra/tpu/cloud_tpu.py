@@ -10,6 +10,7 @@ import pulumi
 import pulumi_gcp as gcp
 
 from infra.tpu.backend import TpuNodeSpec
+from infra.tpu.queued import QueuedTpuBackend
 
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 
@@ -51,4 +52,4 @@ class CloudTpuBackend:
         )
 
 
-BACKENDS = {CloudTpuBackend.name: CloudTpuBackend()}
+BACKENDS = {CloudTpuBackend.name: CloudTpuBackend(), QueuedTpuBackend.name: QueuedTpuBackend()}

@@ -1,0 +1,277 @@
+"""A TPU API stand-in for queued resources on loopback, which checks every request against Google's
+discovery document (google-api-python-client's `tpu.v2.json` / `tpu.v2alpha1.json`).
+
+It implements queuedResources create / get / delete and operations get, walks each request through
+the states a scenario gives (e.g. WAITING_FOR_RESOURCES -> PROVISIONING -> ACTIVE), answers stock-outs
+for chosen zones (as an HTTP 429 RESOURCE_EXHAUSTED, a failed create operation, or a FAILED request),
+and can preempt (SUSPENDED). A request that breaks the discovery document gets HTTP 400 and is kept
+in `invalid`, so a test fails on it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import googleapiclient
+
+DISCOVERY_DIR = Path(googleapiclient.__file__).parent / "discovery_cache" / "documents"
+
+
+def discovery(version: str) -> dict[str, Any]:
+    return json.loads((DISCOVERY_DIR / f"tpu.{version}.json").read_text())
+
+
+def schema_errors(doc: dict[str, Any], value: Any, schema: dict[str, Any], path: str = "") -> list[str]:
+    """Unknown fields, wrong types, bad enum values, output-only fields and missing `Required.` fields."""
+    if "$ref" in schema:
+        return schema_errors(doc, value, doc["schemas"][schema["$ref"]], path)
+    kind = schema.get("type")
+    errs: list[str] = []
+    if kind == "object" or "properties" in schema:
+        if not isinstance(value, dict):
+            return [f"{path or '<body>'}: expected an object, got {value!r}"]
+        props = schema.get("properties")
+        if props is None:  # a map (labels, metadata) or a free-form object
+            extra = schema.get("additionalProperties")
+            for k, v in value.items():
+                if extra:
+                    errs += schema_errors(doc, v, extra, f"{path}.{k}")
+            return errs
+        for k, v in value.items():
+            if k not in props:
+                errs.append(f"{path}.{k}: unknown field (allowed: {', '.join(sorted(props))})")
+                continue
+            if props[k].get("readOnly"):
+                errs.append(f"{path}.{k}: output only, not accepted in a request")
+            errs += schema_errors(doc, v, props[k], f"{path}.{k}")
+        for k, p in props.items():
+            if p.get("description", "").startswith("Required.") and k not in value:
+                errs.append(f"{path}.{k}: required")
+        return errs
+    if kind == "array":
+        if not isinstance(value, list):
+            return [f"{path}: expected an array, got {value!r}"]
+        for i, v in enumerate(value):
+            errs += schema_errors(doc, v, schema["items"], f"{path}[{i}]")
+        return errs
+    if kind == "string":
+        if not isinstance(value, str):
+            return [f"{path}: expected a string, got {value!r}"]
+        if "enum" in schema and value not in schema["enum"]:
+            return [f"{path}: {value!r} is not one of {schema['enum']}"]
+        if schema.get("format") == "google-duration" and not re.fullmatch(r"-?\d+(\.\d+)?s", value):
+            return [f"{path}: {value!r} is not a duration like '3600s'"]
+        return []
+    if kind == "integer":
+        return [] if isinstance(value, int) and not isinstance(value, bool) else [f"{path}: expected an integer"]
+    if kind == "boolean":
+        return [] if isinstance(value, bool) else [f"{path}: expected a boolean"]
+    return []
+
+
+def _methods(doc: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    out: list[tuple[str, dict[str, Any]]] = []
+
+    def walk(res: dict[str, Any], prefix: str) -> None:
+        for name, m in res.get("methods", {}).items():
+            out.append((f"{prefix}.{name}", m))
+        for name, sub in res.get("resources", {}).items():
+            walk(sub, f"{prefix}.{name}" if prefix else name)
+
+    walk(doc, "")
+    return out
+
+
+def match_method(doc: dict[str, Any], http_method: str, path: str) -> tuple[str, dict[str, Any]] | None:
+    """The discovery method (id, spec) whose flatPath matches `path` (no leading slash)."""
+    for mid, m in _methods(doc):
+        if m["httpMethod"] != http_method:
+            continue
+        pattern = "^" + re.sub(r"\{[^}]+\}", "[^/:]+", m["flatPath"]) + "$"
+        if re.match(pattern, path):
+            return mid.lstrip("."), m
+    return None
+
+
+def request_errors(http_method: str, path: str, query: dict[str, list[str]], body: Any) -> list[str]:
+    """Whether a request is one the TPU API defines: method, path, query parameters and body."""
+    version = path.split("/", 1)[0]
+    if version not in ("v2", "v2alpha1"):
+        return [f"unknown API version in {path}"]
+    doc = discovery(version)
+    found = match_method(doc, http_method, path)
+    if found is None:
+        return [f"no {http_method} method for {path} in tpu.{version}.json"]
+    mid, m = found
+    errs: list[str] = []
+    for k, values in query.items():
+        p = m["parameters"].get(k)
+        if p is None or p.get("location") != "query":
+            errs.append(f"{mid}: unknown query parameter {k!r}")
+        elif p.get("type") == "boolean" and values != ["true"] and values != ["false"]:
+            errs.append(f"{mid}: {k}={values} is not a boolean")
+    if "request" in m:
+        errs += [f"{mid}: {e}" for e in schema_errors(doc, body, m["request"])]
+    elif body not in (None, b"", ""):
+        errs.append(f"{mid}: takes no body")
+    return errs
+
+
+WALK = ("WAITING_FOR_RESOURCES", "PROVISIONING", "ACTIVE")
+
+
+@dataclass
+class Scenario:
+    """How the stand-in answers, per zone."""
+
+    # Zone -> how it stocks out: "http" (429 on create), "operation" (create operation fails, code 8)
+    # or "failed" (the request is accepted, then goes FAILED with a capacity error).
+    stockout: dict[str, str] = field(default_factory=dict)
+    # States each request walks through, one step per get (a name, or a whole QueuedResourceState);
+    # the last one stays.
+    states: list[str | dict[str, Any]] = field(
+        default_factory=lambda: ["WAITING_FOR_RESOURCES", "PROVISIONING", "ACTIVE"]
+    )
+
+
+STOCKOUT = (
+    'There is no more capacity in the zone "{zone}"; you can try in another zone where Cloud TPU Nodes are offered'
+)
+
+
+class StandIn:
+    def __init__(self, scenario: Scenario | None = None):
+        self.scenario = scenario or Scenario()
+        self.requests: list[dict[str, Any]] = []  # every request: method, path, query, body
+        self.invalid: list[str] = []
+        self.resources: dict[str, dict[str, Any]] = {}  # full name -> {"body", "steps", "state", …}
+        self.operations: dict[str, dict[str, Any]] = {}
+        self.nodes: set[str] = set()
+        self._lock = threading.Lock()
+        self._n = 0
+        standin = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def _serve(self, method: str) -> None:
+                url = urlsplit(self.path)
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length) if length else b""
+                body = json.loads(raw) if raw else None
+                status, out = standin.handle(method, url.path.lstrip("/"), parse_qs(url.query), body)
+                data = json.dumps(out).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                self._serve("GET")
+
+            def do_POST(self) -> None:
+                self._serve("POST")
+
+            def do_DELETE(self) -> None:
+                self._serve("DELETE")
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
+        self._thread = threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True)
+
+    def __enter__(self) -> StandIn:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    # --- what a test may do to the live state
+    def preempt(self, name: str) -> None:
+        with self._lock:
+            r = self.resources[name]
+            r["steps"] = []
+            r["state"] = {"state": "SUSPENDED", "stateInitiator": "SERVICE", "suspendedData": {}}
+            self.nodes -= set(r["nodes"])
+
+    # --- the API
+    def _op(self, zone_parent: str, version: str, done: bool, error: dict[str, Any] | None = None) -> dict[str, Any]:
+        self._n += 1
+        op: dict[str, Any] = {"name": f"{zone_parent}/operations/operation-{self._n}", "done": done}
+        if error:
+            op["error"] = error
+        self.operations[op["name"]] = {"op": {**op, "done": True}, "version": version}
+        return op
+
+    @staticmethod
+    def _error(status: int, rpc: str, message: str) -> tuple[int, dict[str, Any]]:
+        return status, {"error": {"code": status, "message": message, "status": rpc}}
+
+    def handle(self, method: str, path: str, query: dict[str, list[str]], body: Any) -> tuple[int, Any]:
+        with self._lock:
+            self.requests.append({"method": method, "path": path, "query": query, "body": body})
+            errs = request_errors(method, path, query, body)
+            if errs:
+                self.invalid += errs
+                return self._error(400, "INVALID_ARGUMENT", "; ".join(errs))
+            version, name = path.split("/", 1)
+            parts = name.split("/")
+            zone_parent = "/".join(parts[:4])
+            zone = parts[3]
+            if "/operations/" in name:
+                op = self.operations.get(name)
+                return (200, op["op"]) if op else self._error(404, "NOT_FOUND", name)
+            if method == "POST":
+                full = f"{name}/{query['queuedResourceId'][0]}"
+                how = self.scenario.stockout.get(zone)
+                if how == "http":
+                    return self._error(429, "RESOURCE_EXHAUSTED", STOCKOUT.format(zone=zone))
+                if full in self.resources:
+                    return self._error(409, "ALREADY_EXISTS", f"{full} already exists")
+                spec = body["tpu"]["nodeSpec"][0]
+                multi = spec.get("multisliceParams") or spec.get("multiNodeParams")
+                ids = [f"{multi['nodeIdPrefix']}-{i}" for i in range(multi["nodeCount"])] if multi else [spec["nodeId"]]
+                steps = list(self.scenario.states)
+                if how == "failed":
+                    err = {"code": 8, "message": STOCKOUT.format(zone=zone)}
+                    steps = ["WAITING_FOR_RESOURCES", {"state": "FAILED", "failedData": {"error": err}}]
+                self.resources[full] = {
+                    "body": body,
+                    "version": version,
+                    "steps": steps,
+                    "state": {"state": "CREATING"},
+                    "nodes": [f"{zone_parent}/nodes/{i}" for i in ids],
+                }
+                if how == "operation":
+                    error = {"code": 8, "message": STOCKOUT.format(zone=zone)}
+                    self.resources[full]["steps"] = []
+                    self.resources[full]["state"] = {"state": "FAILED", "failedData": {"error": error}}
+                    return 200, self._op(zone_parent, version, done=False, error=error)
+                return 200, self._op(zone_parent, version, done=False)
+            r = self.resources.get(name)
+            if r is None:
+                return self._error(404, "NOT_FOUND", f"{name} not found")
+            if method == "GET":
+                if r["steps"]:
+                    step = r["steps"].pop(0)
+                    r["state"] = step if isinstance(step, dict) else {"state": step}
+                    if r["state"]["state"] == "ACTIVE":
+                        self.nodes |= set(r["nodes"])
+                return 200, {**r["body"], "name": name, "state": r["state"]}
+            # DELETE: without force, only when no node is left (tpu.v2.json queuedResources.delete `force`).
+            live = set(r["nodes"]) & self.nodes
+            if live and query.get("force") != ["true"]:
+                return self._error(400, "FAILED_PRECONDITION", f"{name} still has nodes {sorted(live)}")
+            self.nodes -= live
+            del self.resources[name]
+            return 200, self._op(zone_parent, version, done=False)
