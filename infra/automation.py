@@ -28,6 +28,8 @@ SOURCE = Path(__file__).resolve().parents[1] / "functions" / "tpu_guard"
 SOURCE_FILES = ("main.py", "decisions.py", "requirements.txt")
 GUARD_PERMISSIONS = (
     "tpu.nodes.list",
+    "tpu.nodes.get",  # on_complete: the node's state before acting (idempotent on redelivery)
+    "tpu.nodes.start",  # scheduled_start: a schedule's start, unless the run is complete
     "tpu.nodes.stop",
     "tpu.nodes.delete",
     "tpu.nodes.create",
