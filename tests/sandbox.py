@@ -96,28 +96,44 @@ def storage_emulator() -> Iterator[str]:
         process.wait(10)
 
 
+JSON = "application/json"
+
+
 class _MetadataHandler(http.server.BaseHTTPRequestHandler):
+    """Instance attributes, and what google-auth asks of a metadata server to act as the instance's
+    service account: the ping (`/` answering `Metadata-Flavor: Google`), the account and a token."""
+
     attributes: ClassVar[dict[str, str]] = {}
 
     def do_GET(self) -> None:
         prefix = "/computeMetadata/v1/instance/attributes/"
+        path = self.path.split("?", 1)[0]
         if self.headers.get("Metadata-Flavor") != "Google":
             self.send_error(403, "Missing Metadata-Flavor: Google")  # as the real server answers
             return
-        if self.path == "/computeMetadata/v1/instance/service-accounts/default/token":
-            self._answer(json.dumps({"access_token": SANDBOX_TOKEN, "expires_in": 3599, "token_type": "Bearer"}))
-            return
-        key = self.path.removeprefix(prefix)
-        if not self.path.startswith(prefix) or key not in self.attributes:
-            self.send_error(404)
-            return
-        self._answer(self.attributes[key])
+        account = "/computeMetadata/v1/instance/service-accounts/default/"
+        if path in ("/", "/computeMetadata/v1/"):
+            self._answer("computeMetadata/")
+        elif path == account + "token":
+            self._answer(json.dumps({"access_token": SANDBOX_TOKEN, "expires_in": 3599, "token_type": "Bearer"}), JSON)
+        elif path == account:
+            info = {"email": SANDBOX_ACCOUNT, "aliases": ["default"], "scopes": [CLOUD_PLATFORM]}
+            self._answer(json.dumps(info), JSON)
+        elif path == account + "email":
+            self._answer(SANDBOX_ACCOUNT)
+        elif path.startswith(prefix) and path.removeprefix(prefix) in self.attributes:
+            self._answer(self.attributes[path.removeprefix(prefix)])
+        else:
+            self.send_response(404)
+            self.send_header("Metadata-Flavor", "Google")
+            self.end_headers()
 
-    def _answer(self, text: str) -> None:
+    def _answer(self, text: str, content_type: str = "application/text") -> None:
         body = text.encode()
         self.send_response(200)
         self.send_header("Metadata-Flavor", "Google")
-        self.send_header("Content-Type", "application/text")
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
 
@@ -139,6 +155,8 @@ def metadata_server(attributes: dict[str, str]) -> Iterator[str]:
 
 
 SANDBOX_TOKEN = "sandbox-access-token"
+SANDBOX_ACCOUNT = "sandbox@acme-ml-sandbox.iam.gserviceaccount.com"
+CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
 
 
 class _TpuApiHandler(http.server.BaseHTTPRequestHandler):

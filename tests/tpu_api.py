@@ -29,6 +29,7 @@ class TpuState:
     calls: list[Call] = field(default_factory=list)  # every request, as received
     methods: list[str] = field(default_factory=list)  # the discovery method id of each valid request
     violations: list[str] = field(default_factory=list)
+    authorization: list[str] = field(default_factory=list)  # the Authorization header of each request
     failures: dict[str, int] = field(default_factory=dict)  # method id suffix -> how many calls fail
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -69,6 +70,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         state = self.state
         with state.lock:
             state.calls.append(call)
+            state.authorization.append(self.headers.get("Authorization", ""))
             try:
                 method = api("tpu.v2").check(call)
             except ContractError as error:
