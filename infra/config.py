@@ -563,6 +563,7 @@ def _check_against_catalog(node: Node, vm: TpuVmSettings, workload: WorkloadSett
         problems.add(node.key("zone"), vm.zone, why)
     if vm.runtime_version and workload.program and workload.framework_version:
         why = catalog.runtime_problem(accelerator, vm.runtime_version, workload.framework, workload.framework_version)
+        why = why or catalog.software_problem(vm.runtime_version, workload.framework, workload.framework_version)
         if why:
             problems.add(node.key("runtimeVersion"), vm.runtime_version, why)
     need = workload.memory_gib_per_chip
