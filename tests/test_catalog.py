@@ -150,14 +150,18 @@ def test_what_the_start_up_script_may_install_next_to_a_framework():
 
 def test_tensorflow_runtime_environment():
     assert dict(catalog.runtime_environment("tpu-vm-tf-2.16.1-pjrt", "n")) == {
-        "TPU_NAME": "local", "NEXT_PLUGGABLE_DEVICE_USE_C_API": "true",
+        "NEXT_PLUGGABLE_DEVICE_USE_C_API": "true",
         "TF_PLUGGABLE_DEVICE_LIBRARY_PATH": "/lib/libtpu.so",
     }  # fmt: skip
     assert dict(catalog.runtime_environment("tpu-vm-tf-2.16.1-pod-pjrt", "n")) == {
         "TPU_NAME": "n",
         "TPU_LOAD_LIBRARY": "0",
     }
-    assert catalog.runtime_environment("v2-alpha-tpuv6e", "n") == ()
+    assert (
+        catalog.runtime_environment("v2-alpha-tpuv6e", "n")
+        == ()
+        == catalog.runtime_environment("tpu-vm-tf-2.14.1", "n")
+    )
 
 
 def test_the_plan_refuses_a_runtime_that_cannot_run_the_workload():

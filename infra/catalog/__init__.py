@@ -320,5 +320,7 @@ def load_catalog(path: Path = CATALOG_FILE) -> TpuCatalog:
         jax_python=tuple((str(r["from"]), str(r["python"])) for r in data["packages"]["jax_python"]),
         tf_protobuf=tuple((str(r["before"]), str(r["constraint"])) for r in data["packages"]["tensorflow_protobuf"]),
         tf_tpu_from=str(data["packages"]["tensorflow_tpu_from"]),
-        tf_environment={k: {str(n): str(v) for n, v in e.items()} for k, e in data["tensorflow_environment"].items()},
+        tf_environment={
+            k: {str(n): str(v) for n, v in (e or {}).items()} for k, e in data["tensorflow_environment"].items()
+        },
     )
