@@ -25,7 +25,8 @@ from typing import ClassVar
 from tests.workloads import workloads_python
 
 SYSTEMCTL_SHIM = '''#!{python}
-"""systemctl for the sandbox: daemon-reload is a no-op; start runs ExecStart detached, once."""
+"""systemctl for the sandbox: daemon-reload is a no-op; start runs ExecStart detached, once, with
+the unit's EnvironmentFile and Environment= lines."""
 import os, re, subprocess, sys
 from pathlib import Path
 
@@ -45,7 +46,9 @@ if pid_file.exists():
 text = (Path(os.environ.get("TPU_PLATFORM_ROOT", "")) / "etc/systemd/system" / unit).read_text()
 fields = dict(re.findall(r"^(\\w+)=(.*)$", text, re.M))
 env = dict(os.environ)
-for line in Path(fields["EnvironmentFile"]).read_text().splitlines():
+for key, value in re.findall(r"^Environment=(\\w+)=(.*)$", text, re.M):
+    env[key] = value
+for line in Path(fields["EnvironmentFile"]).read_text().splitlines():  # as systemd: the file wins
     if "=" in line:
         key, value = line.split("=", 1)
         env[key] = value
