@@ -53,7 +53,7 @@ GUARD_METHODS = (
 )
 GUARD_PERMISSIONS = (
     "tpu.nodes.list",
-    "tpu.nodes.get",
+    "tpu.nodes.get",  # on_complete: the node's state before acting (idempotent on redelivery)
     "tpu.nodes.stop",
     "tpu.nodes.start",
     "tpu.nodes.delete",
@@ -247,7 +247,7 @@ class TpuGuard(pulumi.ComponentResource):
                     "BUDGET_AT_PERCENT": f"{auto.budget_at_percent:g}",
                     "DRY_RUN": "true" if auto.dry_run else "false",
                     "BILLING_ACCOUNT": cfg.billing_account,
-                    "BUDGET_NAME": budget_name,
+                    "BUDGET_ID": budget_name,  # the full name; the guard takes its last segment
                 },
                 gcp.cloudfunctionsv2.FunctionEventTriggerArgs(
                     trigger_region=region,

@@ -3,12 +3,18 @@
 Pure and deterministic (same inputs, same bytes), so a plan shows no change unless the workload or
 its settings changed. The script runs as root on every boot of every worker of the slice, and is
 idempotent:
-  1. install the pinned framework and the program's extras, only when the image lacks them (S21);
+  1. check what the catalog could not know about the image (its Python, its framework), then install
+     the pinned framework and the program's extras only when the image lacks them (S21), the extras
+     under the bounds the framework needs (e.g. protobuf<5 next to TensorFlow < 2.18). A boot whose
+     image cannot run the workload logs one `tpu-platform: FATAL:` line, exits 78 and starts nothing:
+     no restart loop keeps a TPU billing;
   2. write the program files; fetch the run settings from the metadata server (so a settings change
      is a metadata update, not a new script);
   3. if the run's completion marker exists, do nothing more;
-  4. otherwise start it as a systemd service: it restarts on failure, logs structured lines to the
-     journal, and resumes from its newest checkpoint after a reboot, a preemption or a re-created VM.
+  4. otherwise start it as a systemd service with the environment its runtime needs: it restarts on
+     failure (a few times an hour at most, never after exit 78, a configuration error), logs structured
+     lines to the journal, and resumes from its newest checkpoint after a reboot, a preemption or a
+     re-created VM.
 
 `TPU_PLATFORM_ROOT`, `TPU_PLATFORM_PYTHON` and `GCE_METADATA_HOST` let the tests run the very same
 script in a sandbox (files under a temporary root, a metadata server on loopback).
@@ -35,6 +41,11 @@ FRAMEWORK_INSTALL = {
 }
 _SAFE_VALUE = re.compile(r"[A-Za-z0-9_./:@=+,-]*")
 _SAFE_REQUIREMENT = re.compile(r"[A-Za-z0-9_.\[\]-]+==[0-9][A-Za-z0-9.]*")
+_SAFE_CONSTRAINT = re.compile(r"[A-Za-z0-9_.-]+(<|<=|>=|==|!=)[0-9][A-Za-z0-9.]*")
+_SAFE_MESSAGE = re.compile(r'[^"$`\n\\]*')
+# The start-up script's and the program's exit status for "this configuration cannot work": systemd
+# does not restart the unit for it (RestartPreventExitStatus), and GCE does not re-run the script.
+EXIT_CONFIG = 78  # EX_CONFIG of sysexits.h
 _HEREDOC_PROGRAM = "TPU_PLATFORM_PROGRAM"
 
 
@@ -49,6 +60,13 @@ class StartupSpec:
     requirements: tuple[tuple[str, str], ...]  # (import name, pinned requirement)
     # Settings for the program: environment name -> (command-line flag, value).
     settings: tuple[tuple[str, str, str], ...]
+    # What the runtime needs (infra/catalog): the process environment, bounds kept when extras are
+    # installed, the oldest Python the framework accepts, and why the framework cannot be installed
+    # at boot ("" when it can).
+    environment: tuple[tuple[str, str], ...] = ()
+    constraints: tuple[str, ...] = ()
+    min_python: str = ""
+    install_problem: str = ""
 
     @property
     def unit(self) -> str:
@@ -64,6 +82,14 @@ def _check(spec: StartupSpec) -> None:
     for module, requirement in spec.requirements:
         if not (_SAFE_REQUIREMENT.fullmatch(requirement) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", module)):
             raise ValueError(f"unsafe requirement {requirement!r}")
+    for name, value in spec.environment:
+        if not _SAFE_VALUE.fullmatch(value) or not re.fullmatch(r"[A-Z_][A-Z0-9_]*", name):
+            raise ValueError(f"unsafe environment {name}={value!r} for workload {spec.workload}")
+    for constraint in spec.constraints:
+        if not _SAFE_CONSTRAINT.fullmatch(constraint):
+            raise ValueError(f"unsafe constraint {constraint!r}")
+    if not re.fullmatch(r"(\d+\.\d+)?", spec.min_python) or not _SAFE_MESSAGE.fullmatch(spec.install_problem):
+        raise ValueError(f"unsafe runtime facts {spec.min_python!r}, {spec.install_problem!r}")
     for filename, source in spec.files:
         if not re.fullmatch(r"[A-Za-z0-9_]+\.py", filename):
             raise ValueError(f"unsafe file name {filename!r}")
@@ -94,6 +120,24 @@ def render_startup_script(spec: StartupSpec) -> str:
     writes = "".join(_write_file(name, source) for name, source in spec.files)
     checkpoint_env = next((env for env, flag, _ in spec.settings if flag == "--checkpoint-dir"), "")
     completed = f'"${{{checkpoint_env}:-}}"' if checkpoint_env else '""'
+    environment = "".join(f"Environment={name}={value}\n" for name, value in spec.environment)
+    constraints = " ".join(f"'{c}'" for c in spec.constraints)
+    if spec.min_python:
+        major, minor = spec.min_python.split(".")
+        need = f"{spec.framework} ${{FRAMEWORK_VERSION}} needs Python {spec.min_python} or newer"
+        python_check = f"""  if ! "${{PYTHON}}" -c 'import sys; sys.exit(sys.version_info < ({major}, {minor}))'; then
+    fatal "{need}; this image has $("${{PYTHON}}" -V 2>&1)"
+  fi
+"""
+    else:
+        python_check = ""
+    if spec.install_problem:
+        found = "(found: ${installed:-none})"
+        why = f"{spec.framework} ${{FRAMEWORK_VERSION}} is not installed {found}: {spec.install_problem}"
+        install = f'    fatal "{why}"'
+    else:
+        install = f"""    log "installing {spec.framework} ${{FRAMEWORK_VERSION}} (found: ${{installed:-none}})"
+    "${{PYTHON}}" -m pip install --quiet '{requirement}' -f {find_links}"""
 
     return f"""#!/bin/bash
 # tpu-platform start-up for TPU VM {spec.vm} (stack {spec.stack}), workload {spec.workload}.
@@ -111,26 +155,41 @@ readonly FRAMEWORK_VERSION={spec.framework_version}
 
 log() {{ echo "tpu-platform: $*"; }}
 
+# A configuration this image cannot run: say so once and start nothing (GCE runs this script once
+# per boot; nothing restarts it), rather than leave a unit failing in a loop while the TPU bills.
+fatal() {{
+  echo "tpu-platform: FATAL: $*; not starting ${{UNIT}}. Fix the stack (see the plan's catalog checks)." >&2
+  exit {EXIT_CONFIG}
+}}
+
+framework_version() {{
+  "${{PYTHON}}" -c 'import {module}; print({module}.__version__)' 2>/dev/null || true
+}}
+
 metadata() {{
   curl --silent --fail --retry 5 --retry-connrefused -H 'Metadata-Flavor: Google' "${{METADATA}}/$1"
 }}
 
 ensure_packages() {{
-  local installed
-  installed="$("${{PYTHON}}" -c 'import {module}; print({module}.__version__)' 2>/dev/null || true)"
+{python_check}  local installed
+  installed="$(framework_version)"
   if [[ "${{installed}}" == "${{FRAMEWORK_VERSION}}" ]]; then
     log "{spec.framework} ${{installed}} is already installed"
   else
-    log "installing {spec.framework} ${{FRAMEWORK_VERSION}} (found: ${{installed:-none}})"
-    "${{PYTHON}}" -m pip install --quiet '{requirement}' -f {find_links}
+{install}
   fi
   local extra extras=({extras})
   for extra in "${{extras[@]}}"; do
     if ! "${{PYTHON}}" -c "import ${{extra%%=*}}" 2>/dev/null; then
       log "installing ${{extra#*=}}"
-      "${{PYTHON}}" -m pip install --quiet "${{extra#*=}}"
+      # Together with the bounds the framework needs, so pip cannot upgrade them from under it.
+      "${{PYTHON}}" -m pip install --quiet "${{extra#*=}}" {constraints}
     fi
   done
+  installed="$(framework_version)"
+  if [[ "${{installed}}" != "${{FRAMEWORK_VERSION}}" ]]; then
+    fatal "{spec.framework} ${{FRAMEWORK_VERSION}} does not import after the installs (found: ${{installed:-none}})"
+  fi
 }}
 
 install_program() {{
@@ -147,13 +206,18 @@ install_unit() {{
 Description=tpu-platform workload {spec.workload} (stack {spec.stack})
 Wants=network-online.target
 After=network-online.target
+# A program that keeps failing is given up on after 5 starts an hour, instead of billing in a loop.
+StartLimitIntervalSec=3600
+StartLimitBurst=5
 
 [Service]
 Type=simple
 EnvironmentFile=@ENV_FILE@
-ExecStart=@PYTHON@ -u @APP_DIR@/{entry} {exec_args}
+{environment}ExecStart=@PYTHON@ -u @APP_DIR@/{entry} {exec_args}
 Restart=on-failure
 RestartSec=30
+# Exit {EXIT_CONFIG}: a configuration error, which a restart cannot mend.
+RestartPreventExitStatus={EXIT_CONFIG}
 # Preemption notice to exit: the program checkpoints on SIGTERM within this time.
 TimeoutStopSec=25
 StandardOutput=journal

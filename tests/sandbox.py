@@ -25,7 +25,8 @@ from typing import ClassVar
 from tests.workloads import workloads_python
 
 SYSTEMCTL_SHIM = '''#!{python}
-"""systemctl for the sandbox: daemon-reload is a no-op; start runs ExecStart detached, once."""
+"""systemctl for the sandbox: daemon-reload is a no-op; start runs ExecStart detached, once, with
+the unit's EnvironmentFile and Environment= lines."""
 import os, re, subprocess, sys
 from pathlib import Path
 
@@ -45,7 +46,9 @@ if pid_file.exists():
 text = (Path(os.environ.get("TPU_PLATFORM_ROOT", "")) / "etc/systemd/system" / unit).read_text()
 fields = dict(re.findall(r"^(\\w+)=(.*)$", text, re.M))
 env = dict(os.environ)
-for line in Path(fields["EnvironmentFile"]).read_text().splitlines():
+for key, value in re.findall(r"^Environment=(\\w+)=(.*)$", text, re.M):
+    env[key] = value
+for line in Path(fields["EnvironmentFile"]).read_text().splitlines():  # as systemd: the file wins
     if "=" in line:
         key, value = line.split("=", 1)
         env[key] = value
@@ -96,28 +99,44 @@ def storage_emulator() -> Iterator[str]:
         process.wait(10)
 
 
+JSON = "application/json"
+
+
 class _MetadataHandler(http.server.BaseHTTPRequestHandler):
+    """Instance attributes, and what google-auth asks of a metadata server to act as the instance's
+    service account: the ping (`/` answering `Metadata-Flavor: Google`), the account and a token."""
+
     attributes: ClassVar[dict[str, str]] = {}
 
     def do_GET(self) -> None:
         prefix = "/computeMetadata/v1/instance/attributes/"
+        path = self.path.split("?", 1)[0]
         if self.headers.get("Metadata-Flavor") != "Google":
             self.send_error(403, "Missing Metadata-Flavor: Google")  # as the real server answers
             return
-        if self.path == "/computeMetadata/v1/instance/service-accounts/default/token":
-            self._answer(json.dumps({"access_token": SANDBOX_TOKEN, "expires_in": 3599, "token_type": "Bearer"}))
-            return
-        key = self.path.removeprefix(prefix)
-        if not self.path.startswith(prefix) or key not in self.attributes:
-            self.send_error(404)
-            return
-        self._answer(self.attributes[key])
+        account = "/computeMetadata/v1/instance/service-accounts/default/"
+        if path in ("/", "/computeMetadata/v1/"):
+            self._answer("computeMetadata/")
+        elif path == account + "token":
+            self._answer(json.dumps({"access_token": SANDBOX_TOKEN, "expires_in": 3599, "token_type": "Bearer"}), JSON)
+        elif path == account:
+            info = {"email": SANDBOX_ACCOUNT, "aliases": ["default"], "scopes": [CLOUD_PLATFORM]}
+            self._answer(json.dumps(info), JSON)
+        elif path == account + "email":
+            self._answer(SANDBOX_ACCOUNT)
+        elif path.startswith(prefix) and path.removeprefix(prefix) in self.attributes:
+            self._answer(self.attributes[path.removeprefix(prefix)])
+        else:
+            self.send_response(404)
+            self.send_header("Metadata-Flavor", "Google")
+            self.end_headers()
 
-    def _answer(self, text: str) -> None:
+    def _answer(self, text: str, content_type: str = "application/text") -> None:
         body = text.encode()
         self.send_response(200)
         self.send_header("Metadata-Flavor", "Google")
-        self.send_header("Content-Type", "application/text")
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
 
@@ -139,6 +158,8 @@ def metadata_server(attributes: dict[str, str]) -> Iterator[str]:
 
 
 SANDBOX_TOKEN = "sandbox-access-token"
+SANDBOX_ACCOUNT = "sandbox@acme-ml-sandbox.iam.gserviceaccount.com"
+CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
 
 
 class _TpuApiHandler(http.server.BaseHTTPRequestHandler):

@@ -116,3 +116,61 @@ def test_prices_have_a_date_and_spot_is_cheaper():
         on_demand, _ = catalog.price_per_chip_hour(acc, "on-demand")
         spot, _ = catalog.price_per_chip_hour(acc, "spot")
         assert 0 < spot < on_demand
+
+
+def test_runtime_images_record_what_google_documents_and_no_more():
+    base = catalog.runtime_image("tpu-ubuntu2204-base")
+    assert base and (base.os, base.framework, base.python) == ("Ubuntu 22.04", None, "3.10")
+    tf = catalog.runtime_image("tpu-vm-tf-2.15.0-pod-pjrt")
+    assert tf and (tf.os, tf.framework, tf.framework_version, tf.python) == (None, "tensorflow", "2.15.0", None)
+    alpha = catalog.runtime_image("v2-alpha-tpuv6e")
+    assert alpha and alpha.os is None and alpha.python is None  # undocumented: checked at boot
+    assert catalog.runtime_image("tpu-vm-pt-2.0") is None
+    # Every runtime a generation names for JAX is in the table.
+    assert all(catalog.runtime_image(g.jax_runtime) for g in catalog.generations.values())
+
+
+def test_jax_that_needs_a_newer_python_than_the_image_has_is_refused_with_the_fix():
+    why = catalog.software_problem("tpu-ubuntu2204-base", "jax", "0.10.2")
+    assert why == (
+        "jax 0.10.2 needs Python 3.11 or newer, but runtime tpu-ubuntu2204-base is Ubuntu 22.04, whose python3 is "
+        "3.10; pin the workload to a jax older than 0.7.0 (the first that needs a newer Python), or use a TPU "
+        "generation with a newer runtime image"
+    )
+    assert catalog.software_problem("tpu-ubuntu2204-base", "jax", "0.6.2") is None
+    assert catalog.software_problem("v2-alpha-tpuv5-lite", "jax", "0.10.2") is None  # unknown Python: boot checks
+
+
+def test_what_the_start_up_script_may_install_next_to_a_framework():
+    assert catalog.install_constraints("tensorflow", "2.15.0") == ("protobuf<5",)
+    assert catalog.install_constraints("tensorflow", "2.18.0") == () == catalog.install_constraints("jax", "0.10.2")
+    assert "first release there is 2.16.1" in str(catalog.install_problem("tensorflow", "2.15.0"))
+    assert catalog.install_problem("tensorflow", "2.16.1") is None
+
+
+def test_tensorflow_runtime_environment():
+    assert dict(catalog.runtime_environment("tpu-vm-tf-2.16.1-pjrt", "n")) == {
+        "NEXT_PLUGGABLE_DEVICE_USE_C_API": "true",
+        "TF_PLUGGABLE_DEVICE_LIBRARY_PATH": "/lib/libtpu.so",
+    }  # fmt: skip
+    assert dict(catalog.runtime_environment("tpu-vm-tf-2.16.1-pod-pjrt", "n")) == {
+        "TPU_NAME": "n",
+        "TPU_LOAD_LIBRARY": "0",
+    }
+    assert (
+        catalog.runtime_environment("v2-alpha-tpuv6e", "n")
+        == ()
+        == catalog.runtime_environment("tpu-vm-tf-2.14.1", "n")
+    )
+
+
+def test_the_plan_refuses_a_runtime_that_cannot_run_the_workload():
+    from tests.support import stack_config, with_object
+    from tests.test_config import problems_of
+
+    jax = {"program": "jax_mnist", "frameworkVersion": "0.10.2"}
+    raw = with_object(stack_config(), "workloads", lambda w: w["mnist"].update(jax))
+    raw = with_object(raw, "tpuVms", lambda v: v[0].update(runtimeVersion="tpu-ubuntu2204-base"))
+    assert "tpu-platform:tpuVms[0].runtimeVersion = 'tpu-ubuntu2204-base': jax 0.10.2 needs Python 3.11" in problems_of(
+        raw
+    )

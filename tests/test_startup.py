@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from infra.config import parse_stack_config
 from infra.programs import Program
 from infra.schema import ConfigError
 from infra.startup import (
+    EXIT_CONFIG,
     MAX_METADATA_VALUE_BYTES,
     StartupSpec,
     metadata_size_problem,
@@ -21,7 +23,7 @@ from infra.startup import (
     render_startup_script,
 )
 from infra.tpu.metadata import startup_spec, vm_metadata
-from tests.support import stack_config
+from tests.support import stack_config, with_object
 
 ROOT = Path(__file__).resolve().parents[1]
 SHELLCHECK = shutil.which("shellcheck") or str(Path(sys.executable).with_name("shellcheck"))
@@ -46,10 +48,108 @@ def test_rendered_script_passes_shellcheck(stack, tmp_path):
 
 def test_installs_the_version_pinned_for_the_runtime_only_when_missing():
     dev, prod = render_startup_script(spec("dev")), render_startup_script(spec("prod"))
-    assert "readonly FRAMEWORK_VERSION=2.14.1" in dev and "'tensorflow-tpu==2.14.1'" in dev
-    assert "readonly FRAMEWORK_VERSION=2.15.0" in prod and "'tensorflow-tpu==2.15.0'" in prod
+    assert "readonly FRAMEWORK_VERSION=2.14.1" in dev and "readonly FRAMEWORK_VERSION=2.15.0" in prod
     # The install is guarded by a version check, so an image that has it installs nothing.
     assert 'if [[ "${installed}" == "${FRAMEWORK_VERSION}" ]]; then' in dev
+    # tensorflow-tpu is on the package index only from 2.16.1: before, a missing TF is a FATAL, no pip.
+    assert "tensorflow-tpu" not in dev.split("ensure_packages() {")[1].split("}")[0].replace(
+        "tensorflow-tpu 2.14.1 is not on the package index", ""
+    )
+    assert 'fatal "tensorflow ${FRAMEWORK_VERSION} is not installed' in dev
+    newer = render_startup_script(tf_spec("2.16.1", "tpu-vm-tf-2.16.1-pjrt"))
+    assert "'tensorflow-tpu==2.16.1'" in newer and "is not installed (found" not in newer
+
+
+def tf_spec(version: str, runtime: str, accelerator: str | None = None) -> StartupSpec:
+    raw = with_object(stack_config(), "workloads", lambda w: w["mnist"].update(frameworkVersion=version))
+    pod = {"acceleratorType": accelerator, "zone": "us-central1-a", "onCompletion": "delete"} if accelerator else {}
+    raw = with_object(raw, "tpuVms", lambda v: (v[0].update(runtimeVersion=runtime, **pod), v[0].pop("schedule", None)))
+    cfg = parse_stack_config("dev", raw)
+    return startup_spec(cfg, cfg.tpu_vms[0])
+
+
+def unit_of(script: str) -> str:
+    return script.split("<<'TPU_PLATFORM_UNIT'\n")[1].split("TPU_PLATFORM_UNIT\n")[0]
+
+
+def test_each_tensorflow_runtime_gets_its_environment_in_the_unit():
+    """As Google's TPU test harness exports it (ml-auto-solutions, export_env_variables)."""
+    pjrt = unit_of(render_startup_script(spec("prod")))  # tpu-vm-tf-2.15.0-pjrt, single host
+    assert "Environment=NEXT_PLUGGABLE_DEVICE_USE_C_API=true\n" in pjrt
+    assert "Environment=TF_PLUGGABLE_DEVICE_LIBRARY_PATH=/lib/libtpu.so\n" in pjrt
+    assert "TPU_NAME" not in pjrt and "TPU_LOAD_LIBRARY" not in pjrt
+    pod = unit_of(render_startup_script(tf_spec("2.15.0", "tpu-vm-tf-2.15.0-pod-pjrt", "v2-32")))
+    assert "Environment=TPU_NAME=mnist-v2-spot\n" in pod and "Environment=TPU_LOAD_LIBRARY=0\n" in pod
+    assert "NEXT_PLUGGABLE_DEVICE_USE_C_API" not in pod
+    se = unit_of(render_startup_script(spec("dev")))  # tpu-vm-tf-2.14.1: stream executor
+    assert "Environment=" not in se
+
+
+def test_the_unit_never_restarts_a_configuration_error_and_gives_up_on_a_crash_loop():
+    unit = unit_of(render_startup_script(spec()))
+    assert "Restart=on-failure\n" in unit and f"RestartPreventExitStatus={EXIT_CONFIG}\n" in unit
+    assert "StartLimitIntervalSec=3600\n" in unit and "StartLimitBurst=5\n" in unit
+
+
+def test_extras_keep_protobuf_below_5_next_to_tensorflow_before_2_18():
+    assert """pip install --quiet "${extra#*=}" 'protobuf<5'""" in render_startup_script(spec("prod"))
+    newer = render_startup_script(tf_spec("2.18.0", "tpu-vm-tf-2.18.0-pjrt"))
+    assert "protobuf<5" not in newer
+
+
+def boot_with(script: str, python_shim: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """Run the start-up script against a stand-in for the image's python3; systemctl only records."""
+    shims = tmp_path / "shims"
+    shims.mkdir()
+    (shims / "python3").write_text(python_shim)
+    (shims / "systemctl").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/systemctl\n')
+    (shims / "pip-called").write_text("")
+    for shim in ("python3", "systemctl"):
+        (shims / shim).chmod(0o755)
+    env = {**os.environ, "TPU_PLATFORM_ROOT": str(tmp_path / "root"), "TPU_PLATFORM_PYTHON": str(shims / "python3"),
+           "PATH": f"{shims}:{os.environ['PATH']}", "GCE_METADATA_HOST": "127.0.0.1:9"}  # fmt: skip
+    path = tmp_path / "startup.sh"
+    path.write_text(script)
+    return subprocess.run(["bash", str(path)], env=env, capture_output=True, text=True, timeout=60), tmp_path
+
+
+# An image whose python3 is 3.10 and has no TensorFlow, JAX or pip to install them.
+OLD_IMAGE = """#!/bin/bash
+case "$*" in
+  *version_info*) exit 1 ;;
+  -V) echo "Python 3.10.12" ;;
+  *"-m pip"*) echo pip >> "$(dirname "$0")/pip-called"; exit 1 ;;
+  *) exit 1 ;;
+esac
+"""
+
+
+def test_an_image_too_old_for_the_framework_fails_once_and_starts_nothing(tmp_path):
+    jax = {"program": "jax_mnist", "frameworkVersion": "0.10.2"}
+    raw = with_object(stack_config(), "workloads", lambda w: w["mnist"].update(jax))
+    raw = with_object(raw, "tpuVms", lambda v: v[0].update(acceleratorType="v5litepod-4", zone="us-central1-a",
+                                                           runtimeVersion="v2-alpha-tpuv5-lite"))  # fmt: skip
+    cfg = parse_stack_config("dev", raw)  # the image's Python is not documented: the plan cannot refuse it
+    done, folder = boot_with(render_startup_script(startup_spec(cfg, cfg.tpu_vms[0])), OLD_IMAGE, tmp_path)
+    assert done.returncode == EXIT_CONFIG
+    fatal = [line for line in done.stderr.splitlines() if "FATAL" in line]
+    assert fatal == [
+        "tpu-platform: FATAL: jax 0.10.2 needs Python 3.11 or newer; this image has Python 3.10.12; "
+        "not starting tpu-workload-mnist.service. Fix the stack (see the plan's catalog checks)."
+    ]
+    assert not (folder / "systemctl").exists() and (folder / "shims" / "pip-called").read_text() == ""
+
+
+def test_a_tensorflow_the_image_lacks_and_pip_cannot_supply_fails_once(tmp_path):
+    done, folder = boot_with(
+        render_startup_script(spec("prod")), OLD_IMAGE.replace("exit 1 ;;\n  -V", "exit 0 ;;\n  -V"), tmp_path
+    )
+    assert done.returncode == EXIT_CONFIG, done.stderr
+    assert (
+        "FATAL: tensorflow 2.15.0 is not installed (found: none): tensorflow-tpu 2.15.0 is not on the package index"
+        in done.stderr
+    )
+    assert not (folder / "systemctl").exists() and (folder / "shims" / "pip-called").read_text() == ""
 
 
 def test_runs_under_systemd_with_settings_from_metadata():

@@ -5,7 +5,9 @@ For both workloads: first boot starts the run; SIGTERM mid-training (what GCE se
 preemption) leaves a committed checkpoint in the bucket; the next boot resumes from that step, not
 from zero, and finishes with the same step count as an uninterrupted run and `resumes: 1`; a third
 boot does nothing. The dev VM says `onCompletion: stop`: the finished run stops its own TPU
-through the TPU API (a stand-in on loopback), and so does every later boot.
+through the TPU API (a stand-in on loopback), and so does every later boot. And the guard's side of
+run to completion: the completion marker's event makes the guard stop the node; a scheduled start
+of that VM afterwards does nothing.
 """
 
 from __future__ import annotations
@@ -62,7 +64,10 @@ def vm_metadata_for(program: str, framework_module: str) -> tuple[dict[str, str]
         program=program, frameworkVersion=installed_version(framework_module), run=f"e2e-{program.replace('_', '-')}",
         epochs=EPOCHS, batchSize=BATCH, checkpointEverySteps=20,
     ))  # fmt: skip
-    raw = with_object(raw, "tpuVms", lambda v: v[0].update(runtimeVersion=_runtime_for(program, raw)))
+    # JAX 0.7+ needs Python 3.11, which v4's tpu-ubuntu2204-base (Ubuntu 22.04) lacks: the plan refuses
+    # it, so the JAX run takes a v5e, whose runtime's Python the start-up script checks at boot.
+    jax_vm = {"acceleratorType": "v5litepod-4", "zone": "us-central1-a"} if program == "jax_mnist" else {}
+    raw = with_object(raw, "tpuVms", lambda v: v[0].update(runtimeVersion=_runtime_for(program, raw), **jax_vm))
     cfg = parse_stack_config("dev", raw)
     spec = startup_spec(cfg, cfg.tpu_vms[0])
     metadata = render_metadata(dataclasses.replace(spec))
@@ -71,7 +76,9 @@ def vm_metadata_for(program: str, framework_module: str) -> tuple[dict[str, str]
 
 def _runtime_for(program: str, raw: dict[str, str]) -> str:
     version = json.loads(raw["tpu-platform:workloads"])["mnist"]["frameworkVersion"]
-    return "tpu-ubuntu2204-base" if program == "jax_mnist" else f"tpu-vm-tf-{version}-pjrt"
+    # A -se runtime for TF: a -pjrt one points TF at /lib/libtpu.so (TF_PLUGGABLE_DEVICE_LIBRARY_PATH in the
+    # unit), which a TPU VM has and this sandbox does not: TF's import would fail there, as it should.
+    return "v2-alpha-tpuv5-lite" if program == "jax_mnist" else f"tpu-vm-tf-{version}-se"
 
 
 def committed_steps(client: storage.Client, prefix: str) -> list[int]:
@@ -117,7 +124,8 @@ def test_preempted_run_resumes_and_finishes_once(program, module, emulator, tmp_
         structured = [json.loads(line) for line in log.splitlines() if line.startswith("{") and '"loss"' in line]
         assert structured and {"severity", "run_id", "step", "loss"} <= structured[-1].keys()
         assert structured[-1]["run_id"] == f"dev/{run.rstrip('/')}"
-        stop = ("POST", f"/v2/{NODE}:stop", f"Bearer {SANDBOX_TOKEN}")
+        node = NODE.replace("us-central1-b", "us-central1-a") if program == "jax_mnist" else NODE
+        stop = ("POST", f"/v2/{node}:stop", f"Bearer {SANDBOX_TOKEN}")
         assert api_calls == [stop]  # the finished run stopped its own TPU, as its own account
 
         # Boot 3: the run is complete; nothing starts.
@@ -127,3 +135,66 @@ def test_preempted_run_resumes_and_finishes_once(program, module, emulator, tmp_
         assert "already completed its run; not starting it again" in third.stdout
         assert vm.starts() == starts
         assert api_calls == [stop, stop]  # and a restarted VM stops again instead of idling
+
+
+STATUS_BUCKET = "acme-ml-sandbox-dev-tpu-status"
+
+
+def test_a_completed_run_is_stopped_by_the_guard_and_not_restarted_by_its_schedule(emulator, tmp_path, monkeypatch):
+    """Run to completion, guard side: the marker's finalize event makes the guard stop the node on the
+    TPU API stand-in (requests checked against tpu.v2); the morning's scheduled start then does nothing.
+
+    The marker is written here through the store, as runlib's `--status-dir` will write it (that
+    change is another branch's); everything else is the real start-up script, workload and guard.
+    """
+    import sys
+    from datetime import UTC, datetime
+    from pathlib import Path
+
+    from cloudevents.http import CloudEvent
+    from flask import Request
+    from werkzeug.test import EnvironBuilder
+
+    from tests.contracts import CheckedSession
+    from tests.tpu_api import tpu_api_standin
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "functions" / "tpu_guard"))
+    import main as guard
+
+    metadata, unit = vm_metadata_for("tf_mnist", "tensorflow")
+    emulator.create_bucket(STATUS_BUCKET)
+    with metadata_server(metadata) as metadata_host, tpu_api() as (api_url, _), tpu_api_standin() as (url, tpu):
+        tpu.add({"name": NODE, "state": "READY", "acceleratorType": "v2-8", "runtimeVersion": "tpu-vm-tf-2.21.0-pjrt",
+                 "labels": {"environment": "dev", "managed-by": "pulumi"}})  # fmt: skip
+        vm = Vm(tmp_path, metadata_host, os.environ["STORAGE_EMULATOR_HOST"], api_url)
+        first = vm.boot(metadata["startup-script"])
+        assert first.returncode == 0, first.stderr + first.stdout
+        wait_for(lambda: not vm.alive(unit), 300, "the run to finish", interval=0.5)
+        run = "mnist/mnist-v2-spot/e2e-tf-mnist/COMPLETE"  # runlib's own marker: the run is complete
+        assert emulator.bucket("acme-ml-sandbox-dev-checkpoints").blob(run).exists(), vm.log(unit)[-2000:]
+
+        marker = emulator.bucket(STATUS_BUCKET).blob("mnist-v2-spot/COMPLETE")
+        marker.upload_from_string(json.dumps({"run_id": "dev/mnist/mnist-v2-spot/e2e-tf-mnist"}))
+        session = CheckedSession()
+        settings = {
+            "PROJECT": "acme-ml-sandbox", "ENVIRONMENT": "dev", "ZONES": "us-central1-b", "TPU_API_ENDPOINT": url,
+            "STATUS_BUCKET": STATUS_BUCKET,
+            "COMPLETION_ACTIONS": json.dumps({"mnist-v2-spot": {"action": "stop", "zone": "us-central1-b"}}),
+        }  # fmt: skip
+        for key, value in settings.items():
+            monkeypatch.setenv(key, value)
+        monkeypatch.setattr(guard, "_session", lambda: session)
+        event = CloudEvent(
+            {"type": "google.cloud.storage.object.v1.finalized", "time": datetime.now(UTC).isoformat(),
+             "source": f"//storage.googleapis.com/projects/_/buckets/{STATUS_BUCKET}"},
+            {"bucket": STATUS_BUCKET, "name": marker.name, "generation": str(marker.generation)},
+        )  # fmt: skip
+        guard.on_complete(event)
+        assert tpu.nodes[NODE]["state"] == "STOPPED" and tpu.did("stop") == ["mnist-v2-spot"]
+
+        start = Request(EnvironBuilder(method="POST", json={"node": "mnist-v2-spot"}).get_environ())
+        answer, status = guard.scheduled_start(start)
+        assert status == 200 and json.loads(answer)["did"] == "nothing", answer
+        assert "completed its run" in json.loads(answer)["reason"]
+        assert tpu.nodes[NODE]["state"] == "STOPPED" and tpu.did("start") == []
+        assert tpu.violations == [] and session.violations == []

@@ -1,25 +1,61 @@
-"""The TPU guard's decisions on recorded node listings, and the guard's resources and identity."""
+"""The TPU guard: its decisions on recorded node listings, and its entry points run against a TPU API
+stand-in on loopback (which checks every request against tpu.v2's discovery document) and a real
+Cloud Storage emulator for its state and the completion markers (requests checked against storage.v1).
+"""
 
 from __future__ import annotations
 
+import base64
+import json
+import os
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
+from cloudevents.http import CloudEvent
+from flask import Request
+from google.cloud import storage
+from werkzeug.test import EnvironBuilder
+
 from infra.automation import GUARD_PERMISSIONS
+from tests.contracts import Call, CheckedSession, ContractError, api
+from tests.sandbox import free_port, storage_emulator
 from tests.support import plan, stack_config, with_object
+from tests.tpu_api import tpu_api_standin
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "functions" / "tpu_guard"))
-from decisions import budget_actions, recovery_actions, recreate_body
+import main as guard
+from decisions import (
+    NODE_CREATE_FIELDS,
+    RecoveryState,
+    StateError,
+    budget_actions,
+    budget_message_problem,
+    completion_step,
+    completion_target,
+    recovery_actions,
+    recovery_state,
+    recreate_body,
+    start_step,
+    worth_redelivery,
+)
 
-PARENT = "projects/acme-ml-production/locations/us-central1-a/nodes"
+PROJECT = "acme-ml-production"
+PARENT = f"projects/{PROJECT}/locations/us-central1-a/nodes"
+STATE_BUCKET, STATUS_BUCKET = "acme-ml-production-checkpoints", "acme-ml-production-tpu-status"
+ACCOUNT, BUDGET = "012345-6789AB-CDEF01", "5c2f6b0e-1d2a-4b7c-9e3f-0a1b2c3d4e5f"
+NOW = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
 
 
 def node(name: str, state: str, *, env: str = "prod", spot: bool = False, hosts: int = 1) -> dict:
-    """A node as `GET …/nodes` lists it (fields as the TPU API v2 returns them)."""
+    """A node as `GET …/nodes` lists it (fields as the TPU API v2 returns them, both accelerator fields)."""
     return {
         "name": f"{PARENT}/{name}",
         "acceleratorType": "v5litepod-4" if hosts == 1 else "v5litepod-16",
+        "acceleratorConfig": {"type": "V5LITE_POD", "topology": "2x2" if hosts == 1 else "4x4"},
         "runtimeVersion": "tpu-vm-tf-2.15.0-pjrt",
+        "cidrBlock": "10.30.0.0/29",
         "state": state,
         "health": "HEALTHY",
         "createTime": "2026-11-29T08:00:00Z",
@@ -44,10 +80,21 @@ LISTING = [
     {**node("hand-made", "READY"), "labels": {"environment": "prod"}},  # not created by this platform
 ]
 OVER = {"budgetAmount": 20000, "costAmount": 20500, "schemaVersion": "1.0", "budgetDisplayName": "prod"}
+FRESH = RecoveryState(NOW.isoformat())
+
+
+def http_request(body: dict | None = None) -> Request:
+    return Request(EnvironBuilder(method="POST", json=body).get_environ())
+
+
+TICK = http_request()  # what Cloud Scheduler sends to `recover`: nothing it reads
 
 
 def kinds(actions):
     return [(a.kind, a.node.rsplit("/", 1)[-1]) for a in actions]
+
+
+# --- decisions -----------------------------------------------------------------------------------
 
 
 def test_below_the_threshold_nothing_happens():
@@ -72,20 +119,303 @@ def test_dry_run_marks_every_action():
     assert actions and all(a.dry_run for a in actions)
 
 
+def test_only_this_environments_budget_is_obeyed():
+    good = {"billingAccountId": ACCOUNT, "budgetId": BUDGET, "schemaVersion": "1.0"}
+    assert budget_message_problem(good, billing_account=ACCOUNT, budget_id=BUDGET) is None
+    full_name = f"billingAccounts/{ACCOUNT}/budgets/{BUDGET}"  # the budget resource's name works too
+    assert budget_message_problem(good, billing_account=ACCOUNT, budget_id=full_name) is None
+    assert "not this environment's budget" in str(
+        budget_message_problem({**good, "budgetId": "other"}, billing_account=ACCOUNT, budget_id=BUDGET)
+    )
+    assert "billing account" in str(budget_message_problem({}, billing_account=ACCOUNT, budget_id=BUDGET))
+    assert "refusing every message" in str(budget_message_problem(good, billing_account="", budget_id=""))
+
+
+def test_a_failed_event_is_redelivered_only_while_young():
+    window = timedelta(hours=1)
+    assert worth_redelivery((NOW - timedelta(minutes=5)).isoformat(), NOW, window)
+    assert not worth_redelivery((NOW - timedelta(days=2)).isoformat().replace("+00:00", "Z"), NOW, window)
+    assert not worth_redelivery(None, NOW, window) and not worth_redelivery("yesterday", NOW, window)
+
+
 def test_recovery_recreates_preempted_spot_nodes_until_the_cap():
-    assert kinds(recovery_actions(LISTING, environment="prod", attempts={}, max_attempts=3)) == [("recreate", "spot-a")]
-    capped = recovery_actions(LISTING, environment="prod", attempts={f"{PARENT}/spot-a": 3}, max_attempts=3)
-    assert kinds(capped) == [("give-up", "spot-a")]
+    assert kinds(recovery_actions(LISTING, environment="prod", state=FRESH, max_attempts=3)) == [("recreate", "spot-a")]
+    capped = RecoveryState(NOW.isoformat(), {f"{PARENT}/spot-a": 3})
+    assert kinds(recovery_actions(LISTING, environment="prod", state=capped, max_attempts=3)) == [("give-up", "spot-a")]
     on_demand_preempted = [node("trainer", "PREEMPTED")]
-    assert recovery_actions(on_demand_preempted, environment="prod", attempts={}, max_attempts=3) == []
+    assert recovery_actions(on_demand_preempted, environment="prod", state=FRESH, max_attempts=3) == []
 
 
-def test_recreated_node_keeps_its_spec_and_drops_computed_fields():
+def test_recovery_counts_reset_per_window_and_unreadable_counts_fail_closed():
+    stored = RecoveryState((NOW - timedelta(hours=3)).isoformat(), {"n": 3}, {"p": {"runtimeVersion": "x"}})
+    assert recovery_state(stored.to_json(), NOW, timedelta(hours=24)).attempts == {"n": 3}
+    reset = recovery_state(stored.to_json(), NOW + timedelta(days=1), timedelta(hours=24))
+    assert reset.attempts == {} and reset.pending == stored.pending  # a recorded spec is never dropped
+    assert recovery_state(None, NOW, timedelta(hours=24)) == FRESH
+    for garbage in (b"{", b"[]", b'{"attempts": {}}', b'{"windowStart": "x", "attempts": {}, "pending": {}}'):
+        with pytest.raises(StateError, match="not recovering anything"):
+            recovery_state(garbage, NOW, timedelta(hours=24))
+
+
+def test_a_recorded_spec_is_created_when_its_node_is_gone_and_forgotten_once_it_exists():
+    record = {f"{PARENT}/spot-a": {"runtimeVersion": "x"}, f"{PARENT}/back": {"runtimeVersion": "y"}}
+    state = RecoveryState(NOW.isoformat(), {}, record)
+    listing = [node("back", "CREATING", spot=True)]
+    assert kinds(recovery_actions(listing, environment="prod", state=state, max_attempts=3)) == [
+        ("forget", "back"),
+        ("create", "spot-a"),
+    ]
+
+
+def test_node_create_fields_are_the_schemas_writable_fields():
+    """tpu.v2 Node: every property not marked readOnly, less `health` (output only per magic-modules)."""
+    assert api("tpu.v2").writable_fields("Node") - {"health"} == NODE_CREATE_FIELDS
+
+
+def test_recreate_body_is_a_valid_create_with_one_accelerator_field():
     body = recreate_body(node("spot-a", "PREEMPTED", spot=True))
-    assert {"name", "state", "health", "createTime", "networkEndpoints", "apiVersion", "id"}.isdisjoint(body)
-    assert body["acceleratorType"] == "v5litepod-4" and body["schedulingConfig"] == {"spot": True}
-    assert body["serviceAccount"]["email"].startswith("tpu-mnist-prod@")
-    assert body["labels"]["managed-by"] == "pulumi" and body["metadata"]
+    assert "acceleratorConfig" not in body and body["acceleratorType"] == "v5litepod-4"
+    assert {"name", "state", "health", "createTime", "networkEndpoints", "apiVersion", "id", "cidrBlock"}.isdisjoint(
+        body
+    )
+    assert body["schedulingConfig"] == {"spot": True} and body["labels"]["managed-by"] == "pulumi"
+    create = Call("POST", f"https://tpu.googleapis.com/v2/{PARENT}?nodeId=spot-a", body)
+    assert api("tpu.v2").check(create).id == "tpu.projects.locations.nodes.create"
+    # Yesterday's body (GET output minus a hand list) carried output-only fields the schema refuses.
+    old = {k: v for k, v in node("spot-a", "PREEMPTED").items() if k not in {"name", "state", "id"}}
+    with pytest.raises(ContractError, match="createTime is output only"):
+        api("tpu.v2").check(Call("POST", f"https://tpu.googleapis.com/v2/{PARENT}?nodeId=spot-a", old))
+
+
+def test_completion_target_comes_from_the_stack_not_the_marker():
+    actions = {"mnist": {"action": "stop", "zone": "us-central1-a"}}
+    target = completion_target(STATUS_BUCKET, "mnist/COMPLETE", status_bucket=STATUS_BUCKET, actions=actions)
+    assert target == ("mnist", "stop", "us-central1-a")
+    assert "not a completion marker" in str(
+        completion_target(STATUS_BUCKET, "mnist/metrics.json", status_bucket=STATUS_BUCKET, actions=actions)
+    )
+    assert "no completion action" in str(
+        completion_target(STATUS_BUCKET, "other/COMPLETE", status_bucket=STATUS_BUCKET, actions=actions)
+    )
+    assert "not in the status bucket" in str(
+        completion_target("elsewhere", "mnist/COMPLETE", status_bucket=STATUS_BUCKET, actions=actions)
+    )
+
+
+def test_completion_and_scheduled_start_are_idempotent():
+    name = f"{PARENT}/trainer"
+    assert completion_step("stop", name, node("trainer", "READY")).kind == "stop"  # type: ignore[union-attr]
+    assert "already STOPPED" in str(completion_step("stop", name, node("trainer", "STOPPED")))
+    assert "does not exist" in str(completion_step("delete", name, None))
+    assert "already being deleted" in str(completion_step("delete", name, node("trainer", "DELETING")))
+    stopped = node("trainer", "STOPPED")
+    assert start_step(name, stopped, complete=False, environment="prod").kind == "start"  # type: ignore[union-attr]
+    assert "completed its run" in str(start_step(name, stopped, complete=True, environment="prod"))
+    assert "not STOPPED" in str(start_step(name, node("trainer", "READY"), complete=False, environment="prod"))
+    assert "not a node of environment" in str(start_step(name, stopped, complete=False, environment="dev"))
+
+
+# --- entry points against the stand-ins ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def emulator():
+    with storage_emulator() as host:
+        previous = os.environ.get("STORAGE_EMULATOR_HOST")
+        os.environ["STORAGE_EMULATOR_HOST"] = host
+        client = storage.Client(project=PROJECT)
+        for bucket in (STATE_BUCKET, STATUS_BUCKET):
+            client.create_bucket(bucket)
+        yield client
+        if previous is None:
+            del os.environ["STORAGE_EMULATOR_HOST"]
+
+
+@pytest.fixture
+def tpu(monkeypatch, emulator):
+    """The TPU stand-in holding LISTING's managed nodes; the guard's environment; a checked session."""
+    with tpu_api_standin() as (url, state):
+        for listed in LISTING:
+            state.add(listed)
+        session = CheckedSession()
+        settings = {
+            "PROJECT": PROJECT, "ENVIRONMENT": "prod", "ZONES": "us-central1-a", "BUDGET_ACTION": "stop",
+            "BUDGET_AT_PERCENT": "100", "BILLING_ACCOUNT": ACCOUNT, "BUDGET_ID": BUDGET, "MAX_ATTEMPTS": "2",
+            "STATE_BUCKET": STATE_BUCKET, "STATUS_BUCKET": STATUS_BUCKET, "TPU_API_ENDPOINT": url,
+            "COMPLETION_ACTIONS": json.dumps({
+                "trainer": {"action": "stop", "zone": "us-central1-a"},
+                "spot-a": {"action": "delete", "zone": "us-central1-a"},
+            }),
+        }  # fmt: skip
+        for key, value in settings.items():
+            monkeypatch.setenv(key, value)
+        monkeypatch.setattr(guard, "_session", lambda: session)
+        monkeypatch.setenv("POLL_SECONDS", "0")
+        for blob in emulator.list_blobs(STATE_BUCKET):
+            blob.delete()
+        for blob in emulator.list_blobs(STATUS_BUCKET):
+            blob.delete()
+        state.session = session  # type: ignore[attr-defined]
+        yield state
+        assert state.violations == [] and session.violations == []  # every request fits Google's schemas
+
+
+def budget_event(attributes: dict[str, str], *, sent: datetime | None = None) -> CloudEvent:
+    """What Eventarc delivers for a Pub/Sub message (google.cloud.pubsub.topic.v1.messagePublished)."""
+    message = {"data": base64.b64encode(json.dumps(OVER).encode()).decode(), "attributes": attributes,
+               "messageId": "1", "publishTime": (sent or datetime.now(UTC)).isoformat()}  # fmt: skip
+    return CloudEvent(
+        {
+            "type": "google.cloud.pubsub.topic.v1.messagePublished",
+            "source": "//pubsub.googleapis.com/t",
+            "time": (sent or datetime.now(UTC)).isoformat(),
+        },
+        {"message": message, "subscription": "projects/p/subscriptions/s"},
+    )
+
+
+AUTHENTIC = {"billingAccountId": ACCOUNT, "budgetId": BUDGET, "schemaVersion": "1.0"}
+
+
+def test_budget_stops_every_running_node_even_when_one_fails(tpu):
+    tpu.fail("stop")  # the first stop (trainer) answers 500
+    with pytest.raises(RuntimeError, match=r"failed for .*trainer; asking for redelivery"):
+        guard.on_budget(budget_event(AUTHENTIC))
+    assert tpu.did("stop") == ["trainer"] and tpu.did("delete") == ["slice"]  # the slice was still deleted
+    # Redelivered: the trainer is stopped now, and nothing is done twice.
+    guard.on_budget(budget_event(AUTHENTIC))
+    assert tpu.did("stop") == ["trainer", "trainer"] and tpu.nodes[f"{PARENT}/trainer"]["state"] == "STOPPED"
+
+
+def test_an_old_failing_budget_event_is_not_redelivered_for_days(tpu, capsys):
+    tpu.fail("stop")
+    guard.on_budget(budget_event(AUTHENTIC, sent=datetime.now(UTC) - timedelta(days=3)))  # no raise: acknowledged
+    assert "not asking for redelivery" in capsys.readouterr().out
+
+
+def test_a_message_that_is_not_this_budgets_is_ignored(tpu, capsys):
+    guard.on_budget(budget_event({**AUTHENTIC, "budgetId": "someone-elses"}))
+    assert tpu.calls == []
+    assert "ignoring a message on the budget topic: budgetId 'someone-elses'" in capsys.readouterr().out
+
+
+def recovery_record(emulator) -> dict:
+    return json.loads(emulator.bucket(STATE_BUCKET).blob("_tpu-guard/prod/recovery.json").download_as_bytes())
+
+
+def test_recovery_recreates_a_preempted_node_with_its_spec(tpu, emulator):
+    before = recreate_body(tpu.nodes[f"{PARENT}/spot-a"])
+    body, status = guard.recover(TICK)
+    assert status == 200, body
+    assert tpu.did("delete") == ["spot-a"] and tpu.did("create") == ["spot-a"]
+    assert recreate_body(tpu.nodes[f"{PARENT}/spot-a"]) == before
+    assert recovery_record(emulator)["attempts"] == {f"{PARENT}/spot-a": 1}
+    assert recovery_record(emulator)["pending"] == {}
+
+
+def test_a_failed_create_after_the_delete_does_not_lose_the_node(tpu, emulator):
+    tpu.fail("create")
+    _, status = guard.recover(TICK)
+    assert status == 500 and f"{PARENT}/spot-a" not in tpu.nodes  # deleted, not re-created
+    assert recovery_record(emulator)["pending"][f"{PARENT}/spot-a"]["runtimeVersion"] == "tpu-vm-tf-2.15.0-pjrt"
+    # The next run re-creates it from the record, though nothing lists it any more.
+    _, status = guard.recover(TICK)
+    assert status == 200 and tpu.nodes[f"{PARENT}/spot-a"]["state"] == "READY"
+    assert tpu.did("create") == ["spot-a", "spot-a"] and recovery_record(emulator)["pending"] == {}
+
+
+def test_recovery_gives_up_within_the_window_and_counts_again_after_it(tpu, emulator):
+    record = emulator.bucket(STATE_BUCKET).blob("_tpu-guard/prod/recovery.json")
+    capped = RecoveryState(datetime.now(UTC).isoformat(), {f"{PARENT}/spot-a": 2})
+    record.upload_from_string(capped.to_json())
+    guard.recover(TICK)
+    assert tpu.did("delete") == []
+    old = RecoveryState((datetime.now(UTC) - timedelta(days=2)).isoformat(), {f"{PARENT}/spot-a": 2})
+    record.upload_from_string(old.to_json())
+    guard.recover(TICK)
+    assert tpu.did("create") == ["spot-a"] and recovery_record(emulator)["attempts"] == {f"{PARENT}/spot-a": 1}
+
+
+def test_recovery_fails_closed_when_its_counts_cannot_be_read(tpu, emulator, monkeypatch):
+    emulator.bucket(STATE_BUCKET).blob("_tpu-guard/prod/recovery.json").upload_from_string(b"{not json")
+    body, status = guard.recover(TICK)
+    assert status == 503 and "unreadable" in body and tpu.calls == []
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    _, status = guard.recover(TICK)
+    assert status == 503 and tpu.calls == []
+
+
+def marker_event(name: str, bucket: str = STATUS_BUCKET) -> CloudEvent:
+    """What Eventarc delivers when an object is written (google.cloud.storage.object.v1.finalized)."""
+    return CloudEvent(
+        {"type": "google.cloud.storage.object.v1.finalized", "time": datetime.now(UTC).isoformat(),
+         "source": f"//storage.googleapis.com/projects/_/buckets/{bucket}", "subject": f"objects/{name}"},
+        {"bucket": bucket, "name": name, "generation": "1", "contentType": "application/json"},
+    )  # fmt: skip
+
+
+def test_completion_marker_stops_its_node_once(tpu, emulator):
+    emulator.bucket(STATUS_BUCKET).blob("trainer/COMPLETE").upload_from_string(json.dumps({"action": "delete"}))
+    guard.on_complete(marker_event("trainer/COMPLETE"))
+    assert tpu.did("stop") == ["trainer"] and tpu.did("delete") == []  # the stack says stop; the marker is not asked
+    guard.on_complete(marker_event("trainer/COMPLETE"))  # redelivered
+    assert tpu.did("stop") == ["trainer"]
+
+
+def test_completion_marker_deletes_when_the_stack_says_delete(tpu):
+    guard.on_complete(marker_event("spot-a/COMPLETE"))
+    assert tpu.did("delete") == ["spot-a"] and f"{PARENT}/spot-a" not in tpu.nodes
+    guard.on_complete(marker_event("spot-a/COMPLETE"))  # redelivered: the node is gone, nothing to do
+    assert tpu.did("delete") == ["spot-a"]
+
+
+def test_other_objects_and_vms_are_ignored(tpu):
+    for event in (marker_event("trainer/metrics.json"), marker_event("stopped/COMPLETE"),
+                  marker_event("trainer/COMPLETE", bucket=STATE_BUCKET)):  # fmt: skip
+        guard.on_complete(event)
+    assert tpu.calls == []
+
+
+def start(body: dict) -> tuple[dict, int]:
+    answer, status = guard.scheduled_start(http_request(body))
+    return json.loads(answer), status
+
+
+def test_scheduled_start_starts_a_stopped_node_whose_run_is_not_complete(tpu):
+    assert start({"node": "stopped"}) == ({"node": "stopped", "did": "started"}, 200)
+    assert tpu.nodes[f"{PARENT}/stopped"]["state"] == "READY"
+    answer, status = start({"node": "trainer"})
+    assert status == 200 and answer["did"] == "nothing" and "READY, not STOPPED" in answer["reason"]
+
+
+def test_scheduled_start_never_restarts_a_completed_run(tpu, emulator):
+    emulator.bucket(STATUS_BUCKET).blob("stopped/COMPLETE").upload_from_string("{}")
+    answer, status = start({"node": "stopped"})
+    assert status == 200 and answer["did"] == "nothing" and "completed its run" in answer["reason"]
+    assert tpu.did("start") == [] and tpu.nodes[f"{PARENT}/stopped"]["state"] == "STOPPED"
+
+
+def test_scheduled_start_refuses_bad_bodies_and_fails_closed(tpu, monkeypatch):
+    assert start({"vm": "stopped"})[1] == 400 and start({"node": "../x/y"})[1] == 400
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{free_port()}")
+    answer, status = start({"node": "stopped"})
+    assert status == 503 and answer["did"] == "nothing" and tpu.calls == []
+
+
+def test_the_guards_role_holds_exactly_what_its_calls_need(tpu, emulator):
+    """Every TPU method the guard called (recorded by the stand-in, from the discovery document),
+    mapped to its permission through Google's method table, against the role the program grants."""
+    guard.on_budget(budget_event(AUTHENTIC))
+    guard.recover(TICK)
+    guard.on_complete(marker_event("trainer/COMPLETE"))
+    start({"node": "stopped"})
+    # Cloud TPU checks `tpu.<collection>.<verb>` for `tpu.projects.locations.<collection>.<verb>`
+    # (Google's method-to-permission table, shared/reference/gcp-iam/methods.json, says so for each).
+    called = {f"tpu.{m.split('.')[-2]}.{m.split('.')[-1]}" for m in tpu.methods}
+    assert called == set(GUARD_PERMISSIONS), f"calls need {sorted(called)}, the role holds {sorted(GUARD_PERMISSIONS)}"
+
+
+# --- the guard's resources in the plan -----------------------------------------------------------
 
 
 def test_guard_resources_in_prod():
@@ -134,38 +464,3 @@ def test_budget_action_needs_the_budget_topic():
     assert "needs tpu-platform:budget.pubsubTopic: true" in problems_of(raw)
     bad = with_object(stack_config("prod"), "automation", lambda a: a["budgetAction"].update(action="pause"))
     assert "automation.budgetAction.action = 'pause': must be one of delete, stop" in problems_of(bad, "prod")
-
-
-def test_every_api_call_of_the_guard_is_allowed_to_its_identity():
-    """Read main.py's HTTP calls and check each against the permissions the guard's role holds."""
-    import ast
-
-    source = Path(__file__).resolve().parents[1] / "functions" / "tpu_guard" / "main.py"
-    calls = []
-    for call in ast.walk(ast.parse(source.read_text())):
-        if (
-            isinstance(call, ast.Call)
-            and isinstance(call.func, ast.Attribute)
-            and isinstance(call.func.value, ast.Name)
-            and call.func.value.id == "session"
-            and call.args
-        ):
-            calls.append((call.func.attr, ast.unparse(call.args[0])))
-    needed = set()
-    for method, url in calls:
-        if "{TPU}" in url:
-            if url.endswith(":stop'") or url.endswith(':stop"'):
-                needed.add("tpu.nodes.stop")
-            elif "operation" in url:
-                needed.add("tpu.operations.get")
-            elif url.rstrip("'\"").endswith("/nodes"):
-                needed.add("tpu.nodes.list" if method == "get" else "tpu.nodes.create")
-            elif method == "delete":
-                needed.add("tpu.nodes.delete")
-            else:
-                raise AssertionError(f"unclassified TPU call: {method} {url}")
-        else:
-            assert "STORAGE" in url or "_attempts_url" in url or "upload" in url, url  # the counters object
-    assert needed == {"tpu.nodes.list", "tpu.nodes.stop", "tpu.nodes.delete", "tpu.nodes.create", "tpu.operations.get"}
-    # Until the scheduled-start entry point lands, get and start are held for it (GUARD_METHODS).
-    assert needed <= set(GUARD_PERMISSIONS)

@@ -1,29 +1,49 @@
-"""What the TPU guard does, as pure functions over TPU API node listings (no I/O here).
+"""What the TPU guard does, as pure functions over TPU API node listings and stored state (no I/O here).
 
-- Budget action: when a budget notification reports spend at or above the threshold, stop (or
-  delete) every TPU node of the environment that is still running.
+- Budget action: when an authentic budget notification reports spend at or above the threshold,
+  stop (or delete) every TPU node of the environment that is still running.
 - Preemption recovery: a spot/preemptible node of the environment in state PREEMPTED is deleted
   and re-created with the same name and spec, so Pulumi's state stays valid and the workload
-  resumes from its checkpoint; after `max_attempts` recoveries of one node it gives up (and says so).
+  resumes from its checkpoint. Its spec is recorded before the delete, so a create that fails is
+  retried from the record; after `max_attempts` recoveries of one node within a window the guard
+  gives up on it (and says so), and the count starts again in the next window.
+- Run to completion: the marker `gs://<status-bucket>/<vm>/COMPLETE` makes the guard stop or
+  delete that VM's node, as the stack says (never as the marker says); a scheduled start of a VM
+  whose run is complete does nothing.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
 RUNNING = {"READY", "CREATING", "STARTING", "RESTARTING", "REPAIRING"}
 GONE = {"DELETING"}
-# Fields of a node the TPU API computes; everything else is the spec used to re-create it.
-OUTPUT_ONLY = {
-    "name", "state", "healthDescription", "health", "createTime", "networkEndpoints", "apiVersion",
-    "id", "symptoms", "queuedResource", "multisliceNode", "upcomingMaintenance", "cidrBlock",
-}  # fmt: skip
+STOPPED = {"STOPPED", "STOPPING"}
+COMPLETE_MARKER = "COMPLETE"
+
+# The fields of a Node that a create request may set: the Node schema of tpu.v2's discovery document
+# without its output-only ("readOnly") fields, and without `health`, which the document leaves
+# writable but the Terraform provider (magic-modules tpuv2/Vm.yaml) marks `output: true`.
+# tests/test_tpu_guard.py derives this set from the discovery document and compares.
+NODE_CREATE_FIELDS = frozenset({
+    "acceleratorConfig", "acceleratorType", "bootDiskConfig", "cidrBlock", "dataDisks", "description",
+    "labels", "metadata", "networkConfig", "networkConfigs", "runtimeVersion", "schedulingConfig",
+    "serviceAccount", "shieldedInstanceConfig", "tags",
+})  # fmt: skip
+# Pairs a create request must not carry together (the provider's `conflicts`; the API returns both on
+# GET): the first of each pair is what the platform declares (infra/tpu/cloud_tpu.py), so it wins.
+EXCLUSIVE = (("acceleratorType", "acceleratorConfig"), ("networkConfig", "networkConfigs"))
+# Chosen by the API when the platform does not set it (the provider's `default_from_api`), and the
+# platform never does: a re-created node is the node Pulumi declared, so the API chooses it again.
+CHOSEN_BY_API = frozenset({"cidrBlock"})
 
 
 @dataclass(frozen=True)
 class Action:
-    kind: str  # stop | delete | recreate | give-up
+    kind: str  # stop | delete | start | recreate | create | forget | give-up
     node: str  # projects/P/locations/Z/nodes/N
     reason: str
     dry_run: bool = False
@@ -37,6 +57,30 @@ def managed(node: dict[str, Any], environment: str) -> bool:
 
 def multi_host(node: dict[str, Any]) -> bool:
     return len(node.get("networkEndpoints") or []) > 1
+
+
+def short_name(node_name: str) -> str:
+    return node_name.rsplit("/", 1)[-1]
+
+
+# --- budget --------------------------------------------------------------------------------------
+
+
+def budget_message_problem(attributes: dict[str, str], *, billing_account: str, budget_id: str) -> str | None:
+    """Why a Pub/Sub message is not a notification of this environment's budget, or None.
+
+    Cloud Billing sets the attributes `billingAccountId` and `budgetId` on every notification
+    (cloud.google.com/billing/docs/how-to/budgets-programmatic-notifications#notification_format).
+    """
+    if not billing_account or not budget_id:
+        return "the guard has no BILLING_ACCOUNT or BUDGET_ID to compare with; refusing every message"
+    want_budget = budget_id.rsplit("/", 1)[-1]  # a full name billingAccounts/A/budgets/B or the bare id
+    got_account, got_budget = attributes.get("billingAccountId", ""), attributes.get("budgetId", "")
+    if got_account != billing_account.removeprefix("billingAccounts/"):
+        return f"billingAccountId {got_account!r} is not this environment's billing account"
+    if got_budget != want_budget:
+        return f"budgetId {got_budget!r} is not this environment's budget"
+    return None
 
 
 def budget_actions(
@@ -70,25 +114,148 @@ def budget_actions(
     return actions
 
 
+def worth_redelivery(event_time: str | None, now: datetime, window: timedelta) -> bool:
+    """Whether a failed event should be handed back for redelivery (the function raises).
+
+    Pub/Sub and Eventarc retry a failing event for up to 7 days; a guard that keeps failing on one
+    node must not keep them busy that long. Within `window` a retry is worth it; after it the event
+    is acknowledged and the failure logged (Cloud Billing sends a fresh notification several times a
+    day, and the next completion or schedule tries again).
+    """
+    if not event_time:
+        return False
+    try:
+        sent = datetime.fromisoformat(event_time.replace("Z", "+00:00"))
+    except ValueError:
+        return False
+    return now - sent < window
+
+
+# --- recovery ------------------------------------------------------------------------------------
+
+
+class StateError(ValueError):
+    """The recovery state object exists but cannot be understood: the guard does nothing (fails closed)."""
+
+
+@dataclass(frozen=True)
+class RecoveryState:
+    """What the guard keeps in the state bucket between runs."""
+
+    window_start: str  # ISO time the counting window began
+    attempts: dict[str, int] = field(default_factory=dict)  # node name -> recoveries in this window
+    pending: dict[str, dict[str, Any]] = field(default_factory=dict)  # node name -> create body, until created
+
+    def to_json(self) -> bytes:
+        return json.dumps(
+            {"windowStart": self.window_start, "attempts": self.attempts, "pending": self.pending}, sort_keys=True
+        ).encode()
+
+
+def recovery_state(stored: bytes | None, now: datetime, window: timedelta) -> RecoveryState:
+    """The state to act on: the stored one, with its counts reset when its window has passed.
+
+    `stored` None means no object yet (a first run). Anything unreadable raises StateError.
+    """
+    if stored is None:
+        return RecoveryState(now.isoformat())
+    try:
+        data = json.loads(stored)
+        start = datetime.fromisoformat(data["windowStart"])
+        attempts = {str(k): int(v) for k, v in data["attempts"].items()}
+        pending = {str(k): dict(v) for k, v in data["pending"].items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise StateError(f"the recovery state is not readable ({error!r}); not recovering anything") from error
+    if now - start >= window:
+        return RecoveryState(now.isoformat(), {}, pending)  # a pending create is never forgotten
+    return RecoveryState(data["windowStart"], attempts, pending)
+
+
 def recovery_actions(
-    nodes: list[dict[str, Any]], *, environment: str, attempts: dict[str, int], max_attempts: int
+    nodes: list[dict[str, Any]], *, environment: str, state: RecoveryState, max_attempts: int
 ) -> list[Action]:
-    """Preempted spot/preemptible nodes of the environment to re-create, or to give up on."""
+    """Preempted spot/preemptible nodes of the environment to re-create or give up on, and nodes
+    deleted by an earlier run whose create did not happen (re-created from the recorded spec)."""
     actions = []
+    present = {node["name"]: node for node in nodes}
+    for name in sorted(state.pending):
+        node = present.get(name)
+        if node is None:
+            actions.append(Action("create", name, "deleted by an earlier recovery that did not re-create it"))
+        elif node.get("state") != "PREEMPTED":
+            actions.append(Action("forget", name, f"re-created (now {node.get('state')})"))
     for node in nodes:
         scheduling = node.get("schedulingConfig") or {}
         if not managed(node, environment) or node.get("state") != "PREEMPTED":
             continue
         if not (scheduling.get("spot") or scheduling.get("preemptible")):
             continue
-        done = attempts.get(node["name"], 0)
+        done = state.attempts.get(node["name"], 0)
         if done >= max_attempts:
-            actions.append(Action("give-up", node["name"], f"preempted again after {done} recoveries"))
+            actions.append(Action("give-up", node["name"], f"preempted again after {done} recoveries in this window"))
         else:
             actions.append(Action("recreate", node["name"], f"preempted; recovery {done + 1} of {max_attempts}"))
     return actions
 
 
 def recreate_body(node: dict[str, Any]) -> dict[str, Any]:
-    """The create request for a node like `node`: its spec without the fields the API computes."""
-    return {k: v for k, v in node.items() if k not in OUTPUT_ONLY}
+    """The create request for a node like `node`: the fields a create may set, one of each exclusive pair."""
+    body = {k: v for k, v in node.items() if k in NODE_CREATE_FIELDS - CHOSEN_BY_API}
+    for keep, drop in EXCLUSIVE:
+        if keep in body:
+            body.pop(drop, None)
+    return body
+
+
+# --- run to completion ---------------------------------------------------------------------------
+
+
+def completion_target(
+    bucket: str, object_name: str, *, status_bucket: str, actions: dict[str, dict[str, str]]
+) -> tuple[str, str, str] | str:
+    """(vm, action, zone) for a finalized object that is a VM's completion marker, else why not.
+
+    The action comes from the stack (`actions`, the guard's COMPLETION_ACTIONS), never from the
+    object: anyone who can write the marker can only ask for what the stack already says.
+    """
+    if bucket != status_bucket:
+        return f"gs://{bucket}/{object_name} is not in the status bucket {status_bucket}"
+    vm, _, leaf = object_name.partition("/")
+    if leaf != COMPLETE_MARKER or not vm:
+        return f"{object_name} is not a completion marker (<vm>/{COMPLETE_MARKER})"
+    wanted = actions.get(vm)
+    if wanted is None:
+        return f"{vm} has no completion action in this stack (onCompletion: keep, or another stack's VM)"
+    action, zone = wanted.get("action", ""), wanted.get("zone", "")
+    if action not in ("stop", "delete") or not zone:
+        return f"{vm}: completion action {wanted!r} is not stop or delete with a zone"
+    return vm, action, zone
+
+
+def completion_step(action: str, name: str, node: dict[str, Any] | None) -> Action | str:
+    """What to do to the node `name` (None: it does not exist) so that its completion action holds.
+
+    Idempotent: a redelivered marker event, or one for a node already stopped or gone, does nothing.
+    """
+    if node is None:
+        return f"{short_name(name)} does not exist; nothing to {action}"
+    state = node.get("state", "")
+    if state in GONE:
+        return f"{short_name(name)} is already being deleted"
+    if action == "stop" and state in STOPPED:
+        return f"{short_name(name)} is already {state}"
+    return Action(action, name, f"its run is complete (onCompletion: {action})")
+
+
+def start_step(name: str, node: dict[str, Any] | None, *, complete: bool, environment: str) -> Action | str:
+    """Whether a scheduled start may start `name`: only a STOPPED node of this environment whose run
+    is not complete (a finished run is never restarted by a schedule)."""
+    if complete:
+        return f"{short_name(name)} completed its run; a schedule does not start it again"
+    if node is None:
+        return f"{short_name(name)} does not exist"
+    if not managed(node, environment):
+        return f"{short_name(name)} is not a node of environment {environment}"
+    if node.get("state") != "STOPPED":
+        return f"{short_name(name)} is {node.get('state')}, not STOPPED"
+    return Action("start", name, "scheduled start")

@@ -1,12 +1,25 @@
-"""The TPU guard, deployed as two Cloud Run functions; decisions live in decisions.py.
+"""The TPU guard, deployed as Cloud Run functions; decisions live in decisions.py.
 
 - `on_budget`: triggered by the budget's Pub/Sub topic (Eventarc); stops or deletes the
-  environment's TPU nodes when spend reaches the threshold.
+  environment's TPU nodes when spend reaches the threshold. Messages that are not this
+  environment's budget (attributes billingAccountId, budgetId) are ignored, with a log line.
 - `recover`: called by Cloud Scheduler; re-creates preempted spot/preemptible nodes, counting
-  recoveries per node in the state bucket so a node that keeps being preempted is given up on.
+  recoveries per node and window in the state bucket so a node that keeps being preempted is given
+  up on. It records a node's spec before deleting it, so a failed create is retried from the record.
+- `on_complete`: triggered when `gs://<STATUS_BUCKET>/<vm>/COMPLETE` is written (Eventarc, Cloud
+  Storage object finalized); stops or deletes that VM's node as COMPLETION_ACTIONS says.
+- `scheduled_start`: called by Cloud Scheduler with `{"node": "<vm>"}`; starts the node only if it
+  is STOPPED and its run is not complete.
+
+One node that fails never stops the others: each failure is logged, and the event is handed back for
+redelivery only while it is young (RETRY_MINUTES), so Pub/Sub does not redeliver it for days.
 
 Settings come from the environment: PROJECT, ENVIRONMENT, ZONES (comma-separated), BUDGET_ACTION
-(stop|delete), BUDGET_AT_PERCENT, DRY_RUN (true|false), MAX_ATTEMPTS, STATE_BUCKET.
+(stop|delete), BUDGET_AT_PERCENT, BILLING_ACCOUNT, BUDGET_ID, DRY_RUN (true|false), MAX_ATTEMPTS,
+RECOVERY_WINDOW_HOURS (default 24), STATE_BUCKET, STATUS_BUCKET, COMPLETION_ACTIONS (JSON
+{"<vm>": {"action": "stop"|"delete", "zone": "<zone>"}}), RETRY_MINUTES (default 60).
+TPU_API_ENDPOINT and STORAGE_EMULATOR_HOST point it at stand-ins in tests (Google's own clients
+read STORAGE_EMULATOR_HOST the same way).
 """
 
 from __future__ import annotations
@@ -15,18 +28,31 @@ import base64
 import json
 import os
 import time
+from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import quote
 
 import functions_framework
 import google.auth
-from decisions import Action, budget_actions, recovery_actions, recreate_body
+import requests
+from decisions import (
+    Action,
+    RecoveryState,
+    StateError,
+    budget_actions,
+    budget_message_problem,
+    completion_step,
+    completion_target,
+    recovery_actions,
+    recovery_state,
+    recreate_body,
+    start_step,
+    worth_redelivery,
+)
 from google.auth.transport.requests import AuthorizedSession
 
-TPU = "https://tpu.googleapis.com/v2"
-STORAGE = "https://storage.googleapis.com/storage/v1"
 
-
-def _session() -> AuthorizedSession:
+def _session() -> requests.Session:
     credentials, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
     return AuthorizedSession(credentials)
 
@@ -35,44 +61,167 @@ def _log(message: str, severity: str = "INFO", **fields: Any) -> None:
     print(json.dumps({"severity": severity, "message": message, **fields}), flush=True)
 
 
-def list_nodes(session: AuthorizedSession) -> list[dict[str, Any]]:
-    nodes: list[dict[str, Any]] = []
-    for zone in filter(None, os.environ["ZONES"].split(",")):
-        response = session.get(f"{TPU}/projects/{os.environ['PROJECT']}/locations/{zone}/nodes")
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class Tpu:
+    """The calls the guard makes to the Cloud TPU API v2."""
+
+    def __init__(self, session: requests.Session):
+        self.session = session
+        self.api = os.environ.get("TPU_API_ENDPOINT", "https://tpu.googleapis.com").rstrip("/") + "/v2"
+
+    def list(self, zone: str) -> list[dict[str, Any]]:
+        parent = f"{self.api}/projects/{os.environ['PROJECT']}/locations/{zone}/nodes"
+        nodes: list[dict[str, Any]] = []
+        page = ""
+        while True:
+            response = self.session.get(parent, params={"pageToken": page} if page else None)
+            response.raise_for_status()
+            listing = response.json()
+            nodes += listing.get("nodes", [])
+            page = listing.get("nextPageToken", "")
+            if not page:
+                return nodes
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        response = self.session.get(f"{self.api}/{name}")
+        if response.status_code == 404:
+            return None
         response.raise_for_status()
-        nodes += response.json().get("nodes", [])
-    return nodes
+        return response.json()
+
+    def stop(self, name: str) -> dict[str, Any]:
+        return self._ok(self.session.post(f"{self.api}/{name}:stop", json={}))
+
+    def start(self, name: str) -> dict[str, Any]:
+        return self._ok(self.session.post(f"{self.api}/{name}:start", json={}))
+
+    def delete(self, name: str) -> dict[str, Any]:
+        return self._ok(self.session.delete(f"{self.api}/{name}"))
+
+    def create(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        parent, _, node_id = name.rpartition("/nodes/")
+        return self._ok(self.session.post(f"{self.api}/{parent}/nodes", params={"nodeId": node_id}, json=body))
+
+    def wait(self, operation: dict[str, Any], timeout: float = 900) -> None:
+        """Until the long-running operation is done; raises if it failed or took too long."""
+        deadline = time.monotonic() + timeout
+        while not operation.get("done"):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"operation {operation.get('name')} not done after {timeout:g}s")
+            time.sleep(float(os.environ.get("POLL_SECONDS", "10")))
+            operation = self._ok(self.session.get(f"{self.api}/{operation['name']}"))
+        if "error" in operation:
+            raise RuntimeError(f"operation {operation.get('name')} failed: {operation['error']}")
+
+    @staticmethod
+    def _ok(response: requests.Response) -> dict[str, Any]:
+        response.raise_for_status()
+        return response.json()
 
 
-def _wait(session: AuthorizedSession, operation: dict[str, Any], timeout: float = 900) -> None:
-    deadline = time.monotonic() + timeout
-    while not operation.get("done") and time.monotonic() < deadline:
-        time.sleep(10)
-        operation = session.get(f"{TPU}/{operation['name']}").json()
+class Objects:
+    """Small JSON objects in one bucket, through the Cloud Storage JSON API."""
+
+    def __init__(self, session: requests.Session, bucket: str):
+        self.session = session
+        self.bucket = bucket
+        self.host = os.environ.get("STORAGE_EMULATOR_HOST", "https://storage.googleapis.com").rstrip("/")
+
+    def _url(self, name: str) -> str:
+        return f"{self.host}/storage/v1/b/{self.bucket}/o/{quote(name, safe='')}"
+
+    def read(self, name: str) -> bytes | None:
+        """The object's bytes, None if it does not exist; raises on any other failure (fail closed)."""
+        response = self.session.get(self._url(name), params={"alt": "media"})
+        if response.status_code == 404:
+            return None
+        response.raise_for_status()
+        return response.content
+
+    def exists(self, name: str) -> bool:
+        response = self.session.get(self._url(name))
+        if response.status_code == 404:
+            return False
+        response.raise_for_status()
+        return True
+
+    def write(self, name: str, data: bytes) -> None:
+        self.session.post(
+            f"{self.host}/upload/storage/v1/b/{self.bucket}/o",
+            params={"uploadType": "media", "name": name},
+            data=data,
+            headers={"Content-Type": "application/octet-stream"},  # JSON bytes, read back as bytes
+        ).raise_for_status()
 
 
-def carry_out(session: AuthorizedSession, action: Action, nodes: dict[str, dict[str, Any]]) -> None:
+def list_nodes(tpu: Tpu) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every node in the environment's zones, and the zones that could not be listed."""
+    nodes: list[dict[str, Any]] = []
+    failed: list[str] = []
+    for zone in filter(None, os.environ["ZONES"].split(",")):
+        try:
+            nodes += tpu.list(zone)
+        except requests.RequestException as error:
+            _log(f"cannot list TPU nodes in {zone}: {error}", "ERROR")
+            failed.append(zone)
+    return nodes, failed
+
+
+def carry_out(tpu: Tpu, action: Action) -> None:
+    """Stop, delete or start one node (recovery has its own sequence)."""
     _log(f"{action.kind} {action.node}: {action.reason}", "NOTICE", dry_run=action.dry_run)
-    if action.dry_run or action.kind == "give-up":
+    if action.dry_run:
         return
     if action.kind == "stop":
-        session.post(f"{TPU}/{action.node}:stop", json={}).raise_for_status()
+        tpu.stop(action.node)
     elif action.kind == "delete":
-        session.delete(f"{TPU}/{action.node}").raise_for_status()
-    elif action.kind == "recreate":
-        body = recreate_body(nodes[action.node])
-        deleted = session.delete(f"{TPU}/{action.node}")
-        deleted.raise_for_status()
-        _wait(session, deleted.json())
-        parent, _, node_id = action.node.rpartition("/nodes/")
-        session.post(f"{TPU}/{parent}/nodes", params={"nodeId": node_id}, json=body).raise_for_status()
+        tpu.delete(action.node)
+    elif action.kind == "start":
+        tpu.start(action.node)
+    else:
+        raise ValueError(f"carry_out cannot {action.kind}")
+
+
+def _each(actions: list[Action], do: Any) -> list[str]:
+    """Do every action, whatever happens to the others; the nodes that failed."""
+    failed = []
+    for action in actions:
+        try:
+            do(action)
+        except Exception as error:  # one node's failure must not stop the rest
+            _log(f"{action.kind} {action.node} failed: {error!r}", "ERROR")
+            failed.append(action.node)
+    return failed
+
+
+def _hand_back(what: str, failed: list[str], event_time: str | None) -> None:
+    """Raise (so the event is redelivered) while it is young; after that, log and let it go."""
+    if not failed:
+        return
+    window = timedelta(minutes=float(os.environ.get("RETRY_MINUTES", "60")))
+    if worth_redelivery(event_time, _now(), window):
+        raise RuntimeError(f"{what}: failed for {', '.join(failed)}; asking for redelivery")
+    _log(f"{what}: failed for {', '.join(failed)}; not asking for redelivery after {window}", "ERROR")
 
 
 @functions_framework.cloud_event
 def on_budget(event: Any) -> None:
-    notification = json.loads(base64.b64decode(event.data["message"]["data"]))
-    session = _session()
-    nodes = list_nodes(session)
+    message = event.data["message"]
+    attributes = message.get("attributes") or {}
+    problem = budget_message_problem(
+        attributes,
+        billing_account=os.environ.get("BILLING_ACCOUNT", ""),
+        budget_id=os.environ.get("BUDGET_ID", ""),
+    )
+    if problem:
+        _log(f"ignoring a message on the budget topic: {problem}", "WARNING", attributes=attributes)
+        return
+    notification = json.loads(base64.b64decode(message["data"]))
+    tpu = Tpu(_session())
+    nodes, unlisted = list_nodes(tpu)
     actions = budget_actions(
         notification,
         nodes,
@@ -81,34 +230,111 @@ def on_budget(event: Any) -> None:
         action=os.environ["BUDGET_ACTION"],
         dry_run=os.environ.get("DRY_RUN", "false") == "true",
     )
-    by_name = {n["name"]: n for n in nodes}
-    for action in actions:
-        carry_out(session, action, by_name)
+    failed = _each(actions, lambda action: carry_out(tpu, action))
+    _hand_back("budget action", [*unlisted, *failed], event["time"])
 
 
-def _attempts_url() -> str:
-    name = f"_tpu-guard/{os.environ['ENVIRONMENT']}/recoveries.json".replace("/", "%2F")
-    return f"{STORAGE}/b/{os.environ['STATE_BUCKET']}/o/{name}"
+def _state_name() -> str:
+    return f"_tpu-guard/{os.environ['ENVIRONMENT']}/recovery.json"
 
 
 @functions_framework.http
 def recover(request: Any) -> tuple[str, int]:
     session = _session()
-    found = session.get(_attempts_url(), params={"alt": "media"})
-    attempts: dict[str, int] = found.json() if found.status_code == 200 else {}
-    nodes = list_nodes(session)
+    tpu, state_bucket = Tpu(session), Objects(session, os.environ["STATE_BUCKET"])
+    window = timedelta(hours=float(os.environ.get("RECOVERY_WINDOW_HOURS", "24")))
+    try:
+        state = recovery_state(state_bucket.read(_state_name()), _now(), window)
+    except (requests.RequestException, StateError) as error:
+        # Fail closed: without the counts, a node preempted in a loop would be re-created forever.
+        _log(f"cannot read the recovery state; recovering nothing: {error!r}", "ERROR")
+        return json.dumps({"error": "recovery state unreadable"}), 503
+    nodes, unlisted = list_nodes(tpu)
+    if unlisted:
+        return json.dumps({"error": f"cannot list zones {unlisted}"}), 503
     actions = recovery_actions(
-        nodes, environment=os.environ["ENVIRONMENT"], attempts=attempts, max_attempts=int(os.environ["MAX_ATTEMPTS"])
+        nodes, environment=os.environ["ENVIRONMENT"], state=state, max_attempts=int(os.environ["MAX_ATTEMPTS"])
     )
     by_name = {n["name"]: n for n in nodes}
-    for action in actions:
+    attempts, pending = dict(state.attempts), dict(state.pending)
+
+    def save() -> None:
+        state_bucket.write(_state_name(), RecoveryState(state.window_start, attempts, pending).to_json())
+
+    def recover_one(action: Action) -> None:
+        _log(f"{action.kind} {action.node}: {action.reason}", "ERROR" if action.kind == "give-up" else "NOTICE")
         if action.kind == "give-up":
-            _log(f"giving up on {action.node}: {action.reason}", "ERROR")
-            continue
-        carry_out(session, action, by_name)
+            return
+        if action.kind == "forget":
+            pending.pop(action.node, None)
+            save()
+            return
+        if action.kind == "recreate":
+            pending.setdefault(action.node, recreate_body(by_name[action.node]))
+            save()  # the spec is safe before the node is deleted
+            tpu.wait(tpu.delete(action.node))
+        tpu.create(action.node, pending[action.node])
+        pending.pop(action.node)
         attempts[action.node] = attempts.get(action.node, 0) + 1
-    if actions:
-        upload = f"{STORAGE.replace('/storage/v1', '/upload/storage/v1')}/b/{os.environ['STATE_BUCKET']}/o"
-        name = f"_tpu-guard/{os.environ['ENVIRONMENT']}/recoveries.json"
-        session.post(upload, params={"uploadType": "media", "name": name}, data=json.dumps(attempts)).raise_for_status()
-    return json.dumps([a.__dict__ for a in actions]), 200
+        save()
+
+    failed = _each(actions, recover_one)
+    done = [{"kind": a.kind, "node": a.node, "reason": a.reason, "failed": a.node in failed} for a in actions]
+    return json.dumps(done), 500 if failed else 200
+
+
+@functions_framework.cloud_event
+def on_complete(event: Any) -> None:
+    data = event.data
+    target = completion_target(
+        data.get("bucket", ""),
+        data.get("name", ""),
+        status_bucket=os.environ["STATUS_BUCKET"],
+        actions=json.loads(os.environ.get("COMPLETION_ACTIONS") or "{}"),
+    )
+    if isinstance(target, str):
+        _log(f"ignoring gs://{data.get('bucket')}/{data.get('name')}: {target}")
+        return
+    vm, action, zone = target
+    tpu = Tpu(_session())
+    name = f"projects/{os.environ['PROJECT']}/locations/{zone}/nodes/{vm}"
+    try:
+        step = completion_step(action, name, tpu.get(name))
+        if isinstance(step, str):
+            _log(f"completion of {vm}: {step}")
+            return
+        carry_out(tpu, step)
+    except requests.RequestException as error:
+        _log(f"completion of {vm}: {action} failed: {error!r}", "ERROR")
+        _hand_back("completion action", [name], event["time"])
+
+
+@functions_framework.http
+def scheduled_start(request: Any) -> tuple[str, int]:
+    body = request.get_json(silent=True) or {}
+    vm = body.get("node") if isinstance(body, dict) else None
+    if not isinstance(vm, str) or not vm or "/" in vm:
+        return json.dumps({"error": 'expected a JSON body {"node": "<vm name>"}'}), 400
+    session = _session()
+    tpu = Tpu(session)
+    try:
+        complete = Objects(session, os.environ["STATUS_BUCKET"]).exists(f"{vm}/COMPLETE")
+    except requests.RequestException as error:
+        # Fail closed: never start a node whose run may be complete.
+        _log(f"cannot read the completion marker of {vm}; not starting it: {error!r}", "ERROR")
+        return json.dumps({"node": vm, "did": "nothing", "error": "completion marker unreadable"}), 503
+    nodes, unlisted = list_nodes(tpu)
+    found = [n for n in nodes if n["name"].rsplit("/", 1)[-1] == vm]
+    if not found and unlisted:
+        return json.dumps({"node": vm, "did": "nothing", "error": f"cannot list zones {unlisted}"}), 503
+    name = found[0]["name"] if found else vm
+    step = start_step(name, found[0] if found else None, complete=complete, environment=os.environ["ENVIRONMENT"])
+    if isinstance(step, str):
+        _log(f"scheduled start of {vm}: {step}")
+        return json.dumps({"node": vm, "did": "nothing", "reason": step}), 200
+    try:
+        carry_out(tpu, step)
+    except requests.RequestException as error:
+        _log(f"scheduled start of {vm} failed: {error!r}", "ERROR")
+        return json.dumps({"node": vm, "did": "nothing", "error": str(error)}), 502
+    return json.dumps({"node": vm, "did": "started"}), 200

@@ -85,6 +85,17 @@ class AcceleratorType:
 
 
 @dataclass(frozen=True)
+class RuntimeImage:
+    """What Google documents about one runtime image; None where it does not say."""
+
+    runtime: str
+    os: str | None
+    framework: str | None  # the framework preinstalled ("tensorflow"), None for a base image
+    framework_version: str | None
+    python: str | None  # the OS's python3, when the OS is documented
+
+
+@dataclass(frozen=True)
 class TpuCatalog:
     generations: dict[str, Generation]
     unsupported: dict[str, str]
@@ -92,6 +103,72 @@ class TpuCatalog:
     prices_source: str
     tf_suffix_required_from: str
     tf_v4_suffix_until: str
+    images: dict[str, dict[str, str]]
+    os_python: dict[str, str]
+    jax_python: tuple[tuple[str, str], ...]  # (from jax version, oldest Python)
+    tf_protobuf: tuple[tuple[str, str], ...]  # (before TF version, constraint)
+    tf_tpu_from: str
+    tf_environment: dict[str, dict[str, str]]  # pod | pjrt | other -> variables
+
+    def runtime_image(self, runtime: str) -> RuntimeImage | None:
+        """What the catalog knows of `runtime`; None for a runtime it does not know."""
+        match = TF_RUNTIME.fullmatch(runtime)
+        data = self.images.get("tensorflow" if match else runtime)
+        if data is None:
+            return None
+        os_name = None if data["os"] == "unknown" else data["os"]
+        framework = None if data["framework"] == "none" else data["framework"]
+        return RuntimeImage(
+            runtime=runtime,
+            os=os_name,
+            framework=framework,
+            framework_version=match["version"] if match else None,
+            python=self.os_python.get(os_name or ""),
+        )
+
+    def min_python(self, framework: str, version: str) -> str | None:
+        """The oldest Python `framework`==`version` accepts, when the catalog knows it."""
+        if framework != "jax":
+            return None
+        rows = [python for start, python in self.jax_python if version_key(version) >= version_key(start)]
+        return max(rows, key=version_key) if rows else None
+
+    def software_problem(self, runtime: str, framework: str, version: str) -> str | None:
+        """Why `framework`==`version` cannot run on `runtime`'s image, known before anything boots."""
+        image = self.runtime_image(runtime)
+        need = self.min_python(framework, version)
+        if image and image.python and need and version_key(image.python) < version_key(need):
+            older = [start for start, python in self.jax_python if version_key(python) > version_key(image.python)]
+            first = min(older, key=version_key)
+            return (
+                f"{framework} {version} needs Python {need} or newer, but runtime {runtime} is {image.os}, "
+                f"whose python3 is {image.python}; pin the workload to a {framework} older than {first} "
+                f"(the first that needs a newer Python), or use a TPU generation with a newer runtime image"
+            )
+        return None
+
+    def install_constraints(self, framework: str, version: str) -> tuple[str, ...]:
+        """Bounds the start-up script keeps when it installs a program's extras next to the framework."""
+        if framework != "tensorflow":
+            return ()
+        return tuple(c for before, c in self.tf_protobuf if version_key(version) < version_key(before))
+
+    def install_problem(self, framework: str, version: str) -> str | None:
+        """Why the start-up script could not install `framework`==`version` itself, or None."""
+        if framework == "tensorflow" and version_key(version) < version_key(self.tf_tpu_from):
+            return (
+                f"tensorflow-tpu {version} is not on the package index (its first release there is "
+                f"{self.tf_tpu_from}): the runtime image must carry TensorFlow {version}"
+            )
+        return None
+
+    def runtime_environment(self, runtime: str, node: str) -> tuple[tuple[str, str], ...]:
+        """Environment the training process needs on `runtime` (TensorFlow runtimes), for node `node`."""
+        match = TF_RUNTIME.fullmatch(runtime)
+        if match is None:
+            return ()
+        kind = "pod" if match["pod"] else "pjrt" if match["kind"] == "-pjrt" else "other"
+        return tuple((k, v.format(node=node)) for k, v in self.tf_environment[kind].items())
 
     def accelerator(self, name: str) -> AcceleratorType | str:
         """The accelerator type `name` (like `v5litepod-8`), or why it is not one."""
@@ -238,4 +315,12 @@ def load_catalog(path: Path = CATALOG_FILE) -> TpuCatalog:
         prices_source=str(data["prices_source"]),
         tf_suffix_required_from=str(data["tensorflow"]["suffix_required_from"]),
         tf_v4_suffix_until=str(data["tensorflow"]["v4_suffix_until"]),
+        images=dict(data["runtimes"]["images"]),
+        os_python={str(k): str(v) for k, v in data["os_python"].items()},
+        jax_python=tuple((str(r["from"]), str(r["python"])) for r in data["packages"]["jax_python"]),
+        tf_protobuf=tuple((str(r["before"]), str(r["constraint"])) for r in data["packages"]["tensorflow_protobuf"]),
+        tf_tpu_from=str(data["packages"]["tensorflow_tpu_from"]),
+        tf_environment={
+            k: {str(n): str(v) for n, v in (e or {}).items()} for k, e in data["tensorflow_environment"].items()
+        },
     )

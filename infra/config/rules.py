@@ -101,6 +101,7 @@ def _against_catalog(key: str, vm: TpuVmSettings, workload: WorkloadSettings, pr
         problems.add(f"{key}.zone", vm.zone, why)
     if vm.runtime_version and workload.program and workload.framework_version:
         why = catalog.runtime_problem(accelerator, vm.runtime_version, workload.framework, workload.framework_version)
+        why = why or catalog.software_problem(vm.runtime_version, workload.framework, workload.framework_version)
         if why:
             problems.add(f"{key}.runtimeVersion", vm.runtime_version, why)
     need = workload.memory_gib_per_chip

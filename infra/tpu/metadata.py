@@ -6,6 +6,7 @@ fails the plan with a config error and nothing registered.
 
 from __future__ import annotations
 
+from infra.catalog import load_catalog
 from infra.config import PROJECT, PlatformConfig, TpuVmSettings
 from infra.programs import PROGRAMS
 from infra.schema import Problems
@@ -45,6 +46,7 @@ def startup_spec(cfg: PlatformConfig, vm: TpuVmSettings) -> StartupSpec:
         )
     if workload.access("models") == "write":
         settings.append(("TPU_PLATFORM_MODEL_DIR", "--model-dir", f"gs://{cfg.bucket_name('models')}/{run}"))
+    catalog = load_catalog()
     return StartupSpec(
         stack=cfg.stack,
         vm=vm.name,
@@ -54,6 +56,10 @@ def startup_spec(cfg: PlatformConfig, vm: TpuVmSettings) -> StartupSpec:
         framework_version=workload.framework_version,
         requirements=program.all_requirements,
         settings=tuple(settings),
+        environment=catalog.runtime_environment(vm.runtime_version, vm.name),
+        constraints=catalog.install_constraints(program.framework, workload.framework_version),
+        min_python=catalog.min_python(program.framework, workload.framework_version) or "",
+        install_problem=catalog.install_problem(program.framework, workload.framework_version) or "",
     )
 
 

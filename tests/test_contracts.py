@@ -1,0 +1,137 @@
+"""What the program declares that Google reads as an API body, checked against Google's discovery
+documents: Cloud Scheduler jobs (cloudscheduler.v1 Job) and, where a job calls a Google API itself,
+its URL, method and body (tpu.v2); the dashboard (monitoring.v1 Dashboard; dashboards are not in
+v3); the alert policies (monitoring.v3 AlertPolicy). And the checker itself: a misspelt field, a
+wrong enum value, a wrong method or query parameter each fail.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from functools import cache
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+
+from infra.offline.runner import PlanResult
+from tests.contracts import Call, ContractError, api
+from tests.support import plan, stack_config
+
+NODE = "projects/acme-ml-sandbox/locations/us-central1-b/nodes/mnist-v2-spot"
+TPU = "https://tpu.googleapis.com/v2"
+APIS_BY_HOST = {"tpu.googleapis.com": "tpu.v2", "storage.googleapis.com": "storage.v1"}
+
+
+@cache
+def planned(stack: str) -> PlanResult:
+    return plan(stack_config(stack), stack)
+
+
+def wire(value: Any) -> Any:
+    """Pulumi's wire format carries every number as a float; the API's integers are whole numbers."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: wire(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [wire(v) for v in value]
+    return value
+
+
+# --- the checker ---------------------------------------------------------------------------------
+
+
+def test_valid_requests_name_their_method():
+    assert api("tpu.v2").check(Call("POST", f"{TPU}/{NODE}:stop", {})).id == "tpu.projects.locations.nodes.stop"
+    assert api("tpu.v2").check(Call("GET", f"{TPU}/{NODE}")).id == "tpu.projects.locations.nodes.get"
+    upload = Call("POST", "/upload/storage/v1/b/bkt/o?uploadType=media&name=a%2Fb.json", b"{}")
+    assert api("storage.v1").check(upload).id == "storage.objects.insert"
+    read = Call("GET", "/storage/v1/b/bkt/o/a%2Fb.json?alt=media")
+    assert api("storage.v1").check(read).id == "storage.objects.get"
+
+
+@pytest.mark.parametrize(
+    ("call", "why"),
+    [
+        (Call("POST", f"{TPU}/{NODE}:stop", {"force": True}), "unknown field force"),
+        (Call("POST", f"{TPU}/{NODE.rsplit('/', 1)[0]}?nodeId=n", {"acceleratorTyp": "v5litepod-4"}),
+         "unknown field acceleratorTyp"),
+        (Call("POST", f"{TPU}/{NODE.rsplit('/', 1)[0]}?nodeId=n", {"schedulingConfig": {"spot": "yes"}}),
+         "schedulingConfig.spot must be true or false"),
+        (Call("POST", f"{TPU}/{NODE.rsplit('/', 1)[0]}?nodeId=n", {"dataDisks": [{"mode": "RW"}]}),
+         "dataDisks\\[0\\].mode = 'RW': must be one of"),
+        (Call("POST", f"{TPU}/{NODE.rsplit('/', 1)[0]}?nodeId=n", {"state": "READY"}), "state is output only"),
+        (Call("PUT", f"{TPU}/{NODE}:stop", {}), "no method of tpu.v2 has this path; that path takes POST"),
+        (Call("POST", f"{TPU}/{NODE}:halt", {}), "no method of tpu.v2 has this path"),
+        (Call("GET", f"{TPU}/{NODE}?view=full"), "query parameter 'view' is not one of"),
+        (Call("GET", "/storage/v1/b/bkt/o/x?alt=text"), "alt='text': must be one of json, media"),
+        (Call("GET", f"{TPU}/{NODE}", {"x": 1}), "takes no body"),
+    ],
+)  # fmt: skip
+def test_misspelt_or_wrong_requests_fail(call, why):
+    name = "storage.v1" if "/storage/" in call.url else "tpu.v2"
+    with pytest.raises(ContractError, match=why):
+        api(name).check(call)
+
+
+def test_a_misspelt_resource_field_fails():
+    with pytest.raises(ContractError, match=r"unknown field mosaicLayout\.tiles\[0\]\.widht"):
+        api("monitoring.v1").check_resource("Dashboard", {"mosaicLayout": {"tiles": [{"widht": 6}]}})
+    with pytest.raises(ContractError, match="combiner = 'ANY': must be one of"):
+        api("monitoring.v3").check_resource("AlertPolicy", {"combiner": "ANY"})
+
+
+# --- what the program declares -------------------------------------------------------------------
+
+
+def scheduler_jobs() -> list[tuple[str, dict[str, Any]]]:
+    return [(s, wire(j.inputs)) for s in ("dev", "prod") for j in planned(s).of_type("gcp:cloudscheduler/job:Job")]
+
+
+def test_every_scheduler_job_is_a_valid_cloud_scheduler_job():
+    jobs = scheduler_jobs()
+    assert jobs
+    for _, inputs in jobs:
+        body = {k: v for k, v in inputs.items() if k not in ("project", "region")}
+        body["name"] = f"projects/{inputs['project']}/locations/{inputs['region']}/jobs/{inputs['name']}"
+        api("cloudscheduler.v1").check_resource("Job", body)
+
+
+def test_every_scheduler_job_that_calls_a_google_api_sends_a_valid_request():
+    checked = []
+    for _, inputs in scheduler_jobs():
+        target = inputs["httpTarget"]
+        host = urlsplit(target["uri"]).netloc
+        if host not in APIS_BY_HOST:
+            continue  # a function of ours: its contract is the guard's (tests/test_tpu_guard.py)
+        body = json.loads(base64.b64decode(target["body"])) if "body" in target else None
+        method = api(APIS_BY_HOST[host]).check(Call(target["httpMethod"], target["uri"], body))
+        assert "oauthToken" in target, f"{target['uri']}: a Google API takes an OAuth token, not OIDC"
+        checked.append(method.id.rsplit(".", 1)[-1])
+    assert checked, "no scheduler job calls a Google API in the shipped stacks: nothing was checked"
+
+
+def test_a_misspelt_scheduler_target_fails():
+    (_, inputs), *_ = scheduler_jobs()
+    target = inputs["httpTarget"]
+    with pytest.raises(ContractError, match=r"no method of tpu\.v2"):
+        api("tpu.v2").check(Call(target["httpMethod"], target["uri"].rsplit(":", 1)[0] + ":strat", {}))
+    with pytest.raises(ContractError, match=r"unknown field httpTarget\.oauthTokens"):
+        api("cloudscheduler.v1").check_resource("Job", {"httpTarget": {"oauthTokens": {}}})
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_the_dashboard_is_a_valid_monitoring_v1_dashboard(stack):
+    (dashboard,) = planned(stack).of_type("gcp:monitoring/dashboard:Dashboard")
+    api("monitoring.v1").check_resource("Dashboard", json.loads(dashboard.inputs["dashboardJson"]))
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_every_alert_policy_is_a_valid_monitoring_v3_alert_policy(stack):
+    policies = planned(stack).of_type("gcp:monitoring/alertPolicy:AlertPolicy")
+    assert policies
+    for policy in policies:
+        body = {k: v for k, v in wire(policy.inputs).items() if k != "project"}
+        api("monitoring.v3").check_resource("AlertPolicy", body)
