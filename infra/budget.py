@@ -7,6 +7,7 @@ deployer; Cloud Billing then grants itself publish rights.
 
 from __future__ import annotations
 
+import hashlib
 import math
 
 import pulumi
@@ -20,15 +21,21 @@ class BudgetAlerts(pulumi.ComponentResource):
     def __init__(self, name: str, cfg: PlatformConfig, apis: ProjectApis, opts: pulumi.ResourceOptions | None = None):
         super().__init__("tpu-platform:billing:BudgetAlerts", name, None, opts)
         budget = cfg.budget
+        # Named from the address, never its position: removing the first address must not rewrite
+        # the second's channel. Hashed, because a URN is never secret and an address may be. The alias
+        # carries a channel over from its positional name of earlier versions (once: after that first
+        # `pulumi up` the state holds the new name).
         self.channels = [
             gcp.monitoring.NotificationChannel(
-                f"{name}-email-{i}",
+                f"{name}-email-{hashlib.sha256(email.encode()).hexdigest()[:10]}",
                 project=cfg.project,
                 display_name=f"{cfg.stack} budget: {email}",
                 type="email",
                 labels={"email_address": email},
                 user_labels=cfg.labels,
-                opts=pulumi.ResourceOptions(parent=self, depends_on=apis.needs("monitoring")),
+                opts=pulumi.ResourceOptions(
+                    parent=self, depends_on=apis.needs("monitoring"), aliases=[pulumi.Alias(name=f"{name}-email-{i}")]
+                ),
             )
             for i, email in enumerate(budget.emails)
         ]

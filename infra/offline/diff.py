@@ -119,6 +119,25 @@ def _resources(plan: Mapping[str, Json]) -> dict[str, dict[str, Json]]:
     return out
 
 
+def _follow_renames(before: dict[str, dict[str, Json]], after: dict[str, dict[str, Json]]) -> list[tuple[str, str]]:
+    """A head resource whose alias is a base URN is that base resource renamed: compare them as one.
+
+    Pulumi does the same (an alias makes the engine treat the old URN as the new one), so a rename
+    with an alias is neither a delete nor a create. `before` is re-keyed in place.
+    """
+    renamed: list[tuple[str, str]] = []
+    for urn, resource in after.items():
+        if urn in before:
+            continue
+        aliases = resource.get("aliases")
+        for alias in aliases if isinstance(aliases, list) else []:
+            if isinstance(alias, str) and alias in before:
+                before[urn] = before.pop(alias)
+                renamed.append((alias, urn))
+                break
+    return sorted(renamed)
+
+
 def _effect(token: str, key: str) -> str:
     if not key.startswith("inputs."):
         return "update"  # options (protect, retainOnDelete) change how Pulumi treats it, not the cloud
@@ -195,6 +214,7 @@ def diff_markdown(base: Mapping[str, Json], head: Mapping[str, Json]) -> str:
         return "\n".join(lines) + "\n"
 
     before, after = _resources(base), _resources(head)
+    renamed = _follow_renames(before, after)
     added = sorted(after.keys() - before.keys())
     removed = sorted(before.keys() - after.keys())
     changes = _changes(before, after)
@@ -209,6 +229,9 @@ def diff_markdown(base: Mapping[str, Json], head: Mapping[str, Json]) -> str:
     for title, urns, plan in (("+ Create", added, after), ("- Delete", removed, before)):
         if urns:
             lines += ["", f"#### {title}", *(f"- {_label(plan[u])}" for u in urns)]
+    if renamed:
+        lines += ["", "#### Renamed (an alias keeps the live resource: no replacement)"]
+        lines += [f"- `{old.rsplit('::', 1)[-1]}` → {_label(after[new])}" for old, new in renamed]
     for title, group in (("+- Replace (destroyed and created again)", replaced), ("~ Update in place", updated)):
         if not group:
             continue

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -81,7 +82,9 @@ class GcpMocks(pulumi.runtime.Mocks):
             state["name"] = f"billingAccounts/{inputs.get('billingAccount')}/budgets/{budget_id}"
             return state["name"], state
         if token == "gcp:monitoring/notificationChannel:NotificationChannel":
-            state["name"] = f"projects/{project}/notificationChannels/{_digits(args.name, 19)}"
+            # The server assigns the id once; a renamed (aliased) channel keeps it: seed it by content.
+            seed = json.dumps([inputs.get("type"), inputs.get("labels")], sort_keys=True, default=str)
+            state["name"] = f"projects/{project}/notificationChannels/{_digits(seed, 19)}"
             return state["name"], state
         if token == "gcp:pubsub/topic:Topic":
             return f"projects/{project}/topics/{name}", state
@@ -142,6 +145,7 @@ class Registration:
     retain_on_delete: bool = False
     ignore_changes: list[str] = field(default_factory=list)
     secret_paths: list[str] = field(default_factory=list)  # inputs the engine received as secrets
+    aliases: list[str] = field(default_factory=list)  # earlier URNs of this resource (renames)
     # What the state would hold: the provider's outputs, with the outputs of secret inputs secret too
     # (Pulumi, "Secrets": an output is secret when the input of the same name is).
     state: dict[str, Any] = field(default_factory=dict)
@@ -177,6 +181,21 @@ def masked(value: Any, path: str = "", found: list[str] | None = None) -> Any:
     if isinstance(value, list):
         return [masked(v, f"{path}[{i}]", found) for i, v in enumerate(value)]
     return value
+
+
+def _alias_urns(urn: str, request: Any) -> list[str]:
+    """The URNs a renamed resource was known by: its own URN with the alias's name (and type)."""
+    head, _, name = urn.rpartition("::")
+    prefix, _, token = head.rpartition("$") if "$" in head else head.rpartition("::")
+    sep = "$" if "$" in head else "::"
+    out = list(request.aliasURNs)
+    for alias in request.aliases:
+        spec = alias.spec
+        if alias.urn:
+            out.append(alias.urn)
+        elif spec.name or spec.type:
+            out.append(f"{prefix}{sep}{spec.type or token}::{spec.name or name}")
+    return out
 
 
 def _state(response: Any, secret_paths: list[str]) -> dict[str, Any]:
@@ -215,6 +234,7 @@ class RecordingMonitor(MockMonitor):
                     ignore_changes=list(request.ignoreChanges),
                     secret_paths=secret_paths,
                     state=_state(response, secret_paths),
+                    aliases=_alias_urns(response.urn, request),
                 )
             )
         return response

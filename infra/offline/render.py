@@ -59,6 +59,7 @@ def to_json(plan: PlanResult, violations: list[dict[str, Any]] | None = None) ->
                 "inputs": r.inputs,
                 "options": {"protect": r.protect, "retainOnDelete": r.retain_on_delete},
                 "dependsOn": r.dependencies,
+                **({"aliases": r.aliases} if r.aliases else {}),
             }
             for r in resources
         ],

@@ -1,0 +1,60 @@
+"""Child names come from identity, never list position; renames carry aliases, so no live resource is
+replaced or deleted. The "before" plans are the shipped stacks' plans just before names changed
+(tests/snapshots/*.before-renames.json, from `python -m infra.offline plan --json`)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from infra.offline import diff
+from infra.offline.policy_check import check_policies
+from infra.offline.render import to_json
+from infra.offline.runner import plan_stack
+from tests.support import plan, stack_config, with_object
+
+SNAPSHOTS = Path(__file__).parent / "snapshots"
+
+
+def changes(base: dict, head: dict) -> tuple[list[str], list[str], list[str], list[tuple[str, str]]]:
+    before, after = diff._resources(base), diff._resources(head)
+    renamed = diff._follow_renames(before, after)
+    replaced = [c.urn for c in diff._changes(before, after) if c.replaced]
+    return sorted(after.keys() - before.keys()), sorted(before.keys() - after.keys()), replaced, renamed
+
+
+def current(stack: str) -> dict:
+    result = plan_stack(stack)
+    return to_json(result, [v.as_dict() for v in check_policies(result)])
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_the_shipped_stacks_lose_and_replace_nothing_across_the_renames(stack):
+    base = json.loads((SNAPSHOTS / f"{stack}.before-renames.json").read_text())
+    added, removed, replaced, renamed = changes(base, current(stack))
+    assert (added, removed, replaced) == ([], [], [])
+    assert renamed  # the channels did get new names
+
+
+def test_without_its_alias_a_rename_would_delete_and_create():
+    base = json.loads((SNAPSHOTS / "dev.before-renames.json").read_text())
+    head = copy.deepcopy(current("dev"))
+    for resource in head["resources"]:
+        resource.pop("aliases", None)
+    added, removed, _, renamed = changes(base, head)
+    assert len(added) == len(removed) == 1 and not renamed
+
+
+def test_removing_the_first_alert_email_deletes_only_its_channel():
+    raw = stack_config("prod")
+    before = plan(raw, "prod").of_type("gcp:monitoring/notificationChannel:NotificationChannel")
+    after = plan(with_object(raw, "budget", lambda b: b["emails"].pop(0)), "prod").of_type(
+        "gcp:monitoring/notificationChannel:NotificationChannel"
+    )
+    kept = {c.urn: c.inputs for c in after}
+    assert len(before) == 2 and len(after) == 1
+    second = before[1]
+    assert kept == {second.urn: second.inputs}  # the second address's channel: same name, same inputs
