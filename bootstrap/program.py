@@ -153,15 +153,6 @@ def load_bootstrap_config() -> BootstrapConfig:
     return parse_bootstrap_config(pulumi.get_stack(), raw_stack_config())
 
 
-def role_suffix(stack: str) -> str:
-    """Custom role ids allow letters, digits, '_' and '.' only."""
-    return "".join(part.capitalize() for part in stack.split("-"))
-
-
-def deployer_account_id(stack: str) -> str:
-    return f"tpu-deployer-{stack}"
-
-
 def modified_grants_condition(roles: list[str]) -> str:
     """Grant or revoke only these roles (cloud.google.com/iam/docs/setting-limits-on-granting-roles)."""
     listed = ", ".join(f"'{role}'" for role in roles)
@@ -306,7 +297,7 @@ def build_bootstrap(cfg: BootstrapConfig) -> dict[str, Any]:
             for api in ENVIRONMENT_APIS
         ]
         in_env = pulumi.ResourceOptions(depends_on=env_apis)
-        deployer = account(f"deployer-{stack}", deployer_account_id(stack), f"tpu-platform deployer of {stack}")
+        deployer = account(f"deployer-{stack}", naming.deployer_account_id(stack), f"tpu-platform deployer of {stack}")
         deployers[stack] = deployer.email
         member = _member(deployer)
         workflow = f"{cfg.repository}/{DEPLOY_WORKFLOW}@{cfg.deploy_ref}"
@@ -315,7 +306,7 @@ def build_bootstrap(cfg: BootstrapConfig) -> dict[str, Any]:
         role = gcp.projects.IAMCustomRole(
             f"deployer-{stack}-role",
             project=project,
-            role_id=f"tpuPlatformDeployer{role_suffix(stack)}",
+            role_id=naming.custom_role_id("deployer", stack),
             title=f"tpu-platform: deployer of {stack}",
             description="Computed from the environment's plan (bootstrap/access.json); nothing else.",
             permissions=entry["deployerPermissions"],
@@ -359,7 +350,7 @@ def build_bootstrap(cfg: BootstrapConfig) -> dict[str, Any]:
         preview_role = gcp.projects.IAMCustomRole(
             f"previewer-{stack}-role",
             project=project,
-            role_id=f"tpuPlatformPreviewer{role_suffix(stack)}",
+            role_id=naming.custom_role_id("previewer", stack),
             title=f"tpu-platform: previewer of {stack}",
             description="The reads of `pulumi preview --refresh` (bootstrap/access.json); no write.",
             permissions=entry["previewerPermissions"],

@@ -34,7 +34,7 @@ from pathlib import Path
 import pulumi
 import pulumi_gcp as gcp
 
-from infra import grants, iam
+from infra import grants, iam, naming
 from infra.apis import ProjectApis
 from infra.config import PlatformConfig
 from infra.lifecycle import StartTarget, custom_role
@@ -112,13 +112,17 @@ class TpuGuard(pulumi.ComponentResource):
                 opts=pulumi.ResourceOptions(parent=self, depends_on=apis.needs("iam")),
             )
 
-        self.account = account("sa", f"tpu-guard-{cfg.stack}", f"TPU guard ({cfg.stack})")
-        self.invoker = account("invoker", f"tpu-guard-invoker-{cfg.stack}", f"Invokes the TPU guard ({cfg.stack})")
-        self.builder = account("builder", f"tpu-guard-build-{cfg.stack}", f"Builds the TPU guard ({cfg.stack})")
+        self.account = account("sa", naming.platform_account_id("guard", cfg.stack), f"TPU guard ({cfg.stack})")
+        self.invoker = account(
+            "invoker", naming.platform_account_id("guard-invoker", cfg.stack), f"Invokes the TPU guard ({cfg.stack})"
+        )
+        self.builder = account(
+            "builder", naming.platform_account_id("guard-build", cfg.stack), f"Builds the TPU guard ({cfg.stack})"
+        )
         member = self.account.email.apply(iam.service_account_member)
         invoker_member = self.invoker.email.apply(iam.service_account_member)
         self.role = custom_role(
-            name, cfg, apis, self, id_prefix="tpuPlatformGuard", title="TPU guard",
+            name, cfg, apis, self, kind="guard", title="TPU guard",
             description="List, read, stop, start, delete and re-create TPU nodes; nothing else.",
             permissions=GUARD_PERMISSIONS,
         )  # fmt: skip
@@ -159,7 +163,7 @@ class TpuGuard(pulumi.ComponentResource):
 
         source_bucket = gcp.storage.Bucket(
             f"{name}-source",
-            name=f"{cfg.name_prefix}-{cfg.stack}-functions",
+            name=naming.bucket(cfg.name_prefix, cfg.stack, "functions"),
             project=cfg.project,
             location=cfg.buckets.location,
             uniform_bucket_level_access=True,
@@ -200,7 +204,7 @@ class TpuGuard(pulumi.ComponentResource):
         ) -> gcp.cloudfunctionsv2.Function:
             return gcp.cloudfunctionsv2.Function(
                 f"{name}-{suffix}",
-                name=f"tpu-{suffix}-{cfg.stack}",
+                name=naming.function_name(suffix, cfg.stack),
                 project=cfg.project,
                 location=region,
                 build_config=gcp.cloudfunctionsv2.FunctionBuildConfigArgs(
@@ -288,7 +292,7 @@ class TpuGuard(pulumi.ComponentResource):
             invoker_ready.append(invoke_grant("recovery-invoker", self.recovery_function, invoker_member))
             gcp.cloudscheduler.Job(
                 f"{name}-recovery-schedule",
-                name=f"tpu-recovery-{cfg.stack}",
+                name=naming.function_name("recovery", cfg.stack),  # the job that calls it: same name
                 project=cfg.project,
                 region=region,
                 description=f"Re-create preempted spot TPUs of {cfg.stack}",

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
-from infra import grants, iam
+from infra import grants, iam, naming
 from infra.apis import ProjectApis
 from infra.config import PlatformConfig, TpuVmSettings
 
@@ -31,23 +31,18 @@ TPU_API = "https://tpu.googleapis.com/v2"
 
 
 def node_url(project: str, vm: TpuVmSettings) -> str:
-    return f"{TPU_API}/projects/{project}/locations/{vm.zone}/nodes/{vm.name}"
-
-
-def custom_role_id(prefix: str, stack: str) -> str:
-    """Custom role ids allow letters, digits, '_' and '.' only."""
-    return prefix + "".join(part.capitalize() for part in stack.split("-"))
+    return f"{TPU_API}/{naming.node_path(project, vm.zone, vm.name)}"
 
 
 def custom_role(
     name: str, cfg: PlatformConfig, apis: ProjectApis, parent: pulumi.Resource, *,
-    id_prefix: str, title: str, description: str, permissions: Sequence[str],
+    kind: str, title: str, description: str, permissions: Sequence[str],
 ) -> gcp.projects.IAMCustomRole:  # fmt: skip
     """A project custom role holding exactly `permissions`: the platform's unit of least privilege."""
     return gcp.projects.IAMCustomRole(
         f"{name}-role",
         project=cfg.project,
-        role_id=custom_role_id(id_prefix, cfg.stack),
+        role_id=naming.custom_role_id(kind, cfg.stack),
         title=f"tpu-platform: {title} ({cfg.stack})",
         description=description,
         permissions=list(permissions),
@@ -79,13 +74,13 @@ class TpuSchedules(pulumi.ComponentResource):
         iam_api = pulumi.ResourceOptions(parent=self, depends_on=apis.needs("iam"))
         self.account = gcp.serviceaccount.Account(
             f"{name}-sa",
-            account_id=f"tpu-scheduler-{cfg.stack}",
+            account_id=naming.platform_account_id("scheduler", cfg.stack),
             display_name=f"TPU stop schedules ({cfg.stack})",
             project=cfg.project,
             opts=iam_api,
         )
         self.role = custom_role(
-            name, cfg, apis, self, id_prefix="tpuPlatformScheduler", title="TPU scheduler",
+            name, cfg, apis, self, kind="scheduler", title="TPU scheduler",
             description="Stop and read TPU nodes; nothing else.", permissions=SCHEDULER_PERMISSIONS,
         )  # fmt: skip
         ready: list[pulumi.Resource] = [
@@ -111,7 +106,7 @@ class TpuSchedules(pulumi.ComponentResource):
             self.jobs.append(
                 gcp.cloudscheduler.Job(
                     f"{name}-{vm.name}-stop",
-                    name=f"tpu-{vm.name}-stop",
+                    name=naming.scheduler_job(vm.name, "stop"),
                     project=cfg.project,
                     region=vm.region,
                     description=f"Stop TPU VM {vm.name} ({cfg.stack})",
@@ -135,7 +130,7 @@ class TpuSchedules(pulumi.ComponentResource):
             self.jobs.append(
                 gcp.cloudscheduler.Job(
                     f"{name}-{vm.name}-start",
-                    name=f"tpu-{vm.name}-start",
+                    name=naming.scheduler_job(vm.name, "start"),
                     project=cfg.project,
                     region=vm.region,
                     description=f"Start TPU VM {vm.name} unless its run is complete ({cfg.stack})",
@@ -163,10 +158,6 @@ def schedule_outputs(vms: Sequence[TpuVmSettings]) -> dict[str, dict[str, str]]:
         for vm in vms
         if vm.schedule
     }
-
-
-def status_prefix(vm: str) -> str:
-    return f"{vm}/"
 
 
 class RunStatus(pulumi.ComponentResource):
@@ -205,7 +196,7 @@ class RunStatus(pulumi.ComponentResource):
         )
         self.grants: dict[str, pulumi.Resource] = {}
         for vm in cfg.tpu_vms:
-            objects = f"projects/_/buckets/{self.bucket_name}/objects/{status_prefix(vm.name)}"
+            objects = f"projects/_/buckets/{self.bucket_name}/objects/{naming.status_prefix(vm.name)}"
             self.grants[vm.name] = gcp.storage.BucketIAMMember(
                 f"{name}-{vm.name}-writer",
                 bucket=self.bucket.name,

@@ -61,3 +61,58 @@ def resource_id_problem(name: str, max_length: int = 63) -> str | None:
     if len(name) > max_length or not _RFC1035.fullmatch(name):
         return f"1-{max_length} lowercase letters, digits and '-', starting with a letter and not ending with '-'"
     return None
+
+
+# --- Every physical name the platform derives, in one place -------------------------------------------
+# Terms: a *stack* is one Pulumi stack (dev, prod); the platform calls the GCP project and everything in
+# it that the stack owns the stack's *environment*. Names carry the stack so two stacks never collide.
+
+MAX_STACK = 12  # the config reader's limit, so every name below fits (tests/test_naming.py, longest inputs)
+PLATFORM_ACCOUNT_KINDS = ("scheduler", "guard", "guard-invoker", "guard-build")
+GUARD_FUNCTIONS = ("budget-guard", "recovery", "complete", "scheduled-start")
+
+
+def bucket(prefix: str, stack: str, purpose: str) -> str:
+    """`<prefix>-<stack>-<purpose>`: data, checkpoints, models, status, functions."""
+    return f"{prefix}-{stack}-{purpose}"
+
+
+def workload_account_id(workload: str, stack: str) -> str:
+    return f"tpu-{workload}-{stack}"
+
+
+def platform_account_id(kind: str, stack: str) -> str:
+    """The platform's own accounts; a workload may not take one of these names (config rules)."""
+    if kind not in PLATFORM_ACCOUNT_KINDS:
+        raise ValueError(f"unknown platform account {kind!r}")
+    return f"tpu-{kind}-{stack}"
+
+
+def deployer_account_id(stack: str) -> str:
+    """The bootstrap's per-environment deployer (in the admin project)."""
+    return f"tpu-deployer-{stack}"
+
+
+def custom_role_id(kind: str, stack: str) -> str:
+    """`tpuPlatform<Kind><Stack>`: custom role ids allow letters, digits, '_' and '.' only."""
+    return "tpuPlatform" + kind.capitalize() + "".join(part.capitalize() for part in stack.split("-"))
+
+
+def function_name(kind: str, stack: str) -> str:
+    if kind not in GUARD_FUNCTIONS:
+        raise ValueError(f"unknown guard function {kind!r}")
+    return f"tpu-{kind}-{stack}"
+
+
+def scheduler_job(vm: str, action: str) -> str:
+    return f"tpu-{vm}-{action}"
+
+
+def node_path(project: str, zone: str, vm: str) -> str:
+    """The TPU API's name of a node: `projects/P/locations/ZONE/nodes/NAME`."""
+    return f"projects/{project}/locations/{zone}/nodes/{vm}"
+
+
+def status_prefix(vm: str) -> str:
+    """A VM's folder in the run-status bucket; its completion marker is `<prefix>COMPLETE`."""
+    return f"{vm}/"

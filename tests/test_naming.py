@@ -64,3 +64,50 @@ def test_a_workload_is_accepted_exactly_when_its_names_are_valid(workload, stack
         accepted = False
         assert f"stack '{stack}'" in str(error)
     assert accepted == names_ok
+
+
+# --- every derived name at the longest legal inputs (as Fabric's check_names.py does) -------------------
+
+LONGEST_PROJECT = "a" * 30  # project ids are 6-30 characters, and the default bucket prefix
+LONGEST_STACK = "s" * naming.MAX_STACK
+LONGEST_VM = "v" * 40  # TPU node ids: the config reader's limit for tpuVms[].name
+
+
+def test_every_name_is_legal_at_the_longest_stack_and_prefix():
+    for purpose in ("data", "checkpoints", "models", "status", "functions"):
+        assert naming.bucket_name_problem(naming.bucket(LONGEST_PROJECT, LONGEST_STACK, purpose)) is None, purpose
+    for kind in naming.PLATFORM_ACCOUNT_KINDS:
+        assert naming.service_account_id_problem(naming.platform_account_id(kind, LONGEST_STACK)) is None, kind
+    assert naming.service_account_id_problem(naming.deployer_account_id(LONGEST_STACK)) is None
+    for kind in naming.GUARD_FUNCTIONS:
+        # Cloud Run functions: RFC 1035, at most 63 characters.
+        assert naming.resource_id_problem(naming.function_name(kind, LONGEST_STACK)) is None, kind
+    for kind in ("scheduler", "guard", "deployer", "previewer"):
+        # Custom role ids: letters, digits, '_' and '.', at most 64 (IAM roles.create).
+        role = naming.custom_role_id(kind, "a-b-" + "c" * (naming.MAX_STACK - 4))
+        assert len(role) <= 64 and role.replace("_", "").replace(".", "").isalnum(), role
+    # Cloud Scheduler job ids: letters, digits, '-' and '_', at most 500 (cloudscheduler v1 Job.name).
+    assert len(naming.scheduler_job(LONGEST_VM, "start")) <= 500
+
+
+def test_the_platform_builds_its_names_through_naming():
+    """One place: the components call these helpers (the names in the plan are the helpers' output)."""
+    from tests.support import plan, stack_config
+
+    result = plan(stack_config())
+    accounts = {a.inputs["accountId"] for a in result.of_type("gcp:serviceaccount/account:Account")}
+    assert {
+        naming.platform_account_id(k, "dev") for k in ("scheduler", "guard", "guard-invoker", "guard-build")
+    } <= accounts
+    buckets = {b.inputs["name"] for b in result.of_type("gcp:storage/bucket:Bucket")}
+    assert naming.bucket("acme-ml-sandbox", "dev", "status") in buckets
+    roles = {r.inputs["roleId"] for r in result.of_type("gcp:projects/iAMCustomRole:IAMCustomRole")}
+    assert roles == {naming.custom_role_id("scheduler", "dev"), naming.custom_role_id("guard", "dev")}
+
+
+def test_the_policy_pack_names_the_deployer_role_as_the_platform_does():
+    """The pack imports nothing from infra/, so it spells the name itself: the two must agree."""
+    from policy.exceptions import DEPLOYER_ROLE_PREFIX, role_suffix
+
+    for stack in ("dev", "prod", "eu-prod", "a-b-c"):
+        assert DEPLOYER_ROLE_PREFIX + role_suffix(stack) == naming.custom_role_id("deployer", stack)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from infra import naming
 from infra.catalog import RECLAIMABLE, AcceleratorType
 from infra.programs import PROGRAMS
 
@@ -14,7 +15,7 @@ RESERVED_LABELS = ("environment", "owner", "managed-by", "workload", "provisioni
 # Service accounts the platform creates per stack besides the workloads' (infra/lifecycle.py,
 # infra/automation.py): `service_account_id(name, stack)` of each. A workload may not take these
 # names, or its account would be the platform's (tests/test_config_names.py plans them to check).
-PLATFORM_ACCOUNTS = ("scheduler", "guard", "guard-invoker", "guard-build")
+PLATFORM_ACCOUNTS = naming.PLATFORM_ACCOUNT_KINDS
 
 
 @dataclass(frozen=True)
@@ -172,8 +173,8 @@ class PlatformConfig:
 
 
 def bucket_name(prefix: str, stack: str, purpose: str) -> str:
-    return f"{prefix}-{stack}-{purpose}"
+    return naming.bucket(prefix, stack, purpose)
 
 
 def service_account_id(workload: str, stack: str) -> str:
-    return f"tpu-{workload}-{stack}"
+    return naming.workload_account_id(workload, stack)
