@@ -27,10 +27,10 @@ $(NSTAMP): package.json package-lock.json
 	touch $(NSTAMP)
 
 plan: $(STAMP)  ## offline plan of a stack (STACK=dev by default)
-	$(PY) -m infra.offline plan --stack $(STACK)
+	$(PY) -m tools.offline plan --stack $(STACK)
 
 plan-json: $(STAMP)
-	$(PY) -m infra.offline plan --stack $(STACK) --json
+	$(PY) -m tools.offline plan --stack $(STACK) --json
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -7,9 +7,9 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from infra.offline.mocks import Registration
-from infra.offline.runner import PlanResult, run_program
-from infra.offline.stackfile import read_stack_config
+from tools.offline.mocks import Registration
+from tools.offline.runner import PlanResult, run_program
+from tools.offline.stackfile import read_stack_config
 
 NS = "tpu-platform"
 

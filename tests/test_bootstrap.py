@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from bootstrap.program import parse_bootstrap_config
-from infra.offline.runner import PlanResult, run_program
-from infra.offline.stackfile import read_stack_config
 from infra.schema import ConfigError
 from policy.policies import IMPERSONATION_ROLES
+from tools.offline.runner import PlanResult, run_program
+from tools.offline.stackfile import read_stack_config
 
 BOOTSTRAP = Path(__file__).resolve().parents[1] / "bootstrap"
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from infra.offline.mocks import project_number
 from tests.support import plan, stack_config, with_object
+from tools.offline.mocks import project_number
 
 BUDGET = "gcp:billing/budget:Budget"
 

@@ -1,4 +1,4 @@
-"""The README's main command: `python -m infra.offline plan`, in a real subprocess."""
+"""The README's main command: `python -m tools.offline plan`, in a real subprocess."""
 
 from __future__ import annotations
 
@@ -9,16 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from infra.offline.mocks import GcpMocks, RecordingMonitor
-from infra.offline.runner import run_program
 from tests.support import stack_config, with_object
+from tools.offline.mocks import GcpMocks, RecordingMonitor
+from tools.offline.runner import run_program
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_plan(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "infra.offline", "plan", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "tools.offline", "plan", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
 
 
@@ -121,7 +121,7 @@ def test_seed_troubleshooting_items_fail_the_plan_with_the_fix(case, tmp_path):
 
 def run_render(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "infra.offline", "render", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "tools.offline", "render", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
 
 

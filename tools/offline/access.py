@@ -1,6 +1,6 @@
 """The CI identities' permissions, computed from the shipped stacks' offline plans.
 
-`python -m infra.offline access --write` regenerates `bootstrap/access.json`, which the bootstrap
+`python -m tools.offline access --write` regenerates `bootstrap/access.json`, which the bootstrap
 reads to build each environment's deployer and previewer roles; a test fails when the file and the
 plans drift apart (a change that needs a new permission then says so in review, and the bootstrap
 is applied before the deploy that needs it).
@@ -15,8 +15,8 @@ from typing import Any
 from infra.access.environment import EnvironmentAccess, environment_access
 from infra.access.model import Declared, custom_roles, grants_to
 from infra.config import parse_stack_config
-from infra.offline.runner import PlanResult, plan_stack
-from infra.offline.stackfile import ROOT, available_stacks, read_stack_config
+from tools.offline.runner import PlanResult, plan_stack
+from tools.offline.stackfile import ROOT, available_stacks, read_stack_config
 
 ACCESS_FILE = ROOT / "bootstrap" / "access.json"
 
