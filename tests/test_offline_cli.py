@@ -57,6 +57,15 @@ def test_unknown_stack_names_the_available_ones():
     assert "no stack file Pulumi.staging.yaml; stacks here: dev, prod" in done.stderr
 
 
+def test_a_draft_stack_file_of_a_new_stack_plans_with_its_access():
+    """A stack file for an environment not yet in the repository (here a fixture) plans, and the access
+    section reads that file, not a missing Pulumi.<stack>.yaml at the root (was a traceback)."""
+    result = run_plan("--stack-file", "tests/stacks/Pulumi.small.yaml")
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "Who can do what" in result.stdout and "tpu-mnist-small" in result.stdout
+
+
 def test_bad_stack_file_fails_with_the_key_and_no_traceback(tmp_path):
     draft = tmp_path / "Pulumi.dev.yaml"
     draft.write_text((ROOT / "Pulumi.dev.yaml").read_text().replace("location: US-CENTRAL1", "location: MOON"))

@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
             if violations
             else (f"Policies: all {len(RULES)} rules of the policy pack pass.")
         )
-        print(to_text(result, [section, who_can_do_what(result)]), end="")
+        print(to_text(result, [section, who_can_do_what(result, args.stack_file)]), end="")
     mandatory = [v for v in violations if v.enforcement == "mandatory"]
     if mandatory:
         print(

@@ -32,11 +32,11 @@ def quota_project(config: dict[str, str]) -> str | None:
     return config.get("gcp:billingProject") or config.get("gcp:project")
 
 
-def access_of(stack: str, result: PlanResult | None = None) -> EnvironmentAccess:
+def access_of(stack: str, result: PlanResult | None = None, config: dict[str, str] | None = None) -> EnvironmentAccess:
+    """`config`: the stack's raw config when it comes from a draft file, not `Pulumi.<stack>.yaml` here."""
     result = result or plan_stack(stack)
-    return environment_access(
-        stack, result.project, declared(result), result.invokes, quota_project(read_stack_config(stack))
-    )
+    config = config if config is not None else read_stack_config(stack)
+    return environment_access(stack, result.project, declared(result), result.invokes, quota_project(config))
 
 
 def cmek_keys(stack: str) -> list[str]:
@@ -63,11 +63,11 @@ def _short(scope: str) -> str:
     return scope.split("/serviceAccounts/")[-1].split("@")[0] if "/serviceAccounts/" in scope else scope
 
 
-def who_can_do_what(result: PlanResult) -> str:
+def who_can_do_what(result: PlanResult, stack_file: Path | None = None) -> str:
     """The plan's identities and what each may do, for reviewers: the deployer and previewer as
     computed from this plan, then every account the plan creates with each of its grants."""
-    access = access_of(result.stack, result)
-    config = read_stack_config(result.stack)
+    config = read_stack_config(result.stack, ROOT, stack_file)
+    access = access_of(result.stack, result, config)
     lines = ["Who can do what (computed from Google's role data in reference/gcp-iam):"]
     deployer = config.get("tpu-platform:deployer") or "(no tpu-platform:deployer set)"
     resources = declared(result)
