@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 WVENV := .venv-workloads
 WSTAMP := $(WVENV)/.installed
 
-.PHONY: plan plan-json test lint typecheck unit bench clean
+.PHONY: plan plan-json test test-fast lint typecheck unit bench golden clean
 
 $(STAMP): requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,9 @@ plan: $(STAMP)  ## offline plan of a stack (STACK=dev by default)
 
 plan-json: $(STAMP)
 	$(PY) -m tools.offline plan --stack $(STACK) --json
+
+golden: $(STAMP)  ## regenerate tests/golden/<stack>.json after an intended change to a shipped stack's plan
+	$(PY) -m tools.offline golden --write
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -21,6 +21,8 @@ from tools.offline.access import ACCESS_FILE, who_can_do_what
 from tools.offline.access import generate as generate_access
 from tools.offline.access import render as render_access
 from tools.offline.diff import as_plan, diff_markdown, unreadable_markdown
+from tools.offline.golden import snapshot
+from tools.offline.golden import write as write_golden
 from tools.offline.policy_check import check_policies
 from tools.offline.render import to_json, to_text
 from tools.offline.runner import plan_stack
@@ -91,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     render.add_argument("--env", action="store_true", help="print the run settings it reads instead")
     schema = commands.add_parser("schema", help="the JSON Schema of stack files and the README's settings table")
     schema.add_argument("--write", action="store_true", help="regenerate schema/stack.schema.json and the table")
+    golden = commands.add_parser("golden", help="each shipped stack's plan as JSON, as tests/golden/ keeps it")
+    golden.add_argument("--write", action="store_true", help="regenerate tests/golden/<stack>.json")
     args = parser.parse_args(argv)
     if args.command == "access":
         text = render_access(generate_access())
@@ -98,6 +102,14 @@ def main(argv: list[str] | None = None) -> int:
             ACCESS_FILE.write_text(text)
         else:
             print(text, end="")
+        return 0
+    if args.command == "golden":
+        if args.write:
+            for path in write_golden():
+                print(f"wrote {path.relative_to(ROOT)}", file=sys.stderr)
+        else:
+            for stack in available_stacks():
+                print(snapshot(plan_stack(stack)), end="")
         return 0
     if args.command == "schema":
         if args.write:
