@@ -4,33 +4,49 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STACK ?= dev
 STAMP := $(VENV)/.installed
+PSTAMP := $(VENV)/.installed-plan
 WVENV := .venv-workloads
 WSTAMP := $(WVENV)/.installed
 
-.PHONY: plan plan-json test lint typecheck unit bench clean
+.PHONY: plan plan-json test test-fast lint typecheck unit bench golden lock clean
 
-$(STAMP): requirements.txt requirements-dev.txt
+# Installs come from the lock files (every package pinned, with hashes): `make lock` recompiles them
+# from the requirements-*.txt files, which name the direct dependencies.
+$(PSTAMP): requirements-plan.lock
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements-dev.txt
-	touch $(STAMP)
+	$(PY) -m pip install --quiet --require-hashes -r requirements-plan.lock
+	touch $(PSTAMP)
 
-$(WSTAMP): requirements-workloads.txt
+$(STAMP): requirements-dev.lock
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet --require-hashes -r requirements-dev.lock
+	touch $(STAMP) $(PSTAMP)
+
+$(WSTAMP): requirements-workloads.lock
 	$(PYTHON) -m venv $(WVENV)
 	$(WVENV)/bin/python -m pip install --quiet --upgrade pip
-	$(WVENV)/bin/python -m pip install --quiet -r requirements-workloads.txt
+	$(WVENV)/bin/python -m pip install --quiet --require-hashes -r requirements-workloads.lock
 	touch $(WSTAMP)
+
+LOCK := $(VENV)/bin/uv pip compile --quiet --generate-hashes --python-version 3.11 --python-platform x86_64-manylinux_2_28
+lock: $(STAMP)  ## recompile the *.lock files after editing a requirements-*.txt
+	for r in requirements requirements-plan requirements-dev requirements-workloads; do $(LOCK) $$r.txt -o $$r.lock; done
 
 NSTAMP := node_modules/.installed
 $(NSTAMP): package.json package-lock.json
 	npm ci --silent --no-audit --no-fund
 	touch $(NSTAMP)
 
-plan: $(STAMP)  ## offline plan of a stack (STACK=dev by default)
-	$(PY) -m infra.offline plan --stack $(STACK)
+plan: $(PSTAMP)  ## offline plan of a stack (STACK=dev by default)
+	$(PY) -m tools.offline plan --stack $(STACK)
 
-plan-json: $(STAMP)
-	$(PY) -m infra.offline plan --stack $(STACK) --json
+plan-json: $(PSTAMP)
+	$(PY) -m tools.offline plan --stack $(STACK) --json
+
+golden: $(STAMP)  ## regenerate tests/golden/<stack>.json after an intended change to a shipped stack's plan
+	$(PY) -m tools.offline golden --write
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -45,6 +61,9 @@ unit: $(STAMP) $(WSTAMP) $(NSTAMP)
 bench: $(STAMP) $(WSTAMP)  ## figures: offline-plan scale, workload throughput and checkpoint times
 	$(PY) benchmarks/plan_scale.py
 	$(PY) benchmarks/workloads.py --python $(WVENV)/bin/python
+
+test-fast: $(STAMP)  ## the tests that need no TensorFlow, JAX or npm, and no real training
+	$(PY) -m pytest -q -m "not slow and not workloads and not npm"
 
 test: lint typecheck unit  ## everything CI runs
 

@@ -40,7 +40,7 @@ def plan_once(count: int, folder: Path) -> dict[str, float]:
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     started = time.perf_counter()
     done = subprocess.run(
-        [sys.executable, "-m", "infra.offline", "plan", "--stack-file", str(path), "--json"],
+        [sys.executable, "-m", "tools.offline", "plan", "--stack-file", str(path), "--json"],
         cwd=ROOT,
         capture_output=True,
         text=True,

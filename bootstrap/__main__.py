@@ -1,9 +1,8 @@
-"""tpu-platform bootstrap: run once (`cd bootstrap && pulumi up`) before the platform stacks."""
+"""tpu-platform bootstrap: run once (`cd bootstrap && pulumi up`) before the platform stacks.
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # share the platform's config reader
+Pulumi runs it through the repository root's __main__.py (bootstrap/Pulumi.yaml sets `main: ..`), so the
+repository root is on the import path and the shared config reader is imported as a package.
+"""
 
 from bootstrap.program import build_bootstrap, load_bootstrap_config
 from infra.platform import export_all

@@ -31,12 +31,13 @@ from typing import Any
 import pulumi
 import pulumi_gcp as gcp
 
+from bootstrap import PROJECT
 from infra import naming
 from infra.config import BILLING_ACCOUNT, GCP_PROJECT_ID
 from infra.schema import Node, Problems, decode_objects
 from infra.stack import raw_stack_config
 
-NAMESPACE = "tpu-platform-bootstrap"
+NAMESPACE = PROJECT
 PLATFORM_PROJECT = "tpu-platform"  # the Pulumi project name of the platform (its state paths)
 GITHUB_ISSUER = "https://token.actions.githubusercontent.com"
 KEY_ROTATION = "7776000s"  # 90 days

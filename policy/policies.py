@@ -2,7 +2,7 @@
 
 Each validator has pulumi-policy's signature, `(args, report_violation)`, and reads `args.props` by
 the provider's property names (camelCase). `__main__.py` assembles them into the pack that
-`pulumi preview --policy-pack policy` runs; the offline plan (`infra/offline/policy_check.py`) runs
+`pulumi preview --policy-pack policy` runs; the offline plan (`tools/offline/policy_check.py`) runs
 the very same functions over the planned resources.
 
 Values a real preview does not know yet (e.g. a service account's email before it exists) arrive as

@@ -5,18 +5,26 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from infra.offline.mocks import Registration
-from infra.offline.runner import PlanResult, run_program
-from infra.offline.stackfile import read_stack_config
+from tools.offline.mocks import Registration
+from tools.offline.runner import PlanResult, run_program
+from tools.offline.stackfile import ROOT, read_stack_config
 
 NS = "tpu-platform"
+FIXTURE_STACKS = Path(__file__).resolve().parent / "stacks"  # small stacks that behaviour tests vary
+_plans: dict[tuple[str, tuple[tuple[str, str], ...]], PlanResult] = {}
 
 
 def stack_config(stack: str = "dev") -> dict[str, str]:
     """A shipped stack's raw config, as Pulumi would pass it."""
     return read_stack_config(stack)
+
+
+def fixture_config(name: str = "small") -> dict[str, str]:
+    """A fixture stack's raw config (tests/stacks/Pulumi.<name>.yaml), with the project's defaults."""
+    return read_stack_config(name, ROOT, FIXTURE_STACKS / f"Pulumi.{name}.yaml")
 
 
 def with_object(raw: dict[str, str], key: str, edit: Callable[[Any], object]) -> dict[str, str]:
@@ -46,7 +54,12 @@ def with_scalar(raw: dict[str, str], key: str, value: str | None) -> dict[str, s
 
 
 def plan(raw: dict[str, str], stack: str = "dev") -> PlanResult:
-    return run_program(stack, raw)
+    """The offline plan of `raw`, run once per distinct config in a session: the program is deterministic
+    (test_program proves runs do not leak into each other), so a repeat returns a copy of the first."""
+    key = (stack, tuple(sorted(raw.items())))
+    if key not in _plans:
+        _plans[key] = run_program(stack, raw)
+    return copy.deepcopy(_plans[key])  # callers may edit what they get
 
 
 def depends_on(plan_result: PlanResult, resource: Registration, target_urn: str) -> bool:

@@ -32,11 +32,11 @@ from infra.automation import GUARD_METHODS, GUARD_PERMISSIONS
 from infra.grants import UnsupportedConditionError, check_condition
 from infra.identity import WORKLOAD_METHODS
 from infra.lifecycle import SCHEDULER_METHODS, SCHEDULER_PERMISSIONS
-from infra.offline.access import ACCESS_FILE, declared, generate, quota_project
-from infra.offline.runner import PlanResult, plan_stack
-from infra.offline.stackfile import read_stack_config
 from tests.support import depends_on
 from tests.test_bootstrap import plan as plan_bootstrap
+from tools.offline.access import ACCESS_FILE, declared, generate, quota_project
+from tools.offline.runner import PlanResult, plan_stack
+from tools.offline.stackfile import read_stack_config
 
 STACKS = ("dev", "prod")
 ADMIN = "acme-ml-admin"
@@ -105,7 +105,7 @@ def test_every_mapped_method_is_in_googles_method_data():
 
 def test_access_file_is_computed_from_the_current_plans():
     """bootstrap/access.json drifts the moment a plan needs another permission (regenerate with
-    `python -m infra.offline access --write`, then apply the bootstrap before deploying)."""
+    `python -m tools.offline access --write`, then apply the bootstrap before deploying)."""
     assert json.loads(ACCESS_FILE.read_text()) == generate()
 
 
@@ -414,7 +414,7 @@ def test_bootstrap_grants_the_prod_cmek_key_so_the_deployer_needs_no_right_on_it
 
 
 def _number(project: str) -> str:
-    from infra.offline.mocks import project_number
+    from tools.offline.mocks import project_number
 
     return project_number(project)
 

@@ -101,9 +101,9 @@ from hypothesis import assume  # noqa: E402
 
 from infra.config import PLATFORM_ACCOUNTS  # noqa: E402
 from infra.config.settings import MAX_BUDGET_AMOUNT, RECOVERY_INTERVALS, tpu_regions  # noqa: E402
-from infra.offline.mocks import GcpMocks, RecordingMonitor  # noqa: E402
-from infra.offline.runner import run_program  # noqa: E402
 from tests.support import replace_object, with_object, with_scalar, workload_settings  # noqa: E402
+from tools.offline.mocks import GcpMocks, RecordingMonitor  # noqa: E402
+from tools.offline.runner import run_program  # noqa: E402
 
 NON_ASCII_DIGITS = st.sampled_from("²³¹٠١٢٣٤٥٦٧٨٩۰۱۲۳४५६೧๑")
 

@@ -11,7 +11,7 @@ import pytest
 from tests.workloads import workloads_python
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.workloads]
 
 
 def run(*args: str) -> str:

@@ -2,19 +2,31 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import runpy
 from pathlib import Path
 
 import pytest
+import yaml
 
+from bootstrap import PROJECT
 from bootstrap.program import parse_bootstrap_config
-from infra.offline.runner import PlanResult, run_program
-from infra.offline.stackfile import read_stack_config
 from infra.schema import ConfigError
 from policy.policies import IMPERSONATION_ROLES
+from tools.offline.runner import PlanResult, run_program
+from tools.offline.stackfile import read_stack_config
 
-BOOTSTRAP = Path(__file__).resolve().parents[1] / "bootstrap"
+ROOT = Path(__file__).resolve().parents[1]
+BOOTSTRAP = ROOT / "bootstrap"
+
+
+def program_directory() -> Path:
+    """Where Pulumi runs the bootstrap: `main` in bootstrap/Pulumi.yaml, relative to that file
+    (https://www.pulumi.com/docs/iac/concepts/projects/project-file/); the language host calls
+    `runpy.run_path` on it, which puts that directory first on the import path."""
+    project = yaml.safe_load((BOOTSTRAP / "Pulumi.yaml").read_text())
+    return (BOOTSTRAP / project.get("main", ".")).resolve()
 
 
 def bootstrap_config(**overrides: str) -> dict[str, str]:
@@ -26,8 +38,8 @@ def plan(raw: dict[str, str] | None = None) -> PlanResult:
     return run_program(
         "acme",
         raw or bootstrap_config(),
-        program=lambda: runpy.run_path(str(BOOTSTRAP / "__main__.py"), run_name="__main__"),
-        project="tpu-platform-bootstrap",
+        program=lambda: runpy.run_path(str(program_directory()), run_name="__main__"),  # as Pulumi runs it
+        project=PROJECT,
     )
 
 
@@ -102,3 +114,26 @@ def test_outputs_are_what_ci_needs():
 def test_bad_bootstrap_settings(key, value, expected):
     with pytest.raises(ConfigError, match=expected):
         parse_bootstrap_config("acme", bootstrap_config(**{key: value}))
+
+
+def test_pulumi_runs_the_bootstrap_from_the_repository_root():
+    """The bootstrap imports infra/ as a package: Pulumi runs it with the root on the import path."""
+    assert program_directory() == ROOT
+    project = yaml.safe_load((BOOTSTRAP / "Pulumi.yaml").read_text())
+    assert project["name"] == PROJECT
+    # The virtualenv is resolved against the project file's folder, not `main`.
+    assert (BOOTSTRAP / project["runtime"]["options"]["virtualenv"]).resolve() == (ROOT / ".venv").resolve()
+
+
+def test_no_bootstrap_module_edits_the_import_path():
+    for module in BOOTSTRAP.glob("*.py"):
+        tree = ast.parse(module.read_text(), str(module))
+        edits = [
+            node.lineno
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute)
+            and node.attr == "path"
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "sys"
+        ]
+        assert not edits, f"{module.name}:{edits} changes sys.path; import shared code as a package"

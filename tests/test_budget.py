@@ -2,27 +2,26 @@
 
 from __future__ import annotations
 
-from infra.offline.mocks import project_number
 from tests.support import plan, stack_config, with_object
+from tools.offline.mocks import project_number
 
 BUDGET = "gcp:billing/budget:Budget"
 
 
-def test_dev_budget_amount_thresholds_and_scope():
-    (budget,) = plan(stack_config()).of_type(BUDGET)
-    assert budget.inputs["billingAccount"] == "01A2B3-C4D5E6-F7A8B9"
-    assert budget.inputs["amount"] == {"specifiedAmount": {"currencyCode": "USD", "units": "500"}}
+def test_budget_amount_thresholds_and_scope(small_plan):
+    (budget,) = small_plan.of_type(BUDGET)  # tests/stacks/Pulumi.small.yaml
+    assert budget.inputs["billingAccount"] == "012345-6789AB-CDEF01"
+    assert budget.inputs["amount"] == {"specifiedAmount": {"currencyCode": "USD", "units": "4000"}}
     assert budget.inputs["thresholdRules"] == [
         {"thresholdPercent": 0.5, "spendBasis": "CURRENT_SPEND"},
-        {"thresholdPercent": 0.9, "spendBasis": "CURRENT_SPEND"},
         {"thresholdPercent": 1.0, "spendBasis": "FORECASTED_SPEND"},
     ]
-    assert budget.inputs["budgetFilter"]["projects"] == [f"projects/{project_number('acme-ml-sandbox')}"]
+    assert budget.inputs["budgetFilter"]["projects"] == [f"projects/{project_number('fixture-project')}"]
 
 
-def test_fractional_amount_uses_nanos():
-    raw = with_object(stack_config(), "budget", lambda b: b.update(amount=999.5))
-    (budget,) = plan(raw).of_type(BUDGET)
+def test_fractional_amount_uses_nanos(small_config):
+    raw = with_object(small_config, "budget", lambda b: b.update(amount=999.5))
+    (budget,) = plan(raw, "small").of_type(BUDGET)
     assert budget.inputs["amount"]["specifiedAmount"] == {"currencyCode": "USD", "units": "999", "nanos": 500000000}
 
 

@@ -12,8 +12,8 @@ import yaml
 
 from infra.config import docs, parse_stack_config
 from infra.config.settings import SETTINGS, Setting
-from infra.offline.stackfile import load_stack_yaml, read_stack_config
 from infra.schema import ConfigError
+from tools.offline.stackfile import load_stack_yaml, read_stack_config
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = json.loads(docs.SCHEMA_FILE.read_text())
@@ -22,7 +22,7 @@ VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
 
 def test_the_schema_file_is_generated_from_the_declarations():
     assert docs.SCHEMA_FILE.read_text() == docs.schema_text(), (
-        "schema/stack.schema.json is stale: run .venv/bin/python -m infra.offline schema --write"
+        "schema/stack.schema.json is stale: run .venv/bin/python -m tools.offline schema --write"
     )
 
 

@@ -15,9 +15,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from infra.offline.runner import PlanResult
 from tests.contracts import Call, ContractError, api
 from tests.support import plan, stack_config
+from tools.offline.runner import PlanResult
 
 NODE = "projects/acme-ml-sandbox/locations/us-central1-b/nodes/mnist-v2-spot"
 TPU = "https://tpu.googleapis.com/v2"

@@ -6,10 +6,10 @@ import base64
 import json
 
 from infra.lifecycle import SCHEDULER_PERMISSIONS
-from infra.offline.mocks import GcpMocks, RecordingMonitor
-from infra.offline.runner import run_program
 from tests.support import plan, stack_config, with_object
 from tests.test_config_tpu import vm_problems
+from tools.offline.mocks import GcpMocks, RecordingMonitor
+from tools.offline.runner import run_program
 
 
 def test_jobs_stop_through_the_tpu_api_and_start_through_the_guard():

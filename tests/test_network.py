@@ -3,22 +3,22 @@
 from __future__ import annotations
 
 from infra.network import IAP_SSH_RANGE
-from tests.support import plan, stack_config, with_object
+from tests.support import fixture_config, plan, stack_config, with_object
 
 FIREWALL = "gcp:compute/firewall:Firewall"
 
 
-def test_subnets_have_private_google_access_and_flow_logs():
-    (subnet,) = plan(stack_config()).of_type("gcp:compute/subnetwork:Subnetwork")
+def test_subnets_have_private_google_access_and_flow_logs(small_plan):
+    (subnet,) = small_plan.of_type("gcp:compute/subnetwork:Subnetwork")  # tests/stacks/Pulumi.small.yaml
     assert subnet.inputs["privateIpGoogleAccess"] is True
-    assert subnet.inputs["ipCidrRange"] == "10.20.0.0/20"
+    assert subnet.inputs["ipCidrRange"] == "10.30.0.0/20"
     assert subnet.inputs["region"] == "us-central1"
-    assert subnet.inputs["logConfig"]["flowSampling"] == 0.5
+    assert subnet.inputs["logConfig"]["flowSampling"] == 0.25
 
 
-def test_one_subnet_router_and_nat_per_region():
-    raw = with_object(stack_config(), "network", lambda n: n["subnets"].update({"europe-west4": "10.21.0.0/20"}))
-    result = plan(raw)
+def test_one_subnet_router_and_nat_per_region(small_config):
+    raw = with_object(small_config, "network", lambda n: n["subnets"].update({"europe-west4": "10.21.0.0/20"}))
+    result = plan(raw, "small")
     for token in ("subnetwork:Subnetwork", "router:Router", "routerNat:RouterNat"):
         assert sorted(r.inputs["region"] for r in result.of_type(f"gcp:compute/{token}")) == [
             "europe-west4",
@@ -29,12 +29,13 @@ def test_one_subnet_router_and_nat_per_region():
         assert nat.inputs["natIpAllocateOption"] == "AUTO_ONLY"
 
 
-def test_auto_subnets_are_off():
-    (network,) = plan(stack_config()).of_type("gcp:compute/network:Network")
+def test_auto_subnets_are_off(small_plan):
+    (network,) = small_plan.of_type("gcp:compute/network:Network")
     assert network.inputs["autoCreateSubnetworks"] is False
 
 
 def test_ssh_only_from_iap_and_nothing_from_anywhere():
+    """A property every shipped stack must keep, so it runs on them rather than on a fixture."""
     for stack in ("dev", "prod"):
         firewalls = plan(stack_config(stack), stack).of_type(FIREWALL)
         assert firewalls
@@ -51,7 +52,7 @@ def test_ssh_only_from_iap_and_nothing_from_anywhere():
 def test_os_login_is_on_per_vm_not_project_wide():
     """Project metadata would need setCommonInstanceMetadata and act-as on the Compute default
     account (reference/gcp-iam/methods.json); each VM's own metadata switches OS Login on instead."""
-    result = plan(stack_config())
+    result = plan(fixture_config(), "small")
     assert not result.of_type("gcp:compute/projectMetadataItem:ProjectMetadataItem")
     for vm in result.of_type("gcp:tpu/v2Vm:V2Vm"):
         assert vm.inputs["metadata"]["enable-oslogin"] == "TRUE"

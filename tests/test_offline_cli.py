@@ -1,4 +1,4 @@
-"""The README's main command: `python -m infra.offline plan`, in a real subprocess."""
+"""The README's main command: `python -m tools.offline plan`, in a real subprocess."""
 
 from __future__ import annotations
 
@@ -9,16 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from infra.offline.mocks import GcpMocks, RecordingMonitor
-from infra.offline.runner import run_program
 from tests.support import stack_config, with_object
+from tools.offline.mocks import GcpMocks, RecordingMonitor
+from tools.offline.runner import run_program
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_plan(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "infra.offline", "plan", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "tools.offline", "plan", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
 
 
@@ -55,6 +55,15 @@ def test_unknown_stack_names_the_available_ones():
     done = run_plan("--stack", "staging")
     assert done.returncode == 2
     assert "no stack file Pulumi.staging.yaml; stacks here: dev, prod" in done.stderr
+
+
+def test_a_draft_stack_file_of_a_new_stack_plans_with_its_access():
+    """A stack file for an environment not yet in the repository (here a fixture) plans, and the access
+    section reads that file, not a missing Pulumi.<stack>.yaml at the root (was a traceback)."""
+    result = run_plan("--stack-file", "tests/stacks/Pulumi.small.yaml")
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "Who can do what" in result.stdout and "tpu-mnist-small" in result.stdout
 
 
 def test_bad_stack_file_fails_with_the_key_and_no_traceback(tmp_path):
@@ -121,7 +130,7 @@ def test_seed_troubleshooting_items_fail_the_plan_with_the_fix(case, tmp_path):
 
 def run_render(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "infra.offline", "render", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "tools.offline", "render", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
 
 

@@ -8,11 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from infra.offline import force_new
-from infra.offline.diff import diff_markdown, line_diff
-from infra.offline.render import to_json
-from infra.offline.runner import plan_stack
 from tests.support import NS, plan, stack_config, with_object
+from tools.offline import force_new
+from tools.offline.diff import diff_markdown, line_diff
+from tools.offline.render import to_json
+from tools.offline.runner import plan_stack
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -157,7 +157,7 @@ def test_the_extractor_reads_nested_force_new_fields():
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "infra.offline", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "tools.offline", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
 
 

@@ -20,11 +20,11 @@ from pulumi_policy import (
     StackValidationArgs,
 )
 
-from infra.offline import __main__ as offline_cli
-from infra.offline.policy_check import check_policies
-from infra.offline.runner import run_program
 from policy import policies
 from tests.support import stack_config
+from tools.offline import __main__ as offline_cli
+from tools.offline.policy_check import check_policies
+from tools.offline.runner import run_program
 
 ROOT = Path(__file__).resolve().parents[1]
 OPTS = PolicyResourceOptions(False, [], None, [], PolicyCustomTimeouts(0, 0, 0), [])

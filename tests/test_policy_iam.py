@@ -405,7 +405,7 @@ def test_a_google_service_agent_may_hold_its_own_agent_role_only():
 
 def test_the_bootstrap_plan_passes_the_pack():
     """The pack knows the bootstrap's shapes (named exceptions) and judges it like any stack."""
-    from infra.offline.policy_check import check_policies
     from tests.test_bootstrap import plan
+    from tools.offline.policy_check import check_policies
 
     assert [str(v) for v in check_policies(plan()) if v.enforcement == "mandatory"] == []

@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from infra.offline.runner import plan_stack
+from tools.offline.runner import plan_stack
 
 # Hand-written inventories: a change in what a stack creates must show up here, on purpose.
 INVENTORY = {

@@ -22,7 +22,7 @@ def test_the_error_example_is_what_the_plan_prints(tmp_path):
     draft = tmp_path / "Pulumi.dev.yaml"
     draft.write_text(edited)
     done = subprocess.run(
-        [sys.executable, "-m", "infra.offline", "plan", "--stack-file", str(draft)],
+        [sys.executable, "-m", "tools.offline", "plan", "--stack-file", str(draft)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -36,5 +36,5 @@ def test_the_settings_table_is_generated_from_the_declarations():
     from infra.config import docs
 
     assert docs.readme_with_table(README) == README, (
-        "README's settings table is stale: run .venv/bin/python -m infra.offline schema --write"
+        "README's settings table is stale: run .venv/bin/python -m tools.offline schema --write"
     )

@@ -66,6 +66,7 @@ def test_checkpoint_timer_by_steps_and_time():
     assert timer.due(11)
 
 
+@pytest.mark.workloads
 def test_sharded_data_round_trip(tmp_path):
     sample, shards = tmp_path / "mnist.npz", tmp_path / "shards"
     assert run_workload("sample_mnist.py", str(sample), "--train", "300", "--test", "50", cwd=tmp_path).returncode == 0
@@ -79,6 +80,7 @@ def test_sharded_data_round_trip(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.workloads
 @pytest.mark.parametrize("program", ["tf_mnist.py", "jax_mnist.py"])
 def test_kill_9_during_checkpointing_never_breaks_the_next_start(program, tmp_path):
     """Checkpoint every step and SIGKILL at arbitrary moments: every restart must still succeed."""

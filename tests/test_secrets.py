@@ -6,16 +6,16 @@ import json
 
 import pytest
 
-from infra.offline.mocks import GcpMocks, RecordingMonitor
-from infra.offline.runner import run_program
 from infra.schema import ConfigError
 from tests.support import stack_config, with_object
+from tools.offline.mocks import GcpMocks, RecordingMonitor
+from tools.offline.runner import run_program
 
 SECRET_EMAIL = "oncall-7f3a9c@acme.example"
 
 
 def test_the_offline_plan_and_its_json_never_print_a_secret(capsys):
-    from infra.offline.render import to_json, to_text
+    from tools.offline.render import to_json, to_text
 
     raw = with_object(stack_config(), "budget", lambda b: b.update(emails=[SECRET_EMAIL]))
     result, _ = secret_run(raw, ["tpu-platform:budget"])

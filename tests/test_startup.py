@@ -207,8 +207,8 @@ def test_oversized_workload_is_a_config_error(monkeypatch):
 
 
 def test_oversized_workload_registers_nothing(monkeypatch):
-    from infra.offline.mocks import GcpMocks, RecordingMonitor
-    from infra.offline.runner import run_program
+    from tools.offline.mocks import GcpMocks, RecordingMonitor
+    from tools.offline.runner import run_program
 
     monkeypatch.setattr(Program, "source", lambda self: "# padding\n" * 30_000)
     monitor = RecordingMonitor(GcpMocks("acme-ml-sandbox"))

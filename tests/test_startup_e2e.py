@@ -27,7 +27,7 @@ from tests.sandbox import SANDBOX_TOKEN, Vm, metadata_server, storage_emulator, 
 from tests.support import stack_config, with_object
 from tests.workloads import WORKLOADS, workloads_python
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.workloads]
 
 BATCH, EPOCHS, TRAIN = 32, 12, 2048
 NODE = "projects/acme-ml-sandbox/locations/us-central1-b/nodes/mnist-v2-spot"

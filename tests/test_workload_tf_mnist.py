@@ -8,7 +8,7 @@ import pytest
 
 from tests.workloads import run_workload
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.workloads]
 
 
 @pytest.fixture(scope="module")

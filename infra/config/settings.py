@@ -2,7 +2,7 @@
 
 The reader (`reader.py`) reads each value through its declaration, and the JSON Schema of
 `Pulumi.<stack>.yaml` and the README's settings table are generated from the same list
-(`python -m infra.offline schema --write`), so the three cannot disagree.
+(`python -m tools.offline schema --write`), so the three cannot disagree.
 
 Keys are paths below the stack file's `config:`: `tpu-platform:budget.amount`; `[]` is each item
 of a list (`tpuVms[].zone`) and `<name>` each key of a mapping (`workloads.<name>.epochs`).

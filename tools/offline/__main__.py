@@ -1,4 +1,4 @@
-"""`python -m infra.offline plan [--stack dev] [--json]`: what `pulumi up` would create, offline.
+"""`python -m tools.offline plan [--stack dev] [--json]`: what `pulumi up` would create, offline.
 
 Also `diff BASE HEAD` (the PR comment from two `plan --json` files), `render` (the start-up
 script a TPU VM will run) and `schema [--write]` (the stack files' JSON Schema and settings table).
@@ -14,17 +14,19 @@ from pathlib import Path
 import pulumi
 
 from infra.config import docs, parse_stack_config
-from infra.offline.access import ACCESS_FILE, who_can_do_what
-from infra.offline.access import generate as generate_access
-from infra.offline.access import render as render_access
-from infra.offline.diff import as_plan, diff_markdown, unreadable_markdown
-from infra.offline.policy_check import check_policies
-from infra.offline.render import to_json, to_text
-from infra.offline.runner import plan_stack
-from infra.offline.stackfile import ROOT, StackFileError, available_stacks, read_stack_config, stack_of
 from infra.schema import ConfigError
 from infra.tpu.metadata import vm_metadata
 from policy.policies import RULES
+from tools.offline.access import ACCESS_FILE, who_can_do_what
+from tools.offline.access import generate as generate_access
+from tools.offline.access import render as render_access
+from tools.offline.diff import as_plan, diff_markdown, unreadable_markdown
+from tools.offline.golden import snapshot
+from tools.offline.golden import write as write_golden
+from tools.offline.policy_check import check_policies
+from tools.offline.render import to_json, to_text
+from tools.offline.runner import plan_stack
+from tools.offline.stackfile import ROOT, StackFileError, available_stacks, read_stack_config, stack_of
 
 
 def _stack_arguments(parser: argparse.ArgumentParser) -> None:
@@ -75,7 +77,7 @@ def _render(stack_name: str, stack_file: Path | None, vm_name: str | None, attri
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m infra.offline", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m tools.offline", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     plan = commands.add_parser("plan", help="run the program under mocks and print the planned resources")
     _stack_arguments(plan)
@@ -91,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     render.add_argument("--env", action="store_true", help="print the run settings it reads instead")
     schema = commands.add_parser("schema", help="the JSON Schema of stack files and the README's settings table")
     schema.add_argument("--write", action="store_true", help="regenerate schema/stack.schema.json and the table")
+    golden = commands.add_parser("golden", help="each shipped stack's plan as JSON, as tests/golden/ keeps it")
+    golden.add_argument("--write", action="store_true", help="regenerate tests/golden/<stack>.json")
     args = parser.parse_args(argv)
     if args.command == "access":
         text = render_access(generate_access())
@@ -98,6 +102,14 @@ def main(argv: list[str] | None = None) -> int:
             ACCESS_FILE.write_text(text)
         else:
             print(text, end="")
+        return 0
+    if args.command == "golden":
+        if args.write:
+            for path in write_golden():
+                print(f"wrote {path.relative_to(ROOT)}", file=sys.stderr)
+        else:
+            for stack in available_stacks():
+                print(snapshot(plan_stack(stack)), end="")
         return 0
     if args.command == "schema":
         if args.write:
@@ -134,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             if violations
             else (f"Policies: all {len(RULES)} rules of the policy pack pass.")
         )
-        print(to_text(result, [section, who_can_do_what(result)]), end="")
+        print(to_text(result, [section, who_can_do_what(result, args.stack_file)]), end="")
     mandatory = [v for v in violations if v.enforcement == "mandatory"]
     if mandatory:
         print(

@@ -1,6 +1,6 @@
 """The CI identities' permissions, computed from the shipped stacks' offline plans.
 
-`python -m infra.offline access --write` regenerates `bootstrap/access.json`, which the bootstrap
+`python -m tools.offline access --write` regenerates `bootstrap/access.json`, which the bootstrap
 reads to build each environment's deployer and previewer roles; a test fails when the file and the
 plans drift apart (a change that needs a new permission then says so in review, and the bootstrap
 is applied before the deploy that needs it).
@@ -15,8 +15,8 @@ from typing import Any
 from infra.access.environment import EnvironmentAccess, environment_access
 from infra.access.model import Declared, custom_roles, grants_to
 from infra.config import parse_stack_config
-from infra.offline.runner import PlanResult, plan_stack
-from infra.offline.stackfile import ROOT, available_stacks, read_stack_config
+from tools.offline.runner import PlanResult, plan_stack
+from tools.offline.stackfile import ROOT, available_stacks, read_stack_config
 
 ACCESS_FILE = ROOT / "bootstrap" / "access.json"
 
@@ -32,11 +32,11 @@ def quota_project(config: dict[str, str]) -> str | None:
     return config.get("gcp:billingProject") or config.get("gcp:project")
 
 
-def access_of(stack: str, result: PlanResult | None = None) -> EnvironmentAccess:
+def access_of(stack: str, result: PlanResult | None = None, config: dict[str, str] | None = None) -> EnvironmentAccess:
+    """`config`: the stack's raw config when it comes from a draft file, not `Pulumi.<stack>.yaml` here."""
     result = result or plan_stack(stack)
-    return environment_access(
-        stack, result.project, declared(result), result.invokes, quota_project(read_stack_config(stack))
-    )
+    config = config if config is not None else read_stack_config(stack)
+    return environment_access(stack, result.project, declared(result), result.invokes, quota_project(config))
 
 
 def cmek_keys(stack: str) -> list[str]:
@@ -63,11 +63,11 @@ def _short(scope: str) -> str:
     return scope.split("/serviceAccounts/")[-1].split("@")[0] if "/serviceAccounts/" in scope else scope
 
 
-def who_can_do_what(result: PlanResult) -> str:
+def who_can_do_what(result: PlanResult, stack_file: Path | None = None) -> str:
     """The plan's identities and what each may do, for reviewers: the deployer and previewer as
     computed from this plan, then every account the plan creates with each of its grants."""
-    access = access_of(result.stack, result)
-    config = read_stack_config(result.stack)
+    config = read_stack_config(result.stack, ROOT, stack_file)
+    access = access_of(result.stack, result, config)
     lines = ["Who can do what (computed from Google's role data in reference/gcp-iam):"]
     deployer = config.get("tpu-platform:deployer") or "(no tpu-platform:deployer set)"
     resources = declared(result)

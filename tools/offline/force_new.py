@@ -7,7 +7,7 @@ Go source and kept as data in `force_new.json`, with the repository, commit and 
 
 Refresh it from a clone of hashicorp/terraform-provider-google-beta at the release pulumi-gcp bridges:
 
-    python -m infra.offline.force_new /path/to/terraform-provider-google-beta [--commit REV]
+    python -m tools.offline.force_new /path/to/terraform-provider-google-beta [--commit REV]
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ def extract(repo: Path, commit: str) -> dict[str, object]:
             "repository": "hashicorp/terraform-provider-google-beta",
             "commit": resolved,
             "files": sorted({p for paths in SOURCES.values() for p in paths}),
-            "note": "pulumi-gcp 10.x bridges terraform-provider-google-beta 8.x; see infra/offline/force_new.py",
+            "note": "pulumi-gcp 10.x bridges terraform-provider-google-beta 8.x; see tools/offline/force_new.py",
         },
         "resources": resources,
     }
@@ -210,7 +210,7 @@ def effect(token: str, input_path: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m infra.offline.force_new", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m tools.offline.force_new", description=__doc__)
     parser.add_argument("repo", type=Path, help="git directory of hashicorp/terraform-provider-google-beta")
     parser.add_argument("--commit", default="HEAD")
     args = parser.parse_args(argv)

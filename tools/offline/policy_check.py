@@ -13,9 +13,9 @@ from pulumi_policy import (
     StackValidationArgs,
 )
 
-from infra.offline.mocks import Registration
-from infra.offline.runner import PlanResult
 from policy.policies import RULES, Rule
+from tools.offline.mocks import Registration
+from tools.offline.runner import PlanResult
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ from collections import Counter
 from typing import Any
 
 from infra.cost import cost_table
-from infra.offline.mocks import Registration
-from infra.offline.runner import PlanResult
+from tools.offline.mocks import Registration
+from tools.offline.runner import PlanResult
 
 LONG_STRING = 300  # longer or multi-line strings (startup scripts) are summarised by size and digest
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeAlias
 
-from infra.offline import force_new
+from tools.offline import force_new
 
 SHORT_VALUE = 80  # longer strings, and any multi-line string, are shown as a line diff
 DIFF_CONTEXT = 2
