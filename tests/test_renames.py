@@ -1,6 +1,6 @@
 """Child names come from identity, never list position; renames carry aliases, so no live resource is
 replaced or deleted. The "before" plans are the shipped stacks' plans just before names changed
-(tests/snapshots/*.before-renames.json, from `python -m infra.offline plan --json`)."""
+(tests/snapshots/*.before-renames.json, from `python -m tools.offline plan --json`)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from infra.offline import diff
-from infra.offline.policy_check import check_policies
-from infra.offline.render import to_json
-from infra.offline.runner import plan_stack
 from tests.support import plan, stack_config, with_object
+from tools.offline import diff
+from tools.offline.policy_check import check_policies
+from tools.offline.render import to_json
+from tools.offline.runner import plan_stack
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
 
