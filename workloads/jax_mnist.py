@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -58,14 +59,22 @@ def forward(params: dict[str, jax.Array], x: jax.Array) -> jax.Array:
 OPTIMIZER = optax.adam(1e-3)
 
 
-@jax.jit
-def train_step(params: Any, opt_state: Any, x: jax.Array, y: jax.Array) -> tuple[Any, Any, jax.Array]:
-    def loss_fn(p: Any) -> jax.Array:
-        return optax.softmax_cross_entropy_with_integer_labels(forward(p, x), y).mean()
+def make_train_step(optimizer: optax.GradientTransformation) -> Callable[..., tuple[Any, Any, jax.Array]]:
+    """One step on a batch sharded over the devices; the mean loss is over the whole global batch."""
 
-    loss, grads = jax.value_and_grad(loss_fn)(params)
-    updates, opt_state = OPTIMIZER.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss
+    @jax.jit
+    def train_step(params: Any, opt_state: Any, x: jax.Array, y: jax.Array) -> tuple[Any, Any, jax.Array]:
+        def loss_fn(p: Any) -> jax.Array:
+            return optax.softmax_cross_entropy_with_integer_labels(forward(p, x), y).mean()
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return train_step
+
+
+train_step = make_train_step(OPTIMIZER)
 
 
 def prepare(x: np.ndarray) -> np.ndarray:

@@ -17,6 +17,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import runlib
@@ -64,16 +65,37 @@ def build_model() -> tf.keras.Model:
 
 class Trainer:
     def __init__(self, strategy: tf.distribute.Strategy, batch_size: int):
+        replicas = strategy.num_replicas_in_sync
+        if batch_size % replicas:
+            raise ValueError(f"batch size {batch_size} must divide evenly over {replicas} replicas")
         self.strategy = strategy
         self.batch_size = batch_size
+        self.per_replica = batch_size // replicas
         with strategy.scope():
             self.model = build_model()
             self.optimizer = tf.keras.optimizers.Adam()
             self.optimizer.build(self.model.trainable_variables)
             self.loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
 
+    def distribute(self, x: np.ndarray, y: np.ndarray) -> tuple[Any, Any]:
+        """Split one global batch over the replicas: replica r gets rows [r*B/N, (r+1)*B/N).
+
+        `Strategy.run` splits only distributed values; a plain tensor would reach every replica whole,
+        so each would train on the full batch and the summed gradient would be N times too large.
+        """
+
+        def part(ctx: tf.distribute.InputReplicaContext) -> tuple[tf.Tensor, tf.Tensor]:
+            rows = slice(
+                ctx.replica_id_in_sync_group * self.per_replica, (ctx.replica_id_in_sync_group + 1) * self.per_replica
+            )
+            return tf.constant(x[rows]), tf.constant(y[rows])
+
+        return self.strategy.experimental_distribute_values_from_function(part)
+
     @tf.function
-    def train_step(self, x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+    def train_step(self, x: Any, y: Any) -> tf.Tensor:
+        """One step on per-replica values; returns the mean loss over the global batch."""
+
         def step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
             with tf.GradientTape() as tape:
                 logits = self.model(x, training=True)
@@ -130,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     trainer = Trainer(strategy, args.batch_size)
 
     def step_fn(x: np.ndarray, y: np.ndarray) -> float:
-        return float(trainer.train_step(tf.constant(prepare(x)), tf.constant(y.astype("int64"))))
+        return float(trainer.train_step(*trainer.distribute(prepare(x), y.astype("int64"))))
 
     outcome = runlib.train(
         args, log, data, checkpoints, preemption, process, trainer.restore, step_fn, trainer.state_files
