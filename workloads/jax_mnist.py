@@ -6,6 +6,10 @@ softmax cross-entropy. On a multi-host slice `jax.distributed` connects the work
 share of every global batch, and only process 0 writes checkpoints, the model and metrics.
 Parameters, optimizer state, step and data position are checkpointed every N steps or minutes and
 on SIGTERM; a restart resumes from the newest complete checkpoint. Same command line as tf_mnist.py.
+
+Checkpoints go through runlib (background writes), not Orbax: the state is fully replicated (pure
+data parallelism), so process 0 holds all of it and a collective save would add nothing but two
+dependencies on every VM. Sharded state (FSDP, model parallelism) would need Orbax.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ def forward(params: dict[str, jax.Array], x: jax.Array) -> jax.Array:
     return y @ params["out_w"] + params["out_b"]
 
 
+PROGRAM = "jax_mnist"
 OPTIMIZER = optax.adam(1e-3)
 
 
@@ -102,9 +107,8 @@ def main(argv: list[str] | None = None) -> int:
         jax.distributed.initialize()  # Cloud TPU: coordinator and process ids come from the environment
     process, processes = jax.process_index(), jax.process_count()
     log = runlib.Log(args.run_id, process)
-    checkpoints = runlib.Checkpoints(runlib.Store(args.checkpoint_dir)) if args.checkpoint_dir else None
-    if checkpoints and (done := checkpoints.complete()):
-        log("run already complete; not training again", **done)
+    if runlib.status(args.checkpoint_dir, args.status_dir) == "complete":
+        log("run already complete; not training again")
         return 0
     preemption = runlib.Preemption()
     devices = jax.devices()
@@ -118,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     data = runlib.load_data(args.data) if args.data else None
     if data is None:
         raise SystemExit("--data is required for the JAX workload (prepare it with prepare_data.py)")
+    identity = runlib.RunIdentity(PROGRAM, f"jax {jax.__version__}", args.batch_size, data.fingerprint())
+    checkpoints = runlib.Checkpoints(runlib.Store(args.checkpoint_dir), identity) if args.checkpoint_dir else None
     params = init_params(jax.random.PRNGKey(0))
     opt_state = OPTIMIZER.init(params)
     params, opt_state = jax.device_put((params, opt_state), replicated)
@@ -140,7 +146,11 @@ def main(argv: list[str] | None = None) -> int:
     def state_files(state: dict) -> dict[str, bytes]:
         return to_files(params, opt_state, state)
 
-    outcome = runlib.train(args, log, data, checkpoints, preemption, process, restore, step_fn, state_files)
+    try:
+        outcome = runlib.train(args, log, data, checkpoints, preemption, process, restore, step_fn, state_files)
+    except runlib.ResumeRefusedError as refused:
+        log(str(refused), severity="ERROR")
+        return runlib.REFUSED_EXIT
     if outcome.preempted:
         return 0
     logits = jax.jit(forward)(params, prepare(data.x_test))
@@ -149,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     wall = metrics["wall_seconds"]
     print(f"Training took {wall:.1f} s on {device}; final validation accuracy {accuracy:.4f}", flush=True)
     model = {"params.npz": runlib.pack({k: np.asarray(v) for k, v in params.items()})}
-    runlib.finish(checkpoints, args.model_dir, model, metrics, process, args.on_completion, args.node)
+    runlib.finish(args, checkpoints, PROGRAM, model, metrics, process)
     print(json.dumps(metrics), flush=True)
     return 0
 

@@ -23,6 +23,8 @@ import numpy as np
 import runlib
 import tensorflow as tf
 
+PROGRAM = "tf_mnist"
+
 
 def tpu_present() -> bool:
     """TPU VMs expose their chips as /dev/accel* (v2-v4) or VFIO devices (v5e and later)."""
@@ -141,29 +143,34 @@ def main(argv: list[str] | None = None) -> int:
         # TensorFlow drives every host of a slice from worker 0; the other workers only host the TPU.
         log("TensorFlow runs from worker 0; nothing to do on this worker")
         return 0
-    checkpoints = runlib.Checkpoints(runlib.Store(args.checkpoint_dir)) if args.checkpoint_dir else None
-    if checkpoints and (done := checkpoints.complete()):
-        log("run already complete; not training again", **done)
+    if runlib.status(args.checkpoint_dir, args.status_dir) == "complete":
+        log("run already complete; not training again")
         return 0
     preemption = runlib.Preemption()
     strategy, device = make_strategy(args.tpu)
     log(f"Running on {device} with {strategy.num_replicas_in_sync} replica(s)", device=device)
     data = load(args.data)
+    identity = runlib.RunIdentity(PROGRAM, f"tensorflow {tf.__version__}", args.batch_size, data.fingerprint())
+    checkpoints = runlib.Checkpoints(runlib.Store(args.checkpoint_dir), identity) if args.checkpoint_dir else None
     trainer = Trainer(strategy, args.batch_size)
 
     def step_fn(x: np.ndarray, y: np.ndarray) -> float:
         return float(trainer.train_step(*trainer.distribute(prepare(x), y.astype("int64"))))
 
-    outcome = runlib.train(
-        args, log, data, checkpoints, preemption, process, trainer.restore, step_fn, trainer.state_files
-    )
+    try:
+        outcome = runlib.train(
+            args, log, data, checkpoints, preemption, process, trainer.restore, step_fn, trainer.state_files
+        )
+    except runlib.ResumeRefusedError as refused:
+        log(str(refused), severity="ERROR")
+        return runlib.REFUSED_EXIT
     if outcome.preempted:
         return 0
     accuracy = trainer.accuracy(data.x_test, data.y_test)
     metrics = {"framework": "tensorflow", "device": device, **outcome.metrics, "val_accuracy": round(accuracy, 4)}
     wall = metrics["wall_seconds"]
     print(f"Training took {wall:.1f} s on {device}; final validation accuracy {accuracy:.4f}", flush=True)
-    runlib.finish(checkpoints, args.model_dir, trainer.saved_model(), metrics, process, args.on_completion, args.node)
+    runlib.finish(args, checkpoints, PROGRAM, trainer.saved_model(), metrics, process)
     print(json.dumps(metrics), flush=True)
     return 0
 
