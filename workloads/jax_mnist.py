@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import runlib
+from jax import export as jax_export
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -61,6 +62,7 @@ def forward(params: dict[str, jax.Array], x: jax.Array) -> jax.Array:
 
 
 PROGRAM = "jax_mnist"
+EXPORT = "mnist.jax_export"  # under --model-dir
 OPTIMIZER = optax.adam(1e-3)
 
 
@@ -84,6 +86,21 @@ train_step = make_train_step(OPTIMIZER)
 
 def prepare(x: np.ndarray) -> np.ndarray:
     return (x.astype("float32") / 255.0)[..., np.newaxis]
+
+
+def export_model(params: dict[str, jax.Array]) -> bytes:
+    """The export (S26): the trained predictor serialised with `jax.export` (StableHLO, weights inside)
+    for CPU and TPU. Load it with `jax.export.deserialize(blob).call(images)`: uint8 [n, 28, 28] in,
+    logits [n, 10] out, any n. Not jax2tf: that needs TensorFlow, which a JAX TPU VM does not install.
+    """
+    weights = jax.device_get(params)
+
+    def predict(images: jax.Array) -> jax.Array:
+        return forward(weights, (images.astype(jnp.float32) / 255.0)[..., None])
+
+    (n,) = jax_export.symbolic_shape("n")
+    spec = jax.ShapeDtypeStruct((n, 28, 28), jnp.uint8)
+    return jax_export.export(jax.jit(predict), platforms=("cpu", "tpu"))(spec).serialize()
 
 
 def to_files(params: Any, opt_state: Any, state: dict) -> dict[str, bytes]:
@@ -158,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     metrics = {"framework": "jax", "device": device, **outcome.metrics, "val_accuracy": round(accuracy, 4)}
     wall = metrics["wall_seconds"]
     print(f"Training took {wall:.1f} s on {device}; final validation accuracy {accuracy:.4f}", flush=True)
-    model = {"params.npz": runlib.pack({k: np.asarray(v) for k, v in params.items()})}
+    model = {"params.npz": runlib.pack({k: np.asarray(v) for k, v in params.items()}), EXPORT: export_model(params)}
     runlib.finish(args, checkpoints, PROGRAM, model, metrics, process)
     print(json.dumps(metrics), flush=True)
     return 0

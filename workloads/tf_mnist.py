@@ -24,6 +24,7 @@ import runlib
 import tensorflow as tf
 
 PROGRAM = "tf_mnist"
+SAVED_MODEL = "saved_model"  # under --model-dir
 
 
 def tpu_present() -> bool:
@@ -129,10 +130,22 @@ class Trainer:
         return float(np.mean(np.argmax(logits, axis=1) == y))
 
     def saved_model(self) -> dict[str, bytes]:
+        """The export (S26): a TF SavedModel whose default signature takes uint8 images [n, 28, 28] and
+        returns logits [n, 10], for TF Serving or Vertex AI on CPU/GPU; and the Keras file."""
+        model = self.model
+
+        def serve(images: tf.Tensor) -> tf.Tensor:
+            return model(tf.cast(images, tf.float32)[..., tf.newaxis] / 255.0, training=False)
+
         with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "mnist.keras"
-            self.model.save(path)
-            return {"mnist.keras": path.read_bytes()}
+            archive = tf.keras.export.ExportArchive()
+            archive.track(model)
+            archive.add_endpoint("serve", serve, input_signature=[tf.TensorSpec([None, 28, 28], tf.uint8, "images")])
+            archive.write_out(str(Path(tmp) / SAVED_MODEL), verbose=False)
+            model.save(Path(tmp) / "mnist.keras")
+            return {
+                str(path.relative_to(tmp)): path.read_bytes() for path in sorted(Path(tmp).rglob("*")) if path.is_file()
+            }
 
 
 def main(argv: list[str] | None = None) -> int:
