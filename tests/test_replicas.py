@@ -30,8 +30,8 @@ sys.path.insert(0, {workloads!r})
 import tf_mnist
 
 rng = np.random.default_rng(0)
-x = rng.random(({batch}, 28, 28, 1), dtype=np.float32)
-y = rng.integers(0, 10, {batch}).astype("int64")
+x = rng.integers(0, 256, (1, {batch}, 28, 28)).astype("uint8")  # one chunk of one global batch
+y = rng.integers(0, 10, (1, {batch})).astype("int64")
 initial = tf_mnist.build_model().get_weights()
 
 def one_step(strategy):
@@ -40,10 +40,9 @@ def one_step(strategy):
         trainer.optimizer = tf.keras.optimizers.SGD(0.5)
         trainer.optimizer.build(trainer.model.trainable_variables)
     trainer.model.set_weights(initial)
-    # (The workload before the fix had no `distribute`: it gave strategy.run plain tensors.)
-    batch = trainer.distribute(x, y) if hasattr(trainer, "distribute") else (tf.constant(x), tf.constant(y))
-    seen = strategy.run(lambda x, y: tf.shape(x)[0], args=batch)
-    loss = float(trainer.train_step(*batch))
+    batch = trainer.distribute(x, y)
+    seen = strategy.run(lambda x, y: tf.shape(x)[1], args=batch)
+    loss = float(trainer.train_steps(*batch))
     return {{
         "seen": [int(s) for s in strategy.experimental_local_results(seen)],
         "loss": loss,
@@ -65,20 +64,20 @@ import jax_mnist
 
 assert len(jax.devices()) == {replicas}, jax.devices()
 rng = np.random.default_rng(0)
-x = rng.random(({batch}, 28, 28, 1), dtype=np.float32)
-y = rng.integers(0, 10, {batch}).astype("int32")
-initial = jax_mnist.init_params(jax.random.PRNGKey(0))
+x = rng.integers(0, 256, (1, {batch}, 28, 28)).astype("uint8")  # one chunk of one global batch
+y = rng.integers(0, 10, (1, {batch})).astype("int32")
+initial = jax.device_get(jax_mnist.init_params(jax.random.PRNGKey(0)))  # host copies: the step donates
 optimizer = optax.sgd(0.5)
 step = jax_mnist.make_train_step(optimizer)
 
 def one_step(devices):
     mesh = Mesh(np.array(devices), ("data",))
     params = jax.device_put(initial, NamedSharding(mesh, P()))
-    xs = jax.device_put(x, NamedSharding(mesh, P("data")))
-    ys = jax.device_put(y, NamedSharding(mesh, P("data")))
-    params, _, loss = step(params, optimizer.init(params), xs, ys)
+    xs = jax.device_put(x, NamedSharding(mesh, P(None, "data")))
+    ys = jax.device_put(y, NamedSharding(mesh, P(None, "data")))
+    params, _, loss = step(params, optimizer.init(params), xs, ys, 0)
     return {{
-        "seen": [s.data.shape[0] for s in xs.addressable_shards],
+        "seen": [s.data.shape[1] for s in xs.addressable_shards],
         "loss": float(loss),
         "weights": [np.asarray(v).tolist() for v in jax.tree_util.tree_leaves(params)],
     }}

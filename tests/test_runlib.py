@@ -162,13 +162,21 @@ def test_the_retired_on_completion_option_is_accepted_and_ignored(capsys):
 
 def test_resumed_batches_continue_the_data_position():
     data = runlib.Dataset(np.arange(100).reshape(100, 1), np.arange(100), np.zeros((1, 1)), np.zeros(1))
-    straight = [(s, x.tolist()) for s, x, _ in runlib.batches(data, 10, 0, 25)]
-    resumed = [(s, x.tolist()) for s, x, _ in runlib.batches(data, 10, 13, 25)]
+    straight = [(s, x[0].tolist()) for s, x, _ in runlib.batches(data, 10, 0, 25)]
+    resumed = [(s, x[0].tolist()) for s, x, _ in runlib.batches(data, 10, 13, 25)]
     assert resumed == straight[13:]
     assert [s for s, _ in straight] == list(range(25))
     # Each epoch is a full permutation of the examples.
     first_epoch = [example for _, x in straight[:10] for example in x]
     assert sorted(first_epoch) == [[i] for i in range(100)]
+
+
+def test_chunks_of_steps_stop_at_checkpoint_steps_and_hold_the_same_batches():
+    data = runlib.Dataset(np.arange(100).reshape(100, 1), np.arange(100), np.zeros((1, 1)), np.zeros(1))
+    one_by_one = [x[0] for _, x, _ in runlib.batches(data, 10, 3, 25)]
+    chunks = list(runlib.batches(data, 10, 3, 25, per_call=8, boundary=10))
+    assert [(first, len(x)) for first, x, _ in chunks] == [(3, 7), (10, 8), (18, 2), (20, 5)]
+    assert np.array_equal(np.concatenate([x for _, x, _ in chunks]), np.stack(one_by_one))
 
 
 def test_checkpoint_timer_by_steps_and_time():

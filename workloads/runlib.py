@@ -61,6 +61,8 @@ def parse_args(description: str, argv: list[str] | None = None) -> argparse.Name
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--checkpoint-every-steps", type=int, default=100)
     parser.add_argument("--checkpoint-every-minutes", type=float, default=10.0)
+    parser.add_argument("--steps-per-call", type=int, default=32,
+                        help="training steps per call to the device: fewer host round trips (S18)")  # fmt: skip
     parser.add_argument("--run-id", default=os.environ.get("TPU_PLATFORM_RUN_ID", "local"))
     parser.add_argument("--tpu", choices=("auto", "local", "none"), default="auto", help="use a TPU: auto-detect")
     parser.add_argument("--status-dir", default=os.environ.get("TPU_PLATFORM_STATUS_DIR", ""),
@@ -388,21 +390,31 @@ def epoch_order(epoch: int, count: int, seed: int = 0) -> np.ndarray:
 
 
 def batches(
-    data: Dataset, batch_size: int, start_step: int, total_steps: int
+    data: Dataset, batch_size: int, start_step: int, total_steps: int, per_call: int = 1, boundary: int = 0
 ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-    """(step, x, y) from `start_step` on, full batches only (static shapes for TPUs), prefetched."""
+    """(first step, x, y) from `start_step` on: `per_call` full batches stacked as x[k, batch, ...] (k is
+    smaller where a chunk would cross a multiple of `boundary`, the checkpoint interval, or the end).
+    Full batches only (static shapes for TPUs); built ahead on a thread, so training rarely waits."""
     per_epoch = len(data.x_train) // batch_size
     if per_epoch == 0:
         raise ValueError(f"batch size {batch_size} exceeds the {len(data.x_train)} training examples")
 
+    def rows(step: int) -> np.ndarray:
+        epoch, index = divmod(step, per_epoch)
+        return epoch_order(epoch, len(data.x_train))[index * batch_size : (index + 1) * batch_size]
+
     def produce(out: queue.Queue) -> None:
-        for step in range(start_step, total_steps):
-            epoch, index = divmod(step, per_epoch)
-            order = epoch_order(epoch, len(data.x_train))[index * batch_size : (index + 1) * batch_size]
+        step = start_step
+        while step < total_steps:
+            end = min(step + per_call, total_steps)
+            if boundary:
+                end = min(end, (step // boundary + 1) * boundary)
+            order = np.stack([rows(s) for s in range(step, end)])
             out.put((step, data.x_train[order], data.y_train[order]))
+            step = end
         out.put(None)
 
-    prefetched: queue.Queue = queue.Queue(maxsize=4)
+    prefetched: queue.Queue = queue.Queue(maxsize=2)
     threading.Thread(target=produce, args=(prefetched,), daemon=True).start()
     while (item := prefetched.get()) is not None:
         yield item
@@ -457,13 +469,15 @@ def train(
     preemption: Preemption,
     process: int,
     restore: Callable[[dict[str, bytes]], dict[str, Any]],
-    step_fn: Callable[[np.ndarray, np.ndarray], float],
+    step_fn: Callable[[np.ndarray, np.ndarray], Any],
     state_files: Callable[[dict[str, Any]], dict[str, bytes]],
 ) -> Outcome:
     """The loop every workload shares: resume, train, checkpoint on time and on SIGTERM.
 
     `restore` loads a checkpoint's files into the model and returns its state (step, resumes,
-    wall_seconds); `step_fn` trains one global batch and returns the loss; `state_files` snapshots
+    wall_seconds); `step_fn` trains on k global batches stacked as x[k, batch, ...] (uint8 images, as
+    stored) in one call to the device, and returns the last loss as anything `float()` reads (the loop
+    reads it only to log, so the host does not wait for the device every call); `state_files` snapshots
     the model and optimizer with the state into bytes (the training stalls for that only: the
     writing happens in the background). Only process 0 writes checkpoints.
     """
@@ -485,7 +499,7 @@ def train(
     stalled = waited = 0.0
     start_step = step = state["step"]
     begun = session_start = time.perf_counter()
-    stream = batches(data, args.batch_size, start_step, total)
+    stream = batches(data, args.batch_size, start_step, total, args.steps_per_call, args.checkpoint_every_steps)
     preempted = False
     while step < total:
         fetch = time.perf_counter()
@@ -493,11 +507,11 @@ def train(
         waited += time.perf_counter() - fetch
         if item is None:
             break
-        step, x, y = item
-        loss = step_fn(x, y)
-        step += 1
-        if step % 50 == 0 or step == total:
-            log("training", step=step, loss=round(loss, 5), total_steps=total)
+        first, x, y = item
+        loss = step_fn(x, y)  # not read here: reading it would wait for the device every call
+        step = first + len(x)
+        if step // 50 > first // 50 or step == total:
+            log("training", step=step, loss=round(float(loss), 5), total_steps=total)
         if checkpoints and (timer.due(step) or preemption.requested or step == total):
             snapshot = time.perf_counter()
             state.update(step=step, wall_seconds=state["wall_seconds"] + snapshot - begun)
