@@ -38,6 +38,7 @@ from infra import grants, iam, naming
 from infra.apis import ProjectApis
 from infra.config import PlatformConfig
 from infra.lifecycle import StartTarget, custom_role
+from infra.tpu.metadata import run_id
 
 SOURCE = Path(__file__).resolve().parents[1] / "functions" / "tpu_guard"
 SOURCE_FILES = ("main.py", "decisions.py", "requirements.txt")
@@ -80,6 +81,11 @@ def completion_actions(cfg: PlatformConfig) -> str:
         {vm.name: {"action": vm.on_completion, "zone": vm.zone} for vm in cfg.tpu_vms if vm.on_completion != "keep"},
         sort_keys=True,
     )
+
+
+def current_runs(cfg: PlatformConfig) -> str:
+    """Each VM's run id now: a completion marker of an older run neither stops nor blocks a new one."""
+    return json.dumps({vm.name: run_id(cfg, vm) for vm in cfg.tpu_vms}, sort_keys=True)
 
 
 class TpuGuard(pulumi.ComponentResource):
@@ -197,6 +203,7 @@ class TpuGuard(pulumi.ComponentResource):
             "STATE_BUCKET": status_bucket.name,
             "STATUS_BUCKET": status_bucket.name,
             "COMPLETION_ACTIONS": completion_actions(cfg),
+            "CURRENT_RUNS": current_runs(cfg),
         }
 
         def function(

@@ -21,7 +21,7 @@ from infra.schema import ConfigError, Problem
 from infra.secrets import hide, keep_secret
 from infra.storage import PlatformBuckets
 from infra.tpu.cloud_tpu import BACKENDS
-from infra.tpu.metadata import vm_metadata
+from infra.tpu.metadata import run_id, vm_metadata
 from infra.tpu.vm import TpuVm
 
 TPU_BACKEND = "cloud-tpu"
@@ -45,7 +45,9 @@ def build_platform(cfg: PlatformConfig, secrets: Mapping[str, str] | None = None
     )
     # A VM deleted by the guard once its run completed is no longer declared, so `up`, `refresh` and
     # the drift check agree with the project (the status is read through an invoke; mocked offline).
-    gone = completed_runs(status.bucket_name, [vm.name for vm in cfg.tpu_vms if vm.on_completion == "delete"])
+    gone = completed_runs(
+        status.bucket_name, {vm.name: run_id(cfg, vm) for vm in cfg.tpu_vms if vm.on_completion == "delete"}
+    )
     for vm_name in sorted(gone):
         pulumi.log.warn(f"stack '{cfg.stack}': TPU VM {vm_name} completed its run and was deleted; no longer declared")
     vms = {

@@ -6,7 +6,8 @@ VM the guard deleted after its run completed is planned as absent, not as a node
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping
 
 import pulumi_gcp as gcp
 
@@ -23,8 +24,11 @@ def _bucket_missing(error: Exception) -> bool:
     return "404" in text and "bucket" in text.lower()
 
 
-def completed_runs(bucket: str, vms: Sequence[str]) -> set[str]:
-    """The names among `vms` whose completion marker exists. Before the first deploy there is no bucket."""
+def completed_runs(bucket: str, vms: Mapping[str, str]) -> set[str]:
+    """The VMs (name -> current run id) whose completion marker names their current run.
+
+    A marker of an earlier run id does not count: a new `run` declares the VM again. Before the first
+    deploy there is no bucket, so nothing is complete."""
     if not vms:
         return set()
     try:
@@ -34,4 +38,15 @@ def completed_runs(bucket: str, vms: Sequence[str]) -> set[str]:
             return set()
         raise
     names = {obj.name for obj in listing.bucket_objects}
-    return {vm for vm in vms if marker_name(vm) in names}
+    done = set()
+    for vm, run in vms.items():
+        if marker_name(vm) not in names:
+            continue
+        content = gcp.storage.get_bucket_object_content(bucket=bucket, name=marker_name(vm)).content or ""
+        try:
+            marked = json.loads(content).get("runId")
+        except (ValueError, AttributeError):
+            marked = None
+        if marked == run:
+            done.add(vm)
+    return done

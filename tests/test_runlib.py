@@ -17,10 +17,13 @@ from tests.workloads import WORKLOADS, run_workload, workloads_python
 sys.path.insert(0, str(WORKLOADS))
 import runlib
 
+IDENTITY = runlib.RunIdentity("toy", "numpy 1", 8, "f1ngerpr1nt")
+
 
 def test_uncommitted_checkpoint_is_never_picked(tmp_path):
     checkpoints = runlib.Checkpoints(runlib.Store(str(tmp_path)))
     checkpoints.save(10, {"state.json": b'{"step": 10}'})
+    checkpoints.wait()
     # A writer killed after its files but before the marker, and one killed halfway through a file.
     (tmp_path / "ckpt-0000000020").mkdir()
     (tmp_path / "ckpt-0000000020" / "state.json").write_text('{"step": 20}')
@@ -34,6 +37,7 @@ def test_old_checkpoints_are_rotated(tmp_path):
     checkpoints = runlib.Checkpoints(runlib.Store(str(tmp_path)), keep=2)
     for step in (1, 2, 3, 4):
         checkpoints.save(step, {"a.bin": bytes([step])})
+    checkpoints.wait()
     assert checkpoints.committed_steps() == [3, 4]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-0000000003", "ckpt-0000000004"]
 
@@ -46,15 +50,133 @@ def test_completion_marker(tmp_path):
     assert checkpoints.complete() == {"steps": 5}
 
 
+def test_uncommitted_folders_older_than_the_newest_commit_are_swept(tmp_path):
+    checkpoints = runlib.Checkpoints(runlib.Store(str(tmp_path)), keep=5)
+    checkpoints.save(10, {"a.bin": b"10"})
+    checkpoints.wait()
+    for dead in (5, 20):  # saves that died before their manifest
+        (tmp_path / f"ckpt-{dead:010d}").mkdir()
+        (tmp_path / f"ckpt-{dead:010d}" / "a.bin").write_bytes(b"half")
+    (tmp_path / "ckpt-0000000040").mkdir()  # newer than any commit: maybe a save in progress
+    (tmp_path / "ckpt-0000000040" / "a.bin").write_bytes(b"writing")
+    checkpoints.save(30, {"a.bin": b"30"})
+    checkpoints.wait()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-0000000010", "ckpt-0000000030", "ckpt-0000000040"]
+
+
+# A toy workload for the shared loop: the "model" is one number that each step adds the batch to.
+class Toy:
+    def __init__(self) -> None:
+        self.weight = 0.0
+
+    def restore(self, files: dict[str, bytes]) -> dict:
+        self.weight = float(runlib.unpack(files["weights.npz"])["w"])
+        return json.loads(files["state.json"])
+
+    def step(self, x: np.ndarray, y: np.ndarray) -> float:
+        self.weight += float(x.sum())
+        return self.weight
+
+    def state_files(self, state: dict) -> dict[str, bytes]:
+        return {"weights.npz": runlib.pack({"w": np.array(self.weight)}), "state.json": json.dumps(state).encode()}
+
+
+def toy_run(tmp_path, *flags: str, identity: runlib.RunIdentity = IDENTITY) -> tuple[runlib.Outcome, Toy]:
+    data = runlib.Dataset(np.ones((64, 1)), np.zeros(64), np.zeros((1, 1)), np.zeros(1))
+    args = runlib.parse_args("toy", ["--checkpoint-dir", str(tmp_path / "ckpt"), "--batch-size", "8", *flags])
+    checkpoints = runlib.Checkpoints(runlib.Store(args.checkpoint_dir), identity)
+    toy = Toy()
+    log = runlib.Log("toy")
+    return runlib.train(args, log, data, checkpoints, no_preemption(), 0, toy.restore, toy.step, toy.state_files), toy
+
+
+def no_preemption() -> runlib.Preemption:
+    quiet = runlib.Preemption.__new__(runlib.Preemption)  # without taking over this process's SIGTERM
+    quiet.requested = False
+    return quiet
+
+
+def test_resume_falls_back_past_a_corrupt_newest_checkpoint(tmp_path, capsys):
+    toy_run(tmp_path, "--steps", "12", "--checkpoint-every-steps", "4")  # checkpoints at 4, 8, 12
+    (tmp_path / "ckpt" / "ckpt-0000000012" / "weights.npz").write_bytes(b"not an npz")
+    outcome, toy = toy_run(tmp_path, "--steps", "16", "--checkpoint-every-steps", "4")
+    assert "checkpoint cannot be loaded; falling back" in capsys.readouterr().out
+    assert outcome.metrics["resumes"] == 1 and outcome.step == 16
+    assert toy.weight == 16 * 8  # resumed at step 8 with the weight of step 8, and trained 8 more
+
+
+def test_resume_refuses_when_no_checkpoint_loads(tmp_path):
+    toy_run(tmp_path, "--steps", "4", "--checkpoint-every-steps", "4")
+    (tmp_path / "ckpt" / "ckpt-0000000004" / "state.json").unlink()
+    with pytest.raises(runlib.ResumeRefusedError, match=r"no checkpoint .* can be loaded.*new run id"):
+        toy_run(tmp_path, "--steps", "8")
+
+
+@pytest.mark.parametrize(
+    ("changed", "named"),
+    [
+        (runlib.RunIdentity("other_program", "numpy 1", 8, "f1ngerpr1nt"), "program 'toy'"),
+        (runlib.RunIdentity("toy", "numpy 1", 16, "f1ngerpr1nt"), "batch_size 8 (now 16)"),
+        (runlib.RunIdentity("toy", "numpy 2", 8, "f1ngerpr1nt"), "framework_version"),
+        (runlib.RunIdentity("toy", "numpy 1", 8, "other data"), "data_fingerprint"),
+    ],
+)
+def test_resume_with_another_program_batch_size_framework_or_data_is_refused(tmp_path, changed, named):
+    toy_run(tmp_path, "--steps", "4", "--checkpoint-every-steps", "4")
+    with pytest.raises(runlib.ResumeRefusedError, match="Start a new run id") as refused:
+        toy_run(tmp_path, "--steps", "8", identity=changed)
+    assert named in str(refused.value)
+    assert runlib.status(str(tmp_path / "ckpt")) == "incomplete"  # not marked complete with 0 steps trained
+
+
+def test_a_finished_run_writes_the_completion_object_last(tmp_path):
+    outcome, _ = toy_run(tmp_path, "--steps", "4")
+    args = runlib.parse_args("toy", ["--model-dir", str(tmp_path / "model"), "--status-dir", str(tmp_path / "status"),
+                                     "--run-id", "dev/mnist/vm/r1"])  # fmt: skip
+    checkpoints = runlib.Checkpoints(runlib.Store(str(tmp_path / "ckpt")))
+    assert runlib.status(str(tmp_path / "nowhere"), str(tmp_path / "status")) == "incomplete"
+    runlib.finish(args, checkpoints, "toy", {"model.bin": b"m"}, outcome.metrics, process=0)
+    done = json.loads((tmp_path / "status" / "COMPLETE").read_text())
+    assert done["runId"] == "dev/mnist/vm/r1" and done["program"] == "toy" and done["steps"] == 4
+    assert done["finishedAt"].endswith("Z") and done["metrics"] == outcome.metrics
+    assert (tmp_path / "model" / "model.bin").read_bytes() == b"m"
+    # Either marker says complete: the one beside the checkpoints, or the platform's.
+    assert runlib.status(str(tmp_path / "nowhere"), str(tmp_path / "status")) == "complete"
+    assert runlib.status(str(tmp_path / "ckpt")) == "complete"
+
+
+def test_the_status_command_reads_the_status_dir_from_the_environment(tmp_path, capsys, monkeypatch):
+    (tmp_path / "COMPLETE").write_text("{}")
+    monkeypatch.setenv("TPU_PLATFORM_STATUS_DIR", str(tmp_path))
+    assert runlib.main(["status", "--checkpoint-dir", str(tmp_path / "ckpt")]) == 0
+    assert capsys.readouterr().out == "complete\n"
+
+
+def test_the_retired_on_completion_option_is_accepted_and_ignored(capsys):
+    args = runlib.parse_args("toy", ["--on-completion", "stop", "--node", "projects/p/locations/z/nodes/n"])
+    assert not hasattr(args, "action")
+    assert "deprecated and ignored" in capsys.readouterr().out
+    assert runlib.main(["on-completion"]) == 0
+    assert "deprecated and ignored" in capsys.readouterr().out
+
+
 def test_resumed_batches_continue_the_data_position():
     data = runlib.Dataset(np.arange(100).reshape(100, 1), np.arange(100), np.zeros((1, 1)), np.zeros(1))
-    straight = [(s, x.tolist()) for s, x, _ in runlib.batches(data, 10, 0, 25)]
-    resumed = [(s, x.tolist()) for s, x, _ in runlib.batches(data, 10, 13, 25)]
+    straight = [(s, x[0].tolist()) for s, x, _ in runlib.batches(data, 10, 0, 25)]
+    resumed = [(s, x[0].tolist()) for s, x, _ in runlib.batches(data, 10, 13, 25)]
     assert resumed == straight[13:]
     assert [s for s, _ in straight] == list(range(25))
     # Each epoch is a full permutation of the examples.
     first_epoch = [example for _, x in straight[:10] for example in x]
     assert sorted(first_epoch) == [[i] for i in range(100)]
+
+
+def test_chunks_of_steps_stop_at_checkpoint_steps_and_hold_the_same_batches():
+    data = runlib.Dataset(np.arange(100).reshape(100, 1), np.arange(100), np.zeros((1, 1)), np.zeros(1))
+    one_by_one = [x[0] for _, x, _ in runlib.batches(data, 10, 3, 25)]
+    chunks = list(runlib.batches(data, 10, 3, 25, per_call=8, boundary=10))
+    assert [(first, len(x)) for first, x, _ in chunks] == [(3, 7), (10, 8), (18, 2), (20, 5)]
+    assert np.array_equal(np.concatenate([x for _, x, _ in chunks]), np.stack(one_by_one))
 
 
 def test_checkpoint_timer_by_steps_and_time():
@@ -110,3 +232,37 @@ def test_kill_9_during_checkpointing_never_breaks_the_next_start(program, tmp_pa
     assert metrics["steps"] == 4 * (1024 // 32)
     assert metrics["resumes"] >= 1
     assert killed_at == sorted(killed_at) and killed_at[0] > 0
+
+
+@pytest.mark.slow
+def test_the_programs_refuse_each_others_checkpoints_and_another_batch_size(tmp_path):
+    sample, ckpt = tmp_path / "mnist.npz", str(tmp_path / "ckpt")
+    assert run_workload("sample_mnist.py", str(sample), "--train", "256", "--test", "64", cwd=tmp_path).returncode == 0
+    common = ["--data", str(sample), "--checkpoint-dir", ckpt, "--checkpoint-every-steps", "2"]
+    first = run_workload("tf_mnist.py", *common, "--batch-size", "32", "--steps", "4", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    (tmp_path / "ckpt" / "COMPLETE").unlink()  # reopen the run, as if it had been preempted
+    for program, batch, wrong in (("jax_mnist.py", "32", "program 'tf_mnist'"), ("tf_mnist.py", "64", "batch_size 32")):
+        done = run_workload(program, *common, "--batch-size", batch, "--steps", "8", cwd=tmp_path)
+        assert done.returncode == runlib.REFUSED_EXIT, done.stderr[-3000:]
+        refusal = [json.loads(line) for line in done.stdout.splitlines() if '"ERROR"' in line]
+        assert refusal and wrong in refusal[0]["message"] and "Start a new run id" in refusal[0]["message"]
+        assert "Traceback" not in done.stderr
+    assert runlib.status(ckpt) == "incomplete"
+
+
+def test_a_status_marker_counts_only_for_the_run_it_names(tmp_path):
+    """The status marker is per VM: a new run id must train again, not read an old run's marker."""
+    status_dir = tmp_path / "status"
+    runlib.Store(str(status_dir)).write(runlib.COMPLETE, json.dumps({"runId": "dev/mnist/vm/run-1"}).encode())
+    assert runlib.status("", str(status_dir), "dev/mnist/vm/run-1") == "complete"
+    assert runlib.status("", str(status_dir), "dev/mnist/vm/run-2") == "incomplete"
+
+
+def test_announce_tells_the_platform_again_for_a_complete_run(tmp_path):
+    checkpoints = runlib.Checkpoints(runlib.Store(str(tmp_path / "ckpt")))
+    assert not runlib.announce(str(tmp_path / "ckpt"), str(tmp_path / "status"), "run-1", "tf_mnist")
+    checkpoints.mark_complete({"steps": 10})
+    assert runlib.announce(str(tmp_path / "ckpt"), str(tmp_path / "status"), "run-1", "tf_mnist")
+    marker = json.loads(runlib.Store(str(tmp_path / "status")).read(runlib.COMPLETE))
+    assert marker["runId"] == "run-1" and marker["steps"] == 10

@@ -87,7 +87,7 @@ def test_each_tensorflow_runtime_gets_its_environment_in_the_unit():
 
 def test_the_unit_never_restarts_a_configuration_error_and_gives_up_on_a_crash_loop():
     unit = unit_of(render_startup_script(spec()))
-    assert "Restart=on-failure\n" in unit and f"RestartPreventExitStatus={EXIT_CONFIG}\n" in unit
+    assert "Restart=on-failure\n" in unit and f"RestartPreventExitStatus={EXIT_CONFIG} 3\n" in unit
     assert "StartLimitIntervalSec=3600\n" in unit and "StartLimitBurst=5\n" in unit
 
 
@@ -174,7 +174,8 @@ def test_a_finished_run_is_not_started_again():
     script = render_startup_script(spec())
     finished = script.index("if run_finished; then")
     assert finished < script.index('systemctl start "${UNIT}"')
-    assert 'runlib.py" status --checkpoint-dir' in script
+    assert '"$runlib" status --checkpoint-dir' in script  # with the env file: the status dir too
+    assert 'runlib.py" announce' in script  # and the guard is told again
 
 
 def test_unsafe_settings_are_refused():

@@ -4,10 +4,10 @@ server on loopback (see tests/sandbox.py for what is shimmed and why).
 For both workloads: first boot starts the run; SIGTERM mid-training (what GCE sends before a
 preemption) leaves a committed checkpoint in the bucket; the next boot resumes from that step, not
 from zero, and finishes with the same step count as an uninterrupted run and `resumes: 1`; a third
-boot does nothing. The dev VM says `onCompletion: stop`: the finished run stops its own TPU
-through the TPU API (a stand-in on loopback), and so does every later boot. And the guard's side of
-run to completion: the completion marker's event makes the guard stop the node; a scheduled start
-of that VM afterwards does nothing.
+boot does nothing. The dev VM says `onCompletion: stop`, yet the VM calls no TPU API (a stand-in on
+loopback records any call): the platform, not the VM, acts on a finished run.
+And the guard's side of run to completion: the completion marker's event makes the guard stop the
+node; a scheduled start of that VM afterwards does nothing.
 """
 
 from __future__ import annotations
@@ -23,14 +23,13 @@ from google.cloud import storage
 
 from infra.config import parse_stack_config
 from infra.tpu.metadata import render_metadata, startup_spec
-from tests.sandbox import SANDBOX_TOKEN, Vm, metadata_server, storage_emulator, tpu_api, wait_for
+from tests.sandbox import Vm, metadata_server, storage_emulator, tpu_api, wait_for
 from tests.support import stack_config, with_object
 from tests.workloads import WORKLOADS, workloads_python
 
 pytestmark = [pytest.mark.slow, pytest.mark.workloads]
 
 BATCH, EPOCHS, TRAIN = 32, 12, 2048
-NODE = "projects/acme-ml-sandbox/locations/us-central1-b/nodes/mnist-v2-spot"
 TOTAL_STEPS = EPOCHS * (TRAIN // BATCH)  # what an uninterrupted run trains
 
 
@@ -47,7 +46,7 @@ def emulator(tmp_path_factory):
     with storage_emulator() as host:
         os.environ["STORAGE_EMULATOR_HOST"] = host
         client = storage.Client()
-        for purpose in ("data", "checkpoints", "models"):
+        for purpose in ("data", "checkpoints", "models", "status"):
             client.create_bucket(f"acme-ml-sandbox-dev-{purpose}")
         sample = tmp_path_factory.mktemp("data") / "mnist.npz"
         subprocess.run(
@@ -97,7 +96,10 @@ def test_preempted_run_resumes_and_finishes_once(program, module, emulator, tmp_
         first = vm.boot(metadata["startup-script"])
         assert first.returncode == 0, first.stderr + first.stdout
         assert f"workload mnist started as {unit}" in first.stdout
-        wait_for(lambda: committed_steps(emulator, run), 180, "a first committed checkpoint", interval=0.2)
+        try:
+            wait_for(lambda: committed_steps(emulator, run), 180, "a first committed checkpoint", interval=0.2)
+        except TimeoutError as error:
+            raise AssertionError(f"{error}; the workload's log:\n{vm.log(unit)[-3000:]}") from None
         pid = vm.pid(unit)
         assert pid is not None
         os.kill(pid, signal.SIGTERM)
@@ -124,9 +126,7 @@ def test_preempted_run_resumes_and_finishes_once(program, module, emulator, tmp_
         structured = [json.loads(line) for line in log.splitlines() if line.startswith("{") and '"loss"' in line]
         assert structured and {"severity", "run_id", "step", "loss"} <= structured[-1].keys()
         assert structured[-1]["run_id"] == f"dev/{run.rstrip('/')}"
-        node = NODE.replace("us-central1-b", "us-central1-a") if program == "jax_mnist" else NODE
-        stop = ("POST", f"/v2/{node}:stop", f"Bearer {SANDBOX_TOKEN}")
-        assert api_calls == [stop]  # the finished run stopped its own TPU, as its own account
+        assert api_calls == []  # the VM needs no TPU API rights: the platform's guard stops it
 
         # Boot 3: the run is complete; nothing starts.
         starts = vm.starts()
@@ -134,18 +134,19 @@ def test_preempted_run_resumes_and_finishes_once(program, module, emulator, tmp_
         assert third.returncode == 0, third.stderr
         assert "already completed its run; not starting it again" in third.stdout
         assert vm.starts() == starts
-        assert api_calls == [stop, stop]  # and a restarted VM stops again instead of idling
+        assert api_calls == []
 
 
-STATUS_BUCKET = "acme-ml-sandbox-dev-tpu-status"
+STATUS_BUCKET = "acme-ml-sandbox-dev-status"
+NODE = "projects/acme-ml-sandbox/locations/us-central1-b/nodes/mnist-v2-spot"
 
 
 def test_a_completed_run_is_stopped_by_the_guard_and_not_restarted_by_its_schedule(emulator, tmp_path, monkeypatch):
     """Run to completion, guard side: the marker's finalize event makes the guard stop the node on the
     TPU API stand-in (requests checked against tpu.v2); the morning's scheduled start then does nothing.
 
-    The marker is written here through the store, as runlib's `--status-dir` will write it (that
-    change is another branch's); everything else is the real start-up script, workload and guard.
+    The marker is the one the real workload writes (`TPU_PLATFORM_STATUS_DIR` from the VM's metadata);
+    everything is the real start-up script, workload and guard.
     """
     import sys
     from datetime import UTC, datetime
@@ -162,7 +163,6 @@ def test_a_completed_run_is_stopped_by_the_guard_and_not_restarted_by_its_schedu
     import main as guard
 
     metadata, unit = vm_metadata_for("tf_mnist", "tensorflow")
-    emulator.create_bucket(STATUS_BUCKET)
     with metadata_server(metadata) as metadata_host, tpu_api() as (api_url, _), tpu_api_standin() as (url, tpu):
         tpu.add({"name": NODE, "state": "READY", "acceleratorType": "v2-8", "runtimeVersion": "tpu-vm-tf-2.21.0-pjrt",
                  "labels": {"environment": "dev", "managed-by": "pulumi"}})  # fmt: skip
@@ -173,8 +173,9 @@ def test_a_completed_run_is_stopped_by_the_guard_and_not_restarted_by_its_schedu
         run = "mnist/mnist-v2-spot/e2e-tf-mnist/COMPLETE"  # runlib's own marker: the run is complete
         assert emulator.bucket("acme-ml-sandbox-dev-checkpoints").blob(run).exists(), vm.log(unit)[-2000:]
 
-        marker = emulator.bucket(STATUS_BUCKET).blob("mnist-v2-spot/COMPLETE")
-        marker.upload_from_string(json.dumps({"run_id": "dev/mnist/mnist-v2-spot/e2e-tf-mnist"}))
+        marker = emulator.bucket(STATUS_BUCKET).get_blob("mnist-v2-spot/COMPLETE")
+        assert marker is not None, vm.log(unit)[-2000:]  # written by the workload itself, last
+        assert json.loads(marker.download_as_bytes())["runId"] == "dev/mnist/mnist-v2-spot/e2e-tf-mnist"
         session = CheckedSession()
         settings = {
             "PROJECT": "acme-ml-sandbox", "ENVIRONMENT": "dev", "ZONES": "us-central1-b", "TPU_API_ENDPOINT": url,

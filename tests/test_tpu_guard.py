@@ -362,7 +362,8 @@ def test_completion_marker_stops_its_node_once(tpu, emulator):
     assert tpu.did("stop") == ["trainer"]
 
 
-def test_completion_marker_deletes_when_the_stack_says_delete(tpu):
+def test_completion_marker_deletes_when_the_stack_says_delete(tpu, emulator):
+    emulator.bucket(STATUS_BUCKET).blob("spot-a/COMPLETE").upload_from_string("{}")
     guard.on_complete(marker_event("spot-a/COMPLETE"))
     assert tpu.did("delete") == ["spot-a"] and f"{PARENT}/spot-a" not in tpu.nodes
     guard.on_complete(marker_event("spot-a/COMPLETE"))  # redelivered: the node is gone, nothing to do
@@ -388,6 +389,25 @@ def test_scheduled_start_starts_a_stopped_node_whose_run_is_not_complete(tpu):
     assert status == 200 and answer["did"] == "nothing" and "READY, not STOPPED" in answer["reason"]
 
 
+def test_a_marker_of_an_earlier_run_neither_stops_nor_blocks_the_current_run(tpu, emulator, monkeypatch):
+    """A new run id trains again (CURRENT_RUNS): an old run's marker is not this run's completion."""
+    monkeypatch.setenv(
+        "CURRENT_RUNS", json.dumps({"trainer": "dev/mnist/trainer/run-2", "stopped": "dev/x/stopped/run-2"})
+    )
+    old = json.dumps({"runId": "dev/mnist/trainer/run-1"})
+    emulator.bucket(STATUS_BUCKET).blob("trainer/COMPLETE").upload_from_string(old)
+    guard.on_complete(marker_event("trainer/COMPLETE"))
+    assert tpu.did("delete") == [] and tpu.did("stop") == []
+    emulator.bucket(STATUS_BUCKET).blob("stopped/COMPLETE").upload_from_string(
+        json.dumps({"runId": "dev/x/stopped/run-1"})
+    )
+    assert start({"node": "stopped"}) == ({"node": "stopped", "did": "started"}, 200)
+    current = json.dumps({"runId": "dev/mnist/trainer/run-2"})
+    emulator.bucket(STATUS_BUCKET).blob("trainer/COMPLETE").upload_from_string(current)
+    guard.on_complete(marker_event("trainer/COMPLETE"))
+    assert tpu.did("stop") == ["trainer"]
+
+
 def test_scheduled_start_never_restarts_a_completed_run(tpu, emulator):
     emulator.bucket(STATUS_BUCKET).blob("stopped/COMPLETE").upload_from_string("{}")
     answer, status = start({"node": "stopped"})
@@ -407,6 +427,7 @@ def test_the_guards_role_holds_exactly_what_its_calls_need(tpu, emulator):
     mapped to its permission through Google's method table, against the role the program grants."""
     guard.on_budget(budget_event(AUTHENTIC))
     guard.recover(TICK)
+    emulator.bucket(STATUS_BUCKET).blob("trainer/COMPLETE").upload_from_string("{}")
     guard.on_complete(marker_event("trainer/COMPLETE"))
     start({"node": "stopped"})
     # Cloud TPU checks `tpu.<collection>.<verb>` for `tpu.projects.locations.<collection>.<verb>`
@@ -442,7 +463,11 @@ def test_guard_identity_is_narrow():
         g.inputs["role"] for g in result.of_type("gcp:projects/iAMMember:IAMMember") if g.inputs["member"] == guard
     ]
     # Its TPU role, and Eventarc's event receiver (direct Cloud Storage events need it on the trigger's account).
-    assert project_roles == ["projects/acme-ml-production/roles/tpuPlatformGuardProd", "roles/eventarc.eventReceiver"]
+    # (Registration order follows when each role name resolves, so compare sorted.)
+    assert sorted(project_roles) == [
+        "projects/acme-ml-production/roles/tpuPlatformGuardProd",
+        "roles/eventarc.eventReceiver",
+    ]
     acts_as = [g for g in result.of_type("gcp:serviceaccount/iAMMember:IAMMember") if g.inputs["member"] == guard]
     assert [g.inputs["role"] for g in acts_as] == ["roles/iam.serviceAccountUser"]  # on the workload account only
 

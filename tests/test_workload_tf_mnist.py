@@ -3,12 +3,26 @@
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 
-from tests.workloads import run_workload
+from tests.workloads import WORKLOADS, run_workload, workloads_python
 
 pytestmark = [pytest.mark.slow, pytest.mark.workloads]
+
+LOAD_AND_PREDICT = """
+import json, sys
+import numpy as np
+import tensorflow as tf
+sys.path.insert(0, {workloads!r})
+import runlib
+data = runlib.unpack(open({sample!r}, "rb").read())
+serve = tf.saved_model.load({export!r}).signatures["serving_default"]
+(logits,) = serve(images=tf.constant(data["x_test"])).values()
+print(json.dumps({{"shape": logits.shape.as_list(),
+                  "accuracy": float(np.mean(logits.numpy().argmax(1) == data["y_test"]))}}))
+"""
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +51,16 @@ def test_trains_reports_and_saves(sample, tmp_path):
     # The data is learnable: a model that trains gets far above chance (10%).
     assert summary["val_accuracy"] > 0.8
     assert (tmp_path / "models" / "mnist.keras").stat().st_size > 10_000
+    # The SavedModel, loaded by plain TensorFlow in a fresh process (as TF Serving would), predicts
+    # from raw uint8 images with the accuracy the run reported.
+    script = LOAD_AND_PREDICT.format(workloads=str(WORKLOADS), sample=str(sample),
+                                     export=str(tmp_path / "models" / "saved_model"))  # fmt: skip
+    env = {"TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"}
+    loaded = subprocess.run([workloads_python(), "-c", script], capture_output=True, text=True, timeout=300, env=env)
+    assert loaded.returncode == 0, loaded.stderr[-3000:]
+    predicted = json.loads(loaded.stdout.strip().splitlines()[-1])
+    assert predicted["shape"] == [256, 10]
+    assert predicted["accuracy"] == pytest.approx(summary["val_accuracy"], abs=1e-3)
 
 
 def test_bad_data_location_fails_clearly(tmp_path):

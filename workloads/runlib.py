@@ -5,19 +5,27 @@
   checkpoint intervals (by steps and by minutes), run id.
 - Storage for local paths and gs:// URLs (google-cloud-storage, which honours STORAGE_EMULATOR_HOST).
 - Checkpoints that are never picked up half-written: files go to `ckpt-<step>/`, then a COMMITTED
-  marker is written last; resume takes the newest step that has its marker.
-- A completion marker, so a finished run never starts again (the start-up script asks `status`).
+  manifest is written last; resume takes the newest step that has its manifest and loads, falling
+  back past one that does not. The manifest records what wrote it (program, framework version,
+  batch size, data fingerprint): a run resumed with anything else is refused, not silently mixed.
+  Writes happen on a background thread, so training waits only for the snapshot to host memory.
+- Completion markers, so a finished run never starts again (the start-up script asks `status`):
+  COMPLETE beside the checkpoints, and a JSON object at `<status-dir>/COMPLETE` that the platform's
+  guard reacts to (it stops or deletes the TPU; the VM itself needs no TPU API rights).
 - Preemption: SIGTERM sets a flag; the training loop writes a final checkpoint and exits.
 - Structured log lines (JSON with severity, run id, step, loss) that Cloud Logging parses.
 - Sharded training data: parallel reads of shard files, cached locally, prefetched.
 
-As a program: `python3 runlib.py status --checkpoint-dir URL` prints `complete` or `incomplete`.
+As a program: `python3 runlib.py status --checkpoint-dir URL [--status-dir URL]` prints `complete`
+(either marker exists) or `incomplete`.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
+import hashlib
 import io
 import json
 import os
@@ -28,9 +36,9 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +46,7 @@ import numpy as np
 
 COMMITTED = "COMMITTED"
 COMPLETE = "COMPLETE"
+REFUSED_EXIT = 3  # a resume that would mix two runs: retrying cannot help
 _CKPT = re.compile(r"ckpt-(\d{10})$")
 
 
@@ -52,12 +61,25 @@ def parse_args(description: str, argv: list[str] | None = None) -> argparse.Name
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--checkpoint-every-steps", type=int, default=100)
     parser.add_argument("--checkpoint-every-minutes", type=float, default=10.0)
+    parser.add_argument("--steps-per-call", type=int, default=32,
+                        help="training steps per call to the device: fewer host round trips (S18)")  # fmt: skip
     parser.add_argument("--run-id", default=os.environ.get("TPU_PLATFORM_RUN_ID", "local"))
     parser.add_argument("--tpu", choices=("auto", "local", "none"), default="auto", help="use a TPU: auto-detect")
-    parser.add_argument("--on-completion", choices=("keep", "stop", "delete"), default="keep",
-                        help="what to do with this TPU once the run is complete")  # fmt: skip
-    parser.add_argument("--node", default="", help="this TPU node: projects/P/locations/Z/nodes/N")
-    return parser.parse_args(argv)
+    parser.add_argument("--status-dir", default=os.environ.get("TPU_PLATFORM_STATUS_DIR", ""),
+                        help="where the run-complete object goes (the platform acts on it); empty: none")  # fmt: skip
+    # Deprecated: the VM no longer acts on its own TPU (that needed TPU API rights); the platform reads
+    # `<status-dir>/COMPLETE` instead. Accepted and ignored so older start-up scripts keep working.
+    parser.add_argument("--on-completion", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--node", default="", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.on_completion or args.node:
+        _deprecated("--on-completion/--node")
+    return args
+
+
+def _deprecated(what: str) -> None:
+    why = "the platform stops or deletes a finished run's TPU when <status-dir>/COMPLETE appears"
+    print(json.dumps({"severity": "WARNING", "message": f"{what} is deprecated and ignored: {why}"}), flush=True)
 
 
 # -------------------------------------------------------------------------------------------- logs
@@ -149,48 +171,117 @@ class Store:
         else:
             path = Path(self.root) / name
             path.unlink(missing_ok=True)
-            if path.parent != Path(self.root) and not any(path.parent.iterdir()):
-                path.parent.rmdir()
+            with contextlib.suppress(FileNotFoundError, OSError):  # gone already, or not empty
+                if path.parent != Path(self.root):
+                    path.parent.rmdir()
 
 
 # ------------------------------------------------------------------------------------- checkpoints
+class ResumeRefusedError(Exception):
+    """The checkpoints under this run id were written by another program, batch size, data or framework."""
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    """What a checkpoint's state only makes sense with; recorded in each manifest, checked on resume."""
+
+    program: str
+    framework_version: str
+    batch_size: int
+    data_fingerprint: str
+
+    def mismatches(self, manifest: dict[str, Any]) -> list[str]:
+        return [
+            f"{key} {manifest.get(key)!r} (now {value!r})"
+            for key, value in asdict(self).items()
+            if manifest.get(key) != value
+        ]
+
+
 @dataclass
 class Checkpoints:
-    """`ckpt-<step>/` folders of files, each trusted only once its COMMITTED marker exists."""
+    """`ckpt-<step>/` folders of files, each trusted only once its COMMITTED manifest exists.
+
+    `save` hands the files to one background writer (at most one save in flight; the next save or
+    `wait` joins it); the manifest is written after every file, so a crash mid-save leaves an
+    uncommitted folder that resume skips and the next commit sweeps away.
+    """
 
     store: Store
+    identity: RunIdentity | None = None
     keep: int = 3
+    _writer: concurrent.futures.ThreadPoolExecutor = field(
+        default_factory=lambda: concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="checkpoint"), repr=False
+    )
+    _pending: concurrent.futures.Future | None = field(default=None, repr=False)
 
     def committed_steps(self) -> list[int]:
-        steps = set()
+        return sorted(step for step, leaves in self._folders().items() if COMMITTED in leaves)
+
+    def _folders(self) -> dict[int, set[str]]:
+        folders: dict[int, set[str]] = {}
         for name in self.store.list():
             folder, _, leaf = name.rpartition("/")
-            match = _CKPT.match(folder)
-            if match and leaf == COMMITTED:
-                steps.add(int(match[1]))
-        return sorted(steps)
+            if match := _CKPT.match(folder):
+                folders.setdefault(int(match[1]), set()).add(leaf)
+        return folders
+
+    def manifest(self, step: int) -> dict[str, Any]:
+        return json.loads(self.store.read(f"ckpt-{step:010d}/{COMMITTED}"))
+
+    def check_identity(self, step: int, manifest: dict[str, Any]) -> None:
+        if self.identity and (wrong := self.identity.mismatches(manifest)):
+            raise ResumeRefusedError(
+                f"checkpoint ckpt-{step:010d} in {self.store.root} was written with {', '.join(wrong)}; "
+                "resuming it would mix two different runs. Start a new run id (the workload's `run` "
+                "setting) to train from scratch, or restore the settings it was written with."
+            )
+
+    def load(self, step: int) -> dict[str, bytes]:
+        """The files of one committed checkpoint; ResumeRefusedError when another kind of run wrote it."""
+        manifest = self.manifest(step)
+        self.check_identity(step, manifest)
+        return {name: self.store.read(f"ckpt-{step:010d}/{name}") for name in manifest["files"]}
 
     def latest(self) -> tuple[int, dict[str, bytes]] | None:
         steps = self.committed_steps()
-        if not steps:
-            return None
-        folder = f"ckpt-{steps[-1]:010d}"
-        manifest = json.loads(self.store.read(f"{folder}/{COMMITTED}"))
-        return steps[-1], {name: self.store.read(f"{folder}/{name}") for name in manifest["files"]}
+        return (steps[-1], self.load(steps[-1])) if steps else None
 
-    def save(self, step: int, files: dict[str, bytes]) -> float:
-        """Write the files, then the marker; returns seconds taken. Older checkpoints beyond `keep` go."""
+    def save(self, step: int, files: dict[str, bytes]) -> None:
+        """Write `files` as checkpoint `step` in the background (after any save still in flight)."""
+        self.wait()
+        self._pending = self._writer.submit(self._write, step, files)
+
+    def wait(self) -> float | None:
+        """Wait for the save in flight; returns the seconds it took to write, None if there was none."""
+        pending, self._pending = self._pending, None
+        return pending.result() if pending else None
+
+    def _write(self, step: int, files: dict[str, bytes]) -> float:
         started = time.perf_counter()
         folder = f"ckpt-{step:010d}"
         for name, data in files.items():
             self.store.write(f"{folder}/{name}", data)
-        self.store.write(f"{folder}/{COMMITTED}", json.dumps({"step": step, "files": sorted(files)}).encode())
-        for old in self.committed_steps()[: -self.keep]:
-            for name in self.store.list(f"ckpt-{old:010d}/"):
+        manifest = {"step": step, "files": sorted(files), **(asdict(self.identity) if self.identity else {})}
+        self.store.write(f"{folder}/{COMMITTED}", json.dumps(manifest, sort_keys=True).encode())
+        self._clean_up(step)
+        return time.perf_counter() - started
+
+    def _clean_up(self, newest: int) -> None:
+        """Rotate committed checkpoints beyond `keep`; sweep uncommitted folders older than `newest`
+        (saves that died before their manifest). Newer uncommitted folders may be a save in progress."""
+        folders = self._folders()
+        committed = sorted(step for step, leaves in folders.items() if COMMITTED in leaves)
+        doomed = [s for s in committed[: -self.keep]] + [
+            s for s, leaves in folders.items() if COMMITTED not in leaves and s < newest
+        ]
+        for old in doomed:
+            names = self.store.list(f"ckpt-{old:010d}/")
+            for name in names:
                 if not name.endswith(COMMITTED):
                     self.store.delete(name)
-            self.store.delete(f"ckpt-{old:010d}/{COMMITTED}")  # the marker goes last
-        return time.perf_counter() - started
+            if f"ckpt-{old:010d}/{COMMITTED}" in names:
+                self.store.delete(f"ckpt-{old:010d}/{COMMITTED}")  # the manifest goes last
 
     def complete(self) -> dict[str, Any] | None:
         return json.loads(self.store.read(COMPLETE)) if self.store.exists(COMPLETE) else None
@@ -245,6 +336,14 @@ class Dataset:
     y_test: np.ndarray
     read_seconds: float = 0.0
 
+    def fingerprint(self) -> str:
+        """A short digest of the training examples: a resume on different data is refused."""
+        digest = hashlib.sha256()
+        for array in (self.x_train, self.y_train):
+            digest.update(f"{array.dtype}{array.shape}".encode())
+            digest.update(np.ascontiguousarray(array).data)
+        return digest.hexdigest()[:16]
+
 
 def load_data(location: str, cache_dir: str = "", workers: int = 8) -> Dataset:
     """An .npz (Keras mnist.npz layout) or a folder of shards written by prepare_data.py.
@@ -291,21 +390,31 @@ def epoch_order(epoch: int, count: int, seed: int = 0) -> np.ndarray:
 
 
 def batches(
-    data: Dataset, batch_size: int, start_step: int, total_steps: int
+    data: Dataset, batch_size: int, start_step: int, total_steps: int, per_call: int = 1, boundary: int = 0
 ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-    """(step, x, y) from `start_step` on, full batches only (static shapes for TPUs), prefetched."""
+    """(first step, x, y) from `start_step` on: `per_call` full batches stacked as x[k, batch, ...] (k is
+    smaller where a chunk would cross a multiple of `boundary`, the checkpoint interval, or the end).
+    Full batches only (static shapes for TPUs); built ahead on a thread, so training rarely waits."""
     per_epoch = len(data.x_train) // batch_size
     if per_epoch == 0:
         raise ValueError(f"batch size {batch_size} exceeds the {len(data.x_train)} training examples")
 
+    def rows(step: int) -> np.ndarray:
+        epoch, index = divmod(step, per_epoch)
+        return epoch_order(epoch, len(data.x_train))[index * batch_size : (index + 1) * batch_size]
+
     def produce(out: queue.Queue) -> None:
-        for step in range(start_step, total_steps):
-            epoch, index = divmod(step, per_epoch)
-            order = epoch_order(epoch, len(data.x_train))[index * batch_size : (index + 1) * batch_size]
+        step = start_step
+        while step < total_steps:
+            end = min(step + per_call, total_steps)
+            if boundary:
+                end = min(end, (step // boundary + 1) * boundary)
+            order = np.stack([rows(s) for s in range(step, end)])
             out.put((step, data.x_train[order], data.y_train[order]))
+            step = end
         out.put(None)
 
-    prefetched: queue.Queue = queue.Queue(maxsize=4)
+    prefetched: queue.Queue = queue.Queue(maxsize=2)
     threading.Thread(target=produce, args=(prefetched,), daemon=True).start()
     while (item := prefetched.get()) is not None:
         yield item
@@ -323,6 +432,35 @@ class Outcome:
     metrics: dict[str, Any]  # steps, wall time, resumes, throughput, checkpoint and input figures
 
 
+def resume(
+    checkpoints: Checkpoints, restore: Callable[[dict[str, bytes]], dict[str, Any]], log: Log
+) -> dict[str, Any] | None:
+    """Restore the newest committed checkpoint that loads, newest first; None when there is none.
+
+    A checkpoint that cannot be read or restored (a corrupt or missing file) is skipped with a warning;
+    one written by another kind of run stops everything (ResumeRefusedError). If checkpoints exist but none
+    loads, the run stops too, rather than silently starting over under the same run id.
+    """
+    steps = checkpoints.committed_steps()
+    failures = []
+    for step in reversed(steps):
+        try:
+            files = checkpoints.load(step)
+            return restore(files)
+        except ResumeRefusedError:
+            raise
+        except Exception as error:  # any unreadable checkpoint: fall back to the previous one
+            failures.append(f"ckpt-{step:010d}: {type(error).__name__}: {error}")
+            log("checkpoint cannot be loaded; falling back to the previous one", severity="WARNING",
+                step=step, error=failures[-1])  # fmt: skip
+    if failures:
+        raise ResumeRefusedError(
+            f"no checkpoint in {checkpoints.store.root} can be loaded ({'; '.join(failures)}). "
+            "Start a new run id (the workload's `run` setting) to train from scratch."
+        )
+    return None
+
+
 def train(
     args: argparse.Namespace,
     log: Log,
@@ -331,31 +469,37 @@ def train(
     preemption: Preemption,
     process: int,
     restore: Callable[[dict[str, bytes]], dict[str, Any]],
-    step_fn: Callable[[np.ndarray, np.ndarray], float],
+    step_fn: Callable[[np.ndarray, np.ndarray], Any],
     state_files: Callable[[dict[str, Any]], dict[str, bytes]],
 ) -> Outcome:
     """The loop every workload shares: resume, train, checkpoint on time and on SIGTERM.
 
     `restore` loads a checkpoint's files into the model and returns its state (step, resumes,
-    wall_seconds); `step_fn` trains one global batch and returns the loss; `state_files` serialises
-    the model and optimizer with the state. Only process 0 writes checkpoints.
+    wall_seconds); `step_fn` trains on k global batches stacked as x[k, batch, ...] (uint8 images, as
+    stored) in one call to the device, and returns the last loss as anything `float()` reads (the loop
+    reads it only to log, so the host does not wait for the device every call); `state_files` snapshots
+    the model and optimizer with the state into bytes (the training stalls for that only: the
+    writing happens in the background). Only process 0 writes checkpoints.
     """
     total = steps_for(args, len(data.x_train))
     state: dict[str, Any] = {"step": 0, "resumes": 0, "wall_seconds": 0.0}
     restore_seconds = 0.0
-    if checkpoints and (latest := checkpoints.latest()):
+    if checkpoints:
         started = time.perf_counter()
-        state = restore(latest[1])
-        state["resumes"] += 1
-        restore_seconds = time.perf_counter() - started
-        log("resumed from checkpoint", step=state["step"], resumes=state["resumes"], seconds=restore_seconds)
+        if (restored := resume(checkpoints, restore, log)) is not None:
+            state = restored
+            state["resumes"] += 1
+            restore_seconds = time.perf_counter() - started
+            log("resumed from checkpoint", step=state["step"], resumes=state["resumes"], seconds=restore_seconds)
+    if state["step"] > total:
+        raise ResumeRefusedError(f"the checkpoint is at step {state['step']}, beyond this run's {total} steps")
 
     timer = CheckpointTimer(args.checkpoint_every_steps, 60 * args.checkpoint_every_minutes, state["step"])
-    save_seconds: list[float] = []
-    waited = 0.0
+    write_seconds: list[float] = []
+    stalled = waited = 0.0
     start_step = step = state["step"]
     begun = session_start = time.perf_counter()
-    stream = batches(data, args.batch_size, start_step, total)
+    stream = batches(data, args.batch_size, start_step, total, args.steps_per_call, args.checkpoint_every_steps)
     preempted = False
     while step < total:
         fetch = time.perf_counter()
@@ -363,22 +507,29 @@ def train(
         waited += time.perf_counter() - fetch
         if item is None:
             break
-        step, x, y = item
-        loss = step_fn(x, y)
-        step += 1
-        if step % 50 == 0 or step == total:
-            log("training", step=step, loss=round(loss, 5), total_steps=total)
+        first, x, y = item
+        loss = step_fn(x, y)  # not read here: reading it would wait for the device every call
+        step = first + len(x)
+        if step // 50 > first // 50 or step == total:
+            log("training", step=step, loss=round(float(loss), 5), total_steps=total)
         if checkpoints and (timer.due(step) or preemption.requested or step == total):
-            state.update(step=step, wall_seconds=state["wall_seconds"] + time.perf_counter() - begun)
-            begun = time.perf_counter()
+            snapshot = time.perf_counter()
+            state.update(step=step, wall_seconds=state["wall_seconds"] + snapshot - begun)
+            begun = snapshot
             if process == 0:
-                save_seconds.append(checkpoints.save(step, state_files(state)))
-                log("checkpoint written", step=step, seconds=round(save_seconds[-1], 4))
+                if (seconds := checkpoints.wait()) is not None:
+                    write_seconds.append(seconds)
+                checkpoints.save(step, state_files(state))
+                log("checkpoint saving", step=step)
             timer.done(step)
+            stalled += time.perf_counter() - snapshot
         if preemption.requested:
-            log("SIGTERM: checkpoint written, exiting for preemption", severity="WARNING", step=step)
             preempted = True
             break
+    if checkpoints and (seconds := checkpoints.wait()) is not None:  # the last save is on disk before we go on
+        write_seconds.append(seconds)
+    if preempted:
+        log("SIGTERM: checkpoint written, exiting for preemption", severity="WARNING", step=step)
 
     wall = state["wall_seconds"] + time.perf_counter() - begun
     session = time.perf_counter() - session_start  # this process only, for throughput figures
@@ -392,7 +543,8 @@ def train(
             "resumes": state["resumes"],
             "examples_per_second": round(trained * args.batch_size / session, 1) if session else None,
             "input_wait_share": round(waited / session, 4) if session else None,
-            "checkpoint_write_seconds": round(float(np.mean(save_seconds)), 4) if save_seconds else None,
+            "checkpoint_stall_share": round(stalled / session, 4) if session else None,
+            "checkpoint_write_seconds": round(float(np.mean(write_seconds)), 4) if write_seconds else None,
             "checkpoint_restore_seconds": round(restore_seconds, 4),
             "data_read_seconds": round(data.read_seconds, 4),
         },
@@ -400,83 +552,88 @@ def train(
 
 
 def finish(
+    args: argparse.Namespace,
     checkpoints: Checkpoints | None,
-    model_dir: str,
+    program: str,
     model_files: dict[str, bytes],
     metrics: dict[str, Any],
     process: int,
-    on_completion: str = "keep",
-    node: str = "",
 ) -> None:
-    """Export the model and metrics, mark the run complete, then keep, stop or delete the TPU.
+    """Export the model and metrics, mark the run complete beside its checkpoints, then tell the
+    platform: the object at `<status-dir>/COMPLETE` is what its guard acts on, so it comes last.
 
-    Only process 0 writes and acts."""
+    Only process 0 writes."""
     if process != 0:
         return
-    if model_dir:
-        store = Store(model_dir)
+    if args.model_dir:
+        store = Store(args.model_dir)
         for name, data in model_files.items():
             store.write(name, data)
         store.write("metrics.json", json.dumps(metrics, sort_keys=True, indent=2).encode())
     if checkpoints is not None:
         checkpoints.mark_complete(metrics)
-    apply_on_completion(on_completion, node)
+    if args.status_dir:
+        Store(args.status_dir).write(COMPLETE, json.dumps(completion(args.run_id, program, metrics)).encode())
 
 
-# ---------------------------------------------------------------------------------- run to completion
-def _metadata_token() -> str:
-    host = os.environ.get("GCE_METADATA_HOST", "metadata.google.internal")
-    request = urllib.request.Request(
-        f"http://{host}/computeMetadata/v1/instance/service-accounts/default/token",
-        headers={"Metadata-Flavor": "Google"},
-    )
-    with urllib.request.urlopen(request, timeout=10) as response:
-        return json.loads(response.read())["access_token"]
+def completion(run_id: str, program: str, metrics: dict[str, Any]) -> dict[str, Any]:
+    """The run-complete object: who finished, how far, when (RFC 3339, UTC) and with what figures."""
+    now = datetime.now(timezone.utc)  # noqa: UP017 - TPU VM images run Python 3.10 (no datetime.UTC)
+    finished = now.isoformat(timespec="seconds").replace("+00:00", "Z")
+    return {"runId": run_id, "program": program, "steps": metrics.get("steps"), "finishedAt": finished,
+            "metrics": metrics}  # fmt: skip
 
 
-def node_action(action: str, node: str) -> int:
-    """Stop or delete this TPU node through the TPU API, as the VM's own service account.
+def status(checkpoint_dir: str, status_dir: str = "", run_id: str = "") -> str:
+    """`complete` when this run finished: its checkpoints' marker, or the status marker naming this run.
 
-    `node` is `projects/P/locations/Z/nodes/N`; the account may do this to its own node only.
+    The status marker is per VM: a marker left by an earlier run id does not count for a new one."""
+    done = bool(checkpoint_dir and Checkpoints(Store(checkpoint_dir)).complete())
+    if not done and status_dir and Store(status_dir).exists(COMPLETE):
+        try:
+            marked = json.loads(Store(status_dir).read(COMPLETE)).get("runId")
+        except (ValueError, AttributeError):
+            marked = None
+        done = not run_id or marked == run_id
+    return "complete" if done else "incomplete"
+
+
+def announce(checkpoint_dir: str, status_dir: str, run_id: str, program: str) -> bool:
+    """Write `<status-dir>/COMPLETE` again for a run complete beside its checkpoints.
+
+    A VM that boots after its run completed (started by hand, or re-created) tells the platform
+    again: the new object's finalize event makes the guard stop or delete the node once more, so
+    finished work never keeps idle chips billing. Also heals a run that died between its two markers.
     """
-    api = os.environ.get("TPU_PLATFORM_TPU_API", "https://tpu.googleapis.com")
-    url, method = (f"{api}/v2/{node}:stop", "POST") if action == "stop" else (f"{api}/v2/{node}", "DELETE")
-    request = urllib.request.Request(
-        url,
-        data=b"{}" if method == "POST" else None,
-        method=method,
-        headers={"Authorization": f"Bearer {_metadata_token()}", "Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return response.status
-
-
-def apply_on_completion(action: str, node: str) -> str:
-    """What a finished run does with its TPU: keep it, stop it or delete it."""
-    if action in ("stop", "delete") and node:
-        status_code = node_action(action, node)
-        print(json.dumps({"severity": "NOTICE", "message": f"run complete: {action} requested for {node}",
-                          "status": status_code}), flush=True)  # fmt: skip
-    return action
-
-
-def status(checkpoint_dir: str) -> str:
-    return "complete" if checkpoint_dir and Checkpoints(Store(checkpoint_dir)).complete() else "incomplete"
+    summary = Checkpoints(Store(checkpoint_dir)).complete() if checkpoint_dir else None
+    if summary is None or not status_dir:
+        return False
+    Store(status_dir).write(COMPLETE, json.dumps(completion(run_id, program, summary)).encode())
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="runlib.py")
     commands = parser.add_subparsers(dest="command", required=True)
-    ask = commands.add_parser("status", help="print `complete` once the run's completion marker exists")
-    ask.add_argument("--checkpoint-dir", required=True)
-    act = commands.add_parser("on-completion", help="keep, stop or delete this TPU (a finished run)")
-    act.add_argument("--action", default=os.environ.get("TPU_PLATFORM_ON_COMPLETION", "keep"))
-    act.add_argument("--node", default=os.environ.get("TPU_PLATFORM_NODE", ""))
+    ask = commands.add_parser("status", help="print `complete` once either of the run's completion markers exists")
+    ask.add_argument("--checkpoint-dir", default="")
+    ask.add_argument("--status-dir", default=os.environ.get("TPU_PLATFORM_STATUS_DIR", ""))
+    ask.add_argument("--run-id", default=os.environ.get("TPU_PLATFORM_RUN_ID", ""))
+    tell = commands.add_parser("announce", help="write <status-dir>/COMPLETE again for a complete run")
+    tell.add_argument("--checkpoint-dir", default=os.environ.get("TPU_PLATFORM_CHECKPOINT_DIR", ""))
+    tell.add_argument("--status-dir", default=os.environ.get("TPU_PLATFORM_STATUS_DIR", ""))
+    tell.add_argument("--run-id", default=os.environ.get("TPU_PLATFORM_RUN_ID", ""))
+    tell.add_argument("--program", default=os.environ.get("TPU_PLATFORM_PROGRAM", ""))
+    # Deprecated no-op, kept for start-up scripts rendered before the platform took this over.
+    commands.add_parser("on-completion", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.command == "status":
-        print(status(args.checkpoint_dir))
+        print(status(args.checkpoint_dir, args.status_dir, args.run_id))
+    elif args.command == "announce":
+        told = announce(args.checkpoint_dir, args.status_dir, args.run_id, args.program)
+        print("announced" if told else "nothing to announce")
     else:
-        print(apply_on_completion(args.action, args.node))
+        _deprecated("`runlib.py on-completion`")
     return 0
 
 

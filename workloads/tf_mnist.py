@@ -17,10 +17,14 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import runlib
 import tensorflow as tf
+
+PROGRAM = "tf_mnist"
+SAVED_MODEL = "saved_model"  # under --model-dir
 
 
 def tpu_present() -> bool:
@@ -64,26 +68,57 @@ def build_model() -> tf.keras.Model:
 
 class Trainer:
     def __init__(self, strategy: tf.distribute.Strategy, batch_size: int):
+        replicas = strategy.num_replicas_in_sync
+        if batch_size % replicas:
+            raise ValueError(f"batch size {batch_size} must divide evenly over {replicas} replicas")
         self.strategy = strategy
         self.batch_size = batch_size
+        self.per_replica = batch_size // replicas
         with strategy.scope():
             self.model = build_model()
             self.optimizer = tf.keras.optimizers.Adam()
             self.optimizer.build(self.model.trainable_variables)
             self.loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
 
-    @tf.function
-    def train_step(self, x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
-        def step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+    def distribute(self, x: np.ndarray, y: np.ndarray) -> tuple[Any, Any]:
+        """Split k stacked global batches x[k, B, ...] over the replicas: replica r gets the rows
+        [r*B/N, (r+1)*B/N) of each batch.
+
+        `Strategy.run` splits only distributed values; a plain tensor would reach every replica whole,
+        so each would train on the full batch and the summed gradient would be N times too large.
+        """
+
+        def part(ctx: tf.distribute.InputReplicaContext) -> tuple[tf.Tensor, tf.Tensor]:
+            first = ctx.replica_id_in_sync_group * self.per_replica
+            return tf.constant(x[:, first : first + self.per_replica]), tf.constant(
+                y[:, first : first + self.per_replica]
+            )
+
+        return self.strategy.experimental_distribute_values_from_function(part)
+
+    @tf.function(reduce_retracing=True)
+    def train_steps(self, x: Any, y: Any) -> tf.Tensor:
+        """k steps in one call (as Keras' steps_per_execution): on a TPU, a host round trip per step is
+        what makes a small model slow (S18). Returns the last step's mean loss over the global batch.
+
+        No `jit_compile` here: TPUStrategy compiles with XLA anyway, and on the CPU XLA's convolution
+        is slower than the oneDNN kernels TensorFlow uses (measured: 3 epochs took 70 s instead of 23 s).
+        """
+
+        def step(i: tf.Tensor, x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+            images = tf.cast(x[i], tf.float32)[..., tf.newaxis] / 255.0  # uint8 crosses to the device
             with tf.GradientTape() as tape:
-                logits = self.model(x, training=True)
-                loss = tf.nn.compute_average_loss(self.loss(y, logits), global_batch_size=self.batch_size)
+                logits = self.model(images, training=True)
+                loss = tf.nn.compute_average_loss(self.loss(y[i], logits), global_batch_size=self.batch_size)
             grads = tape.gradient(loss, self.model.trainable_variables)
             self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables, strict=True))
             return loss
 
-        per_replica = self.strategy.run(step, args=(x, y))
-        return self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+        loss = tf.constant(0.0)
+        for i in tf.range(tf.shape(self.strategy.experimental_local_results(x)[0])[0]):
+            per_replica = self.strategy.run(step, args=(i, x, y))
+            loss = self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+        return loss
 
     def state_files(self, state: dict) -> dict[str, bytes]:
         return {
@@ -105,10 +140,22 @@ class Trainer:
         return float(np.mean(np.argmax(logits, axis=1) == y))
 
     def saved_model(self) -> dict[str, bytes]:
+        """The export (S26): a TF SavedModel whose default signature takes uint8 images [n, 28, 28] and
+        returns logits [n, 10], for TF Serving or Vertex AI on CPU/GPU; and the Keras file."""
+        model = self.model
+
+        def serve(images: tf.Tensor) -> tf.Tensor:
+            return model(tf.cast(images, tf.float32)[..., tf.newaxis] / 255.0, training=False)
+
         with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "mnist.keras"
-            self.model.save(path)
-            return {"mnist.keras": path.read_bytes()}
+            archive = tf.keras.export.ExportArchive()
+            archive.track(model)
+            archive.add_endpoint("serve", serve, input_signature=[tf.TensorSpec([None, 28, 28], tf.uint8, "images")])
+            archive.write_out(str(Path(tmp) / SAVED_MODEL), verbose=False)
+            model.save(Path(tmp) / "mnist.keras")
+            return {
+                str(path.relative_to(tmp)): path.read_bytes() for path in sorted(Path(tmp).rglob("*")) if path.is_file()
+            }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,29 +166,34 @@ def main(argv: list[str] | None = None) -> int:
         # TensorFlow drives every host of a slice from worker 0; the other workers only host the TPU.
         log("TensorFlow runs from worker 0; nothing to do on this worker")
         return 0
-    checkpoints = runlib.Checkpoints(runlib.Store(args.checkpoint_dir)) if args.checkpoint_dir else None
-    if checkpoints and (done := checkpoints.complete()):
-        log("run already complete; not training again", **done)
+    if runlib.status(args.checkpoint_dir, args.status_dir, args.run_id) == "complete":
+        log("run already complete; not training again")
         return 0
     preemption = runlib.Preemption()
     strategy, device = make_strategy(args.tpu)
     log(f"Running on {device} with {strategy.num_replicas_in_sync} replica(s)", device=device)
     data = load(args.data)
+    identity = runlib.RunIdentity(PROGRAM, f"tensorflow {tf.__version__}", args.batch_size, data.fingerprint())
+    checkpoints = runlib.Checkpoints(runlib.Store(args.checkpoint_dir), identity) if args.checkpoint_dir else None
     trainer = Trainer(strategy, args.batch_size)
 
-    def step_fn(x: np.ndarray, y: np.ndarray) -> float:
-        return float(trainer.train_step(tf.constant(prepare(x)), tf.constant(y.astype("int64"))))
+    def step_fn(x: np.ndarray, y: np.ndarray) -> tf.Tensor:
+        return trainer.train_steps(*trainer.distribute(x, y.astype("int64")))
 
-    outcome = runlib.train(
-        args, log, data, checkpoints, preemption, process, trainer.restore, step_fn, trainer.state_files
-    )
+    try:
+        outcome = runlib.train(
+            args, log, data, checkpoints, preemption, process, trainer.restore, step_fn, trainer.state_files
+        )
+    except runlib.ResumeRefusedError as refused:
+        log(str(refused), severity="ERROR")
+        return runlib.REFUSED_EXIT
     if outcome.preempted:
         return 0
     accuracy = trainer.accuracy(data.x_test, data.y_test)
     metrics = {"framework": "tensorflow", "device": device, **outcome.metrics, "val_accuracy": round(accuracy, 4)}
     wall = metrics["wall_seconds"]
     print(f"Training took {wall:.1f} s on {device}; final validation accuracy {accuracy:.4f}", flush=True)
-    runlib.finish(checkpoints, args.model_dir, trainer.saved_model(), metrics, process, args.on_completion, args.node)
+    runlib.finish(args, checkpoints, PROGRAM, trainer.saved_model(), metrics, process)
     print(json.dumps(metrics), flush=True)
     return 0
 

@@ -232,6 +232,23 @@ def completion_target(
     return vm, action, zone
 
 
+def marker_is_current(vm: str, marker: bytes | None, current_runs: dict[str, str]) -> bool:
+    """Whether a VM's completion marker is its *current* run's (CURRENT_RUNS: the stack's run ids).
+
+    A new `run` id trains again, so an older run's marker must neither stop the node nor block a
+    scheduled start. Unreadable content counts as current: never start (or keep) a node by doubt.
+    """
+    if marker is None:
+        return False
+    wanted = current_runs.get(vm)
+    if wanted is None:
+        return True
+    try:
+        return json.loads(marker).get("runId") == wanted
+    except (ValueError, AttributeError):
+        return True
+
+
 def completion_step(action: str, name: str, node: dict[str, Any] | None) -> Action | str:
     """What to do to the node `name` (None: it does not exist) so that its completion action holds.
 

@@ -43,6 +43,7 @@ from decisions import (
     budget_message_problem,
     completion_step,
     completion_target,
+    marker_is_current,
     recovery_actions,
     recovery_state,
     recreate_body,
@@ -283,6 +284,11 @@ def recover(request: Any) -> tuple[str, int]:
     return json.dumps(done), 500 if failed else 200
 
 
+def _current_runs() -> dict[str, str]:
+    """CURRENT_RUNS: each VM's run id as the stack declares it now."""
+    return json.loads(os.environ.get("CURRENT_RUNS") or "{}")
+
+
 @functions_framework.cloud_event
 def on_complete(event: Any) -> None:
     data = event.data
@@ -296,9 +302,14 @@ def on_complete(event: Any) -> None:
         _log(f"ignoring gs://{data.get('bucket')}/{data.get('name')}: {target}")
         return
     vm, action, zone = target
-    tpu = Tpu(_session())
+    session = _session()
+    tpu = Tpu(session)
     name = f"projects/{os.environ['PROJECT']}/locations/{zone}/nodes/{vm}"
     try:
+        marker = Objects(session, os.environ["STATUS_BUCKET"]).read(f"{vm}/COMPLETE")
+        if not marker_is_current(vm, marker, _current_runs()):
+            _log(f"completion of {vm}: the marker is not its current run's; nothing to do")
+            return
         step = completion_step(action, name, tpu.get(name))
         if isinstance(step, str):
             _log(f"completion of {vm}: {step}")
@@ -318,7 +329,8 @@ def scheduled_start(request: Any) -> tuple[str, int]:
     session = _session()
     tpu = Tpu(session)
     try:
-        complete = Objects(session, os.environ["STATUS_BUCKET"]).exists(f"{vm}/COMPLETE")
+        marker = Objects(session, os.environ["STATUS_BUCKET"]).read(f"{vm}/COMPLETE")
+        complete = marker_is_current(vm, marker, _current_runs())
     except requests.RequestException as error:
         # Fail closed: never start a node whose run may be complete.
         _log(f"cannot read the completion marker of {vm}; not starting it: {error!r}", "ERROR")

@@ -6,6 +6,7 @@ fails the plan with a config error and nothing registered.
 
 from __future__ import annotations
 
+from infra import naming
 from infra.catalog import load_catalog
 from infra.config import PROJECT, PlatformConfig, TpuVmSettings
 from infra.programs import PROGRAMS
@@ -19,6 +20,11 @@ def run_prefix(cfg: PlatformConfig, vm: TpuVmSettings) -> str:
     return f"{workload.name}/{vm.name}/{workload.run}"
 
 
+def run_id(cfg: PlatformConfig, vm: TpuVmSettings) -> str:
+    """The id a run records in its completion marker (`TPU_PLATFORM_RUN_ID`)."""
+    return f"{cfg.stack}/{run_prefix(cfg, vm)}"
+
+
 def startup_spec(cfg: PlatformConfig, vm: TpuVmSettings) -> StartupSpec:
     workload = cfg.workload(vm.workload)
     program = PROGRAMS[workload.program]
@@ -28,7 +34,7 @@ def startup_spec(cfg: PlatformConfig, vm: TpuVmSettings) -> StartupSpec:
         ("TPU_PLATFORM_DATA", "--data", data),
         ("TPU_PLATFORM_EPOCHS", "--epochs", str(workload.epochs)),
         ("TPU_PLATFORM_BATCH_SIZE", "--batch-size", str(workload.batch_size)),
-        ("TPU_PLATFORM_RUN_ID", "--run-id", f"{cfg.stack}/{run}"),
+        ("TPU_PLATFORM_RUN_ID", "--run-id", run_id(cfg, vm)),
         ("TPU_PLATFORM_CHECKPOINT_EVERY_STEPS", "--checkpoint-every-steps", str(workload.checkpoint_every_steps)),
         (
             "TPU_PLATFORM_CHECKPOINT_EVERY_MINUTES",
@@ -36,10 +42,9 @@ def startup_spec(cfg: PlatformConfig, vm: TpuVmSettings) -> StartupSpec:
             f"{workload.checkpoint_every_minutes:g}",
         ),
     ]
-    settings += [
-        ("TPU_PLATFORM_ON_COMPLETION", "--on-completion", vm.on_completion),
-        ("TPU_PLATFORM_NODE", "--node", f"projects/{cfg.project}/locations/{vm.zone}/nodes/{vm.name}"),
-    ]
+    # Where the run says it is complete: the guard acts on `<status-dir>/COMPLETE` (infra/lifecycle.py).
+    status_dir = f"gs://{cfg.bucket_name('status')}/{naming.status_prefix(vm.name).rstrip('/')}"
+    settings += [("TPU_PLATFORM_STATUS_DIR", "--status-dir", status_dir)]
     if workload.access("checkpoints") == "write":
         settings.append(
             ("TPU_PLATFORM_CHECKPOINT_DIR", "--checkpoint-dir", f"gs://{cfg.bucket_name('checkpoints')}/{run}")

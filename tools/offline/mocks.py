@@ -36,12 +36,19 @@ class GcpMocks(pulumi.runtime.Mocks):
         self.default_project = default_project
         # bucket -> object names, for the invokes that list a bucket (the run-status markers)
         self.status_objects = status_objects or {}
+        # (bucket, name) -> text of an object, for the invokes that read one (a completion marker)
+        self.status_contents: dict[tuple[str, str], str] = {}
         self.invokes: list[tuple[str, dict[str, Any]]] = []
 
     def call(self, args: MockCallArgs) -> tuple[dict, list[tuple[str, str]] | None]:
         inputs = args.args
         self.invokes.append((args.token, dict(inputs)))
         project = inputs.get("projectId") or inputs.get("project") or self.default_project
+        if args.token == "gcp:storage/getBucketObjectContent:getBucketObjectContent":
+            content = self.status_contents.get((inputs["bucket"], inputs["name"]))
+            if content is None:
+                raise RuntimeError(f"googleapi: Error 404: No such object: {inputs['bucket']}/{inputs['name']}")
+            return {"bucket": inputs["bucket"], "name": inputs["name"], "content": content}, []
         if args.token == "gcp:storage/getBucketObjects:getBucketObjects":
             names = self.status_objects.get(inputs["bucket"], [])
             glob = inputs.get("matchGlob", "*")
