@@ -86,7 +86,7 @@ def test_reserved_and_bad_labels():
 
 
 def test_bad_provisioning_model():
-    assert "provisioning = 'cheap': must be one of on-demand, preemptible, reserved, spot" in vm_problems(
+    assert "provisioning = 'cheap': must be one of flex-start, on-demand, preemptible, reserved, spot" in vm_problems(
         provisioning="cheap"
     )
 
