@@ -35,7 +35,11 @@ def quota_project(config: dict[str, str]) -> str | None:
 def access_of(stack: str, result: PlanResult | None = None) -> EnvironmentAccess:
     result = result or plan_stack(stack)
     return environment_access(
-        stack, result.project, declared(result), result.invokes, quota_project(read_stack_config(stack))
+        stack,
+        result.project,
+        declared(result),
+        result.invokes,
+        quota_project(result.config or read_stack_config(stack)),
     )
 
 
@@ -67,7 +71,7 @@ def who_can_do_what(result: PlanResult) -> str:
     """The plan's identities and what each may do, for reviewers: the deployer and previewer as
     computed from this plan, then every account the plan creates with each of its grants."""
     access = access_of(result.stack, result)
-    config = read_stack_config(result.stack)
+    config = result.config or read_stack_config(result.stack)  # a --stack-file plan has its own
     lines = ["Who can do what (computed from Google's role data in reference/gcp-iam):"]
     deployer = config.get("tpu-platform:deployer") or "(no tpu-platform:deployer set)"
     resources = declared(result)
