@@ -76,9 +76,15 @@ def source_digest() -> str:
 
 
 def completion_actions(cfg: PlatformConfig) -> str:
-    """What the guard does when a VM's run completes: decided here, never by the marker's content."""
+    """What the guard does when a VM's run completes, or runs past its maxRunHours: decided here,
+    never by the marker's content."""
     return json.dumps(
-        {vm.name: {"action": vm.on_completion, "zone": vm.zone} for vm in cfg.tpu_vms if vm.on_completion != "keep"},
+        {
+            vm.name: {"action": vm.on_completion, "zone": vm.zone}
+            | ({"maxRunHours": vm.max_run_hours} if vm.max_run_hours is not None else {})
+            for vm in cfg.tpu_vms
+            if vm.on_completion != "keep"
+        },
         sort_keys=True,
     )
 
@@ -199,7 +205,7 @@ class TpuGuard(pulumi.ComponentResource):
         settings = {
             "PROJECT": cfg.project,
             "ENVIRONMENT": cfg.stack,
-            "ZONES": ",".join(sorted({vm.zone for vm in cfg.tpu_vms})),
+            "ZONES": ",".join(sorted({zone for vm in cfg.tpu_vms for zone in vm.zones})),  # fallbacks too
             "STATE_BUCKET": status_bucket.name,
             "STATUS_BUCKET": status_bucket.name,
             "COMPLETION_ACTIONS": completion_actions(cfg),

@@ -1,32 +1,52 @@
 """What a stack's TPU VMs cost per month, from the catalog's dated prices. Pure.
 
-chips × price per chip-hour (for the VM's provisioning model) × hours per month (24×30 when always
-on, fewer with a stop/start schedule). Spot and preemptible use the spot price; reserved capacity is
-priced as on-demand (contracts differ). Prices are the catalog's region's; the table says which.
+chips × slices × price per chip-hour (for the VM's provisioning model, in its region) × hours per
+month. The month is Google's 730 hours (infra/schedule.py). Hours are fewer with a stop/start
+schedule; a run to completion (onCompletion stop or delete) is priced for `maxRunHours`, which the
+guard enforces, and without it for up to the whole month (the run's length is unknown, and nothing
+stops it earlier than its own end: the honest bound is the month, marked "up to"); flex-start for
+its `runDurationHours`, after which Google deletes it.
+
+Prices are each region's own: a VM is priced in the region of its zone, and a queued VM that may
+fall back to other zones at the dearest of their regions (an upper bound, said so). A region
+without a price in the source is never given another region's: the VM is left out of the total
+and the table says so. The source has no reserved, committed-use or flex-start prices: those are
+priced at the on-demand list price, an upper bound, marked as an assumption in the table.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from infra.catalog import load_catalog
 from infra.config import PlatformConfig, TpuVmSettings
 from infra.schedule import HOURS_PER_MONTH, running_hours_per_month
 
+# Provisioning models the source has no price for: priced at the on-demand list price.
+AT_LIST_PRICE = ("reserved", "flex-start")
+
 
 @dataclass(frozen=True)
 class VmCost:
     name: str
     accelerator_type: str
-    chips: int
+    chips: int  # all slices together
+    slices: int
     provisioning: str
-    price_per_chip_hour: float
+    capacity: str
+    price_per_chip_hour: float | None  # None: the source has no price in price_region
     price_region: str
     hours_per_month: float
+    hours_basis: str  # always on | schedule | maxRunHours | up to (no maxRunHours) | flex-start run
     monthly: float
     on_demand_monthly: float
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def priced(self) -> bool:
+        return self.price_per_chip_hour is not None
 
 
 @dataclass(frozen=True)
@@ -39,6 +59,8 @@ class StackCost:
     over_budget: bool
     prices_date: str
     prices_source: str
+    hours_in_month: float
+    unpriced: list[str]  # VMs left out of the total: no price for them in the source
 
     def as_output(self) -> Any:
         """The `costEstimate` stack output: camelCase keys, like every other output."""
@@ -53,26 +75,59 @@ def _camel(value: Any) -> Any:
     return value
 
 
-def hours_per_month(vm: TpuVmSettings) -> float:
-    return running_hours_per_month(vm.schedule.start, vm.schedule.stop) if vm.schedule else HOURS_PER_MONTH
+def hours_per_month(vm: TpuVmSettings) -> tuple[float, str]:
+    """(hours a month the VM is paid for, why that many)."""
+    scheduled = running_hours_per_month(vm.schedule.start, vm.schedule.stop) if vm.schedule else HOURS_PER_MONTH
+    basis = "schedule" if vm.schedule else "always on"
+    if vm.provisioning == "flex-start" and vm.run_duration_hours is not None:
+        return min(vm.run_duration_hours, scheduled), "flex-start run"
+    if vm.on_completion != "keep":
+        if vm.max_run_hours is not None:
+            return min(vm.max_run_hours, scheduled), "maxRunHours"
+        return scheduled, "up to"
+    return scheduled, basis
+
+
+def _dearest(vm: TpuVmSettings, provisioning: str) -> tuple[float | None, str]:
+    """The highest price among the regions the VM may run in, or (None, region) when one has none."""
+    catalog = load_catalog()
+    regions = list(dict.fromkeys(z.rsplit("-", 1)[0] for z in vm.zones))
+    prices = [(catalog.price_per_chip_hour(vm.accelerator, provisioning, r), r) for r in regions]
+    missing = next((r for p, r in prices if p is None), None)
+    if missing:
+        return None, missing
+    price, region = max((p, r) for p, r in prices if p is not None)
+    return price, region
 
 
 def vm_cost(vm: TpuVmSettings) -> VmCost:
-    catalog = load_catalog()
-    price, region = catalog.price_per_chip_hour(vm.accelerator, vm.provisioning)
-    on_demand, _ = catalog.price_per_chip_hour(vm.accelerator, "on-demand")
-    hours = hours_per_month(vm)
-    chips = vm.accelerator.chips
+    price, region = _dearest(vm, vm.provisioning)
+    on_demand, _ = _dearest(vm, "on-demand")
+    hours, basis = hours_per_month(vm)
+    chips = vm.accelerator.chips * vm.node_count
+    notes = []
+    if price is None:
+        notes.append(f"no price for {vm.accelerator.name} in {region} in the source: not in the total")
+    if vm.provisioning in AT_LIST_PRICE:
+        notes.append(f"{vm.provisioning} priced at the on-demand list price: the source has no {vm.provisioning} price")
+    if basis == "up to":
+        notes.append("runs to completion with no maxRunHours: priced for every hour it may run")
+    if len({z.rsplit("-", 1)[0] for z in vm.zones}) > 1:
+        notes.append(f"priced at the dearest region it may fall back to ({region})")
     return VmCost(
         name=vm.name,
         accelerator_type=vm.accelerator.name,
         chips=chips,
+        slices=vm.node_count,
         provisioning=vm.provisioning,
+        capacity=vm.capacity,
         price_per_chip_hour=price,
         price_region=region,
         hours_per_month=hours,
-        monthly=round(chips * price * hours, 2),
-        on_demand_monthly=round(chips * on_demand * hours, 2),
+        hours_basis=basis,
+        monthly=round(chips * price * hours, 2) if price is not None else 0.0,
+        on_demand_monthly=round(chips * on_demand * hours, 2) if on_demand is not None else 0.0,
+        notes=notes,
     )
 
 
@@ -90,21 +145,41 @@ def estimate(cfg: PlatformConfig) -> StackCost:
         over_budget=cfg.budget.currency == "USD" and total > cfg.budget.amount,
         prices_date=catalog.prices_date,
         prices_source=catalog.prices_source,
+        hours_in_month=HOURS_PER_MONTH,
+        unpriced=[v.name for v in vms if not v.priced],
     )
 
 
 def cost_table(cost: dict) -> str:
     """The plan's cost section, from the `costEstimate` stack output."""
-    lines = [f"Estimated TPU cost per month (prices of {cost['pricesDate']}, {cost['pricesSource']}):"]
-    header = f"  {'TPU VM':<24} {'type':<14} {'chips':>5} {'model':<11} {'$/chip-h':>9} {'hours':>7} {'$/month':>11}"
+    lines = [
+        f"Estimated TPU cost per month of {cost['hoursInMonth']:g} hours "
+        f"(prices of {cost['pricesDate']}, {cost['pricesSource']}):"
+    ]
+    header = (
+        f"  {'TPU VM':<24} {'type':<14} {'chips':>5} {'model':<11} {'region':<12} {'$/chip-h':>9}"
+        f" {'hours':>9} {'$/month':>11}"
+    )
     lines.append(header)
+    notes: list[str] = []
     for vm in cost["vms"]:
+        price = vm["pricePerChipHour"]
+        marks = ""
+        for note in vm["notes"]:
+            notes.append(note)
+            marks += f"[{len(notes)}]"
+        hours = f"{'≤' if vm['hoursBasis'] == 'up to' else ''}{vm['hoursPerMonth']:.1f}"
+        chips = f"{vm['chips']}" if vm["slices"] == 1 else f"{vm['slices']}×{vm['chips'] // vm['slices']}"
         lines.append(
-            f"  {vm['name']:<24} {vm['acceleratorType']:<14} {vm['chips']:>5} {vm['provisioning']:<11}"
-            f" {vm['pricePerChipHour']:>9.3f} {vm['hoursPerMonth']:>7.1f} {vm['monthly']:>11,.2f}"
+            f"  {vm['name']:<24} {vm['acceleratorType']:<14} {chips:>5} {vm['provisioning']:<11}"
+            f" {vm['priceRegion']:<12} {'n/a' if price is None else f'{price:.4f}':>9} {hours:>9}"
+            f" {vm['monthly']:>11,.2f} {marks}".rstrip()
         )
     total, on_demand = cost["monthlyTotal"], cost["onDemandTotal"]
-    lines.append(f"  {'total':<24} {'':<14} {'':>5} {'':<11} {'':>9} {'':>7} {total:>11,.2f}")
+    lines.append(f"  {'total':<24} {'':<14} {'':>5} {'':<11} {'':<12} {'':>9} {'':>9} {total:>11,.2f}")
+    lines += [f"  [{i}] {note}" for i, note in enumerate(notes, 1)]
+    if cost["unpriced"]:
+        lines.append(f"  not in the total (no price in the source): {', '.join(cost['unpriced'])}")
     if on_demand > total:
         lines.append(f"  saving against on-demand: {on_demand - total:,.2f} USD/month ({1 - total / on_demand:.0%})")
     if cost["currency"] != "USD":
@@ -112,7 +187,4 @@ def cost_table(cost: dict) -> str:
     else:
         state = "OVER BUDGET" if cost["overBudget"] else f"{total / cost['budget']:.0%} of it" if cost["budget"] else ""
         lines.append(f"  budget: {cost['budget']:,.2f} USD/month; estimate is {state}")
-    regions = sorted({vm["priceRegion"] for vm in cost["vms"]})
-    if regions:
-        lines.append(f"  (prices are those of {', '.join(regions)}; other regions differ)")
     return "\n".join(lines)

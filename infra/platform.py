@@ -58,7 +58,7 @@ def build_platform(cfg: PlatformConfig, secrets: Mapping[str, str] | None = None
             metadata[vm.name],
             identities[vm.workload],
             network,
-            BACKENDS[TPU_BACKEND],
+            BACKENDS["queued" if vm.queued else TPU_BACKEND],
             needs=[*apis.needs("tpu"), status.grants[vm.name]],
         )
         for vm in cfg.tpu_vms

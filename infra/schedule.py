@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from croniter import CroniterError, croniter
 
 FIELDS = (("minute", 0, 59), ("hour", 0, 23), ("day of month", 1, 31), ("month", 1, 12), ("day of week", 0, 7))
-HOURS_PER_MONTH = 24 * 30  # "always on", the issue's month
+# "Always on": Google states monthly prices on a 730-hour month (8760 hours a year / 12; the Cloud
+# pricing calculator and the Compute Engine pricing pages' "monthly estimate" use it).
+HOURS_PER_MONTH = 730
 # A fixed Monday: two weeks are simulated and the second, steady-state week counted.
 _WEEK_START = dt.datetime(2026, 6, 1)
 
@@ -91,7 +93,7 @@ def parse_cron(text: str) -> Cron:
 
 @functools.cache  # a fleet usually shares a few schedules; each simulation walks two weeks of minutes
 def running_hours_per_month(start: str, stop: str) -> float:
-    """Hours a VM runs in a 30-day month when started and stopped by these crons (steady state)."""
+    """Hours a VM runs in a 730-hour month when started and stopped by these crons (steady state)."""
     start_cron, stop_cron = parse_cron(start), parse_cron(stop)
     running = True  # the state before the first event does not matter: week one only settles it
     minutes_running = 0
@@ -103,4 +105,4 @@ def running_hours_per_month(start: str, stop: str) -> float:
             running = True
         if minute >= 7 * 24 * 60 and running:
             minutes_running += 1
-    return round(minutes_running / 60 / 7 * 30, 2)
+    return round(minutes_running / 60 / (7 * 24) * HOURS_PER_MONTH, 2)  # a week's hours, scaled to the month

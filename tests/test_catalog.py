@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from infra.catalog import AcceleratorType, load_catalog
@@ -109,13 +111,50 @@ def test_jax_runtime_per_generation():
     )
 
 
-def test_prices_have_a_date_and_spot_is_cheaper():
+def test_every_offered_type_is_priced_in_the_region_of_each_zone_and_spot_is_cheaper():
     assert catalog.prices_date and catalog.prices_source
     for generation in catalog.generations.values():
-        acc = AcceleratorType(generation, generation.sizes[0])
-        on_demand, _ = catalog.price_per_chip_hour(acc, "on-demand")
-        spot, _ = catalog.price_per_chip_hour(acc, "spot")
-        assert 0 < spot < on_demand
+        for size in generation.sizes:
+            acc = AcceleratorType(generation, size)
+            for zone in generation.zones_for(size):
+                region = zone.rsplit("-", 1)[0]
+                on_demand = catalog.price_per_chip_hour(acc, "on-demand", region)
+                spot = catalog.price_per_chip_hour(acc, "spot", region)
+                assert on_demand and spot, f"{acc.name} in {zone}: no price for {region}"
+                assert 0 < spot < on_demand
+
+
+def test_prices_are_each_regions_own_and_never_borrowed():
+    # skypilot-catalog vms.csv @6f65ab5: v5litepod-8 9.6 on-demand in us-central1, 11.328 in us-south1.
+    v5e = accelerator("v5litepod-8")
+    assert catalog.price_per_chip_hour(v5e, "on-demand", "us-central1") == pytest.approx(9.6 / 8)
+    assert catalog.price_per_chip_hour(v5e, "on-demand", "us-south1") == pytest.approx(11.328 / 8)
+    assert catalog.price_per_chip_hour(v5e, "spot", "us-south1") == pytest.approx(4.5312 / 8)
+    # v2 pods have no price in asia-east1 (the source has none): None, not us-central1's.
+    assert catalog.price_per_chip_hour(accelerator("v2-32"), "on-demand", "asia-east1") is None
+    assert catalog.price_per_chip_hour(accelerator("v2-8"), "preemptible", "asia-east1") == pytest.approx(1.566 / 4)
+
+
+def test_topology_holds_the_slice_chips_and_hosts():
+    for generation in catalog.generations.values():
+        for size in generation.sizes:
+            acc = AcceleratorType(generation, size)
+            dims = [int(d) for d in acc.topology.split("x")]
+            assert math.prod(dims) == acc.chips, acc.name
+            assert acc.hosts * (generation.chips_per_host if acc.multi_host else acc.chips) == acc.chips
+    assert accelerator("v5litepod-16").topology == "4x4" and accelerator("v4-32").topology == "2x2x4"
+
+
+def test_capacity_capabilities_follow_googles_pages():
+    # "Multislice is only supported on Cloud TPU v4 and later" (multislice-introduction).
+    assert [g.name for g in catalog.generations.values() if g.multislice] == ["v4", "v5e", "v5p", "v6e"]
+    assert catalog.capacity_problem(accelerator("v5litepod-16"), queued=True, node_count=2, flex=False) is None
+    assert "v2 cannot be a multislice" in str(
+        catalog.capacity_problem(accelerator("v2-32"), queued=False, node_count=2, flex=False)
+    )
+    assert "v4 is not offered with flex-start" in str(
+        catalog.capacity_problem(accelerator("v4-8"), queued=True, node_count=1, flex=True)
+    )
 
 
 def test_runtime_images_record_what_google_documents_and_no_more():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from infra.config import parse_stack_config
 from tests.support import stack_config, with_object
 from tests.test_config import problems_of
 
@@ -86,7 +87,7 @@ def test_reserved_and_bad_labels():
 
 
 def test_bad_provisioning_model():
-    assert "provisioning = 'cheap': must be one of on-demand, preemptible, reserved, spot" in vm_problems(
+    assert "provisioning = 'cheap': must be one of flex-start, on-demand, preemptible, reserved, spot" in vm_problems(
         provisioning="cheap"
     )
 
@@ -113,3 +114,70 @@ def test_overlapping_subnets():
 def test_unpinned_framework_version():
     raw = with_object(stack_config(), "workloads", lambda w: w["mnist"].update(frameworkVersion="latest"))
     assert "workloads.mnist.frameworkVersion = 'latest': an exact release like 2.15.0" in problems_of(raw)
+
+
+# --- capacity: queued requests, reservations, multislice, fallback zones, flex-start, maxRunHours
+
+
+def prod_vm_problems(**changes) -> str:
+    return vm_problems("prod", **changes)
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        ({"reservationName": "team-a", "provisioning": "reserved"},
+         "tpuVms[0].reservationName = 'team-a': only a queued request names a reservation (TPU API v2): set capacity"),
+        ({"nodeCount": 2}, "tpuVms[0].nodeCount = 2: a multislice is a queued request: set capacity: queued"),
+        ({"fallbackZones": ["us-west4-a"]}, "tpuVms[0].fallbackZones = ['us-west4-a']: a direct VM's zone is fixed"),
+        ({"provisioning": "flex-start", "runDurationHours": 4},
+         "tpuVms[0].provisioning = 'flex-start': flex-start exists only for queued requests"),
+        ({"capacity": "queued", "provisioning": "preemptible"},
+         "tpuVms[0].provisioning = 'preemptible': a queued request takes on-demand, spot, reserved or flex-start"),
+        ({"capacity": "queued", "reservationName": "team-a"},
+         "tpuVms[0].reservationName = 'team-a': needs provisioning: reserved"),
+        ({"capacity": "queued", "provisioning": "reserved", "reservationName": "team a"},
+         "tpuVms[0].reservationName = 'team a': a reservation's short name: letters, digits and '-'"),
+        ({"capacity": "queued", "provisioning": "reserved", "reservationName": "team-a",
+          "fallbackZones": ["us-west4-a"]},
+         "reservationName = 'team-a': a reservation belongs to one zone (us-central1-a); remove fallbackZones"),
+        ({"capacity": "queued", "provisioning": "flex-start"},
+         "tpuVms[0].runDurationHours = (not set): flex-start needs how long the VM runs, in hours"),
+        ({"capacity": "queued", "runDurationHours": 4},
+         "tpuVms[0].runDurationHours = 4: only provisioning: flex-start"),
+        ({"capacity": "queued", "provisioning": "flex-start", "runDurationHours": 200},
+         "tpuVms[0].runDurationHours = 200: must be a number > 0 and <= 168"),
+        ({"capacity": "queued", "fallbackZones": ["us-central1-a"]},
+         "tpuVms[0].fallbackZones[0] = 'us-central1-a': is the VM's own zone"),
+        ({"capacity": "queued", "fallbackZones": ["us-central2-b"]},
+         "tpuVms[0].fallbackZones[0] = 'us-central2-b': v5litepod-8 is not offered in us-central2-b; zones that offer"),
+        ({"capacity": "queued", "fallbackZones": ["us-west4-a"]},
+         "tpuVms[0].fallbackZones[0] = 'us-west4-a': add a subnet for us-west4 under tpu-platform:network.subnets"),
+        ({"nodeCount": 0}, "tpuVms[0].nodeCount = 0: must be an integer >= 1 and <= 1024"),
+        ({"maxRunHours": 24}, "tpuVms[0].maxRunHours = 24: bounds a run to completion: set onCompletion to stop or"),
+    ],
+)  # fmt: skip
+def test_capacity_settings_are_checked_together(changes, expected):
+    assert expected in prod_vm_problems(**changes)
+
+
+def test_max_run_hours_needs_the_guards_periodic_check():
+    raw = with_object(stack_config("dev"), "tpuVms", vm_edit(maxRunHours=24))
+    assert "tpuVms[0].maxRunHours = 24: is enforced by the guard's periodic check: set tpu-platform:automation" in (
+        problems_of(raw)
+    )
+
+
+def test_multislice_needs_a_type_the_catalog_marks_capable():
+    message = vm_problems("dev", capacity="queued", nodeCount=2, provisioning="spot")
+    assert "tpuVms[0].acceleratorType = 'v2-8': v2 is not offered through queued resources" in message
+
+
+def test_a_queued_multislice_with_fallbacks_is_accepted():
+    raw = with_object(stack_config("prod"), "network", lambda n: n["subnets"].update({"us-west4": "10.31.0.0/20"}))
+    raw = with_object(raw, "tpuVms", vm_edit(
+        capacity="queued", nodeCount=2, acceleratorType="v5litepod-16", runtimeVersion="tpu-vm-tf-2.15.0-pod-pjrt",
+        fallbackZones=["us-west4-a"], provisioning="spot",
+    ))  # fmt: skip
+    cfg = parse_stack_config("prod", raw)
+    assert (cfg.tpu_vms[0].zones, cfg.tpu_vms[0].node_count) == (("us-central1-a", "us-west4-a"), 2)

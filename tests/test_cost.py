@@ -1,12 +1,21 @@
-"""Cost estimates against hand-computed figures, the budget comparison, and the plan's cost table."""
+"""Cost estimates against hand-computed figures, the budget comparison, and the plan's cost table.
+
+Prices by hand from skypilot-catalog catalogs/v7/gcp/vms.csv @6f65ab5 (the catalog's source): a type's
+price divided by its chips. The month is Google's 730 hours.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
+from infra.catalog import load_catalog
 from infra.config import parse_stack_config
 from infra.cost import cost_table, estimate
 from tests.support import plan, stack_config, with_object
+
+OFFICE_HOURS = 12 * 5 * 730 / 168  # 08-20 on weekdays: 60 of the week's 168 hours, on a 730-hour month
 
 
 def cost_of(raw, stack="dev"):
@@ -24,31 +33,83 @@ def vms(*entries):
     return edit
 
 
+def roomy(raw):
+    raw = with_object(raw, "budget", lambda b: b.update(amount=1_000_000, failOverBudget=False))
+    return with_object(raw, "automation", lambda a: a.update(recovery={"everyMinutes": 10}))
+
+
+def test_dev_matches_a_hand_computation_on_the_730_hour_month():
+    # tpu-v2-8 spot in us-central1: 1.35 USD/hour for 4 chips; office hours (Europe/Berlin).
+    by_hand = 1.35 * OFFICE_HOURS
+    dev = cost_of(stack_config("dev"))
+    assert dev.monthly_total == pytest.approx(by_hand, rel=0.01)
+    assert dev.hours_in_month == 730 and dev.vms[0].hours_basis == "up to"
+
+
 def test_hand_computed_fleet():
-    raw = with_object(stack_config(), "budget", lambda b: b.update(amount=100_000, failOverBudget=False))
+    raw = roomy(stack_config())
     raw = with_object(raw, "tpuVms", vms(
-        {"name": "spot-always", "provisioning": "spot"},                      # 4 chips × 0.34 × 720
-        {"name": "on-demand-office", "provisioning": "on-demand",             # 4 × 1.125 × 257.14
+        {"name": "spot-always", "provisioning": "spot", "onCompletion": "keep"},  # 1.35 × 730
+        {"name": "on-demand-office", "provisioning": "on-demand", "onCompletion": "keep",  # 4.5 × office hours
          "schedule": {"start": "0 8 * * 1-5", "stop": "0 20 * * 1-5"}},
         {"name": "pod-preemptible", "provisioning": "preemptible", "acceleratorType": "v2-32", "onCompletion": "keep",
-         "zone": "us-central1-a", "runtimeVersion": "tpu-vm-tf-2.14.1-pod"},  # 16 × 0.38 × 720
+         "zone": "us-central1-a", "runtimeVersion": "tpu-vm-tf-2.14.1-pod"},  # 6.12 × 730
+        {"name": "run-48h", "provisioning": "spot", "onCompletion": "stop", "maxRunHours": 48},  # 1.35 × 48
     ))  # fmt: skip
     cost = cost_of(raw)
     by_name = {v.name: v for v in cost.vms}
-    assert by_name["spot-always"].monthly == pytest.approx(4 * 0.34 * 720)
-    assert by_name["on-demand-office"].monthly == pytest.approx(4 * 1.125 * 257.14, abs=0.01)
-    assert by_name["pod-preemptible"].monthly == pytest.approx(16 * 0.38 * 720)
-    assert by_name["pod-preemptible"].on_demand_monthly == pytest.approx(16 * 1.50 * 720)
-    assert cost.monthly_total == pytest.approx(979.2 + 1157.13 + 4377.6, abs=0.01)
+    assert by_name["spot-always"].monthly == pytest.approx(1.35 * 730)
+    assert by_name["on-demand-office"].monthly == pytest.approx(4.5 * OFFICE_HOURS, abs=0.05)
+    assert by_name["pod-preemptible"].monthly == pytest.approx(6.12 * 730)
+    assert by_name["pod-preemptible"].on_demand_monthly == pytest.approx(24.0 * 730)
+    assert by_name["run-48h"].monthly == pytest.approx(1.35 * 48) and by_name["run-48h"].hours_basis == "maxRunHours"
+    assert cost.monthly_total == pytest.approx(1.35 * 730 + 4.5 * OFFICE_HOURS + 6.12 * 730 + 1.35 * 48, abs=0.1)
     assert not cost.over_budget
 
 
-def test_shipped_stacks():
-    dev, prod = cost_of(stack_config("dev")), cost_of(stack_config("prod"), "prod")
-    assert dev.monthly_total == pytest.approx(4 * 0.34 * 257.14, abs=0.01)  # spot v2-8, office hours
-    # on-demand v5litepod-8 and spot v5litepod-4, always on
-    assert prod.monthly_total == pytest.approx(8 * 1.20 * 720 + 4 * 0.213 * 720)
-    assert dev.prices_date == "2026-10"
+def test_each_region_is_priced_by_its_own_prices():
+    subnets = {"us-central1": "10.30.0.0/20", "us-south1": "10.31.0.0/20"}
+    raw = with_object(roomy(stack_config("prod")), "network", lambda n: n.update(subnets=subnets))
+    raw = with_object(raw, "tpuVms", vms(
+        {"name": "central", "zone": "us-central1-a", "onCompletion": "keep", "provisioning": "on-demand"},
+        {"name": "south", "zone": "us-south1-a", "onCompletion": "keep", "provisioning": "on-demand"},
+    ))  # fmt: skip
+    central, south = cost_of(raw, "prod").vms
+    assert (central.price_region, south.price_region) == ("us-central1", "us-south1")
+    assert central.monthly == pytest.approx(9.6 * 730)  # tpu-v5litepod-8 us-central1
+    assert south.monthly == pytest.approx(11.328 * 730)  # tpu-v5litepod-8 us-south1
+
+
+def test_queued_multislice_reserved_and_flex_start_by_their_model():
+    raw = roomy(stack_config("prod"))
+    raw = with_object(raw, "tpuVms", vms(
+        {"name": "two-slices", "acceleratorType": "v5litepod-16", "runtimeVersion": "tpu-vm-tf-2.15.0-pod-pjrt",
+         "capacity": "queued", "nodeCount": 2, "provisioning": "spot", "onCompletion": "keep"},
+        {"name": "reserved", "capacity": "queued", "provisioning": "reserved", "reservationName": "team-a",
+         "onCompletion": "keep"},
+        {"name": "flex", "capacity": "queued", "provisioning": "flex-start", "runDurationHours": 24,
+         "onCompletion": "keep"},
+    ))  # fmt: skip
+    two, reserved, flex = cost_of(raw, "prod").vms
+    assert (two.chips, two.slices) == (32, 2) and two.monthly == pytest.approx(2 * 5.5488 * 730)
+    assert reserved.monthly == pytest.approx(9.6 * 730)
+    assert "reserved priced at the on-demand list price" in reserved.notes[0]
+    assert flex.monthly == pytest.approx(9.6 * 24) and flex.hours_basis == "flex-start run"
+
+
+def test_a_region_without_a_price_is_left_out_and_said_so(monkeypatch):
+    catalog = load_catalog()
+    v5e = catalog.generations["v5e"]
+    no_central = dataclasses.replace(v5e, prices=tuple(p for p in v5e.prices if p.region != "us-central1"))
+    bare = dataclasses.replace(catalog, generations={**catalog.generations, "v5e": no_central})
+    # The parsed VM carries its generation, prices included (the reader's catalog).
+    monkeypatch.setattr("infra.config.reader.load_catalog", lambda: bare)
+    raw = with_object(stack_config("prod"), "tpuVms", lambda v: v.__delitem__(1))
+    cost = cost_of(raw, "prod")
+    assert cost.unpriced == ["mnist-v5e"] and cost.monthly_total == 0
+    table = cost_table(cost.as_output())
+    assert "no price for v5litepod-8 in us-central1 in the source: not in the total" in table
+    assert "n/a" in table
 
 
 def test_over_budget_warns_by_default():
@@ -60,7 +121,7 @@ def test_over_budget_warns_by_default():
 
 def test_over_budget_fails_when_the_stack_says_so():
     raw = with_object(stack_config(), "budget", lambda b: b.update(amount=100))
-    with pytest.raises(Exception, match=r"tpu-platform:budget.amount = 100: estimated TPU cost 349.71 USD/month"):
+    with pytest.raises(Exception, match=r"tpu-platform:budget.amount = 100: estimated TPU cost 351.96 USD/month"):
         plan(raw)
 
 
@@ -73,7 +134,8 @@ def test_budget_in_another_currency_is_not_compared():
 
 def test_plan_prints_the_cost_table():
     table = cost_table(plan(stack_config()).outputs["costEstimate"])
-    assert "Estimated TPU cost per month (prices of 2026-10" in table
-    assert "mnist-v2-spot            v2-8               4 spot            0.340   257.1      349.71" in table
-    assert "saving against on-demand: 807.42 USD/month (70%)" in table
+    assert "Estimated TPU cost per month of 730 hours (prices of 2026-11" in table
+    row = "mnist-v2-spot            v2-8               4 spot        us-central1     0.3375    ≤260.7      351.96 [1]"
+    assert row in table
+    assert "[1] runs to completion with no maxRunHours: priced for every hour it may run" in table
     assert "budget: 500.00 USD/month; estimate is 70% of it" in table

@@ -12,10 +12,10 @@ from infra.schedule import CronError, parse_cron, running_hours_per_month
 @pytest.mark.parametrize(
     ("start", "stop", "hours"),
     [
-        ("0 8 * * 1-5", "0 20 * * 1-5", round(12 * 5 * 30 / 7, 2)),  # office hours: 257.14
-        ("0 9 * * *", "0 17 * * *", 8 * 30),  # every day 9-17
-        ("30 22 * * *", "30 6 * * *", 8 * 30),  # overnight, across midnight
-        ("0 0 * * 1", "0 0 * * 6", round(5 * 24 * 30 / 7, 2)),  # Monday to Friday, nights included
+        ("0 8 * * 1-5", "0 20 * * 1-5", round(12 * 5 * 730 / 168, 2)),  # office hours: 260.71 of 730
+        ("0 9 * * *", "0 17 * * *", round(8 * 7 * 730 / 168, 2)),  # every day 9-17: a third of 730
+        ("30 22 * * *", "30 6 * * *", round(8 * 7 * 730 / 168, 2)),  # overnight, across midnight
+        ("0 0 * * 1", "0 0 * * 6", round(5 * 24 * 730 / 168, 2)),  # Monday to Friday, nights included
     ],
 )
 def test_hours_per_month(start, stop, hours):

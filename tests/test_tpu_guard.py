@@ -34,6 +34,7 @@ from decisions import (
     budget_message_problem,
     completion_step,
     completion_target,
+    overrun_actions,
     recovery_actions,
     recovery_state,
     recreate_body,
@@ -299,6 +300,23 @@ def test_a_message_that_is_not_this_budgets_is_ignored(tpu, capsys):
     assert "ignoring a message on the budget topic: budgetId 'someone-elses'" in capsys.readouterr().out
 
 
+def test_a_node_running_past_its_max_run_hours_is_stopped_or_deleted_as_the_stack_says():
+    # Every LISTING node was created 2026-11-29T08:00Z: 25 hours before NOW.
+    listing = [*LISTING, node("ms-0", "READY", hosts=4), node("ms-1", "READY", hosts=4)]
+    actions = {
+        "trainer": {"action": "stop", "zone": "us-central1-a", "maxRunHours": 24},
+        "stopped": {"action": "stop", "zone": "us-central1-a", "maxRunHours": 1},  # not running: nothing
+        "other-env": {"action": "delete", "zone": "us-central1-a", "maxRunHours": 1},  # another environment
+        "ms": {"action": "delete", "zone": "us-central1-a", "maxRunHours": 12},  # a multislice: ms-0, ms-1
+        "slice": {"action": "delete", "zone": "us-central1-a"},  # no maxRunHours: only its marker ends it
+    }
+    overruns = overrun_actions(listing, environment="prod", actions=actions, now=NOW)
+    assert kinds(overruns) == [("stop", "trainer"), ("delete", "ms-0"), ("delete", "ms-1")]
+    assert overruns[0].reason == "running 25.0 h, past maxRunHours 24"
+    later = {**actions, "trainer": {**actions["trainer"], "maxRunHours": 26}}
+    assert ("stop", "trainer") not in kinds(overrun_actions(listing, environment="prod", actions=later, now=NOW))
+
+
 def recovery_record(emulator) -> dict:
     return json.loads(emulator.bucket(STATE_BUCKET).blob("_tpu-guard/prod/recovery.json").download_as_bytes())
 
@@ -334,6 +352,16 @@ def test_recovery_gives_up_within_the_window_and_counts_again_after_it(tpu, emul
     record.upload_from_string(old.to_json())
     guard.recover(TICK)
     assert tpu.did("create") == ["spot-a"] and recovery_record(emulator)["attempts"] == {f"{PARENT}/spot-a": 1}
+
+
+def test_the_periodic_check_stops_a_node_past_its_max_run_hours(tpu, emulator, monkeypatch):
+    monkeypatch.setenv(
+        "COMPLETION_ACTIONS", json.dumps({"trainer": {"action": "stop", "zone": "us-central1-a", "maxRunHours": 1}})
+    )
+    body, status = guard.recover(TICK)
+    assert status == 200, body
+    assert tpu.did("stop") == ["trainer"] and "past maxRunHours 1" in body
+    assert tpu.did("create") == ["spot-a"]  # recovery went on as before
 
 
 def test_recovery_fails_closed_when_its_counts_cannot_be_read(tpu, emulator, monkeypatch):

@@ -9,7 +9,8 @@
   gives up on it (and says so), and the count starts again in the next window.
 - Run to completion: the marker `gs://<status-bucket>/<vm>/COMPLETE` makes the guard stop or
   delete that VM's node, as the stack says (never as the marker says); a scheduled start of a VM
-  whose run is complete does nothing.
+  whose run is complete does nothing. A node still running `maxRunHours` after it was created is
+  stopped or deleted the same way by the periodic check: the run's expected hours are its bound.
 """
 
 from __future__ import annotations
@@ -262,6 +263,35 @@ def completion_step(action: str, name: str, node: dict[str, Any] | None) -> Acti
     if action == "stop" and state in STOPPED:
         return f"{short_name(name)} is already {state}"
     return Action(action, name, f"its run is complete (onCompletion: {action})")
+
+
+def overrun_actions(
+    nodes: list[dict[str, Any]], *, environment: str, actions: dict[str, dict[str, Any]], now: datetime
+) -> list[Action]:
+    """Running nodes of the environment past their VM's `maxRunHours` (counted from the node's
+    createTime, tpu.v2 Node.createTime), to stop or delete as the VM's onCompletion says.
+
+    A VM's nodes are `<vm>` or, for a multislice, `<vm>-<i>` (queued_api.node_ids), in any zone listed.
+    """
+    out = []
+    for node in nodes:
+        if not managed(node, environment) or node.get("state") not in RUNNING:
+            continue
+        name = short_name(node["name"])
+        vm = name if name in actions else name.rpartition("-")[0] if name.rpartition("-")[2].isdigit() else ""
+        wanted = actions.get(vm) or {}
+        limit, action = wanted.get("maxRunHours"), wanted.get("action")
+        created = node.get("createTime")
+        if limit is None or action not in ("stop", "delete") or not created:
+            continue
+        try:
+            age = now - datetime.fromisoformat(str(created).replace("Z", "+00:00"))
+        except ValueError:
+            continue
+        if age > timedelta(hours=float(limit)):
+            hours = age.total_seconds() / 3600
+            out.append(Action(action, node["name"], f"running {hours:.1f} h, past maxRunHours {float(limit):g}"))
+    return out
 
 
 def start_step(name: str, node: dict[str, Any] | None, *, complete: bool, environment: str) -> Action | str:

@@ -6,6 +6,7 @@
 - `recover`: called by Cloud Scheduler; re-creates preempted spot/preemptible nodes, counting
   recoveries per node and window in the state bucket so a node that keeps being preempted is given
   up on. It records a node's spec before deleting it, so a failed create is retried from the record.
+  It also stops or deletes (as COMPLETION_ACTIONS says) a node running past its VM's maxRunHours.
 - `on_complete`: triggered when `gs://<STATUS_BUCKET>/<vm>/COMPLETE` is written (Eventarc, Cloud
   Storage object finalized); stops or deletes that VM's node as COMPLETION_ACTIONS says.
 - `scheduled_start`: called by Cloud Scheduler with `{"node": "<vm>"}`; starts the node only if it
@@ -17,7 +18,7 @@ redelivery only while it is young (RETRY_MINUTES), so Pub/Sub does not redeliver
 Settings come from the environment: PROJECT, ENVIRONMENT, ZONES (comma-separated), BUDGET_ACTION
 (stop|delete), BUDGET_AT_PERCENT, BILLING_ACCOUNT, BUDGET_ID, DRY_RUN (true|false), MAX_ATTEMPTS,
 RECOVERY_WINDOW_HOURS (default 24), STATE_BUCKET, STATUS_BUCKET, COMPLETION_ACTIONS (JSON
-{"<vm>": {"action": "stop"|"delete", "zone": "<zone>"}}), RETRY_MINUTES (default 60).
+{"<vm>": {"action": "stop"|"delete", "zone": "<zone>", "maxRunHours": <hours, optional>}}), RETRY_MINUTES (default 60).
 TPU_API_ENDPOINT and STORAGE_EMULATOR_HOST point it at stand-ins in tests (Google's own clients
 read STORAGE_EMULATOR_HOST the same way).
 """
@@ -44,6 +45,7 @@ from decisions import (
     completion_step,
     completion_target,
     marker_is_current,
+    overrun_actions,
     recovery_actions,
     recovery_state,
     recreate_body,
@@ -280,7 +282,16 @@ def recover(request: Any) -> tuple[str, int]:
         save()
 
     failed = _each(actions, recover_one)
-    done = [{"kind": a.kind, "node": a.node, "reason": a.reason, "failed": a.node in failed} for a in actions]
+    overruns = overrun_actions(
+        nodes,
+        environment=os.environ["ENVIRONMENT"],
+        actions=json.loads(os.environ.get("COMPLETION_ACTIONS") or "{}"),
+        now=_now(),
+    )
+    failed += _each(overruns, lambda action: carry_out(tpu, action))
+    done = [
+        {"kind": a.kind, "node": a.node, "reason": a.reason, "failed": a.node in failed} for a in [*actions, *overruns]
+    ]
     return json.dumps(done), 500 if failed else 200
 
 

@@ -143,6 +143,23 @@ RESOURCE_CALLS: dict[str, Calls] = {
         },
         act_as=("serviceAccount.email",),
     ),
+    # The queued-capacity dynamic provider (infra/tpu/queued.py), run by the deployer: create POSTs
+    # queuedResources and polls the operation and the request; a stock-out deletes what it made before
+    # the next zone; refresh GETs; an update sends nothing (only fallback zones changed); delete is
+    # DELETE ?force=true and polls its operation. The node spec attaches the workload's account, so
+    # act-as on it as for nodes.create (methods.json lists tpu.nodes.create for queuedResources.create;
+    # Google's predefined TPU roles in roles.json hold no separate tpu.queuedResources.* permission).
+    "pulumi-python:dynamic/tpu:QueuedResource": Calls(
+        create=(
+            "tpu.projects.locations.queuedResources.create",
+            "tpu.projects.locations.queuedResources.get",
+            "tpu.projects.locations.queuedResources.delete",
+            "tpu.projects.locations.operations.get",
+        ),
+        read=("tpu.projects.locations.queuedResources.get",),
+        delete=("tpu.projects.locations.queuedResources.delete", "tpu.projects.locations.operations.get"),
+        act_as=("serviceAccountEmail",),
+    ),
     "gcp:billing/budget:Budget": _crud("billingbudgets.billingAccounts.budgets"),
     "gcp:monitoring/alertPolicy:AlertPolicy": _crud("monitoring.projects.alertPolicies"),
     "gcp:monitoring/notificationChannel:NotificationChannel": _crud("monitoring.projects.notificationChannels"),

@@ -17,7 +17,7 @@ import yaml
 
 CATALOG_FILE = Path(__file__).with_name("tpu.yaml")
 TF_RUNTIME = re.compile(r"tpu-vm-tf-(?P<version>\d+\.\d+\.\d+)(?P<pod>-pod)?(?P<v4>-v4)?(?P<kind>-pjrt|-se)?")
-PROVISIONING_MODELS = ("on-demand", "spot", "preemptible", "reserved")
+PROVISIONING_MODELS = ("on-demand", "spot", "preemptible", "reserved", "flex-start")
 RECLAIMABLE = ("spot", "preemptible")  # GCE may take them back at any time; both bill the spot price
 
 
@@ -49,6 +49,10 @@ class Generation:
     tf_min: str
     zones: dict[str, frozenset[int] | None]  # None: every size
     prices: tuple[PriceRow, ...]
+    topologies: dict[int, str]  # size -> chip topology, like "2x4" or "2x2x1"
+    queued: bool  # the TPU API's queued resources take it
+    multislice: bool  # several slices in one queued request (nodeCount > 1)
+    flex_start: bool
 
     def type_name(self, size: int) -> str:
         return f"{self.prefix}-{size}"
@@ -77,6 +81,10 @@ class AcceleratorType:
     @property
     def hosts(self) -> int:
         return max(1, self.chips // self.generation.chips_per_host) if self.multi_host else 1
+
+    @property
+    def topology(self) -> str:
+        return self.generation.topologies.get(self.size, "")
 
     @property
     def devices(self) -> int:
@@ -268,14 +276,33 @@ class TpuCatalog:
             "ideally 128 per device"
         )
 
-    def price_per_chip_hour(self, accelerator: AcceleratorType, provisioning: str) -> tuple[float, str]:
-        """(USD per chip-hour, region of the price). Spot and preemptible share the spot price;
-        reserved capacity is priced as on-demand here (the conservative bound; discounts vary by contract)."""
+    def price_per_chip_hour(self, accelerator: AcceleratorType, provisioning: str, region: str) -> float | None:
+        """USD per chip-hour of `accelerator` in `region`, or None when the source has no price there.
+
+        Spot and preemptible bill the spot price. The source has no reserved, committed-use or
+        flex-start prices: those are priced at the on-demand list price, which the cost table marks
+        as an assumption (infra/cost.py). Another region's price is never borrowed."""
         for row in accelerator.generation.prices:
-            if row.sizes is None or accelerator.size in row.sizes:
-                price = row.spot if provisioning in RECLAIMABLE else row.on_demand
-                return price, row.region
-        raise LookupError(f"no price for {accelerator.name} in the catalog")
+            if row.region == region and (row.sizes is None or accelerator.size in row.sizes):
+                return row.spot if provisioning in RECLAIMABLE else row.on_demand
+        return None
+
+    def capacity_problem(
+        self, accelerator: AcceleratorType, *, queued: bool, node_count: int, flex: bool
+    ) -> str | None:
+        """Why `accelerator` cannot be asked for this way (queued, multislice, flex-start), or None."""
+        generation = accelerator.generation
+
+        def able(flag: str) -> str:
+            return ", ".join(g.name for g in self.generations.values() if getattr(g, flag))
+
+        if queued and not generation.queued:
+            return f"{generation.name} is not offered through queued resources; generations that are: {able('queued')}"
+        if node_count > 1 and not generation.multislice:
+            return f"{generation.name} cannot be a multislice (v4 and later can); those that can: {able('multislice')}"
+        if flex and not generation.flex_start:
+            return f"{generation.name} is not offered with flex-start; generations that are: {able('flex_start')}"
+        return None
 
 
 def _generation(name: str, data: dict[str, Any]) -> Generation:
@@ -302,6 +329,10 @@ def _generation(name: str, data: dict[str, Any]) -> Generation:
             )
             for p in data["prices"]
         ),
+        topologies={int(k): str(v) for k, v in (data.get("topologies") or {}).items()},
+        queued=bool(data["queued"]),
+        multislice=bool(data["multislice"]),
+        flex_start=bool(data["flex_start"]),
     )
 
 

@@ -117,6 +117,12 @@ class TpuVmSettings:
     description: str
     schedule: ScheduleSettings | None
     on_completion: str  # keep | stop | delete: what happens to the TPU when its run has finished
+    capacity: str = "direct"  # direct | queued (infra/tpu/queued.py)
+    reservation_name: str = ""  # a named reservation in `zone` (queued, reserved)
+    node_count: int = 1  # > 1: multislice (queued)
+    fallback_zones: tuple[str, ...] = ()  # tried in order after `zone` on a stock-out (queued)
+    run_duration_hours: float | None = None  # flex-start only
+    max_run_hours: float | None = None  # expected hours of a run to completion; the guard enforces it
 
     @property
     def reclaimable(self) -> bool:
@@ -126,6 +132,15 @@ class TpuVmSettings:
     @property
     def region(self) -> str:
         return self.zone.rsplit("-", 1)[0]
+
+    @property
+    def queued(self) -> bool:
+        return self.capacity == "queued"
+
+    @property
+    def zones(self) -> tuple[str, ...]:
+        """Every zone its TPUs may be in: its own, then the fallback zones."""
+        return (self.zone, *self.fallback_zones)
 
 
 @dataclass(frozen=True)

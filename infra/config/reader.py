@@ -329,6 +329,12 @@ def _tpu_vm(node: Node) -> TpuVmSettings:
         description=text(node, "tpuVms[].description", check=_tpu_description),
         schedule=_schedule(node.child("schedule", False)),
         on_completion=text(node, "tpuVms[].onCompletion"),
+        capacity=text(node, "tpuVms[].capacity"),
+        reservation_name=optional_text(node, "tpuVms[].reservationName") or "",
+        node_count=integer(node, "tpuVms[].nodeCount"),
+        fallback_zones=tuple(texts(node, "tpuVms[].fallbackZones", [])),
+        run_duration_hours=optional_number(node, "tpuVms[].runDurationHours"),
+        max_run_hours=optional_number(node, "tpuVms[].maxRunHours"),
     )
     node.done()
     return vm

@@ -27,7 +27,7 @@ from infra.schema import MISSING, Problems
 
 # Stands in for an accelerator type that was refused: the parse stops before anything reads it.
 NO_ACCELERATOR = AcceleratorType(
-    Generation("", "", "chips", (), frozenset(), 1, 1, 0.0, 0.0, False, "", "0.0.0", {}, ()), 0
+    Generation("", "", "chips", (), frozenset(), 1, 1, 0.0, 0.0, False, "", "0.0.0", {}, (), {}, False, False, False), 0
 )
 
 
@@ -81,8 +81,71 @@ def _tpu_vms(cfg: PlatformConfig, problems: Problems) -> None:
             _against_catalog(key, vm, workload, problems)
         if vm.zone and cfg.network.subnets and cfg.network.cidr(vm.region) is None:
             problems.add(f"{key}.zone", vm.zone, f"add a subnet for {vm.region} under {PROJECT}:network.subnets")
+        _capacity(cfg, key, vm, problems)
     if cfg.tpu_vms and not cfg.network.subnets:
         problems.add(f"{PROJECT}:network.subnets", MISSING, "TPU VMs need a subnet in their region")
+
+
+def _capacity(cfg: PlatformConfig, key: str, vm: TpuVmSettings, problems: Problems) -> None:
+    """capacity, reservationName, nodeCount, fallbackZones, flex-start and maxRunHours together."""
+    if not vm.queued:
+        queued_only = {
+            "reservationName": (vm.reservation_name, "only a queued request names a reservation (TPU API v2)"),
+            "nodeCount": (vm.node_count if vm.node_count > 1 else None, "a multislice is a queued request"),
+            "fallbackZones": (list(vm.fallback_zones) or None, "a direct VM's zone is fixed; only a queued request "
+                              "falls back to other zones"),
+            "provisioning": ("flex-start" if vm.provisioning == "flex-start" else None,
+                             "flex-start exists only for queued requests"),
+        }  # fmt: skip
+        for name, (value, why) in queued_only.items():
+            if value:
+                problems.add(f"{key}.{name}", value, f"{why}: set capacity: queued, or remove it")
+    elif vm.provisioning == "preemptible":
+        problems.add(
+            f"{key}.provisioning",
+            vm.provisioning,
+            "a queued request takes on-demand, spot, reserved or flex-start (Spot replaced preemptible TPUs)",
+        )
+    if vm.reservation_name and vm.queued:
+        if vm.provisioning != "reserved":
+            problems.add(f"{key}.reservationName", vm.reservation_name, "needs provisioning: reserved")
+        if vm.fallback_zones:
+            problems.add(
+                f"{key}.reservationName",
+                vm.reservation_name,
+                f"a reservation belongs to one zone ({vm.zone}); remove fallbackZones {list(vm.fallback_zones)}",
+            )
+    flex = vm.provisioning == "flex-start"
+    if flex and vm.run_duration_hours is None:
+        problems.add(f"{key}.runDurationHours", MISSING, "flex-start needs how long the VM runs, in hours")
+    if not flex and vm.run_duration_hours is not None:
+        problems.add(f"{key}.runDurationHours", vm.run_duration_hours, "only provisioning: flex-start takes it")
+    if vm.max_run_hours is not None:
+        if vm.on_completion == "keep":
+            problems.add(
+                f"{key}.maxRunHours",
+                vm.max_run_hours,
+                "bounds a run to completion: set onCompletion to stop or delete, or remove maxRunHours",
+            )
+        if not cfg.automation.recovery_every_minutes:
+            problems.add(
+                f"{key}.maxRunHours",
+                vm.max_run_hours,
+                f"is enforced by the guard's periodic check: set {PROJECT}:automation.recovery.everyMinutes",
+            )
+    for index, zone in enumerate(vm.fallback_zones):
+        zone_key = f"{key}.fallbackZones[{index}]"
+        region = zone.rsplit("-", 1)[0]
+        if zone == vm.zone:
+            problems.add(zone_key, zone, "is the VM's own zone, tried first anyway; list other zones")
+        elif vm.accelerator is not NO_ACCELERATOR and (why := load_catalog().zone_problem(vm.accelerator, zone)):
+            problems.add(zone_key, zone, why)
+        elif cfg.network.subnets and cfg.network.cidr(region) is None:
+            problems.add(zone_key, zone, f"add a subnet for {region} under {PROJECT}:network.subnets")
+    if vm.accelerator is not NO_ACCELERATOR:
+        why = load_catalog().capacity_problem(vm.accelerator, queued=vm.queued, node_count=vm.node_count, flex=flex)
+        if why:
+            problems.add(f"{key}.acceleratorType", vm.accelerator.name, why)
 
 
 def _against_catalog(key: str, vm: TpuVmSettings, workload: WorkloadSettings, problems: Problems) -> None:
@@ -139,7 +202,7 @@ def _automation(cfg: PlatformConfig, problems: Problems) -> None:
             {"action": auto.budget_action},
             f"needs {PROJECT}:budget.pubsubTopic: true to hear the budget",
         )
-    if auto.recovery_every_minutes and not any(vm.reclaimable for vm in cfg.tpu_vms):
+    if auto.recovery_every_minutes and not any(vm.reclaimable or vm.max_run_hours for vm in cfg.tpu_vms):
         problems.warn(
             f"{PROJECT}:automation.recovery",
             {"everyMinutes": auto.recovery_every_minutes},

@@ -32,6 +32,13 @@ BUCKET_LOCATIONS = (
 STORAGE_CLASSES = ("STANDARD", "NEARLINE", "COLDLINE", "ARCHIVE")
 SPEND_BASIS = {"current": "CURRENT_SPEND", "forecasted": "FORECASTED_SPEND"}
 ON_COMPLETION = ("keep", "stop", "delete")
+CAPACITY = ("direct", "queued")
+# gcloud's short reservation name pattern (queued_api._RESERVATION; tpu.v2.json names the reservation
+# projects/P/locations/ZONE/reservations/NAME).
+RESERVATION_NAME = r"[a-zA-Z0-9-]+"
+ZONE = r"[a-z]+-[a-z]+[0-9]+-[a-z]"
+# Flex-start: "for up to 7 days" (cloud.google.com/tpu/docs/request-using-flex-start).
+MAX_FLEX_START_HOURS = 7 * 24
 BUDGET_ACTIONS = ("stop", "delete")
 GCP_PROJECT_ID = r"[a-z][a-z0-9-]{4,28}[a-z0-9]"
 BILLING_ACCOUNT = r"[0-9A-F]{6}-[0-9A-F]{6}-[0-9A-F]{6}"
@@ -332,16 +339,69 @@ SETTINGS: tuple[Setting, ...] = (
         "tpuVms[].zone",
         "string",
         "Zone offering that TPU type.",
-        pattern=r"[a-z]+-[a-z]+[0-9]+-[a-z]",
+        pattern=ZONE,
         allowed="a zone like us-central1-b",
     ),
     Setting("tpuVms[].runtimeVersion", "string", "TPU software version matching the workload's framework."),
     Setting(
         "tpuVms[].provisioning",
         "string",
-        "How the capacity is bought.",
+        "How the capacity is bought (flex-start: queued only, with runDurationHours).",
         default="on-demand",
         choices=PROVISIONING_MODELS,
+    ),
+    Setting(
+        "tpuVms[].capacity",
+        "string",
+        "direct: one TPU API node in its zone; queued: a queued resource (fallback zones, reservations, "
+        "multislice, flex-start).",
+        default="direct",
+        choices=CAPACITY,
+    ),
+    Setting(
+        "tpuVms[].reservationName",
+        "string",
+        "A named reservation in the VM's zone (queued, provisioning reserved, no fallbackZones).",
+        optional=True,
+        pattern=RESERVATION_NAME,
+        allowed="a reservation's short name: letters, digits and '-'",
+    ),
+    Setting(
+        "tpuVms[].nodeCount",
+        "integer",
+        "Slices asked for together (more than 1: multislice; queued, a multislice-capable type).",
+        default=1,
+        minimum=1,
+        maximum=1024,
+    ),
+    Setting(
+        "tpuVms[].fallbackZones",
+        "list",
+        "Zones tried in order after the VM's own on a stock-out (queued only; each needs a subnet).",
+        items="string",
+        optional=True,
+        pattern=ZONE,
+        allowed="a zone like us-central1-b",
+        max_items=10,
+    ),
+    Setting(
+        "tpuVms[].runDurationHours",
+        "number",
+        f"How long a flex-start VM runs before Google deletes it (flex-start only; at most {MAX_FLEX_START_HOURS}).",
+        optional=True,
+        minimum=0,
+        exclusive_minimum=True,
+        maximum=MAX_FLEX_START_HOURS,
+    ),
+    Setting(
+        "tpuVms[].maxRunHours",
+        "number",
+        "Expected hours of a run to completion: priced for them, and the guard stops or deletes the node "
+        "running past them (onCompletion stop or delete).",
+        optional=True,
+        minimum=0,
+        exclusive_minimum=True,
+        maximum=8760,
     ),
     Setting("tpuVms[].workload", "string", "The workload it runs (a key of workloads)."),
     Setting(

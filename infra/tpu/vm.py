@@ -10,18 +10,35 @@ from infra.config import PlatformConfig, TpuVmSettings
 from infra.identity import WorkloadIdentity
 from infra.network import TPU_VM_TAG, PrivateNetwork
 from infra.tpu.backend import TpuBackend, TpuNodeSpec
+from infra.tpu.queued import QueuedCapacity, QueuedTpu, QueuedTpuBackend
+
+SECONDS_PER_HOUR = 3600
 
 
-def ssh_command(cfg: PlatformConfig, vm: TpuVmSettings) -> str:
+def ssh_command(cfg: PlatformConfig, vm: TpuVmSettings, zone: str | None = None) -> str:
+    """`zone`: where the TPUs are, when a queued request got a fallback zone (its `zone` output)."""
     workers = " --worker=all" if vm.accelerator.multi_host else ""
+    node = f"{vm.name}-0" if vm.node_count > 1 else vm.name  # a multislice's first slice
     return (
-        f"gcloud compute tpus tpu-vm ssh {vm.name} --zone {vm.zone} --project {cfg.project}"
+        f"gcloud compute tpus tpu-vm ssh {node} --zone {zone or vm.zone} --project {cfg.project}"
         f" --tunnel-through-iap{workers}"
     )
 
 
-def console_url(cfg: PlatformConfig, vm: TpuVmSettings) -> str:
-    return f"https://console.cloud.google.com/compute/tpus/details/{vm.zone}/{vm.name}?project={cfg.project}"
+def console_url(cfg: PlatformConfig, vm: TpuVmSettings, zone: str | None = None) -> str:
+    node = f"{vm.name}-0" if vm.node_count > 1 else vm.name
+    return f"https://console.cloud.google.com/compute/tpus/details/{zone or vm.zone}/{node}?project={cfg.project}"
+
+
+def queued_capacity(vm: TpuVmSettings, network: PrivateNetwork) -> QueuedCapacity:
+    """What a `capacity: queued` VM asks for beyond the node spec: its stack settings, mapped."""
+    return QueuedCapacity(
+        fallback_zones=tuple((z, network.subnets[z.rsplit("-", 1)[0]].id) for z in vm.fallback_zones),
+        node_count=vm.node_count,
+        reservation_name=vm.reservation_name,
+        max_run_duration_s=round((vm.run_duration_hours or 0) * SECONDS_PER_HOUR),
+        provisioning=vm.provisioning,
+    )
 
 
 class TpuVm(pulumi.ComponentResource):
@@ -59,18 +76,24 @@ class TpuVm(pulumi.ComponentResource):
             metadata=metadata,
             description=vm.description or f"{vm.workload} on {vm.accelerator.name} ({cfg.stack})",
         )
-        # Wait for the identity's grants and the NAT: the workload starts at boot and needs both.
-        self.node = backend.create_node(
-            f"{name}-node",
-            spec,
-            pulumi.ResourceOptions(
-                parent=self,
-                depends_on=[*needs, *identity.grants, network.nats[vm.region]],
-            ),
-        )
+        # Wait for the identity's grants and the NAT: the workload starts at boot and needs both (a
+        # queued VM may land in any of its zones: every region's NAT).
+        nats = [network.nats[z.rsplit("-", 1)[0]] for z in dict.fromkeys(vm.zones)]
+        opts = pulumi.ResourceOptions(parent=self, depends_on=[*needs, *identity.grants, *nats])
+        if vm.queued:
+            assert isinstance(backend, QueuedTpuBackend), f"{vm.name} is queued: it needs the queued backend"
+            self.node: pulumi.CustomResource = backend.create_node(
+                f"{name}-node", spec, opts, queued_capacity(vm, network)
+            )
+        else:
+            self.node = backend.create_node(f"{name}-node", spec, opts)
+        # A queued request records the zone it got (a fallback zone after a stock-out): outputs use it.
+        zone: pulumi.Input[str] = self.node.zone if isinstance(self.node, QueuedTpu) else vm.zone
         self.outputs = {
             "name": vm.name,
-            "zone": vm.zone,
+            "zone": zone,
+            "capacity": vm.capacity,
+            "slices": vm.node_count,
             "acceleratorType": vm.accelerator.name,
             "chips": vm.accelerator.chips,
             "hosts": vm.accelerator.hosts,
@@ -80,8 +103,10 @@ class TpuVm(pulumi.ComponentResource):
             "workload": vm.workload,
             "serviceAccount": identity.email,
             "startupScriptBytes": len(metadata["startup-script"].encode()),
-            "sshCommand": ssh_command(cfg, vm),
-            "logsCommand": f"{ssh_command(cfg, vm)} --command 'journalctl -u tpu-workload-{vm.workload} -f'",
-            "consoleUrl": console_url(cfg, vm),
+            "sshCommand": pulumi.Output.from_input(zone).apply(lambda z: ssh_command(cfg, vm, z)),
+            "logsCommand": pulumi.Output.from_input(zone).apply(
+                lambda z: f"{ssh_command(cfg, vm, z)} --command 'journalctl -u tpu-workload-{vm.workload} -f'"
+            ),
+            "consoleUrl": pulumi.Output.from_input(zone).apply(lambda z: console_url(cfg, vm, z)),
         }
         self.register_outputs(self.outputs)

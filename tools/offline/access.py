@@ -35,7 +35,7 @@ def quota_project(config: dict[str, str]) -> str | None:
 def access_of(stack: str, result: PlanResult | None = None, config: dict[str, str] | None = None) -> EnvironmentAccess:
     """`config`: the stack's raw config when it comes from a draft file, not `Pulumi.<stack>.yaml` here."""
     result = result or plan_stack(stack)
-    config = config if config is not None else read_stack_config(stack)
+    config = config if config is not None else (result.config or read_stack_config(stack))
     return environment_access(stack, result.project, declared(result), result.invokes, quota_project(config))
 
 

@@ -134,6 +134,23 @@ class GcpMocks(pulumi.runtime.Mocks):
                 "networkEndpoints": [{"ipAddress": f"10.{i}.0.2", "port": 8470} for i in range(1)],
             }
             return f"projects/{project}/locations/{inputs.get('zone')}/nodes/{name}", state
+        if token == "pulumi-python:dynamic/tpu:QueuedResource":
+            # What the provider's create returns once the request is ACTIVE in its first zone.
+            zone = inputs["zones"][0]["zone"]
+            node_id, count = inputs["queuedResourceId"], int(inputs.get("nodeCount") or 1)
+            parent = f"projects/{inputs['project']}/locations/{zone}"
+            ids = [f"{node_id}-{i}" for i in range(count)] if count > 1 else [node_id]
+            state |= {
+                "zone": zone,
+                "name": f"{parent}/queuedResources/{node_id}",
+                "apiVersion": "v2alpha1" if inputs.get("provisioning") == "flex-start" else "v2",
+                "state": "ACTIVE",
+                "stateInitiator": "",
+                "failure": "",
+                "nodeNames": [f"{parent}/nodes/{n}" for n in ids],
+                "skippedZones": [],
+            }
+            return state["name"], state
         return f"{args.name}-id", state
 
 

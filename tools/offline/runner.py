@@ -26,6 +26,7 @@ class PlanResult:
     outputs: dict[str, Any]
     warnings: list[str] = field(default_factory=list)
     invokes: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    config: dict[str, str] = field(default_factory=dict)  # the raw stack config it was planned with
 
     def of_type(self, token: str) -> list[Registration]:
         return [r for r in self.resources if r.type == token]
@@ -89,7 +90,7 @@ def run_program(
     finally:
         settings.set_root_resource(None)  # type: ignore[arg-type]
     invokes = mocks.invokes if isinstance(mocks, GcpMocks) else []
-    return PlanResult(stack, gcp_project, monitor.registrations, collected, log.warnings, invokes)
+    return PlanResult(stack, gcp_project, monitor.registrations, collected, log.warnings, invokes, dict(config))
 
 
 def plan_stack(stack: str, stack_file: Path | None = None) -> PlanResult:

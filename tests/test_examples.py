@@ -1,0 +1,95 @@
+"""The README's queued-capacity examples (examples/Pulumi.*.yaml), each planned offline.
+
+Each plan declares one queued request through the dynamic provider, with the stack's settings mapped
+onto it, and the deployer computed from that plan holds what the provider's calls need.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from infra.access.model import needs_of
+from infra.tpu import queued_api as api
+from infra.tpu.queued import request_from_props
+from tools.offline.access import access_of, declared
+from tools.offline.runner import PlanResult, plan_stack
+from tools.offline.stackfile import stack_of
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+QUEUED = "pulumi-python:dynamic/tpu:QueuedResource"
+
+
+@cache
+def planned(name: str) -> PlanResult:
+    path = EXAMPLES / f"Pulumi.{name}.yaml"
+    return plan_stack(stack_of(path), path)
+
+
+def the_request(name: str) -> dict:
+    (node,) = planned(name).of_type(QUEUED)
+    assert not planned(name).of_type("gcp:tpu/v2Vm:V2Vm")
+    return node.inputs
+
+
+@pytest.mark.parametrize("name", ["queued-spot", "multislice", "reserved"])
+def test_each_example_plans_one_valid_queued_request(name):
+    inputs = the_request(name)
+    assert api.problems(request_from_props(inputs)) == []
+    vm = next(iter(planned(name).outputs["tpuVms"].values()))
+    assert vm["capacity"] == "queued" and vm["zone"] == "us-central1-a"  # the zone the request got
+    assert vm["sshCommand"].startswith(f"gcloud compute tpus tpu-vm ssh {inputs['queuedResourceId']}")
+
+
+def test_queued_spot_slice_falls_back_in_order_each_zone_with_its_subnet():
+    inputs = the_request("queued-spot")
+    assert inputs["provisioning"] == "spot" and inputs["acceleratorType"] == "v5litepod-16"
+    assert [(z["zone"], z["subnetwork"].rsplit("/", 1)[-1]) for z in inputs["zones"]] == [
+        ("us-central1-a", "tpu-queued-spot-us-central1"),
+        ("us-west4-a", "tpu-queued-spot-us-west4"),
+        ("us-west1-c", "tpu-queued-spot-us-west1"),
+    ]
+    # maxRunHours reaches the guard, which deletes the slice once it runs past 48 hours.
+    (guard,) = [r for r in planned("queued-spot").of_type("gcp:cloudfunctionsv2/function:Function")
+                if r.inputs["serviceConfig"]["environmentVariables"].get("MAX_ATTEMPTS")]  # fmt: skip
+    env = guard.inputs["serviceConfig"]["environmentVariables"]
+    assert '"maxRunHours": 48' in env["COMPLETION_ACTIONS"]
+    assert set(env["ZONES"].split(",")) == {"us-central1-a", "us-west4-a", "us-west1-c"}
+
+
+def test_multislice_asks_for_two_slices_and_costs_both():
+    inputs = the_request("multislice")
+    assert int(inputs["nodeCount"]) == 2
+    body = api.create_body(request_from_props(inputs), "us-central1-a")
+    assert body["tpu"]["nodeSpec"][0]["multisliceParams"] == {"nodeCount": 2, "nodeIdPrefix": "mnist-ms"}
+    (cost,) = planned("multislice").outputs["costEstimate"]["vms"]
+    assert (cost["chips"], cost["slices"]) == (32, 2)
+    assert (
+        planned("multislice")
+        .outputs["tpuVms"]["mnist-ms"]["sshCommand"]
+        .startswith("gcloud compute tpus tpu-vm ssh mnist-ms-0 ")
+    )
+
+
+def test_reservation_is_named_in_its_zone():
+    inputs = the_request("reserved")
+    body = api.create_body(request_from_props(inputs), "us-central1-a")
+    assert (
+        body["reservationName"] == "projects/acme-ml-experiments/locations/us-central1-a/reservations/ml-research-v5e"
+    )
+    (cost,) = planned("reserved").outputs["costEstimate"]["vms"]
+    assert "reserved priced at the on-demand list price" in cost["notes"][0]
+
+
+def test_the_deployer_of_a_queued_plan_may_make_and_remove_the_request():
+    result = planned("queued-spot")
+    needs = needs_of(declared(result), result.project)
+    node = "tpu-mnist-v5e-16-node"
+    by_permission = needs.permissions[f"projects/{result.project}"]
+    for permission in ("tpu.nodes.create", "tpu.nodes.get", "tpu.nodes.delete", "tpu.operations.get"):
+        assert any(node in who for who in by_permission[permission]), permission
+    account = f"tpu-mnist-queued-spot@{result.project}.iam.gserviceaccount.com"
+    assert any(node in who for who in needs.act_as[account])
+    assert {"tpu.nodes.create", "tpu.nodes.delete"} <= set(access_of(result.stack, result).deployer_permissions)
