@@ -1,7 +1,19 @@
 """Alerts and a dashboard for the environment's TPUs (S23), sent to its notification channels.
 
 - TPU idle: TensorCore idle time above the configured limit (chips billed while doing nothing);
-- TPU VM not reporting: no metrics from a worker for 10 minutes (not READY, preempted, stopped);
+- TPU VM not reporting: no metrics for 10 minutes from a worker of a VM that is meant to run all
+  the time: no schedule and `onCompletion: keep`. An alert policy has no calendar and cannot read
+  the completion marker, so a VM that a schedule stops every evening or that stops when its run is
+  complete would raise it every time it is off as intended; such VMs are not in its filter.
+- TPU VM preempted and not recovered: a VM that is meant to run cannot. Cloud TPU reports a
+  preemption only as the node's state PREEMPTED (tpu/docs/preemptible, "Detecting if a TPU has been
+  preempted": list the nodes; the state turns from READY to PREEMPTED). The Admin Activity audit log
+  records API calls (tpu/docs/audit-logs), and we found no documented metric or audit entry for the
+  transition; the guard reads the state and logs a
+  structured event, and this alert matches it. Without recovery, the morning's scheduled start
+  finds the node PREEMPTED, does not start it (a spot node cannot be restarted, tpu/docs/spot) and
+  logs `tpu-preempted-not-started`; with recovery, the guard re-creates it and the alert fires only
+  when it gives up (`tpu-recovery-gave-up`).
 - the budget's thresholds arrive through the same channels (the budget notifies them directly).
 """
 
@@ -13,13 +25,56 @@ import pulumi
 import pulumi_gcp as gcp
 
 from infra.apis import ProjectApis
-from infra.config import PlatformConfig
+from infra.config import PlatformConfig, TpuVmSettings
 
 TPU_WORKER = 'resource.type = "tpu_worker"'
 IDLE = "tpu.googleapis.com/tpu/tensorcore/idle_duration"
 MXU = "tpu.googleapis.com/tpu/mxu/utilization"
 HOST_MEMORY = "tpu.googleapis.com/memory/usage"
 CPU = "tpu.googleapis.com/cpu/utilization"
+# The guard's structured log events (functions/tpu_guard/decisions.py); kept equal by tests/test_monitoring.py.
+PREEMPTED_EVENT = "tpu-preempted-not-started"
+GAVE_UP_EVENT = "tpu-recovery-gave-up"
+# 2nd-gen functions run as Cloud Run services: their stdout lands on this monitored resource, and a
+# JSON line becomes the entry's jsonPayload, its `severity` the entry's (Cloud Run, "Writing
+# structured logs"). A log-match alert notifies at most once per period (monitoring.v3
+# NotificationRateLimit; the API requires one for log-based policies).
+FUNCTION_LOGS = 'resource.type = "cloud_run_revision"'
+LOG_ALERT_PERIOD = "3600s"
+
+
+def always_on(vm: TpuVmSettings) -> bool:
+    """Meant to run whenever it exists: no schedule stops it, no completed run stops or deletes it."""
+    return vm.schedule is None and vm.on_completion == "keep"
+
+
+def not_reporting_filter(cfg: PlatformConfig) -> str | None:
+    """The absence condition's filter: CPU metrics of the always-on VMs' workers; None when there are none.
+
+    `tpu_worker` carries the node's name as `node_id` (Google's TPU test harness, ml-auto-solutions,
+    selects a node's workers by `resource.labels.node_id`); `monitoring.regex.full_match` is the
+    Monitoring filter syntax for "one of" (monitoring/api/v3/filters). VM names are [a-z0-9-]: no escaping.
+    """
+    names = sorted(vm.name for vm in cfg.tpu_vms if always_on(vm))
+    if not names:
+        return None
+    return (
+        f'metric.type = "{CPU}" AND {TPU_WORKER} AND '
+        f'resource.labels.node_id = monitoring.regex.full_match("{"|".join(names)}")'
+    )
+
+
+def preempted_filter(cfg: PlatformConfig) -> str | None:
+    """The log filter of "preempted and not recovered"; None when no VM of the stack can be preempted.
+
+    With recovery on, a preempted node is re-created within minutes: only the guard giving up is news.
+    Without it, the scheduled start is what finds the node PREEMPTED (an unscheduled spot VM that
+    is always on raises "not reporting" instead).
+    """
+    if not any(vm.reclaimable for vm in cfg.tpu_vms):
+        return None
+    event = GAVE_UP_EVENT if cfg.automation.recovery_every_minutes else PREEMPTED_EVENT
+    return f'{FUNCTION_LOGS} AND jsonPayload.event = "{event}" AND jsonPayload.environment = "{cfg.stack}"'
 
 
 def _chart(title: str, metric: str, aligner: str) -> dict:
@@ -79,8 +134,9 @@ class TpuMonitoring(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self, depends_on=apis.needs("monitoring"))
 
         def alert(
-            suffix: str, title: str, severity: str, runbook: str, condition: gcp.monitoring.AlertPolicyConditionArgs
-        ) -> gcp.monitoring.AlertPolicy:
+            suffix: str, title: str, severity: str, runbook: str, condition: gcp.monitoring.AlertPolicyConditionArgs,
+            strategy: gcp.monitoring.AlertPolicyAlertStrategyArgs | None = None,
+        ) -> gcp.monitoring.AlertPolicy:  # fmt: skip
             return gcp.monitoring.AlertPolicy(
                 f"{name}-{suffix}",
                 project=cfg.project,
@@ -90,6 +146,7 @@ class TpuMonitoring(pulumi.ComponentResource):
                 combiner="OR",
                 conditions=[condition],
                 notification_channels=[c.name for c in channels],
+                alert_strategy=strategy,
                 user_labels=cfg.labels,
                 opts=child,
             )
@@ -114,25 +171,57 @@ class TpuMonitoring(pulumi.ComponentResource):
                 ),
             ),
         )
-        self.not_reporting = alert(
-            "not-reporting",
-            "TPU VM not reporting",
-            "ERROR",
-            "No metrics from a TPU worker for 10 minutes: the node is not READY (stopped, preempted, "
-            "repairing) or its host is down. Check `gcloud compute tpus tpu-vm list`.",
-            gcp.monitoring.AlertPolicyConditionArgs(
-                display_name="No CPU metrics from a TPU worker",
-                condition_absent=gcp.monitoring.AlertPolicyConditionConditionAbsentArgs(
-                    filter=f'metric.type = "{CPU}" AND {TPU_WORKER}',
-                    duration="600s",
-                    aggregations=[
-                        gcp.monitoring.AlertPolicyConditionConditionAbsentAggregationArgs(
-                            alignment_period="300s", per_series_aligner="ALIGN_MEAN"
-                        )
-                    ],
+        self.not_reporting = None
+        if absent := not_reporting_filter(cfg):
+            self.not_reporting = alert(
+                "not-reporting",
+                "TPU VM not reporting",
+                "ERROR",
+                "No metrics from a worker of a TPU VM that is meant to run all the time (no schedule, "
+                "onCompletion: keep) for 10 minutes: the node is not READY (stopped by hand, preempted, "
+                "repairing) or its host is down. Check `gcloud compute tpus tpu-vm list`.",
+                gcp.monitoring.AlertPolicyConditionArgs(
+                    display_name="No CPU metrics from an always-on TPU VM",
+                    condition_absent=gcp.monitoring.AlertPolicyConditionConditionAbsentArgs(
+                        filter=absent,
+                        duration="600s",
+                        aggregations=[
+                            gcp.monitoring.AlertPolicyConditionConditionAbsentAggregationArgs(
+                                alignment_period="300s", per_series_aligner="ALIGN_MEAN"
+                            )
+                        ],
+                    ),
                 ),
-            ),
-        )
+            )
+        self.preempted = None
+        if preempted := preempted_filter(cfg):
+            recovery = cfg.automation.recovery_every_minutes
+            self.preempted = alert(
+                "preempted",
+                "TPU VM preempted and not recovered",
+                "ERROR",
+                (
+                    "The guard gave up re-creating a spot/preemptible TPU VM that keeps being preempted."
+                    if recovery
+                    else "A scheduled start found a spot/preemptible TPU VM PREEMPTED and did not start it "
+                    "(a preempted node cannot be restarted). This stack has no recovery: delete the node "
+                    "(`gcloud compute tpus tpu-vm delete`) and run `pulumi up` to re-create it, or turn on "
+                    "automation.recovery."
+                )
+                + " The log entry names the node (jsonPayload.node).",
+                gcp.monitoring.AlertPolicyConditionArgs(
+                    display_name="The TPU guard reports a preempted node it did not recover",
+                    condition_matched_log=gcp.monitoring.AlertPolicyConditionConditionMatchedLogArgs(
+                        filter=preempted, label_extractors={"node": "EXTRACT(jsonPayload.node)"}
+                    ),
+                ),
+                gcp.monitoring.AlertPolicyAlertStrategyArgs(
+                    notification_rate_limit=gcp.monitoring.AlertPolicyAlertStrategyNotificationRateLimitArgs(
+                        period=LOG_ALERT_PERIOD
+                    ),
+                    auto_close="86400s",
+                ),
+            )
         self.dashboard = gcp.monitoring.Dashboard(
             f"{name}-dashboard", project=cfg.project, dashboard_json=dashboard_json(cfg), opts=child
         )

@@ -1,16 +1,38 @@
-"""Idle and health alerts to the environment's channels, and the TPU dashboard."""
+"""Idle and health alerts to the environment's channels, and the TPU dashboard; alerts that know
+which VMs are meant to be off (a schedule, a completed run) and report a preempted node instead."""
 
 from __future__ import annotations
 
 import json
+import re
+import sys
+from pathlib import Path
 
-from infra.monitoring import CPU, IDLE, MXU
-from tests.support import plan, stack_config
+from infra.monitoring import CPU, GAVE_UP_EVENT, IDLE, MXU, PREEMPTED_EVENT
+from tests.support import NS, plan, stack_config, with_object, with_scalar
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "functions" / "tpu_guard"))
+import decisions
 
 
-def policies(stack="dev"):
-    result = plan(stack_config(stack), stack)
-    return result, {p.name.rsplit("-", 1)[-1]: p for p in result.of_type("gcp:monitoring/alertPolicy:AlertPolicy")}
+def policies(stack="dev", raw=None):
+    result = plan(raw or stack_config(stack), stack)
+    return result, {p.name.split("-", 1)[-1]: p for p in result.of_type("gcp:monitoring/alertPolicy:AlertPolicy")}
+
+
+def with_vms(raw: dict[str, str], edit) -> dict[str, str]:
+    vms = json.loads(raw[f"{NS}:tpuVms"])
+    for vm in vms:
+        edit(vm)
+    return with_scalar(raw, "tpuVms", json.dumps(vms))
+
+
+def absent_nodes(policy) -> set[str]:
+    """The node names the absence condition's `node_id = monitoring.regex.full_match("a|b")` selects."""
+    condition = policy.inputs["conditions"][0]["conditionAbsent"]
+    selector = r'resource\.labels\.node_id = monitoring\.regex\.full_match\("([^"]*)"\)'
+    (names,) = re.findall(selector, condition["filter"])
+    return set(names.split("|"))
 
 
 def test_idle_alert_uses_the_configured_limit_and_the_channels():
@@ -23,11 +45,57 @@ def test_idle_alert_uses_the_configured_limit_and_the_channels():
     assert len(idle.inputs["notificationChannels"]) == len(channels) == 1
 
 
-def test_not_reporting_alert_fires_on_absent_metrics():
+def test_not_reporting_alert_fires_on_absent_metrics_of_always_on_vms_only():
     _, by_kind = policies("prod")
-    absent = by_kind["reporting"].inputs["conditions"][0]["conditionAbsent"]
+    absent = by_kind["not-reporting"].inputs["conditions"][0]["conditionAbsent"]
     assert CPU in absent["filter"] and absent["duration"] == "600s"
-    assert len(by_kind["reporting"].inputs["notificationChannels"]) == 2
+    assert len(by_kind["not-reporting"].inputs["notificationChannels"]) == 2
+    # prod: mnist-v5e runs all the time; mnist-v5e-spot is deleted when its run completes.
+    assert absent_nodes(by_kind["not-reporting"]) == {"mnist-v5e"}
+
+
+def test_a_scheduled_stop_raises_no_not_reporting_alert():
+    """dev's only VM is stopped every evening by its schedule: an absence alert would fire every night."""
+    _, by_kind = policies("dev")
+    assert "not-reporting" not in by_kind
+    # Without its schedule and its completion action, the same VM is always on, and watched.
+    raw = with_vms(stack_config("dev"), lambda vm: (vm.pop("schedule"), vm.update(onCompletion="keep")))
+    raw = with_object(raw, "budget", lambda budget: budget.update(failOverBudget=False))  # 720 h, not 257
+    _, by_kind = policies("dev", raw)
+    assert absent_nodes(by_kind["not-reporting"]) == {"mnist-v2-spot"}
+
+
+def test_a_completed_run_raises_no_not_reporting_alert():
+    """A VM that stops (or is deleted) when its run completes is off as intended afterwards."""
+    raw = with_vms(stack_config("prod"), lambda vm: vm.update(onCompletion="stop"))
+    _, by_kind = policies("prod", raw)
+    assert "not-reporting" not in by_kind
+
+
+def test_a_preempted_node_is_reported_by_the_scheduled_start_in_a_stack_without_recovery():
+    _, by_kind = policies("dev")  # dev: a scheduled spot VM, no recovery
+    condition = by_kind["preempted"].inputs["conditions"][0]["conditionMatchedLog"]
+    assert f'jsonPayload.event = "{PREEMPTED_EVENT}"' in condition["filter"]
+    assert 'jsonPayload.environment = "dev"' in condition["filter"]
+    assert by_kind["preempted"].inputs["alertStrategy"]["notificationRateLimit"]["period"] == "3600s"
+
+
+def test_with_recovery_only_a_recovery_that_gives_up_is_reported():
+    _, by_kind = policies("prod")  # prod: recovery every 10 minutes
+    condition = by_kind["preempted"].inputs["conditions"][0]["conditionMatchedLog"]
+    assert f'jsonPayload.event = "{GAVE_UP_EVENT}"' in condition["filter"]
+
+
+def test_no_preemption_alert_without_a_spot_or_preemptible_vm():
+    raw = with_vms(stack_config("dev"), lambda vm: vm.update(provisioning="on-demand"))
+    raw = with_object(raw, "budget", lambda budget: budget.update(failOverBudget=False))
+    _, by_kind = policies("dev", raw)
+    assert "preempted" not in by_kind
+
+
+def test_the_alerts_match_the_events_the_guard_logs():
+    """The event names are the guard's own: a rename on either side fails here."""
+    assert (PREEMPTED_EVENT, GAVE_UP_EVENT) == (decisions.PREEMPTED_EVENT, decisions.GAVE_UP_EVENT)
 
 
 def test_dashboard_shows_duty_cycle_memory_and_throughput():

@@ -44,6 +44,7 @@ INVENTORY = {
         "tpu-platform:lifecycle:TpuSchedules": 1,
         "tpu-platform:lifecycle:RunStatus": 1,
         "tpu-platform:automation:TpuGuard": 1,
+        # idle, preempted (a scheduled spot VM); no "not reporting": its only VM is off by schedule
         "gcp:monitoring/alertPolicy:AlertPolicy": 2,
         "gcp:monitoring/dashboard:Dashboard": 1,
         "tpu-platform:monitoring:TpuMonitoring": 1,
@@ -61,7 +62,7 @@ INVENTORY = {
         "gcp:projects/iAMCustomRole:IAMCustomRole": 1,
         "gcp:storage/bucketIAMMember:BucketIAMMember": 7,  # 3 workload + 2 VM status prefixes + guard + builder
         "gcp:monitoring/notificationChannel:NotificationChannel": 2,
-        "gcp:monitoring/alertPolicy:AlertPolicy": 2,
+        "gcp:monitoring/alertPolicy:AlertPolicy": 3,  # idle, not reporting (mnist-v5e), recovery gave up
         "gcp:monitoring/dashboard:Dashboard": 1,
         "gcp:pubsub/topic:Topic": 1,
         "gcp:billing/budget:Budget": 1,

@@ -27,7 +27,9 @@ from tests.tpu_api import tpu_api_standin
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "functions" / "tpu_guard"))
 import main as guard
 from decisions import (
+    GAVE_UP_EVENT,
     NODE_CREATE_FIELDS,
+    PREEMPTED_EVENT,
     RecoveryState,
     StateError,
     budget_actions,
@@ -38,6 +40,7 @@ from decisions import (
     recovery_actions,
     recovery_state,
     recreate_body,
+    start_event,
     start_step,
     worth_redelivery,
 )
@@ -214,6 +217,16 @@ def test_completion_and_scheduled_start_are_idempotent():
     assert "completed its run" in str(start_step(name, stopped, complete=True, environment="prod"))
     assert "not STOPPED" in str(start_step(name, node("trainer", "READY"), complete=False, environment="prod"))
     assert "not a node of environment" in str(start_step(name, stopped, complete=False, environment="dev"))
+
+
+def test_a_scheduled_start_reports_a_preempted_node_and_stays_quiet_about_nodes_meant_to_be_off():
+    name, preempted = f"{PARENT}/spot-a", node("spot-a", "PREEMPTED", spot=True)
+    assert "cannot be started, only re-created" in str(start_step(name, preempted, complete=False, environment="prod"))
+    assert start_event(preempted, complete=False) == PREEMPTED_EVENT
+    assert start_event(preempted, complete=True) is None  # a completed run is meant to be off
+    for state in ("STOPPED", "READY", "STOPPING"):
+        assert start_event(node("spot-a", state, spot=True), complete=False) is None
+    assert start_event(None, complete=False) is None
 
 
 # --- entry points against the stand-ins ----------------------------------------------------------
@@ -441,6 +454,35 @@ def test_scheduled_start_never_restarts_a_completed_run(tpu, emulator):
     answer, status = start({"node": "stopped"})
     assert status == 200 and answer["did"] == "nothing" and "completed its run" in answer["reason"]
     assert tpu.did("start") == [] and tpu.nodes[f"{PARENT}/stopped"]["state"] == "STOPPED"
+
+
+def logged(out: str) -> list[dict]:
+    """The guard's structured log lines (one JSON object a line, as Cloud Run parses stdout)."""
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def test_scheduled_start_of_a_preempted_node_does_not_start_it_and_reports_it(tpu, capsys):
+    answer, status = start({"node": "spot-a"})
+    assert status == 200 and answer["did"] == "nothing" and "PREEMPTED" in answer["reason"]
+    assert tpu.did("start") == [] and tpu.nodes[f"{PARENT}/spot-a"]["state"] == "PREEMPTED"
+    (report,) = [line for line in logged(capsys.readouterr().out) if line.get("event")]
+    assert report["severity"] == "ERROR"
+    assert (report["event"], report["environment"], report["node"]) == (PREEMPTED_EVENT, "prod", "spot-a")
+
+
+def test_scheduled_start_of_a_completed_or_stopped_node_reports_nothing(tpu, emulator, capsys):
+    emulator.bucket(STATUS_BUCKET).blob("spot-a/COMPLETE").upload_from_string("{}")
+    start({"node": "spot-a"})  # preempted, but its run is complete: meant to be off
+    start({"node": "stopped"})
+    assert [line for line in logged(capsys.readouterr().out) if line.get("event")] == []
+
+
+def test_recovery_that_gives_up_reports_the_node(tpu, emulator, capsys):
+    record = emulator.bucket(STATE_BUCKET).blob("_tpu-guard/prod/recovery.json")
+    record.upload_from_string(RecoveryState(datetime.now(UTC).isoformat(), {f"{PARENT}/spot-a": 2}).to_json())
+    guard.recover(TICK)
+    (report,) = [line for line in logged(capsys.readouterr().out) if line.get("event")]
+    assert (report["event"], report["node"], report["severity"]) == (GAVE_UP_EVENT, "spot-a", "ERROR")
 
 
 def test_scheduled_start_refuses_bad_bodies_and_fails_closed(tpu, monkeypatch):

@@ -24,6 +24,11 @@ RUNNING = {"READY", "CREATING", "STARTING", "RESTARTING", "REPAIRING"}
 GONE = {"DELETING"}
 STOPPED = {"STOPPED", "STOPPING"}
 COMPLETE_MARKER = "COMPLETE"
+# Structured log events the platform's alert policies match (infra/monitoring.py): Cloud TPU reports a
+# preemption only as the node's state (tpu/docs/preemptible: a preempted TPU's state turns from READY
+# to PREEMPTED), so the guard, which reads that state, reports it.
+PREEMPTED_EVENT = "tpu-preempted-not-started"  # a scheduled start found its node PREEMPTED
+GAVE_UP_EVENT = "tpu-recovery-gave-up"  # recovery stopped re-creating a node preempted again and again
 
 # The fields of a Node that a create request may set: the Node schema of tpu.v2's discovery document
 # without its output-only ("readOnly") fields, and without `health`, which the document leaves
@@ -303,6 +308,21 @@ def start_step(name: str, node: dict[str, Any] | None, *, complete: bool, enviro
         return f"{short_name(name)} does not exist"
     if not managed(node, environment):
         return f"{short_name(name)} is not a node of environment {environment}"
+    if node.get("state") == "PREEMPTED":
+        # tpu/docs/spot: "You can't restart TPU Spot VMs, and you must recreate them after preemption."
+        return (f"{short_name(name)} is PREEMPTED: a preempted node cannot be started, only re-created "
+                "(by the guard's recovery, or by `pulumi up` after deleting it); not starting it")  # fmt: skip
     if node.get("state") != "STOPPED":
         return f"{short_name(name)} is {node.get('state')}, not STOPPED"
     return Action("start", name, "scheduled start")
+
+
+def start_event(node: dict[str, Any] | None, *, complete: bool) -> str | None:
+    """The alert event a scheduled start that does nothing must log, or None (nothing to report).
+
+    A completed run is meant to be off; a PREEMPTED node is not, and nothing but this call looks at it
+    every day in a stack without recovery.
+    """
+    if complete or node is None or node.get("state") != "PREEMPTED":
+        return None
+    return PREEMPTED_EVENT

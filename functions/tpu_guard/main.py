@@ -37,6 +37,7 @@ import functions_framework
 import google.auth
 import requests
 from decisions import (
+    GAVE_UP_EVENT,
     Action,
     RecoveryState,
     StateError,
@@ -49,6 +50,7 @@ from decisions import (
     recovery_actions,
     recovery_state,
     recreate_body,
+    start_event,
     start_step,
     worth_redelivery,
 )
@@ -62,6 +64,11 @@ def _session() -> requests.Session:
 
 def _log(message: str, severity: str = "INFO", **fields: Any) -> None:
     print(json.dumps({"severity": severity, "message": message, **fields}), flush=True)
+
+
+def _event(event: str, node: str) -> dict[str, str]:
+    """The fields an alert policy's log filter matches: the event, the environment and the node."""
+    return {"event": event, "environment": os.environ.get("ENVIRONMENT", ""), "node": node.rsplit("/", 1)[-1]}
 
 
 def _now() -> datetime:
@@ -265,9 +272,10 @@ def recover(request: Any) -> tuple[str, int]:
         state_bucket.write(_state_name(), RecoveryState(state.window_start, attempts, pending).to_json())
 
     def recover_one(action: Action) -> None:
-        _log(f"{action.kind} {action.node}: {action.reason}", "ERROR" if action.kind == "give-up" else "NOTICE")
-        if action.kind == "give-up":
+        if action.kind == "give-up":  # the alert "TPU VM preempted and not recovered" matches the event
+            _log(f"{action.kind} {action.node}: {action.reason}", "ERROR", **_event(GAVE_UP_EVENT, action.node))
             return
+        _log(f"{action.kind} {action.node}: {action.reason}", "NOTICE")
         if action.kind == "forget":
             pending.pop(action.node, None)
             save()
@@ -353,7 +361,11 @@ def scheduled_start(request: Any) -> tuple[str, int]:
     name = found[0]["name"] if found else vm
     step = start_step(name, found[0] if found else None, complete=complete, environment=os.environ["ENVIRONMENT"])
     if isinstance(step, str):
-        _log(f"scheduled start of {vm}: {step}")
+        event = start_event(found[0] if found else None, complete=complete)
+        if event:  # meant to run, cannot: reported (infra/monitoring.py alerts on the event), not retried
+            _log(f"scheduled start of {vm}: {step}", "ERROR", **_event(event, vm))
+        else:
+            _log(f"scheduled start of {vm}: {step}")
         return json.dumps({"node": vm, "did": "nothing", "reason": step}), 200
     try:
         carry_out(tpu, step)

@@ -1,0 +1,130 @@
+"""The real-GCP smoke test (tools/smoke.py, .github/workflows/smoke.yml). It cannot run here (no
+credentials, no Pulumi CLI): its dry run, its order of commands, its `finally` and its workflow are tested."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from infra.config import parse_stack_config
+from tests.test_workflows import auth_accounts, steps, uses, workflow
+from tools import smoke
+from tools.offline.stackfile import ROOT, read_stack_config
+
+ARGS = ["--project", "acme-ml-sandbox", "--billing-account", "01A2B3-C4D5E6-F7A8B9", "--email", "ml@acme.example"]
+
+
+def dry_run(capsys, *extra: str) -> tuple[int, str, list[str]]:
+    code = smoke.main([*ARGS, "--dry-run", *extra])
+    out = capsys.readouterr().out
+    return code, out, [line[2:] for line in out.splitlines() if line.startswith("$ ")]
+
+
+def stack_file_of(out: str) -> Path:
+    (path,) = re.findall(r"^# stack file (\S+):$", out, flags=re.M)
+    return Path(path)
+
+
+def test_the_cheapest_tpu_is_the_cheapest_spot_single_host_type_of_the_zone():
+    choice = smoke.cheapest_tpu("us-central1-a")
+    assert choice.accelerator.name == "v5litepod-1"  # 1 chip x 0.213 USD; a v2-8 is 4 chips x 0.34
+    assert choice.runtime == "tpu-vm-tf-2.15.0-pjrt"
+    assert smoke.cheapest_tpu("us-central1-b").accelerator.name != "v5litepod-1"  # not offered there
+    with pytest.raises(SystemExit, match="offers no single-host TPU in mars-north1-a"):
+        smoke.cheapest_tpu("mars-north1-a")
+
+
+def test_dry_run_prints_a_stack_file_that_parses_and_plans_and_runs_nothing(capsys, monkeypatch):
+    ran = []
+    monkeypatch.setattr(smoke.subprocess, "run", lambda *a, **k: ran.append(a))
+    code, out, commands = dry_run(capsys, "--stack", "smoke-123")
+    assert code == 0 and ran == [] and commands
+    assert "# the stack file validates and plans offline" in out
+    path = stack_file_of(out)
+    assert path.parent != ROOT and not (ROOT / path.name).exists()  # no Pulumi.<stack>.yaml in the checkout
+    cfg = parse_stack_config("smoke-123", read_stack_config("smoke-123", ROOT, path))
+    (vm,) = cfg.tpu_vms
+    assert (vm.accelerator.name, vm.provisioning, vm.on_completion) == ("v5litepod-1", "spot", "stop")
+    assert cfg.workload(vm.workload).epochs == 1
+    assert smoke.plan_offline("smoke-123", path) == []  # no error, not even a warning (the cost fits the budget)
+
+
+def test_the_commands_come_in_order_and_destroy_is_among_them(capsys):
+    _, _, commands = dry_run(capsys)
+    verbs = [" ".join(c.split()[:3]) for c in commands]
+    assert verbs == [
+        "pulumi stack init",
+        "pulumi up --stack",
+        "gcloud storage ls",  # the completion marker
+        "gcloud storage ls",  # a checkpoint
+        "gcloud compute tpus",  # the node STOPPED by the guard
+        "pulumi destroy --stack",
+        "gcloud storage buckets",  # data survived
+        "gcloud storage buckets",  # status survived
+        "pulumi stack rm",
+    ]
+    assert commands[2].endswith("gs://acme-ml-sandbox-smoke-status/smoke-tpu/COMPLETE")
+    assert commands[3].endswith("gs://acme-ml-sandbox-smoke-checkpoints/mnist/smoke-tpu/smoke/")
+    assert all("--config-file" in c for c in commands if c.startswith(("pulumi up", "pulumi destroy")))
+
+
+class FailingShell(smoke.Shell):
+    """Answers like a real run in which one command fails."""
+
+    def __init__(self, failing: str):
+        super().__init__(dry_run=True)
+        self.failing = failing
+
+    def run(self, argv, *, cwd=None, answer=""):
+        super().run(argv, cwd=cwd, answer=answer)
+        return (1, "") if " ".join(argv).startswith(self.failing) else (0, answer)
+
+
+@pytest.mark.parametrize("failing", ["pulumi up", "gcloud storage ls", "gcloud compute tpus"])
+def test_destroy_runs_whatever_failed_before(failing, tmp_path, capsys):
+    path = tmp_path / "Pulumi.smoke.yaml"
+    args = smoke.SmokeArgs("acme-ml-sandbox", "01A2B3-C4D5E6-F7A8B9", "us-central1-a", "smoke", "o", "a@b.example",
+                           200, "")  # fmt: skip
+    path.write_text(smoke.stack_file_text(args, smoke.cheapest_tpu("us-central1-a")))
+    cfg = parse_stack_config("smoke", read_stack_config("smoke", ROOT, path))
+    shell = FailingShell(failing)
+    report = smoke.smoke(cfg, path, shell, run_minutes=0, poll_seconds=0, action_minutes=0)
+    assert not report.passed
+    assert any(c.startswith("pulumi destroy") for c in shell.printed)
+    assert shell.printed[-1].startswith("pulumi stack rm")
+    assert "FAILED" in report.text()
+
+
+def test_a_crash_mid_run_still_destroys(tmp_path):
+    class Crashing(FailingShell):
+        def run(self, argv, *, cwd=None, answer=""):
+            if argv[:2] == ["gcloud", "compute"]:
+                raise KeyboardInterrupt
+            return super().run(argv, cwd=cwd, answer=answer)
+
+    path = tmp_path / "Pulumi.smoke.yaml"
+    args = smoke.SmokeArgs("acme-ml-sandbox", "01A2B3-C4D5E6-F7A8B9", "us-central1-a", "smoke", "o", "a@b.example",
+                           200, "")  # fmt: skip
+    path.write_text(smoke.stack_file_text(args, smoke.cheapest_tpu("us-central1-a")))
+    cfg = parse_stack_config("smoke", read_stack_config("smoke", ROOT, path))
+    shell = Crashing("nothing")
+    with pytest.raises(KeyboardInterrupt):
+        smoke.smoke(cfg, path, shell, run_minutes=0, poll_seconds=0, action_minutes=0)
+    assert any(c.startswith("pulumi destroy") for c in shell.printed)
+
+
+def test_the_workflow_is_manual_gated_minimal_and_runs_the_command():
+    data = workflow("smoke.yml")
+    assert data["on"] == {"workflow_dispatch": data["on"]["workflow_dispatch"]}  # by hand only
+    assert data["permissions"] == {"contents": "read"}
+    (job,) = data["jobs"].values()
+    assert job["environment"] == "smoke"
+    assert job["permissions"] == {"contents": "read", "id-token": "write"}
+    assert auth_accounts(job) == ["${{ vars.SMOKE_SERVICE_ACCOUNT }}"]
+    assert [s.get("with") for s in steps(job) if uses(s, "pulumi/actions")] == [None], "installs the CLI only"
+    (run,) = [s for s in steps(job) if "tools.smoke" in s.get("run", "")]
+    assert "--dry-run" not in run["run"]
+    assert all("${{" not in line for line in run["run"].splitlines()), "values reach the shell through env only"
+    assert run["env"]["PULUMI_BACKEND_URL"] == "${{ vars.SMOKE_STATE_BACKEND }}"
