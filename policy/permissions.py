@@ -64,3 +64,24 @@ def denied(permissions: Iterable[str]) -> dict[str, str]:
     """The deny-listed permissions among `permissions`, each with its reason."""
     found = {p: why_denied(p) for p in permissions}
     return {p: why for p, why in sorted(found.items()) if why}
+
+
+# "Resource attributes for IAM Conditions" (cloud.google.com/iam/docs/conditions-resource-attributes):
+# only these services recognise resource.name / resource.type / resource.service; the program's own
+# list (infra/access/iamdata.py) is tested to be the same.
+CONDITION_RESOURCE_SERVICES: frozenset[str] = frozenset(
+    f"{s}.googleapis.com"
+    for s in (
+        "apigee", "apihub", "backupdr", "bigquery", "bigqueryreservation", "bigtableadmin", "binaryauthorization",
+        "ces", "clouddeploy", "cloudkms", "cloudresourcemanager", "compute", "container", "connectors",
+        "dataform", "firestore", "iap", "integrations", "logging", "pubsublite", "secretmanager", "spanner",
+        "sqladmin", "storage",
+    )
+)  # fmt: skip
+_PERMISSION_HOST = {"resourcemanager": "cloudresourcemanager", "billing": "cloudbilling"}
+
+
+def services_ignoring_resource_conditions(permissions: Iterable[str]) -> list[str]:
+    """The services among `permissions` whose checks ignore conditions on resource attributes."""
+    hosts = {f"{_PERMISSION_HOST.get(p.split('.', 1)[0], p.split('.', 1)[0])}.googleapis.com" for p in permissions}
+    return sorted(hosts - CONDITION_RESOURCE_SERVICES)

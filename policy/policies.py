@@ -20,7 +20,7 @@ from pulumi_policy import EnforcementLevel, PolicyResource, ResourceValidationAr
 
 from .exceptions import EXCEPTIONS, ROLE_EXCEPTIONS, GrantException
 from .grants import Grant, custom_role_name, custom_roles_declared, grants_of, role_permissions
-from .permissions import denied
+from .permissions import denied, services_ignoring_resource_conditions
 
 
 class Report(Protocol):
@@ -119,6 +119,28 @@ def grants_judged(args: StackValidationArgs, report: Report) -> None:
     for resource, grant in _grants(args.resources):
         for message in judge_grant(grant, custom_roles).cannot_tell:
             report(message, resource.urn)
+
+
+_RESOURCE_ATTRIBUTE = re.compile(r"\bresource\.(name|type|service)\b")
+
+
+def conditions_only_where_supported(args: StackValidationArgs, report: Report) -> None:
+    """A project-level grant conditioned on resource attributes covers every resource of a service that
+    ignores them (Cloud TPU among them): the condition would silently grant the whole service."""
+    custom_roles = _custom_roles(args.resources)
+    for resource, grant in _grants(args.resources):
+        expression = (grant.condition or {}).get("expression") or ""
+        if grant.level != "project" or not _RESOURCE_ATTRIBUTE.search(expression) or grant.role is None:
+            continue
+        permissions = role_permissions(grant.role, custom_roles)
+        ignored = services_ignoring_resource_conditions(permissions or ())
+        if ignored:
+            report(
+                f"{grant.role} for {grant.member} is conditioned on resource attributes, which "
+                f"{', '.join(ignored)} ignore (cloud.google.com/iam/docs/conditions-resource-attributes): "
+                "it would apply to every resource of those services",
+                resource.urn,
+            )
 
 
 def custom_roles_no_dangerous_permissions(args: ResourceValidationArgs, report: Report) -> None:
@@ -290,6 +312,8 @@ RULES: tuple[Rule, ...] = (
          no_dangerous_grants, stack=True),
     Rule("grants-judged", "Grants the pack cannot judge (unknown roles, values not known yet)", ADVISORY,
          grants_judged, stack=True),
+    Rule("iam-conditions-only-where-supported", "Resource conditions only on services that honour them", MANDATORY,
+         conditions_only_where_supported, stack=True),
     Rule("custom-roles-no-dangerous-permissions", "Custom roles hold no deny-listed permission", MANDATORY,
          custom_roles_no_dangerous_permissions),
     Rule("no-service-account-keys", "No service-account keys", MANDATORY, no_service_account_keys),

@@ -214,3 +214,34 @@ def test_the_pack_serves_every_rule(tmp_path):
     levels = {p.name: analyzer_pb2.EnforcementLevel.Name(p.enforcementLevel) for p in info.policies}
     assert levels["required-labels"] == "ADVISORY"
     assert levels["tpu-vm-no-external-ip"] == "MANDATORY"
+
+
+def test_a_project_grant_conditioned_on_a_tpu_node_name_is_refused():
+    """Cloud TPU ignores resource attributes: such a condition would grant every node."""
+    from infra.access.iamdata import CONDITION_RESOURCE_SERVICES as PROGRAM_LIST
+    from policy.permissions import CONDITION_RESOURCE_SERVICES
+
+    assert CONDITION_RESOURCE_SERVICES == PROGRAM_LIST  # the pack's copy of Google's list is the program's
+    project = "p-123456"
+    role = stack_resource(
+        "gcp:projects/iAMCustomRole:IAMCustomRole",
+        {"project": project, "roleId": "stopper", "permissions": ["tpu.nodes.stop"]},
+        "role",
+    )
+    node = f'resource.name == "projects/{project}/locations/z/nodes/n"'
+    grant = stack_resource(
+        "gcp:projects/iAMMember:IAMMember",
+        {"project": project, "role": f"projects/{project}/roles/stopper", "member": "user:w@example.com",
+         "condition": {"title": "t", "expression": node}},
+        "grant",
+    )  # fmt: skip
+    found = stack_violations(policies.conditions_only_where_supported, [role, grant])
+    assert len(found) == 1 and "tpu.googleapis.com" in found[0]
+    bucket = 'resource.name.startsWith("projects/_/buckets/b/")'
+    on_storage = stack_resource(
+        "gcp:projects/iAMMember:IAMMember",
+        {"project": project, "role": "roles/storage.objectViewer", "member": "user:a@example.com",
+         "condition": {"title": "t", "expression": bucket}},
+        "storage",
+    )  # fmt: skip
+    assert stack_violations(policies.conditions_only_where_supported, [on_storage]) == []
