@@ -390,19 +390,27 @@ def build_bootstrap(cfg: BootstrapConfig) -> dict[str, Any]:
                 member=agent_member,
                 opts=in_env,
             )
-        if entry["cmekKeys"]:
-            # The environment's Cloud Storage agent uses keys kept in another project; the grant is made
-            # here so that the deployer needs no right on those keys.
-            agent = gcp.storage.get_project_service_account_output(
-                project=project, opts=pulumi.InvokeOutputOptions(depends_on=env_apis)
-            )
-            for index, key_name in enumerate(entry["cmekKeys"]):
-                gcp.kms.CryptoKeyIAMMember(
-                    f"{stack}-cmek-{index}-storage-agent",
-                    crypto_key_id=key_name,
-                    role=ENCRYPTER_DECRYPTER,
-                    member=agent.member,
+        for index, grant in enumerate(entry["cmekKeys"]):
+            # The environment's Google agents use keys kept in another project (a security team's); the
+            # grant is made here so that the deployer needs no right on those keys.
+            if grant["agent"] == "storage.googleapis.com":
+                key_user = gcp.storage.get_project_service_account_output(
+                    project=project, opts=pulumi.InvokeOutputOptions(depends_on=env_apis)
+                ).member
+            else:  # Pub/Sub's agent, provisioned here (its API on first), as Eventarc's above
+                api = gcp.projects.Service(
+                    f"{stack}-api-cmek-{index}", project=project, service=grant["agent"], disable_on_destroy=False
                 )
+                key_user = gcp.projects.ServiceIdentity(
+                    f"{stack}-cmek-{index}-identity", project=project, service=grant["agent"],
+                    opts=pulumi.ResourceOptions(depends_on=[*env_apis, api]),
+                ).member  # fmt: skip
+            gcp.kms.CryptoKeyIAMMember(
+                f"{stack}-cmek-{index}-{grant['agent'].split('.')[0]}-agent",
+                crypto_key_id=grant["key"],
+                role=ENCRYPTER_DECRYPTER,
+                member=key_user,
+            )
 
     return {
         "stateBackend": state.name.apply(lambda name: f"gs://{name}"),

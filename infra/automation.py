@@ -181,9 +181,14 @@ class TpuGuard(pulumi.ComponentResource):
             uniform_bucket_level_access=True,
             public_access_prevention="enforced",
             encryption=encryption,
-            force_destroy=True,  # build input only: rebuilt from the repository on every change
+            # Versioned, so the source of every deployed guard stays there to audit or roll back to; in
+            # production kept on destroy like every bucket, elsewhere a build input `destroy` may empty.
+            versioning=gcp.storage.BucketVersioningArgs(enabled=True),
+            force_destroy=not cfg.production,
             labels={**cfg.labels, "purpose": "functions-source"},
-            opts=pulumi.ResourceOptions(parent=self, depends_on=storage_ready),
+            opts=pulumi.ResourceOptions(
+                parent=self, depends_on=storage_ready, retain_on_delete=cfg.production, protect=cfg.production
+            ),
         )
         archive = gcp.storage.BucketObject(
             f"{name}-archive",

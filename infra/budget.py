@@ -45,6 +45,18 @@ class BudgetAlerts(pulumi.ComponentResource):
                 name=f"{cfg.stack}-budget-alerts",
                 project=cfg.project,
                 labels=cfg.labels,
+                # With a customer-managed key (required in production), the topic's messages are encrypted
+                # with it too, and kept only in the key's region: Pub/Sub needs the key's location to
+                # cover the topic's message storage regions (Pub/Sub, "Configure message encryption").
+                # The Pub/Sub agent's grant on the key is the bootstrap's.
+                kms_key_name=cfg.buckets.kms_key_name,
+                message_storage_policy=(
+                    gcp.pubsub.TopicMessageStoragePolicyArgs(
+                        allowed_persistence_regions=[cfg.buckets.kms_key_name.split("/locations/")[1].split("/")[0]]
+                    )
+                    if cfg.buckets.kms_key_name
+                    else None
+                ),
                 opts=pulumi.ResourceOptions(parent=self, depends_on=apis.needs("pubsub")),
             )
             if budget.pubsub_topic

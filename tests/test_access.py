@@ -402,13 +402,12 @@ def test_bootstrap_enables_resource_manager_and_service_usage_in_every_environme
 
 
 def test_bootstrap_grants_the_prod_cmek_key_so_the_deployer_needs_no_right_on_it():
-    keys = [
-        r
-        for r in boot().of_type("gcp:kms/cryptoKeyIAMMember:CryptoKeyIAMMember")
-        if "acme-security-keys" in r.inputs["cryptoKeyId"]
-    ]
-    assert [k.inputs["member"] for k in keys] == [
-        f"serviceAccount:service-{_number('acme-ml-production')}@gs-project-accounts.iam.gserviceaccount.com"
+    grants = boot().of_type("gcp:kms/cryptoKeyIAMMember:CryptoKeyIAMMember")
+    keys = [r for r in grants if "acme-security-keys" in r.inputs["cryptoKeyId"]]
+    number = _number("acme-ml-production")
+    assert sorted(k.inputs["member"] for k in keys) == [
+        f"serviceAccount:service-{number}@gcp-sa-pubsub.iam.gserviceaccount.com",  # the budget topic
+        f"serviceAccount:service-{number}@gs-project-accounts.iam.gserviceaccount.com",  # the buckets
     ]
     assert not env_plan("prod").of_type("gcp:kms/cryptoKeyIAMMember:CryptoKeyIAMMember")
 

@@ -46,3 +46,23 @@ def test_pubsub_topic_only_when_asked():
         budget.inputs["allUpdatesRule"]["pubsubTopic"] == f"projects/acme-ml-production/topics/{topic.inputs['name']}"
     )
     assert budget.inputs["allUpdatesRule"]["schemaVersion"] == "1.0"
+
+
+def test_the_production_budget_topic_is_encrypted_with_the_stacks_key_in_its_region():
+    from tests.support import plan, stack_config
+
+    (topic,) = plan(stack_config("prod"), "prod").of_type("gcp:pubsub/topic:Topic")
+    key = "projects/acme-security-keys/locations/us-central1/keyRings/ml-production/cryptoKeys/buckets"
+    assert topic.inputs["kmsKeyName"] == key
+    assert topic.inputs["messageStoragePolicy"] == {"allowedPersistenceRegions": ["us-central1"]}
+
+
+def test_the_guards_source_is_versioned_and_kept_in_production():
+    from tests.support import plan, stack_config
+
+    for stack, kept in (("prod", True), ("dev", False)):
+        (source,) = [
+            b for b in plan(stack_config(stack), stack).of_type("gcp:storage/bucket:Bucket") if b.name == "guard-source"
+        ]
+        assert source.inputs["versioning"] == {"enabled": True}
+        assert (source.retain_on_delete, source.protect, source.inputs["forceDestroy"]) == (kept, kept, not kept)

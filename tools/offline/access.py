@@ -39,10 +39,15 @@ def access_of(stack: str, result: PlanResult | None = None, config: dict[str, st
     return environment_access(stack, result.project, declared(result), result.invokes, quota_project(config))
 
 
-def cmek_keys(stack: str) -> list[str]:
-    """Keys in other projects the environment's Google agents must use: granted by the bootstrap."""
+def cmek_keys(stack: str) -> list[dict[str, str]]:
+    """Keys in other projects the environment's Google agents must use, with the agent: granted by the
+    bootstrap. Cloud Storage encrypts the buckets; Pub/Sub the budget topic (infra/budget.py)."""
     cfg = parse_stack_config(stack, read_stack_config(stack))
-    return [cfg.buckets.kms_key_name] if cfg.buckets.kms_key_name else []
+    key = cfg.buckets.kms_key_name
+    if not key:
+        return []
+    agents = ["storage.googleapis.com"] + (["pubsub.googleapis.com"] if cfg.budget.pubsub_topic else [])
+    return [{"key": key, "agent": agent} for agent in agents]
 
 
 def generate(stacks: list[str] | None = None) -> dict[str, Any]:

@@ -108,7 +108,7 @@ class GcpMocks(pulumi.runtime.Mocks):
                 state.setdefault("name", name)
                 return f"projects/{project}/{region}{kind}/{name}", state
         if token == "gcp:projects/serviceIdentity:ServiceIdentity":
-            agent = {"eventarc.googleapis.com": "gcp-sa-eventarc"}.get(inputs["service"], "gcp-sa-unknown")
+            agent = f"gcp-sa-{inputs['service'].split('.')[0]}"  # Google's pattern for service agents
             state |= {"email": f"service-{project_number(project)}@{agent}.iam.gserviceaccount.com"}
             state["member"] = f"serviceAccount:{state['email']}"
             return f"projects/{project}/services/{inputs['service']}", state
