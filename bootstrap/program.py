@@ -182,6 +182,21 @@ def _principal_set(pool: gcp.iam.WorkloadIdentityPool, attribute: str, value: st
     return pool.name.apply(lambda name: f"principalSet://iam.googleapis.com/{name}/attribute.{attribute}/{value}")
 
 
+def _environment_role(
+    stack: str, project: str, opts: pulumi.ResourceOptions, kind: str, description: str, permissions: list[str]
+) -> gcp.projects.IAMCustomRole:
+    """An environment's deployer or previewer role, in its project, with permissions from access.json."""
+    return gcp.projects.IAMCustomRole(
+        f"{kind}-{stack}-role",
+        project=project,
+        role_id=naming.custom_role_id(kind, stack),
+        title=f"tpu-platform: {kind} of {stack}",
+        description=description,
+        permissions=permissions,
+        opts=opts,
+    )
+
+
 def _member(account: gcp.serviceaccount.Account) -> pulumi.Output[str]:
     return account.email.apply(lambda email: f"serviceAccount:{email}")
 
@@ -304,14 +319,13 @@ def build_bootstrap(cfg: BootstrapConfig) -> dict[str, Any]:
         workflow = f"{cfg.repository}/{DEPLOY_WORKFLOW}@{cfg.deploy_ref}"
         federate(f"deployer-{stack}-federated", deployer, _principal_set(pool, "deploy", f"{stack}@{workflow}"))
 
-        role = gcp.projects.IAMCustomRole(
-            f"deployer-{stack}-role",
-            project=project,
-            role_id=naming.custom_role_id("deployer", stack),
-            title=f"tpu-platform: deployer of {stack}",
-            description="Computed from the environment's plan (bootstrap/access.json); nothing else.",
-            permissions=entry["deployerPermissions"],
-            opts=in_env,
+        role = _environment_role(
+            stack,
+            project,
+            in_env,
+            "deployer",
+            "Computed from the environment's plan (bootstrap/access.json); nothing else.",
+            entry["deployerPermissions"],
         )
         gcp.projects.IAMMember(f"deployer-{stack}-grant", project=project, role=role.name, member=member, opts=in_env)
         gcp.projects.IAMMember(
@@ -348,14 +362,13 @@ def build_bootstrap(cfg: BootstrapConfig) -> dict[str, Any]:
                 member=member,
             )
 
-        preview_role = gcp.projects.IAMCustomRole(
-            f"previewer-{stack}-role",
-            project=project,
-            role_id=naming.custom_role_id("previewer", stack),
-            title=f"tpu-platform: previewer of {stack}",
-            description="The reads of `pulumi preview --refresh` (bootstrap/access.json); no write.",
-            permissions=entry["previewerPermissions"],
-            opts=in_env,
+        preview_role = _environment_role(
+            stack,
+            project,
+            in_env,
+            "previewer",
+            "The reads of `pulumi preview --refresh` (bootstrap/access.json); no write.",
+            entry["previewerPermissions"],
         )
         gcp.projects.IAMMember(
             f"previewer-{stack}-grant", project=project, role=preview_role.name, member=_member(previewer), opts=in_env

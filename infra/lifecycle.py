@@ -101,54 +101,48 @@ class TpuSchedules(pulumi.ComponentResource):
             assert vm.schedule is not None
             if vm.name not in nodes:
                 continue  # deleted once its run completed: nothing left to start or stop
-            after = pulumi.ResourceOptions(parent=self, depends_on=[*apis.needs("cloudscheduler"), nodes[vm.name]])
+
+            def job(action: str, cron: str, what: str, target: gcp.cloudscheduler.JobHttpTargetArgs,
+                    waits: list[pulumi.Resource], vm: TpuVmSettings = vm) -> gcp.cloudscheduler.Job:  # fmt: skip
+                return gcp.cloudscheduler.Job(
+                    f"{name}-{vm.name}-{action}",
+                    name=naming.scheduler_job(vm.name, action),
+                    project=cfg.project,
+                    region=vm.region,
+                    description=f"{what} ({cfg.stack})",
+                    schedule=cron,
+                    time_zone=vm.schedule.time_zone if vm.schedule else "Etc/UTC",
+                    http_target=target,
+                    retry_config=gcp.cloudscheduler.JobRetryConfigArgs(retry_count=3),
+                    opts=pulumi.ResourceOptions(
+                        parent=self, depends_on=[*apis.needs("cloudscheduler"), nodes[vm.name], *waits]
+                    ),
+                )
+
+            json_body = {"Content-Type": "application/json"}
             # Stop: the TPU API directly (cloudscheduler.v1 HttpTarget with an OAuth token).
-            self.jobs.append(
-                gcp.cloudscheduler.Job(
-                    f"{name}-{vm.name}-stop",
-                    name=naming.scheduler_job(vm.name, "stop"),
-                    project=cfg.project,
-                    region=vm.region,
-                    description=f"Stop TPU VM {vm.name} ({cfg.stack})",
-                    schedule=vm.schedule.stop,
-                    time_zone=vm.schedule.time_zone,
-                    http_target=gcp.cloudscheduler.JobHttpTargetArgs(
-                        uri=f"{node_url(cfg.project, vm)}:stop",
-                        http_method="POST",
-                        body=base64.b64encode(b"{}").decode(),
-                        headers={"Content-Type": "application/json"},
-                        oauth_token=gcp.cloudscheduler.JobHttpTargetOauthTokenArgs(
-                            service_account_email=self.account.email,
-                            scope="https://www.googleapis.com/auth/cloud-platform",
-                        ),
-                    ),
-                    retry_config=gcp.cloudscheduler.JobRetryConfigArgs(retry_count=3),
-                    opts=pulumi.ResourceOptions.merge(after, pulumi.ResourceOptions(depends_on=ready)),
-                )
+            stop = gcp.cloudscheduler.JobHttpTargetArgs(
+                uri=f"{node_url(cfg.project, vm)}:stop",
+                http_method="POST",
+                body=base64.b64encode(b"{}").decode(),
+                headers=json_body,
+                oauth_token=gcp.cloudscheduler.JobHttpTargetOauthTokenArgs(
+                    service_account_email=self.account.email, scope="https://www.googleapis.com/auth/cloud-platform"
+                ),
             )
+            self.jobs.append(job("stop", vm.schedule.stop, f"Stop TPU VM {vm.name}", stop, ready))
             # Start: through the guard, which refuses to boot a VM whose run is complete.
-            self.jobs.append(
-                gcp.cloudscheduler.Job(
-                    f"{name}-{vm.name}-start",
-                    name=naming.scheduler_job(vm.name, "start"),
-                    project=cfg.project,
-                    region=vm.region,
-                    description=f"Start TPU VM {vm.name} unless its run is complete ({cfg.stack})",
-                    schedule=vm.schedule.start,
-                    time_zone=vm.schedule.time_zone,
-                    http_target=gcp.cloudscheduler.JobHttpTargetArgs(
-                        uri=start.url,
-                        http_method="POST",
-                        body=base64.b64encode(json.dumps({"node": vm.name}).encode()).decode(),
-                        headers={"Content-Type": "application/json"},
-                        oidc_token=gcp.cloudscheduler.JobHttpTargetOidcTokenArgs(
-                            service_account_email=start.invoker_email, audience=start.url
-                        ),
-                    ),
-                    retry_config=gcp.cloudscheduler.JobRetryConfigArgs(retry_count=3),
-                    opts=pulumi.ResourceOptions.merge(after, pulumi.ResourceOptions(depends_on=start.ready)),
-                )
+            begin = gcp.cloudscheduler.JobHttpTargetArgs(
+                uri=start.url,
+                http_method="POST",
+                body=base64.b64encode(json.dumps({"node": vm.name}).encode()).decode(),
+                headers=json_body,
+                oidc_token=gcp.cloudscheduler.JobHttpTargetOidcTokenArgs(
+                    service_account_email=start.invoker_email, audience=start.url
+                ),
             )
+            what = f"Start TPU VM {vm.name} unless its run is complete"
+            self.jobs.append(job("start", vm.schedule.start, what, begin, start.ready))
         self.register_outputs({"account": self.account.email})
 
 
