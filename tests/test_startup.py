@@ -222,22 +222,25 @@ def test_oversized_workload_registers_nothing(monkeypatch):
     assert monitor.registrations == []
 
 
-# An image that has the pinned TensorFlow 2.14.1 and everything else: the script gets as far as starting the unit.
+# An image that has the pinned framework and everything else: the script gets as far as starting the unit.
 READY_IMAGE = """#!/bin/bash
 case "$*" in
-  *__version__*) echo 2.14.1 ;;
+  *__version__*) echo {version} ;;
 esac
 """
 
 
-def slice_env(tmp_path: Path, attributes: dict[str, str], port: str = "") -> tuple[subprocess.CompletedProcess, dict]:
+def slice_env(
+    tmp_path: Path, attributes: dict[str, str], port: str = "", of: StartupSpec | None = None
+) -> tuple[subprocess.CompletedProcess, dict]:
     """Boot the dev script against a metadata server on loopback; the unit's environment file it wrote."""
     from tests.sandbox import metadata_server
 
-    script = render_startup_script(spec())
-    with metadata_server({"tpu-platform-env": render_env(spec()), **attributes}) as host:
+    of = of or spec()
+    script = render_startup_script(of)
+    with metadata_server({"tpu-platform-env": render_env(of), **attributes}) as host:
         extra = {"GCE_METADATA_HOST": host, **({"TPU_PLATFORM_COORDINATOR_PORT": port} if port else {})}
-        done, folder = boot_with(script, READY_IMAGE, tmp_path, extra)
+        done, folder = boot_with(script, READY_IMAGE.format(version=of.framework_version), tmp_path, extra)
     env_file = folder / "root/etc/tpu-platform/mnist.env"
     lines = env_file.read_text().splitlines() if env_file.exists() else []
     return done, dict(line.split("=", 1) for line in lines)
@@ -255,6 +258,19 @@ def test_each_worker_of_a_slice_gets_its_id_the_worker_count_and_worker_0_as_coo
     _, env = slice_env(tmp_path / "b", {"agent-worker-number": "1", "worker-network-endpoints": "w-0,w-1"}, "9000")
     assert (env["TPU_PLATFORM_WORKER_ID"], env["TPU_PLATFORM_WORKER_COUNT"]) == ("1", "2")
     assert env["TPU_PLATFORM_COORDINATOR"] == "w-0:9000"
+
+
+def test_a_tensorflow_pod_worker_knows_its_number_and_its_unit_names_the_pod(tmp_path):
+    """TF pods are driven from worker 0 (TPU_NAME in the unit); tf_mnist on any other worker exits at
+    once by TPU_WORKER_ID. A TF pod cannot run on a CPU: this checks what the script renders and writes."""
+    pod = tf_spec("2.15.0", "tpu-vm-tf-2.15.0-pod-pjrt", "v2-32")  # 4 hosts
+    endpoints = ",".join(f"w-{i}:{i}:10.0.0.{i + 2}" for i in range(4))
+    done, env = slice_env(tmp_path, {"agent-worker-number": "3", "worker-network-endpoints": endpoints}, of=pod)
+    assert done.returncode == 0, done.stderr
+    assert (env["TPU_WORKER_ID"], env["TPU_PLATFORM_WORKER_COUNT"]) == ("3", "4")
+    unit = (tmp_path / "root/etc/systemd/system/tpu-workload-mnist.service").read_text()
+    assert "Environment=TPU_NAME=mnist-v2-spot\n" in unit
+    assert 'process = int(os.environ.get("TPU_WORKER_ID", "0"))' in (ROOT / "workloads/tf_mnist.py").read_text()
 
 
 def test_a_single_host_vm_is_one_worker_without_a_coordinator(tmp_path):
