@@ -11,13 +11,15 @@ idempotent:
   2. write the program files; fetch the run settings from the metadata server (so a settings change
      is a metadata update, not a new script);
   3. if the run's completion marker exists, do nothing more;
-  4. otherwise start it as a systemd service with the environment its runtime needs: it restarts on
+  4. otherwise start it as a systemd service with the environment its runtime needs (and this worker's
+     place in a multi-host slice: worker id, worker count, the coordinator's address): it restarts on
      failure (a few times an hour at most, never after exit 78, a configuration error), logs structured
      lines to the journal, and resumes from its newest checkpoint after a reboot, a preemption or a
      re-created VM.
 
-`TPU_PLATFORM_ROOT`, `TPU_PLATFORM_PYTHON` and `GCE_METADATA_HOST` let the tests run the very same
-script in a sandbox (files under a temporary root, a metadata server on loopback).
+`TPU_PLATFORM_ROOT`, `TPU_PLATFORM_PYTHON`, `GCE_METADATA_HOST` and `TPU_PLATFORM_COORDINATOR_PORT` let
+the tests run the very same script in a sandbox (files under a temporary root, a metadata server on
+loopback, two workers of one slice on one machine).
 """
 
 from __future__ import annotations
@@ -46,6 +48,10 @@ _SAFE_MESSAGE = re.compile(r'[^"$`\n\\]*')
 # The start-up script's and the program's exit status for "this configuration cannot work": systemd
 # does not restart the unit for it (RestartPreventExitStatus), and GCE does not re-run the script.
 EXIT_CONFIG = 78  # EX_CONFIG of sysexits.h
+# Where worker 0 serves JAX's distributed runtime on a multi-host slice: the port JAX itself picks when
+# it finds a Cloud TPU slice itself (`coordinator_port = '8482'` in jax/_src/clusters/cloud_tpu_cluster.py).
+# Passed explicitly, so the same start-up path works where JAX's detection is off (a CPU sandbox).
+COORDINATOR_PORT = 8482
 _HEREDOC_PROGRAM = "TPU_PLATFORM_PROGRAM"
 
 
@@ -152,6 +158,7 @@ readonly ENV_FILE="${{ROOT}}/etc/tpu-platform/{spec.workload}.env"
 readonly UNIT_FILE="${{ROOT}}/etc/systemd/system/{spec.unit}"
 readonly UNIT={spec.unit}
 readonly FRAMEWORK_VERSION={spec.framework_version}
+readonly COORDINATOR_PORT="${{TPU_PLATFORM_COORDINATOR_PORT:-{COORDINATOR_PORT}}}"
 
 log() {{ echo "tpu-platform: $*"; }}
 
@@ -192,11 +199,38 @@ ensure_packages() {{
   fi
 }}
 
+# This worker's place in its slice, for the unit's environment: its number (`agent-worker-number`), the
+# number of workers and worker 0's address as the coordinator of JAX's distributed runtime. Cloud TPU
+# lists the workers in `worker-network-endpoints`, worker 0 first, each `host` or `name:id:ip` (the
+# two formats jax/_src/clusters/cloud_tpu_cluster.py reads). A single-host VM: one worker, no coordinator.
+slice_env() {{
+  local worker endpoints count=1 coordinator=""
+  local -a workers=()
+  worker="$(metadata instance/attributes/agent-worker-number || echo 0)"
+  endpoints="$(metadata instance/attributes/worker-network-endpoints || true)"
+  if [[ -n "${{endpoints}}" ]]; then
+    IFS=, read -r -a workers <<< "${{endpoints}}"
+    count=${{#workers[@]}}
+    coordinator="${{workers[0]##*:}}"
+    if ! [[ "${{coordinator}}" =~ ^[A-Za-z0-9.-]+$ ]]; then
+      fatal "worker-network-endpoints names no address for worker 0: '${{endpoints}}'"
+    fi
+    coordinator="${{coordinator}}:${{COORDINATOR_PORT}}"
+  fi
+  if ! [[ "${{worker}}" =~ ^[0-9]+$ ]] || (( worker >= count )); then
+    fatal "agent-worker-number '${{worker}}' is not a worker of this ${{count}}-worker slice"
+  fi
+  echo "TPU_WORKER_ID=${{worker}}"
+  echo "TPU_PLATFORM_WORKER_ID=${{worker}}"
+  echo "TPU_PLATFORM_WORKER_COUNT=${{count}}"
+  echo "TPU_PLATFORM_COORDINATOR=${{coordinator}}"
+}}
+
 install_program() {{
   mkdir -p "${{APP_DIR}}" "$(dirname "${{ENV_FILE}}")" "$(dirname "${{UNIT_FILE}}")"
 {writes}  # Settings live in metadata: changing them updates the VM in place, and this script reads them anew.
   metadata "instance/attributes/{ENV_ATTRIBUTE}" > "${{ENV_FILE}}.new"
-  echo "TPU_WORKER_ID=$(metadata instance/attributes/agent-worker-number || echo 0)" >> "${{ENV_FILE}}.new"
+  slice_env >> "${{ENV_FILE}}.new"
   mv "${{ENV_FILE}}.new" "${{ENV_FILE}}"
 }}
 

@@ -15,6 +15,7 @@ from infra.config import parse_stack_config
 from infra.programs import Program
 from infra.schema import ConfigError
 from infra.startup import (
+    COORDINATOR_PORT,
     EXIT_CONFIG,
     MAX_METADATA_VALUE_BYTES,
     StartupSpec,
@@ -97,17 +98,20 @@ def test_extras_keep_protobuf_below_5_next_to_tensorflow_before_2_18():
     assert "protobuf<5" not in newer
 
 
-def boot_with(script: str, python_shim: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], Path]:
+def boot_with(
+    script: str, python_shim: str, tmp_path: Path, extra_env: dict[str, str] | None = None
+) -> tuple[subprocess.CompletedProcess[str], Path]:
     """Run the start-up script against a stand-in for the image's python3; systemctl only records."""
     shims = tmp_path / "shims"
-    shims.mkdir()
+    shims.mkdir(parents=True)
     (shims / "python3").write_text(python_shim)
     (shims / "systemctl").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/systemctl\n')
     (shims / "pip-called").write_text("")
     for shim in ("python3", "systemctl"):
         (shims / shim).chmod(0o755)
     env = {**os.environ, "TPU_PLATFORM_ROOT": str(tmp_path / "root"), "TPU_PLATFORM_PYTHON": str(shims / "python3"),
-           "PATH": f"{shims}:{os.environ['PATH']}", "GCE_METADATA_HOST": "127.0.0.1:9"}  # fmt: skip
+           "PATH": f"{shims}:{os.environ['PATH']}", "GCE_METADATA_HOST": "127.0.0.1:9",
+           **(extra_env or {})}  # fmt: skip
     path = tmp_path / "startup.sh"
     path.write_text(script)
     return subprocess.run(["bash", str(path)], env=env, capture_output=True, text=True, timeout=60), tmp_path
@@ -216,3 +220,69 @@ def test_oversized_workload_registers_nothing(monkeypatch):
     with pytest.raises(Exception, match="GCP allows 262,144 per value"):
         run_program("dev", stack_config(), monitor=monitor)
     assert monitor.registrations == []
+
+
+# An image that has the pinned framework and everything else: the script gets as far as starting the unit.
+READY_IMAGE = """#!/bin/bash
+case "$*" in
+  *__version__*) echo {version} ;;
+esac
+"""
+
+
+def slice_env(
+    tmp_path: Path, attributes: dict[str, str], port: str = "", of: StartupSpec | None = None
+) -> tuple[subprocess.CompletedProcess, dict]:
+    """Boot the dev script against a metadata server on loopback; the unit's environment file it wrote."""
+    from tests.sandbox import metadata_server
+
+    of = of or spec()
+    script = render_startup_script(of)
+    with metadata_server({"tpu-platform-env": render_env(of), **attributes}) as host:
+        extra = {"GCE_METADATA_HOST": host, **({"TPU_PLATFORM_COORDINATOR_PORT": port} if port else {})}
+        done, folder = boot_with(script, READY_IMAGE.format(version=of.framework_version), tmp_path, extra)
+    env_file = folder / "root/etc/tpu-platform/mnist.env"
+    lines = env_file.read_text().splitlines() if env_file.exists() else []
+    return done, dict(line.split("=", 1) for line in lines)
+
+
+def test_each_worker_of_a_slice_gets_its_id_the_worker_count_and_worker_0_as_coordinator(tmp_path):
+    # Both formats of worker-network-endpoints, as jax/_src/clusters/cloud_tpu_cluster.py reads them.
+    endpoints = "t1k-w-0:0:10.130.0.5,t1k-w-1:1:10.130.0.6,t1k-w-2:2:10.130.0.7,t1k-w-3:3:10.130.0.8"
+    done, env = slice_env(tmp_path / "a", {"agent-worker-number": "2", "worker-network-endpoints": endpoints})
+    assert done.returncode == 0, done.stderr
+    assert env["TPU_PLATFORM_WORKER_ID"] == env["TPU_WORKER_ID"] == "2"
+    assert env["TPU_PLATFORM_WORKER_COUNT"] == "4"
+    assert env["TPU_PLATFORM_COORDINATOR"] == f"10.130.0.5:{COORDINATOR_PORT}" == "10.130.0.5:8482"
+    assert env["TPU_PLATFORM_RUN_ID"] == "dev/mnist/mnist-v2-spot/r1"  # the run's settings are still there
+    _, env = slice_env(tmp_path / "b", {"agent-worker-number": "1", "worker-network-endpoints": "w-0,w-1"}, "9000")
+    assert (env["TPU_PLATFORM_WORKER_ID"], env["TPU_PLATFORM_WORKER_COUNT"]) == ("1", "2")
+    assert env["TPU_PLATFORM_COORDINATOR"] == "w-0:9000"
+
+
+def test_a_tensorflow_pod_worker_knows_its_number_and_its_unit_names_the_pod(tmp_path):
+    """TF pods are driven from worker 0 (TPU_NAME in the unit); tf_mnist on any other worker exits at
+    once by TPU_WORKER_ID. A TF pod cannot run on a CPU: this checks what the script renders and writes."""
+    pod = tf_spec("2.15.0", "tpu-vm-tf-2.15.0-pod-pjrt", "v2-32")  # 4 hosts
+    endpoints = ",".join(f"w-{i}:{i}:10.0.0.{i + 2}" for i in range(4))
+    done, env = slice_env(tmp_path, {"agent-worker-number": "3", "worker-network-endpoints": endpoints}, of=pod)
+    assert done.returncode == 0, done.stderr
+    assert (env["TPU_WORKER_ID"], env["TPU_PLATFORM_WORKER_COUNT"]) == ("3", "4")
+    unit = (tmp_path / "root/etc/systemd/system/tpu-workload-mnist.service").read_text()
+    assert "Environment=TPU_NAME=mnist-v2-spot\n" in unit
+    assert 'process = int(os.environ.get("TPU_WORKER_ID", "0"))' in (ROOT / "workloads/tf_mnist.py").read_text()
+
+
+def test_a_single_host_vm_is_one_worker_without_a_coordinator(tmp_path):
+    done, env = slice_env(tmp_path, {"agent-worker-number": "0"})
+    assert done.returncode == 0, done.stderr
+    assert (env["TPU_PLATFORM_WORKER_ID"], env["TPU_PLATFORM_WORKER_COUNT"], env["TPU_PLATFORM_COORDINATOR"]) == (
+        "0", "1", ""
+    )  # fmt: skip
+
+
+def test_a_worker_number_outside_its_slice_is_a_configuration_error(tmp_path):
+    done, _ = slice_env(tmp_path, {"agent-worker-number": "2", "worker-network-endpoints": "w-0,w-1"})
+    assert done.returncode == EXIT_CONFIG
+    assert "agent-worker-number '2' is not a worker of this 2-worker slice" in done.stderr
+    assert not (tmp_path / "systemctl").exists()

@@ -12,6 +12,7 @@ node; a scheduled start of that VM afterwards does nothing.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -23,14 +24,17 @@ from google.cloud import storage
 
 from infra.config import parse_stack_config
 from infra.tpu.metadata import render_metadata, startup_spec
-from tests.sandbox import Vm, metadata_server, storage_emulator, tpu_api, wait_for
+from tests.sandbox import Vm, free_port, metadata_server, storage_emulator, tpu_api, wait_for
 from tests.support import stack_config, with_object
-from tests.workloads import WORKLOADS, workloads_python
+from tests.workloads import WORKLOADS, run_workload, workloads_python
 
 pytestmark = [pytest.mark.slow, pytest.mark.workloads]
 
 BATCH, EPOCHS, TRAIN = 32, 12, 2048
 TOTAL_STEPS = EPOCHS * (TRAIN // BATCH)  # what an uninterrupted run trains
+# Two hosts' mean gradient equals one host's over the same global batch up to float summation order
+# (measured: equal to the 5 decimals the log keeps).
+LOSS_TOLERANCE = 1e-3
 
 
 def installed_version(module: str) -> str:
@@ -57,16 +61,24 @@ def emulator(tmp_path_factory):
         del os.environ["STORAGE_EMULATOR_HOST"]
 
 
-def vm_metadata_for(program: str, framework_module: str) -> tuple[dict[str, str], str]:
+def vm_metadata_for(
+    program: str, framework_module: str, epochs: int = EPOCHS, run: str = "", vm: dict | None = None
+) -> tuple[dict[str, str], str]:
     """The dev stack's VM, running `program` pinned to the framework the sandbox has, with small settings."""
     raw = with_object(stack_config(), "workloads", lambda w: w["mnist"].update(
-        program=program, frameworkVersion=installed_version(framework_module), run=f"e2e-{program.replace('_', '-')}",
-        epochs=EPOCHS, batchSize=BATCH, checkpointEverySteps=20,
+        program=program, frameworkVersion=installed_version(framework_module),
+        run=run or f"e2e-{program.replace('_', '-')}", epochs=epochs, batchSize=BATCH, checkpointEverySteps=20,
     ))  # fmt: skip
     # JAX 0.7+ needs Python 3.11, which v4's tpu-ubuntu2204-base (Ubuntu 22.04) lacks: the plan refuses
     # it, so the JAX run takes a v5e, whose runtime's Python the start-up script checks at boot.
     jax_vm = {"acceleratorType": "v5litepod-4", "zone": "us-central1-a"} if program == "jax_mnist" else {}
     raw = with_object(raw, "tpuVms", lambda v: v[0].update(runtimeVersion=_runtime_for(program, raw), **jax_vm))
+    if vm:
+
+        def merged(vms: list) -> None:  # a None in `vm` unsets that key
+            vms[0] = {k: x for k, x in {**vms[0], **vm}.items() if x is not None}
+
+        raw = with_object(raw, "tpuVms", merged)
     cfg = parse_stack_config("dev", raw)
     spec = startup_spec(cfg, cfg.tpu_vms[0])
     metadata = render_metadata(dataclasses.replace(spec))
@@ -199,3 +211,97 @@ def test_a_completed_run_is_stopped_by_the_guard_and_not_restarted_by_its_schedu
         assert "completed its run" in json.loads(answer)["reason"]
         assert tpu.nodes[NODE]["state"] == "STOPPED" and tpu.did("start") == []
         assert tpu.violations == [] and session.violations == []
+
+
+TWO_HOST_EPOCHS = 2  # 128 steps: a few checkpoints, quick on two CPU processes
+
+
+def final_loss(log: str, step: int) -> float:
+    lines = [json.loads(line) for line in log.splitlines() if line.startswith("{") and '"training"' in line]
+    return next(line["loss"] for line in lines if line["step"] == step)
+
+
+def test_two_host_slice_trains_stops_together_on_one_sigterm_and_resumes(emulator, tmp_path):
+    """A v5p-16 (two hosts of four chips) booted as two sandboxed workers of one slice: the real start-up
+    script on each, with worker numbers 0 and 1 and the worker endpoints in their metadata (both on
+    loopback; the coordinator's port is the sandbox's override). The script derives the coordinator and
+    jax.distributed joins the two processes; each feeds half of every global batch; a SIGTERM to worker
+    1 stops both at one step with a committed checkpoint; both resume and finish, at the loss of one
+    process trained on the same global batches (tolerance: LOSS_TOLERANCE)."""
+    slice_vm = {
+        "acceleratorType": "v5p-16",
+        "runtimeVersion": "v2-alpha-tpuv5",
+        "onCompletion": "delete",
+        "schedule": None,
+    }  # a slice cannot be stopped: the guard deletes it once complete
+    metadata, unit = vm_metadata_for("jax_mnist", "jax", TWO_HOST_EPOCHS, "e2e-two-host", slice_vm)
+    metadata.pop("agent-worker-number")
+    run = "mnist/mnist-v2-spot/e2e-two-host/"
+    total = TWO_HOST_EPOCHS * (TRAIN // BATCH)
+    endpoints = "w-0:0:127.0.0.1,w-1:1:127.0.0.1"  # Cloud TPU's name:id:ip form, worker 0 first
+    port = str(free_port())
+    with contextlib.ExitStack() as stack:
+        vms = []
+        for worker in (0, 1):
+            attributes = {**metadata, "agent-worker-number": str(worker), "worker-network-endpoints": endpoints}
+            host = stack.enter_context(metadata_server(attributes))
+            vm = Vm(tmp_path / f"worker-{worker}", host, os.environ["STORAGE_EMULATOR_HOST"])
+            vm.env["TPU_PLATFORM_COORDINATOR_PORT"] = port
+            vms.append(vm)
+
+        def boot_all() -> None:
+            for vm in vms:
+                done = vm.boot(metadata["startup-script"])
+                assert done.returncode == 0, done.stderr + done.stdout
+
+        def logs() -> str:
+            return "\n".join(f"--- worker {w}:\n{vm.log(unit)[-2500:]}" for w, vm in enumerate(vms))
+
+        # Boot 1: both workers start; the unit's environment places each in the slice.
+        boot_all()
+        for worker, vm in enumerate(vms):
+            env = (vm.root / "etc/tpu-platform/mnist.env").read_text()
+            assert f"TPU_PLATFORM_WORKER_ID={worker}\nTPU_PLATFORM_WORKER_COUNT=2\n" in env
+            assert f"TPU_PLATFORM_COORDINATOR=127.0.0.1:{port}\n" in env
+        try:
+            wait_for(lambda: committed_steps(emulator, run), 180, "a first committed checkpoint", interval=0.2)
+        except TimeoutError as error:
+            raise AssertionError(f"{error}; the workers' logs:\n{logs()}") from None
+        assert "in 2 process(es)" in vms[0].log(unit) and "in 2 process(es)" in vms[1].log(unit)
+        pid = vms[1].pid(unit)
+        assert pid is not None
+        os.kill(pid, signal.SIGTERM)  # only worker 1 is told of the preemption
+        for vm in vms:
+            wait_for(lambda vm=vm: not vm.alive(unit), 60, "both workers to exit after one SIGTERM")
+        stopped = [
+            [json.loads(line) for line in vm.log(unit).splitlines() if '"SIGTERM: checkpoint written' in line]
+            for vm in vms
+        ]
+        assert [len(s) for s in stopped] == [1, 1], logs()
+        assert [s[0]["signalled_here"] for s in stopped] == [False, True]
+        preempted_at = committed_steps(emulator, run)[-1]
+        assert stopped[0][0]["step"] == stopped[1][0]["step"] == preempted_at
+        assert 0 < preempted_at < total
+        assert not emulator.bucket("acme-ml-sandbox-dev-checkpoints").blob(run + "COMPLETE").exists()
+
+        # Boot 2: both resume from that step and finish together.
+        boot_all()
+        for vm in vms:
+            wait_for(lambda vm=vm: not vm.alive(unit), 300, "the resumed slice to finish", interval=0.5)
+        resumed = [
+            [json.loads(line)["step"] for line in vm.log(unit).splitlines() if '"resumed from checkpoint"' in line]
+            for vm in vms
+        ]
+        assert resumed == [[preempted_at], [preempted_at]], logs()
+        models = emulator.bucket("acme-ml-sandbox-dev-models")
+        metrics = json.loads(models.blob(run + "metrics.json").download_as_bytes())
+        assert (metrics["steps"], metrics["resumes"]) == (total, 1)
+
+    # One process, the same global batches, no interruption: the slice reached its loss.
+    sample = tmp_path / "mnist.npz"
+    emulator.bucket("acme-ml-sandbox-dev-data").blob("mnist/mnist.npz").download_to_filename(sample)
+    one = run_workload("jax_mnist.py", "--data", str(sample), "--epochs", str(TWO_HOST_EPOCHS),
+                       "--batch-size", str(BATCH), cwd=tmp_path)  # fmt: skip
+    assert one.returncode == 0, one.stderr[-3000:]
+    two_host = final_loss(vms[0].log(unit), total)
+    assert two_host == pytest.approx(final_loss(one.stdout, total), abs=LOSS_TOLERANCE), (two_host, one.stdout[-500:])

@@ -3,11 +3,27 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
+from tests.sandbox import free_port, wait_for
 from tests.workloads import WORKLOADS, run_workload, workloads_python
+
+# Two hosts' mean gradient equals one host's over the same global batch up to float summation order.
+LOSS_TOLERANCE = 1e-3  # measured: equal to the 5 decimals the log keeps
+
+
+def runlib_checkpoints(folder: Path):
+    sys.path.insert(0, str(WORKLOADS))
+    import runlib
+
+    return runlib.Checkpoints(runlib.Store(str(folder)))
+
 
 pytestmark = pytest.mark.slow
 
@@ -41,3 +57,58 @@ def test_trains_and_exports_a_model_that_predicts_on_the_cpu(tmp_path):
     predicted = json.loads(loaded.stdout.strip().splitlines()[-1])
     assert predicted["shape"] == [256, 10]
     assert predicted["accuracy"] == pytest.approx(summary["val_accuracy"], abs=1e-3)  # the model it reported on
+
+
+def final_loss(log: str, step: int) -> float:
+    lines = [json.loads(line) for line in log.splitlines() if line.startswith("{") and '"training"' in line]
+    return next(line["loss"] for line in lines if line["step"] == step)
+
+
+def start_slice(tmp_path, args: list[str], count: int = 2) -> list[subprocess.Popen]:
+    """`count` jax_mnist processes joined as one slice, with the environment the start-up script writes."""
+    port = free_port()
+    processes = []
+    for worker in range(count):
+        slice_env = {"TPU_PLATFORM_WORKER_ID": str(worker), "TPU_PLATFORM_WORKER_COUNT": str(count),
+                     "TPU_PLATFORM_COORDINATOR": f"127.0.0.1:{port}"}  # fmt: skip
+        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "", **slice_env}
+        with open(tmp_path / f"worker-{worker}.log", "a") as out:  # the child keeps its own copy open
+            processes.append(subprocess.Popen([workloads_python(), str(WORKLOADS / "jax_mnist.py"), *args],
+                                              stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp_path))  # fmt: skip
+    return processes
+
+
+def test_two_processes_train_as_one_slice_stop_together_on_one_sigterm_and_resume(tmp_path):
+    """Two processes joined by jax.distributed on loopback (Gloo collectives), without the sandbox."""
+    sample = tmp_path / "mnist.npz"
+    assert (
+        run_workload("sample_mnist.py", str(sample), "--train", "1024", "--test", "256", cwd=tmp_path).returncode == 0
+    )
+    steps = 64  # 2 epochs of 1024 at batch 32
+    args = ["--data", str(sample), "--steps", str(steps), "--batch-size", "32", "--checkpoint-every-steps", "8",
+            "--steps-per-call", "4", "--checkpoint-dir", str(tmp_path / "ckpt"),
+            "--model-dir", str(tmp_path / "m")]  # fmt: skip
+    one = run_workload("jax_mnist.py", *args[:-4], cwd=tmp_path)  # one process, the same global batch
+    assert one.returncode == 0, one.stderr[-3000:]
+    checkpoints = runlib_checkpoints(tmp_path / "ckpt")
+
+    first = start_slice(tmp_path, args)
+    wait_for(lambda: checkpoints.committed_steps(), 120, "a first committed checkpoint", interval=0.1)
+    first[1].send_signal(signal.SIGTERM)  # one host of the slice is told it is preempted
+    codes = [p.wait(60) for p in first]
+    logs = [(tmp_path / f"worker-{w}.log").read_text() for w in range(2)]
+    assert codes == [0, 0], logs[0][-2000:] + logs[1][-2000:]
+    stopped = [json.loads(line) for log in logs for line in log.splitlines() if '"SIGTERM: checkpoint' in line]
+    assert [s["signalled_here"] for s in stopped] == [False, True]  # worker 0 stopped for worker 1's signal
+    assert stopped[0]["step"] == stopped[1]["step"] == checkpoints.committed_steps()[-1] < steps
+
+    second = start_slice(tmp_path, args)
+    assert [p.wait(180) for p in second] == [0, 0]
+    logs = [(tmp_path / f"worker-{w}.log").read_text() for w in range(2)]
+    resumed = [json.loads(line)["step"] for log in logs for line in log.splitlines() if '"resumed from' in line]
+    assert resumed == [stopped[0]["step"]] * 2
+    assert "in 2 process(es)" in logs[0]
+    metrics = json.loads((tmp_path / "m" / "metrics.json").read_text())
+    assert (metrics["steps"], metrics["resumes"]) == (steps, 1)
+    # The same global batches, split over two hosts and resumed: the loss of one uninterrupted process.
+    assert final_loss(logs[0], steps) == pytest.approx(final_loss(one.stdout, steps), abs=LOSS_TOLERANCE)

@@ -2,8 +2,10 @@
 """MNIST in JAX (S27): the same model as tf_mnist.py, data-parallel over every TPU chip of a slice.
 
 Plain JAX and Optax: Conv(32, 3x3) → ReLU → MaxPool 2x2 → Dense(64) → ReLU → Dense(10) logits, Adam,
-softmax cross-entropy. On a multi-host slice `jax.distributed` connects the workers; each loads its
-share of every global batch, and only process 0 writes checkpoints, the model and metrics.
+softmax cross-entropy. On a multi-host slice `jax.distributed` connects the workers (coordinator from
+the start-up script); each feeds its share of every global batch, they agree at each step boundary on
+checkpoints and on stopping (a SIGTERM to any host stops the slice), and only process 0 writes
+checkpoints, the model and metrics.
 Parameters, optimizer state, step and data position are checkpointed every N steps or minutes and
 on SIGTERM; a restart resumes from the newest complete checkpoint. Same command line as tf_mnist.py.
 
@@ -28,13 +30,47 @@ import numpy as np
 import optax
 import runlib
 from jax import export as jax_export
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 
-def multi_host() -> bool:
-    """Cloud TPU sets the worker list; more than one worker means a multi-host slice."""
-    return len([h for h in os.environ.get("TPU_WORKER_HOSTNAMES", "").split(",") if h]) > 1
+def join_slice() -> None:
+    """On a multi-host slice, connect this worker to the others through `jax.distributed`.
+
+    The start-up script derives the worker's id, the worker count and worker 0's address from the
+    metadata server (TPU_PLATFORM_WORKER_ID, _WORKER_COUNT, _COORDINATOR): passed explicitly, the same
+    path serves a TPU slice and processes on CPUs, where JAX detects no Cloud TPU by itself.
+    """
+    count = int(os.environ.get("TPU_PLATFORM_WORKER_COUNT") or 1)
+    if count <= 1:
+        return
+    # Collectives between CPU processes go over Gloo (the default from JAX 0.5; explicit for clarity).
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(
+        coordinator_address=os.environ["TPU_PLATFORM_COORDINATOR"],
+        num_processes=count,
+        process_id=int(os.environ["TPU_PLATFORM_WORKER_ID"]),
+    )
+
+
+class SlicePeers(runlib.Peers):
+    """runlib's agreements over JAX's collectives: an all-gather across the processes, and a barrier."""
+
+    def __init__(self) -> None:
+        self.count = jax.process_count()
+
+    def gather(self, values: list[int]) -> list[list[int]]:
+        gathered = multihost_utils.process_allgather(np.asarray(values, dtype=np.int32))
+        return np.asarray(gathered).reshape(self.count, len(values)).tolist()
+
+    def barrier(self, name: str) -> None:
+        multihost_utils.sync_global_devices(name)
+
+
+def local(tree: Any) -> Any:
+    """This process's copy of replicated (global) arrays, as numpy."""
+    return jax.tree_util.tree_map(lambda a: np.asarray(a.addressable_data(0)), tree)
 
 
 def init_params(key: jax.Array) -> dict[str, jax.Array]:
@@ -126,7 +162,7 @@ def export_model(params: dict[str, jax.Array]) -> bytes:
     for CPU and TPU. Load it with `jax.export.deserialize(blob).call(images)`: uint8 [n, 28, 28] in,
     logits [n, 10] out, any n. Not jax2tf: that needs TensorFlow, which a JAX TPU VM does not install.
     """
-    weights = jax.device_get(params)
+    weights = local(params)
 
     def predict(images: jax.Array) -> jax.Array:
         return forward(weights, (images.astype(jnp.float32) / 255.0)[..., None])
@@ -137,9 +173,9 @@ def export_model(params: dict[str, jax.Array]) -> bytes:
 
 
 def to_files(params: Any, opt_state: Any, state: dict) -> dict[str, bytes]:
-    leaves = jax.tree_util.tree_leaves((params, opt_state))
+    leaves = jax.tree_util.tree_leaves(local((params, opt_state)))
     return {
-        "train_state.npz": runlib.pack({f"l{i}": np.asarray(v) for i, v in enumerate(leaves)}),
+        "train_state.npz": runlib.pack({f"l{i}": v for i, v in enumerate(leaves)}),
         "state.json": json.dumps(state).encode(),
     }
 
@@ -154,8 +190,7 @@ def from_files(files: dict[str, bytes], like: Any) -> tuple[Any, dict]:
 def main(argv: list[str] | None = None) -> int:
     args = runlib.parse_args((__doc__ or "").splitlines()[0], argv)
     keep_freed_memory()  # before JAX starts its threads and allocates
-    if multi_host():
-        jax.distributed.initialize()  # Cloud TPU: coordinator and process ids come from the environment
+    join_slice()
     process, processes = jax.process_index(), jax.process_count()
     log = runlib.Log(args.run_id, process)
     if runlib.status(args.checkpoint_dir, args.status_dir, args.run_id) == "complete":
@@ -202,18 +237,20 @@ def main(argv: list[str] | None = None) -> int:
         return to_files(params, opt_state, state)
 
     try:
-        outcome = runlib.train(args, log, data, checkpoints, preemption, process, restore, step_fn, state_files)
+        outcome = runlib.train(
+            args, log, data, checkpoints, preemption, process, restore, step_fn, state_files, SlicePeers()
+        )
     except runlib.ResumeRefusedError as refused:
         log(str(refused), severity="ERROR")
         return runlib.REFUSED_EXIT
     if outcome.preempted:
         return 0
-    logits = jax.jit(forward)(params, prepare(data.x_test))
+    logits = jax.jit(forward)(local(params), prepare(data.x_test))  # on this process's devices
     accuracy = float(np.mean(np.argmax(np.asarray(logits), axis=1) == data.y_test))
     metrics = {"framework": "jax", "device": device, **outcome.metrics, "val_accuracy": round(accuracy, 4)}
     wall = metrics["wall_seconds"]
     print(f"Training took {wall:.1f} s on {device}; final validation accuracy {accuracy:.4f}", flush=True)
-    model = {"params.npz": runlib.pack({k: np.asarray(v) for k, v in params.items()}), EXPORT: export_model(params)}
+    model = {"params.npz": runlib.pack(local(params)), EXPORT: export_model(params)}
     runlib.finish(args, checkpoints, PROGRAM, model, metrics, process)
     print(json.dumps(metrics), flush=True)
     return 0

@@ -313,6 +313,24 @@ class Preemption:
         self.requested = True
 
 
+class Peers:
+    """How the processes of one run agree, at each step boundary, on what only one of them may know:
+    a SIGTERM (GCE signals one host of a slice), a checkpoint due by its clock. One process agrees with
+    itself; a multi-host workload passes a subclass backed by its framework's collectives."""
+
+    count = 1
+
+    def gather(self, values: list[int]) -> list[list[int]]:
+        """Every process's `values`, in process order (an all-gather)."""
+        return [values]
+
+    def barrier(self, name: str) -> None:
+        """Return once every process has reached the barrier `name`."""
+
+    def any(self, flags: list[bool]) -> list[bool]:
+        return [any(column) for column in zip(*self.gather([int(f) for f in flags]), strict=True)]
+
+
 @dataclass
 class CheckpointTimer:
     every_steps: int
@@ -471,6 +489,7 @@ def train(
     restore: Callable[[dict[str, bytes]], dict[str, Any]],
     step_fn: Callable[[np.ndarray, np.ndarray], Any],
     state_files: Callable[[dict[str, Any]], dict[str, bytes]],
+    peers: Peers | None = None,
 ) -> Outcome:
     """The loop every workload shares: resume, train, checkpoint on time and on SIGTERM.
 
@@ -479,8 +498,13 @@ def train(
     stored) in one call to the device, and returns the last loss as anything `float()` reads (the loop
     reads it only to log, so the host does not wait for the device every call); `state_files` snapshots
     the model and optimizer with the state into bytes (the training stalls for that only: the
-    writing happens in the background). Only process 0 writes checkpoints.
+    writing happens in the background). Only process 0 writes checkpoints (the state is replicated).
+
+    On many processes (`peers`), all resume from the same step, decide together at each step boundary
+    whether to checkpoint and whether to stop (one host's SIGTERM stops them all), and on a stop wait
+    at a barrier until process 0's checkpoint is committed: the slice stops at one step, resumable.
     """
+    peers = peers or Peers()
     total = steps_for(args, len(data.x_train))
     state: dict[str, Any] = {"step": 0, "resumes": 0, "wall_seconds": 0.0}
     restore_seconds = 0.0
@@ -491,6 +515,8 @@ def train(
             state["resumes"] += 1
             restore_seconds = time.perf_counter() - started
             log("resumed from checkpoint", step=state["step"], resumes=state["resumes"], seconds=restore_seconds)
+    if len({values[0] for values in peers.gather([state["step"]])}) > 1:  # a restart (systemd) lists again
+        raise RuntimeError(f"the processes resumed from different steps: {peers.gather([state['step']])}")
     if state["step"] > total:
         raise ResumeRefusedError(f"the checkpoint is at step {state['step']}, beyond this run's {total} steps")
 
@@ -512,7 +538,8 @@ def train(
         step = first + len(x)
         if step // 50 > first // 50 or step == total:
             log("training", step=step, loss=round(float(loss), 5), total_steps=total)
-        if checkpoints and (timer.due(step) or preemption.requested or step == total):
+        due, stop = peers.any([bool(checkpoints) and (timer.due(step) or step == total), preemption.requested])
+        if checkpoints and (due or stop):
             snapshot = time.perf_counter()
             state.update(step=step, wall_seconds=state["wall_seconds"] + snapshot - begun)
             begun = snapshot
@@ -521,15 +548,20 @@ def train(
                     write_seconds.append(seconds)
                 checkpoints.save(step, state_files(state))
                 log("checkpoint saving", step=step)
+                if stop and peers.count > 1 and (seconds := checkpoints.wait()) is not None:
+                    write_seconds.append(seconds)
+            if stop and peers.count > 1:
+                peers.barrier(f"stop-{step}")  # no process leaves before the checkpoint is committed
             timer.done(step)
             stalled += time.perf_counter() - snapshot
-        if preemption.requested:
+        if stop:
             preempted = True
             break
     if checkpoints and (seconds := checkpoints.wait()) is not None:  # the last save is on disk before we go on
         write_seconds.append(seconds)
     if preempted:
-        log("SIGTERM: checkpoint written, exiting for preemption", severity="WARNING", step=step)
+        log("SIGTERM: checkpoint written, exiting for preemption", severity="WARNING", step=step,
+            signalled_here=preemption.requested)  # fmt: skip
 
     wall = state["wall_seconds"] + time.perf_counter() - begun
     session = time.perf_counter() - session_start  # this process only, for throughput figures
