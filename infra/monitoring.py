@@ -60,7 +60,8 @@ def not_reporting_filter(cfg: PlatformConfig) -> str | None:
         return None
     return (
         f'metric.type = "{CPU}" AND {TPU_WORKER} AND '
-        f'resource.labels.node_id = monitoring.regex.full_match("{"|".join(names)}")'
+        # A multislice's nodes are `<vm>-0` … `<vm>-n` (infra/tpu/queued_api.py node_ids).
+        f'resource.labels.node_id = monitoring.regex.full_match("({"|".join(names)})(-[0-9]+)?")'
     )
 
 

@@ -181,3 +181,9 @@ def test_a_queued_multislice_with_fallbacks_is_accepted():
     ))  # fmt: skip
     cfg = parse_stack_config("prod", raw)
     assert (cfg.tpu_vms[0].zones, cfg.tpu_vms[0].node_count) == (("us-central1-a", "us-west4-a"), 2)
+
+
+def test_max_run_hours_with_a_schedule_is_refused():
+    """The guard counts a run from the node's creation, which a scheduled stop and start keeps."""
+    message = vm_problems(onCompletion="stop", maxRunHours=4)
+    assert "counts from the node's creation, so a schedule's daily restarts would trip it" in message

@@ -341,7 +341,10 @@ def test_recovery_recreates_a_preempted_node_with_its_spec(tpu, emulator):
     assert tpu.did("delete") == ["spot-a"] and tpu.did("create") == ["spot-a"]
     assert recreate_body(tpu.nodes[f"{PARENT}/spot-a"]) == before
     assert recovery_record(emulator)["attempts"] == {f"{PARENT}/spot-a": 1}
-    assert recovery_record(emulator)["pending"] == {}
+    # The spec is kept until a later run sees the node listed: a create that fails in its operation is retried.
+    assert f"{PARENT}/spot-a" in recovery_record(emulator)["pending"]
+    guard.recover(TICK)
+    assert recovery_record(emulator)["pending"] == {} and tpu.did("create") == ["spot-a"]
 
 
 def test_a_failed_create_after_the_delete_does_not_lose_the_node(tpu, emulator):
@@ -352,7 +355,9 @@ def test_a_failed_create_after_the_delete_does_not_lose_the_node(tpu, emulator):
     # The next run re-creates it from the record, though nothing lists it any more.
     _, status = guard.recover(TICK)
     assert status == 200 and tpu.nodes[f"{PARENT}/spot-a"]["state"] == "READY"
-    assert tpu.did("create") == ["spot-a", "spot-a"] and recovery_record(emulator)["pending"] == {}
+    assert tpu.did("create") == ["spot-a", "spot-a"]
+    guard.recover(TICK)  # now listed: the record goes
+    assert recovery_record(emulator)["pending"] == {}
 
 
 def test_recovery_gives_up_within_the_window_and_counts_again_after_it(tpu, emulator):
@@ -559,3 +564,24 @@ def test_budget_action_needs_the_budget_topic():
     assert "needs tpu-platform:budget.pubsubTopic: true" in problems_of(raw)
     bad = with_object(stack_config("prod"), "automation", lambda a: a["budgetAction"].update(action="pause"))
     assert "automation.budgetAction.action = 'pause': must be one of delete, stop" in problems_of(bad, "prod")
+
+
+def test_a_node_still_being_deleted_keeps_its_recorded_spec():
+    """A delete that outlived its wait: the node is listed DELETING; its spec must survive for the create."""
+    state = RecoveryState("2026-01-01T00:00:00+00:00", {}, {f"{PARENT}/spot-a": {"acceleratorType": "v5litepod-4"}})
+    deleting = [
+        {"name": f"{PARENT}/spot-a", "state": "DELETING", "labels": {"environment": "prod", "managed-by": "pulumi"}}
+    ]
+    assert recovery_actions(deleting, environment="prod", state=state, max_attempts=2) == []
+
+
+def test_a_preempted_node_of_a_queued_request_is_left_to_pulumi():
+    node = {
+        "name": f"{PARENT}/q-0",
+        "state": "PREEMPTED",
+        "schedulingConfig": {"spot": True},
+        "labels": {"environment": "prod", "managed-by": "pulumi"},
+        "queuedResource": "projects/p/locations/z/queuedResources/q",
+    }
+    state = RecoveryState("2026-01-01T00:00:00+00:00", {}, {})
+    assert recovery_actions([node], environment="prod", state=state, max_attempts=2) == []

@@ -188,12 +188,16 @@ def recovery_actions(
         node = present.get(name)
         if node is None:
             actions.append(Action("create", name, "deleted by an earlier recovery that did not re-create it"))
+        elif node.get("state") in GONE:
+            continue  # still being deleted (a delete that outlived its wait): keep the spec for the create
         elif node.get("state") != "PREEMPTED":
             actions.append(Action("forget", name, f"re-created (now {node.get('state')})"))
     for node in nodes:
         scheduling = node.get("schedulingConfig") or {}
         if not managed(node, environment) or node.get("state") != "PREEMPTED":
             continue
+        if node.get("queuedResource"):
+            continue  # part of a queued request: Pulumi replaces the request (infra/tpu/queued.py), not the guard
         if not (scheduling.get("spot") or scheduling.get("preemptible")):
             continue
         done = state.attempts.get(node["name"], 0)

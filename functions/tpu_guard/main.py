@@ -151,13 +151,6 @@ class Objects:
         response.raise_for_status()
         return response.content
 
-    def exists(self, name: str) -> bool:
-        response = self.session.get(self._url(name))
-        if response.status_code == 404:
-            return False
-        response.raise_for_status()
-        return True
-
     def write(self, name: str, data: bytes) -> None:
         self.session.post(
             f"{self.host}/upload/storage/v1/b/{self.bucket}/o",
@@ -284,8 +277,9 @@ def recover(request: Any) -> tuple[str, int]:
             pending.setdefault(action.node, recreate_body(by_name[action.node]))
             save()  # the spec is safe before the node is deleted
             tpu.wait(tpu.delete(action.node))
+        # The record stays until a later run sees the node listed ("forget"): a create that fails inside
+        # its long-running operation is retried from it.
         tpu.create(action.node, pending[action.node])
-        pending.pop(action.node)
         attempts[action.node] = attempts.get(action.node, 0) + 1
         save()
 

@@ -127,6 +127,13 @@ def _capacity(cfg: PlatformConfig, key: str, vm: TpuVmSettings, problems: Proble
                 vm.max_run_hours,
                 "bounds a run to completion: set onCompletion to stop or delete, or remove maxRunHours",
             )
+        if vm.schedule is not None:
+            # The guard measures a run from the node's createTime, which a scheduled stop and start keeps.
+            problems.add(
+                f"{key}.maxRunHours",
+                vm.max_run_hours,
+                "counts from the node's creation, so a schedule's daily restarts would trip it: drop one of them",
+            )
         if not cfg.automation.recovery_every_minutes:
             problems.add(
                 f"{key}.maxRunHours",
