@@ -32,7 +32,8 @@ import pulumi
 import pulumi_gcp as gcp
 
 from bootstrap import PROJECT
-from infra import naming
+from infra import iam, naming
+from infra.access.environment import BILLING_DEPLOY_ROLE, BILLING_PREVIEW_ROLE
 from infra.config import BILLING_ACCOUNT, GCP_PROJECT_ID
 from infra.schema import Node, Problems, decode_objects
 from infra.stack import raw_stack_config
@@ -109,7 +110,8 @@ def parse_bootstrap_config(stack: str, raw: dict[str, str]) -> BootstrapConfig:
     project = Node(raw, "", problems).str("gcp:project", pattern=GCP_PROJECT_ID, allowed="a GCP project id")
     environments: dict[str, str] = {}
     for name, value, key in root.entries(envs_key):
-        if not re.fullmatch(r"[a-z][a-z0-9-]{0,15}", name):
+        # No trailing or doubled '-': `dev-` makes an invalid account id, `a--b` the role id of `a-b`.
+        if not re.fullmatch(r"[a-z](?:[a-z0-9]|-(?=[a-z0-9])){0,15}", name):
             problems.add(key, name, "a stack name of 1-16 lowercase letters, digits and '-'")
         else:
             env_project = root.check_str(key, value, pattern=GCP_PROJECT_ID, allowed="a GCP project id")
@@ -169,7 +171,10 @@ def state_paths_condition(bucket: str, stack: str) -> str:
     (Cloud Storage, "IAM Conditions: API attributes").
     """
     objects = f"projects/_/buckets/{bucket}/objects/"
-    own = [f".pulumi/{kind}/{PLATFORM_PROJECT}/{stack}" for kind in ("stacks", "history", "backups", "locks")]
+    # Whole names only: `dev` must not match `dev-eu` (a stack file, then folders ending in '/').
+    own = [f".pulumi/stacks/{PLATFORM_PROJECT}/{stack}.json"] + [
+        f".pulumi/{kind}/{PLATFORM_PROJECT}/{stack}/" for kind in ("history", "backups", "locks")
+    ]
     names = " || ".join(f"resource.name.startsWith('{objects}{path}')" for path in own)
     lists = " || ".join(
         f"api.getAttribute('storage.googleapis.com/objectListPrefix', '').startsWith('{path}')"
@@ -198,7 +203,7 @@ def _environment_role(
 
 
 def _member(account: gcp.serviceaccount.Account) -> pulumi.Output[str]:
-    return account.email.apply(lambda email: f"serviceAccount:{email}")
+    return account.email.apply(iam.service_account_member)
 
 
 def build_bootstrap(cfg: BootstrapConfig) -> dict[str, Any]:
@@ -299,7 +304,7 @@ def build_bootstrap(cfg: BootstrapConfig) -> dict[str, Any]:
         gcp.billing.AccountIamMember(
             "ci-previewer-billing",
             billing_account_id=cfg.billing_account,
-            role="roles/billing.viewer",
+            role=BILLING_PREVIEW_ROLE,
             member=_member(previewer),
         )
 
@@ -358,7 +363,7 @@ def build_bootstrap(cfg: BootstrapConfig) -> dict[str, Any]:
             gcp.billing.AccountIamMember(
                 f"deployer-{stack}-billing-{account_id}",
                 billing_account_id=account_id,
-                role="roles/billing.costsManager",
+                role=BILLING_DEPLOY_ROLE,
                 member=member,
             )
 

@@ -35,6 +35,7 @@ import pulumi
 import pulumi_gcp as gcp
 
 from infra import grants, iam, naming
+from infra.access import iamdata
 from infra.apis import ProjectApis
 from infra.config import PlatformConfig
 from infra.lifecycle import StartTarget, custom_role
@@ -42,7 +43,8 @@ from infra.tpu.metadata import run_id
 
 SOURCE = Path(__file__).resolve().parents[1] / "functions" / "tpu_guard"
 SOURCE_FILES = ("main.py", "decisions.py", "requirements.txt")
-# The REST methods the guard's code calls (functions/tpu_guard/main.py), and so its role.
+# The REST methods the guard's code calls (functions/tpu_guard/main.py; the tests record them on the TPU API
+# stand-in), and so its role: the permissions Google's method table gives for them.
 GUARD_METHODS = (
     "tpu.projects.locations.nodes.list",
     "tpu.projects.locations.nodes.get",
@@ -52,15 +54,7 @@ GUARD_METHODS = (
     "tpu.projects.locations.nodes.create",
     "tpu.projects.locations.operations.get",
 )
-GUARD_PERMISSIONS = (
-    "tpu.nodes.list",
-    "tpu.nodes.get",  # on_complete: the node's state before acting (idempotent on redelivery)
-    "tpu.nodes.stop",
-    "tpu.nodes.start",
-    "tpu.nodes.delete",
-    "tpu.nodes.create",
-    "tpu.operations.get",
-)
+GUARD_PERMISSIONS = iamdata.permissions_for(GUARD_METHODS)
 # Cloud Run, "Deploy a Cloud Run function": the build service account needs Cloud Run Builder. Narrower
 # than cloudbuild.builds.builder, which can create builds (the policy pack's deny-list).
 BUILDER_ROLE = "roles/run.builder"
@@ -140,8 +134,7 @@ class TpuGuard(pulumi.ComponentResource):
         )  # fmt: skip
         ready: list[pulumi.Resource] = [
             grants.project_role(
-                f"{name}-tpu", cfg.project, self.role.name, member, parent=self, depends_on=crm,
-                permissions=frozenset(GUARD_PERMISSIONS),
+                f"{name}-tpu", cfg.project, self.role.name, member, parent=self, depends_on=crm
             ),
             grants.project_role(
                 f"{name}-receiver", cfg.project, EVENT_RECEIVER_ROLE, member, parent=self, depends_on=crm

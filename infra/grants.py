@@ -94,9 +94,10 @@ def project_role(
 ) -> gcp.projects.IAMMember:
     """`role` for `member` on `project`. Pass `permissions` for a custom role, so a condition can be checked."""
     if condition is not None:
-        expression = condition.expression if isinstance(condition.expression, str) else None
+        if not isinstance(condition.expression, str):
+            raise TypeError(f"{name}: a condition's expression must be known at plan time, to be checked")
         held = permissions if permissions is not None else iamdata.role_permissions(str(role))
-        check_condition(str(role), held, expression)
+        check_condition(str(role), held, condition.expression)
     return gcp.projects.IAMMember(
         name,
         project=project,

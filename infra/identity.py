@@ -11,6 +11,7 @@ import pulumi
 import pulumi_gcp as gcp
 
 from infra import grants, iam
+from infra.access import iamdata
 from infra.apis import ProjectApis
 from infra.config import PlatformConfig, WorkloadSettings, service_account_id
 
@@ -65,10 +66,14 @@ class WorkloadIdentity(pulumi.ComponentResource):
                 if purpose == "data"
                 else grants.prefix_condition(cfg.bucket_name(purpose), f"{workload.name}/", f"{workload.name}-only")
             )
+            role = iam.BUCKET_ROLE_FOR_ACCESS[access]
+            if condition is not None:  # a condition Cloud Storage honours (checked, not assumed)
+                expression = str(condition.expression)  # built as plain text by prefix_condition
+                grants.check_condition(role, iamdata.role_permissions(role), expression, "storage.googleapis.com")
             grant = gcp.storage.BucketIAMMember(
                 f"{name}-{purpose}-{access}",
                 bucket=buckets[purpose].name,
-                role=iam.BUCKET_ROLE_FOR_ACCESS[access],
+                role=role,
                 member=member,
                 condition=condition,
                 opts=child,

@@ -21,12 +21,13 @@ import pulumi
 import pulumi_gcp as gcp
 
 from infra import grants, iam, naming
+from infra.access import iamdata
 from infra.apis import ProjectApis
 from infra.config import PlatformConfig, TpuVmSettings
 
 # The REST methods the scheduler account calls, and so the exact permissions of its role.
 SCHEDULER_METHODS = ("tpu.projects.locations.nodes.get", "tpu.projects.locations.nodes.stop")
-SCHEDULER_PERMISSIONS = ("tpu.nodes.get", "tpu.nodes.stop")
+SCHEDULER_PERMISSIONS = iamdata.permissions_for(SCHEDULER_METHODS)
 TPU_API = "https://tpu.googleapis.com/v2"
 
 
@@ -91,7 +92,6 @@ class TpuSchedules(pulumi.ComponentResource):
                 self.account.email.apply(iam.service_account_member),
                 parent=self,
                 depends_on=apis.needs("cloudresourcemanager"),
-                permissions=frozenset(SCHEDULER_PERMISSIONS),
             )
         ]
         if cfg.deployer:  # a job with an OAuth token attaches the account: act-as checked on it

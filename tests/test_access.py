@@ -240,6 +240,10 @@ def test_each_deployer_writes_only_its_own_stacks_state():
     assert grant.role == "roles/storage.objectUser" and grant.condition
     assert ".pulumi/stacks/tpu-platform/dev" in grant.condition and "/prod" not in grant.condition
     assert "storage.googleapis.com/objectListPrefix" in grant.condition
+    # Whole names: the state of a stack `dev-eu` is not dev's.
+    assert ".pulumi/stacks/tpu-platform/dev.json'" in grant.condition
+    assert ".pulumi/history/tpu-platform/dev/'" in grant.condition
+    assert "tpu-platform/dev')" not in grant.condition
 
 
 # --- every identity ---------------------------------------------------------------------------
@@ -300,7 +304,7 @@ def permissions_of(methods: tuple[str, ...]) -> set[str]:
 
 
 def test_scheduler_role_is_exactly_what_its_jobs_call():
-    assert set(SCHEDULER_PERMISSIONS) == permissions_of(SCHEDULER_METHODS)
+    assert set(SCHEDULER_PERMISSIONS) == permissions_of(SCHEDULER_METHODS) == {"tpu.nodes.get", "tpu.nodes.stop"}
     jobs = env_plan("dev").of_type("gcp:cloudscheduler/job:Job")
     direct = {
         j.inputs["httpTarget"]["uri"].rsplit(":", 1)[1]
@@ -312,6 +316,7 @@ def test_scheduler_role_is_exactly_what_its_jobs_call():
 
 def test_guard_role_is_exactly_what_its_code_calls():
     assert set(GUARD_PERMISSIONS) == permissions_of(GUARD_METHODS)
+    assert "iam.serviceAccounts.actAs" not in GUARD_PERMISSIONS  # granted per workload account instead
     (role,) = [
         r for r in env_plan("prod").of_type("gcp:projects/iAMCustomRole:IAMCustomRole") if "Guard" in r.inputs["roleId"]
     ]

@@ -109,6 +109,8 @@ def test_outputs_are_what_ci_needs():
         ("environments", json.dumps({"staging": "acme-ml-staging"}), "a stack planned in access.json"),
         ("environments", json.dumps({"dev": "acme-ml-other"}), "the project of Pulumi.dev.yaml"),
         ("githubRepositoryId", "acme", "numeric id"),
+        ("environments", json.dumps({"dev-": "acme-ml-sandbox"}), "a stack name of 1-16"),  # invalid account id
+        ("environments", json.dumps({"a--b": "acme-ml-sandbox"}), "a stack name of 1-16"),  # role id of `a-b`
     ],
 )
 def test_bad_bootstrap_settings(key, value, expected):

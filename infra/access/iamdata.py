@@ -94,6 +94,14 @@ def method_permissions(method: str, *, acls: bool = True) -> frozenset[str]:
     return frozenset(known)
 
 
+def permissions_for(methods: tuple[str, ...]) -> tuple[str, ...]:
+    """The permissions a custom role needs for code calling `methods`, in a stable order.
+
+    Act-as is left out: it is checked on the attached account and granted there, never in a role."""
+    needed = {p for m in methods for p in method_permissions(m, acls=False)}
+    return tuple(sorted(needed - {"iam.serviceAccounts.actAs"}))
+
+
 def role_permissions(role: str) -> frozenset[str]:
     try:
         return roles()[role]

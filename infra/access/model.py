@@ -114,7 +114,8 @@ def needs_of(
         scope = scope_of(resource, default_project)
         for phase in phases:
             for method in calls.methods(phase, resource.inputs):
-                for permission in iamdata.method_permissions(method):
+                # The provider never asks Cloud Storage for ACLs (projection=full): no object IAM reads.
+                for permission in iamdata.method_permissions(method, acls=False):
                     if permission == ACT_AS:
                         continue  # checked on the attached account, below
                     permissions[scope][permission].append(f"{phase} {resource.name} ({resource.type})")
