@@ -46,7 +46,9 @@ def build_platform(cfg: PlatformConfig, secrets: Mapping[str, str] | None = None
     # A VM deleted by the guard once its run completed is no longer declared, so `up`, `refresh` and
     # the drift check agree with the project (the status is read through an invoke; mocked offline).
     gone = completed_runs(
-        status.bucket_name, {vm.name: run_id(cfg, vm) for vm in cfg.tpu_vms if vm.on_completion == "delete"}
+        cfg.project,
+        status.bucket_name,
+        {vm.name: run_id(cfg, vm) for vm in cfg.tpu_vms if vm.on_completion == "delete"},
     )
     for vm_name in sorted(gone):
         pulumi.log.warn(f"stack '{cfg.stack}': TPU VM {vm_name} completed its run and was deleted; no longer declared")

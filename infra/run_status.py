@@ -18,25 +18,20 @@ def marker_name(vm: str) -> str:
     return f"{vm}/{MARKER}"
 
 
-def _bucket_missing(error: Exception) -> bool:
-    # The provider reports a missing bucket as Google's 404 (storage objects.list: "notFound").
-    text = str(error)
-    return "404" in text and "bucket" in text.lower()
-
-
-def completed_runs(bucket: str, vms: Mapping[str, str]) -> set[str]:
+def completed_runs(project: str, bucket: str, vms: Mapping[str, str]) -> set[str]:
     """The VMs (name -> current run id) whose completion marker names their current run.
 
     A marker of an earlier run id does not count: a new `run` declares the VM again. Before the first
     deploy there is no bucket, so nothing is complete."""
     if not vms:
         return set()
-    try:
-        listing = gcp.storage.get_bucket_objects(bucket=bucket, match_glob=f"*/{MARKER}")
-    except Exception as error:  # the invoke's error type is the engine's; only a missing bucket is expected
-        if _bucket_missing(error):
-            return set()
-        raise
+    # Asked first, not inferred from an error's text: listing the project's buckets by prefix answers
+    # "does it exist yet" with an empty list (storage buckets.list), where listing a missing bucket's
+    # objects fails.
+    existing = gcp.storage.get_buckets(project=project, prefix=bucket).buckets
+    if not any(b.name == bucket for b in existing):
+        return set()
+    listing = gcp.storage.get_bucket_objects(bucket=bucket, match_glob=f"*/{MARKER}")
     names = {obj.name for obj in listing.bucket_objects}
     done = set()
     for vm, run in vms.items():

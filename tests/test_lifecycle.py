@@ -131,3 +131,13 @@ def test_a_marker_of_an_earlier_run_does_not_remove_the_vm():
 def test_a_stopped_vm_stays_declared_when_complete():
     result = completed_plan(stack_config(), "mnist-v2-spot/COMPLETE")
     assert result.of_type("gcp:tpu/v2Vm:V2Vm")  # stop keeps the node (and its disk); the guard refuses starts
+
+
+def test_before_the_first_deploy_the_status_bucket_is_asked_for_not_listed():
+    """A fresh project has no status bucket: the program checks it exists before listing it."""
+    raw = with_object(stack_config(), "tpuVms", lambda vms: vms[0].update(onCompletion="delete"))
+    result = run_program("dev", raw, monitor=RecordingMonitor(GcpMocks("acme-ml-sandbox")))  # no bucket yet
+    assert result.of_type("gcp:tpu/v2Vm:V2Vm")
+    tokens = [token for token, _ in result.invokes]
+    assert "gcp:storage/getBuckets:getBuckets" in tokens
+    assert "gcp:storage/getBucketObjects:getBucketObjects" not in tokens

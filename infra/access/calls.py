@@ -222,6 +222,7 @@ RESOURCE_CALLS: dict[str, Calls] = {
 
 # Data sources the program reads while it runs (in `preview` as in `up`).
 INVOKE_CALLS: dict[str, tuple[str, ...]] = {
+    "gcp:storage/getBuckets:getBuckets": ("storage.buckets.list",),
     "gcp:storage/getBucketObjects:getBucketObjects": ("storage.objects.list",),
     "gcp:storage/getBucketObjectContent:getBucketObjectContent": ("storage.objects.get",),
     "gcp:storage/getProjectServiceAccount:getProjectServiceAccount": ("storage.projects.serviceAccount.get",),

@@ -49,6 +49,11 @@ class GcpMocks(pulumi.runtime.Mocks):
             if content is None:
                 raise RuntimeError(f"googleapi: Error 404: No such object: {inputs['bucket']}/{inputs['name']}")
             return {"bucket": inputs["bucket"], "name": inputs["name"], "content": content}, []
+        if args.token == "gcp:storage/getBuckets:getBuckets":
+            # The buckets a test says exist (those holding status objects); none on a first deploy.
+            prefix = inputs.get("prefix", "")
+            found = [{"name": b} for b in sorted(self.status_objects) if b.startswith(prefix)]
+            return {"project": project, "prefix": prefix, "buckets": found}, []
         if args.token == "gcp:storage/getBucketObjects:getBucketObjects":
             names = self.status_objects.get(inputs["bucket"], [])
             glob = inputs.get("matchGlob", "*")
