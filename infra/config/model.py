@@ -144,6 +144,28 @@ class TpuVmSettings:
 
 
 @dataclass(frozen=True)
+class Env:
+    """What every component may know about the environment it is declared in, and nothing more:
+    its own settings come as a separate, small args object. `PlatformConfig.env` builds it."""
+
+    stack: str
+    project: str
+    region: str
+    owner: str
+    production: bool
+    name_prefix: str
+
+    @property
+    def labels(self) -> dict[str, str]:
+        # `environment-class` is the one notion of production the policy pack reads (policy/policies.py).
+        kind = {"environment-class": "production"} if self.production else {}
+        return {"environment": self.stack, "owner": self.owner, "managed-by": "pulumi", **kind}
+
+    def bucket_name(self, purpose: str) -> str:
+        return bucket_name(self.name_prefix, self.stack, purpose)
+
+
+@dataclass(frozen=True)
 class PlatformConfig:
     stack: str
     project: str
@@ -177,14 +199,16 @@ class PlatformConfig:
     def environment(self) -> str:
         return self.stack
 
+    @property
+    def env(self) -> Env:
+        return Env(self.stack, self.project, self.region, self.owner, self.production, self.name_prefix)
+
     def bucket_name(self, purpose: str) -> str:
-        return bucket_name(self.name_prefix, self.stack, purpose)
+        return self.env.bucket_name(purpose)
 
     @property
     def labels(self) -> dict[str, str]:
-        # `environment-class` is the one notion of production the policy pack reads (policy/policies.py).
-        kind = {"environment-class": "production"} if self.production else {}
-        return {"environment": self.stack, "owner": self.owner, "managed-by": "pulumi", **kind}
+        return self.env.labels
 
 
 def bucket_name(prefix: str, stack: str, purpose: str) -> str:
