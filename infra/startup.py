@@ -25,6 +25,7 @@ loopback, two workers of one slice on one machine).
 from __future__ import annotations
 
 import re
+import urllib.parse
 from dataclasses import dataclass
 
 # GCE metadata limits (https://cloud.google.com/compute/docs/metadata/setting-custom-metadata#limitations).
@@ -42,9 +43,10 @@ FRAMEWORK_INSTALL = {
     "jax": ("jax", "jax[tpu]=={version}", "https://storage.googleapis.com/jax-releases/libtpu_releases.html"),
 }
 _SAFE_VALUE = re.compile(r"[A-Za-z0-9_./:@=+,-]*")
-_SAFE_REQUIREMENT = re.compile(r"[A-Za-z0-9_.\[\]-]+==[0-9][A-Za-z0-9.]*")
 _SAFE_CONSTRAINT = re.compile(r"[A-Za-z0-9_.-]+(<|<=|>=|==|!=)[0-9][A-Za-z0-9.]*")
 _SAFE_MESSAGE = re.compile(r'[^"$`\n\\]*')
+_SAFE_BUCKET = re.compile(r"[a-z0-9][a-z0-9_.-]{1,220}[a-z0-9]")
+_SAFE_OBJECT = re.compile(r"[A-Za-z0-9_./-]{1,1024}")
 # The start-up script's and the program's exit status for "this configuration cannot work": systemd
 # does not restart the unit for it (RestartPreventExitStatus), and GCE does not re-run the script.
 EXIT_CONFIG = 78  # EX_CONFIG of sysexits.h
@@ -52,7 +54,20 @@ EXIT_CONFIG = 78  # EX_CONFIG of sysexits.h
 # it finds a Cloud TPU slice itself (`coordinator_port = '8482'` in jax/_src/clusters/cloud_tpu_cluster.py).
 # Passed explicitly, so the same start-up path works where JAX's detection is off (a CPU sandbox).
 COORDINATOR_PORT = 8482
-_HEREDOC_PROGRAM = "TPU_PLATFORM_PROGRAM"
+RUN_ATTRIBUTE = "tpu-platform-run"  # the run spec the agent watches (docs/design-runs.md)
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """An object the VM fetches at boot and runs only if its bytes hash to `sha256`."""
+
+    bucket: str
+    name: str
+    sha256: str
+
+    @property
+    def uri(self) -> str:
+        return f"gs://{self.bucket}/{self.name}"
 
 
 @dataclass(frozen=True)
@@ -60,74 +75,62 @@ class StartupSpec:
     stack: str
     vm: str
     workload: str
-    files: tuple[tuple[str, str], ...]  # (filename, source); the first is the entry point
-    framework: str
-    framework_version: str
-    requirements: tuple[tuple[str, str], ...]  # (import name, pinned requirement)
-    # Settings for the program: environment name -> (command-line flag, value).
-    settings: tuple[tuple[str, str, str], ...]
-    # What the runtime needs (infra/catalog): the process environment, bounds kept when extras are
-    # installed, the oldest Python the framework accepts, and why the framework cannot be installed
-    # at boot ("" when it can).
+    agent: Artifact  # the platform's runner on the VM (vm_agent/), packaged by the stack
+    # The agent's static settings (`agent.env`, docs/design-runs.md): NAME=value, from metadata.
+    settings: tuple[tuple[str, str], ...]
+    # The framework the image must hold for this workload ("" when the workload names none: nothing is
+    # checked or installed at boot, the source's requirements bring what it needs).
+    framework: str = ""
+    framework_version: str = ""
+    # What the runtime needs (infra/catalog): the process environment, bounds kept when the program's
+    # requirements are installed, the oldest Python the framework accepts, and why the framework cannot
+    # be installed at boot ("" when it can).
     environment: tuple[tuple[str, str], ...] = ()
     constraints: tuple[str, ...] = ()
     min_python: str = ""
     install_problem: str = ""
+    grace_seconds: int = 30
 
     @property
     def unit(self) -> str:
-        return f"tpu-workload-{self.workload}.service"
+        return AGENT_UNIT
+
+
+AGENT_UNIT = "tpu-platform-agent.service"
 
 
 def _check(spec: StartupSpec) -> None:
-    for env, flag, value in spec.settings:
-        if not _SAFE_VALUE.fullmatch(value) or not re.fullmatch(r"[A-Z_][A-Z0-9_]*", env):
-            raise ValueError(f"unsafe setting {env}={value!r} for workload {spec.workload}")
-        if not flag.startswith("--"):
-            raise ValueError(f"setting {env} needs a --flag, not {flag!r}")
-    for module, requirement in spec.requirements:
-        if not (_SAFE_REQUIREMENT.fullmatch(requirement) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", module)):
-            raise ValueError(f"unsafe requirement {requirement!r}")
-    for name, value in spec.environment:
+    for name, value in (*spec.settings, *spec.environment):
         if not _SAFE_VALUE.fullmatch(value) or not re.fullmatch(r"[A-Z_][A-Z0-9_]*", name):
-            raise ValueError(f"unsafe environment {name}={value!r} for workload {spec.workload}")
+            raise ValueError(f"unsafe setting {name}={value!r} for TPU VM {spec.vm}")
     for constraint in spec.constraints:
         if not _SAFE_CONSTRAINT.fullmatch(constraint):
             raise ValueError(f"unsafe constraint {constraint!r}")
     if not re.fullmatch(r"(\d+\.\d+)?", spec.min_python) or not _SAFE_MESSAGE.fullmatch(spec.install_problem):
         raise ValueError(f"unsafe runtime facts {spec.min_python!r}, {spec.install_problem!r}")
-    for filename, source in spec.files:
-        if not re.fullmatch(r"[A-Za-z0-9_]+\.py", filename):
-            raise ValueError(f"unsafe file name {filename!r}")
-        if any(line == _HEREDOC_PROGRAM for line in source.splitlines()):
-            raise ValueError(f"{filename} contains the line {_HEREDOC_PROGRAM}, which ends the here-document")
+    if spec.framework and spec.framework not in FRAMEWORK_INSTALL:
+        raise ValueError(f"unknown framework {spec.framework!r}")
+    if not re.fullmatch(r"[0-9][A-Za-z0-9.]*|", spec.framework_version):
+        raise ValueError(f"unsafe framework version {spec.framework_version!r}")
+    agent = spec.agent
+    if not (_SAFE_BUCKET.fullmatch(agent.bucket) and _SAFE_OBJECT.fullmatch(agent.name)):
+        raise ValueError(f"unsafe agent location {agent.uri!r}")
+    if not re.fullmatch(r"[0-9a-f]{64}", agent.sha256):
+        raise ValueError(f"agent digest {agent.sha256!r} is not a sha256")
 
 
 def render_env(spec: StartupSpec) -> str:
-    """The `tpu-platform-env` metadata value: the run's settings, one NAME=value per line."""
+    """The `tpu-platform-env` metadata value: the agent's settings, one NAME=value per line."""
     _check(spec)
-    return "".join(f"{env}={value}\n" for env, _, value in spec.settings)
+    return "".join(f"{name}={value}\n" for name, value in spec.settings)
 
 
-def _write_file(filename: str, source: str) -> str:
-    body = source if source.endswith("\n") else source + "\n"
-    return f"""  cat > "${{APP_DIR}}/{filename}" <<'{_HEREDOC_PROGRAM}'
-{body}{_HEREDOC_PROGRAM}
-"""
-
-
-def render_startup_script(spec: StartupSpec) -> str:
-    _check(spec)
+def _ensure_framework(spec: StartupSpec) -> str:
+    """The boot's check of the image's framework, and its install when the image lacks it."""
+    if not spec.framework:
+        return ""
     module, requirement, find_links = FRAMEWORK_INSTALL[spec.framework]
     requirement = requirement.format(version=spec.framework_version)
-    entry = spec.files[0][0]
-    exec_args = " ".join(f"{flag} ${{{env}}}" for env, flag, _ in spec.settings)
-    extras = " ".join(f"{m}={r}" for m, r in spec.requirements)
-    writes = "".join(_write_file(name, source) for name, source in spec.files)
-    checkpoint_env = next((env for env, flag, _ in spec.settings if flag == "--checkpoint-dir"), "")
-    completed = f'"${{{checkpoint_env}:-}}"' if checkpoint_env else '""'
-    environment = "".join(f"Environment={name}={value}\n" for name, value in spec.environment)
-    constraints = " ".join(f"'{c}'" for c in spec.constraints)
     if spec.min_python:
         major, minor = spec.min_python.split(".")
         need = f"{spec.framework} ${{FRAMEWORK_VERSION}} needs Python {spec.min_python} or newer"
@@ -144,20 +147,55 @@ def render_startup_script(spec: StartupSpec) -> str:
     else:
         install = f"""    log "installing {spec.framework} ${{FRAMEWORK_VERSION}} (found: ${{installed:-none}})"
     "${{PYTHON}}" -m pip install --quiet '{requirement}' -f {find_links}"""
+    return f"""readonly FRAMEWORK_VERSION={spec.framework_version}
+
+framework_version() {{
+  "${{PYTHON}}" -c 'import {module}; print({module}.__version__)' 2>/dev/null || true
+}}
+
+# The framework lives in the image's Python, which every run's virtualenv sees (--system-site-packages).
+ensure_framework() {{
+{python_check}  local installed
+  installed="$(framework_version)"
+  if [[ "${{installed}}" == "${{FRAMEWORK_VERSION}}" ]]; then
+    log "{spec.framework} ${{installed}} is already installed"
+  else
+{install}
+  fi
+  installed="$(framework_version)"
+  if [[ "${{installed}}" != "${{FRAMEWORK_VERSION}}" ]]; then
+    fatal "{spec.framework} ${{FRAMEWORK_VERSION}} does not import after the installs (found: ${{installed:-none}})"
+  fi
+}}
+
+"""
+
+
+def render_startup_script(spec: StartupSpec) -> str:
+    _check(spec)
+    environment = "".join(f"Environment={name}={value}\n" for name, value in spec.environment)
+    framework = _ensure_framework(spec)
+    constraints = " ".join(spec.constraints)
+    agent_object = urllib.parse.quote(spec.agent.name, safe="")
 
     return f"""#!/bin/bash
 # tpu-platform start-up for TPU VM {spec.vm} (stack {spec.stack}), workload {spec.workload}.
 # Rendered by infra/startup.py; runs as root on every boot of every worker. Edit the stack, not this.
+# It checks the image, fetches the platform's agent (verified by its digest) and starts it; the agent
+# runs the workload as the `{RUN_ATTRIBUTE}` metadata says, and starts a new run when that changes.
 set -euo pipefail
 
 readonly ROOT="${{TPU_PLATFORM_ROOT:-}}"
 readonly PYTHON="${{TPU_PLATFORM_PYTHON:-/usr/bin/python3}}"
 readonly METADATA="http://${{GCE_METADATA_HOST:-metadata.google.internal}}/computeMetadata/v1"
-readonly APP_DIR="${{ROOT}}/opt/tpu-platform/{spec.workload}"
-readonly ENV_FILE="${{ROOT}}/etc/tpu-platform/{spec.workload}.env"
-readonly UNIT_FILE="${{ROOT}}/etc/systemd/system/{spec.unit}"
-readonly UNIT={spec.unit}
-readonly FRAMEWORK_VERSION={spec.framework_version}
+# The Cloud Storage JSON API (https://cloud.google.com/storage/docs/json_api/v1/objects/get, alt=media).
+readonly STORAGE="${{STORAGE_EMULATOR_HOST:-https://storage.googleapis.com}}"
+readonly AGENT_SHA256={spec.agent.sha256}
+readonly AGENT_URL="${{STORAGE}}/storage/v1/b/{spec.agent.bucket}/o/{agent_object}?alt=media"
+readonly AGENT_DIR="${{ROOT}}/opt/tpu-platform/agent/${{AGENT_SHA256}}"
+readonly ENV_FILE="${{ROOT}}/etc/tpu-platform/agent.env"
+readonly UNIT_FILE="${{ROOT}}/etc/systemd/system/{AGENT_UNIT}"
+readonly UNIT={AGENT_UNIT}
 readonly COORDINATOR_PORT="${{TPU_PLATFORM_COORDINATOR_PORT:-{COORDINATOR_PORT}}}"
 
 log() {{ echo "tpu-platform: $*"; }}
@@ -169,37 +207,11 @@ fatal() {{
   exit {EXIT_CONFIG}
 }}
 
-framework_version() {{
-  "${{PYTHON}}" -c 'import {module}; print({module}.__version__)' 2>/dev/null || true
-}}
-
 metadata() {{
   curl --silent --fail --retry 5 --retry-connrefused -H 'Metadata-Flavor: Google' "${{METADATA}}/$1"
 }}
 
-ensure_packages() {{
-{python_check}  local installed
-  installed="$(framework_version)"
-  if [[ "${{installed}}" == "${{FRAMEWORK_VERSION}}" ]]; then
-    log "{spec.framework} ${{installed}} is already installed"
-  else
-{install}
-  fi
-  local extra extras=({extras})
-  for extra in "${{extras[@]}}"; do
-    if ! "${{PYTHON}}" -c "import ${{extra%%=*}}" 2>/dev/null; then
-      log "installing ${{extra#*=}}"
-      # Together with the bounds the framework needs, so pip cannot upgrade them from under it.
-      "${{PYTHON}}" -m pip install --quiet "${{extra#*=}}" {constraints}
-    fi
-  done
-  installed="$(framework_version)"
-  if [[ "${{installed}}" != "${{FRAMEWORK_VERSION}}" ]]; then
-    fatal "{spec.framework} ${{FRAMEWORK_VERSION}} does not import after the installs (found: ${{installed:-none}})"
-  fi
-}}
-
-# This worker's place in its slice, for the unit's environment: its number (`agent-worker-number`), the
+{framework}# This worker's place in its slice, for the agent's environment: its number (`agent-worker-number`), the
 # number of workers and worker 0's address as the coordinator of JAX's distributed runtime. Cloud TPU
 # lists the workers in `worker-network-endpoints`, worker 0 first, each `host` or `name:id:ip` (the
 # two formats jax/_src/clusters/cloud_tpu_cluster.py reads). A single-host VM: one worker, no coordinator.
@@ -226,69 +238,82 @@ slice_env() {{
   echo "TPU_PLATFORM_COORDINATOR=${{coordinator}}"
 }}
 
-install_program() {{
-  mkdir -p "${{APP_DIR}}" "$(dirname "${{ENV_FILE}}")" "$(dirname "${{UNIT_FILE}}")"
-{writes}  # Settings live in metadata: changing them updates the VM in place, and this script reads them anew.
-  metadata "instance/attributes/{ENV_ATTRIBUTE}" > "${{ENV_FILE}}.new"
-  slice_env >> "${{ENV_FILE}}.new"
+# The agent, as the VM's own account reads it (a token from the metadata server; no key on the VM).
+# Fetched once per digest; bytes that do not hash to the digest the stack shipped are never run.
+fetch_agent() {{
+  [[ -f "${{AGENT_DIR}}/.verified" ]] && return 0
+  local token archive="${{AGENT_DIR}}.tar.gz"
+  mkdir -p "$(dirname "${{AGENT_DIR}}")"
+  token="$(metadata instance/service-accounts/default/token \\
+    | "${{PYTHON}}" -c 'import json, sys; print(json.load(sys.stdin)["access_token"])')"
+  # The token goes to curl on stdin, not on its command line, where any local user could read it.
+  curl --silent --fail --retry 5 --retry-connrefused -H @- -o "${{archive}}" "${{AGENT_URL}}" \\
+    <<< "Authorization: Bearer ${{token}}" || fatal "cannot read the agent {spec.agent.uri}"
+  if ! echo "${{AGENT_SHA256}}  ${{archive}}" | sha256sum --check --quiet --status; then
+    rm -f "${{archive}}"
+    fatal "the agent {spec.agent.uri} does not match its digest ${{AGENT_SHA256}}"
+  fi
+  rm -rf "${{AGENT_DIR}}.new" && mkdir -p "${{AGENT_DIR}}.new"
+  tar --extract --gzip --no-same-owner --file "${{archive}}" --directory "${{AGENT_DIR}}.new"
+  touch "${{AGENT_DIR}}.new/.verified"
+  rm -rf "${{AGENT_DIR}}" && mv "${{AGENT_DIR}}.new" "${{AGENT_DIR}}" && rm -f "${{archive}}"
+}}
+
+write_env() {{
+  mkdir -p "$(dirname "${{ENV_FILE}}")"
+  # Settings live in metadata: changing them updates the VM in place, and this script reads them anew.
+  {{
+    metadata "instance/attributes/{ENV_ATTRIBUTE}"
+    slice_env
+    echo "TPU_PLATFORM_ROOT=${{ROOT}}"
+    echo "TPU_PLATFORM_METADATA_URL=${{METADATA}}"
+    echo "TPU_PLATFORM_PYTHON=${{PYTHON}}"
+    echo "TPU_PLATFORM_PIP_CONSTRAINTS={constraints}"
+    [[ -z "${{STORAGE_EMULATOR_HOST:-}}" ]] || echo "STORAGE_EMULATOR_HOST=${{STORAGE_EMULATOR_HOST}}"
+  }} > "${{ENV_FILE}}.new"
   mv "${{ENV_FILE}}.new" "${{ENV_FILE}}"
 }}
 
 install_unit() {{
+  mkdir -p "$(dirname "${{UNIT_FILE}}")"
   cat > "${{UNIT_FILE}}" <<'TPU_PLATFORM_UNIT'
 [Unit]
-Description=tpu-platform workload {spec.workload} (stack {spec.stack})
+Description=tpu-platform agent: runs workload {spec.workload} on TPU VM {spec.vm} (stack {spec.stack})
 Wants=network-online.target
 After=network-online.target
-# A program that keeps failing is given up on after 5 starts an hour, instead of billing in a loop.
+# An agent that keeps failing is given up on after 5 starts an hour, instead of billing in a loop.
 StartLimitIntervalSec=3600
 StartLimitBurst=5
 
 [Service]
 Type=simple
 EnvironmentFile=@ENV_FILE@
-{environment}ExecStart=@PYTHON@ -u @APP_DIR@/{entry} {exec_args}
+Environment=PYTHONPATH=@AGENT_DIR@
+{environment}ExecStart=@PYTHON@ -u -m vm_agent
 Restart=on-failure
 RestartSec=30
 # Exit {EXIT_CONFIG}: a configuration error, which a restart cannot mend.
-# 3: the program refused to resume a checkpoint of another program, batch size or data (a new run
-# id is the fix): retrying would refuse again, every 30 s.
-RestartPreventExitStatus={EXIT_CONFIG} 3
-# Preemption notice to exit: the program checkpoints on SIGTERM within this time.
-TimeoutStopSec=25
+RestartPreventExitStatus={EXIT_CONFIG}
+# Preemption notice or `systemctl stop`: the agent passes SIGTERM on, the run checkpoints within its
+# grace period, and the agent records the run as stopped.
+KillSignal=SIGTERM
+TimeoutStopSec={spec.grace_seconds + 10}
 StandardOutput=journal
 StandardError=journal
-SyslogIdentifier=tpu-workload-{spec.workload}
+SyslogIdentifier=tpu-platform-agent
 TPU_PLATFORM_UNIT
-  sed -i -e "s|@ENV_FILE@|${{ENV_FILE}}|" -e "s|@PYTHON@|${{PYTHON}}|" -e "s|@APP_DIR@|${{APP_DIR}}|" "${{UNIT_FILE}}"
+  sed -i -e "s|@ENV_FILE@|${{ENV_FILE}}|" -e "s|@PYTHON@|${{PYTHON}}|" \\
+    -e "s|@AGENT_DIR@|${{AGENT_DIR}}|" "${{UNIT_FILE}}"
   systemctl daemon-reload
 }}
 
-run_finished() {{
-  local checkpoint_dir
-  # shellcheck source=/dev/null
-  checkpoint_dir="$(set -a && source "${{ENV_FILE}}" && echo {completed})"
-  [[ -n "${{checkpoint_dir}}" ]] || return 1
-  local said runlib="${{APP_DIR}}/runlib.py"
-  # shellcheck source=/dev/null
-  said="$(set -a && source "${{ENV_FILE}}" && "${{PYTHON}}" "$runlib" status --checkpoint-dir "${{checkpoint_dir}}")"
-  [[ "${{said}}" == complete ]]
-}}
-
-ensure_packages
-install_program
+{"ensure_framework" if spec.framework else ""}
+fetch_agent
+write_env
 install_unit
-if run_finished; then
-  log "workload {spec.workload} already completed its run; not starting it again"
-  # A finished run never keeps idle chips billing: say so again, and the guard stops or deletes this
-  # TPU as the stack says (the VM itself holds no TPU right).
-  # shellcheck source=/dev/null
-  (set -a && source "${{ENV_FILE}}" && "${{PYTHON}}" "${{APP_DIR}}/runlib.py" announce)
-  exit 0
-fi
-# First boot: starts the run. Reboot, preemption or re-created VM: the run resumes from its checkpoint.
+# Every boot: the agent resumes the run from its checkpoint, or does nothing when the run is complete.
 systemctl start "${{UNIT}}"
-log "workload {spec.workload} started as ${{UNIT}}; follow it with: journalctl -u ${{UNIT}} -f"
+log "agent started as ${{UNIT}}; follow it with: journalctl -u ${{UNIT}} -f"
 """
 
 
