@@ -41,6 +41,6 @@ def _read(path: Path) -> str:
 
 
 PROGRAMS: dict[str, Program] = {
-    "tf_mnist": Program("tf_mnist", "tensorflow", "tf_mnist.py"),
-    "jax_mnist": Program("jax_mnist", "jax", "jax_mnist.py", (("optax", "optax==0.2.8"),)),
+    "tf_mnist": Program("tf_mnist", "tensorflow", "tf_mnist/tf_mnist.py"),
+    "jax_mnist": Program("jax_mnist", "jax", "jax_mnist/jax_mnist.py", (("optax", "optax==0.2.8"),)),
 }

@@ -203,7 +203,7 @@ def test_sharded_data_round_trip(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.workloads
-@pytest.mark.parametrize("program", ["tf_mnist.py", "jax_mnist.py"])
+@pytest.mark.parametrize("program", ["tf_mnist/tf_mnist.py", "jax_mnist/jax_mnist.py"])
 def test_kill_9_during_checkpointing_never_breaks_the_next_start(program, tmp_path):
     """Checkpoint every step and SIGKILL at arbitrary moments: every restart must still succeed."""
     sample = tmp_path / "mnist.npz"
@@ -239,10 +239,13 @@ def test_the_programs_refuse_each_others_checkpoints_and_another_batch_size(tmp_
     sample, ckpt = tmp_path / "mnist.npz", str(tmp_path / "ckpt")
     assert run_workload("sample_mnist.py", str(sample), "--train", "256", "--test", "64", cwd=tmp_path).returncode == 0
     common = ["--data", str(sample), "--checkpoint-dir", ckpt, "--checkpoint-every-steps", "2"]
-    first = run_workload("tf_mnist.py", *common, "--batch-size", "32", "--steps", "4", cwd=tmp_path)
+    first = run_workload("tf_mnist/tf_mnist.py", *common, "--batch-size", "32", "--steps", "4", cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     (tmp_path / "ckpt" / "COMPLETE").unlink()  # reopen the run, as if it had been preempted
-    for program, batch, wrong in (("jax_mnist.py", "32", "program 'tf_mnist'"), ("tf_mnist.py", "64", "batch_size 32")):
+    for program, batch, wrong in (
+        ("jax_mnist/jax_mnist.py", "32", "program 'tf_mnist'"),
+        ("tf_mnist/tf_mnist.py", "64", "batch_size 32"),
+    ):
         done = run_workload(program, *common, "--batch-size", batch, "--steps", "8", cwd=tmp_path)
         assert done.returncode == runlib.REFUSED_EXIT, done.stderr[-3000:]
         refusal = [json.loads(line) for line in done.stdout.splitlines() if '"ERROR"' in line]

@@ -270,7 +270,9 @@ def test_a_tensorflow_pod_worker_knows_its_number_and_its_unit_names_the_pod(tmp
     assert (env["TPU_WORKER_ID"], env["TPU_PLATFORM_WORKER_COUNT"]) == ("3", "4")
     unit = (tmp_path / "root/etc/systemd/system/tpu-workload-mnist.service").read_text()
     assert "Environment=TPU_NAME=mnist-v2-spot\n" in unit
-    assert 'process = int(os.environ.get("TPU_WORKER_ID", "0"))' in (ROOT / "workloads/tf_mnist.py").read_text()
+    assert (
+        'process = int(os.environ.get("TPU_WORKER_ID", "0"))' in (ROOT / "workloads/tf_mnist/tf_mnist.py").read_text()
+    )
 
 
 def test_a_single_host_vm_is_one_worker_without_a_coordinator(tmp_path):

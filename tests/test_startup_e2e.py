@@ -300,7 +300,7 @@ def test_two_host_slice_trains_stops_together_on_one_sigterm_and_resumes(emulato
     # One process, the same global batches, no interruption: the slice reached its loss.
     sample = tmp_path / "mnist.npz"
     emulator.bucket("acme-ml-sandbox-dev-data").blob("mnist/mnist.npz").download_to_filename(sample)
-    one = run_workload("jax_mnist.py", "--data", str(sample), "--epochs", str(TWO_HOST_EPOCHS),
+    one = run_workload("jax_mnist/jax_mnist.py", "--data", str(sample), "--epochs", str(TWO_HOST_EPOCHS),
                        "--batch-size", str(BATCH), cwd=tmp_path)  # fmt: skip
     assert one.returncode == 0, one.stderr[-3000:]
     two_host = final_loss(vms[0].log(unit), total)

@@ -44,7 +44,7 @@ def test_trains_and_exports_a_model_that_predicts_on_the_cpu(tmp_path):
     sample = tmp_path / "mnist.npz"
     made = run_workload("sample_mnist.py", str(sample), "--train", "1024", "--test", "256", cwd=tmp_path)
     assert made.returncode == 0, made.stderr
-    done = run_workload("jax_mnist.py", "--data", str(sample), "--epochs", "2", "--batch-size", "128",
+    done = run_workload("jax_mnist/jax_mnist.py", "--data", str(sample), "--epochs", "2", "--batch-size", "128",
                         "--model-dir", str(tmp_path / "models"), cwd=tmp_path)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
@@ -73,7 +73,7 @@ def start_slice(tmp_path, args: list[str], count: int = 2) -> list[subprocess.Po
                      "TPU_PLATFORM_COORDINATOR": f"127.0.0.1:{port}"}  # fmt: skip
         env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "", **slice_env}
         with open(tmp_path / f"worker-{worker}.log", "a") as out:  # the child keeps its own copy open
-            processes.append(subprocess.Popen([workloads_python(), str(WORKLOADS / "jax_mnist.py"), *args],
+            processes.append(subprocess.Popen([workloads_python(), str(WORKLOADS / "jax_mnist/jax_mnist.py"), *args],
                                               stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp_path))  # fmt: skip
     return processes
 
@@ -88,7 +88,7 @@ def test_two_processes_train_as_one_slice_stop_together_on_one_sigterm_and_resum
     args = ["--data", str(sample), "--steps", str(steps), "--batch-size", "32", "--checkpoint-every-steps", "8",
             "--steps-per-call", "4", "--checkpoint-dir", str(tmp_path / "ckpt"),
             "--model-dir", str(tmp_path / "m")]  # fmt: skip
-    one = run_workload("jax_mnist.py", *args[:-4], cwd=tmp_path)  # one process, the same global batch
+    one = run_workload("jax_mnist/jax_mnist.py", *args[:-4], cwd=tmp_path)  # one process, the same global batch
     assert one.returncode == 0, one.stderr[-3000:]
     checkpoints = runlib_checkpoints(tmp_path / "ckpt")
 

@@ -35,7 +35,7 @@ def sample(tmp_path_factory):
 
 def test_trains_reports_and_saves(sample, tmp_path):
     done = run_workload(
-        "tf_mnist.py",
+        "tf_mnist/tf_mnist.py",
         "--data", str(sample),
         "--epochs", "2",
         "--batch-size", "128",
@@ -64,6 +64,6 @@ def test_trains_reports_and_saves(sample, tmp_path):
 
 
 def test_bad_data_location_fails_clearly(tmp_path):
-    done = run_workload("tf_mnist.py", "--data", str(tmp_path / "missing.npz"), "--epochs", "1", cwd=tmp_path)
+    done = run_workload("tf_mnist/tf_mnist.py", "--data", str(tmp_path / "missing.npz"), "--epochs", "1", cwd=tmp_path)
     assert done.returncode != 0
     assert "missing.npz" in done.stderr
