@@ -269,3 +269,23 @@ def test_announce_tells_the_platform_again_for_a_complete_run(tmp_path):
     assert runlib.announce(str(tmp_path / "ckpt"), str(tmp_path / "status"), "run-1", "tf_mnist")
     marker = json.loads(runlib.Store(str(tmp_path / "status")).read(runlib.COMPLETE))
     assert marker["runId"] == "run-1" and marker["steps"] == 10
+
+
+def test_the_run_contract_environment_gives_the_defaults_and_the_agent_writes_the_status(monkeypatch):
+    """Under the platform's agent a command needs no location flags (README, "The run contract"), and
+    the program does not write `<status-dir>/COMPLETE`: the agent does, when the command exits 0."""
+    contract = {
+        "TPU_PLATFORM_DATA": "gs://d/mnist.npz",
+        "TPU_PLATFORM_CHECKPOINT_DIR": "gs://c/run",
+        "TPU_PLATFORM_MODEL_DIR": "gs://m/run",
+        "TPU_PLATFORM_RUN_ID": "dev/mnist/vm/r1",
+        "TPU_PLATFORM_STATUS_DIR": "gs://s/vm",
+    }
+    for name, value in contract.items():
+        monkeypatch.setenv(name, value)
+    args = runlib.parse_args("toy", [])
+    assert (args.data, args.checkpoint_dir, args.model_dir, args.run_id) == (
+        "gs://d/mnist.npz", "gs://c/run", "gs://m/run", "dev/mnist/vm/r1",
+    )  # fmt: skip
+    assert args.status_dir == ""
+    assert (runlib.EXIT_RETRY, runlib.REFUSED_EXIT) == (75, 78)  # EX_TEMPFAIL, EX_CONFIG of sysexits.h

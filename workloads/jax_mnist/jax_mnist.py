@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         log(str(refused), severity="ERROR")
         return runlib.REFUSED_EXIT
     if outcome.preempted:
-        return 0
+        return runlib.EXIT_RETRY  # checkpointed: the platform resumes it
     logits = jax.jit(forward)(local(params), prepare(data.x_test))  # on this process's devices
     accuracy = float(np.mean(np.argmax(np.asarray(logits), axis=1) == data.y_test))
     metrics = {"framework": "jax", "device": device, **outcome.metrics, "val_accuracy": round(accuracy, 4)}

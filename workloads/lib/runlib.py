@@ -46,16 +46,26 @@ import numpy as np
 
 COMMITTED = "COMMITTED"
 COMPLETE = "COMPLETE"
-REFUSED_EXIT = 3  # a resume that would mix two runs: retrying cannot help
+# Exit codes of the run contract (README, "The run contract"; sysexits.h): the platform's agent retries
+# a run that exits EXIT_RETRY (stopped mid-run: it resumes from its checkpoint) and never one that
+# exits REFUSED_EXIT (a configuration that cannot work: a resume that would mix two runs).
+EXIT_RETRY = 75  # EX_TEMPFAIL
+REFUSED_EXIT = 78  # EX_CONFIG
 _CKPT = re.compile(r"ckpt-(\d{10})$")
 
 
 # ---------------------------------------------------------------------------------------------- CLI
 def parse_args(description: str, argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--data", default="", help="local path or gs:// URL: an .npz or a folder of shards")
-    parser.add_argument("--checkpoint-dir", default="", help="where checkpoints go (resumes from the newest)")
-    parser.add_argument("--model-dir", default="", help="where the final model and metrics.json go")
+    # Defaults from the run contract's environment, so a command needs no flags for what the platform
+    # already says.
+    env = os.environ.get
+    parser.add_argument("--data", default=env("TPU_PLATFORM_DATA", ""),
+                        help="local path or gs:// URL: an .npz or a folder of shards")  # fmt: skip
+    parser.add_argument("--checkpoint-dir", default=env("TPU_PLATFORM_CHECKPOINT_DIR", ""),
+                        help="where checkpoints go (resumes from the newest)")  # fmt: skip
+    parser.add_argument("--model-dir", default=env("TPU_PLATFORM_MODEL_DIR", ""),
+                        help="where the final model and metrics.json go")  # fmt: skip
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--steps", type=int, default=0, help="total training steps (default: from --epochs)")
     parser.add_argument("--batch-size", type=int, default=256)
@@ -65,7 +75,9 @@ def parse_args(description: str, argv: list[str] | None = None) -> argparse.Name
                         help="training steps per call to the device: fewer host round trips (S18)")  # fmt: skip
     parser.add_argument("--run-id", default=os.environ.get("TPU_PLATFORM_RUN_ID", "local"))
     parser.add_argument("--tpu", choices=("auto", "local", "none"), default="auto", help="use a TPU: auto-detect")
-    parser.add_argument("--status-dir", default=os.environ.get("TPU_PLATFORM_STATUS_DIR", ""),
+    # Under the platform's agent the agent writes the run-complete object when the command exits 0;
+    # a program run by hand may still write it by naming the folder.
+    parser.add_argument("--status-dir", default="",
                         help="where the run-complete object goes (the platform acts on it); empty: none")  # fmt: skip
     # Deprecated: the VM no longer acts on its own TPU (that needed TPU API rights); the platform reads
     # `<status-dir>/COMPLETE` instead. Accepted and ignored so older start-up scripts keep working.

@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         log(str(refused), severity="ERROR")
         return runlib.REFUSED_EXIT
     if outcome.preempted:
-        return 0
+        return runlib.EXIT_RETRY  # checkpointed: the platform resumes it
     accuracy = trainer.accuracy(data.x_test, data.y_test)
     metrics = {"framework": "tensorflow", "device": device, **outcome.metrics, "val_accuracy": round(accuracy, 4)}
     wall = metrics["wall_seconds"]
