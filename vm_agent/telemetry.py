@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
-from vm_agent.tensorboard import EventLog
+from vm_agent.tensorboard import EventLog, storage_url
 
 LOG_ID = "tpu-workload"
 METRIC_PREFIX = "custom.googleapis.com/tpu_platform/"
@@ -206,6 +206,13 @@ def time_series(
     }
 
 
+def tensorboard_dir(model_dir: str, worker: str) -> str:
+    """`<model-dir>/tensorboard` for worker 0; other workers of a slice in `worker-<n>/` below it, so
+    TensorBoard shows them as runs of their own instead of mixing their points into one curve."""
+    base = model_dir.rstrip("/") + "/tensorboard"
+    return base if worker in ("", "0") else f"{base}/worker-{worker}"
+
+
 class Sampler:
     """At most one point per time series every SAMPLE_EVERY_S: the latest value waits for its turn."""
 
@@ -257,6 +264,7 @@ class Telemetry:
         self.logging_url = env.get(LOGGING_ENV) or LOGGING_URL
         self.monitoring_url = env.get(MONITORING_ENV) or MONITORING_URL
         self.metadata_url = (env.get(METADATA_ENV) or METADATA_URL).rstrip("/")
+        self.storage_url = storage_url(env)
         self.clock = clock
         self.flush_every_s = flush_every_s
         self.counts = Counts()
@@ -330,7 +338,10 @@ class Telemetry:
                 run_id, model_dir, step, values = training
                 for name, value in values.items():
                     self._sampler.offer(name, run_id, value)
-                self._event_log(run_id, model_dir, step, values)
+                try:
+                    self._event_log(run_id, model_dir, step, values)
+                except OSError as error:  # a model dir we cannot write: the logs and metrics still go
+                    self._warn(f"TensorBoard event file for {run_id} not written: {error}")
         for start in range(0, len(entries), MAX_ENTRIES_PER_REQUEST):
             if deadline is not None and time.monotonic() > deadline:
                 self.counts.lost_entries += len(entries) - start
@@ -349,11 +360,12 @@ class Telemetry:
         log = self._event_logs.get(run_id)
         if log is None:
             log = self._event_logs[run_id] = EventLog(
-                model_dir.rstrip("/") + "/tensorboard",
+                tensorboard_dir(model_dir, self.origin.worker),
                 f"{self.origin.vm or 'vm'}-w{self.origin.worker}",
                 token=self._access_token,
                 warn=self._warn,
                 clock=self.clock,
+                storage=self.storage_url,
             )
         log.scalars(step, values)
 

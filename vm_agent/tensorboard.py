@@ -24,7 +24,6 @@ at most every UPLOAD_EVERY_S and when the run ends. A local model dir is written
 
 from __future__ import annotations
 
-import os
 import struct
 import tempfile
 import time
@@ -38,6 +37,14 @@ FILE_VERSION = "brain.Event:2"
 UPLOAD_EVERY_S = 30.0
 STORAGE_URL = "https://storage.googleapis.com"
 STORAGE_ENV = "STORAGE_EMULATOR_HOST"  # honoured as the start-up script does, for the sandbox
+
+
+def storage_url(env: Mapping[str, str]) -> str:
+    """Cloud Storage's JSON API root: STORAGE_EMULATOR_HOST (host:port or URL) when set, else Google's."""
+    emulator = env.get(STORAGE_ENV, "")
+    if emulator and "://" not in emulator:
+        emulator = f"http://{emulator}"
+    return (emulator or STORAGE_URL).rstrip("/")
 
 
 def _crc32c_table() -> list[int]:
@@ -117,7 +124,7 @@ class EventLog:
         token: Callable[[], str] = lambda: "",
         warn: Callable[[str], None] = lambda message: None,
         clock: Callable[[], float] = time.time,
-        storage_url: str | None = None,
+        storage: str = STORAGE_URL,
     ):
         self.directory = directory
         self.clock = clock
@@ -125,10 +132,7 @@ class EventLog:
         self._token = token
         self._warn = warn
         self._remote = directory.startswith("gs://")
-        emulator = os.environ.get(STORAGE_ENV, "")
-        if emulator and "://" not in emulator:
-            emulator = f"http://{emulator}"
-        self._storage_url = (storage_url or emulator or STORAGE_URL).rstrip("/")
+        self._storage_url = storage.rstrip("/")
         folder = Path(tempfile.mkdtemp(prefix="tpu-platform-tb-")) if self._remote else Path(directory)
         folder.mkdir(parents=True, exist_ok=True)
         self.path = folder / self.name
@@ -151,12 +155,7 @@ class EventLog:
         now = time.monotonic()
         if not force and now - self._uploaded_at < UPLOAD_EVERY_S:
             return
-        bucket, _, prefix = self.directory.removeprefix("gs://").partition("/")
-        name = f"{prefix.rstrip('/')}/{self.name}" if prefix else self.name
-        url = (
-            f"{self._storage_url}/upload/storage/v1/b/{urllib.parse.quote(bucket, safe='')}/o?"
-            + urllib.parse.urlencode({"uploadType": "media", "name": name})
-        )
+        url = self.upload_url()
         try:
             request = urllib.request.Request(
                 url,
@@ -168,7 +167,17 @@ class EventLog:
                 response.read()
             self._uploaded_at, self._changed = now, False
         except (OSError, ValueError) as error:
-            self._warn(f"TensorBoard event file upload to gs://{bucket}/{name} failed: {error} (retried later)")
+            self._warn(f"TensorBoard event file upload to {self.uri} failed: {error} (retried later)")
+
+    @property
+    def uri(self) -> str:
+        return f"{self.directory.rstrip('/')}/{self.name}"
+
+    def upload_url(self) -> str:
+        """The simple media upload (storage.objects.insert) of the whole file to its gs:// folder."""
+        bucket, _, name = self.uri.removeprefix("gs://").partition("/")
+        query = urllib.parse.urlencode({"uploadType": "media", "name": name})
+        return f"{self._storage_url}/upload/storage/v1/b/{urllib.parse.quote(bucket, safe='')}/o?{query}"
 
     def close(self) -> None:
         self.sync(force=True)
