@@ -41,6 +41,15 @@ GAVE_UP_EVENT = "tpu-recovery-gave-up"
 # NotificationRateLimit; the API requires one for log-based policies).
 FUNCTION_LOGS = 'resource.type = "cloud_run_revision"'
 LOG_ALERT_PERIOD = "3600s"
+# What the VM agent ships (vm_agent/telemetry.py; kept equal by tests/test_monitoring.py): each run's
+# output lines in this log, labelled with the stack, and its training metrics as custom metrics on
+# `generic_node` resources whose namespace is the stack.
+WORKLOAD_LOG = "tpu-workload"
+TRAINING_METRICS = (
+    ("Training loss", "custom.googleapis.com/tpu_platform/loss"),
+    ("Training steps per second", "custom.googleapis.com/tpu_platform/steps_per_s"),
+    ("Training examples per second", "custom.googleapis.com/tpu_platform/examples_per_s"),
+)
 
 
 def always_on(vm: TpuVmSettings) -> bool:
@@ -78,7 +87,7 @@ def preempted_filter(cfg: PlatformConfig) -> str | None:
     return f'{FUNCTION_LOGS} AND jsonPayload.event = "{event}" AND jsonPayload.environment = "{cfg.stack}"'
 
 
-def _chart(title: str, metric: str, aligner: str) -> dict:
+def _chart(title: str, metric: str, aligner: str, resource: str = TPU_WORKER) -> dict:
     return {
         "title": title,
         "xyChart": {
@@ -86,7 +95,7 @@ def _chart(title: str, metric: str, aligner: str) -> dict:
                 {
                     "timeSeriesQuery": {
                         "timeSeriesFilter": {
-                            "filter": f'metric.type = "{metric}" AND {TPU_WORKER}',
+                            "filter": f'metric.type = "{metric}" AND {resource}',
                             "aggregation": {"alignmentPeriod": "60s", "perSeriesAligner": aligner},
                         }
                     },
@@ -97,15 +106,30 @@ def _chart(title: str, metric: str, aligner: str) -> dict:
     }
 
 
+def workload_logs_filter(cfg: PlatformConfig) -> str:
+    """The stack's workload output in Logging's query language (logging/docs/view/logging-query-language)."""
+    return f'logName = "projects/{cfg.project}/logs/{WORKLOAD_LOG}" AND labels.stack = "{cfg.stack}"'
+
+
 def dashboard_json(cfg: PlatformConfig) -> str:
     tiles = [
         _chart("TPU MXU utilization (duty cycle)", MXU, "ALIGN_MEAN"),
         _chart("TensorCore idle time", IDLE, "ALIGN_MAX"),
         _chart("TPU VM host memory", HOST_MEMORY, "ALIGN_MEAN"),
         {
-            "title": "Workload progress (training log lines)",
-            "logsPanel": {"filter": 'jsonPayload.message="training"', "resourceNames": [f"projects/{cfg.project}"]},
+            "title": "Workload logs (every run's output)",
+            "logsPanel": {"filter": workload_logs_filter(cfg), "resourceNames": [f"projects/{cfg.project}"]},
         },
+        # One line per run and worker (metric labels run_id, vm, worker); the stack's own nodes only.
+        *(
+            _chart(
+                title,
+                metric,
+                "ALIGN_MEAN",
+                f'resource.type = "generic_node" AND resource.labels.namespace = "{cfg.stack}"',
+            )
+            for title, metric in TRAINING_METRICS
+        ),
     ]
     return json.dumps(
         {
