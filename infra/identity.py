@@ -15,8 +15,11 @@ from infra.access import iamdata
 from infra.apis import ProjectApis
 from infra.config import PlatformConfig, WorkloadSettings, service_account_id
 
-# The REST methods a workload's program calls (workloads/runlib.py), by where they are granted: it
-# reads data, reads and writes checkpoints and models, and writes logs and metrics. No TPU method.
+# The REST methods a workload's program calls (workloads/runlib.py) and the VM agent calls for it
+# with the same account (vm_agent/telemetry.py: entries:write and timeSeries.create; its TensorBoard
+# event file: an upload to the models bucket), by where they are granted: it reads data, reads and
+# writes checkpoints and models, and writes logs and metrics. No TPU method. tests/test_access.py
+# checks the agent's declared METHODS are here and granted.
 WORKLOAD_METHODS: dict[str, tuple[str, ...]] = {
     "data": ("storage.objects.get", "storage.objects.list"),
     "checkpoints": ("storage.objects.get", "storage.objects.list", "storage.objects.insert", "storage.objects.delete"),

@@ -338,6 +338,27 @@ def test_workload_account_holds_what_its_program_calls_and_no_tpu_right():
     assert not any(p.startswith("tpu.") for perms in by_scope.values() for p in perms)
 
 
+def test_workload_account_holds_what_the_vm_agents_telemetry_calls():
+    """The agent ships logs, metrics and the TensorBoard event file with the VM's (workload) account:
+    the methods its code declares (and tests/test_telemetry.py, test_tensorboard.py see it call) are
+    in WORKLOAD_METHODS and granted on the project and the models bucket."""
+    from vm_agent import telemetry, tensorboard
+
+    assert set(telemetry.METHODS) <= set(WORKLOAD_METHODS["project"])
+    assert set(tensorboard.METHODS) <= set(WORKLOAD_METHODS["models"])
+    result = env_plan("dev")
+    resources = declared(result)
+    member = "serviceAccount:tpu-mnist-dev@acme-ml-sandbox.iam.gserviceaccount.com"
+    by_scope: dict[str, set[str]] = {}
+    for g in grants_to(member, resources, result.project, custom_roles(resources, result.project)):
+        by_scope.setdefault(g.scope, set()).update(g.permissions)
+    assert permissions_of(telemetry.METHODS) == {"logging.logEntries.create", "monitoring.timeSeries.create"}
+    assert permissions_of(telemetry.METHODS) <= by_scope[f"projects/{result.project}"]
+    # An upload that replaces the object checks create and delete (methods.json).
+    assert permissions_of(tensorboard.METHODS) == {"storage.objects.create", "storage.objects.delete"}
+    assert permissions_of(tensorboard.METHODS) <= by_scope["buckets/acme-ml-sandbox-dev-models"]
+
+
 # --- ordering: nothing is created before the grants it uses -----------------------------------
 
 

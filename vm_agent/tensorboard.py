@@ -34,6 +34,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 FILE_VERSION = "brain.Event:2"
+# The REST method the upload calls, on the models bucket; reference/gcp-iam methods.json: it checks
+# storage.objects.create, and storage.objects.delete when it overwrites (each re-upload does).
+METHODS = ("storage.objects.insert",)
 UPLOAD_EVERY_S = 30.0
 STORAGE_URL = "https://storage.googleapis.com"
 STORAGE_ENV = "STORAGE_EMULATOR_HOST"  # honoured as the start-up script does, for the sandbox
