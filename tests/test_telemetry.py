@@ -17,6 +17,7 @@ import pytest
 
 from infra.identity import WORKLOAD_METHODS
 from tests.contracts import Call, ContractError, api
+from tests.sandbox import wait_for
 from tests.telemetry_standins import TOKEN, ZONE, Received, google_apis, metadata_server
 from vm_agent import telemetry
 from vm_agent.telemetry import METHODS, Telemetry, severity_of
@@ -295,3 +296,26 @@ def test_module_hook_uses_one_default_telemetry(monkeypatch):
     telemetry.ship("b", RunSpec("r1"))
     assert seen == [("a", "r1"), ("b", "r1")]
     assert telemetry.default() is telemetry.default()
+
+
+def test_a_full_batch_goes_without_waiting_for_the_period(rig):
+    run = RunSpec("exp-42")
+    for i in range(telemetry.MAX_ENTRIES_PER_REQUEST):
+        rig.telemetry.ship(f"line {i}", run)
+    wait_for(lambda: rig.telemetry.counts.entries_sent, 30, "the batch")  # the period is an hour
+    assert rig.telemetry.counts.entries_sent == telemetry.MAX_ENTRIES_PER_REQUEST
+
+
+def test_close_gives_up_on_a_hanging_endpoint_and_says_so():
+    with google_apis() as (api_url, received), metadata_server() as (metadata_url, _):
+        received.hold = threading.Event()
+        warnings: list[str] = []
+        shipper = Telemetry(env_for(api_url, metadata_url), warn=warnings.append, flush_every_s=0.01)
+        shipper.ship("first", RunSpec("exp-42"))
+        wait_for(lambda: received.hold is not None and shipper._lock.locked(), 30, "a request in flight")
+        shipper.ship("second", RunSpec("exp-42"))
+        closed = threading.Event()
+        threading.Thread(target=lambda: (shipper.close(0.5), closed.set()), daemon=True).start()
+        assert closed.wait(30), "close waited for the hanging endpoint"
+        assert any("out of time at exit" in w for w in warnings)
+        received.hold.set()

@@ -79,7 +79,8 @@ MAX_LINE_CHARS = 64 * 1024  # Logging refuses entries over 256 KB; longer lines 
 QUEUE_SIZE = 10_000
 FLUSH_EVERY_S = 5.0
 REQUEST_TIMEOUT_S = 10.0
-CLOSE_TIMEOUT_S = 15.0
+# At exit: the agent's unit has TimeoutStopSec = grace + 10 s, most of it spent waiting for the run.
+CLOSE_TIMEOUT_S = 5.0
 
 # Logging's LogSeverity names (logging.v2 discovery document, LogEntry.severity), and the names
 # Python's logging and common JSON loggers print.
@@ -279,6 +280,7 @@ class Telemetry:
         self._lock = threading.Lock()  # one flush at a time
         self._start_lock = threading.Lock()
         self._stop = threading.Event()
+        self._wake = threading.Event()  # a full batch is waiting: send before the period is up
         self._thread: threading.Thread | None = None
         self._warned_drop_at = 0
 
@@ -296,6 +298,8 @@ class Telemetry:
                 training = (run.run_id, getattr(run, "model_dir", "") or "", values[0], values[1])
             self._start()
             self._queue.put_nowait((entry, training))
+            if self._queue.qsize() >= MAX_ENTRIES_PER_REQUEST:
+                self._wake.set()
         except queue.Full:
             self.counts.dropped_lines += 1
             # One warning per power of two dropped: says it is happening without flooding stderr.
@@ -315,16 +319,25 @@ class Telemetry:
                     self._thread.start()
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.flush_every_s):
-            self.flush()
+        while not self._stop.is_set():
+            self._wake.wait(self.flush_every_s)
+            self._wake.clear()
+            if not self._stop.is_set():
+                self.flush()
 
     def flush(self, deadline: float | None = None) -> None:
-        """Send everything queued (and the metric points whose turn it is); never raises."""
-        with self._lock:
-            try:
-                self._flush(deadline)
-            except Exception as error:
-                self._warn(f"flush failed: {error!r}")
+        """Send everything queued (and the metric points whose turn it is); never raises. With a
+        `deadline` (time.monotonic()), gives up waiting for a flush in progress when it passes."""
+        wait = -1 if deadline is None else max(0.0, deadline - time.monotonic())
+        if not self._lock.acquire(timeout=wait):
+            self._warn("out of time at exit: a request in flight did not finish; the rest is not sent")
+            return
+        try:
+            self._flush(deadline)
+        except Exception as error:
+            self._warn(f"flush failed: {error!r}")
+        finally:
+            self._lock.release()
 
     def _flush(self, deadline: float | None) -> None:
         entries: list[dict[str, Any]] = []
@@ -441,6 +454,7 @@ class Telemetry:
     def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> Counts:
         """Stop the thread and send what is left, giving up after `timeout_s`; returns the counts."""
         self._stop.set()
+        self._wake.set()
         deadline = time.monotonic() + timeout_s
         if self._thread is not None:
             self._thread.join(timeout_s)
