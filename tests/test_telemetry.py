@@ -319,3 +319,13 @@ def test_close_gives_up_on_a_hanging_endpoint_and_says_so():
         assert closed.wait(30), "close waited for the hanging endpoint"
         assert any("out of time at exit" in w for w in warnings)
         received.hold.set()
+
+
+def test_without_a_project_nothing_is_sent_and_it_says_why(rig):
+    warnings: list[str] = []
+    env = {**env_for(rig.telemetry.logging_url, rig.telemetry.metadata_url), "TPU_PLATFORM_PROJECT": ""}
+    shipper = Telemetry(env, warn=warnings.append, flush_every_s=3600)
+    shipper.ship("hello", RunSpec("exp-42"))
+    counts = shipper.close(5)
+    assert counts.lost_entries == 1 and not rig.received.calls
+    assert any("TPU_PLATFORM_PROJECT is not set" in w for w in warnings)

@@ -403,6 +403,9 @@ class Telemetry:
             self.counts.lost_points += len(points)
 
     def _post(self, url: str, body: dict[str, Any], what: str) -> bool:
+        if not self.origin.project:  # agent.env without TPU_PLATFORM_PROJECT: every request would fail
+            self._failed(f"{what} not sent: TPU_PLATFORM_PROJECT is not set")
+            return False
         try:
             request = urllib.request.Request(
                 url,
