@@ -1,0 +1,7 @@
+"""The platform's runner on a TPU VM: it reads the desired run, starts it under the run contract,
+stops it cleanly when the desired run changes, and records each run's state.
+
+Standard library only, and Python 3.8 syntax and APIs: it runs on the TPU VM image's own Python
+before anything is installed (the catalog leaves most images' Python undocumented; Ubuntu 20.04
+based TensorFlow images carry 3.8). `pyright` checks this package against 3.8 (pyproject.toml).
+"""
