@@ -18,7 +18,6 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Tuple, Union
 
-
 RUN_ATTRIBUTE = "tpu-platform-run"
 SHA256 = re.compile(r"[0-9a-f]{64}")
 # Segments of letters, digits, `.`, `_`, `-`, joined by `/` (the stack's ids are `<stack>/<workload>/<vm>/<run>`).
