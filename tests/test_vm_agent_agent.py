@@ -194,7 +194,6 @@ def test_a_changed_run_setting_starts_the_new_run_without_a_reboot(cloud, tmp_pa
     assert vm.process is not None and len(vm.lines("agent stopped")) == 1  # one agent all along: no reboot
 
 
-@pytest.mark.slow
 def test_a_refused_spec_is_logged_and_recorded_and_the_agent_keeps_waiting(cloud, tmp_path):
     bad = json.dumps({"runId": "dev/trainer/trainer-1/bad", "source": {"kind": "folder", "uri": "gs://elsewhere/x.tar.gz",
                       "sha256": "0" * 64}, "command": ["python", "train.py"], "requester": "stack"})  # fmt: skip
@@ -222,3 +221,27 @@ def test_bad_agent_settings_exit_78_with_one_line_naming_each_problem(tmp_path):
     for says in ("TPU_PLATFORM_STACK is missing", "TPU_PLATFORM_STATUS_DIR is missing",
                  "TPU_PLATFORM_GRACE_SECONDS='soon'", "TPU_PLATFORM_REGISTRY='docker.io/x'"):  # fmt: skip
         assert says in line["message"]
+
+
+@pytest.mark.slow
+def test_a_removed_run_stops_cleanly_and_resumes_when_it_is_wanted_again(cloud, tmp_path):
+    spec = run_spec(
+        "dev/trainer/trainer-1/again", folder_source(cloud), ["python", "train.py", "--steps", "8"],
+        env={"STEP_SECONDS": "0.25"}, checkpointDir=f"gs://{CHECKPOINTS}/again", completion=True,
+    )  # fmt: skip
+    with metadata_server({"tpu-platform-run": spec}) as metadata:
+        vm = Vm(tmp_path, cloud, metadata.url, "again-vm")
+        vm.boot()
+        try:
+            wait_for(lambda: len(steps(cloud, "again/")) >= 2, 120, "checkpoints", interval=0.2)
+            metadata.delete("tpu-platform-run")  # the stack no longer wants a run on this VM
+            wait_for(lambda: state(cloud, "again-vm", "dev/trainer/trainer-1/again").get("state") == "stopped", 60,
+                     "the run to stop", interval=0.2)  # fmt: skip
+            stopped_at = steps(cloud, "again/")[-1]
+            metadata.set("tpu-platform-run", spec)
+            wait_for(lambda: state(cloud, "again-vm", "dev/trainer/trainer-1/again").get("state") == "finished", 120,
+                     "the run to finish", interval=0.3)  # fmt: skip
+        finally:
+            assert vm.shut_down() == 0
+    assert vm.lines("resumed from checkpoint")[-1]["step"] == stopped_at
+    assert state(cloud, "again-vm", "dev/trainer/trainer-1/again")["exitCode"] == 0

@@ -188,6 +188,7 @@ def agent_environ(tmp: Path, metadata_url: str, emulator: str, **extra: str) -> 
         "TPU_PLATFORM_RETRY_DELAY_SECONDS": "0",
         "TPU_PLATFORM_SELF_SERVICE": "0",
         "TPU_PLATFORM_METADATA_URL": metadata_url,
+        "TPU_PLATFORM_POLL_SECONDS": "2",  # an absent attribute is asked for again this often
         "TPU_PLATFORM_RUNTIME_ENV": "TPU_RUNTIME_FLAG",
         "TPU_RUNTIME_FLAG": "from-the-catalog",
         "STORAGE_EMULATOR_HOST": emulator,

@@ -90,15 +90,20 @@ class Agent:
         current = self.current
         if isinstance(desired, SpecError):
             log(str(desired), severity="ERROR", run=desired.run_id, problems=desired.problems)
-            # Its state says why, unless that id is the run going on (which keeps going).
-            if desired.run_id and (current is None or current.spec.run_id != desired.run_id):
+            # Its state says why, unless that id is the run going on (which keeps going) or has a
+            # state already (a finished run's record is not overwritten by a later bad spec).
+            name = status_name(desired.run_id, self.settings.worker_id)
+            running = current is not None and current.spec.run_id == desired.run_id
+            if desired.run_id and not running and self._read(name) is None:
                 record = {"runId": desired.run_id, "state": "failed", "exitCode": None, "startedAt": None,
                           "endedAt": utc_now(), "error": str(desired), "updatedAt": utc_now()}  # fmt: skip
-                self._write(status_name(desired.run_id, self.settings.worker_id), record)
+                self._write(name, record)
             return
         if isinstance(desired, StopRequest):
-            if current is not None and current.spec.run_id == desired.run_id and not current.done():
-                current.stop("a stop was requested")
+            if current is not None and current.spec.run_id == desired.run_id:
+                if not current.done():
+                    current.stop("a stop was requested")
+                self.current = None  # asked for again later, it starts again (and resumes)
             return
         if current is not None and current.spec.fingerprint == desired.fingerprint:
             return  # the same desired run: nothing changed
@@ -130,6 +135,13 @@ class Agent:
             # Told again: the marker's new generation makes the guard stop or delete this VM again.
             self._write(COMPLETE, _json(marker) or completion_marker(spec, None, {}))
         return True
+
+    def _read(self, name: str) -> bytes | None:
+        try:
+            return self.status.read(name)
+        except StorageError as error:
+            log(f"cannot read {self.status.url}/{name}: {error}", severity="WARNING")
+            return None
 
     def _write(self, name: str, record: Any) -> None:
         try:

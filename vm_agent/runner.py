@@ -392,9 +392,7 @@ class Run:
         done = subprocess.run(login, input=token.encode(), capture_output=True, check=False)
         if done.returncode != 0:
             raise SourceError(f"docker login to {registry_host} failed: {done.stderr.decode(errors='replace').strip()}")
-        done = subprocess.run([docker, "pull", source.image], capture_output=True, check=False)
-        if done.returncode != 0:
-            raise SourceError(f"docker pull {source.image} failed: {done.stderr.decode(errors='replace').strip()}")
+        self._install_step([docker, "pull", source.image], None)  # a stop interrupts a long pull
         container = "tpu-platform-" + re.sub(r"[^A-Za-z0-9_.-]", "-", self.spec.run_id)[-100:]
         argv = [docker, "run", "--rm", "--name", container, "--privileged", "--net=host"]
         for name, value in sorted(env.items()):

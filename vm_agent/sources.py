@@ -292,7 +292,7 @@ class MetadataSource:
     answers with the current value (https://cloud.google.com/compute/docs/metadata/querying-metadata,
     "Wait for changes"). Google's guest agent starts with `last_etag=NONE`, which never matches, so
     the first request answers at once (GoogleCloudPlatform/guest-agent, metadata/metadata.go). An
-    attribute that does not exist answers 404 at once: then the source sleeps the timeout out."""
+    attribute that does not exist answers 404 at once: then the source asks again every 10 s at most."""
 
     def __init__(
         self,
@@ -329,7 +329,7 @@ class MetadataSource:
                 if self.current:
                     stopped, self.current = self.current, ""
                     return StopRequest(stopped)
-            time.sleep(wait)
+            time.sleep(min(wait, 10))  # nothing to wait on: ask again soon
             return None
         if status != 200:
             self._log(f"metadata server answered HTTP {status} for {self.attribute}", severity="WARNING")
