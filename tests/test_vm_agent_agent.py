@@ -159,10 +159,13 @@ def test_an_image_source_runs_with_the_tpu_flags_and_is_preempted_resumed_and_co
     assert calls[1] == ["pull", IMAGE]
     run = next(call for call in calls if call[0] == "run")
     assert {"--rm", "--privileged", "--net=host"} <= set(run)
-    assert f"TPU_PLATFORM_RUN_ID={run_id}" in run and "TPU_RUNTIME_FLAG=from-the-catalog" in run
+    passed = {run[i + 1] for i, word in enumerate(run) if word == "-e"}
+    assert {"TPU_PLATFORM_RUN_ID", "TPU_RUNTIME_FLAG", "STEP_SECONDS"} <= passed
+    assert not any("=" in name for name in passed)  # values travel in the environment, not in argv (ps)
     contract = vm.lines('"contract"')[0]
     assert contract["env"]["TPU_PLATFORM_CHECKPOINT_DIR"] == f"gs://{CHECKPOINTS}/image"
-    assert "TRAINER_EXTRA" not in os.environ
+    assert contract["env"]["TPU_PLATFORM_RUN_ID"] == run_id
+    assert contract["python"].startswith("/") and "/venvs/" not in contract["python"]  # the image's own
 
 
 @pytest.mark.slow

@@ -126,9 +126,12 @@ elif command == "run":
     flags, env, name, rest = set(), {{}}, "", list(args)
     while rest and rest[0].startswith("-"):
         flag = rest.pop(0)
-        if flag == "-e":
-            key, _, value = rest.pop(0).partition("=")
-            env[key] = value
+        if flag == "-e":  # NAME=value, or NAME: the value from the client's environment, if set
+            key, equals, value = rest.pop(0).partition("=")
+            if equals:
+                env[key] = value
+            elif key in os.environ:
+                env[key] = os.environ[key]
         elif flag == "--name":
             name = rest.pop(0)
         else:

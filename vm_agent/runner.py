@@ -395,10 +395,10 @@ class Run:
         self._install_step([docker, "pull", source.image], None)  # a stop interrupts a long pull
         container = "tpu-platform-" + re.sub(r"[^A-Za-z0-9_.-]", "-", self.spec.run_id)[-100:]
         argv = [docker, "run", "--rm", "--name", container, "--privileged", "--net=host"]
-        for name, value in sorted(env.items()):
-            argv += ["-e", f"{name}={value}"]
+        for name in sorted(env):
+            argv += ["-e", name]  # `-e NAME` takes the value from the client's environment: not in `ps`
         argv += [source.image, *self.spec.command]
-        return Prepared(argv, None, dict(os.environ), container)
+        return Prepared(argv, None, {**os.environ, **env}, container)
 
     # ---------------------------------------------------------------------------------- records
     def _end(self, state: str) -> None:
