@@ -157,3 +157,17 @@ def test_the_agent_needs_at_most_python_3_8():
         capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1],
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_tokens_come_from_the_metadata_server_and_are_kept_until_near_expiry():
+    from tests.sandbox import SANDBOX_TOKEN
+    from vm_agent.gcs import Storage, Tokens
+
+    with metadata_server({}) as host:
+        tokens = Tokens(host.url)
+        assert tokens.get() == SANDBOX_TOKEN
+        host.handler.attributes.clear()  # the token is cached: no second request needed
+        assert tokens.get() == SANDBOX_TOKEN
+        storage = Storage(environ={"TPU_PLATFORM_METADATA_URL": host.url})
+        assert storage.base == "https://storage.googleapis.com" and storage.tokens is not None
+        assert Storage(environ={"STORAGE_EMULATOR_HOST": "127.0.0.1:9"}).tokens is None  # an emulator needs none

@@ -184,7 +184,6 @@ class Run:
                     self._record("retry")
                     self._stop.wait(self.settings.retry_delay_s)
                     continue
-            self.attempt += 1
             code = self._execute(prepared)
             self.exit_code = code
             if code == EXIT_FINISHED:
@@ -222,6 +221,7 @@ class Run:
             )
             self._process = process
             self._container = prepared.container
+            self.attempt += 1
         if not self.started_at:
             self.started_at = utc_now()
         self._record("running")
@@ -403,6 +403,8 @@ class Run:
     # ---------------------------------------------------------------------------------- records
     def _end(self, state: str) -> None:
         self.ended_at = utc_now()
+        if state != "failed":
+            self.error = ""  # a retry's message is history once the run ends well
         self._record(state)
         if state == "finished" and self.spec.completion and self.settings.worker_id == 0:
             marker = completion_marker(self.spec, self.steps, {})
