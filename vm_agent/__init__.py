@@ -3,5 +3,7 @@ stops it cleanly when the desired run changes, and records each run's state.
 
 Standard library only, and Python 3.8 syntax and APIs: it runs on the TPU VM image's own Python
 before anything is installed (the catalog leaves most images' Python undocumented; Ubuntu 20.04
-based TensorFlow images carry 3.8). `pyright` checks this package against 3.8 (pyproject.toml).
+based TensorFlow images carry 3.8). `vermin` checks that nothing here needs more than 3.8
+(tests/test_vm_agent_sources.py); every module has `from __future__ import annotations`, so the
+modern annotations are never evaluated.
 """
