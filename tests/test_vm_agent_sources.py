@@ -149,7 +149,7 @@ def test_metadata_requests_carry_the_flavor_header_and_the_wait_parameters():
 
 
 def test_the_agent_needs_at_most_python_3_8():
-    """It runs on the TPU image's Python (Ubuntu 20.04 images: 3.8): vermin reads every syntax form
+    """It runs on the TPU image's Python, undocumented for most images: kept to 3.8. vermin reads every syntax form
     and standard-library use and names the oldest version that has them all."""
     vermin = Path(__file__).resolve().parents[1] / ".venv" / "bin" / "vermin"
     done = subprocess.run(
