@@ -132,7 +132,7 @@ def severity_of(value: object) -> str:
 
 
 def rfc3339(seconds: float) -> str:
-    stamp = datetime.fromtimestamp(seconds, tz=timezone.utc)  # noqa: UP017 - datetime.UTC is 3.11+, the VM has 3.10
+    stamp = datetime.fromtimestamp(seconds, tz=timezone.utc)  # datetime.UTC is 3.11+; the VM may have 3.10
     return stamp.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
