@@ -23,7 +23,7 @@ import requests
 from infra.access.researchers import RESEARCHER_CALLS
 from tests.contracts import Call, ContractError, api
 from tests.logging_api import LoggingState, logging_standin
-from tests.sandbox import storage_emulator
+from tests.sandbox import metadata_server, storage_emulator
 from tests.tpu_api import TpuState, tpu_api_standin
 from tpu_runs import cli
 from tpu_runs.package import package
@@ -59,8 +59,8 @@ class StorageChecked(requests.Session):
 
 
 class World:
-    def __init__(self, storage: str, tpu: TpuState, logging: LoggingState, tmp: Path):
-        self.storage, self.tpu, self.logging, self.tmp = storage, tpu, logging, tmp
+    def __init__(self, storage: str, tpu: TpuState, logging: LoggingState, tmp: Path, metadata: str):
+        self.storage, self.tpu, self.logging, self.tmp, self.metadata = storage, tpu, logging, tmp, metadata
         self.session = StorageChecked(storage)
 
     def run(self, *argv: str) -> int:
@@ -83,12 +83,18 @@ class World:
             "TPU_PLATFORM_STATUS_DIR": f"gs://{STATUS}/{VM}", "TPU_PLATFORM_ARTIFACTS": f"gs://{ARTIFACTS}",
             "TPU_PLATFORM_REGISTRY": f"us-central1-docker.pkg.dev/{PROJECT}/runs",
             "TPU_PLATFORM_SELF_SERVICE": "1" if self_service else "0", "STORAGE_EMULATOR_HOST": self.storage,
+            "TPU_PLATFORM_METADATA_URL": f"http://{self.metadata}/computeMetadata/v1",
         })  # fmt: skip
 
 
 @pytest.fixture
 def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
-    with storage_emulator() as storage, tpu_api_standin() as (tpu_url, tpu), logging_standin() as (log_url, logs):
+    with (
+        storage_emulator() as storage,
+        tpu_api_standin() as (tpu_url, tpu),
+        logging_standin() as (log_url, logs),
+        metadata_server({}) as metadata,
+    ):
         for bucket in (STATUS, ARTIFACTS, MODELS):
             requests.post(f"{storage}/storage/v1/b", params={"project": PROJECT}, json={"name": bucket},
                           timeout=10).raise_for_status()  # fmt: skip
@@ -98,7 +104,7 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
         monkeypatch.setenv("LOGGING_API_ENDPOINT", log_url)
         monkeypatch.setenv("TPU_RUNS_REQUESTER", ALICE)
         monkeypatch.chdir(tmp_path)
-        yield World(storage, tpu, logs, tmp_path)
+        yield World(storage, tpu, logs, tmp_path, metadata)
 
 
 def a_folder(root: Path) -> Path:

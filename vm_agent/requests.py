@@ -132,12 +132,10 @@ class Gcs:
         self.bucket = bucket
         self.base = emulator.rstrip("/") if emulator else STORAGE
         self.metadata_url = metadata_url.rstrip("/")
-        self.emulator = bool(emulator)
         self._token: tuple[str, float] | None = None
 
     def _auth(self) -> dict[str, str]:
-        if self.emulator:
-            return {}
+        """The VM account's token, from the metadata server (the emulator, in the sandbox, ignores it)."""
         if self._token is None or self._token[1] < time.time() + 60:
             request = urllib.request.Request(
                 f"{self.metadata_url}/instance/service-accounts/default/token", headers={"Metadata-Flavor": "Google"}
@@ -223,7 +221,7 @@ def _split_gs(uri: str) -> tuple[str, str]:
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")  # noqa: UP017 - datetime.UTC is 3.11+
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")  # datetime.UTC is 3.11+
 
 
 class RequestSource:
@@ -307,8 +305,9 @@ class RequestSource:
         except ValueError:
             return self._refuse(name, None, None, "not JSON")
         if not self.self_service:
-            return self._refuse(name, None, data, f"TPU VM {self.vm} does not take self-service runs "
-                                "(its stack sets selfService: false)")  # fmt: skip
+            run = None if match["stop"] or not isinstance(data, dict) else data.get("runId")
+            why = f"TPU VM {self.vm} does not take self-service runs (its stack sets selfService: false)"
+            return self._refuse(name, run if run == match["run"] else None, data, why)
         if match["stop"]:
             if not (isinstance(data, dict) and set(data) == {"stop"} and data["stop"] == match["run"]):
                 return self._refuse(name, None, data, f'a stop request is {{"stop": "{match["run"]}"}}')
@@ -329,8 +328,12 @@ class RequestSource:
             "runId": spec.run_id, "state": "queued", "exitCode": None, "startedAt": None, "endedAt": None,
             "requester": spec.requester, "source": dict(spec.source), "request": name, "queuedAt": _now(),
         }  # fmt: skip
-        if not self.gcs.create(self.state_name(spec.run_id), json.dumps(state).encode()):
-            existing = self._state(spec.run_id)
+        # Read first, then create with ifGenerationMatch=0: the read is what the sandbox can show (the
+        # emulator ignores preconditions); the precondition closes the race on Cloud Storage, where a
+        # create with ifGenerationMatch=0 fails with 412 if the object exists (docs: request preconditions).
+        existing = self._state(spec.run_id)
+        if existing or not self.gcs.create(self.state_name(spec.run_id), json.dumps(state).encode()):
+            existing = existing or self._state(spec.run_id)
             if existing.get("request") == name:
                 self.gcs.delete(name)  # taken before a restart: never replayed
                 return None
@@ -368,7 +371,7 @@ class RequestSource:
             "state": "failed", "exitCode": None, "startedAt": None, "endedAt": _now(), "reason": reason,
             "requester": requester if isinstance(requester, str) else None, "source": None, "request": name,
         }  # fmt: skip
-        key = run_id if run_id and RUN_ID.fullmatch(run_id) else None
+        key = run_id if run_id and RUN_ID.fullmatch(run_id) and not self._state(run_id) else None
         written = key is not None and self.gcs.create(
             self.state_name(key), json.dumps({"runId": key, **record}).encode()
         )
