@@ -116,7 +116,7 @@ def deployer_account_id(stack: str) -> str:
 
 def custom_role_id(kind: str, stack: str) -> str:
     """`tpuPlatform<Kind><Stack>`: custom role ids allow letters, digits, '_' and '.' only."""
-    return "tpuPlatform" + kind.capitalize() + "".join(part.capitalize() for part in stack.split("-"))
+    return "tpuPlatform" + "".join(part.capitalize() for part in (*kind.split("-"), *stack.split("-")))
 
 
 def function_name(kind: str, stack: str) -> str:

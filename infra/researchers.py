@@ -84,10 +84,10 @@ class ResearcherAccess(pulumi.ComponentResource):
             "researcher", "researcher", "List TPU VMs and read logs for tpu-runs.", project_permissions
         )
         self.read_role = role(
-            "researcherRead", "researcher read", "Read run state and results for tpu-runs.", calls.READ_PERMISSIONS
+            "researcher-read", "researcher read", "Read run state and results for tpu-runs.", calls.READ_PERMISSIONS
         )
         self.submit_role = role(
-            "researcherSubmit", "researcher submit", "Put new run requests and sources for tpu-runs.",
+            "researcher-submit", "researcher submit", "Put new run requests and sources for tpu-runs.",
             calls.SUBMIT_PERMISSIONS,
         )  # fmt: skip
         after = pulumi.ResourceOptions(parent=self, depends_on=list(buckets))

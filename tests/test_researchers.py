@@ -150,6 +150,13 @@ def test_each_researcher_holds_exactly_what_the_commands_call_nothing_more():
     assert set(calls.permissions("requests")) == {"storage.objects.create"}
 
 
+def test_the_roles_are_named_through_naming():
+    assert set(roles_by_id()) >= {
+        f"projects/acme-ml-research/roles/tpuPlatform{kind}SelfService"
+        for kind in ("Researcher", "ResearcherRead", "ResearcherSubmit")
+    }
+
+
 def test_the_read_role_is_the_same_for_status_and_models():
     assert calls.permissions("status") == calls.permissions("models") == calls.READ_PERMISSIONS
 
