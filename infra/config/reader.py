@@ -330,7 +330,7 @@ def _tpu_vm(node: Node) -> TpuVmSettings:
         zone=text(node, "tpuVms[].zone"),
         runtime_version=text(node, "tpuVms[].runtimeVersion"),
         provisioning=text(node, "tpuVms[].provisioning"),
-        workload=text(node, "tpuVms[].workload"),
+        workload=text(node, "tpuVms[].workload", check=lambda w: None if w else "name one of the workloads"),
         labels=_labels(node),
         description=text(node, "tpuVms[].description", check=_tpu_description),
         schedule=_schedule(node.child("schedule", False)),
