@@ -303,6 +303,8 @@ def main(argv: Sequence[str] | None = None, session: requests.Session | None = N
     except (UsageError, CallError, OSError) as error:
         print(f"tpu-runs: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # leaving `logs --follow`: the run goes on
+        return 130
 
 
 if __name__ == "__main__":
