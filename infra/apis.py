@@ -44,6 +44,8 @@ def required_apis(cfg: PlatformConfig) -> tuple[str, ...]:
         apis.append("cloudscheduler.googleapis.com")
     if guard_needed(cfg):
         apis += list(AUTOMATION_APIS)
+    if cfg.researchers and cfg.researcher_ssh:
+        apis += ["iap.googleapis.com", "oslogin.googleapis.com"]  # IAP TCP forwarding, OS Login
     return tuple(apis)
 
 

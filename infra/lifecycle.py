@@ -161,7 +161,8 @@ class RunStatus(pulumi.ComponentResource):
     Each workload account may read and write only under the prefixes of the VMs it runs on: Cloud
     Storage recognises `resource.name` in conditions (conditions-resource-attributes), and the object
     name is `projects/_/buckets/BUCKET/objects/NAME`. Listing is checked on the bucket, not the object,
-    so the workload reads its marker by name (`objects.get`) and never lists.
+    where the `objectListPrefix` API attribute limits it to the VM's own prefix: the VM's agent lists
+    the run requests researchers leave under `<vm>/requests/` (vm_agent/requests.py).
     """
 
     def __init__(
@@ -190,16 +191,14 @@ class RunStatus(pulumi.ComponentResource):
         )
         self.grants: dict[str, pulumi.Resource] = {}
         for vm in cfg.tpu_vms:
-            objects = f"projects/_/buckets/{self.bucket_name}/objects/{naming.status_prefix(vm.name)}"
             self.grants[vm.name] = gcp.storage.BucketIAMMember(
                 f"{name}-{vm.name}-writer",
                 bucket=self.bucket.name,
                 role="roles/storage.objectUser",
                 member=accounts[vm.workload].apply(iam.service_account_member),
-                condition=gcp.storage.BucketIAMMemberConditionArgs(
-                    title=f"run-status-{vm.name}"[:100],
-                    description=f"Only the run status of TPU VM {vm.name}",
-                    expression=f'resource.name.startsWith("{objects}")',
+                # Listing its own prefix too: the agent lists <vm>/requests/ (vm_agent/requests.py).
+                condition=grants.prefix_condition(
+                    self.bucket_name, naming.status_prefix(vm.name), f"run-status-{vm.name}"
                 ),
                 opts=pulumi.ResourceOptions(parent=self),
             )

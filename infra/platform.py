@@ -7,6 +7,7 @@ from typing import Any
 
 import pulumi
 
+from infra import naming
 from infra.apis import ProjectApis, guard_needed, required_apis
 from infra.automation import TpuGuard
 from infra.budget import BudgetAlerts
@@ -16,6 +17,7 @@ from infra.identity import WorkloadIdentity
 from infra.lifecycle import RunStatus, TpuSchedules, schedule_outputs
 from infra.monitoring import TpuMonitoring
 from infra.network import PrivateNetwork
+from infra.researchers import ResearcherAccess, ResearcherArgs
 from infra.run_status import completed_runs
 from infra.schema import ConfigError, Problem
 from infra.secrets import hide, keep_secret
@@ -76,6 +78,8 @@ def build_platform(cfg: PlatformConfig, secrets: Mapping[str, str] | None = None
         assert guard is not None and guard.start is not None  # schedules need the guard (guard_needed)
         TpuSchedules("schedules", cfg, apis, {name: vm.node for name, vm in vms.items()}, guard.start)
     TpuMonitoring("monitoring", cfg, apis, budget.channels)
+    if cfg.researchers:
+        ResearcherAccess("researchers", cfg.env, researcher_args(cfg), apis, [*buckets.buckets.values(), status.bucket])
 
     return {
         "project": cfg.project,
@@ -90,6 +94,17 @@ def build_platform(cfg: PlatformConfig, secrets: Mapping[str, str] | None = None
         "schedules": schedule_outputs(cfg.tpu_vms),
         "costEstimate": cost.as_output(),
     }
+
+
+def researcher_args(cfg: PlatformConfig) -> ResearcherArgs:
+    return ResearcherArgs(
+        members=cfg.researchers,
+        self_service_vms=tuple(vm.name for vm in cfg.self_service_vms),
+        status_bucket=cfg.bucket_name("status"),
+        models_bucket=cfg.bucket_name("models"),
+        artifacts_bucket=naming.bucket(cfg.name_prefix, cfg.stack, naming.ARTIFACTS),
+        ssh=cfg.researcher_ssh,
+    )
 
 
 def check_cost(cfg: PlatformConfig) -> StackCost:
