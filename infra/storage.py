@@ -11,16 +11,24 @@ import pulumi
 import pulumi_gcp as gcp
 
 from infra.apis import ProjectApis
-from infra.config import BUCKET_PURPOSES, PlatformConfig
+from infra.config import BUCKET_PURPOSES, BucketSettings, Env
 
 # Incomplete multipart uploads (an interrupted checkpoint write) cost money and are never read.
 ABORT_UPLOADS_AFTER_DAYS = 1
+# The data access audit config is part of the project's IAM policy (Resource Manager).
+STORAGE_APIS = ("storage.googleapis.com", "cloudresourcemanager.googleapis.com")
 
 
 class PlatformBuckets(pulumi.ComponentResource):
-    def __init__(self, name: str, cfg: PlatformConfig, apis: ProjectApis, opts: pulumi.ResourceOptions | None = None):
+    def __init__(
+        self,
+        name: str,
+        env: Env,
+        settings: BucketSettings,
+        apis: ProjectApis,
+        opts: pulumi.ResourceOptions | None = None,
+    ):
         super().__init__("tpu-platform:storage:Buckets", name, None, opts)
-        settings = cfg.buckets
         needs: list[pulumi.Resource] = apis.needs("storage")
 
         # With CMEK, the Cloud Storage service agent must be able to use the key before a bucket can
@@ -39,8 +47,8 @@ class PlatformBuckets(pulumi.ComponentResource):
             destroyable = purpose in settings.destroyable
             self.buckets[purpose] = gcp.storage.Bucket(
                 f"{name}-{purpose}",
-                name=cfg.bucket_name(purpose),
-                project=cfg.project,
+                name=env.bucket_name(purpose),
+                project=env.project,
                 location=settings.location,
                 storage_class=settings.storage_class,
                 uniform_bucket_level_access=True,
@@ -51,12 +59,12 @@ class PlatformBuckets(pulumi.ComponentResource):
                 ),
                 encryption=self.encryption,
                 force_destroy=destroyable,
-                labels={**cfg.labels, "purpose": purpose},
+                labels={**env.labels, "purpose": purpose},
                 opts=pulumi.ResourceOptions(
                     parent=self,
                     depends_on=needs,
                     retain_on_delete=not destroyable,
-                    protect=cfg.production,
+                    protect=env.production,
                 ),
             )
         if settings.data_access_logs:
@@ -65,7 +73,7 @@ class PlatformBuckets(pulumi.ComponentResource):
             # the provider with getIamPolicy/setIamPolicy like a grant.
             gcp.projects.IAMAuditConfig(
                 f"{name}-data-access-logs",
-                project=cfg.project,
+                project=env.project,
                 service="storage.googleapis.com",
                 audit_log_configs=[
                     gcp.projects.IAMAuditConfigAuditLogConfigArgs(log_type="DATA_READ"),
