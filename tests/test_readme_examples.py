@@ -5,12 +5,10 @@ marker; a README that drifts from what the code prints fails here."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 from infra.cost import cost_table
-from tests.support import plan, stack_config
+from tests.support import offline_cli, plan, stack_config
 from tools.offline.render import to_text
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,13 +32,7 @@ def test_the_error_example_is_what_the_plan_prints(tmp_path):
     assert count == 1
     draft = tmp_path / "Pulumi.dev.yaml"
     draft.write_text(edited)
-    done = subprocess.run(
-        [sys.executable, "-m", "tools.offline", "plan", "--stack-file", str(draft)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = offline_cli("plan", "--stack-file", str(draft))
     assert done.returncode == 2
     assert done.stderr == shown
 

@@ -10,11 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import plan, stack_config, with_object
+from tests.support import plan, shipped_plan, stack_config, with_object
 from tools.offline import diff
 from tools.offline.policy_check import check_policies
 from tools.offline.render import to_json
-from tools.offline.runner import plan_stack
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
 
@@ -27,7 +26,7 @@ def changes(base: dict, head: dict) -> tuple[list[str], list[str], list[str], li
 
 
 def current(stack: str) -> dict:
-    result = plan_stack(stack)
+    result = shipped_plan(stack)
     return to_json(result, [v.as_dict() for v in check_policies(result)])
 
 
