@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import io
 import json
 import subprocess
@@ -22,13 +23,20 @@ _plans: dict[tuple[str, tuple[tuple[str, str], ...]], PlanResult] = {}
 
 
 def stack_config(stack: str = "dev") -> dict[str, str]:
-    """A shipped stack's raw config, as Pulumi would pass it."""
-    return read_stack_config(stack)
+    """A shipped stack's raw config, as Pulumi would pass it (a fresh dict each time: callers edit it)."""
+    return dict(_read(stack, None))
 
 
 def fixture_config(name: str = "small") -> dict[str, str]:
     """A fixture stack's raw config (tests/stacks/Pulumi.<name>.yaml), with the project's defaults."""
-    return read_stack_config(name, ROOT, FIXTURE_STACKS / f"Pulumi.{name}.yaml")
+    return dict(_read(name, FIXTURE_STACKS / f"Pulumi.{name}.yaml"))
+
+
+@functools.cache
+def _read(stack: str, path: Path | None) -> dict[str, str]:
+    """Each stack file is read once a session (property tests ask for it hundreds of times); the
+    values are strings, so a shallow copy is a private one."""
+    return read_stack_config(stack, ROOT, path)
 
 
 def with_object(raw: dict[str, str], key: str, edit: Callable[[Any], object]) -> dict[str, str]:
