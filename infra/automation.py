@@ -40,6 +40,7 @@ from infra.access import iamdata
 from infra.apis import ProjectApis
 from infra.config import AutomationSettings, Env, TpuVmSettings
 from infra.lifecycle import StartTarget, custom_role
+from infra.storage import private_bucket
 
 SOURCE = Path(__file__).resolve().parents[1] / "functions" / "tpu_guard"
 SOURCE_FILES = ("main.py", "decisions.py", "requirements.txt")
@@ -208,19 +209,16 @@ class TpuGuard(pulumi.ComponentResource):
             ]
             invoker_ready.append(grants.act_as(f"{name}-deployer-act-as-invoker", self.invoker, args.deployer, self))
 
-        source_bucket = gcp.storage.Bucket(
+        # Versioned (as every bucket), so the source of every deployed guard stays there to audit or roll
+        # back to; in production kept on destroy like every bucket, elsewhere a build input `destroy` may empty.
+        source_bucket = private_bucket(
             f"{name}-source",
-            name=naming.bucket(env.name_prefix, env.stack, "functions"),
-            project=env.project,
+            env,
+            name=env.bucket_name("functions"),
+            purpose="functions-source",
             location=args.bucket_location,
-            uniform_bucket_level_access=True,
-            public_access_prevention="enforced",
             encryption=encryption,
-            # Versioned, so the source of every deployed guard stays there to audit or roll back to; in
-            # production kept on destroy like every bucket, elsewhere a build input `destroy` may empty.
-            versioning=gcp.storage.BucketVersioningArgs(enabled=True),
             force_destroy=not env.production,
-            labels={**env.labels, "purpose": "functions-source"},
             opts=pulumi.ResourceOptions(
                 parent=self, depends_on=storage_ready, retain_on_delete=env.production, protect=env.production
             ),

@@ -24,6 +24,7 @@ from infra import grants, iam, naming
 from infra.access import iamdata
 from infra.apis import ProjectApis
 from infra.config import Env, TpuVmSettings
+from infra.storage import private_bucket
 
 # The REST methods the scheduler account calls, and so the exact permissions of its role.
 SCHEDULER_METHODS = ("tpu.projects.locations.nodes.get", "tpu.projects.locations.nodes.stop")
@@ -193,16 +194,13 @@ class RunStatus(pulumi.ComponentResource):
     ):
         super().__init__("tpu-platform:lifecycle:RunStatus", name, None, opts)
         self.bucket_name = env.bucket_name("status")
-        self.bucket = gcp.storage.Bucket(
+        self.bucket = private_bucket(
             f"{name}-bucket",
+            env,
             name=self.bucket_name,
-            project=env.project,
+            purpose="run-status",
             location=args.location,
-            uniform_bucket_level_access=True,
-            public_access_prevention="enforced",
-            versioning=gcp.storage.BucketVersioningArgs(enabled=True),
             encryption=encryption,
-            labels={**env.labels, "purpose": "run-status"},
             opts=pulumi.ResourceOptions(parent=self, depends_on=ready, retain_on_delete=True, protect=env.production),
         )
         self.grants: dict[str, pulumi.Resource] = {}

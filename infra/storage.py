@@ -45,21 +45,18 @@ class PlatformBuckets(pulumi.ComponentResource):
         self.buckets: dict[str, gcp.storage.Bucket] = {}
         for purpose in BUCKET_PURPOSES:
             destroyable = purpose in settings.destroyable
-            self.buckets[purpose] = gcp.storage.Bucket(
+            self.buckets[purpose] = private_bucket(
                 f"{name}-{purpose}",
+                env,
                 name=env.bucket_name(purpose),
-                project=env.project,
+                purpose=purpose,
                 location=settings.location,
                 storage_class=settings.storage_class,
-                uniform_bucket_level_access=True,
-                public_access_prevention="enforced",
-                versioning=gcp.storage.BucketVersioningArgs(enabled=True),
                 lifecycle_rules=_lifecycle_rules(
                     settings.noncurrent_versions_to_keep, settings.noncurrent_version_days
                 ),
                 encryption=self.encryption,
                 force_destroy=destroyable,
-                labels={**env.labels, "purpose": purpose},
                 opts=pulumi.ResourceOptions(
                     parent=self,
                     depends_on=needs,
@@ -83,6 +80,38 @@ class PlatformBuckets(pulumi.ComponentResource):
             )
         self.urls = {p: b.url for p, b in self.buckets.items()}
         self.register_outputs({"urls": self.urls})
+
+
+def private_bucket(
+    resource_name: str,
+    env: Env,
+    *,
+    name: str,
+    purpose: str,
+    location: str,
+    encryption: gcp.storage.BucketEncryptionArgs | None,
+    opts: pulumi.ResourceOptions,
+    storage_class: str | None = None,
+    lifecycle_rules: list[gcp.storage.BucketLifecycleRuleArgs] | None = None,
+    force_destroy: bool | None = None,
+) -> gcp.storage.Bucket:
+    """A bucket as the platform makes every one: uniform access, public access prevention enforced,
+    versioned, in the stack's project, labelled with the stack's labels and its purpose."""
+    return gcp.storage.Bucket(
+        resource_name,
+        name=name,
+        project=env.project,
+        location=location,
+        storage_class=storage_class,
+        uniform_bucket_level_access=True,
+        public_access_prevention="enforced",
+        versioning=gcp.storage.BucketVersioningArgs(enabled=True),
+        lifecycle_rules=lifecycle_rules,
+        encryption=encryption,
+        force_destroy=force_destroy,
+        labels={**env.labels, "purpose": purpose},
+        opts=opts,
+    )
 
 
 def _lifecycle_rules(versions_to_keep: int, noncurrent_days: int) -> list[gcp.storage.BucketLifecycleRuleArgs]:
