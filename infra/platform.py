@@ -53,7 +53,7 @@ def build_platform(cfg: PlatformConfig, secrets: Mapping[str, str] | None = None
     budget_args = BudgetAlertsArgs(cfg.budget, cfg.billing_account, cfg.buckets.kms_key_name)
     identity_args = {w.name: WorkloadIdentityArgs(w, cfg.deployer) for w in cfg.workloads}
     status_args = RunStatusArgs(cfg.buckets.location, tuple((vm.name, vm.workload) for vm in cfg.tpu_vms))
-    guard_args: TpuGuardArgs | None = TpuGuardArgs(
+    guard_wanted = TpuGuardArgs(
         automation=cfg.automation,
         vms=cfg.tpu_vms,
         runs=tuple((vm.name, run_id(cfg, vm)) for vm in cfg.tpu_vms),
@@ -61,8 +61,7 @@ def build_platform(cfg: PlatformConfig, secrets: Mapping[str, str] | None = None
         billing_account=cfg.billing_account,
         bucket_location=cfg.buckets.location,
     )
-    if not guard_args.needed:
-        guard_args = None
+    guard_args = guard_wanted if guard_wanted.needed else None
     scheduled = tuple(vm for vm in cfg.tpu_vms if vm.schedule)
     schedule_args = TpuSchedulesArgs(scheduled, cfg.deployer) if scheduled else None
     monitoring_args = TpuMonitoringArgs(
