@@ -39,6 +39,11 @@ class ResearcherArgs:
     ssh: bool
 
 
+def researcher_apis(args: ResearcherArgs) -> tuple[str, ...]:
+    """The APIs this component needs: IAP TCP forwarding and OS Login only when researchers may SSH."""
+    return tuple(f"{api}.googleapis.com" for api in (*REQUIRED_APIS, *(SSH_APIS if args.ssh else ())))
+
+
 def under(bucket: str, prefix: str) -> str:
     """The condition "objects named `prefix`…" as Cloud Storage evaluates it on an object call."""
     return f'resource.name.startsWith("projects/_/buckets/{bucket}/objects/{prefix}")'
