@@ -22,6 +22,7 @@ $(STAMP): requirements-dev.lock
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet --require-hashes -r requirements-dev.lock
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .  # the tpu-runs command (pyproject.toml)
 	touch $(STAMP) $(PSTAMP)
 
 $(WSTAMP): requirements-workloads.lock

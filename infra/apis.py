@@ -1,5 +1,9 @@
 """Project APIs (S2). Every resource that needs an API depends on its `Service`, so the first
-`pulumi up` on a fresh project succeeds in one pass."""
+`pulumi up` on a fresh project succeeds in one pass.
+
+Each component module declares the APIs it needs (`APIS`, or a function of its args where a
+feature decides); `infra/platform.py` passes those of the components it declares to `required_apis`.
+"""
 
 from __future__ import annotations
 
@@ -8,43 +12,10 @@ from collections.abc import Iterable
 import pulumi
 import pulumi_gcp as gcp
 
-from infra.config import PlatformConfig
 
-# The TPU guard's serverless stack (see infra/automation.py).
-AUTOMATION_APIS = (
-    "cloudfunctions.googleapis.com",
-    "run.googleapis.com",
-    "cloudbuild.googleapis.com",
-    "artifactregistry.googleapis.com",
-    "eventarc.googleapis.com",
-)
-
-BASE_APIS = (
-    "cloudresourcemanager.googleapis.com",  # project IAM grants
-    "iam.googleapis.com",
-    "storage.googleapis.com",
-    "compute.googleapis.com",
-    "tpu.googleapis.com",
-    "billingbudgets.googleapis.com",
-    "logging.googleapis.com",
-    "monitoring.googleapis.com",
-)
-
-
-def guard_needed(cfg: PlatformConfig) -> bool:
-    """The TPU guard serves budget actions, recovery, run completion and scheduled starts."""
-    return bool(cfg.automation.enabled or cfg.has_self_stop or cfg.has_schedules)
-
-
-def required_apis(cfg: PlatformConfig) -> tuple[str, ...]:
-    apis: list[str] = list(BASE_APIS)
-    if cfg.budget.pubsub_topic:
-        apis.append("pubsub.googleapis.com")
-    if cfg.has_schedules or cfg.automation.recovery_every_minutes:
-        apis.append("cloudscheduler.googleapis.com")
-    if guard_needed(cfg):
-        apis += list(AUTOMATION_APIS)
-    return tuple(apis)
+def required_apis(*needs: Iterable[str]) -> tuple[str, ...]:
+    """The APIs a stack enables: every one a declared component needs, each once, in first-seen order."""
+    return tuple(dict.fromkeys(api for apis in needs for api in apis))
 
 
 class ProjectApis(pulumi.ComponentResource):
@@ -67,5 +38,5 @@ class ProjectApis(pulumi.ComponentResource):
         """The Service resources to depend on; fails loudly if a component needs an API nobody enabled."""
         missing = [a for a in apis if f"{a}.googleapis.com" not in self.services]
         if missing:
-            raise ValueError(f"APIs not enabled for this stack: {missing}; add them to required_apis")
+            raise ValueError(f"APIs not enabled for this stack: {missing}; add them to the APIs its module declares")
         return [self.services[f"{a}.googleapis.com"] for a in apis]

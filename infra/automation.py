@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import pulumi
@@ -37,9 +38,9 @@ import pulumi_gcp as gcp
 from infra import grants, iam, naming
 from infra.access import iamdata
 from infra.apis import ProjectApis
-from infra.config import PlatformConfig
+from infra.config import AutomationSettings, Env, TpuVmSettings
 from infra.lifecycle import StartTarget, custom_role
-from infra.tpu.metadata import run_id
+from infra.storage import private_bucket
 
 SOURCE = Path(__file__).resolve().parents[1] / "functions" / "tpu_guard"
 SOURCE_FILES = ("main.py", "decisions.py", "requirements.txt")
@@ -69,30 +70,72 @@ def source_digest() -> str:
     return digest.hexdigest()[:16]
 
 
-def completion_actions(cfg: PlatformConfig) -> str:
+# Cloud Run functions (2nd gen): built by Cloud Build into Artifact Registry, served by Cloud Run,
+# triggered through Eventarc; its accounts and grants (IAM, Resource Manager); its source bucket.
+GUARD_APIS = (
+    "cloudfunctions.googleapis.com",
+    "run.googleapis.com",
+    "cloudbuild.googleapis.com",
+    "artifactregistry.googleapis.com",
+    "eventarc.googleapis.com",
+    "iam.googleapis.com",
+    "cloudresourcemanager.googleapis.com",
+    "storage.googleapis.com",
+)
+
+
+@dataclass(frozen=True)
+class TpuGuardArgs:
+    automation: AutomationSettings
+    vms: tuple[TpuVmSettings, ...]
+    runs: tuple[tuple[str, str], ...]  # (TPU VM, its current run id: infra/tpu/metadata.py run_id)
+    deployer: str  # CI's deploy account, given act-as on the guard's accounts; "" when people deploy
+    billing_account: str
+    bucket_location: str  # the platform buckets' location: the source bucket's, and the status events'
+
+    @property
+    def self_stop(self) -> bool:
+        return any(vm.on_completion != "keep" for vm in self.vms)
+
+    @property
+    def schedules(self) -> bool:
+        return any(vm.schedule for vm in self.vms)
+
+    @property
+    def needed(self) -> bool:
+        """The guard serves budget actions, recovery, run completion and scheduled starts."""
+        return bool(self.automation.enabled or self.self_stop or self.schedules)
+
+
+def guard_apis(args: TpuGuardArgs) -> tuple[str, ...]:
+    return (*GUARD_APIS, "cloudscheduler.googleapis.com") if args.automation.recovery_every_minutes else GUARD_APIS
+
+
+def completion_actions(vms: tuple[TpuVmSettings, ...]) -> str:
     """What the guard does when a VM's run completes, or runs past its maxRunHours: decided here,
     never by the marker's content."""
     return json.dumps(
         {
             vm.name: {"action": vm.on_completion, "zone": vm.zone}
             | ({"maxRunHours": vm.max_run_hours} if vm.max_run_hours is not None else {})
-            for vm in cfg.tpu_vms
+            for vm in vms
             if vm.on_completion != "keep"
         },
         sort_keys=True,
     )
 
 
-def current_runs(cfg: PlatformConfig) -> str:
+def current_runs(runs: tuple[tuple[str, str], ...]) -> str:
     """Each VM's run id now: a completion marker of an older run neither stops nor blocks a new one."""
-    return json.dumps({vm.name: run_id(cfg, vm) for vm in cfg.tpu_vms}, sort_keys=True)
+    return json.dumps(dict(runs), sort_keys=True)
 
 
 class TpuGuard(pulumi.ComponentResource):
     def __init__(
         self,
         name: str,
-        cfg: PlatformConfig,
+        env: Env,
+        args: TpuGuardArgs,
         apis: ProjectApis,
         encryption: gcp.storage.BucketEncryptionArgs | None,
         storage_ready: list[pulumi.Resource],
@@ -103,8 +146,8 @@ class TpuGuard(pulumi.ComponentResource):
         opts: pulumi.ResourceOptions | None = None,
     ):
         super().__init__("tpu-platform:automation:TpuGuard", name, None, opts)
-        auto = cfg.automation
-        region = cfg.region
+        auto = args.automation
+        region = env.region
         child = pulumi.ResourceOptions(parent=self)
         needs = apis.needs("cloudfunctions", "run", "cloudbuild", "artifactregistry", "eventarc")
         crm = apis.needs("cloudresourcemanager")
@@ -114,33 +157,33 @@ class TpuGuard(pulumi.ComponentResource):
                 f"{name}-{suffix}",
                 account_id=account_id,
                 display_name=display,
-                project=cfg.project,
+                project=env.project,
                 opts=pulumi.ResourceOptions(parent=self, depends_on=apis.needs("iam")),
             )
 
-        self.account = account("sa", naming.platform_account_id("guard", cfg.stack), f"TPU guard ({cfg.stack})")
+        self.account = account("sa", naming.platform_account_id("guard", env.stack), f"TPU guard ({env.stack})")
         self.invoker = account(
-            "invoker", naming.platform_account_id("guard-invoker", cfg.stack), f"Invokes the TPU guard ({cfg.stack})"
+            "invoker", naming.platform_account_id("guard-invoker", env.stack), f"Invokes the TPU guard ({env.stack})"
         )
         self.builder = account(
-            "builder", naming.platform_account_id("guard-build", cfg.stack), f"Builds the TPU guard ({cfg.stack})"
+            "builder", naming.platform_account_id("guard-build", env.stack), f"Builds the TPU guard ({env.stack})"
         )
         member = self.account.email.apply(iam.service_account_member)
         invoker_member = self.invoker.email.apply(iam.service_account_member)
         self.role = custom_role(
-            name, cfg, apis, self, kind="guard", title="TPU guard",
+            name, env, apis, self, kind="guard", title="TPU guard",
             description="List, read, stop, start, delete and re-create TPU nodes; nothing else.",
             permissions=GUARD_PERMISSIONS,
         )  # fmt: skip
         ready: list[pulumi.Resource] = [
             grants.project_role(
-                f"{name}-tpu", cfg.project, self.role.name, member, parent=self, depends_on=crm
+                f"{name}-tpu", env.project, self.role.name, member, parent=self, depends_on=crm
             ),
             grants.project_role(
-                f"{name}-receiver", cfg.project, EVENT_RECEIVER_ROLE, member, parent=self, depends_on=crm
+                f"{name}-receiver", env.project, EVENT_RECEIVER_ROLE, member, parent=self, depends_on=crm
             ),
             grants.project_role(
-                f"{name}-builder", cfg.project, BUILDER_ROLE, self.builder.email.apply(iam.service_account_member),
+                f"{name}-builder", env.project, BUILDER_ROLE, self.builder.email.apply(iam.service_account_member),
                 parent=self, depends_on=crm,
             ),
             # Completion markers to read, recovery records to keep: the status bucket only.
@@ -159,28 +202,25 @@ class TpuGuard(pulumi.ComponentResource):
                 )
             )
         invoker_ready: list[pulumi.Resource] = []
-        if cfg.deployer:
+        if args.deployer:
             ready += [
-                grants.act_as(f"{name}-deployer-act-as", self.account, cfg.deployer, self),
-                grants.act_as(f"{name}-deployer-act-as-builder", self.builder, cfg.deployer, self),
+                grants.act_as(f"{name}-deployer-act-as", self.account, args.deployer, self),
+                grants.act_as(f"{name}-deployer-act-as-builder", self.builder, args.deployer, self),
             ]
-            invoker_ready.append(grants.act_as(f"{name}-deployer-act-as-invoker", self.invoker, cfg.deployer, self))
+            invoker_ready.append(grants.act_as(f"{name}-deployer-act-as-invoker", self.invoker, args.deployer, self))
 
-        source_bucket = gcp.storage.Bucket(
+        # Versioned (as every bucket), so the source of every deployed guard stays there to audit or roll
+        # back to; in production kept on destroy like every bucket, elsewhere a build input `destroy` may empty.
+        source_bucket = private_bucket(
             f"{name}-source",
-            name=naming.bucket(cfg.name_prefix, cfg.stack, "functions"),
-            project=cfg.project,
-            location=cfg.buckets.location,
-            uniform_bucket_level_access=True,
-            public_access_prevention="enforced",
+            env,
+            name=env.bucket_name("functions"),
+            purpose="functions-source",
+            location=args.bucket_location,
             encryption=encryption,
-            # Versioned, so the source of every deployed guard stays there to audit or roll back to; in
-            # production kept on destroy like every bucket, elsewhere a build input `destroy` may empty.
-            versioning=gcp.storage.BucketVersioningArgs(enabled=True),
-            force_destroy=not cfg.production,
-            labels={**cfg.labels, "purpose": "functions-source"},
+            force_destroy=not env.production,
             opts=pulumi.ResourceOptions(
-                parent=self, depends_on=storage_ready, retain_on_delete=cfg.production, protect=cfg.production
+                parent=self, depends_on=storage_ready, retain_on_delete=env.production, protect=env.production
             ),
         )
         archive = gcp.storage.BucketObject(
@@ -201,13 +241,13 @@ class TpuGuard(pulumi.ComponentResource):
             )
         )
         settings = {
-            "PROJECT": cfg.project,
-            "ENVIRONMENT": cfg.stack,
-            "ZONES": ",".join(sorted({zone for vm in cfg.tpu_vms for zone in vm.zones})),  # fallbacks too
+            "PROJECT": env.project,
+            "ENVIRONMENT": env.stack,
+            "ZONES": ",".join(sorted({zone for vm in args.vms for zone in vm.zones})),  # fallbacks too
             "STATE_BUCKET": status_bucket.name,
             "STATUS_BUCKET": status_bucket.name,
-            "COMPLETION_ACTIONS": completion_actions(cfg),
-            "CURRENT_RUNS": current_runs(cfg),
+            "COMPLETION_ACTIONS": completion_actions(args.vms),
+            "CURRENT_RUNS": current_runs(args.runs),
         }
 
         def function(
@@ -215,8 +255,8 @@ class TpuGuard(pulumi.ComponentResource):
         ) -> gcp.cloudfunctionsv2.Function:
             return gcp.cloudfunctionsv2.Function(
                 f"{name}-{suffix}",
-                name=naming.function_name(suffix, cfg.stack),
-                project=cfg.project,
+                name=naming.function_name(suffix, env.stack),
+                project=env.project,
                 location=region,
                 build_config=gcp.cloudfunctionsv2.FunctionBuildConfigArgs(
                     runtime="python312",
@@ -237,14 +277,14 @@ class TpuGuard(pulumi.ComponentResource):
                     available_memory="256M",
                 ),
                 event_trigger=trigger,
-                labels=cfg.labels,
+                labels=env.labels,
                 opts=pulumi.ResourceOptions(parent=self, depends_on=[*needs, *ready]),
             )
 
         def invoke_grant(suffix: str, fn: gcp.cloudfunctionsv2.Function, who: pulumi.Output[str]) -> pulumi.Resource:
             return gcp.cloudrunv2.ServiceIamMember(
                 f"{name}-{suffix}",
-                project=cfg.project,
+                project=env.project,
                 location=region,
                 name=fn.name,  # a 2nd-gen function is served by the Cloud Run service of its name
                 role=INVOKER_ROLE,
@@ -261,7 +301,7 @@ class TpuGuard(pulumi.ComponentResource):
                     "BUDGET_ACTION": auto.budget_action,
                     "BUDGET_AT_PERCENT": f"{auto.budget_at_percent:g}",
                     "DRY_RUN": "true" if auto.dry_run else "false",
-                    "BILLING_ACCOUNT": cfg.billing_account,
+                    "BILLING_ACCOUNT": args.billing_account,
                     "BUDGET_ID": budget_name,  # the full name; the guard takes its last segment
                 },
                 gcp.cloudfunctionsv2.FunctionEventTriggerArgs(
@@ -275,14 +315,14 @@ class TpuGuard(pulumi.ComponentResource):
             invoke_grant("budget-invoker", self.budget_function, member)
 
         self.complete_function = None
-        if cfg.has_self_stop:
+        if args.self_stop:
             # Direct Cloud Storage events: the trigger's region is the bucket's location.
             self.complete_function = function(
                 "complete",
                 "on_complete",
                 {},
                 gcp.cloudfunctionsv2.FunctionEventTriggerArgs(
-                    trigger_region=cfg.buckets.location.lower(),
+                    trigger_region=args.bucket_location.lower(),
                     event_type="google.cloud.storage.object.v1.finalized",
                     event_filters=[
                         gcp.cloudfunctionsv2.FunctionEventTriggerEventFilterArgs(
@@ -303,10 +343,10 @@ class TpuGuard(pulumi.ComponentResource):
             invoker_ready.append(invoke_grant("recovery-invoker", self.recovery_function, invoker_member))
             gcp.cloudscheduler.Job(
                 f"{name}-recovery-schedule",
-                name=naming.function_name("recovery", cfg.stack),  # the job that calls it: same name
-                project=cfg.project,
+                name=naming.function_name("recovery", env.stack),  # the job that calls it: same name
+                project=env.project,
                 region=region,
-                description=f"Re-create preempted spot TPUs of {cfg.stack}",
+                description=f"Re-create preempted spot TPUs of {env.stack}",
                 schedule=f"*/{auto.recovery_every_minutes} * * * *",
                 time_zone="Etc/UTC",
                 http_target=gcp.cloudscheduler.JobHttpTargetArgs(
@@ -320,7 +360,7 @@ class TpuGuard(pulumi.ComponentResource):
             )
 
         self.start: StartTarget | None = None
-        if cfg.has_schedules:
+        if args.schedules:
             start_function = function("scheduled-start", "scheduled_start", {})
             invoker_ready.append(invoke_grant("start-invoker", start_function, invoker_member))
             self.start = StartTarget(start_function.url, self.invoker.email, list(invoker_ready))

@@ -17,11 +17,12 @@ priced at the on-demand list price, an upper bound, marked as an assumption in t
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from infra.catalog import load_catalog
-from infra.config import PlatformConfig, TpuVmSettings
+from infra.config import BudgetSettings, TpuVmSettings
 from infra.schedule import HOURS_PER_MONTH, running_hours_per_month
 
 # Provisioning models the source has no price for: priced at the on-demand list price.
@@ -131,18 +132,18 @@ def vm_cost(vm: TpuVmSettings) -> VmCost:
     )
 
 
-def estimate(cfg: PlatformConfig) -> StackCost:
+def estimate(tpu_vms: Sequence[TpuVmSettings], budget: BudgetSettings) -> StackCost:
     catalog = load_catalog()
-    vms = [vm_cost(vm) for vm in cfg.tpu_vms]
+    vms = [vm_cost(vm) for vm in tpu_vms]
     total = round(sum(v.monthly for v in vms), 2)
     return StackCost(
         vms=vms,
         monthly_total=total,
         on_demand_total=round(sum(v.on_demand_monthly for v in vms), 2),
-        budget=cfg.budget.amount,
-        currency=cfg.budget.currency,
+        budget=budget.amount,
+        currency=budget.currency,
         # Prices are USD; a budget in another currency is not compared.
-        over_budget=cfg.budget.currency == "USD" and total > cfg.budget.amount,
+        over_budget=budget.currency == "USD" and total > budget.amount,
         prices_date=catalog.prices_date,
         prices_source=catalog.prices_source,
         hours_in_month=HOURS_PER_MONTH,

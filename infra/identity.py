@@ -7,42 +7,61 @@ bucket the workload uses, not on the project.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pulumi
 import pulumi_gcp as gcp
 
 from infra import grants, iam
 from infra.access import iamdata
 from infra.apis import ProjectApis
-from infra.config import PlatformConfig, WorkloadSettings, service_account_id
+from infra.config import Env, WorkloadSettings, service_account_id
 
-# The REST methods a workload's program calls (workloads/runlib.py), by where they are granted: it
-# reads data, reads and writes checkpoints and models, and writes logs and metrics. No TPU method.
+# The REST methods a workload's program calls (workloads/runlib.py) and the VM agent calls for it
+# with the same account (vm_agent/telemetry.py: entries:write and timeSeries.create; its TensorBoard
+# event file: an upload to the models bucket), by where they are granted: it reads data, reads and
+# writes checkpoints and models, and writes logs and metrics. No TPU method. tests/test_access.py
+# checks the agent's declared METHODS are here and granted.
 WORKLOAD_METHODS: dict[str, tuple[str, ...]] = {
     "data": ("storage.objects.get", "storage.objects.list"),
     "checkpoints": ("storage.objects.get", "storage.objects.list", "storage.objects.insert", "storage.objects.delete"),
     "models": ("storage.objects.get", "storage.objects.list", "storage.objects.insert", "storage.objects.delete"),
     "project": ("logging.entries.write", "monitoring.projects.timeSeries.create"),
 }
+# Accounts and their grants; the project APIs its program writes logs and metrics through.
+IDENTITY_APIS = (
+    "iam.googleapis.com",
+    "cloudresourcemanager.googleapis.com",
+    "logging.googleapis.com",
+    "monitoring.googleapis.com",
+)
+
+
+@dataclass(frozen=True)
+class WorkloadIdentityArgs:
+    workload: WorkloadSettings
+    deployer: str  # CI's deploy account, given act-as on the workload's; "" when people deploy
 
 
 class WorkloadIdentity(pulumi.ComponentResource):
     def __init__(
         self,
         name: str,
-        cfg: PlatformConfig,
-        workload: WorkloadSettings,
+        env: Env,
+        args: WorkloadIdentityArgs,
         buckets: dict[str, gcp.storage.Bucket],
         apis: ProjectApis,
         opts: pulumi.ResourceOptions | None = None,
     ):
         super().__init__("tpu-platform:iam:WorkloadIdentity", name, None, opts)
+        workload = args.workload
         child = pulumi.ResourceOptions(parent=self)
         self.account = gcp.serviceaccount.Account(
             f"{name}-sa",
-            account_id=service_account_id(workload.name, cfg.stack),
-            display_name=f"TPU workload {workload.name} ({cfg.stack})",
+            account_id=service_account_id(workload.name, env.stack),
+            display_name=f"TPU workload {workload.name} ({env.stack})",
             description=workload.description,
-            project=cfg.project,
+            project=env.project,
             opts=pulumi.ResourceOptions(parent=self, depends_on=apis.needs("iam")),
         )
         self.email = self.account.email
@@ -52,7 +71,7 @@ class WorkloadIdentity(pulumi.ComponentResource):
         for role in workload.project_roles:
             grant = grants.project_role(
                 f"{name}-{role.removeprefix('roles/').replace('.', '-')}",
-                cfg.project,
+                env.project,
                 role,
                 member,
                 parent=self,
@@ -64,7 +83,7 @@ class WorkloadIdentity(pulumi.ComponentResource):
             condition = (
                 None
                 if purpose == "data"
-                else grants.prefix_condition(cfg.bucket_name(purpose), f"{workload.name}/", f"{workload.name}-only")
+                else grants.prefix_condition(env.bucket_name(purpose), f"{workload.name}/", f"{workload.name}-only")
             )
             role = iam.BUCKET_ROLE_FOR_ACCESS[access]
             if condition is not None:  # a condition Cloud Storage honours (checked, not assumed)
@@ -79,8 +98,8 @@ class WorkloadIdentity(pulumi.ComponentResource):
                 opts=child,
             )
             self.grants.append(grant)
-        if cfg.deployer:
+        if args.deployer:
             # Attaching this account to a TPU VM needs actAs on it (nodes.create checks it), so the
             # VM waits for this grant like for the others.
-            self.grants.append(grants.act_as(f"{name}-deployer-act-as", self.account, cfg.deployer, self))
+            self.grants.append(grants.act_as(f"{name}-deployer-act-as", self.account, args.deployer, self))
         self.register_outputs({"email": self.email})

@@ -23,12 +23,17 @@ import pulumi_gcp as gcp
 from infra import grants, iam, naming
 from infra.access import iamdata
 from infra.apis import ProjectApis
-from infra.config import PlatformConfig, TpuVmSettings
+from infra.config import Env, TpuVmSettings
+from infra.storage import private_bucket
 
 # The REST methods the scheduler account calls, and so the exact permissions of its role.
 SCHEDULER_METHODS = ("tpu.projects.locations.nodes.get", "tpu.projects.locations.nodes.stop")
 SCHEDULER_PERMISSIONS = iamdata.permissions_for(SCHEDULER_METHODS)
 TPU_API = "https://tpu.googleapis.com/v2"
+# The run-status bucket and its grants.
+RUN_STATUS_APIS = ("storage.googleapis.com",)
+# The scheduler account, its role and grants, and the jobs.
+SCHEDULES_APIS = ("iam.googleapis.com", "cloudresourcemanager.googleapis.com", "cloudscheduler.googleapis.com")
 
 
 def node_url(project: str, vm: TpuVmSettings) -> str:
@@ -36,15 +41,15 @@ def node_url(project: str, vm: TpuVmSettings) -> str:
 
 
 def custom_role(
-    name: str, cfg: PlatformConfig, apis: ProjectApis, parent: pulumi.Resource, *,
+    name: str, env: Env, apis: ProjectApis, parent: pulumi.Resource, *,
     kind: str, title: str, description: str, permissions: Sequence[str],
 ) -> gcp.projects.IAMCustomRole:  # fmt: skip
     """A project custom role holding exactly `permissions`: the platform's unit of least privilege."""
     return gcp.projects.IAMCustomRole(
         f"{name}-role",
-        project=cfg.project,
-        role_id=naming.custom_role_id(kind, cfg.stack),
-        title=f"tpu-platform: {title} ({cfg.stack})",
+        project=env.project,
+        role_id=naming.custom_role_id(kind, env.stack),
+        title=f"tpu-platform: {title} ({env.stack})",
         description=description,
         permissions=list(permissions),
         opts=pulumi.ResourceOptions(parent=parent, depends_on=apis.needs("iam")),
@@ -60,42 +65,49 @@ class StartTarget:
     ready: list[pulumi.Resource]  # the invoker's act-as and run.invoker grants
 
 
+@dataclass(frozen=True)
+class TpuSchedulesArgs:
+    vms: tuple[TpuVmSettings, ...]  # the VMs with a schedule
+    deployer: str  # CI's deploy account, given act-as on the scheduler's; "" when people deploy
+
+
 class TpuSchedules(pulumi.ComponentResource):
     def __init__(
         self,
         name: str,
-        cfg: PlatformConfig,
+        env: Env,
+        args: TpuSchedulesArgs,
         apis: ProjectApis,
         nodes: dict[str, pulumi.Resource],
         start: StartTarget,
         opts: pulumi.ResourceOptions | None = None,
     ):
         super().__init__("tpu-platform:lifecycle:TpuSchedules", name, None, opts)
-        scheduled = [vm for vm in cfg.tpu_vms if vm.schedule]
+        scheduled = [vm for vm in args.vms if vm.schedule]
         iam_api = pulumi.ResourceOptions(parent=self, depends_on=apis.needs("iam"))
         self.account = gcp.serviceaccount.Account(
             f"{name}-sa",
-            account_id=naming.platform_account_id("scheduler", cfg.stack),
-            display_name=f"TPU stop schedules ({cfg.stack})",
-            project=cfg.project,
+            account_id=naming.platform_account_id("scheduler", env.stack),
+            display_name=f"TPU stop schedules ({env.stack})",
+            project=env.project,
             opts=iam_api,
         )
         self.role = custom_role(
-            name, cfg, apis, self, kind="scheduler", title="TPU scheduler",
+            name, env, apis, self, kind="scheduler", title="TPU scheduler",
             description="Stop and read TPU nodes; nothing else.", permissions=SCHEDULER_PERMISSIONS,
         )  # fmt: skip
         ready: list[pulumi.Resource] = [
             grants.project_role(
                 f"{name}-grant",
-                cfg.project,
+                env.project,
                 self.role.name,
                 self.account.email.apply(iam.service_account_member),
                 parent=self,
                 depends_on=apis.needs("cloudresourcemanager"),
             )
         ]
-        if cfg.deployer:  # a job with an OAuth token attaches the account: act-as checked on it
-            ready.append(grants.act_as(f"{name}-deployer-act-as", self.account, cfg.deployer, self))
+        if args.deployer:  # a job with an OAuth token attaches the account: act-as checked on it
+            ready.append(grants.act_as(f"{name}-deployer-act-as", self.account, args.deployer, self))
         self.jobs: list[gcp.cloudscheduler.Job] = []
         for vm in scheduled:
             assert vm.schedule is not None
@@ -107,9 +119,9 @@ class TpuSchedules(pulumi.ComponentResource):
                 return gcp.cloudscheduler.Job(
                     f"{name}-{vm.name}-{action}",
                     name=naming.scheduler_job(vm.name, action),
-                    project=cfg.project,
+                    project=env.project,
                     region=vm.region,
-                    description=f"{what} ({cfg.stack})",
+                    description=f"{what} ({env.stack})",
                     schedule=cron,
                     time_zone=vm.schedule.time_zone if vm.schedule else "Etc/UTC",
                     http_target=target,
@@ -122,7 +134,7 @@ class TpuSchedules(pulumi.ComponentResource):
             json_body = {"Content-Type": "application/json"}
             # Stop: the TPU API directly (cloudscheduler.v1 HttpTarget with an OAuth token).
             stop = gcp.cloudscheduler.JobHttpTargetArgs(
-                uri=f"{node_url(cfg.project, vm)}:stop",
+                uri=f"{node_url(env.project, vm)}:stop",
                 http_method="POST",
                 body=base64.b64encode(b"{}").decode(),
                 headers=json_body,
@@ -154,6 +166,12 @@ def schedule_outputs(vms: Sequence[TpuVmSettings]) -> dict[str, dict[str, str]]:
     }
 
 
+@dataclass(frozen=True)
+class RunStatusArgs:
+    location: str  # the platform buckets' location
+    writers: tuple[tuple[str, str], ...]  # (TPU VM, the workload it runs): who writes under which prefix
+
+
 class RunStatus(pulumi.ComponentResource):
     """The run-status bucket: completion markers, and the guard's own records.
 
@@ -161,46 +179,40 @@ class RunStatus(pulumi.ComponentResource):
     Each workload account may read and write only under the prefixes of the VMs it runs on: Cloud
     Storage recognises `resource.name` in conditions (conditions-resource-attributes), and the object
     name is `projects/_/buckets/BUCKET/objects/NAME`. Listing is checked on the bucket, not the object,
-    so the workload reads its marker by name (`objects.get`) and never lists.
+    where the `objectListPrefix` API attribute limits it to the VM's own prefix: the VM's agent lists
+    the run requests researchers leave under `<vm>/requests/` (vm_agent/requests.py).
     """
 
     def __init__(
         self,
         name: str,
-        cfg: PlatformConfig,
-        apis: ProjectApis,
+        env: Env,
+        args: RunStatusArgs,
         accounts: dict[str, pulumi.Output[str]],
         encryption: gcp.storage.BucketEncryptionArgs | None,
         ready: list[pulumi.Resource],
         opts: pulumi.ResourceOptions | None = None,
     ):
         super().__init__("tpu-platform:lifecycle:RunStatus", name, None, opts)
-        self.bucket_name = cfg.bucket_name("status")
-        self.bucket = gcp.storage.Bucket(
+        self.bucket_name = env.bucket_name("status")
+        self.bucket = private_bucket(
             f"{name}-bucket",
+            env,
             name=self.bucket_name,
-            project=cfg.project,
-            location=cfg.buckets.location,
-            uniform_bucket_level_access=True,
-            public_access_prevention="enforced",
-            versioning=gcp.storage.BucketVersioningArgs(enabled=True),
+            purpose="run-status",
+            location=args.location,
             encryption=encryption,
-            labels={**cfg.labels, "purpose": "run-status"},
-            opts=pulumi.ResourceOptions(parent=self, depends_on=ready, retain_on_delete=True, protect=cfg.production),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=ready, retain_on_delete=True, protect=env.production),
         )
         self.grants: dict[str, pulumi.Resource] = {}
-        for vm in cfg.tpu_vms:
-            objects = f"projects/_/buckets/{self.bucket_name}/objects/{naming.status_prefix(vm.name)}"
-            self.grants[vm.name] = gcp.storage.BucketIAMMember(
-                f"{name}-{vm.name}-writer",
+        for vm, workload in args.writers:
+            self.grants[vm] = gcp.storage.BucketIAMMember(
+                f"{name}-{vm}-writer",
                 bucket=self.bucket.name,
                 role="roles/storage.objectUser",
-                member=accounts[vm.workload].apply(iam.service_account_member),
-                condition=gcp.storage.BucketIAMMemberConditionArgs(
-                    title=f"run-status-{vm.name}"[:100],
-                    description=f"Only the run status of TPU VM {vm.name}",
-                    expression=f'resource.name.startsWith("{objects}")',
-                ),
+                member=accounts[workload].apply(iam.service_account_member),
+                # Listing its own prefix too: the agent lists <vm>/requests/ (vm_agent/requests.py).
+                condition=grants.prefix_condition(self.bucket_name, naming.status_prefix(vm), f"run-status-{vm}"),
                 opts=pulumi.ResourceOptions(parent=self),
             )
         self.register_outputs({"bucket": self.bucket.name})

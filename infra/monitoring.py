@@ -20,12 +20,13 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 import pulumi
 import pulumi_gcp as gcp
 
 from infra.apis import ProjectApis
-from infra.config import PlatformConfig, TpuVmSettings
+from infra.config import Env, TpuVmSettings
 
 TPU_WORKER = 'resource.type = "tpu_worker"'
 IDLE = "tpu.googleapis.com/tpu/tensorcore/idle_duration"
@@ -41,6 +42,25 @@ GAVE_UP_EVENT = "tpu-recovery-gave-up"
 # NotificationRateLimit; the API requires one for log-based policies).
 FUNCTION_LOGS = 'resource.type = "cloud_run_revision"'
 LOG_ALERT_PERIOD = "3600s"
+# What the VM agent ships (vm_agent/telemetry.py; kept equal by tests/test_monitoring.py): each run's
+# output lines in this log, labelled with the stack, and its training metrics as custom metrics on
+# `generic_node` resources whose namespace is the stack.
+WORKLOAD_LOG = "tpu-workload"
+TRAINING_METRICS = (
+    ("Training loss", "custom.googleapis.com/tpu_platform/loss"),
+    ("Training steps per second", "custom.googleapis.com/tpu_platform/steps_per_s"),
+    ("Training examples per second", "custom.googleapis.com/tpu_platform/examples_per_s"),
+)
+
+# Alert policies, channels and the dashboard; the log-match alert and the logs panel read Cloud Logging.
+MONITORING_APIS = ("monitoring.googleapis.com", "logging.googleapis.com")
+
+
+@dataclass(frozen=True)
+class TpuMonitoringArgs:
+    idle_minutes: int  # alert when a TPU's TensorCores idle longer than this
+    vms: tuple[TpuVmSettings, ...]
+    recovery: bool  # the guard re-creates preempted VMs (automation.recovery)
 
 
 def always_on(vm: TpuVmSettings) -> bool:
@@ -48,14 +68,14 @@ def always_on(vm: TpuVmSettings) -> bool:
     return vm.schedule is None and vm.on_completion == "keep"
 
 
-def not_reporting_filter(cfg: PlatformConfig) -> str | None:
+def not_reporting_filter(vms: tuple[TpuVmSettings, ...]) -> str | None:
     """The absence condition's filter: CPU metrics of the always-on VMs' workers; None when there are none.
 
     `tpu_worker` carries the node's name as `node_id` (Google's TPU test harness, ml-auto-solutions,
     selects a node's workers by `resource.labels.node_id`); `monitoring.regex.full_match` is the
     Monitoring filter syntax for "one of" (monitoring/api/v3/filters). VM names are [a-z0-9-]: no escaping.
     """
-    names = sorted(vm.name for vm in cfg.tpu_vms if always_on(vm))
+    names = sorted(vm.name for vm in vms if always_on(vm))
     if not names:
         return None
     return (
@@ -65,20 +85,20 @@ def not_reporting_filter(cfg: PlatformConfig) -> str | None:
     )
 
 
-def preempted_filter(cfg: PlatformConfig) -> str | None:
+def preempted_filter(stack: str, args: TpuMonitoringArgs) -> str | None:
     """The log filter of "preempted and not recovered"; None when no VM of the stack can be preempted.
 
     With recovery on, a preempted node is re-created within minutes: only the guard giving up is news.
     Without it, the scheduled start is what finds the node PREEMPTED (an unscheduled spot VM that
     is always on raises "not reporting" instead).
     """
-    if not any(vm.reclaimable for vm in cfg.tpu_vms):
+    if not any(vm.reclaimable for vm in args.vms):
         return None
-    event = GAVE_UP_EVENT if cfg.automation.recovery_every_minutes else PREEMPTED_EVENT
-    return f'{FUNCTION_LOGS} AND jsonPayload.event = "{event}" AND jsonPayload.environment = "{cfg.stack}"'
+    event = GAVE_UP_EVENT if args.recovery else PREEMPTED_EVENT
+    return f'{FUNCTION_LOGS} AND jsonPayload.event = "{event}" AND jsonPayload.environment = "{stack}"'
 
 
-def _chart(title: str, metric: str, aligner: str) -> dict:
+def _chart(title: str, metric: str, aligner: str, resource: str = TPU_WORKER) -> dict:
     return {
         "title": title,
         "xyChart": {
@@ -86,7 +106,7 @@ def _chart(title: str, metric: str, aligner: str) -> dict:
                 {
                     "timeSeriesQuery": {
                         "timeSeriesFilter": {
-                            "filter": f'metric.type = "{metric}" AND {TPU_WORKER}',
+                            "filter": f'metric.type = "{metric}" AND {resource}',
                             "aggregation": {"alignmentPeriod": "60s", "perSeriesAligner": aligner},
                         }
                     },
@@ -97,19 +117,34 @@ def _chart(title: str, metric: str, aligner: str) -> dict:
     }
 
 
-def dashboard_json(cfg: PlatformConfig) -> str:
+def workload_logs_filter(env: Env) -> str:
+    """The stack's workload output in Logging's query language (logging/docs/view/logging-query-language)."""
+    return f'logName = "projects/{env.project}/logs/{WORKLOAD_LOG}" AND labels.stack = "{env.stack}"'
+
+
+def dashboard_json(env: Env) -> str:
     tiles = [
         _chart("TPU MXU utilization (duty cycle)", MXU, "ALIGN_MEAN"),
         _chart("TensorCore idle time", IDLE, "ALIGN_MAX"),
         _chart("TPU VM host memory", HOST_MEMORY, "ALIGN_MEAN"),
         {
-            "title": "Workload progress (training log lines)",
-            "logsPanel": {"filter": 'jsonPayload.message="training"', "resourceNames": [f"projects/{cfg.project}"]},
+            "title": "Workload logs (every run's output)",
+            "logsPanel": {"filter": workload_logs_filter(env), "resourceNames": [f"projects/{env.project}"]},
         },
+        # One line per run and worker (metric labels run_id, vm, worker); the stack's own nodes only.
+        *(
+            _chart(
+                title,
+                metric,
+                "ALIGN_MEAN",
+                f'resource.type = "generic_node" AND resource.labels.namespace = "{env.stack}"',
+            )
+            for title, metric in TRAINING_METRICS
+        ),
     ]
     return json.dumps(
         {
-            "displayName": f"TPU platform ({cfg.stack})",
+            "displayName": f"TPU platform ({env.stack})",
             "mosaicLayout": {
                 "columns": 12,
                 "tiles": [
@@ -126,7 +161,8 @@ class TpuMonitoring(pulumi.ComponentResource):
     def __init__(
         self,
         name: str,
-        cfg: PlatformConfig,
+        env: Env,
+        args: TpuMonitoringArgs,
         apis: ProjectApis,
         channels: list[gcp.monitoring.NotificationChannel],
         opts: pulumi.ResourceOptions | None = None,
@@ -140,21 +176,21 @@ class TpuMonitoring(pulumi.ComponentResource):
         ) -> gcp.monitoring.AlertPolicy:  # fmt: skip
             return gcp.monitoring.AlertPolicy(
                 f"{name}-{suffix}",
-                project=cfg.project,
-                display_name=f"{title} ({cfg.stack})",
+                project=env.project,
+                display_name=f"{title} ({env.stack})",
                 severity=severity,
                 documentation=gcp.monitoring.AlertPolicyDocumentationArgs(content=runbook, mime_type="text/markdown"),
                 combiner="OR",
                 conditions=[condition],
                 notification_channels=[c.name for c in channels],
                 alert_strategy=strategy,
-                user_labels=cfg.labels,
+                user_labels=env.labels,
                 opts=child,
             )
 
         self.idle = alert(
             "idle",
-            f"TPU idle > {cfg.monitoring.idle_minutes} min",
+            f"TPU idle > {args.idle_minutes} min",
             "WARNING",
             "A TPU is billed while idle. Stop it, let its schedule stop it, or set onCompletion.",
             gcp.monitoring.AlertPolicyConditionArgs(
@@ -162,7 +198,7 @@ class TpuMonitoring(pulumi.ComponentResource):
                 condition_threshold=gcp.monitoring.AlertPolicyConditionConditionThresholdArgs(
                     filter=f'metric.type = "{IDLE}" AND {TPU_WORKER}',
                     comparison="COMPARISON_GT",
-                    threshold_value=cfg.monitoring.idle_minutes * 60,
+                    threshold_value=args.idle_minutes * 60,
                     duration="0s",
                     aggregations=[
                         gcp.monitoring.AlertPolicyConditionConditionThresholdAggregationArgs(
@@ -173,7 +209,7 @@ class TpuMonitoring(pulumi.ComponentResource):
             ),
         )
         self.not_reporting = None
-        if absent := not_reporting_filter(cfg):
+        if absent := not_reporting_filter(args.vms):
             self.not_reporting = alert(
                 "not-reporting",
                 "TPU VM not reporting",
@@ -195,8 +231,8 @@ class TpuMonitoring(pulumi.ComponentResource):
                 ),
             )
         self.preempted = None
-        if preempted := preempted_filter(cfg):
-            recovery = cfg.automation.recovery_every_minutes
+        if preempted := preempted_filter(env.stack, args):
+            recovery = args.recovery
             self.preempted = alert(
                 "preempted",
                 "TPU VM preempted and not recovered",
@@ -224,6 +260,6 @@ class TpuMonitoring(pulumi.ComponentResource):
                 ),
             )
         self.dashboard = gcp.monitoring.Dashboard(
-            f"{name}-dashboard", project=cfg.project, dashboard_json=dashboard_json(cfg), opts=child
+            f"{name}-dashboard", project=env.project, dashboard_json=dashboard_json(env), opts=child
         )
         self.register_outputs({})

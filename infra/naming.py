@@ -73,8 +73,29 @@ GUARD_FUNCTIONS = ("budget-guard", "recovery", "complete", "scheduled-start")
 
 
 def bucket(prefix: str, stack: str, purpose: str) -> str:
-    """`<prefix>-<stack>-<purpose>`: data, checkpoints, models, status, functions."""
+    """`<prefix>-<stack>-<purpose>`: data, checkpoints, models, status, functions, artifacts."""
     return f"{prefix}-{stack}-{purpose}"
+
+
+# docs/design-runs.md: workload sources (and the agent) live in the stack's artifacts bucket, not the
+# data bucket, as `sources/<sha256>.tar.gz`; a run request lives under its VM's status folder.
+ARTIFACTS = "artifacts"
+SOURCES_PREFIX = "sources/"
+
+
+def source_object(sha256: str) -> str:
+    """A packaged source folder in the artifacts bucket, named by the sha256 of its bytes."""
+    return f"{SOURCES_PREFIX}{sha256}.tar.gz"
+
+
+def requests_prefix(vm: str) -> str:
+    """Where researchers' run and stop requests for one VM wait for its agent (docs/design-runs.md)."""
+    return f"{status_prefix(vm)}requests/"
+
+
+def runs_prefix(vm: str) -> str:
+    """Where the agent writes `<runId>/status.json` for each run of one VM."""
+    return f"{status_prefix(vm)}runs/"
 
 
 def workload_account_id(workload: str, stack: str) -> str:
@@ -95,7 +116,7 @@ def deployer_account_id(stack: str) -> str:
 
 def custom_role_id(kind: str, stack: str) -> str:
     """`tpuPlatform<Kind><Stack>`: custom role ids allow letters, digits, '_' and '.' only."""
-    return "tpuPlatform" + kind.capitalize() + "".join(part.capitalize() for part in stack.split("-"))
+    return "tpuPlatform" + "".join(part.capitalize() for part in (*kind.split("-"), *stack.split("-")))
 
 
 def function_name(kind: str, stack: str) -> str:

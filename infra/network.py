@@ -11,42 +11,50 @@ import pulumi
 import pulumi_gcp as gcp
 
 from infra.apis import ProjectApis
-from infra.config import PlatformConfig
+from infra.config import Env, NetworkSettings
 
 # Google's IAP TCP-forwarding range (https://cloud.google.com/iap/docs/using-tcp-forwarding).
 IAP_SSH_RANGE = "35.235.240.0/20"
 TPU_VM_TAG = "tpu-vm"
+NETWORK_APIS = ("compute.googleapis.com",)
 
 
 class PrivateNetwork(pulumi.ComponentResource):
-    def __init__(self, name: str, cfg: PlatformConfig, apis: ProjectApis, opts: pulumi.ResourceOptions | None = None):
+    def __init__(
+        self,
+        name: str,
+        env: Env,
+        args: NetworkSettings,
+        apis: ProjectApis,
+        opts: pulumi.ResourceOptions | None = None,
+    ):
         super().__init__("tpu-platform:network:PrivateNetwork", name, None, opts)
-        base = f"tpu-{cfg.stack}"
+        base = f"tpu-{env.stack}"
         compute = pulumi.ResourceOptions(parent=self, depends_on=apis.needs("compute"))
         self.network = gcp.compute.Network(
             f"{name}-vpc",
             name=base,
-            project=cfg.project,
+            project=env.project,
             auto_create_subnetworks=False,
             routing_mode="REGIONAL",
-            description=f"TPU VMs of stack {cfg.stack}",
+            description=f"TPU VMs of stack {env.stack}",
             opts=compute,
         )
         child = pulumi.ResourceOptions(parent=self)
         self.subnets: dict[str, gcp.compute.Subnetwork] = {}
         self.nats: dict[str, gcp.compute.RouterNat] = {}
-        for region, cidr in cfg.network.subnets:
+        for region, cidr in args.subnets:
             subnet = gcp.compute.Subnetwork(
                 f"{name}-{region}",
                 name=f"{base}-{region}",
-                project=cfg.project,
+                project=env.project,
                 region=region,
                 network=self.network.id,
                 ip_cidr_range=cidr,
                 private_ip_google_access=True,
                 log_config=gcp.compute.SubnetworkLogConfigArgs(
                     aggregation_interval="INTERVAL_5_SEC",
-                    flow_sampling=cfg.network.flow_log_sampling,
+                    flow_sampling=args.flow_log_sampling,
                     metadata="INCLUDE_ALL_METADATA",
                 ),
                 opts=child,
@@ -54,7 +62,7 @@ class PrivateNetwork(pulumi.ComponentResource):
             router = gcp.compute.Router(
                 f"{name}-{region}-router",
                 name=f"{base}-{region}",
-                project=cfg.project,
+                project=env.project,
                 region=region,
                 network=self.network.id,
                 opts=child,
@@ -63,7 +71,7 @@ class PrivateNetwork(pulumi.ComponentResource):
             self.nats[region] = gcp.compute.RouterNat(
                 f"{name}-{region}-nat",
                 name=f"{base}-{region}",
-                project=cfg.project,
+                project=env.project,
                 region=region,
                 router=router.name,
                 nat_ip_allocate_option="AUTO_ONLY",
@@ -78,7 +86,7 @@ class PrivateNetwork(pulumi.ComponentResource):
         gcp.compute.Firewall(
             f"{name}-ssh-from-iap",
             name=f"{base}-ssh-from-iap",
-            project=cfg.project,
+            project=env.project,
             network=self.network.id,
             direction="INGRESS",
             source_ranges=[IAP_SSH_RANGE],
@@ -88,12 +96,12 @@ class PrivateNetwork(pulumi.ComponentResource):
             description="SSH only through Identity-Aware Proxy",
             opts=child,
         )
-        if cfg.network.subnets:
+        if args.subnets:
             # Workers of a multi-host slice exchange data with each other.
             gcp.compute.Firewall(
                 f"{name}-between-tpu-workers",
                 name=f"{base}-between-tpu-workers",
-                project=cfg.project,
+                project=env.project,
                 network=self.network.id,
                 direction="INGRESS",
                 source_tags=[TPU_VM_TAG],

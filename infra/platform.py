@@ -1,4 +1,9 @@
-"""The whole environment, built from one validated `PlatformConfig`."""
+"""The whole environment, built from one validated `PlatformConfig`.
+
+This is the one reader of the whole config (tests/test_components.py keeps it so): it decides which
+components a stack declares, gives each the environment (`Env`) and its own small args, and enables
+the APIs that those components declare they need. One block per component, in each of the two steps.
+"""
 
 from __future__ import annotations
 
@@ -7,22 +12,32 @@ from typing import Any
 
 import pulumi
 
-from infra.apis import ProjectApis, guard_needed, required_apis
-from infra.automation import TpuGuard
-from infra.budget import BudgetAlerts
+from infra import naming
+from infra.apis import ProjectApis, required_apis
+from infra.automation import TpuGuard, TpuGuardArgs, guard_apis
+from infra.budget import BudgetAlerts, BudgetAlertsArgs, budget_apis
 from infra.config import PROJECT, PlatformConfig
 from infra.cost import StackCost, estimate
-from infra.identity import WorkloadIdentity
-from infra.lifecycle import RunStatus, TpuSchedules, schedule_outputs
-from infra.monitoring import TpuMonitoring
-from infra.network import PrivateNetwork
+from infra.identity import IDENTITY_APIS, WorkloadIdentity, WorkloadIdentityArgs
+from infra.lifecycle import (
+    RUN_STATUS_APIS,
+    SCHEDULES_APIS,
+    RunStatus,
+    RunStatusArgs,
+    TpuSchedules,
+    TpuSchedulesArgs,
+    schedule_outputs,
+)
+from infra.monitoring import MONITORING_APIS, TpuMonitoring, TpuMonitoringArgs
+from infra.network import NETWORK_APIS, PrivateNetwork
+from infra.researchers import ResearcherAccess, ResearcherArgs, researcher_apis
 from infra.run_status import completed_runs
 from infra.schema import ConfigError, Problem
 from infra.secrets import hide, keep_secret
-from infra.storage import PlatformBuckets
+from infra.storage import STORAGE_APIS, PlatformBuckets
 from infra.tpu.cloud_tpu import BACKENDS
 from infra.tpu.metadata import run_id, vm_metadata
-from infra.tpu.vm import TpuVm
+from infra.tpu.vm import TPU_VM_APIS, TpuVm
 
 TPU_BACKEND = "cloud-tpu"
 
@@ -34,52 +49,98 @@ def build_platform(cfg: PlatformConfig, secrets: Mapping[str, str] | None = None
     refuse_secrets_in_metadata(cfg, metadata, secrets)
     cost = check_cost(cfg)
     keep_secret(secrets)
-    apis = ProjectApis("apis", cfg.project, required_apis(cfg))
-    network = PrivateNetwork("network", cfg, apis)
-    buckets = PlatformBuckets("buckets", cfg, apis)
-    identities = {w.name: WorkloadIdentity(f"workload-{w.name}", cfg, w, buckets.buckets, apis) for w in cfg.workloads}
-    budget = BudgetAlerts("budget", cfg, apis)
+    env = cfg.env
+
+    # 1. What each component reads; a component whose feature is off gets no args and is not declared.
+    budget_args = BudgetAlertsArgs(cfg.budget, cfg.billing_account, cfg.buckets.kms_key_name)
+    identity_args = {w.name: WorkloadIdentityArgs(w, cfg.deployer) for w in cfg.workloads}
+    status_args = RunStatusArgs(cfg.buckets.location, tuple((vm.name, vm.workload) for vm in cfg.tpu_vms))
+    guard_wanted = TpuGuardArgs(
+        automation=cfg.automation,
+        vms=cfg.tpu_vms,
+        runs=tuple((vm.name, run_id(cfg, vm)) for vm in cfg.tpu_vms),
+        deployer=cfg.deployer,
+        billing_account=cfg.billing_account,
+        bucket_location=cfg.buckets.location,
+    )
+    guard_args = guard_wanted if guard_wanted.needed else None
+    scheduled = tuple(vm for vm in cfg.tpu_vms if vm.schedule)
+    schedule_args = TpuSchedulesArgs(scheduled, cfg.deployer) if scheduled else None
+    monitoring_args = TpuMonitoringArgs(
+        cfg.monitoring.idle_minutes, cfg.tpu_vms, recovery=bool(cfg.automation.recovery_every_minutes)
+    )
+    researcher_args = researcher_args_of(cfg) if cfg.researchers else None
+
+    # 2. The project APIs: what the declared components need, as each component's module declares it.
+    apis = ProjectApis(
+        "apis",
+        env.project,
+        required_apis(
+            NETWORK_APIS,
+            STORAGE_APIS,
+            IDENTITY_APIS,
+            budget_apis(budget_args),
+            RUN_STATUS_APIS,
+            TPU_VM_APIS,
+            guard_apis(guard_args) if guard_args else (),
+            SCHEDULES_APIS if schedule_args else (),
+            MONITORING_APIS,
+            researcher_apis(researcher_args) if researcher_args else (),
+        ),
+    )
+
+    # 3. The components, each from the environment and its own args.
+    network = PrivateNetwork("network", env, cfg.network, apis)
+    buckets = PlatformBuckets("buckets", env, cfg.buckets, apis)
+    identities = {
+        name: WorkloadIdentity(f"workload-{name}", env, args, buckets.buckets, apis)
+        for name, args in identity_args.items()
+    }
+    budget = BudgetAlerts("budget", env, budget_args, apis)
     accounts = {n: i.account for n, i in identities.items()}
     status = RunStatus(
-        "run-status", cfg, apis, {n: i.email for n, i in identities.items()}, buckets.encryption, buckets.ready
+        "run-status", env, status_args, {n: i.email for n, i in identities.items()}, buckets.encryption, buckets.ready
     )
     # A VM deleted by the guard once its run completed is no longer declared, so `up`, `refresh` and
     # the drift check agree with the project (the status is read through an invoke; mocked offline).
     gone = completed_runs(
-        cfg.project,
+        env.project,
         status.bucket_name,
         {vm.name: run_id(cfg, vm) for vm in cfg.tpu_vms if vm.on_completion == "delete"},
     )
     for vm_name in sorted(gone):
-        pulumi.log.warn(f"stack '{cfg.stack}': TPU VM {vm_name} completed its run and was deleted; no longer declared")
+        pulumi.log.warn(f"stack '{env.stack}': TPU VM {vm_name} completed its run and was deleted; no longer declared")
     vms = {
         vm.name: TpuVm(
             f"tpu-{vm.name}",
-            cfg,
+            env,
             vm,
             metadata[vm.name],
             identities[vm.workload],
             network,
             BACKENDS["queued" if vm.queued else TPU_BACKEND],
-            needs=[*apis.needs("tpu"), status.grants[vm.name]],
+            apis,
+            needs=[status.grants[vm.name]],
         )
         for vm in cfg.tpu_vms
         if vm.name not in gone
     }
     guard = None
-    if guard_needed(cfg):
+    if guard_args:
         guard = TpuGuard(
-            "guard", cfg, apis, buckets.encryption, buckets.ready, accounts, status.bucket, budget.topic,
+            "guard", env, guard_args, apis, buckets.encryption, buckets.ready, accounts, status.bucket, budget.topic,
             budget.budget.name,
         )  # fmt: skip
-    if cfg.has_schedules:
-        assert guard is not None and guard.start is not None  # schedules need the guard (guard_needed)
-        TpuSchedules("schedules", cfg, apis, {name: vm.node for name, vm in vms.items()}, guard.start)
-    TpuMonitoring("monitoring", cfg, apis, budget.channels)
+    if schedule_args:
+        assert guard is not None and guard.start is not None  # schedules need the guard (TpuGuardArgs.needed)
+        TpuSchedules("schedules", env, schedule_args, apis, {name: vm.node for name, vm in vms.items()}, guard.start)
+    TpuMonitoring("monitoring", env, monitoring_args, apis, budget.channels)
+    if researcher_args:
+        ResearcherAccess("researchers", env, researcher_args, apis, [*buckets.buckets.values(), status.bucket])
 
     return {
-        "project": cfg.project,
-        "environment": cfg.environment,
+        "project": env.project,
+        "environment": env.stack,
         "enabledApis": sorted(apis.services),
         "network": network.network.self_link,
         "bucketUrls": {**buckets.urls, "status": status.bucket.url},
@@ -92,9 +153,20 @@ def build_platform(cfg: PlatformConfig, secrets: Mapping[str, str] | None = None
     }
 
 
+def researcher_args_of(cfg: PlatformConfig) -> ResearcherArgs:
+    return ResearcherArgs(
+        members=cfg.researchers,
+        self_service_vms=tuple(vm.name for vm in cfg.self_service_vms),
+        status_bucket=cfg.bucket_name("status"),
+        models_bucket=cfg.bucket_name("models"),
+        artifacts_bucket=naming.bucket(cfg.name_prefix, cfg.stack, naming.ARTIFACTS),
+        ssh=cfg.researcher_ssh,
+    )
+
+
 def check_cost(cfg: PlatformConfig) -> StackCost:
     """The monthly estimate; over the budget it warns, or fails the plan when the stack says so."""
-    cost = estimate(cfg)
+    cost = estimate(cfg.tpu_vms, cfg.budget)
     if cost.over_budget:
         message = (
             f"estimated TPU cost {cost.monthly_total:,.2f} USD/month exceeds the budget of "

@@ -11,16 +11,24 @@ import pulumi
 import pulumi_gcp as gcp
 
 from infra.apis import ProjectApis
-from infra.config import BUCKET_PURPOSES, PlatformConfig
+from infra.config import BUCKET_PURPOSES, BucketSettings, Env
 
 # Incomplete multipart uploads (an interrupted checkpoint write) cost money and are never read.
 ABORT_UPLOADS_AFTER_DAYS = 1
+# The data access audit config is part of the project's IAM policy (Resource Manager).
+STORAGE_APIS = ("storage.googleapis.com", "cloudresourcemanager.googleapis.com")
 
 
 class PlatformBuckets(pulumi.ComponentResource):
-    def __init__(self, name: str, cfg: PlatformConfig, apis: ProjectApis, opts: pulumi.ResourceOptions | None = None):
+    def __init__(
+        self,
+        name: str,
+        env: Env,
+        settings: BucketSettings,
+        apis: ProjectApis,
+        opts: pulumi.ResourceOptions | None = None,
+    ):
         super().__init__("tpu-platform:storage:Buckets", name, None, opts)
-        settings = cfg.buckets
         needs: list[pulumi.Resource] = apis.needs("storage")
 
         # With CMEK, the Cloud Storage service agent must be able to use the key before a bucket can
@@ -37,26 +45,23 @@ class PlatformBuckets(pulumi.ComponentResource):
         self.buckets: dict[str, gcp.storage.Bucket] = {}
         for purpose in BUCKET_PURPOSES:
             destroyable = purpose in settings.destroyable
-            self.buckets[purpose] = gcp.storage.Bucket(
+            self.buckets[purpose] = private_bucket(
                 f"{name}-{purpose}",
-                name=cfg.bucket_name(purpose),
-                project=cfg.project,
+                env,
+                name=env.bucket_name(purpose),
+                purpose=purpose,
                 location=settings.location,
                 storage_class=settings.storage_class,
-                uniform_bucket_level_access=True,
-                public_access_prevention="enforced",
-                versioning=gcp.storage.BucketVersioningArgs(enabled=True),
                 lifecycle_rules=_lifecycle_rules(
                     settings.noncurrent_versions_to_keep, settings.noncurrent_version_days
                 ),
                 encryption=self.encryption,
                 force_destroy=destroyable,
-                labels={**cfg.labels, "purpose": purpose},
                 opts=pulumi.ResourceOptions(
                     parent=self,
                     depends_on=needs,
                     retain_on_delete=not destroyable,
-                    protect=cfg.production,
+                    protect=env.production,
                 ),
             )
         if settings.data_access_logs:
@@ -65,7 +70,7 @@ class PlatformBuckets(pulumi.ComponentResource):
             # the provider with getIamPolicy/setIamPolicy like a grant.
             gcp.projects.IAMAuditConfig(
                 f"{name}-data-access-logs",
-                project=cfg.project,
+                project=env.project,
                 service="storage.googleapis.com",
                 audit_log_configs=[
                     gcp.projects.IAMAuditConfigAuditLogConfigArgs(log_type="DATA_READ"),
@@ -75,6 +80,38 @@ class PlatformBuckets(pulumi.ComponentResource):
             )
         self.urls = {p: b.url for p, b in self.buckets.items()}
         self.register_outputs({"urls": self.urls})
+
+
+def private_bucket(
+    resource_name: str,
+    env: Env,
+    *,
+    name: str,
+    purpose: str,
+    location: str,
+    encryption: gcp.storage.BucketEncryptionArgs | None,
+    opts: pulumi.ResourceOptions,
+    storage_class: str | None = None,
+    lifecycle_rules: list[gcp.storage.BucketLifecycleRuleArgs] | None = None,
+    force_destroy: bool | None = None,
+) -> gcp.storage.Bucket:
+    """A bucket as the platform makes every one: uniform access, public access prevention enforced,
+    versioned, in the stack's project, labelled with the stack's labels and its purpose."""
+    return gcp.storage.Bucket(
+        resource_name,
+        name=name,
+        project=env.project,
+        location=location,
+        storage_class=storage_class,
+        uniform_bucket_level_access=True,
+        public_access_prevention="enforced",
+        versioning=gcp.storage.BucketVersioningArgs(enabled=True),
+        lifecycle_rules=lifecycle_rules,
+        encryption=encryption,
+        force_destroy=force_destroy,
+        labels={**env.labels, "purpose": purpose},
+        opts=opts,
+    )
 
 
 def _lifecycle_rules(versions_to_keep: int, noncurrent_days: int) -> list[gcp.storage.BucketLifecycleRuleArgs]:

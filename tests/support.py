@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import functools
+import io
 import json
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,13 +23,20 @@ _plans: dict[tuple[str, tuple[tuple[str, str], ...]], PlanResult] = {}
 
 
 def stack_config(stack: str = "dev") -> dict[str, str]:
-    """A shipped stack's raw config, as Pulumi would pass it."""
-    return read_stack_config(stack)
+    """A shipped stack's raw config, as Pulumi would pass it (a fresh dict each time: callers edit it)."""
+    return dict(_read(stack, None))
 
 
 def fixture_config(name: str = "small") -> dict[str, str]:
     """A fixture stack's raw config (tests/stacks/Pulumi.<name>.yaml), with the project's defaults."""
-    return read_stack_config(name, ROOT, FIXTURE_STACKS / f"Pulumi.{name}.yaml")
+    return dict(_read(name, FIXTURE_STACKS / f"Pulumi.{name}.yaml"))
+
+
+@functools.cache
+def _read(stack: str, path: Path | None) -> dict[str, str]:
+    """Each stack file is read once a session (property tests ask for it hundreds of times); the
+    values are strings, so a shallow copy is a private one."""
+    return read_stack_config(stack, ROOT, path)
 
 
 def with_object(raw: dict[str, str], key: str, edit: Callable[[Any], object]) -> dict[str, str]:
@@ -62,6 +74,11 @@ def plan(raw: dict[str, str], stack: str = "dev") -> PlanResult:
     return copy.deepcopy(_plans[key])  # callers may edit what they get
 
 
+def shipped_plan(stack: str) -> PlanResult:
+    """A shipped stack's plan (`plan_stack`: Pulumi.<stack>.yaml), from the session's cache."""
+    return plan(stack_config(stack), stack)
+
+
 def depends_on(plan_result: PlanResult, resource: Registration, target_urn: str) -> bool:
     """Whether `resource` waits for `target_urn`, directly or through the resources it depends on."""
     by_urn = plan_result.by_urn()
@@ -76,3 +93,24 @@ def depends_on(plan_result: PlanResult, resource: Registration, target_urn: str)
         seen.add(urn)
         stack.extend(by_urn[urn].dependencies)
     return False
+
+
+def offline_cli(*args: str, in_process: bool = True) -> subprocess.CompletedProcess[str]:
+    """`python -m tools.offline ARGS`: its exit code, stdout and stderr.
+
+    In-process by default: the same `main` as the command, without a second interpreter's start-up (a
+    second or more each). `in_process=False` runs the real command, for the tests of the entry point
+    itself (tests/test_offline_cli.py keeps a few). An exception in-process fails the test with its
+    traceback, as a traceback on the command's stderr would."""
+    command = [sys.executable, "-m", "tools.offline", *args]
+    if not in_process:
+        return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    from tools.offline.__main__ import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.chdir(ROOT), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as exit_:  # argparse's usage errors
+            code = exit_.code if isinstance(exit_.code, int) else 2
+    return subprocess.CompletedProcess(command, code, out.getvalue(), err.getvalue())

@@ -32,10 +32,10 @@ from infra.automation import GUARD_METHODS, GUARD_PERMISSIONS
 from infra.grants import UnsupportedConditionError, check_condition
 from infra.identity import WORKLOAD_METHODS
 from infra.lifecycle import SCHEDULER_METHODS, SCHEDULER_PERMISSIONS
-from tests.support import depends_on
+from tests.support import depends_on, shipped_plan
 from tests.test_bootstrap import plan as plan_bootstrap
 from tools.offline.access import ACCESS_FILE, declared, generate, quota_project
-from tools.offline.runner import PlanResult, plan_stack
+from tools.offline.runner import PlanResult
 from tools.offline.stackfile import read_stack_config
 
 STACKS = ("dev", "prod")
@@ -47,7 +47,7 @@ DANGEROUS = ("roles/owner", "roles/editor", "roles/iam.serviceAccountAdmin", "ro
 
 @cache
 def env_plan(stack: str) -> PlanResult:
-    return plan_stack(stack)
+    return shipped_plan(stack)
 
 
 @cache
@@ -106,7 +106,7 @@ def test_every_mapped_method_is_in_googles_method_data():
 def test_access_file_is_computed_from_the_current_plans():
     """bootstrap/access.json drifts the moment a plan needs another permission (regenerate with
     `python -m tools.offline access --write`, then apply the bootstrap before deploying)."""
-    assert json.loads(ACCESS_FILE.read_text()) == generate()
+    assert json.loads(ACCESS_FILE.read_text()) == generate(plan=env_plan)
 
 
 # --- the deployer -------------------------------------------------------------------------------
@@ -336,6 +336,27 @@ def test_workload_account_holds_what_its_program_calls_and_no_tpu_right():
         lacking = permissions_of(methods) - by_scope.get(target, set())
         assert not lacking, (scope, lacking)
     assert not any(p.startswith("tpu.") for perms in by_scope.values() for p in perms)
+
+
+def test_workload_account_holds_what_the_vm_agents_telemetry_calls():
+    """The agent ships logs, metrics and the TensorBoard event file with the VM's (workload) account:
+    the methods its code declares (and tests/test_telemetry.py, test_tensorboard.py see it call) are
+    in WORKLOAD_METHODS and granted on the project and the models bucket."""
+    from vm_agent import telemetry, tensorboard
+
+    assert set(telemetry.METHODS) <= set(WORKLOAD_METHODS["project"])
+    assert set(tensorboard.METHODS) <= set(WORKLOAD_METHODS["models"])
+    result = env_plan("dev")
+    resources = declared(result)
+    member = "serviceAccount:tpu-mnist-dev@acme-ml-sandbox.iam.gserviceaccount.com"
+    by_scope: dict[str, set[str]] = {}
+    for g in grants_to(member, resources, result.project, custom_roles(resources, result.project)):
+        by_scope.setdefault(g.scope, set()).update(g.permissions)
+    assert permissions_of(telemetry.METHODS) == {"logging.logEntries.create", "monitoring.timeSeries.create"}
+    assert permissions_of(telemetry.METHODS) <= by_scope[f"projects/{result.project}"]
+    # An upload that replaces the object checks create and delete (methods.json).
+    assert permissions_of(tensorboard.METHODS) == {"storage.objects.create", "storage.objects.delete"}
+    assert permissions_of(tensorboard.METHODS) <= by_scope["buckets/acme-ml-sandbox-dev-models"]
 
 
 # --- ordering: nothing is created before the grants it uses -----------------------------------

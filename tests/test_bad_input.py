@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from infra.config import parse_stack_config
 from infra.schema import ConfigError
 from infra.tpu.metadata import vm_metadata
-from tests.support import NS, stack_config
+from tests.support import NS, plan, stack_config
 
 JUNK = st.recursive(
     st.none()
@@ -244,7 +244,7 @@ def test_the_reserved_names_are_the_platforms_accounts():
 
     for stack in ("dev", "prod"):
         cfg = parse(stack, BASE[stack])
-        result = run_program(stack, BASE[stack])
+        result = plan(BASE[stack], stack)
         ids = {r.inputs["accountId"] for r in result.of_type("gcp:serviceaccount/account:Account")}
         workloads = {service_account_id(w.name, stack) for w in cfg.workloads}
         assert ids - workloads <= {service_account_id(p, stack) for p in PLATFORM_ACCOUNTS}

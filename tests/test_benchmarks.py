@@ -28,3 +28,8 @@ def test_plan_scale_benchmark_runs():
 def test_workload_benchmark_runs():
     out = run("benchmarks/workloads.py", "--python", workloads_python(), "--train", "1024", "--steps", "30")
     assert "prepare_data:" in out and "tf_mnist" in out and "jax_mnist" in out
+
+
+def test_telemetry_benchmark_runs():
+    out = run("benchmarks/telemetry.py", "--lines", "200")
+    assert "us/line on the run's path" in out and "event file:" in out

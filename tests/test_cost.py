@@ -19,7 +19,8 @@ OFFICE_HOURS = 12 * 5 * 730 / 168  # 08-20 on weekdays: 60 of the week's 168 hou
 
 
 def cost_of(raw, stack="dev"):
-    return estimate(parse_stack_config(stack, raw))
+    cfg = parse_stack_config(stack, raw)
+    return estimate(cfg.tpu_vms, cfg.budget)
 
 
 def vms(*entries):

@@ -8,8 +8,9 @@ import re
 import sys
 from pathlib import Path
 
-from infra.monitoring import CPU, GAVE_UP_EVENT, IDLE, MXU, PREEMPTED_EVENT
+from infra.monitoring import CPU, GAVE_UP_EVENT, IDLE, MXU, PREEMPTED_EVENT, TRAINING_METRICS, WORKLOAD_LOG
 from tests.support import NS, plan, stack_config, with_object, with_scalar
+from vm_agent import telemetry
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "functions" / "tpu_guard"))
 import decisions
@@ -108,6 +109,34 @@ def test_dashboard_shows_duty_cycle_memory_and_throughput():
         "TPU MXU utilization (duty cycle)",
         "TensorCore idle time",
         "TPU VM host memory",
-        "Workload progress (training log lines)",
+        "Workload logs (every run's output)",
+        "Training loss",
+        "Training steps per second",
+        "Training examples per second",
     ]
     assert MXU in json.dumps(layout)
+
+
+def test_the_dashboard_shows_what_the_vm_agent_ships():
+    """The log panel and the training charts select exactly what vm_agent/telemetry.py writes: its log
+    name and stack label, its metric types on generic_node resources named by the stack."""
+    assert WORKLOAD_LOG == telemetry.LOG_ID
+    assert [m for _, m in TRAINING_METRICS] == [telemetry.METRIC_PREFIX + name for name in telemetry.METRICS]
+    (dashboard,) = plan(stack_config()).of_type("gcp:monitoring/dashboard:Dashboard")
+    widgets = {
+        t["widget"]["title"]: t["widget"]
+        for t in json.loads(dashboard.inputs["dashboardJson"])["mosaicLayout"]["tiles"]
+    }
+    origin = telemetry.Origin(project="acme-ml-sandbox", stack="dev", vm="mnist-dev", worker="0")
+    entry = telemetry.log_entry('{"message": "training", "step": 1}', "exp-1", origin, 0.0)
+    logs = widgets["Workload logs (every run's output)"]["logsPanel"]["filter"]
+    assert logs == (
+        f'logName = "projects/acme-ml-sandbox/logs/{telemetry.LOG_ID}" AND labels.stack = "{entry["labels"]["stack"]}"'
+    )
+    resource = telemetry.resource(origin, "us-central2-b")
+    for title, metric in TRAINING_METRICS:
+        chart = widgets[title]["xyChart"]["dataSets"][0]["timeSeriesQuery"]["timeSeriesFilter"]["filter"]
+        assert chart == (
+            f'metric.type = "{metric}" AND resource.type = "{resource["type"]}" '
+            f'AND resource.labels.namespace = "{resource["labels"]["namespace"]}"'
+        )

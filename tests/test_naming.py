@@ -82,7 +82,7 @@ def test_every_name_is_legal_at_the_longest_stack_and_prefix():
     for kind in naming.GUARD_FUNCTIONS:
         # Cloud Run functions: RFC 1035, at most 63 characters.
         assert naming.resource_id_problem(naming.function_name(kind, LONGEST_STACK)) is None, kind
-    for kind in ("scheduler", "guard", "deployer", "previewer"):
+    for kind in ("scheduler", "guard", "deployer", "previewer", "researcher", "researcher-read", "researcher-submit"):
         # Custom role ids: letters, digits, '_' and '.', at most 64 (IAM roles.create).
         role = naming.custom_role_id(kind, "a-b-" + "c" * (naming.MAX_STACK - 4))
         assert len(role) <= 64 and role.replace("_", "").replace(".", "").isalnum(), role

@@ -1,29 +1,28 @@
-"""The README's main command: `python -m tools.offline plan`, in a real subprocess."""
+"""The README's main command: `python -m tools.offline plan`. The entry point runs as a real command
+(the text plan, a bad stack file); the other cases run its `main` in-process (tests/support.py
+offline_cli), which spares an interpreter start-up each."""
 
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.support import stack_config, with_object
+from tests.support import offline_cli, stack_config, with_object
 from tools.offline.mocks import GcpMocks, RecordingMonitor
 from tools.offline.runner import run_program
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_plan(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tools.offline", "plan", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
+def run_plan(*args: str, in_process: bool = True) -> subprocess.CompletedProcess[str]:
+    return offline_cli("plan", *args, in_process=in_process)
 
 
 def test_text_plan_of_dev():
-    done = run_plan()
+    done = run_plan(in_process=False)
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert "Offline plan of stack 'dev' in GCP project acme-ml-sandbox" in out
@@ -69,7 +68,7 @@ def test_a_draft_stack_file_of_a_new_stack_plans_with_its_access():
 def test_bad_stack_file_fails_with_the_key_and_no_traceback(tmp_path):
     draft = tmp_path / "Pulumi.dev.yaml"
     draft.write_text((ROOT / "Pulumi.dev.yaml").read_text().replace("location: US-CENTRAL1", "location: MOON"))
-    done = run_plan("--stack-file", str(draft))
+    done = run_plan("--stack-file", str(draft), in_process=False)
     assert done.returncode == 2
     assert done.stdout == ""
     assert "stack 'dev': 1 invalid setting" in done.stderr
@@ -129,9 +128,7 @@ def test_seed_troubleshooting_items_fail_the_plan_with_the_fix(case, tmp_path):
 
 
 def run_render(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tools.offline", "render", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
+    return offline_cli("render", *args)
 
 
 def test_render_prints_the_start_up_script_the_vm_will_run():

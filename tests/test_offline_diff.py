@@ -5,14 +5,12 @@ from __future__ import annotations
 import copy
 import json
 import subprocess
-import sys
 from pathlib import Path
 
-from tests.support import NS, plan, stack_config, with_object
+from tests.support import NS, offline_cli, plan, shipped_plan, stack_config, with_object
 from tools.offline import force_new
 from tools.offline.diff import diff_markdown, line_diff
 from tools.offline.render import to_json
-from tools.offline.runner import plan_stack
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -22,7 +20,7 @@ def as_json(result) -> dict:
 
 
 def base_plan() -> dict:
-    return as_json(plan_stack("dev"))
+    return as_json(shipped_plan("dev"))
 
 
 def head_plan(edit_key: str, edit) -> dict:
@@ -111,7 +109,7 @@ def test_options_changes_are_shown_as_updates():
 
 
 def test_every_resource_type_the_stacks_declare_has_a_replacement_rule():
-    types = {r.type for stack in ("dev", "prod") for r in plan_stack(stack).resources if r.custom}
+    types = {r.type for stack in ("dev", "prod") for r in shipped_plan(stack).resources if r.custom}
     assert sorted(t for t in types if not force_new.known(t)) == []
 
 
@@ -156,9 +154,7 @@ def test_the_extractor_reads_nested_force_new_fields():
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tools.offline", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
+    return offline_cli(*args)
 
 
 def test_cli_prints_the_diff_of_two_plan_files(tmp_path):

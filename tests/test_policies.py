@@ -21,7 +21,7 @@ from pulumi_policy import (
 )
 
 from policy import policies
-from tests.support import stack_config
+from tests.support import shipped_plan, stack_config
 from tools.offline import __main__ as offline_cli
 from tools.offline.policy_check import check_policies
 from tools.offline.runner import run_program
@@ -155,7 +155,7 @@ def test_production_is_what_the_program_labels_not_the_stack_name():
 
 @pytest.mark.parametrize("stack", ["dev", "prod"])
 def test_shipped_stacks_pass_every_policy(stack):
-    assert check_policies(run_program(stack, stack_config(stack))) == []
+    assert check_policies(shipped_plan(stack)) == []
 
 
 def weakened_program() -> None:

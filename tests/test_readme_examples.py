@@ -1,14 +1,25 @@
-"""The README's examples that concern stack settings, executed: the error example and the settings table."""
+"""The README's examples, executed: the error example, the cost table, the stack outputs and the
+commands they give, and the settings table. Each example is found by its `<!-- example: ... -->`
+marker; a README that drifts from what the code prints fails here."""
 
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
+
+from infra.cost import cost_table
+from tests.support import offline_cli, plan, stack_config
+from tools.offline.render import to_text
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
+
+
+def example(marker: str) -> str:
+    """The fenced block that follows `<!-- example: MARKER`."""
+    start = README.find(f"<!-- example: {marker}")
+    assert start >= 0, f"the README lost its example marker {marker!r}"
+    return README[start:].split("```", 2)[1].split("\n", 1)[1]  # past the fence's language tag
 
 
 def test_the_error_example_is_what_the_plan_prints(tmp_path):
@@ -21,13 +32,7 @@ def test_the_error_example_is_what_the_plan_prints(tmp_path):
     assert count == 1
     draft = tmp_path / "Pulumi.dev.yaml"
     draft.write_text(edited)
-    done = subprocess.run(
-        [sys.executable, "-m", "tools.offline", "plan", "--stack-file", str(draft)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = offline_cli("plan", "--stack-file", str(draft))
     assert done.returncode == 2
     assert done.stderr == shown
 
@@ -38,3 +43,20 @@ def test_the_settings_table_is_generated_from_the_declarations():
     assert docs.readme_with_table(README) == README, (
         "README's settings table is stale: run .venv/bin/python -m tools.offline schema --write"
     )
+
+
+def test_the_cost_table_is_what_the_plan_prints():
+    dev = plan(stack_config("dev"), "dev")
+    shown = example("the cost table of `make plan` (dev)")
+    assert shown == cost_table(dev.outputs["costEstimate"]) + "\n"
+    assert shown in to_text(dev)  # the plan prints it as such
+
+
+def test_the_stack_outputs_and_the_vm_commands_are_what_the_program_exports():
+    dev = plan(stack_config("dev"), "dev")
+    listed = re.search(r"Stack outputs: (.*?)\.\n", README, re.S)
+    assert listed, "the README lost its list of stack outputs"
+    assert re.findall(r"`(\w+)`", listed.group(1)) == list(dev.outputs)
+    ssh, logs = example("`pulumi stack output tpuVms` of dev").replace(" \\\n  ", " ").splitlines()[1::2]
+    (vm,) = dev.outputs["tpuVms"].values()
+    assert (ssh, logs) == (vm["sshCommand"], vm["logsCommand"])

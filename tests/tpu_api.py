@@ -132,7 +132,8 @@ def tpu_api_standin() -> Iterator[tuple[str, TpuState]]:
     state = TpuState()
     handler = type("Handler", (_Handler,), {"state": state})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    # shutdown() waits for the serving loop's next poll: 0.5 s by default, half a second per test.
+    threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True).start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}", state
     finally:

@@ -34,6 +34,10 @@ METHOD_FIXES: dict[str, tuple[str, ...]] = {
     # projects.serviceAccount.get returns (and creates) the Cloud Storage service agent; Cloud
     # Storage's IAM permissions page lists resourcemanager.projects.get for it.
     "storage.projects.serviceAccount.get": ("resourcemanager.projects.get",),
+    # Logging's access-control page: reading log entries (entries.list) needs logging.logEntries.list
+    # (roles/logging.viewer holds it); private logs, which tpu-workload is not, need privateLogEntries.
+    # https://cloud.google.com/logging/docs/access-control
+    "logging.entries.list": ("logging.logEntries.list",),
     # Cloud Billing access control: changing a billing account's IAM needs billing.accounts.setIamPolicy.
     # https://cloud.google.com/billing/docs/how-to/billing-access
     "cloudbilling.billingAccounts.setIamPolicy": ("billing.accounts.setIamPolicy",),
@@ -77,12 +81,14 @@ def _normalise(permission: str) -> str:
     return re.sub(r"^iam\.googleapis\.com-", "iam.googleapis.com/", permission)
 
 
-def method_permissions(method: str, *, acls: bool = True) -> frozenset[str]:
+def method_permissions(method: str, *, acls: bool = True, overwrite: bool = True) -> frozenset[str]:
     """What Google checks when `method` (e.g. `tpu.projects.locations.nodes.create`) is called.
 
     The table lists, for Cloud Storage reads and writes, the IAM-policy permissions that only
     `projection=full` or an ACL in the request needs (Cloud Storage, "IAM permissions for JSON API
-    methods"); `acls=False` drops them, for code that never asks for ACLs.
+    methods"); `acls=False` drops them, for code that never asks for ACLs. The same page lists
+    `storage.objects.delete` for `objects.insert` "only if overwriting an existing object":
+    `overwrite=False` drops it, for code that writes new objects only (`ifGenerationMatch=0`).
     """
     if method in METHOD_FIXES:
         return frozenset(METHOD_FIXES[method])
@@ -91,6 +97,8 @@ def method_permissions(method: str, *, acls: bool = True) -> frozenset[str]:
         raise UnknownMethodError(f"no permission data for {method!r}: add it to METHOD_FIXES, with a source")
     if not acls and method.startswith("storage.objects."):
         known = tuple(p for p in known if not p.endswith(("IamPolicy",))) or known
+    if not overwrite and method == "storage.objects.insert":
+        known = tuple(p for p in known if p != "storage.objects.delete")
     return frozenset(known)
 
 

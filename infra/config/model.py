@@ -123,6 +123,7 @@ class TpuVmSettings:
     fallback_zones: tuple[str, ...] = ()  # tried in order after `zone` on a stock-out (queued)
     run_duration_hours: float | None = None  # flex-start only
     max_run_hours: float | None = None  # expected hours of a run to completion; the guard enforces it
+    self_service: bool = False  # researchers may submit runs to it (vm_agent/requests.py takes them)
 
     @property
     def reclaimable(self) -> bool:
@@ -182,6 +183,9 @@ class PlatformConfig:
     tpu_vms: tuple[TpuVmSettings, ...]
     monitoring: MonitoringSettings
     automation: AutomationSettings
+    researchers: tuple[str, ...] = ()  # IAM members (user:/group:) granted the `tpu-runs` rights
+    self_service_in_production: bool = False  # the explicit opt-in for selfService VMs in production
+    researcher_ssh: bool = False  # IAP tunnel and OS Login for researchers (project-wide)
     warnings: tuple[str, ...] = ()  # legal settings that are likely mistakes, shown by the plan
 
     @property
@@ -191,6 +195,10 @@ class PlatformConfig:
     @property
     def has_self_stop(self) -> bool:
         return any(vm.on_completion != "keep" for vm in self.tpu_vms)
+
+    @property
+    def self_service_vms(self) -> tuple[TpuVmSettings, ...]:
+        return tuple(vm for vm in self.tpu_vms if vm.self_service)
 
     def workload(self, name: str) -> WorkloadSettings:
         return next(w for w in self.workloads if w.name == name)

@@ -124,6 +124,9 @@ def parse_stack_config(stack: str, raw: Mapping[str, str]) -> PlatformConfig:
     production = flag(root, "production")
     name_prefix = text(root, "namePrefix") or project
     deployer = text(root, "deployer")
+    researchers = tuple(texts(root, "researchers", []))
+    self_service_in_production = flag(root, "selfServiceInProduction")
+    researcher_ssh = flag(root, "researcherSsh")
 
     buckets = _buckets(root.child(f"{PROJECT}:buckets"))
     budget = _budget(root.child(f"{PROJECT}:budget"))
@@ -152,6 +155,9 @@ def parse_stack_config(stack: str, raw: Mapping[str, str]) -> PlatformConfig:
         tpu_vms=tpu_vms,
         monitoring=monitoring,
         automation=automation,
+        researchers=researchers,
+        self_service_in_production=self_service_in_production,
+        researcher_ssh=researcher_ssh,
     )
     rules.check(cfg, problems)
     problems.raise_if_any(stack)
@@ -324,7 +330,7 @@ def _tpu_vm(node: Node) -> TpuVmSettings:
         zone=text(node, "tpuVms[].zone"),
         runtime_version=text(node, "tpuVms[].runtimeVersion"),
         provisioning=text(node, "tpuVms[].provisioning"),
-        workload=text(node, "tpuVms[].workload"),
+        workload=text(node, "tpuVms[].workload", check=lambda w: None if w else "name one of the workloads"),
         labels=_labels(node),
         description=text(node, "tpuVms[].description", check=_tpu_description),
         schedule=_schedule(node.child("schedule", False)),
@@ -335,6 +341,7 @@ def _tpu_vm(node: Node) -> TpuVmSettings:
         fallback_zones=tuple(texts(node, "tpuVms[].fallbackZones", [])),
         run_duration_hours=optional_number(node, "tpuVms[].runDurationHours"),
         max_run_hours=optional_number(node, "tpuVms[].maxRunHours"),
+        self_service=flag(node, "tpuVms[].selfService"),
     )
     node.done()
     return vm

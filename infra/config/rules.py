@@ -36,6 +36,7 @@ def check(cfg: PlatformConfig, problems: Problems) -> None:
     _kms_location(cfg, problems)
     _tpu_vms(cfg, problems)
     _automation(cfg, problems)
+    _self_service(cfg, problems)
     if cfg.name_prefix and not problems.items:
         _names(cfg, problems)
 
@@ -215,6 +216,33 @@ def _automation(cfg: PlatformConfig, problems: Problems) -> None:
             {"everyMinutes": auto.recovery_every_minutes},
             "no spot or preemptible TPU VM to recover",
         )
+
+
+def _self_service(cfg: PlatformConfig, problems: Problems) -> None:
+    """Self-service runs: refused in production unless the stack opts in, in words, and then still warned.
+
+    Production runs stay reviewed by default (issue 16): a run there is a PR. A team that shares
+    production capacity on purpose says so with selfServiceInProduction, which every plan then repeats.
+    """
+    for index, vm in enumerate(cfg.tpu_vms):
+        if not vm.self_service:
+            continue
+        key = f"{PROJECT}:tpuVms[{index}].selfService"
+        if cfg.production and not cfg.self_service_in_production:
+            problems.add(
+                key,
+                True,
+                "production runs stay reviewed: remove selfService, or set "
+                f"{PROJECT}:selfServiceInProduction: true to let researchers run unreviewed code on this VM",
+            )
+        elif cfg.production:
+            problems.warn(key, True, "researchers may run unreviewed code on this production VM")
+        if not cfg.researchers:
+            problems.warn(key, True, f"nobody may submit: list people or groups under {PROJECT}:researchers")
+    if cfg.self_service_in_production and not cfg.production:
+        problems.warn(f"{PROJECT}:selfServiceInProduction", True, "has no effect: the stack is not production")
+    if cfg.researcher_ssh and not cfg.researchers:
+        problems.warn(f"{PROJECT}:researcherSsh", True, f"nobody is granted SSH: {PROJECT}:researchers is empty")
 
 
 def _names(cfg: PlatformConfig, problems: Problems) -> None:

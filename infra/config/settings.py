@@ -44,6 +44,9 @@ GCP_PROJECT_ID = r"[a-z][a-z0-9-]{4,28}[a-z0-9]"
 BILLING_ACCOUNT = r"[0-9A-F]{6}-[0-9A-F]{6}-[0-9A-F]{6}"
 KMS_KEY = r"projects/(?P<project>[^/\s]+)/locations/(?P<location>[^/\s]+)/keyRings/[^/\s]+/cryptoKeys/[^/\s]+"
 EMAIL = r"[^@\s]+@[^@\s]+\.[a-z]{2,}"
+# IAM members a researcher grant may name: people and groups only (IAM "principal identifiers");
+# service accounts run the platform and are never researchers.
+RESEARCHER_MEMBER = r"(user|group):[^@\s:]+@[^@\s]+\.[a-z]{2,}"
 SERVICE_ACCOUNT_EMAIL = r"[a-z][-a-z0-9]{4,28}[a-z0-9]@[a-z][-a-z0-9]{4,28}[a-z0-9]\.iam\.gserviceaccount\.com"
 MAX_BUDGET_CHANNELS = 5  # the Billing Budgets API accepts at most 5 monitoring channels
 # Budget amounts are sent as `units`, an int64 (Billing Budgets API, google.type.Money).
@@ -139,6 +142,28 @@ SETTINGS: tuple[Setting, ...] = (
         default="",
         pattern=f"({SERVICE_ACCOUNT_EMAIL})?",
         allowed="a service account email like ci-deployer@PROJECT.iam.gserviceaccount.com",
+    ),
+    Setting(
+        "researchers",
+        "list",
+        "People and groups who may follow, fetch and (on VMs with selfService) submit and stop runs with `tpu-runs`.",
+        items="string",
+        optional=True,
+        pattern=RESEARCHER_MEMBER,
+        allowed="an IAM member user:EMAIL or group:EMAIL",
+        max_items=100,
+    ),
+    Setting(
+        "selfServiceInProduction",
+        "boolean",
+        "Let researchers submit runs to production VMs marked selfService (off: production runs stay reviewed).",
+        default=False,
+    ),
+    Setting(
+        "researcherSsh",
+        "boolean",
+        "Grant researchers IAP tunnelling and OS Login: project-wide, as Cloud TPU has no per-node IAM.",
+        default=False,
     ),
     Setting("buckets", "object", "The data, checkpoints and models buckets."),
     Setting("buckets.location", "string", "Location of all three buckets.", choices=BUCKET_LOCATIONS),
@@ -404,6 +429,12 @@ SETTINGS: tuple[Setting, ...] = (
         maximum=8760,
     ),
     Setting("tpuVms[].workload", "string", "The workload it runs (a key of workloads)."),
+    Setting(
+        "tpuVms[].selfService",
+        "boolean",
+        "Researchers may submit and stop runs on it with `tpu-runs` (requests the VM's agent takes in order).",
+        default=False,
+    ),
     Setting(
         "tpuVms[].labels",
         "map",

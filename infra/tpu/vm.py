@@ -6,28 +6,30 @@ from collections.abc import Sequence
 
 import pulumi
 
-from infra.config import PlatformConfig, TpuVmSettings
+from infra.apis import ProjectApis
+from infra.config import Env, TpuVmSettings
 from infra.identity import WorkloadIdentity
 from infra.network import TPU_VM_TAG, PrivateNetwork
 from infra.tpu.backend import TpuBackend, TpuNodeSpec
 from infra.tpu.queued import QueuedCapacity, QueuedTpu, QueuedTpuBackend
 
 SECONDS_PER_HOUR = 3600
+TPU_VM_APIS = ("tpu.googleapis.com",)
 
 
-def ssh_command(cfg: PlatformConfig, vm: TpuVmSettings, zone: str | None = None) -> str:
+def ssh_command(project: str, vm: TpuVmSettings, zone: str | None = None) -> str:
     """`zone`: where the TPUs are, when a queued request got a fallback zone (its `zone` output)."""
     workers = " --worker=all" if vm.accelerator.multi_host else ""
     node = f"{vm.name}-0" if vm.node_count > 1 else vm.name  # a multislice's first slice
     return (
-        f"gcloud compute tpus tpu-vm ssh {node} --zone {zone or vm.zone} --project {cfg.project}"
+        f"gcloud compute tpus tpu-vm ssh {node} --zone {zone or vm.zone} --project {project}"
         f" --tunnel-through-iap{workers}"
     )
 
 
-def console_url(cfg: PlatformConfig, vm: TpuVmSettings, zone: str | None = None) -> str:
+def console_url(project: str, vm: TpuVmSettings, zone: str | None = None) -> str:
     node = f"{vm.name}-0" if vm.node_count > 1 else vm.name
-    return f"https://console.cloud.google.com/compute/tpus/details/{zone or vm.zone}/{node}?project={cfg.project}"
+    return f"https://console.cloud.google.com/compute/tpus/details/{zone or vm.zone}/{node}?project={project}"
 
 
 def queued_capacity(vm: TpuVmSettings, network: PrivateNetwork) -> QueuedCapacity:
@@ -45,19 +47,20 @@ class TpuVm(pulumi.ComponentResource):
     def __init__(
         self,
         name: str,
-        cfg: PlatformConfig,
+        env: Env,
         vm: TpuVmSettings,
         metadata: dict[str, str],
         identity: WorkloadIdentity,
         network: PrivateNetwork,
         backend: TpuBackend,
+        apis: ProjectApis,
         needs: Sequence[pulumi.Resource],
         opts: pulumi.ResourceOptions | None = None,
     ):
         super().__init__("tpu-platform:tpu:TpuVm", name, None, opts)
         spec = TpuNodeSpec(
             node_id=vm.name,
-            project=cfg.project,
+            project=env.project,
             zone=vm.zone,
             accelerator_type=vm.accelerator.name,
             runtime_version=vm.runtime_version,
@@ -68,18 +71,18 @@ class TpuVm(pulumi.ComponentResource):
             secure_boot=vm.accelerator.generation.secure_boot,
             labels={
                 **dict(vm.labels),
-                **cfg.labels,
+                **env.labels,
                 "workload": vm.workload,
                 "provisioning": vm.provisioning,
             },
             tags=[TPU_VM_TAG],
             metadata=metadata,
-            description=vm.description or f"{vm.workload} on {vm.accelerator.name} ({cfg.stack})",
+            description=vm.description or f"{vm.workload} on {vm.accelerator.name} ({env.stack})",
         )
         # Wait for the identity's grants and the NAT: the workload starts at boot and needs both (a
         # queued VM may land in any of its zones: every region's NAT).
         nats = [network.nats[z.rsplit("-", 1)[0]] for z in dict.fromkeys(vm.zones)]
-        opts = pulumi.ResourceOptions(parent=self, depends_on=[*needs, *identity.grants, *nats])
+        opts = pulumi.ResourceOptions(parent=self, depends_on=[*apis.needs("tpu"), *needs, *identity.grants, *nats])
         if vm.queued:
             assert isinstance(backend, QueuedTpuBackend), f"{vm.name} is queued: it needs the queued backend"
             self.node: pulumi.CustomResource = backend.create_node(
@@ -103,10 +106,10 @@ class TpuVm(pulumi.ComponentResource):
             "workload": vm.workload,
             "serviceAccount": identity.email,
             "startupScriptBytes": len(metadata["startup-script"].encode()),
-            "sshCommand": pulumi.Output.from_input(zone).apply(lambda z: ssh_command(cfg, vm, z)),
+            "sshCommand": pulumi.Output.from_input(zone).apply(lambda z: ssh_command(env.project, vm, z)),
             "logsCommand": pulumi.Output.from_input(zone).apply(
-                lambda z: f"{ssh_command(cfg, vm, z)} --command 'journalctl -u tpu-workload-{vm.workload} -f'"
+                lambda z: f"{ssh_command(env.project, vm, z)} --command 'journalctl -u tpu-workload-{vm.workload} -f'"
             ),
-            "consoleUrl": pulumi.Output.from_input(zone).apply(lambda z: console_url(cfg, vm, z)),
+            "consoleUrl": pulumi.Output.from_input(zone).apply(lambda z: console_url(env.project, vm, z)),
         }
         self.register_outputs(self.outputs)

@@ -9,6 +9,7 @@ is applied before the deploy that needs it).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +51,11 @@ def cmek_keys(stack: str) -> list[dict[str, str]]:
     return [{"key": key, "agent": agent} for agent in agents]
 
 
-def generate(stacks: list[str] | None = None) -> dict[str, Any]:
+def generate(stacks: list[str] | None = None, plan: Callable[[str], PlanResult] = plan_stack) -> dict[str, Any]:
+    """`plan`: how to get a stack's plan (the tests pass their cached one)."""
     return {
-        stack: {**access_of(stack).as_json(), "cmekKeys": cmek_keys(stack)} for stack in (stacks or available_stacks())
+        stack: {**access_of(stack, plan(stack)).as_json(), "cmekKeys": cmek_keys(stack)}
+        for stack in (stacks or available_stacks())
     }
 
 

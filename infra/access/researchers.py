@@ -1,0 +1,42 @@
+"""The REST methods the `tpu-runs` commands call, by where Google checks them: the researcher's rights.
+
+One table, read twice: `infra/researchers.py` grants exactly the permissions these methods check, and
+tests/test_tpu_runs.py records every call the commands make against the stand-ins and compares the
+two, so a command that starts calling something new fails a test before a researcher meets a 403.
+"""
+
+from __future__ import annotations
+
+from infra.access import iamdata
+
+# scope -> methods. `requests` and `artifacts` writes are new objects only (ifGenerationMatch=0).
+RESEARCHER_CALLS: dict[str, tuple[str, ...]] = {
+    # list: the VMs' state (nodes.list per zone: a queued multislice's nodes carry suffixes);
+    # logs: Cloud Logging entries.list on the project.
+    "project": ("tpu.projects.locations.nodes.list", "logging.entries.list"),
+    # list, logs: each run's status.json under <vm>/runs/.
+    "status": ("storage.objects.list", "storage.objects.get"),
+    # submit, stop: a request object under <vm>/requests/ of a self-service VM.
+    "requests": ("storage.objects.insert",),
+    # submit: is the packaged source there already (get), else upload it under sources/.
+    "artifacts": ("storage.objects.get", "storage.objects.insert"),
+    # fetch: the run's model and metrics.
+    "models": ("storage.objects.list", "storage.objects.get"),
+}
+# `gcloud compute tpus tpu-vm ssh --tunnel-through-iap` reads the node first; only with researcherSsh.
+SSH_CALLS: tuple[str, ...] = ("tpu.projects.locations.nodes.get",)
+# IAP TCP forwarding and OS Login (cloud.google.com/iap/docs/using-tcp-forwarding,
+# cloud.google.com/compute/docs/oslogin/set-up-oslogin): project-wide, as Cloud TPU has no per-node IAM.
+SSH_ROLES: tuple[str, ...] = ("roles/iap.tunnelResourceAccessor", "roles/compute.osLogin")
+
+
+def permissions(*scopes: str, ssh: bool = False) -> tuple[str, ...]:
+    """What the methods of `scopes` check, sorted. Writes never overwrite, so no storage.objects.delete."""
+    methods = [m for s in scopes for m in RESEARCHER_CALLS[s]] + (list(SSH_CALLS) if ssh else [])
+    return tuple(sorted({p for m in methods for p in iamdata.method_permissions(m, acls=False, overwrite=False)}))
+
+
+# The three custom roles: one on the project, one to read a bucket, one to put new objects into a prefix.
+PROJECT_PERMISSIONS = permissions("project")
+READ_PERMISSIONS = permissions("status")
+SUBMIT_PERMISSIONS = permissions("artifacts", "requests")

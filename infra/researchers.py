@@ -1,0 +1,161 @@
+"""Researcher rights: exactly what the `tpu-runs` commands call (infra/access/researchers.py), no more.
+
+- On the project, a custom role with `tpu.nodes.list` (the VMs' state) and `logging.logEntries.list`
+  (follow a run's log); with `researcherSsh`, also `tpu.nodes.get` and IAP tunnelling plus OS Login.
+  Cloud TPU supports no per-node IAM and no resource conditions (reference/gcp-iam/README.md), so
+  these are project-wide: off unless the stack turns SSH on.
+- On the run-status and models buckets, a custom role to get and list objects (runs' state, results).
+- A custom role to create new objects (and read them), granted on the status bucket under
+  `<vm>/requests/` of each selfService VM only, and on the artifacts bucket under `sources/` (only
+  when some VM is self-service). Cloud Storage recognises `resource.name` in conditions, an object's
+  name being `projects/_/buckets/B/objects/NAME` (conditions-resource-attributes); creating a new
+  object needs no `storage.objects.delete`, so nothing a researcher did not write can be replaced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_gcp as gcp
+
+from infra import grants, naming
+from infra.access import researchers as calls
+from infra.apis import ProjectApis
+from infra.config import Env
+
+REQUIRED_APIS = ("iam", "cloudresourcemanager", "storage")
+SSH_APIS = ("iap", "oslogin")
+
+
+@dataclass(frozen=True)
+class ResearcherArgs:
+    members: tuple[str, ...]  # user:/group: members, validated by the config reader
+    self_service_vms: tuple[str, ...]  # VM names researchers may submit runs to
+    status_bucket: str
+    models_bucket: str
+    artifacts_bucket: str
+    ssh: bool
+
+
+def researcher_apis(args: ResearcherArgs) -> tuple[str, ...]:
+    """The APIs this component needs: IAP TCP forwarding and OS Login only when researchers may SSH."""
+    return tuple(f"{api}.googleapis.com" for api in (*REQUIRED_APIS, *(SSH_APIS if args.ssh else ())))
+
+
+def under(bucket: str, prefix: str) -> str:
+    """The condition "objects named `prefix`…" as Cloud Storage evaluates it on an object call."""
+    return f'resource.name.startsWith("projects/_/buckets/{bucket}/objects/{prefix}")'
+
+
+def _condition(title: str, description: str, expression: str) -> gcp.storage.BucketIAMMemberConditionArgs:
+    grants.check_condition(
+        "researcher submit", frozenset(calls.SUBMIT_PERMISSIONS), expression, "storage.googleapis.com"
+    )
+    return gcp.storage.BucketIAMMemberConditionArgs(title=title[:100], description=description, expression=expression)
+
+
+def _member_key(member: str) -> str:
+    return member.replace(":", "-")
+
+
+class ResearcherAccess(pulumi.ComponentResource):
+    def __init__(
+        self,
+        name: str,
+        env: Env,
+        args: ResearcherArgs,
+        apis: ProjectApis,
+        buckets: Sequence[pulumi.Resource],
+        opts: pulumi.ResourceOptions | None = None,
+    ):
+        super().__init__("tpu-platform:iam:ResearcherAccess", name, None, opts)
+        iam_api = pulumi.ResourceOptions(parent=self, depends_on=apis.needs("iam"))
+
+        def role(kind: str, title: str, description: str, permissions: Sequence[str]) -> gcp.projects.IAMCustomRole:
+            return gcp.projects.IAMCustomRole(
+                f"{name}-{kind}-role",
+                project=env.project,
+                role_id=naming.custom_role_id(kind, env.stack),
+                title=f"tpu-platform: {title} ({env.stack})",
+                description=description,
+                permissions=list(permissions),
+                opts=iam_api,
+            )
+
+        project_permissions = calls.permissions("project", ssh=args.ssh)
+        self.project_role = role(
+            "researcher", "researcher", "List TPU VMs and read logs for tpu-runs.", project_permissions
+        )
+        self.read_role = role(
+            "researcher-read", "researcher read", "Read run state and results for tpu-runs.", calls.READ_PERMISSIONS
+        )
+        self.submit_role = role(
+            "researcher-submit", "researcher submit", "Put new run requests and sources for tpu-runs.",
+            calls.SUBMIT_PERMISSIONS,
+        )  # fmt: skip
+        after = pulumi.ResourceOptions(parent=self, depends_on=list(buckets))
+        self.grants: list[pulumi.Resource] = []
+        for member in args.members:
+            key = f"{name}-{_member_key(member)}"
+            self.grants.append(
+                grants.project_role(
+                    f"{key}-project",
+                    env.project,
+                    self.project_role.name,
+                    member,
+                    parent=self,
+                    depends_on=apis.needs("cloudresourcemanager"),
+                    permissions=frozenset(project_permissions),
+                )
+            )
+            for purpose, bucket in (("status", args.status_bucket), ("models", args.models_bucket)):
+                self.grants.append(
+                    gcp.storage.BucketIAMMember(
+                        f"{key}-{purpose}-read", bucket=bucket, role=self.read_role.name, member=member, opts=after
+                    )
+                )
+            for vm in args.self_service_vms:
+                condition = _condition(
+                    f"run-requests-{vm}", f"Only new run and stop requests for TPU VM {vm}",
+                    under(args.status_bucket, naming.requests_prefix(vm)),
+                )  # fmt: skip
+                self.grants.append(
+                    gcp.storage.BucketIAMMember(
+                        f"{key}-{vm}-requests",
+                        bucket=args.status_bucket,
+                        role=self.submit_role.name,
+                        member=member,
+                        condition=condition,
+                        opts=after,
+                    )
+                )
+            if args.self_service_vms:
+                self.grants.append(
+                    gcp.storage.BucketIAMMember(
+                        f"{key}-sources",
+                        bucket=args.artifacts_bucket,
+                        role=self.submit_role.name,
+                        member=member,
+                        condition=_condition(
+                            "workload-sources",
+                            "Only packaged workload sources",
+                            under(args.artifacts_bucket, naming.SOURCES_PREFIX),
+                        ),
+                        opts=after,
+                    )
+                )
+            if args.ssh:
+                for ssh_role in calls.SSH_ROLES:
+                    self.grants.append(
+                        grants.project_role(
+                            f"{key}-{ssh_role.removeprefix('roles/').replace('.', '-')}",
+                            env.project,
+                            ssh_role,
+                            member,
+                            parent=self,
+                            depends_on=apis.needs("cloudresourcemanager", *SSH_APIS),
+                        )
+                    )
+        self.register_outputs({"members": list(args.members)})

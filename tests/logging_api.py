@@ -1,0 +1,87 @@
+"""A stand-in for Cloud Logging's `entries:list` on loopback, checking each request against Google's
+discovery document (logging.v2) and answering with the entries it holds whose log name and labels the
+request's filter names (the `labels.KEY="VALUE"`, `logName="…"` and `timestamp>"…"` terms that
+`tpu-runs logs` sends, joined by AND; any other term is a 400, so a new filter shape fails loudly).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import json
+import re
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from tests.contracts import Call, ContractError, api
+
+_TERM = re.compile(r'(?P<key>logName|timestamp|labels\.[A-Za-z]+)(?P<op>=|>)"(?P<value>[^"]*)"')
+
+
+@dataclass
+class LoggingState:
+    entries: list[dict[str, Any]] = field(default_factory=list)
+    methods: list[str] = field(default_factory=list)
+    bodies: list[dict[str, Any]] = field(default_factory=list)
+    violations: list[str] = field(default_factory=list)
+
+
+def matches(entry: dict[str, Any], log_filter: str) -> bool:
+    for term in log_filter.split(" AND "):
+        found = _TERM.fullmatch(term.strip())
+        if not found:
+            raise ValueError(f"filter term {term!r} is not one the stand-in knows")
+        key, op, value = found["key"], found["op"], found["value"]
+        have = entry.get(key) if not key.startswith("labels.") else entry.get("labels", {}).get(key[7:])
+        if (op == "=" and have != value) or (op == ">" and not (have or "") > value):
+            return False
+    return True
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    state: ClassVar[LoggingState]
+
+    def _answer(self, status: int, body: Any) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+        try:
+            method = api("logging.v2").check(Call("POST", self.path, body))
+        except ContractError as error:
+            self.state.violations.append(str(error))
+            self._answer(400, {"error": {"code": 400, "message": str(error)}})
+            return
+        self.state.methods.append(method.id)
+        self.state.bodies.append(body)
+        try:
+            found = [e for e in self.state.entries if matches(e, body.get("filter", ""))]
+        except ValueError as error:
+            self._answer(400, {"error": {"code": 400, "message": str(error)}})
+            return
+        found.sort(key=lambda e: e.get("timestamp", ""))
+        self._answer(200, {"entries": found} if found else {})
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def logging_standin() -> Iterator[tuple[str, LoggingState]]:
+    """Yields the stand-in's base URL (for LOGGING_API_ENDPOINT) and its state."""
+    state = LoggingState()
+    handler = type("Handler", (_Handler,), {"state": state})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", state
+    finally:
+        server.shutdown()
+        server.server_close()

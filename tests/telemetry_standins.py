@@ -1,0 +1,121 @@
+"""Loopback stand-ins for what the VM's telemetry talks to: Cloud Logging's and Cloud Monitoring's write
+endpoints (every request checked against the APIs' discovery documents as it arrives) and the
+metadata server's token and zone. Plain http.server, as tests/sandbox.py does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import json
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from tests.contracts import Call, ContractError, api
+
+TOKEN = "telemetry-test-token"
+ZONE = "us-central2-b"
+
+
+@dataclass
+class Received:
+    """What the API stand-in saw: each call with its method id, and every contract violation."""
+
+    calls: list[tuple[str, Call, str]] = field(default_factory=list)  # (method id, call, Authorization)
+    violations: list[str] = field(default_factory=list)
+    status: int = 200  # what to answer
+    hold: threading.Event | None = None  # when set, requests wait for it before answering
+
+    def bodies(self, method_id: str) -> list[dict[str, Any]]:
+        return [call.body for mid, call, _ in self.calls if mid == method_id]
+
+
+class _ApiHandler(http.server.BaseHTTPRequestHandler):
+    received: ClassVar[Received]
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length", "0"))
+        raw = self.rfile.read(length)
+        if self.received.hold is not None:
+            self.received.hold.wait(30)
+        try:
+            body = json.loads(raw or b"{}")
+        except ValueError:
+            body = raw
+        call = Call("POST", self.path, body)
+        name = "logging.v2" if self.path.startswith("/v2/") else "monitoring.v3"
+        try:
+            method = api(name).check(call).id
+        except ContractError as error:
+            self.received.violations.append(str(error))
+            method = "?"
+        self.received.calls.append((method, call, self.headers.get("Authorization", "")))
+        answer = b"{}"
+        self.send_response(self.received.status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def google_apis() -> Iterator[tuple[str, Received]]:
+    """One loopback server for logging.googleapis.com (/v2/...) and monitoring.googleapis.com (/v3/...);
+    yields its base URL and what it received."""
+    received = Received()
+    handler = type("Handler", (_ApiHandler,), {"received": received})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", received
+    finally:
+        if received.hold is not None:
+            received.hold.set()
+        server.shutdown()
+
+
+class _MetadataHandler(http.server.BaseHTTPRequestHandler):
+    asked: ClassVar[list[str]]
+
+    def do_GET(self) -> None:
+        self.asked.append(self.path)
+        if self.headers.get("Metadata-Flavor") != "Google":
+            self.send_error(403, "Missing Metadata-Flavor: Google")  # as the real server answers
+            return
+        answers = {
+            "/computeMetadata/v1/instance/service-accounts/default/token": json.dumps(
+                {"access_token": TOKEN, "expires_in": 3599, "token_type": "Bearer"}
+            ),
+            "/computeMetadata/v1/instance/zone": f"projects/123456789/zones/{ZONE}",
+        }
+        text = answers.get(self.path.split("?", 1)[0])
+        if text is None:
+            self.send_error(404)
+            return
+        body = text.encode()
+        self.send_response(200)
+        self.send_header("Metadata-Flavor", "Google")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def metadata_server() -> Iterator[tuple[str, list[str]]]:
+    """The metadata server's token and zone; yields TPU_PLATFORM_METADATA_URL and the paths asked."""
+    asked: list[str] = []
+    handler = type("Handler", (_MetadataHandler,), {"asked": asked})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/computeMetadata/v1", asked
+    finally:
+        server.shutdown()

@@ -1,0 +1,228 @@
+"""vm_agent/requests.py, the agent's RequestSource, against the real GCS emulator.
+
+The agent's calls go through a loopback proxy that checks each one against Google's storage.v1
+discovery document and keeps its method id and Authorization header, then forwards it to the
+emulator. What it refuses is recorded as a failed run state with the reason, never raised.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import json
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import pytest
+import requests
+
+from tests.contracts import Call, ContractError, api
+from tests.sandbox import SANDBOX_TOKEN, metadata_server, storage_emulator
+from vm_agent.requests import RequestSource, RunSpec, SpecError, StopRequest, parse_run_spec
+
+STATUS = "acme-status"
+ARTIFACTS = "acme-artifacts"
+REGISTRY = "us-central1-docker.pkg.dev/acme/runs"
+VM = "shared"
+SHA = "a" * 64
+SPEC = {
+    "runId": "exp-1",
+    "source": {"kind": "folder", "uri": f"gs://{ARTIFACTS}/sources/{SHA}.tar.gz", "sha256": SHA},
+    "command": ["python", "train.py"],
+    "requester": "user:alice@acme.example",
+}
+
+
+@dataclass
+class Seen:
+    methods: list[str] = field(default_factory=list)
+    authorization: set[str] = field(default_factory=set)
+    violations: list[str] = field(default_factory=list)
+
+
+class _Proxy(http.server.BaseHTTPRequestHandler):
+    target: ClassVar[str]
+    seen: ClassVar[Seen]
+
+    def _forward(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        try:
+            self.seen.methods.append(api("storage.v1").check(Call(self.command, self.path, body or None)).id)
+        except ContractError as error:
+            self.seen.violations.append(str(error))
+        self.seen.authorization.add(self.headers.get("Authorization", ""))
+        headers = {k: v for k, v in self.headers.items() if k.lower() in ("content-type",)}
+        answer = requests.request(self.command, self.target + self.path, data=body or None, headers=headers, timeout=10)
+        self.send_response(answer.status_code)
+        self.send_header("Content-Length", str(len(answer.content)))
+        self.end_headers()
+        self.wfile.write(answer.content)
+
+    do_GET = do_POST = do_DELETE = _forward  # noqa: N815 - http.server's names
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def checking_proxy(target: str) -> Iterator[tuple[str, Seen]]:
+    seen = Seen()
+    handler = type("Proxy", (_Proxy,), {"target": target, "seen": seen})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+class Bucket:
+    def __init__(self, storage: str):
+        self.storage = storage
+
+    def put(self, name: str, data: Any) -> None:
+        raw = data if isinstance(data, bytes) else json.dumps(data).encode()
+        url = f"{self.storage}/upload/storage/v1/b/{STATUS}/o"
+        headers = {"Content-Type": "application/octet-stream"}
+        params = {"uploadType": "media", "name": name}
+        requests.post(url, params=params, data=raw, headers=headers, timeout=10).raise_for_status()
+
+    def names(self, prefix: str = "") -> list[str]:
+        answer = requests.get(f"{self.storage}/storage/v1/b/{STATUS}/o", params={"prefix": prefix}, timeout=10)
+        return sorted(i["name"] for i in answer.json().get("items", []))
+
+    def state(self, run_id: str) -> dict[str, Any]:
+        name = requests.utils.quote(f"{VM}/runs/{run_id}/status.json", safe="")  # type: ignore[attr-defined]
+        return requests.get(
+            f"{self.storage}/storage/v1/b/{STATUS}/o/{name}", params={"alt": "media"}, timeout=10
+        ).json()
+
+
+@dataclass
+class Agent:
+    bucket: Bucket
+    seen: Seen
+    env: dict[str, str]
+
+    def source(self, **overrides: str) -> RequestSource:
+        return RequestSource.from_env({**self.env, **overrides})
+
+
+@pytest.fixture
+def agent() -> Iterator[Agent]:
+    with storage_emulator() as storage, checking_proxy(storage) as (proxy, seen), metadata_server({}) as metadata:
+        requests.post(f"{storage}/storage/v1/b", params={"project": "acme"}, json={"name": STATUS},
+                      timeout=10).raise_for_status()  # fmt: skip
+        yield Agent(Bucket(storage), seen, {
+            "TPU_PLATFORM_STATUS_DIR": f"gs://{STATUS}/{VM}", "TPU_PLATFORM_ARTIFACTS": f"gs://{ARTIFACTS}",
+            "TPU_PLATFORM_REGISTRY": REGISTRY, "TPU_PLATFORM_SELF_SERVICE": "1", "STORAGE_EMULATOR_HOST": proxy,
+            "TPU_PLATFORM_METADATA_URL": f"http://{metadata}/computeMetadata/v1",
+        })  # fmt: skip
+
+
+def request(name: str = "20261130T040000Z-exp-1.json") -> str:
+    return f"{VM}/requests/{name}"
+
+
+def test_requests_are_taken_in_name_order_each_once(agent: Agent):
+    agent.bucket.put(request("20261130T040500Z-exp-2.json"), {**SPEC, "runId": "exp-2"})
+    agent.bucket.put(request(), SPEC)
+    agent.bucket.put(request("20261130T041000Z-stop-exp-1.json"), {"stop": "exp-1"})
+    source = agent.source()
+    assert [getattr(source.next(0), "run_id", None) for _ in range(4)] == ["exp-1", "exp-2", "exp-1", None]
+    assert agent.bucket.names(f"{VM}/requests/") == []
+    assert agent.bucket.state("exp-1")["state"] == "queued"
+    assert agent.bucket.state("exp-2")["request"] == request("20261130T040500Z-exp-2.json")
+    # The calls are the storage.v1 methods the VM's grant allows, with the VM account's token.
+    assert agent.seen.violations == []
+    assert set(agent.seen.methods) == {
+        "storage.objects.list", "storage.objects.get", "storage.objects.insert", "storage.objects.delete",
+    }  # fmt: skip
+    assert agent.seen.authorization == {f"Bearer {SANDBOX_TOKEN}"}
+
+
+def test_a_stop_request_is_a_stop(agent: Agent):
+    agent.bucket.put(request("20261130T041000Z-stop-exp-1.json"), {"stop": "exp-1"})
+    assert agent.source().next(0) == StopRequest("exp-1")
+
+
+def test_a_request_taken_before_a_restart_is_not_replayed(agent: Agent):
+    agent.bucket.put(request(), SPEC)
+    # The agent created the run's state and died before deleting the request.
+    agent.bucket.put(f"{VM}/runs/exp-1/status.json", {"runId": "exp-1", "state": "running", "request": request()})
+    assert agent.source().next(0) is None
+    assert agent.bucket.names(f"{VM}/requests/") == []
+    assert agent.bucket.state("exp-1")["state"] == "running"  # untouched
+
+
+def refused(agent: Agent, data: Any, name: str = "20261130T040000Z-exp-1.json", **env: str) -> dict[str, Any]:
+    agent.bucket.put(request(name), data)
+    assert agent.source(**env).next(0) is None  # refused: nothing to run, no exception
+    assert agent.bucket.names(f"{VM}/requests/") == []
+    (state,) = [n for n in agent.bucket.names(f"{VM}/runs/") if n.endswith("status.json")]
+    record = agent.bucket.state(state.split("/")[2])
+    assert record["state"] == "failed" and record["request"] == request(name)
+    return record
+
+
+def test_a_vm_that_does_not_allow_self_service_refuses_every_request(agent: Agent):
+    record = refused(agent, SPEC, TPU_PLATFORM_SELF_SERVICE="0")
+    assert record["runId"] == "exp-1"
+    assert "TPU VM shared does not take self-service runs" in record["reason"]
+
+
+@pytest.mark.parametrize(
+    ("data", "why"),
+    [
+        ({**SPEC, "source": {"kind": "folder", "uri": f"gs://elsewhere/sources/{SHA}.tar.gz", "sha256": SHA}},
+         "must be the stack's artifacts bucket"),
+        ({**SPEC, "source": {"kind": "folder", "uri": f"gs://{ARTIFACTS}/sources/{'b' * 64}.tar.gz", "sha256": SHA}},
+         "must be the stack's artifacts bucket"),
+        ({**SPEC, "source": {"kind": "image", "image": f"docker.io/library/x@sha256:{SHA}"}}, "stack's registry"),
+        ({**SPEC, "source": {"kind": "image", "image": f"{REGISTRY}/x:latest"}}, "pinned by digest"),
+        ({**SPEC, "runId": "exp-9"}, "is not the one in the request's name"),
+        ({**SPEC, "requester": "stack"}, "a researcher's user:EMAIL"),
+        ({**SPEC, "command": []}, "command: a non-empty list"),
+        ({**SPEC, "env": {"TPU_PLATFORM_MODEL_DIR": "gs://x"}}, "run contract's"),
+        ({**SPEC, "completion": True}, "unknown fields ['completion']"),
+    ],
+)  # fmt: skip
+def test_a_request_the_agent_may_not_run_is_refused_and_recorded(agent: Agent, data, why):
+    assert why in refused(agent, data)["reason"]
+
+
+def test_malformed_requests_are_recorded_under_their_request_name(agent: Agent):
+    assert refused(agent, b"{not json")["reason"] == "not JSON"
+    assert agent.bucket.names(f"{VM}/runs/") == [f"{VM}/runs/refused-20261130t040000z-exp-1/status.json"]
+
+
+def test_an_object_not_named_as_a_request_for_this_vm_is_refused(agent: Agent):
+    assert "not a request for VM shared" in refused(agent, SPEC, name="other-vm/x.json")["reason"]
+
+
+def test_a_run_id_used_before_is_refused_without_touching_that_run(agent: Agent):
+    agent.bucket.put(f"{VM}/runs/exp-1/status.json", {"runId": "exp-1", "state": "finished", "request": "older"})
+    agent.bucket.put(request(), SPEC)
+    assert agent.source().next(0) is None
+    assert agent.bucket.state("exp-1")["state"] == "finished"
+    assert "was used before" in agent.bucket.state("refused-20261130t040000z-exp-1")["reason"]
+
+
+def test_an_unreachable_bucket_is_logged_and_retried_not_raised():
+    lines: list[str] = []
+    source = RequestSource(f"gs://{STATUS}/{VM}", f"gs://{ARTIFACTS}", REGISTRY, self_service=True, log=lines.append)
+    source.gcs.base = "http://127.0.0.1:9"  # nothing listens there
+    source.gcs._token = ("t", float("inf"))
+    assert source.next(0) is None
+    assert lines and "listing shared/requests/ failed" in lines[0]
+
+
+# The seam with vm_agent/sources.py: what the minimal parser accepts and refuses (keep when reconciling).
+def test_the_run_spec_parser_reads_the_designs_fields():
+    spec = parse_run_spec({**SPEC, "env": {"K": "v"}, "python": "3.11"})
+    assert spec == RunSpec("exp-1", SPEC["source"], ("python", "train.py"), {"K": "v"}, "3.11", SPEC["requester"])
+    with pytest.raises(SpecError, match="python applies to folder sources only"):
+        parse_run_spec({**SPEC, "source": {"kind": "image", "image": "x"}, "python": "3.11"})

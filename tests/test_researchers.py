@@ -1,0 +1,250 @@
+"""Researcher settings and rights (issue 16, items 1 and 5).
+
+The settings are parsed like every other (errors name stack, key, value, what is allowed); the
+rights are planned for examples/Pulumi.self-service.yaml and judged two ways: by permissions (each
+role holds exactly what the `tpu-runs` commands' calls check: infra/access/researchers.py) and by
+their conditions, evaluated with a real CEL implementation as IAM evaluates them on Cloud Storage
+calls (object calls name the object; a list names the bucket, with the objectListPrefix attribute).
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+
+import celpy
+import pytest
+from celpy import celtypes
+
+from infra.access import iamdata
+from infra.access import researchers as calls
+from infra.config import parse_stack_config
+from infra.schema import ConfigError
+from tests.support import plan, stack_config, with_object, with_scalar
+from tools.offline.runner import PlanResult, plan_stack
+from tools.offline.stackfile import ROOT, read_stack_config
+
+EXAMPLE = ROOT / "examples" / "Pulumi.self-service.yaml"
+STATUS = "acme-ml-research-self-service-status"
+ARTIFACTS = "acme-ml-research-self-service-artifacts"
+MODELS = "acme-ml-research-self-service-models"
+ALICE = "user:alice@acme.example"
+
+
+def example_config() -> dict[str, str]:
+    return read_stack_config("self-service", ROOT, EXAMPLE)
+
+
+@cache
+def example_plan() -> PlanResult:
+    return plan_stack("self-service", EXAMPLE)
+
+
+def problems_of(raw: dict[str, str], stack: str = "dev") -> str:
+    with pytest.raises(ConfigError) as caught:
+        parse_stack_config(stack, raw)
+    return str(caught.value)
+
+
+# --- settings --------------------------------------------------------------------------------
+
+
+def test_researchers_and_self_service_are_read():
+    cfg = parse_stack_config("self-service", example_config())
+    assert cfg.researchers == (ALICE, "group:ml-researchers@acme.example")
+    assert [vm.name for vm in cfg.self_service_vms] == ["shared-v5e-8"]
+    assert not cfg.researcher_ssh
+    dev = parse_stack_config("dev", stack_config())
+    assert dev.researchers == () and dev.self_service_vms == ()  # off unless a stack says so
+
+
+@pytest.mark.parametrize(
+    "member",
+    ["alice@acme.example", "serviceAccount:x@p.iam.gserviceaccount.com", "allUsers", "domain:acme.example", "user:"],
+)
+def test_a_researcher_must_be_a_user_or_a_group(member):
+    raw = {**example_config(), "tpu-platform:researchers": json.dumps([member])}
+    message = problems_of(raw, "self-service")
+    assert "stack 'self-service'" in message
+    assert f"tpu-platform:researchers[0] = '{member}'" in message
+    assert "user:EMAIL or group:EMAIL" in message
+
+
+def test_a_researcher_listed_twice_is_refused():
+    raw = {**example_config(), "tpu-platform:researchers": json.dumps([ALICE, ALICE])}
+    assert f"must not repeat {ALICE}" in problems_of(raw, "self-service")
+
+
+def test_self_service_must_be_true_or_false():
+    raw = with_object(example_config(), "tpuVms", lambda vms: vms[0].update(selfService="yes"))
+    assert "tpu-platform:tpuVms[0].selfService = 'yes'" in problems_of(raw, "self-service")
+
+
+def production(raw: dict[str, str]) -> dict[str, str]:
+    raw = with_scalar(raw, "production", "true")
+    key = "projects/acme-ml-research/locations/us-central1/keyRings/r/cryptoKeys/k"
+    return with_object(raw, "buckets", lambda b: b.update(kmsKeyName=key))
+
+
+def test_self_service_is_refused_in_production_without_the_explicit_opt_in():
+    message = problems_of(production(example_config()), "self-service")
+    assert "tpu-platform:tpuVms[0].selfService = True: production runs stay reviewed" in message
+    assert "tpu-platform:selfServiceInProduction: true" in message
+
+
+def test_the_production_opt_in_is_accepted_and_warned_in_every_plan():
+    raw = with_scalar(production(example_config()), "selfServiceInProduction", "true")
+    cfg = parse_stack_config("self-service", raw)
+    assert any("tpuVms[0].selfService" in w and "unreviewed code" in w for w in cfg.warnings)
+
+
+def test_self_service_with_nobody_to_submit_is_warned():
+    raw = {k: v for k, v in example_config().items() if k != "tpu-platform:researchers"}
+    cfg = parse_stack_config("self-service", raw)
+    assert any("nobody may submit" in w for w in cfg.warnings)
+
+
+# --- rights, by permissions --------------------------------------------------------------------
+
+
+def researcher_grants(member: str = ALICE) -> list:
+    resources = example_plan().resources
+    return [r for r in resources if r.inputs.get("member") == member]
+
+
+def roles_by_id() -> dict[str, set[str]]:
+    return {
+        f"projects/acme-ml-research/roles/{r.inputs['roleId']}": set(r.inputs["permissions"])
+        for r in example_plan().of_type("gcp:projects/iAMCustomRole:IAMCustomRole")
+    }
+
+
+def held(member: str = ALICE) -> dict[str, set[str]]:
+    """scope -> permissions, the conditioned grants under the scope `bucket:condition`."""
+    roles = roles_by_id()
+    out: dict[str, set[str]] = {}
+    for grant in researcher_grants(member):
+        role = grant.inputs["role"]
+        permissions = roles[role] if role in roles else set(iamdata.role_permissions(role))
+        scope = grant.inputs.get("bucket") or "project"
+        condition = (grant.inputs.get("condition") or {}).get("expression")
+        out.setdefault(f"{scope}:{condition}" if condition else scope, set()).update(permissions)
+    return out
+
+
+def test_each_researcher_holds_exactly_what_the_commands_call_nothing_more():
+    requests = f'resource.name.startsWith("projects/_/buckets/{STATUS}/objects/shared-v5e-8/requests/")'
+    sources = f'resource.name.startsWith("projects/_/buckets/{ARTIFACTS}/objects/sources/")'
+    assert held() == {
+        "project": set(calls.permissions("project")),
+        STATUS: set(calls.permissions("status")),
+        f"{STATUS}:{requests}": set(calls.permissions("requests")) | {"storage.objects.get"},
+        f"{ARTIFACTS}:{sources}": set(calls.permissions("artifacts")),
+        MODELS: set(calls.permissions("models")),
+    }
+    assert held("group:ml-researchers@acme.example") == held()
+    # "exactly": the project role is two permissions, and no write can replace an object.
+    assert held()["project"] == {"tpu.nodes.list", "logging.logEntries.list"}
+    assert not any("storage.objects.delete" in p for p in held().values())
+    # The get in the submit role is already held on the status bucket: nothing beyond the calls there.
+    assert set(calls.permissions("requests")) == {"storage.objects.create"}
+
+
+def test_the_roles_are_named_through_naming():
+    assert set(roles_by_id()) >= {
+        f"projects/acme-ml-research/roles/tpuPlatform{kind}SelfService"
+        for kind in ("Researcher", "ResearcherRead", "ResearcherSubmit")
+    }
+
+
+def test_the_read_role_is_the_same_for_status_and_models():
+    assert calls.permissions("status") == calls.permissions("models") == calls.READ_PERMISSIONS
+
+
+def test_no_researcher_right_on_a_vm_that_is_not_self_service():
+    assert not [g for g in researcher_grants() if "reviewed-v5e-8" in json.dumps(g.inputs)]
+
+
+def test_no_ssh_rights_unless_the_stack_turns_them_on():
+    assert not [g for g in researcher_grants() if g.inputs["role"] in calls.SSH_ROLES]
+    raw = with_scalar(example_config(), "researcherSsh", "true")
+    result = plan(raw, "self-service")
+    ssh = {g.inputs["role"] for g in result.resources if g.inputs.get("member") == ALICE}
+    assert set(calls.SSH_ROLES) <= ssh
+    (project_role,) = [r for r in result.of_type("gcp:projects/iAMCustomRole:IAMCustomRole")
+                       if r.inputs["roleId"] == "tpuPlatformResearcherSelfService"]  # fmt: skip
+    assert set(project_role.inputs["permissions"]) == {"tpu.nodes.get", "tpu.nodes.list", "logging.logEntries.list"}
+    apis = {s.inputs["service"] for s in result.of_type("gcp:projects/service:Service")}
+    assert {"iap.googleapis.com", "oslogin.googleapis.com"} <= apis
+
+
+def test_a_stack_without_researchers_grants_nothing():
+    assert not [r for r in plan(stack_config()).resources if "esearcher" in r.name]
+
+
+# --- rights, by conditions (CEL, as IAM evaluates them) -------------------------------------------
+
+
+def allows(expression: str, bucket: str, *, object_name: str | None = None, list_prefix: str | None = None) -> bool:
+    resource = f"projects/_/buckets/{bucket}" + (f"/objects/{object_name}" if object_name is not None else "")
+    attributes = {} if list_prefix is None else {"storage.googleapis.com/objectListPrefix": list_prefix}
+
+    def get_attribute(api: celtypes.MapType, name: celtypes.StringType, default: celtypes.Value) -> celtypes.Value:
+        return api.get(name, default)
+
+    env = celpy.Environment()
+    program = env.program(env.compile(expression), functions={"getAttribute": get_attribute})
+    return bool(
+        program.evaluate(
+            {
+                "resource": celtypes.MapType({celtypes.StringType("name"): celtypes.StringType(resource)}),
+                "api": celtypes.MapType(
+                    {celtypes.StringType(k): celtypes.StringType(v) for k, v in attributes.items()}
+                ),
+            }
+        )
+    )
+
+
+def can_create(bucket: str, object_name: str) -> bool:
+    """Whether ALICE may create `object_name` in `bucket`, by the grants the plan declares."""
+    roles = roles_by_id()
+    for grant in researcher_grants():
+        if grant.inputs.get("bucket") != bucket or "storage.objects.create" not in roles.get(grant.inputs["role"], ()):
+            continue
+        condition = (grant.inputs.get("condition") or {}).get("expression")
+        if condition is None or allows(condition, bucket, object_name=object_name):
+            return True
+    return False
+
+
+def test_a_request_for_a_self_service_vm_is_allowed_by_the_condition():
+    assert can_create(STATUS, "shared-v5e-8/requests/20261130T040000Z-exp-1.json")
+    assert can_create(ARTIFACTS, f"sources/{'a' * 64}.tar.gz")
+
+
+@pytest.mark.parametrize(
+    ("bucket", "name"),
+    [
+        (STATUS, "reviewed-v5e-8/requests/20261130T040000Z-exp-1.json"),  # not self-service
+        (STATUS, "shared-v5e-8/runs/exp-1/status.json"),  # the agent's run state
+        (STATUS, "shared-v5e-8/COMPLETE"),  # the completion marker the guard acts on
+        (STATUS, "shared-v5e-8-evil/requests/x.json"),  # a sibling prefix
+        (ARTIFACTS, "agent/x.tar.gz"),
+        (MODELS, "mnist/shared-v5e-8/exp-1/model.keras"),
+    ],
+)
+def test_the_conditions_refuse_a_write_anywhere_else(bucket, name):
+    assert not can_create(bucket, name)
+
+
+def test_the_vm_agent_may_list_its_own_requests_and_no_other_vms():
+    (grant,) = [
+        g for g in example_plan().of_type("gcp:storage/bucketIAMMember:BucketIAMMember")
+        if g.name == "run-status-shared-v5e-8-writer"
+    ]  # fmt: skip
+    expression = grant.inputs["condition"]["expression"]
+    assert allows(expression, STATUS, list_prefix="shared-v5e-8/requests/")
+    assert not allows(expression, STATUS, list_prefix="reviewed-v5e-8/requests/")
+    assert not allows(expression, STATUS, list_prefix="")
+    assert allows(expression, STATUS, object_name="shared-v5e-8/requests/x.json")  # get and delete it

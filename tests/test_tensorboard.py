@@ -1,0 +1,111 @@
+"""The hand-written TensorBoard event file (vm_agent/tensorboard.py): its CRC against a published test
+vector and Google's crc32c, its records read back by TensorFlow's own reader (the workloads'
+environment), and its upload to a gs:// model dir (the real GCS emulator)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import textwrap
+
+import google_crc32c
+import pytest
+from google.cloud import storage
+
+from tests.contracts import Call, api
+from tests.sandbox import storage_emulator
+from tests.telemetry_standins import google_apis, metadata_server
+from tests.test_telemetry import RunSpec, env_for
+from tests.workloads import workloads_python
+from vm_agent.telemetry import Telemetry, tensorboard_dir
+from vm_agent.tensorboard import FILE_VERSION, METHODS, EventLog, crc32c, masked_crc32c, record
+
+
+def test_crc32c_matches_the_standard_check_value_and_googles_library():
+    assert crc32c(b"123456789") == 0xE3069283  # CRC-32C check value (RFC 3720, B.4 / the Castagnoli catalogue)
+    for data in (b"", b"a", bytes(range(256)) * 3):
+        assert crc32c(data) == int.from_bytes(google_crc32c.Checksum(data).digest(), "big")
+
+
+def test_a_record_is_length_crc_data_crc():
+    framed = record(b"abc")
+    assert framed[:8] == (3).to_bytes(8, "little")
+    assert framed[8:12] == masked_crc32c(framed[:8]).to_bytes(4, "little")
+    assert framed[12:15] == b"abc"
+    assert framed[15:] == masked_crc32c(b"abc").to_bytes(4, "little")
+
+
+def test_worker_0_writes_next_to_the_model_and_others_below_it():
+    assert tensorboard_dir("gs://b/mnist/model/", "0") == "gs://b/mnist/model/tensorboard"
+    assert tensorboard_dir("gs://b/mnist/model", "3") == "gs://b/mnist/model/tensorboard/worker-3"
+
+
+READ_BACK = textwrap.dedent(
+    """
+    import json, sys
+    import tensorflow as tf
+    out = []
+    for event in tf.compat.v1.train.summary_iterator(sys.argv[1]):  # checks both CRCs of every record
+        out.append({"step": event.step, "wall_time": event.wall_time, "file_version": event.file_version,
+                    "values": {v.tag: v.simple_value for v in event.summary.value}})
+    print(json.dumps(out))
+    """
+)
+
+
+@pytest.mark.slow
+@pytest.mark.workloads
+def test_tensorflow_reads_the_event_file_back(tmp_path):
+    clock = iter(float(t) for t in range(1_800_000_000, 1_800_000_100))
+    log = EventLog(str(tmp_path / "tensorboard"), "mnist-dev-w0", clock=lambda: next(clock))
+    log.scalars(10, {"loss": 2.5, "steps_per_s": 4.0, "examples_per_s": 512.0})
+    log.scalars(20, {"loss": 1.25})
+    log.scalars(2**40, {"loss": 0.5})  # a step past 32 bits: a multi-byte varint
+    log.close()
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run(
+        [workloads_python(), "-c", READ_BACK, str(log.path)], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    events = json.loads(done.stdout.strip().splitlines()[-1])
+    assert events[0]["file_version"] == FILE_VERSION
+    assert [(e["step"], e["values"]) for e in events[1:]] == [
+        (10, {"loss": 2.5, "steps_per_s": 4.0, "examples_per_s": 512.0}),
+        (20, {"loss": 1.25}),
+        (2**40, {"loss": 0.5}),
+    ]
+    assert [e["wall_time"] for e in events] == [1_800_000_000 + i for i in range(1, 5)]
+    assert log.path.name.startswith("events.out.tfevents.1800000000.mnist-dev-w0")  # what TensorBoard looks for
+
+    # A corrupted byte is caught by TensorFlow's reader: the CRCs are really checked.
+    data = bytearray(log.path.read_bytes())
+    data[-6] ^= 0xFF
+    log.path.write_bytes(bytes(data))
+    broken = subprocess.run(
+        [workloads_python(), "-c", READ_BACK, str(log.path)], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert broken.returncode != 0
+    assert "corrupt" in broken.stderr.lower() or "checksum" in broken.stderr.lower()
+
+
+@pytest.mark.slow
+def test_a_runs_scalars_reach_its_gs_model_dir(monkeypatch):
+    with storage_emulator() as host, google_apis() as (api_url, received), metadata_server() as (metadata_url, _):
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", host)
+        client = storage.Client()
+        client.create_bucket("acme-ml-sandbox-dev-models")
+        env = {**env_for(api_url, metadata_url), "TPU_PLATFORM_WORKER_ID": "0", "STORAGE_EMULATOR_HOST": host}
+        shipper = Telemetry(env, flush_every_s=3600)
+        run = RunSpec("exp-42", model_dir="gs://acme-ml-sandbox-dev-models/mnist/exp-42/model")
+        for step in (1, 2, 3):
+            shipper.ship(json.dumps({"message": "training", "step": step, "loss": 1.0 / step}), run)
+        shipper.close(10)
+
+        (blob,) = client.list_blobs("acme-ml-sandbox-dev-models", prefix="mnist/exp-42/model/tensorboard/")
+        (log,) = shipper._event_logs.values()  # the local file that was uploaded
+        assert blob.name == f"mnist/exp-42/model/tensorboard/{log.name}"
+        assert blob.download_as_bytes() == log.path.read_bytes()
+        assert log.path.read_bytes().count(b"loss") == 3
+        assert (api("storage.v1").check(Call("POST", log.upload_url(), b"")).id,) == METHODS
+        assert not received.violations

@@ -1,0 +1,268 @@
+"""`tpu-runs` against the real GCS emulator, the TPU API stand-in and a Logging stand-in on loopback.
+
+Every request is checked against Google's discovery documents (storage.v1 here, tpu.v2 and logging.v2
+by the stand-ins), and the methods the commands call are compared with infra/access/researchers.py,
+which is what the researcher's roles are made of. The agent's side is the real RequestSource.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+import requests
+
+from infra.access.researchers import RESEARCHER_CALLS
+from tests.contracts import Call, ContractError, api
+from tests.logging_api import LoggingState, logging_standin
+from tests.sandbox import metadata_server, storage_emulator
+from tests.tpu_api import TpuState, tpu_api_standin
+from tpu_runs import cli
+from tpu_runs.package import package
+from vm_agent.requests import RequestSource, RunSpec, StopRequest
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "Pulumi.self-service.yaml"
+PROJECT = "acme-ml-research"
+STATUS = "acme-ml-research-self-service-status"
+ARTIFACTS = "acme-ml-research-self-service-artifacts"
+MODELS = "acme-ml-research-self-service-models"
+VM = "shared-v5e-8"
+ALICE = "user:alice@acme.example"
+
+
+class StorageChecked(requests.Session):
+    """Checks each Cloud Storage request against storage.v1 and keeps the method ids; others pass on."""
+
+    def __init__(self, storage: str):
+        super().__init__()
+        self.storage = storage
+        self.methods: list[str] = []
+        self.violations: list[str] = []
+
+    def request(self, method: str | bytes, url: str | bytes, *args: Any, **kwargs: Any) -> requests.Response:  # type: ignore[override]
+        if str(url).startswith(self.storage):
+            prepared = requests.Request(str(method), str(url), params=kwargs.get("params")).prepare()
+            body = kwargs.get("json") if kwargs.get("json") is not None else kwargs.get("data")
+            try:
+                self.methods.append(api("storage.v1").check(Call(str(method), prepared.url or "", body)).id)
+            except ContractError as error:
+                self.violations.append(str(error))
+        return super().request(str(method), url, *args, **kwargs)
+
+
+class World:
+    def __init__(self, storage: str, tpu: TpuState, logging: LoggingState, tmp: Path, metadata: str):
+        self.storage, self.tpu, self.logging, self.tmp, self.metadata = storage, tpu, logging, tmp, metadata
+        self.session = StorageChecked(storage)
+
+    def run(self, *argv: str) -> int:
+        return cli.main([argv[0], "--stack", "self-service", "--stack-file", str(EXAMPLE), *argv[1:]], self.session)
+
+    def objects(self, bucket: str, prefix: str = "") -> list[str]:
+        answer = requests.get(f"{self.storage}/storage/v1/b/{bucket}/o", params={"prefix": prefix}, timeout=10)
+        return sorted(item["name"] for item in answer.json().get("items", []))
+
+    def read(self, bucket: str, name: str) -> bytes:
+        return requests.get(f"{self.storage}/storage/v1/b/{bucket}/o/{quote(name, safe='')}",
+                            params={"alt": "media"}, timeout=10).content  # fmt: skip
+
+    def write(self, bucket: str, name: str, data: bytes) -> None:
+        requests.post(f"{self.storage}/upload/storage/v1/b/{bucket}/o", params={"uploadType": "media", "name": name},
+                      data=data, timeout=10).raise_for_status()  # fmt: skip
+
+    def agent(self, self_service: bool = True) -> RequestSource:
+        return RequestSource.from_env({
+            "TPU_PLATFORM_STATUS_DIR": f"gs://{STATUS}/{VM}", "TPU_PLATFORM_ARTIFACTS": f"gs://{ARTIFACTS}",
+            "TPU_PLATFORM_REGISTRY": f"us-central1-docker.pkg.dev/{PROJECT}/runs",
+            "TPU_PLATFORM_SELF_SERVICE": "1" if self_service else "0", "STORAGE_EMULATOR_HOST": self.storage,
+            "TPU_PLATFORM_METADATA_URL": f"http://{self.metadata}/computeMetadata/v1",
+        })  # fmt: skip
+
+
+@pytest.fixture
+def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
+    with (
+        storage_emulator() as storage,
+        tpu_api_standin() as (tpu_url, tpu),
+        logging_standin() as (log_url, logs),
+        metadata_server({}) as metadata,
+    ):
+        for bucket in (STATUS, ARTIFACTS, MODELS):
+            requests.post(f"{storage}/storage/v1/b", params={"project": PROJECT}, json={"name": bucket},
+                          timeout=10).raise_for_status()  # fmt: skip
+        tpu.add({"name": f"projects/{PROJECT}/locations/us-central1-a/nodes/{VM}", "state": "READY"})
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", storage)
+        monkeypatch.setenv("TPU_API_ENDPOINT", tpu_url)
+        monkeypatch.setenv("LOGGING_API_ENDPOINT", log_url)
+        monkeypatch.setenv("TPU_RUNS_REQUESTER", ALICE)
+        monkeypatch.chdir(tmp_path)
+        yield World(storage, tpu, logs, tmp_path, metadata)
+
+
+def a_folder(root: Path) -> Path:
+    folder = root / "exp"
+    (folder / "pkg").mkdir(parents=True)
+    (folder / "train.py").write_text("print('hello')\n")
+    (folder / "pkg" / "model.py").write_text("LAYERS = 2\n")
+    (folder / "requirements.txt").write_text("")
+    return folder
+
+
+def test_a_researcher_submits_follows_fetches_and_stops_a_run(world: World, capsys: pytest.CaptureFixture[str]):
+    folder = a_folder(world.tmp)
+    assert (
+        world.run("submit", "--vm", VM, "--folder", str(folder), "--run-id", "exp-1", "--", "python", "train.py") == 0
+    )
+    _, digest = package(folder)
+    assert world.objects(ARTIFACTS) == [f"sources/{digest}.tar.gz"]
+    assert hashlib.sha256(world.read(ARTIFACTS, f"sources/{digest}.tar.gz")).hexdigest() == digest
+    (request,) = world.objects(STATUS, f"{VM}/requests/")
+    assert request.endswith("-exp-1.json")
+
+    # The VM's agent takes it: the run spec as submitted, the request gone, the run queued.
+    taken = world.agent().next(0)
+    assert isinstance(taken, RunSpec) and taken.run_id == "exp-1" and taken.command == ("python", "train.py")
+    assert taken.source == {"kind": "folder", "uri": f"gs://{ARTIFACTS}/sources/{digest}.tar.gz", "sha256": digest}
+    assert taken.requester == ALICE
+    assert world.objects(STATUS, f"{VM}/requests/") == []
+    assert world.agent().next(0) is None  # never taken twice
+
+    capsys.readouterr()
+    assert world.run("list") == 0
+    listed = capsys.readouterr().out
+    assert f"{VM}  v5litepod-8  us-central1-a  TPU: READY  self-service: yes" in listed
+    assert "exp-1" in listed and "queued" in listed and "reviewed-v5e-8" in listed
+
+    # The agent ships the program's lines to Cloud Logging (telemetry); the researcher follows them.
+    log = f"projects/{PROJECT}/logs/tpu-workload"
+    world.logging.entries += [
+        {"logName": log, "timestamp": "2026-11-30T04:00:01Z", "severity": "INFO",
+         "labels": {"runId": "exp-1", "vm": VM, "worker": "0"}, "jsonPayload": {"step": 10, "loss": 0.5}},
+        {"logName": log, "timestamp": "2026-11-30T04:00:02Z", "severity": "INFO",
+         "labels": {"runId": "other", "vm": VM, "worker": "0"}, "textPayload": "not this run"},
+    ]  # fmt: skip
+    world.write(STATUS, f"{VM}/runs/exp-1/status.json", json.dumps({"runId": "exp-1", "state": "finished"}).encode())
+    assert world.run("logs", "--vm", VM, "exp-1", "--follow", "--interval", "0") == 0
+    out = capsys.readouterr().out
+    assert '{"loss": 0.5, "step": 10}' in out and "not this run" not in out and "run exp-1 finished" in out
+
+    world.write(MODELS, "mnist/shared-v5e-8/exp-1/model/saved.bin", b"weights")
+    world.write(MODELS, "mnist/shared-v5e-8/exp-1/events.out.tfevents.1", b"metrics")
+    world.write(MODELS, "mnist/shared-v5e-8/exp-10/model/saved.bin", b"another run")
+    assert world.run("fetch", "--vm", VM, "exp-1", "--to", "out") == 0
+    assert (world.tmp / "out/model/saved.bin").read_bytes() == b"weights"
+    assert (world.tmp / "out/events.out.tfevents.1").read_bytes() == b"metrics"
+    assert len(list((world.tmp / "out").rglob("*.*"))) == 2
+
+    # A second run, stopped.
+    assert (
+        world.run("submit", "--vm", VM, "--folder", str(folder), "--run-id", "exp-2", "--", "python", "train.py") == 0
+    )
+    assert "is there already" in capsys.readouterr().out  # same folder, same digest: no second upload
+    assert isinstance(world.agent().next(0), RunSpec)
+    assert world.run("stop", "--vm", VM, "exp-2") == 0
+    assert world.agent().next(0) == StopRequest("exp-2")
+
+    assert world.session.violations == [] and world.tpu.violations == [] and world.logging.violations == []
+    called = set(world.session.methods) | set(world.tpu.methods) | set(world.logging.methods)
+    assert called == {m for methods in RESEARCHER_CALLS.values() for m in methods}
+
+
+def test_an_image_run_names_the_registry_image_by_digest(world: World):
+    image = f"us-central1-docker.pkg.dev/{PROJECT}/runs/train@sha256:{'b' * 64}"
+    assert world.run("submit", "--vm", VM, "--image", image, "--run-id", "img-1", "--", "python", "-m", "t") == 0
+    taken = world.agent().next(0)
+    assert isinstance(taken, RunSpec) and taken.source == {"kind": "image", "image": image}
+    assert world.objects(ARTIFACTS) == []
+
+
+@pytest.mark.parametrize("image", ["busybox:latest", f"us-central1-docker.pkg.dev/p/r/i:{'b' * 8}"])
+def test_an_image_not_pinned_by_digest_is_refused_by_the_cli(world: World, image, capsys):
+    assert world.run("submit", "--vm", VM, "--image", image, "--", "x") == 2
+    assert "pinned by digest" in capsys.readouterr().err
+
+
+def test_the_cli_refuses_a_vm_that_does_not_allow_self_service_before_any_call(world: World, capsys):
+    folder = a_folder(world.tmp)
+    assert world.run("submit", "--vm", "reviewed-v5e-8", "--folder", str(folder), "--", "python", "train.py") == 2
+    assert world.run("stop", "--vm", "reviewed-v5e-8", "exp-1") == 2
+    err = capsys.readouterr().err
+    assert "TPU VM reviewed-v5e-8 of stack 'self-service' does not take self-service runs" in err
+    assert "Traceback" not in err
+    assert world.session.methods == [] and world.objects(STATUS) == [] and world.objects(ARTIFACTS) == []
+
+
+def test_an_unknown_vm_or_stack_is_said_in_words(world: World, capsys):
+    assert world.run("logs", "--vm", "nope", "r1") == 2
+    assert "stack 'self-service' has no TPU VM 'nope' (it has: shared-v5e-8, reviewed-v5e-8)" in capsys.readouterr().err
+    assert cli.main(["list", "--stack", "nope"], world.session) == 2
+    assert "no stack file Pulumi.nope.yaml" in capsys.readouterr().err
+
+
+def test_a_run_id_used_before_is_refused_by_the_cli(world: World, capsys):
+    world.write(STATUS, f"{VM}/runs/exp-1/status.json", b'{"runId": "exp-1", "state": "finished"}')
+    assert world.run("submit", "--vm", VM, "--folder", str(a_folder(world.tmp)), "--run-id", "exp-1", "--", "x") == 2
+    assert "run id exp-1 was used before" in capsys.readouterr().err
+
+
+class Forbidden(requests.Session):
+    def request(self, method: str | bytes, url: str | bytes, *args: Any, **kwargs: Any) -> requests.Response:  # type: ignore[override]
+        answer = requests.Response()
+        answer.status_code, answer._content = 403, b'{"error": {"code": 403, "message": "denied"}}'
+        answer.url = str(url)
+        return answer
+
+
+def test_a_missing_right_is_a_sentence_not_a_traceback(capsys):
+    assert cli.main(["list", "--stack", "self-service", "--stack-file", str(EXAMPLE)], Forbidden()) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tpu-runs: you may not list the TPU VMs of projects/acme-ml-research/locations/us-central1-a")
+    assert "tpu-platform:researchers in Pulumi.self-service.yaml" in err and "Traceback" not in err
+
+
+# --- the packager -------------------------------------------------------------------------------------
+
+
+def test_the_same_folder_packages_to_the_same_bytes(tmp_path: Path):
+    folder = a_folder(tmp_path)
+    first = package(folder)
+    (folder / "__pycache__").mkdir()
+    (folder / "__pycache__" / "x.pyc").write_bytes(b"cache")
+    os.utime(folder / "train.py", (1, 1))
+    assert package(folder) == first  # caches and mtimes do not change the digest
+    (folder / "train.py").write_text("print('changed')\n")
+    assert package(folder)[1] != first[1]
+    with tarfile.open(fileobj=io.BytesIO(first[0])) as tar:
+        assert tar.getnames() == ["pkg", "pkg/model.py", "requirements.txt", "train.py"]
+        assert {(m.mtime, m.uid, m.uname) for m in tar.getmembers()} == {(0, 0, "")}
+
+
+# --- installed as a console script --------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_project_builds_with_the_tpu_runs_console_script(tmp_path: Path):
+    import subprocess
+    import sys
+    import zipfile
+
+    root = Path(__file__).resolve().parents[1]
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet", "-w", str(tmp_path),
+         str(root)], check=True, capture_output=True, cwd=tmp_path,
+    )  # fmt: skip
+    (wheel,) = tmp_path.glob("tpu_platform-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        (entry_points,) = [n for n in names if n.endswith("entry_points.txt")]
+        assert "tpu-runs = tpu_runs.cli:main" in archive.read(entry_points).decode()
+        assert "tpu_runs/cli.py" in names and "infra/catalog/tpu.yaml" in names
+        assert "tools/offline/stackfile.py" in names and not any(n.startswith("tests/") for n in names)

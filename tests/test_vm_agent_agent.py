@@ -1,0 +1,250 @@
+"""The agent as the VM runs it (`python -m vm_agent` with the system Python and agent.env), against
+a real GCS emulator and a loopback metadata server that waits for changes (tests/sandbox.py).
+
+- A folder source outside workloads/ with its own requirement, and an image through the docker shim:
+  each preempted (SIGTERM to the agent: the VM shutting down), resumed from its checkpoint on the
+  next start (a reboot), completed (status.json and COMPLETE), and not started again after that.
+- A changed `tpu-platform-run` starts the new run without a reboot; the old one leaves a committed
+  checkpoint and ends `stopped` with exit 75.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.sandbox import metadata_server, storage_emulator, wait_for
+from tests.vm_agent_support import (
+    ARTIFACTS,
+    CHECKPOINTS,
+    MODELS,
+    REGISTRY,
+    STATUS,
+    agent_environ,
+    image_folder,
+    pack,
+    run_spec,
+    start_agent,
+    trainer_folder,
+)
+from vm_agent.gcs import Storage
+
+IMAGE = f"{REGISTRY}/trainer@sha256:{'c' * 64}"
+
+
+@pytest.fixture(scope="module")
+def cloud(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("agent")
+    with storage_emulator() as host:
+        storage = Storage(environ={"STORAGE_EMULATOR_HOST": host})
+        for bucket in (ARTIFACTS, STATUS, CHECKPOINTS, MODELS):
+            storage._request("POST", f"{host}/storage/v1/b", json.dumps({"name": bucket}).encode(), "application/json")
+        archive, sha = pack(trainer_folder(tmp))
+        storage.write(ARTIFACTS, f"sources/{sha}.tar.gz", archive, "application/gzip")
+        yield {"host": host, "storage": storage, "sha": sha, "image": image_folder(tmp)}
+
+
+def folder_source(cloud) -> dict:
+    return {"kind": "folder", "uri": f"gs://{ARTIFACTS}/sources/{cloud['sha']}.tar.gz", "sha256": cloud["sha"]}
+
+
+def read_json(cloud, bucket: str, name: str) -> dict | None:
+    names = cloud["storage"].list(bucket, name)
+    return json.loads(cloud["storage"].read(bucket, name)) if name in names else None
+
+
+def state(cloud, vm: str, run_id: str) -> dict:
+    return read_json(cloud, STATUS, f"{vm}/runs/{run_id}/status.json") or {}
+
+
+def steps(cloud, prefix: str) -> list[int]:
+    names = cloud["storage"].list(CHECKPOINTS, prefix)
+    return sorted(int(n.rsplit("ckpt-", 1)[1][:-5]) for n in names if "/ckpt-" in n)
+
+
+class Vm:
+    """A sandboxed VM for the agent: its root, its log, and boots of the agent."""
+
+    def __init__(self, tmp: Path, cloud, metadata_url: str, vm: str):
+        images = json.dumps({IMAGE: str(cloud["image"])})
+        self.env = agent_environ(tmp, metadata_url, cloud["host"], DOCKER_SHIM_IMAGES=images,
+                                 TPU_PLATFORM_VM=vm, TPU_PLATFORM_STATUS_DIR=f"gs://{STATUS}/{vm}")  # fmt: skip
+        self.log_path = tmp / "agent.log"
+        self.tmp = tmp
+        self.process: subprocess.Popen | None = None
+
+    def boot(self) -> None:
+        self.process = start_agent(self.env, self.log_path)
+
+    def shut_down(self) -> int:
+        """What systemd does at shutdown or preemption: SIGTERM to the agent, then wait for it."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(60)
+
+    def log(self) -> str:
+        return self.log_path.read_text() if self.log_path.exists() else ""
+
+    def lines(self, message: str) -> list[dict]:
+        return [json.loads(line) for line in self.log().splitlines() if line.startswith("{") and message in line]
+
+
+def preempt_resume_complete(cloud, vm: Vm, run_id: str, prefix: str) -> None:
+    vm.boot()
+    try:
+        wait_for(lambda: len(steps(cloud, prefix)) >= 2, 120, "two committed checkpoints", interval=0.2)
+    except TimeoutError as error:
+        raise AssertionError(f"{error}; the agent's log:\n{vm.log()[-3000:]}") from None
+    assert vm.shut_down() == 0
+    stopped = state(cloud, vm.env["TPU_PLATFORM_VM"], run_id)
+    assert (stopped["state"], stopped["exitCode"]) == ("stopped", 75), vm.log()[-3000:]
+    assert vm.lines("SIGTERM: checkpoint committed, exiting 75")
+    preempted_at = steps(cloud, prefix)[-1]
+    assert 0 < preempted_at < 12
+    assert read_json(cloud, STATUS, f"{vm.env['TPU_PLATFORM_VM']}/COMPLETE") is None
+
+    vm.boot()  # the reboot: the same desired run resumes from its checkpoint
+    try:
+        wait_for(lambda: state(cloud, vm.env["TPU_PLATFORM_VM"], run_id).get("state") == "finished", 120,
+                 "the resumed run to finish", interval=0.3)  # fmt: skip
+    except TimeoutError as error:
+        raise AssertionError(f"{error}; the agent's log:\n{vm.log()[-3000:]}") from None
+    assert vm.lines("resumed from checkpoint")[-1]["step"] == preempted_at
+    assert steps(cloud, prefix)[-1] == 12
+    marker = read_json(cloud, STATUS, f"{vm.env['TPU_PLATFORM_VM']}/COMPLETE")
+    assert marker is not None and marker["runId"] == run_id and marker["steps"] == 12
+    assert vm.shut_down() == 0
+
+    vm.boot()  # after completion: not started again, the marker told again
+    wait_for(lambda: vm.lines("already finished; not starting it again"), 30, "the agent to see the run is done")
+    assert vm.shut_down() == 0
+    assert len(vm.lines("SIGTERM: checkpoint committed")) == 1
+    assert len([line for line in vm.log().splitlines() if '"contract"' in line]) == 2  # two starts, no third
+
+
+@pytest.mark.slow
+def test_a_folder_source_is_preempted_resumed_and_completed(cloud, tmp_path):
+    run_id = "dev/trainer/trainer-1/folder"
+    spec = run_spec(
+        run_id, folder_source(cloud), ["python", "train.py", "--steps", "12"], env={"STEP_SECONDS": "0.25"},
+        checkpointDir=f"gs://{CHECKPOINTS}/folder", modelDir=f"gs://{MODELS}/folder", completion=True,
+    )  # fmt: skip
+    with metadata_server({"tpu-platform-run": spec}) as metadata:
+        vm = Vm(tmp_path, cloud, metadata.url, "folder-vm")
+        preempt_resume_complete(cloud, vm, run_id, "folder/")
+    contract = vm.lines('"contract"')[0]
+    assert contract["env"]["TPU_PLATFORM_MODEL_DIR"] == f"gs://{MODELS}/folder"
+    assert f"/venvs/{cloud['sha']}/" in contract["tinyckpt"]  # its own requirement, in its own virtualenv
+    assert json.loads(cloud["storage"].read(MODELS, "folder/model.json"))["steps"] == 12
+
+
+@pytest.mark.slow
+def test_an_image_source_runs_with_the_tpu_flags_and_is_preempted_resumed_and_completed(cloud, tmp_path):
+    run_id = "dev/trainer/trainer-1/image"
+    spec = run_spec(
+        run_id, {"kind": "image", "image": IMAGE}, ["python3", "train.py", "--steps", "12"],
+        env={"STEP_SECONDS": "0.25", "STORAGE_EMULATOR_HOST": cloud["host"]},
+        checkpointDir=f"gs://{CHECKPOINTS}/image", completion=True,
+    )  # fmt: skip
+    with metadata_server({"tpu-platform-run": spec}) as metadata:
+        vm = Vm(tmp_path, cloud, metadata.url, "image-vm")
+        preempt_resume_complete(cloud, vm, run_id, "image/")
+    calls = [json.loads(line) for line in (tmp_path / "docker" / "calls.jsonl").read_text().splitlines()]
+    assert calls[0] == ["login", "-u", "oauth2accesstoken", "--password-stdin", "https://us-central1-docker.pkg.dev"]
+    assert calls[1] == ["pull", IMAGE]
+    run = next(call for call in calls if call[0] == "run")
+    assert {"--rm", "--privileged", "--net=host"} <= set(run)
+    passed = {run[i + 1] for i, word in enumerate(run) if word == "-e"}
+    assert {"TPU_PLATFORM_RUN_ID", "TPU_RUNTIME_FLAG", "STEP_SECONDS"} <= passed
+    assert not any("=" in name for name in passed)  # values travel in the environment, not in argv (ps)
+    contract = vm.lines('"contract"')[0]
+    assert contract["env"]["TPU_PLATFORM_CHECKPOINT_DIR"] == f"gs://{CHECKPOINTS}/image"
+    assert contract["env"]["TPU_PLATFORM_RUN_ID"] == run_id
+    assert contract["python"].startswith("/") and "/venvs/" not in contract["python"]  # the image's own
+
+
+@pytest.mark.slow
+def test_a_changed_run_setting_starts_the_new_run_without_a_reboot(cloud, tmp_path):
+    first = run_spec(
+        "dev/trainer/trainer-1/a", folder_source(cloud), ["python", "train.py", "--steps", "1000"],
+        env={"STEP_SECONDS": "0.2"}, checkpointDir=f"gs://{CHECKPOINTS}/a", completion=True,
+    )  # fmt: skip
+    second = run_spec(
+        "dev/trainer/trainer-1/b", folder_source(cloud), ["python", "train.py", "--steps", "3"],
+        env={"STEP_SECONDS": "0"}, checkpointDir=f"gs://{CHECKPOINTS}/b", completion=True,
+    )  # fmt: skip
+    with metadata_server({"tpu-platform-run": first}) as metadata:
+        vm = Vm(tmp_path, cloud, metadata.url, "change-vm")
+        vm.boot()
+        try:
+            wait_for(lambda: len(steps(cloud, "a/")) >= 2, 120, "the first run's checkpoints", interval=0.2)
+            metadata.set("tpu-platform-run", second)  # what `pulumi up` changing the run settings does
+            wait_for(lambda: state(cloud, "change-vm", "dev/trainer/trainer-1/b").get("state") == "finished", 120,
+                     "the new run to finish", interval=0.3)  # fmt: skip
+        finally:
+            code = vm.shut_down()
+        assert code == 0
+    old = state(cloud, "change-vm", "dev/trainer/trainer-1/a")
+    assert (old["state"], old["exitCode"]) == ("stopped", 75), vm.log()[-3000:]
+    committed = vm.lines("SIGTERM: checkpoint committed")[0]["step"]
+    assert steps(cloud, "a/")[-1] == committed  # the old run's last step is in the bucket
+    assert read_json(cloud, STATUS, "change-vm/COMPLETE")["runId"] == "dev/trainer/trainer-1/b"  # type: ignore[index]
+    assert vm.process is not None and len(vm.lines("agent stopped")) == 1  # one agent all along: no reboot
+
+
+def test_a_refused_spec_is_logged_and_recorded_and_the_agent_keeps_waiting(cloud, tmp_path):
+    bad = json.dumps({"runId": "dev/trainer/trainer-1/bad", "source": {"kind": "folder", "uri": "gs://elsewhere/x.tar.gz",
+                      "sha256": "0" * 64}, "command": ["python", "train.py"], "requester": "stack"})  # fmt: skip
+    with metadata_server({"tpu-platform-run": bad}) as metadata:
+        vm = Vm(tmp_path, cloud, metadata.url, "bad-vm")
+        vm.boot()
+        try:
+            wait_for(lambda: state(cloud, "bad-vm", "dev/trainer/trainer-1/bad"), 30, "the refusal's record")
+        finally:
+            assert vm.shut_down() == 0
+    record = state(cloud, "bad-vm", "dev/trainer/trainer-1/bad")
+    assert record["state"] == "failed"
+    assert "must be under the stack's artifacts bucket" in record["error"]
+    refused = vm.lines("refused run spec")
+    assert refused and refused[0]["severity"] == "ERROR" and "Traceback" not in vm.log()
+
+
+def test_bad_agent_settings_exit_78_with_one_line_naming_each_problem(tmp_path):
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "TPU_PLATFORM_VM": "v",
+           "TPU_PLATFORM_GRACE_SECONDS": "soon", "TPU_PLATFORM_REGISTRY": "docker.io/x"}  # fmt: skip
+    done = subprocess.run(["/usr/bin/python3", "-m", "vm_agent"], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 78
+    line = json.loads(done.stdout.strip())
+    assert line["severity"] == "CRITICAL"
+    for says in ("TPU_PLATFORM_STACK is missing", "TPU_PLATFORM_STATUS_DIR is missing",
+                 "TPU_PLATFORM_GRACE_SECONDS='soon'", "TPU_PLATFORM_REGISTRY='docker.io/x'"):  # fmt: skip
+        assert says in line["message"]
+
+
+@pytest.mark.slow
+def test_a_removed_run_stops_cleanly_and_resumes_when_it_is_wanted_again(cloud, tmp_path):
+    spec = run_spec(
+        "dev/trainer/trainer-1/again", folder_source(cloud), ["python", "train.py", "--steps", "8"],
+        env={"STEP_SECONDS": "0.25"}, checkpointDir=f"gs://{CHECKPOINTS}/again", completion=True,
+    )  # fmt: skip
+    with metadata_server({"tpu-platform-run": spec}) as metadata:
+        vm = Vm(tmp_path, cloud, metadata.url, "again-vm")
+        vm.boot()
+        try:
+            wait_for(lambda: len(steps(cloud, "again/")) >= 2, 120, "checkpoints", interval=0.2)
+            metadata.delete("tpu-platform-run")  # the stack no longer wants a run on this VM
+            wait_for(lambda: state(cloud, "again-vm", "dev/trainer/trainer-1/again").get("state") == "stopped", 60,
+                     "the run to stop", interval=0.2)  # fmt: skip
+            stopped_at = steps(cloud, "again/")[-1]
+            metadata.set("tpu-platform-run", spec)
+            wait_for(lambda: state(cloud, "again-vm", "dev/trainer/trainer-1/again").get("state") == "finished", 120,
+                     "the run to finish", interval=0.3)  # fmt: skip
+        finally:
+            assert vm.shut_down() == 0
+    assert vm.lines("resumed from checkpoint")[-1]["step"] == stopped_at
+    assert state(cloud, "again-vm", "dev/trainer/trainer-1/again")["exitCode"] == 0

@@ -1,0 +1,171 @@
+"""vm_agent/sources.py: the run spec's strict parse, and the metadata source against a loopback
+metadata server that waits for changes as Compute Engine's does."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.sandbox import metadata_server
+from tests.vm_agent_support import ARTIFACTS, REGISTRY
+from vm_agent.sources import (
+    Allowed,
+    FolderSource,
+    ImageSource,
+    MetadataSource,
+    SpecError,
+    StopRequest,
+    parse_run_spec,
+)
+
+ALLOWED = Allowed(f"gs://{ARTIFACTS}", REGISTRY)
+SHA = "a" * 64
+FOLDER = {"kind": "folder", "uri": f"gs://{ARTIFACTS}/sources/{SHA}.tar.gz", "sha256": SHA}
+IMAGE = {"kind": "image", "image": f"{REGISTRY}/trainer@sha256:{'b' * 64}"}
+
+
+def spec(**changes: object) -> str:
+    raw = {"runId": "dev/trainer/r1", "source": FOLDER, "command": ["python", "train.py"], "requester": "stack"}
+    raw.update(changes)
+    return json.dumps({k: v for k, v in raw.items() if v is not None})
+
+
+def problems(text: str) -> str:
+    with pytest.raises(SpecError) as caught:
+        parse_run_spec(text, ALLOWED)
+    return str(caught.value)
+
+
+def test_a_folder_spec_parses_with_every_field():
+    parsed = parse_run_spec(
+        spec(env={"STEPS": "3"}, python="3.11", data=f"gs://{ARTIFACTS}-data/x", checkpointDir="gs://c/r1",
+             modelDir="", completion=True),
+        ALLOWED,
+    )  # fmt: skip
+    assert parsed.source == FolderSource(FOLDER["uri"], SHA)
+    assert parsed.command == ("python", "train.py")
+    assert parsed.env == (("STEPS", "3"),)
+    assert (parsed.python, parsed.checkpoint_dir, parsed.completion) == ("3.11", "gs://c/r1", True)
+    assert len(parsed.fingerprint) == 64
+    assert parse_run_spec(spec(env={"STEPS": "4"}), ALLOWED).fingerprint != parsed.fingerprint
+
+
+def test_an_image_spec_by_digest_parses_and_may_omit_the_command():
+    parsed = parse_run_spec(spec(source=IMAGE, command=None), ALLOWED)
+    assert parsed.source == ImageSource(IMAGE["image"])
+    assert parsed.command == ()
+
+
+@pytest.mark.parametrize(
+    ("changes", "says"),
+    [
+        ({"source": {**FOLDER, "uri": f"gs://someone-elses-bucket/sources/{SHA}.tar.gz"}},
+         f"must be under the stack's artifacts bucket gs://{ARTIFACTS}/"),
+        ({"source": {**FOLDER, "sha256": "abc"}}, "source.sha256 'abc': 64 lowercase hex digits"),
+        ({"source": {**IMAGE, "image": "docker.io/library/python@sha256:" + "b" * 64}},
+         f"must be in the stack's repository {REGISTRY}/"),
+        ({"source": {**IMAGE, "image": f"{REGISTRY}/trainer:latest"}}, "by digest only"),
+        ({"source": {"kind": "zip"}}, "source 'zip'"),
+        ({"runId": "../etc"}, "runId '../etc'"),
+        ({"command": "python train.py"}, "command 'python train.py': a list of non-empty strings"),
+        ({"command": []}, "a folder source needs a command"),
+        ({"env": {"TPU_PLATFORM_RUN_ID": "x"}}, "TPU_PLATFORM_* is the run contract's"),
+        ({"python": "3"}, "python '3'"),
+        ({"source": IMAGE, "python": "3.11"}, "an image brings its own"),
+        ({"checkpointDir": "/tmp/ckpt"}, "checkpointDir '/tmp/ckpt': a gs://bucket/path URL"),
+        ({"requester": "alice"}, "requester 'alice'"),
+        ({"requester": "user:alice@example.com", "completion": True}, "only the stack's own run ends in COMPLETE"),
+        ({"epochs": 3}, "unknown keys ['epochs']"),
+    ],
+)  # fmt: skip
+def test_a_bad_spec_is_refused_naming_the_key_the_value_and_what_is_allowed(changes, says):
+    assert says in problems(spec(**changes))
+
+
+def test_every_problem_is_listed_at_once_with_the_run_id():
+    with pytest.raises(SpecError) as caught:
+        parse_run_spec(spec(command=[], requester="x", env={"A-B": "1"}), ALLOWED)
+    assert len(caught.value.problems) == 3
+    assert caught.value.run_id == "dev/trainer/r1"
+
+
+def test_a_tag_only_where_the_stack_allows_it():
+    parsed = parse_run_spec(spec(source={**IMAGE, "image": f"{REGISTRY}/trainer:v1", "allowTag": True}), ALLOWED)
+    assert isinstance(parsed.source, ImageSource) and not parsed.source.by_digest
+
+
+def test_a_vm_without_a_registry_refuses_images():
+    with pytest.raises(SpecError, match="TPU_PLATFORM_REGISTRY is empty"):
+        parse_run_spec(spec(source=IMAGE), Allowed(f"gs://{ARTIFACTS}", ""))
+
+
+def test_not_json_is_refused_plainly():
+    assert "not JSON" in problems("{runId: 1")
+    assert "a JSON object, not list" in problems("[]")
+
+
+def test_metadata_source_waits_for_a_change_and_returns_each_new_spec_once():
+    with metadata_server({"tpu-platform-run": spec()}) as host:
+        source = MetadataSource(host.url, ALLOWED)
+        first = source.next(5)  # last_etag=NONE: answered at once
+        assert first is not None and not isinstance(first, StopRequest) and first.run_id == "dev/trainer/r1"
+
+        started = time.monotonic()
+        assert source.next(1) is None  # held for timeout_sec, then the same value: nothing new
+        assert time.monotonic() - started >= 0.9
+
+        threading.Timer(0.5, host.set, args=("tpu-platform-run", spec(runId="dev/trainer/r2"))).start()
+        started = time.monotonic()
+        second = source.next(30)  # answered when the value changes, not after 30 s
+        assert time.monotonic() - started < 10
+        assert second is not None and not isinstance(second, StopRequest) and second.run_id == "dev/trainer/r2"
+
+        host.set("tpu-platform-run", spec(runId="dev/trainer/r3", command="bad"))
+        with pytest.raises(SpecError, match="command 'bad'"):
+            source.next(5)
+        assert source.next(1) is None  # a refused value is refused once, not in a loop
+
+        host.delete("tpu-platform-run")
+        assert source.next(1) == StopRequest("dev/trainer/r2")  # the run it last gave is no longer wanted
+
+
+def test_metadata_requests_carry_the_flavor_header_and_the_wait_parameters():
+    seen: list[str] = []
+
+    def fetch(url: str, timeout: float) -> tuple[int, str, str]:
+        seen.append(url)
+        return 200, "etag-1", spec()
+
+    source = MetadataSource("http://metadata.test/computeMetadata/v1", ALLOWED, fetch=fetch)
+    source.next(7)
+    source.next(7)
+    assert seen[0].endswith("/instance/attributes/tpu-platform-run?wait_for_change=true&last_etag=NONE&timeout_sec=7")
+    assert "last_etag=etag-1" in seen[1]
+
+
+def test_the_agent_needs_at_most_python_3_8():
+    """It runs on the TPU image's Python, undocumented for most images: kept to 3.8. vermin reads every syntax form
+    and standard-library use and names the oldest version that has them all."""
+    vermin = Path(__file__).resolve().parents[1] / ".venv" / "bin" / "vermin"
+    done = subprocess.run(
+        [str(vermin), "-t=3.8-", "--no-tips", "--violations", "vm_agent"],
+        capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1],
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_tokens_come_from_the_metadata_server_unless_an_emulator_is_used():
+    from tests.sandbox import SANDBOX_TOKEN
+    from vm_agent.gcs import Storage, Tokens
+
+    with metadata_server({}) as host:
+        tokens = Tokens(host.url)
+        assert tokens.get() == SANDBOX_TOKEN
+        storage = Storage(environ={"TPU_PLATFORM_METADATA_URL": host.url})
+        assert storage.base == "https://storage.googleapis.com" and storage.tokens is not None
+        assert Storage(environ={"STORAGE_EMULATOR_HOST": "127.0.0.1:9"}).tokens is None  # an emulator needs none

@@ -1,0 +1,218 @@
+"""What the VM agent's tests share: folder sources packed as the stack packs them, the trainer's one
+requirement as a local wheel (no index offline), and a `docker` shim (no daemon here).
+
+The docker shim checks what gives a container the TPU, the network and the contract (Google's "Run
+TPU workloads in a Docker container": `--privileged`, `--net=host`; the contract's `-e` variables),
+that the VM logged in to the image's registry with its token before pulling, and that the image was
+pulled; then it runs the image's command locally, in the image's folder, with only the `-e`
+environment (as a container would), forwarding SIGTERM to it (`--sig-proxy`, docker's default).
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+from tests.sandbox import SANDBOX_TOKEN
+
+SOURCES = Path(__file__).resolve().parent / "agent_sources"
+REPO = Path(__file__).resolve().parents[1]
+REGISTRY = "us-central1-docker.pkg.dev/acme-ml-sandbox/workloads"
+ARTIFACTS = "acme-ml-sandbox-dev-artifacts"
+STATUS = "acme-ml-sandbox-dev-status"
+CHECKPOINTS = "acme-ml-sandbox-dev-checkpoints"
+MODELS = "acme-ml-sandbox-dev-models"
+CONTRACT = (
+    "TPU_PLATFORM_RUN_ID", "TPU_PLATFORM_DATA", "TPU_PLATFORM_CHECKPOINT_DIR", "TPU_PLATFORM_MODEL_DIR",
+    "TPU_PLATFORM_STATUS_DIR", "TPU_PLATFORM_WORKER_ID", "TPU_PLATFORM_WORKER_COUNT",
+    "TPU_PLATFORM_COORDINATOR", "TPU_PLATFORM_GRACE_SECONDS",
+)  # fmt: skip
+
+
+def build_wheel(target: Path) -> Path:
+    """tinyckpt 0.1 as a pure-Python wheel (PEP 427: the package, METADATA, WHEEL, RECORD)."""
+    target.mkdir(parents=True, exist_ok=True)
+    wheel = target / "tinyckpt-0.1-py3-none-any.whl"
+    info = "tinyckpt-0.1.dist-info"
+    files = {
+        "tinyckpt/__init__.py": (SOURCES / "tinyckpt" / "__init__.py").read_bytes(),
+        f"{info}/METADATA": b"Metadata-Version: 2.1\nName: tinyckpt\nVersion: 0.1\n",
+        f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = "".join(f"{name},,\n" for name in files) + f"{info}/RECORD,,\n"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for name, data in {**files, f"{info}/RECORD": record.encode()}.items():
+            archive.writestr(name, data)
+    return wheel
+
+
+def trainer_folder(tmp: Path) -> Path:
+    """The trainer's source folder with its requirement's wheel beside it, ready to pack."""
+    folder = tmp / "trainer"
+    shutil.copytree(SOURCES / "trainer", folder)
+    build_wheel(folder / "wheels")
+    return folder
+
+
+def pack(folder: Path) -> tuple[bytes, str]:
+    """A deterministic .tar.gz of a folder (sorted members, fixed mtime/owner/mode, gzip mtime 0) and its sha256."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for path in sorted(p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+            info = tarfile.TarInfo(str(path.relative_to(folder)))
+            data = path.read_bytes()
+            info.size, info.mtime, info.mode, info.uid, info.gid = len(data), 0, 0o644, 0, 0
+            tar.addfile(info, io.BytesIO(data))
+    packed = gzip.compress(raw.getvalue(), mtime=0)
+    return packed, hashlib.sha256(packed).hexdigest()
+
+
+def image_folder(tmp: Path) -> Path:
+    """What the test image holds: the trainer and its requirement, installed (importable from its folder)."""
+    folder = tmp / "image"
+    shutil.copytree(SOURCES / "trainer", folder)
+    shutil.copytree(SOURCES / "tinyckpt", folder / "tinyckpt")
+    return folder
+
+
+DOCKER_SHIM = """#!{python}
+import json, os, signal, subprocess, sys
+from pathlib import Path
+
+state = Path(os.environ["DOCKER_SHIM_STATE"])
+state.mkdir(parents=True, exist_ok=True)
+images = json.loads(os.environ["DOCKER_SHIM_IMAGES"])
+command, args = sys.argv[1], sys.argv[2:]
+with open(state / "calls.jsonl", "a") as calls:
+    calls.write(json.dumps([command] + args) + "\\n")
+
+
+def fail(message, code=125):
+    print("docker (shim): " + message, file=sys.stderr)
+    sys.exit(code)
+
+
+logins = state / "logins"
+pulled = state / "pulled"
+if command == "login":
+    if args[:3] != ["-u", "oauth2accesstoken", "--password-stdin"] or len(args) != 4:
+        fail("login: expected -u oauth2accesstoken --password-stdin https://HOST, got %r" % args)
+    if sys.stdin.read().strip() != os.environ["DOCKER_SHIM_TOKEN"]:
+        fail("login: not the VM's access token", 1)
+    with open(logins, "a") as f:
+        f.write(args[3].replace("https://", "") + "\\n")
+elif command == "pull":
+    image = args[0]
+    if not logins.exists() or image.split("/")[0] not in logins.read_text().split():
+        fail("pull %s: unauthenticated (no login to its registry)" % image, 1)
+    if image not in images:
+        fail("pull %s: manifest unknown" % image, 1)
+    with open(pulled, "a") as f:
+        f.write(image + "\\n")
+elif command == "kill":
+    pid_file = state / (args[0] + ".pid")
+    if pid_file.exists():
+        os.kill(int(pid_file.read_text()), signal.SIGKILL)
+elif command == "run":
+    flags, env, name, rest = set(), {{}}, "", list(args)
+    while rest and rest[0].startswith("-"):
+        flag = rest.pop(0)
+        if flag == "-e":  # NAME=value, or NAME: the value from the client's environment, if set
+            key, equals, value = rest.pop(0).partition("=")
+            if equals:
+                env[key] = value
+            elif key in os.environ:
+                env[key] = os.environ[key]
+        elif flag == "--name":
+            name = rest.pop(0)
+        else:
+            flags.add(flag)
+    image, argv = rest[0], rest[1:]
+    missing = [f for f in ("--rm", "--privileged", "--net=host") if f not in flags]
+    if missing:
+        fail("run: the TPU needs %s (Google's run-in-container guide)" % missing)
+    unknown = sorted(flags - {{"--rm", "--privileged", "--net=host"}})
+    if unknown:
+        fail("run: unexpected flags %s" % unknown)
+    lacking = [v for v in {contract!r} if v not in env]
+    if lacking:
+        fail("run: the contract's environment lacks %s" % lacking)
+    if not pulled.exists() or image not in pulled.read_text().split():
+        fail("run: %s was not pulled" % image)
+    if not name:
+        fail("run: no --name (the agent kills a container by name after the grace period)")
+    env.update({{"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root")}})
+    child = subprocess.Popen(argv, cwd=images[image], env=env, start_new_session=True)
+    (state / (name + ".pid")).write_text(str(child.pid))
+    signal.signal(signal.SIGTERM, lambda *_: child.send_signal(signal.SIGTERM))
+    sys.exit(child.wait())
+else:
+    fail("unsupported command " + command)
+"""
+
+
+def install_docker_shim(shims: Path) -> Path:
+    shims.mkdir(parents=True, exist_ok=True)
+    docker = shims / "docker"
+    docker.write_text(DOCKER_SHIM.format(python=sys.executable, contract=CONTRACT))
+    docker.chmod(0o755)
+    return docker
+
+
+def agent_environ(tmp: Path, metadata_url: str, emulator: str, **extra: str) -> dict[str, str]:
+    """agent.env as the start-up script writes it, for a sandboxed VM under `tmp`."""
+    shims = tmp / "shims"
+    install_docker_shim(shims)
+    env = {
+        "PATH": f"{shims}{os.pathsep}{os.environ['PATH']}",
+        "HOME": os.environ.get("HOME", "/root"),
+        "PYTHONPATH": str(REPO),
+        "TPU_PLATFORM_STACK": "dev",
+        "TPU_PLATFORM_VM": "trainer-1",
+        "TPU_PLATFORM_PROJECT": "acme-ml-sandbox",
+        "TPU_PLATFORM_ROOT": str(tmp / "root"),
+        "TPU_PLATFORM_STATUS_DIR": f"gs://{STATUS}/trainer-1",
+        "TPU_PLATFORM_ARTIFACTS": f"gs://{ARTIFACTS}",
+        "TPU_PLATFORM_REGISTRY": REGISTRY,
+        "TPU_PLATFORM_WORKER_ID": "0",
+        "TPU_PLATFORM_WORKER_COUNT": "1",
+        "TPU_PLATFORM_COORDINATOR": "",
+        "TPU_PLATFORM_GRACE_SECONDS": "10",
+        "TPU_PLATFORM_MAX_RETRIES": "2",
+        "TPU_PLATFORM_RETRY_DELAY_SECONDS": "0",
+        "TPU_PLATFORM_SELF_SERVICE": "0",
+        "TPU_PLATFORM_METADATA_URL": metadata_url,
+        "TPU_PLATFORM_POLL_SECONDS": "2",  # an absent attribute is asked for again this often
+        "TPU_PLATFORM_RUNTIME_ENV": "TPU_RUNTIME_FLAG",
+        "TPU_RUNTIME_FLAG": "from-the-catalog",
+        "STORAGE_EMULATOR_HOST": emulator,
+        "DOCKER_SHIM_STATE": str(tmp / "docker"),
+        "DOCKER_SHIM_TOKEN": SANDBOX_TOKEN,
+        "DOCKER_SHIM_IMAGES": "{}",
+        "PIP_NO_INDEX": "1",  # offline: the folder's requirement is a local wheel
+        "UV_OFFLINE": "1",
+    }
+    env.update(extra)
+    return env
+
+
+def start_agent(env: dict[str, str], log: Path) -> subprocess.Popen:
+    """`python -m vm_agent` as the unit runs it, with the system's Python (a VM image's own)."""
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            ["/usr/bin/python3", "-m", "vm_agent"], env=env, stdout=out, stderr=subprocess.STDOUT, cwd=REPO
+        )
+
+
+def run_spec(run_id: str, source: dict, command: list[str], **fields: object) -> str:
+    spec = {"runId": run_id, "source": source, "command": command, "requester": "stack", **fields}
+    return json.dumps(spec)

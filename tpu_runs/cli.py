@@ -1,0 +1,311 @@
+"""`tpu-runs`: submit, list, logs, fetch and stop self-service runs on a stack's TPU VMs.
+
+The stack file (Pulumi.<stack>.yaml, read with the program's own strict parser) says which project,
+buckets and VMs there are, and which VMs take researchers' runs (selfService); a run request goes to
+`gs://<status-bucket>/<vm>/requests/` (docs/design-runs.md), where the VM's agent takes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import configparser
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from infra import naming
+from infra.config import ConfigError, PlatformConfig, TpuVmSettings, parse_stack_config
+from tools.offline.stackfile import ROOT, StackFileError, read_stack_config
+from tpu_runs.gcp import CallError, Google, adc_session
+from tpu_runs.package import package
+
+# Requests and states are JSON stored as octet-stream: gcp-storage-emulator reads an `application/json`
+# media upload as object metadata (its server.py), and nothing reads the content type.
+JSON_BYTES = "application/octet-stream"
+LOG_NAME = "tpu-workload"  # docs/design-runs.md: projects/P/logs/tpu-workload
+TERMINAL = ("finished", "failed", "stopped")
+RUN_ID = re.compile(r"[a-z](?:[a-z0-9-]{0,30}[a-z0-9])?")  # vm_agent/requests.py RUN_ID
+IMAGE = re.compile(r"[a-z0-9-]+-docker\.pkg\.dev/[^@\s]+@sha256:[0-9a-f]{64}")
+
+
+class UsageError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Stack:
+    cfg: PlatformConfig
+
+    @property
+    def status(self) -> str:
+        return self.cfg.bucket_name("status")
+
+    @property
+    def models(self) -> str:
+        return self.cfg.bucket_name("models")
+
+    @property
+    def artifacts(self) -> str:
+        return naming.bucket(self.cfg.name_prefix, self.cfg.stack, naming.ARTIFACTS)
+
+    def vm(self, name: str) -> TpuVmSettings:
+        for vm in self.cfg.tpu_vms:
+            if vm.name == name:
+                return vm
+        known = ", ".join(v.name for v in self.cfg.tpu_vms) or "none"
+        raise UsageError(f"stack '{self.cfg.stack}' has no TPU VM {name!r} (it has: {known})")
+
+    def self_service(self, name: str) -> TpuVmSettings:
+        vm = self.vm(name)
+        if not vm.self_service:
+            allowing = ", ".join(v.name for v in self.cfg.self_service_vms) or "none"
+            raise UsageError(
+                f"TPU VM {name} of stack '{self.cfg.stack}' does not take self-service runs (selfService is false; "
+                f"runs there go through a reviewed change of Pulumi.{self.cfg.stack}.yaml). VMs that do: {allowing}"
+            )
+        return vm
+
+
+def load_stack(stack: str, stack_file: Path | None) -> Stack:
+    root = Path.cwd() if (Path.cwd() / "Pulumi.yaml").exists() else ROOT
+    try:
+        raw = read_stack_config(stack, root, stack_file)
+        return Stack(parse_stack_config(stack, raw))
+    except (StackFileError, ConfigError) as error:
+        raise UsageError(str(error)) from None
+
+
+def requester(given: str | None) -> str:
+    """Who asks: --requester, else TPU_RUNS_REQUESTER, else gcloud's active account (user:EMAIL)."""
+    who = given or os.environ.get("TPU_RUNS_REQUESTER")
+    if not who:
+        config = Path(os.environ.get("CLOUDSDK_CONFIG") or Path.home() / ".config" / "gcloud")
+        active = (config / "active_config").read_text().strip() if (config / "active_config").exists() else "default"
+        parser = configparser.ConfigParser()
+        parser.read(config / "configurations" / f"config_{active}")
+        account = parser.get("core", "account", fallback="")
+        who = f"user:{account}" if account else ""
+    if not re.fullmatch(r"(user|group):[^@\s:]+@[^@\s]+\.[a-z]{2,}", who or ""):
+        raise UsageError(f"who is asking? {who!r}: pass --requester user:EMAIL (or set gcloud's account)")
+    return who
+
+
+def _stamp() -> str:
+    return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+
+
+def _request_name(vm: str, run_id: str, stop: bool = False) -> str:
+    return f"{naming.requests_prefix(vm)}{_stamp()}-{'stop-' if stop else ''}{run_id}.json"
+
+
+def _state(google: Google, stack: Stack, vm: str, run_id: str) -> dict[str, Any] | None:
+    raw = google.read(stack.status, f"{naming.runs_prefix(vm)}{run_id}/status.json")
+    return json.loads(raw) if raw else None
+
+
+# --- commands -------------------------------------------------------------------------------------
+
+
+def submit(google: Google, stack: Stack, args: argparse.Namespace) -> int:
+    vm = stack.self_service(args.vm)
+    run_id = args.run_id or f"r{_stamp().lower().replace('t', '-')[:15]}"
+    if not RUN_ID.fullmatch(run_id):
+        raise UsageError(f"run id {run_id!r}: 1-32 lowercase letters, digits and '-', starting with a letter")
+    command = [c for c in args.command if c != "--"] if args.command else []
+    if not command:
+        raise UsageError("give the command to run after --, e.g. -- python train.py --epochs 3")
+    env = dict(item.split("=", 1) for item in args.env or [] if "=" in item)
+    if len(env) != len(args.env or []):
+        raise UsageError("--env takes NAME=value")
+    if args.image:
+        if not IMAGE.fullmatch(args.image) or not args.image.startswith(f"{stack.cfg.region}-docker.pkg.dev/"):
+            raise UsageError(
+                f"--image {args.image!r}: an image of {stack.cfg.region}-docker.pkg.dev/{stack.cfg.project}/… "
+                "pinned by digest (@sha256:…)"
+            )
+        source: dict[str, str] = {"kind": "image", "image": args.image}
+    else:
+        data, digest = package(Path(args.folder))
+        name = naming.source_object(digest)
+        if google.exists(stack.artifacts, name):
+            print(f"source {digest[:12]} is there already")
+        else:
+            google.create(stack.artifacts, name, data, "application/gzip")
+            print(f"uploaded {args.folder} ({len(data):,} bytes) as gs://{stack.artifacts}/{name}")
+        source = {"kind": "folder", "uri": f"gs://{stack.artifacts}/{name}", "sha256": digest}
+    if _state(google, stack, vm.name, run_id) is not None:
+        raise UsageError(f"run id {run_id} was used before on {vm.name}: choose another (--run-id)")
+    spec: dict[str, Any] = {"runId": run_id, "source": source, "command": command, "env": env,
+                            "requester": requester(args.requester)}  # fmt: skip
+    if args.python:
+        spec["python"] = args.python
+    request = _request_name(vm.name, run_id)
+    google.create(stack.status, request, json.dumps(spec, indent=1).encode(), JSON_BYTES)
+    print(f"submitted run {run_id} to {vm.name}: gs://{stack.status}/{request}")
+    print(f"follow it: tpu-runs logs --stack {stack.cfg.stack} --vm {vm.name} {run_id} --follow")
+    return 0
+
+
+def list_runs(google: Google, stack: Stack, args: argparse.Namespace) -> int:
+    vms = [stack.vm(args.vm)] if args.vm else list(stack.cfg.tpu_vms)
+    nodes: dict[str, dict[str, Any]] = {}
+    for zone in sorted({z for vm in vms for z in vm.zones}):
+        for node in google.nodes(stack.cfg.project, zone):
+            nodes[node["name"].rsplit("/", 1)[-1]] = node
+    for vm in vms:
+        mine = [n for name, n in sorted(nodes.items()) if name == vm.name or name.startswith(f"{vm.name}-")]
+        states = ", ".join(sorted({n.get("state", "?") for n in mine})) or "absent"
+        service = "yes" if vm.self_service else "no"
+        print(f"{vm.name}  {vm.accelerator.name}  {vm.zone}  TPU: {states}  self-service: {service}")
+        prefix = naming.runs_prefix(vm.name)
+        for item in google.list_objects(stack.status, prefix):
+            if not item["name"].endswith("/status.json"):
+                continue
+            raw = google.read(stack.status, item["name"])
+            state = json.loads(raw) if raw else {}
+            reason = f"  ({state['reason']})" if state.get("reason") else ""
+            print(f"  {state.get('runId', '?'):<32} {state.get('state', '?'):<9} {state.get('requester') or '':<30}"
+                  f" {state.get('endedAt') or state.get('startedAt') or ''}{reason}")  # fmt: skip
+    return 0
+
+
+def _format(entry: dict[str, Any]) -> str:
+    payload = entry.get("jsonPayload")
+    text = entry.get("textPayload")
+    if payload is not None:
+        text = payload.get("message") if set(payload) == {"message"} else json.dumps(payload, sort_keys=True)
+    worker = entry.get("labels", {}).get("worker", "")
+    return f"{entry.get('timestamp', '')} {entry.get('severity', 'DEFAULT'):<8} {worker:>2} {text}"
+
+
+def logs(google: Google, stack: Stack, args: argparse.Namespace) -> int:
+    vm = stack.vm(args.vm)
+    project = stack.cfg.project
+    base = f'logName="projects/{project}/logs/{LOG_NAME}" AND labels.runId="{args.run_id}" AND labels.vm="{vm.name}"'
+    last = ""
+    while True:
+        token = None
+        while True:
+            page = google.entries(project, base + (f' AND timestamp>"{last}"' if last else ""), token)
+            for entry in page.get("entries", []):
+                print(_format(entry), flush=True)
+                last = max(last, entry.get("timestamp", ""))
+            token = page.get("nextPageToken")
+            if not token:
+                break
+        if not args.follow:
+            return 0
+        state = _state(google, stack, vm.name, args.run_id) or {}
+        if state.get("state") in TERMINAL:
+            print(f"run {args.run_id} {state['state']}" + (f": {state['reason']}" if state.get("reason") else ""))
+            return 0 if state["state"] == "finished" else 1
+        time.sleep(args.interval)
+
+
+def model_prefix(stack: Stack, vm: TpuVmSettings, run_id: str) -> str:
+    """Where a run keeps its model and metrics: `<workload>/<vm>/<runId>/` in the models bucket, as the
+    stack's own runs (infra/tpu/metadata.py run_prefix). RECONCILE with the agent's TPU_PLATFORM_MODEL_DIR."""
+    return f"{vm.workload}/{vm.name}/{run_id}/"
+
+
+def fetch(google: Google, stack: Stack, args: argparse.Namespace) -> int:
+    vm = stack.vm(args.vm)
+    prefix = model_prefix(stack, vm, args.run_id)
+    target = Path(args.to or args.run_id)
+    count = 0
+    for item in google.list_objects(stack.models, prefix):
+        relative = item["name"][len(prefix) :]
+        path = (target / relative).resolve()
+        if not relative or relative.endswith("/") or not path.is_relative_to(target.resolve()):
+            continue
+        data = google.read(stack.models, item["name"])
+        if data is None:
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        count += 1
+    if not count:
+        raise UsageError(f"nothing under gs://{stack.models}/{prefix} yet (has run {args.run_id} written a model?)")
+    print(f"fetched {count} file{'s' if count != 1 else ''} of run {args.run_id} into {target}/")
+    return 0
+
+
+def stop(google: Google, stack: Stack, args: argparse.Namespace) -> int:
+    vm = stack.self_service(args.vm)
+    state = _state(google, stack, vm.name, args.run_id)
+    if state is None:
+        raise UsageError(f"no run {args.run_id} on {vm.name} (tpu-runs list --stack {stack.cfg.stack})")
+    if state.get("state") in TERMINAL:
+        print(f"run {args.run_id} has ended already ({state['state']})")
+        return 0
+    request = _request_name(vm.name, args.run_id, stop=True)
+    google.create(stack.status, request, json.dumps({"stop": args.run_id}).encode(), JSON_BYTES)
+    print(f"asked {vm.name} to stop run {args.run_id}: it gets SIGTERM and its grace period to checkpoint")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="tpu-runs", description=(__doc__ or "").splitlines()[0])
+    commands = top.add_subparsers(dest="command_name", required=True)
+
+    def command(name: str, helptext: str, vm_required: bool = True) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=helptext, description=helptext)
+        sub.add_argument("--stack", required=True, help="the stack (Pulumi.<stack>.yaml)")
+        sub.add_argument("--stack-file", type=Path, help="its file, when not ./Pulumi.<stack>.yaml")
+        sub.add_argument("--vm", required=vm_required, help="the TPU VM (tpuVms[].name)")
+        return sub
+
+    sub = command("submit", "Package a folder (or name an image) and ask a self-service VM to run it.")
+    what = sub.add_mutually_exclusive_group(required=True)
+    what.add_argument("--folder", help="the folder to run (its requirements.txt is installed)")
+    what.add_argument("--image", help="a container image in the stack's registry, pinned by digest")
+    sub.add_argument("--run-id", help="the run's id (default: r<date>-<time>)")
+    sub.add_argument("--env", action="append", help="NAME=value for the program (repeat)")
+    sub.add_argument("--python", help="a Python version for the folder's environment, like 3.11")
+    sub.add_argument("--requester", help="user:EMAIL (default: gcloud's account)")
+    sub.add_argument("command", nargs=argparse.REMAINDER, help="-- the command to run")
+    sub.set_defaults(run=submit)
+    sub = command("list", "The stack's VMs, their TPU state and their runs.", vm_required=False)
+    sub.set_defaults(run=list_runs)
+    for name, helptext, run in (
+        ("logs", "A run's log from Cloud Logging.", logs),
+        ("fetch", "Download a run's model and metrics.", fetch),
+        ("stop", "Ask a self-service VM to stop a run (SIGTERM; it checkpoints).", stop),
+    ):
+        sub = command(name, helptext)
+        sub.add_argument("run_id", metavar="RUN_ID")
+        sub.set_defaults(run=run)
+        if name == "logs":
+            sub.add_argument("--follow", "-f", action="store_true", help="keep reading until the run ends")
+            sub.add_argument("--interval", type=float, default=5.0, help=argparse.SUPPRESS)
+        if name == "fetch":
+            sub.add_argument("--to", help="the local folder (default: ./RUN_ID)")
+    return top
+
+
+def main(argv: Sequence[str] | None = None, session: requests.Session | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        stack = load_stack(args.stack, args.stack_file)
+        if args.command_name in ("submit", "stop"):
+            stack.self_service(args.vm)  # refused before any call
+        google = Google(session or adc_session(), stack.cfg.stack)
+        return args.run(google, stack, args)
+    except (UsageError, CallError, OSError) as error:
+        print(f"tpu-runs: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # leaving `logs --follow`: the run goes on
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

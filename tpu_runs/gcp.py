@@ -1,0 +1,119 @@
+"""The REST calls of `tpu-runs`, on one HTTP session with the researcher's credentials.
+
+Exactly the methods of infra/access/researchers.py (tests record them against the stand-ins).
+Endpoints follow the usual overrides, for emulators and stand-ins on loopback:
+STORAGE_EMULATOR_HOST (Cloud Storage), TPU_API_ENDPOINT, LOGGING_API_ENDPOINT.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import quote
+
+import requests
+
+SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
+
+
+class CallError(Exception):
+    """A call Google refused, said in words: what was tried, on what, and what to do."""
+
+
+def adc_session() -> requests.Session:
+    """An authorized session with Application Default Credentials (`gcloud auth application-default login`)."""
+    import google.auth
+    import google.auth.exceptions
+    from google.auth.transport.requests import AuthorizedSession
+
+    try:
+        credentials, _ = google.auth.default(scopes=list(SCOPES))
+    except google.auth.exceptions.DefaultCredentialsError:
+        raise CallError("no Google credentials: run `gcloud auth application-default login` first") from None
+    return AuthorizedSession(credentials)
+
+
+class Google:
+    def __init__(self, session: requests.Session, stack: str):
+        self.session = session
+        self.stack = stack
+        self.storage = (os.environ.get("STORAGE_EMULATOR_HOST") or "https://storage.googleapis.com").rstrip("/")
+        self.tpu = (os.environ.get("TPU_API_ENDPOINT") or "https://tpu.googleapis.com").rstrip("/")
+        self.logging = (os.environ.get("LOGGING_API_ENDPOINT") or "https://logging.googleapis.com").rstrip("/")
+
+    def _send(self, what: str, method: str, url: str, ok: tuple[int, ...] = (), **kwargs: Any) -> requests.Response:
+        try:
+            answer = self.session.request(method, url, timeout=60, **kwargs)
+        except requests.RequestException as error:
+            raise CallError(f"could not {what}: {error}") from None
+        if answer.status_code < 300 or answer.status_code in ok:
+            return answer
+        if answer.status_code in (401, 403):
+            raise CallError(
+                f"you may not {what} (HTTP {answer.status_code}). Researchers of stack '{self.stack}' are listed "
+                f"under tpu-platform:researchers in Pulumi.{self.stack}.yaml; ask its owners to add you, then "
+                "wait a minute for IAM to apply it"
+            )
+        try:
+            message = answer.json().get("error", {}).get("message", "")
+        except ValueError:
+            message = answer.text[:300]
+        raise CallError(f"could not {what}: HTTP {answer.status_code} {message}".rstrip())
+
+    # Cloud Storage: objects.list, objects.get, objects.insert (new objects only).
+    def _object(self, bucket: str, name: str) -> str:
+        return f"{self.storage}/storage/v1/b/{quote(bucket, safe='')}/o/{quote(name, safe='')}"
+
+    def list_objects(self, bucket: str, prefix: str) -> Iterator[dict[str, Any]]:
+        token = None
+        while True:
+            params = {"prefix": prefix, **({"pageToken": token} if token else {})}
+            url = f"{self.storage}/storage/v1/b/{quote(bucket, safe='')}/o"
+            page = self._send(f"list gs://{bucket}/{prefix}", "GET", url, params=params).json()
+            yield from page.get("items", [])
+            token = page.get("nextPageToken")
+            if not token:
+                return
+
+    def read(self, bucket: str, name: str) -> bytes | None:
+        answer = self._send(f"read gs://{bucket}/{name}", "GET", self._object(bucket, name), ok=(404,),
+                            params={"alt": "media"})  # fmt: skip
+        return None if answer.status_code == 404 else answer.content
+
+    def exists(self, bucket: str, name: str) -> bool:
+        answer = self._send(f"read gs://{bucket}/{name}", "GET", self._object(bucket, name), ok=(404,))
+        return answer.status_code != 404
+
+    def create(self, bucket: str, name: str, data: bytes, content_type: str) -> bool:
+        """Upload a new object; False when one of that name exists already (ifGenerationMatch=0)."""
+        answer = self._send(
+            f"write gs://{bucket}/{name}", "POST", f"{self.storage}/upload/storage/v1/b/{quote(bucket, safe='')}/o",
+            ok=(412,), params={"uploadType": "media", "name": name, "ifGenerationMatch": "0"}, data=data,
+            headers={"Content-Type": content_type},
+        )  # fmt: skip
+        return answer.status_code != 412
+
+    # Cloud TPU: nodes.list in one zone.
+    def nodes(self, project: str, zone: str) -> list[dict[str, Any]]:
+        parent = f"projects/{project}/locations/{zone}"
+        out: list[dict[str, Any]] = []
+        token = None
+        while True:
+            params = {"pageToken": token} if token else {}
+            page = self._send(f"list the TPU VMs of {parent}", "GET", f"{self.tpu}/v2/{parent}/nodes",
+                              params=params).json()  # fmt: skip
+            out += page.get("nodes", [])
+            token = page.get("nextPageToken")
+            if not token:
+                return out
+
+    # Cloud Logging: entries.list.
+    def entries(self, project: str, log_filter: str, page_token: str | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "resourceNames": [f"projects/{project}"], "filter": log_filter, "orderBy": "timestamp asc",
+            "pageSize": 1000,
+        }  # fmt: skip
+        if page_token:
+            body["pageToken"] = page_token
+        return self._send("read the run's log", "POST", f"{self.logging}/v2/entries:list", json=body).json()

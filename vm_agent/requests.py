@@ -1,0 +1,383 @@
+"""Researchers' run and stop requests, taken in name order from the VM's folder of the status bucket.
+
+`RequestSource` is a `RunSource` (docs/design-runs.md): `next(timeout_s)` lists
+`gs://<status-bucket>/<vm>/requests/` through the Cloud Storage JSON API and returns the first request
+it can take: a `RunSpec`, a `StopRequest`, or None when nothing new came within `timeout_s`.
+
+Taking a request, so that a reboot never replays it: the agent first creates the run's state
+`<vm>/runs/<runId>/status.json` ("queued", with the request's object name) with `ifGenerationMatch=0`,
+which succeeds once per run id; then it deletes the request (the bucket is versioned, so the request's
+bytes stay as a noncurrent version for audit). A run id with a state already is never started again:
+after a crash between the two steps the request is found taken and only deleted. The state lives
+where researchers cannot write (their grant covers `<vm>/requests/` only), so no researcher can mark
+someone else's request as taken; a `requests/taken/` folder would have been theirs to write.
+
+Refused, recorded as a failed run state with the reason (never a crash): a request on a VM whose
+stack does not allow self-service (TPU_PLATFORM_SELF_SERVICE=0), a request not for this VM (an
+object whose name is not `<vm>/requests/<UTC yyyymmddThhmmssZ>-[stop-]<runId>.json` for this VM, or
+whose runId differs from its name's), a malformed one, a source outside the stack's artifacts bucket
+(`sources/<sha256>.tar.gz`) or Artifact Registry repository (pinned by digest), a run id already
+used. A refusal whose run id is unusable or taken is recorded as `runs/refused-<request name>/`.
+
+The requester field is what the request says (researchers can only write where the stack lets them;
+the bucket's Data Access audit logs record who really did).
+
+Stdlib only: the agent runs on the TPU image's system Python (Ubuntu 22.04: 3.10, infra/catalog/tpu.yaml).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+# ---------------------------------------------------------------------------------------------------
+# SEAM (to reconcile with vm_agent/sources.py, which owns RunSpec and its parser): the minimal run spec
+# this module needs, with the design's JSON field names. When sources.py lands, import RunSpec,
+# StopRequest and the parser from there and delete this block; `parse_run_spec` must keep refusing
+# what `SpecError` refuses here (tests/test_requests.py pins it).
+# ---------------------------------------------------------------------------------------------------
+RUN_ID = re.compile(r"[a-z](?:[a-z0-9-]{0,30}[a-z0-9])?")  # as a workload's `run`: 1-32, RFC 1035
+SHA256 = re.compile(r"[0-9a-f]{64}")
+SPEC_FIELDS = frozenset({"runId", "source", "command", "env", "python", "requester"})
+REQUESTER = re.compile(r"(user|group):[^@\s:]+@[^@\s]+\.[a-z]{2,}")  # infra/config/settings.py RESEARCHER_MEMBER
+
+
+class SpecError(ValueError):
+    """A request the agent refuses; the message is recorded in the run's state."""
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    run_id: str
+    source: Mapping[str, str]  # {"kind": "folder", "uri", "sha256"} or {"kind": "image", "image"}
+    command: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+    python: str | None = None
+    requester: str = "stack"
+    raw: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True)
+class StopRequest:
+    run_id: str
+
+
+def parse_run_spec(data: Any) -> RunSpec:
+    if not isinstance(data, dict):
+        raise SpecError("a run request is a JSON object")
+    unknown = sorted(set(data) - SPEC_FIELDS)
+    if unknown:
+        raise SpecError(f"unknown fields {unknown}; a request has {sorted(SPEC_FIELDS)}")
+    run_id = data.get("runId")
+    if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id):
+        raise SpecError(f"runId {run_id!r}: 1-32 lowercase letters, digits and '-', starting with a letter")
+    command = data.get("command")
+    if not isinstance(command, list) or not command or not all(isinstance(c, str) and c for c in command):
+        raise SpecError("command: a non-empty list of strings")
+    env = data.get("env", {})
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise SpecError("env: an object of string values")
+    if any(k.startswith("TPU_PLATFORM_") for k in env):
+        raise SpecError("env: TPU_PLATFORM_* variables are the run contract's, set by the agent")
+    python = data.get("python")
+    if python is not None and not (isinstance(python, str) and re.fullmatch(r"3\.[0-9]{1,2}", python)):
+        raise SpecError(f"python {python!r}: a version like 3.11")
+    source = data.get("source")
+    if not isinstance(source, dict) or not all(isinstance(v, str) for v in source.values()):
+        raise SpecError("source: an object")
+    kind = source.get("kind")
+    if kind == "folder":
+        if set(source) != {"kind", "uri", "sha256"} or not SHA256.fullmatch(source["sha256"]):
+            raise SpecError("a folder source is {kind, uri, sha256} with a 64-hex sha256")
+    elif kind == "image":
+        if set(source) != {"kind", "image"}:
+            raise SpecError("an image source is {kind, image}")
+        if python is not None:
+            raise SpecError("python applies to folder sources only")
+    else:
+        raise SpecError(f"source.kind {kind!r}: folder or image")
+    requester = data.get("requester", "stack")
+    if not isinstance(requester, str):
+        raise SpecError("requester: a string")
+    return RunSpec(run_id, dict(source), tuple(command), dict(env), python, requester, data)
+
+
+# --------------------------------------------------------------------------------------------------
+# Cloud Storage JSON API with the VM's own account (metadata-server token), or the emulator.
+# --------------------------------------------------------------------------------------------------
+METADATA_URL = "http://metadata.google.internal/computeMetadata/v1"
+STORAGE = "https://storage.googleapis.com"
+
+
+class StorageError(OSError):
+    def __init__(self, status: int, message: str):
+        super().__init__(f"{status}: {message}")
+        self.status = status
+
+
+class Gcs:
+    """The five calls the source makes: objects.list, get (media), insert (media), delete; and a token."""
+
+    def __init__(self, bucket: str, *, metadata_url: str = METADATA_URL, emulator: str | None = None):
+        self.bucket = bucket
+        self.base = emulator.rstrip("/") if emulator else STORAGE
+        self.metadata_url = metadata_url.rstrip("/")
+        self._token: tuple[str, float] | None = None
+
+    def _auth(self) -> dict[str, str]:
+        """The VM account's token, from the metadata server (the emulator, in the sandbox, ignores it)."""
+        if self._token is None or self._token[1] < time.time() + 60:
+            request = urllib.request.Request(
+                f"{self.metadata_url}/instance/service-accounts/default/token", headers={"Metadata-Flavor": "Google"}
+            )
+            with urllib.request.urlopen(request, timeout=10) as answer:
+                token = json.load(answer)
+            self._token = (token["access_token"], time.time() + float(token.get("expires_in", 300)))
+        return {"Authorization": f"Bearer {self._token[0]}"}
+
+    def _call(self, method: str, url: str, data: bytes | None = None, headers: Mapping[str, str] = {}) -> bytes:
+        request = urllib.request.Request(url, data=data, method=method, headers={**self._auth(), **headers})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                return answer.read()
+        except urllib.error.HTTPError as error:
+            raise StorageError(error.code, error.read().decode(errors="replace")[:300]) from None
+
+    def _object_url(self, name: str, upload: bool = False) -> str:
+        bucket = urllib.parse.quote(self.bucket, safe="")
+        if upload:
+            return f"{self.base}/upload/storage/v1/b/{bucket}/o"
+        return f"{self.base}/storage/v1/b/{bucket}/o/{urllib.parse.quote(name, safe='')}"
+
+    def list(self, prefix: str) -> list[str]:
+        names: list[str] = []
+        token = ""
+        while True:
+            query = {"prefix": prefix, "fields": "items(name),nextPageToken"}
+            if token:
+                query["pageToken"] = token
+            url = (
+                f"{self.base}/storage/v1/b/{urllib.parse.quote(self.bucket, safe='')}/o?{urllib.parse.urlencode(query)}"
+            )
+            page = json.loads(self._call("GET", url) or b"{}")
+            names += [item["name"] for item in page.get("items", [])]
+            token = page.get("nextPageToken", "")
+            if not token:
+                return names
+
+    def get(self, name: str) -> bytes | None:
+        try:
+            return self._call("GET", self._object_url(name) + "?alt=media")
+        except StorageError as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def create(self, name: str, data: bytes) -> bool:
+        """A new object only (ifGenerationMatch=0); False when one of that name exists."""
+        query = urllib.parse.urlencode({"uploadType": "media", "name": name, "ifGenerationMatch": "0"})
+        try:
+            self._call(
+                "POST",
+                f"{self._object_url(name, upload=True)}?{query}",
+                data,
+                {"Content-Type": "application/octet-stream"},
+            )  # fmt: skip (tpu_runs/cli.py JSON_BYTES: why)
+        except StorageError as error:
+            if error.status == 412:
+                return False
+            raise
+        return True
+
+    def delete(self, name: str) -> None:
+        try:
+            self._call("DELETE", self._object_url(name))
+        except StorageError as error:
+            if error.status != 404:
+                raise
+
+
+# --------------------------------------------------------------------------------------------------
+# The source.
+# --------------------------------------------------------------------------------------------------
+REQUEST_NAME = re.compile(r"(?P<ts>[0-9]{8}T[0-9]{6}Z)-(?P<stop>stop-)?(?P<run>[a-z0-9-]{1,40})\.json")
+
+
+def _split_gs(uri: str) -> tuple[str, str]:
+    match = re.fullmatch(r"gs://([^/]+)/?(.*)", uri)
+    if not match:
+        raise ValueError(f"{uri!r} is not a gs:// URI")
+    return match[1], match[2].rstrip("/")
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")  # datetime.UTC is 3.11+
+
+
+class RequestSource:
+    """Run and stop requests for one VM, oldest first; see the module's docstring for what is refused."""
+
+    def __init__(
+        self,
+        status_dir: str,
+        artifacts: str,
+        registry: str,
+        *,
+        self_service: bool,
+        gcs: Gcs | None = None,
+        poll_s: float = 10.0,
+        log: Callable[[str], None] | None = None,
+    ):
+        bucket, self.vm = _split_gs(status_dir)
+        if not self.vm or "/" in self.vm:
+            raise ValueError(f"TPU_PLATFORM_STATUS_DIR {status_dir!r}: gs://<status-bucket>/<vm>")
+        self.artifacts_bucket, _ = _split_gs(artifacts)
+        self.registry = registry.rstrip("/")
+        self.self_service = self_service
+        self.gcs = gcs or Gcs(bucket)
+        self.poll_s = poll_s
+        self.prefix = f"{self.vm}/requests/"
+        self.log = log or (lambda line: print(f"requests: {line}", file=sys.stderr, flush=True))
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> RequestSource:
+        """From agent.env (docs/design-runs.md)."""
+        bucket, _ = _split_gs(env["TPU_PLATFORM_STATUS_DIR"])
+        gcs = Gcs(
+            bucket,
+            metadata_url=env.get("TPU_PLATFORM_METADATA_URL") or METADATA_URL,
+            emulator=env.get("STORAGE_EMULATOR_HOST") or None,
+        )
+        return cls(
+            env["TPU_PLATFORM_STATUS_DIR"],
+            env.get("TPU_PLATFORM_ARTIFACTS", ""),
+            env.get("TPU_PLATFORM_REGISTRY", ""),
+            self_service=env.get("TPU_PLATFORM_SELF_SERVICE", "0") == "1",
+            gcs=gcs,
+        )
+
+    def next(self, timeout_s: float) -> RunSpec | StopRequest | None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                found = self._poll()
+            except (OSError, ValueError) as error:  # the network or the API: try again next time
+                self.log(f"listing {self.prefix} failed: {error}")
+                found = None
+            if found is not None:
+                return found
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            time.sleep(min(self.poll_s, left))
+
+    def state_name(self, run_id: str) -> str:
+        return f"{self.vm}/runs/{run_id}/status.json"
+
+    def _poll(self) -> RunSpec | StopRequest | None:
+        for name in sorted(self.gcs.list(self.prefix)):
+            taken = self._take(name)
+            if taken is not None:
+                return taken
+        return None
+
+    def _take(self, name: str) -> RunSpec | StopRequest | None:
+        base = name[len(self.prefix) :]
+        match = REQUEST_NAME.fullmatch(base)
+        if match is None:
+            return self._refuse(name, None, None, f"not a request for VM {self.vm}: the name must be "
+                                f"{self.prefix}<UTC yyyymmddThhmmssZ>-[stop-]<runId>.json")  # fmt: skip
+        raw = self.gcs.get(name)
+        if raw is None:
+            return None  # taken meanwhile
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            return self._refuse(name, None, None, "not JSON")
+        if not self.self_service:
+            run = None if match["stop"] or not isinstance(data, dict) else data.get("runId")
+            why = f"TPU VM {self.vm} does not take self-service runs (its stack sets selfService: false)"
+            return self._refuse(name, run if run == match["run"] else None, data, why)
+        if match["stop"]:
+            if not (isinstance(data, dict) and set(data) == {"stop"} and data["stop"] == match["run"]):
+                return self._refuse(name, None, data, f'a stop request is {{"stop": "{match["run"]}"}}')
+            self.gcs.delete(name)
+            self.log(f"stop {match['run']} (requested by {name})")
+            return StopRequest(match["run"])
+        try:
+            spec = parse_run_spec(data)
+            if spec.run_id != match["run"]:
+                raise SpecError(f"runId {spec.run_id!r} is not the one in the request's name ({match['run']!r})")
+            if not REQUESTER.fullmatch(spec.requester):
+                raise SpecError(f"requester {spec.requester!r}: a researcher's user:EMAIL or group:EMAIL")
+            self._check_source(spec)
+        except SpecError as error:
+            run = data.get("runId") if isinstance(data, dict) else None
+            return self._refuse(name, run if isinstance(run, str) else None, data, str(error))
+        state = {
+            "runId": spec.run_id, "state": "queued", "exitCode": None, "startedAt": None, "endedAt": None,
+            "requester": spec.requester, "source": dict(spec.source), "request": name, "queuedAt": _now(),
+        }  # fmt: skip
+        # Read first, then create with ifGenerationMatch=0: the read is what the sandbox can show (the
+        # emulator ignores preconditions); the precondition closes the race on Cloud Storage, where a
+        # create with ifGenerationMatch=0 fails with 412 if the object exists (docs: request preconditions).
+        existing = self._state(spec.run_id)
+        if existing or not self.gcs.create(self.state_name(spec.run_id), json.dumps(state).encode()):
+            existing = existing or self._state(spec.run_id)
+            if existing.get("request") == name:
+                self.gcs.delete(name)  # taken before a restart: never replayed
+                return None
+            return self._refuse(name, None, data, f"run id {spec.run_id!r} was used before on {self.vm}")
+        self.gcs.delete(name)
+        self.log(f"run {spec.run_id} from {spec.requester} (request {name})")
+        return spec
+
+    def _state(self, run_id: str) -> dict[str, Any]:
+        raw = self.gcs.get(self.state_name(run_id))
+        try:
+            return json.loads(raw) if raw else {}
+        except ValueError:
+            return {}
+
+    def _check_source(self, spec: RunSpec) -> None:
+        source = spec.source
+        if source["kind"] == "folder":
+            expected = f"gs://{self.artifacts_bucket}/sources/{source['sha256']}.tar.gz"
+            if not self.artifacts_bucket or source["uri"] != expected:
+                raise SpecError(f"source.uri {source['uri']!r}: must be the stack's artifacts bucket, {expected}")
+        else:
+            image = source["image"]
+            repository, _, digest = image.partition("@")
+            if not self.registry or not repository.startswith(self.registry + "/"):
+                raise SpecError(f"source.image {image!r}: must be in the stack's registry {self.registry or '(none)'}")
+            if not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
+                raise SpecError(f"source.image {image!r}: must be pinned by digest (@sha256:...)")
+
+    def _refuse(self, name: str, run_id: str | None, data: Any, reason: str) -> None:
+        """Record the refusal as a failed run state, then drop the request; never raises for the request."""
+        base = name.rsplit("/", 1)[-1].removesuffix(".json")
+        requester = data.get("requester") if isinstance(data, dict) else None
+        record = {
+            "state": "failed", "exitCode": None, "startedAt": None, "endedAt": _now(), "reason": reason,
+            "requester": requester if isinstance(requester, str) else None, "source": None, "request": name,
+        }  # fmt: skip
+        key = run_id if run_id and RUN_ID.fullmatch(run_id) and not self._state(run_id) else None
+        written = key is not None and self.gcs.create(
+            self.state_name(key), json.dumps({"runId": key, **record}).encode()
+        )
+        if not written:
+            key = "refused-" + re.sub(r"[^a-z0-9-]", "-", base.lower())[:60]
+            self.gcs.create(self.state_name(key), json.dumps({"runId": key, **record}).encode())
+        self.gcs.delete(name)
+        self.log(f"refused {name}: {reason}")
+        return None

@@ -1,0 +1,127 @@
+"""The agent's static settings: `agent.env`, which the start-up script writes and systemd passes in.
+
+Names as in docs/design-runs.md ("agent.env"); one strict parse that lists every problem.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from vm_agent.gcs import DEFAULT_METADATA_URL
+from vm_agent.sources import Allowed
+
+DEFAULT_GRACE_SECONDS = 30.0  # a spot VM's preemption notice gives about 30 s
+DEFAULT_MAX_RETRIES = 3
+DEFAULT_RETRY_DELAY_SECONDS = 30.0
+REGISTRY = re.compile(r"[a-z0-9-]+-docker\.pkg\.dev/[a-z][a-z0-9-]{4,28}[a-z0-9]/[a-z]([a-z0-9-]*[a-z0-9])?")
+
+
+class SettingsError(ValueError):
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("agent settings (agent.env): " + "; ".join(problems))
+
+
+@dataclass(frozen=True)
+class Settings:
+    stack: str
+    vm: str
+    project: str
+    root: Path
+    status_dir: str  # gs://<status-bucket>/<vm> (a local folder for a dev run)
+    artifacts: str  # gs://<artifacts-bucket>, or "" when the stack has none
+    registry: str  # <region>-docker.pkg.dev/<project>/<repo>, or ""
+    worker_id: int
+    worker_count: int
+    coordinator: str
+    grace_s: float
+    max_retries: int
+    self_service: bool
+    metadata_url: str
+    # The TPU runtime's environment (from the catalog) passed on to the program and into a container.
+    runtime_env: tuple[tuple[str, str], ...] = ()
+    retry_delay_s: float = DEFAULT_RETRY_DELAY_SECONDS
+    python: str = sys.executable  # the image's Python, which runs the agent
+    docker: str = "docker"
+
+    @property
+    def allowed(self) -> Allowed:
+        return Allowed(self.artifacts, self.registry)
+
+    @property
+    def opt(self) -> Path:
+        return self.root / "opt" / "tpu-platform"
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> Settings:
+        problems: list[str] = []
+
+        def text(name: str, required: bool = True, pattern: str = r".*") -> str:
+            value = environ.get(name, "")
+            if required and not value:
+                problems.append(f"{name} is missing")
+            elif value and not re.fullmatch(pattern, value):
+                problems.append(f"{name}={value!r} does not match {pattern}")
+            return value
+
+        def number(name: str, default: float, low: float, high: float) -> float:
+            value = environ.get(name, "")
+            if not value:
+                return default
+            try:
+                parsed = float(value)
+            except ValueError:
+                parsed = low - 1
+            if not low <= parsed <= high:
+                problems.append(f"{name}={value!r}: a number from {low:g} to {high:g}")
+                return default
+            return parsed
+
+        stack = text("TPU_PLATFORM_STACK")
+        vm = text("TPU_PLATFORM_VM")
+        project = text("TPU_PLATFORM_PROJECT", required=False)
+        status_dir = text("TPU_PLATFORM_STATUS_DIR")
+        artifacts = text("TPU_PLATFORM_ARTIFACTS", required=False, pattern=r"gs://[a-z0-9][a-z0-9._-]*[a-z0-9]")
+        registry = text("TPU_PLATFORM_REGISTRY", required=False, pattern=REGISTRY.pattern)
+        self_service = text("TPU_PLATFORM_SELF_SERVICE", required=False, pattern=r"[01]")
+        names = text("TPU_PLATFORM_RUNTIME_ENV", required=False, pattern=r"\w+(,\w+)*")
+        worker_id = int(number("TPU_PLATFORM_WORKER_ID", 0, 0, 4096))
+        worker_count = int(number("TPU_PLATFORM_WORKER_COUNT", 1, 1, 4096))
+        if worker_id >= worker_count:
+            problems.append(f"TPU_PLATFORM_WORKER_ID={worker_id} is not a worker of {worker_count}")
+        settings = cls(
+            stack=stack,
+            vm=vm,
+            project=project,
+            root=Path(environ.get("TPU_PLATFORM_ROOT", "") or "/"),
+            status_dir=status_dir.rstrip("/"),
+            artifacts=artifacts,
+            registry=registry,
+            worker_id=worker_id,
+            worker_count=worker_count,
+            coordinator=environ.get("TPU_PLATFORM_COORDINATOR", ""),
+            grace_s=number("TPU_PLATFORM_GRACE_SECONDS", DEFAULT_GRACE_SECONDS, 1, 3600),
+            max_retries=int(number("TPU_PLATFORM_MAX_RETRIES", DEFAULT_MAX_RETRIES, 0, 100)),
+            self_service=self_service == "1",
+            metadata_url=environ.get("TPU_PLATFORM_METADATA_URL", "") or DEFAULT_METADATA_URL,
+            runtime_env=tuple((n, environ.get(n, "")) for n in names.split(",") if n) if names else (),
+            retry_delay_s=number("TPU_PLATFORM_RETRY_DELAY_SECONDS", DEFAULT_RETRY_DELAY_SECONDS, 0, 3600),
+            python=environ.get("TPU_PLATFORM_PYTHON", "") or sys.executable,
+        )
+        if problems:
+            raise SettingsError(problems)
+        return settings
+
+    def contract_env(self) -> dict[str, str]:
+        """What every run sees of this VM (the run's own locations are added per run)."""
+        return {
+            "TPU_PLATFORM_STATUS_DIR": self.status_dir,
+            "TPU_PLATFORM_WORKER_ID": str(self.worker_id),
+            "TPU_PLATFORM_WORKER_COUNT": str(self.worker_count),
+            "TPU_PLATFORM_COORDINATOR": self.coordinator,
+            "TPU_PLATFORM_GRACE_SECONDS": f"{self.grace_s:g}",
+        }
