@@ -113,6 +113,19 @@ def node_path(project: str, zone: str, vm: str) -> str:
     return f"projects/{project}/locations/{zone}/nodes/{vm}"
 
 
+def artifact_repository(stack: str) -> str:
+    """The stack's Artifact Registry Docker repository id: lowercase letters, digits and '-', starting
+    with a letter, at most 63 (Artifact Registry, "Create standard repositories")."""
+    return f"tpu-{stack}"
+
+
+def source_object(sha256: str) -> str:
+    """A packaged source folder in the artifacts bucket, named by its content (docs/design-runs.md)."""
+    if not re.fullmatch(r"[0-9a-f]{64}", sha256):
+        raise ValueError(f"not a sha256 hex digest: {sha256!r}")
+    return f"sources/{sha256}.tar.gz"
+
+
 def status_prefix(vm: str) -> str:
     """A VM's folder in the run-status bucket; its completion marker is `<prefix>COMPLETE`."""
     return f"{vm}/"
