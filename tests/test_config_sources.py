@@ -145,10 +145,8 @@ def test_a_vm_runs_only_a_program_until_the_agent_is_installed():
 
 
 def test_a_key_outside_the_repository_region_is_refused_for_the_image_repository():
-    raw = with_object(
-        sources(), "buckets",
-        lambda b: b.update(location="EUROPE-WEST4", kmsKeyName="projects/k/locations/europe-west4/keyRings/r/cryptoKeys/c"),
-    )  # fmt: skip
+    key = "projects/k/locations/europe-west4/keyRings/r/cryptoKeys/c"
+    raw = with_object(sources(), "buckets", lambda b: b.update(location="EUROPE-WEST4", kmsKeyName=key))
     assert "needs in the repository's region us-central1, not europe-west4" in problems_of(raw)
 
 
