@@ -8,6 +8,7 @@ from collections.abc import Iterable
 import pulumi
 import pulumi_gcp as gcp
 
+from infra import artifacts
 from infra.config import PlatformConfig
 
 # The TPU guard's serverless stack (see infra/automation.py).
@@ -44,7 +45,8 @@ def required_apis(cfg: PlatformConfig) -> tuple[str, ...]:
         apis.append("cloudscheduler.googleapis.com")
     if guard_needed(cfg):
         apis += list(AUTOMATION_APIS)
-    return tuple(apis)
+    apis += artifacts.REQUIRED_APIS
+    return tuple(dict.fromkeys(apis))
 
 
 class ProjectApis(pulumi.ComponentResource):

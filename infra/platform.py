@@ -7,30 +7,38 @@ from typing import Any
 
 import pulumi
 
+from infra import artifacts
 from infra.apis import ProjectApis, guard_needed, required_apis
+from infra.artifacts import ArtifactsArgs, WorkloadArtifacts, WorkloadCode
 from infra.automation import TpuGuard
 from infra.budget import BudgetAlerts
 from infra.config import PROJECT, PlatformConfig
+from infra.config.sources import REPO_ROOT, parse_image
 from infra.cost import StackCost, estimate
 from infra.identity import WorkloadIdentity
 from infra.lifecycle import RunStatus, TpuSchedules, schedule_outputs
 from infra.monitoring import TpuMonitoring
 from infra.network import PrivateNetwork
+from infra.packaging import Package, package
 from infra.run_status import completed_runs
 from infra.schema import ConfigError, Problem
 from infra.secrets import hide, keep_secret
 from infra.storage import PlatformBuckets
 from infra.tpu.cloud_tpu import BACKENDS
-from infra.tpu.metadata import run_id, vm_metadata
+from infra.tpu.metadata import run_id, source_digests, vm_metadata
 from infra.tpu.vm import TpuVm
 
 TPU_BACKEND = "cloud-tpu"
+# The VM agent's package (docs/design-runs.md), uploaded next to the workloads' sources once it exists.
+AGENT_FOLDER = "vm_agent"
+AGENT_PACKAGE = "vm-agent"
 
 
 def build_platform(cfg: PlatformConfig, secrets: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Declare every resource of the stack and return the stack outputs."""
     secrets = secrets or {}
-    metadata = vm_metadata(cfg)  # may refuse the config: before any resource is declared
+    digests = source_digests(cfg)  # may refuse the config: before any resource is declared
+    metadata = vm_metadata(cfg, digests)
     refuse_secrets_in_metadata(cfg, metadata, secrets)
     cost = check_cost(cfg)
     keep_secret(secrets)
@@ -38,6 +46,13 @@ def build_platform(cfg: PlatformConfig, secrets: Mapping[str, str] | None = None
     network = PrivateNetwork("network", cfg, apis)
     buckets = PlatformBuckets("buckets", cfg, apis)
     identities = {w.name: WorkloadIdentity(f"workload-{w.name}", cfg, w, buckets.buckets, apis) for w in cfg.workloads}
+    code = WorkloadArtifacts(
+        "artifacts",
+        cfg.env,
+        artifacts_args(cfg, digests),
+        {n: i.email for n, i in identities.items()},
+        apis.needs(*(a.removesuffix(".googleapis.com") for a in artifacts.REQUIRED_APIS)),
+    )
     budget = BudgetAlerts("budget", cfg, apis)
     accounts = {n: i.account for n, i in identities.items()}
     status = RunStatus(
@@ -61,7 +76,7 @@ def build_platform(cfg: PlatformConfig, secrets: Mapping[str, str] | None = None
             identities[vm.workload],
             network,
             BACKENDS["queued" if vm.queued else TPU_BACKEND],
-            needs=[*apis.needs("tpu"), status.grants[vm.name]],
+            needs=[*apis.needs("tpu"), status.grants[vm.name], *code.grants[vm.workload]],
         )
         for vm in cfg.tpu_vms
         if vm.name not in gone
@@ -82,7 +97,8 @@ def build_platform(cfg: PlatformConfig, secrets: Mapping[str, str] | None = None
         "environment": cfg.environment,
         "enabledApis": sorted(apis.services),
         "network": network.network.self_link,
-        "bucketUrls": {**buckets.urls, "status": status.bucket.url},
+        "bucketUrls": {**buckets.urls, "status": status.bucket.url, "artifacts": code.bucket.url},
+        "imageRegistry": code.registry,
         "serviceAccounts": {name: identity.email for name, identity in identities.items()},
         "budgetName": budget.budget.name,
         "budgetAlertTopic": budget.topic.id if budget.topic else None,
@@ -90,6 +106,48 @@ def build_platform(cfg: PlatformConfig, secrets: Mapping[str, str] | None = None
         "schedules": schedule_outputs(cfg.tpu_vms),
         "costEstimate": cost.as_output(),
     }
+
+
+def source_packages(cfg: PlatformConfig, digests: dict[str, str]) -> dict[str, Package]:
+    """The archives to upload, by resource key: each folder source, and the VM agent once it exists."""
+    out: dict[str, Package] = {}
+    for folder in sorted(digests):
+        archive = package(REPO_ROOT.joinpath(*folder.split("/")))
+        assert archive.sha256 == digests[folder], f"{folder} changed while the plan ran"
+        out[_package_key(folder)] = archive
+    agent = REPO_ROOT / AGENT_FOLDER
+    if agent.is_dir():
+        out[AGENT_PACKAGE] = package(agent)
+    return out
+
+
+def _package_key(folder: str) -> str:
+    return "source-" + folder.replace("/", "-").replace("_", "-").replace(".", "-").lower()
+
+
+def artifacts_args(cfg: PlatformConfig, digests: dict[str, str]) -> ArtifactsArgs:
+    packages = source_packages(cfg, digests)
+    agent = (AGENT_PACKAGE,) if AGENT_PACKAGE in packages else ()
+    workloads = {
+        w.name: WorkloadCode(
+            packages=(*agent, *((_package_key(w.source.folder),) if w.source.kind == "folder" else ())),
+            pulls_images=w.source.kind == "image",
+        )
+        for w in cfg.workloads
+    }
+    images = (parse_image(w.source.image) for w in cfg.workloads if w.source.kind == "image")
+    return ArtifactsArgs(
+        location=cfg.buckets.location,
+        kms_key_name=cfg.buckets.kms_key_name,
+        destroyable="artifacts" in cfg.buckets.destroyable,
+        noncurrent_versions_to_keep=cfg.buckets.noncurrent_versions_to_keep,
+        noncurrent_version_days=cfg.buckets.noncurrent_version_days,
+        packages=packages,
+        workloads=workloads,
+        pinned_digests=tuple(sorted({i.digest for i in images if i is not None and i.digest})),
+        keep_image_versions=cfg.artifacts.keep_image_versions,
+        untagged_image_days=cfg.artifacts.untagged_image_days,
+    )
 
 
 def check_cost(cfg: PlatformConfig) -> StackCost:

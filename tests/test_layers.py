@@ -35,9 +35,11 @@ PURE = {
     "infra.config.reader",
     "infra.config.rules",
     "infra.config.settings",
+    "infra.config.sources",
     "infra.cost",
     "infra.iam",
     "infra.naming",
+    "infra.packaging",
     "infra.programs",
     "infra.schedule",
     "infra.schema",
@@ -49,6 +51,7 @@ PURE = {
 # Components, grants, invokes and the Pulumi config edge: these import Pulumi.
 DECLARATION = {
     "infra.apis",
+    "infra.artifacts",
     "infra.automation",
     "infra.budget",
     "infra.grants",

@@ -173,9 +173,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "buckets.destroyable",
         "list",
-        "Buckets `pulumi destroy` may delete, objects included (never in production).",
+        "Buckets `pulumi destroy` may delete, objects included (never in production); `artifacts`: the "
+        "source archives and the image repository.",
         items="string",
-        choices=BUCKET_PURPOSES,
+        choices=(*BUCKET_PURPOSES, "artifacts"),
         optional=True,
     ),
     Setting(
