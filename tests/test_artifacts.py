@@ -220,3 +220,22 @@ def test_a_changed_source_folder_is_a_new_archive_and_only_a_metadata_update_of_
     vm_lines = updated.split("`tpu-mnist-v2-spot-node`", 1)[1].split("\n- `", 1)[0]
     assert "inputs.metadata.tpu-platform-run" in vm_lines
     assert "startup-script" not in vm_lines and "forces replacement" not in vm_lines
+
+
+def test_the_deployer_of_a_stack_with_an_image_may_grant_pulls_on_the_repository_only():
+    """What `pulumi up` calls for the repository and its pull grant, from the mapping in infra/access/calls.py."""
+    from infra.access.environment import environment_access
+
+    result = sources_plan()
+    access = environment_access("sources", result.project, declared(result), result.invokes)
+    assert {
+        "artifactregistry.repositories.create",
+        "artifactregistry.repositories.get",
+        "artifactregistry.repositories.update",
+        "artifactregistry.repositories.delete",
+        "artifactregistry.repositories.getIamPolicy",
+        "artifactregistry.repositories.setIamPolicy",
+    } <= set(access.deployer_permissions)
+    # A repository grant is no project grant: the limited project IAM admin is not widened by it.
+    assert "roles/artifactregistry.reader" not in access.grantable_roles
+    assert "artifactregistry.repositories.get" in access.previewer_permissions
