@@ -82,6 +82,8 @@ def test_a_program_is_a_folder_source_with_its_own_command_and_settings():
         ({"env": {"TPU_PLATFORM_RUN_ID": "x"}}, "env.TPU_PLATFORM_RUN_ID", "not starting with TPU_PLATFORM_"),
         ({"env": {"lower": "x"}}, "env.lower", "NAME of A-Z"),
         ({"env": {"N": 3}}, "env.N", "values of at most"),
+        ({"epochs": 3}, "epochs", "only with program"),
+        ({"frameworkVersion": "2.15.0"}, "frameworkVersion", "only with program"),
     ],
 )
 def test_a_bad_folder_source_is_named_with_what_is_allowed(changes, key, says):

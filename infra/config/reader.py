@@ -54,6 +54,8 @@ from infra.schema import MISSING, Node, Problems, decode_objects
 OBJECT_KEYS = tuple(s.name for s in children("") if s.kind in ("object", "map", "list"))
 SCALAR_KEYS = tuple(s.name for s in children("") if s.kind not in ("object", "map", "list"))
 _ACCELERATOR_NAME = r"[a-z][a-z0-9]*-[0-9]{1,5}"
+# A built-in program's own settings (its command line); a workload with its own source would ignore them.
+PROGRAM_ONLY = ("frameworkVersion", "epochs", "batchSize", "checkpointEverySteps", "checkpointEveryMinutes")
 
 
 def _name(s: Setting) -> str:
@@ -287,6 +289,12 @@ def _code(node: Node, workload: WorkloadSettings) -> dict[str, object]:
             node.key("source"), MISSING, f"give source (folder or image) and command, or program: {', '.join(PROGRAMS)}"
         )
         return {"env": env}
+    for key in PROGRAM_ONLY:
+        if key in node.data:
+            node.problems.add(
+                node.key(key), node.data[key], f"only with program: a workload with its own source takes {key} in "
+                "its command or env",
+            )  # fmt: skip
     folder = optional_text(source_node, "workloads.<name>.source.folder", check=sources.folder_problem)
     image = optional_text(source_node, "workloads.<name>.source.image")
     source_node.done()
