@@ -28,3 +28,8 @@ def test_plan_scale_benchmark_runs():
 def test_workload_benchmark_runs():
     out = run("benchmarks/workloads.py", "--python", workloads_python(), "--train", "1024", "--steps", "30")
     assert "prepare_data:" in out and "tf_mnist" in out and "jax_mnist" in out
+
+
+def test_packaging_benchmark_runs():
+    out = run("benchmarks/packaging.py", "--folder", "workloads", "--repeat", "1")
+    assert "workloads:" in out and "tar.gz" in out
