@@ -239,3 +239,17 @@ def test_the_deployer_of_a_stack_with_an_image_may_grant_pulls_on_the_repository
     # A repository grant is no project grant: the limited project IAM admin is not widened by it.
     assert "roles/artifactregistry.reader" not in access.grantable_roles
     assert "artifactregistry.repositories.get" in access.previewer_permissions
+
+
+def test_a_folder_that_cannot_be_packaged_is_a_config_error_naming_the_workload(tmp_path, monkeypatch):
+    from infra.schema import ConfigError
+
+    shutil.copytree(REPO_ROOT / PROGRAM_FOLDER, tmp_path / PROGRAM_FOLDER)
+    (tmp_path / PROGRAM_FOLDER / "data").symlink_to("/etc")
+    monkeypatch.setattr(vm_metadata_module, "REPO_ROOT", tmp_path)
+    cfg = parse_stack_config("sources", fixture_config("sources"))
+    with pytest.raises(ConfigError) as caught:
+        source_digests(cfg)
+    message = str(caught.value)
+    assert "tpu-platform:workloads.mnist.program = 'tf_mnist': cannot be packaged" in message
+    assert "data is a symbolic link" in message

@@ -47,8 +47,8 @@ def source_digests(cfg: PlatformConfig) -> dict[str, str]:
         try:
             out[folder] = package(REPO_ROOT.joinpath(*folder.split("/"))).sha256
         except PackagingError as error:
-            key = "program" if workload.program else "source.folder"
-            problems.add(f"{PROJECT}:workloads.{workload.name}.{key}", folder, f"cannot be packaged: {error}")
+            key, value = ("program", workload.program) if workload.program else ("source.folder", folder)
+            problems.add(f"{PROJECT}:workloads.{workload.name}.{key}", value, f"cannot be packaged: {error}")
     problems.raise_if_any(cfg.stack)
     return out
 
