@@ -153,3 +153,9 @@ def test_every_problem_is_reported_at_once():
     raw = with_object(raw, "budget", lambda b: b.update(amount=-1))
     message = problems_of(raw)
     assert "3 invalid settings" in message
+
+
+def test_an_empty_workload_name_on_a_vm_is_refused():
+    """Found by tests/test_bad_input.py: `workload: ""` passed the reader and crashed the metadata rendering."""
+    raw = with_object(stack_config(), "tpuVms", lambda vms: vms[0].update(workload=""))
+    assert "tpu-platform:tpuVms[0].workload = '': must be one of mnist" in problems_of(raw)

@@ -103,7 +103,8 @@ def _tpu_vms(cfg: PlatformConfig, problems: Problems) -> None:
             problems.add(f"{key}.name", vm.name, "another TPU VM of this stack has this name")
         names.add(vm.name)
         workload = workloads.get(vm.workload)
-        if vm.workload and workload is None and workloads:
+        already = any(p.key == f"{key}.workload" for p in problems.items)  # e.g. not set: said once
+        if workload is None and workloads and not already:  # an empty name too: the reader accepts ""
             problems.add(f"{key}.workload", vm.workload, f"must be one of {', '.join(sorted(workloads))}")
         if workload and not workload.program:
             # The start-up script in metadata still runs a built-in program; a workload's own source is
