@@ -39,6 +39,7 @@ def build_platform(cfg: PlatformConfig, secrets: Mapping[str, str] | None = None
     secrets = secrets or {}
     digests = source_digests(cfg)  # may refuse the config: before any resource is declared
     metadata = vm_metadata(cfg, digests)
+    code_args = artifacts_args(cfg, digests)  # packages the folders; may refuse them, still before any resource
     refuse_secrets_in_metadata(cfg, metadata, secrets)
     cost = check_cost(cfg)
     keep_secret(secrets)
@@ -49,7 +50,7 @@ def build_platform(cfg: PlatformConfig, secrets: Mapping[str, str] | None = None
     code = WorkloadArtifacts(
         "artifacts",
         cfg.env,
-        artifacts_args(cfg, digests),
+        code_args,
         {n: i.email for n, i in identities.items()},
         apis.needs(*(a.removesuffix(".googleapis.com") for a in artifacts.REQUIRED_APIS)),
     )
@@ -111,10 +112,20 @@ def build_platform(cfg: PlatformConfig, secrets: Mapping[str, str] | None = None
 def source_packages(cfg: PlatformConfig, digests: dict[str, str]) -> dict[str, Package]:
     """The archives to upload, by resource key: each folder source, and the VM agent once it exists."""
     out: dict[str, Package] = {}
+    folders: dict[str, str] = {}
     for folder in sorted(digests):
         archive = package(REPO_ROOT.joinpath(*folder.split("/")))
         assert archive.sha256 == digests[folder], f"{folder} changed while the plan ran"
-        out[_package_key(folder)] = archive
+        key = _package_key(folder)
+        if key in folders:  # `a/b` and `a-b`: one resource name for two folders
+            raise ConfigError(
+                cfg.stack,
+                [Problem(f"{PROJECT}:workloads", folder,
+                         f"source folders {folders[key]} and {folder} would share the resource name {key}; "
+                         "rename one of the folders")],
+            )  # fmt: skip
+        folders[key] = folder
+        out[key] = archive
     agent = REPO_ROOT / AGENT_FOLDER
     if agent.is_dir():
         out[AGENT_PACKAGE] = package(agent)

@@ -253,3 +253,15 @@ def test_a_folder_that_cannot_be_packaged_is_a_config_error_naming_the_workload(
     message = str(caught.value)
     assert "tpu-platform:workloads.mnist.program = 'tf_mnist': cannot be packaged" in message
     assert "data is a symbolic link" in message
+
+
+def test_two_folders_that_would_share_a_resource_name_are_refused(tmp_path, monkeypatch):
+    from infra.config import ConfigError
+
+    for folder in ("a/b", "a-b"):
+        (tmp_path / folder).mkdir(parents=True)
+        (tmp_path / folder / "train.py").write_text("")
+    monkeypatch.setattr(platform, "REPO_ROOT", tmp_path)
+    cfg = parse_stack_config("sources", fixture_config("sources"))
+    with pytest.raises(ConfigError, match="source folders a-b and a/b would share the resource name source-a-b"):
+        platform.artifacts_args(cfg, {"a/b": package(tmp_path / "a/b").sha256, "a-b": package(tmp_path / "a-b").sha256})
