@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from infra.config import parse_stack_config
-from infra.config.sources import command_problem, folder_problem, image_problem, parse_image
+from infra.config.sources import REPO_ROOT, command_problem, folder_problem, image_problem, parse_image
 from infra.schema import ConfigError
 from infra.tpu.metadata import vm_metadata
 from tests.support import NS, fixture_config, with_object
@@ -253,3 +253,20 @@ def test_any_junk_in_the_artifacts_settings_is_a_clean_config_error(key, junk):
         parse_stack_config("sources", raw)
     except ConfigError as error:
         assert all(p.key.startswith(f"{NS}:artifacts") and p.allowed for p in error.problems)
+
+
+def test_the_readme_example_parses_with_the_dev_stack():
+    import re
+
+    import yaml
+
+    from tests.support import stack_config
+
+    readme = (REPO_ROOT / "README.md").read_text()
+    block = readme.split("<!-- example: workload sources", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    example = yaml.safe_load(block)["tpu-platform:workloads"]
+    raw = with_object(stack_config("dev"), "workloads", lambda w: w.update(example))
+    cfg = parse_stack_config("dev", raw)
+    own, image = cfg.workload("jax-own"), cfg.workload("eval")
+    assert (own.source.folder, own.command[:2], own.python) == ("workloads", ("python", "jax_mnist.py"), "3.11")
+    assert re.fullmatch(r".*/tpu-dev/eval@sha256:[0-9a-f]{64}", image.source.image)
