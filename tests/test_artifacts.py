@@ -8,6 +8,8 @@ import shutil
 import pytest
 
 from infra import platform
+from infra.access import iamdata
+from infra.artifacts import PULL_PERMISSIONS, SOURCE_METHODS
 from infra.access.model import custom_roles, grants_to
 from infra.config import parse_stack_config
 from infra.config.model import PROGRAM_FOLDER
@@ -78,10 +80,13 @@ def test_each_workload_reads_only_the_archives_it_runs_and_pulls_only_if_it_runs
         assert [(g.role, g.condition) for g in sources] == (
             [("roles/storage.objectViewer", f'resource.name == "{objects}"')] if reads else []
         ), workload
+        if reads:  # what the VM calls to fetch its archive
+            needed = {p for m in SOURCE_METHODS for p in iamdata.method_permissions(m, acls=False)}
+            assert needed <= sources[0].permissions, workload
         pulling = [g for g in held if g.scope.startswith("repositories/")]
         assert [g.role for g in pulling] == (["roles/artifactregistry.reader"] if pulls else []), workload
         if pulls:
-            assert "artifactregistry.repositories.downloadArtifacts" in pulling[0].permissions  # docker pull
+            assert set(PULL_PERMISSIONS) <= pulling[0].permissions  # docker pull
         # Never on the project: Artifact Registry and Cloud Storage reads are granted on the resource only.
         on_project = {p for g in held if g.scope.startswith("projects/") for p in g.permissions}
         assert not {p for p in on_project if p.startswith(("artifactregistry.", "storage."))}, workload
