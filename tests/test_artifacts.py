@@ -9,8 +9,8 @@ import pytest
 
 from infra import platform
 from infra.access import iamdata
-from infra.artifacts import PULL_PERMISSIONS, SOURCE_METHODS
 from infra.access.model import custom_roles, grants_to
+from infra.artifacts import PULL_PERMISSIONS, SOURCE_METHODS
 from infra.config import parse_stack_config
 from infra.config.model import PROGRAM_FOLDER
 from infra.config.sources import REPO_ROOT
