@@ -83,11 +83,6 @@ ARTIFACTS = "artifacts"
 SOURCES_PREFIX = "sources/"
 
 
-def source_object(sha256: str) -> str:
-    """A packaged source folder in the artifacts bucket, named by the sha256 of its bytes."""
-    return f"{SOURCES_PREFIX}{sha256}.tar.gz"
-
-
 def requests_prefix(vm: str) -> str:
     """Where researchers' run and stop requests for one VM wait for its agent (docs/design-runs.md)."""
     return f"{status_prefix(vm)}requests/"
@@ -132,6 +127,19 @@ def scheduler_job(vm: str, action: str) -> str:
 def node_path(project: str, zone: str, vm: str) -> str:
     """The TPU API's name of a node: `projects/P/locations/ZONE/nodes/NAME`."""
     return f"projects/{project}/locations/{zone}/nodes/{vm}"
+
+
+def artifact_repository(stack: str) -> str:
+    """The stack's Artifact Registry Docker repository id: lowercase letters, digits and '-', starting
+    with a letter, at most 63 (Artifact Registry, "Create standard repositories")."""
+    return f"tpu-{stack}"
+
+
+def source_object(sha256: str) -> str:
+    """A packaged source folder in the artifacts bucket, named by its content (docs/design-runs.md)."""
+    if not re.fullmatch(r"[0-9a-f]{64}", sha256):
+        raise ValueError(f"not a sha256 hex digest: {sha256!r}")
+    return f"{SOURCES_PREFIX}{sha256}.tar.gz"
 
 
 def status_prefix(vm: str) -> str:

@@ -14,9 +14,11 @@ import pulumi
 
 from infra import naming
 from infra.apis import ProjectApis, required_apis
+from infra.artifacts import ARTIFACTS_APIS, ArtifactsArgs, WorkloadArtifacts, WorkloadCode
 from infra.automation import TpuGuard, TpuGuardArgs, guard_apis
 from infra.budget import BudgetAlerts, BudgetAlertsArgs, budget_apis
 from infra.config import PROJECT, PlatformConfig
+from infra.config.sources import parse_image
 from infra.cost import StackCost, estimate
 from infra.identity import IDENTITY_APIS, WorkloadIdentity, WorkloadIdentityArgs
 from infra.lifecycle import (
@@ -30,22 +32,27 @@ from infra.lifecycle import (
 )
 from infra.monitoring import MONITORING_APIS, TpuMonitoring, TpuMonitoringArgs
 from infra.network import NETWORK_APIS, PrivateNetwork
+from infra.packaging import Package, repository_folder
 from infra.researchers import ResearcherAccess, ResearcherArgs, researcher_apis
 from infra.run_status import completed_runs
 from infra.schema import ConfigError, Problem
 from infra.secrets import hide, keep_secret
 from infra.storage import STORAGE_APIS, PlatformBuckets
 from infra.tpu.cloud_tpu import BACKENDS
-from infra.tpu.metadata import run_id, vm_metadata
+from infra.tpu.metadata import agent_package, run_id, source_digests, vm_metadata
 from infra.tpu.vm import TPU_VM_APIS, TpuVm
 
 TPU_BACKEND = "cloud-tpu"
+# The VM agent's package (docs/design-runs.md), uploaded next to the workloads' sources.
+AGENT_PACKAGE = "vm-agent"
 
 
 def build_platform(cfg: PlatformConfig, secrets: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Declare every resource of the stack and return the stack outputs."""
     secrets = secrets or {}
-    metadata = vm_metadata(cfg)  # may refuse the config: before any resource is declared
+    digests = source_digests(cfg)  # may refuse the config: before any resource is declared
+    metadata = vm_metadata(cfg, digests)
+    code_args = artifacts_args(cfg, digests)  # packages the folders; may refuse them, still before any resource
     refuse_secrets_in_metadata(cfg, metadata, secrets)
     cost = check_cost(cfg)
     keep_secret(secrets)
@@ -79,6 +86,7 @@ def build_platform(cfg: PlatformConfig, secrets: Mapping[str, str] | None = None
             NETWORK_APIS,
             STORAGE_APIS,
             IDENTITY_APIS,
+            ARTIFACTS_APIS,
             budget_apis(budget_args),
             RUN_STATUS_APIS,
             TPU_VM_APIS,
@@ -96,6 +104,13 @@ def build_platform(cfg: PlatformConfig, secrets: Mapping[str, str] | None = None
         name: WorkloadIdentity(f"workload-{name}", env, args, buckets.buckets, apis)
         for name, args in identity_args.items()
     }
+    code = WorkloadArtifacts(
+        "artifacts",
+        env,
+        code_args,
+        {n: i.email for n, i in identities.items()},
+        apis.needs(*(a.removesuffix(".googleapis.com") for a in ARTIFACTS_APIS)),
+    )
     budget = BudgetAlerts("budget", env, budget_args, apis)
     accounts = {n: i.account for n, i in identities.items()}
     status = RunStatus(
@@ -120,7 +135,7 @@ def build_platform(cfg: PlatformConfig, secrets: Mapping[str, str] | None = None
             network,
             BACKENDS["queued" if vm.queued else TPU_BACKEND],
             apis,
-            needs=[status.grants[vm.name]],
+            needs=[status.grants[vm.name], *code.grants[vm.workload]],
         )
         for vm in cfg.tpu_vms
         if vm.name not in gone
@@ -143,7 +158,8 @@ def build_platform(cfg: PlatformConfig, secrets: Mapping[str, str] | None = None
         "environment": env.stack,
         "enabledApis": sorted(apis.services),
         "network": network.network.self_link,
-        "bucketUrls": {**buckets.urls, "status": status.bucket.url},
+        "bucketUrls": {**buckets.urls, "status": status.bucket.url, "artifacts": code.bucket.url},
+        "imageRegistry": code.registry,
         "serviceAccounts": {name: identity.email for name, identity in identities.items()},
         "budgetName": budget.budget.name,
         "budgetAlertTopic": budget.topic.id if budget.topic else None,
@@ -161,6 +177,56 @@ def researcher_args_of(cfg: PlatformConfig) -> ResearcherArgs:
         models_bucket=cfg.bucket_name("models"),
         artifacts_bucket=naming.bucket(cfg.name_prefix, cfg.stack, naming.ARTIFACTS),
         ssh=cfg.researcher_ssh,
+    )
+
+
+def source_packages(cfg: PlatformConfig, digests: dict[str, str]) -> dict[str, Package]:
+    """The archives to upload, by resource key: each folder source, and the VM agent once it exists."""
+    out: dict[str, Package] = {}
+    folders: dict[str, str] = {}
+    for folder in sorted(digests):
+        archive = repository_folder(folder)
+        assert archive.sha256 == digests[folder], f"{folder} changed while the plan ran"
+        key = _package_key(folder)
+        if key in folders:  # `a/b` and `a-b`: one resource name for two folders
+            raise ConfigError(
+                cfg.stack,
+                [Problem(f"{PROJECT}:workloads", folder,
+                         f"source folders {folders[key]} and {folder} would share the resource name {key}; "
+                         "rename one of the folders")],
+            )  # fmt: skip
+        folders[key] = folder
+        out[key] = archive
+    out[AGENT_PACKAGE] = agent_package()
+    return out
+
+
+def _package_key(folder: str) -> str:
+    return "source-" + folder.replace("/", "-").replace("_", "-").replace(".", "-").lower()
+
+
+def artifacts_args(cfg: PlatformConfig, digests: dict[str, str]) -> ArtifactsArgs:
+    packages = source_packages(cfg, digests)
+    agent = (AGENT_PACKAGE,) if AGENT_PACKAGE in packages else ()
+    workloads = {
+        w.name: WorkloadCode(
+            packages=(*agent, *((_package_key(w.source.folder),) if w.source.kind == "folder" else ())),
+            pulls_images=w.source.kind == "image",
+        )
+        for w in cfg.workloads
+    }
+    images = (parse_image(w.source.image) for w in cfg.workloads if w.source.kind == "image")
+    return ArtifactsArgs(
+        location=cfg.buckets.location,
+        kms_key_name=cfg.buckets.kms_key_name,
+        destroyable="artifacts" in cfg.buckets.destroyable,
+        noncurrent_versions_to_keep=cfg.buckets.noncurrent_versions_to_keep,
+        noncurrent_version_days=cfg.buckets.noncurrent_version_days,
+        packages=packages,
+        workloads=workloads,
+        pinned_digests=tuple(sorted({i.digest for i in images if i is not None and i.digest})),
+        keep_image_versions=cfg.artifacts.keep_image_versions,
+        untagged_image_days=cfg.artifacts.untagged_image_days,
     )
 
 

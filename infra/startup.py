@@ -54,7 +54,9 @@ EXIT_CONFIG = 78  # EX_CONFIG of sysexits.h
 # it finds a Cloud TPU slice itself (`coordinator_port = '8482'` in jax/_src/clusters/cloud_tpu_cluster.py).
 # Passed explicitly, so the same start-up path works where JAX's detection is off (a CPU sandbox).
 COORDINATOR_PORT = 8482
-RUN_ATTRIBUTE = "tpu-platform-run"  # the run spec the agent watches (docs/design-runs.md)
+# The run the VM agent starts (docs/design-runs.md, "A run spec"): a change of it (run id, command, a
+# source's digest, settings) is a change of metadata only, which the agent sees with wait_for_change.
+RUN_ATTRIBUTE = "tpu-platform-run"
 
 
 @dataclass(frozen=True)

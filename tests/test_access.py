@@ -432,6 +432,8 @@ def test_bootstrap_grants_the_prod_cmek_key_so_the_deployer_needs_no_right_on_it
     keys = [r for r in grants if "acme-security-keys" in r.inputs["cryptoKeyId"]]
     number = _number("acme-ml-production")
     assert sorted(k.inputs["member"] for k in keys) == [
+        # the image repository (Artifact Registry, "Enable customer-managed encryption keys")
+        f"serviceAccount:service-{number}@gcp-sa-artifactregistry.iam.gserviceaccount.com",
         f"serviceAccount:service-{number}@gcp-sa-pubsub.iam.gserviceaccount.com",  # the budget topic
         f"serviceAccount:service-{number}@gs-project-accounts.iam.gserviceaccount.com",  # the buckets
     ]

@@ -33,6 +33,8 @@ API_FOR_TYPE = {
     "gcp:projects/serviceIdentity:ServiceIdentity": "eventarc.googleapis.com",
     "gcp:projects/iAMAuditConfig:IAMAuditConfig": "cloudresourcemanager.googleapis.com",
     "gcp:cloudrunv2/serviceIamMember:ServiceIamMember": "run.googleapis.com",
+    "gcp:artifactregistry/repository:Repository": "artifactregistry.googleapis.com",
+    "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember": "artifactregistry.googleapis.com",
 }
 
 
@@ -64,3 +66,13 @@ def test_optional_apis_follow_the_config():
     assert "pubsub.googleapis.com" not in dev and "pubsub.googleapis.com" in prod
     # The CMEK key's grant is the bootstrap's: the platform makes no Cloud KMS call.
     assert "cloudkms.googleapis.com" not in dev | prod
+
+
+def test_the_image_repository_scans_images_with_the_container_scanning_api_enabled_first():
+    """`enablementConfig: INHERITED` scans "dependent on API enablement" (Artifact Registry v1
+    Repository.VulnerabilityScanningConfig): the repository waits for containerscanning.googleapis.com."""
+    result = plan(stack_config("dev"))
+    services = {r.inputs["service"]: r.urn for r in result.of_type("gcp:projects/service:Service")}
+    (repository,) = result.of_type("gcp:artifactregistry/repository:Repository")
+    assert repository.inputs["vulnerabilityScanningConfig"] == {"enablementConfig": "INHERITED"}
+    assert depends_on(result, repository, services["containerscanning.googleapis.com"])

@@ -33,3 +33,8 @@ def test_workload_benchmark_runs():
 def test_telemetry_benchmark_runs():
     out = run("benchmarks/telemetry.py", "--lines", "200")
     assert "us/line on the run's path" in out and "event file:" in out
+
+
+def test_packaging_benchmark_runs():
+    out = run("benchmarks/packaging.py", "--folder", "workloads", "--repeat", "1")
+    assert "workloads:" in out and "tar.gz" in out

@@ -36,9 +36,11 @@ PURE = {
     "infra.config.reader",
     "infra.config.rules",
     "infra.config.settings",
+    "infra.config.sources",
     "infra.cost",
     "infra.iam",
     "infra.naming",
+    "infra.packaging",
     "infra.programs",
     "infra.schedule",
     "infra.schema",
@@ -50,6 +52,7 @@ PURE = {
 # Components, grants, invokes and the Pulumi config edge: these import Pulumi.
 DECLARATION = {
     "infra.apis",
+    "infra.artifacts",
     "infra.automation",
     "infra.budget",
     "infra.grants",

@@ -74,7 +74,7 @@ LONGEST_VM = "v" * 40  # TPU node ids: the config reader's limit for tpuVms[].na
 
 
 def test_every_name_is_legal_at_the_longest_stack_and_prefix():
-    for purpose in ("data", "checkpoints", "models", "status", "functions"):
+    for purpose in ("data", "checkpoints", "models", "status", "functions", "artifacts"):
         assert naming.bucket_name_problem(naming.bucket(LONGEST_PROJECT, LONGEST_STACK, purpose)) is None, purpose
     for kind in naming.PLATFORM_ACCOUNT_KINDS:
         assert naming.service_account_id_problem(naming.platform_account_id(kind, LONGEST_STACK)) is None, kind
@@ -86,6 +86,8 @@ def test_every_name_is_legal_at_the_longest_stack_and_prefix():
         # Custom role ids: letters, digits, '_' and '.', at most 64 (IAM roles.create).
         role = naming.custom_role_id(kind, "a-b-" + "c" * (naming.MAX_STACK - 4))
         assert len(role) <= 64 and role.replace("_", "").replace(".", "").isalnum(), role
+    # Artifact Registry repository ids: RFC 1035-like, at most 63 ("Create standard repositories").
+    assert naming.resource_id_problem(naming.artifact_repository(LONGEST_STACK)) is None
     # Cloud Scheduler job ids: letters, digits, '-' and '_', at most 500 (cloudscheduler v1 Job.name).
     assert len(naming.scheduler_job(LONGEST_VM, "start")) <= 500
 

@@ -44,7 +44,9 @@ def test_json_plan_of_prod_matches_the_text():
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert data["stack"] == "prod"
-    assert data["resourceCount"] == len(data["resources"]) == 77  # + "preempted, not recovered"
+    assert (
+        data["resourceCount"] == len(data["resources"]) == 83
+    )  # + "preempted, not recovered"; + artifacts: bucket, archive, grant, repository, component, API
     buckets = [r for r in data["resources"] if r["type"] == "gcp:storage/bucket:Bucket" and r["parent"] == "buckets"]
     assert all(b["options"] == {"protect": True, "retainOnDelete": True} for b in buckets)
     assert data["outputs"]["budgetAlertTopic"] == "projects/acme-ml-production/topics/prod-budget-alerts"

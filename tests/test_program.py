@@ -12,18 +12,21 @@ from tools.offline.runner import plan_stack
 # Hand-written inventories: a change in what a stack creates must show up here, on purpose.
 INVENTORY = {
     "dev": {
-        # 8 base + Cloud Scheduler and the 5 serverless APIs of the guard (completion, scheduled starts).
-        "gcp:projects/service:Service": 14,
-        "gcp:storage/bucket:Bucket": 5,  # data, checkpoints, models, run status, the guard's function source
-        "gcp:storage/bucketObject:BucketObject": 1,
+        # 8 base + Cloud Scheduler and the 5 serverless APIs of the guard (completion, scheduled starts)
+        # + Container Scanning for the image repository (Artifact Registry is among the guard's).
+        "gcp:projects/service:Service": 15,
+        # data, checkpoints, models, run status, the guard's function source, artifacts (source archives)
+        "gcp:storage/bucket:Bucket": 6,
+        "gcp:storage/bucketObject:BucketObject": 2,  # the guard's source; the `workloads` folder's archive
         "gcp:projects/iAMAuditConfig:IAMAuditConfig": 1,  # Cloud Storage Data Access logs
         "gcp:serviceaccount/account:Account": 5,  # workload, scheduler, guard, guard invoker, guard build
         # the deployer may attach the workload, scheduler, guard, invoker and build accounts; the guard the workload
         "gcp:serviceaccount/iAMMember:IAMMember": 6,
         # log + metric writer; scheduler and guard roles; event receiver; builder (Google's agents: bootstrap)
         "gcp:projects/iAMMember:IAMMember": 6,
-        # data, checkpoints, models; the VM's own status prefix; the guard's status; the builder's source
-        "gcp:storage/bucketIAMMember:BucketIAMMember": 6,
+        # data, checkpoints, models; the VM's own status prefix; the guard's status; the builder's source;
+        # the workload's own source archive
+        "gcp:storage/bucketIAMMember:BucketIAMMember": 7,
         "gcp:monitoring/notificationChannel:NotificationChannel": 1,
         "gcp:billing/budget:Budget": 1,
         "tpu-platform:project:Apis": 1,
@@ -49,19 +52,22 @@ INVENTORY = {
         "gcp:monitoring/alertPolicy:AlertPolicy": 2,
         "gcp:monitoring/dashboard:Dashboard": 1,
         "tpu-platform:monitoring:TpuMonitoring": 1,
+        "gcp:artifactregistry/repository:Repository": 1,  # the environment's image repository
+        "tpu-platform:artifacts:WorkloadArtifacts": 1,
     },
     "prod": {
-        # 8 base + Pub/Sub; + Cloud Scheduler and the 5 serverless APIs of the TPU guard. The CMEK key's
-        # grant is the bootstrap's, so no Cloud KMS API here.
-        "gcp:projects/service:Service": 15,
-        "gcp:storage/bucket:Bucket": 5,
-        "gcp:storage/bucketObject:BucketObject": 1,
+        # 8 base + Pub/Sub; + Cloud Scheduler and the 5 serverless APIs of the TPU guard; + Container
+        # Scanning. The CMEK key's grant is the bootstrap's, so no Cloud KMS API here.
+        "gcp:projects/service:Service": 16,
+        "gcp:storage/bucket:Bucket": 6,  # + artifacts
+        "gcp:storage/bucketObject:BucketObject": 2,  # + the `workloads` folder's archive
         "gcp:projects/iAMAuditConfig:IAMAuditConfig": 1,
         "gcp:serviceaccount/account:Account": 4,  # the workload, the guard, its invoker, its build account
         "gcp:serviceaccount/iAMMember:IAMMember": 5,
         "gcp:projects/iAMMember:IAMMember": 5,
         "gcp:projects/iAMCustomRole:IAMCustomRole": 1,
-        "gcp:storage/bucketIAMMember:BucketIAMMember": 7,  # 3 workload + 2 VM status prefixes + guard + builder
+        # 3 workload + 2 VM status prefixes + guard + builder + the workload's source archive
+        "gcp:storage/bucketIAMMember:BucketIAMMember": 8,
         "gcp:monitoring/notificationChannel:NotificationChannel": 2,
         "gcp:monitoring/alertPolicy:AlertPolicy": 3,  # idle, not reporting (mnist-v5e), recovery gave up
         "gcp:monitoring/dashboard:Dashboard": 1,
@@ -85,6 +91,8 @@ INVENTORY = {
         "tpu-platform:monitoring:TpuMonitoring": 1,
         "tpu-platform:lifecycle:RunStatus": 1,
         "tpu-platform:automation:TpuGuard": 1,
+        "gcp:artifactregistry/repository:Repository": 1,  # CMEK, as the buckets
+        "tpu-platform:artifacts:WorkloadArtifacts": 1,
     },
 }
 
@@ -100,11 +108,12 @@ def test_outputs_are_usable(stack):
     outputs = shipped_plan(stack).outputs
     project = {"dev": "acme-ml-sandbox", "prod": "acme-ml-production"}[stack]
     assert outputs["project"] == project
-    purposes = ("data", "checkpoints", "models", "status")
+    purposes = ("data", "checkpoints", "models", "status", "artifacts")
     assert outputs["bucketUrls"] == {p: f"gs://{project}-{stack}-{p}" for p in purposes}
     assert outputs["serviceAccounts"] == {"mnist": f"tpu-mnist-{stack}@{project}.iam.gserviceaccount.com"}
     assert outputs["budgetName"].startswith("billingAccounts/01A2B3-C4D5E6-F7A8B9/budgets/")
     assert "tpu.googleapis.com" in outputs["enabledApis"]
+    assert outputs["imageRegistry"] == f"us-central1-docker.pkg.dev/{project}/tpu-{stack}"
 
 
 def test_children_are_parented_to_their_component():

@@ -527,7 +527,9 @@ def test_guard_resources_in_prod():
     assert schedule.inputs["httpTarget"]["oidcToken"]["serviceAccountEmail"].startswith("tpu-guard-invoker-prod@")
     (role,) = [r for r in result.of_type("gcp:projects/iAMCustomRole:IAMCustomRole") if "Guard" in r.inputs["roleId"]]
     assert role.inputs["permissions"] == list(GUARD_PERMISSIONS)
-    archive = result.of_type("gcp:storage/bucketObject:BucketObject")[0].inputs["source"]["archive"]
+    # the guard's function source (the stack's other object is a workload source archive: infra/artifacts.py)
+    (guard,) = [o for o in result.of_type("gcp:storage/bucketObject:BucketObject") if o.name == "guard-archive"]
+    archive = guard.inputs["source"]["archive"]
     assert sorted(archive) == ["decisions.py", "main.py", "requirements.txt"]
 
 

@@ -160,6 +160,15 @@ RESOURCE_CALLS: dict[str, Calls] = {
         delete=("tpu.projects.locations.queuedResources.delete", "tpu.projects.locations.operations.get"),
         act_as=("serviceAccountEmail",),
     ),
+    # resource_artifact_registry_repository.go (magic-modules mmv1/products/artifactregistry/Repository.yaml):
+    # create, patch (with an update mask) and delete. Create and delete return operations the provider
+    # polls (projects.locations.operations.get), which check no permission of their own: "Artifact
+    # Registry roles and permissions" (cloud.google.com/iam/docs/roles-permissions/artifactregistry)
+    # lists every artifactregistry.* permission, and none is for operations.
+    "gcp:artifactregistry/repository:Repository": _crud("artifactregistry.projects.locations.repositories"),
+    "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember": _iam_member(
+        "artifactregistry.projects.locations.repositories"
+    ),
     "gcp:billing/budget:Budget": _crud("billingbudgets.billingAccounts.budgets"),
     "gcp:monitoring/alertPolicy:AlertPolicy": _crud("monitoring.projects.alertPolicies"),
     "gcp:monitoring/notificationChannel:NotificationChannel": _crud("monitoring.projects.notificationChannels"),

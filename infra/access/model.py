@@ -159,6 +159,7 @@ _MEMBER_SCOPES: dict[str, tuple[str, str]] = {
     "gcp:kms/cryptoKeyIAMMember:CryptoKeyIAMMember": ("cryptoKeyId", "{}"),
     "gcp:pubsub/topicIAMMember:TopicIAMMember": ("topic", "{}"),
     "gcp:cloudrunv2/serviceIamMember:ServiceIamMember": ("name", "runServices/{}"),
+    "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember": ("repository", "repositories/{}"),
 }
 
 

@@ -63,7 +63,8 @@ def _property(s: Setting) -> JsonSchema:
             if s.pattern:
                 item["pattern"] = f"^(?:{s.pattern})$"
             prop["items"] = item
-            prop["uniqueItems"] = True
+            if s.unique:
+                prop["uniqueItems"] = True
         if s.max_items is not None:
             prop["maxItems"] = s.max_items
         return prop

@@ -48,12 +48,33 @@ class BudgetSettings:
 
 
 @dataclass(frozen=True)
+class WorkloadSource:
+    """Where a workload's code comes from (infra/config/sources.py checks it)."""
+
+    kind: str  # "folder" | "image"
+    folder: str = ""  # a folder of the repository, relative to its root (POSIX separators)
+    image: str = ""  # <region>-docker.pkg.dev/<project>/<repo>/<name>@sha256:<hex> (or :tag where allowed)
+
+
+# The built-in examples as ordinary source folders: `program: tf_mnist` is `source: {folder: workloads}`
+# with the command below (its support module runlib.py sits beside it).
+PROGRAM_FOLDER = "workloads"
+
+
+@dataclass(frozen=True)
+class ArtifactSettings:
+    allow_image_tags: bool = False  # images by tag (a warning each), not only by digest
+    keep_image_versions: int = 10  # newest versions of each image the registry's cleanup keeps
+    untagged_image_days: int = 30  # untagged versions older than this are deleted (unless kept above)
+
+
+@dataclass(frozen=True)
 class WorkloadSettings:
     name: str
     description: str
     bucket_access: tuple[tuple[str, str], ...]  # (purpose, "read" | "write")
     project_roles: tuple[str, ...]
-    program: str  # a key of infra.programs.PROGRAMS
+    program: str  # a key of infra.programs.PROGRAMS, or "" for a workload with its own source
     framework_version: str  # the framework release the program is pinned to
     memory_gib_per_chip: float | None  # declared HBM need per chip, checked against the TPU type
     data_object: str  # path of the training data in the data bucket; "" = the program's own download
@@ -62,10 +83,14 @@ class WorkloadSettings:
     checkpoint_every_minutes: float
     epochs: int
     batch_size: int
+    source: WorkloadSource = WorkloadSource("folder", PROGRAM_FOLDER)
+    command: tuple[str, ...] = ()  # the program's argv; for an image, empty runs the image's own
+    python: str = ""  # a Python version the boot installs for a folder source ("": the image's)
+    env: tuple[tuple[str, str], ...] = ()  # extra environment of the program (never secrets)
 
     @property
     def framework(self) -> str:
-        return PROGRAMS[self.program].framework
+        return PROGRAMS[self.program].framework if self.program else ""
 
     def access(self, purpose: str) -> str:
         return dict(self.bucket_access).get(purpose, "none")
@@ -186,6 +211,7 @@ class PlatformConfig:
     researchers: tuple[str, ...] = ()  # IAM members (user:/group:) granted the `tpu-runs` rights
     self_service_in_production: bool = False  # the explicit opt-in for selfService VMs in production
     researcher_ssh: bool = False  # IAP tunnel and OS Login for researchers (project-wide)
+    artifacts: ArtifactSettings = ArtifactSettings()
     warnings: tuple[str, ...] = ()  # legal settings that are likely mistakes, shown by the plan
 
     @property

@@ -16,11 +16,13 @@ from collections.abc import Callable, Mapping
 
 from infra import iam, naming
 from infra.catalog import AcceleratorType, load_catalog
-from infra.config import rules
+from infra.config import rules, sources
 from infra.config.model import (
     BUCKET_PURPOSES,
+    PROGRAM_FOLDER,
     PROJECT,
     RESERVED_LABELS,
+    ArtifactSettings,
     AutomationSettings,
     BucketSettings,
     BudgetSettings,
@@ -31,23 +33,29 @@ from infra.config.model import (
     Threshold,
     TpuVmSettings,
     WorkloadSettings,
+    WorkloadSource,
 )
 from infra.config.settings import (
     MAX_ACCOUNT_DESCRIPTION_BYTES,
+    MAX_COMMAND_ARG,
     MAX_LABELS,
     MAX_TPU_DESCRIPTION,
+    RESERVED_ENV_PREFIX,
     SETTINGS,
     SPEND_BASIS,
     Setting,
     children,
     setting,
 )
+from infra.programs import PROGRAMS
 from infra.schedule import CronError, parse_cron
 from infra.schema import MISSING, Node, Problems, decode_objects
 
 OBJECT_KEYS = tuple(s.name for s in children("") if s.kind in ("object", "map", "list"))
 SCALAR_KEYS = tuple(s.name for s in children("") if s.kind not in ("object", "map", "list"))
 _ACCELERATOR_NAME = r"[a-z][a-z0-9]*-[0-9]{1,5}"
+# A built-in program's own settings (its command line); a workload with its own source would ignore them.
+PROGRAM_ONLY = ("frameworkVersion", "epochs", "batchSize", "checkpointEverySteps", "checkpointEveryMinutes")
 
 
 def _name(s: Setting) -> str:
@@ -137,6 +145,7 @@ def parse_stack_config(stack: str, raw: Mapping[str, str]) -> PlatformConfig:
     tpu_vms = tuple(_tpu_vm(node) for node in root.elements(f"{PROJECT}:tpuVms", []))
     monitoring = _monitoring(root.child(f"{PROJECT}:monitoring", False))
     automation = _automation(root.child(f"{PROJECT}:automation", False))
+    artifacts = _artifacts(root.child(f"{PROJECT}:artifacts", False))
     root.done([f"{PROJECT}:{k}" for k in SCALAR_KEYS + OBJECT_KEYS])
 
     cfg = PlatformConfig(
@@ -158,6 +167,7 @@ def parse_stack_config(stack: str, raw: Mapping[str, str]) -> PlatformConfig:
         researchers=researchers,
         self_service_in_production=self_service_in_production,
         researcher_ssh=researcher_ssh,
+        artifacts=artifacts,
     )
     rules.check(cfg, problems)
     problems.raise_if_any(stack)
@@ -241,8 +251,8 @@ def _workload(name: str, node: Node) -> WorkloadSettings:
         or f"TPU workload {name}",
         bucket_access=tuple((p, level) for p, level in access.items() if level != "none"),
         project_roles=tuple(texts(node, "workloads.<name>.projectRoles", list(iam.DEFAULT_PROJECT_ROLES))),
-        program=text(node, "workloads.<name>.program"),
-        framework_version=text(node, "workloads.<name>.frameworkVersion"),
+        program=optional_text(node, "workloads.<name>.program") or "",
+        framework_version=optional_text(node, "workloads.<name>.frameworkVersion") or "",
         memory_gib_per_chip=optional_number(node, "workloads.<name>.memoryGibPerChip"),
         data_object=text(node, "workloads.<name>.dataObject"),
         run=text(node, "workloads.<name>.run", check=lambda r: naming.resource_id_problem(r, 32)),
@@ -250,6 +260,107 @@ def _workload(name: str, node: Node) -> WorkloadSettings:
         checkpoint_every_minutes=number(node, "workloads.<name>.checkpointEveryMinutes"),
         epochs=integer(node, "workloads.<name>.epochs"),
         batch_size=integer(node, "workloads.<name>.batchSize"),
+    )
+    settings = dataclasses.replace(settings, **_code(node, settings))
+    node.done()
+    return settings
+
+
+def _code(node: Node, workload: WorkloadSettings) -> dict[str, object]:
+    """The workload's source, command, Python and environment; a built-in program is a folder source."""
+    source_node = node.child("source", False)
+    command = _command(node)
+    python = optional_text(node, "workloads.<name>.python") or ""
+    env = _env(node)
+    if source_node is None or ("program" in node.data and not workload.program):  # refused by its own check
+        return {"env": env}
+    given = bool(source_node.data)
+    if workload.program:
+        for key, value in (("source", source_node.data), ("command", command), ("python", python)):
+            if value:
+                node.problems.add(
+                    node.key(key), value, "not with program: a built-in program brings its own source and command"
+                )
+        source_node.done(())
+        if not workload.framework_version:
+            node.problems.add(node.key("frameworkVersion"), MISSING, "required with program")
+        program = PROGRAMS[workload.program]
+        return {
+            "source": WorkloadSource("folder", PROGRAM_FOLDER),
+            "command": ("python", program.filename, *_program_flags(workload)),
+            "env": env,
+        }
+    if not given:
+        node.problems.add(
+            node.key("source"), MISSING, f"give source (folder or image) and command, or program: {', '.join(PROGRAMS)}"
+        )
+        return {"env": env}
+    for key in PROGRAM_ONLY:
+        if key in node.data:
+            node.problems.add(
+                node.key(key), node.data[key], f"only with program: a workload with its own source takes {key} in "
+                "its command or env",
+            )  # fmt: skip
+    folder = optional_text(source_node, "workloads.<name>.source.folder", check=sources.folder_problem)
+    image = optional_text(source_node, "workloads.<name>.source.image")
+    source_node.done()
+    if (folder is None) == (image is None):
+        source_node.problems.add(source_node.path, dict(source_node.data), "exactly one of folder or image")
+        return {"env": env}
+    if folder is not None:
+        if not folder:  # refused above
+            return {"env": env}
+        if why := sources.command_problem(tuple(command), folder):
+            node.problems.add(node.key("command"), command, why)
+        return {"source": WorkloadSource("folder", folder=folder), "command": tuple(command), "python": python,
+                "env": env}  # fmt: skip
+    if python:
+        node.problems.add(node.key("python"), python, "only for a folder source: an image brings its own Python")
+    return {"source": WorkloadSource("image", image=image or ""), "command": tuple(command), "env": env}
+
+
+def _program_flags(workload: WorkloadSettings) -> tuple[str, ...]:
+    """A built-in program's own settings, as its command line (workloads/runlib.py's flags)."""
+    return (
+        "--epochs", str(workload.epochs),
+        "--batch-size", str(workload.batch_size),
+        "--checkpoint-every-steps", str(workload.checkpoint_every_steps),
+        "--checkpoint-every-minutes", f"{workload.checkpoint_every_minutes:g}",
+    )  # fmt: skip
+
+
+def _command(node: Node) -> list[str]:
+    """A command line: strings, repeats allowed (`--x 1 --y 1`), none empty or overlong."""
+    key = node.key("command")
+    out = []
+    for i, item in enumerate(node.list("command", [], max_items=setting("workloads.<name>.command").max_items)):
+        if not isinstance(item, str) or not item or len(item) > MAX_COMMAND_ARG or "\x00" in item:
+            node.problems.add(f"{key}[{i}]", item, setting("workloads.<name>.command").allowed + ", not empty")
+            continue
+        out.append(item)
+    return out
+
+
+def _env(node: Node) -> tuple[tuple[str, str], ...]:
+    out: list[tuple[str, str]] = []
+    allowed = setting("workloads.<name>.env").allowed
+    for name, value, path in node.entries("env", False, max_items=setting("workloads.<name>.env").max_items):
+        if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", name, flags=re.ASCII) or name.startswith(RESERVED_ENV_PREFIX):
+            node.problems.add(path, name, f"must be {allowed}")
+        elif not isinstance(value, str) or len(value) > MAX_COMMAND_ARG or "\x00" in value:
+            node.problems.add(path, value, f"must be {allowed}")
+        else:
+            out.append((name, value))
+    return tuple(sorted(out))
+
+
+def _artifacts(node: Node | None) -> ArtifactSettings:
+    if node is None or not node.data:
+        return ArtifactSettings()
+    settings = ArtifactSettings(
+        allow_image_tags=flag(node, "artifacts.allowImageTags"),
+        keep_image_versions=integer(node, "artifacts.keepImageVersions"),
+        untagged_image_days=integer(node, "artifacts.untaggedImageDays"),
     )
     node.done()
     return settings

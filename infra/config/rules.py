@@ -23,6 +23,7 @@ from infra.config.model import (
     service_account_id,
 )
 from infra.config.settings import KMS_KEY
+from infra.config.sources import image_problem, parse_image
 from infra.schema import MISSING, Problems
 
 # Stands in for an accelerator type that was refused: the parse stops before anything reads it.
@@ -35,6 +36,7 @@ def check(cfg: PlatformConfig, problems: Problems) -> None:
     _production(cfg, problems)
     _kms_location(cfg, problems)
     _tpu_vms(cfg, problems)
+    _sources(cfg, problems)
     _automation(cfg, problems)
     _self_service(cfg, problems)
     if cfg.name_prefix and not problems.items:
@@ -67,6 +69,32 @@ def _kms_location(cfg: PlatformConfig, problems: Problems) -> None:
         )
 
 
+def _sources(cfg: PlatformConfig, problems: Problems) -> None:
+    """Images come from the stack's own repository, by digest unless the stack allows tags; the image
+    repository takes the stack's key, which Artifact Registry needs in the repository's region."""
+    for workload in cfg.workloads:
+        ref = workload.source.image
+        if workload.source.kind != "image" or not ref:
+            continue
+        key = f"{PROJECT}:workloads.{workload.name}.source.image"
+        why = image_problem(
+            ref, stack=cfg.stack, project=cfg.project, region=cfg.region, allow_tags=cfg.artifacts.allow_image_tags
+        )
+        image = parse_image(ref)
+        if why:
+            problems.add(key, ref, why)
+        elif image is not None and image.tag:
+            problems.warn(key, ref, "runs whatever the tag points to when the VM pulls it; pin it by @sha256 digest")
+    match = re.fullmatch(KMS_KEY, cfg.buckets.kms_key_name or "")
+    if match and cfg.region and match["location"] != cfg.region:
+        problems.add(
+            f"{PROJECT}:buckets.kmsKeyName",
+            cfg.buckets.kms_key_name,
+            f"the stack's image repository in {cfg.region} is encrypted with this key, which Artifact Registry "
+            f"needs in the repository's region {cfg.region}, not {match['location']}",
+        )
+
+
 def _tpu_vms(cfg: PlatformConfig, problems: Problems) -> None:
     workloads = {w.name: w for w in cfg.workloads}
     names: set[str] = set()
@@ -76,8 +104,18 @@ def _tpu_vms(cfg: PlatformConfig, problems: Problems) -> None:
             problems.add(f"{key}.name", vm.name, "another TPU VM of this stack has this name")
         names.add(vm.name)
         workload = workloads.get(vm.workload)
-        if vm.workload and workload is None and workloads:
+        already = any(p.key == f"{key}.workload" for p in problems.items)  # e.g. not set: said once
+        if workload is None and workloads and not already:  # an empty name too: the reader accepts ""
             problems.add(f"{key}.workload", vm.workload, f"must be one of {', '.join(sorted(workloads))}")
+        if workload and not workload.program:
+            # The start-up script in metadata still runs a built-in program; a workload's own source is
+            # run by the VM agent (docs/design-runs.md), which the start-up script does not install yet.
+            problems.add(
+                f"{key}.workload",
+                vm.workload,
+                f"workload '{workload.name}' has its own source, which TPU VMs run once the VM agent is installed "
+                "by the start-up script (not in this version); run a program (tf_mnist, jax_mnist) on a VM for now",
+            )
         if workload:
             _against_catalog(key, vm, workload, problems)
         if vm.zone and cfg.network.subnets and cfg.network.cidr(vm.region) is None:

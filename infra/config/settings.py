@@ -17,6 +17,7 @@ from typing import Literal
 from infra import iam
 from infra.catalog import PROVISIONING_MODELS, load_catalog
 from infra.config.model import BUCKET_PURPOSES, PROJECT
+from infra.config.sources import FOLDER_ALLOWED, IMAGE_ALLOWED
 from infra.programs import PROGRAMS
 
 Kind = Literal["string", "integer", "number", "boolean", "list", "object", "map"]
@@ -61,6 +62,12 @@ MAX_LABELS = 64
 # `recovery.everyMinutes` becomes `*/N * * * *`: N must divide the hour, or the runs are uneven
 # (`*/45` fires at :00 and :45) or hourly (`*/90` is `0`).
 RECOVERY_INTERVALS = (1, 2, 3, 4, 5, 6, 10, 12, 15, 20, 30)
+# A workload's command and environment travel in the VM's metadata (256 KB per value, startup.py):
+# bounds well inside it. The contract's own variables (docs/design-runs.md) are the platform's.
+MAX_COMMAND_ITEMS = 256
+MAX_COMMAND_ARG = 4096
+MAX_ENV_ITEMS = 64
+RESERVED_ENV_PREFIX = "TPU_PLATFORM_"
 
 
 def tpu_regions() -> tuple[str, ...]:
@@ -84,6 +91,7 @@ class Setting:
     allowed: str = ""  # what a pattern or check accepts, in words (error messages, the table)
     max_items: int | None = None
     items: Kind | None = None  # kind of list items / map values
+    unique: bool = True  # list items may not repeat (a command's arguments may)
 
     @property
     def full(self) -> str:
@@ -190,9 +198,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "buckets.destroyable",
         "list",
-        "Buckets `pulumi destroy` may delete, objects included (never in production).",
+        "Buckets `pulumi destroy` may delete, objects included (never in production); `artifacts`: the "
+        "source archives and the image repository.",
         items="string",
-        choices=BUCKET_PURPOSES,
+        choices=(*BUCKET_PURPOSES, "artifacts"),
         optional=True,
     ),
     Setting(
@@ -258,13 +267,69 @@ SETTINGS: tuple[Setting, ...] = (
         optional=True,
         allowed=f"at most {MAX_ACCOUNT_DESCRIPTION_BYTES} UTF-8 bytes",
     ),
-    Setting("workloads.<name>.program", "string", "The program it runs (infra/programs.py).", choices=tuple(PROGRAMS)),
+    Setting(
+        "workloads.<name>.program",
+        "string",
+        "A built-in example (the source folder `workloads` and its command); or give source and command.",
+        optional=True,
+        choices=tuple(PROGRAMS),
+    ),
     Setting(
         "workloads.<name>.frameworkVersion",
         "string",
-        "Exact framework release the program is pinned to.",
+        "Exact framework release the program is pinned to (required with program).",
+        optional=True,
         pattern=r"[0-9]+\.[0-9]+\.[0-9]+",
         allowed="an exact release like 2.15.0",
+    ),
+    Setting(
+        "workloads.<name>.source",
+        "object",
+        "Where its code comes from: exactly one of folder or image (instead of program).",
+        optional=True,
+    ),
+    Setting(
+        "workloads.<name>.source.folder",
+        "string",
+        "A folder of this repository, packaged by `pulumi up` into the artifacts bucket by its sha256.",
+        optional=True,
+        allowed=FOLDER_ALLOWED,
+    ),
+    Setting(
+        "workloads.<name>.source.image",
+        "string",
+        "A container image in the stack's Artifact Registry repository, by digest.",
+        optional=True,
+        allowed=IMAGE_ALLOWED,
+    ),
+    Setting(
+        "workloads.<name>.command",
+        "list",
+        "The program's command line (a folder source: a file or module of the folder; an image: its arguments, "
+        "empty runs the image's own).",
+        items="string",
+        optional=True,
+        max_items=MAX_COMMAND_ITEMS,
+        unique=False,
+        allowed=f"strings of at most {MAX_COMMAND_ARG} characters",
+    ),
+    Setting(
+        "workloads.<name>.python",
+        "string",
+        "Python version installed for a folder source (with uv); default: the TPU image's own.",
+        optional=True,
+        pattern=r"3\.[0-9]{1,2}",
+        allowed="a Python version like 3.11",
+    ),
+    Setting(
+        "workloads.<name>.env",
+        "map",
+        "Extra environment of the program (visible in the VM's metadata: never a secret).",
+        items="string",
+        optional=True,
+        max_items=MAX_ENV_ITEMS,
+        allowed=f"NAME: value, NAME of A-Z, 0-9 and '_' not starting with {RESERVED_ENV_PREFIX}, "
+        f"values of at most {MAX_COMMAND_ARG} characters",
     ),
     Setting("workloads.<name>.bucketAccess", "object", "Access to each bucket: read, write or none.", optional=True),
     *(
@@ -315,7 +380,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "workloads.<name>.checkpointEverySteps",
         "integer",
-        "Checkpoint every N steps.",
+        "Checkpoint every N steps (program only).",
         default=200,
         minimum=1,
         maximum=10**7,
@@ -323,13 +388,50 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "workloads.<name>.checkpointEveryMinutes",
         "number",
-        "Checkpoint at least every N minutes.",
+        "Checkpoint at least every N minutes (program only).",
         default=10,
         minimum=0.5,
         maximum=1440,
     ),
-    Setting("workloads.<name>.epochs", "integer", "Training epochs.", default=5, minimum=1, maximum=10_000),
-    Setting("workloads.<name>.batchSize", "integer", "Global batch size.", default=256, minimum=1, maximum=1_048_576),
+    Setting(
+        "workloads.<name>.epochs",
+        "integer",
+        "Training epochs (program only: a source takes them in command).",
+        default=5,
+        minimum=1,
+        maximum=10_000,
+    ),
+    Setting(
+        "workloads.<name>.batchSize",
+        "integer",
+        "Global batch size (program only).",
+        default=256,
+        minimum=1,
+        maximum=1_048_576,
+    ),
+    Setting("artifacts", "object", "The artifacts bucket and the container image repository.", optional=True),
+    Setting(
+        "artifacts.allowImageTags",
+        "boolean",
+        "Accept images by tag (with a warning); by default only by digest.",
+        default=False,
+    ),
+    Setting(
+        "artifacts.keepImageVersions",
+        "integer",
+        "Newest versions of each image the repository's cleanup always keeps.",
+        default=10,
+        minimum=1,
+        maximum=1000,
+    ),
+    Setting(
+        "artifacts.untaggedImageDays",
+        "integer",
+        "Untagged image versions older than this are deleted (unless kept as newest or used by the stack).",
+        default=30,
+        minimum=1,
+        maximum=3650,
+    ),
     Setting("network", "object", "The private network."),
     Setting(
         "network.subnets",

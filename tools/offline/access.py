@@ -42,12 +42,15 @@ def access_of(stack: str, result: PlanResult | None = None, config: dict[str, st
 
 def cmek_keys(stack: str) -> list[dict[str, str]]:
     """Keys in other projects the environment's Google agents must use, with the agent: granted by the
-    bootstrap. Cloud Storage encrypts the buckets; Pub/Sub the budget topic (infra/budget.py)."""
+    bootstrap. Cloud Storage encrypts the buckets; Pub/Sub the budget topic (infra/budget.py); Artifact
+    Registry the image repository (infra/artifacts.py; its agent needs the key's Encrypter/Decrypter:
+    Artifact Registry, "Enable customer-managed encryption keys")."""
     cfg = parse_stack_config(stack, read_stack_config(stack))
     key = cfg.buckets.kms_key_name
     if not key:
         return []
     agents = ["storage.googleapis.com"] + (["pubsub.googleapis.com"] if cfg.budget.pubsub_topic else [])
+    agents.append("artifactregistry.googleapis.com")
     return [{"key": key, "agent": agent} for agent in agents]
 
 

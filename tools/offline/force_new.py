@@ -27,6 +27,13 @@ _IAM_MEMBER = "google-beta/tpgiamresource/resource_iam_member.go"
 # Pulumi type token -> the provider files that declare its schema (for IAM members: the generic
 # member schema plus the parent's IAM schema, whose id fields are ForceNew too).
 SOURCES: dict[str, tuple[str, ...]] = {
+    "gcp:artifactregistry/repository:Repository": (
+        "google-beta/services/artifactregistry/resource_artifact_registry_repository.go",
+    ),
+    "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember": (
+        _IAM_MEMBER,
+        "google-beta/services/artifactregistry/iam_artifact_registry_repository.go",
+    ),
     "gcp:projects/iAMAuditConfig:IAMAuditConfig": (
         "google-beta/tpgiamresource/resource_iam_audit_config.go",
         "google-beta/services/resourcemanager/iam_project.go",

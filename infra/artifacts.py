@@ -1,0 +1,237 @@
+"""Where a run's code comes from: the artifacts bucket (packaged source folders) and the image repository.
+
+- The artifacts bucket (`<prefix>-<stack>-artifacts`) is secured like every bucket of the stack
+  (uniform access, public access prevention enforced, versioning, the stack's key) and kept by
+  `pulumi destroy` unless the stack lists `artifacts` as destroyable. Each packaged folder is the
+  object `sources/<sha256>.tar.gz` (infra/packaging.py): a changed folder is a new object.
+  Old objects are kept (retain_on_delete): an archive is a few hundred KB, and keeping each one lets a
+  rollback, an audit of what a past run ran, and a VM re-created from an earlier recorded spec find
+  their code; overwritten versions expire like the other buckets' (noncurrent rules).
+- The image repository (`tpu-<stack>`, Docker, in the stack's region): tags immutable; cleanup keeps
+  every image the stack runs (by digest) and the newest versions, and deletes old untagged ones;
+  vulnerability scanning follows the project's Container Scanning API, which the stack enables
+  (`enablementConfig: INHERITED`: "Scanning is Enabled, but dependent on API enablement",
+  Artifact Registry v1 Repository.VulnerabilityScanningConfig); the stack's key when it has one.
+- Each workload account may read only what it runs: its folder's object (and the VM agent's) by an
+  IAM condition on the object name, or pull from the repository (`roles/artifactregistry.reader`
+  on the repository, never the project).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pulumi
+import pulumi_gcp as gcp
+
+from infra import grants, iam, naming
+from infra.access import iamdata
+from infra.config import Env
+from infra.packaging import Package
+
+ARTIFACTS_APIS = ("storage.googleapis.com", "artifactregistry.googleapis.com", "containerscanning.googleapis.com")
+# Where `pulumi up` writes the archives it uploads (ignored by git): the engine reads them after the
+# program has declared them, so they must outlive the declaration.
+BUILD_DIR = Path(__file__).resolve().parents[1] / "build" / "sources"
+REGISTRY_READER = "roles/artifactregistry.reader"
+OBJECT_READER = iam.BUCKET_ROLE_FOR_ACCESS["read"]
+SECONDS_PER_DAY = 86_400
+# What a workload's VM calls to fetch its code (the start-up script and the agent, docs/design-runs.md):
+# a folder source's archive by name from the GCS JSON API (objects.get, never a listing) ...
+SOURCE_METHODS = ("storage.objects.get",)
+# ... or an image pulled with docker, which Artifact Registry checks as downloadArtifacts on the
+# repository ("Artifact Registry roles and permissions": Reader, "read and download artifacts").
+PULL_PERMISSIONS = ("artifactregistry.repositories.downloadArtifacts",)
+
+
+@dataclass(frozen=True)
+class WorkloadCode:
+    """What one workload's account reads: source archives (by key of `ArtifactsArgs.packages`), images."""
+
+    packages: tuple[str, ...] = ()
+    pulls_images: bool = False
+
+
+@dataclass(frozen=True)
+class ArtifactsArgs:
+    location: str  # of the bucket: the stack's bucket location
+    kms_key_name: str | None  # the stack's key: bucket and repository
+    destroyable: bool  # `pulumi destroy` may delete the bucket (objects included) and the repository
+    noncurrent_versions_to_keep: int
+    noncurrent_version_days: int
+    packages: Mapping[str, Package]  # key (a source folder, or "vm-agent") -> its archive
+    workloads: Mapping[str, WorkloadCode]  # workload name -> what its account reads
+    pinned_digests: tuple[str, ...] = ()  # sha256 hex of the images the stack runs: never cleaned up
+    keep_image_versions: int = 10
+    untagged_image_days: int = 30
+
+
+def object_condition(bucket: str, objects: Sequence[str], title: str) -> gcp.storage.BucketIAMMemberConditionArgs:
+    """Reads of exactly these objects. Cloud Storage names an object `projects/_/buckets/B/objects/NAME`
+    in conditions (resource attributes supported: reference/gcp-iam/README.md); listing is checked on
+    the bucket, so the account cannot list at all and reads each archive by its name."""
+    names = " || ".join(f'resource.name == "projects/_/buckets/{bucket}/objects/{o}"' for o in sorted(set(objects)))
+    return gcp.storage.BucketIAMMemberConditionArgs(
+        title=title[:100], description="Only the source archives it runs", expression=names
+    )
+
+
+def write_archive(package: Package) -> Path:
+    """The archive as a file named by its hash (written once; the same hash is the same bytes)."""
+    path = BUILD_DIR / f"{package.sha256}.tar.gz"
+    if not path.exists():
+        BUILD_DIR.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".partial")
+        partial.write_bytes(package.data)
+        partial.replace(path)
+    return path
+
+
+def cleanup_policies(args: ArtifactsArgs) -> list[gcp.artifactregistry.RepositoryCleanupPolicyArgs]:
+    """Keep what the stack runs and the newest versions; delete old untagged ones. A version matching
+    both a keep and a delete policy is kept (Artifact Registry, "Configure cleanup policies")."""
+    policies = [
+        gcp.artifactregistry.RepositoryCleanupPolicyArgs(
+            id="keep-newest",
+            action="KEEP",
+            most_recent_versions=gcp.artifactregistry.RepositoryCleanupPolicyMostRecentVersionsArgs(
+                keep_count=args.keep_image_versions
+            ),
+        ),
+        gcp.artifactregistry.RepositoryCleanupPolicyArgs(
+            id="delete-old-untagged",
+            action="DELETE",
+            condition=gcp.artifactregistry.RepositoryCleanupPolicyConditionArgs(
+                tag_state="UNTAGGED", older_than=f"{args.untagged_image_days * SECONDS_PER_DAY}s"
+            ),
+        ),
+    ]
+    if args.pinned_digests:
+        # A Docker version's name is its digest, `sha256:<hex>`.
+        policies.insert(
+            0,
+            gcp.artifactregistry.RepositoryCleanupPolicyArgs(
+                id="keep-used-by-stack",
+                action="KEEP",
+                condition=gcp.artifactregistry.RepositoryCleanupPolicyConditionArgs(
+                    tag_state="ANY", version_name_prefixes=[f"sha256:{d}" for d in sorted(set(args.pinned_digests))]
+                ),
+            ),
+        )
+    return policies
+
+
+class WorkloadArtifacts(pulumi.ComponentResource):
+    def __init__(
+        self,
+        name: str,
+        env: Env,
+        args: ArtifactsArgs,
+        readers: Mapping[str, pulumi.Input[str]],  # workload name -> its account's email
+        needs: Sequence[pulumi.Resource],  # the APIs of ARTIFACTS_APIS
+        opts: pulumi.ResourceOptions | None = None,
+    ):
+        super().__init__("tpu-platform:artifacts:WorkloadArtifacts", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        kept = pulumi.ResourceOptions(
+            parent=self, depends_on=list(needs), retain_on_delete=not args.destroyable, protect=env.production
+        )
+        self.bucket_name = env.bucket_name("artifacts")
+        encryption = (
+            gcp.storage.BucketEncryptionArgs(default_kms_key_name=args.kms_key_name) if args.kms_key_name else None
+        )
+        self.bucket = gcp.storage.Bucket(
+            f"{name}-bucket",
+            name=self.bucket_name,
+            project=env.project,
+            location=args.location,
+            uniform_bucket_level_access=True,
+            public_access_prevention="enforced",
+            versioning=gcp.storage.BucketVersioningArgs(enabled=True),
+            lifecycle_rules=[
+                gcp.storage.BucketLifecycleRuleArgs(
+                    action=gcp.storage.BucketLifecycleRuleActionArgs(type="Delete"),
+                    condition=gcp.storage.BucketLifecycleRuleConditionArgs(
+                        days_since_noncurrent_time=args.noncurrent_version_days, with_state="ARCHIVED"
+                    ),
+                ),
+                gcp.storage.BucketLifecycleRuleArgs(
+                    action=gcp.storage.BucketLifecycleRuleActionArgs(type="Delete"),
+                    condition=gcp.storage.BucketLifecycleRuleConditionArgs(
+                        num_newer_versions=args.noncurrent_versions_to_keep, with_state="ARCHIVED"
+                    ),
+                ),
+            ],
+            encryption=encryption,
+            force_destroy=args.destroyable,
+            labels={**env.labels, "purpose": "artifacts"},
+            opts=kept,
+        )
+        self.objects: dict[str, gcp.storage.BucketObject] = {}
+        for key, package in sorted(args.packages.items()):
+            # Content-addressed: a changed folder replaces this resource with a new object; the old one is
+            # kept in the bucket (retain_on_delete), see the module's docstring.
+            self.objects[key] = gcp.storage.BucketObject(
+                f"{name}-{key}",
+                bucket=self.bucket.name,
+                name=package.object_name,
+                source=pulumi.FileAsset(str(write_archive(package))),
+                opts=pulumi.ResourceOptions(parent=self, retain_on_delete=True),
+            )
+        self.repository = gcp.artifactregistry.Repository(
+            f"{name}-images",
+            project=env.project,
+            location=env.region,
+            repository_id=naming.artifact_repository(env.stack),
+            format="DOCKER",
+            description=f"Container images of the tpu-platform workloads ({env.stack})",
+            docker_config=gcp.artifactregistry.RepositoryDockerConfigArgs(immutable_tags=True),
+            cleanup_policies=cleanup_policies(args),
+            cleanup_policy_dry_run=False,
+            vulnerability_scanning_config=gcp.artifactregistry.RepositoryVulnerabilityScanningConfigArgs(
+                enablement_config="INHERITED"
+            ),
+            kms_key_name=args.kms_key_name,
+            labels={**env.labels, "purpose": "images"},
+            opts=kept,
+        )
+        self.grants: dict[str, list[pulumi.Resource]] = {}
+        for workload, code in sorted(args.workloads.items()):
+            member = pulumi.Output.from_input(readers[workload]).apply(iam.service_account_member)
+            made: list[pulumi.Resource] = []
+            objects = [args.packages[k].object_name for k in code.packages]
+            if objects:
+                condition = object_condition(self.bucket_name, objects, f"{workload}-sources")
+                grants.check_condition(
+                    OBJECT_READER,
+                    iamdata.role_permissions(OBJECT_READER),
+                    str(condition.expression),
+                    "storage.googleapis.com",
+                )
+                made.append(
+                    gcp.storage.BucketIAMMember(
+                        f"{name}-{workload}-sources",
+                        bucket=self.bucket.name,
+                        role=OBJECT_READER,
+                        member=member,
+                        condition=condition,
+                        opts=child,
+                    )
+                )
+            if code.pulls_images:
+                made.append(
+                    gcp.artifactregistry.RepositoryIamMember(
+                        f"{name}-{workload}-images",
+                        project=env.project,
+                        location=env.region,
+                        repository=self.repository.repository_id,
+                        role=REGISTRY_READER,
+                        member=member,
+                        opts=child,
+                    )
+                )
+            self.grants[workload] = made
+        self.registry = f"{env.region}-docker.pkg.dev/{env.project}/{naming.artifact_repository(env.stack)}"
+        self.register_outputs({"bucket": self.bucket.name, "registry": self.registry})

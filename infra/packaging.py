@@ -1,0 +1,113 @@
+"""A folder as a deterministic tar.gz: the same files give the same bytes, wherever the checkout is.
+
+What makes a source folder's object name (`sources/<sha256>.tar.gz`, docs/design-runs.md) a content
+hash: members sorted by path; every mtime, uid, gid, owner and group name fixed; modes normalised to
+0644 (0755 for directories and files executable by their owner); the gzip header without a file name
+and with mtime 0. Byte caches and version-control folders are left out (`__pycache__`, `.git`, `*.pyc`):
+they differ between checkouts and never belong on a VM. A symbolic link to a file inside `within` (the
+repository, for the stack's folders) is packaged as that file's bytes, so folders can share a helper
+(the examples' `runlib.py`) without copies; any other link is refused: it could lead out of the
+repository, and a clean clone is what CI packages.
+
+Pure: reads files, returns bytes; `pulumi up` uploads them (infra/artifacts.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import hashlib
+import io
+import stat
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from infra import naming
+from infra.config.sources import REPO_ROOT
+
+EXCLUDED_DIRS = frozenset({"__pycache__", ".git", ".hg", ".svn", ".mypy_cache", ".pytest_cache", ".ruff_cache"})
+EXCLUDED_SUFFIXES = (".pyc", ".pyo")
+FIXED_MTIME = 0
+GZIP_LEVEL = 9
+
+
+class PackagingError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Package:
+    data: bytes
+    sha256: str
+    files: int
+
+    @property
+    def object_name(self) -> str:
+        return naming.source_object(self.sha256)
+
+
+def _members(folder: Path, within: Path) -> list[Path]:
+    out: list[Path] = []
+    for path in sorted(folder.rglob("*"), key=lambda p: p.relative_to(folder).as_posix()):
+        relative = path.relative_to(folder)
+        if any(part in EXCLUDED_DIRS for part in relative.parts) or path.name.endswith(EXCLUDED_SUFFIXES):
+            continue
+        if path.is_symlink():
+            target = path.resolve()
+            if not (target.is_file() and target.is_relative_to(within.resolve())):
+                raise PackagingError(
+                    f"{folder}: {relative.as_posix()} is a symbolic link to {target}, not to a file inside "
+                    f"{within}; package real files, or links to files of this repository"
+                )
+        if not (path.is_dir() or path.is_file()):
+            raise PackagingError(f"{folder}: {relative.as_posix()} is neither a file nor a folder")
+        out.append(path)
+    return out
+
+
+def _info(path: Path, name: str) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.mtime = FIXED_MTIME
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    if path.is_dir():
+        info.type = tarfile.DIRTYPE
+        info.mode = 0o755
+    else:
+        executable = path.stat().st_mode & stat.S_IXUSR
+        info.mode = 0o755 if executable else 0o644
+        info.size = path.stat().st_size
+    return info
+
+
+def package(folder: Path, within: Path | None = None) -> Package:
+    """The folder's files (relative paths, sorted) as tar.gz bytes with their sha256; links are followed
+    to files inside `within` (default: the folder itself)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise PackagingError(f"{folder} is not a folder")
+    raw = io.BytesIO()
+    files = 0
+    # PAX would add per-file records (atime, ctime) on some inputs; GNU format with fixed fields does not.
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        for path in _members(folder, Path(within or folder)):
+            info = _info(path, path.relative_to(folder).as_posix())
+            if info.isdir():
+                tar.addfile(info)
+            else:
+                with path.open("rb") as handle:
+                    tar.addfile(info, handle)
+                files += 1
+    compressed = io.BytesIO()
+    # filename="" and mtime=0: the gzip header carries neither the checkout's path nor the time.
+    with gzip.GzipFile(filename="", mode="wb", fileobj=compressed, mtime=0, compresslevel=GZIP_LEVEL) as gz:
+        gz.write(raw.getvalue())
+    data = compressed.getvalue()
+    return Package(data=data, sha256=hashlib.sha256(data).hexdigest(), files=files)
+
+
+@functools.cache  # a plan packages each folder once, however many VMs and components name it
+def repository_folder(folder: str) -> Package:
+    """A folder of this repository (`a/b`, relative to its root), links followed inside the repository."""
+    return package(REPO_ROOT.joinpath(*folder.split("/")), within=REPO_ROOT)

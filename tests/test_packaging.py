@@ -1,0 +1,104 @@
+"""Deterministic packaging: same files, same bytes; one changed byte, another hash."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from infra.config.model import PROGRAM_FOLDER
+from infra.config.sources import REPO_ROOT
+from infra.packaging import PackagingError, package
+
+
+def make_folder(root: Path) -> Path:
+    """A placeholder source folder (an agent or a workload), with what checkouts leave behind."""
+    (root / "pkg" / "__pycache__").mkdir(parents=True)
+    (root / "pkg" / "__init__.py").write_text("")
+    (root / "pkg" / "train.py").write_text("print('train')\n")
+    (root / "pkg" / "__pycache__" / "train.cpython-311.pyc").write_bytes(os.urandom(16))
+    (root / "stray.pyc").write_bytes(os.urandom(8))
+    (root / ".git").mkdir()
+    (root / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (root / "requirements.txt").write_text("optax==0.2.8\n")
+    (root / "run.sh").write_text("#!/bin/sh\nexec python -m pkg.train\n")
+    (root / "run.sh").chmod(0o755)
+    return root
+
+
+def test_the_same_folder_gives_the_same_bytes_twice(tmp_path):
+    folder = make_folder(tmp_path / "a")
+    assert package(folder).data == package(folder).data
+
+
+def test_another_checkout_path_times_owner_and_umask_give_the_same_bytes(tmp_path):
+    first = package(make_folder(tmp_path / "one"))
+    other = make_folder(tmp_path / "elsewhere" / "deeper")
+    for path in other.rglob("*"):
+        os.utime(path, (1_700_000_000, 1_700_000_000), follow_symlinks=False)
+        if path.is_file() and path.name != "run.sh":
+            path.chmod(0o600)  # a stricter umask in the other checkout
+    (other / "pkg" / "__pycache__" / "other.pyc").write_bytes(b"different cache")
+    assert package(other).data == first.data
+    assert package(other).sha256 == first.sha256
+
+
+def test_one_changed_byte_changes_the_hash(tmp_path):
+    folder = make_folder(tmp_path / "a")
+    before = package(folder).sha256
+    (folder / "pkg" / "train.py").write_text("print('trbin')\n")
+    assert package(folder).sha256 != before
+
+
+def test_a_new_empty_file_or_a_lost_executable_bit_changes_the_hash(tmp_path):
+    folder = make_folder(tmp_path / "a")
+    before = package(folder).sha256
+    (folder / "run.sh").chmod(0o644)
+    assert package(folder).sha256 != before
+    (folder / "run.sh").chmod(0o755)
+    (folder / "empty.txt").write_text("")
+    assert package(folder).sha256 != before
+
+
+def test_members_are_sorted_normalised_and_without_caches(tmp_path):
+    data = package(make_folder(tmp_path / "a")).data
+    assert data[4:8] == b"\0\0\0\0"  # gzip MTIME field: 0
+    assert not data[3] & 0x08  # gzip FLG.FNAME unset: no file name in the header
+    with tarfile.open(fileobj=io.BytesIO(gzip.decompress(data))) as tar:
+        members = tar.getmembers()
+    names = [m.name for m in members]
+    assert names == ["pkg", "pkg/__init__.py", "pkg/train.py", "requirements.txt", "run.sh"]
+    assert {(m.mtime, m.uid, m.gid, m.uname, m.gname) for m in members} == {(0, 0, 0, "", "")}
+    assert {m.name: oct(m.mode) for m in members}["run.sh"] == "0o755"
+    assert {m.name: oct(m.mode) for m in members}["pkg/train.py"] == "0o644"
+
+
+def test_the_archive_unpacks_with_the_system_tar_to_the_same_files(tmp_path):
+    folder = make_folder(tmp_path / "a")
+    (tmp_path / "a.tar.gz").write_bytes(package(folder).data)
+    (tmp_path / "out").mkdir()
+    subprocess.run(["tar", "-xzf", str(tmp_path / "a.tar.gz"), "-C", str(tmp_path / "out")], check=True)
+    assert (tmp_path / "out" / "pkg" / "train.py").read_text() == "print('train')\n"
+    assert os.access(tmp_path / "out" / "run.sh", os.X_OK)
+    assert not (tmp_path / "out" / ".git").exists()
+
+
+def test_a_symbolic_link_is_refused(tmp_path):
+    folder = make_folder(tmp_path / "a")
+    os.symlink("/etc/passwd", folder / "passwd")
+    with pytest.raises(PackagingError, match="passwd is a symbolic link"):
+        package(folder)
+
+
+def test_the_built_in_examples_folder_packages_the_same_from_a_copy(tmp_path):
+    """CI packages a clean clone: a copy elsewhere (no caches) gives the checkout's bytes."""
+    copy = tmp_path / "clone" / PROGRAM_FOLDER
+    shutil.copytree(REPO_ROOT / PROGRAM_FOLDER, copy, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    assert package(copy).sha256 == package(REPO_ROOT / PROGRAM_FOLDER).sha256
+    assert package(copy).object_name == f"sources/{package(copy).sha256}.tar.gz"
