@@ -73,7 +73,7 @@ def main() -> None:
                     command = [args.python, str(ROOT / "benchmarks" / "seed_harness.py"), str(sample), epochs]
                 else:
                     run = folder / f"{program}-{round_}"
-                    command = [args.python, str(WORKLOADS / f"{program}.py"), "--data", str(shards), *length,
+                    command = [args.python, str(WORKLOADS / program / f"{program}.py"), "--data", str(shards), *length,
                                "--batch-size", str(args.batch_size), "--checkpoint-dir", str(run / "ckpt"),
                                "--model-dir", str(run / "model")]  # fmt: skip
                 wall, cpu, out = timed(command, folder)

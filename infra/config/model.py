@@ -6,7 +6,6 @@ from dataclasses import dataclass
 
 from infra import naming
 from infra.catalog import RECLAIMABLE, AcceleratorType
-from infra.programs import PROGRAMS
 
 PROJECT = "tpu-platform"
 BUCKET_PURPOSES = ("data", "checkpoints", "models")
@@ -56,11 +55,6 @@ class WorkloadSource:
     image: str = ""  # <region>-docker.pkg.dev/<project>/<repo>/<name>@sha256:<hex> (or :tag where allowed)
 
 
-# The built-in examples as ordinary source folders: `program: tf_mnist` is `source: {folder: workloads}`
-# with the command below (its support module runlib.py sits beside it).
-PROGRAM_FOLDER = "workloads"
-
-
 @dataclass(frozen=True)
 class ArtifactSettings:
     allow_image_tags: bool = False  # images by tag (a warning each), not only by digest
@@ -74,7 +68,7 @@ class WorkloadSettings:
     description: str
     bucket_access: tuple[tuple[str, str], ...]  # (purpose, "read" | "write")
     project_roles: tuple[str, ...]
-    program: str  # a key of infra.programs.PROGRAMS, or "" for a workload with its own source
+    program: str  # an example folder's name (infra/config/examples.py), or "" for a workload with its own source
     framework_version: str  # the framework release the program is pinned to
     memory_gib_per_chip: float | None  # declared HBM need per chip, checked against the TPU type
     data_object: str  # path of the training data in the data bucket; "" = the program's own download
@@ -83,14 +77,16 @@ class WorkloadSettings:
     checkpoint_every_minutes: float
     epochs: int
     batch_size: int
-    source: WorkloadSource = WorkloadSource("folder", PROGRAM_FOLDER)
+    source: WorkloadSource = WorkloadSource("folder")
     command: tuple[str, ...] = ()  # the program's argv; for an image, empty runs the image's own
     python: str = ""  # a Python version the boot installs for a folder source ("": the image's)
     env: tuple[tuple[str, str], ...] = ()  # extra environment of the program (never secrets)
 
     @property
     def framework(self) -> str:
-        return PROGRAMS[self.program].framework if self.program else ""
+        from infra.config.examples import examples  # here: examples reads this package (an import cycle)
+
+        return examples()[self.program].framework if self.program in examples() else ""
 
     def access(self, purpose: str) -> str:
         return dict(self.bucket_access).get(purpose, "none")

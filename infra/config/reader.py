@@ -17,9 +17,9 @@ from collections.abc import Callable, Mapping
 from infra import iam, naming
 from infra.catalog import AcceleratorType, load_catalog
 from infra.config import rules, sources
+from infra.config.examples import examples
 from infra.config.model import (
     BUCKET_PURPOSES,
-    PROGRAM_FOLDER,
     PROJECT,
     RESERVED_LABELS,
     ArtifactSettings,
@@ -47,7 +47,6 @@ from infra.config.settings import (
     children,
     setting,
 )
-from infra.programs import PROGRAMS
 from infra.schedule import CronError, parse_cron
 from infra.schema import MISSING, Node, Problems, decode_objects
 
@@ -284,15 +283,17 @@ def _code(node: Node, workload: WorkloadSettings) -> dict[str, object]:
         source_node.done(())
         if not workload.framework_version:
             node.problems.add(node.key("frameworkVersion"), MISSING, "required with program")
-        program = PROGRAMS[workload.program]
+        example = examples()[workload.program]
         return {
-            "source": WorkloadSource("folder", PROGRAM_FOLDER),
-            "command": ("python", program.filename, *_program_flags(workload)),
+            "source": WorkloadSource("folder", example.folder),
+            "command": ("python", example.entry, *_program_flags(workload)),
             "env": env,
         }
     if not given:
         node.problems.add(
-            node.key("source"), MISSING, f"give source (folder or image) and command, or program: {', '.join(PROGRAMS)}"
+            node.key("source"),
+            MISSING,
+            f"give source (folder or image) and command, or program: {', '.join(examples())}",
         )
         return {"env": env}
     for key in PROGRAM_ONLY:

@@ -107,15 +107,6 @@ def _tpu_vms(cfg: PlatformConfig, problems: Problems) -> None:
         already = any(p.key == f"{key}.workload" for p in problems.items)  # e.g. not set: said once
         if workload is None and workloads and not already:  # an empty name too: the reader accepts ""
             problems.add(f"{key}.workload", vm.workload, f"must be one of {', '.join(sorted(workloads))}")
-        if workload and not workload.program:
-            # The start-up script in metadata still runs a built-in program; a workload's own source is
-            # run by the VM agent (docs/design-runs.md), which the start-up script does not install yet.
-            problems.add(
-                f"{key}.workload",
-                vm.workload,
-                f"workload '{workload.name}' has its own source, which TPU VMs run once the VM agent is installed "
-                "by the start-up script (not in this version); run a program (tf_mnist, jax_mnist) on a VM for now",
-            )
         if workload:
             _against_catalog(key, vm, workload, problems)
         if vm.zone and cfg.network.subnets and cfg.network.cidr(vm.region) is None:

@@ -16,9 +16,9 @@ from typing import Literal
 
 from infra import iam
 from infra.catalog import PROVISIONING_MODELS, load_catalog
+from infra.config.examples import examples
 from infra.config.model import BUCKET_PURPOSES, PROJECT
 from infra.config.sources import FOLDER_ALLOWED, IMAGE_ALLOWED
-from infra.programs import PROGRAMS
 
 Kind = Literal["string", "integer", "number", "boolean", "list", "object", "map"]
 Scalar = str | int | float | bool
@@ -270,9 +270,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "workloads.<name>.program",
         "string",
-        "A built-in example (the source folder `workloads` and its command); or give source and command.",
+        "An example of this repository (the source folder `workloads/<program>` and its command); or give "
+        "source and command.",
         optional=True,
-        choices=tuple(PROGRAMS),
+        choices=tuple(examples()),
     ),
     Setting(
         "workloads.<name>.frameworkVersion",

@@ -1,0 +1,42 @@
+"""The repository's example workloads: ordinary source folders under `workloads/` that describe
+themselves (`example.json`: the framework they run on and their entry file).
+
+`program: <name>` in a stack file is shorthand for one of them: `source: {folder: workloads/<name>}`,
+the command `python <entry>` with runlib's flags from the workload's settings, and the framework the
+catalog checks against the runtime. Nothing here lists them: a folder with an `example.json` is one.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+
+from infra.config.sources import REPO_ROOT
+
+EXAMPLES_FOLDER = "workloads"
+FRAMEWORKS = ("tensorflow", "jax")
+
+
+@dataclass(frozen=True)
+class Example:
+    name: str
+    framework: str  # one of FRAMEWORKS
+    entry: str  # the file the command runs, in the folder
+
+    @property
+    def folder(self) -> str:
+        return f"{EXAMPLES_FOLDER}/{self.name}"
+
+
+@functools.cache
+def examples() -> dict[str, Example]:
+    out: dict[str, Example] = {}
+    for manifest in sorted((REPO_ROOT / EXAMPLES_FOLDER).glob("*/example.json")):
+        data = json.loads(manifest.read_text())
+        example = Example(manifest.parent.name, data["framework"], data["entry"])
+        # A broken example is the repository's bug, not the stack's: fail loudly in the tests.
+        assert example.framework in FRAMEWORKS, f"{manifest}: framework {example.framework!r}"
+        assert (manifest.parent / example.entry).is_file(), f"{manifest}: no {example.entry}"
+        out[example.name] = example
+    return out
