@@ -63,6 +63,22 @@ with open(state / "starts", "a") as starts:
 '''
 
 
+# The image's Python: the workloads' virtualenv (TensorFlow, JAX) stands in for a TPU image's system
+# Python. A virtualenv made from it with --system-site-packages (the agent's, for a folder source) would
+# see the base interpreter's packages, not the workloads'; a .pth file gives it what a TPU image's
+# virtualenv sees: the "system" packages. Everything else is passed straight through.
+PYTHON3_SHIM = """#!/bin/bash
+if [[ "${{1:-}} ${{2:-}}" == "-m venv" ]]; then
+  "{python}" "$@" || exit
+  venv="${{@: -1}}"
+  site="$("{python}" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+  for inner in "$venv"/lib/python3*/site-packages; do echo "$site" > "$inner/sandbox-image-python.pth"; done
+  exit 0
+fi
+exec "{python}" "$@"
+"""
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -267,7 +283,7 @@ class Vm:
         systemctl.chmod(0o755)
         # A wrapper, not a symlink: a virtualenv's Python finds its packages from the path it was run as.
         python3 = self.shims / "python3"
-        python3.write_text(f'#!/bin/sh\nexec "{workloads_python()}" "$@"\n')
+        python3.write_text(PYTHON3_SHIM.format(python=workloads_python()))
         python3.chmod(0o755)
         self.env = {
             **os.environ,

@@ -1,11 +1,13 @@
 """The real rendered start-up script, booted in a sandbox against a GCS emulator and a metadata
-server on loopback (see tests/sandbox.py for what is shimmed and why).
+server on loopback (see tests/sandbox.py for what is shimmed and why): it fetches the real VM agent
+(vm_agent/, packaged as `pulumi up` uploads it) by its digest, and the agent runs the example folder
+the stack names (workloads/tf_mnist, workloads/jax_mnist) from its content-hashed archive.
 
-For both workloads: first boot starts the run; SIGTERM mid-training (what GCE sends before a
-preemption) leaves a committed checkpoint in the bucket; the next boot resumes from that step, not
-from zero, and finishes with the same step count as an uninterrupted run and `resumes: 1`; a third
-boot does nothing. The dev VM says `onCompletion: stop`, yet the VM calls no TPU API (a stand-in on
-loopback records any call): the platform, not the VM, acts on a finished run.
+For both examples: first boot starts the run; SIGTERM (what GCE sends before a preemption) to the
+agent reaches the program, which leaves a committed checkpoint in the bucket; the next boot resumes
+from that step, not from zero, and finishes with the same step count as an uninterrupted run and
+`resumes: 1`; a third boot runs nothing. The dev VM says `onCompletion: stop`, yet the VM calls no
+TPU API (a stand-in on loopback records any call): the platform, not the VM, acts on a finished run.
 And the guard's side of run to completion: the completion marker's event makes the guard stop the
 node; a scheduled start of that VM afterwards does nothing.
 """
@@ -13,7 +15,6 @@ node; a scheduled start of that VM afterwards does nothing.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import signal
@@ -22,8 +23,11 @@ import subprocess
 import pytest
 from google.cloud import storage
 
+from infra import naming
 from infra.config import parse_stack_config
-from infra.tpu.metadata import render_metadata, startup_spec
+from infra.packaging import repository_folder
+from infra.startup import AGENT_UNIT
+from infra.tpu.metadata import AGENT_FOLDER, source_digests, vm_metadata
 from tests.sandbox import Vm, free_port, metadata_server, storage_emulator, tpu_api, wait_for
 from tests.support import stack_config, with_object
 from tests.workloads import WORKLOADS, run_workload, workloads_python
@@ -50,8 +54,13 @@ def emulator(tmp_path_factory):
     with storage_emulator() as host:
         os.environ["STORAGE_EMULATOR_HOST"] = host
         client = storage.Client()
-        for purpose in ("data", "checkpoints", "models", "status"):
+        for purpose in ("data", "checkpoints", "models", "status", "artifacts"):
             client.create_bucket(f"acme-ml-sandbox-dev-{purpose}")
+        # What `pulumi up` uploads (infra/artifacts.py): the agent and the example folders, by content.
+        artifacts = client.bucket("acme-ml-sandbox-dev-artifacts")
+        for folder in (AGENT_FOLDER, "workloads/tf_mnist", "workloads/jax_mnist"):
+            archive = repository_folder(folder)
+            artifacts.blob(naming.source_object(archive.sha256)).upload_from_string(archive.data)
         sample = tmp_path_factory.mktemp("data") / "mnist.npz"
         subprocess.run(
             [workloads_python(), str(WORKLOADS / "sample_mnist.py"), str(sample), "--train", str(TRAIN)], check=True
@@ -80,9 +89,8 @@ def vm_metadata_for(
 
         raw = with_object(raw, "tpuVms", merged)
     cfg = parse_stack_config("dev", raw)
-    spec = startup_spec(cfg, cfg.tpu_vms[0])
-    metadata = render_metadata(dataclasses.replace(spec))
-    return {**metadata, "agent-worker-number": "0"}, spec.unit
+    metadata = vm_metadata(cfg, source_digests(cfg))[cfg.tpu_vms[0].name]
+    return {**metadata, "agent-worker-number": "0"}, AGENT_UNIT
 
 
 def _runtime_for(program: str, raw: dict[str, str]) -> str:
@@ -101,23 +109,27 @@ def committed_steps(client: storage.Client, prefix: str) -> list[int]:
 def test_preempted_run_resumes_and_finishes_once(program, module, emulator, tmp_path):
     metadata, unit = vm_metadata_for(program, module)
     run = f"mnist/mnist-v2-spot/e2e-{program.replace('_', '-')}/"
+    run_id = f"dev/{run.rstrip('/')}"
     with metadata_server(metadata) as metadata_host, tpu_api() as (api_url, api_calls):
         vm = Vm(tmp_path, metadata_host, os.environ["STORAGE_EMULATOR_HOST"], api_url)
 
         # Boot 1: the run starts; preempt it once a checkpoint is committed.
         first = vm.boot(metadata["startup-script"])
         assert first.returncode == 0, first.stderr + first.stdout
-        assert f"workload mnist started as {unit}" in first.stdout
+        assert f"agent started as {unit}" in first.stdout
         try:
             wait_for(lambda: committed_steps(emulator, run), 180, "a first committed checkpoint", interval=0.2)
         except TimeoutError as error:
             raise AssertionError(f"{error}; the workload's log:\n{vm.log(unit)[-3000:]}") from None
         pid = vm.pid(unit)
         assert pid is not None
-        os.kill(pid, signal.SIGTERM)
-        wait_for(lambda: not vm.alive(unit), 60, "the workload to exit after SIGTERM")
+        os.kill(pid, signal.SIGTERM)  # to the agent, as systemd stops the unit on a preemption
+        wait_for(lambda: not vm.alive(unit), 60, "the agent to exit after SIGTERM")
         log = vm.log(unit)
         assert "SIGTERM: checkpoint written, exiting for preemption" in log, log[-3000:]
+        state = json.loads(emulator.bucket(STATUS_BUCKET).blob(f"mnist-v2-spot/runs/{run_id}/status.json")
+                           .download_as_bytes())  # fmt: skip
+        assert (state["state"], state["exitCode"]) == ("stopped", 75), state
         preempted_at = committed_steps(emulator, run)[-1]
         assert 0 < preempted_at < TOTAL_STEPS
         assert not emulator.bucket("acme-ml-sandbox-dev-checkpoints").blob(run + "COMPLETE").exists()
@@ -125,7 +137,7 @@ def test_preempted_run_resumes_and_finishes_once(program, module, emulator, tmp_
         # Boot 2: the run resumes from that step and finishes.
         second = vm.boot(metadata["startup-script"])
         assert second.returncode == 0, second.stderr + second.stdout
-        wait_for(lambda: not vm.alive(unit), 300, "the resumed run to finish", interval=0.5)
+        wait_for(lambda: completed(emulator, run_id), 300, "the resumed run to finish", interval=0.5)
         log = vm.log(unit)
         resumed = [json.loads(line) for line in log.splitlines() if '"resumed from checkpoint"' in line]
         assert resumed and resumed[-1]["step"] == preempted_at, log[-3000:]
@@ -140,16 +152,26 @@ def test_preempted_run_resumes_and_finishes_once(program, module, emulator, tmp_
         assert structured[-1]["run_id"] == f"dev/{run.rstrip('/')}"
         assert api_calls == []  # the VM needs no TPU API rights: the platform's guard stops it
 
-        # Boot 3: the run is complete; nothing starts.
-        starts = vm.starts()
+        assert completed(emulator, run_id)  # by the agent, when the program exited 0
+
+        # Boot 3: the run is complete; the agent starts it no more (and says so again for the guard).
+        trained = vm.log(unit).count('"training"')
         third = vm.boot(metadata["startup-script"])
         assert third.returncode == 0, third.stderr
-        assert "already completed its run; not starting it again" in third.stdout
-        assert vm.starts() == starts
+        wait_for(lambda: "not starting it again" in vm.log(unit), 60, "the agent to see the finished run")
+        assert vm.log(unit).count('"training"') == trained
         assert api_calls == []
 
 
 STATUS_BUCKET = "acme-ml-sandbox-dev-status"
+
+
+def completed(client: storage.Client, run_id: str) -> bool:
+    """The agent wrote the run's completion marker: the program exited 0 (the agent itself keeps running)."""
+    marker = client.bucket(STATUS_BUCKET).get_blob("mnist-v2-spot/COMPLETE")
+    return marker is not None and json.loads(marker.download_as_bytes()).get("runId") == run_id
+
+
 NODE = "projects/acme-ml-sandbox/locations/us-central1-b/nodes/mnist-v2-spot"
 
 
@@ -181,12 +203,13 @@ def test_a_completed_run_is_stopped_by_the_guard_and_not_restarted_by_its_schedu
         vm = Vm(tmp_path, metadata_host, os.environ["STORAGE_EMULATOR_HOST"], api_url)
         first = vm.boot(metadata["startup-script"])
         assert first.returncode == 0, first.stderr + first.stdout
-        wait_for(lambda: not vm.alive(unit), 300, "the run to finish", interval=0.5)
+        wait_for(lambda: completed(emulator, "dev/mnist/mnist-v2-spot/e2e-tf-mnist"), 300, "the run to finish",
+                 interval=0.5)  # fmt: skip
         run = "mnist/mnist-v2-spot/e2e-tf-mnist/COMPLETE"  # runlib's own marker: the run is complete
         assert emulator.bucket("acme-ml-sandbox-dev-checkpoints").blob(run).exists(), vm.log(unit)[-2000:]
 
         marker = emulator.bucket(STATUS_BUCKET).get_blob("mnist-v2-spot/COMPLETE")
-        assert marker is not None, vm.log(unit)[-2000:]  # written by the workload itself, last
+        assert marker is not None, vm.log(unit)[-2000:]  # written by the agent when the program exited 0
         assert json.loads(marker.download_as_bytes())["runId"] == "dev/mnist/mnist-v2-spot/e2e-tf-mnist"
         session = CheckedSession()
         settings = {
@@ -260,7 +283,7 @@ def test_two_host_slice_trains_stops_together_on_one_sigterm_and_resumes(emulato
         # Boot 1: both workers start; the unit's environment places each in the slice.
         boot_all()
         for worker, vm in enumerate(vms):
-            env = (vm.root / "etc/tpu-platform/mnist.env").read_text()
+            env = (vm.root / "etc/tpu-platform/agent.env").read_text()
             assert f"TPU_PLATFORM_WORKER_ID={worker}\nTPU_PLATFORM_WORKER_COUNT=2\n" in env
             assert f"TPU_PLATFORM_COORDINATOR=127.0.0.1:{port}\n" in env
         try:
@@ -270,13 +293,20 @@ def test_two_host_slice_trains_stops_together_on_one_sigterm_and_resumes(emulato
         assert "in 2 process(es)" in vms[0].log(unit) and "in 2 process(es)" in vms[1].log(unit)
         pid = vms[1].pid(unit)
         assert pid is not None
-        os.kill(pid, signal.SIGTERM)  # only worker 1 is told of the preemption
+        os.kill(pid, signal.SIGTERM)  # only worker 1 is told of the preemption (its agent passes it on)
+
+        def signalled() -> list[list[dict]]:
+            return [
+                [json.loads(line) for line in vm.log(unit).splitlines() if '"SIGTERM: checkpoint written' in line]
+                for vm in vms
+            ]
+
+        wait_for(lambda: all(signalled()), 60, "both workers' programs to stop at one step after one SIGTERM")
+        # The rest of the slice goes down with it, as a preempted slice does.
+        os.kill(vms[0].pid(unit) or 0, signal.SIGTERM)
         for vm in vms:
-            wait_for(lambda vm=vm: not vm.alive(unit), 60, "both workers to exit after one SIGTERM")
-        stopped = [
-            [json.loads(line) for line in vm.log(unit).splitlines() if '"SIGTERM: checkpoint written' in line]
-            for vm in vms
-        ]
+            wait_for(lambda vm=vm: not vm.alive(unit), 60, "both agents to exit")
+        stopped = signalled()
         assert [len(s) for s in stopped] == [1, 1], logs()
         assert [s[0]["signalled_here"] for s in stopped] == [False, True]
         preempted_at = committed_steps(emulator, run)[-1]
@@ -286,8 +316,8 @@ def test_two_host_slice_trains_stops_together_on_one_sigterm_and_resumes(emulato
 
         # Boot 2: both resume from that step and finish together.
         boot_all()
-        for vm in vms:
-            wait_for(lambda vm=vm: not vm.alive(unit), 300, "the resumed slice to finish", interval=0.5)
+        finished = "the resumed slice to finish"
+        wait_for(lambda: completed(emulator, "dev/mnist/mnist-v2-spot/e2e-two-host"), 300, finished, interval=0.5)
         resumed = [
             [json.loads(line)["step"] for line in vm.log(unit).splitlines() if '"resumed from checkpoint"' in line]
             for vm in vms
