@@ -36,5 +36,5 @@ def test_telemetry_benchmark_runs():
 
 
 def test_packaging_benchmark_runs():
-    out = run("benchmarks/packaging.py", "--folder", "workloads", "--repeat", "1")
+    out = run("benchmarks/source_archives.py", "--folder", "workloads", "--repeat", "1")
     assert "workloads:" in out and "tar.gz" in out

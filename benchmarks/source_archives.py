@@ -1,6 +1,9 @@
-"""How long deterministic packaging takes and how big the archives are: prints figures, asserts nothing.
+"""How long deterministic packaging (infra/packaging.py) takes and how big the archives are.
 
-python benchmarks/packaging.py [--folder workloads] [--repeat 5]
+Prints figures, asserts nothing. Not named packaging.py: a script's folder comes first on sys.path, and
+that name would hide the `packaging` distribution from the other benchmarks.
+
+python benchmarks/source_archives.py [--folder workloads] [--repeat 5]
 """
 
 from __future__ import annotations
