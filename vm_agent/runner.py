@@ -432,6 +432,8 @@ class Run:
         }
         if self.error:
             record["error"] = self.error
+        if self.spec.request:  # the researcher side's record of where the run came from (vm_agent/requests.py)
+            record["request"] = self.spec.request
         return record
 
     def _write(self, name: str, record: dict[str, Any]) -> None:
