@@ -159,6 +159,11 @@ class Run:
                 _signal_group(process, signal.SIGKILL)
         self._thread.join(self.settings.grace_s + 30)
 
+    def requeue(self, reason: str) -> None:
+        """Stopped to make way (the stack's run comes first): waiting again, to resume later."""
+        self.state, self.error = "queued", reason
+        self._record("queued")
+
     # ------------------------------------------------------------------------------------ the run
     def _supervise(self) -> None:
         retries = 0
