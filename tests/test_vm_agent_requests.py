@@ -227,3 +227,28 @@ def test_the_stacks_run_comes_first_and_a_preempted_request_resumes_after_it(clo
     assert resumed and resumed[-1]["step"] == agent.lines("SIGTERM: checkpoint committed")[0]["step"]
     assert cloud.steps(SHARED, "exp-1")[-1] == 12
     assert cloud.state(SHARED, "exp-1")["request"].startswith(f"{SHARED}/requests/")
+
+
+@pytest.mark.slow
+def test_a_request_run_stopped_by_the_vm_shutting_down_resumes_on_the_next_boot(cloud: Cloud):
+    folder = trainer_folder(cloud.tmp)
+    submit = ("submit", "--vm", SHARED, "--folder", str(folder), "--env", "STEP_SECONDS=0.25")
+    assert cloud.tpu_runs(*submit, "--run-id", "exp-1", "--", "python", "train.py", "--steps", "12") == 0
+    agent = Agent(cloud, SHARED)
+    try:
+        agent.wait(lambda: len(cloud.steps(SHARED, "exp-1")) >= 2, "exp-1's checkpoints")
+    finally:
+        assert agent.shut_down() == 0  # a spot preemption or a stop of the VM
+    waiting = cloud.state(SHARED, "exp-1")
+    assert waiting["state"] == "queued" and "shutdown or preemption" in waiting["error"], agent.log()[-3000:]
+    assert cloud.names(STACK.status, f"{SHARED}/requests/") == []  # nothing left to take: the state is the record
+    committed = agent.lines("SIGTERM: checkpoint committed")[0]["step"]
+
+    agent = Agent(cloud, SHARED)  # the next boot
+    try:
+        agent.wait(lambda: cloud.state(SHARED, "exp-1").get("state") == "finished", "exp-1 to resume and finish")
+    finally:
+        assert agent.shut_down() == 0
+    assert agent.lines("resumes after a restart")
+    assert agent.lines("resumed from checkpoint")[-1]["step"] == committed
+    assert cloud.steps(SHARED, "exp-1")[-1] == 12

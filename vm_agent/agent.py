@@ -22,6 +22,8 @@ request there is refused and recorded as failed rather than left waiting for eve
   once the stack's run has ended. Requests never preempt each other: a new one waits its turn.
 - A stop request stops the named self-service run (or drops it from the queue, recorded `stopped`);
   it never touches the stack's run (whose id a request cannot even name: requests.py RUN_ID).
+- The VM shutting down (or preempted) stops a request's run the same way and leaves it `queued`;
+  the next boot resumes it first (its request object is gone; its state keeps the request: `spec`).
 - A request's run writes no COMPLETE (the VM is shared capacity and stays up; its spec cannot ask
   for completion) and keeps its `request` in status.json (the researcher side reads it).
 """
@@ -61,7 +63,7 @@ class Agent:
         storage: Storage | None = None,
         poll_s: float = 60,
         ship: Callable[[str, RunSpec], None] = telemetry.ship,
-        requests: RunSource | None = None,
+        requests: RequestSource | None = None,
     ):
         self.settings = settings
         self.sources = sources  # the stack's desired run (metadata)
@@ -81,9 +83,15 @@ class Agent:
             f"agent for {self.settings.stack}/{self.settings.vm} (worker {self.settings.worker_id} of "
             f"{self.settings.worker_count}) waiting for runs"
         )
-        watched = [(FROM_STACK, source) for source in self.sources]
+        watched: list[tuple[str, RunSource]] = [(FROM_STACK, source) for source in self.sources]
         if self.requests is not None:
             watched.append((FROM_REQUESTS, self.requests))
+            try:
+                self.pending.extend(self.requests.unfinished())  # taken before a reboot: resumed first
+            except (OSError, ValueError) as error:
+                log(f"cannot read the request runs to resume: {error}", severity="WARNING")
+            for spec in self.pending:
+                log(f"request {spec.request} resumes after a restart", run=spec.run_id)
         for number, (origin, source) in enumerate(watched):
             threading.Thread(target=self._watch, args=(origin, source), name=f"source-{number}", daemon=True).start()
         while not self.stopping.is_set():
@@ -97,7 +105,10 @@ class Agent:
             else:
                 self.handle(desired)
             self.advance()
-        if self.current is not None:
+        if self._is_request(self.current) and self.current is not None and not self.current.done():
+            # Its request object is gone: its state (queued again) is what the next boot resumes.
+            self._preempt(self.current, "the agent is stopping (shutdown or preemption)")
+        elif self.current is not None:
             self.current.stop("the agent is stopping (shutdown or preemption)")
         log("agent stopped")
         return 0
@@ -203,7 +214,7 @@ class Agent:
         run.stop(reason)
         if run.state == "finished" or run.state == "failed":
             return  # it ended by itself meanwhile
-        run.requeue(f"{reason}; it resumes from its checkpoint when that run has ended")
+        run.requeue(f"{reason}; it resumes from its checkpoint")
         self.pending.appendleft(run.spec)
 
     def _already_ended(self, spec: RunSpec) -> bool:

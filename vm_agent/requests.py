@@ -208,6 +208,8 @@ class Gcs:
 # --------------------------------------------------------------------------------------------------
 # The source.
 # --------------------------------------------------------------------------------------------------
+# A request run's states from which a reboot resumes it (vm_agent/runner.py STATES).
+RESUMABLE = ("queued", "starting", "running", "stopping", "retry")
 REQUEST_NAME = re.compile(r"(?P<ts>[0-9]{8}T[0-9]{6}Z)-(?P<stop>stop-)?(?P<run>[a-z0-9-]{1,40})\.json")
 
 
@@ -286,6 +288,32 @@ class RequestSource:
                 return None
             time.sleep(min(self.poll_s, left))
 
+    def unfinished(self) -> list[RunSpec]:
+        """Requests taken before a reboot whose runs have not ended (queued, or stopped by the VM's
+        shutdown or preemption: their state says `queued`/`running`/`retry`), oldest first, to resume:
+        their request objects are gone, and their states keep the request (`spec`)."""
+        if not self.self_service:
+            return []
+        found: list[tuple[str, RunSpec]] = []
+        for name in self.gcs.list(f"{self.vm}/runs/"):
+            if not name.endswith("/status.json"):
+                continue
+            raw = self.gcs.get(name)
+            try:
+                state = json.loads(raw) if raw else {}
+            except ValueError:
+                continue
+            request, data = state.get("request"), state.get("spec")
+            if state.get("state") not in RESUMABLE or not isinstance(request, str) or not isinstance(data, dict):
+                continue
+            try:
+                spec = parse_request(data, request, self.allowed, self.places)
+            except SpecError as error:  # the stack changed meanwhile (another artifacts bucket, ...)
+                self.log(f"not resuming {name}: {error}")
+                continue
+            found.append((request, replace(spec, request=request)))
+        return [spec for _, spec in sorted(found, key=lambda pair: pair[0])]
+
     def state_name(self, run_id: str) -> str:
         return f"{self.vm}/runs/{run_id}/status.json"
 
@@ -331,6 +359,7 @@ class RequestSource:
         state = {
             "runId": spec.run_id, "state": "queued", "exitCode": None, "startedAt": None, "endedAt": None,
             "requester": spec.requester, "source": spec.source.describe(), "request": name, "queuedAt": _now(),
+            "spec": data,  # the request itself: a reboot resumes the run from here (`unfinished`)
         }  # fmt: skip
         # Read first, then create with ifGenerationMatch=0: the read is what the sandbox can show (the
         # emulator ignores preconditions); the precondition closes the race on Cloud Storage, where a

@@ -439,7 +439,17 @@ class Run:
             record["error"] = self.error
         if self.spec.request:  # the researcher side's record of where the run came from (vm_agent/requests.py)
             record["request"] = self.spec.request
+            record["spec"] = self.request_spec()  # what a reboot resumes from (requests.py `unfinished`)
         return record
+
+    def request_spec(self) -> dict[str, Any]:
+        """The request's fields (vm_agent/requests.py REQUEST_FIELDS) of this run."""
+        spec = self.spec
+        fields = {"runId": spec.run_id, "source": spec.source.describe(), "command": list(spec.command),
+                  "env": dict(spec.env), "requester": spec.requester}  # fmt: skip
+        if spec.python:
+            fields["python"] = spec.python
+        return fields
 
     def _write(self, name: str, record: dict[str, Any]) -> None:
         try:
