@@ -24,6 +24,7 @@ from tests.sandbox import MetadataHost, metadata_server, storage_emulator, wait_
 from tests.tpu_api import tpu_api_standin
 from tests.vm_agent_support import agent_environ, run_spec, start_agent, trainer_folder
 from tpu_runs import cli
+from vm_agent.settings import Settings, SettingsError
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "Pulumi.self-service.yaml"
 STACK = cli.load_stack("self-service", EXAMPLE)
@@ -252,3 +253,15 @@ def test_a_request_run_stopped_by_the_vm_shutting_down_resumes_on_the_next_boot(
     assert agent.lines("resumes after a restart")
     assert agent.lines("resumed from checkpoint")[-1]["step"] == committed
     assert cloud.steps(SHARED, "exp-1")[-1] == 12
+
+
+def test_the_settings_self_service_runs_need_are_checked_in_agent_env():
+    base = {"TPU_PLATFORM_STACK": "s", "TPU_PLATFORM_VM": SHARED, "TPU_PLATFORM_STATUS_DIR": "gs://b/v"}
+    with pytest.raises(SettingsError) as error:
+        Settings.from_environ({**base, "TPU_PLATFORM_SELF_SERVICE": "1", "TPU_PLATFORM_MODELS": "s3://m"})
+    assert error.value.problems == [
+        "TPU_PLATFORM_MODELS='s3://m' does not match gs://[a-z0-9][a-z0-9._-]*[a-z0-9]",
+        "TPU_PLATFORM_WORKLOAD is missing (self-service runs keep their files under it)",
+    ]
+    settings = Settings.from_environ({**base, "TPU_PLATFORM_SELF_SERVICE": "1", "TPU_PLATFORM_WORKLOAD": "mnist"})
+    assert (settings.workload, settings.models, settings.checkpoints) == ("mnist", "", "")
