@@ -175,6 +175,14 @@ def test_a_vm_that_does_not_allow_self_service_refuses_every_request(agent: Agen
     assert "TPU VM shared does not take self-service runs" in record["reason"]
 
 
+def test_a_source_told_why_refuses_every_request_with_that_reason(agent: Agent):
+    source = agent.source()
+    source.refusal = "TPU VM shared is a slice of 4 hosts: self-service runs are single-host only for now"
+    agent.bucket.put(request(), SPEC)
+    assert source.next(0) is None and source.unfinished() == []
+    assert agent.bucket.state("exp-1")["reason"] == source.refusal
+
+
 @pytest.mark.parametrize(
     ("data", "why"),
     [

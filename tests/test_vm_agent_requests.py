@@ -87,7 +87,7 @@ def cloud(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cloud]:
 class Agent:
     """The agent of one VM of the example stack, as the start-up script would configure it."""
 
-    def __init__(self, cloud: Cloud, vm: str):
+    def __init__(self, cloud: Cloud, vm: str, **extra: str):
         settings = STACK.vm(vm)
         self.env = agent_environ(
             cloud.tmp / vm, cloud.metadata.url, cloud.storage,
@@ -96,7 +96,7 @@ class Agent:
             TPU_PLATFORM_SELF_SERVICE="1" if settings.self_service else "0",
             TPU_PLATFORM_WORKLOAD=settings.workload, TPU_PLATFORM_MODELS=f"gs://{STACK.models}",
             TPU_PLATFORM_CHECKPOINTS=f"gs://{CHECKPOINTS}",
-            TPU_PLATFORM_LOGGING_URL=cloud.logging, TPU_PLATFORM_MONITORING_URL=cloud.logging,
+            TPU_PLATFORM_LOGGING_URL=cloud.logging, TPU_PLATFORM_MONITORING_URL=cloud.logging, **extra,
         )  # fmt: skip
         (cloud.tmp / vm).mkdir(exist_ok=True)
         self.log_path = cloud.tmp / vm / "agent.log"
@@ -179,23 +179,31 @@ def test_a_submitted_run_is_run_followed_stopped_with_a_checkpoint_and_the_next_
     assert contract["TPU_PLATFORM_CHECKPOINT_DIR"] == f"gs://{CHECKPOINTS}/mnist/{SHARED}/exp-2"
 
 
-def test_a_request_for_a_vm_without_self_service_is_refused_by_its_agent_and_recorded(cloud: Cloud):
-    # `tpu-runs submit` refuses this VM before any call; someone with wider rights writes the request
-    # as the CLI would (its own naming and spec), and the VM's agent refuses it.
+@pytest.mark.parametrize(
+    ("vm", "extra", "why"),
+    [
+        (REVIEWED, {}, f"TPU VM {REVIEWED} does not take self-service runs"),
+        # A multi-host slice: every worker would have to run it; not built, so refused in words.
+        (SHARED, {"TPU_PLATFORM_WORKER_COUNT": "2"}, f"TPU VM {SHARED} is a slice of 2 hosts"),
+    ],
+)
+def test_a_request_the_vm_cannot_take_is_refused_by_its_agent_and_recorded(cloud: Cloud, vm, extra, why):
+    # `tpu-runs submit` refuses a VM without selfService before any call; someone with wider rights
+    # writes the request as the CLI would (its own naming and spec), and the VM's agent refuses it.
     spec = json.loads(run_spec("exp-9", {"kind": "image", "image": "x"}, ["python", "t.py"], requester=ALICE))
     spec["source"] = {"kind": "folder", "uri": f"gs://{STACK.artifacts}/sources/{'a' * 64}.tar.gz", "sha256": "a" * 64}
     google = cli.Google(requests.Session(), "self-service")
-    request = cli._request_name(REVIEWED, "exp-9")
+    request = cli._request_name(vm, "exp-9")
     google.create(STACK.status, request, json.dumps(spec).encode(), cli.JSON_BYTES)
-    agent = Agent(cloud, REVIEWED)
+    agent = Agent(cloud, vm, **extra)
     try:
-        agent.wait(lambda: cloud.state(REVIEWED, "exp-9"), "the refusal's record", timeout=60)
+        agent.wait(lambda: cloud.state(vm, "exp-9"), "the refusal's record", timeout=60)
     finally:
         assert agent.shut_down() == 0
-    record = cloud.state(REVIEWED, "exp-9")
+    record = cloud.state(vm, "exp-9")
     assert record["state"] == "failed" and record["request"] == request
-    assert f"TPU VM {REVIEWED} does not take self-service runs" in record["reason"]
-    assert cloud.names(STACK.status, f"{REVIEWED}/requests/") == []
+    assert why in record["reason"]
+    assert cloud.names(STACK.status, f"{vm}/requests/") == []
     assert not agent.lines("starting run") and "Traceback" not in agent.log()
 
 

@@ -278,10 +278,14 @@ def main(environ: dict | None = None) -> int:
     poll_s = float(environ.get("TPU_PLATFORM_POLL_SECONDS", "") or 60)
     sources: list[RunSource] = [MetadataSource(settings.metadata_url, settings.allowed, log=log)]
     requests = None
-    if settings.status_dir.startswith("gs://"):
+    if settings.status_dir.startswith("gs://") and settings.worker_id == 0:  # one taker per VM folder
         requests = RequestSource.from_env(environ, log=lambda line: log(line, component="requests"))
         # Where self-service is off the folder is read only to refuse what appears there.
         requests.poll_s = min(10.0, poll_s) if settings.self_service else poll_s
+        if settings.worker_count > 1:
+            # Every worker of a slice would have to run it; only worker 0 takes requests. Not built yet.
+            requests.refusal = (f"TPU VM {settings.vm} is a slice of {settings.worker_count} hosts: self-service "
+                                "runs are single-host only for now")  # fmt: skip
     elif settings.self_service:
         log("TPU_PLATFORM_SELF_SERVICE=1 needs a gs:// TPU_PLATFORM_STATUS_DIR: no requests read", severity="WARNING")
     agent = Agent(settings, sources, storage, poll_s=poll_s, requests=requests)

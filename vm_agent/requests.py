@@ -238,6 +238,7 @@ class RequestSource:
         places: RunPlaces | None = None,
         poll_s: float = 10.0,
         log: Callable[[str], None] | None = None,
+        refusal: str = "",
     ):
         bucket, self.vm = _split_gs(status_dir)
         if not self.vm or "/" in self.vm:
@@ -245,6 +246,7 @@ class RequestSource:
         self.allowed = Allowed(artifacts.rstrip("/"), registry.rstrip("/"))
         self.places = places or RunPlaces("", "", "", self.vm)
         self.self_service = self_service
+        self.refusal = refusal  # why every request here is refused, beyond self-service being off
         self.gcs = gcs or Gcs(bucket)
         self.poll_s = poll_s
         self.prefix = f"{self.vm}/requests/"
@@ -292,7 +294,7 @@ class RequestSource:
         """Requests taken before a reboot whose runs have not ended (queued, or stopped by the VM's
         shutdown or preemption: their state says `queued`/`running`/`retry`), oldest first, to resume:
         their request objects are gone, and their states keep the request (`spec`)."""
-        if not self.self_service:
+        if not self.self_service or self.refusal:
             return []
         found: list[tuple[str, RunSpec]] = []
         for name in self.gcs.list(f"{self.vm}/runs/"):
@@ -337,9 +339,10 @@ class RequestSource:
             data = json.loads(raw)
         except ValueError:
             return self._refuse(name, None, None, "not JSON")
-        if not self.self_service:
+        if not self.self_service or self.refusal:
             run = None if match["stop"] or not isinstance(data, dict) else data.get("runId")
-            why = f"TPU VM {self.vm} does not take self-service runs (its stack sets selfService: false)"
+            off = f"TPU VM {self.vm} does not take self-service runs (its stack sets selfService: false)"
+            why = self.refusal or off
             return self._refuse(name, run if run == match["run"] else None, data, why)
         if match["stop"]:
             if not (isinstance(data, dict) and set(data) == {"stop"} and data["stop"] == match["run"]):
