@@ -2,6 +2,11 @@
 discovery document (logging.v2) and answering with the entries it holds whose log name and labels the
 request's filter names (the `labels.KEY="VALUE"`, `logName="…"` and `timestamp>"…"` terms that
 `tpu-runs logs` sends, joined by AND; any other term is a 400, so a new filter shape fails loudly).
+
+It also takes what the VM's telemetry writes, so one test can follow a line from the program to the
+researcher: `entries:write` (each entry kept with the request's logName and resource, as Logging
+stores them) and Cloud Monitoring's `timeSeries.create` (checked against monitoring.v3, kept in
+`time_series`): point the agent's TPU_PLATFORM_LOGGING_URL and TPU_PLATFORM_MONITORING_URL here.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ class LoggingState:
     methods: list[str] = field(default_factory=list)
     bodies: list[dict[str, Any]] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
+    time_series: list[dict[str, Any]] = field(default_factory=list)
 
 
 def matches(entry: dict[str, Any], log_filter: str) -> bool:
@@ -54,13 +60,24 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
         try:
-            method = api("logging.v2").check(Call("POST", self.path, body))
+            method = api("monitoring.v3" if self.path.startswith("/v3/") else "logging.v2").check(
+                Call("POST", self.path, body)
+            )
         except ContractError as error:
             self.state.violations.append(str(error))
             self._answer(400, {"error": {"code": 400, "message": str(error)}})
             return
         self.state.methods.append(method.id)
         self.state.bodies.append(body)
+        if method.id == "logging.entries.write":
+            defaults = {key: body[key] for key in ("logName", "resource") if key in body}
+            self.state.entries += [{**defaults, **entry} for entry in body.get("entries", [])]
+            self._answer(200, {})
+            return
+        if method.id == "monitoring.projects.timeSeries.create":
+            self.state.time_series += body.get("timeSeries", [])
+            self._answer(200, {})
+            return
         try:
             found = [e for e in self.state.entries if matches(e, body.get("filter", ""))]
         except ValueError as error:

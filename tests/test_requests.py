@@ -20,7 +20,8 @@ import requests
 
 from tests.contracts import Call, ContractError, api
 from tests.sandbox import SANDBOX_TOKEN, metadata_server, storage_emulator
-from vm_agent.requests import RequestSource, RunSpec, SpecError, StopRequest, parse_run_spec
+from vm_agent.requests import RequestSource, RunPlaces, parse_request
+from vm_agent.sources import Allowed, FolderSource, RunSpec, SpecError, StopRequest
 
 STATUS = "acme-status"
 ARTIFACTS = "acme-artifacts"
@@ -174,20 +175,35 @@ def test_a_vm_that_does_not_allow_self_service_refuses_every_request(agent: Agen
     assert "TPU VM shared does not take self-service runs" in record["reason"]
 
 
+def test_a_source_told_why_refuses_every_request_with_that_reason(agent: Agent):
+    source = agent.source()
+    source.refusal = "TPU VM shared is a slice of 4 hosts: self-service runs are single-host only for now"
+    agent.bucket.put(request(), SPEC)
+    assert source.next(0) is None and source.unfinished() == []
+    assert agent.bucket.state("exp-1")["reason"] == source.refusal
+
+
 @pytest.mark.parametrize(
     ("data", "why"),
     [
         ({**SPEC, "source": {"kind": "folder", "uri": f"gs://elsewhere/sources/{SHA}.tar.gz", "sha256": SHA}},
-         "must be the stack's artifacts bucket"),
+         "must be under the stack's artifacts bucket gs://acme-artifacts/"),
         ({**SPEC, "source": {"kind": "folder", "uri": f"gs://{ARTIFACTS}/sources/{'b' * 64}.tar.gz", "sha256": SHA}},
-         "must be the stack's artifacts bucket"),
-        ({**SPEC, "source": {"kind": "image", "image": f"docker.io/library/x@sha256:{SHA}"}}, "stack's registry"),
-        ({**SPEC, "source": {"kind": "image", "image": f"{REGISTRY}/x:latest"}}, "pinned by digest"),
+         f"must be the stack's artifacts bucket object gs://{ARTIFACTS}/sources/{SHA}.tar.gz"),
+        ({**SPEC, "source": {"kind": "image", "image": f"docker.io/library/x@sha256:{SHA}"}},
+         "must be in the stack's repository"),
+        ({**SPEC, "source": {"kind": "image", "image": f"{REGISTRY}/x:latest"}}, "by digest only"),
+        # A tag the stack's own run may use where the stack allows it: never in a request.
+        ({**SPEC, "source": {"kind": "image", "image": f"{REGISTRY}/x:latest", "allowTag": True}}, "pinned by digest"),
         ({**SPEC, "runId": "exp-9"}, "is not the one in the request's name"),
         ({**SPEC, "requester": "stack"}, "a researcher's user:EMAIL"),
-        ({**SPEC, "command": []}, "command: a non-empty list"),
+        ({**SPEC, "command": []}, "a folder source needs a command"),
+        ({**SPEC, "runId": "Exp_1"}, "1-32 lowercase letters"),
         ({**SPEC, "env": {"TPU_PLATFORM_MODEL_DIR": "gs://x"}}, "run contract's"),
         ({**SPEC, "completion": True}, "unknown fields ['completion']"),
+        ({**SPEC, "modelDir": "gs://elsewhere/x"}, "unknown fields ['modelDir']"),
+        ({**SPEC, "source": {"kind": "image", "image": f"{REGISTRY}/x@sha256:{SHA}"}, "python": "3.11"},
+         "only a folder source runs in a virtualenv"),
     ],
 )  # fmt: skip
 def test_a_request_the_agent_may_not_run_is_refused_and_recorded(agent: Agent, data, why):
@@ -220,9 +236,27 @@ def test_an_unreachable_bucket_is_logged_and_retried_not_raised():
     assert lines and "listing shared/requests/ failed" in lines[0]
 
 
-# The seam with vm_agent/sources.py: what the minimal parser accepts and refuses (keep when reconciling).
-def test_the_run_spec_parser_reads_the_designs_fields():
-    spec = parse_run_spec({**SPEC, "env": {"K": "v"}, "python": "3.11"})
-    assert spec == RunSpec("exp-1", SPEC["source"], ("python", "train.py"), {"K": "v"}, "3.11", SPEC["requester"])
-    with pytest.raises(SpecError, match="python applies to folder sources only"):
-        parse_run_spec({**SPEC, "source": {"kind": "image", "image": "x"}, "python": "3.11"})
+# One run spec: a request is parsed by vm_agent/sources.py's parser into its RunSpec, with the places the
+# platform gives it (the stack's run prefixes, infra/tpu/metadata.py run_prefix).
+def test_a_request_is_the_shared_run_spec_with_the_platforms_places():
+    places = RunPlaces(f"gs://{STATUS}-ckpt", f"gs://{STATUS}-models", "mnist", VM)
+    allowed = Allowed(f"gs://{ARTIFACTS}", REGISTRY)
+    spec = parse_request({**SPEC, "env": {"K": "v"}, "python": "3.11"}, "x", allowed, places)
+    assert isinstance(spec, RunSpec) and spec.source == FolderSource(SPEC["source"]["uri"], SHA)
+    assert (spec.run_id, spec.command, spec.python) == ("exp-1", ("python", "train.py"), "3.11")
+    assert spec.env == (("K", "v"),)
+    assert spec.model_dir == f"gs://{STATUS}-models/mnist/{VM}/exp-1"
+    assert spec.checkpoint_dir == f"gs://{STATUS}-ckpt/mnist/{VM}/exp-1"
+    assert spec.completion is False and spec.data == ""
+    # Every problem at once, as the stack's run spec.
+    with pytest.raises(SpecError) as error:
+        parse_request({**SPEC, "runId": "X", "env": {"TPU_PLATFORM_RUN_ID": "y"}, "extra": 1}, "x", allowed, places)
+    assert len(error.value.problems) == 3
+
+
+def test_a_taken_request_keeps_its_name_in_the_spec_and_its_dirs_from_agent_env(agent: Agent):
+    agent.bucket.put(request(), SPEC)
+    spec = agent.source(TPU_PLATFORM_MODELS="gs://m", TPU_PLATFORM_CHECKPOINTS="gs://c",
+                        TPU_PLATFORM_WORKLOAD="mnist").next(0)  # fmt: skip
+    assert isinstance(spec, RunSpec) and spec.request == request()
+    assert (spec.model_dir, spec.checkpoint_dir) == (f"gs://m/mnist/{VM}/exp-1", f"gs://c/mnist/{VM}/exp-1")

@@ -27,7 +27,8 @@ from tests.sandbox import metadata_server, storage_emulator
 from tests.tpu_api import TpuState, tpu_api_standin
 from tpu_runs import cli
 from tpu_runs.package import package
-from vm_agent.requests import RequestSource, RunSpec, StopRequest
+from vm_agent.requests import RequestSource
+from vm_agent.sources import FolderSource, ImageSource, RunSpec, StopRequest
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "Pulumi.self-service.yaml"
 PROJECT = "acme-ml-research"
@@ -130,7 +131,7 @@ def test_a_researcher_submits_follows_fetches_and_stops_a_run(world: World, caps
     # The VM's agent takes it: the run spec as submitted, the request gone, the run queued.
     taken = world.agent().next(0)
     assert isinstance(taken, RunSpec) and taken.run_id == "exp-1" and taken.command == ("python", "train.py")
-    assert taken.source == {"kind": "folder", "uri": f"gs://{ARTIFACTS}/sources/{digest}.tar.gz", "sha256": digest}
+    assert taken.source == FolderSource(f"gs://{ARTIFACTS}/sources/{digest}.tar.gz", digest)
     assert taken.requester == ALICE
     assert world.objects(STATUS, f"{VM}/requests/") == []
     assert world.agent().next(0) is None  # never taken twice
@@ -180,7 +181,7 @@ def test_an_image_run_names_the_registry_image_by_digest(world: World):
     image = f"us-central1-docker.pkg.dev/{PROJECT}/runs/train@sha256:{'b' * 64}"
     assert world.run("submit", "--vm", VM, "--image", image, "--run-id", "img-1", "--", "python", "-m", "t") == 0
     taken = world.agent().next(0)
-    assert isinstance(taken, RunSpec) and taken.source == {"kind": "image", "image": image}
+    assert isinstance(taken, RunSpec) and taken.source == ImageSource(image)
     assert world.objects(ARTIFACTS) == []
 
 

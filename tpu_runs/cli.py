@@ -213,7 +213,8 @@ def logs(google: Google, stack: Stack, args: argparse.Namespace) -> int:
 
 def model_prefix(stack: Stack, vm: TpuVmSettings, run_id: str) -> str:
     """Where a run keeps its model and metrics: `<workload>/<vm>/<runId>/` in the models bucket, as the
-    stack's own runs (infra/tpu/metadata.py run_prefix). RECONCILE with the agent's TPU_PLATFORM_MODEL_DIR."""
+    stack's own runs (infra/tpu/metadata.py run_prefix); the agent gives a request's run this
+    TPU_PLATFORM_MODEL_DIR (vm_agent/requests.py RunPlaces; tests/test_vm_agent_requests.py fetches it)."""
     return f"{vm.workload}/{vm.name}/{run_id}/"
 
 

@@ -9,10 +9,28 @@
   `COMPLETE` is written again, so the guard stops or deletes this VM once more (as runlib's
   `announce` did in the start-up script).
 - SIGTERM to the agent (shutdown, preemption) stops the run the same way and exits 0.
+
+Self-service requests (vm_agent/requests.py), beside the stack's run, where agent.env says
+`TPU_PLATFORM_SELF_SERVICE=1` (elsewhere the request folder is still read, more slowly, so that a
+request there is refused and recorded as failed rather than left waiting for ever):
+- The stack's run comes first. It is the reviewed use of this capacity (a PR, a plan, a budget); a
+  request is an experiment on capacity lent while the stack does not need it. So requests run, one
+  at a time in the order they were taken (their object names' UTC stamps), only while the stack has
+  no run going: none in metadata, or the stack's run has ended (finished, failed or stopped).
+- A stack run that appears while a request runs stops that request cleanly (SIGTERM, checkpoint,
+  exit 75); its state goes back to `queued` (with why) and it resumes first, from its checkpoint,
+  once the stack's run has ended. Requests never preempt each other: a new one waits its turn.
+- A stop request stops the named self-service run (or drops it from the queue, recorded `stopped`);
+  it never touches the stack's run (whose id a request cannot even name: requests.py RUN_ID).
+- The VM shutting down (or preempted) stops a request's run the same way and leaves it `queued`;
+  the next boot resumes it first (its request object is gone; its state keeps the request: `spec`).
+- A request's run writes no COMPLETE (the VM is shared capacity and stays up; its spec cannot ask
+  for completion) and keeps its `request` in status.json (the researcher side reads it).
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import queue
 import signal
@@ -22,11 +40,13 @@ from typing import Any, Callable, Union
 
 from vm_agent import telemetry
 from vm_agent.gcs import Folder, Storage, StorageError
+from vm_agent.requests import RequestSource
 from vm_agent.runner import COMPLETE, Run, completion_marker, status_name, utc_now
 from vm_agent.settings import Settings
 from vm_agent.sources import MetadataSource, RunSource, RunSpec, SpecError, StopRequest
 
 Desired = Union[RunSpec, StopRequest, SpecError]
+FROM_STACK, FROM_REQUESTS = "stack", "requests"
 
 
 def log(message: str, severity: str = "INFO", **fields: Any) -> None:
@@ -43,50 +63,76 @@ class Agent:
         storage: Storage | None = None,
         poll_s: float = 60,
         ship: Callable[[str, RunSpec], None] = telemetry.ship,
+        requests: RequestSource | None = None,
     ):
         self.settings = settings
-        self.sources = sources
+        self.sources = sources  # the stack's desired run (metadata)
+        self.requests = requests  # researchers' run and stop requests
         self.storage = storage or Storage()
         self.status = Folder(settings.status_dir, self.storage)
         self.poll_s = poll_s
         self.ship = ship
         self.current: Run | None = None
+        self.stack_spec: RunSpec | None = None  # the stack's run while it is desired and has not ended
+        self.pending: collections.deque[RunSpec] = collections.deque()  # taken requests, oldest first
         self.stopping = threading.Event()
-        self._desired: queue.Queue[Desired] = queue.Queue()
+        self._desired: queue.Queue[tuple[str, Desired]] = queue.Queue()
 
     def run(self) -> int:
         log(
             f"agent for {self.settings.stack}/{self.settings.vm} (worker {self.settings.worker_id} of "
             f"{self.settings.worker_count}) waiting for runs"
         )
-        for number, source in enumerate(self.sources):
-            threading.Thread(target=self._watch, args=(source,), name=f"source-{number}", daemon=True).start()
+        watched: list[tuple[str, RunSource]] = [(FROM_STACK, source) for source in self.sources]
+        if self.requests is not None:
+            watched.append((FROM_REQUESTS, self.requests))
+            try:
+                self.pending.extend(self.requests.unfinished())  # taken before a reboot: resumed first
+            except (OSError, ValueError) as error:
+                log(f"cannot read the request runs to resume: {error}", severity="WARNING")
+            for spec in self.pending:
+                log(f"request {spec.request} resumes after a restart", run=spec.run_id)
+        for number, (origin, source) in enumerate(watched):
+            threading.Thread(target=self._watch, args=(origin, source), name=f"source-{number}", daemon=True).start()
         while not self.stopping.is_set():
             try:
-                desired = self._desired.get(timeout=0.2)
+                origin, desired = self._desired.get(timeout=0.2)
             except queue.Empty:
+                self.advance()
                 continue
-            self.handle(desired)
-        if self.current is not None:
+            if origin == FROM_REQUESTS:
+                self.handle_request(desired)
+            else:
+                self.handle(desired)
+            self.advance()
+        if self._is_request(self.current) and self.current is not None and not self.current.done():
+            # Its request object is gone: its state (queued again) is what the next boot resumes.
+            self._preempt(self.current, "the agent is stopping (shutdown or preemption)")
+        elif self.current is not None:
             self.current.stop("the agent is stopping (shutdown or preemption)")
         log("agent stopped")
         return 0
 
-    def _watch(self, source: RunSource) -> None:
+    def _watch(self, origin: str, source: RunSource) -> None:
         while not self.stopping.is_set():
             try:
                 desired = source.next(self.poll_s)
             except SpecError as error:
-                self._desired.put(error)
+                self._desired.put((origin, error))
                 continue
             except Exception as error:
                 log(f"{type(source).__name__} failed: {error!r}", severity="ERROR")
                 self.stopping.wait(5)
                 continue
             if desired is not None:
-                self._desired.put(desired)
+                self._desired.put((origin, desired))
+
+    @staticmethod
+    def _is_request(run: Run | None) -> bool:
+        return run is not None and bool(run.spec.request)
 
     def handle(self, desired: Desired) -> None:
+        """The stack's desired run changed (metadata)."""
         current = self.current
         if isinstance(desired, SpecError):
             log(str(desired), severity="ERROR", run=desired.run_id, problems=desired.problems)
@@ -100,7 +146,9 @@ class Agent:
                 self._write(name, record)
             return
         if isinstance(desired, StopRequest):
-            if current is not None and current.spec.run_id == desired.run_id:
+            if self.stack_spec is not None and self.stack_spec.run_id == desired.run_id:
+                self.stack_spec = None
+            if current is not None and not self._is_request(current) and current.spec.run_id == desired.run_id:
                 if not current.done():
                     current.stop("a stop was requested")
                 self.current = None  # asked for again later, it starts again (and resumes)
@@ -108,13 +156,66 @@ class Agent:
         if current is not None and current.spec.fingerprint == desired.fingerprint:
             return  # the same desired run: nothing changed
         if current is not None and not current.done():
-            current.stop(f"the desired run changed to {desired.run_id}")
+            if self._is_request(current):
+                self._preempt(current, f"the stack's run {desired.run_id} comes first")
+            else:
+                current.stop(f"the desired run changed to {desired.run_id}")
+        self.current = None
+        self.stack_spec = None
         if self._already_ended(desired):
-            self.current = None
             return
-        self.current = Run(desired, self.settings, self.status, self.storage, log, self.ship)
-        log(f"starting run {desired.run_id}", run=desired.run_id, source=desired.source.describe())
+        self.stack_spec = desired
+        self._start(desired)
+
+    def handle_request(self, desired: Desired) -> None:
+        """A researcher's request, taken by the RequestSource (which refused and recorded the rest)."""
+        if isinstance(desired, RunSpec):
+            self.pending.append(desired)
+            log(f"request {desired.request} queued ({len(self.pending)} waiting)", run=desired.run_id,
+                requester=desired.requester)  # fmt: skip
+        elif isinstance(desired, StopRequest):
+            current = self.current
+            if self._is_request(current) and current is not None and current.spec.run_id == desired.run_id:
+                if not current.done():
+                    current.stop("its requester asked to stop it")
+                return
+            for spec in list(self.pending):
+                if spec.run_id == desired.run_id:
+                    self.pending.remove(spec)
+                    self._write(status_name(spec.run_id, self.settings.worker_id), {
+                        "runId": spec.run_id, "state": "stopped", "exitCode": None, "startedAt": None,
+                        "endedAt": utc_now(), "requester": spec.requester, "source": spec.source.describe(),
+                        "request": spec.request, "error": "stopped before it started", "updatedAt": utc_now(),
+                    })  # fmt: skip
+                    log(f"request {spec.run_id} stopped before it started", run=spec.run_id)
+                    return
+            log(f"stop {desired.run_id}: no such self-service run going or waiting here", severity="WARNING")
+        elif isinstance(desired, SpecError):  # RequestSource records its refusals itself; just in case
+            log(str(desired), severity="ERROR", run=desired.run_id, problems=desired.problems)
+
+    def advance(self) -> None:
+        """When nothing runs: the next request, unless the stack's run is still going."""
+        current = self.current
+        if current is not None and not current.done():
+            return
+        if current is not None and current.spec is self.stack_spec:
+            self.stack_spec = None  # the stack's run ended: the capacity is free for requests
+        if self.stack_spec is not None or not self.pending or self.stopping.is_set():
+            return
+        self._start(self.pending.popleft())
+
+    def _start(self, spec: RunSpec) -> None:
+        self.current = Run(spec, self.settings, self.status, self.storage, log, self.ship)
+        log(f"starting run {spec.run_id}", run=spec.run_id, source=spec.source.describe(), requester=spec.requester)
         self.current.start()
+
+    def _preempt(self, run: Run, reason: str) -> None:
+        """Stop a request's run for the stack's; it waits at the head of the queue to resume."""
+        run.stop(reason)
+        if run.state == "finished" or run.state == "failed":
+            return  # it ended by itself meanwhile
+        run.requeue(f"{reason}; it resumes from its checkpoint")
+        self.pending.appendleft(run.spec)
 
     def _already_ended(self, spec: RunSpec) -> bool:
         """Ended before (a reboot, an agent restart): not started again for the same spec."""
@@ -174,13 +275,26 @@ def main(environ: dict | None = None) -> int:
         log(f"FATAL: {error}", severity="CRITICAL")
         return 78  # a configuration error: systemd does not restart it (RestartPreventExitStatus)
     storage = Storage(environ=environ)
+    poll_s = float(environ.get("TPU_PLATFORM_POLL_SECONDS", "") or 60)
     sources: list[RunSource] = [MetadataSource(settings.metadata_url, settings.allowed, log=log)]
-    if settings.self_service:
-        log("TPU_PLATFORM_SELF_SERVICE=1, but this agent reads no request queue yet", severity="WARNING")
-    agent = Agent(settings, sources, storage, poll_s=float(environ.get("TPU_PLATFORM_POLL_SECONDS", "") or 60))
+    requests = None
+    if settings.status_dir.startswith("gs://") and settings.worker_id == 0:  # one taker per VM folder
+        requests = RequestSource.from_env(environ, log=lambda line: log(line, component="requests"))
+        # Where self-service is off the folder is read only to refuse what appears there.
+        requests.poll_s = min(10.0, poll_s) if settings.self_service else poll_s
+        if settings.worker_count > 1:
+            # Every worker of a slice would have to run it; only worker 0 takes requests. Not built yet.
+            requests.refusal = (f"TPU VM {settings.vm} is a slice of {settings.worker_count} hosts: self-service "
+                                "runs are single-host only for now")  # fmt: skip
+    elif settings.self_service:
+        log("TPU_PLATFORM_SELF_SERVICE=1 needs a gs:// TPU_PLATFORM_STATUS_DIR: no requests read", severity="WARNING")
+    agent = Agent(settings, sources, storage, poll_s=poll_s, requests=requests)
     signal.signal(signal.SIGTERM, lambda *_: agent.stopping.set())
     signal.signal(signal.SIGINT, lambda *_: agent.stopping.set())
-    return agent.run()
+    try:
+        return agent.run()
+    finally:
+        telemetry.default().close()  # what the last run printed reaches Logging before the unit stops
 
 
 if __name__ == "__main__":

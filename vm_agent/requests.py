@@ -22,7 +22,11 @@ used. A refusal whose run id is unusable or taken is recorded as `runs/refused-<
 The requester field is what the request says (researchers can only write where the stack lets them;
 the bucket's Data Access audit logs record who really did).
 
-Stdlib only: the agent runs on the TPU image's system Python (Ubuntu 22.04: 3.10, infra/catalog/tpu.yaml).
+A request is parsed by the one run-spec parser (vm_agent/sources.py `parse_run_spec`) into its
+`RunSpec`, with a request's own rules on top (`parse_request`); its checkpoint and model dirs are the
+platform's (`RunPlaces`), never the researcher's.
+
+Stdlib only, Python 3.8 (as the rest of vm_agent: tests/test_vm_agent_sources.py runs vermin).
 """
 
 from __future__ import annotations
@@ -35,81 +39,75 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Callable, Mapping
 
-# ---------------------------------------------------------------------------------------------------
-# SEAM (to reconcile with vm_agent/sources.py, which owns RunSpec and its parser): the minimal run spec
-# this module needs, with the design's JSON field names. When sources.py lands, import RunSpec,
-# StopRequest and the parser from there and delete this block; `parse_run_spec` must keep refusing
-# what `SpecError` refuses here (tests/test_requests.py pins it).
-# ---------------------------------------------------------------------------------------------------
-RUN_ID = re.compile(r"[a-z](?:[a-z0-9-]{0,30}[a-z0-9])?")  # as a workload's `run`: 1-32, RFC 1035
-SHA256 = re.compile(r"[0-9a-f]{64}")
-SPEC_FIELDS = frozenset({"runId", "source", "command", "env", "python", "requester"})
+from vm_agent.sources import Allowed, FolderSource, RunSpec, SpecError, StopRequest, parse_run_spec
+
+# A request is a run spec (vm_agent/sources.py parses it, as it parses the stack's) with fewer fields:
+# where the run keeps its checkpoints and model, and whether it ends in COMPLETE, are the platform's
+# to say (the agent sets them from agent.env), not the researcher's.
+REQUEST_FIELDS = ("runId", "source", "command", "env", "python", "requester")
+# Stricter than a stack run's id: it is one path part of the run's model and checkpoint prefixes and a
+# log label, and `tpu-runs` derives it from a flag (tpu_runs/cli.py RUN_ID: the same pattern).
+RUN_ID = re.compile(r"[a-z](?:[a-z0-9-]{0,30}[a-z0-9])?")
 REQUESTER = re.compile(r"(user|group):[^@\s:]+@[^@\s]+\.[a-z]{2,}")  # infra/config/settings.py RESEARCHER_MEMBER
 
 
-class SpecError(ValueError):
-    """A request the agent refuses; the message is recorded in the run's state."""
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    run_id: str
-    source: Mapping[str, str]  # {"kind": "folder", "uri", "sha256"} or {"kind": "image", "image"}
-    command: tuple[str, ...]
-    env: Mapping[str, str] = field(default_factory=dict)
-    python: str | None = None
-    requester: str = "stack"
-    raw: Mapping[str, Any] = field(default_factory=dict, compare=False)
-
-
-@dataclass(frozen=True)
-class StopRequest:
-    run_id: str
-
-
-def parse_run_spec(data: Any) -> RunSpec:
+def parse_request(data: Any, name: str, allowed: Allowed, places: RunPlaces) -> RunSpec:
+    """The run a request asks for, or a SpecError with every problem: the shared parser's (unknown
+    keys, reserved TPU_PLATFORM_* names, `python` with an image, a source outside the stack's
+    artifacts bucket or registry, ...) and a request's own (its fields, a researcher's run id and
+    requester, the source object named by its digest, an image by digest only)."""
+    where = f"request {name}"
     if not isinstance(data, dict):
-        raise SpecError("a run request is a JSON object")
-    unknown = sorted(set(data) - SPEC_FIELDS)
+        raise SpecError(where, [f"a run request is a JSON object, not {type(data).__name__}"])
+    problems: list[str] = []
+    unknown = sorted(set(data) - set(REQUEST_FIELDS))
     if unknown:
-        raise SpecError(f"unknown fields {unknown}; a request has {sorted(SPEC_FIELDS)}")
+        problems.append(f"unknown fields {unknown}; a request has {sorted(REQUEST_FIELDS)}")
     run_id = data.get("runId")
     if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id):
-        raise SpecError(f"runId {run_id!r}: 1-32 lowercase letters, digits and '-', starting with a letter")
-    command = data.get("command")
-    if not isinstance(command, list) or not command or not all(isinstance(c, str) and c for c in command):
-        raise SpecError("command: a non-empty list of strings")
-    env = data.get("env", {})
-    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-        raise SpecError("env: an object of string values")
-    if any(k.startswith("TPU_PLATFORM_") for k in env):
-        raise SpecError("env: TPU_PLATFORM_* variables are the run contract's, set by the agent")
-    python = data.get("python")
-    if python is not None and not (isinstance(python, str) and re.fullmatch(r"3\.[0-9]{1,2}", python)):
-        raise SpecError(f"python {python!r}: a version like 3.11")
-    source = data.get("source")
-    if not isinstance(source, dict) or not all(isinstance(v, str) for v in source.values()):
-        raise SpecError("source: an object")
-    kind = source.get("kind")
-    if kind == "folder":
-        if set(source) != {"kind", "uri", "sha256"} or not SHA256.fullmatch(source["sha256"]):
-            raise SpecError("a folder source is {kind, uri, sha256} with a 64-hex sha256")
-    elif kind == "image":
-        if set(source) != {"kind", "image"}:
-            raise SpecError("an image source is {kind, image}")
-        if python is not None:
-            raise SpecError("python applies to folder sources only")
-    else:
-        raise SpecError(f"source.kind {kind!r}: folder or image")
-    requester = data.get("requester", "stack")
-    if not isinstance(requester, str):
-        raise SpecError("requester: a string")
-    return RunSpec(run_id, dict(source), tuple(command), dict(env), python, requester, data)
+        problems.append(f"runId {run_id!r}: 1-32 lowercase letters, digits and '-', starting with a letter")
+    requester = data.get("requester")
+    if not isinstance(requester, str) or not REQUESTER.fullmatch(requester):
+        problems.append(f"requester {requester!r}: a researcher's user:EMAIL or group:EMAIL")
+    spec: RunSpec | None = None
+    try:
+        spec = parse_run_spec(json.dumps(data), allowed, where)
+    except SpecError as error:
+        problems += [p for p in error.problems if not p.startswith(("unknown keys", "requester", "runId"))]
+    if spec is not None:
+        source = spec.source
+        if isinstance(source, FolderSource):
+            expected = f"{allowed.artifacts.rstrip('/')}/sources/{source.sha256}.tar.gz"
+            if source.uri != expected:
+                problems.append(f"source.uri {source.uri!r}: must be the stack's artifacts bucket object {expected}")
+        elif not source.by_digest:
+            problems.append(f"source.image {source.image!r}: a request's image must be pinned by digest (@sha256:...)")
+    if problems or spec is None:
+        raise SpecError(where, problems, run_id if isinstance(run_id, str) else "")
+    return replace(spec, **places.of(spec.run_id))
+
+
+@dataclass(frozen=True)
+class RunPlaces:
+    """Where a self-service run keeps its checkpoints and model: `<bucket>/<workload>/<vm>/<runId>`,
+    as the stack's own runs (infra/tpu/metadata.py run_prefix), so the workload account's grants (on
+    `<workload>/` of each bucket, infra/identity.py) cover them and `tpu-runs fetch` finds the model
+    (tpu_runs/cli.py model_prefix). "" where the workload may not write that bucket."""
+
+    checkpoints: str  # gs://<checkpoints-bucket> or ""
+    models: str  # gs://<models-bucket> or ""
+    workload: str
+    vm: str
+
+    def of(self, run_id: str) -> dict[str, str]:
+        def under(bucket: str) -> str:
+            return f"{bucket.rstrip('/')}/{self.workload}/{self.vm}/{run_id}" if bucket and self.workload else ""
+
+        return {"checkpoint_dir": under(self.checkpoints), "model_dir": under(self.models)}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -210,6 +208,8 @@ class Gcs:
 # --------------------------------------------------------------------------------------------------
 # The source.
 # --------------------------------------------------------------------------------------------------
+# A request run's states from which a reboot resumes it (vm_agent/runner.py STATES).
+RESUMABLE = ("queued", "starting", "running", "stopping", "retry")
 REQUEST_NAME = re.compile(r"(?P<ts>[0-9]{8}T[0-9]{6}Z)-(?P<stop>stop-)?(?P<run>[a-z0-9-]{1,40})\.json")
 
 
@@ -235,35 +235,44 @@ class RequestSource:
         *,
         self_service: bool,
         gcs: Gcs | None = None,
+        places: RunPlaces | None = None,
         poll_s: float = 10.0,
         log: Callable[[str], None] | None = None,
+        refusal: str = "",
     ):
         bucket, self.vm = _split_gs(status_dir)
         if not self.vm or "/" in self.vm:
             raise ValueError(f"TPU_PLATFORM_STATUS_DIR {status_dir!r}: gs://<status-bucket>/<vm>")
-        self.artifacts_bucket, _ = _split_gs(artifacts)
-        self.registry = registry.rstrip("/")
+        self.allowed = Allowed(artifacts.rstrip("/"), registry.rstrip("/"))
+        self.places = places or RunPlaces("", "", "", self.vm)
         self.self_service = self_service
+        self.refusal = refusal  # why every request here is refused, beyond self-service being off
         self.gcs = gcs or Gcs(bucket)
         self.poll_s = poll_s
         self.prefix = f"{self.vm}/requests/"
         self.log = log or (lambda line: print(f"requests: {line}", file=sys.stderr, flush=True))
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] = os.environ) -> RequestSource:
+    def from_env(cls, env: Mapping[str, str] = os.environ, log: Callable[[str], None] | None = None) -> RequestSource:
         """From agent.env (docs/design-runs.md)."""
-        bucket, _ = _split_gs(env["TPU_PLATFORM_STATUS_DIR"])
+        bucket, vm = _split_gs(env["TPU_PLATFORM_STATUS_DIR"])
         gcs = Gcs(
             bucket,
             metadata_url=env.get("TPU_PLATFORM_METADATA_URL") or METADATA_URL,
             emulator=env.get("STORAGE_EMULATOR_HOST") or None,
         )
+        places = RunPlaces(
+            env.get("TPU_PLATFORM_CHECKPOINTS", ""), env.get("TPU_PLATFORM_MODELS", ""),
+            env.get("TPU_PLATFORM_WORKLOAD", ""), vm,
+        )  # fmt: skip
         return cls(
             env["TPU_PLATFORM_STATUS_DIR"],
             env.get("TPU_PLATFORM_ARTIFACTS", ""),
             env.get("TPU_PLATFORM_REGISTRY", ""),
             self_service=env.get("TPU_PLATFORM_SELF_SERVICE", "0") == "1",
             gcs=gcs,
+            places=places,
+            log=log,
         )
 
     def next(self, timeout_s: float) -> RunSpec | StopRequest | None:
@@ -280,6 +289,32 @@ class RequestSource:
             if left <= 0:
                 return None
             time.sleep(min(self.poll_s, left))
+
+    def unfinished(self) -> list[RunSpec]:
+        """Requests taken before a reboot whose runs have not ended (queued, or stopped by the VM's
+        shutdown or preemption: their state says `queued`/`running`/`retry`), oldest first, to resume:
+        their request objects are gone, and their states keep the request (`spec`)."""
+        if not self.self_service or self.refusal:
+            return []
+        found: list[tuple[str, RunSpec]] = []
+        for name in self.gcs.list(f"{self.vm}/runs/"):
+            if not name.endswith("/status.json"):
+                continue
+            raw = self.gcs.get(name)
+            try:
+                state = json.loads(raw) if raw else {}
+            except ValueError:
+                continue
+            request, data = state.get("request"), state.get("spec")
+            if state.get("state") not in RESUMABLE or not isinstance(request, str) or not isinstance(data, dict):
+                continue
+            try:
+                spec = parse_request(data, request, self.allowed, self.places)
+            except SpecError as error:  # the stack changed meanwhile (another artifacts bucket, ...)
+                self.log(f"not resuming {name}: {error}")
+                continue
+            found.append((request, replace(spec, request=request)))
+        return [spec for _, spec in sorted(found, key=lambda pair: pair[0])]
 
     def state_name(self, run_id: str) -> str:
         return f"{self.vm}/runs/{run_id}/status.json"
@@ -304,9 +339,10 @@ class RequestSource:
             data = json.loads(raw)
         except ValueError:
             return self._refuse(name, None, None, "not JSON")
-        if not self.self_service:
+        if not self.self_service or self.refusal:
             run = None if match["stop"] or not isinstance(data, dict) else data.get("runId")
-            why = f"TPU VM {self.vm} does not take self-service runs (its stack sets selfService: false)"
+            off = f"TPU VM {self.vm} does not take self-service runs (its stack sets selfService: false)"
+            why = self.refusal or off
             return self._refuse(name, run if run == match["run"] else None, data, why)
         if match["stop"]:
             if not (isinstance(data, dict) and set(data) == {"stop"} and data["stop"] == match["run"]):
@@ -315,18 +351,18 @@ class RequestSource:
             self.log(f"stop {match['run']} (requested by {name})")
             return StopRequest(match["run"])
         try:
-            spec = parse_run_spec(data)
+            spec = parse_request(data, name, self.allowed, self.places)
             if spec.run_id != match["run"]:
-                raise SpecError(f"runId {spec.run_id!r} is not the one in the request's name ({match['run']!r})")
-            if not REQUESTER.fullmatch(spec.requester):
-                raise SpecError(f"requester {spec.requester!r}: a researcher's user:EMAIL or group:EMAIL")
-            self._check_source(spec)
+                raise SpecError(f"request {name}", [f"runId {spec.run_id!r} is not the one in the request's name "
+                                f"({match['run']!r})"], spec.run_id)  # fmt: skip
         except SpecError as error:
             run = data.get("runId") if isinstance(data, dict) else None
-            return self._refuse(name, run if isinstance(run, str) else None, data, str(error))
+            return self._refuse(name, run if isinstance(run, str) else None, data, "; ".join(error.problems))
+        spec = replace(spec, request=name)
         state = {
             "runId": spec.run_id, "state": "queued", "exitCode": None, "startedAt": None, "endedAt": None,
-            "requester": spec.requester, "source": dict(spec.source), "request": name, "queuedAt": _now(),
+            "requester": spec.requester, "source": spec.source.describe(), "request": name, "queuedAt": _now(),
+            "spec": data,  # the request itself: a reboot resumes the run from here (`unfinished`)
         }  # fmt: skip
         # Read first, then create with ifGenerationMatch=0: the read is what the sandbox can show (the
         # emulator ignores preconditions); the precondition closes the race on Cloud Storage, where a
@@ -349,23 +385,10 @@ class RequestSource:
         except ValueError:
             return {}
 
-    def _check_source(self, spec: RunSpec) -> None:
-        source = spec.source
-        if source["kind"] == "folder":
-            expected = f"gs://{self.artifacts_bucket}/sources/{source['sha256']}.tar.gz"
-            if not self.artifacts_bucket or source["uri"] != expected:
-                raise SpecError(f"source.uri {source['uri']!r}: must be the stack's artifacts bucket, {expected}")
-        else:
-            image = source["image"]
-            repository, _, digest = image.partition("@")
-            if not self.registry or not repository.startswith(self.registry + "/"):
-                raise SpecError(f"source.image {image!r}: must be in the stack's registry {self.registry or '(none)'}")
-            if not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
-                raise SpecError(f"source.image {image!r}: must be pinned by digest (@sha256:...)")
-
     def _refuse(self, name: str, run_id: str | None, data: Any, reason: str) -> None:
         """Record the refusal as a failed run state, then drop the request; never raises for the request."""
-        base = name.rsplit("/", 1)[-1].removesuffix(".json")
+        base = name.rsplit("/", 1)[-1]
+        base = base[: -len(".json")] if base.endswith(".json") else base
         requester = data.get("requester") if isinstance(data, dict) else None
         record = {
             "state": "failed", "exitCode": None, "startedAt": None, "endedAt": _now(), "reason": reason,

@@ -159,6 +159,11 @@ class Run:
                 _signal_group(process, signal.SIGKILL)
         self._thread.join(self.settings.grace_s + 30)
 
+    def requeue(self, reason: str) -> None:
+        """Stopped to make way (the stack's run comes first): waiting again, to resume later."""
+        self.state, self.error = "queued", reason
+        self._record("queued")
+
     # ------------------------------------------------------------------------------------ the run
     def _supervise(self) -> None:
         retries = 0
@@ -432,7 +437,19 @@ class Run:
         }
         if self.error:
             record["error"] = self.error
+        if self.spec.request:  # the researcher side's record of where the run came from (vm_agent/requests.py)
+            record["request"] = self.spec.request
+            record["spec"] = self.request_spec()  # what a reboot resumes from (requests.py `unfinished`)
         return record
+
+    def request_spec(self) -> dict[str, Any]:
+        """The request's fields (vm_agent/requests.py REQUEST_FIELDS) of this run."""
+        spec = self.spec
+        fields = {"runId": spec.run_id, "source": spec.source.describe(), "command": list(spec.command),
+                  "env": dict(spec.env), "requester": spec.requester}  # fmt: skip
+        if spec.python:
+            fields["python"] = spec.python
+        return fields
 
     def _write(self, name: str, record: dict[str, Any]) -> None:
         try:

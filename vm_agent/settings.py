@@ -45,6 +45,11 @@ class Settings:
     # The TPU runtime's environment (from the catalog) passed on to the program and into a container.
     runtime_env: tuple[tuple[str, str], ...] = ()
     retry_delay_s: float = DEFAULT_RETRY_DELAY_SECONDS
+    # Where self-service runs keep checkpoints and models: `<bucket>/<workload>/<vm>/<runId>`, under the
+    # workload account's grants; "" for a bucket the workload may not write (then the run gets no dir).
+    workload: str = ""
+    checkpoints: str = ""  # gs://<checkpoints-bucket>
+    models: str = ""  # gs://<models-bucket>
     python: str = sys.executable  # the image's Python, which runs the agent
     docker: str = "docker"
 
@@ -88,6 +93,12 @@ class Settings:
         artifacts = text("TPU_PLATFORM_ARTIFACTS", required=False, pattern=r"gs://[a-z0-9][a-z0-9._-]*[a-z0-9]")
         registry = text("TPU_PLATFORM_REGISTRY", required=False, pattern=REGISTRY.pattern)
         self_service = text("TPU_PLATFORM_SELF_SERVICE", required=False, pattern=r"[01]")
+        bucket = r"gs://[a-z0-9][a-z0-9._-]*[a-z0-9]"
+        workload = text("TPU_PLATFORM_WORKLOAD", required=False, pattern=r"[a-z][a-z0-9-]*")
+        checkpoints = text("TPU_PLATFORM_CHECKPOINTS", required=False, pattern=bucket)
+        models = text("TPU_PLATFORM_MODELS", required=False, pattern=bucket)
+        if self_service == "1" and not workload:
+            problems.append("TPU_PLATFORM_WORKLOAD is missing (self-service runs keep their files under it)")
         names = text("TPU_PLATFORM_RUNTIME_ENV", required=False, pattern=r"\w+(,\w+)*")
         worker_id = int(number("TPU_PLATFORM_WORKER_ID", 0, 0, 4096))
         worker_count = int(number("TPU_PLATFORM_WORKER_COUNT", 1, 1, 4096))
@@ -110,6 +121,9 @@ class Settings:
             metadata_url=environ.get("TPU_PLATFORM_METADATA_URL", "") or DEFAULT_METADATA_URL,
             runtime_env=tuple((n, environ.get(n, "")) for n in names.split(",") if n) if names else (),
             retry_delay_s=number("TPU_PLATFORM_RETRY_DELAY_SECONDS", DEFAULT_RETRY_DELAY_SECONDS, 0, 3600),
+            workload=workload,
+            checkpoints=checkpoints,
+            models=models,
             python=environ.get("TPU_PLATFORM_PYTHON", "") or sys.executable,
         )
         if problems:

@@ -25,7 +25,8 @@ RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)*")
 MAX_RUN_ID = 200
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 PYTHON_VERSION = re.compile(r"3\.\d{1,2}")
-REQUESTER = re.compile(r"stack|user:[^\s@]+@[^\s@]+")
+# "stack" for the stack's own run; a researcher (user:) or their group (group:) for a self-service request.
+REQUESTER = re.compile(r"stack|(user|group):[^\s@]+@[^\s@]+")
 # `<region>-docker.pkg.dev/<project>/<repo>/<name>` then `@sha256:<hex>` (or `:<tag>` where allowed).
 IMAGE_NAME = re.compile(r"[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*")
 TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
@@ -38,7 +39,7 @@ SPEC_KEYS = {
     "command": "the program and its arguments",
     "env": "extra environment for the program",
     "python": "a Python version for a folder's virtualenv, e.g. 3.11",
-    "requester": '"stack" or "user:<email>"',
+    "requester": '"stack", "user:<email>" or "group:<email>"',
     "data": "gs:// URL of the run's data, or empty",
     "checkpointDir": "gs:// URL for checkpoints, or empty",
     "modelDir": "gs:// URL for the model, or empty",
@@ -107,6 +108,9 @@ class RunSpec:
     completion: bool = False
     # sha256 of the spec's canonical JSON: a changed setting under the same run id is a new desired run.
     fingerprint: str = field(default="", compare=False)
+    # The request object a self-service run came from (vm_agent/requests.py), kept in its state: "" for
+    # the stack's run.
+    request: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True)
@@ -141,7 +145,7 @@ def parse_run_spec(text: str, allowed: Allowed, where: str = f"metadata {RUN_ATT
 
     requester = raw.get("requester")
     if not isinstance(requester, str) or not REQUESTER.fullmatch(requester):
-        problems.append(f'requester {requester!r}: "stack" or "user:<email>"')
+        problems.append(f'requester {requester!r}: "stack", "user:<email>" or "group:<email>"')
 
     source = _parse_source(raw.get("source"), allowed, problems)
 
