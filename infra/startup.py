@@ -255,8 +255,10 @@ fetch_agent() {{
     rm -f "${{archive}}"
     fatal "the agent {spec.agent.uri} does not match its digest ${{AGENT_SHA256}}"
   fi
-  rm -rf "${{AGENT_DIR}}.new" && mkdir -p "${{AGENT_DIR}}.new"
-  tar --extract --gzip --no-same-owner --file "${{archive}}" --directory "${{AGENT_DIR}}.new"
+  # The archive holds the package's files (the folder vm_agent/ packaged): they go under vm_agent/, so
+  # the unit's PYTHONPATH holds that package and nothing else.
+  rm -rf "${{AGENT_DIR}}.new" && mkdir -p "${{AGENT_DIR}}.new/vm_agent"
+  tar --extract --gzip --no-same-owner --file "${{archive}}" --directory "${{AGENT_DIR}}.new/vm_agent"
   touch "${{AGENT_DIR}}.new/.verified"
   rm -rf "${{AGENT_DIR}}" && mv "${{AGENT_DIR}}.new" "${{AGENT_DIR}}" && rm -f "${{archive}}"
 }}

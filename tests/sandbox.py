@@ -303,7 +303,10 @@ class Vm:
         path = self.state / "startup-script"
         path.write_text(script)
         self.pid_file("").parent.mkdir(exist_ok=True)
-        return subprocess.run(["bash", str(path)], env=self.env, capture_output=True, text=True, timeout=300)
+        # Outside the repository, as a VM is: nothing may be imported from the checkout by accident.
+        return subprocess.run(
+            ["bash", str(path)], env=self.env, capture_output=True, text=True, timeout=300, cwd=self.state
+        )
 
     def pid_file(self, unit: str) -> Path:
         return self.state / f"{unit}.pid"

@@ -154,7 +154,9 @@ def test_preempted_run_resumes_and_finishes_once(program, module, emulator, tmp_
 
         assert completed(emulator, run_id)  # by the agent, when the program exited 0
 
-        # Boot 3: the run is complete; the agent starts it no more (and says so again for the guard).
+        # Boot 3 (the VM stopped and started again): the run is complete; the agent starts it no more.
+        os.kill(vm.pid(unit) or 0, signal.SIGTERM)
+        wait_for(lambda: not vm.alive(unit), 60, "the agent to exit when the VM stops")
         trained = vm.log(unit).count('"training"')
         third = vm.boot(metadata["startup-script"])
         assert third.returncode == 0, third.stderr

@@ -265,6 +265,7 @@ class Run:
             for name in list(program_env):
                 if name.startswith(CONTRACT_PREFIX):  # the agent's own settings are not the program's
                     del program_env[name]
+            program_env.pop("PYTHONPATH", None)  # the agent's package: not the program's to import
             program_env.update(env)
             argv = list(self.spec.command)
             if venv is not None:
