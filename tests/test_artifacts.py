@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
+import tarfile
 
 import pytest
 
-from infra import platform
+from infra import packaging, platform
 from infra.access import iamdata
 from infra.access.model import custom_roles, grants_to
 from infra.artifacts import PULL_PERMISSIONS, SOURCE_METHODS
 from infra.config import parse_stack_config
-from infra.config.model import PROGRAM_FOLDER
+from infra.config.examples import examples
 from infra.config.sources import REPO_ROOT
-from infra.packaging import package
+from infra.packaging import package, repository_folder
 from infra.tpu import metadata as vm_metadata_module
 from infra.tpu.metadata import RUN_ATTRIBUTE, run_spec, source_digests, vm_metadata
 from tests.support import depends_on, fixture_config, plan, stack_config, with_object
@@ -24,7 +26,23 @@ from tools.offline.render import to_json
 from tools.offline.runner import plan_stack, run_program
 
 DIGEST = "0123456789abcdef" * 4
-WORKLOADS_SHA = package(REPO_ROOT / PROGRAM_FOLDER).sha256
+TF_MNIST = examples()["tf_mnist"].folder  # the sources fixture's `mnist` (program: tf_mnist)
+JAX_MNIST = examples()["jax_mnist"].folder  # and its `byo` (source: {folder: workloads/jax_mnist})
+TF_SHA, JAX_SHA = repository_folder(TF_MNIST).sha256, repository_folder(JAX_MNIST).sha256
+AGENT_SHA = repository_folder(vm_metadata_module.AGENT_FOLDER).sha256
+
+
+@pytest.fixture
+def repository_copy(tmp_path, monkeypatch):
+    """A copy of the repository's agent and example folders under tmp_path, which the packager then reads
+    (as a clean clone in CI would be); links stay links, as git checks them out."""
+    for folder in (vm_metadata_module.AGENT_FOLDER, "workloads"):
+        ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+        shutil.copytree(REPO_ROOT / folder, tmp_path / folder, symlinks=True, ignore=ignore)
+    monkeypatch.setattr(packaging, "REPO_ROOT", tmp_path)
+    packaging.repository_folder.cache_clear()
+    yield tmp_path
+    packaging.repository_folder.cache_clear()
 
 
 def sources_plan():
@@ -60,29 +78,45 @@ def test_a_destroyable_artifacts_bucket_may_be_emptied_and_deleted():
 
 def test_each_folder_is_one_object_named_by_its_content_and_kept_when_replaced():
     objects = by_name(sources_plan(), "gcp:storage/bucketObject:BucketObject")
-    # mnist (program) and byo both run the folder `workloads`: one archive.
-    assert list(objects) == ["artifacts-source-workloads"]
-    archive = objects["artifacts-source-workloads"]
-    assert archive.inputs["name"] == f"sources/{WORKLOADS_SHA}.tar.gz"
-    assert archive.inputs["source"] == {"file": f"{WORKLOADS_SHA}.tar.gz", "sha256": WORKLOADS_SHA[:16]}
-    assert archive.retain_on_delete  # old archives stay: rollbacks, audits, re-created VMs
+    # mnist (program: tf_mnist) and byo (workloads/jax_mnist) run one folder each; the agent is the third.
+    assert sorted(objects) == [
+        "artifacts-source-workloads-jax-mnist", "artifacts-source-workloads-tf-mnist", "artifacts-vm-agent"
+    ]  # fmt: skip
+    for key, sha in (("source-workloads-tf-mnist", TF_SHA), ("source-workloads-jax-mnist", JAX_SHA),
+                     ("vm-agent", AGENT_SHA)):  # fmt: skip
+        archive = objects[f"artifacts-{key}"]
+        assert archive.inputs["name"] == f"sources/{sha}.tar.gz"
+        assert archive.inputs["source"] == {"file": f"{sha}.tar.gz", "sha256": sha[:16]}
+        assert archive.retain_on_delete  # old archives stay: rollbacks, audits, re-created VMs
+
+
+def test_two_workloads_running_one_folder_share_one_archive():
+    raw = with_object(fixture_config("sources"), "workloads", lambda w: w["byo"]["source"].update(folder=TF_MNIST))
+    raw = with_object(raw, "workloads", lambda w: w["byo"].update(command=["python", "tf_mnist.py"]))
+    objects = by_name(plan(raw, "sources"), "gcp:storage/bucketObject:BucketObject")
+    assert sorted(objects) == ["artifacts-source-workloads-tf-mnist", "artifacts-vm-agent"]
 
 
 def test_each_workload_reads_only_the_archives_it_runs_and_pulls_only_if_it_runs_an_image():
     result = sources_plan()
     resources = declared(result)
     bucket = "fixture-project-sources-artifacts"
-    objects = f"projects/_/buckets/{bucket}/objects/sources/{WORKLOADS_SHA}.tar.gz"
-    for workload, reads, pulls in (("mnist", True, False), ("byo", True, False), ("img", False, True)):
+
+    def objects(*digests: str) -> set[str]:
+        return {f'resource.name == "projects/_/buckets/{bucket}/objects/sources/{sha}.tar.gz"' for sha in digests}
+
+    # Every VM fetches the agent; a folder workload its own archive too; an image workload no archive more.
+    for workload, reads, pulls in (("mnist", objects(TF_SHA, AGENT_SHA), False),
+                                   ("byo", objects(JAX_SHA, AGENT_SHA), False),
+                                   ("img", objects(AGENT_SHA), True)):  # fmt: skip
         member = f"serviceAccount:tpu-{workload}-sources@fixture-project.iam.gserviceaccount.com"
         held = grants_to(member, resources, result.project, custom_roles(resources, result.project))
         sources = [g for g in held if g.scope == f"buckets/{bucket}"]
-        assert [(g.role, g.condition) for g in sources] == (
-            [("roles/storage.objectViewer", f'resource.name == "{objects}"')] if reads else []
-        ), workload
-        if reads:  # what the VM calls to fetch its archive
-            needed = {p for m in SOURCE_METHODS for p in iamdata.method_permissions(m, acls=False)}
-            assert needed <= sources[0].permissions, workload
+        assert [g.role for g in sources] == ["roles/storage.objectViewer"], workload
+        assert set((sources[0].condition or "").split(" || ")) == reads, workload
+        # What the VM calls to fetch an archive.
+        needed = {p for m in SOURCE_METHODS for p in iamdata.method_permissions(m, acls=False)}
+        assert needed <= sources[0].permissions, workload
         pulling = [g for g in held if g.scope.startswith("repositories/")]
         assert [g.role for g in pulling] == (["roles/artifactregistry.reader"] if pulls else []), workload
         if pulls:
@@ -119,19 +153,19 @@ def test_a_vm_waits_for_its_workloads_source_grant():
     assert depends_on(result, vm, grant.urn)
 
 
-def test_the_agent_folder_is_packaged_and_readable_by_every_workload_once_it_exists(tmp_path, monkeypatch):
-    agent = tmp_path / vm_metadata_module.AGENT_FOLDER
-    agent.mkdir()
-    (agent / "__main__.py").write_text("print('agent')\n")  # a placeholder: the real agent is another branch's
-    shutil.copytree(REPO_ROOT / PROGRAM_FOLDER, tmp_path / PROGRAM_FOLDER)
-    monkeypatch.setattr(platform, "REPO_ROOT", tmp_path)
+def test_the_agent_is_the_real_vm_agent_package_and_readable_by_every_workload():
     cfg = parse_stack_config("sources", fixture_config("sources"))
     args = platform.artifacts_args(cfg, source_digests(cfg))
-    assert args.packages["vm-agent"].sha256 == package(agent).sha256
+    agent = args.packages["vm-agent"]
+    assert agent.sha256 == package(REPO_ROOT / "vm_agent", within=REPO_ROOT).sha256 == AGENT_SHA
+    with tarfile.open(fileobj=io.BytesIO(agent.data)) as tar:
+        names = set(tar.getnames())
+    # The package's own files at the archive's top (the start-up script unpacks them under vm_agent/).
+    assert {"__init__.py", "__main__.py", "agent.py", "runner.py", "sources.py"} <= names
     assert {w: code.packages for w, code in args.workloads.items()} == {
-        "byo": ("vm-agent", "source-workloads"),
+        "byo": ("vm-agent", "source-workloads-jax-mnist"),
         "img": ("vm-agent",),
-        "mnist": ("vm-agent", "source-workloads"),
+        "mnist": ("vm-agent", "source-workloads-tf-mnist"),
     }
 
 
@@ -146,8 +180,8 @@ def test_the_run_spec_in_metadata_is_the_designs():
         "runId": "dev/mnist/mnist-v2-spot/r1",
         "source": {
             "kind": "folder",
-            "uri": f"gs://acme-ml-sandbox-dev-artifacts/sources/{WORKLOADS_SHA}.tar.gz",
-            "sha256": WORKLOADS_SHA,
+            "uri": f"gs://acme-ml-sandbox-dev-artifacts/sources/{TF_SHA}.tar.gz",
+            "sha256": TF_SHA,
         },
         "command": ["python", "tf_mnist.py", "--epochs", "5", "--batch-size", "256",
                     "--checkpoint-every-steps", "200", "--checkpoint-every-minutes", "10"],
@@ -173,7 +207,7 @@ def test_an_image_run_spec_names_the_image_and_a_folder_one_its_python():
     assert image["command"] == ["python", "-m", "trainer", "--steps", "100"] and "python" not in image
     folder = run_spec(cfg, folder_vm, source_digests(cfg))
     assert folder["python"] == "3.11" and folder["env"] == {"XLA_FLAGS": "--xla_dump_to=/tmp/x"}
-    assert folder["source"]["sha256"] == WORKLOADS_SHA
+    assert folder["source"]["sha256"] == JAX_SHA
 
 
 def test_a_secret_in_a_workloads_env_never_reaches_metadata():
@@ -205,18 +239,19 @@ def test_a_changed_command_or_env_updates_only_the_vms_metadata():
     assert "forces replacement" not in markdown
 
 
-def test_a_changed_source_folder_is_a_new_archive_and_only_a_metadata_update_of_the_vm(tmp_path, monkeypatch):
-    base = as_json(plan_stack("dev"))
-    copy = tmp_path / PROGRAM_FOLDER
-    shutil.copytree(REPO_ROOT / PROGRAM_FOLDER, copy, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    (copy / "README.md").write_text((copy / "README.md").read_text() + "one more line\n")
-    monkeypatch.setattr(platform, "REPO_ROOT", tmp_path)
-    monkeypatch.setattr(vm_metadata_module, "REPO_ROOT", tmp_path)
+def test_a_changed_source_folder_is_a_new_archive_and_only_a_metadata_update_of_the_vm(repository_copy):
+    packaging.repository_folder.cache_clear()  # the base plan reads the checkout, the head its changed copy
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(packaging, "REPO_ROOT", REPO_ROOT)
+        base = as_json(plan_stack("dev"))
+    packaging.repository_folder.cache_clear()
+    copy = repository_copy / TF_MNIST
+    (copy / "requirements.txt").write_text((copy / "requirements.txt").read_text() + "# one more line\n")
     head = as_json(run_program("dev", stack_config("dev")))
     markdown = diff_markdown(base, head)
     replaced = markdown.split("#### +- Replace (destroyed and created again)\n", 1)[1].split("####")[0]
     # The archive has a new name (the old one is kept: retain_on_delete); the grant names the new object.
-    assert "`artifacts-source-workloads` (gcp:storage/bucketObject:BucketObject)" in replaced
+    assert "`artifacts-source-workloads-tf-mnist` (gcp:storage/bucketObject:BucketObject)" in replaced
     assert "`artifacts-mnist-sources` (gcp:storage/bucketIAMMember:BucketIAMMember)" in replaced
     assert "V2Vm" not in replaced
     assert "+ 0 to create, ~ 1 to update, +- 2 to replace, - 0 to delete" in markdown
@@ -246,12 +281,10 @@ def test_the_deployer_of_a_stack_with_an_image_may_grant_pulls_on_the_repository
     assert "artifactregistry.repositories.get" in access.previewer_permissions
 
 
-def test_a_folder_that_cannot_be_packaged_is_a_config_error_naming_the_workload(tmp_path, monkeypatch):
+def test_a_folder_that_cannot_be_packaged_is_a_config_error_naming_the_workload(repository_copy):
     from infra.schema import ConfigError
 
-    shutil.copytree(REPO_ROOT / PROGRAM_FOLDER, tmp_path / PROGRAM_FOLDER)
-    (tmp_path / PROGRAM_FOLDER / "data").symlink_to("/etc")
-    monkeypatch.setattr(vm_metadata_module, "REPO_ROOT", tmp_path)
+    (repository_copy / TF_MNIST / "data").symlink_to("/etc")
     cfg = parse_stack_config("sources", fixture_config("sources"))
     with pytest.raises(ConfigError) as caught:
         source_digests(cfg)
@@ -260,13 +293,13 @@ def test_a_folder_that_cannot_be_packaged_is_a_config_error_naming_the_workload(
     assert "data is a symbolic link" in message
 
 
-def test_two_folders_that_would_share_a_resource_name_are_refused(tmp_path, monkeypatch):
+def test_two_folders_that_would_share_a_resource_name_are_refused(repository_copy):
     from infra.config import ConfigError
 
     for folder in ("a/b", "a-b"):
-        (tmp_path / folder).mkdir(parents=True)
-        (tmp_path / folder / "train.py").write_text("")
-    monkeypatch.setattr(platform, "REPO_ROOT", tmp_path)
+        (repository_copy / folder).mkdir(parents=True)
+        (repository_copy / folder / "train.py").write_text("")
     cfg = parse_stack_config("sources", fixture_config("sources"))
     with pytest.raises(ConfigError, match="source folders a-b and a/b would share the resource name source-a-b"):
-        platform.artifacts_args(cfg, {"a/b": package(tmp_path / "a/b").sha256, "a-b": package(tmp_path / "a-b").sha256})
+        digests = {folder: package(repository_copy / folder).sha256 for folder in ("a/b", "a-b")}
+        platform.artifacts_args(cfg, digests)

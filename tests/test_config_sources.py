@@ -47,9 +47,10 @@ def with_workload(raw: dict[str, str], name: str, **changes: object) -> dict[str
 def test_the_fixture_declares_a_program_a_folder_and_an_image():
     cfg = parse_stack_config("sources", sources())
     by_name = {w.name: w for w in cfg.workloads}
-    assert by_name["mnist"].source.folder == "workloads"  # a built-in program is the folder `workloads`
+    # A built-in program is its example's folder (infra/config/examples.py).
+    assert by_name["mnist"].source.folder == "workloads/tf_mnist"
     assert by_name["mnist"].command[:2] == ("python", "tf_mnist.py")
-    assert by_name["byo"].source.folder == "workloads" and by_name["byo"].command[1] == "jax_mnist.py"
+    assert by_name["byo"].source.folder == "workloads/jax_mnist" and by_name["byo"].command[1] == "jax_mnist.py"
     assert by_name["byo"].python == "3.11" and dict(by_name["byo"].env) == {"XLA_FLAGS": "--xla_dump_to=/tmp/x"}
     assert by_name["img"].source.image == IMAGE
 
@@ -138,12 +139,23 @@ def test_a_program_takes_no_source_command_or_python_and_needs_its_framework_ver
     )
 
 
-def test_a_vm_runs_only_a_program_until_the_agent_is_installed():
+def test_a_vm_runs_a_folder_source_through_the_agent():
+    """The VM agent fetches any folder source by its digest (docs/design-runs.md): a VM is no longer
+    limited to the built-in programs, and its run spec names the folder's archive and own command."""
+    from infra import naming
+    from infra.packaging import repository_folder
+    from infra.tpu.metadata import run_spec, source_digests
+
     def put_byo_on_the_vm(vms: list) -> None:
         vms[0]["workload"] = "byo"
 
-    message = problems_of(with_object(sources(), "tpuVms", put_byo_on_the_vm))
-    assert f"{NS}:tpuVms[0].workload = 'byo': workload 'byo' has its own source" in message
+    cfg = parse_stack_config("sources", with_object(sources(), "tpuVms", put_byo_on_the_vm))
+    spec = run_spec(cfg, cfg.tpu_vms[0], source_digests(cfg))
+    sha256 = repository_folder("workloads/jax_mnist").sha256
+    uri = f"gs://fixture-project-sources-artifacts/{naming.source_object(sha256)}"
+    assert spec["source"] == {"kind": "folder", "uri": uri, "sha256": sha256}
+    assert spec["command"] == ["python", "jax_mnist.py", "--epochs", "2", "--batch-size", "2"]
+    assert spec["python"] == "3.11"
 
 
 def test_a_key_outside_the_repository_region_is_refused_for_the_image_repository():
@@ -268,5 +280,7 @@ def test_the_readme_example_parses_with_the_dev_stack():
     raw = with_object(stack_config("dev"), "workloads", lambda w: w.update(example))
     cfg = parse_stack_config("dev", raw)
     own, image = cfg.workload("jax-own"), cfg.workload("eval")
-    assert (own.source.folder, own.command[:2], own.python) == ("workloads", ("python", "jax_mnist.py"), "3.11")
+    assert (own.source.folder, own.command[:2], own.python) == (
+        "workloads/jax_mnist", ("python", "jax_mnist.py"), "3.11"
+    )  # fmt: skip
     assert re.fullmatch(r".*/tpu-dev/eval@sha256:[0-9a-f]{64}", image.source.image)

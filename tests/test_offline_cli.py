@@ -45,8 +45,9 @@ def test_json_plan_of_prod_matches_the_text():
     data = json.loads(done.stdout)
     assert data["stack"] == "prod"
     assert (
-        data["resourceCount"] == len(data["resources"]) == 83
-    )  # + "preempted, not recovered"; + artifacts: bucket, archive, grant, repository, component, API
+        data["resourceCount"] == len(data["resources"]) == 84
+    )  # + "preempted, not recovered"; + artifacts: bucket, archive, grant, repository, component, API; + the
+    # VM agent's archive (vm_agent/, which the start-up script fetches by digest)
     buckets = [r for r in data["resources"] if r["type"] == "gcp:storage/bucket:Bucket" and r["parent"] == "buckets"]
     assert all(b["options"] == {"protect": True, "retainOnDelete": True} for b in buckets)
     assert data["outputs"]["budgetAlertTopic"] == "projects/acme-ml-production/topics/prod-budget-alerts"
@@ -144,10 +145,12 @@ def test_render_prints_the_start_up_script_the_vm_will_run():
     assert done.stdout.startswith("#!/bin/bash\n# tpu-platform start-up for TPU VM mnist-v5e-spot (stack prod)")
 
 
-def test_render_env_prints_the_run_settings():
+def test_render_env_prints_the_agents_settings():
     done = run_render("--env")
     assert done.returncode == 0, done.stderr
-    assert "TPU_PLATFORM_EPOCHS=5\n" in done.stdout
+    assert "TPU_PLATFORM_VM=mnist-v2-spot\n" in done.stdout
+    assert "TPU_PLATFORM_ARTIFACTS=gs://acme-ml-sandbox-dev-artifacts\n" in done.stdout
+    assert "EPOCHS" not in done.stdout  # the program's settings are its command line, in the run spec
 
 
 def test_render_asks_which_vm_when_there_are_several():

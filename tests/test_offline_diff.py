@@ -82,8 +82,10 @@ def test_a_changed_epochs_shows_the_changed_line_and_updates_in_place():
     head = head_plan("workloads", lambda w: w["mnist"].update(epochs=7))
     markdown = diff_markdown(base, head)
     assert "+- 0 to replace" in markdown and "~ 1 to update" in markdown
-    assert "  - `inputs.metadata.tpu-platform-env`:" in markdown
-    assert "    -TPU_PLATFORM_EPOCHS=5\n    +TPU_PLATFORM_EPOCHS=7" in markdown
+    # The epochs are the program's command line in the run spec (JSON, diffed by line), not a VM setting.
+    assert "  - `inputs.metadata.tpu-platform-run`:" in markdown
+    assert '       "--epochs",\n    -  "5",\n    +  "7",\n' in markdown
+    assert "startup-script" not in markdown and "tpu-platform-env" not in markdown
 
 
 def test_a_long_single_line_json_value_is_diffed_by_line():

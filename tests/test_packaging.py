@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from infra.config.model import PROGRAM_FOLDER
+from infra.config.examples import examples
 from infra.config.sources import REPO_ROOT
-from infra.packaging import PackagingError, package
+from infra.packaging import PackagingError, package, repository_folder
 
 
 def make_folder(root: Path) -> Path:
@@ -96,9 +96,57 @@ def test_a_symbolic_link_is_refused(tmp_path):
         package(folder)
 
 
-def test_the_built_in_examples_folder_packages_the_same_from_a_copy(tmp_path):
-    """CI packages a clean clone: a copy elsewhere (no caches) gives the checkout's bytes."""
-    copy = tmp_path / "clone" / PROGRAM_FOLDER
-    shutil.copytree(REPO_ROOT / PROGRAM_FOLDER, copy, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    assert package(copy).sha256 == package(REPO_ROOT / PROGRAM_FOLDER).sha256
-    assert package(copy).object_name == f"sources/{package(copy).sha256}.tar.gz"
+def test_a_link_to_a_file_inside_the_repository_is_packaged_as_that_file(tmp_path):
+    """How the examples share runlib.py (workloads/*/runlib.py -> ../lib/runlib.py) without copies."""
+    repo = tmp_path / "repo"
+    folder = make_folder(repo / "team" / "train")
+    (repo / "lib").mkdir()
+    (repo / "lib" / "helper.py").write_text("HELP = 1\n")
+    os.symlink("../../lib/helper.py", folder / "helper.py")
+    data = package(folder, within=repo).data
+    with tarfile.open(fileobj=io.BytesIO(gzip.decompress(data))) as tar:
+        member = tar.getmember("helper.py")
+        assert member.isfile() and tar.extractfile(member).read() == b"HELP = 1\n"  # pyright: ignore[reportOptionalMemberAccess]
+    # The same bytes as a real copy of the file: a link is no part of what the VM gets.
+    (folder / "helper.py").unlink()
+    (folder / "helper.py").write_text("HELP = 1\n")
+    assert package(folder, within=repo).data == data
+
+
+@pytest.mark.parametrize("target", ["../../secret.txt", "/etc/hostname", "../../lib"])
+def test_a_link_leading_outside_the_repository_or_to_a_folder_is_refused(tmp_path, target):
+    repo = tmp_path / "repo"
+    folder = make_folder(repo / "team" / "train")
+    (tmp_path / "secret.txt").write_text("not the repository's\n")
+    (repo / "lib").mkdir()
+    os.symlink(target, folder / "linked")
+    with pytest.raises(PackagingError, match=r"linked is a symbolic link to .*, not to a file inside"):
+        package(folder, within=repo)
+    # Without `within`, the folder itself is the limit: a link to a file of the repository beside it too.
+    (repo / "lib" / "helper.py").write_text("")
+    os.symlink("../../lib/helper.py", folder / "helper.py")
+    with pytest.raises(PackagingError, match=r"helper\.py is a symbolic link"):
+        package(folder)
+
+
+def test_the_examples_share_runlib_by_a_link_and_each_archive_holds_its_bytes():
+    shared = (REPO_ROOT / "workloads" / "lib" / "runlib.py").read_bytes()
+    for example in examples().values():
+        link = REPO_ROOT / example.folder / "runlib.py"
+        assert link.is_symlink()
+        data = repository_folder(example.folder).data
+        with tarfile.open(fileobj=io.BytesIO(gzip.decompress(data))) as tar:
+            assert tar.extractfile("runlib.py").read() == shared  # pyright: ignore[reportOptionalMemberAccess]
+
+
+@pytest.mark.parametrize("name", sorted(examples()))
+def test_each_example_folder_packages_the_same_from_a_copy(tmp_path, name):
+    """CI packages a clean clone: a copy elsewhere (no caches, links kept as git checks them out) gives
+    the checkout's bytes."""
+    clone = tmp_path / "clone"
+    shutil.copytree(REPO_ROOT / "workloads", clone / "workloads", symlinks=True,
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))  # fmt: skip
+    folder = examples()[name].folder
+    copy = package(clone / folder, within=clone)
+    assert copy.sha256 == repository_folder(folder).sha256
+    assert copy.object_name == f"sources/{copy.sha256}.tar.gz"

@@ -17,7 +17,8 @@ INVENTORY = {
         "gcp:projects/service:Service": 15,
         # data, checkpoints, models, run status, the guard's function source, artifacts (source archives)
         "gcp:storage/bucket:Bucket": 6,
-        "gcp:storage/bucketObject:BucketObject": 2,  # the guard's source; the `workloads` folder's archive
+        # the guard's source; the tf_mnist example's archive; the VM agent's (the start-up script fetches it)
+        "gcp:storage/bucketObject:BucketObject": 3,
         "gcp:projects/iAMAuditConfig:IAMAuditConfig": 1,  # Cloud Storage Data Access logs
         "gcp:serviceaccount/account:Account": 5,  # workload, scheduler, guard, guard invoker, guard build
         # the deployer may attach the workload, scheduler, guard, invoker and build accounts; the guard the workload
@@ -25,7 +26,7 @@ INVENTORY = {
         # log + metric writer; scheduler and guard roles; event receiver; builder (Google's agents: bootstrap)
         "gcp:projects/iAMMember:IAMMember": 6,
         # data, checkpoints, models; the VM's own status prefix; the guard's status; the builder's source;
-        # the workload's own source archive
+        # the workload's source archives (its own and the agent's: one grant, one condition for both)
         "gcp:storage/bucketIAMMember:BucketIAMMember": 7,
         "gcp:monitoring/notificationChannel:NotificationChannel": 1,
         "gcp:billing/budget:Budget": 1,
@@ -60,7 +61,7 @@ INVENTORY = {
         # Scanning. The CMEK key's grant is the bootstrap's, so no Cloud KMS API here.
         "gcp:projects/service:Service": 16,
         "gcp:storage/bucket:Bucket": 6,  # + artifacts
-        "gcp:storage/bucketObject:BucketObject": 2,  # + the `workloads` folder's archive
+        "gcp:storage/bucketObject:BucketObject": 3,  # + the tf_mnist example's archive + the VM agent's
         "gcp:projects/iAMAuditConfig:IAMAuditConfig": 1,
         "gcp:serviceaccount/account:Account": 4,  # the workload, the guard, its invoker, its build account
         "gcp:serviceaccount/iAMMember:IAMMember": 5,

@@ -109,7 +109,8 @@ def test_each_tensorflow_runtime_gets_its_environment_in_the_unit():
     assert "Environment=TPU_NAME=mnist-v2-spot\n" in pod and "Environment=TPU_LOAD_LIBRARY=0\n" in pod
     assert "NEXT_PLUGGABLE_DEVICE_USE_C_API" not in pod
     se = unit_of(render_startup_script(spec("dev")))  # tpu-vm-tf-2.14.1: stream executor
-    assert [line for line in se.splitlines() if line.startswith("Environment=")] == ["Environment=PYTHONPATH=@AGENT_DIR@"]
+    only_the_agents = ["Environment=PYTHONPATH=@AGENT_DIR@"]
+    assert [line for line in se.splitlines() if line.startswith("Environment=")] == only_the_agents
     # The agent passes the runtime's environment on to the run: it is told the names.
     assert "TPU_PLATFORM_RUNTIME_ENV=NEXT_PLUGGABLE_DEVICE_USE_C_API,TF_PLUGGABLE_DEVICE_LIBRARY_PATH\n" in render_env(
         spec("prod")
@@ -359,9 +360,7 @@ def test_a_tampered_agent_is_refused_and_nothing_starts(tmp_path, artifacts):
     tampered = dataclasses.replace(real, agent=Artifact(ARTIFACTS, TAMPERED, real.agent.sha256))
     done, env = boot(tmp_path, {"agent-worker-number": "0"}, artifacts, of=tampered)
     assert done.returncode == EXIT_CONFIG, done.stderr
-    assert (
-        f"FATAL: the agent gs://{ARTIFACTS}/{TAMPERED} does not match its digest {real.agent.sha256}" in done.stderr
-    )
+    assert f"FATAL: the agent gs://{ARTIFACTS}/{TAMPERED} does not match its digest {real.agent.sha256}" in done.stderr
     assert not (tmp_path / "systemctl").exists() and env == {}
     assert list((tmp_path / "root/opt/tpu-platform/agent").iterdir()) == []  # neither archive nor files kept
 

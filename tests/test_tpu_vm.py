@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from infra.programs import PROGRAMS
+from infra import naming
+from infra.packaging import repository_folder
 from infra.tpu.cloud_tpu import CLOUD_PLATFORM_SCOPE
 from tests.support import depends_on, plan, stack_config, with_object
 
@@ -41,14 +44,28 @@ def test_vm_identity_network_and_labels(stack):
         assert vm.inputs["metadata"]["block-project-ssh-keys"] == "TRUE"
 
 
-def test_startup_script_carries_the_workload():
+def test_metadata_carries_the_run_spec_and_the_agents_digest():
+    """The workload reaches the VM as a run spec (docs/design-runs.md) naming its source folder's archive
+    by digest; the start-up script carries only the agent's digest, not the program."""
     _, (vm,) = vms()
-    script = vm.inputs["metadata"]["startup-script"]
-    assert PROGRAMS["tf_mnist"].source() in script
+    metadata = vm.inputs["metadata"]
+    agent, program = repository_folder("vm_agent"), repository_folder("workloads/tf_mnist")
+    script = metadata["startup-script"]
+    assert f"readonly AGENT_SHA256={agent.sha256}\n" in script
     assert "readonly FRAMEWORK_VERSION=2.14.1" in script  # tensorflow-tpu 2.14.1 does not exist: the image has it
-    env = vm.inputs["metadata"]["tpu-platform-env"]
-    assert "TPU_PLATFORM_DATA=gs://acme-ml-sandbox-dev-data/mnist/mnist.npz" in env
-    assert "TPU_PLATFORM_CHECKPOINT_DIR=gs://acme-ml-sandbox-dev-checkpoints/mnist/mnist-v2-spot/r1" in env
+    assert "def main(" not in script  # no program source inlined any more
+    run = json.loads(metadata["tpu-platform-run"])
+    assert run["runId"] == "dev/mnist/mnist-v2-spot/r1" and run["requester"] == "stack" and run["completion"]
+    assert run["source"] == {
+        "kind": "folder",
+        "uri": f"gs://acme-ml-sandbox-dev-artifacts/{naming.source_object(program.sha256)}",
+        "sha256": program.sha256,
+    }
+    assert run["command"][:4] == ["python", "tf_mnist.py", "--epochs", "5"]
+    assert run["data"] == "gs://acme-ml-sandbox-dev-data/mnist/mnist.npz"
+    assert run["checkpointDir"] == "gs://acme-ml-sandbox-dev-checkpoints/mnist/mnist-v2-spot/r1"
+    env = metadata["tpu-platform-env"]
+    assert "TPU_PLATFORM_ARTIFACTS=gs://acme-ml-sandbox-dev-artifacts\n" in env
 
 
 def test_provisioning_models_map_to_scheduling():
