@@ -234,7 +234,8 @@ class Agent:
         log(f"run {spec.run_id} already {'finished' if finished else 'failed'}; not starting it again", run=spec.run_id)
         if finished and spec.completion and self.settings.worker_id == 0:
             # Told again: the marker's new generation makes the guard stop or delete this VM again.
-            self._write(COMPLETE, _json(marker) or completion_marker(spec, None, {}))
+            # Its own marker: the one there may be an earlier run's (the status folder is the VM's).
+            self._write(COMPLETE, _json(marker) if marked else completion_marker(spec, None, {}))
         return True
 
     def _read(self, name: str) -> bytes | None:

@@ -271,7 +271,7 @@ def _code(node: Node, workload: WorkloadSettings) -> dict[str, object]:
     command = _command(node)
     python = optional_text(node, "workloads.<name>.python") or ""
     env = _env(node)
-    if source_node is None or ("program" in node.data and not workload.program):  # refused by its own check
+    if source_node is None or (node.data.get("program") is not None and not workload.program):  # refused already
         return {"env": env}
     given = bool(source_node.data)
     if workload.program:
