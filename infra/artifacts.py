@@ -52,6 +52,9 @@ class WorkloadCode:
 
     packages: tuple[str, ...] = ()
     pulls_images: bool = False
+    # A VM of the workload takes researchers' requests (selfService): their archives are new objects
+    # under sources/, so the account reads that prefix, not a list of names.
+    any_source: bool = False
 
 
 @dataclass(frozen=True)
@@ -202,8 +205,12 @@ class WorkloadArtifacts(pulumi.ComponentResource):
             member = pulumi.Output.from_input(readers[workload]).apply(iam.service_account_member)
             made: list[pulumi.Resource] = []
             objects = [args.packages[k].object_name for k in code.packages]
-            if objects:
-                condition = object_condition(self.bucket_name, objects, f"{workload}-sources")
+            if objects or code.any_source:
+                condition = (
+                    grants.prefix_condition(self.bucket_name, naming.SOURCES_PREFIX, f"{workload}-sources")
+                    if code.any_source
+                    else object_condition(self.bucket_name, objects, f"{workload}-sources")
+                )
                 grants.check_condition(
                     OBJECT_READER,
                     iamdata.role_permissions(OBJECT_READER),

@@ -208,10 +208,12 @@ def _package_key(folder: str) -> str:
 def artifacts_args(cfg: PlatformConfig, digests: dict[str, str]) -> ArtifactsArgs:
     packages = source_packages(cfg, digests)
     agent = (AGENT_PACKAGE,) if AGENT_PACKAGE in packages else ()
+    self_service = {vm.workload for vm in cfg.self_service_vms}
     workloads = {
         w.name: WorkloadCode(
             packages=(*agent, *((_package_key(w.source.folder),) if w.source.kind == "folder" else ())),
-            pulls_images=w.source.kind == "image",
+            pulls_images=w.source.kind == "image" or w.name in self_service,
+            any_source=w.name in self_service,
         )
         for w in cfg.workloads
     }

@@ -248,3 +248,32 @@ def test_the_vm_agent_may_list_its_own_requests_and_no_other_vms():
     assert not allows(expression, STATUS, list_prefix="reviewed-v5e-8/requests/")
     assert not allows(expression, STATUS, list_prefix="")
     assert allows(expression, STATUS, object_name="shared-v5e-8/requests/x.json")  # get and delete it
+
+
+def test_self_service_on_a_multi_host_slice_is_refused_in_the_plan():
+    """The agent refuses requests on a multi-host slice (only worker 0 takes them): the plan says so first."""
+    raw = with_object(stack_config(), "tpuVms", lambda vms: vms[0].update(
+        acceleratorType="v5p-16", runtimeVersion="v2-alpha-tpuv5", selfService=True, schedule=None,
+        onCompletion="delete"))  # fmt: skip
+    raw = {**raw, "tpu-platform:researchers": json.dumps(["user:ada@acme.example"])}
+    with pytest.raises(ConfigError) as refused:
+        parse_stack_config("dev", raw)
+    assert "tpu-platform:tpuVms[0].selfService = True: v5p-16 is a multi-host slice" in str(refused.value)
+
+
+def test_the_workload_of_a_self_service_vm_may_read_what_researchers_submit():
+    """A request's archive is a new object under sources/ (and an image a new digest): the VM's account
+    must read any of them, which a list of the stack's own archive names would refuse."""
+    result = example_plan()
+    grants = [
+        r for r in result.resources
+        if r.type == "gcp:storage/bucketIAMMember:BucketIAMMember" and r.inputs.get("bucket") == ARTIFACTS
+        and r.name.endswith("-sources")
+    ]  # fmt: skip
+    assert grants
+    for grant in grants:
+        expression = grant.inputs["condition"]["expression"]
+        assert allows(expression, ARTIFACTS, object_name=f"sources/{'b' * 64}.tar.gz")
+        assert not allows(expression, ARTIFACTS, object_name="elsewhere/x.tar.gz")
+    pulls = [r for r in result.resources if r.type == "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember"]
+    assert pulls and all(r.inputs["role"] == "roles/artifactregistry.reader" for r in pulls)

@@ -207,6 +207,13 @@ def _against_catalog(key: str, vm: TpuVmSettings, workload: WorkloadSettings, pr
     need = workload.memory_gib_per_chip
     if need and (why := catalog.memory_problem(accelerator, need)):
         problems.add(f"{key}.acceleratorType", accelerator.name, f"workload '{workload.name}' {why}")
+    if vm.self_service and accelerator.multi_host:
+        # vm_agent/requests.py: only worker 0 takes requests; every host would have to run the program.
+        problems.add(
+            f"{key}.selfService",
+            True,
+            f"{accelerator.name} is a multi-host slice; self-service runs need a single-host TPU VM (for now)",
+        )
     if vm.schedule and accelerator.multi_host:
         problems.add(
             f"{key}.schedule",
