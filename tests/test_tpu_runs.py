@@ -8,10 +8,7 @@ which is what the researcher's roles are made of. The agent's side is the real R
 from __future__ import annotations
 
 import hashlib
-import io
 import json
-import os
-import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,12 +18,12 @@ import pytest
 import requests
 
 from infra.access.researchers import RESEARCHER_CALLS
+from infra.packaging import package
 from tests.contracts import Call, ContractError, api
 from tests.logging_api import LoggingState, logging_standin
 from tests.sandbox import metadata_server, storage_emulator
 from tests.tpu_api import TpuState, tpu_api_standin
 from tpu_runs import cli
-from tpu_runs.package import package
 from vm_agent.requests import RequestSource
 from vm_agent.sources import FolderSource, ImageSource, RunSpec, StopRequest
 
@@ -122,7 +119,7 @@ def test_a_researcher_submits_follows_fetches_and_stops_a_run(world: World, caps
     assert (
         world.run("submit", "--vm", VM, "--folder", str(folder), "--run-id", "exp-1", "--", "python", "train.py") == 0
     )
-    _, digest = package(folder)
+    digest = package(folder).sha256  # as the stack packages its folders (infra/packaging.py)
     assert world.objects(ARTIFACTS) == [f"sources/{digest}.tar.gz"]
     assert hashlib.sha256(world.read(ARTIFACTS, f"sources/{digest}.tar.gz")).hexdigest() == digest
     (request,) = world.objects(STATUS, f"{VM}/requests/")
@@ -227,23 +224,6 @@ def test_a_missing_right_is_a_sentence_not_a_traceback(capsys):
     err = capsys.readouterr().err
     assert err.startswith("tpu-runs: you may not list the TPU VMs of projects/acme-ml-research/locations/us-central1-a")
     assert "tpu-platform:researchers in Pulumi.self-service.yaml" in err and "Traceback" not in err
-
-
-# --- the packager -------------------------------------------------------------------------------------
-
-
-def test_the_same_folder_packages_to_the_same_bytes(tmp_path: Path):
-    folder = a_folder(tmp_path)
-    first = package(folder)
-    (folder / "__pycache__").mkdir()
-    (folder / "__pycache__" / "x.pyc").write_bytes(b"cache")
-    os.utime(folder / "train.py", (1, 1))
-    assert package(folder) == first  # caches and mtimes do not change the digest
-    (folder / "train.py").write_text("print('changed')\n")
-    assert package(folder)[1] != first[1]
-    with tarfile.open(fileobj=io.BytesIO(first[0])) as tar:
-        assert tar.getnames() == ["pkg", "pkg/model.py", "requirements.txt", "train.py"]
-        assert {(m.mtime, m.uid, m.uname) for m in tar.getmembers()} == {(0, 0, "")}
 
 
 # --- installed as a console script --------------------------------------------------------------------

@@ -24,9 +24,9 @@ import requests
 
 from infra import naming
 from infra.config import ConfigError, PlatformConfig, TpuVmSettings, parse_stack_config
+from infra.packaging import PackagingError, package
 from tools.offline.stackfile import ROOT, StackFileError, read_stack_config
 from tpu_runs.gcp import CallError, Google, adc_session
-from tpu_runs.package import package
 
 # Requests and states are JSON stored as octet-stream: gcp-storage-emulator reads an `application/json`
 # media upload as object metadata (its server.py), and nothing reads the content type.
@@ -134,7 +134,11 @@ def submit(google: Google, stack: Stack, args: argparse.Namespace) -> int:
             )
         source: dict[str, str] = {"kind": "image", "image": args.image}
     else:
-        data, digest = package(Path(args.folder))
+        try:  # packaged exactly as the stack packages its folders: the same files, the same digest
+            archive = package(Path(args.folder))
+        except PackagingError as error:
+            raise UsageError(f"--folder {args.folder}: {error}") from None
+        data, digest = archive.data, archive.sha256
         name = naming.source_object(digest)
         if google.exists(stack.artifacts, name):
             print(f"source {digest[:12]} is there already")
