@@ -192,3 +192,17 @@ def test_a_pinned_python_gets_a_uv_virtualenv_of_that_version(bucket_env, monkey
     contract = next(json.loads(line) for line in shipped if '"contract"' in line)
     assert f"venvs/{bucket_env['sha']}-py3.11/" in contract["python"]
     assert f"venvs/{bucket_env['sha']}-py3.11/" in contract["tinyckpt"]
+
+
+def test_the_frameworks_bounds_hold_when_a_run_installs_its_requirements(bucket_env, tmp_path):
+    """TPU_PLATFORM_PIP_CONSTRAINTS (the catalog's bounds, e.g. protobuf<5 beside TensorFlow < 2.18)
+    constrain the install: here a bound the folder's requirement cannot meet fails the run, with pip's
+    reason, instead of installing what would break the image's framework."""
+    env = {**bucket_env["env"], "TPU_PLATFORM_ROOT": str(tmp_path), "TPU_PLATFORM_PIP_CONSTRAINTS": "tinyckpt<0.1"}
+    run, shipped = make_run({**bucket_env, "env": env}, "dev/t/bounded", ["python", "train.py", "--steps", "1"],
+                            env={"STEP_SECONDS": "0"})  # fmt: skip
+    run.start()
+    assert run.wait(120)
+    state = status(bucket_env, "dev/t/bounded")
+    assert state["state"] == "failed", state
+    assert "tinyckpt" in json.dumps(state) + "\n".join(shipped), (state, shipped[-5:])

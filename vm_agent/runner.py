@@ -334,16 +334,23 @@ class Run:
         shutil.rmtree(venv, ignore_errors=True)
         venv.parent.mkdir(parents=True, exist_ok=True)
         python = str(venv / "bin" / "python")
+        constrained: list[str] = []
+        if self.settings.pip_constraints:
+            constraints = venv.parent / (name + ".constraints.txt")
+            constraints.write_text("".join(c + "\n" for c in self.settings.pip_constraints))
+            constrained = ["-c", str(constraints)]
         if self.spec.python:
             uv = self._uv()
             steps = [[uv, "venv", "--quiet", "--python", self.spec.python, "--system-site-packages", str(venv)]]
             if requirements.is_file():
-                steps.append([uv, "pip", "install", "--quiet", "--python", python, "-r", "requirements.txt"])
+                steps.append(
+                    [uv, "pip", "install", "--quiet", "--python", python, "-r", "requirements.txt", *constrained]
+                )
         else:
             steps = [[self.settings.python, "-m", "venv", "--system-site-packages", str(venv)]]
             if requirements.is_file():
                 pip = [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-input"]
-                steps.append([*pip, "-r", "requirements.txt"])
+                steps.append([*pip, "-r", "requirements.txt", *constrained])
         for argv in steps:
             self._install_step(argv, folder)
         ready.write_text(utc_now() + "\n")

@@ -52,6 +52,9 @@ class Settings:
     models: str = ""  # gs://<models-bucket>
     python: str = sys.executable  # the image's Python, which runs the agent
     docker: str = "docker"
+    # Bounds the image's framework needs (e.g. protobuf<5 beside TensorFlow < 2.18; infra/catalog): kept
+    # when a run's requirements are installed, so pip cannot upgrade a package from under the framework.
+    pip_constraints: tuple[str, ...] = ()
 
     @property
     def allowed(self) -> Allowed:
@@ -125,6 +128,7 @@ class Settings:
             checkpoints=checkpoints,
             models=models,
             python=environ.get("TPU_PLATFORM_PYTHON", "") or sys.executable,
+            pip_constraints=tuple(environ.get("TPU_PLATFORM_PIP_CONSTRAINTS", "").split()),
         )
         if problems:
             raise SettingsError(problems)
