@@ -26,7 +26,7 @@ import numpy as np
 import tensorflow as tf
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * {replicas})
-sys.path.insert(0, {workloads!r})
+sys.path.insert(0, {workloads!r} + "/tf_mnist")  # the example's source folder
 import tf_mnist
 
 rng = np.random.default_rng(0)
@@ -59,7 +59,7 @@ import json, sys
 import numpy as np
 import jax, optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-sys.path.insert(0, {workloads!r})
+sys.path.insert(0, {workloads!r} + "/jax_mnist")  # the example's source folder
 import jax_mnist
 
 assert len(jax.devices()) == {replicas}, jax.devices()
