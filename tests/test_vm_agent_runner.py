@@ -1,6 +1,6 @@
 """vm_agent/runner.py: one run under the contract, against a real GCS emulator (tests/sandbox.py).
 
-The folder is the trainer in tests/agent_sources (stdlib and one requirement, `tinyckpt`, shipped as a
+The folder is the trainer in tests/agent_sources (stdlib and one requirement, `tinyckpt`, served as a
 local wheel since there is no index offline). The virtualenv is made by the local interpreter (the
 system Python, standing in for the TPU image's).
 """
@@ -71,7 +71,7 @@ def status(bucket_env, run_id: str) -> dict:
 
 @pytest.fixture(autouse=True)
 def environment(bucket_env, monkeypatch):
-    for key in ("STORAGE_EMULATOR_HOST", "PIP_NO_INDEX", "UV_OFFLINE", "PATH"):
+    for key in ("STORAGE_EMULATOR_HOST", "PIP_NO_INDEX", "PIP_FIND_LINKS", "UV_OFFLINE", "UV_FIND_LINKS", "PATH"):
         monkeypatch.setenv(key, bucket_env["env"][key])
 
 

@@ -1,5 +1,6 @@
 """What the VM agent's tests share: folder sources packed as the stack packs them, the trainer's one
-requirement as a local wheel (no index offline), and a `docker` shim (no daemon here).
+requirement as a local wheel (no index offline: pip finds it through PIP_FIND_LINKS), and a `docker`
+shim (no daemon here).
 
 The docker shim checks what gives a container the TPU, the network and the contract (Google's "Run
 TPU workloads in a Docker container": `--privileged`, `--net=host`; the contract's `-e` variables),
@@ -10,6 +11,7 @@ environment (as a container would), forwarding SIGTERM to it (`--sig-proxy`, doc
 
 from __future__ import annotations
 
+import functools
 import gzip
 import hashlib
 import io
@@ -19,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -55,11 +58,19 @@ def build_wheel(target: Path) -> Path:
     return wheel
 
 
+@functools.cache
+def wheelhouse() -> Path:
+    """A folder holding the trainer's requirement (tinyckpt 0.1) as a wheel: what PIP_FIND_LINKS names,
+    in place of the package index a real VM reaches."""
+    folder = Path(tempfile.mkdtemp(prefix="tpu-platform-wheels-"))
+    build_wheel(folder)
+    return folder
+
+
 def trainer_folder(tmp: Path) -> Path:
-    """The trainer's source folder with its requirement's wheel beside it, ready to pack."""
+    """A copy of the trainer's source folder, ready to pack (its requirement comes from `wheelhouse`)."""
     folder = tmp / "trainer"
     shutil.copytree(SOURCES / "trainer", folder)
-    build_wheel(folder / "wheels")
     return folder
 
 
@@ -199,6 +210,8 @@ def agent_environ(tmp: Path, metadata_url: str, emulator: str, **extra: str) -> 
         "DOCKER_SHIM_TOKEN": SANDBOX_TOKEN,
         "DOCKER_SHIM_IMAGES": "{}",
         "PIP_NO_INDEX": "1",  # offline: the folder's requirement is a local wheel
+        "PIP_FIND_LINKS": str(wheelhouse()),
+        "UV_FIND_LINKS": str(wheelhouse()),  # uv installs for a pinned Python; it reads no PIP_ settings
         "UV_OFFLINE": "1",
     }
     env.update(extra)
