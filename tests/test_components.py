@@ -386,3 +386,45 @@ def test_the_guard_and_its_apis_come_and_go_together():
         apis = {s.inputs["service"] for s in result.of_type("gcp:projects/service:Service")}
         guards = [r for r in result.resources if r.type == "tpu-platform:automation:TpuGuard"]
         assert (len(guards) == 1, "cloudfunctions.googleapis.com" in apis) == (guarded, guarded)
+
+
+def test_workload_artifacts_alone():
+    from infra.artifacts import ARTIFACTS_APIS, ArtifactsArgs, WorkloadArtifacts, WorkloadCode
+    from infra.packaging import repository_folder
+
+    agent = repository_folder("vm_agent")
+    args = ArtifactsArgs(
+        location="US-CENTRAL1", kms_key_name=None, destroyable=False, noncurrent_versions_to_keep=2,
+        noncurrent_version_days=7, packages={"vm-agent": agent},
+        workloads={"solo": WorkloadCode(packages=("vm-agent",)), "shared": WorkloadCode(any_source=True)},
+    )  # fmt: skip
+
+    def program() -> None:
+        apis = enabled(ARTIFACTS_APIS)
+        needs = apis.needs(*(a.removesuffix(".googleapis.com") for a in ARTIFACTS_APIS))
+        WorkloadArtifacts("artifacts", ENV, args, {"solo": "solo@x.iam.gserviceaccount.com",
+                                                   "shared": "shared@x.iam.gserviceaccount.com"}, needs)  # fmt: skip
+
+    result = build(program)
+    bucket = one(result, "gcp:storage/bucket:Bucket")
+    assert bucket.inputs["name"] == ENV.bucket_name("artifacts") and bucket.retain_on_delete
+    assert one(result, "gcp:storage/bucketObject:BucketObject").inputs["name"] == f"sources/{agent.sha256}.tar.gz"
+    grants = {r.name: r.inputs["condition"]["expression"] for r in result.of_type(
+        "gcp:storage/bucketIAMMember:BucketIAMMember")}  # fmt: skip
+    assert grants["artifacts-solo-sources"].endswith(f'/objects/sources/{agent.sha256}.tar.gz"')
+    assert "startsWith" in grants["artifacts-shared-sources"]  # self-service: any archive researchers submit
+    assert one(result, "gcp:artifactregistry/repository:Repository").inputs["repositoryId"] == f"tpu-{ENV.stack}"
+
+
+def test_researcher_access_alone():
+    from infra.researchers import ResearcherAccess, ResearcherArgs, researcher_apis
+
+    args = ResearcherArgs(
+        members=("user:ada@acme.example",), self_service_vms=("solo-vm",), status_bucket=ENV.bucket_name("status"),
+        models_bucket=ENV.bucket_name("models"), artifacts_bucket=ENV.bucket_name("artifacts"), ssh=False,
+    )  # fmt: skip
+    result = build(lambda: ResearcherAccess("researchers", ENV, args, enabled(researcher_apis(args)), []))
+    assert result.of_type("gcp:projects/iAMCustomRole:IAMCustomRole")
+    members = {r.inputs["member"] for r in result.resources if "member" in r.inputs}
+    assert members == {"user:ada@acme.example"}
+    assert "iap.googleapis.com" not in researcher_apis(args)  # SSH off: no IAP, no OS Login
