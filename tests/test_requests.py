@@ -18,8 +18,10 @@ from typing import Any, ClassVar
 import pytest
 import requests
 
+import vm_agent.gcs
 from tests.contracts import Call, ContractError, api
 from tests.sandbox import SANDBOX_TOKEN, metadata_server, storage_emulator
+from vm_agent.gcs import Storage
 from vm_agent.requests import RequestSource, RunPlaces, parse_request
 from vm_agent.sources import Allowed, FolderSource, RunSpec, SpecError, StopRequest
 
@@ -227,11 +229,13 @@ def test_a_run_id_used_before_is_refused_without_touching_that_run(agent: Agent)
     assert "was used before" in agent.bucket.state("refused-20261130t040000z-exp-1")["reason"]
 
 
-def test_an_unreachable_bucket_is_logged_and_retried_not_raised():
+def test_an_unreachable_bucket_is_logged_and_retried_not_raised(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(vm_agent.gcs.time, "sleep", lambda seconds: None)  # Storage's own retries, at once
     lines: list[str] = []
-    source = RequestSource(f"gs://{STATUS}/{VM}", f"gs://{ARTIFACTS}", REGISTRY, self_service=True, log=lines.append)
-    source.gcs.base = "http://127.0.0.1:9"  # nothing listens there
-    source.gcs._token = ("t", float("inf"))
+    storage = Storage(environ={"STORAGE_EMULATOR_HOST": "127.0.0.1:9"})  # nothing listens there
+    source = RequestSource(
+        f"gs://{STATUS}/{VM}", f"gs://{ARTIFACTS}", REGISTRY, self_service=True, storage=storage, log=lines.append
+    )
     assert source.next(0) is None
     assert lines and "listing shared/requests/ failed" in lines[0]
 
