@@ -8,9 +8,7 @@ emulator. What it refuses is recorded as a failed run state with the reason, nev
 from __future__ import annotations
 
 import contextlib
-import http.server
 import json
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -20,6 +18,7 @@ import requests
 
 import vm_agent.gcs
 from tests.contracts import Call, ContractError, api
+from tests.loopback import Handler, serve
 from tests.sandbox import SANDBOX_TOKEN, metadata_server, storage_emulator
 from vm_agent.gcs import Storage
 from vm_agent.requests import RequestSource, RunPlaces, parse_request
@@ -45,12 +44,12 @@ class Seen:
     violations: list[str] = field(default_factory=list)
 
 
-class _Proxy(http.server.BaseHTTPRequestHandler):
+class _Proxy(Handler):
     target: ClassVar[str]
     seen: ClassVar[Seen]
 
     def _forward(self) -> None:
-        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        body = self.body()
         try:
             self.seen.methods.append(api("storage.v1").check(Call(self.command, self.path, body or None)).id)
         except ContractError as error:
@@ -58,28 +57,16 @@ class _Proxy(http.server.BaseHTTPRequestHandler):
         self.seen.authorization.add(self.headers.get("Authorization", ""))
         headers = {k: v for k, v in self.headers.items() if k.lower() in ("content-type",)}
         answer = requests.request(self.command, self.target + self.path, data=body or None, headers=headers, timeout=10)
-        self.send_response(answer.status_code)
-        self.send_header("Content-Length", str(len(answer.content)))
-        self.end_headers()
-        self.wfile.write(answer.content)
+        self.answer(answer.status_code, answer.content)
 
     do_GET = do_POST = do_DELETE = _forward  # noqa: N815 - http.server's names
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
 
 
 @contextlib.contextmanager
 def checking_proxy(target: str) -> Iterator[tuple[str, Seen]]:
     seen = Seen()
-    handler = type("Proxy", (_Proxy,), {"target": target, "seen": seen})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", seen
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve(_Proxy, target=target, seen=seen) as url:
+        yield url, seen
 
 
 class Bucket:
