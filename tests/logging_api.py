@@ -12,15 +12,14 @@ stores them) and Cloud Monitoring's `timeSeries.create` (checked against monitor
 from __future__ import annotations
 
 import contextlib
-import http.server
 import json
 import re
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from tests.contracts import Call, ContractError, api
+from tests.loopback import Handler, serve
 
 _TERM = re.compile(r'(?P<key>logName|timestamp|labels\.[A-Za-z]+)(?P<op>=|>)"(?P<value>[^"]*)"')
 
@@ -46,59 +45,42 @@ def matches(entry: dict[str, Any], log_filter: str) -> bool:
     return True
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
+class _Handler(Handler):
     state: ClassVar[LoggingState]
 
-    def _answer(self, status: int, body: Any) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        body = json.loads(self.body() or b"{}")
         try:
             method = api("monitoring.v3" if self.path.startswith("/v3/") else "logging.v2").check(
                 Call("POST", self.path, body)
             )
         except ContractError as error:
             self.state.violations.append(str(error))
-            self._answer(400, {"error": {"code": 400, "message": str(error)}})
+            self.answer(400, {"error": {"code": 400, "message": str(error)}})
             return
         self.state.methods.append(method.id)
         self.state.bodies.append(body)
         if method.id == "logging.entries.write":
             defaults = {key: body[key] for key in ("logName", "resource") if key in body}
             self.state.entries += [{**defaults, **entry} for entry in body.get("entries", [])]
-            self._answer(200, {})
+            self.answer(200, {})
             return
         if method.id == "monitoring.projects.timeSeries.create":
             self.state.time_series += body.get("timeSeries", [])
-            self._answer(200, {})
+            self.answer(200, {})
             return
         try:
             found = [e for e in self.state.entries if matches(e, body.get("filter", ""))]
         except ValueError as error:
-            self._answer(400, {"error": {"code": 400, "message": str(error)}})
+            self.answer(400, {"error": {"code": 400, "message": str(error)}})
             return
         found.sort(key=lambda e: e.get("timestamp", ""))
-        self._answer(200, {"entries": found} if found else {})
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
+        self.answer(200, {"entries": found} if found else {})
 
 
 @contextlib.contextmanager
 def logging_standin() -> Iterator[tuple[str, LoggingState]]:
     """Yields the stand-in's base URL (for LOGGING_API_ENDPOINT) and its state."""
     state = LoggingState()
-    handler = type("Handler", (_Handler,), {"state": state})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", state
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve(_Handler, state=state) as url:
+        yield url, state

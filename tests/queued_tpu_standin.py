@@ -10,16 +10,18 @@ in `invalid`, so a test fails on it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import threading
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import googleapiclient
+
+from tests.loopback import Handler, serve
 
 DISCOVERY_DIR = Path(googleapiclient.__file__).parent / "discovery_cache" / "documents"
 
@@ -158,43 +160,32 @@ class StandIn:
         self._n = 0
         standin = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
+        class StandInHandler(Handler):
             def _serve(self, method: str) -> None:
                 url = urlsplit(self.path)
-                length = int(self.headers.get("Content-Length") or 0)
-                raw = self.rfile.read(length) if length else b""
+                raw = self.body()
                 body = json.loads(raw) if raw else None
-                status, out = standin.handle(method, url.path.lstrip("/"), parse_qs(url.query), body)
-                data = json.dumps(out).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                self.answer(*standin.handle(method, url.path.lstrip("/"), parse_qs(url.query), body))
 
-            def do_GET(self) -> None:
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
                 self._serve("GET")
 
-            def do_POST(self) -> None:
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
                 self._serve("POST")
 
-            def do_DELETE(self) -> None:
+            def do_DELETE(self) -> None:  # noqa: N802 - http.server's name
                 self._serve("DELETE")
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
-        self._thread = threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True)
+        self._handler = StandInHandler
+        self._serving = contextlib.ExitStack()
+        self.url = ""  # its base URL, ending in "/", once entered
 
     def __enter__(self) -> StandIn:
-        self._thread.start()
+        self.url = self._serving.enter_context(serve(self._handler)) + "/"
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self._serving.close()
 
     # --- what a test may do to the live state
     def preempt(self, name: str) -> None:

@@ -6,7 +6,6 @@ metadata server's token and zone. Plain http.server, as tests/sandbox.py does.
 from __future__ import annotations
 
 import contextlib
-import http.server
 import json
 import threading
 from collections.abc import Iterator
@@ -14,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from tests.contracts import Call, ContractError, api
+from tests.loopback import Handler, serve
 
 TOKEN = "telemetry-test-token"
 ZONE = "us-central2-b"
@@ -32,12 +32,11 @@ class Received:
         return [call.body for mid, call, _ in self.calls if mid == method_id]
 
 
-class _ApiHandler(http.server.BaseHTTPRequestHandler):
+class _ApiHandler(Handler):
     received: ClassVar[Received]
 
-    def do_POST(self) -> None:
-        length = int(self.headers.get("Content-Length", "0"))
-        raw = self.rfile.read(length)
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        raw = self.body()
         if self.received.hold is not None:
             self.received.hold.wait(30)
         try:
@@ -52,15 +51,7 @@ class _ApiHandler(http.server.BaseHTTPRequestHandler):
             self.received.violations.append(str(error))
             method = "?"
         self.received.calls.append((method, call, self.headers.get("Authorization", "")))
-        answer = b"{}"
-        self.send_response(self.received.status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(answer)))
-        self.end_headers()
-        self.wfile.write(answer)
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
+        self.answer(self.received.status, {})
 
 
 @contextlib.contextmanager
@@ -68,21 +59,18 @@ def google_apis() -> Iterator[tuple[str, Received]]:
     """One loopback server for logging.googleapis.com (/v2/...) and monitoring.googleapis.com (/v3/...);
     yields its base URL and what it received."""
     received = Received()
-    handler = type("Handler", (_ApiHandler,), {"received": received})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", received
-    finally:
-        if received.hold is not None:
-            received.hold.set()
-        server.shutdown()
+    with serve(_ApiHandler, received=received) as url:
+        try:
+            yield url, received
+        finally:
+            if received.hold is not None:
+                received.hold.set()  # before the server stops: a held request would keep it waiting
 
 
-class _MetadataHandler(http.server.BaseHTTPRequestHandler):
+class _MetadataHandler(Handler):
     asked: ClassVar[list[str]]
 
-    def do_GET(self) -> None:
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
         self.asked.append(self.path)
         if self.headers.get("Metadata-Flavor") != "Google":
             self.send_error(403, "Missing Metadata-Flavor: Google")  # as the real server answers
@@ -97,25 +85,12 @@ class _MetadataHandler(http.server.BaseHTTPRequestHandler):
         if text is None:
             self.send_error(404)
             return
-        body = text.encode()
-        self.send_response(200)
-        self.send_header("Metadata-Flavor", "Google")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
+        self.answer(200, text.encode(), {"Metadata-Flavor": "Google"})
 
 
 @contextlib.contextmanager
 def metadata_server() -> Iterator[tuple[str, list[str]]]:
     """The metadata server's token and zone; yields TPU_PLATFORM_METADATA_URL and the paths asked."""
     asked: list[str] = []
-    handler = type("Handler", (_MetadataHandler,), {"asked": asked})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/computeMetadata/v1", asked
-    finally:
-        server.shutdown()
+    with serve(_MetadataHandler, asked=asked) as url:
+        yield f"{url}/computeMetadata/v1", asked

@@ -8,9 +8,7 @@ emulator. What it refuses is recorded as a failed run state with the reason, nev
 from __future__ import annotations
 
 import contextlib
-import http.server
 import json
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -18,8 +16,11 @@ from typing import Any, ClassVar
 import pytest
 import requests
 
+import vm_agent.gcs
 from tests.contracts import Call, ContractError, api
+from tests.loopback import Handler, serve
 from tests.sandbox import SANDBOX_TOKEN, metadata_server, storage_emulator
+from vm_agent.gcs import Storage
 from vm_agent.requests import RequestSource, RunPlaces, parse_request
 from vm_agent.sources import Allowed, FolderSource, RunSpec, SpecError, StopRequest
 
@@ -43,12 +44,12 @@ class Seen:
     violations: list[str] = field(default_factory=list)
 
 
-class _Proxy(http.server.BaseHTTPRequestHandler):
+class _Proxy(Handler):
     target: ClassVar[str]
     seen: ClassVar[Seen]
 
     def _forward(self) -> None:
-        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        body = self.body()
         try:
             self.seen.methods.append(api("storage.v1").check(Call(self.command, self.path, body or None)).id)
         except ContractError as error:
@@ -56,28 +57,16 @@ class _Proxy(http.server.BaseHTTPRequestHandler):
         self.seen.authorization.add(self.headers.get("Authorization", ""))
         headers = {k: v for k, v in self.headers.items() if k.lower() in ("content-type",)}
         answer = requests.request(self.command, self.target + self.path, data=body or None, headers=headers, timeout=10)
-        self.send_response(answer.status_code)
-        self.send_header("Content-Length", str(len(answer.content)))
-        self.end_headers()
-        self.wfile.write(answer.content)
+        self.answer(answer.status_code, answer.content)
 
     do_GET = do_POST = do_DELETE = _forward  # noqa: N815 - http.server's names
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
 
 
 @contextlib.contextmanager
 def checking_proxy(target: str) -> Iterator[tuple[str, Seen]]:
     seen = Seen()
-    handler = type("Proxy", (_Proxy,), {"target": target, "seen": seen})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", seen
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve(_Proxy, target=target, seen=seen) as url:
+        yield url, seen
 
 
 class Bucket:
@@ -227,11 +216,13 @@ def test_a_run_id_used_before_is_refused_without_touching_that_run(agent: Agent)
     assert "was used before" in agent.bucket.state("refused-20261130t040000z-exp-1")["reason"]
 
 
-def test_an_unreachable_bucket_is_logged_and_retried_not_raised():
+def test_an_unreachable_bucket_is_logged_and_retried_not_raised(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(vm_agent.gcs.time, "sleep", lambda seconds: None)  # Storage's own retries, at once
     lines: list[str] = []
-    source = RequestSource(f"gs://{STATUS}/{VM}", f"gs://{ARTIFACTS}", REGISTRY, self_service=True, log=lines.append)
-    source.gcs.base = "http://127.0.0.1:9"  # nothing listens there
-    source.gcs._token = ("t", float("inf"))
+    storage = Storage(environ={"STORAGE_EMULATOR_HOST": "127.0.0.1:9"})  # nothing listens there
+    source = RequestSource(
+        f"gs://{STATUS}/{VM}", f"gs://{ARTIFACTS}", REGISTRY, self_service=True, storage=storage, log=lines.append
+    )
     assert source.next(0) is None
     assert lines and "listing shared/requests/ failed" in lines[0]
 

@@ -12,7 +12,6 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import pytest
 import requests
@@ -20,9 +19,7 @@ import requests
 from infra.access.researchers import RESEARCHER_CALLS
 from infra.packaging import package
 from tests.contracts import Call, ContractError, api
-from tests.logging_api import LoggingState, logging_standin
-from tests.sandbox import metadata_server, storage_emulator
-from tests.tpu_api import TpuState, tpu_api_standin
+from tests.runs_cloud import RunsCloud, runs_cloud
 from tpu_runs import cli
 from vm_agent.requests import RequestSource
 from vm_agent.sources import FolderSource, ImageSource, RunSpec, StopRequest
@@ -56,21 +53,13 @@ class StorageChecked(requests.Session):
         return super().request(str(method), url, *args, **kwargs)
 
 
-class World:
-    def __init__(self, storage: str, tpu: TpuState, logging: LoggingState, tmp: Path, metadata: str):
-        self.storage, self.tpu, self.logging, self.tmp, self.metadata = storage, tpu, logging, tmp, metadata
-        self.session = StorageChecked(storage)
+class World(RunsCloud):
+    def __init__(self, *args: Any):
+        super().__init__(*args)
+        self.session = StorageChecked(self.storage)
 
     def run(self, *argv: str) -> int:
         return cli.main([argv[0], "--stack", "self-service", "--stack-file", str(EXAMPLE), *argv[1:]], self.session)
-
-    def objects(self, bucket: str, prefix: str = "") -> list[str]:
-        answer = requests.get(f"{self.storage}/storage/v1/b/{bucket}/o", params={"prefix": prefix}, timeout=10)
-        return sorted(item["name"] for item in answer.json().get("items", []))
-
-    def read(self, bucket: str, name: str) -> bytes:
-        return requests.get(f"{self.storage}/storage/v1/b/{bucket}/o/{quote(name, safe='')}",
-                            params={"alt": "media"}, timeout=10).content  # fmt: skip
 
     def write(self, bucket: str, name: str, data: bytes) -> None:
         requests.post(f"{self.storage}/upload/storage/v1/b/{bucket}/o", params={"uploadType": "media", "name": name},
@@ -87,22 +76,9 @@ class World:
 
 @pytest.fixture
 def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
-    with (
-        storage_emulator() as storage,
-        tpu_api_standin() as (tpu_url, tpu),
-        logging_standin() as (log_url, logs),
-        metadata_server({}) as metadata,
-    ):
-        for bucket in (STATUS, ARTIFACTS, MODELS):
-            requests.post(f"{storage}/storage/v1/b", params={"project": PROJECT}, json={"name": bucket},
-                          timeout=10).raise_for_status()  # fmt: skip
-        tpu.add({"name": f"projects/{PROJECT}/locations/us-central1-a/nodes/{VM}", "state": "READY"})
-        monkeypatch.setenv("STORAGE_EMULATOR_HOST", storage)
-        monkeypatch.setenv("TPU_API_ENDPOINT", tpu_url)
-        monkeypatch.setenv("LOGGING_API_ENDPOINT", log_url)
-        monkeypatch.setenv("TPU_RUNS_REQUESTER", ALICE)
-        monkeypatch.chdir(tmp_path)
-        yield World(storage, tpu, logs, tmp_path, metadata)
+    with runs_cloud(World, monkeypatch, tmp_path, project=PROJECT, buckets=(STATUS, ARTIFACTS, MODELS), vms=(VM,),
+                    requester=ALICE) as world:  # fmt: skip
+        yield world
 
 
 def a_folder(root: Path) -> Path:
@@ -120,9 +96,9 @@ def test_a_researcher_submits_follows_fetches_and_stops_a_run(world: World, caps
         world.run("submit", "--vm", VM, "--folder", str(folder), "--run-id", "exp-1", "--", "python", "train.py") == 0
     )
     digest = package(folder).sha256  # as the stack packages its folders (infra/packaging.py)
-    assert world.objects(ARTIFACTS) == [f"sources/{digest}.tar.gz"]
-    assert hashlib.sha256(world.read(ARTIFACTS, f"sources/{digest}.tar.gz")).hexdigest() == digest
-    (request,) = world.objects(STATUS, f"{VM}/requests/")
+    assert world.names(ARTIFACTS) == [f"sources/{digest}.tar.gz"]
+    assert hashlib.sha256(world.read(ARTIFACTS, f"sources/{digest}.tar.gz") or b"").hexdigest() == digest
+    (request,) = world.names(STATUS, f"{VM}/requests/")
     assert request.endswith("-exp-1.json")
 
     # The VM's agent takes it: the run spec as submitted, the request gone, the run queued.
@@ -130,7 +106,7 @@ def test_a_researcher_submits_follows_fetches_and_stops_a_run(world: World, caps
     assert isinstance(taken, RunSpec) and taken.run_id == "exp-1" and taken.command == ("python", "train.py")
     assert taken.source == FolderSource(f"gs://{ARTIFACTS}/sources/{digest}.tar.gz", digest)
     assert taken.requester == ALICE
-    assert world.objects(STATUS, f"{VM}/requests/") == []
+    assert world.names(STATUS, f"{VM}/requests/") == []
     assert world.agent().next(0) is None  # never taken twice
 
     capsys.readouterr()
@@ -141,7 +117,7 @@ def test_a_researcher_submits_follows_fetches_and_stops_a_run(world: World, caps
 
     # The agent ships the program's lines to Cloud Logging (telemetry); the researcher follows them.
     log = f"projects/{PROJECT}/logs/tpu-workload"
-    world.logging.entries += [
+    world.logs.entries += [
         {"logName": log, "timestamp": "2026-11-30T04:00:01Z", "severity": "INFO",
          "labels": {"runId": "exp-1", "vm": VM, "worker": "0"}, "jsonPayload": {"step": 10, "loss": 0.5}},
         {"logName": log, "timestamp": "2026-11-30T04:00:02Z", "severity": "INFO",
@@ -169,8 +145,8 @@ def test_a_researcher_submits_follows_fetches_and_stops_a_run(world: World, caps
     assert world.run("stop", "--vm", VM, "exp-2") == 0
     assert world.agent().next(0) == StopRequest("exp-2")
 
-    assert world.session.violations == [] and world.tpu.violations == [] and world.logging.violations == []
-    called = set(world.session.methods) | set(world.tpu.methods) | set(world.logging.methods)
+    assert world.session.violations == [] and world.tpu.violations == [] and world.logs.violations == []
+    called = set(world.session.methods) | set(world.tpu.methods) | set(world.logs.methods)
     assert called == {m for methods in RESEARCHER_CALLS.values() for m in methods}
 
 
@@ -179,7 +155,7 @@ def test_an_image_run_names_the_registry_image_by_digest(world: World):
     assert world.run("submit", "--vm", VM, "--image", image, "--run-id", "img-1", "--", "python", "-m", "t") == 0
     taken = world.agent().next(0)
     assert isinstance(taken, RunSpec) and taken.source == ImageSource(image)
-    assert world.objects(ARTIFACTS) == []
+    assert world.names(ARTIFACTS) == []
 
 
 @pytest.mark.parametrize("image", ["busybox:latest", f"us-central1-docker.pkg.dev/p/r/i:{'b' * 8}"])
@@ -195,7 +171,7 @@ def test_the_cli_refuses_a_vm_that_does_not_allow_self_service_before_any_call(w
     err = capsys.readouterr().err
     assert "TPU VM reviewed-v5e-8 of stack 'self-service' does not take self-service runs" in err
     assert "Traceback" not in err
-    assert world.session.methods == [] and world.objects(STATUS) == [] and world.objects(ARTIFACTS) == []
+    assert world.session.methods == [] and world.names(STATUS) == [] and world.names(ARTIFACTS) == []
 
 
 def test_an_unknown_vm_or_stack_is_said_in_words(world: World, capsys):

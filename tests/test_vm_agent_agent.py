@@ -62,6 +62,11 @@ def state(cloud, vm: str, run_id: str) -> dict:
     return read_json(cloud, STATUS, f"{vm}/runs/{run_id}/status.json") or {}
 
 
+def wait_state(cloud, vm: str, run_id: str, wanted: str, timeout: float, what: str) -> None:
+    """Until the run's state record says `wanted`."""
+    wait_for(lambda: state(cloud, vm, run_id).get("state") == wanted, timeout, what, interval=0.3)
+
+
 def steps(cloud, prefix: str) -> list[int]:
     names = cloud["storage"].list(CHECKPOINTS, prefix)
     return sorted(int(n.rsplit("ckpt-", 1)[1][:-5]) for n in names if "/ckpt-" in n)
@@ -110,8 +115,7 @@ def preempt_resume_complete(cloud, vm: Vm, run_id: str, prefix: str) -> None:
 
     vm.boot()  # the reboot: the same desired run resumes from its checkpoint
     try:
-        wait_for(lambda: state(cloud, vm.env["TPU_PLATFORM_VM"], run_id).get("state") == "finished", 120,
-                 "the resumed run to finish", interval=0.3)  # fmt: skip
+        wait_state(cloud, vm.env["TPU_PLATFORM_VM"], run_id, "finished", 120, "the resumed run to finish")
     except TimeoutError as error:
         raise AssertionError(f"{error}; the agent's log:\n{vm.log()[-3000:]}") from None
     assert vm.lines("resumed from checkpoint")[-1]["step"] == preempted_at
@@ -184,8 +188,7 @@ def test_a_changed_run_setting_starts_the_new_run_without_a_reboot(cloud, tmp_pa
         try:
             wait_for(lambda: len(steps(cloud, "a/")) >= 2, 120, "the first run's checkpoints", interval=0.2)
             metadata.set("tpu-platform-run", second)  # what `pulumi up` changing the run settings does
-            wait_for(lambda: state(cloud, "change-vm", "dev/trainer/trainer-1/b").get("state") == "finished", 120,
-                     "the new run to finish", interval=0.3)  # fmt: skip
+            wait_state(cloud, "change-vm", "dev/trainer/trainer-1/b", "finished", 120, "the new run to finish")
         finally:
             code = vm.shut_down()
         assert code == 0
@@ -238,12 +241,10 @@ def test_a_removed_run_stops_cleanly_and_resumes_when_it_is_wanted_again(cloud, 
         try:
             wait_for(lambda: len(steps(cloud, "again/")) >= 2, 120, "checkpoints", interval=0.2)
             metadata.delete("tpu-platform-run")  # the stack no longer wants a run on this VM
-            wait_for(lambda: state(cloud, "again-vm", "dev/trainer/trainer-1/again").get("state") == "stopped", 60,
-                     "the run to stop", interval=0.2)  # fmt: skip
+            wait_state(cloud, "again-vm", "dev/trainer/trainer-1/again", "stopped", 60, "the run to stop")
             stopped_at = steps(cloud, "again/")[-1]
             metadata.set("tpu-platform-run", spec)
-            wait_for(lambda: state(cloud, "again-vm", "dev/trainer/trainer-1/again").get("state") == "finished", 120,
-                     "the run to finish", interval=0.3)  # fmt: skip
+            wait_state(cloud, "again-vm", "dev/trainer/trainer-1/again", "finished", 120, "the run to finish")
         finally:
             assert vm.shut_down() == 0
     assert vm.lines("resumed from checkpoint")[-1]["step"] == stopped_at

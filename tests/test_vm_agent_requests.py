@@ -14,14 +14,12 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import pytest
 import requests
 
-from tests.logging_api import LoggingState, logging_standin
-from tests.sandbox import MetadataHost, metadata_server, storage_emulator, wait_for
-from tests.tpu_api import tpu_api_standin
+from tests.runs_cloud import RunsCloud, runs_cloud
+from tests.sandbox import wait_for
 from tests.vm_agent_support import agent_environ, run_spec, start_agent, trainer_folder
 from tpu_runs import cli
 from vm_agent.settings import Settings, SettingsError
@@ -35,24 +33,12 @@ CHECKPOINTS = STACK.cfg.bucket_name("checkpoints")
 ALICE = "user:alice@acme.example"
 
 
-class Cloud:
+class Cloud(RunsCloud):
     """The emulator, the stand-ins, and `tpu-runs` pointed at them."""
-
-    def __init__(self, storage: str, logging: str, logs: LoggingState, metadata: MetadataHost, tmp: Path):
-        self.storage, self.logging, self.logs, self.metadata, self.tmp = storage, logging, logs, metadata, tmp
 
     def tpu_runs(self, *argv: str) -> int:
         argv = (argv[0], "--stack", "self-service", "--stack-file", str(EXAMPLE), *argv[1:])
         return cli.main(argv, requests.Session())
-
-    def read(self, bucket: str, name: str) -> bytes | None:
-        answer = requests.get(f"{self.storage}/storage/v1/b/{bucket}/o/{quote(name, safe='')}",
-                              params={"alt": "media"}, timeout=10)  # fmt: skip
-        return answer.content if answer.status_code == 200 else None
-
-    def names(self, bucket: str, prefix: str) -> list[str]:
-        answer = requests.get(f"{self.storage}/storage/v1/b/{bucket}/o", params={"prefix": prefix}, timeout=10)
-        return sorted(item["name"] for item in answer.json().get("items", []))
 
     def state(self, vm: str, run_id: str) -> dict[str, Any]:
         raw = self.read(STACK.status, f"{vm}/runs/{run_id}/status.json")
@@ -65,23 +51,10 @@ class Cloud:
 
 @pytest.fixture
 def cloud(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cloud]:
-    with (
-        storage_emulator() as storage,
-        tpu_api_standin() as (tpu_url, tpu),
-        logging_standin() as (logging_url, logs),
-        metadata_server({}) as metadata,  # no stack run on this VM: the capacity is the researchers'
-    ):
-        for bucket in (STACK.status, STACK.artifacts, STACK.models, CHECKPOINTS):
-            requests.post(f"{storage}/storage/v1/b", params={"project": PROJECT}, json={"name": bucket},
-                          timeout=10).raise_for_status()  # fmt: skip
-        for vm in (SHARED, REVIEWED):
-            tpu.add({"name": f"projects/{PROJECT}/locations/us-central1-a/nodes/{vm}", "state": "READY"})
-        monkeypatch.setenv("STORAGE_EMULATOR_HOST", storage)
-        monkeypatch.setenv("TPU_API_ENDPOINT", tpu_url)
-        monkeypatch.setenv("LOGGING_API_ENDPOINT", logging_url)
-        monkeypatch.setenv("TPU_RUNS_REQUESTER", ALICE)
-        monkeypatch.chdir(tmp_path)
-        yield Cloud(storage, logging_url, logs, metadata, tmp_path)
+    buckets = (STACK.status, STACK.artifacts, STACK.models, CHECKPOINTS)
+    with runs_cloud(Cloud, monkeypatch, tmp_path, project=PROJECT, buckets=buckets, vms=(SHARED, REVIEWED),
+                    requester=ALICE) as cloud:  # fmt: skip
+        yield cloud
 
 
 class Agent:
@@ -207,14 +180,25 @@ def test_a_request_the_vm_cannot_take_is_refused_by_its_agent_and_recorded(cloud
     assert not agent.lines("starting run") and "Traceback" not in agent.log()
 
 
-@pytest.mark.slow
-def test_the_stacks_run_comes_first_and_a_preempted_request_resumes_after_it(cloud: Cloud):
+def exp_1_checkpointing(cloud: Cloud, step_seconds: float) -> Agent:
+    """`tpu-runs submit` of exp-1 (12 steps) to the shared VM, and its agent, once the run has written
+    two checkpoints (the agent is shut down if it never does)."""
     folder = trainer_folder(cloud.tmp)
-    submit = ("submit", "--vm", SHARED, "--folder", str(folder), "--env", "STEP_SECONDS=0.2")
+    submit = ("submit", "--vm", SHARED, "--folder", str(folder), "--env", f"STEP_SECONDS={step_seconds}")
     assert cloud.tpu_runs(*submit, "--run-id", "exp-1", "--", "python", "train.py", "--steps", "12") == 0
     agent = Agent(cloud, SHARED)
     try:
         agent.wait(lambda: len(cloud.steps(SHARED, "exp-1")) >= 2, "exp-1's checkpoints")
+    except BaseException:
+        agent.shut_down()
+        raise
+    return agent
+
+
+@pytest.mark.slow
+def test_the_stacks_run_comes_first_and_a_preempted_request_resumes_after_it(cloud: Cloud):
+    agent = exp_1_checkpointing(cloud, step_seconds=0.2)
+    try:
         # The stack's run appears (pulumi up): the request makes way, with its checkpoint.
         assert cloud.read(STACK.status, cloud.state(SHARED, "exp-1")["request"]) is None  # taken once
         sha = cloud.state(SHARED, "exp-1")["source"]["sha256"]
@@ -240,14 +224,8 @@ def test_the_stacks_run_comes_first_and_a_preempted_request_resumes_after_it(clo
 
 @pytest.mark.slow
 def test_a_request_run_stopped_by_the_vm_shutting_down_resumes_on_the_next_boot(cloud: Cloud):
-    folder = trainer_folder(cloud.tmp)
-    submit = ("submit", "--vm", SHARED, "--folder", str(folder), "--env", "STEP_SECONDS=0.25")
-    assert cloud.tpu_runs(*submit, "--run-id", "exp-1", "--", "python", "train.py", "--steps", "12") == 0
-    agent = Agent(cloud, SHARED)
-    try:
-        agent.wait(lambda: len(cloud.steps(SHARED, "exp-1")) >= 2, "exp-1's checkpoints")
-    finally:
-        assert agent.shut_down() == 0  # a spot preemption or a stop of the VM
+    agent = exp_1_checkpointing(cloud, step_seconds=0.25)
+    assert agent.shut_down() == 0  # a spot preemption or a stop of the VM
     waiting = cloud.state(SHARED, "exp-1")
     assert waiting["state"] == "queued" and "shutdown or preemption" in waiting["error"], agent.log()[-3000:]
     assert cloud.names(STACK.status, f"{SHARED}/requests/") == []  # nothing left to take: the state is the record

@@ -8,9 +8,12 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import ClassVar
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import pytest
 
+from tests.loopback import Handler, serve
 from tests.sandbox import metadata_server
 from tests.vm_agent_support import ARTIFACTS, REGISTRY
 from vm_agent.sources import (
@@ -169,3 +172,47 @@ def test_tokens_come_from_the_metadata_server_unless_an_emulator_is_used():
         storage = Storage(environ={"TPU_PLATFORM_METADATA_URL": host.url})
         assert storage.base == "https://storage.googleapis.com" and storage.tokens is not None
         assert Storage(environ={"STORAGE_EMULATOR_HOST": "127.0.0.1:9"}).tokens is None  # an emulator needs none
+
+
+class _CreateOnlyGcs(Handler):
+    """Objects by name, as Cloud Storage answers a create-only upload (412 when the name exists,
+    https://cloud.google.com/storage/docs/request-preconditions) and a delete of a missing object (404)."""
+
+    objects: ClassVar[dict[str, bytes]]
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        query = parse_qs(urlsplit(self.path).query)
+        name, data = query["name"][0], self.body()
+        if query.get("ifGenerationMatch") != ["0"]:
+            self.answer(400, {"error": {"code": 400, "message": "a create without ifGenerationMatch=0"}})
+        elif name in self.objects:
+            self.answer(412, {"error": {"code": 412, "message": "conditionNotMet"}})
+        else:
+            self.objects[name] = data
+            self.answer(200, {"name": name})
+
+    def do_DELETE(self) -> None:  # noqa: N802 - http.server's name
+        name = unquote(urlsplit(self.path).path.rsplit("/o/", 1)[1])
+        if self.objects.pop(name, None) is None:
+            self.answer(404, {"error": {"code": 404, "message": "No such object"}})
+        else:
+            self.answer(204, b"")
+
+
+def test_a_folder_creates_new_objects_only_and_deleting_a_gone_one_is_no_error(tmp_path: Path):
+    from vm_agent.gcs import Folder, Storage
+
+    objects: dict[str, bytes] = {}
+    with serve(_CreateOnlyGcs, objects=objects) as url:
+        remote = Folder("gs://status/vm", Storage(environ={"STORAGE_EMULATOR_HOST": url}))
+        local = Folder(str(tmp_path / "status"))
+        for folder in (remote, local):
+            assert folder.create("runs/a/status.json", b"first") is True
+            assert folder.create("runs/a/status.json", b"second") is False
+        assert objects == {"vm/runs/a/status.json": b"first"} and local.read("runs/a/status.json") == b"first"
+        for folder in (remote, local):
+            folder.delete("runs/a/status.json")
+            folder.delete("runs/a/status.json")  # gone already: no error
+            assert folder.create("runs/a/status.json", b"third") is True
+    assert objects == {"vm/runs/a/status.json": b"third"}
+    assert (tmp_path / "status" / "runs/a/status.json").read_bytes() == b"third"

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import http.server
 import json
 import threading
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ from typing import Any, ClassVar
 from urllib.parse import parse_qs, urlsplit
 
 from tests.contracts import Call, ContractError, api
+from tests.loopback import Handler, serve
 
 
 @dataclass
@@ -51,20 +51,11 @@ class TpuState:
         return out
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
+class _Handler(Handler):
     state: ClassVar[TpuState]
 
-    def _answer(self, status: int, body: Any) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
     def _handle(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length else b""
+        raw = self.body()
         body = json.loads(raw) if raw else None
         call = Call(self.command, self.path, body)
         state = self.state
@@ -76,16 +67,16 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             except ContractError as error:
                 state.violations.append(str(error))
                 state.methods.append("invalid")
-                self._answer(400, {"error": {"code": 400, "message": str(error), "status": "INVALID_ARGUMENT"}})
+                self.answer(400, {"error": {"code": 400, "message": str(error), "status": "INVALID_ARGUMENT"}})
                 return
             state.methods.append(method.id)
             kind = method.id.rsplit(".", 1)[-1]
             if state.failures.get(kind):
                 state.failures[kind] -= 1
-                self._answer(500, {"error": {"code": 500, "message": f"stand-in: {kind} fails", "status": "INTERNAL"}})
+                self.answer(500, {"error": {"code": 500, "message": f"stand-in: {kind} fails", "status": "INTERNAL"}})
                 return
             status, answer = self._apply(method.id, urlsplit(self.path), body or {})
-        self._answer(status, answer)
+        self.answer(status, answer)
 
     def _apply(self, method: str, url: Any, body: dict[str, Any]) -> tuple[int, Any]:
         nodes = self.state.nodes
@@ -122,20 +113,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     do_GET = do_POST = do_DELETE = do_PATCH = _handle  # noqa: N815 - the http.server method names
 
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
 
 @contextlib.contextmanager
 def tpu_api_standin() -> Iterator[tuple[str, TpuState]]:
     """Yields the stand-in's base URL (for TPU_API_ENDPOINT) and its state."""
     state = TpuState()
-    handler = type("Handler", (_Handler,), {"state": state})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    # shutdown() waits for the serving loop's next poll: 0.5 s by default, half a second per test.
-    threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", state
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve(_Handler, state=state) as url:
+        yield url, state

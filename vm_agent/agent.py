@@ -88,7 +88,7 @@ class Agent:
             watched.append((FROM_REQUESTS, self.requests))
             try:
                 self.pending.extend(self.requests.unfinished())  # taken before a reboot: resumed first
-            except (OSError, ValueError) as error:
+            except (StorageError, OSError, ValueError) as error:
                 log(f"cannot read the request runs to resume: {error}", severity="WARNING")
             for spec in self.pending:
                 log(f"request {spec.request} resumes after a restart", run=spec.run_id)

@@ -92,12 +92,13 @@ class Storage:
     """The objects calls the agent makes."""
 
     def __init__(self, tokens: Tokens | None = None, environ: Mapping[str, str] | None = None):
+        """An emulator asks for no token unless `tokens` is given (a sandbox that checks the token)."""
         environ = os.environ if environ is None else environ
         emulator = environ.get("STORAGE_EMULATOR_HOST", "")
         if emulator and "://" not in emulator:
             emulator = "http://" + emulator
         self.base = (emulator or GCS_URL).rstrip("/")
-        self.tokens = None if emulator else (tokens or Tokens(metadata_url(environ)))
+        self.tokens = tokens if tokens is not None or emulator else Tokens(metadata_url(environ))
 
     def _request(self, method: str, url: str, data: bytes | None = None, content_type: str = "") -> bytes:
         headers = {}
@@ -149,6 +150,20 @@ class Storage:
         ])  # fmt: skip
         url = f"{self.base}/upload/storage/v1/b/{bucket}/o?uploadType=multipart"
         self._request("POST", url, body, f"multipart/related; boundary={boundary}")
+
+    def create(self, bucket: str, name: str, data: bytes, content_type: str = "application/octet-stream") -> bool:
+        """A new object only: False when one of that name exists. A media upload with
+        `ifGenerationMatch=0`, which Cloud Storage answers with 412 when the object exists
+        (https://cloud.google.com/storage/docs/request-preconditions). Octet-stream by default: the
+        sandbox's emulator drops a media upload sent as application/json."""
+        query = urllib.parse.urlencode({"uploadType": "media", "name": name, "ifGenerationMatch": "0"})
+        try:
+            self._request("POST", f"{self.base}/upload/storage/v1/b/{bucket}/o?{query}", data, content_type)
+        except StorageError as error:
+            if error.status == 412:
+                return False
+            raise
+        return True
 
     def delete(self, bucket: str, name: str) -> None:
         self._request("DELETE", self._object_url(bucket, name))
@@ -207,6 +222,30 @@ class Folder:
         partial = path.with_name(path.name + ".partial")
         partial.write_bytes(data)
         partial.replace(path)  # whole or not at all, as an object write is
+
+    def create(self, name: str, data: bytes) -> bool:
+        """A new object only (Storage.create): False when one of that name exists."""
+        if self.remote:
+            return self.storage.create(*self._where(name), data)
+        path = Path(self.url) / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with open(path, "xb") as out:
+                out.write(data)
+        except FileExistsError:
+            return False
+        return True
+
+    def delete(self, name: str) -> None:
+        """Remove the object; one already gone is no error."""
+        if not self.remote:
+            (Path(self.url) / name).unlink(missing_ok=True)
+            return
+        try:
+            self.storage.delete(*self._where(name))
+        except StorageError as error:
+            if error.status != 404:
+                raise
 
     def names(self, prefix: str = "") -> Iterator[str]:
         if not self.remote:

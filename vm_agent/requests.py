@@ -36,13 +36,11 @@ import os
 import re
 import sys
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any, Callable, Mapping
 
+from vm_agent.gcs import Folder, Storage, StorageError, Tokens, metadata_url
 from vm_agent.sources import Allowed, FolderSource, RunSpec, SpecError, StopRequest, parse_run_spec
 
 # A request is a run spec (vm_agent/sources.py parses it, as it parses the stack's) with fewer fields:
@@ -111,101 +109,6 @@ class RunPlaces:
 
 
 # --------------------------------------------------------------------------------------------------
-# Cloud Storage JSON API with the VM's own account (metadata-server token), or the emulator.
-# --------------------------------------------------------------------------------------------------
-METADATA_URL = "http://metadata.google.internal/computeMetadata/v1"
-STORAGE = "https://storage.googleapis.com"
-
-
-class StorageError(OSError):
-    def __init__(self, status: int, message: str):
-        super().__init__(f"{status}: {message}")
-        self.status = status
-
-
-class Gcs:
-    """The five calls the source makes: objects.list, get (media), insert (media), delete; and a token."""
-
-    def __init__(self, bucket: str, *, metadata_url: str = METADATA_URL, emulator: str | None = None):
-        self.bucket = bucket
-        self.base = emulator.rstrip("/") if emulator else STORAGE
-        self.metadata_url = metadata_url.rstrip("/")
-        self._token: tuple[str, float] | None = None
-
-    def _auth(self) -> dict[str, str]:
-        """The VM account's token, from the metadata server (the emulator, in the sandbox, ignores it)."""
-        if self._token is None or self._token[1] < time.time() + 60:
-            request = urllib.request.Request(
-                f"{self.metadata_url}/instance/service-accounts/default/token", headers={"Metadata-Flavor": "Google"}
-            )
-            with urllib.request.urlopen(request, timeout=10) as answer:
-                token = json.load(answer)
-            self._token = (token["access_token"], time.time() + float(token.get("expires_in", 300)))
-        return {"Authorization": f"Bearer {self._token[0]}"}
-
-    def _call(self, method: str, url: str, data: bytes | None = None, headers: Mapping[str, str] = {}) -> bytes:
-        request = urllib.request.Request(url, data=data, method=method, headers={**self._auth(), **headers})
-        try:
-            with urllib.request.urlopen(request, timeout=30) as answer:
-                return answer.read()
-        except urllib.error.HTTPError as error:
-            raise StorageError(error.code, error.read().decode(errors="replace")[:300]) from None
-
-    def _object_url(self, name: str, upload: bool = False) -> str:
-        bucket = urllib.parse.quote(self.bucket, safe="")
-        if upload:
-            return f"{self.base}/upload/storage/v1/b/{bucket}/o"
-        return f"{self.base}/storage/v1/b/{bucket}/o/{urllib.parse.quote(name, safe='')}"
-
-    def list(self, prefix: str) -> list[str]:
-        names: list[str] = []
-        token = ""
-        while True:
-            query = {"prefix": prefix, "fields": "items(name),nextPageToken"}
-            if token:
-                query["pageToken"] = token
-            url = (
-                f"{self.base}/storage/v1/b/{urllib.parse.quote(self.bucket, safe='')}/o?{urllib.parse.urlencode(query)}"
-            )
-            page = json.loads(self._call("GET", url) or b"{}")
-            names += [item["name"] for item in page.get("items", [])]
-            token = page.get("nextPageToken", "")
-            if not token:
-                return names
-
-    def get(self, name: str) -> bytes | None:
-        try:
-            return self._call("GET", self._object_url(name) + "?alt=media")
-        except StorageError as error:
-            if error.status == 404:
-                return None
-            raise
-
-    def create(self, name: str, data: bytes) -> bool:
-        """A new object only (ifGenerationMatch=0); False when one of that name exists."""
-        query = urllib.parse.urlencode({"uploadType": "media", "name": name, "ifGenerationMatch": "0"})
-        try:
-            self._call(
-                "POST",
-                f"{self._object_url(name, upload=True)}?{query}",
-                data,
-                {"Content-Type": "application/octet-stream"},
-            )  # fmt: skip (tpu_runs/cli.py JSON_BYTES: why)
-        except StorageError as error:
-            if error.status == 412:
-                return False
-            raise
-        return True
-
-    def delete(self, name: str) -> None:
-        try:
-            self._call("DELETE", self._object_url(name))
-        except StorageError as error:
-            if error.status != 404:
-                raise
-
-
-# --------------------------------------------------------------------------------------------------
 # The source.
 # --------------------------------------------------------------------------------------------------
 # A request run's states from which a reboot resumes it (vm_agent/runner.py STATES).
@@ -234,7 +137,7 @@ class RequestSource:
         registry: str,
         *,
         self_service: bool,
-        gcs: Gcs | None = None,
+        storage: Storage | None = None,
         places: RunPlaces | None = None,
         poll_s: float = 10.0,
         log: Callable[[str], None] | None = None,
@@ -247,7 +150,7 @@ class RequestSource:
         self.places = places or RunPlaces("", "", "", self.vm)
         self.self_service = self_service
         self.refusal = refusal  # why every request here is refused, beyond self-service being off
-        self.gcs = gcs or Gcs(bucket)
+        self.bucket = Folder(f"gs://{bucket}", storage)  # the whole status bucket: names are object names
         self.poll_s = poll_s
         self.prefix = f"{self.vm}/requests/"
         self.log = log or (lambda line: print(f"requests: {line}", file=sys.stderr, flush=True))
@@ -255,12 +158,8 @@ class RequestSource:
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ, log: Callable[[str], None] | None = None) -> RequestSource:
         """From agent.env (docs/design-runs.md)."""
-        bucket, vm = _split_gs(env["TPU_PLATFORM_STATUS_DIR"])
-        gcs = Gcs(
-            bucket,
-            metadata_url=env.get("TPU_PLATFORM_METADATA_URL") or METADATA_URL,
-            emulator=env.get("STORAGE_EMULATOR_HOST") or None,
-        )
+        vm = _split_gs(env["TPU_PLATFORM_STATUS_DIR"])[1]
+        storage = Storage(Tokens(metadata_url(env)), env)  # the VM account's token, with an emulator too
         places = RunPlaces(
             env.get("TPU_PLATFORM_CHECKPOINTS", ""), env.get("TPU_PLATFORM_MODELS", ""),
             env.get("TPU_PLATFORM_WORKLOAD", ""), vm,
@@ -270,7 +169,7 @@ class RequestSource:
             env.get("TPU_PLATFORM_ARTIFACTS", ""),
             env.get("TPU_PLATFORM_REGISTRY", ""),
             self_service=env.get("TPU_PLATFORM_SELF_SERVICE", "0") == "1",
-            gcs=gcs,
+            storage=storage,
             places=places,
             log=log,
         )
@@ -280,7 +179,7 @@ class RequestSource:
         while True:
             try:
                 found = self._poll()
-            except (OSError, ValueError) as error:  # the network or the API: try again next time
+            except (StorageError, OSError, ValueError) as error:  # the network or the API: try again next time
                 self.log(f"listing {self.prefix} failed: {error}")
                 found = None
             if found is not None:
@@ -297,10 +196,10 @@ class RequestSource:
         if not self.self_service or self.refusal:
             return []
         found: list[tuple[str, RunSpec]] = []
-        for name in self.gcs.list(f"{self.vm}/runs/"):
+        for name in self.bucket.names(f"{self.vm}/runs/"):
             if not name.endswith("/status.json"):
                 continue
-            raw = self.gcs.get(name)
+            raw = self.bucket.read(name)
             try:
                 state = json.loads(raw) if raw else {}
             except ValueError:
@@ -320,7 +219,7 @@ class RequestSource:
         return f"{self.vm}/runs/{run_id}/status.json"
 
     def _poll(self) -> RunSpec | StopRequest | None:
-        for name in sorted(self.gcs.list(self.prefix)):
+        for name in sorted(self.bucket.names(self.prefix)):
             taken = self._take(name)
             if taken is not None:
                 return taken
@@ -332,7 +231,7 @@ class RequestSource:
         if match is None:
             return self._refuse(name, None, None, f"not a request for VM {self.vm}: the name must be "
                                 f"{self.prefix}<UTC yyyymmddThhmmssZ>-[stop-]<runId>.json")  # fmt: skip
-        raw = self.gcs.get(name)
+        raw = self.bucket.read(name)
         if raw is None:
             return None  # taken meanwhile
         try:
@@ -347,7 +246,7 @@ class RequestSource:
         if match["stop"]:
             if not (isinstance(data, dict) and set(data) == {"stop"} and data["stop"] == match["run"]):
                 return self._refuse(name, None, data, f'a stop request is {{"stop": "{match["run"]}"}}')
-            self.gcs.delete(name)
+            self.bucket.delete(name)
             self.log(f"stop {match['run']} (requested by {name})")
             return StopRequest(match["run"])
         try:
@@ -368,18 +267,18 @@ class RequestSource:
         # emulator ignores preconditions); the precondition closes the race on Cloud Storage, where a
         # create with ifGenerationMatch=0 fails with 412 if the object exists (docs: request preconditions).
         existing = self._state(spec.run_id)
-        if existing or not self.gcs.create(self.state_name(spec.run_id), json.dumps(state).encode()):
+        if existing or not self.bucket.create(self.state_name(spec.run_id), json.dumps(state).encode()):
             existing = existing or self._state(spec.run_id)
             if existing.get("request") == name:
-                self.gcs.delete(name)  # taken before a restart: never replayed
+                self.bucket.delete(name)  # taken before a restart: never replayed
                 return None
             return self._refuse(name, None, data, f"run id {spec.run_id!r} was used before on {self.vm}")
-        self.gcs.delete(name)
+        self.bucket.delete(name)
         self.log(f"run {spec.run_id} from {spec.requester} (request {name})")
         return spec
 
     def _state(self, run_id: str) -> dict[str, Any]:
-        raw = self.gcs.get(self.state_name(run_id))
+        raw = self.bucket.read(self.state_name(run_id))
         try:
             return json.loads(raw) if raw else {}
         except ValueError:
@@ -395,12 +294,12 @@ class RequestSource:
             "requester": requester if isinstance(requester, str) else None, "source": None, "request": name,
         }  # fmt: skip
         key = run_id if run_id and RUN_ID.fullmatch(run_id) and not self._state(run_id) else None
-        written = key is not None and self.gcs.create(
+        written = key is not None and self.bucket.create(
             self.state_name(key), json.dumps({"runId": key, **record}).encode()
         )
         if not written:
             key = "refused-" + re.sub(r"[^a-z0-9-]", "-", base.lower())[:60]
-            self.gcs.create(self.state_name(key), json.dumps({"runId": key, **record}).encode())
-        self.gcs.delete(name)
+            self.bucket.create(self.state_name(key), json.dumps({"runId": key, **record}).encode())
+        self.bucket.delete(name)
         self.log(f"refused {name}: {reason}")
         return None
