@@ -220,7 +220,7 @@ def metadata_server(attributes: dict[str, str]) -> Iterator[MetadataHost]:
     """A GCE metadata server on loopback answering instance attributes; yields GCE_METADATA_HOST."""
     handler = type("Handler", (_MetadataHandler,), {"attributes": dict(attributes), "changed": threading.Condition()})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True)  # a quick shutdown()
     thread.start()
     host = MetadataHost(f"127.0.0.1:{server.server_address[1]}")
     host.handler = handler
@@ -262,7 +262,7 @@ def tpu_api() -> Iterator[tuple[str, list[tuple[str, str, str]]]]:
     """A stand-in for tpu.googleapis.com on loopback; yields its base URL and the calls it received."""
     handler = type("Handler", (_TpuApiHandler,), {"calls": []})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True).start()  # a quick shutdown()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}", handler.calls
     finally:
