@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import ClassVar
 
+from google.cloud import storage as storage_client
+
 from tests.workloads import workloads_python
 
 SYSTEMCTL_SHIM = '''#!{python}
@@ -341,3 +343,20 @@ class Vm:
     def starts(self) -> int:
         path = self.state / "starts"
         return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def deployed_stack(folders: tuple[str, ...], prefix: str = "acme-ml-sandbox-dev") -> storage_client.Client:
+    """The dev stack's buckets on the running emulator (STORAGE_EMULATOR_HOST), with what `pulumi up`
+    uploads to the artifacts bucket (infra/artifacts.py): the agent and these folders, by content."""
+    from infra import naming
+    from infra.packaging import repository_folder
+    from infra.tpu.metadata import AGENT_FOLDER
+
+    client = storage_client.Client()
+    for purpose in ("data", "checkpoints", "models", "status", "artifacts"):
+        client.create_bucket(f"{prefix}-{purpose}")
+    artifacts = client.bucket(f"{prefix}-artifacts")
+    for folder in (AGENT_FOLDER, *folders):
+        archive = repository_folder(folder)
+        artifacts.blob(naming.source_object(archive.sha256)).upload_from_string(archive.data)
+    return client

@@ -31,12 +31,11 @@ from typing import Any
 import pytest
 from google.cloud import storage
 
-from infra import naming
 from infra.config import parse_stack_config
 from infra.packaging import repository_folder
 from infra.startup import AGENT_UNIT, RUN_ATTRIBUTE
-from infra.tpu.metadata import AGENT_FOLDER, source_digests, vm_metadata
-from tests.sandbox import SANDBOX_TOKEN, Vm, metadata_server, storage_emulator, wait_for
+from infra.tpu.metadata import source_digests, vm_metadata
+from tests.sandbox import SANDBOX_TOKEN, Vm, deployed_stack, metadata_server, storage_emulator, wait_for
 from tests.support import stack_config, with_object
 from tests.vm_agent_support import CONTRACT, image_folder, install_docker_shim, wheelhouse
 
@@ -55,14 +54,7 @@ STATUS = "acme-ml-sandbox-dev-status"
 def emulator() -> Iterator[storage.Client]:
     with storage_emulator() as host:
         os.environ["STORAGE_EMULATOR_HOST"] = host
-        client = storage.Client()
-        for purpose in ("data", "checkpoints", "models", "status", "artifacts"):
-            client.create_bucket(f"acme-ml-sandbox-dev-{purpose}")
-        # What `pulumi up` uploads (infra/artifacts.py): the agent and the stack's folder, by content.
-        artifacts = client.bucket("acme-ml-sandbox-dev-artifacts")
-        for folder in (AGENT_FOLDER, TRAINER):
-            archive = repository_folder(folder)
-            artifacts.blob(naming.source_object(archive.sha256)).upload_from_string(archive.data)
+        client = deployed_stack((TRAINER,))
         yield client
         del os.environ["STORAGE_EMULATOR_HOST"]
 

@@ -23,12 +23,10 @@ import subprocess
 import pytest
 from google.cloud import storage
 
-from infra import naming
 from infra.config import parse_stack_config
-from infra.packaging import repository_folder
 from infra.startup import AGENT_UNIT
-from infra.tpu.metadata import AGENT_FOLDER, source_digests, vm_metadata
-from tests.sandbox import Vm, free_port, metadata_server, storage_emulator, tpu_api, wait_for
+from infra.tpu.metadata import source_digests, vm_metadata
+from tests.sandbox import Vm, deployed_stack, free_port, metadata_server, storage_emulator, tpu_api, wait_for
 from tests.support import stack_config, with_object
 from tests.workloads import WORKLOADS, run_workload, workloads_python
 
@@ -53,14 +51,7 @@ def installed_version(module: str) -> str:
 def emulator(tmp_path_factory):
     with storage_emulator() as host:
         os.environ["STORAGE_EMULATOR_HOST"] = host
-        client = storage.Client()
-        for purpose in ("data", "checkpoints", "models", "status", "artifacts"):
-            client.create_bucket(f"acme-ml-sandbox-dev-{purpose}")
-        # What `pulumi up` uploads (infra/artifacts.py): the agent and the example folders, by content.
-        artifacts = client.bucket("acme-ml-sandbox-dev-artifacts")
-        for folder in (AGENT_FOLDER, "workloads/tf_mnist", "workloads/jax_mnist"):
-            archive = repository_folder(folder)
-            artifacts.blob(naming.source_object(archive.sha256)).upload_from_string(archive.data)
+        client = deployed_stack(("workloads/tf_mnist", "workloads/jax_mnist"))
         sample = tmp_path_factory.mktemp("data") / "mnist.npz"
         subprocess.run(
             [workloads_python(), str(WORKLOADS / "sample_mnist.py"), str(sample), "--train", str(TRAIN)], check=True
