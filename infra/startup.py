@@ -285,6 +285,10 @@ install_unit() {{
 Description=tpu-platform agent: runs workload {spec.workload} on TPU VM {spec.vm} (stack {spec.stack})
 Wants=network-online.target
 After=network-online.target
+# Stopped before Docker at shutdown (the inverse of the start order, systemd.unit(5) After=), so an
+# image run gets its grace period rather than dockerd's own 15 s stop of every container.
+Wants=docker.service
+After=docker.service
 # An agent that keeps failing is given up on after 5 starts an hour, instead of billing in a loop.
 StartLimitIntervalSec=3600
 StartLimitBurst=5
@@ -301,6 +305,9 @@ RestartPreventExitStatus={EXIT_CONFIG}
 # Preemption notice or `systemctl stop`: the agent passes SIGTERM on, the run checkpoints within its
 # grace period, and the agent records the run as stopped.
 KillSignal=SIGTERM
+# mixed: SIGTERM to the agent only (it relays it to the run's process group once), SIGKILL to whatever
+# is left when the stop times out (systemd.kill(5) KillMode=).
+KillMode=mixed
 TimeoutStopSec={spec.grace_seconds + 10}
 StandardOutput=journal
 StandardError=journal

@@ -428,3 +428,14 @@ def test_a_workload_naming_no_framework_boots_without_touching_the_image(tmp_pat
     assert env["TPU_PLATFORM_PIP_CONSTRAINTS"] == ""
     assert (tmp_path / "systemctl").read_text().endswith(f"start {AGENT_UNIT}\n")
     assert not (tmp_path / "shims/version-asked").exists()
+
+
+def test_a_stop_reaches_the_run_once_through_the_agent_and_before_docker_stops():
+    """systemd.kill(5): KillMode=mixed sends SIGTERM to the agent only (it relays it to the run's group
+    once; control-group would signal the run twice) and SIGKILL to what is left at the timeout;
+    systemd.unit(5): After=docker.service stops the agent first at shutdown, so a container gets its
+    grace period, not dockerd's own 15 s stop."""
+    unit = unit_of(render_startup_script(spec()))
+    assert "KillMode=mixed\n" in unit and "KillSignal=SIGTERM\n" in unit
+    assert "After=docker.service\n" in unit and "Wants=docker.service\n" in unit
+    assert "TimeoutStopSec=40\n" in unit  # the 30 s grace and 10 s for the agent's own records

@@ -347,7 +347,9 @@ class Run:
                     [uv, "pip", "install", "--quiet", "--python", python, "-r", "requirements.txt", *constrained]
                 )
         else:
-            steps = [[self.settings.python, "-m", "venv", "--system-site-packages", str(venv)]]
+            # --without-pip: Ubuntu splits ensurepip into python3-venv, which a TPU image need not have; the
+            # image's pip (system site-packages, visible here) installs into the venv all the same.
+            steps = [[self.settings.python, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)]]
             if requirements.is_file():
                 pip = [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-input"]
                 steps.append([*pip, "-r", "requirements.txt", *constrained])

@@ -178,7 +178,7 @@ class EventLog:
 
     def upload_url(self) -> str:
         """The simple media upload (storage.objects.insert) of the whole file to its gs:// folder."""
-        bucket, _, name = self.uri.removeprefix("gs://").partition("/")
+        bucket, _, name = self.uri[len("gs://") :].partition("/")  # str.removeprefix is 3.9+
         query = urllib.parse.urlencode({"uploadType": "media", "name": name})
         return f"{self._storage_url}/upload/storage/v1/b/{urllib.parse.quote(bucket, safe='')}/o?{query}"
 
