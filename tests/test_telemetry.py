@@ -329,3 +329,19 @@ def test_without_a_project_nothing_is_sent_and_it_says_why(rig):
     counts = shipper.close(5)
     assert counts.lost_entries == 1 and not rig.received.calls
     assert any("TPU_PLATFORM_PROJECT is not set" in w for w in warnings)
+
+
+def test_the_longest_lines_in_the_largest_batches_stay_within_loggings_limits(rig):
+    """entries:write takes 10 MB a request and 256 KB an entry (Cloud Logging quotas): lines are cut by
+    characters and batches by count so that even 4-byte UTF-8 characters stay inside both; and one entry
+    Logging still refuses costs only itself (`partialSuccess`, logging.v2 discovery document)."""
+    run = RunSpec("exp-big")
+    for _ in range(telemetry.MAX_ENTRIES_PER_REQUEST + 5):
+        rig.telemetry.ship("\U0001f600" * (telemetry.MAX_LINE_CHARS + 100), run)  # 4 bytes each in UTF-8
+    rig.telemetry.flush()
+    bodies = rig.received.bodies(WRITE)
+    assert [len(b["entries"]) for b in bodies] == [telemetry.MAX_ENTRIES_PER_REQUEST, 5]
+    for body in bodies:
+        assert body["partialSuccess"] is True
+        assert len(json.dumps(body, ensure_ascii=False).encode()) < 10_000_000
+        assert max(len(json.dumps(e, ensure_ascii=False).encode()) for e in body["entries"]) < 256_000
