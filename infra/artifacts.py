@@ -29,7 +29,9 @@ import pulumi_gcp as gcp
 from infra import grants, iam, naming
 from infra.access import iamdata
 from infra.config import Env
+from infra.config.sources import registry
 from infra.packaging import Package
+from infra.storage import lifecycle_rules, private_bucket
 
 ARTIFACTS_APIS = ("storage.googleapis.com", "artifactregistry.googleapis.com", "containerscanning.googleapis.com")
 # Where `pulumi up` writes the archives it uploads (ignored by git): the engine reads them after the
@@ -145,31 +147,17 @@ class WorkloadArtifacts(pulumi.ComponentResource):
         encryption = (
             gcp.storage.BucketEncryptionArgs(default_kms_key_name=args.kms_key_name) if args.kms_key_name else None
         )
-        self.bucket = gcp.storage.Bucket(
+        # Every bucket of the stack is made one way (infra/storage.py), lifecycle rules included: the
+        # noncurrent rules, and incomplete multipart uploads (a researcher's interrupted upload) aborted.
+        self.bucket = private_bucket(
             f"{name}-bucket",
+            env,
             name=self.bucket_name,
-            project=env.project,
+            purpose="artifacts",
             location=args.location,
-            uniform_bucket_level_access=True,
-            public_access_prevention="enforced",
-            versioning=gcp.storage.BucketVersioningArgs(enabled=True),
-            lifecycle_rules=[
-                gcp.storage.BucketLifecycleRuleArgs(
-                    action=gcp.storage.BucketLifecycleRuleActionArgs(type="Delete"),
-                    condition=gcp.storage.BucketLifecycleRuleConditionArgs(
-                        days_since_noncurrent_time=args.noncurrent_version_days, with_state="ARCHIVED"
-                    ),
-                ),
-                gcp.storage.BucketLifecycleRuleArgs(
-                    action=gcp.storage.BucketLifecycleRuleActionArgs(type="Delete"),
-                    condition=gcp.storage.BucketLifecycleRuleConditionArgs(
-                        num_newer_versions=args.noncurrent_versions_to_keep, with_state="ARCHIVED"
-                    ),
-                ),
-            ],
+            lifecycle_rules=lifecycle_rules(args.noncurrent_versions_to_keep, args.noncurrent_version_days),
             encryption=encryption,
             force_destroy=args.destroyable,
-            labels={**env.labels, "purpose": "artifacts"},
             opts=kept,
         )
         self.objects: dict[str, gcp.storage.BucketObject] = {}
@@ -240,5 +228,5 @@ class WorkloadArtifacts(pulumi.ComponentResource):
                     )
                 )
             self.grants[workload] = made
-        self.registry = f"{env.region}-docker.pkg.dev/{env.project}/{naming.artifact_repository(env.stack)}"
+        self.registry = registry(env.region, env.project, naming.artifact_repository(env.stack))
         self.register_outputs({"bucket": self.bucket.name, "registry": self.registry})

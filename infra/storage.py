@@ -52,9 +52,7 @@ class PlatformBuckets(pulumi.ComponentResource):
                 purpose=purpose,
                 location=settings.location,
                 storage_class=settings.storage_class,
-                lifecycle_rules=_lifecycle_rules(
-                    settings.noncurrent_versions_to_keep, settings.noncurrent_version_days
-                ),
+                lifecycle_rules=lifecycle_rules(settings.noncurrent_versions_to_keep, settings.noncurrent_version_days),
                 encryption=self.encryption,
                 force_destroy=destroyable,
                 opts=pulumi.ResourceOptions(
@@ -114,7 +112,7 @@ def private_bucket(
     )
 
 
-def _lifecycle_rules(versions_to_keep: int, noncurrent_days: int) -> list[gcp.storage.BucketLifecycleRuleArgs]:
+def lifecycle_rules(versions_to_keep: int, noncurrent_days: int) -> list[gcp.storage.BucketLifecycleRuleArgs]:
     delete = gcp.storage.BucketLifecycleRuleActionArgs(type="Delete")
     return [
         # Old versions of overwritten objects (checkpoints, `latest` pointers) expire...
