@@ -181,7 +181,7 @@ def researcher_args_of(cfg: PlatformConfig) -> ResearcherArgs:
 
 
 def source_packages(cfg: PlatformConfig, digests: dict[str, str]) -> dict[str, Package]:
-    """The archives to upload, by resource key: each folder source, and the VM agent once it exists."""
+    """The archives to upload, by resource key: each folder source, and the VM agent."""
     out: dict[str, Package] = {}
     folders: dict[str, str] = {}
     for folder in sorted(digests):
@@ -207,11 +207,10 @@ def _package_key(folder: str) -> str:
 
 def artifacts_args(cfg: PlatformConfig, digests: dict[str, str]) -> ArtifactsArgs:
     packages = source_packages(cfg, digests)
-    agent = (AGENT_PACKAGE,) if AGENT_PACKAGE in packages else ()
     self_service = {vm.workload for vm in cfg.self_service_vms}
     workloads = {
         w.name: WorkloadCode(
-            packages=(*agent, *((_package_key(w.source.folder),) if w.source.kind == "folder" else ())),
+            packages=(AGENT_PACKAGE, *((_package_key(w.source.folder),) if w.source.kind == "folder" else ())),
             pulls_images=w.source.kind == "image" or w.name in self_service,
             any_source=w.name in self_service,
         )
