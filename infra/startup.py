@@ -3,19 +3,20 @@
 Pure and deterministic (same inputs, same bytes), so a plan shows no change unless the workload or
 its settings changed. The script runs as root on every boot of every worker of the slice, and is
 idempotent:
-  1. check what the catalog could not know about the image (its Python, its framework), then install
-     the pinned framework and the program's extras only when the image lacks them (S21), the extras
-     under the bounds the framework needs (e.g. protobuf<5 next to TensorFlow < 2.18). A boot whose
-     image cannot run the workload logs one `tpu-platform: FATAL:` line, exits 78 and starts nothing:
-     no restart loop keeps a TPU billing;
-  2. write the program files; fetch the run settings from the metadata server (so a settings change
-     is a metadata update, not a new script);
-  3. if the run's completion marker exists, do nothing more;
-  4. otherwise start it as a systemd service with the environment its runtime needs (and this worker's
-     place in a multi-host slice: worker id, worker count, the coordinator's address): it restarts on
-     failure (a few times an hour at most, never after exit 78, a configuration error), logs structured
-     lines to the journal, and resumes from its newest checkpoint after a reboot, a preemption or a
-     re-created VM.
+  1. check what the catalog could not know about the image (its Python, its framework), and install
+     the pinned framework only when the image lacks it (S21). A boot whose image cannot run the
+     workload logs one `tpu-platform: FATAL:` line, exits 78 and starts nothing: no restart loop
+     keeps a TPU billing;
+  2. fetch the VM agent (vm_agent/, packaged by the stack) as the VM's own account, and keep it only
+     if its bytes hash to the digest the stack shipped;
+  3. write the agent's settings (the `tpu-platform-env` metadata, so a settings change is a metadata
+     update, not a new script) with this worker's place in a multi-host slice (worker id, worker
+     count, the coordinator's address), and install the agent as a systemd unit: it restarts on
+     failure (a few times an hour at most, never after exit 78, a configuration error), logs to the
+     journal and is stopped before Docker with the run's grace period;
+  4. start it. The agent (docs/design-runs.md) runs the workload as the `tpu-platform-run` metadata
+     says: it does nothing for a completed run and resumes an unfinished one from its newest
+     checkpoint after a reboot, a preemption or a re-created VM.
 
 `TPU_PLATFORM_ROOT`, `TPU_PLATFORM_PYTHON`, `GCE_METADATA_HOST` and `TPU_PLATFORM_COORDINATOR_PORT` let
 the tests run the very same script in a sandbox (files under a temporary root, a metadata server on
@@ -47,7 +48,7 @@ _SAFE_CONSTRAINT = re.compile(r"[A-Za-z0-9_.-]+(<|<=|>=|==|!=)[0-9][A-Za-z0-9.]*
 _SAFE_MESSAGE = re.compile(r'[^"$`\n\\]*')
 _SAFE_BUCKET = re.compile(r"[a-z0-9][a-z0-9_.-]{1,220}[a-z0-9]")
 _SAFE_OBJECT = re.compile(r"[A-Za-z0-9_./-]{1,1024}")
-# The start-up script's and the program's exit status for "this configuration cannot work": systemd
+# The start-up script's and the agent's exit status for "this configuration cannot work": systemd
 # does not restart the unit for it (RestartPreventExitStatus), and GCE does not re-run the script.
 EXIT_CONFIG = 78  # EX_CONFIG of sysexits.h
 # Where worker 0 serves JAX's distributed runtime on a multi-host slice: the port JAX itself picks when
@@ -92,10 +93,6 @@ class StartupSpec:
     min_python: str = ""
     install_problem: str = ""
     grace_seconds: int = 30
-
-    @property
-    def unit(self) -> str:
-        return AGENT_UNIT
 
 
 AGENT_UNIT = "tpu-platform-agent.service"
