@@ -171,6 +171,8 @@ class WorkloadArtifacts(pulumi.ComponentResource):
                 source=pulumi.FileAsset(str(write_archive(package))),
                 opts=pulumi.ResourceOptions(parent=self, retain_on_delete=True),
             )
+        # Its fields and enum values as the provider sends them: checked against Artifact Registry v1's
+        # published schema (tests/test_contracts.py, the artifactregistry.v1 discovery document).
         self.repository = gcp.artifactregistry.Repository(
             f"{name}-images",
             project=env.project,

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from tests.contracts import Call, ContractError, api
-from tests.support import plan, stack_config
+from tests.support import fixture_config, plan, stack_config
 from tools.offline.runner import PlanResult
 
 NODE = "projects/acme-ml-sandbox/locations/us-central1-b/nodes/mnist-v2-spot"
@@ -135,3 +135,24 @@ def test_every_alert_policy_is_a_valid_monitoring_v3_alert_policy(stack):
     for policy in policies:
         body = {k: v for k, v in wire(policy.inputs).items() if k != "project"}
         api("monitoring.v3").check_resource("AlertPolicy", body)
+
+
+@pytest.mark.parametrize("stack", ["prod", "sources"])  # prod: the stack's key; sources: pinned images
+def test_the_image_repository_is_a_valid_artifact_registry_v1_repository(stack):
+    """The repository as the provider sends it (Repository.create's body): every field known, every enum
+    value allowed (format, enablementConfig, a cleanup policy's action and tagState), olderThan a
+    google-duration. repositoryId is a query parameter; project and location are the URL's. The provider
+    sends cleanupPolicies as a map keyed by id (magic-modules mmv1/products/artifactregistry/
+    Repository.yaml: `cleanupPolicies: type: Map, key_name: id`), as the API declares the field."""
+    result = plan(fixture_config("sources"), "sources") if stack == "sources" else planned(stack)
+    (repository,) = result.of_type("gcp:artifactregistry/repository:Repository")
+    body = {k: v for k, v in wire(repository.inputs).items() if k not in ("repositoryId", "project", "location")}
+    body["cleanupPolicies"] = {p["id"]: {k: v for k, v in p.items() if k != "id"} for p in body["cleanupPolicies"]}
+    assert {"keep-newest", "delete-old-untagged"} <= set(body["cleanupPolicies"])
+    api("artifactregistry.v1").check_resource("Repository", body)
+
+
+def test_a_cleanup_policy_the_api_does_not_know_fails():
+    policy = {"action": "DELETE", "condition": {"tagState": "UNTAGGED_ONLY", "olderThan": "30d"}}
+    with pytest.raises(ContractError, match=r"tagState = 'UNTAGGED_ONLY'.*olderThan = '30d': a duration"):
+        api("artifactregistry.v1").check_resource("Repository", {"cleanupPolicies": {"old": policy}})
