@@ -14,9 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from infra.config import parse_stack_config
-from infra.config.sources import REPO_ROOT, command_problem, folder_problem, image_problem, parse_image
+from infra.config.sources import REPO_ROOT, command_problem, folder_problem, image_problem, parse_image, registry
 from infra.schema import ConfigError
 from infra.tpu.metadata import vm_metadata
+from tests.contracts import document
 from tests.support import NS, fixture_config, with_object
 
 DIGEST = "0123456789abcdef" * 4
@@ -284,3 +285,10 @@ def test_the_readme_example_parses_with_the_dev_stack():
         "workloads/jax_mnist", ("python", "jax_mnist.py"), "3.11"
     )  # fmt: skip
     assert re.fullmatch(r".*/tpu-dev/eval@sha256:[0-9a-f]{64}", image.source.image)
+
+
+def test_the_registry_is_the_endpoint_artifact_registry_names():
+    """Repository.registryUri in Artifact Registry v1's discovery document: the endpoint images are
+    pushed to and pulled from, `<location>-docker.pkg.dev/<project>/<repository>`."""
+    described = document("artifactregistry.v1")["schemas"]["Repository"]["properties"]["registryUri"]["description"]
+    assert f"`{registry('us', 'my-proj', 'my-repo')}`" in described
