@@ -175,7 +175,7 @@ def researcher_args_of(cfg: PlatformConfig) -> ResearcherArgs:
         self_service_vms=tuple(vm.name for vm in cfg.self_service_vms),
         status_bucket=cfg.bucket_name("status"),
         models_bucket=cfg.bucket_name("models"),
-        artifacts_bucket=naming.bucket(cfg.name_prefix, cfg.stack, naming.ARTIFACTS),
+        artifacts_bucket=cfg.bucket_name(naming.ARTIFACTS),
         ssh=cfg.researcher_ssh,
     )
 
@@ -185,8 +185,7 @@ def source_packages(cfg: PlatformConfig, digests: dict[str, str]) -> dict[str, P
     out: dict[str, Package] = {}
     folders: dict[str, str] = {}
     for folder in sorted(digests):
-        archive = repository_folder(folder)
-        assert archive.sha256 == digests[folder], f"{folder} changed while the plan ran"
+        archive = repository_folder(folder)  # packaged by source_digests already: the cached Package
         key = _package_key(folder)
         if key in folders:  # `a/b` and `a-b`: one resource name for two folders
             raise ConfigError(
