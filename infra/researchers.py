@@ -24,6 +24,7 @@ from infra import grants, naming
 from infra.access import researchers as calls
 from infra.apis import ProjectApis
 from infra.config import Env
+from infra.lifecycle import custom_role
 
 REQUIRED_APIS = ("iam", "cloudresourcemanager", "storage")
 SSH_APIS = ("iap", "oslogin")
@@ -71,18 +72,12 @@ class ResearcherAccess(pulumi.ComponentResource):
         opts: pulumi.ResourceOptions | None = None,
     ):
         super().__init__("tpu-platform:iam:ResearcherAccess", name, None, opts)
-        iam_api = pulumi.ResourceOptions(parent=self, depends_on=apis.needs("iam"))
 
         def role(kind: str, title: str, description: str, permissions: Sequence[str]) -> gcp.projects.IAMCustomRole:
-            return gcp.projects.IAMCustomRole(
-                f"{name}-{kind}-role",
-                project=env.project,
-                role_id=naming.custom_role_id(kind, env.stack),
-                title=f"tpu-platform: {title} ({env.stack})",
-                description=description,
-                permissions=list(permissions),
-                opts=iam_api,
-            )
+            return custom_role(
+                f"{name}-{kind}", env, apis, self, kind=kind, title=title, description=description,
+                permissions=permissions,
+            )  # fmt: skip
 
         project_permissions = calls.permissions("project", ssh=args.ssh)
         self.project_role = role(
