@@ -91,6 +91,18 @@ class ResearcherAccess(pulumi.ComponentResource):
             calls.SUBMIT_PERMISSIONS,
         )  # fmt: skip
         after = pulumi.ResourceOptions(parent=self, depends_on=list(buckets))
+        # Where researchers may put new objects: each self-service VM's requests, and (when there is one)
+        # the packaged sources. (grant name suffix, bucket, condition title, its description, object prefix)
+        submit_places = [
+            (f"{vm}-requests", args.status_bucket, f"run-requests-{vm}",
+             f"Only new run and stop requests for TPU VM {vm}", naming.requests_prefix(vm))
+            for vm in args.self_service_vms
+        ]  # fmt: skip
+        if args.self_service_vms:
+            submit_places.append(
+                ("sources", args.artifacts_bucket, "workload-sources", "Only packaged workload sources",
+                 naming.SOURCES_PREFIX)
+            )  # fmt: skip
         self.grants: list[pulumi.Resource] = []
         for member in args.members:
             key = f"{name}-{_member_key(member)}"
@@ -111,33 +123,14 @@ class ResearcherAccess(pulumi.ComponentResource):
                         f"{key}-{purpose}-read", bucket=bucket, role=self.read_role.name, member=member, opts=after
                     )
                 )
-            for vm in args.self_service_vms:
-                condition = _condition(
-                    f"run-requests-{vm}", f"Only new run and stop requests for TPU VM {vm}",
-                    under(args.status_bucket, naming.requests_prefix(vm)),
-                )  # fmt: skip
+            for suffix, bucket, title, description, prefix in submit_places:
                 self.grants.append(
                     gcp.storage.BucketIAMMember(
-                        f"{key}-{vm}-requests",
-                        bucket=args.status_bucket,
+                        f"{key}-{suffix}",
+                        bucket=bucket,
                         role=self.submit_role.name,
                         member=member,
-                        condition=condition,
-                        opts=after,
-                    )
-                )
-            if args.self_service_vms:
-                self.grants.append(
-                    gcp.storage.BucketIAMMember(
-                        f"{key}-sources",
-                        bucket=args.artifacts_bucket,
-                        role=self.submit_role.name,
-                        member=member,
-                        condition=_condition(
-                            "workload-sources",
-                            "Only packaged workload sources",
-                            under(args.artifacts_bucket, naming.SOURCES_PREFIX),
-                        ),
+                        condition=_condition(title, description, under(bucket, prefix)),
                         opts=after,
                     )
                 )
