@@ -55,7 +55,7 @@ class Stack:
 
     @property
     def artifacts(self) -> str:
-        return naming.bucket(self.cfg.name_prefix, self.cfg.stack, naming.ARTIFACTS)
+        return self.cfg.bucket_name(naming.ARTIFACTS)
 
     def vm(self, name: str) -> TpuVmSettings:
         for vm in self.cfg.tpu_vms:
