@@ -215,7 +215,7 @@ def logs(google: Google, stack: Stack, args: argparse.Namespace) -> int:
         time.sleep(args.interval)
 
 
-def model_prefix(stack: Stack, vm: TpuVmSettings, run_id: str) -> str:
+def model_prefix(vm: TpuVmSettings, run_id: str) -> str:
     """Where a run keeps its model and metrics: `<workload>/<vm>/<runId>/` in the models bucket, as the
     stack's own runs (infra/tpu/metadata.py run_prefix); the agent gives a request's run this
     TPU_PLATFORM_MODEL_DIR (vm_agent/requests.py RunPlaces; tests/test_vm_agent_requests.py fetches it)."""
@@ -224,7 +224,7 @@ def model_prefix(stack: Stack, vm: TpuVmSettings, run_id: str) -> str:
 
 def fetch(google: Google, stack: Stack, args: argparse.Namespace) -> int:
     vm = stack.vm(args.vm)
-    prefix = model_prefix(stack, vm, args.run_id)
+    prefix = model_prefix(vm, args.run_id)
     target = Path(args.to or args.run_id)
     count = 0
     for item in google.list_objects(stack.models, prefix):
