@@ -107,6 +107,12 @@ def _request_name(vm: str, run_id: str, stop: bool = False) -> str:
     return f"{naming.requests_prefix(vm)}{_stamp()}-{'stop-' if stop else ''}{run_id}.json"
 
 
+def _put_request(google: Google, stack: Stack, name: str, body: dict[str, Any]) -> None:
+    """A new request object; one of the same name (the same run, asked twice within a second) is not replaced."""
+    if not google.create(stack.status, name, json.dumps(body, indent=1).encode(), JSON_BYTES):
+        raise UsageError(f"gs://{stack.status}/{name} exists already: that request was made a moment ago, not again")
+
+
 def _state(google: Google, stack: Stack, vm: str, run_id: str) -> dict[str, Any] | None:
     raw = google.read(stack.status, f"{naming.runs_prefix(vm)}{run_id}/status.json")
     return json.loads(raw) if raw else None
@@ -153,7 +159,7 @@ def submit(google: Google, stack: Stack, args: argparse.Namespace) -> int:
     if args.python:
         spec["python"] = args.python
     request = _request_name(vm.name, run_id)
-    google.create(stack.status, request, json.dumps(spec, indent=1).encode(), JSON_BYTES)
+    _put_request(google, stack, request, spec)
     print(f"submitted run {run_id} to {vm.name}: gs://{stack.status}/{request}")
     print(f"follow it: tpu-runs logs --stack {stack.cfg.stack} --vm {vm.name} {run_id} --follow")
     return 0
@@ -253,7 +259,7 @@ def stop(google: Google, stack: Stack, args: argparse.Namespace) -> int:
         print(f"run {args.run_id} has ended already ({state['state']})")
         return 0
     request = _request_name(vm.name, args.run_id, stop=True)
-    google.create(stack.status, request, json.dumps({"stop": args.run_id}).encode(), JSON_BYTES)
+    _put_request(google, stack, request, {"stop": args.run_id})
     print(f"asked {vm.name} to stop run {args.run_id}: it gets SIGTERM and its grace period to checkpoint")
     return 0
 
