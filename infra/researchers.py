@@ -45,11 +45,6 @@ def researcher_apis(args: ResearcherArgs) -> tuple[str, ...]:
     return tuple(f"{api}.googleapis.com" for api in (*REQUIRED_APIS, *(SSH_APIS if args.ssh else ())))
 
 
-def under(bucket: str, prefix: str) -> str:
-    """The condition "objects named `prefix`…" as Cloud Storage evaluates it on an object call."""
-    return f'resource.name.startsWith("projects/_/buckets/{bucket}/objects/{prefix}")'
-
-
 def _condition(title: str, description: str, expression: str) -> gcp.storage.BucketIAMMemberConditionArgs:
     grants.check_condition(
         "researcher submit", frozenset(calls.SUBMIT_PERMISSIONS), expression, "storage.googleapis.com"
@@ -130,7 +125,7 @@ class ResearcherAccess(pulumi.ComponentResource):
                         bucket=bucket,
                         role=self.submit_role.name,
                         member=member,
-                        condition=_condition(title, description, under(bucket, prefix)),
+                        condition=_condition(title, description, grants.objects_under(bucket, prefix)),
                         opts=after,
                     )
                 )
