@@ -216,6 +216,15 @@ def test_a_request_asked_twice_within_a_second_is_said_not_claimed(world: World,
     assert isinstance(taken, RunSpec) and taken.command == ("a",)  # the first request, not replaced
 
 
+@pytest.mark.parametrize("command", ["logs", "fetch", "stop"])
+def test_a_run_id_that_submit_could_not_have_made_is_refused_before_any_call(world: World, command, capsys):
+    with pytest.raises(SystemExit) as refused:  # argparse: usage and the reason on stderr
+        world.run(command, "--vm", VM, 'x" OR logName:"other')
+    assert refused.value.code == 2
+    assert "1-32 lowercase letters, digits and '-'" in capsys.readouterr().err
+    assert world.session.methods == [] and world.logs.methods == []
+
+
 class Forbidden(requests.Session):
     def request(self, method: str | bytes, url: str | bytes, *args: Any, **kwargs: Any) -> requests.Response:  # type: ignore[override]
         answer = requests.Response()

@@ -264,6 +264,13 @@ def stop(google: Google, stack: Stack, args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_id(value: str) -> str:
+    """A run id as submit makes them: it goes into object names and the Logging filter, so nothing else."""
+    if not RUN_ID.fullmatch(value):
+        raise argparse.ArgumentTypeError(f"{value!r}: 1-32 lowercase letters, digits and '-', starting with a letter")
+    return value
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="tpu-runs", description=(__doc__ or "").splitlines()[0])
     commands = top.add_subparsers(dest="command_name", required=True)
@@ -293,7 +300,7 @@ def parser() -> argparse.ArgumentParser:
         ("stop", "Ask a self-service VM to stop a run (SIGTERM; it checkpoints).", stop),
     ):
         sub = command(name, helptext)
-        sub.add_argument("run_id", metavar="RUN_ID")
+        sub.add_argument("run_id", metavar="RUN_ID", type=_run_id)
         sub.set_defaults(run=run)
         if name == "logs":
             sub.add_argument("--follow", "-f", action="store_true", help="keep reading until the run ends")
