@@ -48,6 +48,12 @@ def check_condition(
         )
 
 
+def objects_under(bucket: str, prefix: str) -> str:
+    """The condition "objects named `prefix`…" as Cloud Storage evaluates it on an object call: an object's
+    name is `projects/_/buckets/BUCKET/objects/NAME` (conditions-resource-attributes)."""
+    return f'resource.name.startsWith("projects/_/buckets/{bucket}/objects/{prefix}")'
+
+
 def prefix_condition(bucket: str, prefix: str, title: str) -> gcp.storage.BucketIAMMemberConditionArgs:
     """Objects under `prefix` only, listing included.
 
@@ -62,7 +68,7 @@ def prefix_condition(bucket: str, prefix: str, title: str) -> gcp.storage.Bucket
         title=title[:100],
         description=f"Only objects under {prefix}",
         expression=(
-            f'resource.name.startsWith("projects/_/buckets/{bucket}/objects/{prefix}") || '
+            f"{objects_under(bucket, prefix)} || "
             f'api.getAttribute("storage.googleapis.com/objectListPrefix", "").startsWith("{prefix}")'
         ),
     )

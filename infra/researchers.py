@@ -24,6 +24,7 @@ from infra import grants, naming
 from infra.access import researchers as calls
 from infra.apis import ProjectApis
 from infra.config import Env
+from infra.lifecycle import custom_role
 
 REQUIRED_APIS = ("iam", "cloudresourcemanager", "storage")
 SSH_APIS = ("iap", "oslogin")
@@ -42,11 +43,6 @@ class ResearcherArgs:
 def researcher_apis(args: ResearcherArgs) -> tuple[str, ...]:
     """The APIs this component needs: IAP TCP forwarding and OS Login only when researchers may SSH."""
     return tuple(f"{api}.googleapis.com" for api in (*REQUIRED_APIS, *(SSH_APIS if args.ssh else ())))
-
-
-def under(bucket: str, prefix: str) -> str:
-    """The condition "objects named `prefix`…" as Cloud Storage evaluates it on an object call."""
-    return f'resource.name.startsWith("projects/_/buckets/{bucket}/objects/{prefix}")'
 
 
 def _condition(title: str, description: str, expression: str) -> gcp.storage.BucketIAMMemberConditionArgs:
@@ -71,18 +67,12 @@ class ResearcherAccess(pulumi.ComponentResource):
         opts: pulumi.ResourceOptions | None = None,
     ):
         super().__init__("tpu-platform:iam:ResearcherAccess", name, None, opts)
-        iam_api = pulumi.ResourceOptions(parent=self, depends_on=apis.needs("iam"))
 
         def role(kind: str, title: str, description: str, permissions: Sequence[str]) -> gcp.projects.IAMCustomRole:
-            return gcp.projects.IAMCustomRole(
-                f"{name}-{kind}-role",
-                project=env.project,
-                role_id=naming.custom_role_id(kind, env.stack),
-                title=f"tpu-platform: {title} ({env.stack})",
-                description=description,
-                permissions=list(permissions),
-                opts=iam_api,
-            )
+            return custom_role(
+                f"{name}-{kind}", env, apis, self, kind=kind, title=title, description=description,
+                permissions=permissions,
+            )  # fmt: skip
 
         project_permissions = calls.permissions("project", ssh=args.ssh)
         self.project_role = role(
@@ -96,6 +86,18 @@ class ResearcherAccess(pulumi.ComponentResource):
             calls.SUBMIT_PERMISSIONS,
         )  # fmt: skip
         after = pulumi.ResourceOptions(parent=self, depends_on=list(buckets))
+        # Where researchers may put new objects: each self-service VM's requests, and (when there is one)
+        # the packaged sources. (grant name suffix, bucket, condition title, its description, object prefix)
+        submit_places = [
+            (f"{vm}-requests", args.status_bucket, f"run-requests-{vm}",
+             f"Only new run and stop requests for TPU VM {vm}", naming.requests_prefix(vm))
+            for vm in args.self_service_vms
+        ]  # fmt: skip
+        if args.self_service_vms:
+            submit_places.append(
+                ("sources", args.artifacts_bucket, "workload-sources", "Only packaged workload sources",
+                 naming.SOURCES_PREFIX)
+            )  # fmt: skip
         self.grants: list[pulumi.Resource] = []
         for member in args.members:
             key = f"{name}-{_member_key(member)}"
@@ -116,33 +118,14 @@ class ResearcherAccess(pulumi.ComponentResource):
                         f"{key}-{purpose}-read", bucket=bucket, role=self.read_role.name, member=member, opts=after
                     )
                 )
-            for vm in args.self_service_vms:
-                condition = _condition(
-                    f"run-requests-{vm}", f"Only new run and stop requests for TPU VM {vm}",
-                    under(args.status_bucket, naming.requests_prefix(vm)),
-                )  # fmt: skip
+            for suffix, bucket, title, description, prefix in submit_places:
                 self.grants.append(
                     gcp.storage.BucketIAMMember(
-                        f"{key}-{vm}-requests",
-                        bucket=args.status_bucket,
+                        f"{key}-{suffix}",
+                        bucket=bucket,
                         role=self.submit_role.name,
                         member=member,
-                        condition=condition,
-                        opts=after,
-                    )
-                )
-            if args.self_service_vms:
-                self.grants.append(
-                    gcp.storage.BucketIAMMember(
-                        f"{key}-sources",
-                        bucket=args.artifacts_bucket,
-                        role=self.submit_role.name,
-                        member=member,
-                        condition=_condition(
-                            "workload-sources",
-                            "Only packaged workload sources",
-                            under(args.artifacts_bucket, naming.SOURCES_PREFIX),
-                        ),
+                        condition=_condition(title, description, grants.objects_under(bucket, prefix)),
                         opts=after,
                     )
                 )

@@ -12,6 +12,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 import requests
@@ -50,7 +51,23 @@ class StorageChecked(requests.Session):
                 self.methods.append(api("storage.v1").check(Call(str(method), prepared.url or "", body)).id)
             except ContractError as error:
                 self.violations.append(str(error))
+            params = kwargs.get("params") or {}
+            if str(method) == "POST" and params.get("ifGenerationMatch") == "0" and self._exists(str(url), params):
+                return _precondition_failed(str(url))
         return super().request(str(method), url, *args, **kwargs)
+
+    def _exists(self, upload_url: str, params: dict[str, str]) -> bool:
+        """gcp-storage-emulator overwrites despite ifGenerationMatch=0; Cloud Storage answers 412
+        (cloud.google.com/storage/docs/request-preconditions), so this session does it for the emulator."""
+        bucket_url = upload_url.replace("/upload/storage/v1/", "/storage/v1/")
+        return requests.get(f"{bucket_url}/{quote(params['name'], safe='')}", timeout=10).status_code == 200
+
+
+def _precondition_failed(url: str) -> requests.Response:
+    answer = requests.Response()
+    answer.status_code, answer._content = 412, b'{"error": {"code": 412, "message": "conditionNotMet"}}'
+    answer.url = url
+    return answer
 
 
 class World(RunsCloud):
@@ -185,6 +202,27 @@ def test_a_run_id_used_before_is_refused_by_the_cli(world: World, capsys):
     world.write(STATUS, f"{VM}/runs/exp-1/status.json", b'{"runId": "exp-1", "state": "finished"}')
     assert world.run("submit", "--vm", VM, "--folder", str(a_folder(world.tmp)), "--run-id", "exp-1", "--", "x") == 2
     assert "run id exp-1 was used before" in capsys.readouterr().err
+
+
+def test_a_request_asked_twice_within_a_second_is_said_not_claimed(world: World, monkeypatch, capsys):
+    monkeypatch.setattr(cli, "_stamp", lambda: "20261130T090000Z")  # both requests get the same object name
+    image = f"us-central1-docker.pkg.dev/{PROJECT}/runs/train@sha256:{'b' * 64}"
+    assert world.run("submit", "--vm", VM, "--image", image, "--run-id", "img-1", "--", "a") == 0
+    capsys.readouterr()
+    assert world.run("submit", "--vm", VM, "--image", image, "--run-id", "img-1", "--", "b") == 2
+    out, err = capsys.readouterr()
+    assert "submitted" not in out and "exists already: that request was made a moment ago" in err
+    taken = world.agent().next(0)
+    assert isinstance(taken, RunSpec) and taken.command == ("a",)  # the first request, not replaced
+
+
+@pytest.mark.parametrize("command", ["logs", "fetch", "stop"])
+def test_a_run_id_that_submit_could_not_have_made_is_refused_before_any_call(world: World, command, capsys):
+    with pytest.raises(SystemExit) as refused:  # argparse: usage and the reason on stderr
+        world.run(command, "--vm", VM, 'x" OR logName:"other')
+    assert refused.value.code == 2
+    assert "1-32 lowercase letters, digits and '-'" in capsys.readouterr().err
+    assert world.session.methods == [] and world.logs.methods == []
 
 
 class Forbidden(requests.Session):

@@ -55,7 +55,7 @@ class Stack:
 
     @property
     def artifacts(self) -> str:
-        return naming.bucket(self.cfg.name_prefix, self.cfg.stack, naming.ARTIFACTS)
+        return self.cfg.bucket_name(naming.ARTIFACTS)
 
     def vm(self, name: str) -> TpuVmSettings:
         for vm in self.cfg.tpu_vms:
@@ -107,6 +107,12 @@ def _request_name(vm: str, run_id: str, stop: bool = False) -> str:
     return f"{naming.requests_prefix(vm)}{_stamp()}-{'stop-' if stop else ''}{run_id}.json"
 
 
+def _put_request(google: Google, stack: Stack, name: str, body: dict[str, Any]) -> None:
+    """A new request object; one of the same name (the same run, asked twice within a second) is not replaced."""
+    if not google.create(stack.status, name, json.dumps(body, indent=1).encode(), JSON_BYTES):
+        raise UsageError(f"gs://{stack.status}/{name} exists already: that request was made a moment ago, not again")
+
+
 def _state(google: Google, stack: Stack, vm: str, run_id: str) -> dict[str, Any] | None:
     raw = google.read(stack.status, f"{naming.runs_prefix(vm)}{run_id}/status.json")
     return json.loads(raw) if raw else None
@@ -153,7 +159,7 @@ def submit(google: Google, stack: Stack, args: argparse.Namespace) -> int:
     if args.python:
         spec["python"] = args.python
     request = _request_name(vm.name, run_id)
-    google.create(stack.status, request, json.dumps(spec, indent=1).encode(), JSON_BYTES)
+    _put_request(google, stack, request, spec)
     print(f"submitted run {run_id} to {vm.name}: gs://{stack.status}/{request}")
     print(f"follow it: tpu-runs logs --stack {stack.cfg.stack} --vm {vm.name} {run_id} --follow")
     return 0
@@ -215,7 +221,7 @@ def logs(google: Google, stack: Stack, args: argparse.Namespace) -> int:
         time.sleep(args.interval)
 
 
-def model_prefix(stack: Stack, vm: TpuVmSettings, run_id: str) -> str:
+def model_prefix(vm: TpuVmSettings, run_id: str) -> str:
     """Where a run keeps its model and metrics: `<workload>/<vm>/<runId>/` in the models bucket, as the
     stack's own runs (infra/tpu/metadata.py run_prefix); the agent gives a request's run this
     TPU_PLATFORM_MODEL_DIR (vm_agent/requests.py RunPlaces; tests/test_vm_agent_requests.py fetches it)."""
@@ -224,7 +230,7 @@ def model_prefix(stack: Stack, vm: TpuVmSettings, run_id: str) -> str:
 
 def fetch(google: Google, stack: Stack, args: argparse.Namespace) -> int:
     vm = stack.vm(args.vm)
-    prefix = model_prefix(stack, vm, args.run_id)
+    prefix = model_prefix(vm, args.run_id)
     target = Path(args.to or args.run_id)
     count = 0
     for item in google.list_objects(stack.models, prefix):
@@ -253,9 +259,16 @@ def stop(google: Google, stack: Stack, args: argparse.Namespace) -> int:
         print(f"run {args.run_id} has ended already ({state['state']})")
         return 0
     request = _request_name(vm.name, args.run_id, stop=True)
-    google.create(stack.status, request, json.dumps({"stop": args.run_id}).encode(), JSON_BYTES)
+    _put_request(google, stack, request, {"stop": args.run_id})
     print(f"asked {vm.name} to stop run {args.run_id}: it gets SIGTERM and its grace period to checkpoint")
     return 0
+
+
+def _run_id(value: str) -> str:
+    """A run id as submit makes them: it goes into object names and the Logging filter, so nothing else."""
+    if not RUN_ID.fullmatch(value):
+        raise argparse.ArgumentTypeError(f"{value!r}: 1-32 lowercase letters, digits and '-', starting with a letter")
+    return value
 
 
 def parser() -> argparse.ArgumentParser:
@@ -287,7 +300,7 @@ def parser() -> argparse.ArgumentParser:
         ("stop", "Ask a self-service VM to stop a run (SIGTERM; it checkpoints).", stop),
     ):
         sub = command(name, helptext)
-        sub.add_argument("run_id", metavar="RUN_ID")
+        sub.add_argument("run_id", metavar="RUN_ID", type=_run_id)
         sub.set_defaults(run=run)
         if name == "logs":
             sub.add_argument("--follow", "-f", action="store_true", help="keep reading until the run ends")
