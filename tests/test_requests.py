@@ -22,11 +22,12 @@ from tests.loopback import Handler, serve
 from tests.sandbox import SANDBOX_TOKEN, metadata_server, storage_emulator
 from vm_agent.gcs import Storage
 from vm_agent.requests import RequestSource, RunPlaces, parse_request
+from vm_agent.settings import Settings
 from vm_agent.sources import Allowed, FolderSource, RunSpec, SpecError, StopRequest
 
 STATUS = "acme-status"
 ARTIFACTS = "acme-artifacts"
-REGISTRY = "us-central1-docker.pkg.dev/acme/runs"
+REGISTRY = "us-central1-docker.pkg.dev/acme-research/runs"  # a project id has 6 to 30 characters
 VM = "shared"
 SHA = "a" * 64
 SPEC = {
@@ -98,7 +99,8 @@ class Agent:
     env: dict[str, str]
 
     def source(self, **overrides: str) -> RequestSource:
-        return RequestSource.from_env({**self.env, **overrides})
+        env = {**self.env, **overrides}
+        return RequestSource.from_settings(Settings.from_environ(env), env)
 
 
 @pytest.fixture
@@ -110,6 +112,7 @@ def agent() -> Iterator[Agent]:
             "TPU_PLATFORM_STATUS_DIR": f"gs://{STATUS}/{VM}", "TPU_PLATFORM_ARTIFACTS": f"gs://{ARTIFACTS}",
             "TPU_PLATFORM_REGISTRY": REGISTRY, "TPU_PLATFORM_SELF_SERVICE": "1", "STORAGE_EMULATOR_HOST": proxy,
             "TPU_PLATFORM_METADATA_URL": f"http://{metadata}/computeMetadata/v1",
+            "TPU_PLATFORM_STACK": "dev", "TPU_PLATFORM_VM": VM, "TPU_PLATFORM_WORKLOAD": "mnist",
         })  # fmt: skip
 
 
@@ -247,7 +250,7 @@ def test_a_request_is_the_shared_run_spec_with_the_platforms_places():
 
 def test_a_taken_request_keeps_its_name_in_the_spec_and_its_dirs_from_agent_env(agent: Agent):
     agent.bucket.put(request(), SPEC)
-    spec = agent.source(TPU_PLATFORM_MODELS="gs://m", TPU_PLATFORM_CHECKPOINTS="gs://c",
+    spec = agent.source(TPU_PLATFORM_MODELS="gs://mm", TPU_PLATFORM_CHECKPOINTS="gs://cc",
                         TPU_PLATFORM_WORKLOAD="mnist").next(0)  # fmt: skip
     assert isinstance(spec, RunSpec) and spec.request == request()
-    assert (spec.model_dir, spec.checkpoint_dir) == (f"gs://m/mnist/{VM}/exp-1", f"gs://c/mnist/{VM}/exp-1")
+    assert (spec.model_dir, spec.checkpoint_dir) == (f"gs://mm/mnist/{VM}/exp-1", f"gs://cc/mnist/{VM}/exp-1")

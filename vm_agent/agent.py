@@ -280,7 +280,7 @@ def main(environ: dict | None = None) -> int:
     sources: list[RunSource] = [MetadataSource(settings.metadata_url, settings.allowed, log=log)]
     requests = None
     if settings.status_dir.startswith("gs://") and settings.worker_id == 0:  # one taker per VM folder
-        requests = RequestSource.from_env(environ, log=lambda line: log(line, component="requests"))
+        requests = RequestSource.from_settings(settings, environ, log=lambda line: log(line, component="requests"))
         # Where self-service is off the folder is read only to refuse what appears there.
         requests.poll_s = min(10.0, poll_s) if settings.self_service else poll_s
         if settings.worker_count > 1:

@@ -32,7 +32,6 @@ Stdlib only, Python 3.8 (as the rest of vm_agent: tests/test_vm_agent_sources.py
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 import time
@@ -40,7 +39,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any, Callable, Mapping
 
-from vm_agent.gcs import Folder, Storage, StorageError, Tokens, metadata_url
+from vm_agent.gcs import Folder, Storage, StorageError, Tokens
+from vm_agent.settings import Settings
 from vm_agent.sources import Allowed, FolderSource, RunSpec, SpecError, StopRequest, parse_run_spec
 
 # A request is a run spec (vm_agent/sources.py parses it, as it parses the stack's) with fewer fields:
@@ -156,19 +156,17 @@ class RequestSource:
         self.log = log or (lambda line: print(f"requests: {line}", file=sys.stderr, flush=True))
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] = os.environ, log: Callable[[str], None] | None = None) -> RequestSource:
-        """From agent.env (docs/design-runs.md)."""
-        vm = _split_gs(env["TPU_PLATFORM_STATUS_DIR"])[1]
-        storage = Storage(Tokens(metadata_url(env)), env)  # the VM account's token, with an emulator too
-        places = RunPlaces(
-            env.get("TPU_PLATFORM_CHECKPOINTS", ""), env.get("TPU_PLATFORM_MODELS", ""),
-            env.get("TPU_PLATFORM_WORKLOAD", ""), vm,
-        )  # fmt: skip
+    def from_settings(
+        cls, settings: Settings, environ: Mapping[str, str], log: Callable[[str], None] | None = None
+    ) -> RequestSource:
+        """From agent.env, as `Settings` parsed it (docs/design-runs.md); `environ` only for an emulator."""
+        storage = Storage(Tokens(settings.metadata_url), environ)  # the VM account's token, with an emulator too
+        places = RunPlaces(settings.checkpoints, settings.models, settings.workload, _split_gs(settings.status_dir)[1])
         return cls(
-            env["TPU_PLATFORM_STATUS_DIR"],
-            env.get("TPU_PLATFORM_ARTIFACTS", ""),
-            env.get("TPU_PLATFORM_REGISTRY", ""),
-            self_service=env.get("TPU_PLATFORM_SELF_SERVICE", "0") == "1",
+            settings.status_dir,
+            settings.artifacts,
+            settings.registry,
+            self_service=settings.self_service,
             storage=storage,
             places=places,
             log=log,
