@@ -36,10 +36,10 @@ import re
 import sys
 import time
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
 from typing import Any, Callable, Mapping
 
-from vm_agent.gcs import Folder, Storage, StorageError, Tokens
+from vm_agent.gcs import Folder, Storage, StorageError, Tokens, split_gs
+from vm_agent.runner import ENDED, STATES, utc_now
 from vm_agent.settings import Settings
 from vm_agent.sources import Allowed, FolderSource, RunSpec, SpecError, StopRequest, parse_run_spec
 
@@ -111,20 +111,9 @@ class RunPlaces:
 # --------------------------------------------------------------------------------------------------
 # The source.
 # --------------------------------------------------------------------------------------------------
-# A request run's states from which a reboot resumes it (vm_agent/runner.py STATES).
-RESUMABLE = ("queued", "starting", "running", "stopping", "retry")
+# A request run's states from which a reboot resumes it: those of a run that has not ended.
+RESUMABLE = tuple(state for state in STATES if state not in ENDED)
 REQUEST_NAME = re.compile(r"(?P<ts>[0-9]{8}T[0-9]{6}Z)-(?P<stop>stop-)?(?P<run>[a-z0-9-]{1,40})\.json")
-
-
-def _split_gs(uri: str) -> tuple[str, str]:
-    match = re.fullmatch(r"gs://([^/]+)/?(.*)", uri)
-    if not match:
-        raise ValueError(f"{uri!r} is not a gs:// URI")
-    return match[1], match[2].rstrip("/")
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")  # datetime.UTC is 3.11+
 
 
 class RequestSource:
@@ -143,7 +132,7 @@ class RequestSource:
         log: Callable[[str], None] | None = None,
         refusal: str = "",
     ):
-        bucket, self.vm = _split_gs(status_dir)
+        bucket, self.vm = split_gs(status_dir)
         if not self.vm or "/" in self.vm:
             raise ValueError(f"TPU_PLATFORM_STATUS_DIR {status_dir!r}: gs://<status-bucket>/<vm>")
         self.allowed = Allowed(artifacts.rstrip("/"), registry.rstrip("/"))
@@ -161,7 +150,7 @@ class RequestSource:
     ) -> RequestSource:
         """From agent.env, as `Settings` parsed it (docs/design-runs.md); `environ` only for an emulator."""
         storage = Storage(Tokens(settings.metadata_url), environ)  # the VM account's token, with an emulator too
-        places = RunPlaces(settings.checkpoints, settings.models, settings.workload, _split_gs(settings.status_dir)[1])
+        places = RunPlaces(settings.checkpoints, settings.models, settings.workload, split_gs(settings.status_dir)[1])
         return cls(
             settings.status_dir,
             settings.artifacts,
@@ -258,7 +247,7 @@ class RequestSource:
         spec = replace(spec, request=name)
         state = {
             "runId": spec.run_id, "state": "queued", "exitCode": None, "startedAt": None, "endedAt": None,
-            "requester": spec.requester, "source": spec.source.describe(), "request": name, "queuedAt": _now(),
+            "requester": spec.requester, "source": spec.source.describe(), "request": name, "queuedAt": utc_now(),
             "spec": data,  # the request itself: a reboot resumes the run from here (`unfinished`)
         }  # fmt: skip
         # Read first, then create with ifGenerationMatch=0: the read is what the sandbox can show (the
@@ -288,7 +277,7 @@ class RequestSource:
         base = base[: -len(".json")] if base.endswith(".json") else base
         requester = data.get("requester") if isinstance(data, dict) else None
         record = {
-            "state": "failed", "exitCode": None, "startedAt": None, "endedAt": _now(), "reason": reason,
+            "state": "failed", "exitCode": None, "startedAt": None, "endedAt": utc_now(), "reason": reason,
             "requester": requester if isinstance(requester, str) else None, "source": None, "request": name,
         }  # fmt: skip
         key = run_id if run_id and RUN_ID.fullmatch(run_id) and not self._state(run_id) else None
