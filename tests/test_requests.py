@@ -175,6 +175,17 @@ def test_a_source_told_why_refuses_every_request_with_that_reason(agent: Agent):
     assert agent.bucket.state("exp-1")["reason"] == source.refusal
 
 
+def test_a_state_that_is_not_a_json_object_is_neither_resumed_nor_a_crash(agent: Agent):
+    # Only the agent writes runs/ (researchers' grant covers requests/ only), but a damaged object
+    # there must not stop it from taking requests or resuming the runs it can read.
+    agent.bucket.put(f"{VM}/runs/exp-1/status.json", [1, 2])
+    agent.bucket.put(f"{VM}/runs/exp-2/status.json", b"not json")
+    agent.bucket.put(request(), SPEC)
+    source = agent.source()
+    assert source.unfinished() == []
+    assert getattr(source.next(0), "run_id", None) == "exp-1"
+
+
 @pytest.mark.parametrize(
     ("data", "why"),
     [

@@ -220,13 +220,12 @@ class Agent:
     def _already_ended(self, spec: RunSpec) -> bool:
         """Ended before (a reboot, an agent restart): not started again for the same spec."""
         try:
-            marker = self.status.read(COMPLETE) if spec.completion else None
-            state = self.status.read(status_name(spec.run_id, 0))
+            marker = self.status.read_json(COMPLETE) if spec.completion else {}
+            previous = self.status.read_json(status_name(spec.run_id, 0))
         except StorageError as error:
             log(f"cannot read the run's state ({error}); starting it", severity="WARNING", run=spec.run_id)
             return False
-        marked = _field(marker, "runId") == spec.run_id
-        previous = _json(state)
+        marked = marker.get("runId") == spec.run_id
         ended = previous.get("state") in ("finished", "failed") and previous.get("specSha256") == spec.fingerprint
         if not (marked or ended):
             return False
@@ -235,7 +234,7 @@ class Agent:
         if finished and spec.completion and self.settings.worker_id == 0:
             # Told again: the marker's new generation makes the guard stop or delete this VM again.
             # Its own marker: the one there may be an earlier run's (the status folder is the VM's).
-            self._write(COMPLETE, _json(marker) if marked else completion_marker(spec, None, {}))
+            self._write(COMPLETE, marker if marked else completion_marker(spec, None, {}))
         return True
 
     def _read(self, name: str) -> bytes | None:
@@ -247,21 +246,9 @@ class Agent:
 
     def _write(self, name: str, record: Any) -> None:
         try:
-            self.status.write(name, json.dumps(record, sort_keys=True).encode())
+            self.status.write_json(name, record)
         except (StorageError, OSError) as error:
             log(f"could not write {self.status.url}/{name}: {error}", severity="WARNING")
-
-
-def _json(data: bytes | None) -> dict:
-    try:
-        value = json.loads(data) if data else {}
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
-def _field(data: bytes | None, key: str) -> Any:
-    return _json(data).get(key)
 
 
 def main(environ: dict | None = None) -> int:

@@ -186,11 +186,7 @@ class RequestSource:
         for name in self.bucket.names(f"{self.vm}/runs/"):
             if not name.endswith("/status.json"):
                 continue
-            raw = self.bucket.read(name)
-            try:
-                state = json.loads(raw) if raw else {}
-            except ValueError:
-                continue
+            state = self.bucket.read_json(name)
             request, data = state.get("request"), state.get("spec")
             if state.get("state") not in RESUMABLE or not isinstance(request, str) or not isinstance(data, dict):
                 continue
@@ -265,11 +261,7 @@ class RequestSource:
         return spec
 
     def _state(self, run_id: str) -> dict[str, Any]:
-        raw = self.bucket.read(self.state_name(run_id))
-        try:
-            return json.loads(raw) if raw else {}
-        except ValueError:
-            return {}
+        return self.bucket.read_json(self.state_name(run_id))
 
     def _refuse(self, name: str, run_id: str | None, data: Any, reason: str) -> None:
         """Record the refusal as a failed run state, then drop the request; never raises for the request."""
