@@ -41,7 +41,7 @@ from typing import Any, Callable, Mapping
 from vm_agent.gcs import Folder, Storage, StorageError, Tokens, split_gs
 from vm_agent.runner import ENDED, STATES, utc_now
 from vm_agent.settings import Settings
-from vm_agent.sources import Allowed, FolderSource, RunSpec, SpecError, StopRequest, parse_run_spec
+from vm_agent.sources import Allowed, FolderSource, Form, RunSpec, SpecError, StopRequest, parse_run_spec
 
 # A request is a run spec (vm_agent/sources.py parses it, as it parses the stack's) with fewer fields:
 # where the run keeps its checkpoints and model, and whether it ends in COMPLETE, are the platform's
@@ -53,29 +53,31 @@ RUN_ID = re.compile(r"[a-z](?:[a-z0-9-]{0,30}[a-z0-9])?")
 REQUESTER = re.compile(r"(user|group):[^@\s:]+@[^@\s]+\.[a-z]{2,}")  # infra/config/settings.py RESEARCHER_MEMBER
 
 
+REQUEST_FORM = Form(
+    REQUEST_FIELDS,
+    RUN_ID,
+    "1-32 lowercase letters, digits and '-', starting with a letter",
+    REQUESTER,
+    "a researcher's user:EMAIL or group:EMAIL",
+    noun="fields",
+)
+
+
 def parse_request(data: Any, name: str, allowed: Allowed, places: RunPlaces) -> RunSpec:
-    """The run a request asks for, or a SpecError with every problem: the shared parser's (unknown
-    keys, reserved TPU_PLATFORM_* names, `python` with an image, a source outside the stack's
-    artifacts bucket or registry, ...) and a request's own (its fields, a researcher's run id and
-    requester, the source object named by its digest, an image by digest only)."""
+    """The run a request asks for, or a SpecError with every problem: the shared parser's with a
+    request's form (its fields, a researcher's run id and requester; unknown keys, reserved
+    TPU_PLATFORM_* names, `python` with an image, a source outside the stack's artifacts bucket or
+    registry, ...) and a request's own source rules (the object named by its digest, an image by
+    digest only)."""
     where = f"request {name}"
     if not isinstance(data, dict):
         raise SpecError(where, [f"a run request is a JSON object, not {type(data).__name__}"])
     problems: list[str] = []
-    unknown = sorted(set(data) - set(REQUEST_FIELDS))
-    if unknown:
-        problems.append(f"unknown fields {unknown}; a request has {sorted(REQUEST_FIELDS)}")
-    run_id = data.get("runId")
-    if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id):
-        problems.append(f"runId {run_id!r}: 1-32 lowercase letters, digits and '-', starting with a letter")
-    requester = data.get("requester")
-    if not isinstance(requester, str) or not REQUESTER.fullmatch(requester):
-        problems.append(f"requester {requester!r}: a researcher's user:EMAIL or group:EMAIL")
     spec: RunSpec | None = None
     try:
-        spec = parse_run_spec(json.dumps(data), allowed, where)
+        spec = parse_run_spec(json.dumps(data), allowed, where, REQUEST_FORM)
     except SpecError as error:
-        problems += [p for p in error.problems if not p.startswith(("unknown keys", "requester", "runId"))]
+        problems += error.problems
     if spec is not None:
         source = spec.source
         if isinstance(source, FolderSource):
@@ -85,7 +87,7 @@ def parse_request(data: Any, name: str, allowed: Allowed, places: RunPlaces) -> 
         elif not source.by_digest:
             problems.append(f"source.image {source.image!r}: a request's image must be pinned by digest (@sha256:...)")
     if problems or spec is None:
-        raise SpecError(where, problems, run_id if isinstance(run_id, str) else "")
+        raise SpecError(where, problems, spec.run_id if spec is not None else "")
     return replace(spec, **places.of(spec.run_id))
 
 
