@@ -263,7 +263,7 @@ def main(environ: dict | None = None) -> int:
         log(f"FATAL: {error}", severity="CRITICAL")
         return 78  # a configuration error: systemd does not restart it (RestartPreventExitStatus)
     storage = Storage(environ=environ)
-    poll_s = float(environ.get("TPU_PLATFORM_POLL_SECONDS", "") or 60)
+    poll_s = settings.poll_s
     sources: list[RunSource] = [MetadataSource(settings.metadata_url, settings.allowed, log=log)]
     requests = None
     if settings.status_dir.startswith("gs://") and settings.worker_id == 0:  # one taker per VM folder
