@@ -61,7 +61,6 @@ class Agent:
         settings: Settings,
         sources: list[RunSource],
         storage: Storage | None = None,
-        poll_s: float = 60,
         ship: Callable[[str, RunSpec], None] = telemetry.ship,
         requests: RequestSource | None = None,
     ):
@@ -70,7 +69,7 @@ class Agent:
         self.requests = requests  # researchers' run and stop requests
         self.storage = storage or Storage()
         self.status = Folder(settings.status_dir, self.storage)
-        self.poll_s = poll_s
+        self.poll_s = settings.poll_s
         self.ship = ship
         self.current: Run | None = None
         self.stack_spec: RunSpec | None = None  # the stack's run while it is desired and has not ended
@@ -263,20 +262,13 @@ def main(environ: dict | None = None) -> int:
         log(f"FATAL: {error}", severity="CRITICAL")
         return 78  # a configuration error: systemd does not restart it (RestartPreventExitStatus)
     storage = Storage(environ=environ)
-    poll_s = settings.poll_s
     sources: list[RunSource] = [MetadataSource(settings.metadata_url, settings.allowed, log=log)]
     requests = None
     if settings.status_dir.startswith("gs://") and settings.worker_id == 0:  # one taker per VM folder
         requests = RequestSource.from_settings(settings, environ, log=lambda line: log(line, component="requests"))
-        # Where self-service is off the folder is read only to refuse what appears there.
-        requests.poll_s = min(10.0, poll_s) if settings.self_service else poll_s
-        if settings.worker_count > 1:
-            # Every worker of a slice would have to run it; only worker 0 takes requests. Not built yet.
-            requests.refusal = (f"TPU VM {settings.vm} is a slice of {settings.worker_count} hosts: self-service "
-                                "runs are single-host only for now")  # fmt: skip
     elif settings.self_service:
         log("TPU_PLATFORM_SELF_SERVICE=1 needs a gs:// TPU_PLATFORM_STATUS_DIR: no requests read", severity="WARNING")
-    agent = Agent(settings, sources, storage, poll_s=poll_s, requests=requests)
+    agent = Agent(settings, sources, storage, requests=requests)
     signal.signal(signal.SIGTERM, lambda *_: agent.stopping.set())
     signal.signal(signal.SIGINT, lambda *_: agent.stopping.set())
     try:

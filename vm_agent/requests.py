@@ -153,6 +153,11 @@ class RequestSource:
         """From agent.env, as `Settings` parsed it (docs/design-runs.md); `environ` only for an emulator."""
         storage = Storage(Tokens(settings.metadata_url), environ)  # the VM account's token, with an emulator too
         places = RunPlaces(settings.checkpoints, settings.models, settings.workload, split_gs(settings.status_dir)[1])
+        refusal = ""
+        if settings.worker_count > 1:
+            # Every worker of a slice would have to run it; only worker 0 takes requests. Not built yet.
+            refusal = (f"TPU VM {settings.vm} is a slice of {settings.worker_count} hosts: self-service runs are "
+                       "single-host only for now")  # fmt: skip
         return cls(
             settings.status_dir,
             settings.artifacts,
@@ -160,7 +165,10 @@ class RequestSource:
             self_service=settings.self_service,
             storage=storage,
             places=places,
+            # Where self-service is off the folder is read only to refuse what appears there.
+            poll_s=min(10.0, settings.poll_s) if settings.self_service else settings.poll_s,
             log=log,
+            refusal=refusal,
         )
 
     def next(self, timeout_s: float) -> RunSpec | StopRequest | None:
