@@ -22,11 +22,12 @@ from tests.loopback import Handler, serve
 from tests.sandbox import SANDBOX_TOKEN, metadata_server, storage_emulator
 from vm_agent.gcs import Storage
 from vm_agent.requests import RequestSource, RunPlaces, parse_request
+from vm_agent.settings import Settings
 from vm_agent.sources import Allowed, FolderSource, RunSpec, SpecError, StopRequest
 
 STATUS = "acme-status"
 ARTIFACTS = "acme-artifacts"
-REGISTRY = "us-central1-docker.pkg.dev/acme/runs"
+REGISTRY = "us-central1-docker.pkg.dev/acme-research/runs"  # a project id has 6 to 30 characters
 VM = "shared"
 SHA = "a" * 64
 SPEC = {
@@ -98,7 +99,8 @@ class Agent:
     env: dict[str, str]
 
     def source(self, **overrides: str) -> RequestSource:
-        return RequestSource.from_env({**self.env, **overrides})
+        env = {**self.env, **overrides}
+        return RequestSource.from_settings(Settings.from_environ(env), env)
 
 
 @pytest.fixture
@@ -110,6 +112,7 @@ def agent() -> Iterator[Agent]:
             "TPU_PLATFORM_STATUS_DIR": f"gs://{STATUS}/{VM}", "TPU_PLATFORM_ARTIFACTS": f"gs://{ARTIFACTS}",
             "TPU_PLATFORM_REGISTRY": REGISTRY, "TPU_PLATFORM_SELF_SERVICE": "1", "STORAGE_EMULATOR_HOST": proxy,
             "TPU_PLATFORM_METADATA_URL": f"http://{metadata}/computeMetadata/v1",
+            "TPU_PLATFORM_STACK": "dev", "TPU_PLATFORM_VM": VM, "TPU_PLATFORM_WORKLOAD": "mnist",
         })  # fmt: skip
 
 
@@ -170,6 +173,17 @@ def test_a_source_told_why_refuses_every_request_with_that_reason(agent: Agent):
     agent.bucket.put(request(), SPEC)
     assert source.next(0) is None and source.unfinished() == []
     assert agent.bucket.state("exp-1")["reason"] == source.refusal
+
+
+def test_a_state_that_is_not_a_json_object_is_neither_resumed_nor_a_crash(agent: Agent):
+    # Only the agent writes runs/ (researchers' grant covers requests/ only), but a damaged object
+    # there must not stop it from taking requests or resuming the runs it can read.
+    agent.bucket.put(f"{VM}/runs/exp-1/status.json", [1, 2])
+    agent.bucket.put(f"{VM}/runs/exp-2/status.json", b"not json")
+    agent.bucket.put(request(), SPEC)
+    source = agent.source()
+    assert source.unfinished() == []
+    assert getattr(source.next(0), "run_id", None) == "exp-1"
 
 
 @pytest.mark.parametrize(
@@ -247,7 +261,7 @@ def test_a_request_is_the_shared_run_spec_with_the_platforms_places():
 
 def test_a_taken_request_keeps_its_name_in_the_spec_and_its_dirs_from_agent_env(agent: Agent):
     agent.bucket.put(request(), SPEC)
-    spec = agent.source(TPU_PLATFORM_MODELS="gs://m", TPU_PLATFORM_CHECKPOINTS="gs://c",
+    spec = agent.source(TPU_PLATFORM_MODELS="gs://mm", TPU_PLATFORM_CHECKPOINTS="gs://cc",
                         TPU_PLATFORM_WORKLOAD="mnist").next(0)  # fmt: skip
     assert isinstance(spec, RunSpec) and spec.request == request()
-    assert (spec.model_dir, spec.checkpoint_dir) == (f"gs://m/mnist/{VM}/exp-1", f"gs://c/mnist/{VM}/exp-1")
+    assert (spec.model_dir, spec.checkpoint_dir) == (f"gs://mm/mnist/{VM}/exp-1", f"gs://cc/mnist/{VM}/exp-1")

@@ -23,6 +23,7 @@ from tests.contracts import Call, ContractError, api
 from tests.runs_cloud import RunsCloud, runs_cloud
 from tpu_runs import cli
 from vm_agent.requests import RequestSource
+from vm_agent.settings import Settings
 from vm_agent.sources import FolderSource, ImageSource, RunSpec, StopRequest
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "Pulumi.self-service.yaml"
@@ -83,12 +84,14 @@ class World(RunsCloud):
                       data=data, timeout=10).raise_for_status()  # fmt: skip
 
     def agent(self, self_service: bool = True) -> RequestSource:
-        return RequestSource.from_env({
+        env = {
             "TPU_PLATFORM_STATUS_DIR": f"gs://{STATUS}/{VM}", "TPU_PLATFORM_ARTIFACTS": f"gs://{ARTIFACTS}",
             "TPU_PLATFORM_REGISTRY": f"us-central1-docker.pkg.dev/{PROJECT}/runs",
             "TPU_PLATFORM_SELF_SERVICE": "1" if self_service else "0", "STORAGE_EMULATOR_HOST": self.storage,
             "TPU_PLATFORM_METADATA_URL": f"http://{self.metadata}/computeMetadata/v1",
-        })  # fmt: skip
+            "TPU_PLATFORM_STACK": "self-service", "TPU_PLATFORM_VM": VM, "TPU_PLATFORM_WORKLOAD": "mnist",
+        }  # fmt: skip
+        return RequestSource.from_settings(Settings.from_environ(env), env)
 
 
 @pytest.fixture

@@ -32,6 +32,7 @@ from tests.vm_agent_support import (
     start_agent,
     trainer_folder,
 )
+from vm_agent import agent
 from vm_agent.gcs import Storage
 
 IMAGE = f"{REGISTRY}/trainer@sha256:{'c' * 64}"
@@ -227,6 +228,14 @@ def test_bad_agent_settings_exit_78_with_one_line_naming_each_problem(tmp_path):
     for says in ("TPU_PLATFORM_STACK is missing", "TPU_PLATFORM_STATUS_DIR is missing",
                  "TPU_PLATFORM_GRACE_SECONDS='soon'", "TPU_PLATFORM_REGISTRY='docker.io/x'"):  # fmt: skip
         assert says in line["message"]
+
+
+def test_a_poll_interval_that_is_not_a_number_is_a_settings_problem_not_a_traceback(tmp_path, capsys):
+    env = {"TPU_PLATFORM_STACK": "dev", "TPU_PLATFORM_VM": "v", "TPU_PLATFORM_STATUS_DIR": str(tmp_path),
+           "TPU_PLATFORM_POLL_SECONDS": "often"}  # fmt: skip
+    assert agent.main(env) == 78
+    line = json.loads(capsys.readouterr().out.strip())
+    assert line["severity"] == "CRITICAL" and "TPU_PLATFORM_POLL_SECONDS='often'" in line["message"]
 
 
 @pytest.mark.slow

@@ -61,7 +61,6 @@ class Agent:
         settings: Settings,
         sources: list[RunSource],
         storage: Storage | None = None,
-        poll_s: float = 60,
         ship: Callable[[str, RunSpec], None] = telemetry.ship,
         requests: RequestSource | None = None,
     ):
@@ -70,7 +69,7 @@ class Agent:
         self.requests = requests  # researchers' run and stop requests
         self.storage = storage or Storage()
         self.status = Folder(settings.status_dir, self.storage)
-        self.poll_s = poll_s
+        self.poll_s = settings.poll_s
         self.ship = ship
         self.current: Run | None = None
         self.stack_spec: RunSpec | None = None  # the stack's run while it is desired and has not ended
@@ -220,13 +219,12 @@ class Agent:
     def _already_ended(self, spec: RunSpec) -> bool:
         """Ended before (a reboot, an agent restart): not started again for the same spec."""
         try:
-            marker = self.status.read(COMPLETE) if spec.completion else None
-            state = self.status.read(status_name(spec.run_id, 0))
+            marker = self.status.read_json(COMPLETE) if spec.completion else {}
+            previous = self.status.read_json(status_name(spec.run_id, 0))
         except StorageError as error:
             log(f"cannot read the run's state ({error}); starting it", severity="WARNING", run=spec.run_id)
             return False
-        marked = _field(marker, "runId") == spec.run_id
-        previous = _json(state)
+        marked = marker.get("runId") == spec.run_id
         ended = previous.get("state") in ("finished", "failed") and previous.get("specSha256") == spec.fingerprint
         if not (marked or ended):
             return False
@@ -235,7 +233,7 @@ class Agent:
         if finished and spec.completion and self.settings.worker_id == 0:
             # Told again: the marker's new generation makes the guard stop or delete this VM again.
             # Its own marker: the one there may be an earlier run's (the status folder is the VM's).
-            self._write(COMPLETE, _json(marker) if marked else completion_marker(spec, None, {}))
+            self._write(COMPLETE, marker if marked else completion_marker(spec, None, {}))
         return True
 
     def _read(self, name: str) -> bytes | None:
@@ -247,21 +245,9 @@ class Agent:
 
     def _write(self, name: str, record: Any) -> None:
         try:
-            self.status.write(name, json.dumps(record, sort_keys=True).encode())
+            self.status.write_json(name, record)
         except (StorageError, OSError) as error:
             log(f"could not write {self.status.url}/{name}: {error}", severity="WARNING")
-
-
-def _json(data: bytes | None) -> dict:
-    try:
-        value = json.loads(data) if data else {}
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
-def _field(data: bytes | None, key: str) -> Any:
-    return _json(data).get(key)
 
 
 def main(environ: dict | None = None) -> int:
@@ -276,20 +262,13 @@ def main(environ: dict | None = None) -> int:
         log(f"FATAL: {error}", severity="CRITICAL")
         return 78  # a configuration error: systemd does not restart it (RestartPreventExitStatus)
     storage = Storage(environ=environ)
-    poll_s = float(environ.get("TPU_PLATFORM_POLL_SECONDS", "") or 60)
     sources: list[RunSource] = [MetadataSource(settings.metadata_url, settings.allowed, log=log)]
     requests = None
     if settings.status_dir.startswith("gs://") and settings.worker_id == 0:  # one taker per VM folder
-        requests = RequestSource.from_env(environ, log=lambda line: log(line, component="requests"))
-        # Where self-service is off the folder is read only to refuse what appears there.
-        requests.poll_s = min(10.0, poll_s) if settings.self_service else poll_s
-        if settings.worker_count > 1:
-            # Every worker of a slice would have to run it; only worker 0 takes requests. Not built yet.
-            requests.refusal = (f"TPU VM {settings.vm} is a slice of {settings.worker_count} hosts: self-service "
-                                "runs are single-host only for now")  # fmt: skip
+        requests = RequestSource.from_settings(settings, environ, log=lambda line: log(line, component="requests"))
     elif settings.self_service:
         log("TPU_PLATFORM_SELF_SERVICE=1 needs a gs:// TPU_PLATFORM_STATUS_DIR: no requests read", severity="WARNING")
-    agent = Agent(settings, sources, storage, poll_s=poll_s, requests=requests)
+    agent = Agent(settings, sources, storage, requests=requests)
     signal.signal(signal.SIGTERM, lambda *_: agent.stopping.set())
     signal.signal(signal.SIGINT, lambda *_: agent.stopping.set())
     try:

@@ -21,7 +21,7 @@ import urllib.parse
 import urllib.request
 import uuid
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import Any, Iterator, Mapping
 
 DEFAULT_METADATA_URL = "http://metadata.google.internal/computeMetadata/v1"
 GCS_URL = "https://storage.googleapis.com"
@@ -212,6 +212,18 @@ class Folder:
             if error.status == 404:
                 return None
             raise
+
+    def read_json(self, name: str) -> dict[str, Any]:
+        """The JSON object stored at `name`; {} when there is none, or it is not a JSON object."""
+        data = self.read(name)
+        try:
+            value = json.loads(data) if data else {}
+        except ValueError:
+            return {}
+        return value if isinstance(value, dict) else {}
+
+    def write_json(self, name: str, record: Mapping[str, Any]) -> None:
+        self.write(name, json.dumps(record, sort_keys=True).encode())
 
     def write(self, name: str, data: bytes) -> None:
         if self.remote:

@@ -32,16 +32,16 @@ Stdlib only, Python 3.8 (as the rest of vm_agent: tests/test_vm_agent_sources.py
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 import time
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
 from typing import Any, Callable, Mapping
 
-from vm_agent.gcs import Folder, Storage, StorageError, Tokens, metadata_url
-from vm_agent.sources import Allowed, FolderSource, RunSpec, SpecError, StopRequest, parse_run_spec
+from vm_agent.gcs import Folder, Storage, StorageError, Tokens, split_gs
+from vm_agent.runner import ENDED, STATES, utc_now
+from vm_agent.settings import Settings
+from vm_agent.sources import Allowed, FolderSource, Form, RunSpec, SpecError, StopRequest, parse_run_spec
 
 # A request is a run spec (vm_agent/sources.py parses it, as it parses the stack's) with fewer fields:
 # where the run keeps its checkpoints and model, and whether it ends in COMPLETE, are the platform's
@@ -53,29 +53,31 @@ RUN_ID = re.compile(r"[a-z](?:[a-z0-9-]{0,30}[a-z0-9])?")
 REQUESTER = re.compile(r"(user|group):[^@\s:]+@[^@\s]+\.[a-z]{2,}")  # infra/config/settings.py RESEARCHER_MEMBER
 
 
+REQUEST_FORM = Form(
+    REQUEST_FIELDS,
+    RUN_ID,
+    "1-32 lowercase letters, digits and '-', starting with a letter",
+    REQUESTER,
+    "a researcher's user:EMAIL or group:EMAIL",
+    noun="fields",
+)
+
+
 def parse_request(data: Any, name: str, allowed: Allowed, places: RunPlaces) -> RunSpec:
-    """The run a request asks for, or a SpecError with every problem: the shared parser's (unknown
-    keys, reserved TPU_PLATFORM_* names, `python` with an image, a source outside the stack's
-    artifacts bucket or registry, ...) and a request's own (its fields, a researcher's run id and
-    requester, the source object named by its digest, an image by digest only)."""
+    """The run a request asks for, or a SpecError with every problem: the shared parser's with a
+    request's form (its fields, a researcher's run id and requester; unknown keys, reserved
+    TPU_PLATFORM_* names, `python` with an image, a source outside the stack's artifacts bucket or
+    registry, ...) and a request's own source rules (the object named by its digest, an image by
+    digest only)."""
     where = f"request {name}"
     if not isinstance(data, dict):
         raise SpecError(where, [f"a run request is a JSON object, not {type(data).__name__}"])
     problems: list[str] = []
-    unknown = sorted(set(data) - set(REQUEST_FIELDS))
-    if unknown:
-        problems.append(f"unknown fields {unknown}; a request has {sorted(REQUEST_FIELDS)}")
-    run_id = data.get("runId")
-    if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id):
-        problems.append(f"runId {run_id!r}: 1-32 lowercase letters, digits and '-', starting with a letter")
-    requester = data.get("requester")
-    if not isinstance(requester, str) or not REQUESTER.fullmatch(requester):
-        problems.append(f"requester {requester!r}: a researcher's user:EMAIL or group:EMAIL")
     spec: RunSpec | None = None
     try:
-        spec = parse_run_spec(json.dumps(data), allowed, where)
+        spec = parse_run_spec(json.dumps(data), allowed, where, REQUEST_FORM)
     except SpecError as error:
-        problems += [p for p in error.problems if not p.startswith(("unknown keys", "requester", "runId"))]
+        problems += error.problems
     if spec is not None:
         source = spec.source
         if isinstance(source, FolderSource):
@@ -85,7 +87,7 @@ def parse_request(data: Any, name: str, allowed: Allowed, places: RunPlaces) -> 
         elif not source.by_digest:
             problems.append(f"source.image {source.image!r}: a request's image must be pinned by digest (@sha256:...)")
     if problems or spec is None:
-        raise SpecError(where, problems, run_id if isinstance(run_id, str) else "")
+        raise SpecError(where, problems, spec.run_id if spec is not None else "")
     return replace(spec, **places.of(spec.run_id))
 
 
@@ -111,20 +113,9 @@ class RunPlaces:
 # --------------------------------------------------------------------------------------------------
 # The source.
 # --------------------------------------------------------------------------------------------------
-# A request run's states from which a reboot resumes it (vm_agent/runner.py STATES).
-RESUMABLE = ("queued", "starting", "running", "stopping", "retry")
+# A request run's states from which a reboot resumes it: those of a run that has not ended.
+RESUMABLE = tuple(state for state in STATES if state not in ENDED)
 REQUEST_NAME = re.compile(r"(?P<ts>[0-9]{8}T[0-9]{6}Z)-(?P<stop>stop-)?(?P<run>[a-z0-9-]{1,40})\.json")
-
-
-def _split_gs(uri: str) -> tuple[str, str]:
-    match = re.fullmatch(r"gs://([^/]+)/?(.*)", uri)
-    if not match:
-        raise ValueError(f"{uri!r} is not a gs:// URI")
-    return match[1], match[2].rstrip("/")
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")  # datetime.UTC is 3.11+
 
 
 class RequestSource:
@@ -143,7 +134,7 @@ class RequestSource:
         log: Callable[[str], None] | None = None,
         refusal: str = "",
     ):
-        bucket, self.vm = _split_gs(status_dir)
+        bucket, self.vm = split_gs(status_dir)
         if not self.vm or "/" in self.vm:
             raise ValueError(f"TPU_PLATFORM_STATUS_DIR {status_dir!r}: gs://<status-bucket>/<vm>")
         self.allowed = Allowed(artifacts.rstrip("/"), registry.rstrip("/"))
@@ -156,22 +147,28 @@ class RequestSource:
         self.log = log or (lambda line: print(f"requests: {line}", file=sys.stderr, flush=True))
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] = os.environ, log: Callable[[str], None] | None = None) -> RequestSource:
-        """From agent.env (docs/design-runs.md)."""
-        vm = _split_gs(env["TPU_PLATFORM_STATUS_DIR"])[1]
-        storage = Storage(Tokens(metadata_url(env)), env)  # the VM account's token, with an emulator too
-        places = RunPlaces(
-            env.get("TPU_PLATFORM_CHECKPOINTS", ""), env.get("TPU_PLATFORM_MODELS", ""),
-            env.get("TPU_PLATFORM_WORKLOAD", ""), vm,
-        )  # fmt: skip
+    def from_settings(
+        cls, settings: Settings, environ: Mapping[str, str], log: Callable[[str], None] | None = None
+    ) -> RequestSource:
+        """From agent.env, as `Settings` parsed it (docs/design-runs.md); `environ` only for an emulator."""
+        storage = Storage(Tokens(settings.metadata_url), environ)  # the VM account's token, with an emulator too
+        places = RunPlaces(settings.checkpoints, settings.models, settings.workload, split_gs(settings.status_dir)[1])
+        refusal = ""
+        if settings.worker_count > 1:
+            # Every worker of a slice would have to run it; only worker 0 takes requests. Not built yet.
+            refusal = (f"TPU VM {settings.vm} is a slice of {settings.worker_count} hosts: self-service runs are "
+                       "single-host only for now")  # fmt: skip
         return cls(
-            env["TPU_PLATFORM_STATUS_DIR"],
-            env.get("TPU_PLATFORM_ARTIFACTS", ""),
-            env.get("TPU_PLATFORM_REGISTRY", ""),
-            self_service=env.get("TPU_PLATFORM_SELF_SERVICE", "0") == "1",
+            settings.status_dir,
+            settings.artifacts,
+            settings.registry,
+            self_service=settings.self_service,
             storage=storage,
             places=places,
+            # Where self-service is off the folder is read only to refuse what appears there.
+            poll_s=min(10.0, settings.poll_s) if settings.self_service else settings.poll_s,
             log=log,
+            refusal=refusal,
         )
 
     def next(self, timeout_s: float) -> RunSpec | StopRequest | None:
@@ -199,11 +196,7 @@ class RequestSource:
         for name in self.bucket.names(f"{self.vm}/runs/"):
             if not name.endswith("/status.json"):
                 continue
-            raw = self.bucket.read(name)
-            try:
-                state = json.loads(raw) if raw else {}
-            except ValueError:
-                continue
+            state = self.bucket.read_json(name)
             request, data = state.get("request"), state.get("spec")
             if state.get("state") not in RESUMABLE or not isinstance(request, str) or not isinstance(data, dict):
                 continue
@@ -260,7 +253,7 @@ class RequestSource:
         spec = replace(spec, request=name)
         state = {
             "runId": spec.run_id, "state": "queued", "exitCode": None, "startedAt": None, "endedAt": None,
-            "requester": spec.requester, "source": spec.source.describe(), "request": name, "queuedAt": _now(),
+            "requester": spec.requester, "source": spec.source.describe(), "request": name, "queuedAt": utc_now(),
             "spec": data,  # the request itself: a reboot resumes the run from here (`unfinished`)
         }  # fmt: skip
         # Read first, then create with ifGenerationMatch=0: the read is what the sandbox can show (the
@@ -278,11 +271,7 @@ class RequestSource:
         return spec
 
     def _state(self, run_id: str) -> dict[str, Any]:
-        raw = self.bucket.read(self.state_name(run_id))
-        try:
-            return json.loads(raw) if raw else {}
-        except ValueError:
-            return {}
+        return self.bucket.read_json(self.state_name(run_id))
 
     def _refuse(self, name: str, run_id: str | None, data: Any, reason: str) -> None:
         """Record the refusal as a failed run state, then drop the request; never raises for the request."""
@@ -290,7 +279,7 @@ class RequestSource:
         base = base[: -len(".json")] if base.endswith(".json") else base
         requester = data.get("requester") if isinstance(data, dict) else None
         record = {
-            "state": "failed", "exitCode": None, "startedAt": None, "endedAt": _now(), "reason": reason,
+            "state": "failed", "exitCode": None, "startedAt": None, "endedAt": utc_now(), "reason": reason,
             "requester": requester if isinstance(requester, str) else None, "source": None, "request": name,
         }  # fmt: skip
         key = run_id if run_id and RUN_ID.fullmatch(run_id) and not self._state(run_id) else None

@@ -463,7 +463,7 @@ class Run:
 
     def _write(self, name: str, record: dict[str, Any]) -> None:
         try:
-            self.status.write(name, json.dumps(record, sort_keys=True).encode())
+            self.status.write_json(name, record)
         except (StorageError, OSError) as error:  # a lost status write must not stop the run
             self.log(f"could not write {self.status.url}/{name}: {error}", severity="WARNING", run=self.spec.run_id)
 

@@ -17,6 +17,7 @@ from vm_agent.sources import Allowed
 DEFAULT_GRACE_SECONDS = 30.0  # a spot VM's preemption notice gives about 30 s
 DEFAULT_MAX_RETRIES = 3
 DEFAULT_RETRY_DELAY_SECONDS = 30.0
+DEFAULT_POLL_SECONDS = 60.0  # the metadata wait's timeout, and how often the requests folder is listed
 REGISTRY = re.compile(r"[a-z0-9-]+-docker\.pkg\.dev/[a-z][a-z0-9-]{4,28}[a-z0-9]/[a-z]([a-z0-9-]*[a-z0-9])?")
 
 
@@ -45,6 +46,7 @@ class Settings:
     # The TPU runtime's environment (from the catalog) passed on to the program and into a container.
     runtime_env: tuple[tuple[str, str], ...] = ()
     retry_delay_s: float = DEFAULT_RETRY_DELAY_SECONDS
+    poll_s: float = DEFAULT_POLL_SECONDS
     # Where self-service runs keep checkpoints and models: `<bucket>/<workload>/<vm>/<runId>`, under the
     # workload account's grants; "" for a bucket the workload may not write (then the run gets no dir).
     workload: str = ""
@@ -124,6 +126,7 @@ class Settings:
             metadata_url=environ.get("TPU_PLATFORM_METADATA_URL", "") or DEFAULT_METADATA_URL,
             runtime_env=tuple((n, environ.get(n, "")) for n in names.split(",") if n) if names else (),
             retry_delay_s=number("TPU_PLATFORM_RETRY_DELAY_SECONDS", DEFAULT_RETRY_DELAY_SECONDS, 0, 3600),
+            poll_s=number("TPU_PLATFORM_POLL_SECONDS", DEFAULT_POLL_SECONDS, 0.1, 3600),
             workload=workload,
             checkpoints=checkpoints,
             models=models,

@@ -49,6 +49,29 @@ FOLDER_KEYS = ("kind", "uri", "sha256")
 IMAGE_KEYS = ("kind", "image", "allowTag")
 
 
+@dataclass(frozen=True)
+class Form:
+    """What one kind of run spec may say beyond the shared rules: its keys, and its run ids and
+    requesters. The stack's (metadata) is `STACK_FORM`; a researcher's request's is vm_agent/requests.py's."""
+
+    keys: tuple[str, ...]
+    run_id: re.Pattern[str]
+    run_id_rule: str
+    requester: re.Pattern[str]
+    requester_rule: str
+    max_run_id: int = MAX_RUN_ID
+    noun: str = "keys"  # what the spec's keys are called in a problem
+
+
+STACK_FORM = Form(
+    tuple(SPEC_KEYS),
+    RUN_ID,
+    f"needs letters, digits, '.', '_', '-' in '/'-separated parts, at most {MAX_RUN_ID} characters",
+    REQUESTER,
+    '"stack", "user:<email>" or "group:<email>"',
+)
+
+
 class SpecError(ValueError):
     """A run spec that cannot be run, with every problem found (key, value, what is allowed)."""
 
@@ -122,7 +145,9 @@ def _fingerprint(raw: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(raw, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def parse_run_spec(text: str, allowed: Allowed, where: str = f"metadata {RUN_ATTRIBUTE}") -> RunSpec:
+def parse_run_spec(
+    text: str, allowed: Allowed, where: str = f"metadata {RUN_ATTRIBUTE}", form: Form = STACK_FORM
+) -> RunSpec:
     """The run spec in `text`, or a SpecError listing every problem with it."""
     try:
         raw = json.loads(text)
@@ -131,21 +156,18 @@ def parse_run_spec(text: str, allowed: Allowed, where: str = f"metadata {RUN_ATT
     if not isinstance(raw, dict):
         raise SpecError(where, [f"a run spec is a JSON object, not {type(raw).__name__}"])
     problems: list[str] = []
-    unknown = sorted(set(raw) - set(SPEC_KEYS))
+    unknown = sorted(set(raw) - set(form.keys))
     if unknown:
-        problems.append(f"unknown keys {unknown}; allowed: {sorted(SPEC_KEYS)}")
+        problems.append(f"unknown {form.noun} {unknown}; allowed: {sorted(form.keys)}")
 
     run_id = raw.get("runId")
-    if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id) or len(run_id) > MAX_RUN_ID:
-        problems.append(
-            f"runId {run_id!r}: needs letters, digits, '.', '_', '-' in '/'-separated parts, "
-            f"at most {MAX_RUN_ID} characters"
-        )
+    if not isinstance(run_id, str) or not form.run_id.fullmatch(run_id) or len(run_id) > form.max_run_id:
+        problems.append(f"runId {run_id!r}: {form.run_id_rule}")
         run_id = ""
 
     requester = raw.get("requester")
-    if not isinstance(requester, str) or not REQUESTER.fullmatch(requester):
-        problems.append(f'requester {requester!r}: "stack", "user:<email>" or "group:<email>"')
+    if not isinstance(requester, str) or not form.requester.fullmatch(requester):
+        problems.append(f"requester {requester!r}: {form.requester_rule}")
 
     source = _parse_source(raw.get("source"), allowed, problems)
 
