@@ -95,8 +95,10 @@ def write_archive(package: Package) -> Path:
 
 
 def cleanup_policies(args: ArtifactsArgs) -> list[gcp.artifactregistry.RepositoryCleanupPolicyArgs]:
-    """Keep what the stack runs and the newest versions; delete old untagged ones. A version matching
-    both a keep and a delete policy is kept (Artifact Registry, "Configure cleanup policies")."""
+    """Keep what the stack runs and the newest versions; delete old untagged ones. "If an artifact version
+    matches criteria in both a delete policy and a keep policy, Artifact Registry applies the keep policy"
+    (https://cloud.google.com/artifact-registry/docs/repositories/cleanup-policy-overview); at most 10
+    policies a repository (same page): this makes 3."""
     policies = [
         gcp.artifactregistry.RepositoryCleanupPolicyArgs(
             id="keep-newest",
@@ -114,7 +116,8 @@ def cleanup_policies(args: ArtifactsArgs) -> list[gcp.artifactregistry.Repositor
         ),
     ]
     if args.pinned_digests:
-        # A Docker version's name is its digest, `sha256:<hex>`.
+        # A Docker version's name is its digest, `sha256:<hex>` (artifactregistry.v1 Tag.version:
+        # `…/versions/sha256:…`; tests/test_contracts.py checks it against the discovery document).
         policies.insert(
             0,
             gcp.artifactregistry.RepositoryCleanupPolicyArgs(

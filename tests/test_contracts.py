@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from functools import cache
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 
-from tests.contracts import Call, ContractError, api
+from tests.contracts import Call, ContractError, api, document
 from tests.support import fixture_config, plan, stack_config
 from tools.offline.runner import PlanResult
 
@@ -156,3 +157,17 @@ def test_a_cleanup_policy_the_api_does_not_know_fails():
     policy = {"action": "DELETE", "condition": {"tagState": "UNTAGGED_ONLY", "olderThan": "30d"}}
     with pytest.raises(ContractError, match=r"tagState = 'UNTAGGED_ONLY'.*olderThan = '30d': a duration"):
         api("artifactregistry.v1").check_resource("Repository", {"cleanupPolicies": {"old": policy}})
+
+
+def test_a_docker_version_is_named_by_its_digest_as_the_keep_policy_assumes():
+    """The keep policy matches the stack's images by version name prefix `sha256:<hex>`
+    (infra/artifacts.py): Google's artifactregistry.v1 document names a version `…/versions/sha256:…`
+    (Tag.version), and a version name prefix is matched on any prefix (CleanupPolicyCondition)."""
+    schemas = document("artifactregistry.v1")["schemas"]
+    assert "/versions/sha256:" in schemas["Tag"]["properties"]["version"]["description"]
+    prefixes = schemas["CleanupPolicyCondition"]["properties"]["versionNamePrefixes"]
+    assert prefixes["type"] == "array" and "prefix" in prefixes["description"]
+    (repository,) = plan(fixture_config("sources"), "sources").of_type("gcp:artifactregistry/repository:Repository")
+    keep = next(p for p in repository.inputs["cleanupPolicies"] if p["id"] == "keep-used-by-stack")
+    assert keep["condition"]["versionNamePrefixes"]
+    assert all(re.fullmatch(r"sha256:[0-9a-f]{64}", v) for v in keep["condition"]["versionNamePrefixes"])
