@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.sandbox import Vm
 from tests.support import fixture_config, plan, stack_config
 from tools.offline.runner import PlanResult
 
@@ -30,3 +31,9 @@ def dev_plan() -> PlanResult:
 @pytest.fixture
 def prod_plan() -> PlanResult:
     return plan(stack_config("prod"), "prod")
+
+
+@pytest.fixture(autouse=True)
+def _no_vm_outlives_its_test():
+    yield
+    Vm.shut_down_all()

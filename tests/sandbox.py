@@ -14,6 +14,7 @@ import hashlib
 import http.server
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -79,6 +80,13 @@ if [[ "${{1:-}} ${{2:-}}" == "-m venv" ]]; then
 fi
 exec "{python}" "$@"
 """
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][0] != "Z"
+    except OSError:
+        return False
 
 
 def free_port() -> int:
@@ -300,7 +308,25 @@ class Vm:
             "CUDA_VISIBLE_DEVICES": "",
         }
 
+    booted: ClassVar[list[Vm]] = []  # every VM a test booted: stopped after the test (conftest.py)
+
+    @classmethod
+    def shut_down_all(cls) -> None:
+        """Stop what the booted VMs still run (an agent waits on its metadata forever), as a VM's
+        shutdown does: SIGTERM, then SIGKILL. A leftover agent would poll a loopback port that a later
+        test's server may reuse."""
+        pids = [pid for vm in cls.booted for f in vm.state.glob("*.pid") if (pid := int(f.read_text()))]
+        cls.booted.clear()
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for pid in pids:
+                with contextlib.suppress(OSError):
+                    os.killpg(pid, sig)  # the shim starts each unit in its own session
+            deadline = time.monotonic() + 15
+            while sig == signal.SIGTERM and time.monotonic() < deadline and any(_running(p) for p in pids):
+                time.sleep(0.1)
+
     def boot(self, script: str) -> subprocess.CompletedProcess[str]:
+        Vm.booted.append(self)
         """Run the start-up script as a VM boot does (as root there; as this user here)."""
         path = self.state / "startup-script"
         path.write_text(script)
