@@ -39,6 +39,8 @@ PURE = {
     "infra.config.settings",
     "infra.config.sources",
     "infra.cost",
+    "infra.goodput",
+    "infra.goodput.timeline",
     "infra.iam",
     "infra.naming",
     "infra.packaging",
