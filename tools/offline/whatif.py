@@ -265,7 +265,7 @@ def table(w: WhatIf, notes: list[str], sims: dict[str, dict[str, Any]]) -> str:
                 else f"none of {s['jobs']} finished within {s['horizonHours']:.0f} h"
             )
             lines.append(f"  simulated, {key}: {figures}; guard gave up {s['guardGaveUp']:.1f} ticks a job")
-    return "\n".join([*lines, *_footer(w, notes)])
+    return "\n".join(line.rstrip() for line in [*lines, *_footer(w, notes)])
 
 
 def _footer(w: WhatIf, notes: list[str]) -> list[str]:
