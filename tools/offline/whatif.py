@@ -159,7 +159,7 @@ def _inputs(args: argparse.Namespace) -> tuple[Job, Capacity, list[str]]:
     elif given("preemption_hours") is not None:
         source = "given" if args.preemption_hours is not None else "the stack's hoursBetweenPreemptions"
         preemptions = Rate.every(given("preemption_hours"), source)
-    measured = {k: getattr(args, k.replace("_s", "_seconds")) for k in ASSUMED}
+    measured = {k: getattr(args, f"{k.removesuffix('_s')}_seconds") for k in ASSUMED}
     recovery = given("recovery_every_minutes", 10)
     capacity = Capacity(
         accelerator=accelerator,
