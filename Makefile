@@ -59,8 +59,9 @@ typecheck: $(STAMP)
 unit: $(STAMP) $(WSTAMP) $(NSTAMP)
 	WORKLOADS_PYTHON=$(WVENV)/bin/python $(PY) -m pytest
 
-bench: $(STAMP) $(WSTAMP)  ## figures: offline-plan scale, workload throughput and checkpoint times
+bench: $(STAMP) $(WSTAMP)  ## figures: offline-plan scale, workload throughput and checkpoint times, goodput model
 	$(PY) benchmarks/plan_scale.py
+	$(PY) benchmarks/goodput_model.py
 	$(PY) benchmarks/workloads.py --python $(WVENV)/bin/python
 
 test-fast: $(STAMP)  ## the tests that need no TensorFlow, JAX or npm, and no real training

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from infra.catalog import load_catalog
+from infra.catalog import AcceleratorType, load_catalog
 from infra.config import BudgetSettings, TpuVmSettings
 from infra.schedule import HOURS_PER_MONTH, running_hours_per_month
 
@@ -89,11 +89,12 @@ def hours_per_month(vm: TpuVmSettings) -> tuple[float, str]:
     return scheduled, basis
 
 
-def _dearest(vm: TpuVmSettings, provisioning: str) -> tuple[float | None, str]:
-    """The highest price among the regions the VM may run in, or (None, region) when one has none."""
+def chip_hour_price(accelerator: AcceleratorType, provisioning: str, zones: Sequence[str]) -> tuple[float | None, str]:
+    """USD per chip-hour of `accelerator` bought as `provisioning`, at the dearest of the regions of
+    `zones`, and that region; (None, region) when the source has no price in one of them."""
     catalog = load_catalog()
-    regions = list(dict.fromkeys(z.rsplit("-", 1)[0] for z in vm.zones))
-    prices = [(catalog.price_per_chip_hour(vm.accelerator, provisioning, r), r) for r in regions]
+    regions = list(dict.fromkeys(z.rsplit("-", 1)[0] for z in zones))
+    prices = [(catalog.price_per_chip_hour(accelerator, provisioning, r), r) for r in regions]
     missing = next((r for p, r in prices if p is None), None)
     if missing:
         return None, missing
@@ -101,16 +102,23 @@ def _dearest(vm: TpuVmSettings, provisioning: str) -> tuple[float | None, str]:
     return price, region
 
 
+def list_price_note(provisioning: str) -> str | None:
+    """What an estimate must say of a provisioning model the source has no price for, or None."""
+    if provisioning in AT_LIST_PRICE:
+        return f"{provisioning} priced at the on-demand list price: the source has no {provisioning} price"
+    return None
+
+
 def vm_cost(vm: TpuVmSettings) -> VmCost:
-    price, region = _dearest(vm, vm.provisioning)
-    on_demand, _ = _dearest(vm, "on-demand")
+    price, region = chip_hour_price(vm.accelerator, vm.provisioning, vm.zones)
+    on_demand, _ = chip_hour_price(vm.accelerator, "on-demand", vm.zones)
     hours, basis = hours_per_month(vm)
     chips = vm.accelerator.chips * vm.node_count
     notes = []
     if price is None:
         notes.append(f"no price for {vm.accelerator.name} in {region} in the source: not in the total")
-    if vm.provisioning in AT_LIST_PRICE:
-        notes.append(f"{vm.provisioning} priced at the on-demand list price: the source has no {vm.provisioning} price")
+    if at_list := list_price_note(vm.provisioning):
+        notes.append(at_list)
     if basis == "up to":
         notes.append("runs to completion with no maxRunHours: priced for every hour it may run")
     if len({z.rsplit("-", 1)[0] for z in vm.zones}) > 1:

@@ -38,3 +38,8 @@ def test_telemetry_benchmark_runs():
 def test_packaging_benchmark_runs():
     out = run("benchmarks/source_archives.py", "--folder", "workloads", "--repeat", "1")
     assert "workloads:" in out and "tar.gz" in out
+
+
+def test_goodput_model_benchmark_runs():
+    out = run("benchmarks/goodput_model.py", "--cells", "1", "--events", "100")
+    assert "sim/model" in out and len(out.splitlines()) == 2

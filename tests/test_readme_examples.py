@@ -5,6 +5,7 @@ marker; a README that drifts from what the code prints fails here."""
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 
 from infra.cost import cost_table
@@ -50,6 +51,13 @@ def test_the_cost_table_is_what_the_plan_prints():
     shown = example("the cost table of `make plan` (dev)")
     assert shown == cost_table(dev.outputs["costEstimate"]) + "\n"
     assert shown in to_text(dev)  # the plan prints it as such
+
+
+def test_the_what_if_example_is_what_the_command_prints():
+    command, shown = example("`python -m tools.offline whatif` of a spot v5litepod-8 job").split("\n", 1)
+    done = offline_cli(*shlex.split(command.removeprefix("$ python -m tools.offline ")))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == shown
 
 
 def test_the_stack_outputs_and_the_vm_commands_are_what_the_program_exports():

@@ -77,6 +77,8 @@ class WorkloadSettings:
     checkpoint_every_minutes: float
     epochs: int
     batch_size: int
+    step_seconds: float | None = None  # one step on its TPU VMs, declared or measured (program only)
+    checkpoint_seconds: float | None = None  # a checkpoint's commit, the most it stalls training (program only)
     source: WorkloadSource = WorkloadSource("folder")
     command: tuple[str, ...] = ()  # the program's argv; for an image, empty runs the image's own
     python: str = ""  # a Python version the boot installs for a folder source ("": the image's)
@@ -144,6 +146,7 @@ class TpuVmSettings:
     fallback_zones: tuple[str, ...] = ()  # tried in order after `zone` on a stock-out (queued)
     run_duration_hours: float | None = None  # flex-start only
     max_run_hours: float | None = None  # expected hours of a run to completion; the guard enforces it
+    hours_between_preemptions: float | None = None  # spot/preemptible: mean running hours, from a record
     self_service: bool = False  # researchers may submit runs to it (vm_agent/requests.py takes them)
 
     @property

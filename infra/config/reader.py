@@ -54,7 +54,10 @@ OBJECT_KEYS = tuple(s.name for s in children("") if s.kind in ("object", "map", 
 SCALAR_KEYS = tuple(s.name for s in children("") if s.kind not in ("object", "map", "list"))
 _ACCELERATOR_NAME = r"[a-z][a-z0-9]*-[0-9]{1,5}"
 # A built-in program's own settings (its command line); a workload with its own source would ignore them.
-PROGRAM_ONLY = ("frameworkVersion", "epochs", "batchSize", "checkpointEverySteps", "checkpointEveryMinutes")
+PROGRAM_ONLY = (
+    "frameworkVersion", "epochs", "batchSize", "checkpointEverySteps", "checkpointEveryMinutes", "stepSeconds",
+    "checkpointSeconds",
+)  # fmt: skip
 
 
 def _name(s: Setting) -> str:
@@ -257,6 +260,8 @@ def _workload(name: str, node: Node) -> WorkloadSettings:
         run=text(node, "workloads.<name>.run", check=lambda r: naming.resource_id_problem(r, 32)),
         checkpoint_every_steps=integer(node, "workloads.<name>.checkpointEverySteps"),
         checkpoint_every_minutes=number(node, "workloads.<name>.checkpointEveryMinutes"),
+        step_seconds=optional_number(node, "workloads.<name>.stepSeconds"),
+        checkpoint_seconds=optional_number(node, "workloads.<name>.checkpointSeconds"),
         epochs=integer(node, "workloads.<name>.epochs"),
         batch_size=integer(node, "workloads.<name>.batchSize"),
     )
@@ -453,6 +458,7 @@ def _tpu_vm(node: Node) -> TpuVmSettings:
         fallback_zones=tuple(texts(node, "tpuVms[].fallbackZones", [])),
         run_duration_hours=optional_number(node, "tpuVms[].runDurationHours"),
         max_run_hours=optional_number(node, "tpuVms[].maxRunHours"),
+        hours_between_preemptions=optional_number(node, "tpuVms[].hoursBetweenPreemptions"),
         self_service=flag(node, "tpuVms[].selfService"),
     )
     node.done()

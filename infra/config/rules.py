@@ -24,6 +24,7 @@ from infra.config.model import (
 )
 from infra.config.settings import KMS_KEY
 from infra.config.sources import image_problem, parse_image
+from infra.goodput.interval import NO_EVENTS, PREEMPTIBLE_LIFE_HOURS, Losses, Rate, best_interval, waste
 from infra.schema import MISSING, Problems
 
 # Stands in for an accelerator type that was refused: the parse stops before anything reads it.
@@ -39,6 +40,7 @@ def check(cfg: PlatformConfig, problems: Problems) -> None:
     _sources(cfg, problems)
     _automation(cfg, problems)
     _self_service(cfg, problems)
+    _checkpoint_intervals(cfg, problems)
     if cfg.name_prefix and not problems.items:
         _names(cfg, problems)
 
@@ -279,6 +281,84 @@ def _self_service(cfg: PlatformConfig, problems: Problems) -> None:
         problems.warn(f"{PROJECT}:selfServiceInProduction", True, "has no effect: the stack is not production")
     if cfg.researcher_ssh and not cfg.researchers:
         problems.warn(f"{PROJECT}:researcherSsh", True, f"nobody is granted SSH: {PROJECT}:researchers is empty")
+
+
+# "Far" from the best interval: twice or half of it wastes a quarter more than the best, (k + 1/k)/2 to
+# first order (docs/goodput.md). With no best (nothing loses work), saves costing more than this share.
+FAR_FROM_BEST, SAVES_SHARE = 2.0, 0.10
+
+
+def _checkpoint_intervals(cfg: PlatformConfig, problems: Problems) -> None:
+    """A built-in program's checkpoint interval against the one that wastes least on its VM
+    (infra/goodput/interval.py). The stack knows the interval in steps and minutes; the step's and the
+    save's seconds (stepSeconds, checkpointSeconds) give it in time, and a spot VM's record of
+    preemptions (hoursBetweenPreemptions; a preemptible VM's 24 h life bounds it) gives the best. A
+    workload with its own source keeps its interval in its command, which the plan does not read."""
+    from infra.goodput.whatif import NOTICE_S  # the agent's grace period: infra.tpu imports this package
+
+    workloads = {w.name: w for w in cfg.workloads}
+    for index, vm in enumerate(cfg.tpu_vms):
+        key = f"{PROJECT}:tpuVms[{index}].hoursBetweenPreemptions"
+        hours = vm.hours_between_preemptions
+        if hours is not None and not vm.reclaimable:
+            problems.add(key, hours, f"only spot and preemptible VMs are preempted, not {vm.provisioning}")
+            continue
+        if hours is not None and vm.provisioning == "preemptible" and hours > PREEMPTIBLE_LIFE_HOURS:
+            problems.add(key, hours, f"a preemptible TPU lives at most {PREEMPTIBLE_LIFE_HOURS:g} hours")
+            continue
+        workload = workloads.get(vm.workload)
+        if not workload or not workload.program or not workload.step_seconds or not workload.checkpoint_seconds:
+            continue
+        advice = _interval_advice(vm, workload, NOTICE_S)
+        if advice:
+            problems.warn(
+                f"{PROJECT}:workloads.{workload.name}.checkpointEverySteps", workload.checkpoint_every_steps, advice
+            )
+
+
+def _interval_advice(vm: TpuVmSettings, workload: WorkloadSettings, notice_s: float) -> str | None:
+    step_s, save_s = workload.step_seconds or 0.0, workload.checkpoint_seconds or 0.0
+    interval = min(workload.checkpoint_every_steps * step_s, 60 * workload.checkpoint_every_minutes)
+    capped = " (checkpointEveryMinutes caps it)" if interval < workload.checkpoint_every_steps * step_s else ""
+    yours = f"checkpoints every {interval:.4g} s of steps{capped}"
+    hours = vm.hours_between_preemptions
+    if vm.provisioning == "preemptible" and hours is None:
+        hours = PREEMPTIBLE_LIFE_HOURS  # at most: a shorter mean only makes the best interval shorter
+    losses = Losses(Rate.every(hours) if vm.reclaimable and hours else NO_EVENTS, NO_EVENTS, notice_s, save_s)
+    on = f"on {vm.provisioning} VM '{vm.name}'"
+    if vm.reclaimable and not losses.fits and hours is None:
+        return (
+            f"{on}: a checkpoint commits in {save_s:g} s, longer than the {notice_s:g} s notice, so a preemption "
+            f"loses the work since the last one (up to {interval:.4g} s); set tpuVms[].hoursBetweenPreemptions to "
+            "check the interval against the one that wastes least"
+        )
+    best = best_interval(save_s, losses)
+    if best.seconds is None:
+        share = save_s / interval
+        if share <= SAVES_SHARE:
+            return None
+        why = (
+            f"a checkpoint commits in {save_s:g} s, within the {notice_s:g} s notice, so a preemption's save on "
+            "SIGTERM keeps its work"
+            if vm.reclaimable
+            else f"nothing preempts {vm.provisioning} VMs"
+        )
+        return (
+            f"{on}: {yours}, each stalling training {save_s:g} s: saves take {share:.0%} of it. As {why}, "
+            "periodic checkpoints only insure against losses without notice: checkpoint less often"
+        )
+    ratio = interval / best.seconds
+    if 1 / FAR_FROM_BEST <= ratio <= FAR_FROM_BEST:
+        return None
+    steps = max(1, round(best.seconds / step_s))
+    minutes = "" if best.seconds <= 60 * workload.checkpoint_every_minutes else (
+        f" and checkpointEveryMinutes ≥ {best.seconds / 60:.3g}"
+    )  # fmt: skip
+    return (
+        f"{on}: {yours}, {ratio:.2g}× the interval that wastes least, as {best.why}. Saves and "
+        f"lost work would take {waste(interval, save_s, losses):.1%} of training, "
+        f"{waste(best.seconds, save_s, losses):.1%} at checkpointEverySteps {steps}{minutes}"
+    )
 
 
 def _names(cfg: PlatformConfig, problems: Problems) -> None:

@@ -395,6 +395,26 @@ SETTINGS: tuple[Setting, ...] = (
         maximum=1440,
     ),
     Setting(
+        "workloads.<name>.stepSeconds",
+        "number",
+        "Seconds one training step takes on its TPU VMs, measured or declared: with checkpointSeconds, the plan "
+        "checks checkpointEverySteps against the interval that wastes least (program only).",
+        optional=True,
+        minimum=0,
+        exclusive_minimum=True,
+        maximum=86_400,
+    ),
+    Setting(
+        "workloads.<name>.checkpointSeconds",
+        "number",
+        "Seconds a checkpoint takes to commit, the most it stalls training; within the VM's notice, a save "
+        "on SIGTERM keeps a preempted run's work (program only).",
+        optional=True,
+        minimum=0,
+        exclusive_minimum=True,
+        maximum=86_400,
+    ),
+    Setting(
         "workloads.<name>.epochs",
         "integer",
         "Training epochs (program only: a source takes them in command).",
@@ -526,6 +546,16 @@ SETTINGS: tuple[Setting, ...] = (
         "number",
         "Expected hours of a run to completion: priced for them, and the guard stops or deletes the node "
         "running past them (onCompletion stop or delete).",
+        optional=True,
+        minimum=0,
+        exclusive_minimum=True,
+        maximum=8760,
+    ),
+    Setting(
+        "tpuVms[].hoursBetweenPreemptions",
+        "number",
+        "Mean running hours between preemptions of this spot or preemptible VM, from your record of them: the "
+        "plan checks its workload's checkpoint interval against it.",
         optional=True,
         minimum=0,
         exclusive_minimum=True,

@@ -1,7 +1,8 @@
 """`python -m tools.offline plan [--stack dev] [--json]`: what `pulumi up` would create, offline.
 
 Also `diff BASE HEAD` (the PR comment from two `plan --json` files), `render` (the start-up
-script a TPU VM will run) and `schema [--write]` (the stack files' JSON Schema and settings table).
+script a TPU VM will run), `schema [--write]` (the stack files' JSON Schema and settings table) and
+`whatif` (a job's expected cost and time, and the checkpoint interval that wastes least).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from tools.offline.policy_check import check_policies
 from tools.offline.render import to_json, to_text
 from tools.offline.runner import plan_stack
 from tools.offline.stackfile import ROOT, StackFileError, available_stacks, read_stack_config, stack_of
+from tools.offline.whatif import add_arguments as whatif_arguments
+from tools.offline.whatif import run as run_whatif
 
 
 def _stack_arguments(parser: argparse.ArgumentParser) -> None:
@@ -95,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     schema.add_argument("--write", action="store_true", help="regenerate schema/stack.schema.json and the table")
     golden = commands.add_parser("golden", help="each shipped stack's plan as JSON, as tests/golden/ keeps it")
     golden.add_argument("--write", action="store_true", help="regenerate tests/golden/<stack>.json")
+    whatif = commands.add_parser("whatif", help="a job's expected cost and time, and the interval that wastes least")
+    whatif_arguments(whatif)
     args = parser.parse_args(argv)
     if args.command == "access":
         text = render_access(generate_access())
@@ -120,6 +125,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "diff":
         return _diff(args.base, args.head)
+    if args.command == "whatif":
+        code, text = run_whatif(args)
+        print(text, file=sys.stderr if code else sys.stdout)
+        return code
     if args.command == "render":
         return _render(args.stack, args.stack_file, args.vm, "tpu-platform-env" if args.env else "startup-script")
 

@@ -1,0 +1,336 @@
+"""The run timeline: where one run's time went, by category, as a small versioned JSON record.
+
+Standard library only, runs on Python 3.8, imports nothing else from infra: the record is written to
+move as it is into the shared contract package that the VM agent (which will write timelines),
+`tpu-runs report` and the what-if (which read them) import.
+
+The categories are the platform's own: what the TPU API, the guard and the agent can tell apart, plus
+what a program's step lines say. Each maps to one type of Google's ml-goodput-measurement, pinned
+below, so that a timeline reads like that library's breakdown (CATEGORIES is the mapping table;
+docs/goodput.md prints it with the reasons). Step lines come from the program: a self-service
+program's are untrusted (it may print anything), and the categories that depend on them say so.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+SCHEMA = "tpu-platform/run-timeline"
+VERSION = 1
+
+# ml-goodput-measurement, release 0.2.3 (pyproject.toml `version = "0.2.3"`), commit
+# 57092cfcf1c9c0a2ef9e5c2311734fabb8b38152 of github.com/AI-Hypercomputer/ml-goodput-measurement:
+# `class BadputType(enum.Enum)` and `class GoodputType(enum.Enum)` in
+# ml_goodput_measurement/src/goodput_utils.py, names and values as defined there.
+GOODPUT_MEASUREMENT = "ml-goodput-measurement 0.2.3 (57092cfcf1c9c0a2ef9e5c2311734fabb8b38152)"
+BADPUT_TYPES = {
+    "TPU_INITIALIZATION": 1,
+    "TRAINING_PREP": 2,
+    "PROGRAM_STARTUP": 3,
+    "DATA_LOADING_SYNC": 4,
+    "DATA_LOADING_ASYNC": 5,
+    "UNPRODUCTIVE_CHECKPOINT_SAVE_TIME": 6,
+    "UNPRODUCTIVE_CHECKPOINT_RESTORE_TIME": 7,
+    "WASTED_PROGRESS_FROM_DISRUPTION": 8,
+    "INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION": 9,
+    "CUSTOM_BADPUT_EVENTS": 10,
+    "OTHER": 11,
+    "ELASTIC_SLICE_DOWN": 12,
+    "ELASTIC_SCALE_UP": 13,
+    "ELASTIC_REINITIALIZATION": 14,
+}
+GOODPUT_TYPES = {"TOTAL": 1}  # "Productive time is not broken down by activities yet."
+
+# Who measures a category. A program's step lines are the program's word; the rest is the platform's.
+TPU_API, GUARD, AGENT, STEP_LINES, REMAINDER = "TPU API", "guard", "agent", "step lines", "remainder"
+
+
+@dataclass(frozen=True)
+class Category:
+    key: str  # its key in a timeline's `seconds`
+    what: str  # the platform's events it runs between
+    measured_by: str  # TPU_API, GUARD, AGENT, STEP_LINES or REMAINDER
+    library: str  # "BadputType.X" or "GoodputType.TOTAL"; "" when the library does not count the time
+    billed: bool  # the node runs (and bills) through it
+    note: str = ""  # where the library counts it differently
+
+    @property
+    def from_step_lines(self) -> bool:
+        """Whether a program's own lines decide it (the remainder too: what they claim, it loses)."""
+        return self.measured_by in (STEP_LINES, REMAINDER)
+
+
+RECOVERY = "BadputType.INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION"
+BEFORE_PROGRAM = "the library's job starts with the program: it counts this only after a disruption"
+CATEGORIES: tuple[Category, ...] = (
+    Category("queue", "request to the node's first READY: a queued request waiting, the node CREATING", TPU_API,
+             "", False, "before the job: not in the library's job time; not billed"),
+    Category("recoveryWait", "node PREEMPTED or lost to READY again: the guard's next check, delete, create",
+             GUARD, RECOVERY, False, "not billed: the node does not run"),
+    Category("boot", "READY to the agent's start: the guest OS and the start-up script", AGENT, RECOVERY, True,
+             BEFORE_PROGRAM),
+    Category("installs", "the agent's start to the program's: fetch and verify the source, venv, image pull",
+             AGENT, RECOVERY, True, BEFORE_PROGRAM),
+    Category("restore", "the program's start to its checkpoint restored", STEP_LINES,
+             "BadputType.UNPRODUCTIVE_CHECKPOINT_RESTORE_TIME", True),
+    Category("firstStep", "restored (or started) to the first step: compilation, device and data set-up",
+             STEP_LINES, "BadputType.PROGRAM_STARTUP", True,
+             "the library splits TPU_INITIALIZATION and TRAINING_PREP out when the program records them"),
+    Category("productive", "steps kept: from the first step to the last committed checkpoint or the end",
+             STEP_LINES, "GoodputType.TOTAL", True, "input waits inside a step count here"),
+    Category("checkpointSave", "training stalled by a save, periodic or on SIGTERM", STEP_LINES,
+             "BadputType.UNPRODUCTIVE_CHECKPOINT_SAVE_TIME", True),
+    Category("wastedProgress", "steps after the last committed checkpoint, lost to a preemption or a lost host",
+             STEP_LINES, "BadputType.WASTED_PROGRESS_FROM_DISRUPTION", True),
+    Category("idle", "the VM up with no run: after a run ends until stop or delete, between runs", AGENT, "",
+             True, "after the job: the library's job has ended; billed all the same"),
+    Category("unattributed", "billed time no event above explains", REMAINDER, "BadputType.OTHER", True),
+)  # fmt: skip
+BY_KEY = {c.key: c for c in CATEGORIES}
+# The library's types no category maps to, and why the platform records none of that time.
+UNMAPPED = {
+    "TPU_INITIALIZATION": "inside firstStep: the agent sees the first step line, not the program's phases",
+    "TRAINING_PREP": "inside firstStep, as TPU_INITIALIZATION",
+    "DATA_LOADING_SYNC": "inside productive: step lines carry no input wait",
+    "DATA_LOADING_ASYNC": "overlaps training: not badput in the library either",
+    "CUSTOM_BADPUT_EVENTS": "the run contract has no custom events",
+    "ELASTIC_SLICE_DOWN": "no elastic slices here",
+    "ELASTIC_SCALE_UP": "no elastic slices here",
+    "ELASTIC_REINITIALIZATION": "no elastic slices here",
+}
+# Measured time may exceed the billed time by clock skew between the agent and the TPU API: this much.
+SKEW_S, SKEW_SHARE = 5.0, 0.001
+
+
+class TimelineError(ValueError):
+    """A timeline that is not a valid record of this version: every problem, one per line."""
+
+
+@dataclass(frozen=True)
+class RunTimeline:
+    """One run on one VM: seconds per category (all of them), and the billed seconds they add up to.
+
+    `billed_s` comes from the node's state transitions (running from READY until preempted, stopped or
+    deleted), not from the agent's start; `unattributed` is what the other billed categories leave.
+    """
+
+    run_id: str
+    vm: str
+    accelerator_type: str
+    chips: int
+    provisioning: str
+    zone: str
+    billed_s: float
+    seconds: dict[str, float]
+    preemptions: int = 0  # notices: SIGTERM at a preemption, the program given its grace period
+    lost_without_notice: int = 0  # runs cut off with no stop recorded (a host lost, kill -9)
+    steps: int = 0  # productive steps, from the step lines
+    step_lines_trusted: bool = True  # False for a self-service program's lines
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        run_id: str,
+        vm: str,
+        accelerator_type: str,
+        chips: int,
+        provisioning: str,
+        zone: str,
+        billed_s: float,
+        measured: Mapping[str, float],
+        preemptions: int = 0,
+        lost_without_notice: int = 0,
+        steps: int = 0,
+        step_lines_trusted: bool = True,
+    ) -> RunTimeline:
+        """The record from measured seconds (any categories but `unattributed`; missing ones are 0).
+
+        The remainder is computed. Measured billed time above the billed seconds (beyond clock skew)
+        means overlapping intervals, a bug of whoever measured them: TimelineError."""
+        problems = [f"seconds.{k}: not a category to measure" for k in measured if k not in BY_KEY]
+        if "unattributed" in measured:
+            problems.append(
+                f"seconds.unattributed: computed from the others, not measured ({measured['unattributed']})"
+            )
+        seconds = {c.key: float(measured.get(c.key, 0.0)) for c in CATEGORIES}
+        attributed = sum(seconds[c.key] for c in CATEGORIES if c.billed)
+        if attributed > billed_s + max(SKEW_S, SKEW_SHARE * billed_s):
+            problems.append(f"billed categories add up to {attributed:g} s, more than the {billed_s:g} s billed")
+        if problems:
+            raise TimelineError("\n".join(problems))
+        seconds["unattributed"] = max(0.0, billed_s - attributed)
+        timeline = cls(
+            run_id=run_id,
+            vm=vm,
+            accelerator_type=accelerator_type,
+            chips=chips,
+            provisioning=provisioning,
+            zone=zone,
+            billed_s=float(billed_s),
+            seconds=seconds,
+            preemptions=preemptions,
+            lost_without_notice=lost_without_notice,
+            steps=steps,
+            step_lines_trusted=step_lines_trusted,
+        )
+        timeline.check()
+        return timeline
+
+    def check(self) -> None:
+        problems = []
+        for name, value in (("chips", self.chips), ("preemptions", self.preemptions),
+                            ("lostWithoutNotice", self.lost_without_notice), ("steps", self.steps)):  # fmt: skip
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                problems.append(f"{name}: {value!r} is not a whole number ≥ 0")
+        for name, value in (("runId", self.run_id), ("vm", self.vm), ("acceleratorType", self.accelerator_type),
+                            ("provisioning", self.provisioning), ("zone", self.zone)):  # fmt: skip
+            if not isinstance(value, str) or not value:
+                problems.append(f"{name}: {value!r} is not a non-empty string")
+        if not _seconds(self.billed_s):
+            problems.append(f"billedSeconds: {self.billed_s!r} is not a finite number of seconds ≥ 0")
+        if set(self.seconds) != set(BY_KEY):
+            missing, extra = sorted(set(BY_KEY) - set(self.seconds)), sorted(set(self.seconds) - set(BY_KEY))
+            problems.append(f"seconds: needs every category; missing {missing}, not categories {extra}")
+        problems += [
+            f"seconds.{k}: {v!r} is not a finite number ≥ 0" for k, v in self.seconds.items() if not _seconds(v)
+        ]
+        if not isinstance(self.step_lines_trusted, bool):
+            problems.append(f"stepLinesTrusted: {self.step_lines_trusted!r} is not true or false")
+        if problems:
+            raise TimelineError("\n".join(problems))
+
+    @property
+    def untrusted(self) -> tuple[str, ...]:
+        """The categories a self-service program's step lines decide; none when its lines are trusted."""
+        return () if self.step_lines_trusted else tuple(c.key for c in CATEGORIES if c.from_step_lines)
+
+    @property
+    def goodput(self) -> float:
+        """Productive share of the billed time."""
+        return self.seconds["productive"] / self.billed_s if self.billed_s else 0.0
+
+    def library_breakdown(self) -> dict[str, float]:
+        """Seconds per ml-goodput-measurement type (`GoodputType.TOTAL`, `BadputType.…`), as mapped."""
+        out: dict[str, float] = {}
+        for c in CATEGORIES:
+            if c.library:
+                out[c.library] = out.get(c.library, 0.0) + self.seconds[c.key]
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "version": VERSION,
+            "runId": self.run_id,
+            "vm": self.vm,
+            "acceleratorType": self.accelerator_type,
+            "chips": self.chips,
+            "provisioning": self.provisioning,
+            "zone": self.zone,
+            "billedSeconds": self.billed_s,
+            "seconds": {c.key: self.seconds[c.key] for c in CATEGORIES},
+            "preemptions": self.preemptions,
+            "lostWithoutNotice": self.lost_without_notice,
+            "steps": self.steps,
+            "stepLinesTrusted": self.step_lines_trusted,
+            "untrusted": list(self.untrusted),
+            "goodputMeasurement": GOODPUT_MEASUREMENT,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> RunTimeline:
+        """A record read back; anything that is not version 1 of this schema raises TimelineError."""
+        if not isinstance(data, dict):
+            raise TimelineError(f"a timeline is a JSON object, not {type(data).__name__}")
+        if data.get("schema") != SCHEMA:
+            raise TimelineError(f"schema: {data.get('schema')!r} is not {SCHEMA!r}")
+        if data.get("version") != VERSION:
+            raise TimelineError(f"version: {data.get('version')!r}; this reader knows version {VERSION}")
+        known = {"schema", "version", "untrusted", "goodputMeasurement", "lostWithoutNotice", "steps", "preemptions",
+                 "runId", "vm", "acceleratorType", "chips", "provisioning", "zone", "billedSeconds", "seconds",
+                 "stepLinesTrusted"}  # fmt: skip
+        unknown = sorted(set(data) - known)
+        missing = sorted(k for k in ("runId", "vm", "acceleratorType", "chips", "provisioning", "zone",
+                                     "billedSeconds", "seconds") if k not in data)  # fmt: skip
+        if unknown or missing:
+            raise TimelineError(f"unknown keys {unknown}, missing keys {missing}")
+        seconds = data["seconds"]
+        if not isinstance(seconds, dict):
+            raise TimelineError(f"seconds: {seconds!r} is not an object")
+        timeline = cls(
+            run_id=data["runId"],
+            vm=data["vm"],
+            accelerator_type=data["acceleratorType"],
+            chips=data["chips"],
+            provisioning=data["provisioning"],
+            zone=data["zone"],
+            billed_s=data["billedSeconds"],
+            seconds=dict(seconds),
+            preemptions=data.get("preemptions", 0),
+            lost_without_notice=data.get("lostWithoutNotice", 0),
+            steps=data.get("steps", 0),
+            step_lines_trusted=data.get("stepLinesTrusted", True),
+        )
+        timeline.check()
+        billed = sum(timeline.seconds[c.key] for c in CATEGORIES if c.billed)
+        if abs(billed - timeline.billed_s) > max(SKEW_S, SKEW_SHARE * timeline.billed_s):
+            raise TimelineError(f"billed categories add up to {billed:g} s, not the {timeline.billed_s:g} s billed")
+        return timeline
+
+
+def _seconds(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
+@dataclass(frozen=True)
+class PreemptionHistory:
+    """Disruptions seen over hours of running: what the what-if's rate comes from when a stack has a
+    record (`tpu-runs report` will write it from the stack's timelines; `of` does the sum)."""
+
+    preemptions: int
+    lost_without_notice: int
+    running_hours: float
+    source: str = ""  # what the counts cover, in words (VMs, months)
+
+    @classmethod
+    def of(cls, timelines: Iterable[RunTimeline], source: str = "") -> PreemptionHistory:
+        runs = list(timelines)
+        return cls(
+            preemptions=sum(t.preemptions for t in runs),
+            lost_without_notice=sum(t.lost_without_notice for t in runs),
+            running_hours=sum(t.billed_s for t in runs) / 3600,
+            source=source or f"{len(runs)} run timeline(s)",
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "preemptions": self.preemptions,
+            "lostWithoutNotice": self.lost_without_notice,
+            "runningHours": self.running_hours,
+            "source": self.source,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> PreemptionHistory:
+        problems = []
+        if not isinstance(data, dict):
+            raise TimelineError(f"a preemption history is a JSON object, not {type(data).__name__}")
+        unknown = sorted(set(data) - {"preemptions", "lostWithoutNotice", "runningHours", "source"})
+        if unknown:
+            problems.append(f"unknown keys {unknown}")
+        counts: dict[str, int] = {}
+        for key in ("preemptions", "lostWithoutNotice"):
+            value = data.get(key, 0)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                problems.append(f"{key}: {value!r} is not a whole number ≥ 0")
+            counts[key] = value
+        hours: float | None = data.get("runningHours")
+        if not _seconds(hours) or not hours:
+            problems.append(f"runningHours: {hours!r} is not a number of hours > 0")
+        if problems:
+            raise TimelineError("\n".join(problems))
+        return cls(counts["preemptions"], counts["lostWithoutNotice"], float(hours or 0), str(data.get("source", "")))

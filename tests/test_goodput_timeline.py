@@ -1,0 +1,163 @@
+"""The run timeline record: its mapping onto ml-goodput-measurement's types, its JSON, and that it can
+move into a standard-library contract package (no import beyond the standard library, Python 3.8)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from infra.goodput import interval
+from infra.goodput import timeline as module
+from infra.goodput.timeline import (
+    BADPUT_TYPES,
+    BY_KEY,
+    CATEGORIES,
+    GOODPUT_TYPES,
+    UNMAPPED,
+    PreemptionHistory,
+    RunTimeline,
+    TimelineError,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+IDENTITY = {
+    "run_id": "r1",
+    "vm": "mnist-v5e",
+    "accelerator_type": "v5litepod-8",
+    "chips": 8,
+    "provisioning": "spot",
+    "zone": "us-central1-a",
+}
+
+
+def a_timeline(**changes) -> RunTimeline:
+    measured = {"boot": 60.0, "installs": 30.0, "restore": 20.0, "firstStep": 40.0, "productive": 3000.0,
+                "checkpointSave": 50.0, "wastedProgress": 100.0, "recoveryWait": 400.0, "queue": 90.0}  # fmt: skip
+    args = {**IDENTITY, "billed_s": 3400.0, "measured": measured, "preemptions": 1, "steps": 6000, **changes}
+    return RunTimeline.of(**args)
+
+
+def test_every_type_of_the_pinned_library_is_mapped_or_said_why_not():
+    mapped = {c.library.split(".", 1)[1] for c in CATEGORIES if c.library.startswith("BadputType.")}
+    assert mapped | set(UNMAPPED) == set(BADPUT_TYPES)
+    assert not mapped & set(UNMAPPED)
+    known = {f"BadputType.{n}" for n in BADPUT_TYPES} | {f"GoodputType.{n}" for n in GOODPUT_TYPES} | {""}
+    assert {c.library for c in CATEGORIES} <= known
+    assert [c.key for c in CATEGORIES if c.library == "GoodputType.TOTAL"] == ["productive"]
+    assert sorted(BADPUT_TYPES.values()) == list(range(1, 15))  # the enum's values, 1…14, at the pinned commit
+
+
+def test_the_pin_names_a_release_and_a_commit():
+    assert module.GOODPUT_MEASUREMENT.startswith("ml-goodput-measurement 0.2.3 (")
+    assert "(57092cfcf1c9c0a2ef9e5c2311734fabb8b38152)" in module.GOODPUT_MEASUREMENT
+
+
+def test_billed_categories_are_those_the_node_runs_through():
+    assert {c.key for c in CATEGORIES if not c.billed} == {"queue", "recoveryWait"}
+
+
+def test_the_remainder_is_what_the_measured_billed_categories_leave():
+    t = a_timeline()
+    assert t.seconds["unattributed"] == pytest.approx(3400 - (60 + 30 + 20 + 40 + 3000 + 50 + 100))
+    assert sum(t.seconds[c.key] for c in CATEGORIES if c.billed) == pytest.approx(t.billed_s)
+    assert t.goodput == pytest.approx(3000 / 3400)
+
+
+def test_over_attributed_time_is_refused_beyond_clock_skew():
+    a_timeline(billed_s=3300 - 4.0)  # 3300 s measured: within the 5 s of skew allowed
+    with pytest.raises(TimelineError, match="add up to 3300 s, more than the 3280 s billed"):
+        a_timeline(billed_s=3280.0)
+
+
+def test_the_remainder_is_computed_never_measured_and_unknown_categories_are_refused():
+    with pytest.raises(TimelineError) as caught:
+        a_timeline(measured={"unattributed": 5.0, "compile": 3.0})
+    assert "seconds.compile: not a category" in str(caught.value)
+    assert "seconds.unattributed: computed from the others, not measured (5.0)" in str(caught.value)
+
+
+def test_json_round_trip_and_serialisable():
+    t = a_timeline()
+    text = json.dumps(t.to_json())
+    back = RunTimeline.from_json(json.loads(text))
+    assert back == t
+    data = json.loads(text)
+    assert data["schema"] == "tpu-platform/run-timeline" and data["version"] == 1
+    assert list(data["seconds"]) == [c.key for c in CATEGORIES]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"version": 2}, "version: 2; this reader knows version 1"),
+        ({"schema": "other"}, "schema: 'other'"),
+        ({"extra": 1}, "unknown keys ['extra']"),
+        ({"chips": -1}, "chips: -1 is not a whole number"),
+        ({"billedSeconds": float("nan")}, "billedSeconds: nan"),
+        ({"stepLinesTrusted": "yes"}, "stepLinesTrusted: 'yes'"),
+    ],
+)
+def test_a_record_that_is_not_this_version_is_refused_with_the_reason(change, message):
+    data = {**a_timeline().to_json(), **change}
+    with pytest.raises(TimelineError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        RunTimeline.from_json(data)
+
+
+def test_a_record_whose_categories_do_not_add_up_to_the_bill_is_refused():
+    data = a_timeline().to_json()
+    data["seconds"]["productive"] += 600
+    with pytest.raises(TimelineError, match="not the 3400 s billed"):
+        RunTimeline.from_json(data)
+
+
+def test_a_self_service_programs_step_lines_mark_what_they_decide():
+    assert a_timeline().untrusted == ()
+    untrusted = a_timeline(step_lines_trusted=False)
+    assert set(untrusted.untrusted) == {"restore", "firstStep", "productive", "checkpointSave", "wastedProgress",
+                                        "unattributed"}  # fmt: skip
+    assert untrusted.to_json()["untrusted"] == list(untrusted.untrusted)
+    assert not any(BY_KEY[k].measured_by in ("agent", "guard", "TPU API") for k in untrusted.untrusted)
+
+
+def test_the_library_breakdown_adds_the_categories_it_maps():
+    breakdown = a_timeline().library_breakdown()
+    assert breakdown["BadputType.INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION"] == pytest.approx(400 + 60 + 30)
+    assert breakdown["GoodputType.TOTAL"] == 3000
+    assert "queue" not in breakdown and len(breakdown) == 7
+
+
+def test_a_preemption_history_sums_timelines_and_reads_back():
+    runs = [a_timeline(), a_timeline(preemptions=2, lost_without_notice=1)]
+    history = PreemptionHistory.of(runs, "mnist-v5e, 2026-11")
+    assert (history.preemptions, history.lost_without_notice) == (3, 1)
+    assert history.running_hours == pytest.approx(2 * 3400 / 3600)
+    assert PreemptionHistory.from_json(json.loads(json.dumps(history.to_json()))) == history
+    with pytest.raises(TimelineError, match="runningHours: 0 is not a number of hours > 0"):
+        PreemptionHistory.from_json({"preemptions": 1, "runningHours": 0})
+
+
+STANDALONE = (module.__file__, interval.__file__)  # the record, and the model that fills it in
+
+
+@pytest.mark.parametrize("path", STANDALONE)
+def test_the_record_imports_only_the_standard_library(path):
+    tree = ast.parse(Path(path).read_text())
+    names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    outside = {n for n in names if n.split(".")[0] not in sys.stdlib_module_names | {"__future__"}}
+    assert outside <= {"infra.goodput.timeline"}, outside
+
+
+def test_the_record_runs_on_python_3_8():
+    """vermin names the oldest Python that has every syntax form and standard-library use of a file."""
+    done = subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "vermin"), "-t=3.8-", "--no-tips", "--violations", *STANDALONE],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
