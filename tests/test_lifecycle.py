@@ -67,6 +67,13 @@ def test_bad_schedules():
     assert "tpuVms[0].schedule.timeZone = 'Mars/Olympus': an IANA time zone" in message
 
 
+def test_a_schedule_with_a_trailing_newline_is_refused_not_sent_to_cloud_scheduler():
+    """A YAML block scalar (`stop: |`) ends in a newline, which the job's `schedule` would carry as written."""
+    message = vm_problems(schedule={"start": "0 8 * * 1-5", "stop": "0 20 * * 1-5\n", "timeZone": "Europe/Berlin"})
+    assert "tpuVms[0].schedule.stop = '0 20 * * 1-5\\n': not a unix-cron schedule" in message
+    assert "separated by single spaces" in message
+
+
 def test_a_finished_run_holds_no_tpu_right_and_writes_only_its_own_status():
     result = plan(stack_config())
     roles = {r.inputs["roleId"] for r in result.of_type("gcp:projects/iAMCustomRole:IAMCustomRole")}
