@@ -29,7 +29,7 @@ from infra.schema import MISSING, Problems
 
 # Stands in for an accelerator type that was refused: the parse stops before anything reads it.
 NO_ACCELERATOR = AcceleratorType(
-    Generation("", "", "chips", (), frozenset(), 1, 1, 0.0, 0.0, False, "", "0.0.0", {}, (), {}, False, False, False), 0
+    Generation("", "", "chips", (), frozenset(), 1, 1, 0.0, 0.0, False, "", "0.0.0", {}, (), {}, False, False, {}), 0
 )
 
 
@@ -185,6 +185,21 @@ def _capacity(cfg: PlatformConfig, key: str, vm: TpuVmSettings, problems: Proble
         why = load_catalog().capacity_problem(vm.accelerator, queued=vm.queued, node_count=vm.node_count, flex=flex)
         if why:
             problems.add(f"{key}.acceleratorType", vm.accelerator.name, why)
+        elif flex and vm.queued:
+            _flex_start_zones(key, vm, problems)
+
+
+def _flex_start_zones(key: str, vm: TpuVmSettings, problems: Problems) -> None:
+    """Flex-start is offered in a few zones per generation (the catalog's list, from Google's page)."""
+    catalog = load_catalog()
+    keys = [f"{key}.zone", *(f"{key}.fallbackZones[{i}]" for i in range(len(vm.fallback_zones)))]
+    for zone_key, zone in zip(keys, vm.zones, strict=True):
+        if catalog.zone_problem(vm.accelerator, zone):
+            continue  # not offered there at all: said already
+        if why := catalog.flex_start_problem(vm.accelerator, zone):
+            problems.add(zone_key, zone, why)
+        elif advice := catalog.flex_start_warning(vm.accelerator, zone):
+            problems.warn(zone_key, zone, advice)
 
 
 def _against_catalog(key: str, vm: TpuVmSettings, workload: WorkloadSettings, problems: Problems) -> None:
