@@ -43,7 +43,8 @@ from infra.lifecycle import StartTarget, custom_role
 from infra.storage import private_bucket
 
 SOURCE = Path(__file__).resolve().parents[1] / "functions" / "tpu_guard"
-SOURCE_FILES = ("main.py", "decisions.py", "requirements.txt")
+# completion_marker.py is a link to infra/completion_marker.py (the marker's one schema): its bytes ship.
+SOURCE_FILES = ("main.py", "decisions.py", "completion_marker.py", "requirements.txt")
 # The REST methods the guard's code calls (functions/tpu_guard/main.py; the tests record them on the TPU API
 # stand-in), and so its role: the permissions Google's method table gives for them.
 GUARD_METHODS = (

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 
+from infra import completion_marker
 from infra.config import parse_stack_config
 from infra.lifecycle import SCHEDULER_PERMISSIONS
 from infra.tpu.metadata import run_id
@@ -107,15 +108,17 @@ def test_the_status_bucket_survives_destroy():
     assert bucket.retain_on_delete and bucket.inputs["versioning"] == {"enabled": True}
 
 
-def completed_plan(raw: dict[str, str], *markers: str, run: str | None = None):
-    """A plan whose status bucket holds `markers`; each names `run` (default: the VM's current run id)."""
+def completed_plan(raw: dict[str, str], *markers: str, run: str | None = None, content: str | None = None):
+    """A plan whose status bucket holds `markers`; each names `run` (default: the VM's current run id), or
+    holds `content` when given."""
     bucket = "acme-ml-sandbox-dev-status"
     mocks = GcpMocks("acme-ml-sandbox", {bucket: list(markers)})
     cfg = parse_stack_config("dev", raw)
     runs = {vm.name: run_id(cfg, vm) for vm in cfg.tpu_vms}
     for marker in markers:
         vm = marker.split("/")[0]
-        mocks.status_contents[(bucket, marker)] = json.dumps({"runId": run or runs.get(vm, "?")})
+        made = completion_marker.marker(run or runs.get(vm, "?"), "vm-agent", "2026-12-01T12:00:00Z")
+        mocks.status_contents[(bucket, marker)] = content if content is not None else json.dumps(made)
     return run_program("dev", raw, monitor=RecordingMonitor(mocks))
 
 
@@ -135,6 +138,14 @@ def test_a_marker_of_an_earlier_run_does_not_remove_the_vm():
     raw = with_object(stack_config(), "tpuVms", lambda vms: vms[0].update(onCompletion="delete"))
     result = completed_plan(raw, "mnist-v2-spot/COMPLETE", run="dev/mnist/mnist-v2-spot/an-older-run")
     assert result.of_type("gcp:tpu/v2Vm:V2Vm")
+
+
+def test_content_that_is_not_a_completion_marker_does_not_remove_the_vm():
+    """Strict: the marker's schema (infra/completion_marker.py), not any object that names the run."""
+    raw = with_object(stack_config(), "tpuVms", lambda vms: vms[0].update(onCompletion="delete"))
+    current = run_id(parse_stack_config("dev", raw), parse_stack_config("dev", raw).tpu_vms[0])
+    for content in ("not json", json.dumps({"runId": current}), json.dumps([current])):
+        assert completed_plan(raw, "mnist-v2-spot/COMPLETE", content=content).of_type("gcp:tpu/v2Vm:V2Vm"), content
 
 
 def test_a_stopped_vm_stays_declared_when_complete():

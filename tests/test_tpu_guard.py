@@ -18,6 +18,7 @@ from flask import Request
 from google.cloud import storage
 from werkzeug.test import EnvironBuilder
 
+from infra import completion_marker
 from infra.automation import GUARD_PERMISSIONS
 from tests.contracts import Call, CheckedSession, ContractError, api
 from tests.sandbox import free_port, storage_emulator
@@ -36,6 +37,7 @@ from decisions import (
     budget_message_problem,
     completion_step,
     completion_target,
+    marker_problem,
     overrun_actions,
     recovery_actions,
     recovery_state,
@@ -85,6 +87,12 @@ LISTING = [
 ]
 OVER = {"budgetAmount": 20000, "costAmount": 20500, "schemaVersion": "1.0", "budgetDisplayName": "prod"}
 FRESH = RecoveryState(NOW.isoformat())
+
+
+def finished(run: str = "prod/mnist/trainer/run-1") -> bytes:
+    """A completion marker as the VM agent writes it."""
+    made = completion_marker.marker(run, "vm-agent", "2026-11-30T08:00:00Z", "python train.py")
+    return completion_marker.encode(made)
 
 
 def http_request(body: dict | None = None) -> Request:
@@ -401,7 +409,7 @@ def marker_event(name: str, bucket: str = STATUS_BUCKET) -> CloudEvent:
 
 
 def test_completion_marker_stops_its_node_once(tpu, emulator):
-    emulator.bucket(STATUS_BUCKET).blob("trainer/COMPLETE").upload_from_string(json.dumps({"action": "delete"}))
+    emulator.bucket(STATUS_BUCKET).blob("trainer/COMPLETE").upload_from_string(finished())
     guard.on_complete(marker_event("trainer/COMPLETE"))
     assert tpu.did("stop") == ["trainer"] and tpu.did("delete") == []  # the stack says stop; the marker is not asked
     guard.on_complete(marker_event("trainer/COMPLETE"))  # redelivered
@@ -409,7 +417,7 @@ def test_completion_marker_stops_its_node_once(tpu, emulator):
 
 
 def test_completion_marker_deletes_when_the_stack_says_delete(tpu, emulator):
-    emulator.bucket(STATUS_BUCKET).blob("spot-a/COMPLETE").upload_from_string("{}")
+    emulator.bucket(STATUS_BUCKET).blob("spot-a/COMPLETE").upload_from_string(finished())
     guard.on_complete(marker_event("spot-a/COMPLETE"))
     assert tpu.did("delete") == ["spot-a"] and f"{PARENT}/spot-a" not in tpu.nodes
     guard.on_complete(marker_event("spot-a/COMPLETE"))  # redelivered: the node is gone, nothing to do
@@ -440,22 +448,38 @@ def test_a_marker_of_an_earlier_run_neither_stops_nor_blocks_the_current_run(tpu
     monkeypatch.setenv(
         "CURRENT_RUNS", json.dumps({"trainer": "dev/mnist/trainer/run-2", "stopped": "dev/x/stopped/run-2"})
     )
-    old = json.dumps({"runId": "dev/mnist/trainer/run-1"})
-    emulator.bucket(STATUS_BUCKET).blob("trainer/COMPLETE").upload_from_string(old)
+    emulator.bucket(STATUS_BUCKET).blob("trainer/COMPLETE").upload_from_string(finished("dev/mnist/trainer/run-1"))
     guard.on_complete(marker_event("trainer/COMPLETE"))
     assert tpu.did("delete") == [] and tpu.did("stop") == []
-    emulator.bucket(STATUS_BUCKET).blob("stopped/COMPLETE").upload_from_string(
-        json.dumps({"runId": "dev/x/stopped/run-1"})
-    )
+    emulator.bucket(STATUS_BUCKET).blob("stopped/COMPLETE").upload_from_string(finished("dev/x/stopped/run-1"))
     assert start({"node": "stopped"}) == ({"node": "stopped", "did": "started"}, 200)
-    current = json.dumps({"runId": "dev/mnist/trainer/run-2"})
-    emulator.bucket(STATUS_BUCKET).blob("trainer/COMPLETE").upload_from_string(current)
+    emulator.bucket(STATUS_BUCKET).blob("trainer/COMPLETE").upload_from_string(finished("dev/mnist/trainer/run-2"))
     guard.on_complete(marker_event("trainer/COMPLETE"))
     assert tpu.did("stop") == ["trainer"]
 
 
+def test_only_a_completion_marker_counts_as_one():
+    """Strict: the schema of completion_marker.py; before, anything unreadable counted as the current run's."""
+    runs = {"trainer": "prod/mnist/trainer/run-1"}
+    assert marker_problem("trainer", finished(), runs) is None
+    assert marker_problem("trainer", finished(), {}) is None  # a VM the stack gives no run id: any run
+    assert "not a completion marker: not JSON" in str(marker_problem("trainer", b"not json", runs))
+    assert "there is no marker" in str(marker_problem("trainer", None, runs))
+    for content in (b"{}", b"[]", b'{"runId": "prod/mnist/trainer/run-1"}', b'"done"'):
+        assert "not a completion marker" in str(marker_problem("trainer", content, runs)), content
+    assert "not the current run" in str(marker_problem("trainer", finished("prod/mnist/trainer/run-0"), runs))
+
+
+def test_content_that_is_not_a_marker_neither_stops_a_node_nor_blocks_its_start(tpu, emulator, capsys):
+    emulator.bucket(STATUS_BUCKET).blob("trainer/COMPLETE").upload_from_string(b"not json")
+    guard.on_complete(marker_event("trainer/COMPLETE"))
+    assert tpu.did("stop") == [] and "trainer/COMPLETE is not a completion marker" in capsys.readouterr().out
+    emulator.bucket(STATUS_BUCKET).blob("stopped/COMPLETE").upload_from_string(b'{"runId": "x"}')
+    assert start({"node": "stopped"}) == ({"node": "stopped", "did": "started"}, 200)
+
+
 def test_scheduled_start_never_restarts_a_completed_run(tpu, emulator):
-    emulator.bucket(STATUS_BUCKET).blob("stopped/COMPLETE").upload_from_string("{}")
+    emulator.bucket(STATUS_BUCKET).blob("stopped/COMPLETE").upload_from_string(finished())
     answer, status = start({"node": "stopped"})
     assert status == 200 and answer["did"] == "nothing" and "completed its run" in answer["reason"]
     assert tpu.did("start") == [] and tpu.nodes[f"{PARENT}/stopped"]["state"] == "STOPPED"
@@ -476,7 +500,7 @@ def test_scheduled_start_of_a_preempted_node_does_not_start_it_and_reports_it(tp
 
 
 def test_scheduled_start_of_a_completed_or_stopped_node_reports_nothing(tpu, emulator, capsys):
-    emulator.bucket(STATUS_BUCKET).blob("spot-a/COMPLETE").upload_from_string("{}")
+    emulator.bucket(STATUS_BUCKET).blob("spot-a/COMPLETE").upload_from_string(finished())
     start({"node": "spot-a"})  # preempted, but its run is complete: meant to be off
     start({"node": "stopped"})
     assert [line for line in logged(capsys.readouterr().out) if line.get("event")] == []
@@ -502,7 +526,7 @@ def test_the_guards_role_holds_exactly_what_its_calls_need(tpu, emulator):
     mapped to its permission through Google's method table, against the role the program grants."""
     guard.on_budget(budget_event(AUTHENTIC))
     guard.recover(TICK)
-    emulator.bucket(STATUS_BUCKET).blob("trainer/COMPLETE").upload_from_string("{}")
+    emulator.bucket(STATUS_BUCKET).blob("trainer/COMPLETE").upload_from_string(finished())
     guard.on_complete(marker_event("trainer/COMPLETE"))
     start({"node": "stopped"})
     # Cloud TPU checks `tpu.<collection>.<verb>` for `tpu.projects.locations.<collection>.<verb>`
@@ -530,7 +554,7 @@ def test_guard_resources_in_prod():
     # the guard's function source (the stack's other object is a workload source archive: infra/artifacts.py)
     (guard,) = [o for o in result.of_type("gcp:storage/bucketObject:BucketObject") if o.name == "guard-archive"]
     archive = guard.inputs["source"]["archive"]
-    assert sorted(archive) == ["decisions.py", "main.py", "requirements.txt"]
+    assert sorted(archive) == ["completion_marker.py", "decisions.py", "main.py", "requirements.txt"]
 
 
 def test_guard_identity_is_narrow():

@@ -7,10 +7,11 @@
   resumes from its checkpoint. Its spec is recorded before the delete, so a create that fails is
   retried from the record; after `max_attempts` recoveries of one node within a window the guard
   gives up on it (and says so), and the count starts again in the next window.
-- Run to completion: the marker `gs://<status-bucket>/<vm>/COMPLETE` makes the guard stop or
-  delete that VM's node, as the stack says (never as the marker says); a scheduled start of a VM
-  whose run is complete does nothing. A node still running `maxRunHours` after it was created is
-  stopped or deleted the same way by the periodic check: the run's expected hours are its bound.
+- Run to completion: the marker `gs://<status-bucket>/<vm>/COMPLETE` (its schema: completion_marker.py)
+  makes the guard stop or delete that VM's node, as the stack says (never as the marker says); a
+  scheduled start of a VM whose run is complete does nothing; content that is not a marker is neither.
+  A node still running `maxRunHours` after it was created is stopped or deleted the same way by the
+  periodic check: the run's expected hours are its bound.
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+import completion_marker
+
 RUNNING = {"READY", "CREATING", "STARTING", "RESTARTING", "REPAIRING"}
 GONE = {"DELETING"}
 STOPPED = {"STOPPED", "STOPPING"}
-COMPLETE_MARKER = "COMPLETE"
+COMPLETE_MARKER = completion_marker.NAME
 # Structured log events the platform's alert policies match (infra/monitoring.py): Cloud TPU reports a
 # preemption only as the node's state (tpu/docs/preemptible: a preempted TPU's state turns from READY
 # to PREEMPTED), so the guard, which reads that state, reports it.
@@ -242,21 +245,20 @@ def completion_target(
     return vm, action, zone
 
 
-def marker_is_current(vm: str, marker: bytes | None, current_runs: dict[str, str]) -> bool:
-    """Whether a VM's completion marker is its *current* run's (CURRENT_RUNS: the stack's run ids).
+def marker_problem(vm: str, marker: bytes | None, current_runs: dict[str, str]) -> str | None:
+    """Why a VM's stored marker is not its *current* run's completion (CURRENT_RUNS: the stack's run
+    ids), or None when it is.
 
     A new `run` id trains again, so an older run's marker must neither stop the node nor block a
-    scheduled start. Unreadable content counts as current: never start (or keep) a node by doubt.
+    scheduled start; content that is not a marker (completion_marker.py) is no completion at all.
     """
-    if marker is None:
-        return False
+    found, why = completion_marker.decode(marker)
+    if found is None:
+        return f"{vm}/{COMPLETE_MARKER} is not a completion marker: {why}"
     wanted = current_runs.get(vm)
-    if wanted is None:
-        return True
-    try:
-        return json.loads(marker).get("runId") == wanted
-    except (ValueError, AttributeError):
-        return True
+    if wanted is not None and found["runId"] != wanted:
+        return f"{vm}/{COMPLETE_MARKER} completes run {found['runId']!r}, not the current run {wanted!r}"
+    return None
 
 
 def completion_step(action: str, name: str, node: dict[str, Any] | None) -> Action | str:

@@ -37,6 +37,7 @@ import functions_framework
 import google.auth
 import requests
 from decisions import (
+    COMPLETE_MARKER,
     GAVE_UP_EVENT,
     Action,
     RecoveryState,
@@ -45,7 +46,7 @@ from decisions import (
     budget_message_problem,
     completion_step,
     completion_target,
-    marker_is_current,
+    marker_problem,
     overrun_actions,
     recovery_actions,
     recovery_state,
@@ -319,9 +320,10 @@ def on_complete(event: Any) -> None:
     tpu = Tpu(session)
     name = f"projects/{os.environ['PROJECT']}/locations/{zone}/nodes/{vm}"
     try:
-        marker = Objects(session, os.environ["STATUS_BUCKET"]).read(f"{vm}/COMPLETE")
-        if not marker_is_current(vm, marker, _current_runs()):
-            _log(f"completion of {vm}: the marker is not its current run's; nothing to do")
+        marker = Objects(session, os.environ["STATUS_BUCKET"]).read(f"{vm}/{COMPLETE_MARKER}")
+        problem = marker_problem(vm, marker, _current_runs())
+        if problem:
+            _log(f"completion of {vm}: {problem}; nothing to do", "WARNING")
             return
         step = completion_step(action, name, tpu.get(name))
         if isinstance(step, str):
@@ -342,8 +344,11 @@ def scheduled_start(request: Any) -> tuple[str, int]:
     session = _session()
     tpu = Tpu(session)
     try:
-        marker = Objects(session, os.environ["STATUS_BUCKET"]).read(f"{vm}/COMPLETE")
-        complete = marker_is_current(vm, marker, _current_runs())
+        marker = Objects(session, os.environ["STATUS_BUCKET"]).read(f"{vm}/{COMPLETE_MARKER}")
+        problem = marker_problem(vm, marker, _current_runs())
+        if problem and marker is not None:
+            _log(f"scheduled start of {vm}: {problem}", "WARNING")
+        complete = problem is None
     except requests.RequestException as error:
         # Fail closed: never start a node whose run may be complete.
         _log(f"cannot read the completion marker of {vm}; not starting it: {error!r}", "ERROR")
