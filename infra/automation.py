@@ -41,6 +41,7 @@ from infra.apis import ProjectApis
 from infra.config import AutomationSettings, Env, TpuVmSettings
 from infra.lifecycle import StartTarget, custom_role
 from infra.storage import private_bucket
+from infra.tpu import queued_api
 
 SOURCE = Path(__file__).resolve().parents[1] / "functions" / "tpu_guard"
 # completion_marker.py is a link to infra/completion_marker.py (the marker's one schema): its bytes ship.
@@ -49,12 +50,14 @@ SOURCE_FILES = ("main.py", "decisions.py", "completion_marker.py", "requirements
 # stand-in), and so its role: the permissions Google's method table gives for them.
 GUARD_METHODS = (
     "tpu.projects.locations.nodes.list",
-    "tpu.projects.locations.nodes.get",
     "tpu.projects.locations.nodes.stop",
     "tpu.projects.locations.nodes.start",
     "tpu.projects.locations.nodes.delete",
     "tpu.projects.locations.nodes.create",
     "tpu.projects.locations.operations.get",
+    # A queued VM's TPUs are deleted through their request (force=true deletes its nodes first,
+    # tpu.v2.json queuedResources.delete); Google's method table asks tpu.nodes.delete for it.
+    "tpu.projects.locations.queuedResources.delete",
 )
 GUARD_PERMISSIONS = iamdata.permissions_for(GUARD_METHODS)
 # Cloud Run, "Deploy a Cloud Run function": the build service account needs Cloud Run Builder. Narrower
@@ -112,15 +115,23 @@ def guard_apis(args: TpuGuardArgs) -> tuple[str, ...]:
     return (*GUARD_APIS, "cloudscheduler.googleapis.com") if args.automation.recovery_every_minutes else GUARD_APIS
 
 
-def completion_actions(vms: tuple[TpuVmSettings, ...]) -> str:
-    """What the guard does when a VM's run completes, or runs past its maxRunHours: decided here,
-    never by the marker's content."""
+def guard_vms(vms: tuple[TpuVmSettings, ...]) -> str:
+    """Where each VM's TPUs are and what the guard does with them (TPU_VMS): decided here, never by a
+    marker's content. A queued VM's TPUs are any of its node ids (`<vm>`, or a multislice's `<vm>-<i>`) in
+    any of its zones (the request records the zone it got: infra/tpu/queued.py), so the guard finds them
+    by listing those zones, and deletes them through their request (`queuedApi`: the API version it was
+    made with). `onCompletion` stop or delete, with `maxRunHours`, is what completion and the periodic
+    check do."""
     return json.dumps(
         {
-            vm.name: {"action": vm.on_completion, "zone": vm.zone}
+            vm.name: {
+                "nodes": naming.node_ids(vm.name, vm.node_count),
+                "zones": list(vm.zones),
+                "onCompletion": vm.on_completion,
+            }
             | ({"maxRunHours": vm.max_run_hours} if vm.max_run_hours is not None else {})
+            | ({"queuedApi": queued_api.api_version(vm.provisioning)} if vm.queued else {})
             for vm in vms
-            if vm.on_completion != "keep"
         },
         sort_keys=True,
     )
@@ -173,7 +184,7 @@ class TpuGuard(pulumi.ComponentResource):
         invoker_member = self.invoker.email.apply(iam.service_account_member)
         self.role = custom_role(
             name, env, apis, self, kind="guard", title="TPU guard",
-            description="List, read, stop, start, delete and re-create TPU nodes; nothing else.",
+            description="List, stop, start, delete and re-create TPU nodes (queued: through their request); no more.",
             permissions=GUARD_PERMISSIONS,
         )  # fmt: skip
         ready: list[pulumi.Resource] = [
@@ -247,7 +258,7 @@ class TpuGuard(pulumi.ComponentResource):
             "ZONES": ",".join(sorted({zone for vm in args.vms for zone in vm.zones})),  # fallbacks too
             "STATE_BUCKET": status_bucket.name,
             "STATUS_BUCKET": status_bucket.name,
-            "COMPLETION_ACTIONS": completion_actions(args.vms),
+            "TPU_VMS": guard_vms(args.vms),
             "CURRENT_RUNS": current_runs(args.runs),
         }
 

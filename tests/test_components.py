@@ -301,8 +301,8 @@ def test_tpu_guard_alone():
     assert set(functions) == {naming.function_name(f, ENV.stack) for f in ("complete", "scheduled-start")}
     settings = functions[naming.function_name("complete", ENV.stack)]["serviceConfig"]["environmentVariables"]
     assert json.loads(settings["CURRENT_RUNS"]) == {"solo-vm": "solo/trainer/solo-vm/r1"}
-    assert json.loads(settings["COMPLETION_ACTIONS"]) == {
-        "solo-vm": {"action": "stop", "zone": ZONE, "maxRunHours": 5.0}
+    assert json.loads(settings["TPU_VMS"]) == {
+        "solo-vm": {"nodes": ["solo-vm"], "zones": [ZONE], "onCompletion": "stop", "maxRunHours": 5.0}
     }
     assert settings["ZONES"] == ZONE and settings["PROJECT"] == ENV.project
     assert result.of_type("gcp:cloudscheduler/job:Job") == []

@@ -190,6 +190,29 @@ def test_flex_start_is_checked_against_googles_zones():
     )
 
 
+def test_a_queued_vm_is_never_stopped_only_deleted():
+    """The guard and the schedules stop a node by its name and zone in the stack: a queued request may
+    have landed in a fallback zone, a multislice's nodes are `<vm>-<i>`, and a request has no stop."""
+    queued = {"capacity": "queued", "provisioning": "spot"}
+    message = vm_problems("dev", **queued, acceleratorType="v5litepod-8", zone="us-central1-a",
+                          runtimeVersion="tpu-vm-tf-2.15.0-pjrt", onCompletion="stop")  # fmt: skip
+    assert "tpuVms[0].onCompletion = 'stop': a queued request's TPUs cannot be stopped, only deleted" in message
+    assert "tpuVms[0].schedule = {'start': '0 8 * * 1-5', 'stop': '0 20 * * 1-5'}: a queued request's TPUs" in message
+    deleted = parse_stack_config("prod", with_object(stack_config("prod"), "tpuVms", vm_edit(**queued,
+                                 onCompletion="delete")))  # fmt: skip
+    assert deleted.tpu_vms[0].queued
+
+
+def test_a_multislices_node_names_are_its_own():
+    """`ms` with two slices has nodes ms-0 and ms-1: no other VM of the stack may be called ms-1."""
+    raw = with_object(stack_config("prod"), "tpuVms", lambda vms: vms.__setitem__(slice(None), [
+        {**vms[0], "name": "ms", "capacity": "queued", "nodeCount": 2, "provisioning": "spot",
+         "acceleratorType": "v5litepod-16", "runtimeVersion": "tpu-vm-tf-2.15.0-pod-pjrt"},
+        {**vms[1], "name": "ms-1"},
+    ]))  # fmt: skip
+    assert "tpuVms[1].name = 'ms-1': its TPU nodes' names are taken by TPU VM ms" in problems_of(raw, "prod")
+
+
 def test_max_run_hours_needs_the_guards_periodic_check():
     raw = with_object(stack_config("dev"), "tpuVms", vm_edit(maxRunHours=24))
     assert "tpuVms[0].maxRunHours = 24: is enforced by the guard's periodic check: set tpu-platform:automation" in (

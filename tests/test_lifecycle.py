@@ -97,7 +97,9 @@ def test_the_guard_acts_on_completion_as_the_stack_says_never_as_the_marker_says
     result = plan(stack_config())
     (complete,) = [f for f in result.of_type("gcp:cloudfunctionsv2/function:Function") if f.name == "guard-complete"]
     env = complete.inputs["serviceConfig"]["environmentVariables"]
-    assert json.loads(env["COMPLETION_ACTIONS"]) == {"mnist-v2-spot": {"action": "stop", "zone": "us-central1-b"}}
+    assert json.loads(env["TPU_VMS"]) == {
+        "mnist-v2-spot": {"nodes": ["mnist-v2-spot"], "zones": ["us-central1-b"], "onCompletion": "stop"}
+    }
     trigger = complete.inputs["eventTrigger"]
     assert trigger["eventType"] == "google.cloud.storage.object.v1.finalized"
     assert trigger["eventFilters"] == [{"attribute": "bucket", "value": "acme-ml-sandbox-dev-status"}]

@@ -100,11 +100,15 @@ def _sources(cfg: PlatformConfig, problems: Problems) -> None:
 def _tpu_vms(cfg: PlatformConfig, problems: Problems) -> None:
     workloads = {w.name: w for w in cfg.workloads}
     names: set[str] = set()
+    nodes: dict[str, str] = {}  # TPU node id -> the VM it is a node of (a multislice's are `<vm>-<i>`)
     for index, vm in enumerate(cfg.tpu_vms):
         key = f"{PROJECT}:tpuVms[{index}]"
         if vm.name and vm.name in names:
             problems.add(f"{key}.name", vm.name, "another TPU VM of this stack has this name")
+        elif clash := sorted({nodes[n] for n in naming.node_ids(vm.name, vm.node_count) if n in nodes}):
+            problems.add(f"{key}.name", vm.name, f"its TPU nodes' names are taken by TPU VM {', '.join(clash)}")
         names.add(vm.name)
+        nodes.update(dict.fromkeys(naming.node_ids(vm.name, vm.node_count), vm.name))
         workload = workloads.get(vm.workload)
         already = any(p.key == f"{key}.workload" for p in problems.items)  # e.g. not set: said once
         if workload is None and workloads and not already:  # an empty name too: the reader accepts ""
@@ -138,6 +142,21 @@ def _capacity(cfg: PlatformConfig, key: str, vm: TpuVmSettings, problems: Proble
             vm.provisioning,
             "a queued request takes on-demand, spot, reserved or flex-start (Spot replaced preemptible TPUs)",
         )
+    if vm.queued:
+        # A queued request's TPUs are deleted through the request (force=true deletes its nodes: tpu.v2
+        # queuedResources.delete); the API has no stop for a request, and what stopping one of its nodes
+        # does to it is documented nowhere. The guard and the schedules would stop a node by the name and
+        # zone in the stack, which a request that fell back to another zone, or a multislice's `<vm>-<i>`
+        # nodes, do not have. So only delete is offered (tools/smoke.py tries stop on a real one).
+        why = "a queued request's TPUs cannot be stopped, only deleted with their request"
+        if vm.on_completion == "stop":
+            problems.add(f"{key}.onCompletion", "stop", f"{why}: use delete or keep")
+        if vm.schedule is not None:
+            problems.add(
+                f"{key}.schedule",
+                {"start": vm.schedule.start, "stop": vm.schedule.stop},
+                f"{why}: remove the schedule, or use capacity: direct",
+            )
     if vm.reservation_name and vm.queued:
         if vm.provisioning != "reserved":
             problems.add(f"{key}.reservationName", vm.reservation_name, "needs provisioning: reserved")
