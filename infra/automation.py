@@ -39,7 +39,7 @@ from infra import grants, iam, naming
 from infra.access import iamdata
 from infra.apis import ProjectApis
 from infra.config import AutomationSettings, Env, TpuVmSettings
-from infra.lifecycle import StartTarget, custom_role
+from infra.lifecycle import StartTarget, attempt_deadline, custom_role
 from infra.storage import private_bucket
 from infra.tpu import queued_api
 
@@ -65,6 +65,12 @@ GUARD_PERMISSIONS = iamdata.permissions_for(GUARD_METHODS)
 BUILDER_ROLE = "roles/run.builder"
 EVENT_RECEIVER_ROLE = "roles/eventarc.eventReceiver"
 INVOKER_ROLE = "roles/run.invoker"
+# How long each function may run (Cloud Run's request timeout), and so how long the Cloud Scheduler job
+# that calls it waits (attempt_deadline). Recovery waits up to 15 minutes on a delete (main.Tpu.wait), then
+# creates: it gets the longest a Scheduler HTTP job can wait; a run cut short leaves its recorded spec,
+# and the next run creates the node from it.
+FUNCTION_TIMEOUT_S = 300
+RECOVERY_TIMEOUT_S = 30 * 60
 
 
 def source_digest() -> str:
@@ -263,7 +269,11 @@ class TpuGuard(pulumi.ComponentResource):
         }
 
         def function(
-            suffix: str, entry_point: str, extra: dict[str, pulumi.Input[str]], trigger=None, timeout: int = 300
+            suffix: str,
+            entry_point: str,
+            extra: dict[str, pulumi.Input[str]],
+            trigger=None,
+            timeout: int = FUNCTION_TIMEOUT_S,
         ) -> gcp.cloudfunctionsv2.Function:
             return gcp.cloudfunctionsv2.Function(
                 f"{name}-{suffix}",
@@ -350,7 +360,7 @@ class TpuGuard(pulumi.ComponentResource):
         self.recovery_function = None
         if auto.recovery_every_minutes:
             self.recovery_function = function(
-                "recovery", "recover", {"MAX_ATTEMPTS": str(auto.recovery_max_attempts)}, timeout=1800
+                "recovery", "recover", {"MAX_ATTEMPTS": str(auto.recovery_max_attempts)}, timeout=RECOVERY_TIMEOUT_S
             )
             invoker_ready.append(invoke_grant("recovery-invoker", self.recovery_function, invoker_member))
             gcp.cloudscheduler.Job(
@@ -361,6 +371,7 @@ class TpuGuard(pulumi.ComponentResource):
                 description=f"Re-create preempted spot TPUs of {env.stack}",
                 schedule=f"*/{auto.recovery_every_minutes} * * * *",
                 time_zone="Etc/UTC",
+                attempt_deadline=attempt_deadline(RECOVERY_TIMEOUT_S),
                 http_target=gcp.cloudscheduler.JobHttpTargetArgs(
                     uri=self.recovery_function.url,
                     http_method="POST",
@@ -375,5 +386,7 @@ class TpuGuard(pulumi.ComponentResource):
         if args.schedules:
             start_function = function("scheduled-start", "scheduled_start", {})
             invoker_ready.append(invoke_grant("start-invoker", start_function, invoker_member))
-            self.start = StartTarget(start_function.url, self.invoker.email, list(invoker_ready))
+            self.start = StartTarget(
+                start_function.url, self.invoker.email, list(invoker_ready), attempt_deadline(FUNCTION_TIMEOUT_S)
+            )
         self.register_outputs({"account": self.account.email})

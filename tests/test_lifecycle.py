@@ -5,10 +5,13 @@ from __future__ import annotations
 import base64
 import json
 
+import pytest
+
 from infra import completion_marker
 from infra.config import parse_stack_config
-from infra.lifecycle import SCHEDULER_PERMISSIONS
+from infra.lifecycle import SCHEDULER_PERMISSIONS, attempt_deadline
 from infra.tpu.metadata import run_id
+from tests.contracts import document
 from tests.support import plan, stack_config, with_object
 from tests.test_config_tpu import vm_problems
 from tools.offline.mocks import GcpMocks, RecordingMonitor
@@ -60,6 +63,17 @@ def test_no_schedule_no_scheduler():
 def test_multi_host_schedules_are_refused():
     message = vm_problems(acceleratorType="v2-32", zone="us-central1-a", runtimeVersion="tpu-vm-tf-2.14.1-pod")
     assert "v2-32 is a multi-host slice, which the TPU API cannot stop or start" in message
+
+
+def test_a_job_attempt_waits_within_cloud_schedulers_limits():
+    """cloudscheduler.v1 Job.attemptDeadline: "For HTTP targets ... in the interval [15 seconds, 30 minutes]"."""
+    assert attempt_deadline(1800) == "1800s" and attempt_deadline(15) == "15s"
+    for outside in (14, 1801):
+        with pytest.raises(ValueError, match="waits 15 s to 1800 s"):
+            attempt_deadline(outside)
+    assert "attemptDeadline" in document("cloudscheduler.v1")["schemas"]["Job"]["properties"]
+    assert "[15 seconds, 30 minutes]" in document("cloudscheduler.v1")["schemas"]["Job"]["properties"][
+        "attemptDeadline"]["description"]  # fmt: skip
 
 
 def test_bad_schedules():

@@ -6,6 +6,7 @@ Cloud Storage emulator for its state and the completion markers (requests checke
 from __future__ import annotations
 
 import base64
+import inspect
 import json
 import os
 import sys
@@ -627,6 +628,28 @@ def test_guard_resources_in_prod():
     (guard,) = [o for o in result.of_type("gcp:storage/bucketObject:BucketObject") if o.name == "guard-archive"]
     archive = guard.inputs["source"]["archive"]
     assert sorted(archive) == ["completion_marker.py", "decisions.py", "main.py", "requirements.txt"]
+
+
+@pytest.mark.parametrize("stack", ["prod", "dev"])  # prod: the recovery job; dev: the scheduled starts
+def test_each_scheduler_job_waits_as_long_as_the_guard_function_it_calls_may_run(stack):
+    """cloudscheduler.v1 Job.attemptDeadline: HTTP targets default to 3 minutes, after which the request
+    is cancelled; recovery may wait 15 minutes on one delete (main.Tpu.wait) before it creates."""
+    result = plan(stack_config(stack), stack)
+    functions = {f.inputs["name"]: f.inputs for f in result.of_type("gcp:cloudfunctionsv2/function:Function")}
+    checked = 0
+    for job in result.of_type("gcp:cloudscheduler/job:Job"):
+        called = job.inputs["httpTarget"]["uri"].rsplit("/", 1)[-1]
+        if called not in functions:
+            continue  # a job that calls the TPU API itself: it answers at once with an operation
+        timeout = functions[called]["serviceConfig"]["timeoutSeconds"]
+        deadline = float(job.inputs["attemptDeadline"].removesuffix("s"))
+        assert deadline == timeout and 15 <= deadline <= 1800, (job.name, deadline, timeout)
+        checked += 1
+    assert checked
+    if stack == "prod":
+        (recovery,) = [f for n, f in functions.items() if n.startswith("tpu-recovery-")]
+        wait = inspect.signature(guard.Tpu.wait).parameters["timeout"].default
+        assert recovery["serviceConfig"]["timeoutSeconds"] >= wait + 60  # a delete's wait, then its create
 
 
 def test_guard_identity_is_narrow():
