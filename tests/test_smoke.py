@@ -60,7 +60,16 @@ def test_the_commands_come_in_order_and_destroy_is_among_them(capsys):
         "gcloud storage ls",  # the completion marker
         "gcloud storage ls",  # a checkpoint
         "gcloud compute tpus",  # the node STOPPED by the guard
+        "gcloud beta services",  # Artifact Registry's service identity
+        "gcloud compute tpus",  # a queued spot request ...
+        "gcloud compute tpus",  # ... ACTIVE
+        "gcloud compute tpus",  # its node names it
+        "gcloud compute tpus",  # the image's Python (ssh)
+        "gcloud compute tpus",  # stop, noted
+        "gcloud compute tpus",  # the request deleted with --force ...
+        "gcloud compute tpus",  # ... and its node with it
         "pulumi destroy --stack",
+        "gcloud compute tpus",  # the spot node is gone
         "gcloud storage buckets",  # data survived
         "gcloud storage buckets",  # status survived
         "pulumi stack rm",
@@ -68,6 +77,34 @@ def test_the_commands_come_in_order_and_destroy_is_among_them(capsys):
     assert commands[2].endswith("gs://acme-ml-sandbox-smoke-status/smoke-tpu/COMPLETE")
     assert commands[3].endswith("gs://acme-ml-sandbox-smoke-checkpoints/mnist/smoke-tpu/smoke/")
     assert all("--config-file" in c for c in commands if c.startswith(("pulumi up", "pulumi destroy")))
+
+
+def test_the_probes_try_what_the_guard_relies_on_and_always_delete_their_request(capsys):
+    _, _, commands = dry_run(capsys)
+    probe = [c for c in commands if "smoke-probe" in c]
+    assert probe[0].startswith("gcloud compute tpus queued-resources create smoke-probe --zone us-central1-a")
+    assert "--spot --network tpu-smoke --subnetwork tpu-smoke-us-central1 --internal-ips --tags tpu-vm" in probe[0]
+    assert "value(queuedResource)" in probe[2] and probe[3].startswith("gcloud compute tpus tpu-vm ssh smoke-probe")
+    assert probe[-2].endswith("queued-resources delete smoke-probe --zone us-central1-a --project acme-ml-sandbox "
+                              "--force --quiet")  # fmt: skip
+    assert any("identity create --service=artifactregistry.googleapis.com" in c for c in commands)
+
+
+@pytest.mark.parametrize(
+    "failing", ["gcloud compute tpus tpu-vm describe smoke-probe", "gcloud compute tpus tpu-vm ssh"]
+)
+def test_the_probe_request_is_deleted_whatever_failed(failing, tmp_path):
+    path = tmp_path / "Pulumi.smoke.yaml"
+    args = smoke.SmokeArgs("acme-ml-sandbox", "01A2B3-C4D5E6-F7A8B9", "us-central1-a", "smoke", "o", "a@b.example",
+                           200, "")  # fmt: skip
+    path.write_text(smoke.stack_file_text(args, smoke.cheapest_tpu("us-central1-a")))
+    cfg = parse_stack_config("smoke", read_stack_config("smoke", ROOT, path))
+    shell = FailingShell(failing)
+    report = smoke.smoke(cfg, path, shell, run_minutes=0, poll_seconds=0, action_minutes=0)
+    assert not report.passed
+    deleted = [i for i, c in enumerate(shell.printed) if "queued-resources delete smoke-probe" in c]
+    destroyed = [i for i, c in enumerate(shell.printed) if c.startswith("pulumi destroy")]
+    assert deleted and destroyed and deleted[0] < destroyed[0]  # before destroy removes its network
 
 
 class FailingShell(smoke.Shell):
