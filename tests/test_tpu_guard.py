@@ -33,6 +33,7 @@ from decisions import (
     GAVE_UP_EVENT,
     NODE_CREATE_FIELDS,
     PREEMPTED_EVENT,
+    Action,
     RecoveryState,
     StateError,
     budget_actions,
@@ -237,11 +238,17 @@ def test_completion_target_comes_from_the_stack_not_the_marker():
 def test_completion_finds_every_node_of_the_vm_wherever_it_landed():
     """A queued VM in its fallback zone, both slices of a multislice: one delete of their request. The
     configured zone and the VM's own name find neither (`q` in us-central1-a)."""
-    (step,) = completion_steps("q", LISTING, vms=VMS, environment="prod")  # type: ignore[misc]
+
+    def steps(vm: str, vms: dict) -> list[Action]:
+        found = completion_steps(vm, LISTING, vms=vms, environment="prod")
+        assert isinstance(found, list), found
+        return found
+
+    (step,) = steps("q", VMS)
     assert (step.kind, step.node, step.api) == ("delete-request", QUEUED, "v2")
     flex = {**VMS, "q": {**VMS["q"], "queuedApi": "v2alpha1"}}  # a flex-start request: made through v2alpha1
-    assert completion_steps("q", LISTING, vms=flex, environment="prod")[0].api == "v2alpha1"  # type: ignore[union-attr]
-    assert kinds(completion_steps("trainer", LISTING, vms=VMS, environment="prod")) == [("stop", "trainer")]  # type: ignore[arg-type]
+    assert [s.api for s in steps("q", flex)] == ["v2alpha1"]
+    assert kinds(steps("trainer", VMS)) == [("stop", "trainer")]
     assert "has no node in us-central1-a, us-west4-a" in str(completion_steps("q", LISTING[:7], vms=VMS,
                                                                                environment="prod"))  # fmt: skip
     # Never stopped: the plan refuses stop for a queued VM; the guard would not turn it into a delete.

@@ -12,6 +12,9 @@
   scheduled start of a VM whose run is complete does nothing; content that is not a marker is neither.
   A node still running `maxRunHours` after it was created is stopped or deleted the same way by the
   periodic check: the run's expected hours are its bound.
+- Which nodes are a VM's: its node ids in its zones, as the stack lists them (TPU_VMS, `owner`), never the
+  configured zone alone: a queued VM may have landed in a fallback zone, a multislice has `<vm>-<i>`.
+  A queued VM's TPUs are deleted through their request, with all its nodes (`removal`).
 """
 
 from __future__ import annotations
