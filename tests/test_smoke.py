@@ -94,13 +94,8 @@ def test_the_probes_try_what_the_guard_relies_on_and_always_delete_their_request
     "failing", ["gcloud compute tpus tpu-vm describe smoke-probe", "gcloud compute tpus tpu-vm ssh"]
 )
 def test_the_probe_request_is_deleted_whatever_failed(failing, tmp_path):
-    path = tmp_path / "Pulumi.smoke.yaml"
-    args = smoke.SmokeArgs("acme-ml-sandbox", "01A2B3-C4D5E6-F7A8B9", "us-central1-a", "smoke", "o", "a@b.example",
-                           200, "")  # fmt: skip
-    path.write_text(smoke.stack_file_text(args, smoke.cheapest_tpu("us-central1-a")))
-    cfg = parse_stack_config("smoke", read_stack_config("smoke", ROOT, path))
     shell = FailingShell(failing)
-    report = smoke.smoke(cfg, path, shell, run_minutes=0, poll_seconds=0, action_minutes=0)
+    report = smoke_with(shell, tmp_path)
     assert not report.passed
     deleted = [i for i, c in enumerate(shell.printed) if "queued-resources delete smoke-probe" in c]
     destroyed = [i for i, c in enumerate(shell.printed) if c.startswith("pulumi destroy")]
@@ -119,15 +114,20 @@ class FailingShell(smoke.Shell):
         return (1, "") if " ".join(argv).startswith(self.failing) else (0, answer)
 
 
-@pytest.mark.parametrize("failing", ["pulumi up", "gcloud storage ls", "gcloud compute tpus"])
-def test_destroy_runs_whatever_failed_before(failing, tmp_path, capsys):
+def smoke_with(shell: smoke.Shell, tmp_path: Path) -> smoke.Report:
+    """The smoke run of a stack file written like main's, through `shell`, with no waiting."""
     path = tmp_path / "Pulumi.smoke.yaml"
     args = smoke.SmokeArgs("acme-ml-sandbox", "01A2B3-C4D5E6-F7A8B9", "us-central1-a", "smoke", "o", "a@b.example",
                            200, "")  # fmt: skip
     path.write_text(smoke.stack_file_text(args, smoke.cheapest_tpu("us-central1-a")))
     cfg = parse_stack_config("smoke", read_stack_config("smoke", ROOT, path))
+    return smoke.smoke(cfg, path, shell, run_minutes=0, poll_seconds=0, action_minutes=0)
+
+
+@pytest.mark.parametrize("failing", ["pulumi up", "gcloud storage ls", "gcloud compute tpus"])
+def test_destroy_runs_whatever_failed_before(failing, tmp_path, capsys):
     shell = FailingShell(failing)
-    report = smoke.smoke(cfg, path, shell, run_minutes=0, poll_seconds=0, action_minutes=0)
+    report = smoke_with(shell, tmp_path)
     assert not report.passed
     assert any(c.startswith("pulumi destroy") for c in shell.printed)
     assert shell.printed[-1].startswith("pulumi stack rm")
@@ -141,14 +141,9 @@ def test_a_crash_mid_run_still_destroys(tmp_path):
                 raise KeyboardInterrupt
             return super().run(argv, cwd=cwd, answer=answer)
 
-    path = tmp_path / "Pulumi.smoke.yaml"
-    args = smoke.SmokeArgs("acme-ml-sandbox", "01A2B3-C4D5E6-F7A8B9", "us-central1-a", "smoke", "o", "a@b.example",
-                           200, "")  # fmt: skip
-    path.write_text(smoke.stack_file_text(args, smoke.cheapest_tpu("us-central1-a")))
-    cfg = parse_stack_config("smoke", read_stack_config("smoke", ROOT, path))
     shell = Crashing("nothing")
     with pytest.raises(KeyboardInterrupt):
-        smoke.smoke(cfg, path, shell, run_minutes=0, poll_seconds=0, action_minutes=0)
+        smoke_with(shell, tmp_path)
     assert any(c.startswith("pulumi destroy") for c in shell.printed)
 
 
