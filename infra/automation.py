@@ -39,21 +39,25 @@ from infra import grants, iam, naming
 from infra.access import iamdata
 from infra.apis import ProjectApis
 from infra.config import AutomationSettings, Env, TpuVmSettings
-from infra.lifecycle import StartTarget, custom_role
+from infra.lifecycle import StartTarget, attempt_deadline, custom_role
 from infra.storage import private_bucket
+from infra.tpu import queued_api
 
 SOURCE = Path(__file__).resolve().parents[1] / "functions" / "tpu_guard"
-SOURCE_FILES = ("main.py", "decisions.py", "requirements.txt")
+# completion_marker.py is a link to infra/completion_marker.py (the marker's one schema): its bytes ship.
+SOURCE_FILES = ("main.py", "decisions.py", "completion_marker.py", "requirements.txt")
 # The REST methods the guard's code calls (functions/tpu_guard/main.py; the tests record them on the TPU API
 # stand-in), and so its role: the permissions Google's method table gives for them.
 GUARD_METHODS = (
     "tpu.projects.locations.nodes.list",
-    "tpu.projects.locations.nodes.get",
     "tpu.projects.locations.nodes.stop",
     "tpu.projects.locations.nodes.start",
     "tpu.projects.locations.nodes.delete",
     "tpu.projects.locations.nodes.create",
     "tpu.projects.locations.operations.get",
+    # A queued VM's TPUs are deleted through their request (force=true deletes its nodes first,
+    # tpu.v2.json queuedResources.delete); Google's method table asks tpu.nodes.delete for it.
+    "tpu.projects.locations.queuedResources.delete",
 )
 GUARD_PERMISSIONS = iamdata.permissions_for(GUARD_METHODS)
 # Cloud Run, "Deploy a Cloud Run function": the build service account needs Cloud Run Builder. Narrower
@@ -61,6 +65,12 @@ GUARD_PERMISSIONS = iamdata.permissions_for(GUARD_METHODS)
 BUILDER_ROLE = "roles/run.builder"
 EVENT_RECEIVER_ROLE = "roles/eventarc.eventReceiver"
 INVOKER_ROLE = "roles/run.invoker"
+# How long each function may run (Cloud Run's request timeout), and so how long the Cloud Scheduler job
+# that calls it waits (attempt_deadline). Recovery waits up to 15 minutes on a delete (main.Tpu.wait), then
+# creates: it gets the longest a Scheduler HTTP job can wait; a run cut short leaves its recorded spec,
+# and the next run creates the node from it.
+FUNCTION_TIMEOUT_S = 300
+RECOVERY_TIMEOUT_S = 30 * 60
 
 
 def source_digest() -> str:
@@ -111,15 +121,23 @@ def guard_apis(args: TpuGuardArgs) -> tuple[str, ...]:
     return (*GUARD_APIS, "cloudscheduler.googleapis.com") if args.automation.recovery_every_minutes else GUARD_APIS
 
 
-def completion_actions(vms: tuple[TpuVmSettings, ...]) -> str:
-    """What the guard does when a VM's run completes, or runs past its maxRunHours: decided here,
-    never by the marker's content."""
+def guard_vms(vms: tuple[TpuVmSettings, ...]) -> str:
+    """Where each VM's TPUs are and what the guard does with them (TPU_VMS): decided here, never by a
+    marker's content. A queued VM's TPUs are any of its node ids (`<vm>`, or a multislice's `<vm>-<i>`) in
+    any of its zones (the request records the zone it got: infra/tpu/queued.py), so the guard finds them
+    by listing those zones, and deletes them through their request (`queuedApi`: the API version it was
+    made with). `onCompletion` stop or delete, with `maxRunHours`, is what completion and the periodic
+    check do."""
     return json.dumps(
         {
-            vm.name: {"action": vm.on_completion, "zone": vm.zone}
+            vm.name: {
+                "nodes": naming.node_ids(vm.name, vm.node_count),
+                "zones": list(vm.zones),
+                "onCompletion": vm.on_completion,
+            }
             | ({"maxRunHours": vm.max_run_hours} if vm.max_run_hours is not None else {})
+            | ({"queuedApi": queued_api.api_version(vm.provisioning)} if vm.queued else {})
             for vm in vms
-            if vm.on_completion != "keep"
         },
         sort_keys=True,
     )
@@ -172,7 +190,7 @@ class TpuGuard(pulumi.ComponentResource):
         invoker_member = self.invoker.email.apply(iam.service_account_member)
         self.role = custom_role(
             name, env, apis, self, kind="guard", title="TPU guard",
-            description="List, read, stop, start, delete and re-create TPU nodes; nothing else.",
+            description="List, stop, start, delete and re-create TPU nodes (queued: through their request); no more.",
             permissions=GUARD_PERMISSIONS,
         )  # fmt: skip
         ready: list[pulumi.Resource] = [
@@ -246,12 +264,16 @@ class TpuGuard(pulumi.ComponentResource):
             "ZONES": ",".join(sorted({zone for vm in args.vms for zone in vm.zones})),  # fallbacks too
             "STATE_BUCKET": status_bucket.name,
             "STATUS_BUCKET": status_bucket.name,
-            "COMPLETION_ACTIONS": completion_actions(args.vms),
+            "TPU_VMS": guard_vms(args.vms),
             "CURRENT_RUNS": current_runs(args.runs),
         }
 
         def function(
-            suffix: str, entry_point: str, extra: dict[str, pulumi.Input[str]], trigger=None, timeout: int = 300
+            suffix: str,
+            entry_point: str,
+            extra: dict[str, pulumi.Input[str]],
+            trigger=None,
+            timeout: int = FUNCTION_TIMEOUT_S,
         ) -> gcp.cloudfunctionsv2.Function:
             return gcp.cloudfunctionsv2.Function(
                 f"{name}-{suffix}",
@@ -338,7 +360,7 @@ class TpuGuard(pulumi.ComponentResource):
         self.recovery_function = None
         if auto.recovery_every_minutes:
             self.recovery_function = function(
-                "recovery", "recover", {"MAX_ATTEMPTS": str(auto.recovery_max_attempts)}, timeout=1800
+                "recovery", "recover", {"MAX_ATTEMPTS": str(auto.recovery_max_attempts)}, timeout=RECOVERY_TIMEOUT_S
             )
             invoker_ready.append(invoke_grant("recovery-invoker", self.recovery_function, invoker_member))
             gcp.cloudscheduler.Job(
@@ -349,6 +371,7 @@ class TpuGuard(pulumi.ComponentResource):
                 description=f"Re-create preempted spot TPUs of {env.stack}",
                 schedule=f"*/{auto.recovery_every_minutes} * * * *",
                 time_zone="Etc/UTC",
+                attempt_deadline=attempt_deadline(RECOVERY_TIMEOUT_S),
                 http_target=gcp.cloudscheduler.JobHttpTargetArgs(
                     uri=self.recovery_function.url,
                     http_method="POST",
@@ -363,5 +386,7 @@ class TpuGuard(pulumi.ComponentResource):
         if args.schedules:
             start_function = function("scheduled-start", "scheduled_start", {})
             invoker_ready.append(invoke_grant("start-invoker", start_function, invoker_member))
-            self.start = StartTarget(start_function.url, self.invoker.email, list(invoker_ready))
+            self.start = StartTarget(
+                start_function.url, self.invoker.email, list(invoker_ready), attempt_deadline(FUNCTION_TIMEOUT_S)
+            )
         self.register_outputs({"account": self.account.email})

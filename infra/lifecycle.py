@@ -34,6 +34,19 @@ TPU_API = "https://tpu.googleapis.com/v2"
 RUN_STATUS_APIS = ("storage.googleapis.com",)
 # The scheduler account, its role and grants, and the jobs.
 SCHEDULES_APIS = ("iam.googleapis.com", "cloudresourcemanager.googleapis.com", "cloudscheduler.googleapis.com")
+# cloudscheduler.v1 Job.attemptDeadline: past it "the request is cancelled and the attempt is marked as a
+# DEADLINE_EXCEEDED failure"; "For HTTP targets, the default is 3 minutes. The deadline must be in the
+# interval [15 seconds, 30 minutes]."
+HTTP_ATTEMPT_DEADLINE_S = (15, 30 * 60)
+
+
+def attempt_deadline(timeout_s: int) -> str:
+    """A job's attemptDeadline for a function that may run `timeout_s` seconds: as long as it may take, so
+    Cloud Scheduler neither cancels a call still at work nor counts it failed."""
+    low, high = HTTP_ATTEMPT_DEADLINE_S
+    if not low <= timeout_s <= high:
+        raise ValueError(f"a Cloud Scheduler HTTP job waits {low} s to {high} s, not {timeout_s} s")
+    return f"{timeout_s}s"
 
 
 def node_url(project: str, vm: TpuVmSettings) -> str:
@@ -63,6 +76,7 @@ class StartTarget:
     url: pulumi.Output[str]
     invoker_email: pulumi.Output[str]
     ready: list[pulumi.Resource]  # the invoker's act-as and run.invoker grants
+    deadline: str  # the job's attemptDeadline: as long as the function may run
 
 
 @dataclass(frozen=True)
@@ -115,7 +129,8 @@ class TpuSchedules(pulumi.ComponentResource):
                 continue  # deleted once its run completed: nothing left to start or stop
 
             def job(action: str, cron: str, what: str, target: gcp.cloudscheduler.JobHttpTargetArgs,
-                    waits: list[pulumi.Resource], vm: TpuVmSettings = vm) -> gcp.cloudscheduler.Job:  # fmt: skip
+                    waits: list[pulumi.Resource], deadline: str | None = None,
+                    vm: TpuVmSettings = vm) -> gcp.cloudscheduler.Job:  # fmt: skip
                 return gcp.cloudscheduler.Job(
                     f"{name}-{vm.name}-{action}",
                     name=naming.scheduler_job(vm.name, action),
@@ -126,6 +141,7 @@ class TpuSchedules(pulumi.ComponentResource):
                     time_zone=vm.schedule.time_zone if vm.schedule else "Etc/UTC",
                     http_target=target,
                     retry_config=gcp.cloudscheduler.JobRetryConfigArgs(retry_count=3),
+                    attempt_deadline=deadline,
                     opts=pulumi.ResourceOptions(
                         parent=self, depends_on=[*apis.needs("cloudscheduler"), nodes[vm.name], *waits]
                     ),
@@ -154,7 +170,7 @@ class TpuSchedules(pulumi.ComponentResource):
                 ),
             )
             what = f"Start TPU VM {vm.name} unless its run is complete"
-            self.jobs.append(job("start", vm.schedule.start, what, begin, start.ready))
+            self.jobs.append(job("start", vm.schedule.start, what, begin, start.ready, start.deadline))
         self.register_outputs({"account": self.account.email})
 
 

@@ -129,6 +129,12 @@ def node_path(project: str, zone: str, vm: str) -> str:
     return f"projects/{project}/locations/{zone}/nodes/{vm}"
 
 
+def node_ids(vm: str, slices: int = 1) -> list[str]:
+    """The TPU nodes of a VM: `<vm>`, or a multislice's `<vm>-0` … `<vm>-<n-1>` (tpu.v2.json
+    MultisliceParams.nodeIdPrefix: "np" -> np-0, np-1, …; the platform's prefix is the VM's name)."""
+    return [f"{vm}-{i}" for i in range(slices)] if slices > 1 else [vm]
+
+
 def artifact_repository(stack: str) -> str:
     """The stack's Artifact Registry Docker repository id: lowercase letters, digits and '-', starting
     with a letter, at most 63 (Artifact Registry, "Create standard repositories")."""

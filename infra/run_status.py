@@ -6,12 +6,13 @@ VM the guard deleted after its run completed is planned as absent, not as a node
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 
 import pulumi_gcp as gcp
 
-MARKER = "COMPLETE"
+from infra import completion_marker
+
+MARKER = completion_marker.NAME
 
 
 def marker_name(vm: str) -> str:
@@ -21,8 +22,9 @@ def marker_name(vm: str) -> str:
 def completed_runs(project: str, bucket: str, vms: Mapping[str, str]) -> set[str]:
     """The VMs (name -> current run id) whose completion marker names their current run.
 
-    A marker of an earlier run id does not count: a new `run` declares the VM again. Before the first
-    deploy there is no bucket, so nothing is complete."""
+    A marker of an earlier run id does not count: a new `run` declares the VM again; nor does content
+    that is not a marker (infra/completion_marker.py). Before the first deploy there is no bucket, so
+    nothing is complete."""
     if not vms:
         return set()
     # Asked first, not inferred from an error's text: listing the project's buckets by prefix answers
@@ -37,11 +39,7 @@ def completed_runs(project: str, bucket: str, vms: Mapping[str, str]) -> set[str
     for vm, run in vms.items():
         if marker_name(vm) not in names:
             continue
-        content = gcp.storage.get_bucket_object_content(bucket=bucket, name=marker_name(vm)).content or ""
-        try:
-            marked = json.loads(content).get("runId")
-        except (ValueError, AttributeError):
-            marked = None
-        if marked == run:
+        content = gcp.storage.get_bucket_object_content(bucket=bucket, name=marker_name(vm)).content
+        if completion_marker.run_of(content) == run:
             done.add(vm)
     return done

@@ -78,7 +78,13 @@ class Cron:
 
 @functools.cache
 def parse_cron(text: str) -> Cron:
-    parts = text.split()
+    parts = text.split(" ")
+    if text != " ".join(text.split()):
+        # The text reaches Cloud Scheduler as written (a newline from a YAML block scalar, a tab): refused
+        # here rather than left to its parser.
+        raise CronError(
+            f"{text!r}: the five fields must be separated by single spaces, with nothing before or after them"
+        )
     _check_dialect(parts)
     try:
         expanded, _nth = croniter.expand(" ".join(parts))

@@ -228,10 +228,15 @@ def check_all(api_name: str, calls: list[Call]) -> list[str]:
 
 class CheckedSession(requests.Session):
     """A requests session that checks every request it sends against the API it is addressed to
-    (by path: /v2/ is the TPU API, /storage/v1/ and /upload/storage/v1/ Cloud Storage), and keeps
-    the calls and any violations. Handed to code under test in place of its authorized session."""
+    (by path: /v2/ and /v2alpha1/ are the TPU API, /storage/v1/ and /upload/storage/v1/ Cloud Storage), and
+    keeps the calls and any violations. Handed to code under test in place of its authorized session."""
 
-    ROUTES = (("/upload/storage/v1/", "storage.v1"), ("/storage/v1/", "storage.v1"), ("/v2/", "tpu.v2"))
+    ROUTES = (
+        ("/upload/storage/v1/", "storage.v1"),
+        ("/storage/v1/", "storage.v1"),
+        ("/v2/", "tpu.v2"),
+        ("/v2alpha1/", "tpu.v2alpha1"),
+    )
 
     def __init__(self) -> None:
         super().__init__()

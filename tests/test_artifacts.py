@@ -39,6 +39,11 @@ def repository_copy(tmp_path, monkeypatch):
     for folder in (vm_metadata_module.AGENT_FOLDER, "workloads"):
         ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
         shutil.copytree(REPO_ROOT / folder, tmp_path / folder, symlinks=True, ignore=ignore)
+    for link in [p for p in tmp_path.rglob("*") if p.is_symlink()]:  # and the files they link to elsewhere
+        target = (REPO_ROOT / link.relative_to(tmp_path)).resolve().relative_to(REPO_ROOT)
+        if not (tmp_path / target).exists():
+            (tmp_path / target).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO_ROOT / target, tmp_path / target)
     monkeypatch.setattr(packaging, "REPO_ROOT", tmp_path)
     packaging.repository_folder.cache_clear()
     yield tmp_path

@@ -157,6 +157,29 @@ def test_capacity_capabilities_follow_googles_pages():
     )
 
 
+def test_flex_start_zones_are_googles_list():
+    """request-using-flex-start, Limitations: v6e in asia-northeast1-b and us-east5-a (training and serving),
+    v5e in us-west4-a (training) and us-central1-a (serving); no other generation."""
+    offered = {g.name: g.flex_start for g in catalog.generations.values() if g.flex_start}
+    assert offered == {
+        "v5e": {"us-west4-a": "training", "us-central1-a": "serving"},
+        "v6e": {"asia-northeast1-b": "training and serving", "us-east5-a": "training and serving"},
+    }
+    for generation in catalog.generations.values():  # each is a zone that offers the generation at all
+        assert set(generation.flex_start) <= set(generation.zones), generation.name
+    assert "v5p is not offered with flex-start" in str(
+        catalog.capacity_problem(accelerator("v5p-8"), queued=True, node_count=1, flex=True)
+    )
+    assert catalog.flex_start_problem(accelerator("v5litepod-8"), "us-west4-a") is None
+    assert "offered only in us-central1-a (serving), us-west4-a (training)" in str(
+        catalog.flex_start_problem(accelerator("v5litepod-8"), "us-west1-c")
+    )
+    assert "for serving, not for training; zones for training: us-west4-a" in str(
+        catalog.flex_start_warning(accelerator("v5litepod-8"), "us-central1-a")
+    )
+    assert catalog.flex_start_warning(accelerator("v6e-8"), "us-east5-a") is None
+
+
 def test_runtime_images_record_what_google_documents_and_no_more():
     base = catalog.runtime_image("tpu-ubuntu2204-base")
     assert base and (base.os, base.framework, base.python) == ("Ubuntu 22.04", None, "3.10")

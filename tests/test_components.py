@@ -301,8 +301,8 @@ def test_tpu_guard_alone():
     assert set(functions) == {naming.function_name(f, ENV.stack) for f in ("complete", "scheduled-start")}
     settings = functions[naming.function_name("complete", ENV.stack)]["serviceConfig"]["environmentVariables"]
     assert json.loads(settings["CURRENT_RUNS"]) == {"solo-vm": "solo/trainer/solo-vm/r1"}
-    assert json.loads(settings["COMPLETION_ACTIONS"]) == {
-        "solo-vm": {"action": "stop", "zone": ZONE, "maxRunHours": 5.0}
+    assert json.loads(settings["TPU_VMS"]) == {
+        "solo-vm": {"nodes": ["solo-vm"], "zones": [ZONE], "onCompletion": "stop", "maxRunHours": 5.0}
     }
     assert settings["ZONES"] == ZONE and settings["PROJECT"] == ENV.project
     assert result.of_type("gcp:cloudscheduler/job:Job") == []
@@ -327,7 +327,7 @@ def test_tpu_schedules_alone():
         apis = enabled(SCHEDULES_APIS)
         node = gcp.storage.Bucket("node-stand-in", location="EU")  # any resource: the jobs wait for it
         url = pulumi.Output.from_input("https://start.example")
-        start = StartTarget(url, pulumi.Output.from_input("invoker@solo-project.iam.gserviceaccount.com"), [])
+        start = StartTarget(url, pulumi.Output.from_input("invoker@solo-project.iam.gserviceaccount.com"), [], "300s")
         TpuSchedules("schedules", ENV, args, apis, {"solo-vm": node}, start)
 
     result = build(program)
@@ -370,7 +370,7 @@ def test_a_component_missing_a_declared_api_is_refused(component, apis):
         if component == "network":
             PrivateNetwork("net", ENV, NETWORK, enabled_apis)
         else:
-            start = StartTarget(pulumi.Output.from_input("u"), pulumi.Output.from_input("e"), [])
+            start = StartTarget(pulumi.Output.from_input("u"), pulumi.Output.from_input("e"), [], "300s")
             TpuSchedules("s", ENV, TpuSchedulesArgs((), ""), enabled_apis, {}, start)
 
     with pytest.raises(ValueError, match="APIs not enabled"):

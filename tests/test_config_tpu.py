@@ -161,6 +161,58 @@ def test_capacity_settings_are_checked_together(changes, expected):
     assert expected in prod_vm_problems(**changes)
 
 
+def roomy_network(raw: dict[str, str]) -> dict[str, str]:
+    """Subnets in the regions a test's zones are in."""
+    more = {"us-west4": "10.31.0.0/20", "us-west1": "10.32.0.0/20", "us-south1": "10.33.0.0/20"}
+    return with_object(raw, "network", lambda n: n["subnets"].update(more))
+
+
+def test_flex_start_is_checked_against_googles_zones():
+    flex = {"capacity": "queued", "provisioning": "flex-start", "runDurationHours": 4}
+    west = with_object(roomy_network(stack_config("prod")), "tpuVms", vm_edit(**flex, zone="us-west1-c"))
+    assert "tpuVms[0].zone = 'us-west1-c': flex-start v5e is offered only in us-central1-a (serving), us-west4-a" in (
+        problems_of(west, "prod")
+    )
+    fallback = with_object(
+        roomy_network(stack_config("prod")), "tpuVms", vm_edit(**flex, zone="us-west4-a", fallbackZones=["us-south1-a"])
+    )
+    message = problems_of(fallback, "prod")
+    assert "tpuVms[0].fallbackZones[0] = 'us-south1-a': flex-start v5e is offered only in" in message
+    # Listed for serving only: the plan goes on, and says so.
+    serving = parse_stack_config("prod", with_object(stack_config("prod"), "tpuVms", vm_edit(**flex)))
+    assert any("tpuVms[0].zone" in w and "for serving, not for training" in w for w in serving.warnings)
+    training = parse_stack_config("prod", with_object(roomy_network(stack_config("prod")), "tpuVms",
+                                                      vm_edit(**flex, zone="us-west4-a")))  # fmt: skip
+    assert not [w for w in training.warnings if "flex-start" in w]
+    v5p = {"acceleratorType": "v5p-8", "zone": "us-east5-a", "runtimeVersion": "v2-alpha-tpuv5"}
+    assert "tpuVms[0].acceleratorType = 'v5p-8': v5p is not offered with flex-start" in vm_problems(
+        "prod", **flex, **v5p
+    )
+
+
+def test_a_queued_vm_is_never_stopped_only_deleted():
+    """The guard and the schedules stop a node by its name and zone in the stack: a queued request may
+    have landed in a fallback zone, a multislice's nodes are `<vm>-<i>`, and a request has no stop."""
+    queued = {"capacity": "queued", "provisioning": "spot"}
+    message = vm_problems("dev", **queued, acceleratorType="v5litepod-8", zone="us-central1-a",
+                          runtimeVersion="tpu-vm-tf-2.15.0-pjrt", onCompletion="stop")  # fmt: skip
+    assert "tpuVms[0].onCompletion = 'stop': a queued request's TPUs cannot be stopped, only deleted" in message
+    assert "tpuVms[0].schedule = {'start': '0 8 * * 1-5', 'stop': '0 20 * * 1-5'}: a queued request's TPUs" in message
+    deleted = parse_stack_config("prod", with_object(stack_config("prod"), "tpuVms", vm_edit(**queued,
+                                 onCompletion="delete")))  # fmt: skip
+    assert deleted.tpu_vms[0].queued
+
+
+def test_a_multislices_node_names_are_its_own():
+    """`ms` with two slices has nodes ms-0 and ms-1: no other VM of the stack may be called ms-1."""
+    raw = with_object(stack_config("prod"), "tpuVms", lambda vms: vms.__setitem__(slice(None), [
+        {**vms[0], "name": "ms", "capacity": "queued", "nodeCount": 2, "provisioning": "spot",
+         "acceleratorType": "v5litepod-16", "runtimeVersion": "tpu-vm-tf-2.15.0-pod-pjrt"},
+        {**vms[1], "name": "ms-1"},
+    ]))  # fmt: skip
+    assert "tpuVms[1].name = 'ms-1': its TPU nodes' names are taken by TPU VM ms" in problems_of(raw, "prod")
+
+
 def test_max_run_hours_needs_the_guards_periodic_check():
     raw = with_object(stack_config("dev"), "tpuVms", vm_edit(maxRunHours=24))
     assert "tpuVms[0].maxRunHours = 24: is enforced by the guard's periodic check: set tpu-platform:automation" in (

@@ -6,6 +6,7 @@ onto it, and the deployer computed from that plan holds what the provider's call
 
 from __future__ import annotations
 
+import json
 from functools import cache
 from pathlib import Path
 
@@ -51,16 +52,21 @@ def test_queued_spot_slice_falls_back_in_order_each_zone_with_its_subnet():
         ("us-west4-a", "tpu-queued-spot-us-west4"),
         ("us-west1-c", "tpu-queued-spot-us-west1"),
     ]
-    # maxRunHours reaches the guard, which deletes the slice once it runs past 48 hours.
+    # maxRunHours reaches the guard, which deletes the slice once it runs past 48 hours, in whichever of its
+    # zones the request got, through the request.
     (guard,) = [r for r in planned("queued-spot").of_type("gcp:cloudfunctionsv2/function:Function")
                 if r.inputs["serviceConfig"]["environmentVariables"].get("MAX_ATTEMPTS")]  # fmt: skip
     env = guard.inputs["serviceConfig"]["environmentVariables"]
-    assert '"maxRunHours": 48' in env["COMPLETION_ACTIONS"]
+    assert json.loads(env["TPU_VMS"]) == {"mnist-v5e-16": {
+        "nodes": ["mnist-v5e-16"], "zones": ["us-central1-a", "us-west4-a", "us-west1-c"], "onCompletion": "delete",
+        "maxRunHours": 48, "queuedApi": "v2",
+    }}  # fmt: skip
     assert set(env["ZONES"].split(",")) == {"us-central1-a", "us-west4-a", "us-west1-c"}
 
 
 def test_multislice_asks_for_two_slices_and_costs_both():
     inputs = the_request("multislice")
+    assert api.node_ids(request_from_props(inputs)) == ["mnist-ms-0", "mnist-ms-1"]
     assert int(inputs["nodeCount"]) == 2
     body = api.create_body(request_from_props(inputs), "us-central1-a")
     assert body["tpu"]["nodeSpec"][0]["multisliceParams"] == {"nodeCount": 2, "nodeIdPrefix": "mnist-ms"}

@@ -30,6 +30,7 @@ PURE = {
     "infra.access.model",
     "infra.access.researchers",
     "infra.catalog",
+    "infra.completion_marker",
     "infra.config",
     "infra.config.docs",
     "infra.config.examples",

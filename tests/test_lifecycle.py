@@ -5,9 +5,13 @@ from __future__ import annotations
 import base64
 import json
 
+import pytest
+
+from infra import completion_marker
 from infra.config import parse_stack_config
-from infra.lifecycle import SCHEDULER_PERMISSIONS
+from infra.lifecycle import SCHEDULER_PERMISSIONS, attempt_deadline
 from infra.tpu.metadata import run_id
+from tests.contracts import document
 from tests.support import plan, stack_config, with_object
 from tests.test_config_tpu import vm_problems
 from tools.offline.mocks import GcpMocks, RecordingMonitor
@@ -61,10 +65,28 @@ def test_multi_host_schedules_are_refused():
     assert "v2-32 is a multi-host slice, which the TPU API cannot stop or start" in message
 
 
+def test_a_job_attempt_waits_within_cloud_schedulers_limits():
+    """cloudscheduler.v1 Job.attemptDeadline: "For HTTP targets ... in the interval [15 seconds, 30 minutes]"."""
+    assert attempt_deadline(1800) == "1800s" and attempt_deadline(15) == "15s"
+    for outside in (14, 1801):
+        with pytest.raises(ValueError, match="waits 15 s to 1800 s"):
+            attempt_deadline(outside)
+    assert "attemptDeadline" in document("cloudscheduler.v1")["schemas"]["Job"]["properties"]
+    assert "[15 seconds, 30 minutes]" in document("cloudscheduler.v1")["schemas"]["Job"]["properties"][
+        "attemptDeadline"]["description"]  # fmt: skip
+
+
 def test_bad_schedules():
     message = vm_problems(schedule={"start": "8am", "stop": "0 20 * * 1-5", "timeZone": "Mars/Olympus"})
     assert "tpuVms[0].schedule.start = '8am': not a unix-cron schedule: needs 5 fields" in message
     assert "tpuVms[0].schedule.timeZone = 'Mars/Olympus': an IANA time zone" in message
+
+
+def test_a_schedule_with_a_trailing_newline_is_refused_not_sent_to_cloud_scheduler():
+    """A YAML block scalar (`stop: |`) ends in a newline, which the job's `schedule` would carry as written."""
+    message = vm_problems(schedule={"start": "0 8 * * 1-5", "stop": "0 20 * * 1-5\n", "timeZone": "Europe/Berlin"})
+    assert "tpuVms[0].schedule.stop = '0 20 * * 1-5\\n': not a unix-cron schedule" in message
+    assert "separated by single spaces" in message
 
 
 def test_a_finished_run_holds_no_tpu_right_and_writes_only_its_own_status():
@@ -89,7 +111,9 @@ def test_the_guard_acts_on_completion_as_the_stack_says_never_as_the_marker_says
     result = plan(stack_config())
     (complete,) = [f for f in result.of_type("gcp:cloudfunctionsv2/function:Function") if f.name == "guard-complete"]
     env = complete.inputs["serviceConfig"]["environmentVariables"]
-    assert json.loads(env["COMPLETION_ACTIONS"]) == {"mnist-v2-spot": {"action": "stop", "zone": "us-central1-b"}}
+    assert json.loads(env["TPU_VMS"]) == {
+        "mnist-v2-spot": {"nodes": ["mnist-v2-spot"], "zones": ["us-central1-b"], "onCompletion": "stop"}
+    }
     trigger = complete.inputs["eventTrigger"]
     assert trigger["eventType"] == "google.cloud.storage.object.v1.finalized"
     assert trigger["eventFilters"] == [{"attribute": "bucket", "value": "acme-ml-sandbox-dev-status"}]
@@ -100,15 +124,17 @@ def test_the_status_bucket_survives_destroy():
     assert bucket.retain_on_delete and bucket.inputs["versioning"] == {"enabled": True}
 
 
-def completed_plan(raw: dict[str, str], *markers: str, run: str | None = None):
-    """A plan whose status bucket holds `markers`; each names `run` (default: the VM's current run id)."""
+def completed_plan(raw: dict[str, str], *markers: str, run: str | None = None, content: str | None = None):
+    """A plan whose status bucket holds `markers`; each names `run` (default: the VM's current run id), or
+    holds `content` when given."""
     bucket = "acme-ml-sandbox-dev-status"
     mocks = GcpMocks("acme-ml-sandbox", {bucket: list(markers)})
     cfg = parse_stack_config("dev", raw)
     runs = {vm.name: run_id(cfg, vm) for vm in cfg.tpu_vms}
     for marker in markers:
         vm = marker.split("/")[0]
-        mocks.status_contents[(bucket, marker)] = json.dumps({"runId": run or runs.get(vm, "?")})
+        made = completion_marker.marker(run or runs.get(vm, "?"), "vm-agent", "2026-12-01T12:00:00Z")
+        mocks.status_contents[(bucket, marker)] = content if content is not None else json.dumps(made)
     return run_program("dev", raw, monitor=RecordingMonitor(mocks))
 
 
@@ -128,6 +154,14 @@ def test_a_marker_of_an_earlier_run_does_not_remove_the_vm():
     raw = with_object(stack_config(), "tpuVms", lambda vms: vms[0].update(onCompletion="delete"))
     result = completed_plan(raw, "mnist-v2-spot/COMPLETE", run="dev/mnist/mnist-v2-spot/an-older-run")
     assert result.of_type("gcp:tpu/v2Vm:V2Vm")
+
+
+def test_content_that_is_not_a_completion_marker_does_not_remove_the_vm():
+    """Strict: the marker's schema (infra/completion_marker.py), not any object that names the run."""
+    raw = with_object(stack_config(), "tpuVms", lambda vms: vms[0].update(onCompletion="delete"))
+    current = run_id(parse_stack_config("dev", raw), parse_stack_config("dev", raw).tpu_vms[0])
+    for content in ("not json", json.dumps({"runId": current}), json.dumps([current])):
+        assert completed_plan(raw, "mnist-v2-spot/COMPLETE", content=content).of_type("gcp:tpu/v2Vm:V2Vm"), content
 
 
 def test_a_stopped_vm_stays_declared_when_complete():

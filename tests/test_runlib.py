@@ -12,6 +12,7 @@ import time
 import numpy as np
 import pytest
 
+from infra import completion_marker
 from tests.workloads import WORKLOADS, run_workload, workloads_python
 
 sys.path.insert(0, str(WORKLOADS))
@@ -139,6 +140,7 @@ def test_a_finished_run_writes_the_completion_object_last(tmp_path):
     done = json.loads((tmp_path / "status" / "COMPLETE").read_text())
     assert done["runId"] == "dev/mnist/vm/r1" and done["program"] == "toy" and done["steps"] == 4
     assert done["finishedAt"].endswith("Z") and done["metrics"] == outcome.metrics
+    assert completion_marker.problem(done) is None and done["writtenBy"] == "runlib"  # the platform's one schema
     assert (tmp_path / "model" / "model.bin").read_bytes() == b"m"
     # Either marker says complete: the one beside the checkpoints, or the platform's.
     assert runlib.status(str(tmp_path / "nowhere"), str(tmp_path / "status")) == "complete"
@@ -269,6 +271,7 @@ def test_announce_tells_the_platform_again_for_a_complete_run(tmp_path):
     assert runlib.announce(str(tmp_path / "ckpt"), str(tmp_path / "status"), "run-1", "tf_mnist")
     marker = json.loads(runlib.Store(str(tmp_path / "status")).read(runlib.COMPLETE))
     assert marker["runId"] == "run-1" and marker["steps"] == 10
+    assert completion_marker.problem(marker) is None
 
 
 def test_the_run_contract_environment_gives_the_defaults_and_the_agent_writes_the_status(monkeypatch):

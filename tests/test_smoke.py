@@ -60,7 +60,16 @@ def test_the_commands_come_in_order_and_destroy_is_among_them(capsys):
         "gcloud storage ls",  # the completion marker
         "gcloud storage ls",  # a checkpoint
         "gcloud compute tpus",  # the node STOPPED by the guard
+        "gcloud beta services",  # Artifact Registry's service identity
+        "gcloud compute tpus",  # a queued spot request ...
+        "gcloud compute tpus",  # ... ACTIVE
+        "gcloud compute tpus",  # its node names it
+        "gcloud compute tpus",  # the image's Python (ssh)
+        "gcloud compute tpus",  # stop, noted
+        "gcloud compute tpus",  # the request deleted with --force ...
+        "gcloud compute tpus",  # ... and its node with it
         "pulumi destroy --stack",
+        "gcloud compute tpus",  # the spot node is gone
         "gcloud storage buckets",  # data survived
         "gcloud storage buckets",  # status survived
         "pulumi stack rm",
@@ -68,6 +77,29 @@ def test_the_commands_come_in_order_and_destroy_is_among_them(capsys):
     assert commands[2].endswith("gs://acme-ml-sandbox-smoke-status/smoke-tpu/COMPLETE")
     assert commands[3].endswith("gs://acme-ml-sandbox-smoke-checkpoints/mnist/smoke-tpu/smoke/")
     assert all("--config-file" in c for c in commands if c.startswith(("pulumi up", "pulumi destroy")))
+
+
+def test_the_probes_try_what_the_guard_relies_on_and_always_delete_their_request(capsys):
+    _, _, commands = dry_run(capsys)
+    probe = [c for c in commands if "smoke-probe" in c]
+    assert probe[0].startswith("gcloud compute tpus queued-resources create smoke-probe --zone us-central1-a")
+    assert "--spot --network tpu-smoke --subnetwork tpu-smoke-us-central1 --internal-ips --tags tpu-vm" in probe[0]
+    assert "value(queuedResource)" in probe[2] and probe[3].startswith("gcloud compute tpus tpu-vm ssh smoke-probe")
+    assert probe[-2].endswith("queued-resources delete smoke-probe --zone us-central1-a --project acme-ml-sandbox "
+                              "--force --quiet")  # fmt: skip
+    assert any("identity create --service=artifactregistry.googleapis.com" in c for c in commands)
+
+
+@pytest.mark.parametrize(
+    "failing", ["gcloud compute tpus tpu-vm describe smoke-probe", "gcloud compute tpus tpu-vm ssh"]
+)
+def test_the_probe_request_is_deleted_whatever_failed(failing, tmp_path):
+    shell = FailingShell(failing)
+    report = smoke_with(shell, tmp_path)
+    assert not report.passed
+    deleted = [i for i, c in enumerate(shell.printed) if "queued-resources delete smoke-probe" in c]
+    destroyed = [i for i, c in enumerate(shell.printed) if c.startswith("pulumi destroy")]
+    assert deleted and destroyed and deleted[0] < destroyed[0]  # before destroy removes its network
 
 
 class FailingShell(smoke.Shell):
@@ -82,15 +114,20 @@ class FailingShell(smoke.Shell):
         return (1, "") if " ".join(argv).startswith(self.failing) else (0, answer)
 
 
-@pytest.mark.parametrize("failing", ["pulumi up", "gcloud storage ls", "gcloud compute tpus"])
-def test_destroy_runs_whatever_failed_before(failing, tmp_path, capsys):
+def smoke_with(shell: smoke.Shell, tmp_path: Path) -> smoke.Report:
+    """The smoke run of a stack file written like main's, through `shell`, with no waiting."""
     path = tmp_path / "Pulumi.smoke.yaml"
     args = smoke.SmokeArgs("acme-ml-sandbox", "01A2B3-C4D5E6-F7A8B9", "us-central1-a", "smoke", "o", "a@b.example",
                            200, "")  # fmt: skip
     path.write_text(smoke.stack_file_text(args, smoke.cheapest_tpu("us-central1-a")))
     cfg = parse_stack_config("smoke", read_stack_config("smoke", ROOT, path))
+    return smoke.smoke(cfg, path, shell, run_minutes=0, poll_seconds=0, action_minutes=0)
+
+
+@pytest.mark.parametrize("failing", ["pulumi up", "gcloud storage ls", "gcloud compute tpus"])
+def test_destroy_runs_whatever_failed_before(failing, tmp_path, capsys):
     shell = FailingShell(failing)
-    report = smoke.smoke(cfg, path, shell, run_minutes=0, poll_seconds=0, action_minutes=0)
+    report = smoke_with(shell, tmp_path)
     assert not report.passed
     assert any(c.startswith("pulumi destroy") for c in shell.printed)
     assert shell.printed[-1].startswith("pulumi stack rm")
@@ -104,14 +141,9 @@ def test_a_crash_mid_run_still_destroys(tmp_path):
                 raise KeyboardInterrupt
             return super().run(argv, cwd=cwd, answer=answer)
 
-    path = tmp_path / "Pulumi.smoke.yaml"
-    args = smoke.SmokeArgs("acme-ml-sandbox", "01A2B3-C4D5E6-F7A8B9", "us-central1-a", "smoke", "o", "a@b.example",
-                           200, "")  # fmt: skip
-    path.write_text(smoke.stack_file_text(args, smoke.cheapest_tpu("us-central1-a")))
-    cfg = parse_stack_config("smoke", read_stack_config("smoke", ROOT, path))
     shell = Crashing("nothing")
     with pytest.raises(KeyboardInterrupt):
-        smoke.smoke(cfg, path, shell, run_minutes=0, poll_seconds=0, action_minutes=0)
+        smoke_with(shell, tmp_path)
     assert any(c.startswith("pulumi destroy") for c in shell.printed)
 
 

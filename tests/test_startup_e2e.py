@@ -208,7 +208,8 @@ def test_a_completed_run_is_stopped_by_the_guard_and_not_restarted_by_its_schedu
         settings = {
             "PROJECT": "acme-ml-sandbox", "ENVIRONMENT": "dev", "ZONES": "us-central1-b", "TPU_API_ENDPOINT": url,
             "STATUS_BUCKET": STATUS_BUCKET,
-            "COMPLETION_ACTIONS": json.dumps({"mnist-v2-spot": {"action": "stop", "zone": "us-central1-b"}}),
+            "TPU_VMS": json.dumps({"mnist-v2-spot": {"nodes": ["mnist-v2-spot"], "zones": ["us-central1-b"],
+                                                     "onCompletion": "stop"}}),
         }  # fmt: skip
         for key, value in settings.items():
             monkeypatch.setenv(key, value)

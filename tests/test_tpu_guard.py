@@ -6,6 +6,7 @@ Cloud Storage emulator for its state and the completion markers (requests checke
 from __future__ import annotations
 
 import base64
+import inspect
 import json
 import os
 import sys
@@ -18,7 +19,9 @@ from flask import Request
 from google.cloud import storage
 from werkzeug.test import EnvironBuilder
 
-from infra.automation import GUARD_PERMISSIONS
+from infra import completion_marker
+from infra.access import iamdata
+from infra.automation import GUARD_METHODS, GUARD_PERMISSIONS
 from tests.contracts import Call, CheckedSession, ContractError, api
 from tests.sandbox import free_port, storage_emulator
 from tests.support import plan, stack_config, with_object
@@ -30,12 +33,15 @@ from decisions import (
     GAVE_UP_EVENT,
     NODE_CREATE_FIELDS,
     PREEMPTED_EVENT,
+    Action,
     RecoveryState,
     StateError,
     budget_actions,
     budget_message_problem,
     completion_step,
+    completion_steps,
     completion_target,
+    marker_problem,
     overrun_actions,
     recovery_actions,
     recovery_state,
@@ -52,10 +58,15 @@ ACCOUNT, BUDGET = "012345-6789AB-CDEF01", "5c2f6b0e-1d2a-4b7c-9e3f-0a1b2c3d4e5f"
 NOW = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
 
 
-def node(name: str, state: str, *, env: str = "prod", spot: bool = False, hosts: int = 1) -> dict:
-    """A node as `GET …/nodes` lists it (fields as the TPU API v2 returns them, both accelerator fields)."""
-    return {
-        "name": f"{PARENT}/{name}",
+def node(
+    name: str, state: str, *, env: str = "prod", spot: bool = False, hosts: int = 1, zone: str = "us-central1-a",
+    request: str = "",
+) -> dict:  # fmt: skip
+    """A node as `GET …/nodes` lists it (fields as the TPU API v2 returns them, both accelerator fields);
+    `request`: the queued request that made it (Node.queuedResource), in the node's zone."""
+    made_by = {"queuedResource": f"projects/{PROJECT}/locations/{zone}/queuedResources/{request}"} if request else {}
+    return made_by | {
+        "name": f"projects/{PROJECT}/locations/{zone}/nodes/{name}",
         "acceleratorType": "v5litepod-4" if hosts == 1 else "v5litepod-16",
         "acceleratorConfig": {"type": "V5LITE_POD", "topology": "2x2" if hosts == 1 else "4x4"},
         "runtimeVersion": "tpu-vm-tf-2.15.0-pjrt",
@@ -74,6 +85,8 @@ def node(name: str, state: str, *, env: str = "prod", spot: bool = False, hosts:
     }
 
 
+FALLBACK = "us-west4-a"  # where the queued multislice `q` landed: not its VM's first zone
+QUEUED = f"projects/{PROJECT}/locations/{FALLBACK}/queuedResources/q"
 LISTING = [
     node("trainer", "READY"),
     node("spot-a", "PREEMPTED", spot=True),
@@ -82,9 +95,24 @@ LISTING = [
     node("going", "DELETING"),
     node("other-env", "READY", env="dev"),
     {**node("hand-made", "READY"), "labels": {"environment": "prod"}},  # not created by this platform
+    node("q-0", "READY", hosts=4, spot=True, zone=FALLBACK, request="q"),  # a queued multislice's two slices
+    node("q-1", "READY", hosts=4, spot=True, zone=FALLBACK, request="q"),
 ]
+# TPU_VMS, as infra/automation.py guard_vms writes it.
+VMS = {
+    "trainer": {"nodes": ["trainer"], "zones": ["us-central1-a"], "onCompletion": "stop"},
+    "spot-a": {"nodes": ["spot-a"], "zones": ["us-central1-a"], "onCompletion": "delete"},
+    "slice": {"nodes": ["slice"], "zones": ["us-central1-a"], "onCompletion": "keep"},
+    "q": {"nodes": ["q-0", "q-1"], "zones": ["us-central1-a", FALLBACK], "onCompletion": "delete", "queuedApi": "v2"},
+}
 OVER = {"budgetAmount": 20000, "costAmount": 20500, "schemaVersion": "1.0", "budgetDisplayName": "prod"}
 FRESH = RecoveryState(NOW.isoformat())
+
+
+def finished(run: str = "prod/mnist/trainer/run-1") -> bytes:
+    """A completion marker as the VM agent writes it."""
+    made = completion_marker.marker(run, "vm-agent", "2026-11-30T08:00:00Z", "python train.py")
+    return completion_marker.encode(made)
 
 
 def http_request(body: dict | None = None) -> Request:
@@ -107,15 +135,20 @@ def test_below_the_threshold_nothing_happens():
 
 
 def test_over_budget_stops_running_nodes_of_the_environment_only():
-    actions = budget_actions(OVER, LISTING, environment="prod", at_percent=100, action="stop", dry_run=False)
-    # Multi-host slices cannot be stopped: deleting is the only way to stop their cost.
-    assert kinds(actions) == [("stop", "trainer"), ("delete", "slice")]
+    actions = budget_actions(OVER, LISTING, environment="prod", at_percent=100, action="stop", dry_run=False, vms=VMS)
+    # Multi-host slices cannot be stopped: deleting is the only way to stop their cost. A queued request's
+    # slices are deleted through the request, once.
+    assert kinds(actions) == [("stop", "trainer"), ("delete", "slice"), ("delete-request", "q")]
     assert "102% of the budget" in actions[0].reason
+    assert actions[2].node == QUEUED and actions[2].api == "v2"
 
 
 def test_delete_mode_deletes_everything_of_the_environment_not_already_going():
     actions = budget_actions(OVER, LISTING, environment="prod", at_percent=100, action="delete", dry_run=False)
-    assert kinds(actions) == [("delete", "trainer"), ("delete", "spot-a"), ("delete", "slice"), ("delete", "stopped")]
+    assert kinds(actions) == [
+        ("delete", "trainer"), ("delete", "spot-a"), ("delete", "slice"), ("delete", "stopped"),
+        ("delete-request", "q"),
+    ]  # fmt: skip
 
 
 def test_dry_run_marks_every_action():
@@ -192,18 +225,37 @@ def test_recreate_body_is_a_valid_create_with_one_accelerator_field():
 
 
 def test_completion_target_comes_from_the_stack_not_the_marker():
-    actions = {"mnist": {"action": "stop", "zone": "us-central1-a"}}
-    target = completion_target(STATUS_BUCKET, "mnist/COMPLETE", status_bucket=STATUS_BUCKET, actions=actions)
-    assert target == ("mnist", "stop", "us-central1-a")
-    assert "not a completion marker" in str(
-        completion_target(STATUS_BUCKET, "mnist/metrics.json", status_bucket=STATUS_BUCKET, actions=actions)
-    )
-    assert "no completion action" in str(
-        completion_target(STATUS_BUCKET, "other/COMPLETE", status_bucket=STATUS_BUCKET, actions=actions)
-    )
-    assert "not in the status bucket" in str(
-        completion_target("elsewhere", "mnist/COMPLETE", status_bucket=STATUS_BUCKET, actions=actions)
-    )
+    def target(bucket: str, name: str):
+        return completion_target(bucket, name, status_bucket=STATUS_BUCKET, vms=VMS)
+
+    assert target(STATUS_BUCKET, "trainer/COMPLETE") == ("trainer", VMS["trainer"])
+    assert "not a completion marker" in str(target(STATUS_BUCKET, "trainer/metrics.json"))
+    assert "no completion action in this stack (onCompletion: keep)" in str(target(STATUS_BUCKET, "slice/COMPLETE"))
+    assert "not a TPU VM of this stack" in str(target(STATUS_BUCKET, "other/COMPLETE"))
+    assert "not in the status bucket" in str(target("elsewhere", "trainer/COMPLETE"))
+
+
+def test_completion_finds_every_node_of_the_vm_wherever_it_landed():
+    """A queued VM in its fallback zone, both slices of a multislice: one delete of their request. The
+    configured zone and the VM's own name find neither (`q` in us-central1-a)."""
+
+    def steps(vm: str, vms: dict) -> list[Action]:
+        found = completion_steps(vm, LISTING, vms=vms, environment="prod")
+        assert isinstance(found, list), found
+        return found
+
+    (step,) = steps("q", VMS)
+    assert (step.kind, step.node, step.api) == ("delete-request", QUEUED, "v2")
+    flex = {**VMS, "q": {**VMS["q"], "queuedApi": "v2alpha1"}}  # a flex-start request: made through v2alpha1
+    assert [s.api for s in steps("q", flex)] == ["v2alpha1"]
+    assert kinds(steps("trainer", VMS)) == [("stop", "trainer")]
+    assert "has no node in us-central1-a, us-west4-a" in str(completion_steps("q", LISTING[:7], vms=VMS,
+                                                                               environment="prod"))  # fmt: skip
+    # Never stopped: the plan refuses stop for a queued VM; the guard would not turn it into a delete.
+    stop = {**VMS, "q": {**VMS["q"], "onCompletion": "stop"}}
+    assert "cannot be stopped" in str(completion_steps("q", LISTING, vms=stop, environment="prod"))
+    other = [node("q-0", "READY", env="dev", zone=FALLBACK, request="q")]  # another environment's node
+    assert "has no node" in str(completion_steps("q", other, vms=VMS, environment="prod"))
 
 
 def test_completion_and_scheduled_start_are_idempotent():
@@ -253,13 +305,10 @@ def tpu(monkeypatch, emulator):
             state.add(listed)
         session = CheckedSession()
         settings = {
-            "PROJECT": PROJECT, "ENVIRONMENT": "prod", "ZONES": "us-central1-a", "BUDGET_ACTION": "stop",
+            "PROJECT": PROJECT, "ENVIRONMENT": "prod", "BUDGET_ACTION": "stop",
             "BUDGET_AT_PERCENT": "100", "BILLING_ACCOUNT": ACCOUNT, "BUDGET_ID": BUDGET, "MAX_ATTEMPTS": "2",
             "STATE_BUCKET": STATE_BUCKET, "STATUS_BUCKET": STATUS_BUCKET, "TPU_API_ENDPOINT": url,
-            "COMPLETION_ACTIONS": json.dumps({
-                "trainer": {"action": "stop", "zone": "us-central1-a"},
-                "spot-a": {"action": "delete", "zone": "us-central1-a"},
-            }),
+            "TPU_VMS": json.dumps(VMS), "ZONES": f"us-central1-a,{FALLBACK}",
         }  # fmt: skip
         for key, value in settings.items():
             monkeypatch.setenv(key, value)
@@ -295,7 +344,8 @@ def test_budget_stops_every_running_node_even_when_one_fails(tpu):
     tpu.fail("stop")  # the first stop (trainer) answers 500
     with pytest.raises(RuntimeError, match=r"failed for .*trainer; asking for redelivery"):
         guard.on_budget(budget_event(AUTHENTIC))
-    assert tpu.did("stop") == ["trainer"] and tpu.did("delete") == ["slice"]  # the slice was still deleted
+    assert tpu.did("stop") == ["trainer"] and tpu.did("delete") == ["slice", "q"]  # the others still went
+    assert not [n for n in tpu.nodes if "/nodes/q-" in n] and tpu.requests == set()  # the request took its slices
     # Redelivered: the trainer is stopped now, and nothing is done twice.
     guard.on_budget(budget_event(AUTHENTIC))
     assert tpu.did("stop") == ["trainer", "trainer"] and tpu.nodes[f"{PARENT}/trainer"]["state"] == "STOPPED"
@@ -315,19 +365,27 @@ def test_a_message_that_is_not_this_budgets_is_ignored(tpu, capsys):
 
 def test_a_node_running_past_its_max_run_hours_is_stopped_or_deleted_as_the_stack_says():
     # Every LISTING node was created 2026-11-29T08:00Z: 25 hours before NOW.
-    listing = [*LISTING, node("ms-0", "READY", hosts=4), node("ms-1", "READY", hosts=4)]
-    actions = {
-        "trainer": {"action": "stop", "zone": "us-central1-a", "maxRunHours": 24},
-        "stopped": {"action": "stop", "zone": "us-central1-a", "maxRunHours": 1},  # not running: nothing
-        "other-env": {"action": "delete", "zone": "us-central1-a", "maxRunHours": 1},  # another environment
-        "ms": {"action": "delete", "zone": "us-central1-a", "maxRunHours": 12},  # a multislice: ms-0, ms-1
-        "slice": {"action": "delete", "zone": "us-central1-a"},  # no maxRunHours: only its marker ends it
+    vms = {
+        "trainer": {**VMS["trainer"], "maxRunHours": 24},
+        "stopped": {"nodes": ["stopped"], "zones": ["us-central1-a"], "onCompletion": "stop", "maxRunHours": 1},
+        "other-env": {"nodes": ["other-env"], "zones": ["us-central1-a"], "onCompletion": "delete", "maxRunHours": 1},
+        "q": {**VMS["q"], "maxRunHours": 12},  # a queued multislice in its fallback zone: one delete of the request
+        "slice": {**VMS["slice"], "onCompletion": "delete"},  # no maxRunHours: only its marker ends it
     }
-    overruns = overrun_actions(listing, environment="prod", actions=actions, now=NOW)
-    assert kinds(overruns) == [("stop", "trainer"), ("delete", "ms-0"), ("delete", "ms-1")]
+    overruns = overrun_actions(LISTING, environment="prod", vms=vms, now=NOW)
+    assert kinds(overruns) == [("stop", "trainer"), ("delete-request", "q")]
     assert overruns[0].reason == "running 25.0 h, past maxRunHours 24"
-    later = {**actions, "trainer": {**actions["trainer"], "maxRunHours": 26}}
-    assert ("stop", "trainer") not in kinds(overrun_actions(listing, environment="prod", actions=later, now=NOW))
+    later = {**vms, "trainer": {**vms["trainer"], "maxRunHours": 26}}
+    assert ("stop", "trainer") not in kinds(overrun_actions(LISTING, environment="prod", vms=later, now=NOW))
+
+
+def test_a_node_is_its_vms_by_the_stacks_node_ids_not_by_the_look_of_its_name():
+    """`trainer-1` is a VM of its own (kept running), not a slice of `trainer`; `q-0` in a zone the VM
+    never asked for is not `q`'s."""
+    vms = {"trainer": {**VMS["trainer"], "maxRunHours": 1}, "trainer-1": {"nodes": ["trainer-1"],
+           "zones": ["us-central1-a"], "onCompletion": "keep"}, "q": {**VMS["q"], "maxRunHours": 1}}  # fmt: skip
+    listing = [node("trainer-1", "READY"), node("q-0", "READY", zone="europe-west4-a", request="q")]
+    assert overrun_actions(listing, environment="prod", vms=vms, now=NOW) == []
 
 
 def recovery_record(emulator) -> dict:
@@ -373,9 +431,7 @@ def test_recovery_gives_up_within_the_window_and_counts_again_after_it(tpu, emul
 
 
 def test_the_periodic_check_stops_a_node_past_its_max_run_hours(tpu, emulator, monkeypatch):
-    monkeypatch.setenv(
-        "COMPLETION_ACTIONS", json.dumps({"trainer": {"action": "stop", "zone": "us-central1-a", "maxRunHours": 1}})
-    )
+    monkeypatch.setenv("TPU_VMS", json.dumps({"trainer": {**VMS["trainer"], "maxRunHours": 1}}))
     body, status = guard.recover(TICK)
     assert status == 200, body
     assert tpu.did("stop") == ["trainer"] and "past maxRunHours 1" in body
@@ -401,7 +457,7 @@ def marker_event(name: str, bucket: str = STATUS_BUCKET) -> CloudEvent:
 
 
 def test_completion_marker_stops_its_node_once(tpu, emulator):
-    emulator.bucket(STATUS_BUCKET).blob("trainer/COMPLETE").upload_from_string(json.dumps({"action": "delete"}))
+    emulator.bucket(STATUS_BUCKET).blob("trainer/COMPLETE").upload_from_string(finished())
     guard.on_complete(marker_event("trainer/COMPLETE"))
     assert tpu.did("stop") == ["trainer"] and tpu.did("delete") == []  # the stack says stop; the marker is not asked
     guard.on_complete(marker_event("trainer/COMPLETE"))  # redelivered
@@ -409,11 +465,42 @@ def test_completion_marker_stops_its_node_once(tpu, emulator):
 
 
 def test_completion_marker_deletes_when_the_stack_says_delete(tpu, emulator):
-    emulator.bucket(STATUS_BUCKET).blob("spot-a/COMPLETE").upload_from_string("{}")
+    emulator.bucket(STATUS_BUCKET).blob("spot-a/COMPLETE").upload_from_string(finished())
     guard.on_complete(marker_event("spot-a/COMPLETE"))
     assert tpu.did("delete") == ["spot-a"] and f"{PARENT}/spot-a" not in tpu.nodes
     guard.on_complete(marker_event("spot-a/COMPLETE"))  # redelivered: the node is gone, nothing to do
     assert tpu.did("delete") == ["spot-a"]
+
+
+def test_completion_of_a_queued_vm_deletes_its_request_in_the_zone_it_landed_in(tpu, emulator):
+    """`q` asked for us-central1-a first and got its fallback zone; both slices go with their request."""
+    emulator.bucket(STATUS_BUCKET).blob("q/COMPLETE").upload_from_string(finished())
+    guard.on_complete(marker_event("q/COMPLETE"))
+    (call,) = [c for c, m in zip(tpu.calls, tpu.methods, strict=True) if m.endswith("queuedResources.delete")]
+    assert call.url.endswith(f"/v2/{QUEUED}?force=true")
+    assert not [n for n in tpu.nodes if "/nodes/q-" in n] and tpu.requests == set()
+    listed = [c.url.split("/locations/")[1].split("/")[0] for c, m in zip(tpu.calls, tpu.methods, strict=True)
+              if m.endswith("nodes.list")]  # fmt: skip
+    assert listed == ["us-central1-a", FALLBACK]  # the VM's zones, each listed
+    guard.on_complete(marker_event("q/COMPLETE"))  # redelivered: nothing left, nothing done
+    assert tpu.did("delete") == ["q"]
+
+
+def test_a_flex_start_request_is_deleted_through_the_version_it_was_made_with(tpu, emulator, monkeypatch):
+    monkeypatch.setenv("TPU_VMS", json.dumps({**VMS, "q": {**VMS["q"], "queuedApi": "v2alpha1"}}))
+    emulator.bucket(STATUS_BUCKET).blob("q/COMPLETE").upload_from_string(finished())
+    guard.on_complete(marker_event("q/COMPLETE"))
+    # The stand-in checks it against tpu.v2alpha1's discovery document.
+    assert [c.url.split("/")[1] for c in tpu.calls if c.method == "DELETE"] == ["v2alpha1"]
+    assert tpu.requests == set()
+
+
+def test_a_completion_that_cannot_list_a_zone_is_handed_back(tpu, emulator):
+    emulator.bucket(STATUS_BUCKET).blob("q/COMPLETE").upload_from_string(finished())
+    tpu.fail("list")  # us-central1-a cannot be listed; the request is found in the fallback zone all the same
+    with pytest.raises(RuntimeError, match="completion action of q: failed for us-central1-a"):
+        guard.on_complete(marker_event("q/COMPLETE"))
+    assert tpu.requests == set()
 
 
 def test_other_objects_and_vms_are_ignored(tpu):
@@ -440,22 +527,38 @@ def test_a_marker_of_an_earlier_run_neither_stops_nor_blocks_the_current_run(tpu
     monkeypatch.setenv(
         "CURRENT_RUNS", json.dumps({"trainer": "dev/mnist/trainer/run-2", "stopped": "dev/x/stopped/run-2"})
     )
-    old = json.dumps({"runId": "dev/mnist/trainer/run-1"})
-    emulator.bucket(STATUS_BUCKET).blob("trainer/COMPLETE").upload_from_string(old)
+    emulator.bucket(STATUS_BUCKET).blob("trainer/COMPLETE").upload_from_string(finished("dev/mnist/trainer/run-1"))
     guard.on_complete(marker_event("trainer/COMPLETE"))
     assert tpu.did("delete") == [] and tpu.did("stop") == []
-    emulator.bucket(STATUS_BUCKET).blob("stopped/COMPLETE").upload_from_string(
-        json.dumps({"runId": "dev/x/stopped/run-1"})
-    )
+    emulator.bucket(STATUS_BUCKET).blob("stopped/COMPLETE").upload_from_string(finished("dev/x/stopped/run-1"))
     assert start({"node": "stopped"}) == ({"node": "stopped", "did": "started"}, 200)
-    current = json.dumps({"runId": "dev/mnist/trainer/run-2"})
-    emulator.bucket(STATUS_BUCKET).blob("trainer/COMPLETE").upload_from_string(current)
+    emulator.bucket(STATUS_BUCKET).blob("trainer/COMPLETE").upload_from_string(finished("dev/mnist/trainer/run-2"))
     guard.on_complete(marker_event("trainer/COMPLETE"))
     assert tpu.did("stop") == ["trainer"]
 
 
+def test_only_a_completion_marker_counts_as_one():
+    """Strict: the schema of completion_marker.py; before, anything unreadable counted as the current run's."""
+    runs = {"trainer": "prod/mnist/trainer/run-1"}
+    assert marker_problem("trainer", finished(), runs) is None
+    assert marker_problem("trainer", finished(), {}) is None  # a VM the stack gives no run id: any run
+    assert "not a completion marker: not JSON" in str(marker_problem("trainer", b"not json", runs))
+    assert "there is no marker" in str(marker_problem("trainer", None, runs))
+    for content in (b"{}", b"[]", b'{"runId": "prod/mnist/trainer/run-1"}', b'"done"'):
+        assert "not a completion marker" in str(marker_problem("trainer", content, runs)), content
+    assert "not the current run" in str(marker_problem("trainer", finished("prod/mnist/trainer/run-0"), runs))
+
+
+def test_content_that_is_not_a_marker_neither_stops_a_node_nor_blocks_its_start(tpu, emulator, capsys):
+    emulator.bucket(STATUS_BUCKET).blob("trainer/COMPLETE").upload_from_string(b"not json")
+    guard.on_complete(marker_event("trainer/COMPLETE"))
+    assert tpu.did("stop") == [] and "trainer/COMPLETE is not a completion marker" in capsys.readouterr().out
+    emulator.bucket(STATUS_BUCKET).blob("stopped/COMPLETE").upload_from_string(b'{"runId": "x"}')
+    assert start({"node": "stopped"}) == ({"node": "stopped", "did": "started"}, 200)
+
+
 def test_scheduled_start_never_restarts_a_completed_run(tpu, emulator):
-    emulator.bucket(STATUS_BUCKET).blob("stopped/COMPLETE").upload_from_string("{}")
+    emulator.bucket(STATUS_BUCKET).blob("stopped/COMPLETE").upload_from_string(finished())
     answer, status = start({"node": "stopped"})
     assert status == 200 and answer["did"] == "nothing" and "completed its run" in answer["reason"]
     assert tpu.did("start") == [] and tpu.nodes[f"{PARENT}/stopped"]["state"] == "STOPPED"
@@ -476,7 +579,7 @@ def test_scheduled_start_of_a_preempted_node_does_not_start_it_and_reports_it(tp
 
 
 def test_scheduled_start_of_a_completed_or_stopped_node_reports_nothing(tpu, emulator, capsys):
-    emulator.bucket(STATUS_BUCKET).blob("spot-a/COMPLETE").upload_from_string("{}")
+    emulator.bucket(STATUS_BUCKET).blob("spot-a/COMPLETE").upload_from_string(finished())
     start({"node": "spot-a"})  # preempted, but its run is complete: meant to be off
     start({"node": "stopped"})
     assert [line for line in logged(capsys.readouterr().out) if line.get("event")] == []
@@ -502,13 +605,14 @@ def test_the_guards_role_holds_exactly_what_its_calls_need(tpu, emulator):
     mapped to its permission through Google's method table, against the role the program grants."""
     guard.on_budget(budget_event(AUTHENTIC))
     guard.recover(TICK)
-    emulator.bucket(STATUS_BUCKET).blob("trainer/COMPLETE").upload_from_string("{}")
+    emulator.bucket(STATUS_BUCKET).blob("trainer/COMPLETE").upload_from_string(finished())
     guard.on_complete(marker_event("trainer/COMPLETE"))
     start({"node": "stopped"})
-    # Cloud TPU checks `tpu.<collection>.<verb>` for `tpu.projects.locations.<collection>.<verb>`
-    # (Google's method-to-permission table, shared/reference/gcp-iam/methods.json, says so for each).
-    called = {f"tpu.{m.split('.')[-2]}.{m.split('.')[-1]}" for m in tpu.methods}
-    assert called == set(GUARD_PERMISSIONS), f"calls need {sorted(called)}, the role holds {sorted(GUARD_PERMISSIONS)}"
+    # Google's method-to-permission table (shared/reference/gcp-iam/methods.json): queuedResources.delete
+    # asks tpu.nodes.delete, the rest `tpu.<collection>.<verb>`.
+    assert set(tpu.methods) == set(GUARD_METHODS), f"called {sorted(set(tpu.methods))}"
+    called = iamdata.permissions_for(tuple(sorted(set(tpu.methods))))
+    assert called == GUARD_PERMISSIONS, f"calls need {sorted(called)}, the role holds {sorted(GUARD_PERMISSIONS)}"
 
 
 # --- the guard's resources in the plan -----------------------------------------------------------
@@ -530,7 +634,29 @@ def test_guard_resources_in_prod():
     # the guard's function source (the stack's other object is a workload source archive: infra/artifacts.py)
     (guard,) = [o for o in result.of_type("gcp:storage/bucketObject:BucketObject") if o.name == "guard-archive"]
     archive = guard.inputs["source"]["archive"]
-    assert sorted(archive) == ["decisions.py", "main.py", "requirements.txt"]
+    assert sorted(archive) == ["completion_marker.py", "decisions.py", "main.py", "requirements.txt"]
+
+
+@pytest.mark.parametrize("stack", ["prod", "dev"])  # prod: the recovery job; dev: the scheduled starts
+def test_each_scheduler_job_waits_as_long_as_the_guard_function_it_calls_may_run(stack):
+    """cloudscheduler.v1 Job.attemptDeadline: HTTP targets default to 3 minutes, after which the request
+    is cancelled; recovery may wait 15 minutes on one delete (main.Tpu.wait) before it creates."""
+    result = plan(stack_config(stack), stack)
+    functions = {f.inputs["name"]: f.inputs for f in result.of_type("gcp:cloudfunctionsv2/function:Function")}
+    checked = 0
+    for job in result.of_type("gcp:cloudscheduler/job:Job"):
+        called = job.inputs["httpTarget"]["uri"].rsplit("/", 1)[-1]
+        if called not in functions:
+            continue  # a job that calls the TPU API itself: it answers at once with an operation
+        timeout = functions[called]["serviceConfig"]["timeoutSeconds"]
+        deadline = float(job.inputs["attemptDeadline"].removesuffix("s"))
+        assert deadline == timeout and 15 <= deadline <= 1800, (job.name, deadline, timeout)
+        checked += 1
+    assert checked
+    if stack == "prod":
+        (recovery,) = [f for n, f in functions.items() if n.startswith("tpu-recovery-")]
+        wait = inspect.signature(guard.Tpu.wait).parameters["timeout"].default
+        assert recovery["serviceConfig"]["timeoutSeconds"] >= wait + 60  # a delete's wait, then its create
 
 
 def test_guard_identity_is_narrow():

@@ -6,6 +6,11 @@ It keeps what the guard relies on: nodes by name, `list` per zone, `get` (404 wh
 and `start` (single-host nodes), `delete` and `create` (`nodeId`, 409 when it exists), each answered
 with a long-running operation that is not done yet, and `operations.get` (done when asked). `fail` makes the next calls
 of one kind answer 500, to test what the guard does when a call fails.
+
+Queued requests too, as far as the guard touches them: a node a request made names it (Node.queuedResource),
+and `queuedResources.delete` removes the request, with `force=true` its nodes first, and without it
+answers 400 while the request still has nodes (tpu.v2.json queuedResources.delete `force`). Requests are
+addressed through v2 or v2alpha1 (a flex-start request's version), each checked against its own document.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from tests.loopback import Handler, serve
 @dataclass
 class TpuState:
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    requests: set[str] = field(default_factory=set)  # queued resources by name
     calls: list[Call] = field(default_factory=list)  # every request, as received
     methods: list[str] = field(default_factory=list)  # the discovery method id of each valid request
     violations: list[str] = field(default_factory=list)
@@ -35,6 +41,8 @@ class TpuState:
 
     def add(self, node: dict[str, Any]) -> None:
         self.nodes[node["name"]] = copy.deepcopy(node)
+        if node.get("queuedResource"):
+            self.requests.add(node["queuedResource"])
 
     def fail(self, kind: str, times: int = 1) -> None:
         """The next `times` calls of `kind` (e.g. 'create', 'stop') answer 500."""
@@ -45,7 +53,7 @@ class TpuState:
         out = []
         for call, method in zip(self.calls, self.methods, strict=True):
             if method.rsplit(".", 1)[-1] == kind:
-                path = urlsplit(call.url).path.removeprefix("/v2/").rsplit(":", 1)[0]
+                path = urlsplit(call.url).path.split("/", 2)[2].rsplit(":", 1)[0]
                 node_id = parse_qs(urlsplit(call.url).query).get("nodeId", [""])[0]
                 out.append(node_id or path.rsplit("/", 1)[-1])
         return out
@@ -63,7 +71,8 @@ class _Handler(Handler):
             state.calls.append(call)
             state.authorization.append(self.headers.get("Authorization", ""))
             try:
-                method = api("tpu.v2").check(call)
+                version = urlsplit(self.path).path.split("/")[1]
+                method = api("tpu.v2alpha1" if version == "v2alpha1" else "tpu.v2").check(call)
             except ContractError as error:
                 state.violations.append(str(error))
                 state.methods.append("invalid")
@@ -80,7 +89,7 @@ class _Handler(Handler):
 
     def _apply(self, method: str, url: Any, body: dict[str, Any]) -> tuple[int, Any]:
         nodes = self.state.nodes
-        path = url.path.removeprefix("/v2/")
+        path = url.path.split("/", 2)[2]
         name = path.rsplit(":", 1)[0]
         operation = {"name": f"{'/'.join(name.split('/')[:4])}/operations/op-{len(self.state.calls)}", "done": False}
         if method.endswith("nodes.list"):
@@ -97,6 +106,16 @@ class _Handler(Handler):
             if full in nodes:
                 return 409, {"error": {"code": 409, "message": f"{full} already exists", "status": "ALREADY_EXISTS"}}
             nodes[full] = {**copy.deepcopy(body), "name": full, "state": "READY"}
+            return 200, operation
+        if method.endswith("queuedResources.delete"):
+            if name not in self.state.requests:
+                return 404, {"error": {"code": 404, "message": f"{name} not found", "status": "NOT_FOUND"}}
+            made = [n for n, node in nodes.items() if node.get("queuedResource") == name]
+            if made and parse_qs(url.query).get("force") != ["true"]:
+                return 400, {"error": {"code": 400, "message": f"{name} has nodes", "status": "FAILED_PRECONDITION"}}
+            for made_node in made:
+                del nodes[made_node]
+            self.state.requests.discard(name)
             return 200, operation
         node = nodes.get(name)
         if node is None:

@@ -8,8 +8,12 @@ and the offline plan, then:
   2. waits for the completion marker `gs://<status bucket>/<vm>/COMPLETE`;
   3. checks a checkpoint exists under `gs://<checkpoints bucket>/<workload>/<vm>/<run>/`;
   4. checks the completion action: the guard stopped the node (`gcloud compute tpus tpu-vm describe`);
-  5. always (a `finally`, whatever failed before): `pulumi destroy`, then checks the data and status
-     buckets survived (`retain_on_delete`), and `pulumi stack rm`;
+  5. tries on the project the GCP behaviours the platform relies on but cannot prove offline (`probes`):
+     Artifact Registry's service identity (generateServiceIdentity), and a spot node made by a queued
+     request in the stack's network: that it names its request (Node.queuedResource), the Python of its
+     tpu-vm-tf-* image, what a stop does to it, and that deleting the request with `--force` deletes it;
+  6. always (a `finally`, whatever failed before): `pulumi destroy`, then checks the spot node is gone
+     and the data and status buckets survived (`retain_on_delete`), and `pulumi stack rm`;
 
 and prints what it verified. `--dry-run` prints the stack file and every command in the order the run
 would issue them, and runs none (the same code path, with a shell that only prints).
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import secrets
 import shlex
 import subprocess
@@ -140,12 +145,17 @@ class Shell:
 class Report:
     dry_run: bool = False
     checks: list[tuple[str, bool, str]] = field(default_factory=list)
+    observed: list[tuple[str, str]] = field(default_factory=list)  # what GCP did where nothing relies on it
 
     def add(self, name: str, ok: bool, detail: str = "") -> bool:
         self.checks.append((name, ok, detail))
         verdict = "check" if self.dry_run else "ok   " if ok else "FAIL "
         print(f"{verdict} {name}{': ' + detail if detail else ''}", flush=True)
         return ok
+
+    def note(self, name: str, detail: str) -> None:
+        self.observed.append((name, detail))
+        print(f"{'note ' if self.dry_run else 'seen '} {name}: {detail}", flush=True)
 
     @property
     def passed(self) -> bool:
@@ -157,6 +167,7 @@ class Report:
             f"  [{'x' if ok else ' '}] {name}{' (' + detail + ')' if detail else ''}"
             for name, ok, detail in self.checks
         ]
+        lines += [f"  seen: {name}: {detail}" for name, detail in self.observed]
         lines.append("PASSED" if self.passed else "FAILED")
         return "\n".join(lines)
 
@@ -213,9 +224,12 @@ def smoke(
             answer="STOPPED",
         )
         report.add(f"the guard carried out onCompletion: {vm.on_completion} (node STOPPED)", stopped, vm.name)
+        probes(cfg, shell, report, poll_seconds=poll_seconds, wait_minutes=action_minutes)
     finally:
         rc, _ = shell.run(["pulumi", "destroy", *stack, *config, "--yes", "--skip-preview"], cwd=ROOT)
         report.add("pulumi destroy", rc == 0)
+        rc, out = shell.run([*tpu_vm("describe", vm.name, vm.zone, cfg.project), "--format", "value(name)"])
+        report.add("a spot node is deleted (destroy deleted the stopped node)", rc != 0 or not out, vm.name)
         for purpose in ("data", "status"):  # retained by destroy in every stack (infra/storage.py, lifecycle.py)
             bucket = f"gs://{cfg.bucket_name(purpose)}"
             rc, _ = shell.run(["gcloud", "storage", "buckets", "describe", bucket, *project, "--format", "value(name)"])
@@ -223,6 +237,68 @@ def smoke(
         rc, _ = shell.run(["pulumi", "stack", "rm", cfg.stack, "--yes"], cwd=ROOT)
         report.add("pulumi stack rm", rc == 0)
     return report
+
+
+# --- GCP behaviours the platform relies on, tried on the real project --------------------------------
+
+PROBE = "smoke-probe"  # a queued request, and the node it makes, for the probes
+AGENT_EMAIL = re.compile(r"service-\d+@gcp-sa-artifactregistry\.iam\.gserviceaccount\.com")
+
+
+def tpu_vm(verb: str, node: str, zone: str, project: str) -> list[str]:
+    return ["gcloud", "compute", "tpus", "tpu-vm", verb, node, "--zone", zone, "--project", project]
+
+
+def queued(verb: str, zone: str, project: str) -> list[str]:
+    return ["gcloud", "compute", "tpus", "queued-resources", verb, PROBE, "--zone", zone, "--project", project]
+
+
+def probes(cfg: PlatformConfig, shell: Shell, report: Report, *, poll_seconds: float, wait_minutes: float) -> None:
+    """What the plan and the guard take from Google's documents and schemas, tried once for real.
+
+    - Artifact Registry's service agent is provisioned by generateServiceIdentity (the bootstrap's
+      ServiceIdentity resources; `gcloud beta services identity create`).
+    - A node made by a queued request names it (tpu.v2 Node.queuedResource): the guard deletes a queued VM
+      through that name. Deleting the request with force deletes the node (queuedResources.delete `force`).
+    - What stopping such a node does (the plan refuses stop for queued VMs: nothing relies on it; noted).
+    - The Python of a `tpu-vm-tf-*` image, which Google does not document (the catalog says `unknown`).
+    The request is deleted whatever happens, before `destroy` removes the network it uses.
+    """
+    vm, project = cfg.tpu_vms[0], cfg.project
+    identity = ["gcloud", "beta", "services", "identity", "create", "--service=artifactregistry.googleapis.com"]
+    rc, out = shell.run([*identity, "--project", project, "--format", "value(email)"],
+                        answer="service-123456789012@gcp-sa-artifactregistry.iam.gserviceaccount.com")  # fmt: skip
+    report.add("Artifact Registry's service identity is generated", rc == 0 and bool(AGENT_EMAIL.fullmatch(out)), out)
+    network = f"tpu-{cfg.stack}"  # infra/network.py: the stack's network, its subnet per region, the IAP-SSH tag
+    rc, _ = shell.run([*queued("create", vm.zone, project), "--node-id", PROBE, "--accelerator-type",
+                       vm.accelerator.name, "--runtime-version", vm.runtime_version, "--spot", "--network", network,
+                       "--subnetwork", f"{network}-{vm.region}", "--internal-ips", "--tags", "tpu-vm"])  # fmt: skip
+    if not report.add("a queued spot request is accepted", rc == 0, f"{PROBE} in {vm.zone}"):
+        return
+    try:
+        describe = [*queued("describe", vm.zone, project), "--format", "value(state.state)"]
+        active = wait_for(shell, describe, lambda rc, out: rc == 0 and out == "ACTIVE", minutes=wait_minutes,
+                          every=poll_seconds, answer="ACTIVE")  # fmt: skip
+        if not report.add("the queued request became ACTIVE", active, PROBE):
+            return
+        rc, out = shell.run([*tpu_vm("describe", PROBE, vm.zone, project), "--format", "value(queuedResource)"],
+                            answer=f"projects/{project}/locations/{vm.zone}/queuedResources/{PROBE}")  # fmt: skip
+        names = rc == 0 and out.endswith(f"/locations/{vm.zone}/queuedResources/{PROBE}")
+        report.add("a node made by a queued request names it (Node.queuedResource)", names, out)
+        python = "import platform; print(platform.python_version())"
+        rc, out = shell.run([*tpu_vm("ssh", PROBE, vm.zone, project), "--tunnel-through-iap", "--command",
+                             f"python3 -c '{python}'"], answer="3.10.12")  # fmt: skip
+        image = load_catalog().runtime_image(vm.runtime_version)
+        known = image.python if image and image.python else "not documented: record it in infra/catalog/tpu.yaml"
+        found = rc == 0 and bool(re.fullmatch(r"\d+\.\d+\.\d+", out))
+        report.add(f"the Python of {vm.runtime_version}", found, f"{out} (the catalog: {known})")
+        rc, out = shell.run(tpu_vm("stop", PROBE, vm.zone, project), answer="")
+        report.note("stop on a node made by a queued request", "accepted" if rc == 0 else f"refused: {out}")
+    finally:
+        rc, _ = shell.run([*queued("delete", vm.zone, project), "--force", "--quiet"])
+        report.add("deleting a queued request with --force is accepted", rc == 0, PROBE)
+        rc, out = shell.run([*tpu_vm("describe", PROBE, vm.zone, project), "--format", "value(name)"])
+        report.add("... and deletes the node it made", rc != 0 or not out, PROBE)
 
 
 def main(argv: list[str] | None = None) -> int:

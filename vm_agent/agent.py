@@ -38,6 +38,7 @@ import sys
 import threading
 from typing import Any, Callable, Union
 
+from vm_agent import completion_marker as marker_schema
 from vm_agent import telemetry
 from vm_agent.gcs import Folder, Storage, StorageError
 from vm_agent.requests import RequestSource
@@ -224,7 +225,8 @@ class Agent:
         except StorageError as error:
             log(f"cannot read the run's state ({error}); starting it", severity="WARNING", run=spec.run_id)
             return False
-        marked = marker.get("runId") == spec.run_id
+        # This run's marker, and a marker (vm_agent/completion_marker.py): one of another shape is written anew.
+        marked = marker_schema.problem(marker) is None and marker["runId"] == spec.run_id
         ended = previous.get("state") in ("finished", "failed") and previous.get("specSha256") == spec.fingerprint
         if not (marked or ended):
             return False

@@ -39,6 +39,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
+from vm_agent import completion_marker as marker_schema
 from vm_agent import telemetry
 from vm_agent.gcs import Folder, Storage, StorageError, Tokens, split_gs
 from vm_agent.settings import Settings
@@ -65,10 +66,9 @@ def status_name(run_id: str, worker_id: int) -> str:
 
 
 def completion_marker(spec: RunSpec, steps: int | None, metrics: dict[str, Any]) -> dict[str, Any]:
-    """`<status-dir>/COMPLETE`: the same keys workloads/runlib.py `completion` writes (the guard reads
-    `runId`; infra/run_status.py compares it with the stack's run)."""
-    return {"runId": spec.run_id, "program": program_name(spec), "steps": steps, "finishedAt": utc_now(),
-            "metrics": metrics}  # fmt: skip
+    """`<status-dir>/COMPLETE`, as its one schema says (vm_agent/completion_marker.py, which the guard and
+    infra/run_status.py read with)."""
+    return marker_schema.marker(spec.run_id, "vm-agent", utc_now(), program_name(spec), steps, metrics)
 
 
 def program_name(spec: RunSpec) -> str:

@@ -7,10 +7,14 @@
   resumes from its checkpoint. Its spec is recorded before the delete, so a create that fails is
   retried from the record; after `max_attempts` recoveries of one node within a window the guard
   gives up on it (and says so), and the count starts again in the next window.
-- Run to completion: the marker `gs://<status-bucket>/<vm>/COMPLETE` makes the guard stop or
-  delete that VM's node, as the stack says (never as the marker says); a scheduled start of a VM
-  whose run is complete does nothing. A node still running `maxRunHours` after it was created is
-  stopped or deleted the same way by the periodic check: the run's expected hours are its bound.
+- Run to completion: the marker `gs://<status-bucket>/<vm>/COMPLETE` (its schema: completion_marker.py)
+  makes the guard stop or delete that VM's node, as the stack says (never as the marker says); a
+  scheduled start of a VM whose run is complete does nothing; content that is not a marker is neither.
+  A node still running `maxRunHours` after it was created is stopped or deleted the same way by the
+  periodic check: the run's expected hours are its bound.
+- Which nodes are a VM's: its node ids in its zones, as the stack lists them (TPU_VMS, `owner`), never the
+  configured zone alone: a queued VM may have landed in a fallback zone, a multislice has `<vm>-<i>`.
+  A queued VM's TPUs are deleted through their request, with all its nodes (`removal`).
 """
 
 from __future__ import annotations
@@ -20,10 +24,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+import completion_marker
+
 RUNNING = {"READY", "CREATING", "STARTING", "RESTARTING", "REPAIRING"}
 GONE = {"DELETING"}
 STOPPED = {"STOPPED", "STOPPING"}
-COMPLETE_MARKER = "COMPLETE"
+COMPLETE_MARKER = completion_marker.NAME
 # Structured log events the platform's alert policies match (infra/monitoring.py): Cloud TPU reports a
 # preemption only as the node's state (tpu/docs/preemptible: a preempted TPU's state turns from READY
 # to PREEMPTED), so the guard, which reads that state, reports it.
@@ -49,10 +55,11 @@ CHOSEN_BY_API = frozenset({"cidrBlock"})
 
 @dataclass(frozen=True)
 class Action:
-    kind: str  # stop | delete | start | recreate | create | forget | give-up
-    node: str  # projects/P/locations/Z/nodes/N
+    kind: str  # stop | delete | delete-request | start | recreate | create | forget | give-up
+    node: str  # projects/P/locations/Z/nodes/N; for delete-request, projects/P/locations/Z/queuedResources/Q
     reason: str
     dry_run: bool = False
+    api: str = "v2"  # the TPU API version of the call (a flex-start request is made through v2alpha1)
 
 
 def managed(node: dict[str, Any], environment: str) -> bool:
@@ -67,6 +74,54 @@ def multi_host(node: dict[str, Any]) -> bool:
 
 def short_name(node_name: str) -> str:
     return node_name.rsplit("/", 1)[-1]
+
+
+def zone_of(node_name: str) -> str:
+    return node_name.split("/")[3]  # projects/P/locations/ZONE/nodes/N
+
+
+def owner(node: dict[str, Any], vms: dict[str, dict[str, Any]]) -> str | None:
+    """The VM (TPU_VMS) a node belongs to: one of its node ids in one of its zones, else None.
+
+    A queued VM may have landed in any of its fallback zones, and a multislice's nodes are `<vm>-<i>`
+    (tpu.v2 MultisliceParams.nodeIdPrefix); both are in the VM's entry, so a node is never taken for
+    another VM's by the look of its name."""
+    name = node["name"]
+    for vm, entry in vms.items():
+        if short_name(name) in entry.get("nodes", ()) and zone_of(name) in entry.get("zones", ()):
+            return vm
+    return None
+
+
+def removal(
+    node: dict[str, Any], kind: str, reason: str, vms: dict[str, dict[str, Any]], dry_run: bool = False
+) -> Action | str:
+    """The call that stops or deletes (`kind`) a listed node, or why there is none.
+
+    A node a queued request made (tpu.v2 Node.queuedResource) is deleted through its request with
+    force=true, which deletes every node of the request first (tpu.v2 queuedResources.delete `force`):
+    deleting the node alone would leave the request to fail or be re-provisioned. Such a node is never
+    stopped: the API has no stop for a request, and the plan refuses stop for queued VMs.
+    """
+    request = node.get("queuedResource")
+    if not request:
+        return Action(kind, node["name"], reason, dry_run)
+    if kind == "stop":
+        return f"{short_name(node['name'])} was made by the queued request {request}, which cannot be stopped"
+    vm = owner(node, vms)
+    api = (vms.get(vm or "") or {}).get("queuedApi", "v2")
+    return Action("delete-request", request, f"{reason} (the queued request and all its nodes)", dry_run, api)
+
+
+def _once(actions: list[Action]) -> list[Action]:
+    """Each call once: the slices of one request are deleted by one delete of the request."""
+    seen: set[tuple[str, str]] = set()
+    out = []
+    for action in actions:
+        if (action.kind, action.node) not in seen:
+            seen.add((action.kind, action.node))
+            out.append(action)
+    return out
 
 
 # --- budget --------------------------------------------------------------------------------------
@@ -97,6 +152,7 @@ def budget_actions(
     at_percent: float,
     action: str,
     dry_run: bool,
+    vms: dict[str, dict[str, Any]] | None = None,
 ) -> list[Action]:
     """The nodes to stop or delete for one budget notification (schema 1.0 of Cloud Billing)."""
     budget = float(notification.get("budgetAmount") or 0)
@@ -110,14 +166,20 @@ def budget_actions(
         if not managed(node, environment) or state in GONE:
             continue
         if action == "delete":
-            actions.append(Action("delete", node["name"], spent, dry_run))
-        elif state in RUNNING:
-            if multi_host(node):
-                # The TPU API cannot stop a multi-host slice; deleting it is the only way to stop paying.
-                actions.append(Action("delete", node["name"], f"{spent}; multi-host slices cannot stop", dry_run))
-            else:
-                actions.append(Action("stop", node["name"], spent, dry_run))
-    return actions
+            step = removal(node, "delete", spent, vms or {}, dry_run)
+        elif state not in RUNNING:
+            continue
+        elif node.get("queuedResource"):
+            # A queued request's TPUs are not stopped (removal): deleting them is how their cost stops.
+            step = removal(node, "delete", f"{spent}; a queued request's TPUs cannot stop", vms or {}, dry_run)
+        elif multi_host(node):
+            # The TPU API cannot stop a multi-host slice; deleting it is the only way to stop paying.
+            step = removal(node, "delete", f"{spent}; multi-host slices cannot stop", vms or {}, dry_run)
+        else:
+            step = removal(node, "stop", spent, vms or {}, dry_run)
+        if isinstance(step, Action):
+            actions.append(step)
+    return _once(actions)
 
 
 def worth_redelivery(event_time: str | None, now: datetime, window: timedelta) -> bool:
@@ -221,42 +283,43 @@ def recreate_body(node: dict[str, Any]) -> dict[str, Any]:
 
 
 def completion_target(
-    bucket: str, object_name: str, *, status_bucket: str, actions: dict[str, dict[str, str]]
-) -> tuple[str, str, str] | str:
-    """(vm, action, zone) for a finalized object that is a VM's completion marker, else why not.
+    bucket: str, object_name: str, *, status_bucket: str, vms: dict[str, dict[str, Any]]
+) -> tuple[str, dict[str, Any]] | str:
+    """(vm, its TPU_VMS entry) for a finalized object that is a VM's completion marker, else why not.
 
-    The action comes from the stack (`actions`, the guard's COMPLETION_ACTIONS), never from the
-    object: anyone who can write the marker can only ask for what the stack already says.
+    The action comes from the stack (the entry's `onCompletion`), never from the object: anyone who can
+    write the marker can only ask for what the stack already says.
     """
     if bucket != status_bucket:
         return f"gs://{bucket}/{object_name} is not in the status bucket {status_bucket}"
     vm, _, leaf = object_name.partition("/")
     if leaf != COMPLETE_MARKER or not vm:
         return f"{object_name} is not a completion marker (<vm>/{COMPLETE_MARKER})"
-    wanted = actions.get(vm)
-    if wanted is None:
-        return f"{vm} has no completion action in this stack (onCompletion: keep, or another stack's VM)"
-    action, zone = wanted.get("action", ""), wanted.get("zone", "")
-    if action not in ("stop", "delete") or not zone:
-        return f"{vm}: completion action {wanted!r} is not stop or delete with a zone"
-    return vm, action, zone
+    entry = vms.get(vm)
+    if entry is None:
+        return f"{vm} is not a TPU VM of this stack"
+    action = entry.get("onCompletion", "keep")
+    if action not in ("stop", "delete"):
+        return f"{vm} has no completion action in this stack (onCompletion: {action})"
+    if not entry.get("nodes") or not entry.get("zones"):
+        return f"{vm}: its entry {entry!r} names no nodes or zones"
+    return vm, entry
 
 
-def marker_is_current(vm: str, marker: bytes | None, current_runs: dict[str, str]) -> bool:
-    """Whether a VM's completion marker is its *current* run's (CURRENT_RUNS: the stack's run ids).
+def marker_problem(vm: str, marker: bytes | None, current_runs: dict[str, str]) -> str | None:
+    """Why a VM's stored marker is not its *current* run's completion (CURRENT_RUNS: the stack's run
+    ids), or None when it is.
 
     A new `run` id trains again, so an older run's marker must neither stop the node nor block a
-    scheduled start. Unreadable content counts as current: never start (or keep) a node by doubt.
+    scheduled start; content that is not a marker (completion_marker.py) is no completion at all.
     """
-    if marker is None:
-        return False
+    found, why = completion_marker.decode(marker)
+    if found is None:
+        return f"{vm}/{COMPLETE_MARKER} is not a completion marker: {why}"
     wanted = current_runs.get(vm)
-    if wanted is None:
-        return True
-    try:
-        return json.loads(marker).get("runId") == wanted
-    except (ValueError, AttributeError):
-        return True
+    if wanted is not None and found["runId"] != wanted:
+        return f"{vm}/{COMPLETE_MARKER} completes run {found['runId']!r}, not the current run {wanted!r}"
+    return None
 
 
 def completion_step(action: str, name: str, node: dict[str, Any] | None) -> Action | str:
@@ -274,22 +337,40 @@ def completion_step(action: str, name: str, node: dict[str, Any] | None) -> Acti
     return Action(action, name, f"its run is complete (onCompletion: {action})")
 
 
+def completion_steps(
+    vm: str, nodes: list[dict[str, Any]], *, vms: dict[str, dict[str, Any]], environment: str
+) -> list[Action] | str:
+    """What carries out `vm`'s completion action on the nodes listed in its zones, or why nothing does.
+
+    Every node of the VM, wherever it landed: a queued VM in a fallback zone, each slice of a multislice."""
+    action = vms[vm]["onCompletion"]
+    mine = [n for n in nodes if owner(n, vms) == vm and managed(n, environment)]
+    if not mine:
+        return f"{vm} has no node in {', '.join(vms[vm]['zones'])}; nothing to {action}"
+    steps, skipped = [], []
+    for node in mine:
+        step = completion_step(action, node["name"], node)
+        if isinstance(step, Action):
+            step = removal(node, action, step.reason, vms)
+        (steps if isinstance(step, Action) else skipped).append(step)
+    return _once(steps) or "; ".join(skipped)
+
+
 def overrun_actions(
-    nodes: list[dict[str, Any]], *, environment: str, actions: dict[str, dict[str, Any]], now: datetime
+    nodes: list[dict[str, Any]], *, environment: str, vms: dict[str, dict[str, Any]], now: datetime
 ) -> list[Action]:
     """Running nodes of the environment past their VM's `maxRunHours` (counted from the node's
     createTime, tpu.v2 Node.createTime), to stop or delete as the VM's onCompletion says.
 
-    A VM's nodes are `<vm>` or, for a multislice, `<vm>-<i>` (queued_api.node_ids), in any zone listed.
+    A node is its VM's by the VM's node ids and zones (`owner`): a multislice's `<vm>-<i>`, a queued VM
+    in any zone it may have landed in.
     """
     out = []
     for node in nodes:
         if not managed(node, environment) or node.get("state") not in RUNNING:
             continue
-        name = short_name(node["name"])
-        vm = name if name in actions else name.rpartition("-")[0] if name.rpartition("-")[2].isdigit() else ""
-        wanted = actions.get(vm) or {}
-        limit, action = wanted.get("maxRunHours"), wanted.get("action")
+        entry = vms.get(owner(node, vms) or "") or {}
+        limit, action = entry.get("maxRunHours"), entry.get("onCompletion")
         created = node.get("createTime")
         if limit is None or action not in ("stop", "delete") or not created:
             continue
@@ -299,8 +380,10 @@ def overrun_actions(
             continue
         if age > timedelta(hours=float(limit)):
             hours = age.total_seconds() / 3600
-            out.append(Action(action, node["name"], f"running {hours:.1f} h, past maxRunHours {float(limit):g}"))
-    return out
+            step = removal(node, action, f"running {hours:.1f} h, past maxRunHours {float(limit):g}", vms)
+            if isinstance(step, Action):
+                out.append(step)
+    return _once(out)
 
 
 def start_step(name: str, node: dict[str, Any] | None, *, complete: bool, environment: str) -> Action | str:

@@ -6,9 +6,11 @@
 - `recover`: called by Cloud Scheduler; re-creates preempted spot/preemptible nodes, counting
   recoveries per node and window in the state bucket so a node that keeps being preempted is given
   up on. It records a node's spec before deleting it, so a failed create is retried from the record.
-  It also stops or deletes (as COMPLETION_ACTIONS says) a node running past its VM's maxRunHours.
+  It also stops or deletes (as TPU_VMS says) a node running past its VM's maxRunHours.
 - `on_complete`: triggered when `gs://<STATUS_BUCKET>/<vm>/COMPLETE` is written (Eventarc, Cloud
-  Storage object finalized); stops or deletes that VM's node as COMPLETION_ACTIONS says.
+  Storage object finalized); stops or deletes that VM's nodes as TPU_VMS says, in whichever of the VM's
+  zones they are (a queued VM's fallback zone; every slice of a multislice). A queued VM's TPUs are
+  deleted through their queued request (force=true), never node by node.
 - `scheduled_start`: called by Cloud Scheduler with `{"node": "<vm>"}`; starts the node only if it
   is STOPPED and its run is not complete.
 
@@ -17,8 +19,9 @@ redelivery only while it is young (RETRY_MINUTES), so Pub/Sub does not redeliver
 
 Settings come from the environment: PROJECT, ENVIRONMENT, ZONES (comma-separated), BUDGET_ACTION
 (stop|delete), BUDGET_AT_PERCENT, BILLING_ACCOUNT, BUDGET_ID, DRY_RUN (true|false), MAX_ATTEMPTS,
-RECOVERY_WINDOW_HOURS (default 24), STATE_BUCKET, STATUS_BUCKET, COMPLETION_ACTIONS (JSON
-{"<vm>": {"action": "stop"|"delete", "zone": "<zone>", "maxRunHours": <hours, optional>}}), RETRY_MINUTES (default 60).
+RECOVERY_WINDOW_HOURS (default 24), STATE_BUCKET, STATUS_BUCKET, TPU_VMS (JSON {"<vm>": {"nodes": [node
+ids], "zones": [zones], "onCompletion": "keep"|"stop"|"delete", "maxRunHours": <hours, optional>,
+"queuedApi": "v2"|"v2alpha1" (queued VMs only)}}; infra/automation.py guard_vms), RETRY_MINUTES (default 60).
 TPU_API_ENDPOINT and STORAGE_EMULATOR_HOST point it at stand-ins in tests (Google's own clients
 read STORAGE_EMULATOR_HOST the same way).
 """
@@ -37,15 +40,16 @@ import functions_framework
 import google.auth
 import requests
 from decisions import (
+    COMPLETE_MARKER,
     GAVE_UP_EVENT,
     Action,
     RecoveryState,
     StateError,
     budget_actions,
     budget_message_problem,
-    completion_step,
+    completion_steps,
     completion_target,
-    marker_is_current,
+    marker_problem,
     overrun_actions,
     recovery_actions,
     recovery_state,
@@ -80,7 +84,8 @@ class Tpu:
 
     def __init__(self, session: requests.Session):
         self.session = session
-        self.api = os.environ.get("TPU_API_ENDPOINT", "https://tpu.googleapis.com").rstrip("/") + "/v2"
+        self.endpoint = os.environ.get("TPU_API_ENDPOINT", "https://tpu.googleapis.com").rstrip("/")
+        self.api = self.endpoint + "/v2"
 
     def list(self, zone: str) -> list[dict[str, Any]]:
         parent = f"{self.api}/projects/{os.environ['PROJECT']}/locations/{zone}/nodes"
@@ -95,13 +100,6 @@ class Tpu:
             if not page:
                 return nodes
 
-    def get(self, name: str) -> dict[str, Any] | None:
-        response = self.session.get(f"{self.api}/{name}")
-        if response.status_code == 404:
-            return None
-        response.raise_for_status()
-        return response.json()
-
     def stop(self, name: str) -> dict[str, Any]:
         return self._ok(self.session.post(f"{self.api}/{name}:stop", json={}))
 
@@ -110,6 +108,10 @@ class Tpu:
 
     def delete(self, name: str) -> dict[str, Any]:
         return self._ok(self.session.delete(f"{self.api}/{name}"))
+
+    def delete_request(self, name: str, api: str) -> dict[str, Any]:
+        """Delete a queued request and, first, its nodes (tpu.v2 queuedResources.delete `force`)."""
+        return self._ok(self.session.delete(f"{self.endpoint}/{api}/{name}", params={"force": "true"}))
 
     def create(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
         parent, _, node_id = name.rpartition("/nodes/")
@@ -160,11 +162,11 @@ class Objects:
         ).raise_for_status()
 
 
-def list_nodes(tpu: Tpu) -> tuple[list[dict[str, Any]], list[str]]:
-    """Every node in the environment's zones, and the zones that could not be listed."""
+def list_nodes(tpu: Tpu, zones: list[str] | None = None) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every node in `zones` (default: the environment's), and the zones that could not be listed."""
     nodes: list[dict[str, Any]] = []
     failed: list[str] = []
-    for zone in filter(None, os.environ["ZONES"].split(",")):
+    for zone in zones if zones is not None else filter(None, os.environ["ZONES"].split(",")):
         try:
             nodes += tpu.list(zone)
         except requests.RequestException as error:
@@ -182,6 +184,8 @@ def carry_out(tpu: Tpu, action: Action) -> None:
         tpu.stop(action.node)
     elif action.kind == "delete":
         tpu.delete(action.node)
+    elif action.kind == "delete-request":
+        tpu.delete_request(action.node, action.api)
     elif action.kind == "start":
         tpu.start(action.node)
     else:
@@ -232,6 +236,7 @@ def on_budget(event: Any) -> None:
         at_percent=float(os.environ["BUDGET_AT_PERCENT"]),
         action=os.environ["BUDGET_ACTION"],
         dry_run=os.environ.get("DRY_RUN", "false") == "true",
+        vms=_vms(),
     )
     failed = _each(actions, lambda action: carry_out(tpu, action))
     _hand_back("budget action", [*unlisted, *failed], event["time"])
@@ -284,17 +289,17 @@ def recover(request: Any) -> tuple[str, int]:
         save()
 
     failed = _each(actions, recover_one)
-    overruns = overrun_actions(
-        nodes,
-        environment=os.environ["ENVIRONMENT"],
-        actions=json.loads(os.environ.get("COMPLETION_ACTIONS") or "{}"),
-        now=_now(),
-    )
+    overruns = overrun_actions(nodes, environment=os.environ["ENVIRONMENT"], vms=_vms(), now=_now())
     failed += _each(overruns, lambda action: carry_out(tpu, action))
     done = [
         {"kind": a.kind, "node": a.node, "reason": a.reason, "failed": a.node in failed} for a in [*actions, *overruns]
     ]
     return json.dumps(done), 500 if failed else 200
+
+
+def _vms() -> dict[str, dict[str, Any]]:
+    """TPU_VMS: each VM's node ids, zones and what the stack says to do with them."""
+    return json.loads(os.environ.get("TPU_VMS") or "{}")
 
 
 def _current_runs() -> dict[str, str]:
@@ -305,32 +310,34 @@ def _current_runs() -> dict[str, str]:
 @functions_framework.cloud_event
 def on_complete(event: Any) -> None:
     data = event.data
+    vms = _vms()
     target = completion_target(
-        data.get("bucket", ""),
-        data.get("name", ""),
-        status_bucket=os.environ["STATUS_BUCKET"],
-        actions=json.loads(os.environ.get("COMPLETION_ACTIONS") or "{}"),
+        data.get("bucket", ""), data.get("name", ""), status_bucket=os.environ["STATUS_BUCKET"], vms=vms
     )
     if isinstance(target, str):
         _log(f"ignoring gs://{data.get('bucket')}/{data.get('name')}: {target}")
         return
-    vm, action, zone = target
+    vm, entry = target
     session = _session()
     tpu = Tpu(session)
-    name = f"projects/{os.environ['PROJECT']}/locations/{zone}/nodes/{vm}"
     try:
-        marker = Objects(session, os.environ["STATUS_BUCKET"]).read(f"{vm}/COMPLETE")
-        if not marker_is_current(vm, marker, _current_runs()):
-            _log(f"completion of {vm}: the marker is not its current run's; nothing to do")
+        marker = Objects(session, os.environ["STATUS_BUCKET"]).read(f"{vm}/{COMPLETE_MARKER}")
+        problem = marker_problem(vm, marker, _current_runs())
+        if problem:
+            _log(f"completion of {vm}: {problem}; nothing to do", "WARNING")
             return
-        step = completion_step(action, name, tpu.get(name))
-        if isinstance(step, str):
-            _log(f"completion of {vm}: {step}")
-            return
-        carry_out(tpu, step)
     except requests.RequestException as error:
-        _log(f"completion of {vm}: {action} failed: {error!r}", "ERROR")
-        _hand_back("completion action", [name], event["time"])
+        _log(f"completion of {vm}: cannot read its marker: {error!r}", "ERROR")
+        _hand_back("completion action", [vm], event["time"])
+        return
+    # Wherever its TPUs are: every zone the VM may have landed in, every slice.
+    nodes, unlisted = list_nodes(tpu, list(entry["zones"]))
+    steps = completion_steps(vm, nodes, vms=vms, environment=os.environ["ENVIRONMENT"])
+    if isinstance(steps, str):
+        _log(f"completion of {vm}: {steps}")
+        steps = []
+    failed = _each(steps, lambda action: carry_out(tpu, action))
+    _hand_back(f"completion action of {vm}", [*unlisted, *failed], event["time"])
 
 
 @functions_framework.http
@@ -342,8 +349,11 @@ def scheduled_start(request: Any) -> tuple[str, int]:
     session = _session()
     tpu = Tpu(session)
     try:
-        marker = Objects(session, os.environ["STATUS_BUCKET"]).read(f"{vm}/COMPLETE")
-        complete = marker_is_current(vm, marker, _current_runs())
+        marker = Objects(session, os.environ["STATUS_BUCKET"]).read(f"{vm}/{COMPLETE_MARKER}")
+        problem = marker_problem(vm, marker, _current_runs())
+        if problem and marker is not None:
+            _log(f"scheduled start of {vm}: {problem}", "WARNING")
+        complete = problem is None
     except requests.RequestException as error:
         # Fail closed: never start a node whose run may be complete.
         _log(f"cannot read the completion marker of {vm}; not starting it: {error!r}", "ERROR")

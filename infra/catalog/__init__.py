@@ -52,7 +52,7 @@ class Generation:
     topologies: dict[int, str]  # size -> chip topology, like "2x4" or "2x2x1"
     queued: bool  # the TPU API's queued resources take it
     multislice: bool  # several slices in one queued request (nodeCount > 1)
-    flex_start: bool
+    flex_start: dict[str, str]  # zone -> what Google offers flex-start for there ("training", "serving", …)
 
     def type_name(self, size: int) -> str:
         return f"{self.prefix}-{size}"
@@ -304,6 +304,26 @@ class TpuCatalog:
             return f"{generation.name} is not offered with flex-start; generations that are: {able('flex_start')}"
         return None
 
+    def flex_start_problem(self, accelerator: AcceleratorType, zone: str) -> str | None:
+        """Why a flex-start request for `accelerator` cannot be made in `zone`, or None (Google lists the zones)."""
+        zones = accelerator.generation.flex_start
+        if zones and zone not in zones:
+            listed = ", ".join(f"{z} ({purpose})" for z, purpose in sorted(zones.items()))
+            return f"flex-start {accelerator.generation.name} is offered only in {listed}"
+        return None
+
+    def flex_start_warning(self, accelerator: AcceleratorType, zone: str) -> str | None:
+        """Advice when Google offers flex-start `accelerator` in `zone` for serving, not for training."""
+        offered = accelerator.generation.flex_start
+        purpose = offered.get(zone, "")
+        if purpose and "training" not in purpose:
+            training = ", ".join(sorted(z for z, p in offered.items() if "training" in p)) or "none"
+            return (
+                f"Google offers flex-start {accelerator.generation.name} in {zone} for {purpose}, not for training; "
+                f"zones for training: {training}"
+            )
+        return None
+
 
 def _generation(name: str, data: dict[str, Any]) -> Generation:
     return Generation(
@@ -332,7 +352,7 @@ def _generation(name: str, data: dict[str, Any]) -> Generation:
         topologies={int(k): str(v) for k, v in (data.get("topologies") or {}).items()},
         queued=bool(data["queued"]),
         multislice=bool(data["multislice"]),
-        flex_start=bool(data["flex_start"]),
+        flex_start={str(z): str(purpose) for z, purpose in (data["flex_start"] or {}).items()},
     )
 
 

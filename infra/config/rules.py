@@ -29,7 +29,7 @@ from infra.schema import MISSING, Problems
 
 # Stands in for an accelerator type that was refused: the parse stops before anything reads it.
 NO_ACCELERATOR = AcceleratorType(
-    Generation("", "", "chips", (), frozenset(), 1, 1, 0.0, 0.0, False, "", "0.0.0", {}, (), {}, False, False, False), 0
+    Generation("", "", "chips", (), frozenset(), 1, 1, 0.0, 0.0, False, "", "0.0.0", {}, (), {}, False, False, {}), 0
 )
 
 
@@ -100,11 +100,15 @@ def _sources(cfg: PlatformConfig, problems: Problems) -> None:
 def _tpu_vms(cfg: PlatformConfig, problems: Problems) -> None:
     workloads = {w.name: w for w in cfg.workloads}
     names: set[str] = set()
+    nodes: dict[str, str] = {}  # TPU node id -> the VM it is a node of (a multislice's are `<vm>-<i>`)
     for index, vm in enumerate(cfg.tpu_vms):
         key = f"{PROJECT}:tpuVms[{index}]"
         if vm.name and vm.name in names:
             problems.add(f"{key}.name", vm.name, "another TPU VM of this stack has this name")
+        elif clash := sorted({nodes[n] for n in naming.node_ids(vm.name, vm.node_count) if n in nodes}):
+            problems.add(f"{key}.name", vm.name, f"its TPU nodes' names are taken by TPU VM {', '.join(clash)}")
         names.add(vm.name)
+        nodes.update(dict.fromkeys(naming.node_ids(vm.name, vm.node_count), vm.name))
         workload = workloads.get(vm.workload)
         already = any(p.key == f"{key}.workload" for p in problems.items)  # e.g. not set: said once
         if workload is None and workloads and not already:  # an empty name too: the reader accepts ""
@@ -138,6 +142,21 @@ def _capacity(cfg: PlatformConfig, key: str, vm: TpuVmSettings, problems: Proble
             vm.provisioning,
             "a queued request takes on-demand, spot, reserved or flex-start (Spot replaced preemptible TPUs)",
         )
+    if vm.queued:
+        # A queued request's TPUs are deleted through the request (force=true deletes its nodes: tpu.v2
+        # queuedResources.delete); the API has no stop for a request, and what stopping one of its nodes
+        # does to it is documented nowhere. The guard and the schedules would stop a node by the name and
+        # zone in the stack, which a request that fell back to another zone, or a multislice's `<vm>-<i>`
+        # nodes, do not have. So only delete is offered (tools/smoke.py tries stop on a real one).
+        why = "a queued request's TPUs cannot be stopped, only deleted with their request"
+        if vm.on_completion == "stop":
+            problems.add(f"{key}.onCompletion", "stop", f"{why}: use delete or keep")
+        if vm.schedule is not None:
+            problems.add(
+                f"{key}.schedule",
+                {"start": vm.schedule.start, "stop": vm.schedule.stop},
+                f"{why}: remove the schedule, or use capacity: direct",
+            )
     if vm.reservation_name and vm.queued:
         if vm.provisioning != "reserved":
             problems.add(f"{key}.reservationName", vm.reservation_name, "needs provisioning: reserved")
@@ -185,6 +204,21 @@ def _capacity(cfg: PlatformConfig, key: str, vm: TpuVmSettings, problems: Proble
         why = load_catalog().capacity_problem(vm.accelerator, queued=vm.queued, node_count=vm.node_count, flex=flex)
         if why:
             problems.add(f"{key}.acceleratorType", vm.accelerator.name, why)
+        elif flex and vm.queued:
+            _flex_start_zones(key, vm, problems)
+
+
+def _flex_start_zones(key: str, vm: TpuVmSettings, problems: Problems) -> None:
+    """Flex-start is offered in a few zones per generation (the catalog's list, from Google's page)."""
+    catalog = load_catalog()
+    keys = [f"{key}.zone", *(f"{key}.fallbackZones[{i}]" for i in range(len(vm.fallback_zones)))]
+    for zone_key, zone in zip(keys, vm.zones, strict=True):
+        if catalog.zone_problem(vm.accelerator, zone):
+            continue  # not offered there at all: said already
+        if why := catalog.flex_start_problem(vm.accelerator, zone):
+            problems.add(zone_key, zone, why)
+        elif advice := catalog.flex_start_warning(vm.accelerator, zone):
+            problems.warn(zone_key, zone, advice)
 
 
 def _against_catalog(key: str, vm: TpuVmSettings, workload: WorkloadSettings, problems: Problems) -> None:

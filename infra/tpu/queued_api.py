@@ -20,6 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from infra import naming
+
 DEFAULT_BASE_URL = "https://tpu.googleapis.com/"
 STABLE_API = "v2"
 # Flex-start exists only here (tpu.v2alpha1.json: QueuedResource.provisioningModel FLEX_START, runDuration).
@@ -72,11 +74,16 @@ class QueuedRequest:
 
     @property
     def api_version(self) -> str:
-        return FLEX_START_API if self.provisioning == "flex-start" else STABLE_API
+        return api_version(self.provisioning)
 
     @property
     def multislice(self) -> bool:
         return self.node_count > 1
+
+
+def api_version(provisioning: str) -> str:
+    """The TPU API version a queued request is made, read and deleted through."""
+    return FLEX_START_API if provisioning == "flex-start" else STABLE_API
 
 
 def problems(req: QueuedRequest) -> list[str]:
@@ -125,10 +132,8 @@ def queued_resource_name(req: QueuedRequest, zone: str) -> str:
 
 
 def node_ids(req: QueuedRequest) -> list[str]:
-    """The nodes the request creates (tpu.v2.json MultisliceParams.nodeIdPrefix: "np" -> np-0, np-1, …)."""
-    if req.multislice:
-        return [f"{req.queued_resource_id}-{i}" for i in range(req.node_count)]
-    return [req.queued_resource_id]
+    """The nodes the request creates (its id is the multislice's nodeIdPrefix)."""
+    return naming.node_ids(req.queued_resource_id, req.node_count)
 
 
 def node_names(req: QueuedRequest, zone: str) -> list[str]:

@@ -621,11 +621,12 @@ def finish(
 
 
 def completion(run_id: str, program: str, metrics: dict[str, Any]) -> dict[str, Any]:
-    """The run-complete object: who finished, how far, when (RFC 3339, UTC) and with what figures."""
+    """The run-complete object: which run, written by runlib, when (RFC 3339, UTC), how far and with what
+    figures. Its schema is the platform's (infra/completion_marker.py; tests/test_runlib.py checks this)."""
     now = datetime.now(timezone.utc)  # noqa: UP017 - TPU VM images run Python 3.10 (no datetime.UTC)
     finished = now.isoformat(timespec="seconds").replace("+00:00", "Z")
-    return {"runId": run_id, "program": program, "steps": metrics.get("steps"), "finishedAt": finished,
-            "metrics": metrics}  # fmt: skip
+    return {"runId": run_id, "writtenBy": "runlib", "program": program, "steps": metrics.get("steps"),
+            "finishedAt": finished, "metrics": metrics}  # fmt: skip
 
 
 def status(checkpoint_dir: str, status_dir: str = "", run_id: str = "") -> str:

@@ -1,0 +1,1 @@
+../../infra/completion_marker.py
