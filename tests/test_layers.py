@@ -30,6 +30,7 @@ PURE = {
     "infra.access.model",
     "infra.access.researchers",
     "infra.catalog",
+    "infra.catalog.gke",
     "infra.completion_marker",
     "infra.config",
     "infra.config.docs",
