@@ -12,6 +12,11 @@ fall back to other zones at the dearest of their regions (an upper bound, said s
 without a price in the source is never given another region's: the VM is left out of the total
 and the table says so. The source has no reserved, committed-use or flex-start prices: those are
 priced at the on-demand list price, an upper bound, marked as an assumption in the table.
+
+A GKE slice pool is priced the same way, per chip-hour of its type in its zone's region, for all its
+slices: always on, except a flex-start pool, which scales from zero and is priced for every hour it
+may run ("up to"). Its nodes are TPU VMs, taken to bill at the Cloud TPU price; the cluster's own fee
+and its system nodes are not TPUs and are not in the table.
 """
 
 from __future__ import annotations
@@ -22,7 +27,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from infra.catalog import AcceleratorType, load_catalog
+from infra.catalog.gke import load_gke_catalog
 from infra.config import BudgetSettings, TpuVmSettings
+from infra.config.model import SlicePoolSettings
 from infra.schedule import HOURS_PER_MONTH, running_hours_per_month
 
 # Provisioning models the source has no price for: priced at the on-demand list price.
@@ -61,11 +68,16 @@ class StackCost:
     prices_date: str
     prices_source: str
     hours_in_month: float
-    unpriced: list[str]  # VMs left out of the total: no price for them in the source
+    unpriced: list[str]  # VMs and pools left out of the total: no price for them in the source
+    pools: list[VmCost] = field(default_factory=list)  # the GKE engine's slice pools
 
     def as_output(self) -> Any:
-        """The `costEstimate` stack output: camelCase keys, like every other output."""
-        return _camel(asdict(self))
+        """The `costEstimate` stack output: camelCase keys, like every other output (no `pools` key in a
+        stack without the GKE engine, whose output stays as it was)."""
+        out = _camel(asdict(self))
+        if not self.pools:
+            del out["pools"]
+        return out
 
 
 def _camel(value: Any) -> Any:
@@ -140,14 +152,50 @@ def vm_cost(vm: TpuVmSettings) -> VmCost:
     )
 
 
-def estimate(tpu_vms: Sequence[TpuVmSettings], budget: BudgetSettings) -> StackCost:
+def pool_cost(pool: SlicePoolSettings) -> VmCost:
+    catalog = load_gke_catalog()
+    price = catalog.price_per_chip_hour(pool.accelerator, pool.provisioning, pool.region)
+    on_demand = catalog.price_per_chip_hour(pool.accelerator, "on-demand", pool.region)
+    flex = pool.provisioning == "flex-start"
+    hours, basis = (HOURS_PER_MONTH, "up to") if flex else (HOURS_PER_MONTH, "always on")
+    chips = pool.accelerator.chips * pool.slices
+    notes = []
+    if price is None:
+        notes.append(f"no price for {pool.accelerator.name} in {pool.region} in the source: not in the total")
+    if at_list := list_price_note(pool.provisioning):
+        notes.append(at_list)
+    if flex:
+        notes.append("flex-start scales from zero when a job asks: priced for every hour it may run")
+    return VmCost(
+        name=pool.name,
+        accelerator_type=pool.accelerator.name,
+        chips=chips,
+        slices=pool.slices,
+        provisioning=pool.provisioning,
+        capacity="gke",
+        price_per_chip_hour=price,
+        price_region=pool.region,
+        hours_per_month=hours,
+        hours_basis=basis,
+        monthly=round(chips * price * hours, 2) if price is not None else 0.0,
+        on_demand_monthly=round(chips * on_demand * hours, 2) if on_demand is not None else 0.0,
+        notes=notes,
+    )
+
+
+def estimate(
+    tpu_vms: Sequence[TpuVmSettings], budget: BudgetSettings, slice_pools: Sequence[SlicePoolSettings] = ()
+) -> StackCost:
     catalog = load_catalog()
     vms = [vm_cost(vm) for vm in tpu_vms]
-    total = round(sum(v.monthly for v in vms), 2)
+    pools = [pool_cost(pool) for pool in slice_pools]
+    rows = [*vms, *pools]
+    total = round(sum(v.monthly for v in rows), 2)
     return StackCost(
         vms=vms,
+        pools=pools,
         monthly_total=total,
-        on_demand_total=round(sum(v.on_demand_monthly for v in vms), 2),
+        on_demand_total=round(sum(v.on_demand_monthly for v in rows), 2),
         budget=budget.amount,
         currency=budget.currency,
         # Prices are USD; a budget in another currency is not compared.
@@ -155,7 +203,7 @@ def estimate(tpu_vms: Sequence[TpuVmSettings], budget: BudgetSettings) -> StackC
         prices_date=catalog.prices_date,
         prices_source=catalog.prices_source,
         hours_in_month=HOURS_PER_MONTH,
-        unpriced=[v.name for v in vms if not v.priced],
+        unpriced=[v.name for v in rows if not v.priced],
     )
 
 
@@ -171,19 +219,10 @@ def cost_table(cost: dict) -> str:
     )
     lines.append(header)
     notes: list[str] = []
-    for vm in cost["vms"]:
-        price = vm["pricePerChipHour"]
-        marks = ""
-        for note in vm["notes"]:
-            notes.append(note)
-            marks += f"[{len(notes)}]"
-        hours = f"{'≤' if vm['hoursBasis'] == 'up to' else ''}{vm['hoursPerMonth']:.1f}"
-        chips = f"{vm['chips']}" if vm["slices"] == 1 else f"{vm['slices']}×{vm['chips'] // vm['slices']}"
-        lines.append(
-            f"  {vm['name']:<24} {vm['acceleratorType']:<14} {chips:>5} {vm['provisioning']:<11}"
-            f" {vm['priceRegion']:<12} {'n/a' if price is None else f'{price:.4f}':>9} {hours:>9}"
-            f" {vm['monthly']:>11,.2f} {marks}".rstrip()
-        )
+    lines += [_row(vm, notes) for vm in cost["vms"]]
+    if cost.get("pools"):
+        lines.append(f"  {'GKE slice pool':<24}   (TPU nodes at the Cloud TPU price; the cluster fee is not a TPU)")
+        lines += [_row(pool, notes) for pool in cost["pools"]]
     total, on_demand = cost["monthlyTotal"], cost["onDemandTotal"]
     lines.append(f"  {'total':<24} {'':<14} {'':>5} {'':<11} {'':<12} {'':>9} {'':>9} {total:>11,.2f}")
     lines += [f"  [{i}] {note}" for i, note in enumerate(notes, 1)]
@@ -197,3 +236,19 @@ def cost_table(cost: dict) -> str:
         state = "OVER BUDGET" if cost["overBudget"] else f"{total / cost['budget']:.0%} of it" if cost["budget"] else ""
         lines.append(f"  budget: {cost['budget']:,.2f} USD/month; estimate is {state}")
     return "\n".join(lines)
+
+
+def _row(vm: dict, notes: list[str]) -> str:
+    """One priced row of the table (a VM or a slice pool); its notes numbered into `notes`."""
+    price = vm["pricePerChipHour"]
+    marks = ""
+    for note in vm["notes"]:
+        notes.append(note)
+        marks += f"[{len(notes)}]"
+    hours = f"{'≤' if vm['hoursBasis'] == 'up to' else ''}{vm['hoursPerMonth']:.1f}"
+    chips = f"{vm['chips']}" if vm["slices"] == 1 else f"{vm['slices']}×{vm['chips'] // vm['slices']}"
+    return (
+        f"  {vm['name']:<24} {vm['acceleratorType']:<14} {chips:>5} {vm['provisioning']:<11}"
+        f" {vm['priceRegion']:<12} {'n/a' if price is None else f'{price:.4f}':>9} {hours:>9}"
+        f" {vm['monthly']:>11,.2f} {marks}".rstrip()
+    )

@@ -68,7 +68,7 @@ def resource_id_problem(name: str, max_length: int = 63) -> str | None:
 # it that the stack owns the stack's *environment*. Names carry the stack so two stacks never collide.
 
 MAX_STACK = 12  # the config reader's limit, so every name below fits (tests/test_naming.py, longest inputs)
-PLATFORM_ACCOUNT_KINDS = ("scheduler", "guard", "guard-invoker", "guard-build")
+PLATFORM_ACCOUNT_KINDS = ("scheduler", "guard", "guard-invoker", "guard-build", "gke-nodes")
 GUARD_FUNCTIONS = ("budget-guard", "recovery", "complete", "scheduled-start")
 
 
@@ -151,3 +151,39 @@ def source_object(sha256: str) -> str:
 def status_prefix(vm: str) -> str:
     """A VM's folder in the run-status bucket; its completion marker is `<prefix>COMPLETE`."""
     return f"{vm}/"
+
+
+# --- The GKE engine (infra/gke/) --------------------------------------------------------------------
+# A cluster's name is at most 40 characters (GKE: "The name must be 1-40 characters"); GKE builds its nodes' names
+# from the cluster's and the pool's with a hash, within a 63-character host name, so pool names are kept
+# short (the config reader's limit, MAX_SLICE_POOL) and end in the slice's index.
+MAX_SLICE_POOL = 24  # a slice pool's name in the stack file
+MAX_SLICES = 64  # slices of one pool: node pools <pool>-0 … <pool>-63
+
+
+def gke_cluster(stack: str) -> str:
+    """The stack's GKE cluster, in its region."""
+    return f"tpu-{stack}"
+
+
+def gke_subnet(stack: str) -> str:
+    """The cluster's subnet (nodes; pods and services as its secondary ranges), router and NAT."""
+    return f"tpu-{stack}-gke"
+
+
+GKE_POD_RANGE = "pods"  # the subnet's secondary range names the cluster's IP allocation policy reads
+GKE_SERVICE_RANGE = "services"
+GKE_SYSTEM_POOL = "system"
+
+
+def slice_node_pool(pool: str, index: int) -> str:
+    """One slice of a slice pool is one GKE node pool: `<pool>-<index>`, as xpk names `<cluster>-np-<i>`."""
+    if not 0 <= index < MAX_SLICES:
+        raise ValueError(f"slice index {index} outside 0..{MAX_SLICES - 1}")
+    return f"{pool}-{index}"
+
+
+def workload_policy(stack: str, pool: str) -> str:
+    """A TPU7x slice pool's HIGH_THROUGHPUT workload policy (a regional compute ResourcePolicy): one per
+    pool, shared by its slices, so replacing one pool never touches another of the same shape."""
+    return f"tpu-{stack}-{pool}-slice"

@@ -7,9 +7,12 @@ and traffic between the workers of a multi-host slice. OS Login is on for the pr
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pulumi
 import pulumi_gcp as gcp
 
+from infra import naming
 from infra.apis import ProjectApis
 from infra.config import Env, NetworkSettings
 
@@ -17,6 +20,16 @@ from infra.config import Env, NetworkSettings
 IAP_SSH_RANGE = "35.235.240.0/20"
 TPU_VM_TAG = "tpu-vm"
 NETWORK_APIS = ("compute.googleapis.com",)
+
+
+@dataclass(frozen=True)
+class ClusterRanges:
+    """The GKE cluster's own subnet: its nodes' range, and its pods' and services' secondary ranges."""
+
+    region: str
+    nodes: str
+    pods: str
+    services: str
 
 
 class PrivateNetwork(pulumi.ComponentResource):
@@ -27,6 +40,8 @@ class PrivateNetwork(pulumi.ComponentResource):
         args: NetworkSettings,
         apis: ProjectApis,
         opts: pulumi.ResourceOptions | None = None,
+        *,
+        cluster: ClusterRanges | None = None,
     ):
         super().__init__("tpu-platform:network:PrivateNetwork", name, None, opts)
         base = f"tpu-{env.stack}"
@@ -83,6 +98,11 @@ class PrivateNetwork(pulumi.ComponentResource):
                 opts=child,
             )
 
+        self.cluster_subnet: gcp.compute.Subnetwork | None = None
+        self.cluster_nat: gcp.compute.RouterNat | None = None
+        if cluster is not None:
+            self._cluster_subnet(name, env, cluster, args.flow_log_sampling, child)
+
         gcp.compute.Firewall(
             f"{name}-ssh-from-iap",
             name=f"{base}-ssh-from-iap",
@@ -118,3 +138,51 @@ class PrivateNetwork(pulumi.ComponentResource):
         # project metadata (setCommonInstanceMetadata) would also need act-as on the Compute default account
         # (reference/gcp-iam/methods.json), and would change every VM of the project.
         self.register_outputs({"network": self.network.self_link})
+
+    def _cluster_subnet(
+        self, name: str, env: Env, ranges: ClusterRanges, sampling: float, child: pulumi.ResourceOptions
+    ) -> None:
+        """The GKE cluster's subnet, with its own router and NAT: private nodes reach Google's APIs through
+        Private Google Access and every other registry (registry.k8s.io serves JobSet and Kueue) through the
+        NAT. Its own router, so the VMs' subnet in the same region keeps its NAT unchanged."""
+        base = naming.gke_subnet(env.stack)
+        self.cluster_subnet = gcp.compute.Subnetwork(
+            f"{name}-gke",
+            name=base,
+            project=env.project,
+            region=ranges.region,
+            network=self.network.id,
+            ip_cidr_range=ranges.nodes,
+            secondary_ip_ranges=[
+                gcp.compute.SubnetworkSecondaryIpRangeArgs(range_name=naming.GKE_POD_RANGE, ip_cidr_range=ranges.pods),
+                gcp.compute.SubnetworkSecondaryIpRangeArgs(
+                    range_name=naming.GKE_SERVICE_RANGE, ip_cidr_range=ranges.services
+                ),
+            ],
+            private_ip_google_access=True,
+            log_config=gcp.compute.SubnetworkLogConfigArgs(
+                aggregation_interval="INTERVAL_5_SEC", flow_sampling=sampling, metadata="INCLUDE_ALL_METADATA"
+            ),
+            opts=child,
+        )
+        router = gcp.compute.Router(
+            f"{name}-gke-router", name=base, project=env.project, region=ranges.region, network=self.network.id,
+            opts=child,
+        )  # fmt: skip
+        self.cluster_nat = gcp.compute.RouterNat(
+            f"{name}-gke-nat",
+            name=base,
+            project=env.project,
+            region=ranges.region,
+            router=router.name,
+            nat_ip_allocate_option="AUTO_ONLY",
+            source_subnetwork_ip_ranges_to_nat="LIST_OF_SUBNETWORKS",
+            # Pods' own addresses too: with Dataplane V2 a pod's egress leaves from its pod range.
+            subnetworks=[
+                gcp.compute.RouterNatSubnetworkArgs(
+                    name=self.cluster_subnet.id, source_ip_ranges_to_nats=["ALL_IP_RANGES"]
+                )
+            ],
+            log_config=gcp.compute.RouterNatLogConfigArgs(enable=True, filter="ERRORS_ONLY"),
+            opts=child,
+        )

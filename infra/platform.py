@@ -20,6 +20,8 @@ from infra.budget import BudgetAlerts, BudgetAlertsArgs, budget_apis
 from infra.config import PROJECT, PlatformConfig
 from infra.config.sources import parse_image
 from infra.cost import StackCost, estimate
+from infra.gke.cluster import GKE_APIS, GkeCluster, GkeClusterArgs
+from infra.gke.slice_pools import SlicePool, SlicePoolArgs
 from infra.identity import IDENTITY_APIS, WorkloadIdentity, WorkloadIdentityArgs
 from infra.lifecycle import (
     RUN_STATUS_APIS,
@@ -31,7 +33,7 @@ from infra.lifecycle import (
     schedule_outputs,
 )
 from infra.monitoring import MONITORING_APIS, TpuMonitoring, TpuMonitoringArgs
-from infra.network import NETWORK_APIS, PrivateNetwork
+from infra.network import NETWORK_APIS, ClusterRanges, PrivateNetwork
 from infra.packaging import Package, repository_folder
 from infra.researchers import ResearcherAccess, ResearcherArgs, researcher_apis
 from infra.run_status import completed_runs
@@ -77,6 +79,10 @@ def build_platform(cfg: PlatformConfig, secrets: Mapping[str, str] | None = None
         cfg.monitoring.idle_minutes, cfg.tpu_vms, recovery=bool(cfg.automation.recovery_every_minutes)
     )
     researcher_args = researcher_args_of(cfg) if cfg.researchers else None
+    gke = cfg.gke
+    cluster_args = GkeClusterArgs(gke, cfg.deployer) if gke else None
+    cluster_ranges = ClusterRanges(gke.region, gke.node_cidr, gke.pod_cidr, gke.service_cidr) if gke else None
+    pool_args = [SlicePoolArgs(pool, gke.tpu_pool_upgrades) for pool in gke.slice_pools] if gke else []
 
     # 2. The project APIs: what the declared components need, as each component's module declares it.
     apis = ProjectApis(
@@ -94,11 +100,12 @@ def build_platform(cfg: PlatformConfig, secrets: Mapping[str, str] | None = None
             SCHEDULES_APIS if schedule_args else (),
             MONITORING_APIS,
             researcher_apis(researcher_args) if researcher_args else (),
+            GKE_APIS if cluster_args else (),
         ),
     )
 
     # 3. The components, each from the environment and its own args.
-    network = PrivateNetwork("network", env, cfg.network, apis)
+    network = PrivateNetwork("network", env, cfg.network, apis, cluster=cluster_ranges)
     buckets = PlatformBuckets("buckets", env, cfg.buckets, apis)
     identities = {
         name: WorkloadIdentity(f"workload-{name}", env, args, buckets.buckets, apis)
@@ -152,6 +159,11 @@ def build_platform(cfg: PlatformConfig, secrets: Mapping[str, str] | None = None
     TpuMonitoring("monitoring", env, monitoring_args, apis, budget.channels)
     if researcher_args:
         ResearcherAccess("researchers", env, researcher_args, apis, [*buckets.buckets.values(), status.bucket])
+    engine: dict[str, Any] = {}
+    if cluster_args:
+        cluster = GkeCluster("gke", env, cluster_args, network, apis)
+        pools = {a.pool.name: SlicePool(f"slices-{a.pool.name}", env, a, cluster, apis) for a in pool_args}
+        engine["gke"] = {**cluster.outputs, "slicePools": {name: pool.outputs for name, pool in pools.items()}}
 
     return {
         "project": env.project,
@@ -166,6 +178,7 @@ def build_platform(cfg: PlatformConfig, secrets: Mapping[str, str] | None = None
         "tpuVms": {name: vm.outputs for name, vm in vms.items()},
         "schedules": schedule_outputs(cfg.tpu_vms),
         "costEstimate": cost.as_output(),
+        **engine,  # only in a stack with the GKE engine: the others' outputs stay as they were
     }
 
 
@@ -232,7 +245,7 @@ def artifacts_args(cfg: PlatformConfig, digests: dict[str, str]) -> ArtifactsArg
 
 def check_cost(cfg: PlatformConfig) -> StackCost:
     """The monthly estimate; over the budget it warns, or fails the plan when the stack says so."""
-    cost = estimate(cfg.tpu_vms, cfg.budget)
+    cost = estimate(cfg.tpu_vms, cfg.budget, cfg.gke.slice_pools if cfg.gke else ())
     if cost.over_budget:
         message = (
             f"estimated TPU cost {cost.monthly_total:,.2f} USD/month exceeds the budget of "

@@ -36,6 +36,8 @@ BUCKET = "gcp:storage/bucket:Bucket"
 V2VM = "gcp:tpu/v2Vm:V2Vm"
 BUDGET = "gcp:billing/budget:Budget"
 BUCKET_MEMBER = "gcp:storage/bucketIAMMember:BucketIAMMember"
+CLUSTER = "gcp:container/cluster:Cluster"
+NODE_POOL = "gcp:container/nodePool:NodePool"
 PUBLIC_MEMBERS = {"allUsers", "allAuthenticatedUsers"}
 # Kept for tests/test_bootstrap.py; the pack judges roles by their permissions (`judge_grant`).
 IMPERSONATION_ROLES = {
@@ -52,6 +54,7 @@ LABELS_PROPERTY = {
     V2VM: "labels",
     "gcp:pubsub/topic:Topic": "labels",
     "gcp:monitoring/notificationChannel:NotificationChannel": "userLabels",
+    CLUSTER: "resourceLabels",
 }
 CHECKPOINT_WRITER_ROLES = {"roles/storage.objectUser", "roles/storage.objectAdmin"}
 DEFAULT_COMPUTE_ACCOUNT = "-compute@developer.gserviceaccount.com"
@@ -263,7 +266,8 @@ def required_labels(args: ResourceValidationArgs, report: Report) -> None:
 
 # What runs up a bill: a stack declaring any of these needs a budget. The bootstrap (a bucket, a key,
 # identities) declares none, and is judged by every other rule like any stack.
-SPENDING_TYPES = {V2VM, "gcp:cloudfunctionsv2/function:Function", "gcp:tpu/v2QueuedResource:V2QueuedResource"}
+SPENDING_TYPES = {V2VM, "gcp:cloudfunctionsv2/function:Function", "gcp:tpu/v2QueuedResource:V2QueuedResource",
+                  CLUSTER, NODE_POOL}  # fmt: skip
 
 
 def budget_in_every_stack(args: StackValidationArgs, report: Report) -> None:
@@ -296,6 +300,82 @@ def spot_tpu_has_checkpoints(args: StackValidationArgs, report: Report) -> None:
                 "grant its workload write access to the checkpoints bucket",
                 vm.urn,
             )
+
+
+# --- GKE: the cluster and its TPU slice node pools -----------------------------------------------------
+# TPU machine types by family (GKE, "Plan TPUs in GKE"; xpk core/system_characteristics.py): the number
+# before `t` is the node's chips. TPU7x slices refuse COMPACT placement and take a workload policy
+# ("... with placement policy is not supported. Use workload policy instead.", vllm-project/ci-infra#547).
+TPU_MACHINE = re.compile(r"(ct4p-hightpu|ct5lp-hightpu|ct5p-hightpu|ct6e-standard|tpu7x-standard)-(?P<chips>\d+)t")
+WORKLOAD_POLICY_MACHINES = ("tpu7x-",)
+
+
+def gke_private_nodes(args: ResourceValidationArgs, report: Report) -> None:
+    if args.resource_type != CLUSTER:
+        return
+    private = (args.props.get("privateClusterConfig") or {}).get("enablePrivateNodes")
+    if private is False or (private is None and "privateClusterConfig" not in args.props):
+        report("GKE nodes get no external IP: set privateClusterConfig.enablePrivateNodes (egress through Cloud NAT)")
+
+
+def gke_no_legacy_abac(args: ResourceValidationArgs, report: Report) -> None:
+    if args.resource_type == CLUSTER and args.props.get("enableLegacyAbac") is True:
+        report("legacy ABAC lets every service account act cluster-wide; authorise with RBAC only")
+
+
+def gke_workload_identity(args: ResourceValidationArgs, report: Report) -> None:
+    """Pods get their own identities, never the node's account: the cluster has a workload pool and no node
+    pool exposes the metadata server's node credentials."""
+    if args.resource_type == CLUSTER and "workloadIdentityConfig" not in args.props:
+        report("GKE clusters enable Workload Identity (workloadIdentityConfig.workloadPool = PROJECT.svc.id.goog)")
+    if args.resource_type in (CLUSTER, NODE_POOL):
+        mode = ((args.props.get("nodeConfig") or {}).get("workloadMetadataConfig") or {}).get("mode")
+        if mode == "GCE_METADATA":
+            report("GCE_METADATA shows pods the node's account; use workloadMetadataConfig.mode GKE_METADATA")
+
+
+def gke_nodes_dedicated_service_account(args: ResourceValidationArgs, report: Report) -> None:
+    if args.resource_type not in (CLUSTER, NODE_POOL):
+        return
+    account = (args.props.get("nodeConfig") or {}).get("serviceAccount") or ""  # unknown in a preview: fine
+    if account == "default" or DEFAULT_COMPUTE_ACCOUNT in account:
+        report("GKE nodes must not use the default Compute Engine service account; give them their own")
+
+
+def _topology_chips(topology: str) -> int:
+    chips = 1
+    for side in topology.split("x"):
+        chips *= int(side) if side.isdigit() else 1
+    return chips
+
+
+def gke_tpu_slices_placed(args: ResourceValidationArgs, report: Report) -> None:
+    """A multi-host TPU slice's node pool is placed as one unit, and sized per zone as exactly its slice."""
+    if args.resource_type != NODE_POOL:
+        return
+    machine = str((args.props.get("nodeConfig") or {}).get("machineType") or "")
+    match = TPU_MACHINE.fullmatch(machine)
+    placement = args.props.get("placementPolicy") or {}
+    topology = str(placement.get("tpuTopology") or "")
+    if match is None or not topology:
+        return  # not a TPU pool, or single hosts without a slice topology
+    vms = _topology_chips(topology) // int(match["chips"])
+    if vms <= 1:
+        return
+    if machine.startswith(WORKLOAD_POLICY_MACHINES):
+        if not placement.get("policyName") or placement.get("type"):
+            report(f"a {machine} slice ({topology}) is placed by a named HIGH_THROUGHPUT workload policy, with no "
+                   "placement type: GKE refuses COMPACT for it, and stores no type")  # fmt: skip
+    elif placement.get("type") != "COMPACT" and not placement.get("policyName"):
+        report(f"a multi-host TPU slice ({topology}, {vms} nodes) needs COMPACT placement or a placement policy")
+    scaling = args.props.get("autoscaling") or {}
+    if "totalMaxNodeCount" in scaling or "totalMinNodeCount" in scaling:
+        report("a multi-host TPU slice is sized per zone (minNodeCount/maxNodeCount): GKE refuses a total, "
+               "'Maximum node count 0 is not a valid size of TPU pod slice'")  # fmt: skip
+    elif scaling.get("maxNodeCount") not in (None, vms):
+        report(
+            f"a multi-host TPU slice pool holds exactly its slice: maxNodeCount {vms}, not {scaling['maxNodeCount']}"
+        )
 
 
 @dataclass(frozen=True)
@@ -332,4 +412,12 @@ RULES: tuple[Rule, ...] = (
     Rule("budget-in-every-stack", "Every stack has a budget", MANDATORY, budget_in_every_stack, stack=True),
     Rule("spot-tpu-has-checkpoints", "Spot TPU VMs can write checkpoints", MANDATORY, spot_tpu_has_checkpoints,
          stack=True),
+    Rule("gke-private-nodes", "GKE nodes have no external IP", MANDATORY, gke_private_nodes),
+    Rule("gke-no-legacy-abac", "GKE clusters authorise with RBAC only", MANDATORY, gke_no_legacy_abac),
+    Rule("gke-workload-identity", "GKE pods get their own identities, not the node's", MANDATORY,
+         gke_workload_identity),
+    Rule("gke-nodes-dedicated-service-account", "GKE nodes never use the default compute account", MANDATORY,
+         gke_nodes_dedicated_service_account),
+    Rule("gke-tpu-slices-placed", "Multi-host TPU slice pools are placed as one unit and sized per zone", MANDATORY,
+         gke_tpu_slices_placed),
 )  # fmt: skip

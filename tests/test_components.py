@@ -25,6 +25,7 @@ from infra.apis import ProjectApis, required_apis
 from infra.automation import GUARD_APIS, TpuGuard, TpuGuardArgs, guard_apis
 from infra.budget import BudgetAlerts, BudgetAlertsArgs, budget_apis
 from infra.catalog import AcceleratorType, load_catalog
+from infra.catalog.gke import load_gke_catalog
 from infra.config import (
     AutomationSettings,
     BucketSettings,
@@ -36,6 +37,9 @@ from infra.config import (
     TpuVmSettings,
     WorkloadSettings,
 )
+from infra.config.model import GkeSettings, MaintenanceWindow, SlicePoolSettings
+from infra.gke.cluster import GKE_APIS, GkeCluster, GkeClusterArgs
+from infra.gke.slice_pools import SlicePool, SlicePoolArgs
 from infra.identity import IDENTITY_APIS, WorkloadIdentity, WorkloadIdentityArgs
 from infra.lifecycle import (
     RUN_STATUS_APIS,
@@ -47,7 +51,7 @@ from infra.lifecycle import (
     TpuSchedulesArgs,
 )
 from infra.monitoring import MONITORING_APIS, PREEMPTED_EVENT, TpuMonitoring, TpuMonitoringArgs
-from infra.network import IAP_SSH_RANGE, NETWORK_APIS, PrivateNetwork
+from infra.network import IAP_SSH_RANGE, NETWORK_APIS, ClusterRanges, PrivateNetwork
 from infra.storage import STORAGE_APIS, PlatformBuckets
 from infra.tpu.cloud_tpu import BACKENDS
 from infra.tpu.vm import TPU_VM_APIS, TpuVm
@@ -428,3 +432,95 @@ def test_researcher_access_alone():
     members = {r.inputs["member"] for r in result.resources if "member" in r.inputs}
     assert members == {"user:ada@acme.example"}
     assert "iap.googleapis.com" not in researcher_apis(args)  # SSH off: no IAP, no OS Login
+
+
+def gke_settings(**changes) -> GkeSettings:
+    catalog = load_gke_catalog()
+    v5e, tpu7x = catalog.accelerator("v5litepod-16"), catalog.accelerator("tpu7x-16")
+    assert not isinstance(v5e, str) and not isinstance(tpu7x, str)
+    settings = {
+        "region": "us-central1",
+        "node_cidr": "10.40.0.0/20",
+        "pod_cidr": "10.44.0.0/14",
+        "service_cidr": "10.48.0.0/20",
+        "release_channel": "STABLE",
+        "maintenance": MaintenanceWindow(("SU",), "03:00", 12),
+        "tpu_pool_upgrades": "end-of-support",
+        "system_machine_type": "e2-standard-8",
+        "system_nodes_per_zone": 2,
+        "slice_pools": (
+            SlicePoolSettings("v5e", v5e, "us-central1-a", "spot", slices=2),
+            SlicePoolSettings("iron", tpu7x, "us-central1-c", "reserved", reservation_name="iron-res"),
+        ),
+    }
+    return GkeSettings(**(settings | changes))
+
+
+def gke_program(deployer: str = ""):
+    gke = gke_settings()
+
+    def program() -> None:
+        apis = enabled(NETWORK_APIS, GKE_APIS)
+        ranges = ClusterRanges(gke.region, gke.node_cidr, gke.pod_cidr, gke.service_cidr)
+        network = PrivateNetwork("net", ENV, NetworkSettings((), 0.5), apis, cluster=ranges)
+        cluster = GkeCluster("gke", ENV, GkeClusterArgs(gke, deployer), network, apis)
+        for pool in gke.slice_pools:
+            SlicePool(f"slices-{pool.name}", ENV, SlicePoolArgs(pool, gke.tpu_pool_upgrades), cluster, apis)
+
+    return program
+
+
+def test_gke_cluster_alone():
+    result = build(gke_program("ci@solo-project.iam.gserviceaccount.com"))
+    cluster = one(result, "gcp:container/cluster:Cluster").inputs
+    assert (cluster["name"], cluster["location"]) == (naming.gke_cluster(ENV.stack), "us-central1")
+    assert cluster["privateClusterConfig"]["enablePrivateNodes"] is True
+    assert cluster["controlPlaneEndpointsConfig"]["ipEndpointsConfig"] == {"enabled": False}  # DNS endpoint only
+    assert cluster["enableLegacyAbac"] is False
+    assert cluster["workloadIdentityConfig"] == {"workloadPool": f"{ENV.project}.svc.id.goog"}
+    assert cluster["datapathProvider"] == "ADVANCED_DATAPATH"
+    assert cluster["releaseChannel"] == {"channel": "STABLE"}
+    assert cluster["maintenancePolicy"]["recurringWindow"]["recurrence"] == "FREQ=WEEKLY;BYDAY=SU"
+    assert (cluster["removeDefaultNodePool"], cluster["initialNodeCount"]) == (True, 1)
+    nodes = f"{naming.platform_account_id('gke-nodes', ENV.stack)}@{ENV.project}.iam.gserviceaccount.com"
+    assert cluster["nodeConfig"]["serviceAccount"] == nodes  # even the removed default pool: never Compute's
+    assert cluster["nodeLocations"] == ["us-central1-a", "us-central1-c"]
+    assert cluster["deletionProtection"] is False  # not production: `destroy` may remove it
+    system = one(result, "gcp:container/nodePool:NodePool", "gke-system").inputs
+    assert (system["name"], system["nodeCount"], system["nodeConfig"]["machineType"]) == ("system", 2, "e2-standard-8")
+    assert system["nodeConfig"]["serviceAccount"] == nodes
+    role = one(result, "gcp:projects/iAMMember:IAMMember").inputs
+    assert (role["role"], role["member"]) == ("roles/container.defaultNodeServiceAccount", f"serviceAccount:{nodes}")
+    act_as = one(result, "gcp:serviceaccount/iAMMember:IAMMember").inputs
+    assert act_as["member"] == "serviceAccount:ci@solo-project.iam.gserviceaccount.com"
+    subnet = one(result, "gcp:compute/subnetwork:Subnetwork").inputs
+    assert [r["rangeName"] for r in subnet["secondaryIpRanges"]] == ["pods", "services"]
+    assert cluster["subnetwork"].endswith(f"/subnetworks/{naming.gke_subnet(ENV.stack)}")
+    for dependency in ("gcp:compute/routerNat:RouterNat", "gcp:projects/iAMMember:IAMMember",
+                       "gcp:serviceaccount/iAMMember:IAMMember"):  # fmt: skip
+        assert one(result, dependency).urn in one(result, "gcp:container/cluster:Cluster").dependencies
+    assert depends_on(result, one(result, "gcp:container/cluster:Cluster"),
+                      one(result, "gcp:projects/service:Service", "apis-container").urn)  # fmt: skip
+
+
+def test_slice_pools_alone():
+    result = build(gke_program())
+    pools = {r.inputs["name"]: r for r in result.of_type("gcp:container/nodePool:NodePool")}
+    assert set(pools) == {"system", "v5e-0", "v5e-1", "iron-0"}  # one node pool per slice
+    v5e = pools["v5e-1"].inputs
+    assert (v5e["nodeCount"], v5e["nodeLocations"], v5e["nodeConfig"]["spot"]) == (4, ["us-central1-a"], True)
+    assert v5e["placementPolicy"] == {"type": "COMPACT", "tpuTopology": "4x4"}
+    assert v5e["maintenancePolicies"] == [{"exclusionUntilEndOfSupports": [{"enabled": True}]}]
+    assert set(pools["v5e-1"].ignore_changes) >= {"nodeConfig.advancedMachineFeatures", "upgradeSettings"}
+    policy = one(result, "gcp:compute/resourcePolicy:ResourcePolicy")
+    assert policy.inputs["workloadPolicy"] == {"type": "HIGH_THROUGHPUT", "acceleratorTopology": "2x2x2"}
+    iron = pools["iron-0"]
+    assert iron.inputs["placementPolicy"] == {"type": "", "policyName": policy.inputs["name"], "tpuTopology": "2x2x2"}
+    assert iron.inputs["nodeConfig"]["reservationAffinity"]["values"] == ["iron-res"]
+    assert policy.urn in iron.dependencies  # the policy exists before the pool names it
+    assert one(result, "gcp:container/cluster:Cluster").urn in iron.dependencies
+
+
+def test_the_gke_network_is_declared_only_with_the_cluster():
+    result = build(lambda: PrivateNetwork("net", ENV, NETWORK, enabled(NETWORK_APIS)))
+    assert [r.inputs["name"] for r in result.of_type("gcp:compute/subnetwork:Subnetwork")] == ["tpu-solo-europe-west4"]

@@ -13,7 +13,7 @@ import pytest
 from infra.catalog import load_catalog
 from infra.config import parse_stack_config
 from infra.cost import cost_table, estimate
-from tests.support import plan, stack_config, with_object
+from tests.support import fixture_config, plan, stack_config, with_object
 
 OFFICE_HOURS = 12 * 5 * 730 / 168  # 08-20 on weekdays: 60 of the week's 168 hours, on a 730-hour month
 
@@ -140,3 +140,34 @@ def test_plan_prints_the_cost_table():
     assert row in table
     assert "[1] runs to completion with no maxRunHours: priced for every hour it may run" in table
     assert "budget: 500.00 USD/month; estimate is 70% of it" in table
+
+
+def test_gke_slice_pools_by_their_model_for_all_their_slices():
+    """v5e spot 0.3468 and v6e on-demand 2.70 per chip-hour in us-central1; flex-start at the list price, for
+    every hour it may run; TPU7x has no price in the source: out of the total, and said so."""
+
+    def pools(gke):
+        gke["slicePools"] = [
+            {"name": "v5e", "acceleratorType": "v5litepod-16", "zone": "us-central1-a", "provisioning": "spot",
+             "slices": 2},
+            {"name": "flex", "acceleratorType": "v6e-16", "zone": "us-central1-b", "provisioning": "flex-start"},
+            {"name": "iron", "acceleratorType": "tpu7x-16", "zone": "us-central1-c"},
+        ]  # fmt: skip
+
+    cfg = parse_stack_config("gke", with_object(fixture_config("gke"), "gke", pools))
+    assert cfg.gke is not None
+    cost = estimate(cfg.tpu_vms, cfg.budget, cfg.gke.slice_pools)
+    v5e, flex, iron = cost.pools
+    assert (v5e.chips, v5e.slices, v5e.monthly) == (32, 2, round(32 * 0.3468 * 730, 2))
+    assert (flex.monthly, flex.hours_basis) == (round(16 * 2.70 * 730, 2), "up to")
+    assert any("flex-start priced at the on-demand list price" in n for n in flex.notes)
+    assert (iron.priced, iron.monthly, cost.unpriced) == (False, 0.0, ["iron"])
+    assert cost.monthly_total == round(v5e.monthly + flex.monthly, 2)
+    assert cost.on_demand_total == round(32 * 1.20 * 730 + flex.monthly, 2)
+    table = cost_table(cost.as_output())
+    assert "GKE slice pool" in table and "  v5e                      v5litepod-16    2×16 spot" in table
+    assert "not in the total (no price in the source): iron" in table
+
+
+def test_a_stack_without_slice_pools_has_no_pools_in_its_cost_output():
+    assert "pools" not in cost_of(stack_config()).as_output()

@@ -1,7 +1,8 @@
-"""The README's queued-capacity examples (examples/Pulumi.*.yaml), each planned offline.
+"""The README's examples (examples/Pulumi.*.yaml), each planned offline.
 
-Each plan declares one queued request through the dynamic provider, with the stack's settings mapped
-onto it, and the deployer computed from that plan holds what the provider's calls need.
+The queued-capacity examples each declare one queued request through the dynamic provider, with the
+stack's settings mapped onto it, and the deployer computed from that plan holds what the provider's
+calls need. The GKE example declares a cluster and three slice pools (spot, flex-start, TPU7x).
 """
 
 from __future__ import annotations
@@ -10,14 +11,17 @@ import json
 from functools import cache
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from infra.access.model import needs_of
+from infra.config import docs
 from infra.tpu import queued_api as api
 from infra.tpu.queued import request_from_props
 from tools.offline.access import access_of, declared
+from tools.offline.policy_check import check_policies
 from tools.offline.runner import PlanResult, plan_stack
-from tools.offline.stackfile import stack_of
+from tools.offline.stackfile import load_stack_yaml, stack_of
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 QUEUED = "pulumi-python:dynamic/tpu:QueuedResource"
@@ -99,3 +103,44 @@ def test_the_deployer_of_a_queued_plan_may_make_and_remove_the_request():
     account = f"tpu-mnist-queued-spot@{result.project}.iam.gserviceaccount.com"
     assert any(node in who for who in needs.act_as[account])
     assert {"tpu.nodes.create", "tpu.nodes.delete"} <= set(access_of(result.stack, result).deployer_permissions)
+
+
+# --- the GKE engine's example -------------------------------------------------------------------
+
+
+def test_the_gke_example_plans_a_cluster_and_its_three_slice_pools():
+    result = planned("gke")
+    assert not result.of_type("gcp:tpu/v2Vm:V2Vm") and not result.of_type(QUEUED)
+    pools = {r.inputs["name"]: r.inputs for r in result.of_type("gcp:container/nodePool:NodePool")}
+    assert set(pools) == {"system", "v5e-spot-0", "v5e-spot-1", "v6e-flex-0", "tpu7x-0"}
+    assert pools["v5e-spot-0"]["nodeConfig"]["spot"] is True
+    assert pools["v6e-flex-0"]["nodeConfig"]["flexStart"] is True
+    assert pools["v6e-flex-0"]["autoscaling"] == {"minNodeCount": 0, "maxNodeCount": 4, "locationPolicy": "ANY"}
+    (policy,) = result.of_type("gcp:compute/resourcePolicy:ResourcePolicy")
+    assert pools["tpu7x-0"]["placementPolicy"]["policyName"] == policy.inputs["name"]
+    assert pools["tpu7x-0"]["nodeConfig"]["reservationAffinity"]["values"] == ["ml-research-tpu7x"]
+    gke = result.outputs["gke"]
+    assert gke["dnsEndpoint"].endswith(".us-central1.gke.goog") and gke["name"] == "tpu-gke"
+    assert gke["slicePools"]["tpu7x"]["workloadPolicy"] == policy.inputs["name"]
+
+
+def test_the_gke_example_costs_each_pool_by_its_model():
+    cost = planned("gke").outputs["costEstimate"]
+    rows = {p["name"]: p for p in cost["pools"]}
+    assert (rows["v5e-spot"]["provisioning"], rows["v5e-spot"]["chips"]) == ("spot", 32)
+    assert rows["v6e-flex"]["hoursBasis"] == "up to"
+    assert cost["unpriced"] == ["tpu7x"] and cost["vms"] == []
+
+
+def test_the_gke_example_passes_the_policy_pack_and_its_deployer_is_computed():
+    result = planned("gke")
+    assert check_policies(result) == []
+    access = access_of(result.stack, result)
+    assert {"container.clusters.create", "compute.resourcePolicies.create"} <= set(access.deployer_permissions)
+    assert "roles/container.defaultNodeServiceAccount" in access.grantable_roles
+
+
+@pytest.mark.parametrize("name", sorted(p.name.split(".")[1] for p in EXAMPLES.glob("Pulumi.*.yaml")))
+def test_each_example_matches_the_stack_file_schema(name):
+    validator = jsonschema.Draft202012Validator(json.loads(docs.SCHEMA_FILE.read_text()))
+    assert list(validator.iter_errors(load_stack_yaml((EXAMPLES / f"Pulumi.{name}.yaml").read_text()))) == []

@@ -21,7 +21,7 @@ from pulumi_policy import (
 )
 
 from policy import policies
-from tests.support import shipped_plan, stack_config
+from tests.support import fixture_config, plan, shipped_plan, stack_config
 from tools.offline import __main__ as offline_cli
 from tools.offline.policy_check import check_policies
 from tools.offline.runner import run_program
@@ -48,6 +48,20 @@ GOOD_VM = {
     "labels": {"environment": "dev", "owner": "ml"},
 }
 
+CLUSTER, NODE_POOL = policies.CLUSTER, policies.NODE_POOL
+GOOD_CLUSTER = {
+    "privateClusterConfig": {"enablePrivateNodes": True},
+    "enableLegacyAbac": False,
+    "workloadIdentityConfig": {"workloadPool": "acme.svc.id.goog"},
+    "nodeConfig": {"serviceAccount": "tpu-gke-nodes-dev@acme.iam.gserviceaccount.com",
+                   "workloadMetadataConfig": {"mode": "GKE_METADATA"}},
+}  # fmt: skip
+V5E_SLICE = {"nodeConfig": {"machineType": "ct5lp-hightpu-4t"}, "nodeCount": 4,
+             "placementPolicy": {"type": "COMPACT", "tpuTopology": "4x4"}}  # fmt: skip
+TPU7X_SLICE = {"nodeConfig": {"machineType": "tpu7x-standard-4t"}, "nodeCount": 2,
+               "placementPolicy": {"type": "", "policyName": "tpu-dev-iron-slice", "tpuTopology": "2x2x2"}}  # fmt: skip
+FLEX_SLICE = {**V5E_SLICE, "autoscaling": {"minNodeCount": 0, "maxNodeCount": 4, "locationPolicy": "ANY"}}
+
 CASES = [
     # rule, type, compliant props, violating props, expected words
     (policies.no_service_account_keys, "gcp:serviceaccount/account:Account", {}, None, "keys"),
@@ -73,6 +87,26 @@ CASES = [
      {"sourceRanges": ["0.0.0.0/0"], "allows": [{"protocol": "all"}]}, "all ports"),
     (policies.required_labels, "gcp:storage/bucket:Bucket", GOOD_BUCKET,
      {**GOOD_BUCKET, "labels": {"environment": "dev"}}, "missing labels owner"),
+    (policies.gke_private_nodes, CLUSTER, GOOD_CLUSTER,
+     {**GOOD_CLUSTER, "privateClusterConfig": {"enablePrivateNodes": False}}, "no external IP"),
+    (policies.gke_private_nodes, CLUSTER, GOOD_CLUSTER,
+     {k: v for k, v in GOOD_CLUSTER.items() if k != "privateClusterConfig"}, "enablePrivateNodes"),
+    (policies.gke_no_legacy_abac, CLUSTER, GOOD_CLUSTER, {**GOOD_CLUSTER, "enableLegacyAbac": True}, "RBAC only"),
+    (policies.gke_workload_identity, CLUSTER, GOOD_CLUSTER,
+     {k: v for k, v in GOOD_CLUSTER.items() if k != "workloadIdentityConfig"}, "enable Workload Identity"),
+    (policies.gke_workload_identity, NODE_POOL, V5E_SLICE,
+     {**V5E_SLICE, "nodeConfig": {"workloadMetadataConfig": {"mode": "GCE_METADATA"}}}, "node's account"),
+    (policies.gke_nodes_dedicated_service_account, NODE_POOL, V5E_SLICE,
+     {**V5E_SLICE, "nodeConfig": {"serviceAccount": "123-compute@developer.gserviceaccount.com"}},
+     "default Compute Engine"),
+    (policies.gke_tpu_slices_placed, NODE_POOL, V5E_SLICE,
+     {**V5E_SLICE, "placementPolicy": {"type": "", "tpuTopology": "4x4"}}, "needs COMPACT placement"),
+    (policies.gke_tpu_slices_placed, NODE_POOL, TPU7X_SLICE,
+     {**TPU7X_SLICE, "placementPolicy": {"type": "COMPACT", "tpuTopology": "2x2x2"}}, "workload policy"),
+    (policies.gke_tpu_slices_placed, NODE_POOL, FLEX_SLICE,
+     {**FLEX_SLICE, "autoscaling": {"totalMaxNodeCount": 4}}, "sized per zone"),
+    (policies.gke_tpu_slices_placed, NODE_POOL, FLEX_SLICE,
+     {**FLEX_SLICE, "autoscaling": {"maxNodeCount": 8}}, "maxNodeCount 4, not 8"),
 ]  # fmt: skip
 
 
@@ -93,6 +127,14 @@ def test_unknown_values_are_not_violations():
         violations(policies.tpu_vm_dedicated_service_account, "gcp:tpu/v2Vm:V2Vm", {"serviceAccount": {"email": None}})
         == []
     )
+
+
+def test_single_host_tpu_pools_and_unknown_accounts_are_not_gke_violations():
+    single = {"nodeConfig": {"machineType": "ct6e-standard-1t", "serviceAccount": None}, "nodeCount": 3}
+    for rule in (policies.gke_tpu_slices_placed, policies.gke_nodes_dedicated_service_account):
+        assert violations(rule, NODE_POOL, single) == []
+    one_host = {"nodeConfig": {"machineType": "ct4p-hightpu-4t"}, "placementPolicy": {"tpuTopology": "2x2x1"}}
+    assert violations(policies.gke_tpu_slices_placed, NODE_POOL, one_host) == []
 
 
 def stack_resource(resource_type: str, props: dict, name: str, dependencies=()) -> PolicyResource:
@@ -156,6 +198,11 @@ def test_production_is_what_the_program_labels_not_the_stack_name():
 @pytest.mark.parametrize("stack", ["dev", "prod"])
 def test_shipped_stacks_pass_every_policy(stack):
     assert check_policies(shipped_plan(stack)) == []
+
+
+def test_a_gke_stack_passes_every_policy():
+    result = plan(fixture_config("gke"), "gke")
+    assert result.of_type(NODE_POOL) and check_policies(result) == []
 
 
 def weakened_program() -> None:

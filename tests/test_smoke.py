@@ -160,3 +160,76 @@ def test_the_workflow_is_manual_gated_minimal_and_runs_the_command():
     assert "--dry-run" not in run["run"]
     assert all("${{" not in line for line in run["run"].splitlines()), "values reach the shell through env only"
     assert run["env"]["PULUMI_BACKEND_URL"] == "${{ vars.SMOKE_STATE_BACKEND }}"
+
+
+GKE = ["--engine", "gke", "--tpu7x-reservation", "ironwood-res"]
+
+
+def test_gke_dry_run_plans_the_gke_stack_offline_and_lists_what_only_a_real_project_proves(capsys, monkeypatch):
+    ran = []
+    monkeypatch.setattr(smoke.subprocess, "run", lambda *a, **k: ran.append(a))
+    code, out, commands = dry_run(capsys, *GKE)
+    assert code == 0 and ran == [] and "# the stack file validates and plans offline" in out
+    cfg = parse_stack_config("smoke", read_stack_config("smoke", ROOT, stack_file_of(out)))
+    assert cfg.gke is not None
+    assert {(p.name, p.accelerator.name, p.provisioning) for p in cfg.gke.slice_pools} == {
+        ("spot", "v5litepod-16", "spot"), ("iron", "tpu7x-16", "reserved")
+    }  # fmt: skip
+    assert smoke.plan_offline("smoke", stack_file_of(out)) == []  # within its budget, no warning
+    verbs = [" ".join(c.split()[:4]) for c in commands]
+    assert verbs == [
+        "pulumi stack init smoke",
+        "pulumi up --stack smoke",
+        "gcloud container node-pools describe",  # TPU7x placed by its workload policy
+        "pulumi preview --stack smoke",  # --expect-no-changes: nothing GKE reports replaces a pool
+        "gcloud container clusters get-credentials",
+        "kubectl get nodes -l",  # the TPU7x nodes' labels
+        "kubectl get nodes -l",  # a node of the spot slice
+        "kubectl get node gke-spot-0-0",
+        "gcloud compute instances simulate-maintenance-event",  # its preemption
+        "kubectl get nodes -l",  # the slice Ready again
+        "kubectl get node gke-spot-0-0",  # registered anew
+        "pulumi destroy --stack smoke",
+        "pulumi stack rm smoke",
+    ]
+    assert "--expect-no-changes" in commands[3]
+    assert "value(status,placementPolicy.policyName,placementPolicy.tpuTopology,placementPolicy.type)" in commands[2]
+    assert "cloud.google.com/gke-tpu-accelerator=tpu7x,cloud.google.com/gke-tpu-topology=2x2x2" in commands[5]
+
+
+def test_gke_needs_the_tpu7x_reservation(capsys):
+    with pytest.raises(SystemExit):
+        smoke.main([*ARGS, "--engine", "gke", "--dry-run"])
+    assert "--engine gke needs --tpu7x-reservation" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "failing",
+    ["pulumi up", "gcloud container node-pools", "pulumi preview", "gcloud compute instances", "kubectl get node "],
+)
+def test_the_gke_smoke_destroys_whatever_failed_before(failing, tmp_path):
+    path = tmp_path / "Pulumi.smoke.yaml"
+    args = smoke.SmokeArgs("acme-ml-sandbox", "01A2B3-C4D5E6-F7A8B9", "us-central1-a", "smoke", "o", "a@b.example",
+                           10_000, "")  # fmt: skip
+    path.write_text(smoke.gke_stack_file_text(args, "ironwood-res"))
+    cfg = parse_stack_config("smoke", read_stack_config("smoke", ROOT, path))
+    shell = FailingShell(failing)
+    report = smoke.smoke_gke(cfg, path, shell, ready_minutes=0, poll_seconds=0)
+    assert not report.passed
+    assert shell.printed[-2].startswith("pulumi destroy") and shell.printed[-1].startswith("pulumi stack rm")
+
+
+def test_a_slice_that_does_not_come_back_fails_the_gke_smoke(tmp_path):
+    class NotBack(FailingShell):
+        def run(self, argv, *, cwd=None, answer=""):
+            if "jsonpath={range" in " ".join(argv):
+                answer = "True False True True"
+            return super().run(argv, cwd=cwd, answer=answer)
+
+    path = tmp_path / "Pulumi.smoke.yaml"
+    args = smoke.SmokeArgs("acme-ml-sandbox", "01A2B3-C4D5E6-F7A8B9", "us-central1-a", "smoke", "o", "a@b.example",
+                           10_000, "")  # fmt: skip
+    path.write_text(smoke.gke_stack_file_text(args, "ironwood-res"))
+    cfg = parse_stack_config("smoke", read_stack_config("smoke", ROOT, path))
+    report = smoke.smoke_gke(cfg, path, NotBack("nothing"), ready_minutes=0, poll_seconds=0)
+    assert [name for name, ok, _ in report.checks if not ok] == ["a preempted spot slice comes back whole"]

@@ -18,6 +18,17 @@ and the offline plan, then:
 and prints what it verified. `--dry-run` prints the stack file and every command in the order the run
 would issue them, and runs none (the same code path, with a shell that only prints).
 
+`--engine gke` smoke-tests the GKE engine instead (tools/smoke_gke_stack.yaml: a spot v5e-16 slice and a
+reserved tpu7x-16 slice in us-central1), checking what only a real project proves:
+
+  1. `pulumi up`; the TPU7x pool RUNNING with its workload policy, its topology and no placement type;
+  2. a second `pulumi preview --expect-no-changes`: nothing GKE reports back (TPU7x's empty placement
+     type, the fields GKE sets on TPU nodes) diffs or replaces a pool;
+  3. the TPU7x nodes labelled with their accelerator and topology (what queues and jobs select);
+  4. a preempted spot slice: one node's preemption simulated, then the whole slice Ready again, the
+     preempted node registered anew;
+  5. always: `pulumi destroy` and `pulumi stack rm`.
+
 Pulumi reads the stack file through `--config-file` (Pulumi CLI: "Use the configuration values in the
 specified file rather than detecting the file name"), so no Pulumi.<stack>.yaml lands in the checkout.
 """
@@ -25,6 +36,7 @@ specified file rather than detecting the file name"), so no Pulumi.<stack>.yaml 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import secrets
@@ -33,19 +45,24 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from string import Template
 
+from infra import naming
 from infra.catalog import AcceleratorType, load_catalog, version_key
 from infra.config import PlatformConfig, parse_stack_config
+from infra.config.model import SlicePoolSettings
+from infra.gke.specs import shape_of
 from infra.schema import ConfigError
 from infra.tpu.metadata import run_prefix
 from tools.offline.stackfile import ROOT, read_stack_config
 
 TEMPLATE = Path(__file__).with_name("smoke_stack.yaml")
+GKE_TEMPLATE = Path(__file__).with_name("smoke_gke_stack.yaml")
 VM, WORKLOAD, RUN = "smoke-tpu", "mnist", "smoke"
+SPOT_POOL, TPU7X_POOL = "spot", "iron"  # the GKE smoke stack's slice pools
 SMOKE_TF = "2.15.0"  # the TF the prod stack runs on v5e; older generations' tf_min is far older
 
 
@@ -186,6 +203,28 @@ def wait_for(
         time.sleep(every)
 
 
+@contextlib.contextmanager
+def throwaway_stack(
+    cfg: PlatformConfig, stack_file: Path, shell: Shell, report: Report, *, after_destroy: Callable[[], None]
+) -> Iterator[bool]:
+    """`pulumi stack init` and `up`, yielding whether `up` succeeded; then, whatever happened in between
+    (a failed check, an exception), `pulumi destroy`, `after_destroy` and `pulumi stack rm`."""
+    stack, config = ["--stack", cfg.stack], ["--config-file", str(stack_file)]
+    rc, _ = shell.run(["pulumi", "stack", "init", cfg.stack, "--secrets-provider", "passphrase"], cwd=ROOT)
+    if not report.add("pulumi stack init", rc == 0):
+        yield False
+        return
+    try:
+        rc, _ = shell.run(["pulumi", "up", *stack, *config, "--yes", "--skip-preview"], cwd=ROOT)
+        yield report.add("pulumi up", rc == 0)
+    finally:
+        rc, _ = shell.run(["pulumi", "destroy", *stack, *config, "--yes", "--skip-preview"], cwd=ROOT)
+        report.add("pulumi destroy", rc == 0)
+        after_destroy()
+        rc, _ = shell.run(["pulumi", "stack", "rm", cfg.stack, "--yes"], cwd=ROOT)
+        report.add("pulumi stack rm", rc == 0)
+
+
 def smoke(
     cfg: PlatformConfig, stack_file: Path, shell: Shell, *, run_minutes: float, poll_seconds: float,
     action_minutes: float = 15,
@@ -193,16 +232,19 @@ def smoke(
     """Deploy, check, destroy: the steps of the module docstring. Destroy runs whatever happened before."""
     report = Report(shell.dry_run)
     vm = cfg.tpu_vms[0]
-    stack = ["--stack", cfg.stack]
-    config = ["--config-file", str(stack_file)]
     status, checkpoints = cfg.bucket_name("status"), cfg.bucket_name("checkpoints")
     project = ["--project", cfg.project]
-    rc, _ = shell.run(["pulumi", "stack", "init", cfg.stack, "--secrets-provider", "passphrase"], cwd=ROOT)
-    if not report.add("pulumi stack init", rc == 0):
-        return report
-    try:
-        rc, _ = shell.run(["pulumi", "up", *stack, *config, "--yes", "--skip-preview"], cwd=ROOT)
-        if not report.add("pulumi up", rc == 0):
+
+    def after_destroy() -> None:
+        rc, out = shell.run([*tpu_vm("describe", vm.name, vm.zone, cfg.project), "--format", "value(name)"])
+        report.add("a spot node is deleted (destroy deleted the stopped node)", rc != 0 or not out, vm.name)
+        for purpose in ("data", "status"):  # retained by destroy in every stack (infra/storage.py, lifecycle.py)
+            bucket = f"gs://{cfg.bucket_name(purpose)}"
+            rc, _ = shell.run(["gcloud", "storage", "buckets", "describe", bucket, *project, "--format", "value(name)"])
+            report.add(f"the {purpose} bucket survived destroy", rc == 0, bucket)
+
+    with throwaway_stack(cfg, stack_file, shell, report, after_destroy=after_destroy) as deployed:
+        if not deployed:
             return report
         marker = f"gs://{status}/{vm.name}/COMPLETE"
         complete = wait_for(shell, ["gcloud", "storage", "ls", *project, marker], lambda rc, out: rc == 0 and bool(out),
@@ -225,17 +267,6 @@ def smoke(
         )
         report.add(f"the guard carried out onCompletion: {vm.on_completion} (node STOPPED)", stopped, vm.name)
         probes(cfg, shell, report, poll_seconds=poll_seconds, wait_minutes=action_minutes)
-    finally:
-        rc, _ = shell.run(["pulumi", "destroy", *stack, *config, "--yes", "--skip-preview"], cwd=ROOT)
-        report.add("pulumi destroy", rc == 0)
-        rc, out = shell.run([*tpu_vm("describe", vm.name, vm.zone, cfg.project), "--format", "value(name)"])
-        report.add("a spot node is deleted (destroy deleted the stopped node)", rc != 0 or not out, vm.name)
-        for purpose in ("data", "status"):  # retained by destroy in every stack (infra/storage.py, lifecycle.py)
-            bucket = f"gs://{cfg.bucket_name(purpose)}"
-            rc, _ = shell.run(["gcloud", "storage", "buckets", "describe", bucket, *project, "--format", "value(name)"])
-            report.add(f"the {purpose} bucket survived destroy", rc == 0, bucket)
-        rc, _ = shell.run(["pulumi", "stack", "rm", cfg.stack, "--yes"], cwd=ROOT)
-        report.add("pulumi stack rm", rc == 0)
     return report
 
 
@@ -301,6 +332,90 @@ def probes(cfg: PlatformConfig, shell: Shell, report: Report, *, poll_seconds: f
         report.add("... and deletes the node it made", rc != 0 or not out, PROBE)
 
 
+def gke_stack_file_text(args: SmokeArgs, tpu7x_reservation: str) -> str:
+    return Template(GKE_TEMPLATE.read_text()).substitute(
+        project=args.project,
+        owner=args.owner,
+        billing_account=args.billing_account,
+        budget=f"{args.budget:g}",
+        email=args.email,
+        spot_pool=SPOT_POOL,
+        tpu7x_pool=TPU7X_POOL,
+        tpu7x_reservation=tpu7x_reservation,
+    )
+
+
+def smoke_gke(
+    cfg: PlatformConfig, stack_file: Path, shell: Shell, *, ready_minutes: float, poll_seconds: float
+) -> Report:
+    """Deploy the GKE stack, check its slices as only GKE can show them, destroy it whatever happened."""
+    report = Report(shell.dry_run)
+    gke = cfg.gke
+    assert gke is not None, "the GKE smoke stack declares the gke section"
+    pools = {p.name: p for p in gke.slice_pools}
+    iron, spot = pools[TPU7X_POOL], pools[SPOT_POOL]
+    cluster, region = naming.gke_cluster(cfg.stack), gke.region
+    stack, config = ["--stack", cfg.stack], ["--config-file", str(stack_file)]
+    project, location = ["--project", cfg.project], ["--cluster", cluster, "--location", region]
+    with throwaway_stack(cfg, stack_file, shell, report, after_destroy=lambda: None) as deployed:
+        if not deployed:
+            return report
+        # TPU7x: placed by the named HIGH_THROUGHPUT policy; GKE keeps its topology and no type.
+        placed = "\t".join(("RUNNING", naming.workload_policy(cfg.stack, iron.name), iron.accelerator.topology, ""))
+        rc, out = shell.run(
+            ["gcloud", "container", "node-pools", "describe", naming.slice_node_pool(iron.name, 0), *location,
+             *project, "--format", "value(status,placementPolicy.policyName,placementPolicy.tpuTopology,"
+             "placementPolicy.type)"],
+            answer=placed,
+        )  # fmt: skip
+        report.add("the TPU7x pool runs, placed by its workload policy with its topology and no type",
+                   rc == 0 and out == placed, naming.slice_node_pool(iron.name, 0))  # fmt: skip
+        rc, _ = shell.run(["pulumi", "preview", *stack, *config, "--expect-no-changes", "--refresh"], cwd=ROOT)
+        report.add("a second preview changes nothing (no pool replaced by what GKE reports back)", rc == 0)
+        rc, _ = shell.run(["gcloud", "container", "clusters", "get-credentials", cluster, "--location", region,
+                           *project, "--dns-endpoint"])  # fmt: skip
+        if not report.add("kubectl credentials through the DNS endpoint", rc == 0):
+            return report
+        shape = shape_of(iron)
+        selector = ",".join(f"{k}={v}" for k, v in shape.node_labels.items())
+        rc, out = shell.run(["kubectl", "get", "nodes", "-l", selector, "-o", "name"],
+                            answer="\n".join(f"node/iron-{i}" for i in range(shape.vms_per_slice)))  # fmt: skip
+        report.add("the TPU7x nodes carry the accelerator and topology labels queues select",
+                   rc == 0 and len(out.split()) == shape.vms_per_slice, selector)  # fmt: skip
+        report.add(
+            "a preempted spot slice comes back whole",
+            _preempt_a_spot_slice(shell, naming.slice_node_pool(spot.name, 0), spot, project, ready_minutes,
+                                  poll_seconds),
+            naming.slice_node_pool(spot.name, 0),
+        )  # fmt: skip
+    return report
+
+
+def _preempt_a_spot_slice(
+    shell: Shell, node_pool: str, pool: SlicePoolSettings, project: list[str], minutes: float, every: float
+) -> bool:
+    """Simulate one node's preemption (Compute Engine: a Spot VM's maintenance event preempts it), then wait
+    for GKE to bring the whole slice back: every node Ready, the preempted one registered anew."""
+    vms = pool.accelerator.vms_per_slice
+    pool_nodes = ["kubectl", "get", "nodes", "-l", f"cloud.google.com/gke-nodepool={node_pool}"]
+    rc, node = shell.run([*pool_nodes, "-o", "jsonpath={.items[0].metadata.name}"], answer=f"gke-{node_pool}-0")
+    if rc or not node:
+        return False
+    created = ["kubectl", "get", "node", node, "-o", "jsonpath={.metadata.creationTimestamp}"]
+    rc, before = shell.run(created, answer="2026-01-01T00:00:00Z")
+    if rc:
+        return False
+    rc, _ = shell.run(["gcloud", "compute", "instances", "simulate-maintenance-event", node, "--zone", pool.zone,
+                       *project])  # fmt: skip
+    if rc:
+        return False
+    ready = [*pool_nodes, "-o", 'jsonpath={range .items[*]}{.status.conditions[?(@.type=="Ready")].status} {end}']
+    back = wait_for(shell, ready, lambda rc, out: rc == 0 and out.split() == ["True"] * vms,
+                    minutes=minutes, every=every, answer=" ".join(["True"] * vms))  # fmt: skip
+    rc, after = shell.run(created, answer="2026-01-01T00:10:00Z")
+    return back and rc == 0 and bool(after) and after != before
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.smoke", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -310,21 +425,40 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stack", default="smoke", help="throwaway Pulumi stack name (default: smoke)")
     parser.add_argument("--owner", default="smoke-test")
     parser.add_argument("--email", required=True, help="where the stack's budget and alerts notify")
-    parser.add_argument("--budget", type=float, default=200.0, help="monthly budget in USD (default: 200)")
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        help="monthly budget in USD (default: 200; 10000 with --engine gke, two slices for a month)",
+    )
+    parser.add_argument("--engine", choices=("vm", "gke"), default="vm", help="what to smoke-test (default: vm)")
+    parser.add_argument(
+        "--tpu7x-reservation",
+        default="",
+        help="with --engine gke: the reservation in us-central1-c the tpu7x-16 slice consumes",
+    )
+    parser.add_argument("--ready-minutes", type=float, default=45, help="with --engine gke: wait for a slice")
     parser.add_argument("--bucket-location", default="", help="bucket location (default: the zone's region)")
     parser.add_argument("--run-minutes", type=float, default=90, help="how long to wait for the run to complete")
     parser.add_argument("--poll-seconds", type=float, default=60)
     parser.add_argument("--dry-run", action="store_true", help="print the stack file and the commands; run nothing")
     args = parser.parse_args(argv)
-
-    choice = cheapest_tpu(args.zone)
+    gke = args.engine == "gke"
+    if gke and not args.tpu7x_reservation:
+        parser.error("--engine gke needs --tpu7x-reservation: TPU7x capacity comes from a reservation")
+    budget = args.budget if args.budget is not None else 10_000.0 if gke else 200.0
     smoke_args = SmokeArgs(args.project, args.billing_account, args.zone, args.stack, args.owner, args.email,
-                           args.budget, args.bucket_location)  # fmt: skip
-    text = stack_file_text(smoke_args, choice)
+                           budget, args.bucket_location)  # fmt: skip
+    if gke:
+        text = gke_stack_file_text(smoke_args, args.tpu7x_reservation)
+    else:
+        choice = cheapest_tpu(args.zone)
+        text = stack_file_text(smoke_args, choice)
+        print(f"# {choice.accelerator.name} spot in {args.zone}: about {choice.usd_per_hour:.2f} USD/hour "
+              "(catalog prices)")  # fmt: skip
     workdir = Path(tempfile.mkdtemp(prefix="tpu-smoke-"))
     stack_file = workdir / f"Pulumi.{args.stack}.yaml"
     stack_file.write_text(text)
-    print(f"# {choice.accelerator.name} spot in {args.zone}: about {choice.usd_per_hour:.2f} USD/hour (catalog prices)")
     print(f"# stack file {stack_file}:\n{text}")
     try:
         cfg = parse_stack_config(args.stack, read_stack_config(args.stack, ROOT, stack_file))
@@ -336,7 +470,10 @@ def main(argv: list[str] | None = None) -> int:
     print("# the stack file validates and plans offline")
     # A throwaway stack: its secrets provider's passphrase lives as long as this process.
     shell = Shell(args.dry_run, {"PULUMI_CONFIG_PASSPHRASE": secrets.token_urlsafe(24)})
-    report = smoke(cfg, stack_file, shell, run_minutes=args.run_minutes, poll_seconds=args.poll_seconds)
+    if gke:
+        report = smoke_gke(cfg, stack_file, shell, ready_minutes=args.ready_minutes, poll_seconds=args.poll_seconds)
+    else:
+        report = smoke(cfg, stack_file, shell, run_minutes=args.run_minutes, poll_seconds=args.poll_seconds)
     if args.dry_run:
         print("\n# dry run: nothing was run; the checks above are what a real run verifies")
         return 0

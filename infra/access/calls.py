@@ -64,6 +64,9 @@ def _service_extra(inputs: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
 
 COMPUTE_GLOBAL_OPS = "compute.globalOperations.get"
 COMPUTE_REGION_OPS = "compute.regionOperations.get"
+GKE_CLUSTERS = "container.projects.locations.clusters"
+GKE_NODE_POOLS = f"{GKE_CLUSTERS}.nodePools"
+GKE_OPS = "container.projects.locations.operations.get"
 _FUNCTION = _crud(
     "cloudfunctions.projects.locations.functions", operations="cloudfunctions.projects.locations.operations.get"
 )
@@ -226,6 +229,46 @@ RESOURCE_CALLS: dict[str, Calls] = {
         "iam.projects.locations.workloadIdentityPools.providers"
     ),
     "gcp:billing/accountIamMember:AccountIamMember": _iam_member("cloudbilling.billingAccounts"),
+    # The GKE engine (infra/gke/). resource_container_cluster.go: create, then wait on the operation; with
+    # remove_default_node_pool it deletes the default pool (nodePools.delete) before the first read; an
+    # update goes through clusters.update and, for the fields the platform sets, setMaintenancePolicy,
+    # setResourceLabels and setLegacyAbac; delete waits on its operation. Every one of these checks
+    # container.clusters.* (methods.json). The nodes' account is attached: act-as on it (GKE creates the
+    # node VMs as that account; a cluster or pool naming one the caller may not act as is refused).
+    "gcp:container/cluster:Cluster": Calls(
+        create=(f"{GKE_CLUSTERS}.create", f"{GKE_CLUSTERS}.get", GKE_OPS, f"{GKE_NODE_POOLS}.delete"),
+        read=(f"{GKE_CLUSTERS}.get",),
+        update=(
+            f"{GKE_CLUSTERS}.update",
+            f"{GKE_CLUSTERS}.setMaintenancePolicy",
+            f"{GKE_CLUSTERS}.setResourceLabels",
+            f"{GKE_CLUSTERS}.setLegacyAbac",
+            GKE_OPS,
+        ),
+        delete=(f"{GKE_CLUSTERS}.delete", GKE_OPS),
+        act_as=("nodeConfig.serviceAccount",),
+    ),
+    # resource_container_node_pool.go: nodePools.create/get/delete, waiting on the operation; an update
+    # uses nodePools.update, setManagement, setAutoscaling and setSize. GKE checks container.clusters.update
+    # for each change of a pool and container.clusters.get for its reads (methods.json).
+    "gcp:container/nodePool:NodePool": Calls(
+        create=(f"{GKE_NODE_POOLS}.create", f"{GKE_NODE_POOLS}.get", GKE_OPS),
+        read=(f"{GKE_NODE_POOLS}.get",),
+        update=(
+            f"{GKE_NODE_POOLS}.update",
+            f"{GKE_NODE_POOLS}.setManagement",
+            f"{GKE_NODE_POOLS}.setAutoscaling",
+            f"{GKE_NODE_POOLS}.setSize",
+            GKE_OPS,
+        ),
+        delete=(f"{GKE_NODE_POOLS}.delete", GKE_OPS),
+        act_as=("nodeConfig.serviceAccount",),
+    ),
+    # magic-modules mmv1/products/compute/ResourcePolicy.yaml: insert, PATCH to update, delete, each an
+    # operation of the region (a TPU7x slice's HIGH_THROUGHPUT workload policy).
+    "gcp:compute/resourcePolicy:ResourcePolicy": _crud(
+        "compute.resourcePolicies", create="insert", operations=COMPUTE_REGION_OPS
+    ),
 }
 
 

@@ -33,6 +33,25 @@ class PriceRow:
     spot: float
 
 
+def price_in_region(rows: tuple[PriceRow, ...], size: int, provisioning: str, region: str) -> float | None:
+    """USD per chip-hour of a type of `size` in `region` from a generation's price rows, or None when the
+    source has none there. Spot and preemptible bill the spot price; every other model the on-demand one."""
+    for row in rows:
+        if row.region == region and (row.sizes is None or size in row.sizes):
+            return row.spot if provisioning in RECLAIMABLE else row.on_demand
+    return None
+
+
+def chips_of(suffix: str, size: int) -> int:
+    """The chips of a type `<prefix>-<size>`, whose number counts TensorCores (2 a chip) or chips."""
+    return size // 2 if suffix == "cores" else size
+
+
+def zones_offering(zones: dict[str, frozenset[int] | None], size: int) -> list[str]:
+    """The zones (zone -> sizes offered there, None for all) that offer `size`."""
+    return sorted(z for z, sizes in zones.items() if sizes is None or size in sizes)
+
+
 @dataclass(frozen=True)
 class Generation:
     name: str
@@ -58,7 +77,7 @@ class Generation:
         return f"{self.prefix}-{size}"
 
     def zones_for(self, size: int) -> list[str]:
-        return sorted(z for z, sizes in self.zones.items() if sizes is None or size in sizes)
+        return zones_offering(self.zones, size)
 
 
 @dataclass(frozen=True)
@@ -72,7 +91,7 @@ class AcceleratorType:
 
     @property
     def chips(self) -> int:
-        return self.size // 2 if self.generation.suffix == "cores" else self.size
+        return chips_of(self.generation.suffix, self.size)
 
     @property
     def multi_host(self) -> bool:
@@ -282,10 +301,7 @@ class TpuCatalog:
         Spot and preemptible bill the spot price. The source has no reserved, committed-use or
         flex-start prices: those are priced at the on-demand list price, which the cost table marks
         as an assumption (infra/cost.py). Another region's price is never borrowed."""
-        for row in accelerator.generation.prices:
-            if row.region == region and (row.sizes is None or accelerator.size in row.sizes):
-                return row.spot if provisioning in RECLAIMABLE else row.on_demand
-        return None
+        return price_in_region(accelerator.generation.prices, accelerator.size, provisioning, region)
 
     def capacity_problem(
         self, accelerator: AcceleratorType, *, queued: bool, node_count: int, flex: bool
@@ -325,6 +341,18 @@ class TpuCatalog:
         return None
 
 
+def price_rows(data: list[dict[str, Any]]) -> tuple[PriceRow, ...]:
+    return tuple(
+        PriceRow(
+            sizes=frozenset(p["sizes"]) if "sizes" in p else None,
+            region=p["region"],
+            on_demand=float(p["on_demand"]),
+            spot=float(p["spot"]),
+        )
+        for p in data
+    )
+
+
 def _generation(name: str, data: dict[str, Any]) -> Generation:
     return Generation(
         name=name,
@@ -340,15 +368,7 @@ def _generation(name: str, data: dict[str, Any]) -> Generation:
         jax_runtime=data["jax_runtime"],
         tf_min=str(data["tf_min"]),
         zones={z: None if s == "all" else frozenset(s) for z, s in data["zones"].items()},
-        prices=tuple(
-            PriceRow(
-                sizes=frozenset(p["sizes"]) if "sizes" in p else None,
-                region=p["region"],
-                on_demand=float(p["on_demand"]),
-                spot=float(p["spot"]),
-            )
-            for p in data["prices"]
-        ),
+        prices=price_rows(data["prices"]),
         topologies={int(k): str(v) for k, v in (data.get("topologies") or {}).items()},
         queued=bool(data["queued"]),
         multislice=bool(data["multislice"]),

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from infra import naming
 from infra.catalog import RECLAIMABLE, AcceleratorType
+from infra.catalog.gke import GkeAcceleratorType
 
 PROJECT = "tpu-platform"
 BUCKET_PURPOSES = ("data", "checkpoints", "models")
@@ -169,6 +170,53 @@ class TpuVmSettings:
 
 
 @dataclass(frozen=True)
+class SlicePoolSettings:
+    """TPU slices of one type in one zone, one GKE node pool per slice (infra/gke/)."""
+
+    name: str
+    accelerator: GkeAcceleratorType
+    zone: str
+    provisioning: str  # on-demand | spot | reserved | flex-start
+    reservation_name: str = ""  # the specific reservation of a reserved pool
+    slices: int = 1
+    run_duration_hours: float | None = None  # flex-start: how long a node lives
+
+    @property
+    def region(self) -> str:
+        return self.zone.rsplit("-", 1)[0]
+
+
+@dataclass(frozen=True)
+class MaintenanceWindow:
+    """When GKE may upgrade the cluster: weekly, on `days`, from `start_utc` for `hours`."""
+
+    days: tuple[str, ...]  # RFC 5545 weekdays: MO TU WE TH FR SA SU
+    start_utc: str  # HH:MM
+    hours: int
+
+
+@dataclass(frozen=True)
+class GkeSettings:
+    """The GKE engine: one regional cluster and its TPU slice pools."""
+
+    region: str
+    node_cidr: str  # the cluster subnet's primary range (nodes)
+    pod_cidr: str  # its secondary ranges
+    service_cidr: str
+    release_channel: str  # RAPID | REGULAR | STABLE | EXTENDED
+    maintenance: MaintenanceWindow
+    tpu_pool_upgrades: str  # end-of-support | maintenance-window
+    system_machine_type: str
+    system_nodes_per_zone: int
+    slice_pools: tuple[SlicePoolSettings, ...]
+
+    @property
+    def zones(self) -> tuple[str, ...]:
+        """The zones of the slice pools, in order: where the cluster's system nodes run too."""
+        return tuple(dict.fromkeys(p.zone for p in self.slice_pools))
+
+
+@dataclass(frozen=True)
 class Env:
     """What every component may know about the environment it is declared in, and nothing more:
     its own settings come as a separate, small args object. `PlatformConfig.env` builds it."""
@@ -211,6 +259,7 @@ class PlatformConfig:
     self_service_in_production: bool = False  # the explicit opt-in for selfService VMs in production
     researcher_ssh: bool = False  # IAP tunnel and OS Login for researchers (project-wide)
     artifacts: ArtifactSettings = ArtifactSettings()
+    gke: GkeSettings | None = None  # the GKE engine, when the stack declares it
     warnings: tuple[str, ...] = ()  # legal settings that are likely mistakes, shown by the plan
 
     @property

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 
 from infra import iam, naming
 from infra.catalog import AcceleratorType, load_catalog
+from infra.catalog.gke import GkeAcceleratorType, load_gke_catalog
 from infra.config import rules, sources
 from infra.config.examples import examples
 from infra.config.model import (
@@ -26,10 +27,13 @@ from infra.config.model import (
     AutomationSettings,
     BucketSettings,
     BudgetSettings,
+    GkeSettings,
+    MaintenanceWindow,
     MonitoringSettings,
     NetworkSettings,
     PlatformConfig,
     ScheduleSettings,
+    SlicePoolSettings,
     Threshold,
     TpuVmSettings,
     WorkloadSettings,
@@ -40,6 +44,7 @@ from infra.config.settings import (
     MAX_COMMAND_ARG,
     MAX_LABELS,
     MAX_TPU_DESCRIPTION,
+    PRIVATE_CIDR,
     RESERVED_ENV_PREFIX,
     SETTINGS,
     SPEND_BASIS,
@@ -54,6 +59,7 @@ OBJECT_KEYS = tuple(s.name for s in children("") if s.kind in ("object", "map", 
 SCALAR_KEYS = tuple(s.name for s in children("") if s.kind not in ("object", "map", "list"))
 _ACCELERATOR_NAME = r"[a-z][a-z0-9]*-[0-9]{1,5}"
 # A built-in program's own settings (its command line); a workload with its own source would ignore them.
+DEFAULT_MAINTENANCE_DAYS = ("SA", "SU")
 PROGRAM_ONLY = (
     "frameworkVersion", "epochs", "batchSize", "checkpointEverySteps", "checkpointEveryMinutes", "stepSeconds",
     "checkpointSeconds",
@@ -148,6 +154,7 @@ def parse_stack_config(stack: str, raw: Mapping[str, str]) -> PlatformConfig:
     monitoring = _monitoring(root.child(f"{PROJECT}:monitoring", False))
     automation = _automation(root.child(f"{PROJECT}:automation", False))
     artifacts = _artifacts(root.child(f"{PROJECT}:artifacts", False))
+    gke = _gke(root.child(f"{PROJECT}:gke"), region) if f"{PROJECT}:gke" in own else None
     root.done([f"{PROJECT}:{k}" for k in SCALAR_KEYS + OBJECT_KEYS])
 
     cfg = PlatformConfig(
@@ -170,6 +177,7 @@ def parse_stack_config(stack: str, raw: Mapping[str, str]) -> PlatformConfig:
         self_service_in_production=self_service_in_production,
         researcher_ssh=researcher_ssh,
         artifacts=artifacts,
+        gke=gke,
     )
     rules.check(cfg, problems)
     problems.raise_if_any(stack)
@@ -382,29 +390,31 @@ def _network(node: Node | None) -> NetworkSettings:
         if not re.fullmatch(r"[a-z]+-[a-z]+[0-9]+", region, flags=re.ASCII):
             node.problems.add(key, cidr, f"'{region}' is not a GCP region like us-central1")
             continue
-        try:
-            network = ipaddress.ip_network(str(cidr), strict=True)
-        except ValueError:
-            node.problems.add(key, cidr, "must be an IPv4 network like 10.20.0.0/20, with no host bits set")
+        if why := private_cidr_problem(cidr, allowed):
+            node.problems.add(key, cidr, why)
             continue
-        if (
-            not isinstance(cidr, str)
-            or not network.is_private
-            or network.version != 4
-            or not 8 <= network.prefixlen <= 29
-        ):
-            node.problems.add(key, cidr, f"must be {allowed}")
-            continue
+        network = ipaddress.ip_network(str(cidr))
         clash = next((r for r, c in subnets if ipaddress.ip_network(c).overlaps(network)), None)
         if clash:
             node.problems.add(key, cidr, f"overlaps the subnet of {clash}")
             continue
-        subnets.append((region, cidr))
+        subnets.append((region, str(cidr)))
     if not entries and "subnets" in node.data:
         node.problems.add(node.key("subnets"), {}, "declare at least one region: CIDR")
     settings = NetworkSettings(subnets=tuple(subnets), flow_log_sampling=number(node, "network.flowLogSampling"))
     node.done()
     return settings
+
+
+def private_cidr_problem(cidr: object, allowed: str) -> str | None:
+    """Why `cidr` is not a private IPv4 network with no host bits set, /8 to /29 (or None)."""
+    try:
+        network = ipaddress.ip_network(str(cidr), strict=True)
+    except ValueError:
+        return "must be an IPv4 network like 10.20.0.0/20, with no host bits set"
+    if not isinstance(cidr, str) or not network.is_private or network.version != 4 or not 8 <= network.prefixlen <= 29:
+        return f"must be {allowed}"
+    return None
 
 
 def _labels(node: Node) -> tuple[tuple[str, str], ...]:
@@ -463,6 +473,69 @@ def _tpu_vm(node: Node) -> TpuVmSettings:
     )
     node.done()
     return vm
+
+
+def _gke(node: Node | None, default_region: str) -> GkeSettings | None:
+    if node is None:
+        return None
+    # An absent (or refused) window or system pool takes the defaults.
+    window = node.child("maintenanceWindow", False) or Node({}, node.key("maintenanceWindow"), node.problems)
+    system = node.child("systemPool", False) or Node({}, node.key("systemPool"), node.problems)
+    settings = GkeSettings(
+        region=optional_text(node, "gke.region") or default_region,
+        node_cidr=text(node, "gke.nodeCidr", check=_private_cidr),
+        pod_cidr=text(node, "gke.podCidr", check=_private_cidr),
+        service_cidr=text(node, "gke.serviceCidr", check=_private_cidr),
+        release_channel=text(node, "gke.releaseChannel"),
+        maintenance=MaintenanceWindow(
+            days=tuple(texts(window, "gke.maintenanceWindow.days", list(DEFAULT_MAINTENANCE_DAYS))),
+            start_utc=text(window, "gke.maintenanceWindow.startUtc"),
+            hours=integer(window, "gke.maintenanceWindow.hours"),
+        ),
+        tpu_pool_upgrades=text(node, "gke.tpuPoolUpgrades"),
+        system_machine_type=text(system, "gke.systemPool.machineType"),
+        system_nodes_per_zone=integer(system, "gke.systemPool.nodesPerZone"),
+        slice_pools=tuple(
+            _slice_pool(pool) for pool in node.elements("slicePools", max_items=setting("gke.slicePools").max_items)
+        ),
+    )
+    for child in (window, system, node):
+        child.done()
+    return settings
+
+
+def _private_cidr(cidr: str) -> str | None:
+    return private_cidr_problem(cidr, PRIVATE_CIDR)
+
+
+def _gke_accelerator(node: Node) -> GkeAcceleratorType | None:
+    name = text(node, "gke.slicePools[].acceleratorType")
+    if not name:
+        return None
+    if not re.fullmatch(_ACCELERATOR_NAME, name, flags=re.ASCII):
+        node.problems.add(node.key("acceleratorType"), name, setting("gke.slicePools[].acceleratorType").allowed)
+        return None
+    accelerator = load_gke_catalog().accelerator(name)
+    if isinstance(accelerator, str):
+        node.problems.add(node.key("acceleratorType"), name, accelerator)
+        return None
+    return accelerator
+
+
+def _slice_pool(node: Node) -> SlicePoolSettings:
+    accelerator = _gke_accelerator(node)
+    pool = SlicePoolSettings(
+        name=text(node, "gke.slicePools[].name",
+                  check=lambda n: naming.resource_id_problem(n, naming.MAX_SLICE_POOL)),
+        accelerator=accelerator or rules.NO_GKE_ACCELERATOR,
+        zone=text(node, "gke.slicePools[].zone"),
+        provisioning=text(node, "gke.slicePools[].provisioning"),
+        reservation_name=optional_text(node, "gke.slicePools[].reservationName") or "",
+        slices=integer(node, "gke.slicePools[].slices"),
+        run_duration_hours=optional_number(node, "gke.slicePools[].runDurationHours"),
+    )  # fmt: skip
+    node.done()
+    return pool
 
 
 def _cron(expression: str) -> str | None:

@@ -8,10 +8,12 @@ nowhere to checkpoint, and the names GCP would refuse or that would collide.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 
 from infra import naming
 from infra.catalog import AcceleratorType, Generation, load_catalog
+from infra.catalog.gke import GkeAcceleratorType, GkeGeneration, load_gke_catalog
 from infra.config.model import (
     BUCKET_PURPOSES,
     PLATFORM_ACCOUNTS,
@@ -22,7 +24,7 @@ from infra.config.model import (
     bucket_name,
     service_account_id,
 )
-from infra.config.settings import KMS_KEY
+from infra.config.settings import KMS_KEY, MIN_MAINTENANCE_HOURS_PER_32_DAYS
 from infra.config.sources import image_problem, parse_image
 from infra.goodput.interval import NO_EVENTS, PREEMPTIBLE_LIFE_HOURS, Losses, Rate, best_interval, waste
 from infra.schema import MISSING, Problems
@@ -30,6 +32,9 @@ from infra.schema import MISSING, Problems
 # Stands in for an accelerator type that was refused: the parse stops before anything reads it.
 NO_ACCELERATOR = AcceleratorType(
     Generation("", "", "chips", (), frozenset(), 1, 1, 0.0, 0.0, False, "", "0.0.0", {}, (), {}, False, False, {}), 0
+)
+NO_GKE_ACCELERATOR = GkeAcceleratorType(
+    GkeGeneration("", "", "chips", "", {1: ""}, (), {0: ""}, {}, (), 0.0, False, False), 0
 )
 
 
@@ -41,6 +46,7 @@ def check(cfg: PlatformConfig, problems: Problems) -> None:
     _automation(cfg, problems)
     _self_service(cfg, problems)
     _checkpoint_intervals(cfg, problems)
+    _gke(cfg, problems)
     if cfg.name_prefix and not problems.items:
         _names(cfg, problems)
 
@@ -393,6 +399,80 @@ def _interval_advice(vm: TpuVmSettings, workload: WorkloadSettings, notice_s: fl
         f"lost work would take {waste(interval, save_s, losses):.1%} of training, "
         f"{waste(best.seconds, save_s, losses):.1%} at checkpointEverySteps {steps}{minutes}"
     )
+
+
+def _gke(cfg: PlatformConfig, problems: Problems) -> None:
+    """The GKE engine's cluster and slice pools, against each other, the network and the GKE catalog."""
+    gke = cfg.gke
+    if gke is None:
+        return
+    key = f"{PROJECT}:gke"
+    if not gke.slice_pools and not any(p.key.startswith(f"{key}.slicePools") for p in problems.items):
+        problems.add(
+            f"{key}.slicePools", [], "declare at least one slice pool: a cluster without TPUs costs money for nothing"
+        )
+    ranges = {"nodeCidr": gke.node_cidr, "podCidr": gke.pod_cidr, "serviceCidr": gke.service_cidr}
+    taken = [(f"{PROJECT}:network.subnets.{r}", c) for r, c in cfg.network.subnets]
+    for name, cidr in ranges.items():
+        network = _network(cidr)
+        if network is None:
+            continue  # refused by the reader
+        clash = next((k for k, c in taken if (other := _network(c)) is not None and other.overlaps(network)), None)
+        if clash:
+            problems.add(f"{key}.{name}", cidr, f"overlaps {clash}; the cluster's ranges need their own addresses")
+        taken.append((f"{key}.{name}", cidr))
+    window = gke.maintenance
+    if len(set(window.days)) != len(window.days):
+        problems.add(f"{key}.maintenanceWindow.days", list(window.days), "list each day once")
+    elif window.days and window.hours and 4 * len(window.days) * window.hours < MIN_MAINTENANCE_HOURS_PER_32_DAYS:
+        # Four weeks fit in any 32 days: the window's hours in them are the least GKE can count.
+        problems.add(
+            f"{key}.maintenanceWindow",
+            {"days": list(window.days), "hours": window.hours},
+            f"GKE needs a window open at least {MIN_MAINTENANCE_HOURS_PER_32_DAYS} hours in any 32 days; this one "
+            f"is open {4 * len(window.days) * window.hours}: add days or hours",
+        )
+    catalog = load_gke_catalog()
+    names: set[str] = set()
+    for index, pool in enumerate(gke.slice_pools):
+        pool_key = f"{key}.slicePools[{index}]"
+        if pool.name and pool.name in names:
+            problems.add(f"{pool_key}.name", pool.name, "another slice pool of this stack has this name")
+        names.add(pool.name)
+        if pool.zone and pool.region != gke.region:
+            problems.add(
+                f"{pool_key}.zone",
+                pool.zone,
+                f"is not in the cluster's region {gke.region}: use a zone of {gke.region}, or set {key}.region",
+            )
+        elif (
+            pool.zone
+            and pool.accelerator is not NO_GKE_ACCELERATOR
+            and (why := catalog.zone_problem(pool.accelerator, pool.zone))
+        ):
+            problems.add(f"{pool_key}.zone", pool.zone, why)
+        reserved, flex = pool.provisioning == "reserved", pool.provisioning == "flex-start"
+        if reserved and not pool.reservation_name:
+            problems.add(f"{pool_key}.reservationName", MISSING, "a reserved pool names the reservation it consumes")
+        if pool.reservation_name and not reserved:
+            problems.add(f"{pool_key}.reservationName", pool.reservation_name, "needs provisioning: reserved")
+        if pool.run_duration_hours is not None and not flex:
+            problems.add(
+                f"{pool_key}.runDurationHours", pool.run_duration_hours, "only provisioning: flex-start takes it"
+            )
+        if (
+            flex
+            and pool.accelerator is not NO_GKE_ACCELERATOR
+            and (why := catalog.flex_start_problem(pool.accelerator))
+        ):
+            problems.add(f"{pool_key}.provisioning", pool.provisioning, why)
+
+
+def _network(cidr: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
+    try:
+        return ipaddress.ip_network(cidr)
+    except ValueError:
+        return None
 
 
 def _names(cfg: PlatformConfig, problems: Problems) -> None:

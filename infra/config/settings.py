@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from infra import iam
+from infra import iam, naming
 from infra.catalog import PROVISIONING_MODELS, load_catalog
 from infra.config.examples import examples
 from infra.config.model import BUCKET_PURPOSES, PROJECT
@@ -41,6 +41,18 @@ ZONE = r"[a-z]+-[a-z]+[0-9]+-[a-z]"
 # Flex-start: "for up to 7 days" (cloud.google.com/tpu/docs/request-using-flex-start).
 MAX_FLEX_START_HOURS = 7 * 24
 BUDGET_ACTIONS = ("stop", "delete")
+REGION = r"[a-z]+-[a-z]+[0-9]+"
+PRIVATE_CIDR = "a private IPv4 range (10/8, 172.16/12, 192.168/16), /8 to /29"
+# container.v1 ReleaseChannel.channel, less UNSPECIFIED (no channel: a static version nobody upgrades).
+RELEASE_CHANNELS = ("RAPID", "REGULAR", "STABLE", "EXTENDED")
+WEEKDAYS = ("MO", "TU", "WE", "TH", "FR", "SA", "SU")  # RFC 5545 BYDAY
+# GKE ("Maintenance windows and exclusions"): a window is open at least 4 consecutive hours, and 48
+# hours in any 32 days.
+MIN_MAINTENANCE_WINDOW_HOURS = 4
+MIN_MAINTENANCE_HOURS_PER_32_DAYS = 48
+TPU_POOL_UPGRADES = ("end-of-support", "maintenance-window")
+# A GKE pool's capacity; preemptible is the Spot VMs' predecessor and not offered for TPU pools here.
+SLICE_POOL_PROVISIONING = ("on-demand", "spot", "reserved", "flex-start")
 GCP_PROJECT_ID = r"[a-z][a-z0-9-]{4,28}[a-z0-9]"
 BILLING_ACCOUNT = r"[0-9A-F]{6}-[0-9A-F]{6}-[0-9A-F]{6}"
 KMS_KEY = r"projects/(?P<project>[^/\s]+)/locations/(?P<location>[^/\s]+)/keyRings/[^/\s]+/cryptoKeys/[^/\s]+"
@@ -459,7 +471,7 @@ SETTINGS: tuple[Setting, ...] = (
         "map",
         "Private IPv4 CIDR of the subnet in each region (one per TPU region).",
         items="string",
-        allowed="a private IPv4 range (10/8, 172.16/12, 192.168/16), /8 to /29",
+        allowed=PRIVATE_CIDR,
     ),
     Setting(
         "network.flowLogSampling",
@@ -608,6 +620,147 @@ SETTINGS: tuple[Setting, ...] = (
         "IANA time zone of the schedule.",
         default="Etc/UTC",
         allowed="an IANA time zone like Europe/Berlin",
+    ),
+    Setting(
+        "gke",
+        "object",
+        "The GKE engine: one regional cluster (private nodes, Workload Identity, Dataplane V2) and TPU slice "
+        "node pools, one node pool per slice. TPU7x runs only here.",
+        optional=True,
+    ),
+    Setting(
+        "gke.region",
+        "string",
+        "Region of the cluster; its slice pools' zones are in it. Default: gcp:region.",
+        optional=True,
+        pattern=REGION,
+        allowed="a region like us-central1",
+    ),
+    Setting(
+        "gke.nodeCidr",
+        "string",
+        "Private IPv4 range of the cluster's subnet: its nodes.",
+        allowed=PRIVATE_CIDR,
+    ),
+    Setting("gke.podCidr", "string", "Secondary range of the subnet for pods.", allowed=PRIVATE_CIDR),
+    Setting("gke.serviceCidr", "string", "Secondary range of the subnet for services.", allowed=PRIVATE_CIDR),
+    Setting(
+        "gke.releaseChannel",
+        "string",
+        "GKE release channel: the control plane and nodes follow it (node auto-upgrade cannot be off on a "
+        "channel; tpuPoolUpgrades decides when TPU pools take it).",
+        default="REGULAR",
+        choices=RELEASE_CHANNELS,
+    ),
+    Setting(
+        "gke.maintenanceWindow",
+        "object",
+        "When GKE may upgrade the cluster, weekly (default: SA and SU from 02:00 UTC for 8 hours).",
+        optional=True,
+    ),
+    Setting(
+        "gke.maintenanceWindow.days",
+        "list",
+        "Days of the week of the window (default SA, SU).",
+        items="string",
+        optional=True,
+        choices=WEEKDAYS,
+        max_items=len(WEEKDAYS),
+    ),
+    Setting(
+        "gke.maintenanceWindow.startUtc",
+        "string",
+        "When the window opens, UTC.",
+        default="02:00",
+        pattern=r"([01][0-9]|2[0-3]):[0-5][0-9]",
+        allowed="HH:MM, 24-hour clock",
+    ),
+    Setting(
+        "gke.maintenanceWindow.hours",
+        "integer",
+        f"How long the window stays open (GKE: at least {MIN_MAINTENANCE_WINDOW_HOURS} hours).",
+        default=8,
+        minimum=MIN_MAINTENANCE_WINDOW_HOURS,
+        maximum=24,
+    ),
+    Setting(
+        "gke.tpuPoolUpgrades",
+        "string",
+        "When TPU slice pools are upgraded, which recreates their nodes and kills the jobs on them: "
+        "end-of-support (an exclusion keeps them on their version until its end of support; you upgrade them "
+        "between runs) or maintenance-window (in the window, like the system pool).",
+        default="end-of-support",
+        choices=TPU_POOL_UPGRADES,
+    ),
+    Setting("gke.systemPool", "object", "The small node pool for the cluster's own pods.", optional=True),
+    Setting(
+        "gke.systemPool.machineType",
+        "string",
+        "Machine type of the system nodes.",
+        default="e2-standard-4",
+        pattern=r"[a-z][a-z0-9]*-[a-z0-9-]+",
+        allowed="a Compute Engine machine type like e2-standard-4",
+    ),
+    Setting(
+        "gke.systemPool.nodesPerZone",
+        "integer",
+        "System nodes in each zone of the slice pools.",
+        default=1,
+        minimum=1,
+        maximum=10,
+    ),
+    Setting("gke.slicePools", "list", "The TPU slice pools.", items="object", max_items=100),
+    Setting(
+        "gke.slicePools[].name",
+        "string",
+        "Pool name; its slices are the node pools NAME-0, NAME-1, ...",
+        allowed=f"1-{naming.MAX_SLICE_POOL} lowercase letters, digits and '-', starting with a letter",
+    ),
+    Setting(
+        "gke.slicePools[].acceleratorType",
+        "string",
+        "TPU type of each slice, like v5litepod-16 or tpu7x-16 (infra/catalog/tpu.yaml, gke).",
+        allowed="a TPU type GKE node pools take, like v5litepod-16",
+    ),
+    Setting(
+        "gke.slicePools[].zone",
+        "string",
+        "Zone offering that type, in the cluster's region.",
+        pattern=ZONE,
+        allowed="a zone like us-central1-a",
+    ),
+    Setting(
+        "gke.slicePools[].provisioning",
+        "string",
+        "How the capacity is bought: on-demand, spot, a specific reservation (reserved, with reservationName) or "
+        "flex-start (the pool scales from zero when a job asks).",
+        default="on-demand",
+        choices=SLICE_POOL_PROVISIONING,
+    ),
+    Setting(
+        "gke.slicePools[].reservationName",
+        "string",
+        "The specific reservation a reserved pool consumes, in its zone.",
+        optional=True,
+        pattern=RESERVATION_NAME,
+        allowed="a reservation's short name: letters, digits and '-'",
+    ),
+    Setting(
+        "gke.slicePools[].slices",
+        "integer",
+        "Slices of this type: one node pool each.",
+        default=1,
+        minimum=1,
+        maximum=naming.MAX_SLICES,
+    ),
+    Setting(
+        "gke.slicePools[].runDurationHours",
+        "number",
+        f"How long a flex-start node lives before GKE deletes it (flex-start only; at most {MAX_FLEX_START_HOURS}).",
+        optional=True,
+        minimum=0,
+        exclusive_minimum=True,
+        maximum=MAX_FLEX_START_HOURS,
     ),
     Setting("monitoring", "object", "Alerts.", optional=True),
     Setting(

@@ -139,6 +139,26 @@ class GcpMocks(pulumi.runtime.Mocks):
                 "networkEndpoints": [{"ipAddress": f"10.{i}.0.2", "port": 8470} for i in range(1)],
             }
             return f"projects/{project}/locations/{inputs.get('zone')}/nodes/{name}", state
+        if token == "gcp:container/cluster:Cluster":
+            # What GKE reports once the cluster runs: its DNS endpoint (the one way in: no IP endpoint).
+            location = inputs["location"]
+            dns = f"gke-{_hex(f'{project}/{location}/{name}', 32)}-{project_number(project)}.{location}.gke.goog"
+            config = dict(inputs.get("controlPlaneEndpointsConfig") or {})
+            config["dnsEndpointConfig"] = {**(config.get("dnsEndpointConfig") or {}), "endpoint": dns}
+            state |= {
+                "controlPlaneEndpointsConfig": config,
+                "selfLink": f"https://container.googleapis.com/v1/projects/{project}/locations/{location}/clusters/{name}",
+            }
+            return f"projects/{project}/locations/{location}/clusters/{name}", state
+        if token == "gcp:container/nodePool:NodePool":
+            cluster = inputs.get("cluster")
+            return f"projects/{project}/locations/{inputs.get('location')}/clusters/{cluster}/nodePools/{name}", state
+        if token == "gcp:compute/resourcePolicy:ResourcePolicy":
+            region = inputs["region"]
+            state["selfLink"] = (
+                f"https://www.googleapis.com/compute/v1/projects/{project}/regions/{region}/resourcePolicies/{name}"
+            )
+            return f"projects/{project}/regions/{region}/resourcePolicies/{name}", state
         if token == "pulumi-python:dynamic/tpu:QueuedResource":
             # What the provider's create returns once the request is ACTIVE in its first zone.
             zone = inputs["zones"][0]["zone"]

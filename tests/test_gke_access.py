@@ -1,0 +1,108 @@
+"""The permission model over the GKE engine: every container.* and compute.resourcePolicies.* call the
+deployer makes is mapped from the provider's source to Google's method data, and a bootstrap that plans an
+environment running the engine gives that environment's deployer exactly those permissions, act-as on the
+nodes' account, and the node role to grant, nothing more."""
+
+from __future__ import annotations
+
+from functools import cache
+
+import pytest
+
+import bootstrap.program
+from bootstrap.program import PROJECT_IAM_ADMIN, read_access
+from infra.access.model import DEPLOY, PREVIEW, custom_roles, missing, missing_act_as, needs_of, unneeded
+from infra.gke.cluster import NODE_ROLE
+from tests.support import fixture_config, plan
+from tests.test_access import ADMIN, boot_declared, deployer, held_by
+from tests.test_bootstrap import bootstrap_config
+from tests.test_bootstrap import plan as plan_bootstrap
+from tools.offline.access import access_of, declared
+from tools.offline.policy_check import check_policies
+from tools.offline.runner import PlanResult
+
+STACK, PROJECT = "gke", "fixture-gke"
+HOME = f"projects/{PROJECT}"
+GKE_PERMISSIONS = {
+    "container.clusters.create", "container.clusters.get", "container.clusters.update", "container.clusters.delete",
+    "container.operations.get",
+    "compute.resourcePolicies.create", "compute.resourcePolicies.get", "compute.resourcePolicies.update",
+    "compute.resourcePolicies.delete", "compute.regionOperations.get",
+}  # fmt: skip
+
+
+@cache
+def gke_plan() -> PlanResult:
+    """The GKE fixture stack, deployed by CI: its deployer is the bootstrap's."""
+    raw = {**fixture_config(STACK), "tpu-platform:deployer": f"tpu-deployer-{STACK}@{ADMIN}.iam.gserviceaccount.com"}
+    return plan(raw, STACK)
+
+
+def gke_needs(phases: tuple[str, ...] = DEPLOY):
+    result = gke_plan()
+    return needs_of(declared(result), result.project, phases, invokes=result.invokes)
+
+
+@cache
+def gke_boot() -> PlanResult:
+    """The bootstrap, planning the GKE environment next to dev and prod, from that environment's access."""
+    access = {**read_access(), STACK: {**access_of(STACK, gke_plan()).as_json(), "cmekKeys": []}}
+    patch = pytest.MonkeyPatch()
+    patch.setattr(bootstrap.program, "read_access", lambda: access)
+    try:
+        environments = '{"dev": "acme-ml-sandbox", "prod": "acme-ml-production", "gke": "fixture-gke"}'
+        return plan_bootstrap(bootstrap_config(environments=environments))
+    finally:
+        patch.undo()
+
+
+def test_the_deployer_needs_exactly_the_engines_gke_calls():
+    needed = {p for p in gke_needs().in_scope(HOME) if p.startswith(("container.", "compute.resourcePolicies."))}
+    assert needed | {"compute.regionOperations.get"} == GKE_PERMISSIONS
+    why = gke_needs().permissions[HOME]
+    assert any("gke-cluster" in w for w in why["container.clusters.create"])
+    assert any("slices-ironwood-0" in w for w in why["container.clusters.update"])  # a node pool is a cluster update
+    assert any("slices-ironwood-workload-policy" in w for w in why["compute.resourcePolicies.create"])
+
+
+def test_the_cluster_and_every_pool_attach_the_nodes_account():
+    nodes = f"tpu-gke-nodes-{STACK}@{PROJECT}.iam.gserviceaccount.com"
+    attached = gke_needs().act_as[nodes]
+    assert {a.split(" ")[0] for a in attached} == {"gke-cluster", "gke-system", "slices-v5e-0", "slices-ironwood-0"}
+
+
+def test_a_refresh_reads_clusters_pools_and_policies_only():
+    reads = {p for p in gke_needs(PREVIEW).in_scope(HOME) if p.startswith(("container.", "compute.resourcePolicies."))}
+    assert reads == {"container.clusters.get", "compute.resourcePolicies.get"}
+
+
+def test_the_bootstraps_deployer_of_a_gke_environment_holds_what_its_plan_needs_and_nothing_more():
+    held = held_by(deployer(STACK), declared(gke_boot()))
+    assert missing(gke_needs(), held, [HOME]) == []
+    (role,) = [g for g in held if g.role.startswith(f"{HOME}/roles/")]
+    assert role.permissions >= GKE_PERMISSIONS
+    assert unneeded(gke_needs(), HOME, role.permissions) == []
+    (limited,) = [g for g in held if g.role == PROJECT_IAM_ADMIN]
+    assert (
+        NODE_ROLE in (limited.grantable_roles or ()) and limited.grantable_roles == gke_needs().project_grants[PROJECT]
+    )
+
+
+def test_the_bootstrap_with_a_gke_environment_passes_the_policy_pack():
+    """No mandatory rule fails (the state bucket's missing labels are advisory, as in every bootstrap)."""
+    assert [v for v in check_policies(gke_boot()) if v.enforcement == "mandatory"] == []
+
+
+def test_the_plan_grants_the_deployer_act_as_on_the_nodes_account_only_there():
+    resources = declared(gke_plan())
+    assert missing_act_as(gke_needs(), deployer(STACK), resources, custom_roles(resources, PROJECT)) == []
+    without = [r for r in resources if r.name != "gke-nodes-deployer-act-as"]
+    problems = missing_act_as(gke_needs(), deployer(STACK), without, custom_roles(without, PROJECT))
+    assert problems and all(p.startswith(f"iam.serviceAccounts.actAs on tpu-gke-nodes-{STACK}@") for p in problems)
+
+
+def test_dev_and_prods_deployers_gain_nothing_from_the_engine():
+    """The shipped stacks run no GKE: their deployers hold no container or resource-policy permission."""
+    for stack in ("dev", "prod"):
+        held = {p for g in held_by(deployer(stack), boot_declared()) for p in g.permissions}
+        assert not {p for p in held if p.startswith(("container.", "compute.resourcePolicies."))}

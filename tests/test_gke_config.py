@@ -1,0 +1,169 @@
+"""The stack file's `gke` section: read with its defaults, and every bad setting named with its fix,
+before anything is registered (one test per class of mistake)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from infra.config import parse_stack_config
+from tests.support import NS, fixture_config, replace_object, with_object
+from tests.test_config import problems_of
+
+BASE = fixture_config("gke")
+
+
+def gke_problems(edit) -> str:
+    return problems_of(with_object(BASE, "gke", edit), "gke")
+
+
+def pool_problems(index: int = 0, **changes) -> str:
+    def edit(gke):
+        for key, value in changes.items():
+            if value is None:
+                gke["slicePools"][index].pop(key, None)
+            else:
+                gke["slicePools"][index][key] = value
+
+    return gke_problems(edit)
+
+
+def test_the_fixture_reads_with_the_defaults():
+    gke = parse_stack_config("gke", BASE).gke
+    assert gke is not None
+    assert (gke.region, gke.release_channel, gke.tpu_pool_upgrades) == ("us-central1", "REGULAR", "end-of-support")
+    assert (gke.maintenance.days, gke.maintenance.start_utc, gke.maintenance.hours) == (("SA", "SU"), "02:00", 8)
+    assert (gke.system_machine_type, gke.system_nodes_per_zone) == ("e2-standard-4", 1)
+    v5e, ironwood = gke.slice_pools
+    assert (v5e.accelerator.name, v5e.provisioning, v5e.slices) == ("v5litepod-16", "spot", 1)
+    assert (ironwood.accelerator.name, ironwood.provisioning) == ("tpu7x-16", "on-demand")
+    assert gke.zones == ("us-central1-a", "us-central1-c")
+
+
+def test_a_stack_without_the_section_has_no_gke_engine():
+    assert parse_stack_config("gke", {k: v for k, v in BASE.items() if k != f"{NS}:gke"}).gke is None
+
+
+@pytest.mark.parametrize(
+    ("type_name", "message"),
+    [
+        ("v3-8", "'v3-8': TPU v3 is not offered as GKE node pools; GKE node pools take v4-N (v4)"),
+        ("v5litepod-4", "'v5litepod-4': not a v5e size GKE node pools take; valid sizes: v5litepod-8"),
+        ("tpu8-16", "'tpu8-16': unknown TPU type for GKE; types look like"),
+        ("V5E", "'V5E': a TPU type GKE node pools take, like v5litepod-16"),
+    ],
+)
+def test_a_type_gke_does_not_take(type_name, message):
+    assert f"{NS}:gke.slicePools[0].acceleratorType = {message}" in pool_problems(acceleratorType=type_name)
+
+
+def test_a_zone_without_that_type():
+    assert (
+        f"{NS}:gke.slicePools[1].zone = 'us-central1-a': tpu7x-16 is not offered in us-central1-a; "
+        "zones that offer it: us-central1-c"
+    ) in pool_problems(1, zone="us-central1-a")
+
+
+def test_a_zone_outside_the_clusters_region():
+    message = pool_problems(zone="us-west4-a")
+    assert (
+        f"{NS}:gke.slicePools[0].zone = 'us-west4-a': is not in the cluster's region us-central1: use a zone of "
+        f"us-central1, or set {NS}:gke.region"
+    ) in message
+
+
+def test_reservations_go_with_reserved():
+    assert (f"{NS}:gke.slicePools[0].reservationName = (not set): a reserved pool names the reservation it consumes"
+            in pool_problems(provisioning="reserved"))  # fmt: skip
+    assert (f"{NS}:gke.slicePools[0].reservationName = 'res-1': needs provisioning: reserved"
+            in pool_problems(reservationName="res-1"))  # fmt: skip
+
+
+def test_flex_start_settings():
+    assert (f"{NS}:gke.slicePools[0].runDurationHours = 24: only provisioning: flex-start takes it"
+            in pool_problems(runDurationHours=24))  # fmt: skip
+    message = pool_problems(acceleratorType="v4-16", zone="us-central2-b", provisioning="flex-start")
+    assert "v4 node pools are not offered with flex-start; generations that are: v5e, v6e, tpu7x" in message
+    assert f"{NS}:gke.slicePools[0].runDurationHours = 200: must be a number > 0 and <= 168" in pool_problems(
+        provisioning="flex-start", runDurationHours=200
+    )
+
+
+def test_preemptible_is_not_a_pool_provisioning():
+    message = pool_problems(provisioning="preemptible")
+    assert (
+        f"{NS}:gke.slicePools[0].provisioning = 'preemptible': must be one of flex-start, on-demand, reserved, spot"
+        in message
+    )
+
+
+def test_pool_names():
+    assert "another slice pool of this stack has this name" in pool_problems(1, name="v5e")
+    assert f"{NS}:gke.slicePools[0].name = '{'x' * 25}': 1-24 lowercase letters" in pool_problems(name="x" * 25)
+    assert f"{NS}:gke.slicePools[0].slices = 65: must be an integer" in pool_problems(slices=65)
+
+
+def test_a_cluster_needs_a_slice_pool():
+    assert f"{NS}:gke.slicePools = []: declare at least one slice pool" in gke_problems(
+        lambda gke: gke.update(slicePools=[])
+    )
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("nodeCidr", "10.30.0.0/22", f"overlaps {NS}:network.subnets.us-central1"),
+        ("serviceCidr", "10.40.0.0/24", f"overlaps {NS}:gke.nodeCidr"),
+        ("podCidr", "8.8.0.0/16", "must be a private IPv4 range"),
+        ("nodeCidr", "10.40.0.1/20", "must be an IPv4 network like 10.20.0.0/20, with no host bits set"),
+    ],
+)
+def test_the_clusters_ranges(key, value, message):
+    assert f"{NS}:gke.{key} = {value!r}: {message}" in gke_problems(lambda gke: gke.update({key: value}))
+
+
+def test_the_maintenance_window_gives_gke_enough_time():
+    short = gke_problems(lambda gke: gke.update(maintenanceWindow={"days": ["SU"], "hours": 4}))
+    assert "GKE needs a window open at least 48 hours in any 32 days; this one is open 16: add days or hours" in short
+    assert "list each day once" in gke_problems(lambda gke: gke.update(maintenanceWindow={"days": ["SA", "SA"]}))
+    assert f"{NS}:gke.maintenanceWindow.startUtc = '25:00': HH:MM" in gke_problems(
+        lambda gke: gke.update(maintenanceWindow={"startUtc": "25:00"})
+    )
+    assert f"{NS}:gke.maintenanceWindow.hours = 2: must be an integer" in gke_problems(
+        lambda gke: gke.update(maintenanceWindow={"hours": 2, "days": ["MO", "TU", "WE", "TH", "FR", "SA"]})
+    )
+
+
+def test_channel_and_upgrades_are_chosen_from_what_gke_has():
+    assert "must be one of EXTENDED, RAPID, REGULAR, STABLE" in gke_problems(lambda g: g.update(releaseChannel="NONE"))
+    assert "must be one of end-of-support, maintenance-window" in gke_problems(lambda g: g.update(tpuPoolUpgrades="x"))
+
+
+def test_a_typo_is_refused_not_defaulted():
+    assert f"{NS}:gke.slicePools[0].slice" in pool_problems(slice=2)
+    assert f"{NS}:gke.systemPool.nodesPerzone" in gke_problems(lambda g: g.update(systemPool={"nodesPerzone": 2}))
+
+
+def test_every_problem_is_reported_at_once():
+    def edit(gke):
+        gke["releaseChannel"] = "NONE"
+        gke["slicePools"][0]["acceleratorType"] = "v3-8"
+        gke["slicePools"][1]["zone"] = "us-central1-a"
+
+    message = gke_problems(edit)
+    assert message.startswith("stack 'gke': 3 invalid settings")
+
+
+def test_gke_only_types_are_refused_as_tpu_vms():
+    raw = replace_object(BASE, "tpuVms", [{
+        "name": "iron", "acceleratorType": "tpu7x-16", "zone": "us-central1-c", "runtimeVersion": "x",
+        "workload": "mnist"}])  # fmt: skip
+    assert (
+        f"{NS}:tpuVms[0].acceleratorType = 'tpu7x-16': TPU7x (Ironwood) is offered only through Compute Engine and "
+        "GKE, not the Cloud TPU API"
+    ) in problems_of(raw, "gke")
+
+
+def test_the_raw_section_is_json_like_pulumi_passes_it():
+    assert json.loads(BASE[f"{NS}:gke"])["slicePools"][0]["name"] == "v5e"
