@@ -44,8 +44,8 @@ def test_every_resource_waits_for_its_api(stack):
     services = {r.inputs["service"]: r.urn for r in result.of_type("gcp:projects/service:Service")}
     checked = 0
     for resource in result.resources:
-        if not resource.custom or resource.type == "gcp:projects/service:Service":
-            continue
+        if not resource.custom or resource.type in ("gcp:projects/service:Service", "time:index/sleep:Sleep"):
+            continue  # a wait for IAM changes runs in the deploy process and calls no Google API
         assert resource.type in API_FOR_TYPE, f"add {resource.type} to API_FOR_TYPE"
         api = API_FOR_TYPE[resource.type]
         assert api in services, f"{resource.name} needs {api}, which the stack does not enable"
