@@ -58,6 +58,7 @@ def build_platform(cfg: PlatformConfig, secrets: Mapping[str, str] | None = None
     metadata = vm_metadata(cfg, digests)
     code_args = artifacts_args(cfg, digests)  # packages the folders; may refuse them, still before any resource
     refuse_secrets_in_metadata(cfg, metadata, secrets)
+    refuse_secrets_in_production(cfg, secrets)
     cost = check_cost(cfg)
     keep_secret(secrets)
     env = cfg.env
@@ -294,6 +295,22 @@ def refuse_secrets_in_metadata(
         for vm, items in metadata.items()
         for plaintext, key in secrets.items()
         if any(plaintext in value for value in items.values())
+    ]  # fmt: skip
+    if problems:
+        raise ConfigError(cfg.stack, problems)
+
+
+def refuse_secrets_in_production(cfg: PlatformConfig, secrets: Mapping[str, str]) -> None:
+    """A production stack keeps no secret in its stack file: a preview decrypts the stack's secrets, and
+    any branch of the repository can run the previewer (bootstrap/program.py)."""
+    if not cfg.production:
+        return
+    problems = [
+        Problem(key, "[secret]",
+                "a production stack keeps no value marked secure: every branch's preview can decrypt it (the "
+                "previewer reads the state with the stack's key); keep it in Secret Manager, read by the workload's "
+                "account")
+        for key in sorted(set(secrets.values()))
     ]  # fmt: skip
     if problems:
         raise ConfigError(cfg.stack, problems)
