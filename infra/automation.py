@@ -15,7 +15,12 @@ Identities (each grant has its evidence next to it):
   authentication with HTTP targets"; the provider's `cloudfunctions2_function` scheduler example);
 - a build account: functions build with it, not with the Compute default account that new projects
   use and that may lack `cloudbuild.builds.builder` (Cloud Run functions, "Configure the build
-  service account"); it holds Cloud Run Builder and reads the source bucket;
+  service account"). Google's guide grants it Cloud Run Builder on the project, which reads every
+  bucket and writes every repository of the project; here it holds what that role's parts are for, on
+  their resources only, as the build-account guide lists them (Cloud Run functions, "Custom Service
+  Account for Cloud Build"): write logs (project), read the source bucket, write the functions' own
+  image repository (`buildConfig.dockerRepository`: "If specified by user, it is created and managed by
+  user");
 - the three accounts, the guard's role and every act-as (the deployer's on all three, the guard's on
   each workload account) are the bootstrap's to make (`guard_identities`, infra/access/accounts.py);
 - Google's agents are the bootstrap's: it provisions Eventarc's service agent and grants it
@@ -62,9 +67,9 @@ GUARD_METHODS = (
     "tpu.projects.locations.queuedResources.delete",
 )
 GUARD_PERMISSIONS = iamdata.permissions_for(GUARD_METHODS)
-# Cloud Run, "Deploy a Cloud Run function": the build service account needs Cloud Run Builder. Narrower
-# than cloudbuild.builds.builder, which can create builds (the policy pack's deny-list).
-BUILDER_ROLE = "roles/run.builder"
+# The build account's grants: Cloud Run Builder's parts, each on its resource (see the module docstring).
+BUILD_LOGS_ROLE = "roles/logging.logWriter"
+BUILD_IMAGES_ROLE = "roles/artifactregistry.writer"
 EVENT_RECEIVER_ROLE = "roles/eventarc.eventReceiver"
 INVOKER_ROLE = "roles/run.invoker"
 # How long each function may run (Cloud Run's request timeout), and so how long the Cloud Scheduler job
@@ -207,7 +212,7 @@ class TpuGuard(pulumi.ComponentResource):
                 f"{name}-receiver", env.project, EVENT_RECEIVER_ROLE, member, parent=self, depends_on=crm
             ),
             grants.project_role(
-                f"{name}-builder", env.project, BUILDER_ROLE, builder_member, parent=self, depends_on=crm,
+                f"{name}-builder-logs", env.project, BUILD_LOGS_ROLE, builder_member, parent=self, depends_on=crm,
             ),
             # Completion markers to read, recovery records to keep: the status bucket only.
             gcp.storage.BucketIAMMember(
@@ -247,6 +252,30 @@ class TpuGuard(pulumi.ComponentResource):
                 opts=child,
             )
         )
+        images_id = naming.function_repository(env.stack)
+        images = gcp.artifactregistry.Repository(
+            f"{name}-images",
+            project=env.project,
+            location=region,
+            repository_id=images_id,
+            format="DOCKER",
+            description=f"Images of the TPU guard's functions ({env.stack})",
+            kms_key_name=encryption.default_kms_key_name if encryption else None,
+            labels={**env.labels, "purpose": "functions-images"},
+            opts=pulumi.ResourceOptions(parent=self, depends_on=apis.needs("artifactregistry")),
+        )
+        images_path = f"projects/{env.project}/locations/{region}/repositories/{images_id}"
+        ready.append(
+            gcp.artifactregistry.RepositoryIamMember(
+                f"{name}-builder-images",
+                project=env.project,
+                location=region,
+                repository=images.repository_id,
+                role=BUILD_IMAGES_ROLE,
+                member=builder_member,
+                opts=child,
+            )
+        )
         # The build runs as the build account, and triggers deliver as the guard, as soon as a function
         # exists: both wait until their fresh grants apply.
         granted = grants.propagation_wait(f"{name}-grants-applied", ready, parent=self)
@@ -276,6 +305,7 @@ class TpuGuard(pulumi.ComponentResource):
                     runtime="python312",
                     entry_point=entry_point,
                     service_account=accounts["builder"].name(env.project),
+                    docker_repository=images_path,
                     source=gcp.cloudfunctionsv2.FunctionBuildConfigSourceArgs(
                         storage_source=gcp.cloudfunctionsv2.FunctionBuildConfigSourceStorageSourceArgs(
                             bucket=source_bucket.name, object=archive.name

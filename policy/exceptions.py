@@ -31,6 +31,7 @@ GITHUB_POOL = r"//iam\.googleapis\.com/projects/\d+/locations/global/workloadIde
 # act-as is granted per account by the bootstrap.
 DEPLOYER_ROLE_MAY_HOLD = frozenset({
     "storage.buckets.setIamPolicy",
+    "artifactregistry.repositories.setIamPolicy",
     "run.services.setIamPolicy",
     "cloudfunctions.functions.setIamPolicy",
     "pubsub.topics.setIamPolicy",

@@ -18,7 +18,7 @@ import pytest
 from bootstrap.program import BOOTSTRAP_ADMIN_ROLES, PROJECT_IAM_ADMIN, BootstrapConfig, build_bootstrap
 from infra.access import iamdata
 from infra.access.calls import FIELD_REVIEW, INVOKE_CALLS, RESOURCE_CALLS
-from infra.access.environment import AccessError, Plan, environment_access
+from infra.access.environment import RETIRED_PROJECT_ROLES, AccessError, Plan, environment_access
 from infra.access.model import (
     DEPLOY,
     PREVIEW,
@@ -235,7 +235,8 @@ def test_deployer_holds_nothing_its_plans_do_not_need(stack):
     both = needs(stack).merged(needs(stack, deploy="later"))
     assert unneeded(both, f"projects/{project}", custom[0].permissions) == []
     (limited,) = [g for g in held_by(deployer(stack)) if g.role == PROJECT_IAM_ADMIN]
-    assert limited.grantable_roles == needs(stack).project_grants[project]
+    # What the plans grant, and what an earlier version granted and this one revokes.
+    assert limited.grantable_roles == needs(stack).project_grants[project] | set(RETIRED_PROJECT_ROLES)
 
 
 @pytest.mark.parametrize("stack", STACKS)
@@ -547,13 +548,28 @@ def test_the_bootstrap_waits_after_the_grants_a_deploy_uses():
         assert {f"deployer-{stack}-grant", f"{stack}-deployer-acts-as-tpu-mnist-{stack}"} <= waited
 
 
-def test_functions_build_with_their_own_account_as_cloud_run_builder():
+def test_functions_build_with_their_own_account_which_reaches_only_what_a_build_uses():
+    """Not Cloud Run Builder on the project (it reads every bucket and writes every repository): logs on
+    the project, its source bucket, the functions' own image repository."""
     result = env_plan("prod")
     functions = result.of_type("gcp:cloudfunctionsv2/function:Function")
     assert len(functions) == 3  # budget, recovery, completion
     builder = "tpu-guard-build-prod@acme-ml-production.iam.gserviceaccount.com"
+    images = "projects/acme-ml-production/locations/us-central1/repositories/tpu-functions-prod"
     for fn in functions:
         assert fn.inputs["buildConfig"]["serviceAccount"].endswith(builder)
+        assert fn.inputs["buildConfig"]["dockerRepository"] == images
+    grants = {
+        (g.scope, g.role) for g in grants_to(f"serviceAccount:{builder}", declared(result), "acme-ml-production", {})
+    }
+    assert grants == {
+        ("projects/acme-ml-production", "roles/logging.logWriter"),
+        ("buckets/acme-ml-production-prod-functions", "roles/storage.objectViewer"),
+        ("repositories/tpu-functions-prod", "roles/artifactregistry.writer"),
+    }
+    held = {p for g in grants_to(f"serviceAccount:{builder}", declared(result), "x", {}) for p in g.permissions
+            if g.scope == "projects/acme-ml-production"}  # fmt: skip
+    assert not {p for p in held if p.startswith(("storage.", "artifactregistry."))}
 
 
 def test_google_agents_are_provisioned_and_granted_by_the_bootstrap_before_any_trigger():

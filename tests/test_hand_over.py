@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.access.environment import BOOTSTRAP_TYPES
+from infra.access.environment import BOOTSTRAP_TYPES, RETIRED_PROJECT_ROLES
 from tests.support import shipped_plan
 from tests.test_bootstrap import bootstrap_config
 from tests.test_bootstrap import plan as plan_bootstrap
@@ -45,10 +45,15 @@ def deleted_by_up(state: dict, stack: str) -> list[dict]:
     return [r for urn, r in before.items() if urn not in head and urn not in renamed and not r.get("retainOnDelete")]
 
 
+def revoked(resource: dict) -> bool:
+    """A grant this version revokes on purpose (the deployer may: RETIRED_PROJECT_ROLES)."""
+    return resource["inputs"].get("role") in RETIRED_PROJECT_ROLES
+
+
 @pytest.mark.parametrize("stack", STACKS)
 def test_a_plain_up_would_delete_live_accounts_roles_and_grants(stack):
     """Why the step exists: without it, the accounts under running VMs are deleted."""
-    deleted = deleted_by_up(exported(stack), stack)
+    deleted = [r for r in deleted_by_up(exported(stack), stack) if not revoked(r)]
     assert {r["type"] for r in deleted} == set(BOOTSTRAP_TYPES)
     assert any(r["inputs"].get("accountId") == f"tpu-mnist-{stack}" for r in deleted)
 
@@ -57,7 +62,8 @@ def test_a_plain_up_would_delete_live_accounts_roles_and_grants(stack):
 def test_after_the_hand_over_an_up_deletes_nothing(stack):
     state = exported(stack)
     marked = hand_over.hand_over(state)
-    assert deleted_by_up(state, stack) == []
+    # Only what this version revokes on purpose: the build account's project-wide Cloud Run Builder.
+    assert [r["inputs"]["role"] for r in deleted_by_up(state, stack)] == ["roles/run.builder"]
     # Exactly the accounts, roles and act-as grants; nothing else is kept that would have been deleted.
     types = {r["urn"]: r["type"] for r in exported(stack)["deployment"]["resources"]}
     assert marked and all(types[urn] in BOOTSTRAP_TYPES for urn in marked)

@@ -46,10 +46,11 @@ def test_json_plan_of_prod_matches_the_text():
     data = json.loads(done.stdout)
     assert data["stack"] == "prod"
     assert (
-        data["resourceCount"] == len(data["resources"]) == 77
+        data["resourceCount"] == len(data["resources"]) == 79
     )  # + "preempted, not recovered"; + artifacts: bucket, archive, grant, repository, component, API; + the
     # VM agent's archive (vm_agent/, which the start-up script fetches by digest); - 4 accounts, their role and
-    # 5 act-as grants (the bootstrap's); + 3 waits for fresh grants (each VM's, the guard functions')
+    # 5 act-as grants (the bootstrap's); + 3 waits for fresh grants (each VM's, the guard functions'); + the
+    # functions' image repository and the build account's grant on it
     buckets = [r for r in data["resources"] if r["type"] == "gcp:storage/bucket:Bucket" and r["parent"] == "buckets"]
     assert all(b["options"] == {"protect": True, "retainOnDelete": True} for b in buckets)
     assert data["outputs"]["budgetAlertTopic"] == "projects/acme-ml-production/topics/prod-budget-alerts"

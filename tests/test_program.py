@@ -52,7 +52,8 @@ INVENTORY = {
         "gcp:monitoring/alertPolicy:AlertPolicy": 2,
         "gcp:monitoring/dashboard:Dashboard": 1,
         "tpu-platform:monitoring:TpuMonitoring": 1,
-        "gcp:artifactregistry/repository:Repository": 1,  # the environment's image repository
+        "gcp:artifactregistry/repository:Repository": 2,  # the workloads' images, the guard's functions' images
+        "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember": 1,  # the build account writes the latter
         "tpu-platform:artifacts:WorkloadArtifacts": 1,
     },
     "prod": {
@@ -89,7 +90,8 @@ INVENTORY = {
         "tpu-platform:monitoring:TpuMonitoring": 1,
         "tpu-platform:lifecycle:RunStatus": 1,
         "tpu-platform:automation:TpuGuard": 1,
-        "gcp:artifactregistry/repository:Repository": 1,  # CMEK, as the buckets
+        "gcp:artifactregistry/repository:Repository": 2,  # CMEK, as the buckets
+        "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember": 1,
         "tpu-platform:artifacts:WorkloadArtifacts": 1,
     },
 }

@@ -62,6 +62,12 @@ BOOTSTRAP_TYPES = (
     "gcp:serviceaccount/iAMMember:IAMMember",
 )
 OBJECT_READS = ("storage.objects.get", "storage.objects.list")
+# Project roles an earlier version of the program granted and this one revokes. Revoking is a change of
+# the project's policy too, which the deployer's `modifiedGrantsByRole` condition must list, or the first
+# deploy of this version fails. Remove an entry once every stack has deployed without it.
+RETIRED_PROJECT_ROLES: dict[str, str] = {
+    "roles/run.builder": "the guard's build account held it project-wide; now its parts, each on its resource",
+}
 # A content digest in an object name (a packaged source, the guard's archive): any version is read.
 _DIGEST = re.compile(r"[0-9a-f]{16,}")
 
@@ -222,7 +228,7 @@ def environment_access(
         stack=stack,
         project=project,
         deployer_permissions=tuple(sorted(deploy.in_scope(home) - {SET_PROJECT_IAM})),
-        grantable_roles=tuple(sorted(deploy.project_grants.get(project, set()))),
+        grantable_roles=tuple(sorted(deploy.project_grants.get(project, set()) | set(RETIRED_PROJECT_ROLES))),
         previewer_permissions=tuple(sorted(reads - by_name)),
         billing_accounts=tuple(sorted(billing)),
         agent_grants=tuple(agents),
