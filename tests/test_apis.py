@@ -73,6 +73,8 @@ def test_the_image_repository_scans_images_with_the_container_scanning_api_enabl
     Repository.VulnerabilityScanningConfig): the repository waits for containerscanning.googleapis.com."""
     result = plan(stack_config("dev"))
     services = {r.inputs["service"]: r.urn for r in result.of_type("gcp:projects/service:Service")}
-    (repository,) = result.of_type("gcp:artifactregistry/repository:Repository")
+    # The workloads' repository (the guard's functions build into their own).
+    (repository,) = [r for r in result.of_type("gcp:artifactregistry/repository:Repository")
+                     if r.inputs["repositoryId"] == "tpu-dev"]  # fmt: skip
     assert repository.inputs["vulnerabilityScanningConfig"] == {"enablementConfig": "INHERITED"}
     assert depends_on(result, repository, services["containerscanning.googleapis.com"])

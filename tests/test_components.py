@@ -456,14 +456,14 @@ def gke_settings(**changes) -> GkeSettings:
     return GkeSettings(**(settings | changes))
 
 
-def gke_program(deployer: str = ""):
+def gke_program():
     gke = gke_settings()
 
     def program() -> None:
         apis = enabled(NETWORK_APIS, GKE_APIS)
         ranges = ClusterRanges(gke.region, gke.node_cidr, gke.pod_cidr, gke.service_cidr)
         network = PrivateNetwork("net", ENV, NetworkSettings((), 0.5), apis, cluster=ranges)
-        cluster = GkeCluster("gke", ENV, GkeClusterArgs(gke, deployer), network, apis)
+        cluster = GkeCluster("gke", ENV, GkeClusterArgs(gke), network, apis)
         for pool in gke.slice_pools:
             SlicePool(f"slices-{pool.name}", ENV, SlicePoolArgs(pool, gke.tpu_pool_upgrades), cluster, apis)
 
@@ -471,7 +471,7 @@ def gke_program(deployer: str = ""):
 
 
 def test_gke_cluster_alone():
-    result = build(gke_program("ci@solo-project.iam.gserviceaccount.com"))
+    result = build(gke_program())
     cluster = one(result, "gcp:container/cluster:Cluster").inputs
     assert (cluster["name"], cluster["location"]) == (naming.gke_cluster(ENV.stack), "us-central1")
     assert cluster["privateClusterConfig"]["enablePrivateNodes"] is True
@@ -491,13 +491,13 @@ def test_gke_cluster_alone():
     assert system["nodeConfig"]["serviceAccount"] == nodes
     role = one(result, "gcp:projects/iAMMember:IAMMember").inputs
     assert (role["role"], role["member"]) == ("roles/container.defaultNodeServiceAccount", f"serviceAccount:{nodes}")
-    act_as = one(result, "gcp:serviceaccount/iAMMember:IAMMember").inputs
-    assert act_as["member"] == "serviceAccount:ci@solo-project.iam.gserviceaccount.com"
+    # The account, and act-as on it, are the bootstrap's (infra/access/accounts.py).
+    assert not result.of_type("gcp:serviceaccount/account:Account")
+    assert not result.of_type("gcp:serviceaccount/iAMMember:IAMMember")
     subnet = one(result, "gcp:compute/subnetwork:Subnetwork").inputs
     assert [r["rangeName"] for r in subnet["secondaryIpRanges"]] == ["pods", "services"]
     assert cluster["subnetwork"].endswith(f"/subnetworks/{naming.gke_subnet(ENV.stack)}")
-    for dependency in ("gcp:compute/routerNat:RouterNat", "gcp:projects/iAMMember:IAMMember",
-                       "gcp:serviceaccount/iAMMember:IAMMember"):  # fmt: skip
+    for dependency in ("gcp:compute/routerNat:RouterNat", "gcp:projects/iAMMember:IAMMember"):
         assert one(result, dependency).urn in one(result, "gcp:container/cluster:Cluster").dependencies
     assert depends_on(result, one(result, "gcp:container/cluster:Cluster"),
                       one(result, "gcp:projects/service:Service", "apis-container").urn)  # fmt: skip

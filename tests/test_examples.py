@@ -137,7 +137,7 @@ def test_the_gke_example_costs_each_pool_by_its_model():
 def test_the_gke_example_passes_the_policy_pack_and_its_deployer_is_computed():
     result = planned("gke")
     assert check_policies(result) == []
-    access = access_of(result.stack, result)
+    access = access_of(result.stack, deploys(result.config, result.stack))
     assert {"container.clusters.create", "compute.resourcePolicies.create"} <= set(access.deployer_permissions)
     assert "roles/container.defaultNodeServiceAccount" in access.grantable_roles
 

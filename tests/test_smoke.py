@@ -180,6 +180,11 @@ def test_gke_dry_run_plans_the_gke_stack_offline_and_lists_what_only_a_real_proj
         ("spot", "v5litepod-16", "spot"), ("iron", "tpu7x-16", "reserved")
     }  # fmt: skip
     assert smoke.plan_offline("smoke", stack_file_of(out)) == []  # within its budget, no warning
+    # The nodes' account is the bootstrap's: made before, removed after (the permission model's steps).
+    made = [c for c in commands if c.startswith("gcloud iam service-accounts")]
+    assert any(c.startswith("gcloud iam service-accounts create tpu-gke-nodes-smoke") for c in made)
+    assert "delete" in made[-1]
+    commands = [c for c in commands if not c.startswith(("gcloud iam", "pulumi plugin"))]
     verbs = [" ".join(c.split()[:4]) for c in commands]
     assert verbs == [
         "pulumi stack init smoke",
@@ -220,7 +225,10 @@ def test_the_gke_smoke_destroys_whatever_failed_before(failing, tmp_path):
     shell = FailingShell(failing)
     report = smoke.smoke_gke(cfg, path, shell, ready_minutes=0, poll_seconds=0)
     assert not report.passed
-    assert shell.printed[-2].startswith("pulumi destroy") and shell.printed[-1].startswith("pulumi stack rm")
+    destroy = max(i for i, c in enumerate(shell.printed) if c.startswith("pulumi destroy"))
+    # Then only the removal of what the bootstrap's part made, and the stack itself.
+    assert all(c.startswith("gcloud iam service-accounts delete") for c in shell.printed[destroy + 1 : -1])
+    assert shell.printed[-1].startswith("pulumi stack rm")
 
 
 def test_a_slice_that_does_not_come_back_fails_the_gke_smoke(tmp_path):
