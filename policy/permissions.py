@@ -91,15 +91,11 @@ def services_ignoring_resource_conditions(permissions: Iterable[str]) -> list[st
 
 @cache
 def escalation_methods() -> Mapping[str, frozenset[str]]:
-    """Public privilege-escalation methods (reference/gcp-privesc: RhinoSecurityLabs' list and this
-    project's additions): name -> the permissions that, held together, make the holder another principal.
-    Read here as the program's model reads it (infra/access/escalation.py; a test keeps the two equal)."""
-    spelling = {"iam.serviceaccounts.actAs": "iam.serviceAccounts.actAs"}  # the list's one misspelling
-    out: dict[str, frozenset[str]] = {}
-    for name in ("methods.json", "additions.json"):
-        for method, entry in json.loads((PRIVESC / name).read_text())["methods"].items():
-            out[method] = frozenset(spelling.get(p) or p for p in entry["Permissions"])
-    return out
+    """Public privilege-escalation methods (reference/gcp-privesc/methods.json): name -> the permissions
+    that, held together, make the holder another principal. Read here as the program's model reads it
+    (infra/access/escalation.py; a test keeps the two equal)."""
+    listed = json.loads((PRIVESC / "methods.json").read_text())["methods"]
+    return {method: frozenset(entry["permissions"]) for method, entry in listed.items()}
 
 
 def escalations(permissions: Iterable[str]) -> list[str]:

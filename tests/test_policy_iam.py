@@ -438,7 +438,7 @@ def test_methods_split_over_two_roles_of_one_member_are_found():
     reports = escalation_reports([
         project_grant("roles/iam.serviceAccountUser", name="a"), project_grant("roles/tpu.admin", name="b"),
     ])  # fmt: skip
-    assert "CreateTpuVmWithSA" in " ".join(m for ms in reports.values() for m in ms)
+    assert "CreateTpuVmWithAccount" in " ".join(m for ms in reports.values() for m in ms)
 
 
 def test_a_conditional_grant_or_a_service_agent_is_not_counted():

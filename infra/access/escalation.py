@@ -1,7 +1,7 @@
 """Which identities could widen themselves: public privilege-escalation methods against what each holds.
 
-A method (reference/gcp-privesc/: RhinoSecurityLabs' scanner list, vendored, and this project's
-additions) is a set of permissions that, held together on a scope, let the holder become another
+A method (reference/gcp-privesc/methods.json: public research, compiled with Google's current
+permission names) is a set of permissions that, held together on a scope, let the holder become another
 principal or gain rights it was not given. The proof asks, for every identity the bootstrap and the
 stacks create or grant: does it hold every permission of one method project-wide and unconditionally,
 itself or through an account it may act as? Google's own service agents are left out: Google grants
@@ -17,8 +17,6 @@ from functools import cache
 from pathlib import Path
 
 DATA = Path(__file__).resolve().parents[2] / "reference" / "gcp-privesc"
-# The vendored list's one misspelt permission (its Cloud Run methods).
-SPELLING = {"iam.serviceaccounts.actAs": "iam.serviceAccounts.actAs"}
 # `service-<number>@gcp-sa-<service>` and the older agents' domains (Cloud Storage's `gs-project-accounts`,
 # `<number>@cloudservices.gserviceaccount.com`), never an account of the project itself.
 SERVICE_AGENT = re.compile(
@@ -41,12 +39,9 @@ BECOME = frozenset(
 
 @cache
 def methods() -> dict[str, frozenset[str]]:
-    """Method name -> the permissions it needs, from the vendored list and the additions."""
-    out: dict[str, frozenset[str]] = {}
-    for name in ("methods.json", "additions.json"):
-        for method, entry in json.loads((DATA / name).read_text())["methods"].items():
-            out[method] = frozenset(SPELLING.get(p) or p for p in entry["Permissions"])
-    return out
+    """Method name -> the permissions it needs."""
+    listed = json.loads((DATA / "methods.json").read_text())["methods"]
+    return {method: frozenset(entry["permissions"]) for method, entry in listed.items()}
 
 
 def escalations(held: Iterable[str]) -> list[str]:
