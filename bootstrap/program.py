@@ -1,29 +1,34 @@
-"""The bootstrap's resources: what CI needs to run `pulumi preview/up` with no key anywhere.
+"""The bootstrap's resources: what CI needs to run `pulumi preview/up` with no key anywhere, and every
+identity the stacks use, so that no CI identity can make or widen one.
 
-Run once by an administrator (see the README for the roles that takes, computed by the tests), and
-again whenever `bootstrap/access.json` changes:
+Run by an administrator (see the README for the roles that takes, computed by the tests), and again
+whenever `bootstrap/access.json` changes:
 - a GCS bucket for Pulumi state: versioned, soft delete kept 30 days, uniform access, public access
   prevented, protected;
-- a KMS key (rotated every 90 days, protected) for the `gcpkms://` secrets provider;
+- per environment a KMS key (rotated every 90 days, protected) for that stack's `gcpkms://` secrets;
 - a Workload Identity pool whose GitHub provider accepts only this repository, pinned by its numeric
   id and its owner's (a renamed or re-created repository of the same name gets nothing);
-- one previewer for all environments: reads state, decrypts secrets, and holds per environment a
-  custom role of exactly the reads `pulumi preview --refresh` makes (no write at all);
+- one previewer for all environments: reads state, decrypts each environment's secrets, and holds
+  per environment a custom role of exactly the reads `pulumi preview --refresh` makes (no write at
+  all), reading objects only by name (the ones a refresh reads, under an IAM condition);
 - one deployer per environment, federated only for that GitHub environment *and* the deploy
   workflow on the deploy ref, so the environment's required reviewers are a real boundary. It holds a
-  custom role computed from that environment's plan (`bootstrap/access.json`), the project IAM admin
-  role only under a condition listing the roles the plan grants, costs-manager on the billing
-  account, and read-write on its own stack's state only. It can create service accounts and custom
-  roles in its own project, which makes it that environment's administrator, and nothing more;
-- for each environment: Cloud Resource Manager and Service Usage enabled (the provider's user-project
-  header needs them before the first preview), and CMEK keys in other projects granted to the
-  environment's Cloud Storage agent.
+  custom role computed from that environment's plans (`bootstrap/access.json`), the project IAM admin
+  role only under a condition listing the roles the plan grants, act-as on the accounts its plans
+  attach, costs-manager on the billing account, read-write on its own stack's state files (read on the
+  backend's `meta.yaml`) and its own secrets key. It cannot create or change a service account, a
+  custom role or an account's IAM: those are made here;
+- for each environment: the service accounts and custom roles its stack uses (`accounts`, `roles`)
+  and act-as on them for who attaches them; Cloud Resource Manager, Service Usage and IAM enabled
+  first; Google's agents and the CMEK keys of other projects;
+- a wait after the grants a deploy uses (IAM changes take minutes to apply).
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,8 +38,15 @@ import pulumi_gcp as gcp
 
 from bootstrap import PROJECT
 from infra import iam, naming
-from infra.access.environment import BILLING_DEPLOY_ROLE, BILLING_PREVIEW_ROLE
+from infra.access.accounts import SERVICE_ACCOUNT_USER, StackIdentities
+from infra.access.environment import (
+    BILLING_DEPLOY_ROLE,
+    BILLING_PREVIEW_ROLE,
+    ObjectReads,
+    object_reads_condition,
+)
 from infra.config import BILLING_ACCOUNT, GCP_PROJECT_ID
+from infra.grants import propagation_wait
 from infra.schema import Node, Problems, decode_objects
 from infra.stack import raw_stack_config
 
@@ -56,7 +68,8 @@ APIS = (
 # Enabled in each environment project before its first preview: with gcp:userProjectOverride the
 # provider sends X-Goog-User-Project on every call (terraform-provider-google transport/config.go),
 # which Google accepts only once these are on (hashicorp/terraform-provider-google#11435).
-ENVIRONMENT_APIS = ("cloudresourcemanager.googleapis.com", "serviceusage.googleapis.com")
+# IAM: the environment's service accounts and custom roles are created here, before its first deploy.
+ENVIRONMENT_APIS = ("cloudresourcemanager.googleapis.com", "serviceusage.googleapis.com", "iam.googleapis.com")
 PROJECT_IAM_ADMIN = "roles/resourcemanager.projectIamAdmin"
 # What whoever runs the bootstrap needs, by where (tests/test_access.py proves these cover its plan):
 # on the admin project and each environment project; on the billing account; on the project of
@@ -86,6 +99,7 @@ KEYS = (
     "location",
     "billingAccount",
     "environments",
+    "adopt",
 )
 
 
@@ -100,12 +114,17 @@ class BootstrapConfig:
     location: str
     billing_account: str | None
     environments: dict[str, str]  # stack -> its GCP project
+    # Environments whose accounts and custom roles the stack made before the bootstrap did: imported
+    # once (README, "Upgrading a stack whose accounts it made itself").
+    adopt: tuple[str, ...] = ()
 
 
 def parse_bootstrap_config(stack: str, raw: dict[str, str]) -> BootstrapConfig:
     problems = Problems()
-    envs_key = f"{NAMESPACE}:environments"
-    own = decode_objects({k: v for k, v in raw.items() if k.startswith(f"{NAMESPACE}:")}, [envs_key], problems)
+    envs_key, adopt_key = f"{NAMESPACE}:environments", f"{NAMESPACE}:adopt"
+    own = decode_objects(
+        {k: v for k, v in raw.items() if k.startswith(f"{NAMESPACE}:")}, [envs_key, adopt_key], problems
+    )
     root = Node(own, "", problems)
     project = Node(raw, "", problems).str("gcp:project", pattern=GCP_PROJECT_ID, allowed="a GCP project id")
     environments: dict[str, str] = {}
@@ -134,6 +153,8 @@ def parse_bootstrap_config(stack: str, raw: dict[str, str]) -> BootstrapConfig:
         billing_account=root.str(f"{NAMESPACE}:billingAccount", None, pattern=BILLING_ACCOUNT,
                                  allowed="a billing account id like 012345-6789AB-CDEF01"),
         environments=environments,
+        adopt=tuple(root.str_list(adopt_key, [], choices=sorted(environments),
+                                  allowed="an environment of this bootstrap")),
     )  # fmt: skip
     root.done([f"{NAMESPACE}:{k}" for k in KEYS])
     access = read_access()
@@ -165,22 +186,30 @@ def modified_grants_condition(roles: list[str]) -> str:
 def state_paths_condition(bucket: str, stack: str) -> str:
     """The deployer reads and writes its own stack's state files only.
 
-    Pulumi's DIY backend keeps a stack under `.pulumi/{stacks,history,backups,locks}/<project>/<stack>`
-    and reads `.pulumi/meta.yaml`. Object reads and writes are checked on the object (`resource.name`);
-    listing is checked on the bucket, so it is limited with the `objectListPrefix` API attribute
-    (Cloud Storage, "IAM Conditions: API attributes").
+    Pulumi's DIY backend keeps a stack under `.pulumi/{stacks,history,backups,locks}/<project>/<stack>`.
+    Object reads and writes are checked on the object (`resource.name`). Whole names only: `dev` must
+    not match `dev-eu` (a stack file, then folders ending in '/').
     """
     objects = f"projects/_/buckets/{bucket}/objects/"
-    # Whole names only: `dev` must not match `dev-eu` (a stack file, then folders ending in '/').
-    own = [f".pulumi/stacks/{PLATFORM_PROJECT}/{stack}.json"] + [
-        f".pulumi/{kind}/{PLATFORM_PROJECT}/{stack}/" for kind in ("history", "backups", "locks")
-    ]
-    names = " || ".join(f"resource.name.startsWith('{objects}{path}')" for path in own)
+    return " || ".join(f"resource.name.startsWith('{objects}{path}')" for path in _own_state(stack))
+
+
+def state_reads_condition(bucket: str, stack: str) -> str:
+    """What else the CLI reads, never writes: the backend's layout (`.pulumi/meta.yaml`, which any
+    deployer could otherwise rewrite for every stack: pulumi/pulumi#12437), and listings of its own
+    stack's folders and of the project's stacks. Listing is checked on the bucket, so it is limited with
+    the `objectListPrefix` API attribute (Cloud Storage, "IAM Conditions: API attributes")."""
     lists = " || ".join(
         f"api.getAttribute('storage.googleapis.com/objectListPrefix', '').startsWith('{path}')"
-        for path in [*own, f".pulumi/stacks/{PLATFORM_PROJECT}/"]
+        for path in [*_own_state(stack), f".pulumi/stacks/{PLATFORM_PROJECT}/"]
     )
-    return f"{names} || resource.name == '{objects}.pulumi/meta.yaml' || {lists}"
+    return f"resource.name == 'projects/_/buckets/{bucket}/objects/.pulumi/meta.yaml' || {lists}"
+
+
+def _own_state(stack: str) -> list[str]:
+    return [f".pulumi/stacks/{PLATFORM_PROJECT}/{stack}.json"] + [
+        f".pulumi/{kind}/{PLATFORM_PROJECT}/{stack}/" for kind in ("history", "backups", "locks")
+    ]
 
 
 def _principal_set(pool: gcp.iam.WorkloadIdentityPool, attribute: str, value: str) -> pulumi.Output[str]:
@@ -206,8 +235,23 @@ def _member(account: gcp.serviceaccount.Account) -> pulumi.Output[str]:
     return account.email.apply(iam.service_account_member)
 
 
-def build_bootstrap(cfg: BootstrapConfig) -> dict[str, Any]:
-    access = read_access()
+@dataclass
+class _Shared:
+    """What every environment's identities refer to."""
+
+    cfg: BootstrapConfig
+    state: gcp.storage.Bucket
+    key_ring: gcp.kms.KeyRing
+    pool: gcp.iam.WorkloadIdentityPool
+    previewer: gcp.serviceaccount.Account
+    after_apis: pulumi.ResourceOptions
+    kept: pulumi.ResourceOptions
+    grants: list[pulumi.Resource]  # every grant a deploy uses, for the wait after them
+
+
+def build_bootstrap(cfg: BootstrapConfig, access: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`access`: each environment's entry of bootstrap/access.json (default: the file)."""
+    access = access if access is not None else read_access()
     services = [
         gcp.projects.Service(f"api-{api.split('.')[0]}", project=cfg.project, service=api, disable_on_destroy=False)
         for api in APIS
@@ -236,7 +280,9 @@ def build_bootstrap(cfg: BootstrapConfig) -> dict[str, Any]:
         opts=kept,
     )
     key_ring = gcp.kms.KeyRing("secrets", name="pulumi", project=cfg.project, location=cfg.location, opts=kept)
-    key = gcp.kms.CryptoKey(
+    # The one key every stack used before each environment had its own: kept (protected) so that an
+    # administrator can still read state history encrypted with it; no CI identity holds a right on it.
+    gcp.kms.CryptoKey(
         "secrets-key",
         name="pulumi-secrets",
         key_ring=key_ring.id,
@@ -278,61 +324,128 @@ def build_bootstrap(cfg: BootstrapConfig) -> dict[str, Any]:
         opts=after_apis,
     )
 
-    def account(name: str, account_id: str, display: str) -> gcp.serviceaccount.Account:
-        return gcp.serviceaccount.Account(
-            name, account_id=account_id, display_name=display, project=cfg.project, opts=after_apis
-        )
-
-    def federate(name: str, target: gcp.serviceaccount.Account, who: pulumi.Output[str]) -> None:
-        gcp.serviceaccount.IAMMember(
-            name, service_account_id=target.name, role="roles/iam.workloadIdentityUser", member=who
-        )
-
-    previewer = account("ci-previewer", "tpu-platform-ci-previewer", f"tpu-platform CI previewer ({cfg.repository})")
-    federate("ci-previewer-federated", previewer, _principal_set(pool, "repository_id", cfg.repository_id))
-    # A preview reads state and decrypts its secrets, and can write neither.
-    gcp.storage.BucketIAMMember(
-        "ci-previewer-state", bucket=state.name, role="roles/storage.objectViewer", member=_member(previewer)
+    previewer = gcp.serviceaccount.Account(
+        "ci-previewer",
+        account_id="tpu-platform-ci-previewer",
+        display_name=f"tpu-platform CI previewer ({cfg.repository})",
+        project=cfg.project,
+        opts=after_apis,
     )
-    gcp.kms.CryptoKeyIAMMember(
-        "ci-previewer-secrets",
-        crypto_key_id=key.id,
-        role="roles/cloudkms.cryptoKeyDecrypter",
-        member=_member(previewer),
+    shared = _Shared(cfg, state, key_ring, pool, previewer, after_apis, kept, [])
+    _federate(shared, "ci-previewer-federated", previewer, "repository_id", cfg.repository_id)
+    # A preview reads state (each environment's secrets: below) and can write neither.
+    shared.grants.append(
+        gcp.storage.BucketIAMMember(
+            "ci-previewer-state", bucket=state.name, role="roles/storage.objectViewer", member=_member(previewer)
+        )
     )
     if cfg.billing_account:
-        gcp.billing.AccountIamMember(
-            "ci-previewer-billing",
-            billing_account_id=cfg.billing_account,
-            role=BILLING_PREVIEW_ROLE,
-            member=_member(previewer),
+        shared.grants.append(
+            gcp.billing.AccountIamMember(
+                "ci-previewer-billing",
+                billing_account_id=cfg.billing_account,
+                role=BILLING_PREVIEW_ROLE,
+                member=_member(previewer),
+            )
         )
 
     deployers: dict[str, pulumi.Output[str]] = {}
+    secrets: dict[str, pulumi.Output[str]] = {}
     for stack, project in sorted(cfg.environments.items()):
-        entry = access[stack]
-        env_apis = [
-            gcp.projects.Service(
-                f"{stack}-api-{api.split('.')[0]}", project=project, service=api, disable_on_destroy=False
-            )
-            for api in ENVIRONMENT_APIS
-        ]
-        in_env = pulumi.ResourceOptions(depends_on=env_apis)
-        deployer = account(f"deployer-{stack}", naming.deployer_account_id(stack), f"tpu-platform deployer of {stack}")
-        deployers[stack] = deployer.email
-        member = _member(deployer)
-        workflow = f"{cfg.repository}/{DEPLOY_WORKFLOW}@{cfg.deploy_ref}"
-        federate(f"deployer-{stack}-federated", deployer, _principal_set(pool, "deploy", f"{stack}@{workflow}"))
+        deployers[stack], secrets[stack] = _environment(shared, stack, project, access[stack])
 
-        role = _environment_role(
-            stack,
-            project,
-            in_env,
-            "deployer",
-            "Computed from the environment's plan (bootstrap/access.json); nothing else.",
-            entry["deployerPermissions"],
+    # IAM changes "typically propagate in 2 minutes, but could potentially take 7 minutes or longer"
+    # (IAM, "Access change propagation"): the first deploy after a bootstrap run uses these grants.
+    propagation_wait("grants", shared.grants)
+    return {
+        "stateBackend": state.name.apply(lambda name: f"gs://{name}"),
+        "secretsProviders": secrets,
+        "workloadIdentityProvider": provider.name,
+        "previewServiceAccount": previewer.email,
+        "deployServiceAccounts": deployers,
+    }
+
+
+def _federate(shared: _Shared, name: str, target: gcp.serviceaccount.Account, attribute: str, value: str) -> None:
+    gcp.serviceaccount.IAMMember(
+        name,
+        service_account_id=target.name,
+        role="roles/iam.workloadIdentityUser",
+        member=_principal_set(shared.pool, attribute, value),
+    )
+
+
+def _environment(
+    shared: _Shared, stack: str, project: str, entry: dict[str, Any]
+) -> tuple[pulumi.Output[str], pulumi.Output[str]]:
+    """One environment: its APIs, identities, key and agents. Returns its deployer and secrets provider."""
+    cfg, grants = shared.cfg, shared.grants
+    env_apis = [
+        gcp.projects.Service(f"{stack}-api-{api.split('.')[0]}", project=project, service=api, disable_on_destroy=False)
+        for api in ENVIRONMENT_APIS
+    ]
+    in_env = pulumi.ResourceOptions(depends_on=env_apis)
+    deployer = gcp.serviceaccount.Account(
+        f"deployer-{stack}",
+        account_id=naming.deployer_account_id(stack),
+        display_name=f"tpu-platform deployer of {stack}",
+        project=cfg.project,
+        opts=shared.after_apis,
+    )
+    member = _member(deployer)
+    workflow = f"{cfg.repository}/{DEPLOY_WORKFLOW}@{cfg.deploy_ref}"
+    _federate(shared, f"deployer-{stack}-federated", deployer, "deploy", f"{stack}@{workflow}")
+
+    # The accounts and custom roles the stack uses: made here, never by its deployer.
+    identities = StackIdentities.from_json(entry)
+    adopting = stack in cfg.adopt
+    accounts: dict[str, gcp.serviceaccount.Account] = {}
+    for spec in identities.accounts:
+        accounts[spec.account_id] = gcp.serviceaccount.Account(
+            f"{stack}-account-{spec.account_id}",
+            account_id=spec.account_id,
+            display_name=spec.display_name,
+            description=spec.description,
+            project=project,
+            opts=pulumi.ResourceOptions(depends_on=env_apis, import_=spec.name(project) if adopting else None),
         )
+    for spec in identities.roles:
+        gcp.projects.IAMCustomRole(
+            f"{stack}-role-{spec.role_id}",
+            project=project,
+            role_id=spec.role_id,
+            title=spec.title,
+            description=spec.description,
+            permissions=list(spec.permissions),
+            opts=pulumi.ResourceOptions(depends_on=env_apis, import_=spec.name(project) if adopting else None),
+        )
+    # Act-as on an account is granted on the account: the deployer on those its plans attach, a
+    # platform account on those it attaches at run time (the guard re-creating a node).
+    actors = [("deployer", member, target) for target in entry["deployerActsAs"]] + [
+        (actor, accounts[actor].email.apply(iam.service_account_member), target) for actor, target in identities.acts_as
+    ]
+    for who, who_member, target in actors:
+        grants.append(
+            gcp.serviceaccount.IAMMember(
+                f"{stack}-{who}-acts-as-{target}",
+                service_account_id=accounts[target].name,
+                role=SERVICE_ACCOUNT_USER,
+                member=who_member,
+            )
+        )
+
+    role = _environment_role(
+        stack,
+        project,
+        in_env,
+        "deployer",
+        "Computed from the environment's plans (bootstrap/access.json); nothing else.",
+        entry["deployerPermissions"],
+    )
+    grants.append(
         gcp.projects.IAMMember(f"deployer-{stack}-grant", project=project, role=role.name, member=member, opts=in_env)
+    )
+    grants.append(
         gcp.projects.IAMMember(
             f"deployer-{stack}-grants-only-platform-roles",
             project=project,
@@ -345,9 +458,11 @@ def build_bootstrap(cfg: BootstrapConfig) -> dict[str, Any]:
             ),
             opts=in_env,
         )
+    )
+    grants.append(
         gcp.storage.BucketIAMMember(
             f"deployer-{stack}-state",
-            bucket=state.name,
+            bucket=shared.state.name,
             role="roles/storage.objectUser",
             member=member,
             condition=gcp.storage.BucketIAMMemberConditionArgs(
@@ -356,84 +471,136 @@ def build_bootstrap(cfg: BootstrapConfig) -> dict[str, Any]:
                 expression=state_paths_condition(cfg.state_bucket, stack),
             ),
         )
-        gcp.kms.CryptoKeyIAMMember(
-            f"deployer-{stack}-secrets", crypto_key_id=key.id, role=ENCRYPTER_DECRYPTER, member=member
+    )
+    grants.append(
+        gcp.storage.BucketIAMMember(
+            f"deployer-{stack}-state-reads",
+            bucket=shared.state.name,
+            role="roles/storage.objectViewer",
+            member=member,
+            condition=gcp.storage.BucketIAMMemberConditionArgs(
+                title=f"backend-layout-{stack}",
+                description="Read the backend's layout and list the stack's own folders",
+                expression=state_reads_condition(cfg.state_bucket, stack),
+            ),
         )
-        for account_id in entry["billingAccounts"]:
+    )
+    # Each environment's secrets under its own key: no deployer can decrypt another's.
+    key = gcp.kms.CryptoKey(
+        f"secrets-key-{stack}",
+        name=f"pulumi-secrets-{stack}",
+        key_ring=shared.key_ring.id,
+        purpose="ENCRYPT_DECRYPT",
+        rotation_period=KEY_ROTATION,
+        opts=shared.kept,
+    )
+    grants.append(
+        gcp.kms.CryptoKeyIAMMember(f"deployer-{stack}-secrets", crypto_key_id=key.id, role=ENCRYPTER_DECRYPTER,
+                                   member=member)
+    )  # fmt: skip
+    # A preview decrypts the state's secrets (Pulumi's gcpkms provider unwraps the stack's data key).
+    # A production stack keeps no secret in its stack file (infra/platform.py refuses one), since any
+    # branch of the repository can run the previewer.
+    grants.append(
+        gcp.kms.CryptoKeyIAMMember(f"previewer-{stack}-secrets", crypto_key_id=key.id,
+                                   role="roles/cloudkms.cryptoKeyDecrypter", member=_member(shared.previewer))
+    )  # fmt: skip
+    for account_id in entry["billingAccounts"]:
+        grants.append(
             gcp.billing.AccountIamMember(
                 f"deployer-{stack}-billing-{account_id}",
                 billing_account_id=account_id,
                 role=BILLING_DEPLOY_ROLE,
                 member=member,
             )
-
-        preview_role = _environment_role(
-            stack,
-            project,
-            in_env,
-            "previewer",
-            "The reads of `pulumi preview --refresh` (bootstrap/access.json); no write.",
-            entry["previewerPermissions"],
         )
+
+    preview_role = _environment_role(
+        stack,
+        project,
+        in_env,
+        "previewer",
+        "The reads of `pulumi preview --refresh` (bootstrap/access.json); no write.",
+        entry["previewerPermissions"],
+    )
+    previewer = _member(shared.previewer)
+    grants.append(
         gcp.projects.IAMMember(
-            f"previewer-{stack}-grant", project=project, role=preview_role.name, member=_member(previewer), opts=in_env
+            f"previewer-{stack}-grant", project=project, role=preview_role.name, member=previewer, opts=in_env
         )
-
-        agent_apis = {grant["agent"] for grant in entry["agentGrants"]} - {"storage.googleapis.com"}
-        for api in sorted(agent_apis):  # an agent is generated only where its API is on
-            env_apis.append(
-                gcp.projects.Service(f"{stack}-api-{api.split('.')[0]}", project=project, service=api,
-                                     disable_on_destroy=False)
-            )  # fmt: skip
-        for grant in entry["agentGrants"]:
-            # Google's agents of the environment, with roles the deployer may not grant (they hold
-            # act-as and token rights): provisioned and granted here, before the first deploy.
-            short = grant["agent"].split(".")[0]
-            if grant["agent"] == "storage.googleapis.com":
-                agent_member = gcp.storage.get_project_service_account_output(
-                    project=project, opts=pulumi.InvokeOutputOptions(depends_on=env_apis)
-                ).member
-            else:
-                identity = gcp.projects.ServiceIdentity(
-                    f"{stack}-{short}-agent",
-                    project=project,
-                    service=grant["agent"],
-                    opts=pulumi.ResourceOptions(depends_on=env_apis),
-                )
-                agent_member = identity.member
+    )
+    reads = ObjectReads(**{k: tuple(v) for k, v in entry["previewerObjectReads"].items()})
+    if reads.objects or reads.listings:
+        # Cloud Storage honours resource.name in conditions: the previewer reads the platform's own
+        # objects (packaged sources, the guard's archive, completion markers), never data or models.
+        grants.append(
             gcp.projects.IAMMember(
-                f"{stack}-{short}-agent-{grant['role'].rsplit('.', 1)[-1]}",
+                f"previewer-{stack}-object-reads",
                 project=project,
-                role=grant["role"],
-                member=agent_member,
+                role="roles/storage.objectViewer",
+                member=previewer,
+                condition=gcp.projects.IAMMemberConditionArgs(
+                    title="refresh-reads-only",
+                    description="Only the objects a refresh of the stack reads",
+                    expression=object_reads_condition(reads),
+                ),
                 opts=in_env,
             )
-        for index, grant in enumerate(entry["cmekKeys"]):
-            # The environment's Google agents use keys kept in another project (a security team's); the
-            # grant is made here so that the deployer needs no right on those keys.
-            if grant["agent"] == "storage.googleapis.com":
-                key_user = gcp.storage.get_project_service_account_output(
-                    project=project, opts=pulumi.InvokeOutputOptions(depends_on=env_apis)
-                ).member
-            else:  # Pub/Sub's agent, provisioned here (its API on first), as Eventarc's above
-                api = gcp.projects.Service(
-                    f"{stack}-api-cmek-{index}", project=project, service=grant["agent"], disable_on_destroy=False
-                )
-                key_user = gcp.projects.ServiceIdentity(
-                    f"{stack}-cmek-{index}-identity", project=project, service=grant["agent"],
-                    opts=pulumi.ResourceOptions(depends_on=[*env_apis, api]),
-                ).member  # fmt: skip
-            gcp.kms.CryptoKeyIAMMember(
-                f"{stack}-cmek-{index}-{grant['agent'].split('.')[0]}-agent",
-                crypto_key_id=grant["key"],
-                role=ENCRYPTER_DECRYPTER,
-                member=key_user,
-            )
+        )
+    _agents(stack, project, entry, env_apis)
+    return deployer.email, key.id.apply(lambda key_id: f"gcpkms://{key_id}")
 
-    return {
-        "stateBackend": state.name.apply(lambda name: f"gs://{name}"),
-        "secretsProvider": key.id.apply(lambda key_id: f"gcpkms://{key_id}"),
-        "workloadIdentityProvider": provider.name,
-        "previewServiceAccount": previewer.email,
-        "deployServiceAccounts": deployers,
-    }
+
+def _agents(stack: str, project: str, entry: dict[str, Any], apis: Sequence[pulumi.Resource]) -> None:
+    in_env = pulumi.ResourceOptions(depends_on=list(apis))
+    env_apis: list[pulumi.Resource] = list(apis)
+    agent_apis = {grant["agent"] for grant in entry["agentGrants"]} - {"storage.googleapis.com"}
+    for api in sorted(agent_apis):  # an agent is generated only where its API is on
+        env_apis.append(
+            gcp.projects.Service(f"{stack}-api-{api.split('.')[0]}", project=project, service=api,
+                                 disable_on_destroy=False)
+        )  # fmt: skip
+    for grant in entry["agentGrants"]:
+        # Google's agents of the environment, with roles the deployer may not grant (they hold
+        # act-as and token rights): provisioned and granted here, before the first deploy.
+        short = grant["agent"].split(".")[0]
+        if grant["agent"] == "storage.googleapis.com":
+            agent_member = gcp.storage.get_project_service_account_output(
+                project=project, opts=pulumi.InvokeOutputOptions(depends_on=env_apis)
+            ).member
+        else:
+            identity = gcp.projects.ServiceIdentity(
+                f"{stack}-{short}-agent",
+                project=project,
+                service=grant["agent"],
+                opts=pulumi.ResourceOptions(depends_on=env_apis),
+            )
+            agent_member = identity.member
+        gcp.projects.IAMMember(
+            f"{stack}-{short}-agent-{grant['role'].rsplit('.', 1)[-1]}",
+            project=project,
+            role=grant["role"],
+            member=agent_member,
+            opts=in_env,
+        )
+    for index, grant in enumerate(entry["cmekKeys"]):
+        # The environment's Google agents use keys kept in another project (a security team's); the
+        # grant is made here so that the deployer needs no right on those keys.
+        if grant["agent"] == "storage.googleapis.com":
+            key_user = gcp.storage.get_project_service_account_output(
+                project=project, opts=pulumi.InvokeOutputOptions(depends_on=env_apis)
+            ).member
+        else:  # Pub/Sub's agent, provisioned here (its API on first), as Eventarc's above
+            api = gcp.projects.Service(
+                f"{stack}-api-cmek-{index}", project=project, service=grant["agent"], disable_on_destroy=False
+            )
+            key_user = gcp.projects.ServiceIdentity(
+                f"{stack}-cmek-{index}-identity", project=project, service=grant["agent"],
+                opts=pulumi.ResourceOptions(depends_on=[*env_apis, api]),
+            ).member  # fmt: skip
+        gcp.kms.CryptoKeyIAMMember(
+            f"{stack}-cmek-{index}-{grant['agent'].split('.')[0]}-agent",
+            crypto_key_id=grant["key"],
+            role=ENCRYPTER_DECRYPTER,
+            member=key_user,
+        )

@@ -15,14 +15,20 @@ Identities (each grant has its evidence next to it):
   authentication with HTTP targets"; the provider's `cloudfunctions2_function` scheduler example);
 - a build account: functions build with it, not with the Compute default account that new projects
   use and that may lack `cloudbuild.builds.builder` (Cloud Run functions, "Configure the build
-  service account"); it holds Cloud Run Builder and reads the source bucket;
+  service account"). Google's guide grants it Cloud Run Builder on the project, which reads every
+  bucket and writes every repository of the project; here it holds what that role's parts are for, on
+  their resources only, as the build-account guide lists them (Cloud Run functions, "Custom Service
+  Account for Cloud Build"): write logs (project), read the source bucket, write the functions' own
+  image repository (`buildConfig.dockerRepository`: "If specified by user, it is created and managed by
+  user");
+- the three accounts, the guard's role and every act-as (the deployer's on all three, the guard's on
+  each workload account) are the bootstrap's to make (`guard_identities`, infra/access/accounts.py);
 - Google's agents are the bootstrap's: it provisions Eventarc's service agent and grants it
   `roles/eventarc.serviceAgent` before any trigger exists ("Permission denied while using the
   Eventarc Service Agent"), and lets the Cloud Storage agent publish to Pub/Sub, which direct Cloud
   Storage events need (Eventarc, "Roles and permissions for Cloud Run functions targets"). Those
   roles hold act-as and token rights, so the deployer may not grant them (its condition lists only
   the plan's own roles, and the policy pack refuses such a list).
-The deployer gets act-as on the guard, invoker and build accounts; each function waits for them.
 """
 
 from __future__ import annotations
@@ -35,11 +41,12 @@ from pathlib import Path
 import pulumi
 import pulumi_gcp as gcp
 
-from infra import grants, iam, naming
+from infra import grants, naming
 from infra.access import iamdata
+from infra.access.accounts import AccountSpec, RoleSpec, StackIdentities
 from infra.apis import ProjectApis
 from infra.config import AutomationSettings, Env, TpuVmSettings
-from infra.lifecycle import StartTarget, attempt_deadline, custom_role
+from infra.lifecycle import StartTarget, attempt_deadline
 from infra.storage import private_bucket
 from infra.tpu import queued_api
 
@@ -60,9 +67,9 @@ GUARD_METHODS = (
     "tpu.projects.locations.queuedResources.delete",
 )
 GUARD_PERMISSIONS = iamdata.permissions_for(GUARD_METHODS)
-# Cloud Run, "Deploy a Cloud Run function": the build service account needs Cloud Run Builder. Narrower
-# than cloudbuild.builds.builder, which can create builds (the policy pack's deny-list).
-BUILDER_ROLE = "roles/run.builder"
+# The build account's grants: Cloud Run Builder's parts, each on its resource (see the module docstring).
+BUILD_LOGS_ROLE = "roles/logging.logWriter"
+BUILD_IMAGES_ROLE = "roles/artifactregistry.writer"
 EVENT_RECEIVER_ROLE = "roles/eventarc.eventReceiver"
 INVOKER_ROLE = "roles/run.invoker"
 # How long each function may run (Cloud Run's request timeout), and so how long the Cloud Scheduler job
@@ -99,7 +106,6 @@ class TpuGuardArgs:
     automation: AutomationSettings
     vms: tuple[TpuVmSettings, ...]
     runs: tuple[tuple[str, str], ...]  # (TPU VM, its current run id: infra/tpu/metadata.py run_id)
-    deployer: str  # CI's deploy account, given act-as on the guard's accounts; "" when people deploy
     billing_account: str
     bucket_location: str  # the platform buckets' location: the source bucket's, and the status events'
 
@@ -115,6 +121,29 @@ class TpuGuardArgs:
     def needed(self) -> bool:
         """The guard serves budget actions, recovery, run completion and scheduled starts."""
         return bool(self.automation.enabled or self.self_stop or self.schedules)
+
+
+def guard_accounts(stack: str) -> dict[str, AccountSpec]:
+    """The guard's runtime account, the invoker Cloud Scheduler calls it as, and its build account."""
+    return {
+        "guard": AccountSpec(naming.platform_account_id("guard", stack), f"TPU guard ({stack})"),
+        "invoker": AccountSpec(naming.platform_account_id("guard-invoker", stack), f"Invokes the TPU guard ({stack})"),
+        "builder": AccountSpec(naming.platform_account_id("guard-build", stack), f"Builds the TPU guard ({stack})"),
+    }
+
+
+def guard_role(stack: str) -> RoleSpec:
+    what = "List, stop, start, delete and re-create TPU nodes (queued: through their request); no more."
+    return RoleSpec.of("guard", stack, "TPU guard", what, GUARD_PERMISSIONS)
+
+
+def guard_identities(stack: str, workload_accounts: tuple[str, ...]) -> StackIdentities:
+    """Made by the bootstrap, with act-as for the guard on each workload account (a node it re-creates
+    runs as its workload's account, and nodes.create checks act-as on it)."""
+    guard = guard_accounts(stack)["guard"].account_id
+    return StackIdentities(
+        tuple(guard_accounts(stack).values()), (guard_role(stack),), tuple((guard, a) for a in workload_accounts)
+    )
 
 
 def guard_apis(args: TpuGuardArgs) -> tuple[str, ...]:
@@ -157,7 +186,6 @@ class TpuGuard(pulumi.ComponentResource):
         apis: ProjectApis,
         encryption: gcp.storage.BucketEncryptionArgs | None,
         storage_ready: list[pulumi.Resource],
-        workload_accounts: dict[str, gcp.serviceaccount.Account],
         status_bucket: gcp.storage.Bucket,
         topic: gcp.pubsub.Topic | None,
         budget_name: pulumi.Output[str],
@@ -170,62 +198,28 @@ class TpuGuard(pulumi.ComponentResource):
         needs = apis.needs("cloudfunctions", "run", "cloudbuild", "artifactregistry", "eventarc")
         crm = apis.needs("cloudresourcemanager")
 
-        def account(suffix: str, account_id: str, display: str) -> gcp.serviceaccount.Account:
-            return gcp.serviceaccount.Account(
-                f"{name}-{suffix}",
-                account_id=account_id,
-                display_name=display,
-                project=env.project,
-                opts=pulumi.ResourceOptions(parent=self, depends_on=apis.needs("iam")),
-            )
-
-        self.account = account("sa", naming.platform_account_id("guard", env.stack), f"TPU guard ({env.stack})")
-        self.invoker = account(
-            "invoker", naming.platform_account_id("guard-invoker", env.stack), f"Invokes the TPU guard ({env.stack})"
-        )
-        self.builder = account(
-            "builder", naming.platform_account_id("guard-build", env.stack), f"Builds the TPU guard ({env.stack})"
-        )
-        member = self.account.email.apply(iam.service_account_member)
-        invoker_member = self.invoker.email.apply(iam.service_account_member)
-        self.role = custom_role(
-            name, env, apis, self, kind="guard", title="TPU guard",
-            description="List, stop, start, delete and re-create TPU nodes (queued: through their request); no more.",
-            permissions=GUARD_PERMISSIONS,
-        )  # fmt: skip
+        accounts = guard_accounts(env.stack)
+        self.email = accounts["guard"].email(env.project)
+        member = accounts["guard"].member(env.project)
+        invoker_member = accounts["invoker"].member(env.project)
+        builder_member = accounts["builder"].member(env.project)
         ready: list[pulumi.Resource] = [
             grants.project_role(
-                f"{name}-tpu", env.project, self.role.name, member, parent=self, depends_on=crm
+                f"{name}-tpu", env.project, guard_role(env.stack).name(env.project), member, parent=self,
+                depends_on=crm, permissions=frozenset(GUARD_PERMISSIONS),
             ),
             grants.project_role(
                 f"{name}-receiver", env.project, EVENT_RECEIVER_ROLE, member, parent=self, depends_on=crm
             ),
             grants.project_role(
-                f"{name}-builder", env.project, BUILDER_ROLE, self.builder.email.apply(iam.service_account_member),
-                parent=self, depends_on=crm,
+                f"{name}-builder-logs", env.project, BUILD_LOGS_ROLE, builder_member, parent=self, depends_on=crm,
             ),
             # Completion markers to read, recovery records to keep: the status bucket only.
             gcp.storage.BucketIAMMember(
                 f"{name}-status", bucket=status_bucket.name, role="roles/storage.objectUser", member=member, opts=child
             ),
         ]  # fmt: skip
-        for workload, workload_account in workload_accounts.items():
-            ready.append(
-                gcp.serviceaccount.IAMMember(
-                    f"{name}-act-as-{workload}",
-                    service_account_id=workload_account.name,
-                    role=grants.SERVICE_ACCOUNT_USER,
-                    member=member,
-                    opts=child,
-                )
-            )
         invoker_ready: list[pulumi.Resource] = []
-        if args.deployer:
-            ready += [
-                grants.act_as(f"{name}-deployer-act-as", self.account, args.deployer, self),
-                grants.act_as(f"{name}-deployer-act-as-builder", self.builder, args.deployer, self),
-            ]
-            invoker_ready.append(grants.act_as(f"{name}-deployer-act-as-invoker", self.invoker, args.deployer, self))
 
         # Versioned (as every bucket), so the source of every deployed guard stays there to audit or roll
         # back to; in production kept on destroy like every bucket, elsewhere a build input `destroy` may empty.
@@ -254,10 +248,37 @@ class TpuGuard(pulumi.ComponentResource):
                 f"{name}-builder-source",
                 bucket=source_bucket.name,
                 role="roles/storage.objectViewer",
-                member=self.builder.email.apply(iam.service_account_member),
+                member=builder_member,
                 opts=child,
             )
         )
+        images_id = naming.function_repository(env.stack)
+        images = gcp.artifactregistry.Repository(
+            f"{name}-images",
+            project=env.project,
+            location=region,
+            repository_id=images_id,
+            format="DOCKER",
+            description=f"Images of the TPU guard's functions ({env.stack})",
+            kms_key_name=encryption.default_kms_key_name if encryption else None,
+            labels={**env.labels, "purpose": "functions-images"},
+            opts=pulumi.ResourceOptions(parent=self, depends_on=apis.needs("artifactregistry")),
+        )
+        images_path = f"projects/{env.project}/locations/{region}/repositories/{images_id}"
+        ready.append(
+            gcp.artifactregistry.RepositoryIamMember(
+                f"{name}-builder-images",
+                project=env.project,
+                location=region,
+                repository=images.repository_id,
+                role=BUILD_IMAGES_ROLE,
+                member=builder_member,
+                opts=child,
+            )
+        )
+        # The build runs as the build account, and triggers deliver as the guard, as soon as a function
+        # exists: both wait until their fresh grants apply.
+        granted = grants.propagation_wait(f"{name}-grants-applied", ready, parent=self)
         settings = {
             "PROJECT": env.project,
             "ENVIRONMENT": env.stack,
@@ -283,7 +304,8 @@ class TpuGuard(pulumi.ComponentResource):
                 build_config=gcp.cloudfunctionsv2.FunctionBuildConfigArgs(
                     runtime="python312",
                     entry_point=entry_point,
-                    service_account=self.builder.id,
+                    service_account=accounts["builder"].name(env.project),
+                    docker_repository=images_path,
                     source=gcp.cloudfunctionsv2.FunctionBuildConfigSourceArgs(
                         storage_source=gcp.cloudfunctionsv2.FunctionBuildConfigSourceStorageSourceArgs(
                             bucket=source_bucket.name, object=archive.name
@@ -291,7 +313,7 @@ class TpuGuard(pulumi.ComponentResource):
                     ),
                 ),
                 service_config=gcp.cloudfunctionsv2.FunctionServiceConfigArgs(
-                    service_account_email=self.account.email,
+                    service_account_email=self.email,
                     environment_variables={**settings, **extra},
                     ingress_settings="ALLOW_INTERNAL_ONLY",
                     max_instance_count=1,  # one guard at a time: no two recoveries of one node
@@ -300,10 +322,10 @@ class TpuGuard(pulumi.ComponentResource):
                 ),
                 event_trigger=trigger,
                 labels=env.labels,
-                opts=pulumi.ResourceOptions(parent=self, depends_on=[*needs, *ready]),
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[*needs, *ready, granted]),
             )
 
-        def invoke_grant(suffix: str, fn: gcp.cloudfunctionsv2.Function, who: pulumi.Output[str]) -> pulumi.Resource:
+        def invoke_grant(suffix: str, fn: gcp.cloudfunctionsv2.Function, who: str) -> pulumi.Resource:
             return gcp.cloudrunv2.ServiceIamMember(
                 f"{name}-{suffix}",
                 project=env.project,
@@ -331,7 +353,7 @@ class TpuGuard(pulumi.ComponentResource):
                     event_type="google.cloud.pubsub.topic.v1.messagePublished",
                     pubsub_topic=topic.id,
                     retry_policy="RETRY_POLICY_RETRY",
-                    service_account_email=self.account.email,
+                    service_account_email=self.email,
                 ),
             )
             invoke_grant("budget-invoker", self.budget_function, member)
@@ -352,7 +374,7 @@ class TpuGuard(pulumi.ComponentResource):
                         )
                     ],
                     retry_policy="RETRY_POLICY_RETRY",
-                    service_account_email=self.account.email,
+                    service_account_email=self.email,
                 ),
             )
             invoke_grant("complete-invoker", self.complete_function, member)
@@ -376,7 +398,8 @@ class TpuGuard(pulumi.ComponentResource):
                     uri=self.recovery_function.url,
                     http_method="POST",
                     oidc_token=gcp.cloudscheduler.JobHttpTargetOidcTokenArgs(
-                        service_account_email=self.invoker.email, audience=self.recovery_function.url
+                        service_account_email=accounts["invoker"].email(env.project),
+                        audience=self.recovery_function.url,
                     ),
                 ),
                 opts=pulumi.ResourceOptions(parent=self, depends_on=[*apis.needs("cloudscheduler"), *invoker_ready]),
@@ -387,6 +410,9 @@ class TpuGuard(pulumi.ComponentResource):
             start_function = function("scheduled-start", "scheduled_start", {})
             invoker_ready.append(invoke_grant("start-invoker", start_function, invoker_member))
             self.start = StartTarget(
-                start_function.url, self.invoker.email, list(invoker_ready), attempt_deadline(FUNCTION_TIMEOUT_S)
+                start_function.url,
+                accounts["invoker"].email(env.project),
+                list(invoker_ready),
+                attempt_deadline(FUNCTION_TIMEOUT_S),
             )
-        self.register_outputs({"account": self.account.email})
+        self.register_outputs({"account": self.email})

@@ -1,24 +1,25 @@
 """The platform's grant helpers: one way to give an account a role, at each level.
 
-- `act_as`: the deployer may attach one service account (to a TPU VM, a Scheduler job, a function);
-  Google checks `iam.serviceAccounts.actAs` on the account itself, so the grant is made there, never
-  on the project. Whatever attaches the account must depend on the grant (tests check the closure).
+- Act-as on an attached account (a TPU VM's, a Scheduler job's, a function's) is checked on the account
+  itself; the bootstrap, which makes the accounts, grants it there (`infra/access/accounts.py`).
 - `project_role`: a project-level role. Conditions on resource attributes are refused for services
   that ignore them (Google's "Resource attributes for IAM Conditions"): such a grant would silently
   apply to every resource of the service.
+- `propagation_wait`: what uses a grant made in the same deploy waits until it has taken effect.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
+from collections.abc import Sequence
 
 import pulumi
 import pulumi_gcp as gcp
+import pulumiverse_time as time
 
-from infra import iam
 from infra.access import iamdata
 
-SERVICE_ACCOUNT_USER = "roles/iam.serviceAccountUser"
 _RESOURCE_ATTRIBUTE = re.compile(r"\bresource\.(name|type|service)\b")
 
 
@@ -74,19 +75,6 @@ def prefix_condition(bucket: str, prefix: str, title: str) -> gcp.storage.Bucket
     )
 
 
-def act_as(
-    name: str, account: gcp.serviceaccount.Account, deployer: str, parent: pulumi.Resource
-) -> gcp.serviceaccount.IAMMember:
-    """The deployer may attach `account`; granted on that account only."""
-    return gcp.serviceaccount.IAMMember(
-        name,
-        service_account_id=account.name,
-        role=SERVICE_ACCOUNT_USER,
-        member=iam.service_account_member(deployer),
-        opts=pulumi.ResourceOptions(parent=parent),
-    )
-
-
 def project_role(
     name: str,
     project: str,
@@ -111,4 +99,28 @@ def project_role(
         member=member,
         condition=condition,
         opts=pulumi.ResourceOptions(parent=parent, depends_on=depends_on),
+    )
+
+
+# IAM, "Access change propagation": allow-policy changes "typically propagate in 2 minutes, but could
+# potentially take 7 minutes or longer". The provider retries only quota errors on a 403, never a
+# denied act-as or a build that cannot read its source; pulumi-gcp's own V2Vm example sleeps 60 s after
+# creating the account "to limit eventual consistency errors" (pulumiverse-time, as here).
+PROPAGATION = "120s"
+
+
+def propagation_wait(
+    name: str, grants: Sequence[pulumi.Resource], parent: pulumi.Resource | None = None
+) -> pulumi.Resource:
+    """A wait after `grants` for whatever uses them: it runs when it is created, that is on the first
+    deploy, and again whenever a grant is added (its trigger is the set of grants); later deploys go on
+    at once. The deploy workflow installs its provider plugin (.github/workflows/deploy.yml)."""
+    urns = pulumi.Output.all(*[g.urn for g in grants]).apply(
+        lambda values: hashlib.sha256("\n".join(sorted(values)).encode()).hexdigest()[:16]
+    )
+    return time.Sleep(
+        name,
+        create_duration=PROPAGATION,
+        triggers={"grants": urns},
+        opts=pulumi.ResourceOptions(parent=parent, depends_on=list(grants)),
     )

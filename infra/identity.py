@@ -1,8 +1,9 @@
 """One dedicated service account per workload, holding only allow-listed roles (S25).
 
-Never the default Compute Engine account and never a key. Project roles come from the workload's
-config (already checked against `iam.ALLOWED_PROJECT_ROLES`); storage roles are granted on each
-bucket the workload uses, not on the project.
+Never the default Compute Engine account and never a key. The account is the bootstrap's to make
+(`infra/access/accounts.py`): the stack names it and grants it its roles. Project roles come from the
+workload's config (already checked against `iam.ALLOWED_PROJECT_ROLES`); storage roles are granted on
+each bucket the workload uses, not on the project.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import pulumi_gcp as gcp
 
 from infra import grants, iam
 from infra.access import iamdata
+from infra.access.accounts import AccountSpec
 from infra.apis import ProjectApis
 from infra.config import Env, WorkloadSettings, service_account_id
 
@@ -37,10 +39,15 @@ IDENTITY_APIS = (
 )
 
 
+def workload_account(workload: WorkloadSettings, stack: str) -> AccountSpec:
+    return AccountSpec(
+        service_account_id(workload.name, stack), f"TPU workload {workload.name} ({stack})", workload.description
+    )
+
+
 @dataclass(frozen=True)
 class WorkloadIdentityArgs:
     workload: WorkloadSettings
-    deployer: str  # CI's deploy account, given act-as on the workload's; "" when people deploy
 
 
 class WorkloadIdentity(pulumi.ComponentResource):
@@ -56,16 +63,9 @@ class WorkloadIdentity(pulumi.ComponentResource):
         super().__init__("tpu-platform:iam:WorkloadIdentity", name, None, opts)
         workload = args.workload
         child = pulumi.ResourceOptions(parent=self)
-        self.account = gcp.serviceaccount.Account(
-            f"{name}-sa",
-            account_id=service_account_id(workload.name, env.stack),
-            display_name=f"TPU workload {workload.name} ({env.stack})",
-            description=workload.description,
-            project=env.project,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=apis.needs("iam")),
-        )
-        self.email = self.account.email
-        member = self.account.email.apply(iam.service_account_member)
+        account = workload_account(workload, env.stack)
+        self.email = account.email(env.project)
+        member = account.member(env.project)
 
         self.grants: list[pulumi.Resource] = []
         for role in workload.project_roles:
@@ -98,8 +98,4 @@ class WorkloadIdentity(pulumi.ComponentResource):
                 opts=child,
             )
             self.grants.append(grant)
-        if args.deployer:
-            # Attaching this account to a TPU VM needs actAs on it (nodes.create checks it), so the
-            # VM waits for this grant like for the others.
-            self.grants.append(grants.act_as(f"{name}-deployer-act-as", self.account, args.deployer, self))
         self.register_outputs({"email": self.email})

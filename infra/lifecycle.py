@@ -1,7 +1,7 @@
 """A TPU VM's life: scheduled stop and start, and what happens when its run is complete.
 
 - Stops: Cloud Scheduler calls the TPU API's `nodes.stop` with OAuth as a scheduler account whose
-  custom role holds exactly get and stop.
+  custom role holds exactly get and stop (both made by the bootstrap: `scheduler_identities`).
 - Starts go through the TPU guard's `scheduled-start` function (OIDC), which starts a node only if
   its run is not complete: a finished run is never booted again by the next morning's schedule.
 - Run to completion: the workload writes `<vm>/COMPLETE` in the run-status bucket (its account may
@@ -22,6 +22,7 @@ import pulumi_gcp as gcp
 
 from infra import grants, iam, naming
 from infra.access import iamdata
+from infra.access.accounts import AccountSpec, RoleSpec, StackIdentities
 from infra.apis import ProjectApis
 from infra.config import Env, TpuVmSettings
 from infra.storage import private_bucket
@@ -53,20 +54,17 @@ def node_url(project: str, vm: TpuVmSettings) -> str:
     return f"{TPU_API}/{naming.node_path(project, vm.zone, vm.name)}"
 
 
-def custom_role(
-    name: str, env: Env, apis: ProjectApis, parent: pulumi.Resource, *,
-    kind: str, title: str, description: str, permissions: Sequence[str],
-) -> gcp.projects.IAMCustomRole:  # fmt: skip
-    """A project custom role holding exactly `permissions`: the platform's unit of least privilege."""
-    return gcp.projects.IAMCustomRole(
-        f"{name}-role",
-        project=env.project,
-        role_id=naming.custom_role_id(kind, env.stack),
-        title=f"tpu-platform: {title} ({env.stack})",
-        description=description,
-        permissions=list(permissions),
-        opts=pulumi.ResourceOptions(parent=parent, depends_on=apis.needs("iam")),
-    )
+def scheduler_account(stack: str) -> AccountSpec:
+    return AccountSpec(naming.platform_account_id("scheduler", stack), f"TPU stop schedules ({stack})")
+
+
+def scheduler_role(stack: str) -> RoleSpec:
+    return RoleSpec.of("scheduler", stack, "TPU scheduler", "Stop and read TPU nodes; nothing else.",
+                       SCHEDULER_PERMISSIONS)  # fmt: skip
+
+
+def scheduler_identities(stack: str) -> StackIdentities:
+    return StackIdentities((scheduler_account(stack),), (scheduler_role(stack),))
 
 
 @dataclass(frozen=True)
@@ -74,15 +72,14 @@ class StartTarget:
     """Where scheduled starts go: the guard's function, called with OIDC as its invoker account."""
 
     url: pulumi.Output[str]
-    invoker_email: pulumi.Output[str]
-    ready: list[pulumi.Resource]  # the invoker's act-as and run.invoker grants
+    invoker_email: pulumi.Input[str]
+    ready: list[pulumi.Resource]  # the invoker's run.invoker grants
     deadline: str  # the job's attemptDeadline: as long as the function may run
 
 
 @dataclass(frozen=True)
 class TpuSchedulesArgs:
     vms: tuple[TpuVmSettings, ...]  # the VMs with a schedule
-    deployer: str  # CI's deploy account, given act-as on the scheduler's; "" when people deploy
 
 
 class TpuSchedules(pulumi.ComponentResource):
@@ -98,30 +95,19 @@ class TpuSchedules(pulumi.ComponentResource):
     ):
         super().__init__("tpu-platform:lifecycle:TpuSchedules", name, None, opts)
         scheduled = [vm for vm in args.vms if vm.schedule]
-        iam_api = pulumi.ResourceOptions(parent=self, depends_on=apis.needs("iam"))
-        self.account = gcp.serviceaccount.Account(
-            f"{name}-sa",
-            account_id=naming.platform_account_id("scheduler", env.stack),
-            display_name=f"TPU stop schedules ({env.stack})",
-            project=env.project,
-            opts=iam_api,
-        )
-        self.role = custom_role(
-            name, env, apis, self, kind="scheduler", title="TPU scheduler",
-            description="Stop and read TPU nodes; nothing else.", permissions=SCHEDULER_PERMISSIONS,
-        )  # fmt: skip
+        account = scheduler_account(env.stack)
+        self.email = account.email(env.project)
         ready: list[pulumi.Resource] = [
             grants.project_role(
                 f"{name}-grant",
                 env.project,
-                self.role.name,
-                self.account.email.apply(iam.service_account_member),
+                scheduler_role(env.stack).name(env.project),
+                account.member(env.project),
                 parent=self,
                 depends_on=apis.needs("cloudresourcemanager"),
+                permissions=frozenset(SCHEDULER_PERMISSIONS),
             )
         ]
-        if args.deployer:  # a job with an OAuth token attaches the account: act-as checked on it
-            ready.append(grants.act_as(f"{name}-deployer-act-as", self.account, args.deployer, self))
         self.jobs: list[gcp.cloudscheduler.Job] = []
         for vm in scheduled:
             assert vm.schedule is not None
@@ -155,7 +141,7 @@ class TpuSchedules(pulumi.ComponentResource):
                 body=base64.b64encode(b"{}").decode(),
                 headers=json_body,
                 oauth_token=gcp.cloudscheduler.JobHttpTargetOauthTokenArgs(
-                    service_account_email=self.account.email, scope="https://www.googleapis.com/auth/cloud-platform"
+                    service_account_email=self.email, scope="https://www.googleapis.com/auth/cloud-platform"
                 ),
             )
             self.jobs.append(job("stop", vm.schedule.stop, f"Stop TPU VM {vm.name}", stop, ready))
@@ -171,7 +157,7 @@ class TpuSchedules(pulumi.ComponentResource):
             )
             what = f"Start TPU VM {vm.name} unless its run is complete"
             self.jobs.append(job("start", vm.schedule.start, what, begin, start.ready, start.deadline))
-        self.register_outputs({"account": self.account.email})
+        self.register_outputs({"account": self.email})
 
 
 def schedule_outputs(vms: Sequence[TpuVmSettings]) -> dict[str, dict[str, str]]:
@@ -204,7 +190,7 @@ class RunStatus(pulumi.ComponentResource):
         name: str,
         env: Env,
         args: RunStatusArgs,
-        accounts: dict[str, pulumi.Output[str]],
+        accounts: dict[str, str],  # workload -> its account's email
         encryption: gcp.storage.BucketEncryptionArgs | None,
         ready: list[pulumi.Resource],
         opts: pulumi.ResourceOptions | None = None,
@@ -226,7 +212,7 @@ class RunStatus(pulumi.ComponentResource):
                 f"{name}-{vm}-writer",
                 bucket=self.bucket.name,
                 role="roles/storage.objectUser",
-                member=accounts[workload].apply(iam.service_account_member),
+                member=iam.service_account_member(accounts[workload]),
                 # Listing its own prefix too: the agent lists <vm>/requests/ (vm_agent/requests.py).
                 condition=grants.prefix_condition(self.bucket_name, naming.status_prefix(vm), f"run-status-{vm}"),
                 opts=pulumi.ResourceOptions(parent=self),

@@ -141,6 +141,12 @@ def artifact_repository(stack: str) -> str:
     return f"tpu-{stack}"
 
 
+def function_repository(stack: str) -> str:
+    """The Artifact Registry repository the guard's functions are built into (its build account writes
+    there and nowhere else), apart from the workloads' (whose tags are immutable)."""
+    return f"tpu-functions-{stack}"
+
+
 def source_object(sha256: str) -> str:
     """A packaged source folder in the artifacts bucket, named by its content (docs/design-runs.md)."""
     if not re.fullmatch(r"[0-9a-f]{64}", sha256):

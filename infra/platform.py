@@ -13,16 +13,17 @@ from typing import Any
 import pulumi
 
 from infra import naming
+from infra.access.accounts import StackIdentities
 from infra.apis import ProjectApis, required_apis
 from infra.artifacts import ARTIFACTS_APIS, ArtifactsArgs, WorkloadArtifacts, WorkloadCode
-from infra.automation import TpuGuard, TpuGuardArgs, guard_apis
+from infra.automation import TpuGuard, TpuGuardArgs, guard_apis, guard_identities
 from infra.budget import BudgetAlerts, BudgetAlertsArgs, budget_apis
 from infra.config import PROJECT, PlatformConfig
 from infra.config.sources import parse_image
 from infra.cost import StackCost, estimate
-from infra.gke.cluster import GKE_APIS, GkeCluster, GkeClusterArgs
+from infra.gke.cluster import GKE_APIS, GkeCluster, GkeClusterArgs, gke_node_account
 from infra.gke.slice_pools import SlicePool, SlicePoolArgs
-from infra.identity import IDENTITY_APIS, WorkloadIdentity, WorkloadIdentityArgs
+from infra.identity import IDENTITY_APIS, WorkloadIdentity, WorkloadIdentityArgs, workload_account
 from infra.lifecycle import (
     RUN_STATUS_APIS,
     SCHEDULES_APIS,
@@ -31,11 +32,12 @@ from infra.lifecycle import (
     TpuSchedules,
     TpuSchedulesArgs,
     schedule_outputs,
+    scheduler_identities,
 )
 from infra.monitoring import MONITORING_APIS, TpuMonitoring, TpuMonitoringArgs
 from infra.network import NETWORK_APIS, ClusterRanges, PrivateNetwork
 from infra.packaging import Package, repository_folder
-from infra.researchers import ResearcherAccess, ResearcherArgs, researcher_apis
+from infra.researchers import ResearcherAccess, ResearcherArgs, researcher_apis, researcher_identities
 from infra.run_status import completed_runs
 from infra.schema import ConfigError, Problem
 from infra.secrets import hide, keep_secret
@@ -56,31 +58,24 @@ def build_platform(cfg: PlatformConfig, secrets: Mapping[str, str] | None = None
     metadata = vm_metadata(cfg, digests)
     code_args = artifacts_args(cfg, digests)  # packages the folders; may refuse them, still before any resource
     refuse_secrets_in_metadata(cfg, metadata, secrets)
+    refuse_secrets_in_production(cfg, secrets)
     cost = check_cost(cfg)
     keep_secret(secrets)
     env = cfg.env
 
     # 1. What each component reads; a component whose feature is off gets no args and is not declared.
     budget_args = BudgetAlertsArgs(cfg.budget, cfg.billing_account, cfg.buckets.kms_key_name)
-    identity_args = {w.name: WorkloadIdentityArgs(w, cfg.deployer) for w in cfg.workloads}
+    identity_args = {w.name: WorkloadIdentityArgs(w) for w in cfg.workloads}
     status_args = RunStatusArgs(cfg.buckets.location, tuple((vm.name, vm.workload) for vm in cfg.tpu_vms))
-    guard_wanted = TpuGuardArgs(
-        automation=cfg.automation,
-        vms=cfg.tpu_vms,
-        runs=tuple((vm.name, run_id(cfg, vm)) for vm in cfg.tpu_vms),
-        deployer=cfg.deployer,
-        billing_account=cfg.billing_account,
-        bucket_location=cfg.buckets.location,
-    )
-    guard_args = guard_wanted if guard_wanted.needed else None
+    guard_args = guard_args_of(cfg)
     scheduled = tuple(vm for vm in cfg.tpu_vms if vm.schedule)
-    schedule_args = TpuSchedulesArgs(scheduled, cfg.deployer) if scheduled else None
+    schedule_args = TpuSchedulesArgs(scheduled) if scheduled else None
     monitoring_args = TpuMonitoringArgs(
         cfg.monitoring.idle_minutes, cfg.tpu_vms, recovery=bool(cfg.automation.recovery_every_minutes)
     )
     researcher_args = researcher_args_of(cfg) if cfg.researchers else None
     gke = cfg.gke
-    cluster_args = GkeClusterArgs(gke, cfg.deployer) if gke else None
+    cluster_args = GkeClusterArgs(gke) if gke else None
     cluster_ranges = ClusterRanges(gke.region, gke.node_cidr, gke.pod_cidr, gke.service_cidr) if gke else None
     pool_args = [SlicePoolArgs(pool, gke.tpu_pool_upgrades) for pool in gke.slice_pools] if gke else []
 
@@ -119,7 +114,6 @@ def build_platform(cfg: PlatformConfig, secrets: Mapping[str, str] | None = None
         apis.needs(*(a.removesuffix(".googleapis.com") for a in ARTIFACTS_APIS)),
     )
     budget = BudgetAlerts("budget", env, budget_args, apis)
-    accounts = {n: i.account for n, i in identities.items()}
     status = RunStatus(
         "run-status", env, status_args, {n: i.email for n, i in identities.items()}, buckets.encryption, buckets.ready
     )
@@ -150,7 +144,7 @@ def build_platform(cfg: PlatformConfig, secrets: Mapping[str, str] | None = None
     guard = None
     if guard_args:
         guard = TpuGuard(
-            "guard", env, guard_args, apis, buckets.encryption, buckets.ready, accounts, status.bucket, budget.topic,
+            "guard", env, guard_args, apis, buckets.encryption, buckets.ready, status.bucket, budget.topic,
             budget.budget.name,
         )  # fmt: skip
     if schedule_args:
@@ -180,6 +174,34 @@ def build_platform(cfg: PlatformConfig, secrets: Mapping[str, str] | None = None
         "costEstimate": cost.as_output(),
         **engine,  # only in a stack with the GKE engine: the others' outputs stay as they were
     }
+
+
+def guard_args_of(cfg: PlatformConfig) -> TpuGuardArgs | None:
+    """The guard's args, or None when no feature of the stack needs it."""
+    args = TpuGuardArgs(
+        automation=cfg.automation,
+        vms=cfg.tpu_vms,
+        runs=tuple((vm.name, run_id(cfg, vm)) for vm in cfg.tpu_vms),
+        billing_account=cfg.billing_account,
+        bucket_location=cfg.buckets.location,
+    )
+    return args if args.needed else None
+
+
+def stack_identities(cfg: PlatformConfig) -> StackIdentities:
+    """The accounts and custom roles the stack's components use, which the bootstrap makes for it
+    (bootstrap/access.json): the components only name them."""
+    workloads = tuple(workload_account(w, cfg.stack) for w in cfg.workloads)
+    out = StackIdentities(accounts=workloads)
+    if guard_args_of(cfg):
+        out += guard_identities(cfg.stack, tuple(a.account_id for a in workloads))
+    if any(vm.schedule for vm in cfg.tpu_vms):
+        out += scheduler_identities(cfg.stack)
+    if cfg.researchers:
+        out += researcher_identities(cfg.stack, researcher_args_of(cfg))
+    if cfg.gke:
+        out += StackIdentities(accounts=(gke_node_account(cfg.stack),))
+    return out
 
 
 def researcher_args_of(cfg: PlatformConfig) -> ResearcherArgs:
@@ -273,6 +295,22 @@ def refuse_secrets_in_metadata(
         for vm, items in metadata.items()
         for plaintext, key in secrets.items()
         if any(plaintext in value for value in items.values())
+    ]  # fmt: skip
+    if problems:
+        raise ConfigError(cfg.stack, problems)
+
+
+def refuse_secrets_in_production(cfg: PlatformConfig, secrets: Mapping[str, str]) -> None:
+    """A production stack keeps no secret in its stack file: a preview decrypts the stack's secrets, and
+    any branch of the repository can run the previewer (bootstrap/program.py)."""
+    if not cfg.production:
+        return
+    problems = [
+        Problem(key, "[secret]",
+                "a production stack keeps no value marked secure: every branch's preview can decrypt it (the "
+                "previewer reads the state with the stack's key); keep it in Secret Manager, read by the workload's "
+                "account")
+        for key in sorted(set(secrets.values()))
     ]  # fmt: skip
     if problems:
         raise ConfigError(cfg.stack, problems)

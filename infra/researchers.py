@@ -22,9 +22,9 @@ import pulumi_gcp as gcp
 
 from infra import grants, naming
 from infra.access import researchers as calls
+from infra.access.accounts import RoleSpec, StackIdentities
 from infra.apis import ProjectApis
 from infra.config import Env
-from infra.lifecycle import custom_role
 
 REQUIRED_APIS = ("iam", "cloudresourcemanager", "storage")
 SSH_APIS = ("iap", "oslogin")
@@ -43,6 +43,22 @@ class ResearcherArgs:
 def researcher_apis(args: ResearcherArgs) -> tuple[str, ...]:
     """The APIs this component needs: IAP TCP forwarding and OS Login only when researchers may SSH."""
     return tuple(f"{api}.googleapis.com" for api in (*REQUIRED_APIS, *(SSH_APIS if args.ssh else ())))
+
+
+def researcher_roles(stack: str, ssh: bool) -> dict[str, RoleSpec]:
+    """The three custom roles (made by the bootstrap): on the project, to read a bucket, to submit."""
+    return {
+        "project": RoleSpec.of("researcher", stack, "researcher", "List TPU VMs and read logs for tpu-runs.",
+                               calls.permissions("project", ssh=ssh)),
+        "read": RoleSpec.of("researcher-read", stack, "researcher read", "Read run state and results for tpu-runs.",
+                            calls.READ_PERMISSIONS),
+        "submit": RoleSpec.of("researcher-submit", stack, "researcher submit",
+                              "Put new run requests and sources for tpu-runs.", calls.SUBMIT_PERMISSIONS),
+    }  # fmt: skip
+
+
+def researcher_identities(stack: str, args: ResearcherArgs) -> StackIdentities:
+    return StackIdentities(roles=tuple(researcher_roles(stack, args.ssh).values()))
 
 
 def _condition(title: str, description: str, expression: str) -> gcp.storage.BucketIAMMemberConditionArgs:
@@ -68,23 +84,8 @@ class ResearcherAccess(pulumi.ComponentResource):
     ):
         super().__init__("tpu-platform:iam:ResearcherAccess", name, None, opts)
 
-        def role(kind: str, title: str, description: str, permissions: Sequence[str]) -> gcp.projects.IAMCustomRole:
-            return custom_role(
-                f"{name}-{kind}", env, apis, self, kind=kind, title=title, description=description,
-                permissions=permissions,
-            )  # fmt: skip
-
-        project_permissions = calls.permissions("project", ssh=args.ssh)
-        self.project_role = role(
-            "researcher", "researcher", "List TPU VMs and read logs for tpu-runs.", project_permissions
-        )
-        self.read_role = role(
-            "researcher-read", "researcher read", "Read run state and results for tpu-runs.", calls.READ_PERMISSIONS
-        )
-        self.submit_role = role(
-            "researcher-submit", "researcher submit", "Put new run requests and sources for tpu-runs.",
-            calls.SUBMIT_PERMISSIONS,
-        )  # fmt: skip
+        roles = researcher_roles(env.stack, args.ssh)
+        project_role, read_role, submit_role = (roles[k].name(env.project) for k in ("project", "read", "submit"))
         after = pulumi.ResourceOptions(parent=self, depends_on=list(buckets))
         # Where researchers may put new objects: each self-service VM's requests, and (when there is one)
         # the packaged sources. (grant name suffix, bucket, condition title, its description, object prefix)
@@ -105,17 +106,17 @@ class ResearcherAccess(pulumi.ComponentResource):
                 grants.project_role(
                     f"{key}-project",
                     env.project,
-                    self.project_role.name,
+                    project_role,
                     member,
                     parent=self,
                     depends_on=apis.needs("cloudresourcemanager"),
-                    permissions=frozenset(project_permissions),
+                    permissions=frozenset(roles["project"].permissions),
                 )
             )
             for purpose, bucket in (("status", args.status_bucket), ("models", args.models_bucket)):
                 self.grants.append(
                     gcp.storage.BucketIAMMember(
-                        f"{key}-{purpose}-read", bucket=bucket, role=self.read_role.name, member=member, opts=after
+                        f"{key}-{purpose}-read", bucket=bucket, role=read_role, member=member, opts=after
                     )
                 )
             for suffix, bucket, title, description, prefix in submit_places:
@@ -123,7 +124,7 @@ class ResearcherAccess(pulumi.ComponentResource):
                     gcp.storage.BucketIAMMember(
                         f"{key}-{suffix}",
                         bucket=bucket,
-                        role=self.submit_role.name,
+                        role=submit_role,
                         member=member,
                         condition=_condition(title, description, grants.objects_under(bucket, prefix)),
                         opts=after,

@@ -23,16 +23,15 @@ DEPLOYER = rf"serviceAccount:tpu-deployer-{ENV}@(?P<admin>{PROJECT_ID}){SA}"
 DEPLOYER_ROLE_PREFIX = "tpuPlatformDeployer"
 GITHUB_POOL = r"//iam\.googleapis\.com/projects/\d+/locations/global/workloadIdentityPools/github"
 
-# What an environment's deployer role may hold of the deny-list: create and change that environment's
-# custom roles and the IAM policies of the resources the plan grants on (service accounts, buckets,
-# Run services, functions, topics and subscriptions). Never the project's own policy, act-as, token
+# What an environment's deployer role may hold of the deny-list: the IAM policies of the resources the
+# plan grants on (buckets, Run services, functions, topics and subscriptions). Never a custom role or a
+# service account's policy (the bootstrap makes accounts and roles: a deployer that could change a role
+# it may grant, or set IAM on an account, could widen itself), the project's own policy, act-as, token
 # minting, signing or keys: the project-level grants go through the conditional projectIamAdmin, and
-# act-as is granted per account by the platform stack.
+# act-as is granted per account by the bootstrap.
 DEPLOYER_ROLE_MAY_HOLD = frozenset({
-    "iam.roles.create",
-    "iam.roles.update",
-    "iam.serviceAccounts.setIamPolicy",
     "storage.buckets.setIamPolicy",
+    "artifactregistry.repositories.setIamPolicy",
     "run.services.setIamPolicy",
     "cloudfunctions.functions.setIamPolicy",
     "pubsub.topics.setIamPolicy",
@@ -129,8 +128,8 @@ class GrantException:
 EXCEPTIONS: tuple[GrantException, ...] = (
     GrantException(
         "deployer-environment-role",
-        "each environment's deployer creates that environment's service accounts, custom roles and resource "
-        "grants (issue 10); its custom role holds no project IAM, act-as, token or key permission",
+        "each environment's deployer makes that environment's resources and their grants; its custom role holds "
+        "no project IAM, custom-role, service-account IAM, act-as, token or key permission",
         level="project",
         member=DEPLOYER,
         role=rf"projects/(?P<project>{PROJECT_ID})/roles/{DEPLOYER_ROLE_PREFIX}(?P<Env>[A-Za-z0-9]+)",

@@ -10,9 +10,15 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
 from typing import Any
 
 from .permissions import predefined_roles
+
+# The custom roles the bootstrap makes for each environment (a stack only names them): their permissions,
+# as computed into bootstrap/access.json, so the pack judges a grant of one like any other.
+ACCESS_FILE = Path(__file__).resolve().parents[1] / "bootstrap" / "access.json"
 
 # resource type -> (level, the property naming the resource the grant is made on)
 GRANT_TYPES: Mapping[str, tuple[str, str]] = {
@@ -78,9 +84,20 @@ def custom_role_name(resource_type: str, props: Mapping[str, Any]) -> str | None
     return None
 
 
+@cache
+def bootstrap_roles() -> Mapping[str, frozenset[str]]:
+    """`projects/P/roles/ID` -> permissions, for the custom roles the bootstrap makes."""
+    access = json.loads(ACCESS_FILE.read_text()) if ACCESS_FILE.exists() else {}
+    return {
+        f"projects/{entry['project']}/roles/{role_id}": frozenset(role["permissions"])
+        for entry in access.values()
+        for role_id, role in entry.get("roles", {}).items()
+    }
+
+
 def custom_roles_declared(resources: Iterable[tuple[str, Mapping[str, Any]]]) -> dict[str, frozenset[str]]:
-    """Custom role name -> its permissions, for the custom roles a stack declares."""
-    roles: dict[str, frozenset[str]] = {}
+    """Custom role name -> its permissions, for the custom roles a stack declares or the bootstrap makes."""
+    roles: dict[str, frozenset[str]] = dict(bootstrap_roles())
     for resource_type, props in resources:
         if name := custom_role_name(resource_type, props):
             roles[name] = frozenset(props.get("permissions") or ())

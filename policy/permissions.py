@@ -14,6 +14,7 @@ from functools import cache
 from pathlib import Path
 
 ROLES_FILE = Path(__file__).resolve().parents[1] / "reference" / "gcp-iam" / "roles.json"
+PRIVESC = Path(__file__).resolve().parents[1] / "reference" / "gcp-privesc"
 
 # Permissions that let their holder become someone with more rights than it was given. Each holder of
 # one of these must be a named exception (`exceptions.py`). Patterns are fnmatch-style over permission
@@ -39,6 +40,7 @@ DENIED_PERMISSIONS: Mapping[str, str] = {
     # Widen a custom role that is already granted, with any permission (no right on it is needed).
     "iam.roles.create": "defines roles with any permission; with a grant right, any permission at all",
     "iam.roles.update": "adds any permission to a custom role that is already granted",
+    "iam.roles.undelete": "brings back a deleted custom role, with whatever it held",
     # Lifts organisation constraints (keys, external IPs, domain-restricted sharing) for its scope.
     "orgpolicy.policy.set": "lifts organisation policy constraints",
     # Deployment Manager deploys as the Google APIs service agent, which holds Editor on the project.
@@ -85,3 +87,18 @@ def services_ignoring_resource_conditions(permissions: Iterable[str]) -> list[st
     """The services among `permissions` whose checks ignore conditions on resource attributes."""
     hosts = {f"{_PERMISSION_HOST.get(p.split('.', 1)[0], p.split('.', 1)[0])}.googleapis.com" for p in permissions}
     return sorted(hosts - CONDITION_RESOURCE_SERVICES)
+
+
+@cache
+def escalation_methods() -> Mapping[str, frozenset[str]]:
+    """Public privilege-escalation methods (reference/gcp-privesc/methods.json): name -> the permissions
+    that, held together, make the holder another principal. Read here as the program's model reads it
+    (infra/access/escalation.py; a test keeps the two equal)."""
+    listed = json.loads((PRIVESC / "methods.json").read_text())["methods"]
+    return {method: frozenset(entry["permissions"]) for method, entry in listed.items()}
+
+
+def escalations(permissions: Iterable[str]) -> list[str]:
+    """The escalation methods all of whose permissions are among `permissions`."""
+    held = set(permissions)
+    return sorted(method for method, needed in escalation_methods().items() if needed <= held)

@@ -20,7 +20,7 @@ from pulumi_policy import EnforcementLevel, PolicyResource, ResourceValidationAr
 
 from .exceptions import EXCEPTIONS, ROLE_EXCEPTIONS, GrantException
 from .grants import Grant, custom_role_name, custom_roles_declared, grants_of, role_permissions
-from .permissions import denied, services_ignoring_resource_conditions
+from .permissions import denied, escalations, services_ignoring_resource_conditions
 
 
 class Report(Protocol):
@@ -124,6 +124,34 @@ def grants_judged(args: StackValidationArgs, report: Report) -> None:
             report(message, resource.urn)
 
 
+def no_escalation_methods(args: StackValidationArgs, report: Report) -> None:
+    """No member holds, on one project and with no condition, every permission of a public privilege-
+    escalation method (reference/gcp-privesc), whatever its roles are and whoever it is: no exception,
+    the deployer's included. Google's service agents hold what Google grants them."""
+    custom_roles = _custom_roles(args.resources)
+    held: dict[tuple[str, str], set[str]] = {}
+    where: dict[tuple[str, str], list[str]] = {}
+    for resource, grant in _grants(args.resources):
+        if grant.level != "project" or grant.condition or None in (grant.member, grant.role, grant.target):
+            continue
+        if SERVICE_AGENT.fullmatch(grant.member or ""):
+            continue
+        key = (grant.member or "", grant.target or "")
+        held.setdefault(key, set()).update(role_permissions(grant.role or "", custom_roles) or ())
+        where.setdefault(key, []).append(resource.urn)
+    for (member, project), permissions in sorted(held.items()):
+        if found := escalations(permissions):
+            message = (
+                f"{member} holds on project {project}, unconditionally, every permission of the privilege-"
+                f"escalation methods {', '.join(found)} (reference/gcp-privesc)"
+            )
+            report(message, where[(member, project)][-1])
+
+
+SERVICE_AGENT = re.compile(
+    r"serviceAccount:(?:service-\d+@(?:gcp-sa-[a-z0-9-]+|gs-project-accounts|serverless-robot-prod)"
+    r"\.iam\.gserviceaccount\.com|\d+@cloudservices\.gserviceaccount\.com)"
+)
 _RESOURCE_ATTRIBUTE = re.compile(r"\bresource\.(name|type|service)\b")
 
 
@@ -390,6 +418,8 @@ class Rule:
 RULES: tuple[Rule, ...] = (
     Rule("no-dangerous-grants", "No grant of a deny-listed permission outside the named exceptions", MANDATORY,
          no_dangerous_grants, stack=True),
+    Rule("no-escalation-method", "No member holds every permission of a privilege-escalation method", MANDATORY,
+         no_escalation_methods, stack=True),
     Rule("grants-judged", "Grants the pack cannot judge (unknown roles, values not known yet)", ADVISORY,
          grants_judged, stack=True),
     Rule("iam-conditions-only-where-supported", "Resource conditions only on services that honour them", MANDATORY,

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tools.offline.deploys import plan_deploys
 from tools.offline.mocks import Registration
 from tools.offline.runner import PlanResult, run_program
 from tools.offline.stackfile import ROOT, read_stack_config
@@ -77,6 +78,21 @@ def plan(raw: dict[str, str], stack: str = "dev") -> PlanResult:
 def shipped_plan(stack: str) -> PlanResult:
     """A shipped stack's plan (`plan_stack`: Pulumi.<stack>.yaml), from the session's cache."""
     return plan(stack_config(stack), stack)
+
+
+@functools.cache
+def _deploys(stack: str, raw: tuple[tuple[str, str], ...]) -> dict[str, PlanResult]:
+    config = dict(raw)
+    return plan_deploys(lambda state: run_program(stack, config, state=state) if state else plan(config, stack))
+
+
+def deploys(raw: dict[str, str], stack: str = "dev") -> dict[str, PlanResult]:
+    """`raw` planned as a first deploy and as a later one (tools/offline/deploys.py), once a session."""
+    return _deploys(stack, tuple(sorted(raw.items())))
+
+
+def shipped_deploys(stack: str) -> dict[str, PlanResult]:
+    return deploys(stack_config(stack), stack)
 
 
 def depends_on(plan_result: PlanResult, resource: Registration, target_urn: str) -> bool:

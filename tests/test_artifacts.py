@@ -146,7 +146,9 @@ def test_the_repository_keeps_what_the_stack_runs_scans_and_takes_the_stack_key(
     }
     assert policies["delete-old-untagged"]["condition"] == {"tagState": "UNTAGGED", "olderThan": f"{30 * 86400}s"}
     assert policies["keep-newest"]["mostRecentVersions"] == {"keepCount": 10}
-    (prod,) = plan_stack("prod").of_type("gcp:artifactregistry/repository:Repository")
+    # The workloads' repository (the guard's functions have their own).
+    (prod,) = [r for r in plan_stack("prod").of_type("gcp:artifactregistry/repository:Repository")
+               if r.inputs["repositoryId"] == "tpu-prod"]  # fmt: skip
     assert prod.inputs["kmsKeyName"] == parse_stack_config("prod", stack_config("prod")).buckets.kms_key_name
     assert prod.protect
 
@@ -269,10 +271,12 @@ def test_a_changed_source_folder_is_a_new_archive_and_only_a_metadata_update_of_
 
 def test_the_deployer_of_a_stack_with_an_image_may_grant_pulls_on_the_repository_only():
     """What `pulumi up` calls for the repository and its pull grant, from the mapping in infra/access/calls.py."""
-    from infra.access.environment import environment_access
+    from infra.access.environment import Plan, environment_access
+    from tools.offline.access import identities_of
 
     result = sources_plan()
-    access = environment_access("sources", result.project, declared(result), result.invokes)
+    plans = [Plan(declared(result), result.invokes)]
+    access = environment_access("sources", result.project, plans, None, identities_of("sources", result.config))
     assert {
         "artifactregistry.repositories.create",
         "artifactregistry.repositories.get",

@@ -52,12 +52,15 @@ def test_oidc_provider_accepts_only_the_repository():
 
 def test_accounts_are_federated_on_the_account_not_the_project():
     result = plan()
-    federated = {g.name: g for g in result.of_type("gcp:serviceaccount/iAMMember:IAMMember")}
+    federated = {g.name: g for g in result.of_type("gcp:serviceaccount/iAMMember:IAMMember")
+                 if g.inputs["role"] == "roles/iam.workloadIdentityUser"}  # fmt: skip
     pool = "principalSet://iam.googleapis.com/projects/"
     assert set(federated) == {"ci-previewer-federated", "deployer-dev-federated", "deployer-prod-federated"}
     assert federated["ci-previewer-federated"].inputs["member"].startswith(pool)
     assert federated["ci-previewer-federated"].inputs["member"].endswith("/attribute.repository_id/812345678")
-    assert all(g.inputs["role"] == "roles/iam.workloadIdentityUser" for g in federated.values())
+    # Every other grant on an account is act-as on a platform account, for the deployer or the guard.
+    others = [g for g in result.of_type("gcp:serviceaccount/iAMMember:IAMMember") if g.name not in federated]
+    assert others and all(g.inputs["role"] == "roles/iam.serviceAccountUser" for g in others)
 
 
 def test_no_project_role_can_impersonate_service_accounts():
@@ -77,12 +80,20 @@ def test_state_bucket_is_versioned_private_and_kept():
     assert bucket.protect and bucket.retain_on_delete
 
 
-def test_secrets_key_rotates_within_90_days_and_is_protected():
+def test_each_environments_secrets_key_rotates_within_90_days_and_is_protected():
     result = plan()
-    (key,) = result.of_type("gcp:kms/cryptoKey:CryptoKey")
-    assert int(key.inputs["rotationPeriod"].removesuffix("s")) <= 90 * 24 * 3600
-    assert key.protect
-    assert result.outputs["secretsProvider"].startswith("gcpkms://projects/acme-ml-admin/locations/us-central1/")
+    keys = {k.inputs["name"]: k for k in result.of_type("gcp:kms/cryptoKey:CryptoKey")}
+    # One per environment; the one all stacks used before is kept, for the state history it encrypted.
+    assert set(keys) == {"pulumi-secrets", "pulumi-secrets-dev", "pulumi-secrets-prod"}
+    for key in keys.values():
+        assert int(key.inputs["rotationPeriod"].removesuffix("s")) <= 90 * 24 * 3600
+        assert key.protect
+    assert result.outputs["secretsProviders"] == {
+        stack: f"gcpkms://projects/acme-ml-admin/locations/us-central1/keyRings/pulumi/cryptoKeys/pulumi-secrets-{stack}"
+        for stack in ("dev", "prod")
+    }
+    legacy = keys["pulumi-secrets"].urn
+    assert not [g for g in result.of_type("gcp:kms/cryptoKeyIAMMember:CryptoKeyIAMMember") if legacy in g.dependencies]
 
 
 def test_no_keys_anywhere():

@@ -27,6 +27,7 @@ def outputs_of(content: dict) -> dict:
     return {
         **{key: content[key] for key in ci_identities.OUTPUTS},
         "deployServiceAccounts": {s["stack"]: s["deployServiceAccount"] for s in content["stacks"]},
+        "secretsProviders": {s["stack"]: s["secretsProvider"] for s in content["stacks"]},
     }
 
 
@@ -52,7 +53,8 @@ def test_committed_file_shape():
     for key, (pattern, _) in ci_identities.OUTPUTS.items():
         assert re.fullmatch(pattern, content[key]), key
     for entry in content["stacks"]:
-        assert set(entry) == {"stack", "project", "production", "deployServiceAccount"}
+        assert set(entry) == {"stack", "project", "production", "deployServiceAccount", "secretsProvider"}
+        assert re.fullmatch(ci_identities.SECRETS_PROVIDER[0], entry["secretsProvider"])
         assert re.fullmatch(ci_identities.STACK_NAME, entry["stack"])
         assert re.fullmatch(ci_identities.PROJECT_ID, entry["project"])
         assert re.fullmatch(ci_identities.SERVICE_ACCOUNT, entry["deployServiceAccount"])
@@ -73,6 +75,9 @@ def outputs_for(stacks: dict[str, StackFile]) -> dict:
     return {
         **BOOTSTRAP,
         "deployServiceAccounts": {s: f"tpu-ci-deploy-{s}@acme-ml-admin.iam.gserviceaccount.com" for s in stacks},
+        "secretsProviders": {
+            s: f"gcpkms://projects/acme-ml-admin/locations/x/keyRings/p/cryptoKeys/{s}" for s in stacks
+        },
     }
 
 
@@ -177,3 +182,4 @@ def test_the_committed_identities_are_the_bootstraps_planned_outputs():
     for entry in committed["stacks"]:
         assert entry["deployServiceAccount"] == outputs["deployServiceAccounts"][entry["stack"]]
         assert entry["deployServiceAccount"] == read_stack_config(entry["stack"])["tpu-platform:deployer"]
+        assert entry["secretsProvider"] == outputs["secretsProviders"][entry["stack"]]  # each its own key

@@ -206,18 +206,16 @@ def plain_buckets() -> dict[str, gcp.storage.Bucket]:
 
 
 def test_workload_identity_alone():
-    deployer = "ci@solo-project.iam.gserviceaccount.com"
-    args = WorkloadIdentityArgs(WORKLOAD, deployer)
+    args = WorkloadIdentityArgs(WORKLOAD)
     result = build(lambda: WorkloadIdentity("wl", ENV, args, plain_buckets(), enabled(IDENTITY_APIS)))
-    account = one(result, "gcp:serviceaccount/account:Account")
-    assert account.inputs["accountId"] == naming.workload_account_id("trainer", ENV.stack)
+    assert not result.of_type("gcp:serviceaccount/account:Account")  # the bootstrap makes it
+    account = f"serviceAccount:{naming.workload_account_id('trainer', ENV.stack)}@{ENV.project}.iam.gserviceaccount.com"
+    assert {r.inputs["member"] for r in result.resources if "member" in r.inputs} == {account}
     grants = {r.name: r.inputs for r in result.of_type("gcp:storage/bucketIAMMember:BucketIAMMember")}
     assert set(grants) == {"wl-data-read", "wl-checkpoints-write"}  # no models access: none asked for
     assert "condition" not in grants["wl-data-read"]  # data is shared input
     assert ENV.bucket_name("checkpoints") in grants["wl-checkpoints-write"]["condition"]["expression"]
     assert one(result, "gcp:projects/iAMMember:IAMMember").inputs["role"] == "roles/logging.logWriter"
-    act_as = one(result, "gcp:serviceaccount/iAMMember:IAMMember")
-    assert act_as.inputs["member"] == f"serviceAccount:{deployer}"
 
 
 def test_budget_alerts_alone():
@@ -254,7 +252,7 @@ def test_run_status_alone():
 
     def program() -> None:
         apis = enabled(RUN_STATUS_APIS)
-        accounts = {"trainer": pulumi.Output.from_input("trainer@solo-project.iam.gserviceaccount.com")}
+        accounts = {"trainer": "trainer@solo-project.iam.gserviceaccount.com"}
         RunStatus("status", ENV, args, accounts, None, apis.needs("storage"))
 
     result = build(program)
@@ -271,7 +269,7 @@ def test_tpu_vm_alone_with_its_network_and_identity():
     def program() -> None:
         apis = enabled(NETWORK_APIS, IDENTITY_APIS, TPU_VM_APIS)
         network = PrivateNetwork("net", ENV, NETWORK, apis)
-        identity = WorkloadIdentity("wl", ENV, WorkloadIdentityArgs(WORKLOAD, ""), plain_buckets(), apis)
+        identity = WorkloadIdentity("wl", ENV, WorkloadIdentityArgs(WORKLOAD), plain_buckets(), apis)
         metadata = {"startup-script": "#!/bin/bash\ntrue\n"}
         TpuVm("tpu", ENV, vm, metadata, identity, network, BACKENDS["cloud-tpu"], apis, needs=[])
 
@@ -290,14 +288,14 @@ def test_tpu_guard_alone():
         on_completion="stop", max_run_hours=5.0, schedule=ScheduleSettings("0 8 * * 1-5", "0 20 * * *", "UTC")
     )
     automation = AutomationSettings(None, 100, False, recovery_every_minutes=0, recovery_max_attempts=3)
-    args = TpuGuardArgs(automation, (vm,), (("solo-vm", "solo/trainer/solo-vm/r1"),), "", "012345-6789AB-CDEF01",
+    args = TpuGuardArgs(automation, (vm,), (("solo-vm", "solo/trainer/solo-vm/r1"),), "012345-6789AB-CDEF01",
                         "EUROPE-WEST4")  # fmt: skip
     assert args.needed and "cloudscheduler.googleapis.com" not in guard_apis(args)  # no recovery job
 
     def program() -> None:
         apis = enabled(guard_apis(args))
         status = gcp.storage.Bucket("status", name=ENV.bucket_name("status"), location="EU")
-        TpuGuard("guard", ENV, args, apis, None, [], {}, status, None, pulumi.Output.from_input("budget"))
+        TpuGuard("guard", ENV, args, apis, None, [], status, None, pulumi.Output.from_input("budget"))
 
     result = build(program)
     functions = {r.inputs["name"]: r.inputs for r in result.of_type("gcp:cloudfunctionsv2/function:Function")}
@@ -315,17 +313,17 @@ def test_tpu_guard_alone():
 def test_guard_is_needed_exactly_when_a_feature_uses_it():
     off = AutomationSettings(None, 100, False, 0, 3)
     kept = vm_settings()
-    assert not TpuGuardArgs(off, (kept,), (), "", "", "EU").needed
-    assert TpuGuardArgs(off, (vm_settings(on_completion="delete"),), (), "", "", "EU").needed
-    assert TpuGuardArgs(AutomationSettings(None, 100, False, 10, 3), (kept,), (), "", "", "EU").needed
+    assert not TpuGuardArgs(off, (kept,), (), "", "EU").needed
+    assert TpuGuardArgs(off, (vm_settings(on_completion="delete"),), (), "", "EU").needed
+    assert TpuGuardArgs(AutomationSettings(None, 100, False, 10, 3), (kept,), (), "", "EU").needed
     assert "cloudscheduler.googleapis.com" in guard_apis(TpuGuardArgs(AutomationSettings(None, 100, False, 10, 3),
-                                                                      (kept,), (), "", "", "EU"))  # fmt: skip
-    assert set(GUARD_APIS) <= set(guard_apis(TpuGuardArgs(off, (kept,), (), "", "", "EU")))
+                                                                      (kept,), (), "", "EU"))  # fmt: skip
+    assert set(GUARD_APIS) <= set(guard_apis(TpuGuardArgs(off, (kept,), (), "", "EU")))
 
 
 def test_tpu_schedules_alone():
     vm = vm_settings(schedule=ScheduleSettings("0 8 * * 1-5", "0 20 * * 1-5", "Europe/Amsterdam"))
-    args = TpuSchedulesArgs((vm,), "")
+    args = TpuSchedulesArgs((vm,))
 
     def program() -> None:
         apis = enabled(SCHEDULES_APIS)
@@ -341,8 +339,8 @@ def test_tpu_schedules_alone():
     assert stop["httpTarget"]["uri"].endswith(f"{naming.node_path(ENV.project, ZONE, 'solo-vm')}:stop")
     assert (stop["schedule"], stop["timeZone"], stop["region"]) == ("0 20 * * 1-5", "Europe/Amsterdam", "europe-west4")
     assert jobs["schedules-solo-vm-start"]["httpTarget"]["uri"] == "https://start.example"
-    role = one(result, "gcp:projects/iAMCustomRole:IAMCustomRole").inputs
-    assert role["roleId"] == naming.custom_role_id("scheduler", ENV.stack)
+    grant = one(result, "gcp:projects/iAMMember:IAMMember").inputs  # of the role the bootstrap makes
+    assert grant["role"] == f"projects/{ENV.project}/roles/{naming.custom_role_id('scheduler', ENV.stack)}"
 
 
 def test_tpu_monitoring_alone():
@@ -375,7 +373,7 @@ def test_a_component_missing_a_declared_api_is_refused(component, apis):
             PrivateNetwork("net", ENV, NETWORK, enabled_apis)
         else:
             start = StartTarget(pulumi.Output.from_input("u"), pulumi.Output.from_input("e"), [], "300s")
-            TpuSchedules("s", ENV, TpuSchedulesArgs((), ""), enabled_apis, {}, start)
+            TpuSchedules("s", ENV, TpuSchedulesArgs(()), enabled_apis, {}, start)
 
     with pytest.raises(ValueError, match="APIs not enabled"):
         build(program)
@@ -428,7 +426,9 @@ def test_researcher_access_alone():
         models_bucket=ENV.bucket_name("models"), artifacts_bucket=ENV.bucket_name("artifacts"), ssh=False,
     )  # fmt: skip
     result = build(lambda: ResearcherAccess("researchers", ENV, args, enabled(researcher_apis(args)), []))
-    assert result.of_type("gcp:projects/iAMCustomRole:IAMCustomRole")
+    assert not result.of_type("gcp:projects/iAMCustomRole:IAMCustomRole")  # the bootstrap makes the roles
+    roles = {r.inputs["role"] for r in result.resources if "role" in r.inputs}
+    assert f"projects/{ENV.project}/roles/tpuPlatformResearcherSolo" in roles
     members = {r.inputs["member"] for r in result.resources if "member" in r.inputs}
     assert members == {"user:ada@acme.example"}
     assert "iap.googleapis.com" not in researcher_apis(args)  # SSH off: no IAP, no OS Login
@@ -456,14 +456,14 @@ def gke_settings(**changes) -> GkeSettings:
     return GkeSettings(**(settings | changes))
 
 
-def gke_program(deployer: str = ""):
+def gke_program():
     gke = gke_settings()
 
     def program() -> None:
         apis = enabled(NETWORK_APIS, GKE_APIS)
         ranges = ClusterRanges(gke.region, gke.node_cidr, gke.pod_cidr, gke.service_cidr)
         network = PrivateNetwork("net", ENV, NetworkSettings((), 0.5), apis, cluster=ranges)
-        cluster = GkeCluster("gke", ENV, GkeClusterArgs(gke, deployer), network, apis)
+        cluster = GkeCluster("gke", ENV, GkeClusterArgs(gke), network, apis)
         for pool in gke.slice_pools:
             SlicePool(f"slices-{pool.name}", ENV, SlicePoolArgs(pool, gke.tpu_pool_upgrades), cluster, apis)
 
@@ -471,7 +471,7 @@ def gke_program(deployer: str = ""):
 
 
 def test_gke_cluster_alone():
-    result = build(gke_program("ci@solo-project.iam.gserviceaccount.com"))
+    result = build(gke_program())
     cluster = one(result, "gcp:container/cluster:Cluster").inputs
     assert (cluster["name"], cluster["location"]) == (naming.gke_cluster(ENV.stack), "us-central1")
     assert cluster["privateClusterConfig"]["enablePrivateNodes"] is True
@@ -491,13 +491,13 @@ def test_gke_cluster_alone():
     assert system["nodeConfig"]["serviceAccount"] == nodes
     role = one(result, "gcp:projects/iAMMember:IAMMember").inputs
     assert (role["role"], role["member"]) == ("roles/container.defaultNodeServiceAccount", f"serviceAccount:{nodes}")
-    act_as = one(result, "gcp:serviceaccount/iAMMember:IAMMember").inputs
-    assert act_as["member"] == "serviceAccount:ci@solo-project.iam.gserviceaccount.com"
+    # The account, and act-as on it, are the bootstrap's (infra/access/accounts.py).
+    assert not result.of_type("gcp:serviceaccount/account:Account")
+    assert not result.of_type("gcp:serviceaccount/iAMMember:IAMMember")
     subnet = one(result, "gcp:compute/subnetwork:Subnetwork").inputs
     assert [r["rangeName"] for r in subnet["secondaryIpRanges"]] == ["pods", "services"]
     assert cluster["subnetwork"].endswith(f"/subnetworks/{naming.gke_subnet(ENV.stack)}")
-    for dependency in ("gcp:compute/routerNat:RouterNat", "gcp:projects/iAMMember:IAMMember",
-                       "gcp:serviceaccount/iAMMember:IAMMember"):  # fmt: skip
+    for dependency in ("gcp:compute/routerNat:RouterNat", "gcp:projects/iAMMember:IAMMember"):
         assert one(result, dependency).urn in one(result, "gcp:container/cluster:Cluster").dependencies
     assert depends_on(result, one(result, "gcp:container/cluster:Cluster"),
                       one(result, "gcp:projects/service:Service", "apis-container").urn)  # fmt: skip

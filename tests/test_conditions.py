@@ -8,10 +8,9 @@ runlib makes: get and write its own objects, list its own prefix.
 
 from __future__ import annotations
 
-import celpy
 import pytest
-from celpy import celtypes
 
+from tests.iam_conditions import allows
 from tests.support import plan, stack_config, with_object, workload_settings
 
 CHECKPOINTS = "acme-ml-sandbox-dev-checkpoints"
@@ -21,18 +20,7 @@ def evaluate(expression: str, *, object_name: str | None = None, list_prefix: st
     """One request as IAM sees it: an object call names the object; a list call names the bucket."""
     bucket = f"projects/_/buckets/{CHECKPOINTS}"
     resource = f"{bucket}/objects/{object_name}" if object_name is not None else bucket
-    attributes = {} if list_prefix is None else {"storage.googleapis.com/objectListPrefix": list_prefix}
-
-    def get_attribute(api: celtypes.MapType, name: celtypes.StringType, default: celtypes.Value) -> celtypes.Value:
-        return api.get(name, default)
-
-    env = celpy.Environment()
-    program = env.program(env.compile(expression), functions={"getAttribute": get_attribute})
-    activation = {
-        "resource": celtypes.MapType({celtypes.StringType("name"): celtypes.StringType(resource)}),
-        "api": celtypes.MapType({celtypes.StringType(k): celtypes.StringType(v) for k, v in attributes.items()}),
-    }
-    return bool(program.evaluate(activation))
+    return allows(expression, (resource, list_prefix))
 
 
 def checkpoint_conditions() -> dict[str, str]:

@@ -146,7 +146,9 @@ def test_the_image_repository_is_a_valid_artifact_registry_v1_repository(stack):
     sends cleanupPolicies as a map keyed by id (magic-modules mmv1/products/artifactregistry/
     Repository.yaml: `cleanupPolicies: type: Map, key_name: id`), as the API declares the field."""
     result = plan(fixture_config("sources"), "sources") if stack == "sources" else planned(stack)
-    (repository,) = result.of_type("gcp:artifactregistry/repository:Repository")
+    # The workloads' repository (not the guard functions').
+    (repository,) = [r for r in result.of_type("gcp:artifactregistry/repository:Repository")
+                     if r.inputs["repositoryId"] == f"tpu-{stack}"]  # fmt: skip
     body = {k: v for k, v in wire(repository.inputs).items() if k not in ("repositoryId", "project", "location")}
     body["cleanupPolicies"] = {p["id"]: {k: v for k, v in p.items() if k != "id"} for p in body["cleanupPolicies"]}
     assert {"keep-newest", "delete-old-untagged"} <= set(body["cleanupPolicies"])

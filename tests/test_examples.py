@@ -18,6 +18,7 @@ from infra.access.model import needs_of
 from infra.config import docs
 from infra.tpu import queued_api as api
 from infra.tpu.queued import request_from_props
+from tests.support import deploys
 from tools.offline.access import access_of, declared
 from tools.offline.policy_check import check_policies
 from tools.offline.runner import PlanResult, plan_stack
@@ -102,7 +103,8 @@ def test_the_deployer_of_a_queued_plan_may_make_and_remove_the_request():
         assert any(node in who for who in by_permission[permission]), permission
     account = f"tpu-mnist-queued-spot@{result.project}.iam.gserviceaccount.com"
     assert any(node in who for who in needs.act_as[account])
-    assert {"tpu.nodes.create", "tpu.nodes.delete"} <= set(access_of(result.stack, result).deployer_permissions)
+    plans = deploys(result.config, result.stack)
+    assert {"tpu.nodes.create", "tpu.nodes.delete"} <= set(access_of(result.stack, plans).deployer_permissions)
 
 
 # --- the GKE engine's example -------------------------------------------------------------------
@@ -135,7 +137,7 @@ def test_the_gke_example_costs_each_pool_by_its_model():
 def test_the_gke_example_passes_the_policy_pack_and_its_deployer_is_computed():
     result = planned("gke")
     assert check_policies(result) == []
-    access = access_of(result.stack, result)
+    access = access_of(result.stack, deploys(result.config, result.stack))
     assert {"container.clusters.create", "compute.resourcePolicies.create"} <= set(access.deployer_permissions)
     assert "roles/container.defaultNodeServiceAccount" in access.grantable_roles
 

@@ -1,7 +1,7 @@
 """The permission model over the GKE engine: every container.* and compute.resourcePolicies.* call the
 deployer makes is mapped from the provider's source to Google's method data, and a bootstrap that plans an
 environment running the engine gives that environment's deployer exactly those permissions, act-as on the
-nodes' account, and the node role to grant, nothing more."""
+nodes' account (which the bootstrap makes), and the node role to grant, nothing more."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ import pytest
 
 import bootstrap.program
 from bootstrap.program import PROJECT_IAM_ADMIN, read_access
+from infra.access.environment import RETIRED_PROJECT_ROLES
 from infra.access.model import DEPLOY, PREVIEW, custom_roles, missing, missing_act_as, needs_of, unneeded
 from infra.gke.cluster import NODE_ROLE
-from tests.support import fixture_config, plan
-from tests.test_access import ADMIN, boot_declared, deployer, held_by
+from tests.support import deploys, fixture_config, plan
+from tests.test_access import ADMIN, deployer, held_by
 from tests.test_bootstrap import bootstrap_config
 from tests.test_bootstrap import plan as plan_bootstrap
 from tools.offline.access import access_of, declared
@@ -46,7 +47,8 @@ def gke_needs(phases: tuple[str, ...] = DEPLOY):
 @cache
 def gke_boot() -> PlanResult:
     """The bootstrap, planning the GKE environment next to dev and prod, from that environment's access."""
-    access = {**read_access(), STACK: {**access_of(STACK, gke_plan()).as_json(), "cmekKeys": []}}
+    plans = deploys(gke_plan().config, STACK)
+    access = {**read_access(), STACK: {**access_of(STACK, plans).as_json(), "cmekKeys": []}}
     patch = pytest.MonkeyPatch()
     patch.setattr(bootstrap.program, "read_access", lambda: access)
     try:
@@ -77,15 +79,14 @@ def test_a_refresh_reads_clusters_pools_and_policies_only():
 
 
 def test_the_bootstraps_deployer_of_a_gke_environment_holds_what_its_plan_needs_and_nothing_more():
-    held = held_by(deployer(STACK), declared(gke_boot()))
+    held = held_by(deployer(STACK), gke_boot())
     assert missing(gke_needs(), held, [HOME]) == []
     (role,) = [g for g in held if g.role.startswith(f"{HOME}/roles/")]
     assert role.permissions >= GKE_PERMISSIONS
     assert unneeded(gke_needs(), HOME, role.permissions) == []
     (limited,) = [g for g in held if g.role == PROJECT_IAM_ADMIN]
-    assert (
-        NODE_ROLE in (limited.grantable_roles or ()) and limited.grantable_roles == gke_needs().project_grants[PROJECT]
-    )
+    assert NODE_ROLE in (limited.grantable_roles or ())
+    assert limited.grantable_roles == gke_needs().project_grants[PROJECT] | set(RETIRED_PROJECT_ROLES)
 
 
 def test_the_bootstrap_with_a_gke_environment_passes_the_policy_pack():
@@ -93,16 +94,19 @@ def test_the_bootstrap_with_a_gke_environment_passes_the_policy_pack():
     assert [v for v in check_policies(gke_boot()) if v.enforcement == "mandatory"] == []
 
 
-def test_the_plan_grants_the_deployer_act_as_on_the_nodes_account_only_there():
-    resources = declared(gke_plan())
+def test_the_bootstrap_makes_the_nodes_account_and_grants_the_deployer_act_as_on_it_only_there():
+    resources = declared(gke_boot())
+    nodes = f"tpu-gke-nodes-{STACK}"
+    assert any(r.inputs.get("accountId") == nodes for r in resources if r.type == "gcp:serviceaccount/account:Account")
+    assert not gke_plan().of_type("gcp:serviceaccount/account:Account")  # the stack only names it
     assert missing_act_as(gke_needs(), deployer(STACK), resources, custom_roles(resources, PROJECT)) == []
-    without = [r for r in resources if r.name != "gke-nodes-deployer-act-as"]
+    without = [r for r in resources if r.name != f"{STACK}-deployer-acts-as-{nodes}"]
     problems = missing_act_as(gke_needs(), deployer(STACK), without, custom_roles(without, PROJECT))
-    assert problems and all(p.startswith(f"iam.serviceAccounts.actAs on tpu-gke-nodes-{STACK}@") for p in problems)
+    assert problems and all(p.startswith(f"iam.serviceAccounts.actAs on {nodes}@") for p in problems)
 
 
 def test_dev_and_prods_deployers_gain_nothing_from_the_engine():
     """The shipped stacks run no GKE: their deployers hold no container or resource-policy permission."""
     for stack in ("dev", "prod"):
-        held = {p for g in held_by(deployer(stack), boot_declared()) for p in g.permissions}
+        held = {p for g in held_by(deployer(stack)) for p in g.permissions}
         assert not {p for p in held if p.startswith(("container.", "compute.resourcePolicies."))}

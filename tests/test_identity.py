@@ -2,19 +2,28 @@
 
 from __future__ import annotations
 
+import json
+
 from infra import iam
+from infra.config import parse_stack_config
+from infra.platform import stack_identities
 from tests.support import plan, stack_config, with_object, workload_settings
 
 PROJECT_MEMBER = "gcp:projects/iAMMember:IAMMember"
 BUCKET_MEMBER = "gcp:storage/bucketIAMMember:BucketIAMMember"
 
 
-def test_one_service_account_per_workload():
+def test_one_service_account_per_workload_named_for_the_bootstrap_to_make():
     raw = stack_config()
     raw = with_object(raw, "workloads", lambda w: w.update(second=workload_settings(raw)))
-    accounts = plan(raw).of_type("gcp:serviceaccount/account:Account")
-    workloads = sorted(a.inputs["accountId"] for a in accounts if a.name.startswith("workload-"))
+    identities = stack_identities(parse_stack_config("dev", raw))
+    workloads = sorted(a.account_id for a in identities.accounts if a.display_name.startswith("TPU workload"))
     assert workloads == ["tpu-mnist-dev", "tpu-second-dev"]
+    # The stack grants the account its roles and attaches it, and makes nothing of it.
+    result = plan(raw)
+    assert not result.of_type("gcp:serviceaccount/account:Account")
+    members = {g.inputs["member"] for g in result.of_type(PROJECT_MEMBER) if g.name.startswith("workload-second")}
+    assert members == {"serviceAccount:tpu-second-dev@acme-ml-sandbox.iam.gserviceaccount.com"}
 
 
 def test_project_roles_are_only_log_and_metric_writers():
@@ -55,12 +64,10 @@ def test_no_keys_and_no_default_compute_account():
             assert "-compute@developer.gserviceaccount.com" not in repr(r.inputs)
 
 
-def test_the_ci_deployer_may_attach_each_workload_account_on_that_account_only():
-    grants = plan(stack_config()).of_type("gcp:serviceaccount/iAMMember:IAMMember")
-    deployer = "serviceAccount:tpu-deployer-dev@acme-ml-admin.iam.gserviceaccount.com"
-    (grant,) = [g for g in grants if g.name == "workload-mnist-deployer-act-as"]
-    assert (grant.inputs["role"], grant.inputs["member"]) == ("roles/iam.serviceAccountUser", deployer)
-    assert grant.inputs["serviceAccountId"].endswith(
-        "/serviceAccounts/tpu-mnist-dev@acme-ml-sandbox.iam.gserviceaccount.com"
-    )
-    assert all(g.inputs["role"] == "roles/iam.serviceAccountUser" for g in grants)
+def test_the_ci_deployer_may_attach_each_workload_account_it_attaches():
+    """Act-as is granted by the bootstrap, on the account, to the deployer whose plans attach it."""
+    from tools.offline.access import ACCESS_FILE
+
+    entry = json.loads(ACCESS_FILE.read_text())["dev"]
+    assert "tpu-mnist-dev" in entry["deployerActsAs"]
+    assert ["tpu-guard-dev", "tpu-mnist-dev"] in entry["actsAs"]  # the guard re-creates its nodes

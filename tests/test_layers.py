@@ -24,8 +24,10 @@ INFRA = ROOT / "infra"
 PURE = {
     "infra",
     "infra.access",
+    "infra.access.accounts",
     "infra.access.calls",
     "infra.access.environment",
+    "infra.access.escalation",
     "infra.access.iamdata",
     "infra.access.model",
     "infra.access.researchers",
@@ -82,7 +84,7 @@ DECLARATION = {
     "infra.tpu.queued",
     "infra.tpu.vm",
 }
-PULUMI = ("pulumi", "pulumi_gcp", "pulumi_policy")
+PULUMI = ("pulumi", "pulumi_gcp", "pulumi_policy", "pulumiverse_time")
 OUTSIDE_THE_RUNTIME = ("tools", "tests", "policy", "bootstrap", "benchmarks")
 
 

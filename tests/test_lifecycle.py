@@ -9,12 +9,13 @@ import pytest
 
 from infra import completion_marker
 from infra.config import parse_stack_config
-from infra.lifecycle import SCHEDULER_PERMISSIONS, attempt_deadline
+from infra.lifecycle import SCHEDULER_PERMISSIONS, attempt_deadline, scheduler_role
+from infra.platform import stack_identities
 from infra.tpu.metadata import run_id
 from tests.contracts import document
 from tests.support import plan, stack_config, with_object
 from tests.test_config_tpu import vm_problems
-from tools.offline.mocks import GcpMocks, RecordingMonitor
+from tools.offline.mocks import CloudState, GcpMocks, RecordingMonitor
 from tools.offline.runner import run_program
 
 
@@ -44,13 +45,11 @@ def test_jobs_stop_through_the_tpu_api_and_start_through_the_guard():
 
 def test_the_custom_role_holds_only_stop_and_get():
     result = plan(stack_config())
-    (role,) = [
-        r for r in result.of_type("gcp:projects/iAMCustomRole:IAMCustomRole") if "Scheduler" in r.inputs["roleId"]
-    ]
-    assert sorted(role.inputs["permissions"]) == sorted(SCHEDULER_PERMISSIONS)
+    role = scheduler_role("dev")  # made by the bootstrap; the stack grants it
+    assert sorted(role.permissions) == sorted(SCHEDULER_PERMISSIONS)
     assert set(SCHEDULER_PERMISSIONS) == {"tpu.nodes.get", "tpu.nodes.stop"}
     grants = [g for g in result.of_type("gcp:projects/iAMMember:IAMMember") if "scheduler" in g.inputs["member"]]
-    assert [g.inputs["role"] for g in grants] == [f"projects/acme-ml-sandbox/roles/{role.inputs['roleId']}"]
+    assert [g.inputs["role"] for g in grants] == [f"projects/acme-ml-sandbox/roles/{role.role_id}"]
 
 
 def test_no_schedule_no_scheduler():
@@ -91,7 +90,7 @@ def test_a_schedule_with_a_trailing_newline_is_refused_not_sent_to_cloud_schedul
 
 def test_a_finished_run_holds_no_tpu_right_and_writes_only_its_own_status():
     result = plan(stack_config())
-    roles = {r.inputs["roleId"] for r in result.of_type("gcp:projects/iAMCustomRole:IAMCustomRole")}
+    roles = {r.role_id for r in stack_identities(parse_stack_config("dev", stack_config())).roles}
     assert roles == {"tpuPlatformSchedulerDev", "tpuPlatformGuardDev"}
     workload = "serviceAccount:tpu-mnist-dev@acme-ml-sandbox.iam.gserviceaccount.com"
     assert not [g for g in result.of_type("gcp:projects/iAMMember:IAMMember") if g.inputs["member"] == workload
@@ -128,14 +127,14 @@ def completed_plan(raw: dict[str, str], *markers: str, run: str | None = None, c
     """A plan whose status bucket holds `markers`; each names `run` (default: the VM's current run id), or
     holds `content` when given."""
     bucket = "acme-ml-sandbox-dev-status"
-    mocks = GcpMocks("acme-ml-sandbox", {bucket: list(markers)})
+    state = CloudState()
     cfg = parse_stack_config("dev", raw)
     runs = {vm.name: run_id(cfg, vm) for vm in cfg.tpu_vms}
     for marker in markers:
         vm = marker.split("/")[0]
         made = completion_marker.marker(run or runs.get(vm, "?"), "vm-agent", "2026-12-01T12:00:00Z")
-        mocks.status_contents[(bucket, marker)] = content if content is not None else json.dumps(made)
-    return run_program("dev", raw, monitor=RecordingMonitor(mocks))
+        state.put(bucket, marker, content if content is not None else json.dumps(made))
+    return run_program("dev", raw, state=state)
 
 
 def test_a_vm_deleted_on_completion_is_no_longer_declared():

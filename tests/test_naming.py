@@ -94,16 +94,19 @@ def test_every_name_is_legal_at_the_longest_stack_and_prefix():
 
 def test_the_platform_builds_its_names_through_naming():
     """One place: the components call these helpers (the names in the plan are the helpers' output)."""
+    from infra.config import parse_stack_config
+    from infra.platform import stack_identities
     from tests.support import plan, stack_config
 
     result = plan(stack_config())
-    accounts = {a.inputs["accountId"] for a in result.of_type("gcp:serviceaccount/account:Account")}
+    identities = stack_identities(parse_stack_config("dev", stack_config()))  # what the bootstrap makes for dev
+    accounts = {a.account_id for a in identities.accounts}
     assert {
         naming.platform_account_id(k, "dev") for k in ("scheduler", "guard", "guard-invoker", "guard-build")
     } <= accounts
     buckets = {b.inputs["name"] for b in result.of_type("gcp:storage/bucket:Bucket")}
     assert naming.bucket("acme-ml-sandbox", "dev", "status") in buckets
-    roles = {r.inputs["roleId"] for r in result.of_type("gcp:projects/iAMCustomRole:IAMCustomRole")}
+    roles = {r.role_id for r in identities.roles}
     assert roles == {naming.custom_role_id("scheduler", "dev"), naming.custom_role_id("guard", "dev")}
 
 

@@ -30,7 +30,8 @@ def test_text_plan_of_dev():
         "+ buckets-data  (gcp:storage/bucket:Bucket)  [kept on destroy]",
         "publicAccessPrevention: enforced",
         "service: tpu.googleapis.com",
-        "accountId: tpu-mnist-dev",
+        "member: serviceAccount:tpu-mnist-dev@acme-ml-sandbox.iam.gserviceaccount.com",
+        "Who can do what in environment dev",
         "role: roles/storage.objectViewer",
         "thresholdRules[2].spendBasis: FORECASTED_SPEND",
         "labels.email_address: ml-platform-alerts@acme.example",
@@ -45,9 +46,11 @@ def test_json_plan_of_prod_matches_the_text():
     data = json.loads(done.stdout)
     assert data["stack"] == "prod"
     assert (
-        data["resourceCount"] == len(data["resources"]) == 84
+        data["resourceCount"] == len(data["resources"]) == 79
     )  # + "preempted, not recovered"; + artifacts: bucket, archive, grant, repository, component, API; + the
-    # VM agent's archive (vm_agent/, which the start-up script fetches by digest)
+    # VM agent's archive (vm_agent/, which the start-up script fetches by digest); - 4 accounts, their role and
+    # 5 act-as grants (the bootstrap's); + 3 waits for fresh grants (each VM's, the guard functions'); + the
+    # functions' image repository and the build account's grant on it
     buckets = [r for r in data["resources"] if r["type"] == "gcp:storage/bucket:Bucket" and r["parent"] == "buckets"]
     assert all(b["options"] == {"protect": True, "retainOnDelete": True} for b in buckets)
     assert data["outputs"]["budgetAlertTopic"] == "projects/acme-ml-production/topics/prod-budget-alerts"
@@ -66,6 +69,8 @@ def test_a_draft_stack_file_of_a_new_stack_plans_with_its_access():
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
     assert "Who can do what" in result.stdout and "tpu-mnist-small" in result.stdout
+    # The bootstrap has made none of its accounts yet: the plan says so.
+    assert "stack small is not in bootstrap/access.json: the bootstrap makes none of its" in result.stdout
 
 
 def test_bad_stack_file_fails_with_the_key_and_no_traceback(tmp_path):

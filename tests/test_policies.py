@@ -226,6 +226,7 @@ def test_weakened_stack_fails_with_the_expected_violations():
     found = check_policies(run_program("dev", stack_config(), program=weakened_program))
     assert {(v.policy, v.resource) for v in found} == {
         ("no-dangerous-grants", "rogue-editor"),
+        ("no-escalation-method", "rogue-editor"),  # Editor holds every permission of several methods
         ("bucket-no-public-members", "rogue-public"),
         ("tpu-vm-no-external-ip", "rogue-vm"),
         ("tpu-vm-dedicated-service-account", "rogue-vm"),
@@ -236,11 +237,11 @@ def test_weakened_stack_fails_with_the_expected_violations():
 
 def test_offline_plan_exits_3_on_mandatory_violations(monkeypatch, capsys):
     weakened = run_program("dev", stack_config(), program=weakened_program)
-    monkeypatch.setattr(offline_cli, "plan_stack", lambda stack, stack_file=None: weakened)
+    monkeypatch.setattr(offline_cli, "plan_stack", lambda stack, stack_file=None, state=None: weakened)
     assert offline_cli.main(["plan"]) == 3
     out, err = capsys.readouterr()
     assert "[mandatory] tpu-vm-no-external-ip: rogue-vm:" in out
-    assert "5 mandatory policy violation(s)" in err
+    assert "6 mandatory policy violation(s)" in err
 
 
 def test_the_pack_serves_every_rule(tmp_path):

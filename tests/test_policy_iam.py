@@ -298,7 +298,7 @@ NEAR_MISSES = {
         "not the project of environment 'dev'"),
     "deployer role granted to someone else": (
         "deployer-grant", project_grant(DEPLOYER_ROLE, member="user:a@acme.example", name="deployer-grant"),
-        "iam.roles.create"),
+        "storage.buckets.setIamPolicy"),
     "deployer role granted to another environment's deployer": (
         "deployer-grant",
         project_grant(DEPLOYER_ROLE, member=DEPLOYER.replace("-dev@", "-prod@"), name="deployer-grant"),
@@ -409,3 +409,54 @@ def test_the_bootstrap_plan_passes_the_pack():
     from tools.offline.policy_check import check_policies
 
     assert [str(v) for v in check_policies(plan()) if v.enforcement == "mandatory"] == []
+
+
+# --- privilege-escalation methods: refused for every member, the deployer included ------------------
+
+
+def escalation_reports(resources: list[PolicyResource]) -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    policies.no_escalation_methods(
+        StackValidationArgs(resources), lambda m, urn=None: found.setdefault(str(urn)[4:], []).append(m)
+    )
+    return found
+
+
+def test_a_deployer_role_able_to_change_roles_is_refused_with_no_exemption():
+    """UpdateIAMRole: a deployer holding iam.roles.update could widen a role it may grant, and grant it."""
+    role = custom_role("tpuPlatformDeployerDev", ["tpu.nodes.create", "iam.roles.update"])
+    reports = escalation_reports([role, project_grant(DEPLOYER_ROLE, name="deployer-grant")])
+    assert list(reports) == ["deployer-grant"]
+    assert "UpdateIAMRole" in reports["deployer-grant"][0] and DEPLOYER in reports["deployer-grant"][0]
+    # Its own-role rule says so too: iam.roles.* is no longer among what a deployer role may hold.
+    assert not {"iam.roles.create", "iam.roles.update", "iam.serviceAccounts.setIamPolicy"} & DEPLOYER_ROLE_MAY_HOLD
+    assert any("iam.roles.update" in m for m in own_violations(role))
+
+
+def test_methods_split_over_two_roles_of_one_member_are_found():
+    """Act-as project-wide plus a TPU creator role: a TPU VM running as any account of the project."""
+    reports = escalation_reports([
+        project_grant("roles/iam.serviceAccountUser", name="a"), project_grant("roles/tpu.admin", name="b"),
+    ])  # fmt: skip
+    assert "CreateTpuVmWithAccount" in " ".join(m for ms in reports.values() for m in ms)
+
+
+def test_a_conditional_grant_or_a_service_agent_is_not_counted():
+    agent = "serviceAccount:service-123456789012@gcp-sa-eventarc.iam.gserviceaccount.com"
+    assert escalation_reports([project_grant("roles/iam.roleAdmin", member=agent)]) == {}
+    conditional = {"title": "t", "expression": "request.time < timestamp('2030-01-01T00:00:00Z')"}
+    assert escalation_reports([project_grant("roles/iam.roleAdmin", condition=conditional)]) == {}
+    assert escalation_reports([project_grant("roles/iam.roleAdmin")])  # unconditional: refused
+
+
+def test_the_pack_and_the_model_read_the_same_method_list():
+    from infra.access import escalation
+
+    assert dict(escalation.methods()) == dict(policies_permissions().escalation_methods())
+    assert escalation.SERVICE_AGENT.pattern == policies.SERVICE_AGENT.pattern
+
+
+def policies_permissions():
+    from policy import permissions
+
+    return permissions

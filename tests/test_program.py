@@ -20,9 +20,9 @@ INVENTORY = {
         # the guard's source; the tf_mnist example's archive; the VM agent's (the start-up script fetches it)
         "gcp:storage/bucketObject:BucketObject": 3,
         "gcp:projects/iAMAuditConfig:IAMAuditConfig": 1,  # Cloud Storage Data Access logs
-        "gcp:serviceaccount/account:Account": 5,  # workload, scheduler, guard, guard invoker, guard build
-        # the deployer may attach the workload, scheduler, guard, invoker and build accounts; the guard the workload
-        "gcp:serviceaccount/iAMMember:IAMMember": 6,
+        # Its accounts and custom roles, and act-as on them, are the bootstrap's (none here).
+        # Waits for fresh grants: the VM's, and the guard functions'.
+        "time:index/sleep:Sleep": 2,
         # log + metric writer; scheduler and guard roles; event receiver; builder (Google's agents: bootstrap)
         "gcp:projects/iAMMember:IAMMember": 6,
         # data, checkpoints, models; the VM's own status prefix; the guard's status; the builder's source;
@@ -42,7 +42,6 @@ INVENTORY = {
         "gcp:tpu/v2Vm:V2Vm": 1,
         "tpu-platform:network:PrivateNetwork": 1,
         "tpu-platform:tpu:TpuVm": 1,
-        "gcp:projects/iAMCustomRole:IAMCustomRole": 2,  # scheduler, guard
         "gcp:cloudscheduler/job:Job": 2,
         "gcp:cloudfunctionsv2/function:Function": 2,  # completion, scheduled start
         "gcp:cloudrunv2/serviceIamMember:ServiceIamMember": 2,
@@ -53,7 +52,8 @@ INVENTORY = {
         "gcp:monitoring/alertPolicy:AlertPolicy": 2,
         "gcp:monitoring/dashboard:Dashboard": 1,
         "tpu-platform:monitoring:TpuMonitoring": 1,
-        "gcp:artifactregistry/repository:Repository": 1,  # the environment's image repository
+        "gcp:artifactregistry/repository:Repository": 2,  # the workloads' images, the guard's functions' images
+        "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember": 1,  # the build account writes the latter
         "tpu-platform:artifacts:WorkloadArtifacts": 1,
     },
     "prod": {
@@ -63,10 +63,8 @@ INVENTORY = {
         "gcp:storage/bucket:Bucket": 6,  # + artifacts
         "gcp:storage/bucketObject:BucketObject": 3,  # + the tf_mnist example's archive + the VM agent's
         "gcp:projects/iAMAuditConfig:IAMAuditConfig": 1,
-        "gcp:serviceaccount/account:Account": 4,  # the workload, the guard, its invoker, its build account
-        "gcp:serviceaccount/iAMMember:IAMMember": 5,
+        "time:index/sleep:Sleep": 3,  # each VM's, the guard functions'
         "gcp:projects/iAMMember:IAMMember": 5,
-        "gcp:projects/iAMCustomRole:IAMCustomRole": 1,
         # 3 workload + 2 VM status prefixes + guard + builder + the workload's source archive
         "gcp:storage/bucketIAMMember:BucketIAMMember": 8,
         "gcp:monitoring/notificationChannel:NotificationChannel": 2,
@@ -92,7 +90,8 @@ INVENTORY = {
         "tpu-platform:monitoring:TpuMonitoring": 1,
         "tpu-platform:lifecycle:RunStatus": 1,
         "tpu-platform:automation:TpuGuard": 1,
-        "gcp:artifactregistry/repository:Repository": 1,  # CMEK, as the buckets
+        "gcp:artifactregistry/repository:Repository": 2,  # CMEK, as the buckets
+        "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember": 1,
         "tpu-platform:artifacts:WorkloadArtifacts": 1,
     },
 }

@@ -12,14 +12,14 @@ from __future__ import annotations
 import json
 from functools import cache
 
-import celpy
 import pytest
-from celpy import celtypes
 
 from infra.access import iamdata
 from infra.access import researchers as calls
 from infra.config import parse_stack_config
+from infra.platform import stack_identities
 from infra.schema import ConfigError
+from tests.iam_conditions import allows as cel_allows
 from tests.support import plan, stack_config, with_object, with_scalar
 from tools.offline.runner import PlanResult, plan_stack
 from tools.offline.stackfile import ROOT, read_stack_config
@@ -112,11 +112,10 @@ def researcher_grants(member: str = ALICE) -> list:
     return [r for r in resources if r.inputs.get("member") == member]
 
 
-def roles_by_id() -> dict[str, set[str]]:
-    return {
-        f"projects/acme-ml-research/roles/{r.inputs['roleId']}": set(r.inputs["permissions"])
-        for r in example_plan().of_type("gcp:projects/iAMCustomRole:IAMCustomRole")
-    }
+def roles_by_id(raw: dict[str, str] | None = None) -> dict[str, set[str]]:
+    """The custom roles the stack uses, as the bootstrap makes them (infra/access/accounts.py)."""
+    cfg = parse_stack_config("self-service", raw or example_config())
+    return {r.name("acme-ml-research"): set(r.permissions) for r in stack_identities(cfg).roles}
 
 
 def held(member: str = ALICE) -> dict[str, set[str]]:
@@ -171,9 +170,8 @@ def test_no_ssh_rights_unless_the_stack_turns_them_on():
     result = plan(raw, "self-service")
     ssh = {g.inputs["role"] for g in result.resources if g.inputs.get("member") == ALICE}
     assert set(calls.SSH_ROLES) <= ssh
-    (project_role,) = [r for r in result.of_type("gcp:projects/iAMCustomRole:IAMCustomRole")
-                       if r.inputs["roleId"] == "tpuPlatformResearcherSelfService"]  # fmt: skip
-    assert set(project_role.inputs["permissions"]) == {"tpu.nodes.get", "tpu.nodes.list", "logging.logEntries.list"}
+    project_role = roles_by_id(raw)["projects/acme-ml-research/roles/tpuPlatformResearcherSelfService"]
+    assert project_role == {"tpu.nodes.get", "tpu.nodes.list", "logging.logEntries.list"}
     apis = {s.inputs["service"] for s in result.of_type("gcp:projects/service:Service")}
     assert {"iap.googleapis.com", "oslogin.googleapis.com"} <= apis
 
@@ -187,23 +185,7 @@ def test_a_stack_without_researchers_grants_nothing():
 
 def allows(expression: str, bucket: str, *, object_name: str | None = None, list_prefix: str | None = None) -> bool:
     resource = f"projects/_/buckets/{bucket}" + (f"/objects/{object_name}" if object_name is not None else "")
-    attributes = {} if list_prefix is None else {"storage.googleapis.com/objectListPrefix": list_prefix}
-
-    def get_attribute(api: celtypes.MapType, name: celtypes.StringType, default: celtypes.Value) -> celtypes.Value:
-        return api.get(name, default)
-
-    env = celpy.Environment()
-    program = env.program(env.compile(expression), functions={"getAttribute": get_attribute})
-    return bool(
-        program.evaluate(
-            {
-                "resource": celtypes.MapType({celtypes.StringType("name"): celtypes.StringType(resource)}),
-                "api": celtypes.MapType(
-                    {celtypes.StringType(k): celtypes.StringType(v) for k, v in attributes.items()}
-                ),
-            }
-        )
-    )
+    return cel_allows(expression, (resource, list_prefix))
 
 
 def can_create(bucket: str, object_name: str) -> bool:

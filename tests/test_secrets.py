@@ -54,3 +54,14 @@ def test_a_secret_that_would_reach_vm_metadata_is_refused_before_anything_is_reg
         run_program("dev", raw, monitor=monitor, secret_keys=["tpu-platform:workloads"])
     assert monitor.registrations == []
     assert ConfigError  # the program raises it; the engine reports it as a RunError
+
+
+def test_a_production_stack_holding_a_secret_is_refused_before_anything_is_registered():
+    """Any branch runs the previewer, which decrypts a stack's secrets to preview it: prod keeps none."""
+    raw = with_object(stack_config("prod"), "budget", lambda b: b.update(emails=[SECRET_EMAIL]))
+    monitor = RecordingMonitor(GcpMocks("acme-ml-production"))
+    with pytest.raises(Exception, match=r"tpu-platform:budget = '\[secret\]': a production stack keeps no value"):
+        run_program("prod", raw, monitor=monitor, secret_keys=["tpu-platform:budget"])
+    assert monitor.registrations == []
+    # The same value, not marked secure, plans (and dev may keep secrets: only its own previews read them).
+    assert run_program("prod", raw).resources

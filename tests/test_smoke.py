@@ -52,7 +52,11 @@ def test_dry_run_prints_a_stack_file_that_parses_and_plans_and_runs_nothing(caps
 
 
 def test_the_commands_come_in_order_and_destroy_is_among_them(capsys):
-    _, _, commands = dry_run(capsys)
+    _, _, every = dry_run(capsys)
+    # From `stack init` on, without the permission model's steps (tested below) and the plugin's install.
+    start = next(i for i, c in enumerate(every) if c.startswith("pulumi stack init"))
+    skip = ("pulumi plugin", "gcloud pubsub", "gcloud iam", "gcloud projects", "gcloud config")
+    commands = [c for c in every[start:] if not c.startswith(skip)]
     verbs = [" ".join(c.split()[:3]) for c in commands]
     assert verbs == [
         "pulumi stack init",
@@ -176,6 +180,11 @@ def test_gke_dry_run_plans_the_gke_stack_offline_and_lists_what_only_a_real_proj
         ("spot", "v5litepod-16", "spot"), ("iron", "tpu7x-16", "reserved")
     }  # fmt: skip
     assert smoke.plan_offline("smoke", stack_file_of(out)) == []  # within its budget, no warning
+    # The nodes' account is the bootstrap's: made before, removed after (the permission model's steps).
+    made = [c for c in commands if c.startswith("gcloud iam service-accounts")]
+    assert any(c.startswith("gcloud iam service-accounts create tpu-gke-nodes-smoke") for c in made)
+    assert "delete" in made[-1]
+    commands = [c for c in commands if not c.startswith(("gcloud iam", "pulumi plugin"))]
     verbs = [" ".join(c.split()[:4]) for c in commands]
     assert verbs == [
         "pulumi stack init smoke",
@@ -216,7 +225,10 @@ def test_the_gke_smoke_destroys_whatever_failed_before(failing, tmp_path):
     shell = FailingShell(failing)
     report = smoke.smoke_gke(cfg, path, shell, ready_minutes=0, poll_seconds=0)
     assert not report.passed
-    assert shell.printed[-2].startswith("pulumi destroy") and shell.printed[-1].startswith("pulumi stack rm")
+    destroy = max(i for i, c in enumerate(shell.printed) if c.startswith("pulumi destroy"))
+    # Then only the removal of what the bootstrap's part made, and the stack itself.
+    assert all(c.startswith("gcloud iam service-accounts delete") for c in shell.printed[destroy + 1 : -1])
+    assert shell.printed[-1].startswith("pulumi stack rm")
 
 
 def test_a_slice_that_does_not_come_back_fails_the_gke_smoke(tmp_path):
@@ -233,3 +245,26 @@ def test_a_slice_that_does_not_come_back_fails_the_gke_smoke(tmp_path):
     cfg = parse_stack_config("smoke", read_stack_config("smoke", ROOT, path))
     report = smoke.smoke_gke(cfg, path, NotBack("nothing"), ready_minutes=0, poll_seconds=0)
     assert [name for name, ok, _ in report.checks if not ok] == ["a preempted spot slice comes back whole"]
+
+
+def test_the_dry_run_lists_a_step_for_each_check_only_a_real_project_can_make(capsys):
+    """The README's list of what the offline model cannot prove, each a step of the real run."""
+    _, out, commands = dry_run(capsys)
+    checks = [line.removeprefix("check ") for line in out.splitlines() if line.startswith("check ")]
+    for step in (
+        "custom roles accept every computed permission (customRolesSupportLevel)",
+        "a modifiedGrantsByRole-limited IAM admin may change the audit config",
+        "the budget's topic: Billing's agent may publish (domain-restricted sharing allowed it)",
+        "the bootstrap's part: the stack's accounts, custom roles and act-as",
+    ):
+        assert any(c.startswith(step) for c in checks), step
+    # Support levels are read for every permission the bootstrap puts in a custom role.
+    assert any("list-testable-permissions" in c and "NOT_SUPPORTED" in c for c in commands)
+    assert "iam.roles" not in " ".join(smoke.computed_permissions())  # no deployer holds iam.roles.* any more
+    (audit,) = [c for c in commands if c.startswith("gcloud projects set-iam-policy") and "impersonate" in c]
+    assert "--impersonate-service-account=tpu-smoke-limited-smoke@" in audit  # as the limited admin
+    (grant,) = [c for c in commands if c.startswith("gcloud projects add-iam-policy-binding")]
+    assert "modifiedGrantsByRole" in grant and "projectIamAdmin" in grant
+    # The stack's accounts are made before `pulumi up`, which names but does not make them.
+    made = next(i for i, c in enumerate(commands) if c.startswith("gcloud iam service-accounts create tpu-mnist-smoke"))
+    assert made < next(i for i, c in enumerate(commands) if c.startswith("pulumi up"))

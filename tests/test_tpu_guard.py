@@ -21,7 +21,7 @@ from werkzeug.test import EnvironBuilder
 
 from infra import completion_marker
 from infra.access import iamdata
-from infra.automation import GUARD_METHODS, GUARD_PERMISSIONS
+from infra.automation import GUARD_METHODS, GUARD_PERMISSIONS, guard_identities, guard_role
 from tests.contracts import Call, CheckedSession, ContractError, api
 from tests.sandbox import free_port, storage_emulator
 from tests.support import plan, stack_config, with_object
@@ -629,8 +629,9 @@ def test_guard_resources_in_prod():
     (schedule,) = [j for j in result.of_type("gcp:cloudscheduler/job:Job") if j.inputs["name"] == "tpu-recovery-prod"]
     assert schedule.inputs["schedule"] == "*/10 * * * *"
     assert schedule.inputs["httpTarget"]["oidcToken"]["serviceAccountEmail"].startswith("tpu-guard-invoker-prod@")
-    (role,) = [r for r in result.of_type("gcp:projects/iAMCustomRole:IAMCustomRole") if "Guard" in r.inputs["roleId"]]
-    assert role.inputs["permissions"] == list(GUARD_PERMISSIONS)
+    assert guard_role("prod").permissions == tuple(GUARD_PERMISSIONS)  # made by the bootstrap, granted here
+    assert any(g.inputs["role"] == guard_role("prod").name("acme-ml-production")
+               for g in result.of_type("gcp:projects/iAMMember:IAMMember"))  # fmt: skip
     # the guard's function source (the stack's other object is a workload source archive: infra/artifacts.py)
     (guard,) = [o for o in result.of_type("gcp:storage/bucketObject:BucketObject") if o.name == "guard-archive"]
     archive = guard.inputs["source"]["archive"]
@@ -671,8 +672,8 @@ def test_guard_identity_is_narrow():
         "projects/acme-ml-production/roles/tpuPlatformGuardProd",
         "roles/eventarc.eventReceiver",
     ]
-    acts_as = [g for g in result.of_type("gcp:serviceaccount/iAMMember:IAMMember") if g.inputs["member"] == guard]
-    assert [g.inputs["role"] for g in acts_as] == ["roles/iam.serviceAccountUser"]  # on the workload account only
+    # Act-as on the workload account only (it re-creates its nodes), granted by the bootstrap.
+    assert guard_identities("prod", ("tpu-mnist-prod",)).acts_as == (("tpu-guard-prod", "tpu-mnist-prod"),)
 
 
 def test_no_guard_without_a_feature_that_needs_it():

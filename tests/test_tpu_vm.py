@@ -25,11 +25,10 @@ def test_vm_identity_network_and_labels(stack):
     result, nodes = vms(stack)
     (network,) = result.of_type("gcp:compute/network:Network")
     (subnet,) = result.of_type("gcp:compute/subnetwork:Subnetwork")
-    (account,) = [a for a in result.of_type("gcp:serviceaccount/account:Account") if a.name.startswith("workload-")]
     assert nodes
     for vm in nodes:
         assert vm.inputs["serviceAccount"] == {
-            "email": f"{account.inputs['accountId']}@{result.project}.iam.gserviceaccount.com",
+            "email": f"tpu-mnist-{stack}@{result.project}.iam.gserviceaccount.com",  # its workload's own account
             "scopes": [CLOUD_PLATFORM_SCOPE],
         }
         assert "compute@developer.gserviceaccount.com" not in vm.inputs["serviceAccount"]["email"]

@@ -368,7 +368,7 @@ def test_deploy_runs_each_stack_in_the_environment_named_after_it_as_its_own_dep
     assert job["environment"] == "${{ matrix.stack }}"
     assert job["strategy"] == {"max-parallel": 1, "fail-fast": True, "matrix": DERIVED_MATRIX}
     assert auth_accounts(job) == ["${{ matrix.deployServiceAccount }}"]
-    (up,) = [s for s in steps(job) if uses(s, "pulumi/actions")]
+    (up,) = [s for s in steps(job) if uses(s, "pulumi/actions") and "with" in s]  # the other installs the CLI
     assert (up["with"]["command"], up["with"]["stack-name"]) == ("up", "${{ matrix.stack }}")
     assert up["with"]["policyPacks"] == "policy"
     # No other workflow may even name a deployer.
@@ -381,7 +381,7 @@ def test_drift_check_is_scheduled_and_expects_no_changes_as_the_previewer():
     assert drift["on"]["schedule"]
     job = drift["jobs"]["drift"]
     assert auth_accounts(job) == ["${{ fromJSON(needs.stacks.outputs.identities).previewServiceAccount }}"]
-    (check,) = [s for s in steps(job) if uses(s, "pulumi/actions")]
+    (check,) = [s for s in steps(job) if uses(s, "pulumi/actions") and "with" in s]  # the other installs the CLI
     assert check["with"]["expect-no-changes"] is True and check["with"]["refresh"] is True
 
 
@@ -410,3 +410,20 @@ def test_checkouts_do_not_keep_the_token():
             for step in steps(job):
                 if uses(step, "actions/checkout"):
                     assert step["with"]["persist-credentials"] is False, name
+
+
+def test_every_workflow_running_pulumi_installs_the_time_plugin_that_requirements_pin():
+    """The waits for IAM changes are pulumiverse-time resources: each job that runs Pulumi on a stack
+    installs its plugin, at the version requirements.txt pins (read there, so the two cannot drift)."""
+    pinned = re.search(r"^pulumiverse-time==(\S+)$", (ROOT / "requirements.txt").read_text(), re.M)
+    assert pinned
+    for name, job in (("deploy.yml", "deploy"), ("preview.yml", "preview"), ("drift.yml", "drift")):
+        runs = [s.get("run", "") for s in steps(workflow(name)["jobs"][job])]
+        (install,) = [r for r in runs if "pulumi plugin install resource time" in r]
+        assert "sed -n 's/^pulumiverse-time==//p' requirements.txt" in install
+        assert "--server github://api.github.com/pulumiverse" in install
+        uses = [s.get("uses", "") for s in steps(workflow(name)["jobs"][job])]
+        assert uses.index(next(u for u in uses if u.startswith("pulumi/actions"))) < runs.index(install)
+    line = f"pulumiverse-time=={pinned[1]}"
+    assert subprocess.run(["sed", "-n", "s/^pulumiverse-time==//p"], input=line, capture_output=True, text=True,
+                          check=True).stdout.strip() == pinned[1]  # fmt: skip

@@ -8,8 +8,9 @@ service accounts to authenticate before it can read any state. So they live in a
 here and checked by tests/test_ci_identities.py against the stack files.
 
 The file lists the stacks in deploy order: every stack without `tpu-platform:production: true` first, then
-the production ones, each by name. Each stack carries its GCP project (from its stack file) and its own
-deployer (the bootstrap's `deployServiceAccounts`, one per environment). Adding an environment is one stack
+the production ones, each by name. Each stack carries its GCP project (from its stack file), its own
+deployer (the bootstrap's `deployServiceAccounts`, one per environment) and its own secrets key (the
+bootstrap's `secretsProviders`: `pulumi stack init --secrets-provider` takes it). Adding an environment is one stack
 file plus its bootstrap entry, then re-running this tool; the workflows derive their matrices from this file.
 """
 
@@ -36,12 +37,12 @@ STACK_NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}"
 PROJECT_ID = r"[a-z][a-z0-9-]{4,28}[a-z0-9]"
 # https://cloud.google.com/iam/docs/service-accounts-create: account ids are 6-30 chars.
 SERVICE_ACCOUNT = r"[a-z][a-z0-9-]{4,28}[a-z0-9]@[a-z][a-z0-9-]{4,28}[a-z0-9]\.iam\.gserviceaccount\.com"
+SECRETS_PROVIDER = (
+    r"gcpkms://projects/[a-z][a-z0-9-]+/locations/[a-z0-9-]+/keyRings/[A-Za-z0-9_-]+/cryptoKeys/[A-Za-z0-9_-]+",
+    "a gcpkms://projects/…/cryptoKeys/… URL",
+)
 OUTPUTS: dict[str, tuple[str, str]] = {
     "stateBackend": (r"gs://[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]", "a gs:// bucket URL"),
-    "secretsProvider": (
-        r"gcpkms://projects/[a-z][a-z0-9-]+/locations/[a-z0-9-]+/keyRings/[A-Za-z0-9_-]+/cryptoKeys/[A-Za-z0-9_-]+",
-        "a gcpkms://projects/…/cryptoKeys/… URL",
-    ),
     "workloadIdentityProvider": (
         r"projects/\d+/locations/global/workloadIdentityPools/[a-z0-9-]+/providers/[a-z0-9-]+",
         "projects/NUMBER/locations/global/workloadIdentityPools/POOL/providers/PROVIDER",
@@ -108,6 +109,13 @@ def generate(outputs: Mapping[str, Any], stack_files: Mapping[str, StackFile]) -
             f"deployServiceAccounts.{stack}", email, SERVICE_ACCOUNT, "a service account email"
         ):
             problems.append(problem)
+    keys = outputs.get("secretsProviders")
+    if not isinstance(keys, dict):
+        problems.append(f"bootstrap output secretsProviders is {keys!r}; expected a map of stack name to its key URL")
+        keys = {}
+    for stack in sorted(deployers):
+        if problem := _str_problem(f"secretsProviders.{stack}", keys.get(stack), *SECRETS_PROVIDER):
+            problems.append(problem)
     for stack in sorted(set(stack_files) - set(deployers)):
         problems.append(f"stack {stack} (Pulumi.{stack}.yaml) has no deployer: add it to the bootstrap and re-run")
     for stack in sorted(set(deployers) - set(stack_files)):
@@ -125,6 +133,7 @@ def generate(outputs: Mapping[str, Any], stack_files: Mapping[str, StackFile]) -
                 "project": stack_files[stack].project,
                 "production": stack_files[stack].production,
                 "deployServiceAccount": deployers[stack],
+                "secretsProvider": keys[stack],
             }
             for stack in order
         ],

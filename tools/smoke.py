@@ -4,7 +4,12 @@ It writes a tiny stack file (tools/smoke_stack.yaml filled in: the cheapest sing
 offers in the zone, spot, one epoch of MNIST, `onCompletion: stop`), checks it with the real config parser
 and the offline plan, then:
 
-  1. `pulumi stack init` (a throwaway stack, passphrase secrets) and `pulumi up`;
+  0. checks what only a real project shows of the permission model: custom roles accept every computed
+     permission (its support level), and a `modifiedGrantsByRole`-limited project IAM admin may change
+     the audit config; then does the bootstrap's part for this stack: its service accounts, custom roles
+     and act-as grants (`stack_identities`), which the stack names but does not make;
+  1. `pulumi stack init` (a throwaway stack, passphrase secrets), the time provider's plugin, `pulumi up`,
+     and (domain-restricted sharing may refuse it) Billing's publish grant on the budget's topic;
   2. waits for the completion marker `gs://<status bucket>/<vm>/COMPLETE`;
   3. checks a checkpoint exists under `gs://<checkpoints bucket>/<workload>/<vm>/<run>/`;
   4. checks the completion action: the guard stopped the node (`gcloud compute tpus tpu-vm describe`);
@@ -13,7 +18,8 @@ and the offline plan, then:
      request in the stack's network: that it names its request (Node.queuedResource), the Python of its
      tpu-vm-tf-* image, what a stop does to it, and that deleting the request with `--force` deletes it;
   6. always (a `finally`, whatever failed before): `pulumi destroy`, then checks the spot node is gone
-     and the data and status buckets survived (`retain_on_delete`), and `pulumi stack rm`;
+     and the data and status buckets survived (`retain_on_delete`), and `pulumi stack rm`, and removes
+     what step 0 made;
 
 and prints what it verified. `--dry-run` prints the stack file and every command in the order the run
 would issue them, and runs none (the same code path, with a shell that only prints).
@@ -37,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import re
 import secrets
@@ -50,11 +57,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from string import Template
 
+from bootstrap.program import PROJECT_IAM_ADMIN, modified_grants_condition
 from infra import naming
+from infra.access.accounts import SERVICE_ACCOUNT_USER
 from infra.catalog import AcceleratorType, load_catalog, version_key
 from infra.config import PlatformConfig, parse_stack_config
 from infra.config.model import SlicePoolSettings
 from infra.gke.specs import shape_of
+from infra.platform import stack_identities
 from infra.schema import ConfigError
 from infra.tpu.metadata import run_prefix
 from tools.offline.stackfile import ROOT, read_stack_config
@@ -215,6 +225,10 @@ def throwaway_stack(
         yield False
         return
     try:
+        version = next(line.split("==")[1] for line in (ROOT / "requirements.txt").read_text().splitlines()
+                       if line.startswith("pulumiverse-time=="))  # fmt: skip
+        shell.run(["pulumi", "plugin", "install", "resource", "time", f"v{version}",
+                   "--server", "github://api.github.com/pulumiverse"])  # fmt: skip
         rc, _ = shell.run(["pulumi", "up", *stack, *config, "--yes", "--skip-preview"], cwd=ROOT)
         yield report.add("pulumi up", rc == 0)
     finally:
@@ -223,6 +237,87 @@ def throwaway_stack(
         after_destroy()
         rc, _ = shell.run(["pulumi", "stack", "rm", cfg.stack, "--yes"], cwd=ROOT)
         report.add("pulumi stack rm", rc == 0)
+
+
+def computed_permissions() -> set[str]:
+    """Every permission the bootstrap puts into a custom role, in every environment (bootstrap/access.json)."""
+    access = json.loads((ROOT / "bootstrap" / "access.json").read_text())
+    return {
+        p
+        for entry in access.values()
+        for p in [*entry["deployerPermissions"], *entry["previewerPermissions"],
+                  *(q for role in entry["roles"].values() for q in role["permissions"])]
+    }  # fmt: skip
+
+
+def real_project_checks(cfg: PlatformConfig, shell: Shell, report: Report, workdir: Path) -> list[list[str]]:
+    """What the offline model cannot prove, each a step; the commands that undo what they made."""
+    project = ["--project", cfg.project]
+    resource = f"//cloudresourcemanager.googleapis.com/projects/{cfg.project}"
+    rc, out = shell.run(["gcloud", "iam", "list-testable-permissions", resource,
+                         "--filter=customRolesSupportLevel=NOT_SUPPORTED", "--format=value(name)"])  # fmt: skip
+    refused = sorted(computed_permissions() & set(out.split()))
+    report.add("custom roles accept every computed permission (customRolesSupportLevel)", rc == 0 and not refused,
+               ", ".join(refused))  # fmt: skip
+    # A project IAM admin limited by modifiedGrantsByRole (as each deployer is) changes the audit config.
+    limited = f"tpu-smoke-limited-{cfg.stack}"[:30]
+    email = f"{limited}@{cfg.project}.iam.gserviceaccount.com"
+    original = workdir / "policy-before.json"
+    rc, text = shell.run(["gcloud", "projects", "get-iam-policy", cfg.project, "--format=json"], answer="{}")
+    before = {k: v for k, v in json.loads(text or "{}").items() if k != "etag"}  # restored as it was
+    original.write_text(json.dumps(before))
+    undo = [["gcloud", "projects", "set-iam-policy", cfg.project, str(original), "--quiet"],
+            ["gcloud", "iam", "service-accounts", "delete", email, *project, "--quiet"]]  # fmt: skip
+    condition = modified_grants_condition(["roles/logging.logWriter"]).replace(",", "\\,")
+    _, caller = shell.run(["gcloud", "config", "get-value", "account"], answer="smoke@example.iam.gserviceaccount.com")
+    who = f"{'serviceAccount' if caller.endswith('.gserviceaccount.com') else 'user'}:{caller}"
+    steps = [
+        ["gcloud", "iam", "service-accounts", "create", limited, *project],
+        ["gcloud", "projects", "add-iam-policy-binding", cfg.project, f"--member=serviceAccount:{email}",
+         f"--role={PROJECT_IAM_ADMIN}", f"--condition=expression={condition},title=smoke-limited"],
+        ["gcloud", "iam", "service-accounts", "add-iam-policy-binding", email, f"--member={who}",
+         "--role=roles/iam.serviceAccountTokenCreator", *project],
+    ]  # fmt: skip
+    ok = all(shell.run(step)[0] == 0 for step in steps)
+    rc, text = shell.run(["gcloud", "projects", "get-iam-policy", cfg.project, "--format=json"],
+                         answer='{"bindings": []}')  # fmt: skip
+    if ok and rc == 0:
+        current = json.loads(text or "{}")
+        current.setdefault("auditConfigs", []).append(
+            {"service": "tpu.googleapis.com", "auditLogConfigs": [{"logType": "DATA_READ"}]}
+        )
+        policy = workdir / "policy.json"
+        policy.write_text(json.dumps(current))
+        rc, _ = shell.run(["gcloud", "projects", "set-iam-policy", cfg.project, str(policy),
+                           f"--impersonate-service-account={email}"])  # fmt: skip
+    report.add("a modifiedGrantsByRole-limited IAM admin may change the audit config", ok and rc == 0, email)
+    return undo
+
+
+def make_identities(cfg: PlatformConfig, shell: Shell, report: Report) -> list[list[str]]:
+    """The bootstrap's part for this stack (its accounts, custom roles, act-as grants); the undo commands."""
+    identities = stack_identities(cfg)
+    project = ["--project", cfg.project]
+    steps, undo = [], []
+    for account in identities.accounts:
+        steps.append(["gcloud", "iam", "service-accounts", "create", account.account_id, *project,
+                      f"--display-name={account.display_name}"])  # fmt: skip
+        undo.append(["gcloud", "iam", "service-accounts", "delete", account.email(cfg.project), *project, "--quiet"])
+    ok = all(shell.run(step)[0] == 0 for step in steps)
+    # Custom roles stay (a deleted role's id is taken for weeks, so a re-run updates the one left behind).
+    for role in identities.roles:
+        spec = [role.role_id, *project, f"--title={role.title}", f"--permissions={','.join(role.permissions)}"]
+        rc, _ = shell.run(["gcloud", "iam", "roles", "create", *spec, "--stage=GA"])
+        ok = ok and (rc == 0 or shell.run(["gcloud", "iam", "roles", "update", *spec])[0] == 0)
+    emails = {a.account_id: a.email(cfg.project) for a in identities.accounts}
+    for actor, target in identities.acts_as:
+        member = f"--member=serviceAccount:{emails[actor]}"
+        step = ["gcloud", "iam", "service-accounts", "add-iam-policy-binding", emails[target], member,
+                f"--role={SERVICE_ACCOUNT_USER}", *project]  # fmt: skip
+        ok = shell.run(step)[0] == 0 and ok
+    report.add("the bootstrap's part: the stack's accounts, custom roles and act-as", ok,
+               f"{len(identities.accounts)} accounts, {len(identities.roles)} roles")  # fmt: skip
+    return undo
 
 
 def smoke(
@@ -234,6 +329,8 @@ def smoke(
     vm = cfg.tpu_vms[0]
     status, checkpoints = cfg.bucket_name("status"), cfg.bucket_name("checkpoints")
     project = ["--project", cfg.project]
+    undo = real_project_checks(cfg, shell, report, stack_file.parent)
+    undo += make_identities(cfg, shell, report)
 
     def after_destroy() -> None:
         rc, out = shell.run([*tpu_vm("describe", vm.name, vm.zone, cfg.project), "--format", "value(name)"])
@@ -242,10 +339,17 @@ def smoke(
             bucket = f"gs://{cfg.bucket_name(purpose)}"
             rc, _ = shell.run(["gcloud", "storage", "buckets", "describe", bucket, *project, "--format", "value(name)"])
             report.add(f"the {purpose} bucket survived destroy", rc == 0, bucket)
+        for command in undo:  # what the checks and the bootstrap's part made
+            shell.run(command)
 
     with throwaway_stack(cfg, stack_file, shell, report, after_destroy=after_destroy) as deployed:
         if not deployed:
             return report
+        topic = f"{cfg.stack}-budget-alerts"  # infra/budget.py: Billing granted its agent publish on it
+        rc, out = shell.run(["gcloud", "pubsub", "topics", "get-iam-policy", topic, *project, "--format=json"],
+                            answer='{"bindings": [{"role": "roles/pubsub.publisher"}]}')  # fmt: skip
+        report.add("the budget's topic: Billing's agent may publish (domain-restricted sharing allowed it)",
+                   rc == 0 and "roles/pubsub.publisher" in out, topic)  # fmt: skip
         marker = f"gs://{status}/{vm.name}/COMPLETE"
         complete = wait_for(shell, ["gcloud", "storage", "ls", *project, marker], lambda rc, out: rc == 0 and bool(out),
                             minutes=run_minutes, every=poll_seconds, answer=marker)  # fmt: skip
@@ -357,7 +461,13 @@ def smoke_gke(
     cluster, region = naming.gke_cluster(cfg.stack), gke.region
     stack, config = ["--stack", cfg.stack], ["--config-file", str(stack_file)]
     project, location = ["--project", cfg.project], ["--cluster", cluster, "--location", region]
-    with throwaway_stack(cfg, stack_file, shell, report, after_destroy=lambda: None) as deployed:
+    undo = make_identities(cfg, shell, report)  # the nodes' account, as the bootstrap makes it
+
+    def after_destroy() -> None:
+        for command in undo:
+            shell.run(command)
+
+    with throwaway_stack(cfg, stack_file, shell, report, after_destroy=after_destroy) as deployed:
         if not deployed:
             return report
         # TPU7x: placed by the named HIGH_THROUGHPUT policy; GKE keeps its topology and no type.

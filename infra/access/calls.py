@@ -8,7 +8,9 @@ comment where a row departs from that pattern. A type missing here fails the per
 name: nothing is granted by guess.
 
 `act_as` lists the input paths that attach a service account: Google checks `iam.serviceAccounts.actAs`
-on that account (reference/gcp-iam/README.md; methods.json lists it for `nodes.create`).
+on that account (reference/gcp-iam/README.md; methods.json lists it for `nodes.create`). `fields` lists
+the other inputs whose value makes the API check a permission of the caller on the resource it names
+(`FieldCheck`); `FIELD_REVIEW` says, per type, which fields were searched for such checks and where.
 """
 
 from __future__ import annotations
@@ -21,12 +23,23 @@ PHASES = ("create", "read", "update", "delete")
 
 
 @dataclass(frozen=True)
+class FieldCheck:
+    """An input whose value makes the API check `methods`' permissions of the caller, on the resource
+    the value names (`projects/P/...`: checked in project P), when the resource is created or updated."""
+
+    path: str
+    methods: tuple[str, ...]
+    evidence: str
+
+
+@dataclass(frozen=True)
 class Calls:
     create: tuple[str, ...]
     read: tuple[str, ...]
     update: tuple[str, ...] = ()
     delete: tuple[str, ...] = ()
     act_as: tuple[str, ...] = ()
+    fields: tuple[FieldCheck, ...] = ()
     # Extra methods that depend on the inputs (e.g. force_destroy empties a bucket first).
     extra: Callable[[Mapping[str, Any]], dict[str, tuple[str, ...]]] | None = field(default=None, compare=False)
 
@@ -172,7 +185,18 @@ RESOURCE_CALLS: dict[str, Calls] = {
     "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember": _iam_member(
         "artifactregistry.projects.locations.repositories"
     ),
-    "gcp:billing/budget:Budget": _crud("billingbudgets.billingAccounts.budgets"),
+    "gcp:billing/budget:Budget": Calls(
+        **{k: v for k, v in vars(_crud("billingbudgets.billingAccounts.budgets")).items() if k in PHASES},
+        fields=(
+            FieldCheck(
+                "allUpdatesRule.pubsubTopic",
+                ("pubsub.projects.topics.setIamPolicy",),
+                "billingbudgets.v1 NotificationsRule.pubsubTopic: 'Grant the API caller the "
+                "pubsub.topics.setIamPolicy permission on the Pub/Sub topic. If not set, the API call fails "
+                "with PERMISSION_DENIED.' (Billing then grants its own agent publish on the topic.)",
+            ),
+        ),
+    ),
     "gcp:monitoring/alertPolicy:AlertPolicy": _crud("monitoring.projects.alertPolicies"),
     "gcp:monitoring/notificationChannel:NotificationChannel": _crud("monitoring.projects.notificationChannels"),
     "gcp:monitoring/dashboard:Dashboard": _crud("monitoring.projects.dashboards"),
@@ -269,10 +293,75 @@ RESOURCE_CALLS: dict[str, Calls] = {
     "gcp:compute/resourcePolicy:ResourcePolicy": _crud(
         "compute.resourcePolicies", create="insert", operations=COMPUTE_REGION_OPS
     ),
+    # pulumiverse-time (the Terraform time provider, bridged): waits in the deploy process, calls no API.
+    "time:index/sleep:Sleep": Calls(create=(), read=()),
+}
+
+# Which input fields of each declared type were searched for permission checks of the caller beyond
+# the method's own (and act-as), and where: the field descriptions of Google's discovery documents
+# (googleapiclient/discovery_cache/documents, searched for "permission", "actAs", "IAM", "service
+# agent") and the provider's resource source. A type added to RESOURCE_CALLS is reviewed here too
+# (tests/test_access.py). Keys used by another project (CMEK) are checked on its service agent, never
+# the caller: the bootstrap grants them (tools/offline/access.py cmek_keys).
+FIELD_REVIEW: dict[str, str] = {
+    "gcp:billing/budget:Budget": "billingbudgets.v1: notificationsRule.pubsubTopic checks pubsub.topics.setIamPolicy "
+    "(a FieldCheck); monitoringNotificationChannels and budgetFilter.projects name no caller check",
+    "gcp:cloudfunctionsv2/function:Function": "cloudfunctions.v2: serviceConfig.serviceAccountEmail, "
+    "eventTrigger.serviceAccountEmail and buildConfig.serviceAccount are attachments (act_as); buildConfig."
+    "workerPool (unused) names another project's pool; eventTrigger.pubsubTopic names no caller check",
+    "gcp:cloudscheduler/job:Job": "cloudscheduler.v1: httpTarget.oauthToken/oidcToken.serviceAccountEmail: 'The caller "
+    "must have iam.serviceAccounts.actAs permission for the service account' (act_as)",
+    "gcp:tpu/v2Vm:V2Vm": "tpu.v2: serviceAccount.email is an attachment (act_as; methods.json for nodes.create); "
+    "networkConfig.subnetwork says no caller permission",
+    "pulumi-python:dynamic/tpu:QueuedResource": "tpu.v2/v2alpha1: the node spec's serviceAccount is an attachment "
+    "(act_as); reservationName names a reservation of the same project",
+    "gcp:pubsub/topic:Topic": "pubsub.v1: kmsKeyName is used by Pub/Sub's agent (the bootstrap grants the key); "
+    "messageTransforms.aiInference.serviceAccountEmail would need actAs (unused)",
+    "gcp:storage/bucket:Bucket": "storage.v1: encryption.defaultKmsKeyName is used by the Cloud Storage agent "
+    "(bootstrap); acl/defaultObjectAcl unused (uniform access); forceDestroy lists and deletes objects (extra)",
+    "gcp:storage/bucketObject:BucketObject": "storage.v1: no field names another resource",
+    "gcp:artifactregistry/repository:Repository": "artifactregistry.v1: kmsKeyName is used by Artifact Registry's "
+    "agent (bootstrap grants the key); no caller check named",
+    "gcp:monitoring/alertPolicy:AlertPolicy": "monitoring.v3: notificationChannels names channels of the same "
+    "project; no caller check named",
+    "gcp:monitoring/notificationChannel:NotificationChannel": "monitoring.v3: no caller check named",
+    "gcp:monitoring/dashboard:Dashboard": "monitoring.v1: no caller check named",
+    "gcp:projects/iAMAuditConfig:IAMAuditConfig": "cloudresourcemanager.v1 AuditConfig: exemptedMembers only; the "
+    "write is setIamPolicy (its own method)",
+    "gcp:compute/network:Network": "compute.v1: no caller check named",
+    "gcp:compute/subnetwork:Subnetwork": "compute.v1: privateIpGoogleAccess is its own call (update methods)",
+    "gcp:compute/firewall:Firewall": "compute.v1: no caller check named",
+    "gcp:compute/router:Router": "compute.v1: no caller check named",
+    "gcp:compute/routerNat:RouterNat": "compute.v1: a field of its router (routers.patch)",
+    "gcp:projects/service:Service": "serviceusage.v1: no caller check named",
+    "gcp:projects/serviceIdentity:ServiceIdentity": "serviceusage: no field beyond the service",
+    "gcp:projects/iAMMember:IAMMember": "a member resource: getIamPolicy/setIamPolicy only",
+    "gcp:projects/iAMCustomRole:IAMCustomRole": "iam.v1 Role: includedPermissions are data, no caller check",
+    "gcp:serviceaccount/account:Account": "iam.v1 ServiceAccount: no caller check named",
+    "gcp:serviceaccount/iAMMember:IAMMember": "a member resource: getIamPolicy/setIamPolicy only",
+    "gcp:storage/bucketIAMMember:BucketIAMMember": "a member resource: getIamPolicy/setIamPolicy only",
+    "gcp:pubsub/topicIAMMember:TopicIAMMember": "a member resource: getIamPolicy/setIamPolicy only",
+    "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember": "a member resource",
+    "gcp:cloudrunv2/serviceIamMember:ServiceIamMember": "a member resource",
+    "gcp:kms/cryptoKeyIAMMember:CryptoKeyIAMMember": "a member resource",
+    "gcp:billing/accountIamMember:AccountIamMember": "a member resource",
+    "gcp:kms/keyRing:KeyRing": "cloudkms.v1: no caller check named",
+    "gcp:kms/cryptoKey:CryptoKey": "cloudkms.v1: no caller check named",
+    "gcp:iam/workloadIdentityPool:WorkloadIdentityPool": "iam.v1: no caller check named",
+    "gcp:iam/workloadIdentityPoolProvider:WorkloadIdentityPoolProvider": "iam.v1: no caller check named",
+    "time:index/sleep:Sleep": "no API",
+    "gcp:container/cluster:Cluster": "container.v1: nodeConfig.serviceAccount is an attachment (act_as); the GKE "
+    "engine's other fields not yet searched for caller checks (its owner extends this row)",
+    "gcp:container/nodePool:NodePool": "container.v1: nodeConfig.serviceAccount is an attachment (act_as); the "
+    "GKE engine's other fields not yet searched for caller checks (its owner extends this row)",
+    "gcp:compute/resourcePolicy:ResourcePolicy": "compute.v1: no caller check named in its description fields",
 }
 
 
-# Data sources the program reads while it runs (in `preview` as in `up`).
+# Data sources the program reads while it runs (in `preview` as in `up`). None asks Cloud Storage for
+# ACLs: the provider sends no `projection`, and storage.v1 says of objects.get/list and buckets.list
+# "Defaults to noAcl" (data_source_google_storage_bucket_objects.go: GET b/{bucket}/o with matchGlob
+# and prefix only), so no storage.*.getIamPolicy.
 INVOKE_CALLS: dict[str, tuple[str, ...]] = {
     "gcp:storage/getBuckets:getBuckets": ("storage.buckets.list",),
     "gcp:storage/getBucketObjects:getBucketObjects": ("storage.objects.list",),

@@ -86,7 +86,8 @@ def method_permissions(method: str, *, acls: bool = True, overwrite: bool = True
 
     The table lists, for Cloud Storage reads and writes, the IAM-policy permissions that only
     `projection=full` or an ACL in the request needs (Cloud Storage, "IAM permissions for JSON API
-    methods"); `acls=False` drops them, for code that never asks for ACLs. The same page lists
+    methods"); `acls=False` drops them from object calls and bucket listings, for code that never asks
+    for ACLs (storage.v1: `projection` "Defaults to noAcl"). The same page lists
     `storage.objects.delete` for `objects.insert` "only if overwriting an existing object":
     `overwrite=False` drops it, for code that writes new objects only (`ifGenerationMatch=0`).
     """
@@ -95,7 +96,7 @@ def method_permissions(method: str, *, acls: bool = True, overwrite: bool = True
     known = _methods().get(method)
     if not known:  # absent, or [] which the dataset uses for "unknown"
         raise UnknownMethodError(f"no permission data for {method!r}: add it to METHOD_FIXES, with a source")
-    if not acls and method.startswith("storage.objects."):
+    if not acls and (method.startswith("storage.objects.") or method == "storage.buckets.list"):
         known = tuple(p for p in known if not p.endswith(("IamPolicy",))) or known
     if not overwrite and method == "storage.objects.insert":
         known = tuple(p for p in known if p != "storage.objects.delete")

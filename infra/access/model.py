@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from infra.access import iamdata
@@ -86,16 +86,67 @@ def scope_of(resource: Declared, default_project: str) -> str:
     return f"projects/{inputs.get('project') or default_project}"
 
 
+# A resource a call names as an IAM condition sees it: `resource.name`, and for a listing the
+# `storage.googleapis.com/objectListPrefix` API attribute (None: not a listing).
+Target = tuple[str, "str | None"]
+
+
+def object_target(bucket: str, name: str) -> Target:
+    return (f"projects/_/buckets/{bucket}/objects/{name}", None)
+
+
+def listing_target(bucket: str, prefix: str = "") -> Target:
+    return (f"projects/_/buckets/{bucket}", prefix)
+
+
 @dataclass
 class Needs:
-    """Permissions per scope, each with the resources that need it; and the accounts to act as."""
+    """Permissions per scope, each with the resources that need it; and the accounts to act as.
+
+    `targets`: for the calls that name one object or bucket (Cloud Storage, whose IAM conditions
+    see `resource.name`), which ones, so that a grant limited by a condition can be judged."""
 
     permissions: dict[str, dict[str, list[str]]]
     act_as: dict[str, list[str]]
     project_grants: dict[str, set[str]]  # project -> roles the plan grants on it
+    targets: dict[str, dict[str, set[Target]]] = field(default_factory=dict)
+    untargeted: dict[str, set[str]] = field(default_factory=dict)  # needed by some call that names no target
 
     def in_scope(self, scope: str) -> frozenset[str]:
         return frozenset(self.permissions.get(scope, {}))
+
+    def merged(self, other: Needs) -> Needs:
+        """What two plans need together (a first deploy and a later one)."""
+        out = Needs({}, {}, {}, {}, {})
+        for needs in (self, other):
+            for scope, perms in needs.permissions.items():
+                for permission, why in perms.items():
+                    out.permissions.setdefault(scope, {}).setdefault(permission, []).extend(why)
+            for email, why in needs.act_as.items():
+                out.act_as.setdefault(email, []).extend(why)
+            for project, roles in needs.project_grants.items():
+                out.project_grants.setdefault(project, set()).update(roles)
+            for scope, perms in needs.targets.items():
+                for permission, targets in perms.items():
+                    out.targets.setdefault(scope, {}).setdefault(permission, set()).update(targets)
+            for scope, untargeted in needs.untargeted.items():
+                out.untargeted.setdefault(scope, set()).update(untargeted)
+        return out
+
+
+def _targets(resource: Declared) -> list[Target]:
+    """The objects a resource's calls name (its own, for a Cloud Storage object)."""
+    if resource.type == "gcp:storage/bucketObject:BucketObject":
+        return [object_target(str(resource.inputs.get("bucket")), str(resource.inputs.get("name")))]
+    return []
+
+
+def _invoke_targets(token: str, args: Mapping[str, Any]) -> list[Target]:
+    if token == "gcp:storage/getBucketObjectContent:getBucketObjectContent":
+        return [object_target(str(args.get("bucket")), str(args.get("name")))]
+    if token == "gcp:storage/getBucketObjects:getBucketObjects":
+        return [listing_target(str(args.get("bucket")), str(args.get("prefix") or ""))]
+    return []
 
 
 def needs_of(
@@ -106,34 +157,55 @@ def needs_of(
     invokes: Iterable[tuple[str, Mapping[str, Any]]] = (),
     quota_project: str | None = None,
 ) -> Needs:
-    permissions: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
-    act_as: dict[str, list[str]] = defaultdict(list)
-    project_grants: dict[str, set[str]] = defaultdict(set)
+    needs = Needs(defaultdict(lambda: defaultdict(list)), defaultdict(list), defaultdict(set), {}, {})
+    permissions = needs.permissions
+
+    def need(scope: str, method: str, why: str, targets: list[Target], *, acls: bool = False) -> None:
+        # The provider never asks Cloud Storage for ACLs (projection=full): no object IAM reads.
+        for permission in iamdata.method_permissions(method, acls=acls):
+            if permission == ACT_AS:
+                continue  # checked on the attached account, below
+            permissions[scope][permission].append(why)
+            if targets:
+                needs.targets.setdefault(scope, {}).setdefault(permission, set()).update(targets)
+            else:
+                needs.untargeted.setdefault(scope, set()).add(permission)
+
     for resource in resources:
         calls = calls_for(resource.type)
         scope = scope_of(resource, default_project)
+        targets = _targets(resource)
         for phase in phases:
             for method in calls.methods(phase, resource.inputs):
-                # The provider never asks Cloud Storage for ACLs (projection=full): no object IAM reads.
-                for permission in iamdata.method_permissions(method, acls=False):
-                    if permission == ACT_AS:
-                        continue  # checked on the attached account, below
-                    permissions[scope][permission].append(f"{phase} {resource.name} ({resource.type})")
+                need(scope, method, f"{phase} {resource.name} ({resource.type})", targets)
+            if phase not in ("create", "update"):
+                continue
+            for check in calls.fields:
+                value = _get(resource.inputs, check.path)
+                if value:
+                    where = f"projects/{_project_of_name(str(value)) or default_project}"
+                    for method in check.methods:
+                        need(where, method, f"{phase} {resource.name} ({resource.type}) with {check.path}", [])
         if "create" in phases or "update" in phases:
             for path in calls.act_as:
                 email = _get(resource.inputs, path)
                 if email:
-                    act_as[str(email).rsplit("/", 1)[-1]].append(f"{resource.name} ({resource.type}) attaches it")
+                    needs.act_as[str(email).rsplit("/", 1)[-1]].append(f"{resource.name} ({resource.type}) attaches it")
         if resource.type == "gcp:projects/iAMMember:IAMMember" and resource.inputs.get("role"):
-            project_grants[str(resource.inputs.get("project") or default_project)].add(resource.inputs["role"])
+            needs.project_grants[str(resource.inputs.get("project") or default_project)].add(resource.inputs["role"])
     for token, args in invokes:  # data sources run in preview and up alike
         scope = f"projects/{args.get('project') or default_project}"
         for method in invoke_calls(token):
-            for permission in iamdata.method_permissions(method):
-                permissions[scope][permission].append(f"read the data source {token}")
+            need(scope, method, f"read the data source {token}", _invoke_targets(token, args))
     if quota_project:
         permissions[f"projects/{quota_project}"][USE_QUOTA_PROJECT].append("gcp:userProjectOverride bills calls to it")
-    return Needs({k: dict(v) for k, v in permissions.items()}, dict(act_as), dict(project_grants))
+    return Needs(
+        {k: dict(v) for k, v in permissions.items()},
+        dict(needs.act_as),
+        dict(needs.project_grants),
+        needs.targets,
+        needs.untargeted,
+    )
 
 
 def custom_roles(resources: Iterable[Declared], default_project: str) -> dict[str, frozenset[str]]:
@@ -179,8 +251,18 @@ def grants_to(
     return out
 
 
-def missing(needs: Needs, grants: Iterable[Grant], scopes: Iterable[str] | None = None) -> list[str]:
-    """Each needed permission no grant provides, as 'permission on scope: needed to …'. Empty: all held."""
+# Whether a condition allows a call on one target: (expression, target) -> bool. The model itself
+# does not evaluate CEL; callers pass an evaluator (the tests use cel-python, as IAM evaluates CEL).
+Evaluate = Callable[[str, Target], bool]
+
+
+def missing(
+    needs: Needs, grants: Iterable[Grant], scopes: Iterable[str] | None = None, evaluate: Evaluate | None = None
+) -> list[str]:
+    """Each needed permission no grant provides, as 'permission on scope: needed to …'. Empty: all held.
+
+    A grant under an IAM condition counts only with `evaluate`, and only where the plan names every
+    target of the permission and the condition allows each one."""
     grants = list(grants)
     problems: list[str] = []
     wanted = set(scopes) if scopes is not None else set(needs.permissions)
@@ -197,9 +279,19 @@ def missing(needs: Needs, grants: Iterable[Grant], scopes: Iterable[str] | None 
                 )
             ):
                 continue
+            if evaluate and _conditions_cover(needs, grants, scope, permission, evaluate):
+                continue
             more = f" (and {len(why) - 1} more)" if len(why) > 1 else ""
             problems.append(f"{permission} on {scope}: needed to {why[0]}{more}")
     return problems
+
+
+def _conditions_cover(needs: Needs, grants: list[Grant], scope: str, permission: str, evaluate: Evaluate) -> bool:
+    targets = needs.targets.get(scope, {}).get(permission)
+    if not targets or permission in needs.untargeted.get(scope, set()):
+        return False  # some call of it names no target a condition could be judged on
+    conditional = [g.condition for g in grants if g.scope == scope and g.condition and permission in g.permissions]
+    return all(any(evaluate(expression, target) for expression in conditional) for target in targets)
 
 
 def _limited_admin_covers(grants: list[Grant], scope: str, roles: set[str]) -> bool:

@@ -16,7 +16,8 @@
   support (infra/gke/specs.py), because an upgrade recreates a slice's nodes and kills its jobs.
 - **The node account** holds `roles/container.defaultNodeServiceAccount` only (GKE, "Configure node
   service accounts": logs, metrics, autoscaling metrics); pods get their own identities through
-  Workload Identity, never the node's.
+  Workload Identity, never the node's. The bootstrap makes it and grants the deployer act-as on it
+  (`gke_node_account`, infra/access/accounts.py); the stack grants it its role.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
-from infra import grants, iam, naming
+from infra import grants, naming
+from infra.access.accounts import AccountSpec
 from infra.apis import ProjectApis
 from infra.config import Env
 from infra.config.model import GkeSettings
@@ -38,10 +40,17 @@ GKE_APIS = ("container.googleapis.com", "compute.googleapis.com", "iam.googleapi
 NODE_ROLE = "roles/container.defaultNodeServiceAccount"
 
 
+def gke_node_account(stack: str) -> AccountSpec:
+    return AccountSpec(
+        naming.platform_account_id("gke-nodes", stack),
+        f"GKE nodes ({stack})",
+        "The GKE cluster's nodes: logs, metrics and autoscaling metrics; pods use their own.",
+    )
+
+
 @dataclass(frozen=True)
 class GkeClusterArgs:
     gke: GkeSettings
-    deployer: str  # CI's deploy account, given act-as on the node account; "" when people deploy
 
 
 class GkeCluster(pulumi.ComponentResource):
@@ -58,28 +67,19 @@ class GkeCluster(pulumi.ComponentResource):
         gke = args.gke
         if network.cluster_subnet is None or network.cluster_nat is None:
             raise ValueError("the network was declared without the cluster's subnet (ClusterRanges)")
-        self.node_account = gcp.serviceaccount.Account(
-            f"{name}-nodes-sa",
-            account_id=naming.platform_account_id("gke-nodes", env.stack),
-            display_name=f"GKE nodes ({env.stack})",
-            description="The GKE cluster's nodes: logs, metrics and autoscaling metrics; pods use their own.",
-            project=env.project,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=apis.needs("iam")),
-        )
-        self.node_email = self.node_account.email
-        # Everything that attaches the node account waits for these grants (and for act-as, in CI).
+        node_account = gke_node_account(env.stack)
+        self.node_email = node_account.email(env.project)
+        # Everything that attaches the node account waits for these grants (act-as is the bootstrap's).
         self.grants: list[pulumi.Resource] = [
             grants.project_role(
                 f"{name}-nodes-{NODE_ROLE.removeprefix('roles/').replace('.', '-')}",
                 env.project,
                 NODE_ROLE,
-                self.node_account.email.apply(iam.service_account_member),
+                node_account.member(env.project),
                 parent=self,
                 depends_on=apis.needs("cloudresourcemanager"),
             )
         ]
-        if args.deployer:
-            self.grants.append(grants.act_as(f"{name}-nodes-deployer-act-as", self.node_account, args.deployer, self))
 
         scopes = [specs.CLOUD_PLATFORM_SCOPE]
         self.cluster = gcp.container.Cluster(

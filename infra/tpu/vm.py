@@ -8,6 +8,7 @@ import pulumi
 
 from infra.apis import ProjectApis
 from infra.config import Env, TpuVmSettings
+from infra.grants import propagation_wait
 from infra.identity import WorkloadIdentity
 from infra.network import TPU_VM_TAG, PrivateNetwork
 from infra.tpu.backend import TpuBackend, TpuNodeSpec
@@ -79,10 +80,13 @@ class TpuVm(pulumi.ComponentResource):
             metadata=metadata,
             description=vm.description or f"{vm.workload} on {vm.accelerator.name} ({env.stack})",
         )
-        # Wait for the identity's grants and the NAT: the workload starts at boot and needs both (a
-        # queued VM may land in any of its zones: every region's NAT).
+        # Wait for the identity's grants to apply, and the NAT: the workload starts at boot and needs both
+        # (a queued VM may land in any of its zones: every region's NAT).
         nats = [network.nats[z.rsplit("-", 1)[0]] for z in dict.fromkeys(vm.zones)]
-        opts = pulumi.ResourceOptions(parent=self, depends_on=[*apis.needs("tpu"), *needs, *identity.grants, *nats])
+        granted = propagation_wait(f"{name}-grants-applied", [*needs, *identity.grants], parent=self)
+        opts = pulumi.ResourceOptions(
+            parent=self, depends_on=[*apis.needs("tpu"), *needs, *identity.grants, granted, *nats]
+        )
         if vm.queued:
             assert isinstance(backend, QueuedTpuBackend), f"{vm.name} is queued: it needs the queued backend"
             self.node: pulumi.CustomResource = backend.create_node(

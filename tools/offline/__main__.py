@@ -21,6 +21,7 @@ from policy.policies import RULES
 from tools.offline.access import ACCESS_FILE, who_can_do_what
 from tools.offline.access import generate as generate_access
 from tools.offline.access import render as render_access
+from tools.offline.deploys import plan_deploys
 from tools.offline.diff import as_plan, diff_markdown, unreadable_markdown
 from tools.offline.golden import snapshot
 from tools.offline.golden import write as write_golden
@@ -155,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
             if violations
             else (f"Policies: all {len(RULES)} rules of the policy pack pass.")
         )
-        print(to_text(result, [section, who_can_do_what(result, args.stack_file)]), end="")
+        deploys = plan_deploys(lambda state: plan_stack(stack, args.stack_file, state) if state else result)
+        print(to_text(result, [section, who_can_do_what(deploys, args.stack_file)]), end="")
     mandatory = [v for v in violations if v.enforcement == "mandatory"]
     if mandatory:
         print(

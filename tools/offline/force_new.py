@@ -178,9 +178,19 @@ class ReplaceRule:
     conditional: frozenset[tuple[str, ...]]
 
 
+# Types of other bridged providers, by hand with their source. The time provider's docs ("Resource
+# Triggers"): when `triggers` change, the resource is re-created (and a `time_sleep` sleeps again);
+# `create_duration` alone is an update (pulumiverse-time's docstring: "Updating this value by itself will
+# not trigger a delay").
+OTHER_PROVIDERS: dict[str, dict[str, list[str]]] = {
+    "time:index/sleep:Sleep": {"forceNew": ["triggers"], "forceNewIf": []},
+}
+
+
 @cache
 def _rules() -> tuple[dict[str, ReplaceRule], dict[str, object]]:
     data = json.loads(TABLE.read_text())
+    data["resources"] = {**data["resources"], **OTHER_PROVIDERS}
     rules = {
         token: ReplaceRule(
             frozenset(_normalised(p.split(".")) for p in entry["forceNew"]),

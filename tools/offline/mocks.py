@@ -6,9 +6,9 @@ the same stack are identical and a plan reads like `pulumi preview` against a re
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,33 +31,53 @@ def project_number(project: str) -> str:
     return "1" + _digits(project, 11)
 
 
+def match_glob(glob: str) -> re.Pattern[str]:
+    """Cloud Storage's `matchGlob` ("List objects: filter by object name"): `*` matches within one
+    folder level (no `/`), `**` across levels, `?` one character other than `/`."""
+    parts = re.split(r"(\*\*|\*|\?)", glob)
+    wild = {"**": ".*", "*": "[^/]*", "?": "[^/]"}
+    return re.compile("".join(wild.get(part, re.escape(part)) for part in parts))
+
+
+@dataclass
+class CloudState:
+    """What already exists in the project, as the data sources see it: one table for every lookup.
+
+    A first deploy starts from an empty state; a later deploy from the buckets (and their objects) an
+    earlier `up` left behind, completion markers included (`tools/offline/deploys.py`)."""
+
+    buckets: dict[str, dict[str, str]] = field(default_factory=dict)  # bucket -> object name -> text
+
+    def put(self, bucket: str, name: str, text: str = "") -> None:
+        self.buckets.setdefault(bucket, {})[name] = text
+
+
 class GcpMocks(pulumi.runtime.Mocks):
-    def __init__(self, default_project: str, status_objects: dict[str, list[str]] | None = None):
+    def __init__(self, default_project: str, state: CloudState | None = None):
         self.default_project = default_project
-        # bucket -> object names, for the invokes that list a bucket (the run-status markers)
-        self.status_objects = status_objects or {}
-        # (bucket, name) -> text of an object, for the invokes that read one (a completion marker)
-        self.status_contents: dict[tuple[str, str], str] = {}
+        self.state = state or CloudState()
         self.invokes: list[tuple[str, dict[str, Any]]] = []
 
     def call(self, args: MockCallArgs) -> tuple[dict, list[tuple[str, str]] | None]:
         inputs = args.args
         self.invokes.append((args.token, dict(inputs)))
         project = inputs.get("projectId") or inputs.get("project") or self.default_project
+        buckets = self.state.buckets
         if args.token == "gcp:storage/getBucketObjectContent:getBucketObjectContent":
-            content = self.status_contents.get((inputs["bucket"], inputs["name"]))
+            content = buckets.get(inputs["bucket"], {}).get(inputs["name"])
             if content is None:
                 raise RuntimeError(f"googleapi: Error 404: No such object: {inputs['bucket']}/{inputs['name']}")
             return {"bucket": inputs["bucket"], "name": inputs["name"], "content": content}, []
         if args.token == "gcp:storage/getBuckets:getBuckets":
-            # The buckets a test says exist (those holding status objects); none on a first deploy.
             prefix = inputs.get("prefix", "")
-            found = [{"name": b} for b in sorted(self.status_objects) if b.startswith(prefix)]
+            found = [{"name": b} for b in sorted(buckets) if b.startswith(prefix)]
             return {"project": project, "prefix": prefix, "buckets": found}, []
         if args.token == "gcp:storage/getBucketObjects:getBucketObjects":
-            names = self.status_objects.get(inputs["bucket"], [])
-            glob = inputs.get("matchGlob", "*")
-            matched = [n for n in names if fnmatch.fnmatchcase(n, glob)]
+            if inputs["bucket"] not in buckets:
+                raise RuntimeError(f"googleapi: Error 404: The specified bucket does not exist: {inputs['bucket']}")
+            glob, prefix = inputs.get("matchGlob", "*"), inputs.get("prefix", "")
+            names = [n for n in sorted(buckets[inputs["bucket"]]) if n.startswith(prefix)]
+            matched = [n for n in names if match_glob(glob).fullmatch(n)]
             return {"bucket": inputs["bucket"], "bucketObjects": [{"name": n} for n in matched]}, []
         if args.token == "gcp:organizations/getProject:getProject":
             return {"projectId": project, "number": project_number(project), "name": project}, []
@@ -195,6 +215,7 @@ class Registration:
     ignore_changes: list[str] = field(default_factory=list)
     secret_paths: list[str] = field(default_factory=list)  # inputs the engine received as secrets
     aliases: list[str] = field(default_factory=list)  # earlier URNs of this resource (renames)
+    import_id: str = ""  # the `import_` option: an existing resource this one adopts
     # What the state would hold: the provider's outputs, with the outputs of secret inputs secret too
     # (Pulumi, "Secrets": an output is secret when the input of the same name is).
     state: dict[str, Any] = field(default_factory=dict)
@@ -284,6 +305,7 @@ class RecordingMonitor(MockMonitor):
                     secret_paths=secret_paths,
                     state=_state(response, secret_paths),
                     aliases=_alias_urns(response.urn, request),
+                    import_id=request.importId,
                 )
             )
         return response

@@ -14,7 +14,7 @@ from pulumi.runtime import settings
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
-from tools.offline.mocks import SECRET, GcpMocks, RecordingMonitor, Registration
+from tools.offline.mocks import SECRET, CloudState, GcpMocks, RecordingMonitor, Registration
 from tools.offline.stackfile import ROOT, project_name, read_stack_config
 
 
@@ -58,14 +58,16 @@ def run_program(
     project: str = "tpu-platform",
     monitor: RecordingMonitor | None = None,
     secret_keys: list[str] | None = None,
+    state: CloudState | None = None,
 ) -> PlanResult:
     """Run `program` (default: the real `__main__.py`) with `config` as the stack's config.
 
     Each call starts from a clean runtime, so runs never see each other's resources or outputs.
-    Pass `monitor` to inspect what was registered even when the program fails.
+    Pass `monitor` to inspect what was registered even when the program fails; `state`, what the
+    project already holds (default: nothing, a first deploy).
     """
     gcp_project = config.get("gcp:project", "offline-project")
-    monitor = monitor or RecordingMonitor(GcpMocks(gcp_project))
+    monitor = monitor or RecordingMonitor(GcpMocks(gcp_project, state))
     mocks = monitor.mocks
     log = _WarningCollector()
     settings.reset_options(project=project, stack=stack)
@@ -93,6 +95,6 @@ def run_program(
     return PlanResult(stack, gcp_project, monitor.registrations, collected, log.warnings, invokes, dict(config))
 
 
-def plan_stack(stack: str, stack_file: Path | None = None) -> PlanResult:
+def plan_stack(stack: str, stack_file: Path | None = None, state: CloudState | None = None) -> PlanResult:
     """The offline plan of a stack file: the real program with that stack's config."""
-    return run_program(stack, read_stack_config(stack, ROOT, stack_file), project=project_name(ROOT))
+    return run_program(stack, read_stack_config(stack, ROOT, stack_file), project=project_name(ROOT), state=state)

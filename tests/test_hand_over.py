@@ -1,0 +1,125 @@
+"""Upgrading a stack that made its own accounts and roles: nothing live is deleted, the bootstrap adopts them.
+
+The state an upgrade starts from is the shipped stacks' plan of that time (tests/snapshots/*.before-
+bootstrap-identities.json), exported as Pulumi keeps state. A `pulumi up` of today's program deletes
+what the state has and the program no longer declares, unless the state retains it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from infra.access.environment import BOOTSTRAP_TYPES, RETIRED_PROJECT_ROLES
+from tests.support import shipped_plan
+from tests.test_bootstrap import bootstrap_config
+from tests.test_bootstrap import plan as plan_bootstrap
+from tools import hand_over
+from tools.offline import diff
+from tools.offline.access import ACCESS_FILE
+from tools.offline.render import to_json
+
+SNAPSHOTS = Path(__file__).parent / "snapshots"
+STACKS = ("dev", "prod")
+
+
+def exported(stack: str) -> dict:
+    """The state of a stack last deployed when it made its own accounts, as `pulumi stack export` writes it."""
+    plan = json.loads((SNAPSHOTS / f"{stack}.before-bootstrap-identities.json").read_text())
+    resources = [
+        {"urn": r["urn"], "type": r["type"], "custom": not r["type"].startswith("tpu-platform:"), "inputs": r["inputs"],
+         **({"retainOnDelete": True} if r["options"]["retainOnDelete"] else {})}
+        for r in plan["resources"]
+    ]  # fmt: skip
+    return {"version": 3, "deployment": {"manifest": {}, "resources": resources}}
+
+
+def deleted_by_up(state: dict, stack: str) -> list[dict]:
+    """What `pulumi up` of today's program would delete from the cloud: gone from the program (renames
+    followed), and not retained."""
+    head = diff._resources(to_json(shipped_plan(stack)))
+    before = {r["urn"]: r for r in state["deployment"]["resources"]}
+    renamed = {old for old, _ in diff._follow_renames(diff._resources({"resources": list(before.values())}), head)}
+    return [r for urn, r in before.items() if urn not in head and urn not in renamed and not r.get("retainOnDelete")]
+
+
+def revoked(resource: dict) -> bool:
+    """A grant this version revokes on purpose (the deployer may: RETIRED_PROJECT_ROLES)."""
+    return resource["inputs"].get("role") in RETIRED_PROJECT_ROLES
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_a_plain_up_would_delete_live_accounts_roles_and_grants(stack):
+    """Why the step exists: without it, the accounts under running VMs are deleted."""
+    deleted = [r for r in deleted_by_up(exported(stack), stack) if not revoked(r)]
+    assert {r["type"] for r in deleted} == set(BOOTSTRAP_TYPES)
+    assert any(r["inputs"].get("accountId") == f"tpu-mnist-{stack}" for r in deleted)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_after_the_hand_over_an_up_deletes_nothing(stack):
+    state = exported(stack)
+    marked = hand_over.hand_over(state)
+    # Only what this version revokes on purpose: the build account's project-wide Cloud Run Builder.
+    assert [r["inputs"]["role"] for r in deleted_by_up(state, stack)] == ["roles/run.builder"]
+    # Exactly the accounts, roles and act-as grants; nothing else is kept that would have been deleted.
+    types = {r["urn"]: r["type"] for r in exported(stack)["deployment"]["resources"]}
+    assert marked and all(types[urn] in BOOTSTRAP_TYPES for urn in marked)
+    # And nothing else is replaced on the way (a new binding of a grant, a re-created VM).
+    base = json.loads((SNAPSHOTS / f"{stack}.before-bootstrap-identities.json").read_text())
+    before, after = diff._resources(base), diff._resources(to_json(shipped_plan(stack)))
+    assert [c.urn for c in diff._changes(before, after) if c.replaced] == []
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_without_the_hand_over_the_new_deployer_cannot_delete_them_either(stack):
+    """A deploy that skipped the step fails at the deletes, rather than deleting: no such right remains."""
+    held = set(json.loads(ACCESS_FILE.read_text())[stack]["deployerPermissions"])
+    assert not held & {"iam.serviceAccounts.delete", "iam.roles.delete", "iam.serviceAccounts.setIamPolicy"}
+
+
+def test_the_tool_rewrites_the_export_and_refuses_what_is_not_one(tmp_path, capsys):
+    path = tmp_path / "dev.json"
+    path.write_text(json.dumps(exported("dev")))
+    assert hand_over.main([str(path)]) == 0
+    again = json.loads(path.read_text())
+    retained = [r for r in again["deployment"]["resources"] if r.get("retainOnDelete")]
+    assert {r["type"] for r in retained} >= set(BOOTSTRAP_TYPES)
+    assert "resources handed over" in capsys.readouterr().err
+    path.write_text("[]")
+    assert hand_over.main([str(path)]) == 2
+    assert "not a `pulumi stack export` document" in capsys.readouterr().err
+
+
+def test_the_bootstrap_adopts_the_accounts_and_roles_as_the_stack_made_them():
+    """`adopt: [dev, prod]` imports them (Pulumi's `import` option: the inputs must match what exists, or
+    the import fails), so the bootstrap's declarations are the stack's old ones, value for value."""
+    adopting = plan_bootstrap(bootstrap_config(adopt=json.dumps(["dev", "prod"])))
+    for stack in STACKS:
+        old = json.loads((SNAPSHOTS / f"{stack}.before-bootstrap-identities.json").read_text())["resources"]
+        project = old[0]["inputs"].get("project") or shipped_plan(stack).project
+        made = {r.inputs.get("accountId") or r.inputs.get("roleId"): r for r in adopting.resources
+                if r.type in BOOTSTRAP_TYPES[:2] and r.inputs.get("project") == project}  # fmt: skip
+        for before in (r for r in old if r["type"] in BOOTSTRAP_TYPES[:2]):
+            key = before["inputs"].get("accountId") or before["inputs"].get("roleId")
+            now = made[key]
+            kept = {k: v for k, v in before["inputs"].items() if k != "permissions"}
+            assert {k: now.inputs.get(k) for k in kept} == kept, key
+            if "permissions" in before["inputs"]:
+                assert sorted(now.inputs["permissions"]) == sorted(before["inputs"]["permissions"]), key
+            kind = "serviceAccounts" if "accountId" in before["inputs"] else "roles"
+            name = f"{key}@{project}.iam.gserviceaccount.com" if kind == "serviceAccounts" else key
+            assert now.import_id == f"projects/{project}/{kind}/{name}"
+    # Without `adopt` (a fresh project), nothing is imported: the accounts do not exist yet.
+    assert not [r for r in plan_bootstrap().resources if r.import_id]
+
+
+def test_adopt_names_only_environments_of_the_bootstrap():
+    from bootstrap.program import parse_bootstrap_config
+    from infra.schema import ConfigError
+
+    with pytest.raises(ConfigError, match="staging"):
+        parse_bootstrap_config("acme", bootstrap_config(adopt=json.dumps(["staging"])))
+    assert parse_bootstrap_config("acme", bootstrap_config(adopt='["dev"]')).adopt == ("dev",)
