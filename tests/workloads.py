@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
+from collections.abc import Iterable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,3 +29,20 @@ def run_workload(program: str, *args: str, cwd: Path, timeout: int = 600) -> sub
         timeout=timeout,
         env=env,
     )
+
+
+# A committed checkpoint of each example, by the names under its checkpoint folder: Orbax's
+# `<step>/commit_success.txt` (written last, on a local disk as on Cloud Storage), TensorFlow's
+# `ckpt-<step>.index` (TensorFlow writes it after the data; tf_mnist uploads it after the data too).
+_COMMITTED = re.compile(r"(?:(\d+)/commit_success\.txt|ckpt-(\d+)\.index)")
+
+
+def committed_steps(names: Iterable[str]) -> list[int]:
+    """The steps of the committed checkpoints among `names` (relative to a run's checkpoint folder)."""
+    return sorted(int(m[1] or m[2]) for name in names if (m := _COMMITTED.fullmatch(name)))
+
+
+def checkpoint_names(folder: Path) -> list[str]:
+    """The names of the files under a local checkpoint folder, relative to it. os.walk skips folders
+    that vanish while it walks (a framework renaming or rotating them away)."""
+    return [str((Path(parent) / name).relative_to(folder)) for parent, _, names in os.walk(folder) for name in names]
