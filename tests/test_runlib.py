@@ -223,6 +223,42 @@ def test_kill_9_during_checkpointing_never_breaks_the_next_start(program, tmp_pa
 
 
 @pytest.mark.slow
+@pytest.mark.workloads
+@pytest.mark.parametrize(
+    ("program", "newest"), [("tf_mnist/tf_mnist.py", "ckpt-24.data-*"), ("jax_mnist/jax_mnist.py", "24/train/**/d/*")]
+)
+def test_a_corrupt_newest_checkpoint_is_skipped_for_the_one_before(program, newest, tmp_path):
+    """The framework's own checks find the damage (TensorFlow's checksums, TensorStore's reads); the
+    run resumes from the checkpoint before it and finishes."""
+    sample, ckpt = tmp_path / "mnist.npz", tmp_path / "ckpt"
+    assert run_workload("sample_mnist.py", str(sample), "--train", "256", "--test", "64", cwd=tmp_path).returncode == 0
+    common = [
+        "--data",
+        str(sample),
+        "--checkpoint-dir",
+        str(ckpt),
+        "--checkpoint-every-steps",
+        "8",
+        "--batch-size",
+        "32",
+    ]
+    first = run_workload(program, *common, "--steps", "24", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert committed_steps(checkpoint_names(ckpt)) == [8, 16, 24]
+    (ckpt / "COMPLETE").unlink()  # reopen the run, as if it had been preempted
+    damaged = [path for path in ckpt.glob(newest) if path.is_file()]
+    assert damaged
+    for path in damaged:
+        path.write_bytes(b"\x00" * path.stat().st_size)
+    done = run_workload(program, *common, "--steps", "32", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert [line["step"] for line in lines if line.get("message", "").startswith("checkpoint cannot be loaded")] == [24]
+    assert [line["step"] for line in lines if line.get("message") == "resumed from checkpoint"] == [16]
+    assert lines[-1]["steps"] == 32 and lines[-1]["resumes"] == 1
+
+
+@pytest.mark.slow
 def test_the_programs_refuse_each_others_checkpoints_and_another_batch_size(tmp_path):
     sample, ckpt = tmp_path / "mnist.npz", str(tmp_path / "ckpt")
     assert run_workload("sample_mnist.py", str(sample), "--train", "256", "--test", "64", cwd=tmp_path).returncode == 0

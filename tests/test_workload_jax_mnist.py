@@ -10,7 +10,14 @@ import subprocess
 import pytest
 
 from tests.sandbox import free_port, wait_for
-from tests.workloads import WORKLOADS, checkpoint_names, committed_steps, run_workload, workloads_python
+from tests.workloads import (
+    WORKLOADS,
+    checkpoint_names,
+    committed_steps,
+    run_workload,
+    tensorboard_scalars,
+    workloads_python,
+)
 
 # Two hosts' mean gradient equals one host's over the same global batch up to float summation order.
 LOSS_TOLERANCE = 1e-3  # measured: equal to the 5 decimals the log keeps
@@ -40,6 +47,13 @@ def test_trains_and_exports_a_model_that_predicts_on_the_cpu(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary["val_accuracy"] > 0.8  # the data is learnable; chance is 10%
+    # TensorBoard scalars by tensorboardX: the logged losses and the accuracy.
+    scalars = tensorboard_scalars(tmp_path / "models" / "tensorboard" / "train")
+    logged = [json.loads(line) for line in done.stdout.splitlines() if '"training"' in line]
+    assert [[line["step"], line["loss"]] for line in logged] == [[s, pytest.approx(v)] for s, v, _ in scalars["loss"]]
+    assert scalars["val_accuracy"] == [
+        [summary["steps"], pytest.approx(summary["val_accuracy"], abs=1e-4), "simple_value"]
+    ]
     # A fresh process with no jax_mnist code: only the exported file and the raw uint8 test images.
     script = LOAD_AND_PREDICT.format(workloads=str(WORKLOADS), sample=str(sample),
                                      blob=str(tmp_path / "models" / "mnist.jax_export"))  # fmt: skip

@@ -186,8 +186,12 @@ def orbax_storage() -> None:
     anyway). Where STORAGE_EMULATOR_HOST names another endpoint (google-cloud-storage's and gcsfs'
     variable; the test sandbox's emulator), TensorStore is pointed there too (TENSORSTORE_GCS_HTTP_URL,
     tensorstore docs/environment.rst), with its tokens from the metadata server google-auth uses
-    (GCE_METADATA_HOST, TensorStore's GCE_METADATA_ROOT)."""
+    (GCE_METADATA_HOST, TensorStore's GCE_METADATA_ROOT). gcsfs' experimental file system is turned off
+    (gcsfs/__init__.py, GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT): it first asks the Storage Control API for
+    each bucket's layout, which the workload's account may not call (it warns, then falls back to the
+    plain JSON API calls this one makes: objects get, insert, list, delete)."""
     os.environ.setdefault("EPATH_USE_TF", "false")
+    os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
     if emulator := os.environ.get("STORAGE_EMULATOR_HOST"):
         os.environ.setdefault("TENSORSTORE_GCS_HTTP_URL", emulator if "://" in emulator else f"http://{emulator}")
         if metadata := os.environ.get("GCE_METADATA_HOST"):
