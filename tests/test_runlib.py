@@ -139,14 +139,6 @@ def test_the_status_command_reads_the_status_dir_from_the_environment(tmp_path, 
     assert capsys.readouterr().out == "complete\n"
 
 
-def test_the_retired_on_completion_option_is_accepted_and_ignored(capsys):
-    args = runlib.parse_args("toy", ["--on-completion", "stop", "--node", "projects/p/locations/z/nodes/n"])
-    assert not hasattr(args, "action")
-    assert "deprecated and ignored" in capsys.readouterr().out
-    assert runlib.main(["on-completion"]) == 0
-    assert "deprecated and ignored" in capsys.readouterr().out
-
-
 def test_resumed_batches_continue_the_data_position():
     data = runlib.Dataset(np.arange(100).reshape(100, 1), np.arange(100), np.zeros((1, 1)), np.zeros(1))
     straight = [(s, x[0].tolist()) for s, x, _ in runlib.batches(data, 10, 0, 25)]

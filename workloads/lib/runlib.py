@@ -43,14 +43,12 @@ from typing import Any, Protocol
 
 import numpy as np
 
-COMMITTED = "COMMITTED"
 COMPLETE = "COMPLETE"
 # Exit codes of the run contract (README, "The run contract"; sysexits.h): the platform's agent retries
 # a run that exits EXIT_RETRY (stopped mid-run: it resumes from its checkpoint) and never one that
 # exits REFUSED_EXIT (a configuration that cannot work: a resume that would mix two runs).
 EXIT_RETRY = 75  # EX_TEMPFAIL
 REFUSED_EXIT = 78  # EX_CONFIG
-_CKPT = re.compile(r"ckpt-(\d{10})$")
 
 
 # ---------------------------------------------------------------------------------------------- CLI
@@ -79,19 +77,7 @@ def parse_args(description: str, argv: list[str] | None = None) -> argparse.Name
     # a program run by hand may still write it by naming the folder.
     parser.add_argument("--status-dir", default="",
                         help="where the run-complete object goes (the platform acts on it); empty: none")  # fmt: skip
-    # Deprecated: the VM no longer acts on its own TPU (that needed TPU API rights); the platform reads
-    # `<status-dir>/COMPLETE` instead. Accepted and ignored so older start-up scripts keep working.
-    parser.add_argument("--on-completion", default="", help=argparse.SUPPRESS)
-    parser.add_argument("--node", default="", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.on_completion or args.node:
-        _deprecated("--on-completion/--node")
-    return args
-
-
-def _deprecated(what: str) -> None:
-    why = "the platform stops or deletes a finished run's TPU when <status-dir>/COMPLETE appears"
-    print(json.dumps({"severity": "WARNING", "message": f"{what} is deprecated and ignored: {why}"}), flush=True)
+    return parser.parse_args(argv)
 
 
 # -------------------------------------------------------------------------------------------- logs
@@ -627,16 +613,12 @@ def main(argv: list[str] | None = None) -> int:
     tell.add_argument("--status-dir", default=os.environ.get("TPU_PLATFORM_STATUS_DIR", ""))
     tell.add_argument("--run-id", default=os.environ.get("TPU_PLATFORM_RUN_ID", ""))
     tell.add_argument("--program", default=os.environ.get("TPU_PLATFORM_PROGRAM", ""))
-    # Deprecated no-op, kept for start-up scripts rendered before the platform took this over.
-    commands.add_parser("on-completion", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.command == "status":
         print(status(args.checkpoint_dir, args.status_dir, args.run_id))
-    elif args.command == "announce":
+    else:
         told = announce(args.checkpoint_dir, args.status_dir, args.run_id, args.program)
         print("announced" if told else "nothing to announce")
-    else:
-        _deprecated("`runlib.py on-completion`")
     return 0
 
 
