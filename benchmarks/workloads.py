@@ -10,7 +10,8 @@ of another checkout (DIR/workloads; e.g. `git archive main workloads | tar -x -C
 rounds: before and after a change, interleaved. Runs are interleaved, the order rotated each round, and the median of
 the rounds reported, because the machine is shared. Prints wall time and CPU time (user + system,
 which a busy neighbour disturbs less), each as a ratio to the seed's, and the workloads' own input
-wait and checkpoint stall as shares of their training time. Not a test: figures for the README.
+wait and checkpoint stall as shares of their training time, and their training loop's own seconds
+(the rest of the process is start-up, data, evaluation and export). Not a test: figures for the README.
 """
 
 from __future__ import annotations
@@ -94,16 +95,17 @@ def main() -> None:
 
         seed_wall, seed_cpu = statistics.median(walls["seed"]), statistics.median(cpus["seed"])
         print(f"\nmedian of {args.rounds} round(s); ratios are to the seed's script")
-        heads = ("wall s", "x seed", "CPU s", "x seed")
+        heads = ("wall s", "x seed", "CPU s", "x seed", "loop s")
         print(f"{'program':<17} " + " ".join(f"{h:>7}" for h in heads) + f" {'input wait':>11} {'ckpt stall':>11}")
         for program in programs:
             wall, cpu = statistics.median(walls[program]), statistics.median(cpus[program])
-            wait = stall = "-"
+            wait = stall = loop = "-"
             if shares[program]:
+                loop = f"{statistics.median(m['wall_seconds'] for m in shares[program]):.1f}"
                 wait = f"{100 * statistics.median(m['input_wait_share'] for m in shares[program]):.2f}%"
                 stall = f"{100 * statistics.median(m['checkpoint_stall_share'] for m in shares[program]):.2f}%"
             print(f"{program:<17} {wall:>7.1f} {wall / seed_wall:>7.2f} {cpu:>7.1f} {cpu / seed_cpu:>7.2f} "
-                  f"{wait:>11} {stall:>11}")  # fmt: skip
+                  f"{loop:>7} {wait:>11} {stall:>11}")  # fmt: skip
 
 
 if __name__ == "__main__":
