@@ -8,6 +8,7 @@ what the state has and the program no longer declares, unless the state retains 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -67,10 +68,19 @@ def test_after_the_hand_over_an_up_deletes_nothing(stack):
     # Exactly the accounts, roles and act-as grants; nothing else is kept that would have been deleted.
     types = {r["urn"]: r["type"] for r in exported(stack)["deployment"]["resources"]}
     assert marked and all(types[urn] in BOOTSTRAP_TYPES for urn in marked)
-    # And nothing else is replaced on the way (a new binding of a grant, a re-created VM).
+    # And nothing else is replaced on the way (a new binding of a grant, a re-created VM). Content digests
+    # do not count: a changed agent or example folder is a new archive `sources/<sha256>.tar.gz`, and a
+    # new read grant naming it, by design, whatever the hand-over does.
     base = json.loads((SNAPSHOTS / f"{stack}.before-bootstrap-identities.json").read_text())
     before, after = diff._resources(base), diff._resources(to_json(shipped_plan(stack)))
-    assert [c.urn for c in diff._changes(before, after) if c.replaced] == []
+    assert [c.urn for c in diff._changes(before, after) if replaced_beyond_digests(c)] == []
+
+
+def replaced_beyond_digests(change: diff.Change) -> bool:
+    def undigested(value: object) -> str:
+        return re.sub(r"[0-9a-f]{16,64}", "<sha256>", json.dumps(value, sort_keys=True))
+
+    return any(effect == "replace" and undigested(old) != undigested(new) for _, old, new, effect in change.properties)
 
 
 @pytest.mark.parametrize("stack", STACKS)

@@ -8,12 +8,13 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from infra import completion_marker
-from tests.workloads import WORKLOADS, run_workload, workloads_python
+from tests.workloads import WORKLOADS, checkpoint_names, committed_steps, run_workload, workloads_python
 
 sys.path.insert(0, str(WORKLOADS))
 import runlib
@@ -21,74 +22,49 @@ import runlib
 IDENTITY = runlib.RunIdentity("toy", "numpy 1", 8, "f1ngerpr1nt")
 
 
-def test_uncommitted_checkpoint_is_never_picked(tmp_path):
-    checkpoints = runlib.Checkpoints(runlib.Store(str(tmp_path)))
-    checkpoints.save(10, {"state.json": b'{"step": 10}'})
-    checkpoints.wait()
-    # A writer killed after its files but before the marker, and one killed halfway through a file.
-    (tmp_path / "ckpt-0000000020").mkdir()
-    (tmp_path / "ckpt-0000000020" / "state.json").write_text('{"step": 20}')
-    (tmp_path / "ckpt-0000000030").mkdir()
-    (tmp_path / "ckpt-0000000030" / "weights.npz.partial").write_bytes(b"\x00" * 7)
-    step, files = checkpoints.latest() or (None, None)
-    assert step == 10 and files == {"state.json": b'{"step": 10}'}
-
-
-def test_old_checkpoints_are_rotated(tmp_path):
-    checkpoints = runlib.Checkpoints(runlib.Store(str(tmp_path)), keep=2)
-    for step in (1, 2, 3, 4):
-        checkpoints.save(step, {"a.bin": bytes([step])})
-    checkpoints.wait()
-    assert checkpoints.committed_steps() == [3, 4]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-0000000003", "ckpt-0000000004"]
-
-
 def test_completion_marker(tmp_path):
-    checkpoints = runlib.Checkpoints(runlib.Store(str(tmp_path)))
     assert runlib.status(str(tmp_path)) == "incomplete"
-    checkpoints.mark_complete({"steps": 5})
+    (tmp_path / runlib.COMPLETE).write_text(json.dumps({"steps": 5}))
     assert runlib.status(str(tmp_path)) == "complete"
-    assert checkpoints.complete() == {"steps": 5}
 
 
-def test_uncommitted_folders_older_than_the_newest_commit_are_swept(tmp_path):
-    checkpoints = runlib.Checkpoints(runlib.Store(str(tmp_path)), keep=5)
-    checkpoints.save(10, {"a.bin": b"10"})
-    checkpoints.wait()
-    for dead in (5, 20):  # saves that died before their manifest
-        (tmp_path / f"ckpt-{dead:010d}").mkdir()
-        (tmp_path / f"ckpt-{dead:010d}" / "a.bin").write_bytes(b"half")
-    (tmp_path / "ckpt-0000000040").mkdir()  # newer than any commit: maybe a save in progress
-    (tmp_path / "ckpt-0000000040" / "a.bin").write_bytes(b"writing")
-    checkpoints.save(30, {"a.bin": b"30"})
-    checkpoints.wait()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-0000000010", "ckpt-0000000030", "ckpt-0000000040"]
-
-
-# A toy workload for the shared loop: the "model" is one number that each step adds the batch to.
+# A toy workload for the shared loop: the "model" is one number that each step adds the batch to, and
+# its checkpoints are files `<step>.json` (the model and the run state) in a folder, as a framework's.
 class Toy:
-    def __init__(self) -> None:
+    def __init__(self, folder: Path, every_steps: int) -> None:
         self.weight = 0.0
-
-    def restore(self, files: dict[str, bytes]) -> dict:
-        self.weight = float(runlib.unpack(files["weights.npz"])["w"])
-        return json.loads(files["state.json"])
+        self.folder, self.every_steps, self.where = folder, every_steps, str(folder)
+        folder.mkdir(parents=True, exist_ok=True)
 
     def step(self, x: np.ndarray, y: np.ndarray) -> float:
         self.weight += float(x.sum())
         return self.weight
 
-    def state_files(self, state: dict) -> dict[str, bytes]:
-        return {"weights.npz": runlib.pack({"w": np.array(self.weight)}), "state.json": json.dumps(state).encode()}
+    def steps(self) -> list[int]:
+        return sorted(int(p.stem) for p in self.folder.glob("*.json") if p.stem.isdigit())
+
+    def run_state(self, step: int) -> dict:
+        return json.loads((self.folder / f"{step}.json").read_text())["run"]
+
+    def restore(self, step: int) -> None:
+        self.weight = json.loads((self.folder / f"{step}.json").read_text())["weight"]
+
+    def save(self, step: int, run_state: dict, force: bool) -> bool:
+        if not force and step % self.every_steps:
+            return False
+        (self.folder / f"{step}.json").write_text(json.dumps({"weight": self.weight, "run": run_state}))
+        return True
+
+    def wait(self) -> None:
+        pass
 
 
 def toy_run(tmp_path, *flags: str, identity: runlib.RunIdentity = IDENTITY) -> tuple[runlib.Outcome, Toy]:
     data = runlib.Dataset(np.ones((64, 1)), np.zeros(64), np.zeros((1, 1)), np.zeros(1))
     args = runlib.parse_args("toy", ["--checkpoint-dir", str(tmp_path / "ckpt"), "--batch-size", "8", *flags])
-    checkpoints = runlib.Checkpoints(runlib.Store(args.checkpoint_dir), identity)
-    toy = Toy()
+    toy = Toy(tmp_path / "ckpt", args.checkpoint_every_steps)
     log = runlib.Log("toy")
-    return runlib.train(args, log, data, checkpoints, no_preemption(), 0, toy.restore, toy.step, toy.state_files), toy
+    return runlib.train(args, log, data, toy, identity, no_preemption(), toy.step), toy
 
 
 def no_preemption() -> runlib.Preemption:
@@ -99,7 +75,7 @@ def no_preemption() -> runlib.Preemption:
 
 def test_resume_falls_back_past_a_corrupt_newest_checkpoint(tmp_path, capsys):
     toy_run(tmp_path, "--steps", "12", "--checkpoint-every-steps", "4")  # checkpoints at 4, 8, 12
-    (tmp_path / "ckpt" / "ckpt-0000000012" / "weights.npz").write_bytes(b"not an npz")
+    (tmp_path / "ckpt" / "12.json").write_text("not json")
     outcome, toy = toy_run(tmp_path, "--steps", "16", "--checkpoint-every-steps", "4")
     assert "checkpoint cannot be loaded; falling back" in capsys.readouterr().out
     assert outcome.metrics["resumes"] == 1 and outcome.step == 16
@@ -108,7 +84,7 @@ def test_resume_falls_back_past_a_corrupt_newest_checkpoint(tmp_path, capsys):
 
 def test_resume_refuses_when_no_checkpoint_loads(tmp_path):
     toy_run(tmp_path, "--steps", "4", "--checkpoint-every-steps", "4")
-    (tmp_path / "ckpt" / "ckpt-0000000004" / "state.json").unlink()
+    (tmp_path / "ckpt" / "4.json").write_text("{}")
     with pytest.raises(runlib.ResumeRefusedError, match=r"no checkpoint .* can be loaded.*new run id"):
         toy_run(tmp_path, "--steps", "8")
 
@@ -130,13 +106,22 @@ def test_resume_with_another_program_batch_size_framework_or_data_is_refused(tmp
     assert runlib.status(str(tmp_path / "ckpt")) == "incomplete"  # not marked complete with 0 steps trained
 
 
+def test_the_step_interval_is_the_frameworks_and_the_end_and_the_clock_force_a_save(tmp_path):
+    toy_run(tmp_path, "--steps", "14", "--checkpoint-every-steps", "4", "--steps-per-call", "3")
+    # Chunks of 3 steps stop at multiples of 4, so the framework sees 4, 8, 12; the end forces 14.
+    assert Toy(tmp_path / "ckpt", 4).steps() == [4, 8, 12, 14]
+    toy_run(tmp_path / "timed", "--steps", "6", "--checkpoint-every-steps", "100", "--steps-per-call", "1",
+            "--checkpoint-every-minutes", "0")  # fmt: skip
+    assert Toy(tmp_path / "timed" / "ckpt", 100).steps() == list(range(1, 7))  # due by time after every step
+
+
 def test_a_finished_run_writes_the_completion_object_last(tmp_path):
     outcome, _ = toy_run(tmp_path, "--steps", "4")
-    args = runlib.parse_args("toy", ["--model-dir", str(tmp_path / "model"), "--status-dir", str(tmp_path / "status"),
-                                     "--run-id", "dev/mnist/vm/r1"])  # fmt: skip
-    checkpoints = runlib.Checkpoints(runlib.Store(str(tmp_path / "ckpt")))
+    folders = ["--model-dir", str(tmp_path / "model"), "--status-dir", str(tmp_path / "status"),
+               "--checkpoint-dir", str(tmp_path / "ckpt")]  # fmt: skip
+    args = runlib.parse_args("toy", [*folders, "--run-id", "dev/mnist/vm/r1"])
     assert runlib.status(str(tmp_path / "nowhere"), str(tmp_path / "status")) == "incomplete"
-    runlib.finish(args, checkpoints, "toy", {"model.bin": b"m"}, outcome.metrics, process=0)
+    runlib.finish(args, "toy", {"model.bin": b"m"}, outcome.metrics, process=0)
     done = json.loads((tmp_path / "status" / "COMPLETE").read_text())
     assert done["runId"] == "dev/mnist/vm/r1" and done["program"] == "toy" and done["steps"] == 4
     assert done["finishedAt"].endswith("Z") and done["metrics"] == outcome.metrics
@@ -152,14 +137,6 @@ def test_the_status_command_reads_the_status_dir_from_the_environment(tmp_path, 
     monkeypatch.setenv("TPU_PLATFORM_STATUS_DIR", str(tmp_path))
     assert runlib.main(["status", "--checkpoint-dir", str(tmp_path / "ckpt")]) == 0
     assert capsys.readouterr().out == "complete\n"
-
-
-def test_the_retired_on_completion_option_is_accepted_and_ignored(capsys):
-    args = runlib.parse_args("toy", ["--on-completion", "stop", "--node", "projects/p/locations/z/nodes/n"])
-    assert not hasattr(args, "action")
-    assert "deprecated and ignored" in capsys.readouterr().out
-    assert runlib.main(["on-completion"]) == 0
-    assert "deprecated and ignored" in capsys.readouterr().out
 
 
 def test_resumed_batches_continue_the_data_position():
@@ -181,13 +158,11 @@ def test_chunks_of_steps_stop_at_checkpoint_steps_and_hold_the_same_batches():
     assert np.array_equal(np.concatenate([x for _, x, _ in chunks]), np.stack(one_by_one))
 
 
-def test_checkpoint_timer_by_steps_and_time():
-    timer = runlib.CheckpointTimer(every_steps=10, every_seconds=3600)
-    assert not timer.due(5) and timer.due(10)
-    timer.done(10)
-    assert not timer.due(15)
-    timer.every_seconds = 0
-    assert timer.due(11)
+def test_the_clock_is_due_after_its_interval():
+    clock = runlib.Clock(every_seconds=3600)
+    assert not clock.due()
+    clock.every_seconds = 0
+    assert clock.due()
 
 
 @pytest.mark.workloads
@@ -215,25 +190,64 @@ def test_kill_9_during_checkpointing_never_breaks_the_next_start(program, tmp_pa
     args = [workloads_python(), str(WORKLOADS / program), "--data", str(sample), "--batch-size", "32",
             "--epochs", "4", "--checkpoint-every-steps", "1", "--checkpoint-dir", str(tmp_path / "ckpt")]  # fmt: skip
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
-    checkpoints = runlib.Checkpoints(runlib.Store(str(tmp_path / "ckpt")))
+
+    def committed() -> list[int]:
+        return committed_steps(checkpoint_names(tmp_path / "ckpt"))
+
     killed_at = []
     for delay in (0.05, 0.13, 0.29):
         process = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        before = checkpoints.committed_steps()
+        before = committed()
         # Wait until this run is writing checkpoints, then kill it without warning.
         deadline = time.monotonic() + 120
-        while checkpoints.committed_steps() == before and time.monotonic() < deadline and process.poll() is None:
+        while committed() == before and time.monotonic() < deadline and process.poll() is None:
             time.sleep(0.01)
         time.sleep(delay)
         process.send_signal(signal.SIGKILL)
         process.wait()
-        killed_at.append(checkpoints.committed_steps()[-1])
+        killed_at.append(committed()[-1])
     done = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     metrics = json.loads(done.stdout.strip().splitlines()[-1])
     assert metrics["steps"] == 4 * (1024 // 32)
     assert metrics["resumes"] >= 1
     assert killed_at == sorted(killed_at) and killed_at[0] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.workloads
+@pytest.mark.parametrize(
+    ("program", "newest"), [("tf_mnist/tf_mnist.py", "ckpt-24.data-*"), ("jax_mnist/jax_mnist.py", "24/train/**/d/*")]
+)
+def test_a_corrupt_newest_checkpoint_is_skipped_for_the_one_before(program, newest, tmp_path):
+    """The framework's own checks find the damage (TensorFlow's checksums, TensorStore's reads); the
+    run resumes from the checkpoint before it and finishes."""
+    sample, ckpt = tmp_path / "mnist.npz", tmp_path / "ckpt"
+    assert run_workload("sample_mnist.py", str(sample), "--train", "256", "--test", "64", cwd=tmp_path).returncode == 0
+    common = [
+        "--data",
+        str(sample),
+        "--checkpoint-dir",
+        str(ckpt),
+        "--checkpoint-every-steps",
+        "8",
+        "--batch-size",
+        "32",
+    ]
+    first = run_workload(program, *common, "--steps", "24", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert committed_steps(checkpoint_names(ckpt)) == [8, 16, 24]
+    (ckpt / "COMPLETE").unlink()  # reopen the run, as if it had been preempted
+    damaged = [path for path in ckpt.glob(newest) if path.is_file()]
+    assert damaged
+    for path in damaged:
+        path.write_bytes(b"\x00" * path.stat().st_size)
+    done = run_workload(program, *common, "--steps", "32", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert [line["step"] for line in lines if line.get("message", "").startswith("checkpoint cannot be loaded")] == [24]
+    assert [line["step"] for line in lines if line.get("message") == "resumed from checkpoint"] == [16]
+    assert lines[-1]["steps"] == 32 and lines[-1]["resumes"] == 1
 
 
 @pytest.mark.slow
@@ -265,9 +279,8 @@ def test_a_status_marker_counts_only_for_the_run_it_names(tmp_path):
 
 
 def test_announce_tells_the_platform_again_for_a_complete_run(tmp_path):
-    checkpoints = runlib.Checkpoints(runlib.Store(str(tmp_path / "ckpt")))
     assert not runlib.announce(str(tmp_path / "ckpt"), str(tmp_path / "status"), "run-1", "tf_mnist")
-    checkpoints.mark_complete({"steps": 10})
+    runlib.Store(str(tmp_path / "ckpt")).write(runlib.COMPLETE, json.dumps({"steps": 10}).encode())
     assert runlib.announce(str(tmp_path / "ckpt"), str(tmp_path / "status"), "run-1", "tf_mnist")
     marker = json.loads(runlib.Store(str(tmp_path / "status")).read(runlib.COMPLETE))
     assert marker["runId"] == "run-1" and marker["steps"] == 10
@@ -292,3 +305,14 @@ def test_the_run_contract_environment_gives_the_defaults_and_the_agent_writes_th
     )  # fmt: skip
     assert args.status_dir == ""
     assert (runlib.EXIT_RETRY, runlib.REFUSED_EXIT) == (75, 78)  # EX_TEMPFAIL, EX_CONFIG of sysexits.h
+
+
+def test_the_programs_defaults_are_the_stack_settings_defaults():
+    """A command run by hand trains as a stack's workload with no settings does: one set of defaults."""
+    from infra.config.settings import setting
+
+    args = runlib.parse_args("toy", [])
+    keys = ("epochs", "batchSize", "checkpointEverySteps", "checkpointEveryMinutes")
+    assert (args.epochs, args.batch_size, args.checkpoint_every_steps, args.checkpoint_every_minutes) == tuple(
+        setting(f"workloads.<name>.{key}").default for key in keys
+    )

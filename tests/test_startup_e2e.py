@@ -29,6 +29,7 @@ from infra.tpu.metadata import source_digests, vm_metadata
 from tests.sandbox import Vm, deployed_stack, free_port, metadata_server, storage_emulator, tpu_api, wait_for
 from tests.support import stack_config, with_object
 from tests.workloads import WORKLOADS, run_workload, workloads_python
+from tests.workloads import committed_steps as committed_checkpoints
 
 pytestmark = [pytest.mark.slow, pytest.mark.workloads]
 
@@ -92,8 +93,8 @@ def _runtime_for(program: str, raw: dict[str, str]) -> str:
 
 
 def committed_steps(client: storage.Client, prefix: str) -> list[int]:
-    names = [b.name for b in client.list_blobs("acme-ml-sandbox-dev-checkpoints", prefix=prefix)]
-    return sorted(int(n.split("/ckpt-")[1][:10]) for n in names if n.endswith("/COMMITTED"))
+    names = [b.name.removeprefix(prefix) for b in client.list_blobs("acme-ml-sandbox-dev-checkpoints", prefix=prefix)]
+    return committed_checkpoints(names)
 
 
 @pytest.mark.parametrize(("program", "module"), [("tf_mnist", "tensorflow"), ("jax_mnist", "jax")])

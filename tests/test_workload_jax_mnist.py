@@ -6,23 +6,21 @@ import json
 import os
 import signal
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from tests.sandbox import free_port, wait_for
-from tests.workloads import WORKLOADS, run_workload, workloads_python
+from tests.workloads import (
+    WORKLOADS,
+    checkpoint_names,
+    committed_steps,
+    run_workload,
+    tensorboard_scalars,
+    workloads_python,
+)
 
 # Two hosts' mean gradient equals one host's over the same global batch up to float summation order.
 LOSS_TOLERANCE = 1e-3  # measured: equal to the 5 decimals the log keeps
-
-
-def runlib_checkpoints(folder: Path):
-    sys.path.insert(0, str(WORKLOADS))
-    import runlib
-
-    return runlib.Checkpoints(runlib.Store(str(folder)))
 
 
 pytestmark = pytest.mark.slow
@@ -49,6 +47,13 @@ def test_trains_and_exports_a_model_that_predicts_on_the_cpu(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary["val_accuracy"] > 0.8  # the data is learnable; chance is 10%
+    # TensorBoard scalars by tensorboardX: the logged losses and the accuracy.
+    scalars = tensorboard_scalars(tmp_path / "models" / "tensorboard" / "train")
+    logged = [json.loads(line) for line in done.stdout.splitlines() if '"training"' in line]
+    assert [[line["step"], line["loss"]] for line in logged] == [[s, pytest.approx(v)] for s, v, _ in scalars["loss"]]
+    assert scalars["val_accuracy"] == [
+        [summary["steps"], pytest.approx(summary["val_accuracy"], abs=1e-4), "simple_value"]
+    ]
     # A fresh process with no jax_mnist code: only the exported file and the raw uint8 test images.
     script = LOAD_AND_PREDICT.format(workloads=str(WORKLOADS), sample=str(sample),
                                      blob=str(tmp_path / "models" / "mnist.jax_export"))  # fmt: skip
@@ -90,17 +95,19 @@ def test_two_processes_train_as_one_slice_stop_together_on_one_sigterm_and_resum
             "--model-dir", str(tmp_path / "m")]  # fmt: skip
     one = run_workload("jax_mnist/jax_mnist.py", *args[:-4], cwd=tmp_path)  # one process, the same global batch
     assert one.returncode == 0, one.stderr[-3000:]
-    checkpoints = runlib_checkpoints(tmp_path / "ckpt")
+
+    def committed() -> list[int]:
+        return committed_steps(checkpoint_names(tmp_path / "ckpt"))
 
     first = start_slice(tmp_path, args)
-    wait_for(lambda: checkpoints.committed_steps(), 120, "a first committed checkpoint", interval=0.1)
+    wait_for(committed, 120, "a first committed checkpoint", interval=0.1)
     first[1].send_signal(signal.SIGTERM)  # one host of the slice is told it is preempted
     codes = [p.wait(60) for p in first]
     logs = [(tmp_path / f"worker-{w}.log").read_text() for w in range(2)]
     assert codes == [75, 75], logs[0][-2000:] + logs[1][-2000:]  # checkpointed, resume later (the run contract)
     stopped = [json.loads(line) for log in logs for line in log.splitlines() if '"SIGTERM: checkpoint' in line]
     assert [s["signalled_here"] for s in stopped] == [False, True]  # worker 0 stopped for worker 1's signal
-    assert stopped[0]["step"] == stopped[1]["step"] == checkpoints.committed_steps()[-1] < steps
+    assert stopped[0]["step"] == stopped[1]["step"] == committed()[-1] < steps
 
     second = start_slice(tmp_path, args)
     assert [p.wait(180) for p in second] == [0, 0]

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from tests.workloads import WORKLOADS, run_workload, workloads_python
+from tests.workloads import WORKLOADS, run_workload, tensorboard_scalars, workloads_python
 
 pytestmark = [pytest.mark.slow, pytest.mark.workloads]
 
@@ -51,6 +51,12 @@ def test_trains_reports_and_saves(sample, tmp_path):
     # The data is learnable: a model that trains gets far above chance (10%).
     assert summary["val_accuracy"] > 0.8
     assert (tmp_path / "models" / "mnist.keras").stat().st_size > 10_000
+    # TensorBoard scalars by tf.summary, as the scalars plug-in reads them: the logged losses and the accuracy.
+    scalars = tensorboard_scalars(tmp_path / "models" / "tensorboard" / "train")
+    logged = [json.loads(line) for line in done.stdout.splitlines() if '"training"' in line]
+    assert [[line["step"], line["loss"]] for line in logged] == [[s, pytest.approx(v)] for s, v, _ in scalars["loss"]]
+    assert scalars["val_accuracy"] == [[summary["steps"], pytest.approx(summary["val_accuracy"], abs=1e-4), "scalars"]]
+    assert {kind for _, _, kind in scalars["loss"]} == {"scalars"}
     # The SavedModel, loaded by plain TensorFlow in a fresh process (as TF Serving would), predicts
     # from raw uint8 images with the accuracy the run reported.
     script = LOAD_AND_PREDICT.format(workloads=str(WORKLOADS), sample=str(sample),

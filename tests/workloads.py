@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
+from collections.abc import Iterable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,3 +30,45 @@ def run_workload(program: str, *args: str, cwd: Path, timeout: int = 600) -> sub
         timeout=timeout,
         env=env,
     )
+
+
+# A committed checkpoint of each example, by the names under its checkpoint folder: Orbax's
+# `<step>/commit_success.txt` (written last, on a local disk as on Cloud Storage), TensorFlow's
+# `ckpt-<step>.index` (TensorFlow writes it after the data; tf_mnist uploads it after the data too).
+_COMMITTED = re.compile(r"(?:(\d+)/commit_success\.txt|ckpt-(\d+)\.index)")
+
+
+def committed_steps(names: Iterable[str]) -> list[int]:
+    """The steps of the committed checkpoints among `names` (relative to a run's checkpoint folder)."""
+    return sorted(int(m[1] or m[2]) for name in names if (m := _COMMITTED.fullmatch(name)))
+
+
+def checkpoint_names(folder: Path) -> list[str]:
+    """The names of the files under a local checkpoint folder, relative to it. os.walk skips folders
+    that vanish while it walks (a framework renaming or rotating them away)."""
+    return [str((Path(parent) / name).relative_to(folder)) for parent, _, names in os.walk(folder) for name in names]
+
+
+READ_SCALARS = """
+import glob, json, sys
+import tensorflow as tf
+from tensorflow.python.framework import tensor_util
+scalars = {}
+for path in sorted(glob.glob(sys.argv[1] + "/events.out.tfevents.*")):
+    for event in tf.compat.v1.train.summary_iterator(path):
+        for value in event.summary.value:
+            plugin = value.metadata.plugin_data.plugin_name
+            simple = value.HasField("simple_value")
+            number = value.simple_value if simple else float(tensor_util.MakeNdarray(value.tensor))
+            scalars.setdefault(value.tag, []).append([event.step, number, plugin or "simple_value"])
+print(json.dumps(scalars))
+"""
+
+
+def tensorboard_scalars(folder: Path) -> dict[str, list[list]]:
+    """Each tag's [step, value, kind] in a folder's event files, read by TensorFlow's own reader; kind is
+    the plug-in a tensor summary names (TensorBoard's scalars plug-in reads "scalars") or simple_value."""
+    done = subprocess.run([workloads_python(), "-c", READ_SCALARS, str(folder)], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])

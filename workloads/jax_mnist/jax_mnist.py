@@ -9,9 +9,10 @@ checkpoints, the model and metrics.
 Parameters, optimizer state, step and data position are checkpointed every N steps or minutes and
 on SIGTERM; a restart resumes from the newest complete checkpoint. Same command line as tf_mnist.py.
 
-Checkpoints go through runlib (background writes), not Orbax: the state is fully replicated (pure
-data parallelism), so process 0 holds all of it and a collective save would add nothing but two
-dependencies on every VM. Sharded state (FSDP, model parallelism) would need Orbax.
+Checkpoints are Orbax's (`CheckpointManager`: the step interval, the last three kept, async saves,
+committed or never listed), written by every process together straight to the checkpoint folder,
+gs:// included (`orbax_storage`). TensorBoard scalars go to `<model-dir>/tensorboard/train/` through
+tensorboardX, which needs no TensorFlow (a JAX VM has none) and writes gs:// with google-cloud-storage.
 """
 
 from __future__ import annotations
@@ -28,11 +29,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import orbax.checkpoint as ocp
 import runlib
 from jax import export as jax_export
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
+from tensorboardX import SummaryWriter
 
 
 def join_slice() -> None:
@@ -172,24 +175,67 @@ def export_model(params: dict[str, jax.Array]) -> bytes:
     return bytes(jax_export.export(jax.jit(predict), platforms=("cpu", "tpu"))(spec).serialize())
 
 
-def to_files(params: Any, opt_state: Any, state: dict) -> dict[str, bytes]:
-    leaves = jax.tree_util.tree_leaves(local((params, opt_state)))
-    return {
-        "train_state.npz": runlib.pack({f"l{i}": v for i, v in enumerate(leaves)}),
-        "state.json": json.dumps(state).encode(),
-    }
+KEEP = 3  # checkpoints kept (Orbax's max_to_keep)
 
 
-def from_files(files: dict[str, bytes], like: Any) -> tuple[Any, dict]:
-    arrays = runlib.unpack(files["train_state.npz"])
-    treedef = jax.tree_util.tree_structure(like)
-    restored = jax.tree_util.tree_unflatten(treedef, [jnp.asarray(arrays[f"l{i}"]) for i in range(len(arrays))])
-    return restored, json.loads(files["state.json"])
+def orbax_storage() -> None:
+    """Orbax reaches gs:// through TensorStore (the arrays) and etils' epath (its small files), whose
+    gs:// backend is TensorFlow's file system wherever TensorFlow is importable, gcsfs elsewhere. TF's
+    cannot be pointed at another endpoint (its URL is fixed: tsl/platform/cloud/gcs_file_system.cc,
+    kGcsUriBase), so epath uses gcsfs always (EPATH_USE_TF=false; on a JAX VM, which has no TF, it would
+    anyway). Where STORAGE_EMULATOR_HOST names another endpoint (google-cloud-storage's and gcsfs'
+    variable; the test sandbox's emulator), TensorStore is pointed there too (TENSORSTORE_GCS_HTTP_URL,
+    tensorstore docs/environment.rst), with its tokens from the metadata server google-auth uses
+    (GCE_METADATA_HOST, TensorStore's GCE_METADATA_ROOT). gcsfs' experimental file system is turned off
+    (gcsfs/__init__.py, GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT): it first asks the Storage Control API for
+    each bucket's layout, which the workload's account may not call (it warns, then falls back to the
+    plain JSON API calls this one makes: objects get, insert, list, delete)."""
+    os.environ.setdefault("EPATH_USE_TF", "false")
+    os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+    if emulator := os.environ.get("STORAGE_EMULATOR_HOST"):
+        os.environ.setdefault("TENSORSTORE_GCS_HTTP_URL", emulator if "://" in emulator else f"http://{emulator}")
+        if metadata := os.environ.get("GCE_METADATA_HOST"):
+            os.environ.setdefault("GCE_METADATA_ROOT", metadata)
+
+
+class Training:
+    """The replicated training state (parameters, optimizer state) and its Orbax checkpoints: runlib's
+    Checkpointer. Each checkpoint holds the state (`StandardSave`) and the loop's run state as JSON."""
+
+    def __init__(self, params: Any, opt_state: Any, directory: str, every_steps: int):
+        self.params, self.opt_state = params, opt_state
+        self.where = directory
+        options = ocp.CheckpointManagerOptions(max_to_keep=KEEP, save_interval_steps=every_steps, create=True)
+        self.manager = ocp.CheckpointManager(directory, options=options) if directory else None
+
+    def steps(self) -> list[int]:
+        return sorted(self.manager.all_steps()) if self.manager else []
+
+    def run_state(self, step: int) -> dict[str, Any]:
+        assert self.manager
+        return dict(self.manager.restore(step, args=ocp.args.Composite(run=ocp.args.JsonRestore()))["run"])
+
+    def restore(self, step: int) -> None:
+        assert self.manager
+        like = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, (self.params, self.opt_state))
+        restored = self.manager.restore(step, args=ocp.args.Composite(train=ocp.args.StandardRestore(like)))
+        self.params, self.opt_state = restored["train"]
+
+    def save(self, step: int, run_state: dict[str, Any], force: bool) -> bool:
+        assert self.manager
+        state = ocp.args.StandardSave((self.params, self.opt_state))
+        return self.manager.save(step, args=ocp.args.Composite(train=state, run=ocp.args.JsonSave(run_state)),
+                                 force=force)  # fmt: skip
+
+    def wait(self) -> None:
+        if self.manager:
+            self.manager.wait_until_finished()
 
 
 def main(argv: list[str] | None = None) -> int:
     args = runlib.parse_args((__doc__ or "").splitlines()[0], argv)
     keep_freed_memory()  # before JAX starts its threads and allocates
+    orbax_storage()
     join_slice()
     process, processes = jax.process_index(), jax.process_count()
     log = runlib.Log(args.run_id, process)
@@ -209,49 +255,52 @@ def main(argv: list[str] | None = None) -> int:
     if data is None:
         raise SystemExit("--data is required for the JAX workload (prepare it with prepare_data.py)")
     identity = runlib.RunIdentity(PROGRAM, f"jax {jax.__version__}", args.batch_size, data.fingerprint())
-    checkpoints = runlib.Checkpoints(runlib.Store(args.checkpoint_dir), identity) if args.checkpoint_dir else None
     params = init_params(jax.random.PRNGKey(0))
-    opt_state = OPTIMIZER.init(params)
-    params, opt_state = jax.device_put((params, opt_state), replicated)
+    training = Training(*jax.device_put((params, OPTIMIZER.init(params)), replicated), args.checkpoint_dir,
+                        args.checkpoint_every_steps)  # fmt: skip
     share = args.batch_size // processes  # each process feeds its slice of the global batch
-
-    def restore(files: dict[str, bytes]) -> dict:
-        nonlocal params, opt_state
-        (params, opt_state), state = from_files(files, (params, opt_state))
-        params, opt_state = jax.device_put((params, opt_state), replicated)
-        return state
 
     def step_fn(x: np.ndarray, y: np.ndarray) -> jax.Array:
         """k batches x[k, B, ...]: this process places its share of all k on its devices at once, then
         dispatches k steps; JAX runs them asynchronously, so the next chunk is built while these train."""
-        nonlocal params, opt_state
         local = slice(process * share, (process + 1) * share)
         xs = jax.make_array_from_process_local_data(batch_sharding, x[:, local])
         ys = jax.make_array_from_process_local_data(batch_sharding, y[:, local].astype("int32"))
-        loss = None
+        params, opt_state, loss = training.params, training.opt_state, None
         for i in range(len(x)):
             params, opt_state, loss = train_step(params, opt_state, xs, ys, i)
+        training.params, training.opt_state = params, opt_state
         return loss
 
-    def state_files(state: dict) -> dict[str, bytes]:
-        return to_files(params, opt_state, state)
+    board = SummaryWriter(runlib.tensorboard_dir(args.model_dir)) if args.model_dir and process == 0 else None
 
+    def logged(step: int, loss: float) -> None:
+        if board:
+            board.add_scalar("loss", loss, step)
+
+    checkpoints = training if training.manager else None
     try:
         outcome = runlib.train(
-            args, log, data, checkpoints, preemption, process, restore, step_fn, state_files, SlicePeers()
+            args, log, data, checkpoints, identity, preemption, step_fn, process, SlicePeers(), logged
         )
     except runlib.ResumeRefusedError as refused:
         log(str(refused), severity="ERROR")
         return runlib.REFUSED_EXIT
+    finally:
+        if board:
+            board.flush()
     if outcome.preempted:
         return runlib.EXIT_RETRY  # checkpointed: the platform resumes it
-    logits = jax.jit(forward)(local(params), prepare(data.x_test))  # on this process's devices
+    logits = jax.jit(forward)(local(training.params), prepare(data.x_test))  # on this process's devices
     accuracy = float(np.mean(np.argmax(np.asarray(logits), axis=1) == data.y_test))
     metrics = {"framework": "jax", "device": device, **outcome.metrics, "val_accuracy": round(accuracy, 4)}
     wall = metrics["wall_seconds"]
     print(f"Training took {wall:.1f} s on {device}; final validation accuracy {accuracy:.4f}", flush=True)
-    model = {"params.npz": runlib.pack(local(params)), EXPORT: export_model(params)}
-    runlib.finish(args, checkpoints, PROGRAM, model, metrics, process)
+    if board:
+        board.add_scalar("val_accuracy", accuracy, outcome.step)
+        board.close()
+    model = {"params.npz": runlib.pack(local(training.params)), EXPORT: export_model(training.params)}
+    runlib.finish(args, PROGRAM, model, metrics, process)
     print(json.dumps(metrics), flush=True)
     return 0
 

@@ -1,20 +1,19 @@
 #!/usr/bin/env python3
-"""What every tpu-platform workload shares, with no ML framework imported here.
+"""The run contract for Python workloads that tpu-platform runs, with no ML framework imported here.
 
-- One command-line contract: data, checkpoint and model locations, epochs/steps, batch size,
-  checkpoint intervals (by steps and by minutes), run id.
-- Storage for local paths and gs:// URLs (google-cloud-storage, which honours STORAGE_EMULATOR_HOST).
-- Checkpoints that are never picked up half-written: files go to `ckpt-<step>/`, then a COMMITTED
-  manifest is written last; resume takes the newest step that has its manifest and loads, falling
-  back past one that does not. The manifest records what wrote it (program, framework version,
-  batch size, data fingerprint): a run resumed with anything else is refused, not silently mixed.
-  Writes happen on a background thread, so training waits only for the snapshot to host memory.
-- Completion markers, so a finished run never starts again (the start-up script asks `status`):
-  COMPLETE beside the checkpoints, and a JSON object at `<status-dir>/COMPLETE` that the platform's
-  guard reacts to (it stops or deletes the TPU; the VM itself needs no TPU API rights).
-- Preemption: SIGTERM sets a flag; the training loop writes a final checkpoint and exits.
-- Structured log lines (JSON with severity, run id, step, loss) that Cloud Logging parses.
-- Sharded training data: parallel reads of shard files, cached locally, prefetched.
+- One command line: data, checkpoint and model locations (defaults from the contract's environment,
+  TPU_PLATFORM_*), epochs/steps, batch size, checkpoint intervals (by steps and by minutes), run id.
+- Exit codes: 0 finished, 75 (EX_TEMPFAIL) stopped with a checkpoint, 78 (EX_CONFIG) refused.
+- SIGTERM (GCE's notice before it reclaims a spot VM) sets a flag the loop reads at each step
+  boundary; on many processes one host's SIGTERM stops them all at one step, behind a barrier that
+  holds every process until the checkpoint is committed.
+- Checkpoints are the framework's (Orbax for JAX, tf.train.CheckpointManager for TensorFlow): the
+  loop says when and with what run state. The run's RunIdentity (program, framework version, batch
+  size, data fingerprint) is recorded beside them; a restart with another is refused, not mixed.
+  A checkpoint that cannot be loaded is skipped for the one before it.
+- Storage for local paths and gs:// URLs (google-cloud-storage, which honours STORAGE_EMULATOR_HOST),
+  sharded training data read in parallel, cached and prefetched; JSON log lines for Cloud Logging.
+- Completion markers (`status`, `announce`): COMPLETE beside the checkpoints, and `<status-dir>/COMPLETE`.
 
 As a program: `python3 runlib.py status --checkpoint-dir URL [--status-dir URL]` prints `complete`
 (either marker exists) or `incomplete`.
@@ -40,18 +39,16 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-COMMITTED = "COMMITTED"
 COMPLETE = "COMPLETE"
 # Exit codes of the run contract (README, "The run contract"; sysexits.h): the platform's agent retries
 # a run that exits EXIT_RETRY (stopped mid-run: it resumes from its checkpoint) and never one that
 # exits REFUSED_EXIT (a configuration that cannot work: a resume that would mix two runs).
 EXIT_RETRY = 75  # EX_TEMPFAIL
 REFUSED_EXIT = 78  # EX_CONFIG
-_CKPT = re.compile(r"ckpt-(\d{10})$")
 
 
 # ---------------------------------------------------------------------------------------------- CLI
@@ -69,7 +66,8 @@ def parse_args(description: str, argv: list[str] | None = None) -> argparse.Name
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--steps", type=int, default=0, help="total training steps (default: from --epochs)")
     parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--checkpoint-every-steps", type=int, default=100)
+    # The same defaults as the stack settings (workloads.<name>.*; tests/test_runlib.py compares them).
+    parser.add_argument("--checkpoint-every-steps", type=int, default=200)
     parser.add_argument("--checkpoint-every-minutes", type=float, default=10.0)
     parser.add_argument("--steps-per-call", type=int, default=32,
                         help="training steps per call to the device: fewer host round trips (S18)")  # fmt: skip
@@ -79,19 +77,7 @@ def parse_args(description: str, argv: list[str] | None = None) -> argparse.Name
     # a program run by hand may still write it by naming the folder.
     parser.add_argument("--status-dir", default="",
                         help="where the run-complete object goes (the platform acts on it); empty: none")  # fmt: skip
-    # Deprecated: the VM no longer acts on its own TPU (that needed TPU API rights); the platform reads
-    # `<status-dir>/COMPLETE` instead. Accepted and ignored so older start-up scripts keep working.
-    parser.add_argument("--on-completion", default="", help=argparse.SUPPRESS)
-    parser.add_argument("--node", default="", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.on_completion or args.node:
-        _deprecated("--on-completion/--node")
-    return args
-
-
-def _deprecated(what: str) -> None:
-    why = "the platform stops or deletes a finished run's TPU when <status-dir>/COMPLETE appears"
-    print(json.dumps({"severity": "WARNING", "message": f"{what} is deprecated and ignored: {why}"}), flush=True)
+    return parser.parse_args(argv)
 
 
 # -------------------------------------------------------------------------------------------- logs
@@ -193,113 +179,51 @@ class ResumeRefusedError(Exception):
     """The checkpoints under this run id were written by another program, batch size, data or framework."""
 
 
+IDENTITY = "RUN_IDENTITY.json"  # beside the checkpoints
+
+
 @dataclass(frozen=True)
 class RunIdentity:
-    """What a checkpoint's state only makes sense with; recorded in each manifest, checked on resume."""
+    """What a run's checkpoints only make sense with, recorded beside them (IDENTITY) when the run
+    first starts and checked at every start: a run id restarted with another program, framework,
+    batch size or data is refused, whichever framework wrote the checkpoints (or none yet)."""
 
     program: str
     framework_version: str
     batch_size: int
     data_fingerprint: str
 
-    def mismatches(self, manifest: dict[str, Any]) -> list[str]:
-        return [
-            f"{key} {manifest.get(key)!r} (now {value!r})"
-            for key, value in asdict(self).items()
-            if manifest.get(key) != value
-        ]
+    def mismatches(self, saved: dict[str, Any]) -> list[str]:
+        return [f"{key} {saved.get(key)!r} (now {v!r})" for key, v in asdict(self).items() if saved.get(key) != v]
 
 
-@dataclass
-class Checkpoints:
-    """`ckpt-<step>/` folders of files, each trusted only once its COMMITTED manifest exists.
+class Checkpointer(Protocol):
+    """A workload's checkpoints, written by its framework (Orbax, tf.train.CheckpointManager): the loop
+    says when and with what run state (step, resumes, wall seconds: a small JSON object saved inside
+    each checkpoint); the framework writes, rotates and commits."""
 
-    `save` hands the files to one background writer (at most one save in flight; the next save or
-    `wait` joins it); the manifest is written after every file, so a crash mid-save leaves an
-    uncommitted folder that resume skips and the next commit sweeps away.
-    """
+    where: str  # for messages: the checkpoint folder
 
-    store: Store
-    identity: RunIdentity | None = None
-    keep: int = 3
-    _writer: concurrent.futures.ThreadPoolExecutor = field(
-        default_factory=lambda: concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="checkpoint"), repr=False
-    )
-    _pending: concurrent.futures.Future | None = field(default=None, repr=False)
+    def steps(self) -> list[int]:
+        """The committed checkpoints' steps, oldest first (a half-written one is not listed)."""
+        ...
 
-    def committed_steps(self) -> list[int]:
-        return sorted(step for step, leaves in self._folders().items() if COMMITTED in leaves)
+    def run_state(self, step: int) -> dict[str, Any]:
+        """The run state saved with checkpoint `step`, read without restoring the model."""
+        ...
 
-    def _folders(self) -> dict[int, set[str]]:
-        folders: dict[int, set[str]] = {}
-        for name in self.store.list():
-            folder, _, leaf = name.rpartition("/")
-            if match := _CKPT.match(folder):
-                folders.setdefault(int(match[1]), set()).add(leaf)
-        return folders
+    def restore(self, step: int) -> None:
+        """Load checkpoint `step` into the model and optimizer; raises if it cannot be read."""
+        ...
 
-    def manifest(self, step: int) -> dict[str, Any]:
-        return json.loads(self.store.read(f"ckpt-{step:010d}/{COMMITTED}"))
+    def save(self, step: int, run_state: dict[str, Any], force: bool) -> bool:
+        """Save at `step` if the framework's step interval says so, or `force`; True if it saved. May
+        return before the files are on storage (an async save); on many processes, every one calls it."""
+        ...
 
-    def check_identity(self, step: int, manifest: dict[str, Any]) -> None:
-        if self.identity and (wrong := self.identity.mismatches(manifest)):
-            raise ResumeRefusedError(
-                f"checkpoint ckpt-{step:010d} in {self.store.root} was written with {', '.join(wrong)}; "
-                "resuming it would mix two different runs. Start a new run id (the workload's `run` "
-                "setting) to train from scratch, or restore the settings it was written with."
-            )
-
-    def load(self, step: int) -> dict[str, bytes]:
-        """The files of one committed checkpoint; ResumeRefusedError when another kind of run wrote it."""
-        manifest = self.manifest(step)
-        self.check_identity(step, manifest)
-        return {name: self.store.read(f"ckpt-{step:010d}/{name}") for name in manifest["files"]}
-
-    def latest(self) -> tuple[int, dict[str, bytes]] | None:
-        steps = self.committed_steps()
-        return (steps[-1], self.load(steps[-1])) if steps else None
-
-    def save(self, step: int, files: dict[str, bytes]) -> None:
-        """Write `files` as checkpoint `step` in the background (after any save still in flight)."""
-        self.wait()
-        self._pending = self._writer.submit(self._write, step, files)
-
-    def wait(self) -> float | None:
-        """Wait for the save in flight; returns the seconds it took to write, None if there was none."""
-        pending, self._pending = self._pending, None
-        return pending.result() if pending else None
-
-    def _write(self, step: int, files: dict[str, bytes]) -> float:
-        started = time.perf_counter()
-        folder = f"ckpt-{step:010d}"
-        for name, data in files.items():
-            self.store.write(f"{folder}/{name}", data)
-        manifest = {"step": step, "files": sorted(files), **(asdict(self.identity) if self.identity else {})}
-        self.store.write(f"{folder}/{COMMITTED}", json.dumps(manifest, sort_keys=True).encode())
-        self._clean_up(step)
-        return time.perf_counter() - started
-
-    def _clean_up(self, newest: int) -> None:
-        """Rotate committed checkpoints beyond `keep`; sweep uncommitted folders older than `newest`
-        (saves that died before their manifest). Newer uncommitted folders may be a save in progress."""
-        folders = self._folders()
-        committed = sorted(step for step, leaves in folders.items() if COMMITTED in leaves)
-        doomed = [s for s in committed[: -self.keep]] + [
-            s for s, leaves in folders.items() if COMMITTED not in leaves and s < newest
-        ]
-        for old in doomed:
-            names = self.store.list(f"ckpt-{old:010d}/")
-            for name in names:
-                if not name.endswith(COMMITTED):
-                    self.store.delete(name)
-            if f"ckpt-{old:010d}/{COMMITTED}" in names:
-                self.store.delete(f"ckpt-{old:010d}/{COMMITTED}")  # the manifest goes last
-
-    def complete(self) -> dict[str, Any] | None:
-        return json.loads(self.store.read(COMPLETE)) if self.store.exists(COMPLETE) else None
-
-    def mark_complete(self, summary: dict[str, Any]) -> None:
-        self.store.write(COMPLETE, json.dumps(summary, sort_keys=True).encode())
+    def wait(self) -> None:
+        """Return once every save so far is committed."""
+        ...
 
 
 def pack(arrays: dict[str, np.ndarray]) -> bytes:
@@ -344,17 +268,17 @@ class Peers:
 
 
 @dataclass
-class CheckpointTimer:
-    every_steps: int
+class Clock:
+    """A checkpoint due by time (the framework counts steps): every `every_seconds` since the last."""
+
     every_seconds: float
-    last_step: int = 0
-    last_time: float = field(default_factory=time.monotonic)
+    last: float = field(default_factory=time.monotonic)
 
-    def due(self, step: int) -> bool:
-        return step - self.last_step >= self.every_steps or time.monotonic() - self.last_time >= self.every_seconds
+    def due(self) -> bool:
+        return time.monotonic() - self.last >= self.every_seconds
 
-    def done(self, step: int) -> None:
-        self.last_step, self.last_time = step, time.monotonic()
+    def reset(self) -> None:
+        self.last = time.monotonic()
 
 
 # -------------------------------------------------------------------------------------------- data
@@ -450,6 +374,11 @@ def batches(
         yield item
 
 
+def tensorboard_dir(model_dir: str) -> str:
+    """Where a workload writes its TensorBoard events: the run `train` below `<model-dir>/tensorboard/`."""
+    return model_dir.rstrip("/") + "/tensorboard/train"
+
+
 def steps_for(args: argparse.Namespace, examples: int) -> int:
     return args.steps or args.epochs * (examples // args.batch_size)
 
@@ -462,30 +391,42 @@ class Outcome:
     metrics: dict[str, Any]  # steps, wall time, resumes, throughput, checkpoint and input figures
 
 
-def resume(
-    checkpoints: Checkpoints, restore: Callable[[dict[str, bytes]], dict[str, Any]], log: Log
-) -> dict[str, Any] | None:
-    """Restore the newest committed checkpoint that loads, newest first; None when there is none.
+def check_identity(checkpoint_dir: str, identity: RunIdentity, process: int, peers: Peers) -> None:
+    """Refuse (ResumeRefusedError, on every process) a run whose folder records another identity;
+    record it (process 0) when there is none yet."""
+    store = Store(checkpoint_dir)
+    recorded = json.loads(store.read(IDENTITY)) if store.exists(IDENTITY) else None
+    wrong = identity.mismatches(recorded) if recorded is not None else []
+    if peers.any([bool(wrong)])[0]:
+        raise ResumeRefusedError(
+            f"the checkpoints in {checkpoint_dir} were written with {', '.join(wrong) or 'other settings'}; "
+            "resuming them would mix two different runs. Start a new run id (the workload's `run` setting) "
+            "to train from scratch, or restore the settings they were written with."
+        )
+    if recorded is None and process == 0:
+        store.write(IDENTITY, json.dumps(asdict(identity), sort_keys=True).encode())
 
-    A checkpoint that cannot be read or restored (a corrupt or missing file) is skipped with a warning;
-    one written by another kind of run stops everything (ResumeRefusedError). If checkpoints exist but none
-    loads, the run stops too, rather than silently starting over under the same run id.
+
+def resume(checkpoints: Checkpointer, log: Log) -> dict[str, Any] | None:
+    """Restore the newest committed checkpoint that loads, newest first; its run state, or None if none.
+
+    A checkpoint that cannot be read or restored (a corrupt or missing file) is skipped with a warning.
+    If checkpoints exist but none loads, the run stops (ResumeRefusedError), rather than silently
+    starting over under the same run id.
     """
-    steps = checkpoints.committed_steps()
     failures = []
-    for step in reversed(steps):
+    for step in reversed(checkpoints.steps()):
         try:
-            files = checkpoints.load(step)
-            return restore(files)
-        except ResumeRefusedError:
-            raise
+            state = checkpoints.run_state(step)
+            checkpoints.restore(step)
+            return state
         except Exception as error:  # any unreadable checkpoint: fall back to the previous one
-            failures.append(f"ckpt-{step:010d}: {type(error).__name__}: {error}")
+            failures.append(f"step {step}: {type(error).__name__}: {str(error)[:300]}")
             log("checkpoint cannot be loaded; falling back to the previous one", severity="WARNING",
                 step=step, error=failures[-1])  # fmt: skip
     if failures:
         raise ResumeRefusedError(
-            f"no checkpoint in {checkpoints.store.root} can be loaded ({'; '.join(failures)}). "
+            f"no checkpoint in {checkpoints.where} can be loaded ({'; '.join(failures)}). "
             "Start a new run id (the workload's `run` setting) to train from scratch."
         )
     return None
@@ -495,35 +436,37 @@ def train(
     args: argparse.Namespace,
     log: Log,
     data: Dataset,
-    checkpoints: Checkpoints | None,
+    checkpoints: Checkpointer | None,
+    identity: RunIdentity,
     preemption: Preemption,
-    process: int,
-    restore: Callable[[dict[str, bytes]], dict[str, Any]],
     step_fn: Callable[[np.ndarray, np.ndarray], Any],
-    state_files: Callable[[dict[str, Any]], dict[str, bytes]],
+    process: int = 0,
     peers: Peers | None = None,
+    on_log: Callable[[int, float], None] | None = None,
 ) -> Outcome:
     """The loop every workload shares: resume, train, checkpoint on time and on SIGTERM.
 
-    `restore` loads a checkpoint's files into the model and returns its state (step, resumes,
-    wall_seconds); `step_fn` trains on k global batches stacked as x[k, batch, ...] (uint8 images, as
-    stored) in one call to the device, and returns the last loss as anything `float()` reads (the loop
-    reads it only to log, so the host does not wait for the device every call); `state_files` snapshots
-    the model and optimizer with the state into bytes (the training stalls for that only: the
-    writing happens in the background). Only process 0 writes checkpoints (the state is replicated).
+    `step_fn` trains on k global batches stacked as x[k, batch, ...] (uint8 images, as stored) in one
+    call to the device, and returns the last loss as anything `float()` reads (the loop reads it only
+    to log, every 50 steps or so, so the host does not wait for the device every call); `on_log(step,
+    loss)` sees each logged loss (the workload's TensorBoard). The checkpointer's framework saves by
+    its step interval; the loop forces a save when `--checkpoint-every-minutes` have passed, at the
+    end, and on SIGTERM.
 
     On many processes (`peers`), all resume from the same step, decide together at each step boundary
-    whether to checkpoint and whether to stop (one host's SIGTERM stops them all), and on a stop wait
-    at a barrier until process 0's checkpoint is committed: the slice stops at one step, resumable.
+    whether a save is due by time and whether to stop (one host's SIGTERM stops them all), save
+    together (the framework's collective save), and on a stop wait at a barrier until the checkpoint is
+    committed: the slice stops at one step, resumable.
     """
     peers = peers or Peers()
     total = steps_for(args, len(data.x_train))
     state: dict[str, Any] = {"step": 0, "resumes": 0, "wall_seconds": 0.0}
     restore_seconds = 0.0
     if checkpoints:
+        check_identity(args.checkpoint_dir, identity, process, peers)
         started = time.perf_counter()
-        if (restored := resume(checkpoints, restore, log)) is not None:
-            state = restored
+        if (restored := resume(checkpoints, log)) is not None:
+            state = {key: restored[key] for key in state}
             state["resumes"] += 1
             restore_seconds = time.perf_counter() - started
             log("resumed from checkpoint", step=state["step"], resumes=state["resumes"], seconds=restore_seconds)
@@ -532,11 +475,11 @@ def train(
     if state["step"] > total:
         raise ResumeRefusedError(f"the checkpoint is at step {state['step']}, beyond this run's {total} steps")
 
-    timer = CheckpointTimer(args.checkpoint_every_steps, 60 * args.checkpoint_every_minutes, state["step"])
-    write_seconds: list[float] = []
+    clock = Clock(60 * args.checkpoint_every_minutes)
     stalled = waited = 0.0
     start_step = step = state["step"]
     begun = session_start = time.perf_counter()
+    # Chunks end at multiples of the step interval, so the framework's interval sees every one.
     stream = batches(data, args.batch_size, start_step, total, args.steps_per_call, args.checkpoint_every_steps)
     preempted = False
     while step < total:
@@ -549,28 +492,31 @@ def train(
         loss = step_fn(x, y)  # not read here: reading it would wait for the device every call
         step = first + len(x)
         if step // 50 > first // 50 or step == total:
-            log("training", step=step, loss=round(float(loss), 5), total_steps=total)
-        due, stop = peers.any([bool(checkpoints) and (timer.due(step) or step == total), preemption.requested])
-        if checkpoints and (due or stop):
-            snapshot = time.perf_counter()
-            state.update(step=step, wall_seconds=state["wall_seconds"] + snapshot - begun)
-            begun = snapshot
-            if process == 0:
-                if (seconds := checkpoints.wait()) is not None:
-                    write_seconds.append(seconds)
-                checkpoints.save(step, state_files(state))
-                log("checkpoint saving", step=step)
-                if stop and peers.count > 1 and (seconds := checkpoints.wait()) is not None:
-                    write_seconds.append(seconds)
-            if stop and peers.count > 1:
-                peers.barrier(f"stop-{step}")  # no process leaves before the checkpoint is committed
-            timer.done(step)
-            stalled += time.perf_counter() - snapshot
+            value = round(float(loss), 5)
+            log("training", step=step, loss=value, total_steps=total)
+            if on_log:
+                on_log(step, value)
+        if not checkpoints:
+            preempted = peers.any([preemption.requested])[0]
+            if preempted:
+                break
+            continue
+        timed, stop = peers.any([clock.due(), preemption.requested])
+        snapshot = time.perf_counter()
+        state.update(step=step, wall_seconds=state["wall_seconds"] + snapshot - begun)
+        begun = snapshot
+        if checkpoints.save(step, dict(state), force=timed or stop or step == total):
+            clock.reset()
         if stop:
+            checkpoints.wait()
+            if peers.count > 1:
+                peers.barrier(f"stop-{step}")  # no process leaves before the checkpoint is committed
             preempted = True
+        stalled += time.perf_counter() - snapshot
+        if stop:
             break
-    if checkpoints and (seconds := checkpoints.wait()) is not None:  # the last save is on disk before we go on
-        write_seconds.append(seconds)
+    if checkpoints:
+        checkpoints.wait()  # the last save is on storage before we go on
     if preempted:
         log("SIGTERM: checkpoint written, exiting for preemption", severity="WARNING", step=step,
             signalled_here=preemption.requested)  # fmt: skip
@@ -588,7 +534,6 @@ def train(
             "examples_per_second": round(trained * args.batch_size / session, 1) if session else None,
             "input_wait_share": round(waited / session, 4) if session else None,
             "checkpoint_stall_share": round(stalled / session, 4) if session else None,
-            "checkpoint_write_seconds": round(float(np.mean(write_seconds)), 4) if write_seconds else None,
             "checkpoint_restore_seconds": round(restore_seconds, 4),
             "data_read_seconds": round(data.read_seconds, 4),
         },
@@ -597,7 +542,6 @@ def train(
 
 def finish(
     args: argparse.Namespace,
-    checkpoints: Checkpoints | None,
     program: str,
     model_files: dict[str, bytes],
     metrics: dict[str, Any],
@@ -614,8 +558,8 @@ def finish(
         for name, data in model_files.items():
             store.write(name, data)
         store.write("metrics.json", json.dumps(metrics, sort_keys=True, indent=2).encode())
-    if checkpoints is not None:
-        checkpoints.mark_complete(metrics)
+    if args.checkpoint_dir:
+        Store(args.checkpoint_dir).write(COMPLETE, json.dumps(metrics, sort_keys=True).encode())
     if args.status_dir:
         Store(args.status_dir).write(COMPLETE, json.dumps(completion(args.run_id, program, metrics)).encode())
 
@@ -633,7 +577,7 @@ def status(checkpoint_dir: str, status_dir: str = "", run_id: str = "") -> str:
     """`complete` when this run finished: its checkpoints' marker, or the status marker naming this run.
 
     The status marker is per VM: a marker left by an earlier run id does not count for a new one."""
-    done = bool(checkpoint_dir and Checkpoints(Store(checkpoint_dir)).complete())
+    done = bool(checkpoint_dir and Store(checkpoint_dir).exists(COMPLETE))
     if not done and status_dir and Store(status_dir).exists(COMPLETE):
         try:
             marked = json.loads(Store(status_dir).read(COMPLETE)).get("runId")
@@ -650,9 +594,9 @@ def announce(checkpoint_dir: str, status_dir: str, run_id: str, program: str) ->
     again: the new object's finalize event makes the guard stop or delete the node once more, so
     finished work never keeps idle chips billing. Also heals a run that died between its two markers.
     """
-    summary = Checkpoints(Store(checkpoint_dir)).complete() if checkpoint_dir else None
-    if summary is None or not status_dir:
+    if not (checkpoint_dir and status_dir and Store(checkpoint_dir).exists(COMPLETE)):
         return False
+    summary = json.loads(Store(checkpoint_dir).read(COMPLETE))
     Store(status_dir).write(COMPLETE, json.dumps(completion(run_id, program, summary)).encode())
     return True
 
@@ -669,16 +613,12 @@ def main(argv: list[str] | None = None) -> int:
     tell.add_argument("--status-dir", default=os.environ.get("TPU_PLATFORM_STATUS_DIR", ""))
     tell.add_argument("--run-id", default=os.environ.get("TPU_PLATFORM_RUN_ID", ""))
     tell.add_argument("--program", default=os.environ.get("TPU_PLATFORM_PROGRAM", ""))
-    # Deprecated no-op, kept for start-up scripts rendered before the platform took this over.
-    commands.add_parser("on-completion", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.command == "status":
         print(status(args.checkpoint_dir, args.status_dir, args.run_id))
-    elif args.command == "announce":
+    else:
         told = announce(args.checkpoint_dir, args.status_dir, args.run_id, args.program)
         print("announced" if told else "nothing to announce")
-    else:
-        _deprecated("`runlib.py on-completion`")
     return 0
 
 

@@ -4,16 +4,26 @@
 TPUStrategy when the VM has a TPU, the default strategy on CPU/GPU; the guide's model (Conv2D(32,3)
 → MaxPool → Flatten → Dense(64) → Dense(10) logits), Adam, sparse categorical cross-entropy from
 logits, batch 256, 5 epochs. Training state (weights, optimizer slots, step, data position) is
-checkpointed every N steps or minutes and on SIGTERM; a restart resumes from the newest complete
-checkpoint. Prints the device, wall time and validation accuracy, and exports the model and
-metrics.json at the end. The command line is runlib's contract, shared with jax_mnist.py.
+checkpointed every N steps or minutes and on SIGTERM by `tf.train.CheckpointManager`; a restart
+resumes from the newest complete checkpoint. Prints the device, wall time and validation accuracy,
+writes TensorBoard scalars with `tf.summary`, and exports the model and metrics.json at the end. The
+command line is runlib's contract, shared with jax_mnist.py.
+
+TensorFlow's gs:// file system talks to Google's endpoint only (its URL is fixed:
+tsl/platform/cloud/gcs_file_system.cc, kGcsUriBase; no variable points it elsewhere), so it cannot
+reach the test sandbox's storage emulator. Checkpoints and events are therefore written to a local
+staging folder and copied up by `Staged.sync_to_bucket` (google-cloud-storage, which honours
+STORAGE_EMULATOR_HOST): the same path on a VM and in the sandbox.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import glob
 import json
 import os
+import re
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -22,9 +32,12 @@ from typing import Any
 import numpy as np
 import runlib
 import tensorflow as tf
+from tensorflow.core.framework import summary_pb2
 
 PROGRAM = "tf_mnist"
 SAVED_MODEL = "saved_model"  # under --model-dir
+KEEP = 3  # checkpoints kept (CheckpointManager's max_to_keep)
+STATE_FILE = "checkpoint"  # tf.train.CheckpointManager's list of the kept checkpoints
 
 
 def tpu_present() -> bool:
@@ -40,6 +53,117 @@ def make_strategy(mode: str) -> tuple[tf.distribute.Strategy, str]:
         return tf.distribute.TPUStrategy(resolver), "TPU"
     device = "GPU" if tf.config.list_physical_devices("GPU") else "CPU"
     return tf.distribute.get_strategy(), device
+
+
+class Staged:
+    """A local folder for what TensorFlow writes, mirrored to a gs:// folder by `sync_to_bucket`; a
+    local location is written in place (nothing to sync)."""
+
+    def __init__(self, url: str):
+        self.store = runlib.Store(url) if url.startswith("gs://") else None
+        if self.store is None:
+            self.folder = Path(url)
+        else:  # fresh each start: the bucket holds the truth
+            self.folder = Path(tempfile.gettempdir()) / "tpu-platform-staging" / re.sub(r"[^A-Za-z0-9]+", "_", url)
+            shutil.rmtree(self.folder, ignore_errors=True)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._sent: dict[str, tuple[int, int]] = {}  # name -> (size, mtime) as uploaded
+
+    def fetch_from_bucket(self, names: list[str]) -> None:
+        for name in names if self.store else ():
+            (self.folder / name).write_bytes(self.store.read(name))
+            self._sent[name] = self._stamp(name)
+
+    def sync_to_bucket(self, last: tuple[str, ...] = ()) -> None:
+        """Upload new and changed files (`last` after all others), then delete what is gone locally."""
+        if self.store is None:
+            return
+        here = {p.name for p in self.folder.iterdir() if p.is_file()}
+        changed = sorted((n for n in here if self._sent.get(n) != self._stamp(n)), key=lambda n: (n in last, n))
+        for name in changed:
+            stamp = self._stamp(name)
+            self.store.write(name, (self.folder / name).read_bytes())
+            self._sent[name] = stamp
+        for name in sorted(set(self._sent) - here):
+            self.store.delete(name)
+            del self._sent[name]
+
+    def _stamp(self, name: str) -> tuple[int, int]:
+        stat = (self.folder / name).stat()
+        return stat.st_size, stat.st_mtime_ns
+
+
+class Checkpoints:
+    """runlib's Checkpointer on `tf.train.CheckpointManager` (the step interval, the last KEEP kept, the
+    `checkpoint` state file naming them), staged: each save is copied up on a background thread, its
+    data before its index and the state file last, so the bucket never names a checkpoint whose files
+    are not all there; at start the checkpoints the bucket's state file names are fetched."""
+
+    def __init__(self, trainer: Trainer, url: str, every_steps: int):
+        self.where = url
+        self.staged = Staged(url)
+        if self.staged.store and self.staged.store.exists(STATE_FILE):
+            self.staged.fetch_from_bucket([STATE_FILE])
+            state = tf.train.get_checkpoint_state(str(self.staged.folder))
+            kept = [Path(p).name for p in state.all_model_checkpoint_paths] if state else []
+            names = set(self.staged.store.list())
+            self.staged.fetch_from_bucket(sorted(n for n in names if n.split(".")[0] in kept))
+        self.step = tf.Variable(0, dtype=tf.int64, trainable=False)
+        self.run = tf.Variable("", dtype=tf.string, trainable=False)  # the loop's run state, as JSON
+        self.checkpoint = tf.train.Checkpoint(model=trainer.model, optimizer=trainer.optimizer, step=self.step,
+                                              run_state=self.run)  # fmt: skip
+        self.manager = tf.train.CheckpointManager(self.checkpoint, str(self.staged.folder), max_to_keep=KEEP,
+                                                  step_counter=self.step, checkpoint_interval=every_steps)  # fmt: skip
+        self._upload = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="checkpoint-sync")
+        self._pending: concurrent.futures.Future | None = None
+
+    def _prefix(self, step: int) -> str:
+        return str(self.staged.folder / f"ckpt-{step}")
+
+    def steps(self) -> list[int]:
+        return sorted(int(path.rsplit("-", 1)[1]) for path in self.manager.checkpoints)
+
+    def run_state(self, step: int) -> dict:
+        return json.loads(
+            tf.train.load_checkpoint(self._prefix(step)).get_tensor("run_state/.ATTRIBUTES/VARIABLE_VALUE")
+        )
+
+    def restore(self, step: int) -> None:
+        self.checkpoint.restore(self._prefix(step)).assert_existing_objects_matched()
+
+    def save(self, step: int, run_state: dict, force: bool) -> bool:
+        self.step.assign(step)
+        self.run.assign(json.dumps(run_state))
+        if self.manager.save(checkpoint_number=step, check_interval=not force) is None:
+            return False
+        self.wait()  # one upload in flight
+        self._pending = self._upload.submit(self.staged.sync_to_bucket, (STATE_FILE,))
+        return True
+
+    def wait(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending:
+            pending.result()
+
+
+class Board:
+    """TensorBoard scalars through `tf.summary` (staged like the checkpoints). `tf.summary.write` with
+    the scalars plug-in's metadata, which is what `tf.summary.scalar` writes: that wrapper lives in the
+    `tensorboard` package, which TensorFlow 2.21 no longer installs."""
+
+    METADATA = summary_pb2.SummaryMetadata(plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"))
+
+    def __init__(self, model_dir: str):
+        self.staged = Staged(runlib.tensorboard_dir(model_dir))
+        self.writer = tf.summary.create_file_writer(str(self.staged.folder))
+
+    def scalar(self, name: str, value: float, step: int) -> None:
+        with self.writer.as_default():
+            tf.summary.write(name, tf.constant(value, tf.float32), step=step, metadata=self.METADATA)
+
+    def sync_to_bucket(self) -> None:
+        self.writer.flush()
+        self.staged.sync_to_bucket()
 
 
 def load(location: str) -> runlib.Dataset:
@@ -120,21 +244,6 @@ class Trainer:
             loss = self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
         return loss
 
-    def state_files(self, state: dict) -> dict[str, bytes]:
-        return {
-            "weights.npz": runlib.pack({f"w{i}": w for i, w in enumerate(self.model.get_weights())}),
-            "optimizer.npz": runlib.pack({f"v{i}": v.numpy() for i, v in enumerate(self.optimizer.variables)}),
-            "state.json": json.dumps(state).encode(),
-        }
-
-    def restore(self, files: dict[str, bytes]) -> dict:
-        weights = runlib.unpack(files["weights.npz"])
-        self.model.set_weights([weights[f"w{i}"] for i in range(len(weights))])
-        slots = runlib.unpack(files["optimizer.npz"])
-        for i, variable in enumerate(self.optimizer.variables):
-            variable.assign(slots[f"v{i}"])
-        return json.loads(files["state.json"])
-
     def accuracy(self, x: np.ndarray, y: np.ndarray) -> float:
         logits = self.model.predict(prepare(x), batch_size=self.batch_size, verbose=0)
         return float(np.mean(np.argmax(logits, axis=1) == y))
@@ -174,26 +283,36 @@ def main(argv: list[str] | None = None) -> int:
     log(f"Running on {device} with {strategy.num_replicas_in_sync} replica(s)", device=device)
     data = load(args.data)
     identity = runlib.RunIdentity(PROGRAM, f"tensorflow {tf.__version__}", args.batch_size, data.fingerprint())
-    checkpoints = runlib.Checkpoints(runlib.Store(args.checkpoint_dir), identity) if args.checkpoint_dir else None
     trainer = Trainer(strategy, args.batch_size)
+    checkpoints = (
+        Checkpoints(trainer, args.checkpoint_dir, args.checkpoint_every_steps) if args.checkpoint_dir else None
+    )
+    board = Board(args.model_dir) if args.model_dir else None
 
     def step_fn(x: np.ndarray, y: np.ndarray) -> tf.Tensor:
         return trainer.train_steps(*trainer.distribute(x, y.astype("int64")))
 
+    def logged(step: int, loss: float) -> None:
+        if board:
+            board.scalar("loss", loss, step)
+
     try:
-        outcome = runlib.train(
-            args, log, data, checkpoints, preemption, process, trainer.restore, step_fn, trainer.state_files
-        )
+        outcome = runlib.train(args, log, data, checkpoints, identity, preemption, step_fn, on_log=logged)
     except runlib.ResumeRefusedError as refused:
         log(str(refused), severity="ERROR")
         return runlib.REFUSED_EXIT
     if outcome.preempted:
+        if board:
+            board.sync_to_bucket()
         return runlib.EXIT_RETRY  # checkpointed: the platform resumes it
     accuracy = trainer.accuracy(data.x_test, data.y_test)
     metrics = {"framework": "tensorflow", "device": device, **outcome.metrics, "val_accuracy": round(accuracy, 4)}
     wall = metrics["wall_seconds"]
     print(f"Training took {wall:.1f} s on {device}; final validation accuracy {accuracy:.4f}", flush=True)
-    runlib.finish(args, checkpoints, PROGRAM, trainer.saved_model(), metrics, process)
+    if board:
+        board.scalar("val_accuracy", accuracy, outcome.step)
+        board.sync_to_bucket()
+    runlib.finish(args, PROGRAM, trainer.saved_model(), metrics, process)
     print(json.dumps(metrics), flush=True)
     return 0
 
