@@ -128,6 +128,11 @@ class ScheduleSettings:
     stop: str
     time_zone: str
 
+    @property
+    def given(self) -> dict[str, str]:
+        """The sides the stack gives, as it spells them."""
+        return {side: cron for side, cron in (("start", self.start), ("stop", self.stop)) if cron}
+
 
 @dataclass(frozen=True)
 class TpuVmSettings:

@@ -104,6 +104,7 @@ class Setting:
     max_items: int | None = None
     items: Kind | None = None  # kind of list items / map values
     unique: bool = True  # list items may not repeat (a command's arguments may)
+    example: Scalar | None = None  # what an error suggests when a rule needs it set and it has no default
 
     @property
     def full(self) -> str:
@@ -798,6 +799,7 @@ SETTINGS: tuple[Setting, ...] = (
         "How often to look for preempted TPUs (divides the hour).",
         optional=True,
         choices=RECOVERY_INTERVALS,
+        example=10,
     ),
     Setting(
         "automation.recovery.maxAttempts",
