@@ -149,8 +149,8 @@ def build_platform(cfg: PlatformConfig, secrets: Mapping[str, str] | None = None
             budget.budget.name,
         )  # fmt: skip
     if schedule_args:
-        assert guard is not None and guard.start is not None  # schedules need the guard (TpuGuardArgs.needed)
-        TpuSchedules("schedules", env, schedule_args, apis, {name: vm.node for name, vm in vms.items()}, guard.start)
+        start = guard.start if guard else None  # scheduled starts need the guard (TpuGuardArgs.needed)
+        TpuSchedules("schedules", env, schedule_args, apis, {name: vm.node for name, vm in vms.items()}, start)
     TpuMonitoring("monitoring", env, monitoring_args, apis, budget.channels)
     if researcher_args:
         ResearcherAccess("researchers", env, researcher_args, apis, [*buckets.buckets.values(), status.bucket])

@@ -77,6 +77,7 @@ CASES: dict[str, tuple[str, dict[str, object]]] = {
         **V5E_TF, f"{VM}.acceleratorType": "v5litepod-16", f"{VM}.runtimeVersion": "tpu-vm-tf-2.15.0-pod-pjrt",
         f"{VM}.onCompletion": "stop",
     }),
+    "schedule-that-only-starts-a-kept-vm": ("small", {f"{VM}.schedule": {"start": "0 8 * * 1-5"}}),
     "preemptions-of-an-on-demand-vm": ("small", {f"{VM}.hoursBetweenPreemptions": 6}),
     "preemptible-living-too-long": ("small", {
         f"{VM}.provisioning": "preemptible", f"{VM}.hoursBetweenPreemptions": 48,

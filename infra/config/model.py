@@ -124,6 +124,8 @@ class MonitoringSettings:
 
 @dataclass(frozen=True)
 class ScheduleSettings:
+    """When Cloud Scheduler starts and stops a VM: either side may be left out ("" when not given)."""
+
     start: str  # unix-cron, as Cloud Scheduler reads it
     stop: str
     time_zone: str

@@ -571,10 +571,13 @@ def _schedule(node: Node | None) -> ScheduleSettings | None:
     if node is None or not node.data:
         return None
     schedule = ScheduleSettings(
-        start=text(node, "tpuVms[].schedule.start", check=_cron),
-        stop=text(node, "tpuVms[].schedule.stop", check=_cron),
+        start=optional_text(node, "tpuVms[].schedule.start", check=_cron) or "",
+        stop=optional_text(node, "tpuVms[].schedule.stop", check=_cron) or "",
         time_zone=text(node, "tpuVms[].schedule.timeZone", check=_time_zone),
     )
+    sides = setting("tpuVms[].schedule").any_of
+    if not any(node.data.get(side) is not None for side in sides):
+        node.problems.add(node.path, dict(node.data), f"give {' or '.join(sides)}, or both")
     node.done()
     return schedule
 

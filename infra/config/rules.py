@@ -140,10 +140,29 @@ def _tpu_vms(cfg: PlatformConfig, problems: Problems) -> None:
             why = f"{vm.region} has no subnet under {PROJECT}:network.subnets"
             problems.add(f"{key}.zone", vm.zone, why, fixes=_subnets(cfg, [vm.region]))
         _capacity(cfg, key, vm, problems)
+        _start_only(key, vm, problems)
     if cfg.tpu_vms and not cfg.network.subnets:
         regions = sorted({vm.region for vm in cfg.tpu_vms if vm.zone})
         problems.add(
             f"{PROJECT}:network.subnets", MISSING, "TPU VMs need a subnet in their region", fixes=_subnets(cfg, regions)
+        )
+
+
+def _start_only(key: str, vm: TpuVmSettings, problems: Problems) -> None:
+    """A schedule that only starts a VM needs something else to stop it. A TPU VM is created running
+    (tpu.v2 Node.state: a node "has been created" when READY; create has no stopped state), so the
+    scheduled start serves a VM that is stopped between runs: with onCompletion stop (or delete) each
+    run ends it, and the next start boots the stack's next run (never a finished one: the guard checks).
+    With keep, nothing would stop it: from its first start it runs, and bills, every hour."""
+    schedule = vm.schedule
+    if schedule and schedule.start and not schedule.stop and vm.on_completion == "keep":
+        problems.add(
+            f"{key}.schedule",
+            schedule.given,
+            "only starts it, and with onCompletion keep nothing stops it: it would run, and bill, every hour from "
+            "its first start",
+            fixes=[Fix.of({f"{key}.onCompletion": "stop"}), Fix.of({f"{key}.schedule": REMOVE})],
+            advice="give it a stop too",
         )
 
 
