@@ -83,6 +83,11 @@ class StartTarget:
 class TpuSchedulesArgs:
     vms: tuple[TpuVmSettings, ...]  # the VMs with a schedule
 
+    @property
+    def stops(self) -> bool:
+        """A schedule stops a VM: only then is the scheduler account (get and stop) used."""
+        return any(vm.schedule and vm.schedule.stop for vm in self.vms)
+
 
 class TpuSchedules(pulumi.ComponentResource):
     def __init__(
@@ -99,17 +104,19 @@ class TpuSchedules(pulumi.ComponentResource):
         scheduled = [vm for vm in args.vms if vm.schedule]
         account = scheduler_account(env.stack)
         self.email = account.email(env.project)
-        ready: list[pulumi.Resource] = [
-            grants.project_role(
-                f"{name}-grant",
-                env.project,
-                scheduler_role(env.stack).name(env.project),
-                account.member(env.project),
-                parent=self,
-                depends_on=apis.needs("cloudresourcemanager"),
-                permissions=frozenset(SCHEDULER_PERMISSIONS),
+        ready: list[pulumi.Resource] = []
+        if args.stops:
+            ready.append(
+                grants.project_role(
+                    f"{name}-grant",
+                    env.project,
+                    scheduler_role(env.stack).name(env.project),
+                    account.member(env.project),
+                    parent=self,
+                    depends_on=apis.needs("cloudresourcemanager"),
+                    permissions=frozenset(SCHEDULER_PERMISSIONS),
+                )
             )
-        ]
         self.jobs: list[gcp.cloudscheduler.Job] = []
         for vm in scheduled:
             assert vm.schedule is not None

@@ -196,7 +196,7 @@ def stack_identities(cfg: PlatformConfig) -> StackIdentities:
     out = StackIdentities(accounts=workloads)
     if guard_args_of(cfg):
         out += guard_identities(cfg.stack, tuple(a.account_id for a in workloads))
-    if any(vm.schedule for vm in cfg.tpu_vms):
+    if TpuSchedulesArgs(cfg.tpu_vms).stops:  # a schedule that only starts VMs goes through the guard
         out += scheduler_identities(cfg.stack)
     if cfg.researchers:
         out += researcher_identities(cfg.stack, researcher_args_of(cfg))

@@ -72,7 +72,8 @@ def scheduled(schedule: dict[str, str], **vm: object) -> dict[str, str]:
 
 def test_a_schedule_that_only_stops_makes_only_the_stop_job_and_no_guard():
     """ "Stop my dev TPUs at night": people start them. Nothing starts the VM, so nothing needs the guard."""
-    result = plan(scheduled({"stop": "0 20 * * *", "timeZone": "Europe/Berlin"}), "small")
+    raw = scheduled({"stop": "0 20 * * *", "timeZone": "Europe/Berlin"})
+    result = plan(raw, "small")
     (job,) = result.of_type("gcp:cloudscheduler/job:Job")
     assert (job.inputs["name"], job.inputs["schedule"]) == ("tpu-small-v2-stop", "0 20 * * *")
     assert job.inputs["timeZone"] == "Europe/Berlin"
@@ -82,12 +83,15 @@ def test_a_schedule_that_only_stops_makes_only_the_stop_job_and_no_guard():
     assert job.inputs["httpTarget"]["oauthToken"]["serviceAccountEmail"].startswith("tpu-scheduler-small@")
     assert not result.of_type("gcp:cloudfunctionsv2/function:Function")
     assert result.outputs["schedules"] == {"small-v2": {"stop": "0 20 * * *", "timeZone": "Europe/Berlin"}}
+    made = {a.account_id for a in stack_identities(parse_stack_config("small", raw)).accounts}
+    assert "tpu-scheduler-small" in made and not {a for a in made if a.startswith("tpu-guard")}
 
 
 def test_a_schedule_that_only_starts_a_vm_whose_runs_stop_it_makes_only_the_start_job_through_the_guard():
     """Each run stops the VM when it is complete; the schedule boots the stack's next run at night, and the
     guard's scheduled start never boots a finished one (test_tpu_guard)."""
-    result = plan(scheduled({"start": "0 22 * * *"}, onCompletion="stop"), "small")
+    raw = scheduled({"start": "0 22 * * *"}, onCompletion="stop")
+    result = plan(raw, "small")
     (job,) = result.of_type("gcp:cloudscheduler/job:Job")
     assert (job.inputs["name"], job.inputs["schedule"]) == ("tpu-small-v2-start", "0 22 * * *")
     assert job.inputs["httpTarget"]["uri"] == (
@@ -97,6 +101,10 @@ def test_a_schedule_that_only_starts_a_vm_whose_runs_stop_it_makes_only_the_star
     functions = {f.inputs["name"] for f in result.of_type("gcp:cloudfunctionsv2/function:Function")}
     assert functions == {"tpu-scheduled-start-small", "tpu-complete-small"}
     assert result.outputs["schedules"] == {"small-v2": {"start": "0 22 * * *", "timeZone": "Etc/UTC"}}
+    # Nothing is stopped by a job: no scheduler account, role or grant.
+    assert not [g for g in result.of_type("gcp:projects/iAMMember:IAMMember") if "scheduler" in g.inputs["member"]]
+    made = {a.account_id for a in stack_identities(parse_stack_config("small", raw)).accounts}
+    assert "tpu-scheduler-small" not in made and "tpu-guard-invoker-small" in made
 
 
 def test_a_schedule_gives_at_least_one_side():
