@@ -114,13 +114,14 @@ class TpuGuardArgs:
         return any(vm.on_completion != "keep" for vm in self.vms)
 
     @property
-    def schedules(self) -> bool:
-        return any(vm.schedule for vm in self.vms)
+    def scheduled_starts(self) -> bool:
+        """A schedule starts a VM (a schedule may only stop one: its stops go to the TPU API directly)."""
+        return any(vm.schedule and vm.schedule.start for vm in self.vms)
 
     @property
     def needed(self) -> bool:
         """The guard serves budget actions, recovery, run completion and scheduled starts."""
-        return bool(self.automation.enabled or self.self_stop or self.schedules)
+        return bool(self.automation.enabled or self.self_stop or self.scheduled_starts)
 
 
 def guard_accounts(stack: str) -> dict[str, AccountSpec]:
@@ -406,7 +407,7 @@ class TpuGuard(pulumi.ComponentResource):
             )
 
         self.start: StartTarget | None = None
-        if args.schedules:
+        if args.scheduled_starts:
             start_function = function("scheduled-start", "scheduled_start", {})
             invoker_ready.append(invoke_grant("start-invoker", start_function, invoker_member))
             self.start = StartTarget(

@@ -2,10 +2,13 @@
 
 chips × slices × price per chip-hour (for the VM's provisioning model, in its region) × hours per
 month. The month is Google's 730 hours (infra/schedule.py). Hours are fewer with a stop/start
-schedule; a run to completion (onCompletion stop or delete) is priced for `maxRunHours`, which the
-guard enforces, and without it for up to the whole month (the run's length is unknown, and nothing
-stops it earlier than its own end: the honest bound is the month, marked "up to"); flex-start for
-its `runDurationHours`, after which Google deletes it.
+schedule. A schedule that only stops a VM leaves its starts to people, whose hours the plan cannot
+know: it is priced as if started again right after each stop, for every hour it may run ("up to"),
+and the table says so; one that only starts it changes nothing (its run's end stops it). A run to
+completion (onCompletion stop or delete) is priced for `maxRunHours`, which the guard enforces, and
+without it for up to the whole month (the run's length is unknown, and nothing stops it earlier than
+its own end: the honest bound is the month, marked "up to"); flex-start for its `runDurationHours`,
+after which Google deletes it.
 
 Prices are each region's own: a VM is priced in the region of its zone, and a queued VM that may
 fall back to other zones at the dearest of their regions (an upper bound, said so). A region
@@ -90,8 +93,11 @@ def _camel(value: Any) -> Any:
 
 def hours_per_month(vm: TpuVmSettings) -> tuple[float, str]:
     """(hours a month the VM is paid for, why that many)."""
-    scheduled = running_hours_per_month(vm.schedule.start, vm.schedule.stop) if vm.schedule else HOURS_PER_MONTH
-    basis = "schedule" if vm.schedule else "always on"
+    schedule = vm.schedule
+    if schedule and schedule.start and schedule.stop:
+        scheduled, basis = running_hours_per_month(schedule.start, schedule.stop), "schedule"
+    else:  # a stop alone: whoever starts it decides; a start alone: what stops it decides (completion)
+        scheduled, basis = HOURS_PER_MONTH, "up to" if schedule and schedule.stop else "always on"
     if vm.provisioning == "flex-start" and vm.run_duration_hours is not None:
         return min(vm.run_duration_hours, scheduled), "flex-start run"
     if vm.on_completion != "keep":
@@ -131,8 +137,10 @@ def vm_cost(vm: TpuVmSettings) -> VmCost:
         notes.append(f"no price for {vm.accelerator.name} in {region} in the source: not in the total")
     if at_list := list_price_note(vm.provisioning):
         notes.append(at_list)
-    if basis == "up to":
+    if basis == "up to" and vm.on_completion != "keep":
         notes.append("runs to completion with no maxRunHours: priced for every hour it may run")
+    if vm.schedule and not vm.schedule.start:
+        notes.append("its schedule only stops it; people start it: priced as if started again right after each stop")
     if len({z.rsplit("-", 1)[0] for z in vm.zones}) > 1:
         notes.append(f"priced at the dearest region it may fall back to ({region})")
     return VmCost(

@@ -4,6 +4,8 @@
   custom role holds exactly get and stop (both made by the bootstrap: `scheduler_identities`).
 - Starts go through the TPU guard's `scheduled-start` function (OIDC), which starts a node only if
   its run is not complete: a finished run is never booted again by the next morning's schedule.
+- A schedule may give only one side: a job is made for each side it gives (the reader refuses a
+  start with nothing to stop the VM, rules.py).
 - Run to completion: the workload writes `<vm>/COMPLETE` in the run-status bucket (its account may
   write only under its own VM's prefix); the guard, told by the object's finalize event, stops or
   deletes the node. The VM holds no TPU right at all (Cloud TPU ignores resource conditions, so a
@@ -81,6 +83,11 @@ class StartTarget:
 class TpuSchedulesArgs:
     vms: tuple[TpuVmSettings, ...]  # the VMs with a schedule
 
+    @property
+    def stops(self) -> bool:
+        """A schedule stops a VM: only then is the scheduler account (get and stop) used."""
+        return any(vm.schedule and vm.schedule.stop for vm in self.vms)
+
 
 class TpuSchedules(pulumi.ComponentResource):
     def __init__(
@@ -90,24 +97,26 @@ class TpuSchedules(pulumi.ComponentResource):
         args: TpuSchedulesArgs,
         apis: ProjectApis,
         nodes: dict[str, pulumi.Resource],
-        start: StartTarget,
+        start: StartTarget | None,  # the guard's scheduled start: None when no schedule starts a VM
         opts: pulumi.ResourceOptions | None = None,
     ):
         super().__init__("tpu-platform:lifecycle:TpuSchedules", name, None, opts)
         scheduled = [vm for vm in args.vms if vm.schedule]
         account = scheduler_account(env.stack)
         self.email = account.email(env.project)
-        ready: list[pulumi.Resource] = [
-            grants.project_role(
-                f"{name}-grant",
-                env.project,
-                scheduler_role(env.stack).name(env.project),
-                account.member(env.project),
-                parent=self,
-                depends_on=apis.needs("cloudresourcemanager"),
-                permissions=frozenset(SCHEDULER_PERMISSIONS),
+        ready: list[pulumi.Resource] = []
+        if args.stops:
+            ready.append(
+                grants.project_role(
+                    f"{name}-grant",
+                    env.project,
+                    scheduler_role(env.stack).name(env.project),
+                    account.member(env.project),
+                    parent=self,
+                    depends_on=apis.needs("cloudresourcemanager"),
+                    permissions=frozenset(SCHEDULER_PERMISSIONS),
+                )
             )
-        ]
         self.jobs: list[gcp.cloudscheduler.Job] = []
         for vm in scheduled:
             assert vm.schedule is not None
@@ -144,7 +153,11 @@ class TpuSchedules(pulumi.ComponentResource):
                     service_account_email=self.email, scope="https://www.googleapis.com/auth/cloud-platform"
                 ),
             )
-            self.jobs.append(job("stop", vm.schedule.stop, f"Stop TPU VM {vm.name}", stop, ready))
+            if vm.schedule.stop:
+                self.jobs.append(job("stop", vm.schedule.stop, f"Stop TPU VM {vm.name}", stop, ready))
+            if not vm.schedule.start:
+                continue
+            assert start is not None, "a schedule that starts a VM needs the guard's scheduled start"
             # Start: through the guard, which refuses to boot a VM whose run is complete.
             begin = gcp.cloudscheduler.JobHttpTargetArgs(
                 uri=start.url,
@@ -161,11 +174,7 @@ class TpuSchedules(pulumi.ComponentResource):
 
 
 def schedule_outputs(vms: Sequence[TpuVmSettings]) -> dict[str, dict[str, str]]:
-    return {
-        vm.name: {"start": vm.schedule.start, "stop": vm.schedule.stop, "timeZone": vm.schedule.time_zone}
-        for vm in vms
-        if vm.schedule
-    }
+    return {vm.name: {**vm.schedule.given, "timeZone": vm.schedule.time_zone} for vm in vms if vm.schedule}
 
 
 @dataclass(frozen=True)

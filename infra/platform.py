@@ -7,6 +7,7 @@ the APIs that those components declare they need. One block per component, in ea
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -39,7 +40,7 @@ from infra.network import NETWORK_APIS, ClusterRanges, PrivateNetwork
 from infra.packaging import Package, repository_folder
 from infra.researchers import ResearcherAccess, ResearcherArgs, researcher_apis, researcher_identities
 from infra.run_status import completed_runs
-from infra.schema import ConfigError, Problem
+from infra.schema import ConfigError, Fix, Problem, Problems
 from infra.secrets import hide, keep_secret
 from infra.storage import STORAGE_APIS, PlatformBuckets
 from infra.tpu.cloud_tpu import BACKENDS
@@ -148,8 +149,8 @@ def build_platform(cfg: PlatformConfig, secrets: Mapping[str, str] | None = None
             budget.budget.name,
         )  # fmt: skip
     if schedule_args:
-        assert guard is not None and guard.start is not None  # schedules need the guard (TpuGuardArgs.needed)
-        TpuSchedules("schedules", env, schedule_args, apis, {name: vm.node for name, vm in vms.items()}, guard.start)
+        start = guard.start if guard else None  # scheduled starts need the guard (TpuGuardArgs.needed)
+        TpuSchedules("schedules", env, schedule_args, apis, {name: vm.node for name, vm in vms.items()}, start)
     TpuMonitoring("monitoring", env, monitoring_args, apis, budget.channels)
     if researcher_args:
         ResearcherAccess("researchers", env, researcher_args, apis, [*buckets.buckets.values(), status.bucket])
@@ -195,7 +196,7 @@ def stack_identities(cfg: PlatformConfig) -> StackIdentities:
     out = StackIdentities(accounts=workloads)
     if guard_args_of(cfg):
         out += guard_identities(cfg.stack, tuple(a.account_id for a in workloads))
-    if any(vm.schedule for vm in cfg.tpu_vms):
+    if TpuSchedulesArgs(cfg.tpu_vms).stops:  # a schedule that only starts VMs goes through the guard
         out += scheduler_identities(cfg.stack)
     if cfg.researchers:
         out += researcher_identities(cfg.stack, researcher_args_of(cfg))
@@ -274,11 +275,18 @@ def check_cost(cfg: PlatformConfig) -> StackCost:
             f"{cfg.budget.amount:,.2f} USD (prices of {cost.prices_date})"
         )
         if cfg.budget.fail_over_budget:
-            raise ConfigError(
-                cfg.stack,
-                [Problem(f"{PROJECT}:budget.amount", cfg.budget.amount,
-                         f"{message}; raise the budget, use spot TPUs or schedules, or set failOverBudget: false")],
-            )  # fmt: skip
+            problems, key = Problems(), f"{PROJECT}:budget"
+            problems.add(
+                f"{key}.amount",
+                cfg.budget.amount,
+                message,
+                advice="use spot TPUs or schedules",
+                fixes=[
+                    Fix.of({f"{key}.amount": math.ceil(cost.monthly_total)}),
+                    Fix.of({f"{key}.failOverBudget": False}),
+                ],
+            )
+            problems.raise_if_any(cfg.stack)
         pulumi.log.warn(f"stack '{cfg.stack}': {message}")
     return cost
 

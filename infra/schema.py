@@ -8,12 +8,14 @@ could be used, while follow-up checks on a falsy value are skipped.
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import json
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import overload
+from typing import Any, overload
 
 
 class _Missing:
@@ -31,15 +33,159 @@ _ASCII_INTEGER = re.compile(r"[-+]?[0-9]+")
 _ASCII_NUMBER = re.compile(r"[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?")
 
 
+class _Remove:
+    """An edit that removes a key from the stack file."""
+
+    def __repr__(self) -> str:
+        return "<remove>"
+
+
+REMOVE = _Remove()
+_SEGMENT = re.compile(r"\.([^.\[\]]+)|\[([0-9]+)\]")
+
+
+def key_segments(key: str) -> list[str | int]:
+    """A problem's key as steps into the stack file's config: `tpu-platform:tpuVms[0].zone` is
+    `["tpu-platform:tpuVms", 0, "zone"]` (a top-level key, then mapping keys and list positions)."""
+    top = re.match(r"[^.\[]+", key)
+    if top is None:
+        raise ValueError(f"not a config key: {key!r}")
+    steps: list[str | int] = [top[0]]
+    rest = key[top.end() :]
+    for match in _SEGMENT.finditer(rest):
+        steps.append(match[1] if match[1] is not None else int(match[2]))
+    if "".join(m[0] for m in _SEGMENT.finditer(rest)) != rest:
+        raise ValueError(f"not a config key: {key!r}")
+    return steps
+
+
+def _yaml_text(value: object) -> str:
+    """A value as the stack file spells it."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_yaml_text(v) for v in value) + "]"
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{k}: {_yaml_text(v)}" for k, v in value.items()) + "}"
+    return str(value)
+
+
+def _pulumi_scalar(value: object) -> str:
+    """A top-level scalar as Pulumi passes it to the program: a string (`true`, `10`, `us-central1`)."""
+    return _yaml_text(value) if isinstance(value, bool | int | float) else str(value)
+
+
+@dataclass(frozen=True)
+class Fix:
+    """A change to the stack file that resolves a problem: each key (a problem key, like
+    `tpu-platform:tpuVms[0].runtimeVersion`) set to a value, or removed (REMOVE).
+
+    Rules compute the values from what the checks accept; the reader keeps a fix only when the stack
+    with it applied passes those same checks (`Problems.keep_fixes_that_work`), so a suggestion
+    never leads to another error."""
+
+    edits: tuple[tuple[str, object], ...]
+
+    @classmethod
+    def of(cls, edits: Mapping[str, object]) -> Fix:
+        return cls(tuple(edits.items()))
+
+    def says(self, key: str) -> str:
+        """The fix in words, each key named relative to the problem's `key` where they share an item."""
+        return " and ".join(
+            f"remove {_relative(path, key)}" if value is REMOVE else f"set {_relative(path, key)}: {_yaml_text(value)}"
+            for path, value in self.edits
+        )
+
+    def apply(self, raw: Mapping[str, str]) -> dict[str, str]:
+        """A copy of `raw` (the stack's config as Pulumi passes it: objects JSON-encoded) with the fix made."""
+        out = dict(raw)
+        for path, value in self.edits:
+            top, *steps = key_segments(path)
+            assert isinstance(top, str)
+            if not steps:
+                if value is REMOVE:
+                    out.pop(top, None)
+                else:
+                    out[top] = json.dumps(value) if isinstance(value, Mapping | list) else _pulumi_scalar(value)
+                continue
+            data = target = _container(_decoded(out.get(top)), steps[0])
+            for step, following in itertools.pairwise(steps):
+                child = _container(_child(target, step), following)
+                _edit(target, step, child)
+                target = child
+            _edit(target, steps[-1], value)
+            out[top] = json.dumps(data)
+        return out
+
+
+def _decoded(text: str | None) -> object:
+    try:
+        return json.loads(text) if text is not None else None
+    except ValueError:
+        return None  # not JSON: the fix replaces it
+
+
+def _container(value: object, step: str | int) -> Any:
+    """`value` if it can hold `step` (a mapping for a key, a list for a position), else an empty one."""
+    kind = dict if isinstance(step, str) else list
+    return value if isinstance(value, kind) else kind()
+
+
+def _child(container: Any, step: str | int) -> object:
+    if isinstance(container, dict):
+        return container.get(step)
+    return container[step] if isinstance(step, int) and step < len(container) else None
+
+
+def _edit(container: Any, step: str | int, value: object) -> None:
+    """Set `step` of a mapping or list to `value` (the next position of a list adds an item), or remove it."""
+    if isinstance(container, dict):
+        if value is REMOVE:
+            container.pop(step, None)
+        else:
+            container[step] = value
+    elif isinstance(container, list) and isinstance(step, int):
+        if value is REMOVE:
+            del container[step : step + 1]
+        elif step == len(container):
+            container.append(value)
+        else:
+            container[step] = value
+
+
+def _relative(path: str, key: str) -> str:
+    """`path` as seen from the problem at `key`: below the same list item (`tpuVms[0]`) or beside the
+    key in its mapping, only the rest (`runtimeVersion`); anywhere else, the whole key."""
+    steps, near = key_segments(path), key_segments(key)
+    common = 0
+    while common < min(len(steps) - 1, len(near)) and steps[common] == near[common]:
+        common += 1
+    if common and (isinstance(steps[common - 1], int) or common == len(near) - 1):
+        rest = steps[common:]
+        return "".join(f"[{s}]" if isinstance(s, int) else f".{s}" for s in rest).lstrip(".")
+    return path
+
+
 @dataclass(frozen=True)
 class Problem:
     key: str
     value: object
-    allowed: str
+    allowed: str  # why the value is refused, or what is allowed
+    fixes: tuple[Fix, ...] = ()  # changes that resolve it, each checked to lead to no other error
+    advice: str = ""  # what else to do, where no change can be computed (another generation, a key of theirs)
 
     def __str__(self) -> str:
         shown = "(not set)" if self.value is MISSING else repr(self.value)
-        return f"{self.key} = {shown}: {self.allowed}"
+        ways = [fix.says(self.key) for fix in self.fixes] + ([self.advice] if self.advice else [])
+        return f"{self.key} = {shown}: {self.allowed}" + (f"; {', or '.join(ways)}" if ways else "")
+
+    @property
+    def identity(self) -> tuple[str, str]:
+        """What a problem is, whatever fixes it offers: the same key refused for the same reason."""
+        return (self.key, self.allowed)
 
 
 class ConfigError(Exception):
@@ -55,17 +201,50 @@ class ConfigError(Exception):
         )
 
 
+# Each fix is checked by checking the whole stack again: a big broken stack gets suggestions for its first
+# problems only (a 1,000-VM stack takes most of a second a check), the rest on the next plan.
+MAX_RECHECKS = 12
+
+
 @dataclass
 class Problems:
     items: list[Problem] = field(default_factory=list)
     warnings: list[Problem] = field(default_factory=list)
+    offer_fixes: bool = True  # False while a fix is being checked: its findings need no fixes of their own
 
-    def add(self, key: str, value: object, allowed: str) -> None:
-        self.items.append(Problem(key, value, allowed))
+    def add(self, key: str, value: object, allowed: str, *, fixes: Iterable[Fix] = (), advice: str = "") -> None:
+        """A problem, with the fixes that may resolve it (`keep_fixes_that_work` keeps those that do).
+        `fixes` is read only when fixes are offered: a generator is not run while a fix is checked."""
+        self.items.append(Problem(key, value, allowed, tuple(fixes) if self.offer_fixes else (), advice))
 
-    def warn(self, key: str, value: object, advice: str) -> None:
+    def warn(self, key: str, value: object, advice: str, *, fixes: Iterable[Fix] = ()) -> None:
         """Legal but likely a mistake: shown in the plan, does not stop it."""
-        self.warnings.append(Problem(key, value, advice))
+        self.warnings.append(Problem(key, value, advice, tuple(fixes) if self.offer_fixes else ()))
+
+    def keep_fixes_that_work(self, recheck: Callable[[Fix], Problems]) -> None:
+        """Drop each fix that does not work: `recheck` checks the stack again with the fix applied, and
+        the problem must be gone with no error that was not there before. Past MAX_RECHECKS distinct
+        fixes, the rest are dropped unchecked."""
+        before = {p.identity for p in self.items}
+        checked: dict[str, Problems] = {}
+
+        def works(problem: Problem, fix: Fix) -> bool:
+            if repr(fix.edits) not in checked:
+                if len(checked) >= MAX_RECHECKS:
+                    return False
+                checked[repr(fix.edits)] = recheck(fix)
+            after = checked[repr(fix.edits)]
+            if problem.identity in {p.identity for p in (*after.items, *after.warnings)}:
+                return False
+            return {p.identity for p in after.items} <= before
+
+        def vetted(problems: list[Problem]) -> list[Problem]:
+            return [
+                dataclasses.replace(p, fixes=tuple(f for f in p.fixes if works(p, f))) if p.fixes else p
+                for p in problems
+            ]
+
+        self.items, self.warnings = vetted(self.items), vetted(self.warnings)
 
     def raise_if_any(self, stack: str) -> None:
         if self.items:

@@ -70,14 +70,22 @@ def test_tensorflow_version_must_match_the_runtime():
     why = catalog.runtime_problem(v3, "tpu-vm-tf-2.13.0", "tensorflow", "2.15.0")
     assert why == (
         "the runtime carries TensorFlow 2.13.0 but the workload is pinned to 2.15.0 (the seed's 'Failed to connect "
-        "to remote TPU'); use runtime tpu-vm-tf-2.15.0-pjrt or pin the workload to 2.13.0"
+        "to remote TPU')"
+    )
+    # What an error may suggest: the runtime of the pinned version, or the version the runtime carries.
+    assert catalog.runtime_choices(v3, "tpu-vm-tf-2.13.0", "tensorflow", "2.15.0") == (
+        ("tpu-vm-tf-2.15.0-pjrt", "2.15.0"),
+        ("tpu-vm-tf-2.13.0", "2.13.0"),
     )
 
 
 def test_multi_host_needs_a_pod_runtime():
     assert catalog.runtime_problem(accelerator("v4-32"), "tpu-vm-tf-2.15.0-pod-pjrt", "tensorflow", "2.15.0") is None
     assert catalog.runtime_problem(accelerator("v4-32"), "tpu-vm-tf-2.15.0-pjrt", "tensorflow", "2.15.0") == (
-        "v4-32 is a multi-host slice (4 VMs) and needs a -pod runtime; use tpu-vm-tf-2.15.0-pod-pjrt"
+        "v4-32 is a multi-host slice (4 VMs) and needs a -pod runtime"
+    )
+    assert catalog.runtime_choices(accelerator("v4-32"), "tpu-vm-tf-2.15.0-pjrt", "tensorflow", "2.15.0") == (
+        ("tpu-vm-tf-2.15.0-pod-pjrt", "2.15.0"),
     )
     assert "must not use a -pod runtime" in str(
         catalog.runtime_problem(accelerator("v4-8"), "tpu-vm-tf-2.15.0-pod-pjrt", "tensorflow", "2.15.0")
@@ -87,10 +95,16 @@ def test_multi_host_needs_a_pod_runtime():
 def test_pjrt_suffix_from_2_15_and_v4_suffix_until_2_10():
     v2 = accelerator("v2-8")
     assert catalog.runtime_problem(v2, "tpu-vm-tf-2.15.0-se", "tensorflow", "2.15.0") is None
-    assert "use tpu-vm-tf-2.15.0-pjrt" in str(catalog.runtime_problem(v2, "tpu-vm-tf-2.15.0", "tensorflow", "2.15.0"))
+    assert catalog.runtime_problem(v2, "tpu-vm-tf-2.15.0", "tensorflow", "2.15.0")
+    assert catalog.runtime_choices(v2, "tpu-vm-tf-2.15.0", "tensorflow", "2.15.0") == (
+        ("tpu-vm-tf-2.15.0-pjrt", "2.15.0"),
+    )
     v4 = accelerator("v4-8")
     assert catalog.runtime_problem(v4, "tpu-vm-tf-2.10.0-v4", "tensorflow", "2.10.0") is None
-    assert "use tpu-vm-tf-2.10.0-v4" in str(catalog.runtime_problem(v4, "tpu-vm-tf-2.10.0", "tensorflow", "2.10.0"))
+    assert catalog.runtime_problem(v4, "tpu-vm-tf-2.10.0", "tensorflow", "2.10.0")
+    assert catalog.runtime_choices(v4, "tpu-vm-tf-2.10.0", "tensorflow", "2.10.0") == (
+        ("tpu-vm-tf-2.10.0-v4", "2.10.0"),
+    )
 
 
 def test_new_generations_need_a_recent_tensorflow():
@@ -99,9 +113,50 @@ def test_new_generations_need_a_recent_tensorflow():
     assert catalog.runtime_problem(v5e, "tpu-vm-tf-2.14.1", "tensorflow", "2.14.1") == (
         "v5e needs TensorFlow 2.15.0 or newer"
     )
-    assert "use tpu-vm-tf-2.15.0-pjrt" in str(
-        catalog.runtime_problem(v5e, "tpu-vm-tf-2.15.0-se", "tensorflow", "2.15.0")
+    assert catalog.runtime_problem(v5e, "tpu-vm-tf-2.15.0-se", "tensorflow", "2.15.0")
+    assert catalog.runtime_choices(v5e, "tpu-vm-tf-2.15.0-se", "tensorflow", "2.15.0") == (
+        ("tpu-vm-tf-2.15.0-pjrt", "2.15.0"),
     )
+
+
+def test_a_generation_that_takes_no_runtime_of_the_pinned_version_is_offered_the_oldest_it_takes():
+    """A v5litepod-8 on v2-alpha-tpuv5-lite with a workload pinned to TF 2.14.1: no tpu-vm-tf-2.14.1
+    runtime runs on v5e, so what is offered is TF 2.15.0 on its runtime, never tpu-vm-tf-2.14.1."""
+    v5e = accelerator("v5litepod-8")
+    why = catalog.runtime_problem(v5e, "v2-alpha-tpuv5-lite", "tensorflow", "2.14.1")
+    assert why == (
+        "not a TensorFlow runtime, which a workload pinned to TensorFlow 2.14.1 needs (v5e needs TensorFlow "
+        "2.15.0 or newer)"
+    )
+    assert catalog.tf_runtime(v5e, "2.14.1") is None
+    assert catalog.runtime_choices(v5e, "v2-alpha-tpuv5-lite", "tensorflow", "2.14.1") == (
+        ("tpu-vm-tf-2.15.0-pjrt", "2.15.0"),
+    )
+    assert catalog.runtime_choices(v5e, "tpu-vm-tf-2.14.1", "tensorflow", "2.14.1") == (
+        ("tpu-vm-tf-2.15.0-pjrt", "2.15.0"),
+    )
+
+
+@pytest.mark.parametrize("generation", sorted(catalog.generations))
+@pytest.mark.parametrize("framework", ["tensorflow", "jax"])
+def test_every_runtime_choice_passes_the_checks_that_refused_the_old_one(generation, framework):
+    """Whatever runtime and version a VM has, each choice offered passes runtime_problem and software_problem."""
+    gen = catalog.generations[generation]
+    versions = ["2.1.0", "2.10.0", "2.14.1", "2.15.0", "2.16.1"] if framework == "tensorflow" else ["0.4.35", "0.10.2"]
+    shapes = {AcceleratorType(gen, size).multi_host: AcceleratorType(gen, size) for size in gen.sizes}
+    tf_runtimes = {catalog.expected_tf_runtime(acc, v) for acc in shapes.values() for v in versions}
+    runtimes = sorted({gen.jax_runtime, "tpu-ubuntu2204-base", *tf_runtimes})
+    for acc in shapes.values():  # a single host and a multi-host slice: runtimes differ only by that
+        for runtime in runtimes:
+            for version in versions:
+                choices = catalog.runtime_choices(acc, runtime, framework, version)
+                broken = catalog.runtime_problem(acc, runtime, framework, version) or catalog.software_problem(
+                    runtime, framework, version
+                )
+                assert choices or not broken, (acc.name, runtime, version)
+                for new_runtime, new_version in choices:
+                    assert catalog.runtime_problem(acc, new_runtime, framework, new_version) is None
+                    assert catalog.software_problem(new_runtime, framework, new_version) is None
 
 
 def test_jax_runtime_per_generation():
@@ -195,9 +250,12 @@ def test_runtime_images_record_what_google_documents_and_no_more():
 def test_jax_that_needs_a_newer_python_than_the_image_has_is_refused_with_the_fix():
     why = catalog.software_problem("tpu-ubuntu2204-base", "jax", "0.10.2")
     assert why == (
-        "jax 0.10.2 needs Python 3.11 or newer, but runtime tpu-ubuntu2204-base is Ubuntu 22.04, whose python3 is "
-        "3.10; pin the workload to a jax older than 0.7.0 (the first that needs a newer Python), or use a TPU "
-        "generation with a newer runtime image"
+        "jax 0.10.2 needs Python 3.11 or newer, but runtime tpu-ubuntu2204-base is Ubuntu 22.04, whose python3 is 3.10"
+    )
+    # The fix: the last release before the first that needs a newer Python (jax 0.6.2, Requires-Python >=3.10).
+    assert catalog.newest_for_image("tpu-ubuntu2204-base", "jax") == "0.6.2"
+    assert catalog.runtime_choices(accelerator("v4-8"), "tpu-ubuntu2204-base", "jax", "0.10.2") == (
+        ("tpu-ubuntu2204-base", "0.6.2"),
     )
     assert catalog.software_problem("tpu-ubuntu2204-base", "jax", "0.6.2") is None
     assert catalog.software_problem("v2-alpha-tpuv5-lite", "jax", "0.10.2") is None  # unknown Python: boot checks

@@ -316,6 +316,10 @@ def test_guard_is_needed_exactly_when_a_feature_uses_it():
     assert not TpuGuardArgs(off, (kept,), (), "", "EU").needed
     assert TpuGuardArgs(off, (vm_settings(on_completion="delete"),), (), "", "EU").needed
     assert TpuGuardArgs(AutomationSettings(None, 100, False, 10, 3), (kept,), (), "", "EU").needed
+    # A scheduled start goes through the guard; a scheduled stop straight to the TPU API.
+    starts, stops = ScheduleSettings("0 8 * * *", "", "UTC"), ScheduleSettings("", "0 20 * * *", "UTC")
+    assert TpuGuardArgs(off, (vm_settings(schedule=starts),), (), "", "EU").needed
+    assert not TpuGuardArgs(off, (vm_settings(schedule=stops),), (), "", "EU").needed
     assert "cloudscheduler.googleapis.com" in guard_apis(TpuGuardArgs(AutomationSettings(None, 100, False, 10, 3),
                                                                       (kept,), (), "", "EU"))  # fmt: skip
     assert set(GUARD_APIS) <= set(guard_apis(TpuGuardArgs(off, (kept,), (), "", "EU")))
@@ -373,7 +377,8 @@ def test_a_component_missing_a_declared_api_is_refused(component, apis):
             PrivateNetwork("net", ENV, NETWORK, enabled_apis)
         else:
             start = StartTarget(pulumi.Output.from_input("u"), pulumi.Output.from_input("e"), [], "300s")
-            TpuSchedules("s", ENV, TpuSchedulesArgs(()), enabled_apis, {}, start)
+            stops = vm_settings(schedule=ScheduleSettings("", "0 20 * * *", "UTC"))  # its grant needs the API
+            TpuSchedules("s", ENV, TpuSchedulesArgs((stops,)), enabled_apis, {}, start)
 
     with pytest.raises(ValueError, match="APIs not enabled"):
         build(program)

@@ -38,6 +38,16 @@ def test_shipped_stacks_match_the_schema_and_point_editors_at_it(stack):
     assert list(VALIDATOR.iter_errors(load_stack_yaml(text))) == []
 
 
+@pytest.mark.parametrize(
+    ("schedule", "valid"),
+    [({"stop": "0 20 * * *"}, True), ({"start": "0 8 * * *"}, True), ({"timeZone": "Etc/UTC"}, False)],
+)
+def test_the_schema_takes_a_schedule_with_either_side_and_refuses_one_with_neither(schedule, valid):
+    data = yaml.safe_load((FIXTURE_STACKS / "Pulumi.small.yaml").read_text())
+    data["config"]["tpu-platform:tpuVms"][0]["schedule"] = schedule
+    assert (not list(VALIDATOR.iter_errors(data))) is valid
+
+
 def bad_values(s: Setting) -> list[object]:
     """Values the declaration refuses, by its own bounds."""
     out: list[object] = []

@@ -55,7 +55,9 @@ def test_zone_without_that_tpu():
 def test_runtime_that_does_not_match_the_pinned_framework():
     message = vm_problems("dev", runtimeVersion="tpu-vm-tf-2.13.0")
     assert "tpuVms[0].runtimeVersion = 'tpu-vm-tf-2.13.0': the runtime carries TensorFlow 2.13.0" in message
-    assert "use runtime tpu-vm-tf-2.14.1" in message
+    assert "set runtimeVersion: tpu-vm-tf-2.14.1, or set tpu-platform:workloads.mnist.frameworkVersion: 2.13.0" in (
+        message
+    )
 
 
 def test_unknown_accelerator_type():
@@ -76,7 +78,10 @@ def test_region_without_a_subnet():
     message = vm_problems(
         "prod", acceleratorType="v6e-8", zone="europe-west4-a", runtimeVersion="tpu-vm-tf-2.15.0-pjrt"
     )
-    assert "add a subnet for europe-west4 under tpu-platform:network.subnets" in message
+    assert (
+        "europe-west4 has no subnet under tpu-platform:network.subnets; "
+        "set tpu-platform:network.subnets.europe-west4: 10.0.0.0/20"
+    ) in message
 
 
 def test_reserved_and_bad_labels():
@@ -127,20 +132,22 @@ def prod_vm_problems(**changes) -> str:
     ("changes", "expected"),
     [
         ({"reservationName": "team-a", "provisioning": "reserved"},
-         "tpuVms[0].reservationName = 'team-a': only a queued request names a reservation (TPU API v2): set capacity"),
-        ({"nodeCount": 2}, "tpuVms[0].nodeCount = 2: a multislice is a queued request: set capacity: queued"),
+         "tpuVms[0].reservationName = 'team-a': only a queued request names a reservation (TPU API v2); set capacity"),
+        ({"nodeCount": 2},
+         "tpuVms[0].nodeCount = 2: a multislice is a queued request; set capacity: queued, or remove nodeCount"),
         ({"fallbackZones": ["us-west4-a"]}, "tpuVms[0].fallbackZones = ['us-west4-a']: a direct VM's zone is fixed"),
         ({"provisioning": "flex-start", "runDurationHours": 4},
          "tpuVms[0].provisioning = 'flex-start': flex-start exists only for queued requests"),
         ({"capacity": "queued", "provisioning": "preemptible"},
          "tpuVms[0].provisioning = 'preemptible': a queued request takes on-demand, spot, reserved or flex-start"),
         ({"capacity": "queued", "reservationName": "team-a"},
-         "tpuVms[0].reservationName = 'team-a': needs provisioning: reserved"),
+         "tpuVms[0].reservationName = 'team-a': only provisioning: reserved takes it; set provisioning: reserved"),
         ({"capacity": "queued", "provisioning": "reserved", "reservationName": "team a"},
          "tpuVms[0].reservationName = 'team a': a reservation's short name: letters, digits and '-'"),
         ({"capacity": "queued", "provisioning": "reserved", "reservationName": "team-a",
           "fallbackZones": ["us-west4-a"]},
-         "reservationName = 'team-a': a reservation belongs to one zone (us-central1-a); remove fallbackZones"),
+         "reservationName = 'team-a': a reservation belongs to one zone (us-central1-a), so a request for it falls "
+         "back nowhere; remove fallbackZones"),
         ({"capacity": "queued", "provisioning": "flex-start"},
          "tpuVms[0].runDurationHours = (not set): flex-start needs how long the VM runs, in hours"),
         ({"capacity": "queued", "runDurationHours": 4},
@@ -152,9 +159,11 @@ def prod_vm_problems(**changes) -> str:
         ({"capacity": "queued", "fallbackZones": ["us-central2-b"]},
          "tpuVms[0].fallbackZones[0] = 'us-central2-b': v5litepod-8 is not offered in us-central2-b; zones that offer"),
         ({"capacity": "queued", "fallbackZones": ["us-west4-a"]},
-         "tpuVms[0].fallbackZones[0] = 'us-west4-a': add a subnet for us-west4 under tpu-platform:network.subnets"),
+         "tpuVms[0].fallbackZones[0] = 'us-west4-a': us-west4 has no subnet under tpu-platform:network.subnets; set "
+         "tpu-platform:network.subnets.us-west4: 10.0.0.0/20"),
         ({"nodeCount": 0}, "tpuVms[0].nodeCount = 0: must be an integer >= 1 and <= 1024"),
-        ({"maxRunHours": 24}, "tpuVms[0].maxRunHours = 24: bounds a run to completion: set onCompletion to stop or"),
+        ({"maxRunHours": 24}, "tpuVms[0].maxRunHours = 24: bounds a run to completion, which keep never ends; set "
+         "onCompletion: stop, or set onCompletion: delete, or remove maxRunHours"),
     ],
 )  # fmt: skip
 def test_capacity_settings_are_checked_together(changes, expected):
@@ -215,9 +224,10 @@ def test_a_multislices_node_names_are_its_own():
 
 def test_max_run_hours_needs_the_guards_periodic_check():
     raw = with_object(stack_config("dev"), "tpuVms", vm_edit(maxRunHours=24))
-    assert "tpuVms[0].maxRunHours = 24: is enforced by the guard's periodic check: set tpu-platform:automation" in (
-        problems_of(raw)
-    )
+    assert (
+        "tpuVms[0].maxRunHours = 24: is enforced by the guard's periodic check; set "
+        "tpu-platform:automation.recovery.everyMinutes: 10"
+    ) in problems_of(raw)
 
 
 def test_multislice_needs_a_type_the_catalog_marks_capable():

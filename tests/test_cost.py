@@ -68,6 +68,27 @@ def test_hand_computed_fleet():
     assert not cost.over_budget
 
 
+def test_a_schedule_that_only_stops_is_priced_for_every_hour_it_may_run_and_says_so():
+    """Who starts it again decides its hours: the estimate assumes at once after every stop (an upper
+    bound, like a run with no maxRunHours), and the table marks the hours ≤ and says why."""
+    raw = with_object(fixture_config(), "tpuVms", lambda vms: vms[0].update(schedule={"stop": "0 20 * * *"}))
+    cost = cost_of(raw, "small")
+    (vm,) = cost.vms
+    assert (vm.hours_per_month, vm.hours_basis) == (730, "up to")
+    assert vm.monthly == pytest.approx(4.5 * 730)  # tpu-v2-8 on-demand in us-central1, 4 chips
+    table = cost_table(cost.as_output())
+    assert "≤730.0" in table
+    assert "its schedule only stops it; people start it: priced as if started again right after each stop" in table
+
+
+def test_a_schedule_that_only_starts_a_vm_its_runs_stop_is_priced_as_the_run():
+    raw = with_object(fixture_config(), "tpuVms", lambda vms: vms[0].update(
+        schedule={"start": "0 22 * * *"}, onCompletion="stop"))  # fmt: skip
+    (vm,) = cost_of(raw, "small").vms
+    assert (vm.hours_per_month, vm.hours_basis) == (730, "up to")
+    assert vm.notes == ["runs to completion with no maxRunHours: priced for every hour it may run"]
+
+
 def test_each_region_is_priced_by_its_own_prices():
     subnets = {"us-central1": "10.30.0.0/20", "us-south1": "10.31.0.0/20"}
     raw = with_object(roomy(stack_config("prod")), "network", lambda n: n.update(subnets=subnets))

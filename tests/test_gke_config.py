@@ -68,15 +68,16 @@ def test_a_zone_without_that_type():
 def test_a_zone_outside_the_clusters_region():
     message = pool_problems(zone="us-west4-a")
     assert (
-        f"{NS}:gke.slicePools[0].zone = 'us-west4-a': is not in the cluster's region us-central1: use a zone of "
-        f"us-central1, or set {NS}:gke.region"
+        f"{NS}:gke.slicePools[0].zone = 'us-west4-a': is not in the cluster's region us-central1; set zone: "
+        "us-central1-a"
     ) in message
 
 
 def test_reservations_go_with_reserved():
     assert (f"{NS}:gke.slicePools[0].reservationName = (not set): a reserved pool names the reservation it consumes"
             in pool_problems(provisioning="reserved"))  # fmt: skip
-    assert (f"{NS}:gke.slicePools[0].reservationName = 'res-1': needs provisioning: reserved"
+    assert (f"{NS}:gke.slicePools[0].reservationName = 'res-1': only provisioning: reserved takes it; set "
+            "provisioning: reserved, or remove reservationName"
             in pool_problems(reservationName="res-1"))  # fmt: skip
 
 

@@ -13,7 +13,8 @@ from infra.lifecycle import SCHEDULER_PERMISSIONS, attempt_deadline, scheduler_r
 from infra.platform import stack_identities
 from infra.tpu.metadata import run_id
 from tests.contracts import document
-from tests.support import plan, stack_config, with_object
+from tests.support import fixture_config, plan, stack_config, with_object
+from tests.test_config import problems_of
 from tests.test_config_tpu import vm_problems
 from tools.offline.mocks import CloudState, GcpMocks, RecordingMonitor
 from tools.offline.runner import run_program
@@ -62,6 +63,72 @@ def test_no_schedule_no_scheduler():
 def test_multi_host_schedules_are_refused():
     message = vm_problems(acceleratorType="v2-32", zone="us-central1-a", runtimeVersion="tpu-vm-tf-2.14.1-pod")
     assert "v2-32 is a multi-host slice, which the TPU API cannot stop or start" in message
+
+
+def scheduled(schedule: dict[str, str], **vm: object) -> dict[str, str]:
+    """The small fixture stack with its one VM (small-v2, a v2-8 kept after its run) on `schedule`."""
+    return with_object(fixture_config(), "tpuVms", lambda vms: vms[0].update(schedule=schedule, **vm))
+
+
+def test_a_schedule_that_only_stops_makes_only_the_stop_job_and_no_guard():
+    """ "Stop my dev TPUs at night": people start them. Nothing starts the VM, so nothing needs the guard."""
+    raw = scheduled({"stop": "0 20 * * *", "timeZone": "Europe/Berlin"})
+    result = plan(raw, "small")
+    (job,) = result.of_type("gcp:cloudscheduler/job:Job")
+    assert (job.inputs["name"], job.inputs["schedule"]) == ("tpu-small-v2-stop", "0 20 * * *")
+    assert job.inputs["timeZone"] == "Europe/Berlin"
+    assert job.inputs["httpTarget"]["uri"] == (
+        "https://tpu.googleapis.com/v2/projects/fixture-project/locations/us-central1-b/nodes/small-v2:stop"
+    )
+    assert job.inputs["httpTarget"]["oauthToken"]["serviceAccountEmail"].startswith("tpu-scheduler-small@")
+    assert not result.of_type("gcp:cloudfunctionsv2/function:Function")
+    assert result.outputs["schedules"] == {"small-v2": {"stop": "0 20 * * *", "timeZone": "Europe/Berlin"}}
+    made = {a.account_id for a in stack_identities(parse_stack_config("small", raw)).accounts}
+    assert "tpu-scheduler-small" in made and not {a for a in made if a.startswith("tpu-guard")}
+
+
+def test_a_schedule_that_only_starts_a_vm_whose_runs_stop_it_makes_only_the_start_job_through_the_guard():
+    """Each run stops the VM when it is complete; the schedule boots the stack's next run at night, and the
+    guard's scheduled start never boots a finished one (test_tpu_guard)."""
+    raw = scheduled({"start": "0 22 * * *"}, onCompletion="stop")
+    result = plan(raw, "small")
+    (job,) = result.of_type("gcp:cloudscheduler/job:Job")
+    assert (job.inputs["name"], job.inputs["schedule"]) == ("tpu-small-v2-start", "0 22 * * *")
+    assert job.inputs["httpTarget"]["uri"] == (
+        "https://us-central1-fixture-project.cloudfunctions.net/tpu-scheduled-start-small"
+    )
+    assert json.loads(base64.b64decode(job.inputs["httpTarget"]["body"])) == {"node": "small-v2"}
+    functions = {f.inputs["name"] for f in result.of_type("gcp:cloudfunctionsv2/function:Function")}
+    assert functions == {"tpu-scheduled-start-small", "tpu-complete-small"}
+    assert result.outputs["schedules"] == {"small-v2": {"start": "0 22 * * *", "timeZone": "Etc/UTC"}}
+    # Nothing is stopped by a job: no scheduler account, role or grant.
+    assert not [g for g in result.of_type("gcp:projects/iAMMember:IAMMember") if "scheduler" in g.inputs["member"]]
+    made = {a.account_id for a in stack_identities(parse_stack_config("small", raw)).accounts}
+    assert "tpu-scheduler-small" not in made and "tpu-guard-invoker-small" in made
+
+
+def test_a_schedule_gives_at_least_one_side():
+    message = problems_of(scheduled({"timeZone": "Europe/Berlin"}), "small")
+    assert "tpuVms[0].schedule = {'timeZone': 'Europe/Berlin'}: give start or stop, or both" in message
+
+
+def test_a_schedule_that_only_starts_a_vm_nothing_stops_is_refused():
+    """A TPU VM is created running: with onCompletion keep, a start with no stop is an always-on VM."""
+    message = problems_of(scheduled({"start": "0 8 * * 1-5"}), "small")
+    assert (
+        "tpuVms[0].schedule = {'start': '0 8 * * 1-5'}: only starts it, and with onCompletion keep nothing stops "
+        "it: it would run, and bill, every hour from its first start; set onCompletion: stop, or remove schedule, "
+        "or give it a stop too"
+    ) in message
+
+
+@pytest.mark.parametrize("side", ["start", "stop"])
+def test_one_side_of_a_schedule_is_checked_like_both(side):
+    message = problems_of(scheduled({side: "8am"}, onCompletion="stop"), "small")
+    assert f"tpuVms[0].schedule.{side} = '8am': not a unix-cron schedule: needs 5 fields" in message
+    multi_host = {"acceleratorType": "v2-32", "zone": "us-central1-a", "runtimeVersion": "tpu-vm-tf-2.14.1-pod"}
+    message = problems_of(scheduled({side: "0 20 * * *"}, onCompletion="delete", **multi_host), "small")
+    assert f"tpuVms[0].schedule = {{'{side}': '0 20 * * *'}}: v2-32 is a multi-host slice, which the TPU API" in message
 
 
 def test_a_job_attempt_waits_within_cloud_schedulers_limits():

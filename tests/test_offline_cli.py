@@ -107,11 +107,12 @@ GUARDRAIL_CASES = {
     ),
     "version-mismatch": (
         lambda c: c["tpu-platform:tpuVms"][0].update(runtimeVersion="tpu-vm-tf-2.13.0"),
-        "use runtime tpu-vm-tf-2.14.1 or pin the workload to 2.13.0",
+        "set runtimeVersion: tpu-vm-tf-2.14.1, or set tpu-platform:workloads.mnist.frameworkVersion: 2.13.0",
     ),
     "spot-without-checkpoints": (
         lambda c: c["tpu-platform:workloads"]["mnist"].update(bucketAccess={"checkpoints": "none"}),
-        "needs write access to the checkpoints bucket to resume, or use on-demand",
+        "needs write access to the checkpoints bucket to resume; set "
+        "tpu-platform:workloads.mnist.bucketAccess.checkpoints: write, or set provisioning: on-demand",
     ),
     "editor-role": (
         lambda c: c["tpu-platform:workloads"]["mnist"].update(projectRoles=["roles/editor"]),

@@ -690,7 +690,7 @@ def test_budget_action_needs_the_budget_topic():
 
     raw = with_object(stack_config(), "automation", lambda a: a.update(budgetAction={"action": "stop"}))
     assert "tpu-platform:automation.budgetAction" in problems_of(raw)
-    assert "needs tpu-platform:budget.pubsubTopic: true" in problems_of(raw)
+    assert "set tpu-platform:budget.pubsubTopic: true" in problems_of(raw)
     bad = with_object(stack_config("prod"), "automation", lambda a: a["budgetAction"].update(action="pause"))
     assert "automation.budgetAction.action = 'pause': must be one of delete, stop" in problems_of(bad, "prod")
 

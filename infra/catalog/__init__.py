@@ -132,7 +132,7 @@ class TpuCatalog:
     tf_v4_suffix_until: str
     images: dict[str, dict[str, str]]
     os_python: dict[str, str]
-    jax_python: tuple[tuple[str, str], ...]  # (from jax version, oldest Python)
+    jax_python: tuple[tuple[str, str, str], ...]  # (from jax version, oldest Python, the last release before)
     tf_protobuf: tuple[tuple[str, str], ...]  # (before TF version, constraint)
     tf_tpu_from: str
     tf_environment: dict[str, dict[str, str]]  # pod | pjrt | other -> variables
@@ -157,7 +157,7 @@ class TpuCatalog:
         """The oldest Python `framework`==`version` accepts, when the catalog knows it."""
         if framework != "jax":
             return None
-        rows = [python for start, python in self.jax_python if version_key(version) >= version_key(start)]
+        rows = [python for start, python, _ in self.jax_python if version_key(version) >= version_key(start)]
         return max(rows, key=version_key) if rows else None
 
     def software_problem(self, runtime: str, framework: str, version: str) -> str | None:
@@ -165,14 +165,21 @@ class TpuCatalog:
         image = self.runtime_image(runtime)
         need = self.min_python(framework, version)
         if image and image.python and need and version_key(image.python) < version_key(need):
-            older = [start for start, python in self.jax_python if version_key(python) > version_key(image.python)]
-            first = min(older, key=version_key)
             return (
                 f"{framework} {version} needs Python {need} or newer, but runtime {runtime} is {image.os}, "
-                f"whose python3 is {image.python}; pin the workload to a {framework} older than {first} "
-                f"(the first that needs a newer Python), or use a TPU generation with a newer runtime image"
+                f"whose python3 is {image.python}"
             )
         return None
+
+    def newest_for_image(self, runtime: str, framework: str) -> str | None:
+        """The newest `framework` release `runtime`'s image can run, where the catalog bounds it (JAX on a
+        documented OS): the last release before the first that needs a newer Python than the image's."""
+        image = self.runtime_image(runtime)
+        if framework != "jax" or image is None or image.python is None:
+            return None
+        python = version_key(image.python)
+        newer = [(start, last) for start, need, last in self.jax_python if version_key(need) > python]
+        return min(newer, key=lambda row: version_key(row[0]))[1] if newer else None
 
     def install_constraints(self, framework: str, version: str) -> tuple[str, ...]:
         """Bounds the start-up script keeps when it installs a program's extras next to the framework."""
@@ -219,8 +226,16 @@ class TpuCatalog:
             return f"{accelerator.name} is not offered in {zone}; zones that offer it: {', '.join(zones)}"
         return None
 
+    def tf_runtime(self, accelerator: AcceleratorType, tf_version: str) -> str | None:
+        """The runtime carrying TensorFlow `tf_version` that `accelerator` takes, or None when its generation
+        takes no runtime of that version (older than its `tf_min`)."""
+        if version_key(tf_version) < version_key(accelerator.generation.tf_min):
+            return None
+        return self.expected_tf_runtime(accelerator, tf_version)
+
     def expected_tf_runtime(self, accelerator: AcceleratorType, tf_version: str) -> str:
-        """The runtime_version that carries TensorFlow `tf_version` for this accelerator."""
+        """The name of the runtime_version that carries TensorFlow `tf_version` for this accelerator (whether
+        or not its generation takes that version: `tf_runtime`)."""
         runtime = f"tpu-vm-tf-{tf_version}"
         if accelerator.multi_host:
             runtime += "-pod"
@@ -239,22 +254,20 @@ class TpuCatalog:
             if runtime != generation.jax_runtime:
                 return f"JAX on {generation.name} runs on runtime {generation.jax_runtime}, not {runtime}"
             return None
+        too_old = f"{generation.name} needs TensorFlow {generation.tf_min} or newer"
+        also = f" ({too_old})" if self.tf_runtime(accelerator, framework_version) is None else ""
         match = TF_RUNTIME.fullmatch(runtime)
         if match is None:
-            return (
-                f"not a TensorFlow runtime; a workload pinned to TensorFlow {framework_version} on "
-                f"{accelerator.name} needs {self.expected_tf_runtime(accelerator, framework_version)}"
-            )
+            return f"not a TensorFlow runtime, which a workload pinned to TensorFlow {framework_version} needs{also}"
         version = match["version"]
         if version != framework_version:
             return (
                 f"the runtime carries TensorFlow {version} but the workload is pinned to {framework_version} "
-                f"(the seed's 'Failed to connect to remote TPU'); use runtime "
-                f"{self.expected_tf_runtime(accelerator, framework_version)} or pin the workload to {version}"
+                f"(the seed's 'Failed to connect to remote TPU'){also}"
             )
-        if version_key(version) < version_key(generation.tf_min):
-            return f"{generation.name} needs TensorFlow {generation.tf_min} or newer"
-        expected = self.expected_tf_runtime(accelerator, version)
+        expected = self.tf_runtime(accelerator, version)
+        if expected is None:
+            return too_old
         allowed = {expected}
         if expected.endswith("-pjrt") and version_key(generation.tf_min) < version_key(self.tf_suffix_required_from):
             # Generations older than the PJRT cut-over also accept the StreamExecutor (-se) runtime.
@@ -266,8 +279,39 @@ class TpuCatalog:
                 why = f"{accelerator.name} is a single host and must not use a -pod runtime"
             else:
                 why = f"the runtime's suffixes do not fit {accelerator.name} with TensorFlow {version}"
-            return f"{why}; use {expected}"
+            return why
         return None
+
+    def runtime_choices(
+        self, accelerator: AcceleratorType, runtime: str, framework: str, version: str
+    ) -> tuple[tuple[str, str], ...]:
+        """(runtime, framework version) pairs that run a `framework` workload on `accelerator`, nearest to
+        (`runtime`, `version`) first: a runtime for the pinned version; the version `runtime` carries; the
+        newest version the image runs; the oldest version the generation takes. Each passes the checks
+        above (`runtime_problem`, `software_problem`): these are what an error may suggest."""
+        generation = accelerator.generation
+        if framework == "jax":
+            nearer = [(generation.jax_runtime, version)]
+            farther = (generation.jax_runtime, self.newest_for_image(generation.jax_runtime, framework))
+        else:
+            carried = TF_RUNTIME.fullmatch(runtime)
+            nearer = [(self.tf_runtime(accelerator, version), version), (runtime, carried and carried["version"])]
+            farther = (self.tf_runtime(accelerator, generation.tf_min), generation.tf_min)
+
+        def works(choice: tuple[str | None, str | None]) -> bool:
+            new_runtime, new_version = choice
+            return bool(
+                new_runtime
+                and new_version
+                and choice != (runtime, version)
+                and not self.runtime_problem(accelerator, new_runtime, framework, new_version)
+                and not self.software_problem(new_runtime, framework, new_version)
+            )
+
+        out = list(dict.fromkeys(c for c in nearer if works(c)))
+        if not out and works(farther):  # another version only when the pinned one cannot run here
+            out.append(farther)
+        return tuple((str(r), str(v)) for r, v in out)
 
     def memory_problem(self, accelerator: AcceleratorType, gib_per_chip: float) -> str | None:
         """Why a workload needing `gib_per_chip` of HBM would run out of memory (S20)."""
@@ -287,13 +331,15 @@ class TpuCatalog:
         """Advice when a global batch does not shard evenly over the TPU's devices (S20)."""
         if batch_size % accelerator.devices == 0:
             return None
-        lower = batch_size - batch_size % accelerator.devices
-        suggestions = ", ".join(str(b) for b in (lower, lower + accelerator.devices) if b > 0)
         return (
             f"batch size {batch_size} does not split evenly over the {accelerator.devices} devices of "
-            f"{accelerator.name}; use a multiple of {accelerator.devices} (e.g. {suggestions}), "
-            "ideally 128 per device"
+            f"{accelerator.name}: use a multiple of {accelerator.devices}, ideally 128 per device"
         )
+
+    def even_batch_sizes(self, accelerator: AcceleratorType, batch_size: int) -> tuple[int, ...]:
+        """The multiples of the device count nearest `batch_size`, below and above it."""
+        lower = batch_size - batch_size % accelerator.devices
+        return tuple(b for b in (lower, lower + accelerator.devices) if b > 0 and b != batch_size)
 
     def price_per_chip_hour(self, accelerator: AcceleratorType, provisioning: str, region: str) -> float | None:
         """USD per chip-hour of `accelerator` in `region`, or None when the source has no price there.
@@ -388,7 +434,9 @@ def load_catalog(path: Path = CATALOG_FILE) -> TpuCatalog:
         tf_v4_suffix_until=str(data["tensorflow"]["v4_suffix_until"]),
         images=dict(data["runtimes"]["images"]),
         os_python={str(k): str(v) for k, v in data["os_python"].items()},
-        jax_python=tuple((str(r["from"]), str(r["python"])) for r in data["packages"]["jax_python"]),
+        jax_python=tuple(
+            (str(r["from"]), str(r["python"]), str(r["last_before"])) for r in data["packages"]["jax_python"]
+        ),
         tf_protobuf=tuple((str(r["before"]), str(r["constraint"])) for r in data["packages"]["tensorflow_protobuf"]),
         tf_tpu_from=str(data["packages"]["tensorflow_tpu_from"]),
         tf_environment={

@@ -31,6 +31,8 @@ def _property(s: Setting) -> JsonSchema:
             required = [c.name for c in subs if c.required]
             if required:
                 prop["required"] = required
+            if s.any_of:
+                prop["anyOf"] = [{"required": [name]} for name in s.any_of]
         else:
             values = children(f"{s.key}.<name>")
             value: JsonSchema = (
@@ -127,6 +129,8 @@ def _allowed(s: Setting) -> str:
         parts.append(f"at most {s.max_items}")
     if s.allowed and not s.choices:
         parts.append(s.allowed)
+    if s.any_of:
+        parts.append("at least one of " + ", ".join(f"`{name}`" for name in s.any_of))
     return "; ".join(parts)
 
 

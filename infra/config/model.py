@@ -124,9 +124,16 @@ class MonitoringSettings:
 
 @dataclass(frozen=True)
 class ScheduleSettings:
+    """When Cloud Scheduler starts and stops a VM: either side may be left out ("" when not given)."""
+
     start: str  # unix-cron, as Cloud Scheduler reads it
     stop: str
     time_zone: str
+
+    @property
+    def given(self) -> dict[str, str]:
+        """The sides the stack gives, as it spells them."""
+        return {side: cron for side, cron in (("start", self.start), ("stop", self.stop)) if cron}
 
 
 @dataclass(frozen=True)

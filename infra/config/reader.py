@@ -124,7 +124,21 @@ def flag(node: Node, key: str) -> bool:
 
 def parse_stack_config(stack: str, raw: Mapping[str, str]) -> PlatformConfig:
     """Parse the raw config of `stack` (keys like `tpu-platform:budget`), or raise ConfigError."""
-    problems = Problems()
+    cfg, problems = check_stack_config(stack, raw)
+    problems.raise_if_any(stack)
+    return dataclasses.replace(cfg, warnings=tuple(f"stack '{stack}': {w}" for w in problems.warnings))
+
+
+def check_stack_config(stack: str, raw: Mapping[str, str]) -> tuple[PlatformConfig, Problems]:
+    """The config of `stack` as far as it could be read, and every problem and warning found in it. A
+    fix offered with one is kept only if the stack with it applied has that problem no more and no
+    other error: a suggestion is checked by the same code that refused the value."""
+    cfg, problems = _read(stack, raw, Problems())
+    problems.keep_fixes_that_work(lambda fix: _read(stack, fix.apply(raw), Problems(offer_fixes=False))[1])
+    return cfg, problems
+
+
+def _read(stack: str, raw: Mapping[str, str], problems: Problems) -> tuple[PlatformConfig, Problems]:
     own = decode_objects(
         {k: v for k, v in raw.items() if k.startswith(f"{PROJECT}:")}, [f"{PROJECT}:{k}" for k in OBJECT_KEYS], problems
     )
@@ -180,8 +194,7 @@ def parse_stack_config(stack: str, raw: Mapping[str, str]) -> PlatformConfig:
         gke=gke,
     )
     rules.check(cfg, problems)
-    problems.raise_if_any(stack)
-    return dataclasses.replace(cfg, warnings=tuple(f"stack '{stack}': {w}" for w in problems.warnings))
+    return cfg, problems
 
 
 def _label_value(value: str) -> str | None:
@@ -558,10 +571,13 @@ def _schedule(node: Node | None) -> ScheduleSettings | None:
     if node is None or not node.data:
         return None
     schedule = ScheduleSettings(
-        start=text(node, "tpuVms[].schedule.start", check=_cron),
-        stop=text(node, "tpuVms[].schedule.stop", check=_cron),
+        start=optional_text(node, "tpuVms[].schedule.start", check=_cron) or "",
+        stop=optional_text(node, "tpuVms[].schedule.stop", check=_cron) or "",
         time_zone=text(node, "tpuVms[].schedule.timeZone", check=_time_zone),
     )
+    sides = setting("tpuVms[].schedule").any_of
+    if not any(node.data.get(side) is not None for side in sides):
+        node.problems.add(node.path, dict(node.data), f"give {' or '.join(sides)}, or both")
     node.done()
     return schedule
 
@@ -592,4 +608,4 @@ def _automation(node: Node | None) -> AutomationSettings:
     return settings
 
 
-__all__ = ["SETTINGS", "parse_stack_config"]
+__all__ = ["SETTINGS", "check_stack_config", "parse_stack_config"]

@@ -8,8 +8,11 @@ nowhere to checkpoint, and the names GCP would refuse or that would collide.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
+import math
 import re
+from collections.abc import Callable, Iterable, Iterator
 
 from infra import naming
 from infra.catalog import AcceleratorType, Generation, load_catalog
@@ -24,10 +27,10 @@ from infra.config.model import (
     bucket_name,
     service_account_id,
 )
-from infra.config.settings import KMS_KEY, MIN_MAINTENANCE_HOURS_PER_32_DAYS
-from infra.config.sources import image_problem, parse_image
+from infra.config.settings import KMS_KEY, MIN_MAINTENANCE_HOURS_PER_32_DAYS, ON_COMPLETION, setting
+from infra.config.sources import image_problem, parse_image, rebased_image
 from infra.goodput.interval import NO_EVENTS, PREEMPTIBLE_LIFE_HOURS, Losses, Rate, best_interval, waste
-from infra.schema import MISSING, Problems
+from infra.schema import MISSING, REMOVE, Fix, Problems
 
 # Stands in for an accelerator type that was refused: the parse stops before anything reads it.
 NO_ACCELERATOR = AcceleratorType(
@@ -63,6 +66,7 @@ def _production(cfg: PlatformConfig, problems: Problems) -> None:
             f"{PROJECT}:buckets.destroyable",
             sorted(cfg.buckets.destroyable),
             "must be empty when production is true: no production bucket is destroyable",
+            fixes=[Fix.of({f"{PROJECT}:buckets.destroyable": REMOVE})],
         )
 
 
@@ -90,7 +94,15 @@ def _sources(cfg: PlatformConfig, problems: Problems) -> None:
         )
         image = parse_image(ref)
         if why:
-            problems.add(key, ref, why)
+            fixes = []
+            if image is not None and image.tag and not cfg.artifacts.allow_image_tags:
+                fixes.append(Fix.of({f"{PROJECT}:artifacts.allowImageTags": True}))
+            if (
+                image is not None
+                and (ours := rebased_image(image, stack=cfg.stack, project=cfg.project, region=cfg.region)) != ref
+            ):
+                fixes.append(Fix.of({key: ours}))
+            problems.add(key, ref, why, fixes=fixes)
         elif image is not None and image.tag:
             problems.warn(key, ref, "runs whatever the tag points to when the VM pulls it; pin it by @sha256 digest")
     match = re.fullmatch(KMS_KEY, cfg.buckets.kms_key_name or "")
@@ -105,6 +117,9 @@ def _sources(cfg: PlatformConfig, problems: Problems) -> None:
 
 def _tpu_vms(cfg: PlatformConfig, problems: Problems) -> None:
     workloads = {w.name: w for w in cfg.workloads}
+    # A workload's new pin moves every VM running it: worked out once per workload and version, as a
+    # fleet's VMs share their workload.
+    pin = functools.cache(lambda name, version: _pin(cfg, workloads[name], version))
     names: set[str] = set()
     nodes: dict[str, str] = {}  # TPU node id -> the VM it is a node of (a multislice's are `<vm>-<i>`)
     for index, vm in enumerate(cfg.tpu_vms):
@@ -120,12 +135,61 @@ def _tpu_vms(cfg: PlatformConfig, problems: Problems) -> None:
         if workload is None and workloads and not already:  # an empty name too: the reader accepts ""
             problems.add(f"{key}.workload", vm.workload, f"must be one of {', '.join(sorted(workloads))}")
         if workload:
-            _against_catalog(key, vm, workload, problems)
+            _against_catalog(key, vm, workload, problems, pin)
         if vm.zone and cfg.network.subnets and cfg.network.cidr(vm.region) is None:
-            problems.add(f"{key}.zone", vm.zone, f"add a subnet for {vm.region} under {PROJECT}:network.subnets")
+            why = f"{vm.region} has no subnet under {PROJECT}:network.subnets"
+            problems.add(f"{key}.zone", vm.zone, why, fixes=_subnets(cfg, [vm.region]))
         _capacity(cfg, key, vm, problems)
+        _start_only(key, vm, problems)
     if cfg.tpu_vms and not cfg.network.subnets:
-        problems.add(f"{PROJECT}:network.subnets", MISSING, "TPU VMs need a subnet in their region")
+        regions = sorted({vm.region for vm in cfg.tpu_vms if vm.zone})
+        problems.add(
+            f"{PROJECT}:network.subnets", MISSING, "TPU VMs need a subnet in their region", fixes=_subnets(cfg, regions)
+        )
+
+
+def _start_only(key: str, vm: TpuVmSettings, problems: Problems) -> None:
+    """A schedule that only starts a VM needs something else to stop it. A TPU VM is created running
+    (tpu.v2 Node.state: a node "has been created" when READY; create has no stopped state), so the
+    scheduled start serves a VM that is stopped between runs: with onCompletion stop (or delete) each
+    run ends it, and the next start boots the stack's next run (never a finished one: the guard checks).
+    With keep, nothing would stop it: from its first start it runs, and bills, every hour."""
+    schedule = vm.schedule
+    if schedule and schedule.start and not schedule.stop and vm.on_completion == "keep":
+        problems.add(
+            f"{key}.schedule",
+            schedule.given,
+            "only starts it, and with onCompletion keep nothing stops it: it would run, and bill, every hour from "
+            "its first start",
+            fixes=[Fix.of({f"{key}.onCompletion": "stop"}), Fix.of({f"{key}.schedule": REMOVE})],
+            advice="give it a stop too",
+        )
+
+
+def _subnets(cfg: PlatformConfig, regions: list[str]) -> Iterator[Fix]:
+    """A subnet for each of `regions`, in private ranges the stack does not use yet, as large as its first."""
+    taken = [cidr for _, cidr in cfg.network.subnets]
+    if cfg.gke:
+        taken += [cfg.gke.node_cidr, cfg.gke.pod_cidr, cfg.gke.service_cidr]
+    first = _network(taken[0]) if taken else None
+    edits: dict[str, object] = {}
+    for region in regions:
+        cidr = free_cidr(taken, first.prefixlen if first else 20)
+        if cidr is None:
+            return
+        edits[f"{PROJECT}:network.subnets.{region}"] = cidr
+        taken.append(cidr)
+    if edits:
+        yield Fix.of(edits)
+
+
+def free_cidr(taken: Iterable[str], prefix: int) -> str | None:
+    """The first /`prefix` range of 10.0.0.0/8 that overlaps none of `taken` (ranges the stack uses)."""
+    used = [n for n in map(_network, taken) if n is not None]
+    for candidate in ipaddress.ip_network("10.0.0.0/8").subnets(new_prefix=prefix):
+        if not any(candidate.overlaps(u) for u in used):
+            return str(candidate)
+    return None
 
 
 def _capacity(cfg: PlatformConfig, key: str, vm: TpuVmSettings, problems: Problems) -> None:
@@ -141,12 +205,20 @@ def _capacity(cfg: PlatformConfig, key: str, vm: TpuVmSettings, problems: Proble
         }  # fmt: skip
         for name, (value, why) in queued_only.items():
             if value:
-                problems.add(f"{key}.{name}", value, f"{why}: set capacity: queued, or remove it")
+                # Without flex-start, its runDurationHours goes too.
+                gone = (name, "runDurationHours") if name == "provisioning" else (name,)
+                problems.add(
+                    f"{key}.{name}",
+                    value,
+                    why,
+                    fixes=[Fix.of({f"{key}.capacity": "queued"}), Fix.of({f"{key}.{n}": REMOVE for n in gone})],
+                )
     elif vm.provisioning == "preemptible":
         problems.add(
             f"{key}.provisioning",
             vm.provisioning,
             "a queued request takes on-demand, spot, reserved or flex-start (Spot replaced preemptible TPUs)",
+            fixes=[Fix.of({f"{key}.provisioning": "spot"})],
         )
     if vm.queued:
         # A queued request's TPUs are deleted through the request (force=true deletes its nodes: tpu.v2
@@ -156,56 +228,83 @@ def _capacity(cfg: PlatformConfig, key: str, vm: TpuVmSettings, problems: Proble
         # nodes, do not have. So only delete is offered (tools/smoke.py tries stop on a real one).
         why = "a queued request's TPUs cannot be stopped, only deleted with their request"
         if vm.on_completion == "stop":
-            problems.add(f"{key}.onCompletion", "stop", f"{why}: use delete or keep")
+            problems.add(
+                f"{key}.onCompletion", "stop", why, fixes=_other_choices(f"{key}.onCompletion", ON_COMPLETION, "stop")
+            )
         if vm.schedule is not None:
             problems.add(
                 f"{key}.schedule",
-                {"start": vm.schedule.start, "stop": vm.schedule.stop},
-                f"{why}: remove the schedule, or use capacity: direct",
+                vm.schedule.given,
+                why,
+                fixes=[Fix.of({f"{key}.schedule": REMOVE}), Fix.of({f"{key}.capacity": "direct"})],
             )
     if vm.reservation_name and vm.queued:
         if vm.provisioning != "reserved":
-            problems.add(f"{key}.reservationName", vm.reservation_name, "needs provisioning: reserved")
+            problems.add(
+                f"{key}.reservationName",
+                vm.reservation_name,
+                "only provisioning: reserved takes it",
+                fixes=[Fix.of({f"{key}.provisioning": "reserved"}), Fix.of({f"{key}.reservationName": REMOVE})],
+            )
         if vm.fallback_zones:
             problems.add(
                 f"{key}.reservationName",
                 vm.reservation_name,
-                f"a reservation belongs to one zone ({vm.zone}); remove fallbackZones {list(vm.fallback_zones)}",
+                f"a reservation belongs to one zone ({vm.zone}), so a request for it falls back nowhere",
+                fixes=[Fix.of({f"{key}.fallbackZones": REMOVE})],
             )
     flex = vm.provisioning == "flex-start"
     if flex and vm.run_duration_hours is None:
         problems.add(f"{key}.runDurationHours", MISSING, "flex-start needs how long the VM runs, in hours")
     if not flex and vm.run_duration_hours is not None:
-        problems.add(f"{key}.runDurationHours", vm.run_duration_hours, "only provisioning: flex-start takes it")
+        problems.add(
+            f"{key}.runDurationHours",
+            vm.run_duration_hours,
+            "only provisioning: flex-start takes it",
+            fixes=[Fix.of({f"{key}.runDurationHours": REMOVE})],
+        )
     if vm.max_run_hours is not None:
+        drop = Fix.of({f"{key}.maxRunHours": REMOVE})
         if vm.on_completion == "keep":
             problems.add(
                 f"{key}.maxRunHours",
                 vm.max_run_hours,
-                "bounds a run to completion: set onCompletion to stop or delete, or remove maxRunHours",
+                "bounds a run to completion, which keep never ends",
+                fixes=[*_other_choices(f"{key}.onCompletion", ON_COMPLETION, "keep"), drop],
             )
         if vm.schedule is not None:
             # The guard measures a run from the node's createTime, which a scheduled stop and start keeps.
             problems.add(
                 f"{key}.maxRunHours",
                 vm.max_run_hours,
-                "counts from the node's creation, so a schedule's daily restarts would trip it: drop one of them",
+                "counts from the node's creation, so a schedule's daily restarts would trip it",
+                fixes=[drop, Fix.of({f"{key}.schedule": REMOVE})],
             )
         if not cfg.automation.recovery_every_minutes:
+            every = f"{PROJECT}:automation.recovery.everyMinutes"
             problems.add(
                 f"{key}.maxRunHours",
                 vm.max_run_hours,
-                f"is enforced by the guard's periodic check: set {PROJECT}:automation.recovery.everyMinutes",
+                "is enforced by the guard's periodic check",
+                fixes=[Fix.of({every: setting("automation.recovery.everyMinutes").example})],
             )
     for index, zone in enumerate(vm.fallback_zones):
         zone_key = f"{key}.fallbackZones[{index}]"
         region = zone.rsplit("-", 1)[0]
         if zone == vm.zone:
-            problems.add(zone_key, zone, "is the VM's own zone, tried first anyway; list other zones")
+            others = [z for z in vm.fallback_zones if z != zone]
+            problems.add(
+                zone_key,
+                zone,
+                "is the VM's own zone, tried first anyway; list other zones",
+                fixes=[Fix.of({f"{key}.fallbackZones": others or REMOVE})],
+            )
         elif vm.accelerator is not NO_ACCELERATOR and (why := load_catalog().zone_problem(vm.accelerator, zone)):
             problems.add(zone_key, zone, why)
         elif cfg.network.subnets and cfg.network.cidr(region) is None:
-            problems.add(zone_key, zone, f"add a subnet for {region} under {PROJECT}:network.subnets")
+            problems.add(
+                zone_key, zone, f"{region} has no subnet under {PROJECT}:network.subnets", fixes=_subnets(cfg, [region])
+            )
     if vm.accelerator is not NO_ACCELERATOR:
         why = load_catalog().capacity_problem(vm.accelerator, queued=vm.queued, node_count=vm.node_count, flex=flex)
         if why:
@@ -227,14 +326,24 @@ def _flex_start_zones(key: str, vm: TpuVmSettings, problems: Problems) -> None:
             problems.warn(zone_key, zone, advice)
 
 
-def _against_catalog(key: str, vm: TpuVmSettings, workload: WorkloadSettings, problems: Problems) -> None:
+def _other_choices(key: str, choices: Iterable[str], current: str) -> list[Fix]:
+    """Each other value a setting takes, as a fix (the reader keeps those that lead to no other error)."""
+    return [Fix.of({key: choice}) for choice in choices if choice != current]
+
+
+def _checkpoint_writes(workload: WorkloadSettings) -> Fix:
+    return Fix.of({f"{PROJECT}:workloads.{workload.name}.bucketAccess.checkpoints": "write"})
+
+
+def _against_catalog(key: str, vm: TpuVmSettings, workload: WorkloadSettings, problems: Problems, pin: Pin) -> None:
     catalog = load_catalog()
     if vm.reclaimable and workload.access("checkpoints") != "write":
         problems.add(
             f"{key}.provisioning",
             vm.provisioning,
             f"a {vm.provisioning} TPU can be reclaimed at any time: its workload '{workload.name}' needs "
-            "write access to the checkpoints bucket to resume, or use on-demand",
+            "write access to the checkpoints bucket to resume",
+            fixes=[_checkpoint_writes(workload), Fix.of({f"{key}.provisioning": "on-demand"})],
         )
     accelerator = vm.accelerator
     if accelerator is NO_ACCELERATOR:
@@ -243,9 +352,15 @@ def _against_catalog(key: str, vm: TpuVmSettings, workload: WorkloadSettings, pr
         problems.add(f"{key}.zone", vm.zone, why)
     if vm.runtime_version and workload.program and workload.framework_version:
         why = catalog.runtime_problem(accelerator, vm.runtime_version, workload.framework, workload.framework_version)
-        why = why or catalog.software_problem(vm.runtime_version, workload.framework, workload.framework_version)
-        if why:
-            problems.add(f"{key}.runtimeVersion", vm.runtime_version, why)
+        image = catalog.software_problem(vm.runtime_version, workload.framework, workload.framework_version)
+        if why or image:
+            problems.add(
+                f"{key}.runtimeVersion",
+                vm.runtime_version,
+                why or str(image),
+                fixes=_runtime_fixes(key, vm, workload, pin),
+                advice="" if why else "use a TPU generation with a newer runtime image",
+            )
     need = workload.memory_gib_per_chip
     if need and (why := catalog.memory_problem(accelerator, need)):
         problems.add(f"{key}.acceleratorType", accelerator.name, f"workload '{workload.name}' {why}")
@@ -259,15 +374,16 @@ def _against_catalog(key: str, vm: TpuVmSettings, workload: WorkloadSettings, pr
     if vm.schedule and accelerator.multi_host:
         problems.add(
             f"{key}.schedule",
-            {"start": vm.schedule.start, "stop": vm.schedule.stop},
-            f"{accelerator.name} is a multi-host slice, which the TPU API cannot stop or start; "
-            "remove the schedule, or use a single-host type",
+            vm.schedule.given,
+            f"{accelerator.name} is a multi-host slice, which the TPU API cannot stop or start",
+            fixes=[Fix.of({f"{key}.schedule": REMOVE}), *_single_host(key, vm, workload)],
         )
     if vm.on_completion == "stop" and accelerator.multi_host:
         problems.add(
             f"{key}.onCompletion",
             "stop",
-            f"{accelerator.name} is a multi-host slice, which the TPU API cannot stop; use delete or keep",
+            f"{accelerator.name} is a multi-host slice, which the TPU API cannot stop",
+            fixes=_other_choices(f"{key}.onCompletion", ON_COMPLETION, "stop"),
         )
     if vm.on_completion != "keep" and workload.access("checkpoints") != "write":
         problems.add(
@@ -275,9 +391,62 @@ def _against_catalog(key: str, vm: TpuVmSettings, workload: WorkloadSettings, pr
             vm.on_completion,
             f"a finished run is known by its completion marker in the checkpoints bucket; workload "
             f"'{workload.name}' needs write access to it",
+            fixes=[_checkpoint_writes(workload), Fix.of({f"{key}.onCompletion": "keep"})],
         )
     if workload.batch_size and (advice := catalog.batch_warning(accelerator, workload.batch_size)):
-        problems.warn(f"{PROJECT}:workloads.{workload.name}.batchSize", workload.batch_size, advice)
+        batch_key = f"{PROJECT}:workloads.{workload.name}.batchSize"
+        fixes = [Fix.of({batch_key: size}) for size in catalog.even_batch_sizes(accelerator, workload.batch_size)]
+        problems.warn(batch_key, workload.batch_size, advice, fixes=fixes)
+
+
+Pin = Callable[[str, str], dict[str, object] | None]  # (workload, version) -> _pin's edits
+
+
+def _runtime_fixes(key: str, vm: TpuVmSettings, workload: WorkloadSettings, pin: Pin) -> Iterator[Fix]:
+    """Each runtime and framework version the catalog says would run the workload on this VM, as a change:
+    the VM's runtime, and a new pin of the workload with a fitting runtime on every other VM running it."""
+    own = f"{key}.runtimeVersion"
+    for runtime, version in load_catalog().runtime_choices(
+        vm.accelerator, vm.runtime_version, workload.framework, workload.framework_version
+    ):
+        pinned = {} if version == workload.framework_version else pin(workload.name, version)
+        if pinned is not None:
+            others = {path: value for path, value in pinned.items() if path != own}
+            yield Fix.of({**others, **({own: runtime} if runtime != vm.runtime_version else {})})
+
+
+def _pin(cfg: PlatformConfig, workload: WorkloadSettings, version: str) -> dict[str, object] | None:
+    """The workload pinned to `version`, with each VM running it on the runtime for that version
+    (TensorFlow's runtime carries it; JAX's does not change); None when a VM's type takes no such runtime."""
+    edits: dict[str, object] = {f"{PROJECT}:workloads.{workload.name}.frameworkVersion": version}
+    for index, vm in enumerate(cfg.tpu_vms):
+        key = f"{PROJECT}:tpuVms[{index}]"
+        if vm.workload != workload.name or vm.accelerator is NO_ACCELERATOR:
+            continue
+        if workload.framework == "tensorflow":
+            runtime = load_catalog().tf_runtime(vm.accelerator, version)
+            if runtime is None:
+                return None
+            if runtime != vm.runtime_version:
+                edits[f"{key}.runtimeVersion"] = runtime
+    return edits
+
+
+def _single_host(key: str, vm: TpuVmSettings, workload: WorkloadSettings) -> list[Fix]:
+    """The largest single-host type of the VM's generation, on a runtime that runs its workload there."""
+    generation, catalog = vm.accelerator.generation, load_catalog()
+    if not generation.single_host:
+        return []
+    single = AcceleratorType(generation, max(generation.single_host))
+    edits: dict[str, object] = {f"{key}.acceleratorType": single.name}
+    framework, version = workload.framework, workload.framework_version
+    if workload.program and version and catalog.runtime_problem(single, vm.runtime_version, framework, version):
+        choices = catalog.runtime_choices(single, vm.runtime_version, framework, version)
+        runtimes = [runtime for runtime, same in choices if same == version]
+        if not runtimes:
+            return []
+        edits[f"{key}.runtimeVersion"] = runtimes[0]
+    return [Fix.of(edits)]
 
 
 def _automation(cfg: PlatformConfig, problems: Problems) -> None:
@@ -286,7 +455,8 @@ def _automation(cfg: PlatformConfig, problems: Problems) -> None:
         problems.add(
             f"{PROJECT}:automation.budgetAction",
             {"action": auto.budget_action},
-            f"needs {PROJECT}:budget.pubsubTopic: true to hear the budget",
+            "hears the budget through its Pub/Sub topic",
+            fixes=[Fix.of({f"{PROJECT}:budget.pubsubTopic": True})],
         )
     if auto.recovery_every_minutes and not any(vm.reclaimable or vm.max_run_hours for vm in cfg.tpu_vms):
         problems.warn(
@@ -310,8 +480,9 @@ def _self_service(cfg: PlatformConfig, problems: Problems) -> None:
             problems.add(
                 key,
                 True,
-                "production runs stay reviewed: remove selfService, or set "
-                f"{PROJECT}:selfServiceInProduction: true to let researchers run unreviewed code on this VM",
+                "production runs stay reviewed, unless the stack lets researchers run unreviewed code on "
+                "production VMs",
+                fixes=[Fix.of({key: REMOVE}), Fix.of({f"{PROJECT}:selfServiceInProduction": True})],
             )
         elif cfg.production:
             problems.warn(key, True, "researchers may run unreviewed code on this production VM")
@@ -341,22 +512,36 @@ def _checkpoint_intervals(cfg: PlatformConfig, problems: Problems) -> None:
         key = f"{PROJECT}:tpuVms[{index}].hoursBetweenPreemptions"
         hours = vm.hours_between_preemptions
         if hours is not None and not vm.reclaimable:
-            problems.add(key, hours, f"only spot and preemptible VMs are preempted, not {vm.provisioning}")
+            problems.add(
+                key,
+                hours,
+                f"only spot and preemptible VMs are preempted, not {vm.provisioning}",
+                fixes=[Fix.of({key: REMOVE})],
+            )
             continue
         if hours is not None and vm.provisioning == "preemptible" and hours > PREEMPTIBLE_LIFE_HOURS:
-            problems.add(key, hours, f"a preemptible TPU lives at most {PREEMPTIBLE_LIFE_HOURS:g} hours")
+            problems.add(
+                key,
+                hours,
+                f"a preemptible TPU lives at most {PREEMPTIBLE_LIFE_HOURS:g} hours",
+                fixes=[Fix.of({key: PREEMPTIBLE_LIFE_HOURS})],
+            )
             continue
         workload = workloads.get(vm.workload)
         if not workload or not workload.program or not workload.step_seconds or not workload.checkpoint_seconds:
             continue
-        advice = _interval_advice(vm, workload, NOTICE_S)
-        if advice:
-            problems.warn(
-                f"{PROJECT}:workloads.{workload.name}.checkpointEverySteps", workload.checkpoint_every_steps, advice
-            )
+        if found := _interval_advice(vm, workload, NOTICE_S):
+            advice, best = found
+            at = f"{PROJECT}:workloads.{workload.name}"
+            fixes = [Fix.of({f"{at}.{name}": value for name, value in best.items()})] if best else []
+            problems.warn(f"{at}.checkpointEverySteps", workload.checkpoint_every_steps, advice, fixes=fixes)
 
 
-def _interval_advice(vm: TpuVmSettings, workload: WorkloadSettings, notice_s: float) -> str | None:
+def _interval_advice(
+    vm: TpuVmSettings, workload: WorkloadSettings, notice_s: float
+) -> tuple[str, dict[str, object]] | None:
+    """Advice on the workload's checkpoint interval on this VM, and the settings of the best interval
+    (checkpointEverySteps, and checkpointEveryMinutes where it would cap it) when there is one."""
     step_s, save_s = workload.step_seconds or 0.0, workload.checkpoint_seconds or 0.0
     interval = min(workload.checkpoint_every_steps * step_s, 60 * workload.checkpoint_every_minutes)
     capped = " (checkpointEveryMinutes caps it)" if interval < workload.checkpoint_every_steps * step_s else ""
@@ -371,7 +556,7 @@ def _interval_advice(vm: TpuVmSettings, workload: WorkloadSettings, notice_s: fl
             f"{on}: a checkpoint commits in {save_s:g} s, longer than the {notice_s:g} s notice, so a preemption "
             f"loses the work since the last one (up to {interval:.4g} s); set tpuVms[].hoursBetweenPreemptions to "
             "check the interval against the one that wastes least"
-        )
+        ), {}
     best = best_interval(save_s, losses)
     if best.seconds is None:
         share = save_s / interval
@@ -386,19 +571,18 @@ def _interval_advice(vm: TpuVmSettings, workload: WorkloadSettings, notice_s: fl
         return (
             f"{on}: {yours}, each stalling training {save_s:g} s: saves take {share:.0%} of it. As {why}, "
             "periodic checkpoints only insure against losses without notice: checkpoint less often"
-        )
+        ), {}
     ratio = interval / best.seconds
     if 1 / FAR_FROM_BEST <= ratio <= FAR_FROM_BEST:
         return None
-    steps = max(1, round(best.seconds / step_s))
-    minutes = "" if best.seconds <= 60 * workload.checkpoint_every_minutes else (
-        f" and checkpointEveryMinutes ≥ {best.seconds / 60:.3g}"
-    )  # fmt: skip
+    settings: dict[str, object] = {"checkpointEverySteps": max(1, round(best.seconds / step_s))}
+    if best.seconds > 60 * workload.checkpoint_every_minutes:  # the minutes would cap it: raised too
+        settings["checkpointEveryMinutes"] = math.ceil(best.seconds / 60)
     return (
         f"{on}: {yours}, {ratio:.2g}× the interval that wastes least, as {best.why}. Saves and "
         f"lost work would take {waste(interval, save_s, losses):.1%} of training, "
-        f"{waste(best.seconds, save_s, losses):.1%} at checkpointEverySteps {steps}{minutes}"
-    )
+        f"{waste(best.seconds, save_s, losses):.1%} at the best interval"
+    ), settings
 
 
 def _gke(cfg: PlatformConfig, problems: Problems) -> None:
@@ -419,18 +603,32 @@ def _gke(cfg: PlatformConfig, problems: Problems) -> None:
             continue  # refused by the reader
         clash = next((k for k, c in taken if (other := _network(c)) is not None and other.overlaps(network)), None)
         if clash:
-            problems.add(f"{key}.{name}", cidr, f"overlaps {clash}; the cluster's ranges need their own addresses")
+            used = [c for k, c in taken] + [c for n, c in ranges.items() if n != name]
+            free = free_cidr(used, network.prefixlen)
+            problems.add(
+                f"{key}.{name}",
+                cidr,
+                f"overlaps {clash}; the cluster's ranges need their own addresses",
+                fixes=[Fix.of({f"{key}.{name}": free})] if free else [],
+            )
         taken.append((f"{key}.{name}", cidr))
     window = gke.maintenance
     if len(set(window.days)) != len(window.days):
-        problems.add(f"{key}.maintenanceWindow.days", list(window.days), "list each day once")
+        problems.add(
+            f"{key}.maintenanceWindow.days",
+            list(window.days),
+            "list each day once",
+            fixes=[Fix.of({f"{key}.maintenanceWindow.days": list(dict.fromkeys(window.days))})],
+        )
     elif window.days and window.hours and 4 * len(window.days) * window.hours < MIN_MAINTENANCE_HOURS_PER_32_DAYS:
         # Four weeks fit in any 32 days: the window's hours in them are the least GKE can count.
+        hours = math.ceil(MIN_MAINTENANCE_HOURS_PER_32_DAYS / (4 * len(window.days)))
         problems.add(
             f"{key}.maintenanceWindow",
             {"days": list(window.days), "hours": window.hours},
             f"GKE needs a window open at least {MIN_MAINTENANCE_HOURS_PER_32_DAYS} hours in any 32 days; this one "
             f"is open {4 * len(window.days) * window.hours}: add days or hours",
+            fixes=[Fix.of({f"{key}.maintenanceWindow.hours": hours})],
         )
     catalog = load_gke_catalog()
     names: set[str] = set()
@@ -440,10 +638,16 @@ def _gke(cfg: PlatformConfig, problems: Problems) -> None:
             problems.add(f"{pool_key}.name", pool.name, "another slice pool of this stack has this name")
         names.add(pool.name)
         if pool.zone and pool.region != gke.region:
+            size = pool.accelerator.size
+            zones = [] if pool.accelerator is NO_GKE_ACCELERATOR else pool.accelerator.generation.zones_for(size)
             problems.add(
                 f"{pool_key}.zone",
                 pool.zone,
-                f"is not in the cluster's region {gke.region}: use a zone of {gke.region}, or set {key}.region",
+                f"is not in the cluster's region {gke.region}",
+                fixes=[
+                    *(Fix.of({f"{pool_key}.zone": z}) for z in zones if z.rsplit("-", 1)[0] == gke.region),
+                    Fix.of({f"{key}.region": pool.region}),
+                ],
             )
         elif (
             pool.zone
@@ -455,10 +659,21 @@ def _gke(cfg: PlatformConfig, problems: Problems) -> None:
         if reserved and not pool.reservation_name:
             problems.add(f"{pool_key}.reservationName", MISSING, "a reserved pool names the reservation it consumes")
         if pool.reservation_name and not reserved:
-            problems.add(f"{pool_key}.reservationName", pool.reservation_name, "needs provisioning: reserved")
+            problems.add(
+                f"{pool_key}.reservationName",
+                pool.reservation_name,
+                "only provisioning: reserved takes it",
+                fixes=[
+                    Fix.of({f"{pool_key}.provisioning": "reserved"}),
+                    Fix.of({f"{pool_key}.reservationName": REMOVE}),
+                ],
+            )
         if pool.run_duration_hours is not None and not flex:
             problems.add(
-                f"{pool_key}.runDurationHours", pool.run_duration_hours, "only provisioning: flex-start takes it"
+                f"{pool_key}.runDurationHours",
+                pool.run_duration_hours,
+                "only provisioning: flex-start takes it",
+                fixes=[Fix.of({f"{pool_key}.runDurationHours": REMOVE})],
             )
         if (
             flex

@@ -104,6 +104,8 @@ class Setting:
     max_items: int | None = None
     items: Kind | None = None  # kind of list items / map values
     unique: bool = True  # list items may not repeat (a command's arguments may)
+    example: Scalar | None = None  # what an error suggests when a rule needs it set and it has no default
+    any_of: tuple[str, ...] = ()  # an object: at least one of these children must be given
 
     @property
     def full(self) -> str:
@@ -601,17 +603,26 @@ SETTINGS: tuple[Setting, ...] = (
         default="keep",
         choices=ON_COMPLETION,
     ),
-    Setting("tpuVms[].schedule", "object", "Stop and start it on a schedule (Cloud Scheduler).", optional=True),
+    Setting(
+        "tpuVms[].schedule",
+        "object",
+        "Stop and start it on a schedule (Cloud Scheduler): both, or only stop (people start it), or only start "
+        "(with onCompletion stop or delete, which end each run).",
+        optional=True,
+        any_of=("start", "stop"),
+    ),
     Setting(
         "tpuVms[].schedule.start",
         "string",
         "When to start it: unix-cron as Cloud Scheduler reads it.",
+        optional=True,
         allowed="5 fields: minute hour day-of-month month day-of-week",
     ),
     Setting(
         "tpuVms[].schedule.stop",
         "string",
         "When to stop it: unix-cron.",
+        optional=True,
         allowed="5 fields: minute hour day-of-month month day-of-week",
     ),
     Setting(
@@ -798,6 +809,7 @@ SETTINGS: tuple[Setting, ...] = (
         "How often to look for preempted TPUs (divides the hour).",
         optional=True,
         choices=RECOVERY_INTERVALS,
+        example=10,
     ),
     Setting(
         "automation.recovery.maxAttempts",

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from infra import naming
-from infra.config.model import PROJECT
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Interpreters whose first operand is a file (or `-m module`) of the folder; anything else must be a
@@ -72,6 +71,12 @@ def parse_image(ref: str) -> ImageRef | None:
     )
 
 
+def rebased_image(image: ImageRef, *, stack: str, project: str, region: str) -> str:
+    """The same image (name and digest or tag) in this stack's own repository."""
+    version = f"@sha256:{image.digest}" if image.digest else f":{image.tag}"
+    return f"{registry(region, project, naming.artifact_repository(stack))}/{image.name}{version}"
+
+
 def image_problem(ref: str, *, stack: str, project: str, region: str, allow_tags: bool) -> str | None:
     """Why `ref` may not be run by this stack, or None."""
     image = parse_image(ref)
@@ -79,11 +84,11 @@ def image_problem(ref: str, *, stack: str, project: str, region: str, allow_tags
     if image is None:
         return f"must be {IMAGE_ALLOWED} ({expected}/<image>@sha256:...)"
     if image.registry != expected:
-        return f"must be an image of this stack's repository {expected}, not of {image.registry}"
+        return f"must be an image of this stack's repository {expected} (copy it there), not of {image.registry}"
     if image.tag and not allow_tags:
         return (
             f"must be pinned by digest ({expected}/{image.name}@sha256:<64 hex digits>): a tag can be moved "
-            f"to other code after review; set {PROJECT}:artifacts.allowImageTags: true to accept tags"
+            "to other code after review, unless the stack accepts tags"
         )
     return None
 
