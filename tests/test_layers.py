@@ -44,7 +44,11 @@ PURE = {
     "infra.config.sources",
     "infra.cost",
     "infra.gke",
+    "infra.gke.controllers",
+    "infra.gke.queues",
+    "infra.gke.quota",
     "infra.gke.specs",
+    "infra.gke.validation",
     "infra.goodput",
     "infra.goodput.interval",
     "infra.goodput.pricing",
@@ -67,6 +71,7 @@ DECLARATION = {
     "infra.automation",
     "infra.budget",
     "infra.gke.cluster",
+    "infra.gke.install",
     "infra.gke.slice_pools",
     "infra.grants",
     "infra.identity",
@@ -84,7 +89,7 @@ DECLARATION = {
     "infra.tpu.queued",
     "infra.tpu.vm",
 }
-PULUMI = ("pulumi", "pulumi_gcp", "pulumi_policy", "pulumiverse_time")
+PULUMI = ("pulumi", "pulumi_gcp", "pulumi_kubernetes", "pulumi_policy", "pulumiverse_time")
 OUTSIDE_THE_RUNTIME = ("tools", "tests", "policy", "bootstrap", "benchmarks")
 
 
