@@ -225,3 +225,17 @@ def workload_policy(stack: str, pool: str) -> str:
     """A TPU7x slice pool's HIGH_THROUGHPUT workload policy (a regional compute ResourcePolicy): one per
     pool, shared by its slices, so replacing one pool never touches another of the same shape."""
     return f"tpu-{stack}-{pool}-slice"
+
+
+# --- Teams on the GKE engine (infra/gke/queues.py, infra/gke/teams.py) -----------------------------------
+# Namespaces a team may not take: Kubernetes' own ("Namespaces": default, kube-system, kube-public,
+# kube-node-lease; names starting kube- are reserved), GKE's (gke-*, gmp-*), and the controllers' the admin
+# phase installs (JobSet's and Kueue's release manifests run in these two).
+SYSTEM_NAMESPACES = ("default", "jobset-system", "kueue-system")
+SYSTEM_NAMESPACE_PREFIXES = ("kube-", "gke-", "gmp-")
+TEAM_SERVICE_ACCOUNT = "tpu-workloads"  # the Kubernetes service account a team's jobs run as, in its namespace
+
+
+def team_namespace(team: str) -> str:
+    """A team's namespace when the stack names none."""
+    return f"team-{team}"

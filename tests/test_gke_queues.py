@@ -17,7 +17,7 @@ def test_a_flavor_per_shape_with_the_pools_node_labels_and_their_chips():
     assert [f.name for f in flavors] == ["tpu-v5-lite-podslice-4x4-spot", "tpu-v6e-slice-4x4", "tpu7x-2x2x2"]
     assert flavors[0].chips == 16 + 32  # two pools of the same shape add up
     rendered = {f["metadata"]["name"]: f["spec"]["nodeLabels"] for f in by_kind("ResourceFlavor")}
-    assert rendered == {queues.flavor_name(s): queues.node_labels(s) for s in g.SHAPES}
+    assert rendered == {g.flavor(s): s.node_labels for s in g.SHAPES}  # the pools' labels: one home
     assert rendered["tpu-v5-lite-podslice-4x4-spot"] == {
         "cloud.google.com/gke-tpu-accelerator": "tpu-v5-lite-podslice",
         "cloud.google.com/gke-tpu-topology": "4x4",
@@ -33,7 +33,7 @@ def test_a_cluster_queue_per_team_in_one_cohort_listing_every_flavor():
         assert spec["preemption"]["reclaimWithinCohort"] == "Any"
         assert spec["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": f"team-{name}"}}
         (group,) = spec["resourceGroups"]
-        assert [f["name"] for f in group["flavors"]] == [queues.flavor_name(s) for s in g.SHAPES]
+        assert [f["name"] for f in group["flavors"]] == [g.flavor(s) for s in g.SHAPES]
     vision = {f["name"]: f["resources"][0] for f in cqs["vision"]["resourceGroups"][0]["flavors"]}
     assert vision["tpu-v5-lite-podslice-4x4-spot"] == {
         "name": "google.com/tpu",
@@ -52,6 +52,15 @@ def test_a_local_queue_per_team_in_its_namespace():
         ("team-vision", "vision", "vision"),
         ("team-nlp", "nlp", "nlp"),
     }
+
+
+def test_a_teams_chips_in_pools_of_one_shape_add_up_in_its_flavor():
+    pools = {**g.POOLS, "v5e-more": replace(g.V5E_16_SPOT, slices=2)}
+    team = replace(g.VISION, nominal_chips=(("v5e", 16), ("v5e-more", 32), ("iron", 8)))
+    assert queues.nominal_by_flavor(team, pools) == {g.flavor(g.V5E_16_SPOT): 48, g.flavor(g.TPU7X_8): 8}
+    (cq,) = [o for o in queues.queue_objects([team], pools) if o["kind"] == "ClusterQueue"]
+    quotas = {f["name"]: f["resources"][0]["nominalQuota"] for f in cq["spec"]["resourceGroups"][0]["flavors"]}
+    assert quotas == {g.flavor(g.V5E_16_SPOT): 48, g.flavor(g.V6E_16_FLEX): 0, g.flavor(g.TPU7X_8): 8}
 
 
 def test_priorities_and_each_teams_ceiling():

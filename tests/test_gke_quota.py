@@ -12,22 +12,24 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from infra.config.model import TeamSettings
 from infra.gke import queues
 from infra.gke.quota import fits, never_admitted, pod_sets
 from tests import gke_objects as g
 
 SHAPE = g.V5E_16_SPOT  # 16 chips a slice
-FLAVOR = queues.flavor_name(SHAPE)
+FLAVOR = g.flavor(SHAPE)
 TEAM_NAMES = ("a", "b", "c")
+POOLS = {"p": replace(SHAPE, slices=64)}
 
 
 def objects(nominals: list[int], limits: list[int | None]):
     teams = [
-        queues.Team(name, (), f"team-{name}", {FLAVOR: nominal}, limit, "medium")
+        TeamSettings(name, ("user:x@example.com",), f"team-{name}", (("p", nominal),), limit, "medium")
         for name, nominal, limit in zip(TEAM_NAMES, nominals, limits, strict=False)
     ]
-    flavor = queues.flavors([replace(SHAPE, slices=64)])[0]
-    cqs = [queues.cluster_queue(t, [flavor]) for t in teams]
+    (flavor,) = queues.flavors(POOLS.values())
+    cqs = [queues.cluster_queue(t, [flavor], queues.nominal_by_flavor(t, POOLS)) for t in teams]
     return teams, cqs, {flavor.name: queues.resource_flavor(flavor)}
 
 
@@ -103,6 +105,6 @@ def test_borrowing_is_reported():
     # The flex v6e pools (32 chips) are all nlp's nominal quota; vision, idle there, borrows them...
     job = g.jobset(team=g.VISION, shape=g.V6E_16_FLEX, slices=1)
     fit = fits(job, cqs["vision"], list(cqs.values()), flavors, {})
-    assert fit is not None and fit.borrows and fit.flavor == queues.flavor_name(g.V6E_16_FLEX)
+    assert fit is not None and fit.borrows and fit.flavor == g.flavor(g.V6E_16_FLEX)
     # ...but not once nlp uses its quota: its nominal is its own.
     assert fits(job, cqs["vision"], list(cqs.values()), flavors, {("nlp", fit.flavor): 32}) is None

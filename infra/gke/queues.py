@@ -2,16 +2,15 @@
 in each team's namespace, and the priority classes. Pure functions: settings in, Kubernetes objects out.
 
 - ResourceFlavor: one per pool shape, its node labels the ones GKE puts on that pool's nodes
-  (`cloud.google.com/gke-tpu-accelerator`, `cloud.google.com/gke-tpu-topology`; Spot pools also
-  `cloud.google.com/gke-spot: "true"`, GKE "Spot VMs"), so Kueue admits a JobSet only onto nodes that
-  exist. Pools of one shape share a flavor: their chips add up.
+  (`SliceShape.node_labels`: accelerator, topology, and the spot label on a Spot pool), so Kueue admits
+  a JobSet only onto nodes that exist. Pools of one shape share a flavor: their chips add up.
 - ClusterQueue per team: every flavor listed (a queue borrows only flavors it lists, cluster_queue.md),
-  its nominal chips in each (0 where it has none), its borrowing limit in each; one cohort, so unused
-  quota is lent; fair sharing (Kueue's configuration, `infra/gke/controllers.py`) shares what is
-  borrowed; `reclaimWithinCohort: Any` lets a team take its own quota back from borrowers;
-  `withinClusterQueue: LowerPriority` lets a team's urgent run displace its own lesser ones. The
-  namespace selector admits only the team's namespace: another namespace's LocalQueue pointing at this
-  queue admits nothing.
+  its nominal chips in each (0 where it has none; a team's chips are given per slice pool and add up
+  per flavor), its borrowing limit in each; one cohort, so unused quota is lent; fair sharing (Kueue's
+  configuration, `infra/gke/controllers.py`) shares what is borrowed; `reclaimWithinCohort: Any` lets a
+  team take its own quota back from borrowers; `withinClusterQueue: LowerPriority` lets a team's urgent
+  run displace its own lesser ones. The namespace selector admits only the team's namespace: another
+  namespace's LocalQueue pointing at this queue admits nothing.
 - LocalQueue: one per team, in its namespace, named like the team: what its JobSets name in the
   `kueue.x-k8s.io/queue-name` label.
 - PriorityClasses: xpk's five (very-low 100 ... very-high 1000), none the cluster default. A team's
@@ -27,57 +26,27 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
+from infra.config.model import TeamSettings
+from infra.config.settings import PRIORITY_CLASSES
 from infra.gke.quota import TPU_RESOURCE
+from infra.gke.specs import ACCELERATOR_LABEL, SPOT_LABEL, TOPOLOGY_LABEL, SliceShape
 
 KUEUE_API = "kueue.x-k8s.io/v1beta2"
 COHORT = "tpu-platform"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "tpu-platform"}
 TEAM_LABEL = "tpu-platform/team"
-ACCELERATOR_LABEL = "cloud.google.com/gke-tpu-accelerator"
-TOPOLOGY_LABEL = "cloud.google.com/gke-tpu-topology"
-SPOT_LABEL = "cloud.google.com/gke-spot"
-# xpk's priority classes (core/kueue_manager.py), lowest first.
-PRIORITIES: tuple[tuple[str, int], ...] = (
-    ("very-low", 100),
-    ("low", 250),
-    ("medium", 500),
-    ("high", 750),
-    ("very-high", 1000),
-)
+PRIORITIES = PRIORITY_CLASSES
 PRIORITY_NAMES = tuple(name for name, _ in PRIORITIES)
 
 Obj = dict[str, Any]
 
 
-class PoolShape(Protocol):
-    """What a slice pool's shape says to Kueue (the cluster's pool settings keep the record)."""
-
-    @property
-    def accelerator(self) -> str: ...  # the GKE accelerator label value: tpu-v5-lite-podslice
-    @property
-    def topology(self) -> str: ...  # 4x4, 2x2x2
-    @property
-    def chips_per_vm(self) -> int: ...
-    @property
-    def vms_per_slice(self) -> int: ...
-    @property
-    def slices(self) -> int: ...
-    @property
-    def provisioning(self) -> str: ...  # on-demand | spot | reservation | flex-start
-
-
-def node_labels(shape: PoolShape) -> dict[str, str]:
-    labels = {ACCELERATOR_LABEL: shape.accelerator, TOPOLOGY_LABEL: shape.topology}
-    if shape.provisioning == "spot":
-        labels[SPOT_LABEL] = "true"
-    return labels
-
-
-def flavor_name(shape: PoolShape) -> str:
-    """`<accelerator>-<topology>[-spot]`: tpu-v5-lite-podslice-4x4-spot, tpu7x-2x2x2."""
-    return "-".join([shape.accelerator, shape.topology, *(["spot"] if shape.provisioning == "spot" else [])])
+def flavor_name(labels: Mapping[str, str]) -> str:
+    """`<accelerator>-<topology>[-spot]` from a pool's node labels: tpu-v5-lite-podslice-4x4-spot, tpu7x-2x2x2."""
+    spot = ["spot"] if labels.get(SPOT_LABEL) == "true" else []
+    return "-".join([labels[ACCELERATOR_LABEL], labels[TOPOLOGY_LABEL], *spot])
 
 
 @dataclass(frozen=True)
@@ -87,25 +56,24 @@ class Flavor:
     chips: int  # every slice of every pool of this shape
 
 
-def flavors(shapes: Iterable[PoolShape]) -> tuple[Flavor, ...]:
-    """One flavor per distinct shape, in the order shapes first appear; pools of one shape add up."""
+def flavors(shapes: Iterable[SliceShape]) -> tuple[Flavor, ...]:
+    """One flavor per distinct set of node labels, in the order shapes first appear; pools of one shape add up."""
     found: dict[str, Flavor] = {}
     for shape in shapes:
-        name = flavor_name(shape)
-        chips = shape.slices * shape.vms_per_slice * shape.chips_per_vm
+        name = flavor_name(shape.node_labels)
         before = found.get(name)
-        found[name] = Flavor(name, node_labels(shape), chips + (before.chips if before else 0))
+        found[name] = Flavor(name, shape.node_labels, shape.chips + (before.chips if before else 0))
     return tuple(found.values())
 
 
-@dataclass(frozen=True)
-class Team:
-    name: str
-    members: tuple[str, ...]  # user:alice@example.com, group:ml@example.com
-    namespace: str
-    nominal_chips: Mapping[str, int]  # flavor name -> chips the team is guaranteed
-    borrowing_limit: int | None  # chips above nominal it may borrow in each flavor; None: what the cohort lends
-    priority: str  # the highest priority class its runs may use
+def nominal_by_flavor(team: TeamSettings, pools: Mapping[str, SliceShape]) -> dict[str, int]:
+    """The team's nominal chips per flavor: its chips in each slice pool, added up over pools of one shape."""
+    out: dict[str, int] = {}
+    for pool, chips in team.nominal_chips:
+        if pool in pools:  # a pool the stack lacks is refused by the config's rules
+            name = flavor_name(pools[pool].node_labels)
+            out[name] = out.get(name, 0) + chips
+    return out
 
 
 def _meta(name: str, namespace: str | None = None, team: str | None = None) -> Obj:
@@ -122,9 +90,9 @@ def resource_flavor(flavor: Flavor) -> Obj:
     }
 
 
-def cluster_queue(team: Team, all_flavors: Sequence[Flavor]) -> Obj:
+def cluster_queue(team: TeamSettings, all_flavors: Sequence[Flavor], nominal: Mapping[str, int]) -> Obj:
     def quota(flavor: Flavor) -> Obj:
-        entry: Obj = {"name": TPU_RESOURCE, "nominalQuota": team.nominal_chips.get(flavor.name, 0)}
+        entry: Obj = {"name": TPU_RESOURCE, "nominalQuota": nominal.get(flavor.name, 0)}
         if team.borrowing_limit is not None:
             entry["borrowingLimit"] = team.borrowing_limit
         return {"name": flavor.name, "resources": [entry]}
@@ -149,7 +117,7 @@ def cluster_queue(team: Team, all_flavors: Sequence[Flavor]) -> Obj:
     }
 
 
-def local_queue(team: Team) -> Obj:
+def local_queue(team: TeamSettings) -> Obj:
     return {
         "apiVersion": KUEUE_API,
         "kind": "LocalQueue",
@@ -173,7 +141,7 @@ def priority_classes() -> list[Obj]:
     ]
 
 
-def priority_ceiling(team: Team) -> Obj | None:
+def priority_ceiling(team: TeamSettings) -> Obj | None:
     """No pod of a class above the team's priority in its namespace: a quota of zero such pods (None
     when the team may use every class)."""
     above = [name for name, _ in PRIORITIES[PRIORITY_NAMES.index(team.priority) + 1 :]]
@@ -190,16 +158,13 @@ def priority_ceiling(team: Team) -> Obj | None:
     }
 
 
-def namespace(team: Team) -> Obj:
-    return {"apiVersion": "v1", "kind": "Namespace", "metadata": _meta(team.namespace, team=team.name)}
-
-
-def queue_objects(teams: Sequence[Team], shapes: Sequence[PoolShape]) -> list[Obj]:
+def queue_objects(teams: Sequence[TeamSettings], pools: Mapping[str, SliceShape]) -> list[Obj]:
     """Everything the queues phase applies, in an order a reader follows: flavors, priorities, then
-    per team its queue, its local queue and its priority ceiling."""
-    all_flavors = flavors(shapes)
+    per team its queue, its local queue and its priority ceiling. `pools`: each slice pool's shape by name."""
+    all_flavors = flavors(pools.values())
     objs = [resource_flavor(f) for f in all_flavors] + priority_classes()
     for team in teams:
         ceiling = priority_ceiling(team)
-        objs += [cluster_queue(team, all_flavors), local_queue(team), *([ceiling] if ceiling else [])]
+        queue = cluster_queue(team, all_flavors, nominal_by_flavor(team, pools))
+        objs += [queue, local_queue(team), *([ceiling] if ceiling else [])]
     return objs
