@@ -1,115 +1,62 @@
-"""Small GKE fixtures: pool shapes, two teams, and a TPU JobSet written out in full.
-
-The JobSet is the shape xpk's `workload create` renders (gke-tpu reference, "The JobSet"): one
-replicated job of `slices` replicas, each an Indexed Job of one pod per VM, `google.com/tpu` = chips per
-VM, node selectors of the pool's labels, exclusive placement per node pool. Every field the JobSet
-webhook would default (failure rule names) is written out, since a schema check sees objects before
-webhooks do.
-"""
+"""Small GKE fixtures: pool shapes, two teams, their queue objects, and a team's JobSet (infra/gke/jobsets.py)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
+from infra.config.model import TeamSettings
 from infra.gke import queues
+from infra.gke.jobsets import team_jobset
+from infra.gke.specs import SliceShape
 
+IMAGE = "us-docker.pkg.dev/acme/train@sha256:" + "0" * 64
 
-@dataclass(frozen=True)
-class Shape:
-    accelerator: str
-    topology: str
-    chips_per_vm: int
-    vms_per_slice: int
-    slices: int
-    provisioning: str
+V5E_16_SPOT = SliceShape("tpu-v5-lite-podslice", "4x4", "ct5lp-hightpu-4t", 4, 4, 1, "spot")
+V6E_16_FLEX = SliceShape("tpu-v6e-slice", "4x4", "ct6e-standard-4t", 4, 4, 2, "flex-start")
+TPU7X_8 = SliceShape("tpu7x", "2x2x2", "tpu7x-standard-4t", 4, 2, 1, "reserved")
+POOLS = {"v5e": V5E_16_SPOT, "v6e": V6E_16_FLEX, "iron": TPU7X_8}
+SHAPES = tuple(POOLS.values())
 
-
-V5E_16_SPOT = Shape("tpu-v5-lite-podslice", "4x4", 4, 4, 1, "spot")
-V6E_16_FLEX = Shape("tpu-v6e-slice", "4x4", 4, 4, 2, "flex-start")
-TPU7X_8 = Shape("tpu7x", "2x2x2", 4, 2, 1, "on-demand")
-SHAPES = (V5E_16_SPOT, V6E_16_FLEX, TPU7X_8)
-
-VISION = queues.Team(
+VISION = TeamSettings(
     name="vision",
     members=("group:vision@example.com",),
     namespace="team-vision",
-    nominal_chips={queues.flavor_name(V5E_16_SPOT): 16, queues.flavor_name(TPU7X_8): 8},
+    nominal_chips=(("v5e", 16), ("iron", 8)),
     borrowing_limit=16,
     priority="high",
 )
-NLP = queues.Team(
+NLP = TeamSettings(
     name="nlp",
     members=("user:ada@example.com",),
     namespace="team-nlp",
-    nominal_chips={queues.flavor_name(V6E_16_FLEX): 32},
+    nominal_chips=(("v6e", 32),),
     borrowing_limit=None,
     priority="medium",
 )
 TEAMS = (VISION, NLP)
 
 
+def flavor(shape: SliceShape) -> str:
+    return queues.flavor_name(shape.node_labels)
+
+
 def queue_objects() -> list[dict[str, Any]]:
-    return queues.queue_objects(TEAMS, SHAPES)
-
-
-def pool_labels() -> list[dict[str, str]]:
-    return [queues.node_labels(s) for s in SHAPES]
+    return queues.queue_objects(TEAMS, POOLS)
 
 
 def jobset(
     name: str = "train-1",
-    team: queues.Team = VISION,
-    shape: Shape = V5E_16_SPOT,
+    team: TeamSettings = VISION,
+    shape: SliceShape = V5E_16_SPOT,
     slices: int = 1,
     priority: str = "medium",
 ) -> dict[str, Any]:
-    vms = shape.vms_per_slice
-    pod = {
-        "restartPolicy": "Never",
-        "priorityClassName": priority,
-        "nodeSelector": queues.node_labels(shape),
-        "tolerations": [{"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"}],
-        "terminationGracePeriodSeconds": 30,
-        "containers": [
-            {
-                "name": "train",
-                "image": "us-docker.pkg.dev/acme/train@sha256:" + "0" * 64,
-                "command": ["python", "train.py"],
-                "resources": {"limits": {"google.com/tpu": shape.chips_per_vm}},
-                "securityContext": {"allowPrivilegeEscalation": False},
-            }
-        ],
-    }
-    return {
-        "apiVersion": "jobset.x-k8s.io/v1alpha2",
-        "kind": "JobSet",
-        "metadata": {
-            "name": name,
-            "namespace": team.namespace,
-            "labels": {"kueue.x-k8s.io/queue-name": team.name},
-            "annotations": {"alpha.jobset.sigs.k8s.io/exclusive-topology": "cloud.google.com/gke-nodepool"},
-        },
-        "spec": {
-            "ttlSecondsAfterFinished": 43200,
-            "failurePolicy": {
-                "maxRestarts": 3,
-                "rules": [{"name": "user-error", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]}],
-            },
-            "replicatedJobs": [
-                {
-                    "name": "slice",
-                    "replicas": slices,
-                    "template": {
-                        "spec": {
-                            "parallelism": vms,
-                            "completions": vms,
-                            "completionMode": "Indexed",
-                            "backoffLimit": 0,
-                            "template": {"spec": pod},
-                        }
-                    },
-                }
-            ],
-        },
-    }
+    """The platform's team JobSet, with a failure rule written out as JobSet's webhook would default it
+    (a schema check sees objects before webhooks do)."""
+    out = team_jobset(
+        team, shape, name, image=IMAGE, command=["python", "train.py"], slices=slices, priority=priority, max_restarts=3
+    )
+    out["spec"]["failurePolicy"]["rules"] = [
+        {"name": "user_error", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]}
+    ]
+    return out

@@ -1,8 +1,10 @@
 """Every Kubernetes object the platform hands to a cluster, checked offline as the API server checks it.
 
 No API server can be had offline, and most bad objects need none to be refused. For each object:
-1. Its kind is known: a served version of a pinned controller's CRD (`infra/gke/controllers.py`), or a
-   core kind of the pinned Kubernetes minor (kubernetes-validate ships the published OpenAPI schemas).
+1. Its kind is known: a served version of one of the given CRDs (the platform's: our reduced schemas of
+   the JobSet and Kueue kinds it renders, `infra/gke/api_schemas.py`, until the release CRDs can be
+   vendored), or a core kind of the pinned Kubernetes minor (kubernetes-validate ships the published
+   OpenAPI schemas).
 2. Metadata: a name of the kind's naming rule (`infra/naming.py`), a namespace exactly when the kind is
    namespaced, labels of the API server's syntax.
 3. A CRD kind: nulls pruned where the schema does not say `nullable` (the API server drops them), then
@@ -10,10 +12,12 @@ No API server can be had offline, and most bad objects need none to be refused. 
    properties and does not preserve unknown fields (strict field validation: a typo is refused, where a
    non-strict apply would silently drop it), then every `x-kubernetes-validations` rule with cel-python.
    A rule on `oldSelf` holds on updates only and is skipped (counted); a rule cel-python cannot evaluate
-   is a finding, never a pass.
+   is a finding, never a pass. A subtree the schema marks as a core kind (a JobSet's Job template) is
+   checked as that core kind.
 4. A core kind: kubernetes-validate in strict mode (unknown fields refused).
 Then rules across objects (`cross_object_findings`): a LocalQueue names a ClusterQueue, a ClusterQueue
-names ResourceFlavors, a flavor selects nodes some pool has, a JobSet's generated names fit (JobSet's
+names ResourceFlavors, a flavor selects nodes some pool has, the nominal chips of a flavor are chips its
+pools hold, no queue borrows by preemption under fair sharing, a JobSet's generated names fit (JobSet's
 webhook rule) and its queue can ever admit it (`infra/gke/quota.py`).
 
 What only a cluster proves (webhook defaulting and validation, scheduling, admission) is listed by the
@@ -35,6 +39,9 @@ from celpy.evaluation import CELEvalError
 
 from infra import naming
 from infra.gke import quota
+from infra.gke.api_schemas import CORE_KIND, REDUCED_CRDS
+from infra.gke.specs import SliceShape
+from infra.schema import ConfigError, Problem
 
 # The Kubernetes minor whose core schemas judge core kinds: the newest that both pinned controllers run
 # their end-to-end tests on (JobSet v0.12.0: 1.32-1.34; Kueue v0.17.8: 1.33-1.35; their READMEs).
@@ -103,6 +110,7 @@ class Report:
     objects: int = 0
     rules_evaluated: int = 0
     rules_skipped: int = 0  # on oldSelf: they hold on updates only
+    kubernetes_minor: str = KUBERNETES_MINOR  # whose core schemas judge core kinds
     findings: list[Finding] = field(default_factory=list)
 
     @property
@@ -112,6 +120,12 @@ class Report:
     def raise_if_any(self) -> None:
         if self.findings:
             raise InvalidObjectsError(self.findings)
+
+    def raise_for(self, stack: str, key: str) -> None:
+        """A stack's rendered objects that a cluster would refuse: its config error, on the settings `key`."""
+        if self.findings:
+            problems = [Problem(key, "(as rendered)", f"a cluster would refuse {f}") for f in self.findings]
+            raise ConfigError(stack, problems)
 
 
 def describe(obj: Obj) -> str:
@@ -126,7 +140,7 @@ def describe(obj: Obj) -> str:
 
 def _strict(node: Mapping[str, Any]) -> dict[str, Any]:
     """The schema as jsonschema's Draft 4 reads it, closed where the API server's strict mode is."""
-    out = {k: v for k, v in node.items() if k != "x-kubernetes-validations"}
+    out = {k: v for k, v in node.items() if k not in ("x-kubernetes-validations", CORE_KIND)}
     properties = dict(node.get("properties", {}))
     if node.get("x-kubernetes-embedded-resource"):
         # "apiVersion, kind and metadata are implicitly specified and validated" (CRD structural schemas).
@@ -201,7 +215,8 @@ def _evaluate(rule: str, value: Any) -> tuple[bool, str | None]:
     return bool(result) and isinstance(result, celtypes.BoolType), None
 
 
-def _cel_findings(value: Any, schema: Mapping[str, Any], where: list[str | int], name: str, report: Report) -> None:
+def _rule_findings(value: Any, schema: Mapping[str, Any], where: list[str | int], name: str, report: Report) -> None:
+    """The CEL rules of every node present, and the core kinds the schema embeds, depth first."""
     for validation in schema.get("x-kubernetes-validations", ()):
         rule = validation["rule"]
         if "oldSelf" in rule:
@@ -214,12 +229,20 @@ def _cel_findings(value: Any, schema: Mapping[str, Any], where: list[str | int],
         elif not holds:
             message = validation.get("message") or f"failed rule: {rule}"
             report.findings.append(Finding(name, _path(where), message))
+    if CORE_KIND in schema and isinstance(value, Mapping):
+        api_version, kind = schema[CORE_KIND]
+        embedded = {"apiVersion": api_version, "kind": kind, **value}
+        for finding in _core_findings(embedded, name, report.kubernetes_minor):
+            report.findings.append(
+                Finding(name, _path([*where, finding.path] if finding.path else where), finding.message)
+            )
+        return
     if isinstance(value, Mapping):
         for key, item in value.items():
-            _cel_findings(item, _child(schema, key), [*where, key], name, report)
+            _rule_findings(item, _child(schema, key), [*where, key], name, report)
     elif isinstance(value, list):
         for index, item in enumerate(value):
-            _cel_findings(item, _child(schema, index), [*where, index], name, report)
+            _rule_findings(item, _child(schema, index), [*where, index], name, report)
 
 
 # --- The validator -----------------------------------------------------------------------------------
@@ -252,7 +275,7 @@ class Validator:
                     self._served[key] = _Served(schema, spec["scope"] == "Namespaced")
 
     def check(self, objs: Iterable[Obj]) -> Report:
-        report = Report()
+        report = Report(kubernetes_minor=self.kubernetes_minor)
         for obj in objs:
             report.objects += 1
             self._check_one(obj, report)
@@ -267,7 +290,7 @@ class Validator:
             pruned = prune_nulls(obj, served.schema)
             for error in sorted(served.checker.iter_errors(pruned), key=lambda e: list(e.absolute_path)):
                 report.findings.append(Finding(name, _path(error.absolute_path), error.message))
-            _cel_findings(pruned, served.schema, [], name, report)
+            _rule_findings(pruned, served.schema, [], name, report)
         else:
             report.findings.extend(_core_findings(obj, name, self.kubernetes_minor))
 
@@ -308,9 +331,10 @@ def _core_findings(obj: Obj, name: str, minor: str) -> list[Finding]:
 # --- Across objects ------------------------------------------------------------------------------------
 
 
-def cross_object_findings(objs: Sequence[Obj], pool_labels: Sequence[Mapping[str, str]] | None = None) -> list[Finding]:
-    """What no single object's schema says: names that refer to other objects, flavors that select nodes
-    some pool has (when `pool_labels` lists each pool's node labels), JobSets their queues can admit."""
+def cross_object_findings(objs: Sequence[Obj], pools: Sequence[SliceShape] | None = None) -> list[Finding]:
+    """What no single object's schema says: names that refer to other objects, JobSets their queues can
+    admit, no borrowing by preemption (Kueue runs with fair sharing); and, given the cluster's slice
+    pools, that each flavor selects nodes some pool has and promises no more chips than its pools hold."""
     by_kind: dict[str, dict[str, Obj]] = {}
     for obj in objs:
         meta = obj.get("metadata") or {}
@@ -323,21 +347,42 @@ def cross_object_findings(objs: Sequence[Obj], pool_labels: Sequence[Mapping[str
         for flavor in quota.flavor_names(cq):
             if flavor not in flavors:
                 found.append(Finding(describe(cq), "spec.resourceGroups", f"names ResourceFlavor {flavor!r}: none"))
+        # Kueue's ClusterQueue page: borrowWithinCohort "May only be configured with Classical Preemption, and
+        # not with Fair Sharing", which this platform's Kueue runs with (infra/gke/controllers.py).
+        policy = ((cq.get("spec") or {}).get("preemption") or {}).get("borrowWithinCohort") or {}
+        if policy.get("policy", "Never") != "Never":
+            why = "borrowWithinCohort works with classical preemption only; Kueue here runs with fair sharing"
+            found.append(Finding(describe(cq), "spec.preemption.borrowWithinCohort", why))
     for lq in by_kind.get("LocalQueue", {}).values():
         target = lq.get("spec", {}).get("clusterQueue")
         if target not in queues:
             found.append(Finding(describe(lq), "spec.clusterQueue", f"names ClusterQueue {target!r}: none"))
-    if pool_labels is not None:
-        for flavor in flavors.values():
-            wanted = flavor.get("spec", {}).get("nodeLabels") or {}
-            if not any(all(pool.get(k) == v for k, v in wanted.items()) for pool in pool_labels):
-                found.append(Finding(describe(flavor), "spec.nodeLabels", f"no node pool has the labels {wanted}"))
+    if pools is not None:
+        found.extend(_pool_findings(flavors, queues, pools))
     for jobset in by_kind.get("JobSet", {}).values():
         try:
             found.extend(_jobset_findings(jobset, by_kind, queues, flavors))
         except (ValueError, KeyError, TypeError, AttributeError) as error:  # malformed: its own findings say how
             why = f"not checked against its queue ({type(error).__name__}: {error})"
             found.append(Finding(describe(jobset), "", why))
+    return found
+
+
+def _pool_findings(flavors: Mapping[str, Obj], queues: Mapping[str, Obj], pools: Sequence[SliceShape]) -> list[Finding]:
+    found = []
+    for name, flavor in flavors.items():
+        wanted = flavor.get("spec", {}).get("nodeLabels") or {}
+        held = sum(p.chips for p in pools if all(p.node_labels.get(k) == v for k, v in wanted.items()))
+        if not held:
+            found.append(Finding(describe(flavor), "spec.nodeLabels", f"no node pool has the labels {wanted}"))
+            continue
+        try:
+            promised = sum(q.nominal for cq in queues.values() if (q := quota.tpu_quota(cq, name)) is not None)
+        except (ValueError, KeyError, TypeError):
+            continue  # a malformed quota: the schema's findings say how
+        if promised > held:
+            why = f"the ClusterQueues' nominal quotas add up to {promised} TPU chips; its pools hold {held}"
+            found.append(Finding(describe(flavor), "spec.nodeLabels", why))
     return found
 
 
@@ -362,10 +407,14 @@ def _jobset_findings(
     return found
 
 
-def validate_all(
-    validator: Validator, objs: Sequence[Obj], pool_labels: Sequence[Mapping[str, str]] | None = None
-) -> Report:
+def validate_all(validator: Validator, objs: Sequence[Obj], pools: Sequence[SliceShape] | None = None) -> Report:
     """Each object on its own, then across them."""
     report = validator.check(objs)
-    report.findings.extend(cross_object_findings(objs, pool_labels))
+    report.findings.extend(cross_object_findings(objs, pools))
     return report
+
+
+@functools.cache
+def platform_validator() -> Validator:
+    """The validator of what the platform renders: our reduced JobSet and Kueue schemas, and core kinds."""
+    return Validator(REDUCED_CRDS)
