@@ -26,7 +26,7 @@ STACK, PROJECT = "gke", "fixture-gke"
 HOME = f"projects/{PROJECT}"
 GKE_PERMISSIONS = {
     "container.clusters.create", "container.clusters.get", "container.clusters.update", "container.clusters.delete",
-    "container.operations.get",
+    "container.clusters.connect", "container.operations.get",
     "compute.resourcePolicies.create", "compute.resourcePolicies.get", "compute.resourcePolicies.update",
     "compute.resourcePolicies.delete", "compute.regionOperations.get",
 }  # fmt: skip
@@ -65,6 +65,11 @@ def test_the_deployer_needs_exactly_the_engines_gke_calls():
     assert any("gke-cluster" in w for w in why["container.clusters.create"])
     assert any("slices-ironwood-0" in w for w in why["container.clusters.update"])  # a node pool is a cluster update
     assert any("slices-ironwood-workload-policy" in w for w in why["compute.resourcePolicies.create"])
+    # The teams' queues go through the cluster's DNS endpoint, which IAM guards; inside, RBAC decides
+    # (tests/test_gke_teams.py).
+    assert why["container.clusters.connect"] == [
+        f"{phase} queues-objects (kubernetes:yaml/v2:ConfigGroup)" for phase in ("create", "read", "update", "delete")
+    ]
 
 
 def test_the_cluster_and_every_pool_attach_the_nodes_account():
@@ -73,9 +78,9 @@ def test_the_cluster_and_every_pool_attach_the_nodes_account():
     assert {a.split(" ")[0] for a in attached} == {"gke-cluster", "gke-system", "slices-v5e-0", "slices-ironwood-0"}
 
 
-def test_a_refresh_reads_clusters_pools_and_policies_only():
+def test_a_refresh_reads_clusters_pools_and_policies_and_connects_for_the_queues():
     reads = {p for p in gke_needs(PREVIEW).in_scope(HOME) if p.startswith(("container.", "compute.resourcePolicies."))}
-    assert reads == {"container.clusters.get", "compute.resourcePolicies.get"}
+    assert reads == {"container.clusters.get", "compute.resourcePolicies.get", "container.clusters.connect"}
 
 
 def test_the_bootstraps_deployer_of_a_gke_environment_holds_what_its_plan_needs_and_nothing_more():

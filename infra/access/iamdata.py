@@ -41,6 +41,11 @@ METHOD_FIXES: dict[str, tuple[str, ...]] = {
     # Cloud Billing access control: changing a billing account's IAM needs billing.accounts.setIamPolicy.
     # https://cloud.google.com/billing/docs/how-to/billing-access
     "cloudbilling.billingAccounts.setIamPolicy": ("billing.accounts.setIamPolicy",),
+    # A Kubernetes API request through a GKE cluster's DNS-based endpoint: IAM decides who may connect
+    # before RBAC sees the request (GKE "About network isolation", DNS-based endpoint), with
+    # container.clusters.connect, the permission roles/container.clusterViewer adds to get and list
+    # (roles.json; a user's report of the DNS endpoint names the same permission).
+    "container.dnsEndpoint.request": ("container.clusters.connect",),
 }
 
 # "Resource attributes for IAM Conditions" (cloud.google.com/iam/docs/conditions-resource-attributes):
