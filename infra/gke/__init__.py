@@ -8,6 +8,9 @@ and a queue per team.
 - `slice_pools`: one slice pool: a node pool per slice, and TPU7x's workload policy (a component);
 - `controllers`: pure. JobSet and Kueue pinned, and the objects the admin phase installs;
 - `queues`, `quota`: pure. Teams as Kueue objects, and Kueue's quota arithmetic;
-- `validation`: pure. The validator of every Kubernetes object the platform hands to a cluster;
-- `install`: the admin and queues phases (components).
+- `teams`: pure. Each team's namespace, service account and RBAC;
+- `jobsets`: pure. A team's JobSet on a pool shape;
+- `api_schemas`, `validation`: pure. Our reduced schemas of the JobSet and Kueue kinds we render, and the
+  validator of every Kubernetes object the platform hands to a cluster;
+- `install`: the components that hand objects to a cluster; `admin`: the admin phase's program (gke-admin/).
 """
