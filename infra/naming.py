@@ -239,3 +239,8 @@ TEAM_SERVICE_ACCOUNT = "tpu-workloads"  # the Kubernetes service account a team'
 def team_namespace(team: str) -> str:
     """A team's namespace when the stack names none."""
     return f"team-{team}"
+
+
+def team_prefix(team: str) -> str:
+    """A team's objects in the checkpoints and models buckets: apart from every workload's `<workload>/`."""
+    return f"teams/{team}/"

@@ -26,6 +26,7 @@ from infra.gke.cluster import GKE_APIS, GkeCluster, GkeClusterArgs, gke_node_acc
 from infra.gke.install import TeamQueues, cluster_provider
 from infra.gke.slice_pools import SlicePool, SlicePoolArgs
 from infra.gke.specs import shape_of
+from infra.gke.team_access import TeamAccess, TeamAccessArgs, team_identities
 from infra.gke.validation import platform_validator, validate_all
 from infra.identity import IDENTITY_APIS, WorkloadIdentity, WorkloadIdentityArgs, workload_account
 from infra.lifecycle import (
@@ -163,6 +164,9 @@ def build_platform(cfg: PlatformConfig, secrets: Mapping[str, str] | None = None
         cluster = GkeCluster("gke", env, cluster_args, network, apis)
         pools = {a.pool.name: SlicePool(f"slices-{a.pool.name}", env, a, cluster, apis) for a in pool_args}
         engine["gke"] = {**cluster.outputs, "slicePools": {name: pool.outputs for name, pool in pools.items()}}
+        if cluster_args.gke.teams:
+            TeamAccess("team-access", env, TeamAccessArgs(cluster_args.gke.teams), buckets.buckets, apis,
+                       [cluster.cluster])  # fmt: skip
         if team_queues:
             # The queues phase: the admin phase (gke-admin/) installed Kueue and gave this stack's deployer
             # the rights to these objects; the pools exist before a queue lends their chips.
@@ -220,6 +224,8 @@ def stack_identities(cfg: PlatformConfig) -> StackIdentities:
         out += researcher_identities(cfg.stack, researcher_args_of(cfg))
     if cfg.gke:
         out += StackIdentities(accounts=(gke_node_account(cfg.stack),))
+        if cfg.gke.teams:
+            out += team_identities(cfg.stack)
     return out
 
 

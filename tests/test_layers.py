@@ -78,6 +78,7 @@ DECLARATION = {
     "infra.gke.cluster",
     "infra.gke.install",
     "infra.gke.slice_pools",
+    "infra.gke.team_access",
     "infra.grants",
     "infra.identity",
     "infra.lifecycle",

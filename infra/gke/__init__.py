@@ -12,5 +12,6 @@ and a queue per team.
 - `jobsets`: pure. A team's JobSet on a pool shape;
 - `api_schemas`, `validation`: pure. Our reduced schemas of the JobSet and Kueue kinds we render, and the
   validator of every Kubernetes object the platform hands to a cluster;
-- `install`: the components that hand objects to a cluster; `admin`: the admin phase's program (gke-admin/).
+- `install`: the components that hand objects to a cluster; `admin`: the admin phase's program (gke-admin/);
+- `team_access`: what each team's code and members may do on the GCP side (a component).
 """
