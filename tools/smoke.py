@@ -38,8 +38,9 @@ reserved tpu7x-16 slice in us-central1), checking what only a real project prove
      creates JobSets in its team's namespace, not in the other's, and no pods); pod security and the priority
      ceiling refusing a privileged pod, a host-network pod and a pod above the team's priority; a JobSet of
      the team (unprivileged, no host network, the team's service account) admitted on the spot slice, its four
-     hosts finding each other and seeing 4 chips each, 16 in all; a JobSet without a queue label held
-     suspended; then the teams removed (the environment up without them) and the admin phase destroyed;
+     hosts finding each other and seeing 4 chips each, 16 in all, and writing under the team's prefix of the
+     checkpoints bucket, refused under the other team's (Workload Identity Federation); a JobSet without a
+     queue label held suspended; then the teams removed (the environment up without them) and the admin phase destroyed;
   5. a preempted spot slice: one node's preemption simulated, then the whole slice Ready again, the
      preempted node registered anew;
   6. always: `pulumi destroy` and `pulumi stack rm`.
@@ -476,15 +477,38 @@ def gke_stack_file_text(args: SmokeArgs, tpu7x_reservation: str, teams: bool = F
     )
 
 
-def smoke_jobset(team: TeamSettings, pool: SlicePoolSettings, name: str, queued: bool = True) -> dict[str, object]:
-    """A team's JobSet on one slice of `pool` (infra/gke/jobsets.py) whose program asks JAX for its chips:
-    every host sees its own and the slice's (GKE injects TPU_WORKER_* into Indexed Jobs asking for
-    google.com/tpu), without privilege or host network."""
+SMOKE_PROGRAM = """
+import jax
+from google.api_core.exceptions import Forbidden
+from google.cloud import storage
+
+counts = (jax.local_device_count(), jax.device_count())
+assert counts == ({local}, {total}), counts
+bucket = storage.Client().bucket("{bucket}")
+host = jax.process_index()
+bucket.blob(f"{own}smoke/{{host}}").upload_from_string("ok")
+try:
+    bucket.blob(f"{other}smoke/{{host}}").upload_from_string("not ours")
+except Forbidden:
+    print("chips", counts, "wrote its own prefix, refused another team's")
+else:
+    raise SystemExit("wrote into another team's prefix")
+"""
+
+
+def smoke_jobset(
+    team: TeamSettings, pool: SlicePoolSettings, name: str, checkpoints: str, other: TeamSettings, queued: bool = True
+) -> dict[str, object]:
+    """A team's JobSet on one slice of `pool` (infra/gke/jobsets.py) whose program asks JAX for its chips
+    (every host sees its own and the slice's: GKE injects TPU_WORKER_* into Indexed Jobs asking for
+    google.com/tpu), without privilege or host network; then, as the team's Kubernetes service account
+    (Workload Identity Federation, no Google account), writes under its own prefix of the checkpoints
+    bucket and is refused under another team's."""
     shape = shape_of(pool)
-    local, total = shape.chips_per_vm, shape.chips_per_slice
-    counts = "(jax.local_device_count(), jax.device_count())"
-    check = f"import jax; assert {counts} == ({local}, {total}), {counts}; print('chips', {counts})"
-    command = ["bash", "-c", f"pip install --quiet 'jax[tpu]' && python -c \"{check}\""]
+    program = SMOKE_PROGRAM.format(local=shape.chips_per_vm, total=shape.chips_per_slice, bucket=checkpoints,
+                                   own=naming.team_prefix(team.name), other=naming.team_prefix(other.name))  # fmt: skip
+    # bash -c SCRIPT ARG0: the program arrives as $0, with no shell quoting in between.
+    command = ["bash", "-c", 'pip install --quiet "jax[tpu]" google-cloud-storage && exec python -c "$0"', program]
     return team_jobset(team, shape, name, image="python:3.11-slim", command=command, queued=queued)
 
 
@@ -546,7 +570,8 @@ def smoke_gke_teams(
                    _refused_pod(shell, a.namespace, "smoke-host-network", {"hostNetwork": True}))  # fmt: skip
         report.add(f"the priority ceiling refuses a very-high pod of team {b.name} ({b.priority} at most)",
                    _refused_pod(shell, b.namespace, "smoke-above", {"priorityClassName": "very-high"}))  # fmt: skip
-        jobset = smoke_jobset(a, pools[SPOT_POOL], "smoke-jax")
+        checkpoints = cfg.bucket_name("checkpoints")
+        jobset = smoke_jobset(a, pools[SPOT_POOL], "smoke-jax", checkpoints, b)
         shapes = {p.name: shape_of(p) for p in gke.slice_pools}
         offline = validate_all(platform_validator(), [*queue_objects(gke.teams, shapes), jobset], list(shapes.values()))
         report.add("the team's JobSet passes the offline checks its queue and the schemas make", offline.ok,
@@ -554,12 +579,13 @@ def smoke_gke_teams(
         applied = {}
         for name, queued in (("smoke-jax", True), ("smoke-unqueued", False)):
             path = teams_file.with_name(f"{name}.json")
-            path.write_text(json.dumps(smoke_jobset(a, pools[SPOT_POOL], name, queued), indent=2))
+            path.write_text(json.dumps(smoke_jobset(a, pools[SPOT_POOL], name, checkpoints, b, queued), indent=2))
             rc, _ = shell.run(["kubectl", "apply", "--server-side", "-f", str(path)])
             applied[name] = rc == 0
         rc, _ = shell.run(["kubectl", "wait", "jobset/smoke-jax", "-n", a.namespace, "--for=condition=Completed",
                            f"--timeout={max(int(run_minutes), 1)}m"])  # fmt: skip
-        report.add("an unprivileged multi-host JobSet without host network sees 4 chips a host, 16 in all",
+        report.add("an unprivileged multi-host JobSet without host network sees 4 chips a host, 16 in all, and as "
+                   "its team's Kubernetes account writes its team's prefix, not another's",
                    applied["smoke-jax"] and rc == 0, f"{a.namespace}/smoke-jax")  # fmt: skip
         rc, out = shell.run(["kubectl", "get", "jobset", "smoke-unqueued", "-n", a.namespace, "-o",
                              "jsonpath={.spec.suspend}"], answer="true")  # fmt: skip
