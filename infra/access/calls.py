@@ -361,10 +361,15 @@ FIELD_REVIEW: dict[str, str] = {
     "gcp:iam/workloadIdentityPool:WorkloadIdentityPool": "iam.v1: no caller check named",
     "gcp:iam/workloadIdentityPoolProvider:WorkloadIdentityPoolProvider": "iam.v1: no caller check named",
     "time:index/sleep:Sleep": "no API",
-    "gcp:container/cluster:Cluster": "container.v1: nodeConfig.serviceAccount is an attachment (act_as); the GKE "
-    "engine's other fields not yet searched for caller checks (its owner extends this row)",
-    "gcp:container/nodePool:NodePool": "container.v1: nodeConfig.serviceAccount is an attachment (act_as); the "
-    "GKE engine's other fields not yet searched for caller checks (its owner extends this row)",
+    "gcp:container/cluster:Cluster": "container.v1: nodeConfig.serviceAccount is an attachment (act_as); every "
+    "field description of Cluster and what it nests searched for permission, actAs and IAM: only legacyAbac (off) "
+    "and workloadIdentityConfig (the project's pool) mention IAM, neither a check of the caller; "
+    "authenticatorGroupsConfig names a group, no caller check",
+    "gcp:container/nodePool:NodePool": "container.v1: nodeConfig.serviceAccount is an attachment (act_as); every "
+    "field description of NodePool and what it nests searched for permission, actAs and IAM: none",
+    "pulumi:providers:kubernetes": "a kubeconfig (server and credential plugin): no API",
+    "kubernetes:yaml/v2:ConfigGroup": "Kubernetes objects, authorized inside the cluster by RBAC "
+    "(infra/access/kubernetes.py); on the GCP side only the DNS endpoint's IAM check (container.clusters.connect)",
     "gcp:compute/resourcePolicy:ResourcePolicy": "compute.v1: no caller check named in its description fields",
 }
 

@@ -131,9 +131,13 @@ def service_of_permission(permission: str) -> str:
 
 # Verbs that look like reads but mint credentials.
 TOKEN_VERBS = frozenset({"getAccessToken", "getOpenIdToken", "getIdToken"})
+# Reaching a GKE control plane through its DNS endpoint: it grants nothing in the cluster, where IAM's own
+# container.* permissions and RBAC decide each request, so a reader may hold it (a preview reads through it).
+GATEWAYS = frozenset({"container.clusters.connect"})
 
 
 def is_read(permission: str) -> bool:
-    """Whether a permission only reads: a get, list or search (never a write, a use, or a token)."""
+    """Whether a permission only reads: a get, list or search, or a gateway that lets reads reach what
+    decides them (never a write, a use, or a token)."""
     verb = permission.rsplit(".", 1)[-1]
-    return verb.startswith(("get", "list", "search")) and verb not in TOKEN_VERBS
+    return permission in GATEWAYS or (verb.startswith(("get", "list", "search")) and verb not in TOKEN_VERBS)
