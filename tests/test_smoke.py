@@ -184,6 +184,10 @@ def test_gke_dry_run_plans_the_gke_stack_offline_and_lists_what_only_a_real_proj
     made = [c for c in commands if c.startswith("gcloud iam service-accounts")]
     assert any(c.startswith("gcloud iam service-accounts create tpu-gke-nodes-smoke") for c in made)
     assert "delete" in made[-1]
+    # ... and so is the teams' member role, before any up (the stack with teams grants it).
+    (role,) = [c for c in commands if c.startswith("gcloud iam roles create tpuPlatformGkeTeamSmoke")]
+    assert "--permissions=container.clusters.connect,container.clusters.get" in role
+    assert commands.index(role) < commands.index(next(c for c in commands if c.startswith("pulumi up")))
     commands = [c for c in commands if not c.startswith(("gcloud iam", "pulumi plugin"))]
     verbs = [" ".join(c.split()[:4]) for c in commands]
     assert verbs == [

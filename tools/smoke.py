@@ -620,7 +620,9 @@ def smoke_gke(
     cluster, region = naming.gke_cluster(cfg.stack), gke.region
     stack, config = ["--stack", cfg.stack], ["--config-file", str(stack_file)]
     project, location = ["--project", cfg.project], ["--cluster", cluster, "--location", region]
-    undo = make_identities(cfg, shell, report)  # the nodes' account, as the bootstrap makes it
+    teams_cfg = parse_stack_config(cfg.stack, read_stack_config(cfg.stack, ROOT, teams_file)) if teams_file else None
+    # The nodes' account (and, with the teams, their members' role), as the bootstrap makes them.
+    undo = make_identities(teams_cfg or cfg, shell, report)
 
     def after_destroy() -> None:
         for command in undo:
@@ -651,8 +653,7 @@ def smoke_gke(
                             answer="\n".join(f"node/iron-{i}" for i in range(shape.vms_per_slice)))  # fmt: skip
         report.add("the TPU7x nodes carry the accelerator and topology labels queues select",
                    rc == 0 and len(out.split()) == shape.vms_per_slice, selector)  # fmt: skip
-        if teams_file is not None:
-            teams_cfg = parse_stack_config(cfg.stack, read_stack_config(cfg.stack, ROOT, teams_file))
+        if teams_file is not None and teams_cfg is not None:
             smoke_gke_teams(teams_cfg, teams_file, stack_file, shell, report, run_minutes=run_minutes)
         report.add(
             "a preempted spot slice comes back whole",
