@@ -15,17 +15,14 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-import policy.grants
 from infra.access.model import needs_of
 from infra.config import docs, parse_stack_config
 from infra.gke.queues import queue_objects
 from infra.gke.specs import shape_of
-from infra.platform import stack_identities
 from infra.tpu import queued_api as api
 from infra.tpu.queued import request_from_props
-from tests.support import deploys
+from tests.support import deploys, policies_as_bootstrapped
 from tools.offline.access import access_of, declared
-from tools.offline.policy_check import check_policies
 from tools.offline.runner import PlanResult, plan_stack
 from tools.offline.stackfile import ROOT, load_stack_yaml, read_stack_config, stack_of
 
@@ -171,14 +168,9 @@ def test_the_gke_example_costs_each_pool_by_its_model():
     assert cost["unpriced"] == ["tpu7x"] and cost["vms"] == []
 
 
-def test_the_gke_example_passes_the_policy_pack_and_its_deployer_is_computed(monkeypatch):
+def test_the_gke_example_passes_the_policy_pack_and_its_deployer_is_computed():
     result = planned("gke")
-    # The pack knows a stack's bootstrap-made custom roles from bootstrap/access.json, which lists the
-    # repository's environments, not the examples: given this one's (its teams' member role), nothing is left.
-    cfg = parse_stack_config("gke", result.config)
-    made = {role.name(cfg.project): frozenset(role.permissions) for role in stack_identities(cfg).roles}
-    monkeypatch.setattr(policy.grants, "bootstrap_roles", lambda: made)
-    assert check_policies(result) == []
+    assert policies_as_bootstrapped(result) == []  # its teams' member role, as the bootstrap makes it
     access = access_of(result.stack, deploys(result.config, result.stack))
     assert {"container.clusters.create", "compute.resourcePolicies.create"} <= set(access.deployer_permissions)
     # The queues phase reaches the cluster's DNS endpoint, which IAM guards (container.clusters.connect).
