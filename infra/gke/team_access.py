@@ -69,23 +69,16 @@ class TeamAccess(pulumi.ComponentResource):
                 lambda n, t=team: iam.kubernetes_principal(n, env.project, t.namespace, naming.TEAM_SERVICE_ACCOUNT)
             )
             for purpose, access in TEAM_BUCKET_ACCESS:
-                bucket_role = iam.BUCKET_ROLE_FOR_ACCESS[access]
-                condition = None
-                if purpose != "data":  # data is shared input; checkpoints and models are each team's own
-                    condition = grants.prefix_condition(
-                        env.bucket_name(purpose), naming.team_prefix(team.name), f"team-{team.name}-only"
-                    )
-                    grants.check_condition(
-                        bucket_role, iamdata.role_permissions(bucket_role), str(condition.expression),
-                        "storage.googleapis.com",
-                    )  # fmt: skip
+                # Data is shared input; checkpoints and models are each team's own, under its prefix.
                 self.grants.append(
-                    gcp.storage.BucketIAMMember(
+                    grants.bucket_access(
                         f"{name}-{team.name}-{purpose}-{access}",
-                        bucket=buckets[purpose].name,
-                        role=bucket_role,
-                        member=principal,
-                        condition=condition,
+                        env.bucket_name(purpose),
+                        buckets[purpose].name,
+                        access,
+                        principal,
+                        prefix=None if purpose == "data" else naming.team_prefix(team.name),
+                        title=f"team-{team.name}-only",
                         opts=after,
                     )
                 )
