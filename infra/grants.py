@@ -2,6 +2,7 @@
 
 - Act-as on an attached account (a TPU VM's, a Scheduler job's, a function's) is checked on the account
   itself; the bootstrap, which makes the accounts, grants it there (`infra/access/accounts.py`).
+- `bucket_access`: read or write on one bucket, under one prefix when given.
 - `project_role`: a project-level role. Conditions on resource attributes are refused for services
   that ignore them (Google's "Resource attributes for IAM Conditions"): such a grant would silently
   apply to every resource of the service.
@@ -18,6 +19,7 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumiverse_time as time
 
+from infra import iam
 from infra.access import iamdata
 
 _RESOURCE_ATTRIBUTE = re.compile(r"\bresource\.(name|type|service)\b")
@@ -72,6 +74,29 @@ def prefix_condition(bucket: str, prefix: str, title: str) -> gcp.storage.Bucket
             f"{objects_under(bucket, prefix)} || "
             f'api.getAttribute("storage.googleapis.com/objectListPrefix", "").startsWith("{prefix}")'
         ),
+    )
+
+
+def bucket_access(
+    name: str,
+    bucket: str,
+    bucket_ref: pulumi.Input[str],
+    access: str,
+    member: pulumi.Input[str],
+    *,
+    prefix: str | None,
+    title: str,
+    opts: pulumi.ResourceOptions,
+) -> gcp.storage.BucketIAMMember:
+    """`access` (read | write: iam.BUCKET_ROLE_FOR_ACCESS) on the bucket named `bucket` for `member`, only
+    under `prefix` when one is given, with a condition Cloud Storage honours (checked, not assumed)."""
+    role = iam.BUCKET_ROLE_FOR_ACCESS[access]
+    condition = None
+    if prefix is not None:
+        condition = prefix_condition(bucket, prefix, title)
+        check_condition(role, iamdata.role_permissions(role), str(condition.expression), "storage.googleapis.com")
+    return gcp.storage.BucketIAMMember(
+        name, bucket=bucket_ref, role=role, member=member, condition=condition, opts=opts
     )
 
 

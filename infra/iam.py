@@ -27,5 +27,13 @@ ALLOWED_BUCKET_ROLES: frozenset[str] = frozenset(BUCKET_ROLE_FOR_ACCESS.values()
 DEFAULT_BUCKET_ACCESS: dict[str, str] = {"data": "read", "checkpoints": "write", "models": "write"}
 
 
+def kubernetes_principal(project_number: str, project: str, namespace: str, account: str) -> str:
+    """A GKE Kubernetes service account as an IAM principal, granted directly with no Google service account
+    to impersonate (GKE, "Authenticate to Google Cloud APIs from GKE workloads": Workload Identity
+    Federation for GKE; the pool is the project's `PROJECT_ID.svc.id.goog`)."""
+    pool = f"projects/{project_number}/locations/global/workloadIdentityPools/{project}.svc.id.goog"
+    return f"principal://iam.googleapis.com/{pool}/subject/ns/{namespace}/sa/{account}"
+
+
 def service_account_member(email: str) -> str:
     return f"serviceAccount:{email}"

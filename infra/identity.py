@@ -13,8 +13,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
-from infra import grants, iam
-from infra.access import iamdata
+from infra import grants
 from infra.access.accounts import AccountSpec
 from infra.apis import ProjectApis
 from infra.config import Env, WorkloadSettings, service_account_id
@@ -80,22 +79,16 @@ class WorkloadIdentity(pulumi.ComponentResource):
             self.grants.append(grant)
         for purpose, access in workload.bucket_access:
             # Data is shared input; checkpoints and models are each workload's own, under its prefix.
-            condition = (
-                None
-                if purpose == "data"
-                else grants.prefix_condition(env.bucket_name(purpose), f"{workload.name}/", f"{workload.name}-only")
+            self.grants.append(
+                grants.bucket_access(
+                    f"{name}-{purpose}-{access}",
+                    env.bucket_name(purpose),
+                    buckets[purpose].name,
+                    access,
+                    member,
+                    prefix=None if purpose == "data" else f"{workload.name}/",
+                    title=f"{workload.name}-only",
+                    opts=child,
+                )
             )
-            role = iam.BUCKET_ROLE_FOR_ACCESS[access]
-            if condition is not None:  # a condition Cloud Storage honours (checked, not assumed)
-                expression = str(condition.expression)  # built as plain text by prefix_condition
-                grants.check_condition(role, iamdata.role_permissions(role), expression, "storage.googleapis.com")
-            grant = gcp.storage.BucketIAMMember(
-                f"{name}-{purpose}-{access}",
-                bucket=buckets[purpose].name,
-                role=role,
-                member=member,
-                condition=condition,
-                opts=child,
-            )
-            self.grants.append(grant)
         self.register_outputs({"email": self.email})

@@ -63,6 +63,38 @@ def resource_id_problem(name: str, max_length: int = 63) -> str | None:
     return None
 
 
+# Kubernetes object names (kubernetes.io/docs/concepts/overview/working-with-objects/names): most kinds
+# take a DNS-1123 subdomain (at most 253), namespaces and a few others a DNS-1123 label (at most 63).
+_DNS1123_LABEL = re.compile(r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?")
+_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*")
+# Label keys and values (kubernetes.io/docs/concepts/overview/working-with-objects/labels, "Syntax and
+# character set"): an optional DNS subdomain prefix and '/', then a name of at most 63 alphanumerics,
+# '-', '_', '.', alphanumeric at both ends; a value is empty or such a name.
+_QUALIFIED_NAME = re.compile(r"[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?")
+
+
+def dns1123_label_problem(name: str) -> str | None:
+    if len(name) > 63 or not _DNS1123_LABEL.fullmatch(name):
+        return "1-63 lowercase letters, digits and '-', starting and ending with a letter or digit"
+    return None
+
+
+def dns1123_subdomain_problem(name: str) -> str | None:
+    if len(name) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(name):
+        return "at most 253 lowercase letters, digits, '-' and '.', starting and ending with a letter or digit"
+    return None
+
+
+def kubernetes_label_problem(key: str, value: str) -> str | None:
+    """Why a Kubernetes label `key: value` is refused (None when the API server accepts it)."""
+    prefix, _, name = key.rpartition("/")
+    if (prefix and dns1123_subdomain_problem(prefix)) or len(name) > 63 or not _QUALIFIED_NAME.fullmatch(name):
+        return "a key of an optional DNS subdomain and '/', then 1-63 letters, digits, '-', '_' or '.'"
+    if len(value) > 63 or (value and not _QUALIFIED_NAME.fullmatch(value)):
+        return "a value of at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit"
+    return None
+
+
 # --- Every physical name the platform derives, in one place -------------------------------------------
 # Terms: a *stack* is one Pulumi stack (dev, prod); the platform calls the GCP project and everything in
 # it that the stack owns the stack's *environment*. Names carry the stack so two stacks never collide.
@@ -193,3 +225,22 @@ def workload_policy(stack: str, pool: str) -> str:
     """A TPU7x slice pool's HIGH_THROUGHPUT workload policy (a regional compute ResourcePolicy): one per
     pool, shared by its slices, so replacing one pool never touches another of the same shape."""
     return f"tpu-{stack}-{pool}-slice"
+
+
+# --- Teams on the GKE engine (infra/gke/queues.py, infra/gke/teams.py) -----------------------------------
+# Namespaces a team may not take: Kubernetes' own ("Namespaces": default, kube-system, kube-public,
+# kube-node-lease; names starting kube- are reserved), GKE's (gke-*, gmp-*), and the controllers' the admin
+# phase installs (JobSet's and Kueue's release manifests run in these two).
+SYSTEM_NAMESPACES = ("default", "jobset-system", "kueue-system")
+SYSTEM_NAMESPACE_PREFIXES = ("kube-", "gke-", "gmp-")
+TEAM_SERVICE_ACCOUNT = "tpu-workloads"  # the Kubernetes service account a team's jobs run as, in its namespace
+
+
+def team_namespace(team: str) -> str:
+    """A team's namespace when the stack names none."""
+    return f"team-{team}"
+
+
+def team_prefix(team: str) -> str:
+    """A team's objects in the checkpoints and models buckets: apart from every workload's `<workload>/`."""
+    return f"teams/{team}/"

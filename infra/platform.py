@@ -22,8 +22,13 @@ from infra.budget import BudgetAlerts, BudgetAlertsArgs, budget_apis
 from infra.config import PROJECT, PlatformConfig
 from infra.config.sources import parse_image
 from infra.cost import StackCost, estimate
+from infra.gke import queues
 from infra.gke.cluster import GKE_APIS, GkeCluster, GkeClusterArgs, gke_node_account
+from infra.gke.install import TeamQueues, cluster_provider
 from infra.gke.slice_pools import SlicePool, SlicePoolArgs
+from infra.gke.specs import shape_of
+from infra.gke.team_access import TeamAccess, TeamAccessArgs, team_identities
+from infra.gke.validation import platform_validator, validate_all
 from infra.identity import IDENTITY_APIS, WorkloadIdentity, WorkloadIdentityArgs, workload_account
 from infra.lifecycle import (
     RUN_STATUS_APIS,
@@ -60,6 +65,7 @@ def build_platform(cfg: PlatformConfig, secrets: Mapping[str, str] | None = None
     code_args = artifacts_args(cfg, digests)  # packages the folders; may refuse them, still before any resource
     refuse_secrets_in_metadata(cfg, metadata, secrets)
     refuse_secrets_in_production(cfg, secrets)
+    team_queues = gke_queue_objects(cfg)  # checked by the validator: before any resource is declared
     cost = check_cost(cfg)
     keep_secret(secrets)
     env = cfg.env
@@ -159,6 +165,23 @@ def build_platform(cfg: PlatformConfig, secrets: Mapping[str, str] | None = None
         cluster = GkeCluster("gke", env, cluster_args, network, apis)
         pools = {a.pool.name: SlicePool(f"slices-{a.pool.name}", env, a, cluster, apis) for a in pool_args}
         engine["gke"] = {**cluster.outputs, "slicePools": {name: pool.outputs for name, pool in pools.items()}}
+        if cluster_args.gke.teams:
+            TeamAccess("team-access", env, TeamAccessArgs(cluster_args.gke.teams), buckets.buckets, apis,
+                       [cluster.cluster])  # fmt: skip
+        if team_queues:
+            # The queues phase: the admin phase (gke-admin/) installed Kueue and gave this stack's deployer
+            # the rights to these objects; the pools exist before a queue lends their chips.
+            provider = cluster_provider(
+                "gke-kubernetes",
+                cluster.endpoint,
+                naming.gke_cluster(env.stack),
+                pulumi.ResourceOptions(parent=cluster),
+            )
+            TeamQueues("queues", provider, team_queues, pulumi.ResourceOptions(depends_on=list(pools.values())))
+            engine["gke"]["teams"] = {
+                t.name: {"namespace": t.namespace, "localQueue": t.name, "priority": t.priority}
+                for t in cluster_args.gke.teams
+            }
 
     return {
         "project": env.project,
@@ -202,7 +225,19 @@ def stack_identities(cfg: PlatformConfig) -> StackIdentities:
         out += researcher_identities(cfg.stack, researcher_args_of(cfg))
     if cfg.gke:
         out += StackIdentities(accounts=(gke_node_account(cfg.stack),))
+        if cfg.gke.teams:
+            out += team_identities(cfg.stack)
     return out
+
+
+def gke_queue_objects(cfg: PlatformConfig) -> list[dict[str, Any]]:
+    """The queues phase's objects (none without teams), checked as a cluster would check them."""
+    if cfg.gke is None or not cfg.gke.teams:
+        return []
+    pools = {p.name: shape_of(p) for p in cfg.gke.slice_pools}
+    objs = queues.queue_objects(cfg.gke.teams, pools)
+    validate_all(platform_validator(), objs, list(pools.values())).raise_for(cfg.stack, f"{PROJECT}:gke.teams")
+    return objs
 
 
 def researcher_args_of(cfg: PlatformConfig) -> ResearcherArgs:

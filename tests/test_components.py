@@ -64,6 +64,9 @@ INFRA = Path(__file__).resolve().parents[1] / "infra"
 WHOLE_CONFIG_READERS = {
     # The composition root: decides which components a stack declares and builds their args.
     "platform.py": "the one reader",
+    # The composition root of the GKE engine's admin phase (its own project, gke-admin/), as platform.py is
+    # the environment's: it reads the environment's settings to install into its cluster.
+    "gke/admin.py": "the admin phase's composition root",
     # Defines, parses and checks it.
     "config/__init__.py": "exports it",
     "config/model.py": "defines it",

@@ -2,7 +2,8 @@
 
 The queued-capacity examples each declare one queued request through the dynamic provider, with the
 stack's settings mapped onto it, and the deployer computed from that plan holds what the provider's
-calls need. The GKE example declares a cluster and three slice pools (spot, flex-start, TPU7x).
+calls need. The GKE example declares a cluster and three slice pools (spot, flex-start, TPU7x), and the
+queues of two teams sharing them.
 """
 
 from __future__ import annotations
@@ -15,14 +16,15 @@ import jsonschema
 import pytest
 
 from infra.access.model import needs_of
-from infra.config import docs
+from infra.config import docs, parse_stack_config
+from infra.gke.queues import queue_objects
+from infra.gke.specs import shape_of
 from infra.tpu import queued_api as api
 from infra.tpu.queued import request_from_props
-from tests.support import deploys
+from tests.support import deploys, policies_as_bootstrapped
 from tools.offline.access import access_of, declared
-from tools.offline.policy_check import check_policies
 from tools.offline.runner import PlanResult, plan_stack
-from tools.offline.stackfile import load_stack_yaml, stack_of
+from tools.offline.stackfile import ROOT, load_stack_yaml, read_stack_config, stack_of
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 QUEUED = "pulumi-python:dynamic/tpu:QueuedResource"
@@ -126,6 +128,38 @@ def test_the_gke_example_plans_a_cluster_and_its_three_slice_pools():
     assert gke["slicePools"]["tpu7x"]["workloadPolicy"] == policy.inputs["name"]
 
 
+def test_the_gke_example_queues_two_teams_on_its_pools():
+    """The queues phase in the environment's stack: one object group through a provider of the stack's own
+    cluster, after the pools, holding what infra/gke/queues.py renders from the example's teams."""
+    result = planned("gke")
+    cfg = parse_stack_config("gke", read_stack_config("gke", ROOT, EXAMPLES / "Pulumi.gke.yaml"))
+    assert cfg.gke is not None and [t.name for t in cfg.gke.teams] == ["vision", "nlp"]
+    (group,) = result.of_type("kubernetes:yaml/v2:ConfigGroup")
+    pools = {p.name: shape_of(p) for p in cfg.gke.slice_pools}
+    assert group.inputs["objs"] == queue_objects(cfg.gke.teams, pools)
+    quotas = {
+        o["metadata"]["name"]: {
+            f["name"]: f["resources"][0]["nominalQuota"] for f in o["spec"]["resourceGroups"][0]["flavors"]
+        }
+        for o in group.inputs["objs"]
+        if o["kind"] == "ClusterQueue"
+    }
+    assert quotas == {
+        "vision": {"tpu-v5-lite-podslice-4x4-spot": 16, "tpu-v6e-slice-4x4": 0, "tpu7x-2x2x2": 8},
+        "nlp": {"tpu-v5-lite-podslice-4x4-spot": 16, "tpu-v6e-slice-4x4": 16, "tpu7x-2x2x2": 0},
+    }
+    (queues,) = result.of_type("tpu-platform:gke:TeamQueues")
+    slices = {r.urn for r in result.of_type("gcp:container/nodePool:NodePool") if r.inputs["name"] != "system"}
+    assert slices <= set(queues.dependencies)  # a queue lends only chips whose slices exist
+    (provider,) = result.of_type("pulumi:providers:kubernetes")
+    server = json.loads(provider.inputs["kubeconfig"])["clusters"][0]["cluster"]["server"]
+    assert server == "https://" + result.outputs["gke"]["dnsEndpoint"]
+    assert group.provider.startswith(provider.urn)
+    assert result.outputs["gke"]["teams"]["nlp"] == {"namespace": "team-nlp", "localQueue": "nlp", "priority": "medium"}
+    (cluster,) = result.of_type("gcp:container/cluster:Cluster")
+    assert cluster.inputs["authenticatorGroupsConfig"] == {"securityGroup": "gke-security-groups@acme-ml.example"}
+
+
 def test_the_gke_example_costs_each_pool_by_its_model():
     cost = planned("gke").outputs["costEstimate"]
     rows = {p["name"]: p for p in cost["pools"]}
@@ -136,9 +170,11 @@ def test_the_gke_example_costs_each_pool_by_its_model():
 
 def test_the_gke_example_passes_the_policy_pack_and_its_deployer_is_computed():
     result = planned("gke")
-    assert check_policies(result) == []
+    assert policies_as_bootstrapped(result) == []  # its teams' member role, as the bootstrap makes it
     access = access_of(result.stack, deploys(result.config, result.stack))
     assert {"container.clusters.create", "compute.resourcePolicies.create"} <= set(access.deployer_permissions)
+    # The queues phase reaches the cluster's DNS endpoint, which IAM guards (container.clusters.connect).
+    assert "container.clusters.connect" in access.deployer_permissions
     assert "roles/container.defaultNodeServiceAccount" in access.grantable_roles
 
 

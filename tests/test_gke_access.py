@@ -11,14 +11,17 @@ import pytest
 
 import bootstrap.program
 from bootstrap.program import PROJECT_IAM_ADMIN, read_access
+from infra.access import iamdata
 from infra.access.environment import RETIRED_PROJECT_ROLES
-from infra.access.model import DEPLOY, PREVIEW, custom_roles, missing, missing_act_as, needs_of, unneeded
+from infra.access.model import DEPLOY, PREVIEW, Target, custom_roles, missing, missing_act_as, needs_of, unneeded
 from infra.gke.cluster import NODE_ROLE
+from tests.iam_conditions import allows
 from tests.support import deploys, fixture_config, plan
 from tests.test_access import ADMIN, deployer, held_by
 from tests.test_bootstrap import bootstrap_config
 from tests.test_bootstrap import plan as plan_bootstrap
 from tools.offline.access import access_of, declared
+from tools.offline.mocks import project_number
 from tools.offline.policy_check import check_policies
 from tools.offline.runner import PlanResult
 
@@ -26,7 +29,7 @@ STACK, PROJECT = "gke", "fixture-gke"
 HOME = f"projects/{PROJECT}"
 GKE_PERMISSIONS = {
     "container.clusters.create", "container.clusters.get", "container.clusters.update", "container.clusters.delete",
-    "container.operations.get",
+    "container.clusters.connect", "container.operations.get",
     "compute.resourcePolicies.create", "compute.resourcePolicies.get", "compute.resourcePolicies.update",
     "compute.resourcePolicies.delete", "compute.regionOperations.get",
 }  # fmt: skip
@@ -65,6 +68,11 @@ def test_the_deployer_needs_exactly_the_engines_gke_calls():
     assert any("gke-cluster" in w for w in why["container.clusters.create"])
     assert any("slices-ironwood-0" in w for w in why["container.clusters.update"])  # a node pool is a cluster update
     assert any("slices-ironwood-workload-policy" in w for w in why["compute.resourcePolicies.create"])
+    # The teams' queues go through the cluster's DNS endpoint, which IAM guards; inside, RBAC decides
+    # (tests/test_gke_teams.py).
+    assert why["container.clusters.connect"] == [
+        f"{phase} queues-objects (kubernetes:yaml/v2:ConfigGroup)" for phase in ("create", "read", "update", "delete")
+    ]
 
 
 def test_the_cluster_and_every_pool_attach_the_nodes_account():
@@ -73,9 +81,9 @@ def test_the_cluster_and_every_pool_attach_the_nodes_account():
     assert {a.split(" ")[0] for a in attached} == {"gke-cluster", "gke-system", "slices-v5e-0", "slices-ironwood-0"}
 
 
-def test_a_refresh_reads_clusters_pools_and_policies_only():
+def test_a_refresh_reads_clusters_pools_and_policies_and_connects_for_the_queues():
     reads = {p for p in gke_needs(PREVIEW).in_scope(HOME) if p.startswith(("container.", "compute.resourcePolicies."))}
-    assert reads == {"container.clusters.get", "compute.resourcePolicies.get"}
+    assert reads == {"container.clusters.get", "compute.resourcePolicies.get", "container.clusters.connect"}
 
 
 def test_the_bootstraps_deployer_of_a_gke_environment_holds_what_its_plan_needs_and_nothing_more():
@@ -110,3 +118,67 @@ def test_dev_and_prods_deployers_gain_nothing_from_the_engine():
     for stack in ("dev", "prod"):
         held = {p for g in held_by(deployer(stack)) for p in g.permissions}
         assert not {p for p in held if p.startswith(("container.", "compute.resourcePolicies."))}
+
+
+# --- the teams (infra/gke/team_access.py) ----------------------------------------------------------------
+
+BUCKET_GRANT = "gcp:storage/bucketIAMMember:BucketIAMMember"
+NUMBER = project_number(PROJECT)
+
+
+def principal(namespace: str) -> str:
+    pool = f"projects/{NUMBER}/locations/global/workloadIdentityPools/{PROJECT}.svc.id.goog"
+    return f"principal://iam.googleapis.com/{pool}/subject/ns/{namespace}/sa/tpu-workloads"
+
+
+def object_in(purpose: str, name: str) -> Target:
+    return (f"projects/_/buckets/{PROJECT}-{STACK}-{purpose}/objects/{name}", None)
+
+
+def can(member: str, purpose: str, target: Target, permission: str) -> bool:
+    """Whether a bucket grant of the plan lets `member` do `permission` on `target`, its condition evaluated."""
+    for grant in gke_plan().of_type(BUCKET_GRANT):
+        inputs = grant.inputs
+        if inputs["member"] != member or inputs["bucket"] != f"{PROJECT}-{STACK}-{purpose}":
+            continue
+        if permission not in iamdata.role_permissions(inputs["role"]):
+            continue
+        condition = inputs.get("condition")
+        if condition is None or allows(condition["expression"], target):
+            return True
+    return False
+
+
+def test_a_teams_code_reads_data_and_writes_its_own_prefixes_only_as_its_kubernetes_account():
+    vision, nlp = principal("team-vision"), principal("team-nlp")
+    assert can(vision, "data", object_in("data", "imagenet/train-0001"), "storage.objects.get")
+    assert not can(vision, "data", object_in("data", "x"), "storage.objects.create")
+    for purpose in ("checkpoints", "models"):
+        assert can(vision, purpose, object_in(purpose, "teams/vision/run-1/ckpt"), "storage.objects.create")
+        assert can(vision, purpose, (f"projects/_/buckets/{PROJECT}-{STACK}-{purpose}", "teams/vision/"),
+                   "storage.objects.list")  # fmt: skip
+        for elsewhere in ("teams/nlp/run-1/ckpt", "mnist/r1/ckpt", "teams/vision-b/x", "teams/"):
+            assert not can(vision, purpose, object_in(purpose, elsewhere), "storage.objects.get"), elsewhere
+        assert not can(vision, purpose, (f"projects/_/buckets/{PROJECT}-{STACK}-{purpose}", "teams/"),
+                       "storage.objects.list")  # fmt: skip
+        assert can(nlp, purpose, object_in(purpose, "teams/nlp/x"), "storage.objects.delete")
+
+
+def test_a_teams_account_holds_nothing_else_and_no_google_account_stands_in_for_it():
+    members = {
+        r.inputs["member"] for r in gke_plan().resources if r.type in (BUCKET_GRANT, "gcp:projects/iAMMember:IAMMember")
+    }
+    principals = {m for m in members if m.startswith("principal://")}
+    assert principals == {principal("team-vision"), principal("team-nlp")}
+    project_grants = gke_plan().of_type("gcp:projects/iAMMember:IAMMember")
+    assert not any(g.inputs["member"].startswith("principal://") for g in project_grants)
+    assert not [a for a in gke_needs().act_as if "team" in a]  # nothing to act as, nothing to impersonate
+
+
+def test_members_reach_the_cluster_with_the_bootstraps_team_role_and_nothing_inside_it():
+    role = f"{HOME}/roles/tpuPlatformGkeTeamGke"
+    granted = {(g.inputs["member"], g.inputs["role"]) for g in gke_plan().of_type("gcp:projects/iAMMember:IAMMember")}
+    assert {("user:ada@example.com", role), ("user:grace@example.com", role)} <= granted
+    (made,) = [r for r in declared(gke_boot()) if r.type == "gcp:projects/iAMCustomRole:IAMCustomRole"
+               and r.inputs["roleId"] == "tpuPlatformGkeTeamGke"]  # fmt: skip
+    assert sorted(made.inputs["permissions"]) == ["container.clusters.connect", "container.clusters.get"]

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from infra.config import parse_stack_config
+from infra.config.model import TeamSettings
 from tests.support import NS, fixture_config, replace_object, with_object
 from tests.test_config import problems_of
 
@@ -168,3 +169,96 @@ def test_gke_only_types_are_refused_as_tpu_vms():
 
 def test_the_raw_section_is_json_like_pulumi_passes_it():
     assert json.loads(BASE[f"{NS}:gke"])["slicePools"][0]["name"] == "v5e"
+
+
+# --- teams ---------------------------------------------------------------------------------------------
+
+
+def team_problems(index: int = 0, **changes) -> str:
+    def edit(gke):
+        for key, value in changes.items():
+            if value is None:
+                gke["teams"][index].pop(key, None)
+            else:
+                gke["teams"][index][key] = value
+
+    return gke_problems(edit)
+
+
+def test_teams_read_with_their_defaults():
+    gke = parse_stack_config("gke", BASE).gke
+    assert gke is not None
+    vision, nlp = gke.teams
+    assert vision == TeamSettings("vision", ("user:ada@example.com",), "team-vision", (("v5e", 16),), 8, "high")
+    assert (nlp.namespace, nlp.borrowing_limit, nlp.priority) == ("team-nlp", None, "medium")
+    assert gke.rbac_security_group == ""
+
+
+@pytest.mark.parametrize(
+    ("index", "changes", "message"),
+    [
+        (0, {"name": "Vision"}, "gke.teams[0].name = 'Vision': 1-30 lowercase letters"),
+        (0, {"name": "v" * 31}, f"gke.teams[0].name = '{'v' * 31}': 1-30 lowercase letters, digits and '-'"),
+        (1, {"name": "vision"}, "gke.teams[1].name = 'vision': another team of this stack has this name"),
+        (1, {"namespace": "team-vision"}, "gke.teams[1].namespace = 'team-vision': another team of this stack has"),
+        (0, {"namespace": "kube-system"}, "gke.teams[0].namespace = 'kube-system': a namespace of its own"),
+        (0, {"namespace": "kueue-system"}, "gke.teams[0].namespace = 'kueue-system': a namespace of its own"),
+        (0, {"namespace": "default"}, "gke.teams[0].namespace = 'default': a namespace of its own"),
+        (0, {"namespace": "gke-managed-x"}, "gke.teams[0].namespace = 'gke-managed-x': a namespace of its own"),
+        (0, {"namespace": "Team_A"}, "gke.teams[0].namespace = 'Team_A': 1-63 lowercase letters"),
+        (0, {"members": []}, "gke.teams[0].members = []: list at least one user: or group:"),
+        (0, {"members": ["ada@example.com"]}, "gke.teams[0].members[0] = 'ada@example.com': an IAM member user:EMAIL"),
+        (0, {"members": ["serviceAccount:x@p.iam.gserviceaccount.com"]}, "gke.teams[0].members[0] = 'serviceAccount:"),
+        (0, {"nominalChips": {"v6e": 16}}, "gke.teams[0].nominalChips.v6e = 16: names no slice pool of this stack"),
+        (
+            0,
+            {"nominalChips": {"v5e": 8}},
+            "gke.teams[0].nominalChips.v5e = 8: a job takes whole slices: a multiple of 16",
+        ),
+        (0, {"nominalChips": {"v5e": 32}}, "gke.teams[0].nominalChips.v5e = 32: pool v5e holds 16 chips"),
+        (0, {"nominalChips": {"v5e": -16}}, "gke.teams[0].nominalChips.v5e = -16: a whole number of TPU chips, 0 or"),
+        (0, {"nominalChips": {"v5e": "16"}}, "gke.teams[0].nominalChips.v5e = '16': a whole number of TPU chips"),
+        (0, {"borrowingLimit": -1}, "gke.teams[0].borrowingLimit = -1: must be an integer >= 0"),
+        (0, {"borrowingLimit": "lots"}, "gke.teams[0].borrowingLimit = 'lots': must be an integer"),
+        (0, {"priority": "urgent"}, "gke.teams[0].priority = 'urgent': must be one of high, low, medium, very-high"),
+        (0, {"nominalChip": {"v5e": 16}}, "gke.teams[0].nominalChip = {'v5e': 16}: unknown key"),
+    ],
+)
+def test_a_bad_team_is_named_with_its_fix(index, changes, message):
+    found = team_problems(index, **changes)
+    assert f"{NS}:{message}" in found
+    assert found.startswith("stack 'gke': 1 invalid setting")  # one mistake, one problem: nothing cascades
+
+
+def test_groups_need_google_groups_for_rbac():
+    message = team_problems(members=["group:vision@example.com"])
+    assert (
+        f"{NS}:gke.teams[0].members = ['group:vision@example.com']: GKE resolves groups in RBAC only with Google "
+        f"Groups for RBAC: set {NS}:gke.rbacSecurityGroup"
+    ) in message
+
+    def with_group(gke):
+        gke["teams"][0]["members"] = ["group:vision@example.com"]
+        gke["rbacSecurityGroup"] = "gke-security-groups@example.com"
+
+    gke = parse_stack_config("gke", with_object(BASE, "gke", with_group)).gke
+    assert gke is not None and gke.rbac_security_group == "gke-security-groups@example.com"
+    assert "gke.rbacSecurityGroup = 'security@example.com': gke-security-groups@ followed by your domain" in (
+        gke_problems(lambda g: g.update(rbacSecurityGroup="security@example.com"))
+    )
+
+
+def test_teams_are_guaranteed_at_most_the_chips_their_pools_hold():
+    def both_want_v5e(gke):
+        gke["teams"][1]["nominalChips"] = {"v5e": 16}
+
+    assert (
+        "the teams are guaranteed 32 chips of tpu-v5-lite-podslice-4x4-spot (pools v5e), which hold 16: a "
+        "guarantee is chips that exist"
+    ) in gke_problems(both_want_v5e)
+
+    def two_pools_of_one_shape(gke):
+        gke["slicePools"].append({**gke["slicePools"][0], "name": "v5e-more"})
+        gke["teams"][1]["nominalChips"] = {"v5e-more": 16}
+
+    assert parse_stack_config("gke", with_object(BASE, "gke", two_pools_of_one_shape)).gke is not None

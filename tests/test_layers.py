@@ -29,6 +29,7 @@ PURE = {
     "infra.access.environment",
     "infra.access.escalation",
     "infra.access.iamdata",
+    "infra.access.kubernetes",
     "infra.access.model",
     "infra.access.researchers",
     "infra.catalog",
@@ -44,7 +45,14 @@ PURE = {
     "infra.config.sources",
     "infra.cost",
     "infra.gke",
+    "infra.gke.api_schemas",
+    "infra.gke.controllers",
+    "infra.gke.jobsets",
+    "infra.gke.queues",
+    "infra.gke.quota",
     "infra.gke.specs",
+    "infra.gke.teams",
+    "infra.gke.validation",
     "infra.goodput",
     "infra.goodput.interval",
     "infra.goodput.pricing",
@@ -66,8 +74,11 @@ DECLARATION = {
     "infra.artifacts",
     "infra.automation",
     "infra.budget",
+    "infra.gke.admin",
     "infra.gke.cluster",
+    "infra.gke.install",
     "infra.gke.slice_pools",
+    "infra.gke.team_access",
     "infra.grants",
     "infra.identity",
     "infra.lifecycle",
@@ -84,7 +95,7 @@ DECLARATION = {
     "infra.tpu.queued",
     "infra.tpu.vm",
 }
-PULUMI = ("pulumi", "pulumi_gcp", "pulumi_policy", "pulumiverse_time")
+PULUMI = ("pulumi", "pulumi_gcp", "pulumi_kubernetes", "pulumi_policy", "pulumiverse_time")
 OUTSIDE_THE_RUNTIME = ("tools", "tests", "policy", "bootstrap", "benchmarks")
 
 

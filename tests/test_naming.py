@@ -116,3 +116,25 @@ def test_the_policy_pack_names_the_deployer_role_as_the_platform_does():
 
     for stack in ("dev", "prod", "eu-prod", "a-b-c"):
         assert DEPLOYER_ROLE_PREFIX + role_suffix(stack) == naming.custom_role_id("deployer", stack)
+
+
+def test_kubernetes_names_at_their_limits():
+    assert naming.dns1123_label_problem("a" * 63) is None
+    assert naming.dns1123_label_problem("a" * 64)
+    assert naming.dns1123_label_problem("team-a") is None
+    for bad in ("Team", "-a", "a-", "a.b", ""):
+        assert naming.dns1123_label_problem(bad), bad
+    assert naming.dns1123_subdomain_problem(".".join(["a" * 63] * 3) + "." + "a" * 61) is None  # 253
+    assert naming.dns1123_subdomain_problem(".".join(["a" * 63] * 4))  # 255
+    assert naming.dns1123_subdomain_problem("jobsets.jobset.x-k8s.io") is None
+
+
+def test_kubernetes_labels():
+    assert naming.kubernetes_label_problem("cloud.google.com/gke-tpu-topology", "2x2x2") is None
+    assert naming.kubernetes_label_problem("app.kubernetes.io/managed-by", "") is None
+    assert naming.kubernetes_label_problem("tpu-platform/team", "A_b.c") is None
+    assert naming.kubernetes_label_problem("k" * 64, "v")
+    assert naming.kubernetes_label_problem("Bad_Prefix/x", "v")
+    assert naming.kubernetes_label_problem("k", "v" * 64)
+    assert naming.kubernetes_label_problem("k", "a b")
+    assert naming.kubernetes_label_problem("k", "-a")

@@ -184,6 +184,10 @@ def test_gke_dry_run_plans_the_gke_stack_offline_and_lists_what_only_a_real_proj
     made = [c for c in commands if c.startswith("gcloud iam service-accounts")]
     assert any(c.startswith("gcloud iam service-accounts create tpu-gke-nodes-smoke") for c in made)
     assert "delete" in made[-1]
+    # ... and so is the teams' member role, before any up (the stack with teams grants it).
+    (role,) = [c for c in commands if c.startswith("gcloud iam roles create tpuPlatformGkeTeamSmoke")]
+    assert "--permissions=container.clusters.connect,container.clusters.get" in role
+    assert commands.index(role) < commands.index(next(c for c in commands if c.startswith("pulumi up")))
     commands = [c for c in commands if not c.startswith(("gcloud iam", "pulumi plugin"))]
     verbs = [" ".join(c.split()[:4]) for c in commands]
     assert verbs == [
@@ -193,6 +197,30 @@ def test_gke_dry_run_plans_the_gke_stack_offline_and_lists_what_only_a_real_proj
         "pulumi preview --stack smoke",  # --expect-no-changes: nothing GKE reports replaces a pool
         "gcloud container clusters get-credentials",
         "kubectl get nodes -l",  # the TPU7x nodes' labels
+        # part 2: the admin phase (in gke-admin/), the queues phase, what the teams can and cannot do
+        "pulumi stack init smoke",
+        "pulumi up --stack smoke",
+        "kubectl wait deployment/jobset-controller-manager -n",
+        "kubectl get pods -n",  # the image it runs, by digest
+        "kubectl wait deployment/kueue-controller-manager -n",
+        "kubectl get pods -n",
+        "pulumi up --stack smoke",  # the queues phase
+        "kubectl get clusterqueue smoke-a",
+        "kubectl get clusterqueue smoke-b",
+        "kubectl auth can-i create",  # in its own namespace
+        "kubectl auth can-i create",  # in the other team's
+        "kubectl auth can-i create",  # pods
+        "kubectl run smoke-privileged -n",
+        "kubectl run smoke-host-network -n",
+        "kubectl run smoke-above -n",
+        "kubectl apply --server-side -f",
+        "kubectl apply --server-side -f",
+        "kubectl wait jobset/smoke-jax -n",
+        "kubectl get jobset smoke-unqueued",
+        "kubectl delete jobset smoke-jax",
+        "pulumi up --stack smoke",  # the teams removed: their queues go before Kueue's CRDs
+        "pulumi destroy --stack smoke",  # the admin phase
+        "pulumi stack rm smoke",
         "kubectl get nodes -l",  # a node of the spot slice
         "kubectl get node gke-spot-0-0",
         "gcloud compute instances simulate-maintenance-event",  # its preemption
@@ -202,6 +230,13 @@ def test_gke_dry_run_plans_the_gke_stack_offline_and_lists_what_only_a_real_proj
         "pulumi stack rm smoke",
     ]
     assert "--expect-no-changes" in commands[3]
+    teams_file = stack_file_of(out).with_name("Pulumi.smoke.teams.yaml")
+    assert commands[7].endswith(f"--config-file {teams_file} --yes --skip-preview")  # the admin phase's up
+    assert commands[12].endswith(f"--config-file {teams_file}")  # the environment with its teams
+    assert commands[26].endswith(f"--config-file {stack_file_of(out)}")  # and without them again
+    teams = parse_stack_config("smoke", read_stack_config("smoke", ROOT, teams_file))
+    assert teams.gke is not None and [t.name for t in teams.gke.teams] == ["smoke-a", "smoke-b"]
+    assert "'privileged': true" in commands[18].replace('"', "'") and "hostNetwork" in commands[19]
     assert "value(status,placementPolicy.policyName,placementPolicy.tpuTopology,placementPolicy.type)" in commands[2]
     assert "cloud.google.com/gke-tpu-accelerator=tpu7x,cloud.google.com/gke-tpu-topology=2x2x2" in commands[5]
 
@@ -268,3 +303,25 @@ def test_the_dry_run_lists_a_step_for_each_check_only_a_real_project_can_make(ca
     # The stack's accounts are made before `pulumi up`, which names but does not make them.
     made = next(i for i, c in enumerate(commands) if c.startswith("gcloud iam service-accounts create tpu-mnist-smoke"))
     assert made < next(i for i, c in enumerate(commands) if c.startswith("pulumi up"))
+
+
+@pytest.mark.parametrize("failing", ["kubectl wait jobset", "kubectl auth can-i", "kubectl get clusterqueue"])
+def test_the_teams_part_removes_the_teams_and_the_admin_phase_whatever_failed(failing, tmp_path):
+    args = smoke.SmokeArgs("acme-ml-sandbox", "01A2B3-C4D5E6-F7A8B9", "us-central1-a", "smoke", "o", "a@b.example",
+                           10_000, "")  # fmt: skip
+    path, teams = tmp_path / "Pulumi.smoke.yaml", tmp_path / "Pulumi.smoke.teams.yaml"
+    path.write_text(smoke.gke_stack_file_text(args, "ironwood-res"))
+    teams.write_text(smoke.gke_stack_file_text(args, "ironwood-res", teams=True))
+    cfg = parse_stack_config("smoke", read_stack_config("smoke", ROOT, path))
+    shell = FailingShell(failing)
+    report = smoke.smoke_gke(cfg, path, shell, ready_minutes=0, poll_seconds=0, teams_file=teams, run_minutes=0)
+    assert not report.passed
+    failed = next(i for i, c in enumerate(shell.printed) if c.startswith(failing))
+    cleanup = [c for c in shell.printed[failed + 1 :] if c.startswith("pulumi")]
+    assert cleanup == [
+        f"pulumi up --stack smoke --yes --skip-preview --config-file {path}",  # the teams' queues removed
+        f"pulumi destroy --stack smoke --config-file {teams} --yes --skip-preview",  # the admin phase
+        "pulumi stack rm smoke --yes",
+        f"pulumi destroy --stack smoke --config-file {path} --yes --skip-preview",  # the environment
+        "pulumi stack rm smoke --yes",
+    ]

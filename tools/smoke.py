@@ -31,9 +31,19 @@ reserved tpu7x-16 slice in us-central1), checking what only a real project prove
   2. a second `pulumi preview --expect-no-changes`: nothing GKE reports back (TPU7x's empty placement
      type, the fields GKE sets on TPU nodes) diffs or replaces a pool;
   3. the TPU7x nodes labelled with their accelerator and topology (what queues and jobs select);
-  4. a preempted spot slice: one node's preemption simulated, then the whole slice Ready again, the
+  4. the teams (part 2): the stack file again, now with two teams; the admin phase (gke-admin/) up: JobSet
+     and Kueue downloaded and installed only as their pinned sha256, each controller available and running
+     its pinned image digest; the environment up again: the queues phase through the DNS endpoint, Kueue's
+     webhooks admitting its objects, each ClusterQueue active; RBAC as the permission model says it (a member
+     creates JobSets in its team's namespace, not in the other's, and no pods); pod security and the priority
+     ceiling refusing a privileged pod, a host-network pod and a pod above the team's priority; a JobSet of
+     the team (unprivileged, no host network, the team's service account) admitted on the spot slice, its four
+     hosts finding each other and seeing 4 chips each, 16 in all, and writing under the team's prefix of the
+     checkpoints bucket, refused under the other team's (Workload Identity Federation); a JobSet without a
+     queue label held suspended; then the teams removed (the environment up without them) and the admin phase destroyed;
+  5. a preempted spot slice: one node's preemption simulated, then the whole slice Ready again, the
      preempted node registered anew;
-  5. always: `pulumi destroy` and `pulumi stack rm`.
+  6. always: `pulumi destroy` and `pulumi stack rm`.
 
 Pulumi reads the stack file through `--config-file` (Pulumi CLI: "Use the configuration values in the
 specified file rather than detecting the file name"), so no Pulumi.<stack>.yaml lands in the checkout.
@@ -52,7 +62,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from string import Template
@@ -62,8 +72,12 @@ from infra import naming
 from infra.access.accounts import SERVICE_ACCOUNT_USER
 from infra.catalog import AcceleratorType, load_catalog, version_key
 from infra.config import PlatformConfig, parse_stack_config
-from infra.config.model import SlicePoolSettings
+from infra.config.model import SlicePoolSettings, TeamSettings
+from infra.gke.controllers import RELEASES
+from infra.gke.jobsets import team_jobset
+from infra.gke.queues import queue_objects
 from infra.gke.specs import shape_of
+from infra.gke.validation import platform_validator, validate_all
 from infra.platform import stack_identities
 from infra.schema import ConfigError
 from infra.tpu.metadata import run_prefix
@@ -436,8 +450,22 @@ def probes(cfg: PlatformConfig, shell: Shell, report: Report, *, poll_seconds: f
         report.add("... and deletes the node it made", rc != 0 or not out, PROBE)
 
 
-def gke_stack_file_text(args: SmokeArgs, tpu7x_reservation: str) -> str:
-    return Template(GKE_TEMPLATE.read_text()).substitute(
+# The GKE smoke stack's teams (part 2): the operator's team on the spot slice, another on the TPU7x slice.
+SMOKE_TEAMS = """    teams:
+      - name: smoke-a
+        members: [user:${email}]
+        nominalChips: {${spot_pool}: 16}
+        priority: high
+      - name: smoke-b
+        members: [user:nobody@example.com]
+        nominalChips: {${tpu7x_pool}: 8}
+"""
+
+
+def gke_stack_file_text(args: SmokeArgs, tpu7x_reservation: str, teams: bool = False) -> str:
+    """The GKE smoke stack; with `teams`, the same and two teams (a fresh environment comes up without
+    teams: their queues need the Kueue the admin phase installs afterwards)."""
+    return Template(GKE_TEMPLATE.read_text() + (SMOKE_TEAMS if teams else "")).substitute(
         project=args.project,
         owner=args.owner,
         billing_account=args.billing_account,
@@ -449,8 +477,139 @@ def gke_stack_file_text(args: SmokeArgs, tpu7x_reservation: str) -> str:
     )
 
 
+SMOKE_PROGRAM = """
+import jax
+from google.api_core.exceptions import Forbidden
+from google.cloud import storage
+
+counts = (jax.local_device_count(), jax.device_count())
+assert counts == ({local}, {total}), counts
+bucket = storage.Client().bucket("{bucket}")
+host = jax.process_index()
+bucket.blob(f"{own}smoke/{{host}}").upload_from_string("ok")
+try:
+    bucket.blob(f"{other}smoke/{{host}}").upload_from_string("not ours")
+except Forbidden:
+    print("chips", counts, "wrote its own prefix, refused another team's")
+else:
+    raise SystemExit("wrote into another team's prefix")
+"""
+
+
+def smoke_jobset(
+    team: TeamSettings, pool: SlicePoolSettings, name: str, checkpoints: str, other: TeamSettings, queued: bool = True
+) -> dict[str, object]:
+    """A team's JobSet on one slice of `pool` (infra/gke/jobsets.py) whose program asks JAX for its chips
+    (every host sees its own and the slice's: GKE injects TPU_WORKER_* into Indexed Jobs asking for
+    google.com/tpu), without privilege or host network; then, as the team's Kubernetes service account
+    (Workload Identity Federation, no Google account), writes under its own prefix of the checkpoints
+    bucket and is refused under another team's."""
+    shape = shape_of(pool)
+    program = SMOKE_PROGRAM.format(local=shape.chips_per_vm, total=shape.chips_per_slice, bucket=checkpoints,
+                                   own=naming.team_prefix(team.name), other=naming.team_prefix(other.name))  # fmt: skip
+    # bash -c SCRIPT ARG0: the program arrives as $0, with no shell quoting in between.
+    command = ["bash", "-c", 'pip install --quiet "jax[tpu]" google-cloud-storage && exec python -c "$0"', program]
+    return team_jobset(team, shape, name, image="python:3.11-slim", command=command, queued=queued)
+
+
+def _refused_pod(shell: Shell, namespace: str, name: str, spec: Mapping[str, object]) -> bool:
+    """Whether admission refuses a pod (a server-side dry run: nothing is created)."""
+    pod_spec = {"containers": [{"name": name, "image": "busybox"}], **spec}
+    overrides = json.dumps({"apiVersion": "v1", "spec": pod_spec})
+    rc, _ = shell.run(["kubectl", "run", name, "-n", namespace, "--image=busybox", "--restart=Never",
+                       "--dry-run=server", "--overrides", overrides], answer="refused")  # fmt: skip
+    return shell.dry_run or rc != 0
+
+
+def smoke_gke_teams(
+    cfg: PlatformConfig, teams_file: Path, plain_file: Path, shell: Shell, report: Report, *, run_minutes: float
+) -> None:
+    """Part 2 on a running cluster: the admin phase, the queues phase, and what the teams can and cannot do.
+    Leaves the environment as it found it: the teams removed (`plain_file`), the admin phase destroyed."""
+    gke = cfg.gke
+    assert gke is not None and len(gke.teams) == 2, "the GKE smoke stack's teams file declares two teams"
+    a, b = gke.teams
+    pools = {p.name: p for p in gke.slice_pools}
+    admin_dir, config = ROOT / "gke-admin", ["--config-file", str(teams_file)]
+    env_up = ["pulumi", "up", "--stack", cfg.stack, "--yes", "--skip-preview"]
+    rc, _ = shell.run(["pulumi", "stack", "init", cfg.stack, "--secrets-provider", "passphrase"], cwd=admin_dir)
+    if not report.add("pulumi stack init (the admin phase, gke-admin/)", rc == 0):
+        return
+    try:
+        rc, _ = shell.run(["pulumi", "up", "--stack", cfg.stack, *config, "--yes", "--skip-preview"], cwd=admin_dir)
+        if not report.add("the admin phase: JobSet and Kueue downloaded and installed as their pinned sha256", rc == 0):
+            return
+        for release in RELEASES:
+            rc, _ = shell.run(["kubectl", "wait", f"deployment/{release.name}-controller-manager", "-n",
+                               release.namespace, "--for=condition=Available", "--timeout=10m"])  # fmt: skip
+            report.add(f"{release.name} {release.version} is available", rc == 0)
+            rc, out = shell.run(["kubectl", "get", "pods", "-n", release.namespace, "-o",
+                                 "jsonpath={.items[*].status.containerStatuses[*].imageID}"],
+                                answer=release.pinned_image)  # fmt: skip
+            report.add(f"{release.name} runs the pinned image digest", rc == 0 and release.digest in out, out)
+        rc, _ = shell.run([*env_up, *config], cwd=ROOT)
+        if not report.add("the queues phase: the teams' queues through the DNS endpoint, admitted by Kueue", rc == 0):
+            return
+        for team in (a, b):
+            active = 'jsonpath={.status.conditions[?(@.type=="Active")].status}'
+            rc, out = shell.run(["kubectl", "get", "clusterqueue", team.name, "-o", active], answer="True")
+            report.add(f"ClusterQueue {team.name} is active (its flavors found)", rc == 0 and out == "True")
+        member = ["--as", a.members[0].partition(":")[2]]
+        can = ["kubectl", "auth", "can-i"]
+        rc, out = shell.run([*can, "create", "jobsets.jobset.x-k8s.io", "-n", a.namespace, *member], answer="yes")
+        report.add("a member creates JobSets in its team's namespace", out == "yes", a.namespace)
+        rc, out = shell.run([*can, "create", "jobsets.jobset.x-k8s.io", "-n", b.namespace, *member], answer="no")
+        report.add("... and not in another team's", out == "no", b.namespace)
+        rc, out = shell.run([*can, "create", "pods", "-n", a.namespace, *member], answer="no")
+        report.add("... and makes no pods of its own (only JobSets, which Kueue admits)", out == "no")
+        privileged = {"containers": [{"name": "smoke-privileged", "image": "busybox",
+                                      "securityContext": {"privileged": True}}]}  # fmt: skip
+        report.add("pod security refuses a privileged pod in a team namespace",
+                   _refused_pod(shell, a.namespace, "smoke-privileged", privileged))  # fmt: skip
+        report.add("pod security refuses a host-network pod in a team namespace",
+                   _refused_pod(shell, a.namespace, "smoke-host-network", {"hostNetwork": True}))  # fmt: skip
+        report.add(f"the priority ceiling refuses a very-high pod of team {b.name} ({b.priority} at most)",
+                   _refused_pod(shell, b.namespace, "smoke-above", {"priorityClassName": "very-high"}))  # fmt: skip
+        checkpoints = cfg.bucket_name("checkpoints")
+        jobset = smoke_jobset(a, pools[SPOT_POOL], "smoke-jax", checkpoints, b)
+        shapes = {p.name: shape_of(p) for p in gke.slice_pools}
+        offline = validate_all(platform_validator(), [*queue_objects(gke.teams, shapes), jobset], list(shapes.values()))
+        report.add("the team's JobSet passes the offline checks its queue and the schemas make", offline.ok,
+                   "; ".join(str(f) for f in offline.findings))  # fmt: skip
+        applied = {}
+        for name, queued in (("smoke-jax", True), ("smoke-unqueued", False)):
+            path = teams_file.with_name(f"{name}.json")
+            path.write_text(json.dumps(smoke_jobset(a, pools[SPOT_POOL], name, checkpoints, b, queued), indent=2))
+            rc, _ = shell.run(["kubectl", "apply", "--server-side", "-f", str(path)])
+            applied[name] = rc == 0
+        rc, _ = shell.run(["kubectl", "wait", "jobset/smoke-jax", "-n", a.namespace, "--for=condition=Completed",
+                           f"--timeout={max(int(run_minutes), 1)}m"])  # fmt: skip
+        report.add("an unprivileged multi-host JobSet without host network sees 4 chips a host, 16 in all, and as "
+                   "its team's Kubernetes account writes its team's prefix, not another's",
+                   applied["smoke-jax"] and rc == 0, f"{a.namespace}/smoke-jax")  # fmt: skip
+        rc, out = shell.run(["kubectl", "get", "jobset", "smoke-unqueued", "-n", a.namespace, "-o",
+                             "jsonpath={.spec.suspend}"], answer="true")  # fmt: skip
+        report.add("a JobSet without a queue label is held suspended", applied["smoke-unqueued"] and out == "true")
+        shell.run(["kubectl", "delete", "jobset", "smoke-jax", "smoke-unqueued", "-n", a.namespace, "--wait"])
+    finally:
+        rc, _ = shell.run([*env_up, "--config-file", str(plain_file)], cwd=ROOT)  # the queues go before Kueue's CRDs
+        report.add("the environment without its teams: the queues deleted", rc == 0)
+        rc, _ = shell.run(["pulumi", "destroy", "--stack", cfg.stack, *config, "--yes", "--skip-preview"],
+                          cwd=admin_dir)  # fmt: skip
+        report.add("pulumi destroy (the admin phase)", rc == 0)
+        rc, _ = shell.run(["pulumi", "stack", "rm", cfg.stack, "--yes"], cwd=admin_dir)
+        report.add("pulumi stack rm (the admin phase)", rc == 0)
+
+
 def smoke_gke(
-    cfg: PlatformConfig, stack_file: Path, shell: Shell, *, ready_minutes: float, poll_seconds: float
+    cfg: PlatformConfig,
+    stack_file: Path,
+    shell: Shell,
+    *,
+    ready_minutes: float,
+    poll_seconds: float,
+    teams_file: Path | None = None,
+    run_minutes: float = 45,
 ) -> Report:
     """Deploy the GKE stack, check its slices as only GKE can show them, destroy it whatever happened."""
     report = Report(shell.dry_run)
@@ -461,7 +620,9 @@ def smoke_gke(
     cluster, region = naming.gke_cluster(cfg.stack), gke.region
     stack, config = ["--stack", cfg.stack], ["--config-file", str(stack_file)]
     project, location = ["--project", cfg.project], ["--cluster", cluster, "--location", region]
-    undo = make_identities(cfg, shell, report)  # the nodes' account, as the bootstrap makes it
+    teams_cfg = parse_stack_config(cfg.stack, read_stack_config(cfg.stack, ROOT, teams_file)) if teams_file else None
+    # The nodes' account (and, with the teams, their members' role), as the bootstrap makes them.
+    undo = make_identities(teams_cfg or cfg, shell, report)
 
     def after_destroy() -> None:
         for command in undo:
@@ -492,6 +653,8 @@ def smoke_gke(
                             answer="\n".join(f"node/iron-{i}" for i in range(shape.vms_per_slice)))  # fmt: skip
         report.add("the TPU7x nodes carry the accelerator and topology labels queues select",
                    rc == 0 and len(out.split()) == shape.vms_per_slice, selector)  # fmt: skip
+        if teams_file is not None and teams_cfg is not None:
+            smoke_gke_teams(teams_cfg, teams_file, stack_file, shell, report, run_minutes=run_minutes)
         report.add(
             "a preempted spot slice comes back whole",
             _preempt_a_spot_slice(shell, naming.slice_node_pool(spot.name, 0), spot, project, ready_minutes,
@@ -559,8 +722,10 @@ def main(argv: list[str] | None = None) -> int:
     budget = args.budget if args.budget is not None else 10_000.0 if gke else 200.0
     smoke_args = SmokeArgs(args.project, args.billing_account, args.zone, args.stack, args.owner, args.email,
                            budget, args.bucket_location)  # fmt: skip
+    teams_text = ""
     if gke:
         text = gke_stack_file_text(smoke_args, args.tpu7x_reservation)
+        teams_text = gke_stack_file_text(smoke_args, args.tpu7x_reservation, teams=True)
     else:
         choice = cheapest_tpu(args.zone)
         text = stack_file_text(smoke_args, choice)
@@ -570,10 +735,17 @@ def main(argv: list[str] | None = None) -> int:
     stack_file = workdir / f"Pulumi.{args.stack}.yaml"
     stack_file.write_text(text)
     print(f"# stack file {stack_file}:\n{text}")
+    teams_file = workdir / f"Pulumi.{args.stack}.teams.yaml"
+    if teams_text:
+        teams_file.write_text(teams_text)
+        print(f"# with the teams, {teams_file}:\n{teams_text}")
     try:
         cfg = parse_stack_config(args.stack, read_stack_config(args.stack, ROOT, stack_file))
         for warning in plan_offline(args.stack, stack_file):
             print(f"# plan warning: {warning}")
+        if teams_text:
+            for warning in plan_offline(args.stack, teams_file):
+                print(f"# plan warning (with the teams): {warning}")
     except ConfigError as error:
         print(f"error: the smoke stack file does not validate:\n{error}", file=sys.stderr)
         return 2
@@ -581,7 +753,8 @@ def main(argv: list[str] | None = None) -> int:
     # A throwaway stack: its secrets provider's passphrase lives as long as this process.
     shell = Shell(args.dry_run, {"PULUMI_CONFIG_PASSPHRASE": secrets.token_urlsafe(24)})
     if gke:
-        report = smoke_gke(cfg, stack_file, shell, ready_minutes=args.ready_minutes, poll_seconds=args.poll_seconds)
+        report = smoke_gke(cfg, stack_file, shell, ready_minutes=args.ready_minutes, poll_seconds=args.poll_seconds,
+                           teams_file=teams_file, run_minutes=args.run_minutes)  # fmt: skip
     else:
         report = smoke(cfg, stack_file, shell, run_minutes=args.run_minutes, poll_seconds=args.poll_seconds)
     if args.dry_run:

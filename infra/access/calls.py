@@ -80,6 +80,9 @@ COMPUTE_REGION_OPS = "compute.regionOperations.get"
 GKE_CLUSTERS = "container.projects.locations.clusters"
 GKE_NODE_POOLS = f"{GKE_CLUSTERS}.nodePools"
 GKE_OPS = "container.projects.locations.operations.get"
+# A request to the Kubernetes API through the cluster's DNS endpoint (no REST method of its own:
+# iamdata.METHOD_FIXES says what Google checks on it).
+KUBERNETES_API = "container.dnsEndpoint.request"
 _FUNCTION = _crud(
     "cloudfunctions.projects.locations.functions", operations="cloudfunctions.projects.locations.operations.get"
 )
@@ -288,6 +291,14 @@ RESOURCE_CALLS: dict[str, Calls] = {
         delete=(f"{GKE_NODE_POOLS}.delete", GKE_OPS),
         act_as=("nodeConfig.serviceAccount",),
     ),
+    # Kubernetes objects declared through the GKE engine's DNS endpoint (infra/gke/install.py): what the
+    # provider may do inside the cluster is Kubernetes RBAC's to decide (infra/access/kubernetes.py); on
+    # the GCP side every request through the DNS endpoint is an IAM check first. A provider only holds a
+    # kubeconfig: it calls nothing itself.
+    "pulumi:providers:kubernetes": Calls(create=(), read=()),
+    "kubernetes:yaml/v2:ConfigGroup": Calls(
+        create=(KUBERNETES_API,), read=(KUBERNETES_API,), update=(KUBERNETES_API,), delete=(KUBERNETES_API,)
+    ),
     # magic-modules mmv1/products/compute/ResourcePolicy.yaml: insert, PATCH to update, delete, each an
     # operation of the region (a TPU7x slice's HIGH_THROUGHPUT workload policy).
     "gcp:compute/resourcePolicy:ResourcePolicy": _crud(
@@ -350,10 +361,15 @@ FIELD_REVIEW: dict[str, str] = {
     "gcp:iam/workloadIdentityPool:WorkloadIdentityPool": "iam.v1: no caller check named",
     "gcp:iam/workloadIdentityPoolProvider:WorkloadIdentityPoolProvider": "iam.v1: no caller check named",
     "time:index/sleep:Sleep": "no API",
-    "gcp:container/cluster:Cluster": "container.v1: nodeConfig.serviceAccount is an attachment (act_as); the GKE "
-    "engine's other fields not yet searched for caller checks (its owner extends this row)",
-    "gcp:container/nodePool:NodePool": "container.v1: nodeConfig.serviceAccount is an attachment (act_as); the "
-    "GKE engine's other fields not yet searched for caller checks (its owner extends this row)",
+    "gcp:container/cluster:Cluster": "container.v1: nodeConfig.serviceAccount is an attachment (act_as); every "
+    "field description of Cluster and what it nests searched for permission, actAs and IAM: only legacyAbac (off) "
+    "and workloadIdentityConfig (the project's pool) mention IAM, neither a check of the caller; "
+    "authenticatorGroupsConfig names a group, no caller check",
+    "gcp:container/nodePool:NodePool": "container.v1: nodeConfig.serviceAccount is an attachment (act_as); every "
+    "field description of NodePool and what it nests searched for permission, actAs and IAM: none",
+    "pulumi:providers:kubernetes": "a kubeconfig (server and credential plugin): no API",
+    "kubernetes:yaml/v2:ConfigGroup": "Kubernetes objects, authorized inside the cluster by RBAC "
+    "(infra/access/kubernetes.py); on the GCP side only the DNS endpoint's IAM check (container.clusters.connect)",
     "gcp:compute/resourcePolicy:ResourcePolicy": "compute.v1: no caller check named in its description fields",
 }
 
@@ -368,6 +384,8 @@ INVOKE_CALLS: dict[str, tuple[str, ...]] = {
     "gcp:storage/getBucketObjectContent:getBucketObjectContent": ("storage.objects.get",),
     "gcp:storage/getProjectServiceAccount:getProjectServiceAccount": ("storage.projects.serviceAccount.get",),
     "gcp:organizations/getProject:getProject": ("cloudresourcemanager.projects.get",),
+    # The GKE admin phase looks its cluster up (data_source_google_container_cluster.go reads the cluster).
+    "gcp:container/getCluster:getCluster": (f"{GKE_CLUSTERS}.get",),
 }
 
 

@@ -41,6 +41,11 @@ METHOD_FIXES: dict[str, tuple[str, ...]] = {
     # Cloud Billing access control: changing a billing account's IAM needs billing.accounts.setIamPolicy.
     # https://cloud.google.com/billing/docs/how-to/billing-access
     "cloudbilling.billingAccounts.setIamPolicy": ("billing.accounts.setIamPolicy",),
+    # A Kubernetes API request through a GKE cluster's DNS-based endpoint: IAM decides who may connect
+    # before RBAC sees the request (GKE "About network isolation", DNS-based endpoint), with
+    # container.clusters.connect, the permission roles/container.clusterViewer adds to get and list
+    # (roles.json; a user's report of the DNS endpoint names the same permission).
+    "container.dnsEndpoint.request": ("container.clusters.connect",),
 }
 
 # "Resource attributes for IAM Conditions" (cloud.google.com/iam/docs/conditions-resource-attributes):
@@ -126,9 +131,13 @@ def service_of_permission(permission: str) -> str:
 
 # Verbs that look like reads but mint credentials.
 TOKEN_VERBS = frozenset({"getAccessToken", "getOpenIdToken", "getIdToken"})
+# Reaching a GKE control plane through its DNS endpoint: it grants nothing in the cluster, where IAM's own
+# container.* permissions and RBAC decide each request, so a reader may hold it (a preview reads through it).
+GATEWAYS = frozenset({"container.clusters.connect"})
 
 
 def is_read(permission: str) -> bool:
-    """Whether a permission only reads: a get, list or search (never a write, a use, or a token)."""
+    """Whether a permission only reads: a get, list or search, or a gateway that lets reads reach what
+    decides them (never a write, a use, or a token)."""
     verb = permission.rsplit(".", 1)[-1]
-    return verb.startswith(("get", "list", "search")) and verb not in TOKEN_VERBS
+    return permission in GATEWAYS or (verb.startswith(("get", "list", "search")) and verb not in TOKEN_VERBS)

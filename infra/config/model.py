@@ -203,6 +203,18 @@ class MaintenanceWindow:
 
 
 @dataclass(frozen=True)
+class TeamSettings:
+    """A team sharing the GKE engine's slice pools through its own Kueue queues (infra/gke/queues.py)."""
+
+    name: str
+    members: tuple[str, ...]  # IAM members user:EMAIL / group:EMAIL: who runs the team's jobs
+    namespace: str  # the team's Kubernetes namespace: its jobs, its queue, its workloads' identity
+    nominal_chips: tuple[tuple[str, int], ...]  # (slice pool, TPU chips guaranteed there), pools of one shape add up
+    borrowing_limit: int | None  # chips above nominal it may borrow in each flavor; None: what the cohort lends
+    priority: str  # the highest priority class its runs may use
+
+
+@dataclass(frozen=True)
 class GkeSettings:
     """The GKE engine: one regional cluster and its TPU slice pools."""
 
@@ -216,6 +228,8 @@ class GkeSettings:
     system_machine_type: str
     system_nodes_per_zone: int
     slice_pools: tuple[SlicePoolSettings, ...]
+    teams: tuple[TeamSettings, ...] = ()
+    rbac_security_group: str = ""  # gke-security-groups@DOMAIN: Google Groups as RBAC subjects ("": none)
 
     @property
     def zones(self) -> tuple[str, ...]:

@@ -34,6 +34,7 @@ from infra.config.model import (
     PlatformConfig,
     ScheduleSettings,
     SlicePoolSettings,
+    TeamSettings,
     Threshold,
     TpuVmSettings,
     WorkloadSettings,
@@ -43,6 +44,7 @@ from infra.config.settings import (
     MAX_ACCOUNT_DESCRIPTION_BYTES,
     MAX_COMMAND_ARG,
     MAX_LABELS,
+    MAX_TEAM_NAME,
     MAX_TPU_DESCRIPTION,
     PRIVATE_CIDR,
     RESERVED_ENV_PREFIX,
@@ -511,6 +513,8 @@ def _gke(node: Node | None, default_region: str) -> GkeSettings | None:
         slice_pools=tuple(
             _slice_pool(pool) for pool in node.elements("slicePools", max_items=setting("gke.slicePools").max_items)
         ),
+        teams=tuple(_team(team) for team in node.elements("teams", [], max_items=setting("gke.teams").max_items)),
+        rbac_security_group=optional_text(node, "gke.rbacSecurityGroup") or "",
     )
     for child in (window, system, node):
         child.done()
@@ -549,6 +553,35 @@ def _slice_pool(node: Node) -> SlicePoolSettings:
     )  # fmt: skip
     node.done()
     return pool
+
+
+def _team(node: Node) -> TeamSettings:
+    name = text(node, "gke.teams[].name", check=lambda n: naming.resource_id_problem(n, MAX_TEAM_NAME))
+    chips: list[tuple[str, int]] = []
+    for pool, value, path in node.entries("nominalChips", False):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            node.problems.add(path, value, "a whole number of TPU chips, 0 or more")
+        else:
+            chips.append((pool, value))
+    limit = node.data.get("borrowingLimit")
+    team = TeamSettings(
+        name=name,
+        members=tuple(texts(node, "gke.teams[].members", [])),
+        namespace=optional_text(node, "gke.teams[].namespace", check=_team_namespace) or naming.team_namespace(name),
+        nominal_chips=tuple(chips),
+        borrowing_limit=None if limit is None else integer(node, "gke.teams[].borrowingLimit"),
+        priority=text(node, "gke.teams[].priority"),
+    )
+    node.done()
+    return team
+
+
+def _team_namespace(namespace: str) -> str | None:
+    if why := naming.resource_id_problem(namespace):
+        return why
+    if namespace in naming.SYSTEM_NAMESPACES or namespace.startswith(naming.SYSTEM_NAMESPACE_PREFIXES):
+        return "a namespace of its own: not default, a kube-/gke- namespace or a controller's"
+    return None
 
 
 def _cron(expression: str) -> str | None:

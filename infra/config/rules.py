@@ -13,6 +13,7 @@ import ipaddress
 import math
 import re
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
 
 from infra import naming
 from infra.catalog import AcceleratorType, Generation, load_catalog
@@ -21,6 +22,7 @@ from infra.config.model import (
     BUCKET_PURPOSES,
     PLATFORM_ACCOUNTS,
     PROJECT,
+    GkeSettings,
     PlatformConfig,
     TpuVmSettings,
     WorkloadSettings,
@@ -681,6 +683,69 @@ def _gke(cfg: PlatformConfig, problems: Problems) -> None:
             and (why := catalog.flex_start_problem(pool.accelerator))
         ):
             problems.add(f"{pool_key}.provisioning", pool.provisioning, why)
+    _teams(gke, problems)
+
+
+def _teams(gke: GkeSettings, problems: Problems) -> None:
+    """Teams against each other and the slice pools: a guarantee is whole slices of pools the stack has,
+    and the teams' guarantees in a pool shape add up to at most the chips its pools hold."""
+    from infra.gke import queues  # here: infra.gke reads this package's model (an import cycle)
+    from infra.gke.specs import shape_of
+
+    key = f"{PROJECT}:gke.teams"
+    shapes = {p.name: shape_of(p) for p in gke.slice_pools if p.accelerator is not NO_GKE_ACCELERATOR}
+    refused = {p.name for p in gke.slice_pools} - set(shapes)  # their own problems say why
+    names: set[str] = set()
+    namespaces: set[str] = set()
+    promised: dict[str, int] = {}
+    for index, team in enumerate(gke.teams):
+        team_key = f"{key}[{index}]"
+        if team.name and team.name in names:
+            problems.add(f"{team_key}.name", team.name, "another team of this stack has this name")
+        elif team.namespace in namespaces:
+            problems.add(f"{team_key}.namespace", team.namespace, "another team of this stack has this namespace")
+        names.add(team.name)
+        namespaces.add(team.namespace)
+        if not team.members and not any(p.key.startswith(f"{team_key}.members") for p in problems.items):
+            problems.add(f"{team_key}.members", [], "list at least one user: or group: who runs the team's jobs")
+        groups = [m for m in team.members if m.startswith("group:")]
+        if groups and not gke.rbac_security_group:
+            problems.add(
+                f"{team_key}.members",
+                groups,
+                f"GKE resolves groups in RBAC only with Google Groups for RBAC: set {PROJECT}:gke.rbacSecurityGroup "
+                "to gke-security-groups@YOUR_DOMAIN (and nest the team's group in it), or list users",
+            )
+        guaranteed = []  # the team's guarantees that are each right: what the pools' total is checked with
+        for pool, chips in team.nominal_chips:
+            chips_key = f"{team_key}.nominalChips.{pool}"
+            shape = shapes.get(pool)
+            if pool in refused:
+                continue
+            if shape is None:
+                pools = ", ".join(shapes) or "none"
+                problems.add(chips_key, chips, f"names no slice pool of this stack (its pools: {pools})")
+            elif chips % shape.chips_per_slice:
+                problems.add(
+                    chips_key,
+                    chips,
+                    f"a job takes whole slices: a multiple of {shape.chips_per_slice} chips (one {pool} slice)",
+                )
+            elif chips > shape.chips:
+                problems.add(chips_key, chips, f"pool {pool} holds {shape.chips} chips")
+            else:
+                guaranteed.append((pool, chips))
+        for flavor, chips in queues.nominal_by_flavor(replace(team, nominal_chips=tuple(guaranteed)), shapes).items():
+            promised[flavor] = promised.get(flavor, 0) + chips
+    for flavor in queues.flavors(shapes.values()):
+        if promised.get(flavor.name, 0) > flavor.chips:
+            pools = [name for name, s in shapes.items() if queues.flavor_name(s.node_labels) == flavor.name]
+            problems.add(
+                f"{key}[].nominalChips",
+                {p: [c for t in gke.teams for n, c in t.nominal_chips if n == p] for p in pools},
+                f"the teams are guaranteed {promised[flavor.name]} chips of {flavor.name} (pools "
+                f"{', '.join(pools)}), which hold {flavor.chips}: a guarantee is chips that exist",
+            )
 
 
 def _network(cidr: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:

@@ -60,7 +60,22 @@ EMAIL = r"[^@\s]+@[^@\s]+\.[a-z]{2,}"
 # IAM members a researcher grant may name: people and groups only (IAM "principal identifiers");
 # service accounts run the platform and are never researchers.
 RESEARCHER_MEMBER = r"(user|group):[^@\s:]+@[^@\s]+\.[a-z]{2,}"
+# container.v1 AuthenticatorGroupsConfig (pulumi-gcp: "Group name must be in format
+# gke-security-groups@yourdomain.com"): the group of groups GKE looks members up in for RBAC.
+RBAC_SECURITY_GROUP = r"gke-security-groups@[^@\s]+\.[a-z]{2,}"
 SERVICE_ACCOUNT_EMAIL = r"[a-z][-a-z0-9]{4,28}[a-z0-9]@[a-z][-a-z0-9]{4,28}[a-z0-9]\.iam\.gserviceaccount\.com"
+# A team's name becomes its ClusterQueue's and LocalQueue's (label values, 63) and its namespace's default
+# team-NAME; 30 leaves the namespace and the names derived from it room (infra/naming.py).
+MAX_TEAM_NAME = 30
+# The priority classes of the GKE engine's jobs, lowest first (xpk's five, core/kueue_manager.py): a team's
+# `priority` names the highest its jobs may use; infra/gke/queues.py renders them.
+PRIORITY_CLASSES: tuple[tuple[str, int], ...] = (
+    ("very-low", 100),
+    ("low", 250),
+    ("medium", 500),
+    ("high", 750),
+    ("very-high", 1000),
+)
 MAX_BUDGET_CHANNELS = 5  # the Billing Budgets API accepts at most 5 monitoring channels
 # Budget amounts are sent as `units`, an int64 (Billing Budgets API, google.type.Money).
 MAX_BUDGET_AMOUNT = 2**63 - 1
@@ -772,6 +787,70 @@ SETTINGS: tuple[Setting, ...] = (
         minimum=0,
         exclusive_minimum=True,
         maximum=MAX_FLEX_START_HOURS,
+    ),
+    Setting(
+        "gke.rbacSecurityGroup",
+        "string",
+        "Google Groups for RBAC: the group gke-security-groups@DOMAIN whose member groups GKE resolves, so a "
+        "team may list group: members (needed when one does).",
+        optional=True,
+        pattern=RBAC_SECURITY_GROUP,
+        allowed="gke-security-groups@ followed by your domain",
+    ),
+    Setting(
+        "gke.teams",
+        "list",
+        "Teams sharing the slice pools through Kueue: a queue each in one cohort, chips guaranteed per pool, "
+        "idle chips lent and reclaimed, jobs only in the team's own namespace.",
+        items="object",
+        optional=True,
+        max_items=50,
+    ),
+    Setting(
+        "gke.teams[].name",
+        "string",
+        "Team name: its ClusterQueue and LocalQueue are named so.",
+        allowed=f"1-{MAX_TEAM_NAME} lowercase letters, digits and '-', starting with a letter",
+    ),
+    Setting(
+        "gke.teams[].members",
+        "list",
+        "Who runs the team's jobs: JobSets in its namespace, nowhere else.",
+        items="string",
+        pattern=RESEARCHER_MEMBER,
+        allowed="an IAM member user:EMAIL or group:EMAIL",
+        max_items=100,
+    ),
+    Setting(
+        "gke.teams[].namespace",
+        "string",
+        "The team's Kubernetes namespace (default team-NAME): its jobs, its queue and its workloads' identity.",
+        optional=True,
+        allowed="1-63 lowercase letters, digits and '-', starting with a letter, not a system namespace",
+    ),
+    Setting(
+        "gke.teams[].nominalChips",
+        "map",
+        "TPU chips guaranteed to the team, by slice pool (whole slices; pools of one shape add up; together "
+        "at most what the pools hold).",
+        items="integer",
+        optional=True,
+    ),
+    Setting(
+        "gke.teams[].borrowingLimit",
+        "integer",
+        "Chips above its nominal ones the team may borrow in each pool shape while others leave them idle "
+        "(unset: as many as the cohort lends; 0: none).",
+        optional=True,
+        minimum=0,
+        maximum=1_000_000,
+    ),
+    Setting(
+        "gke.teams[].priority",
+        "string",
+        "The highest priority class the team's jobs may use; a job preempts only the team's own lesser ones.",
+        default="medium",
+        choices=tuple(name for name, _ in PRIORITY_CLASSES),
     ),
     Setting("monitoring", "object", "Alerts.", optional=True),
     Setting(

@@ -109,6 +109,12 @@ class GkeCluster(pulumi.ComponentResource):
                 "ip_endpoints_config": {"enabled": False},
             },
             master_auth={"client_certificate_config": {"issue_client_certificate": False}},
+            # Google Groups for RBAC (container.v1 AuthenticatorGroupsConfig): the teams' group members are RBAC
+            # subjects only when GKE looks them up in this group of groups; an update, not a replacement
+            # (ClusterUpdate.desiredAuthenticatorGroupsConfig).
+            authenticator_groups_config=(
+                {"security_group": gke.rbac_security_group} if gke.rbac_security_group else None
+            ),
             enable_legacy_abac=False,
             enable_shielded_nodes=True,
             workload_identity_config={"workload_pool": f"{env.project}.svc.id.goog"},

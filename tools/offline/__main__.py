@@ -1,4 +1,8 @@
-"""`python -m tools.offline plan [--stack dev] [--json]`: what `pulumi up` would create, offline.
+"""`python -m tools.offline plan [--stack dev] [--json] [--gke-admin]`: what `pulumi up` would create, offline.
+
+`--gke-admin` plans the GKE engine's admin phase (gke-admin/) for the stack file instead: it needs the
+JobSet and Kueue release manifests, which an offline plan does not download; it reads local copies from
+the folder `TPU_PLATFORM_CONTROLLER_MANIFESTS` names, each checked against its pinned sha256.
 
 Also `diff BASE HEAD` (the PR comment from two `plan --json` files), `render` (the start-up
 script a TPU VM will run), `schema [--write]` (the stack files' JSON Schema and settings table) and
@@ -9,12 +13,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
 import pulumi
 
 from infra.config import docs, parse_stack_config
+from infra.gke.admin import GKE_ADMIN_PROJECT
+from infra.gke.controllers import MANIFESTS_ENV, manifests_needed
 from infra.schema import ConfigError
 from infra.tpu.metadata import vm_metadata
 from policy.policies import RULES
@@ -86,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     plan = commands.add_parser("plan", help="run the program under mocks and print the planned resources")
     _stack_arguments(plan)
     plan.add_argument("--json", action="store_true", help="print the plan as JSON (a bad stack: its errors)")
+    plan.add_argument(
+        "--gke-admin", action="store_true", help=f"plan the GKE admin phase (gke-admin/); needs {MANIFESTS_ENV}"
+    )
     access = commands.add_parser("access", help="CI identities' permissions computed from every stack's plan")
     access.add_argument("--write", action="store_true", help=f"rewrite {ACCESS_FILE.relative_to(ROOT)}")
     compare = commands.add_parser("diff", help="Markdown summary of the change between two `plan --json` files")
@@ -134,9 +144,15 @@ def main(argv: list[str] | None = None) -> int:
         return _render(args.stack, args.stack_file, args.vm, "tpu-platform-env" if args.env else "startup-script")
 
     stack = args.stack
+    if args.gke_admin and not os.environ.get(MANIFESTS_ENV):
+        print(f"error: {manifests_needed()}", file=sys.stderr)
+        return 2
     try:
         stack = stack_of(args.stack_file) if args.stack_file else args.stack
-        result = plan_stack(stack, args.stack_file)
+        if args.gke_admin:
+            result = plan_stack(stack, args.stack_file, project=GKE_ADMIN_PROJECT)
+        else:
+            result = plan_stack(stack, args.stack_file)
     except (ConfigError, StackFileError, pulumi.RunError) as error:
         # RunError: the program's own config error, as `pulumi up` would show it.
         lines = _error_lines(error)
@@ -146,6 +162,14 @@ def main(argv: list[str] | None = None) -> int:
             print()
         return 2
 
+    if args.gke_admin:  # a cluster administrator runs it: no CI identity's access to compute
+        who = "Run by a cluster administrator (its own project, gke-admin/), never by CI's deployer."
+        if args.json:
+            json.dump(to_json(result, []), sys.stdout, indent=2, sort_keys=True, default=str)
+            print()
+        else:
+            print(to_text(result, [who]), end="")
+        return 0
     violations = check_policies(result)
     if args.json:
         json.dump(to_json(result, [v.as_dict() for v in violations]), sys.stdout, indent=2, sort_keys=True, default=str)

@@ -29,7 +29,9 @@ Deploys = Mapping[str, PlanResult]  # "fresh" and "later"
 
 
 def declared(result: PlanResult) -> list[Declared]:
-    return [Declared(r.type, r.name, r.inputs) for r in result.resources if r.custom]
+    """What a provider acts on: custom resources, and providers' own components (their children are the
+    provider's to make, so the mocks never see them)."""
+    return [Declared(r.type, r.name, r.inputs) for r in result.resources if r.custom or r.remote]
 
 
 def quota_project(config: Mapping[str, str]) -> str | None:

@@ -87,6 +87,18 @@ class GcpMocks(pulumi.runtime.Mocks):
         if args.token == "gcp:compute/getDefaultServiceAccount:getDefaultServiceAccount":
             email = f"{project_number(project)}-compute@developer.gserviceaccount.com"
             return {"email": email, "member": f"serviceAccount:{email}", "project": project}, []
+        if args.token == "gcp:container/getCluster:getCluster":
+            # The cluster as the environment's stack made it (the GKE admin phase looks it up): its DNS
+            # endpoint, named as the Cluster mock below names it.
+            location, name = inputs["location"], inputs["name"]
+            dns = f"gke-{_hex(f'{project}/{location}/{name}', 32)}-{project_number(project)}.{location}.gke.goog"
+            endpoints = [{"dnsEndpointConfigs": [{"endpoint": dns, "allowExternalTraffic": True}]}]
+            return {
+                "name": name,
+                "location": location,
+                "project": project,
+                "controlPlaneEndpointsConfigs": endpoints,
+            }, []
         raise NotImplementedError(f"offline plan has no mock for the data source {args.token}")
 
     def new_resource(self, args: MockResourceArgs) -> tuple[str | None, dict]:
@@ -216,6 +228,8 @@ class Registration:
     secret_paths: list[str] = field(default_factory=list)  # inputs the engine received as secrets
     aliases: list[str] = field(default_factory=list)  # earlier URNs of this resource (renames)
     import_id: str = ""  # the `import_` option: an existing resource this one adopts
+    provider: str = ""  # the explicit provider's reference (URN::id), when one was given
+    remote: bool = False  # a provider's component (kubernetes:yaml/v2:ConfigGroup): its provider makes the calls
     # What the state would hold: the provider's outputs, with the outputs of secret inputs secret too
     # (Pulumi, "Secrets": an output is secret when the input of the same name is).
     state: dict[str, Any] = field(default_factory=dict)
@@ -306,6 +320,8 @@ class RecordingMonitor(MockMonitor):
                     state=_state(response, secret_paths),
                     aliases=_alias_urns(response.urn, request),
                     import_id=request.importId,
+                    provider=request.provider or next(iter(request.providers.values()), ""),
+                    remote=bool(request.remote),
                 )
             )
         return response

@@ -34,6 +34,23 @@ def _flatten(value: Any, prefix: str = "") -> list[tuple[str, Any]]:
     return [(prefix, value)]
 
 
+def _summarised(inputs: dict[str, Any]) -> dict[str, Any]:
+    """A Kubernetes object group's CRDs shown by name and digest: a release's CRDs are megabytes of schema
+    (the JSON plan keeps every field)."""
+    objs = inputs.get("objs")
+    if not isinstance(objs, list):
+        return inputs
+    shown = []
+    for obj in objs:
+        if isinstance(obj, dict) and obj.get("kind") == "CustomResourceDefinition":
+            text = json.dumps(obj, sort_keys=True)
+            digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+            name = (obj.get("metadata") or {}).get("name")
+            obj = f"CustomResourceDefinition {name} <{len(text):,} bytes, sha256 {digest}…>"
+        shown.append(obj)
+    return {**inputs, "objs": shown}
+
+
 def _show(value: Any) -> str:
     if isinstance(value, str) and (len(value) > LONG_STRING or "\n" in value):
         digest = hashlib.sha256(value.encode()).hexdigest()[:12]
@@ -88,7 +105,7 @@ def to_text(plan: PlanResult, extra_sections: list[str] | None = None) -> str:
             flags = [f for f, on in (("protect", r.protect), ("kept on destroy", r.retain_on_delete)) if on]
             pad = "  " * depth
             lines.append(f"{pad}+ {r.name}  ({r.type}){'  [' + ', '.join(flags) + ']' if flags else ''}")
-            for key, value in _flatten({k: v for k, v in r.inputs.items() if k != "project"}):
+            for key, value in _flatten(_summarised({k: v for k, v in r.inputs.items() if k != "project"})):
                 lines.append(f"{pad}      {key}: {_show(value)}")
             walk(r.urn, depth + 1)
 

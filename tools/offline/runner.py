@@ -95,6 +95,10 @@ def run_program(
     return PlanResult(stack, gcp_project, monitor.registrations, collected, log.warnings, invokes, dict(config))
 
 
-def plan_stack(stack: str, stack_file: Path | None = None, state: CloudState | None = None) -> PlanResult:
-    """The offline plan of a stack file: the real program with that stack's config."""
-    return run_program(stack, read_stack_config(stack, ROOT, stack_file), project=project_name(ROOT), state=state)
+def plan_stack(
+    stack: str, stack_file: Path | None = None, state: CloudState | None = None, project: str | None = None
+) -> PlanResult:
+    """The offline plan of a stack file: the real program with that stack's config (as `project`: by
+    default the environment's, Pulumi.yaml's; the GKE admin phase reads the same stack file)."""
+    config = read_stack_config(stack, ROOT, stack_file)
+    return run_program(stack, config, project=project or project_name(ROOT), state=state)
