@@ -54,6 +54,10 @@ class Settings:
     models: str = ""  # gs://<models-bucket>
     python: str = sys.executable  # the image's Python, which runs the agent
     docker: str = "docker"
+    # Where the agent's claims on run uids live (machine-wide, so two agents of one machine never share a uid:
+    # the tests) and the device nodes the TPU chips appear as (vm_agent/isolation.py).
+    uid_locks: Path = Path("/run/tpu-platform/uids")
+    devices: Path = Path("/dev")
     # Bounds the image's framework needs (e.g. protobuf<5 beside TensorFlow < 2.18; infra/catalog): kept
     # when a run's requirements are installed, so pip cannot upgrade a package from under the framework.
     pip_constraints: tuple[str, ...] = ()
@@ -109,11 +113,12 @@ class Settings:
         worker_count = int(number("TPU_PLATFORM_WORKER_COUNT", 1, 1, 4096))
         if worker_id >= worker_count:
             problems.append(f"TPU_PLATFORM_WORKER_ID={worker_id} is not a worker of {worker_count}")
+        root = Path(environ.get("TPU_PLATFORM_ROOT", "") or "/")
         settings = cls(
             stack=stack,
             vm=vm,
             project=project,
-            root=Path(environ.get("TPU_PLATFORM_ROOT", "") or "/"),
+            root=root,
             status_dir=status_dir.rstrip("/"),
             artifacts=artifacts,
             registry=registry,
@@ -132,6 +137,8 @@ class Settings:
             models=models,
             python=environ.get("TPU_PLATFORM_PYTHON", "") or sys.executable,
             pip_constraints=tuple(environ.get("TPU_PLATFORM_PIP_CONSTRAINTS", "").split()),
+            uid_locks=Path(environ.get("TPU_PLATFORM_UID_LOCKS", "") or "/run/tpu-platform/uids"),
+            devices=Path(environ.get("TPU_PLATFORM_DEVICES", "") or (root / "dev")),
         )
         if problems:
             raise SettingsError(problems)
