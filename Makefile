@@ -32,8 +32,13 @@ $(WSTAMP): requirements-workloads.lock
 	touch $(WSTAMP)
 
 LOCK := $(VENV)/bin/uv pip compile --quiet --generate-hashes --python-version 3.11 --python-platform x86_64-manylinux_2_28
-lock: $(STAMP)  ## recompile the *.lock files after editing a requirements-*.txt
+lock: $(STAMP)  ## recompile the *.lock files after editing a requirements-*.txt (and the examples' locks)
 	for r in requirements requirements-plan requirements-dev requirements-workloads; do $(LOCK) $$r.txt -o $$r.lock; done
+	# What a VM installs for an example, by hash (vm_agent/installs.py); the TPU image brings the framework.
+	$(LOCK) workloads/jax_mnist/requirements.txt -o workloads/jax_mnist/requirements.lock \
+	  --no-emit-package jax --no-emit-package jaxlib --no-emit-package numpy --no-emit-package scipy \
+	  --no-emit-package ml-dtypes --no-emit-package opt-einsum
+	$(LOCK) workloads/tf_mnist/requirements.txt -o workloads/tf_mnist/requirements.lock
 
 NSTAMP := node_modules/.installed
 $(NSTAMP): package.json package-lock.json

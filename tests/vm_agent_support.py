@@ -206,7 +206,8 @@ elif command == "run":
     files = tempfile.mkdtemp(prefix="docker-shim-")
     os.chmod(files, 0o755)
     shutil.copytree(images[image], files, dirs_exist_ok=True)
-    as_user = ["setpriv", "--reuid", uid, "--regid", gid, "--clear-groups", "--no-new-privs"]
+    as_user = ["setpriv", "--reuid", uid, "--regid", gid, "--clear-groups", "--no-new-privs", "--inh-caps=-all",
+               "--bounding-set=-all"]  # no capability, as --cap-drop=ALL
     child = subprocess.Popen(as_user + argv, cwd=files, env=env, start_new_session=True)
     (state / (name + ".pid")).write_text(str(child.pid))
     signal.signal(signal.SIGTERM, lambda *_: child.send_signal(signal.SIGTERM))
@@ -248,6 +249,7 @@ def agent_environ(tmp: Path, metadata_url: str, emulator: str, **extra: str) -> 
         "TPU_PLATFORM_MAX_RETRIES": "2",
         "TPU_PLATFORM_RETRY_DELAY_SECONDS": "0",
         "TPU_PLATFORM_SELF_SERVICE": "0",
+        "TPU_PLATFORM_METADATA_REDIRECT": "0",  # the machine's firewall is shared (tests/sandbox.py says why)
         "TPU_PLATFORM_METADATA_URL": metadata_url,
         "TPU_PLATFORM_POLL_SECONDS": "2",  # an absent attribute is asked for again this often
         "TPU_PLATFORM_RUNTIME_ENV": "TPU_RUNTIME_FLAG",

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable
 
 if TYPE_CHECKING:
+    from vm_agent.metadata_proxy import MetadataProxy
     from vm_agent.settings import Settings
 
 UID_FIRST, UID_LAST = 61184, 65519  # systemd's DynamicUser= range (module docstring)
@@ -270,13 +271,18 @@ class Devices:
 class Isolation:
     """The agent's means to isolate runs: a uid pool, the runs' folders, the devices, what runs never see."""
 
-    def __init__(self, root: Path, locks: Path, dev: Path, memlock: bool = True):
+    def __init__(
+        self, root: Path, locks: Path, dev: Path, memlock: bool = True, proxy: MetadataProxy | None = None,
+        tpu_env: dict[str, str] | None = None,
+    ):  # fmt: skip
         self.root = root
         self.opt = root / "opt" / "tpu-platform"
         self.runs = root / "var" / "lib" / "tpu-platform" / "runs"
         self.pool = UidPool(locks)
         self.devices = Devices(dev, root / "var" / "lib" / "tpu-platform" / "devices.json")
         self.memlock = memlock
+        self.proxy = proxy  # the metadata server as runs see it, which hands out each run's own token
+        self.tpu_env = dict(tpu_env or {})  # the TPU_* variables of this VM (vm_agent/metadata_proxy.py)
         # What a run never sees: the agent's code, settings and caches, and the runs' folders.
         self.hidden = (self.opt, root / "etc" / "tpu-platform", root / "var" / "lib" / "tpu-platform")
 
@@ -300,14 +306,16 @@ class Isolation:
                     kill_uid(int(folder.name))
                 shutil.rmtree(folder, ignore_errors=True)
 
-    def open(self) -> RunSandbox:
-        return RunSandbox(self, self.pool.claim())
+    def open(self, rules: list[dict] | None = None) -> RunSandbox:
+        """A uid and folders for one run, whose token (if any) reaches only what `rules` name
+        (vm_agent/credentials.py boundary)."""
+        return RunSandbox(self, self.pool.claim(), rules or [])
 
 
 class RunSandbox:
     """One run's uid and folders, from its first install to its end."""
 
-    def __init__(self, isolation: Isolation, claim: UidClaim):
+    def __init__(self, isolation: Isolation, claim: UidClaim, rules: list[dict]):
         self.isolation = isolation
         self.claim = claim
         self.uid = claim.uid
@@ -327,14 +335,20 @@ class RunSandbox:
             home.mkdir(mode=0o700)
             os.chown(home, claim.uid, claim.gid)
             self.devices = isolation.devices.lend(claim)
+            if isolation.proxy is not None:
+                isolation.proxy.admit(claim.uid, rules)
         except BaseException:
             claim.release()
             raise
         self.source = self.dir / "src"
 
     def environment(self) -> dict[str, str]:
-        """What a run's process is told of where it lives."""
-        return {"HOME": RUN_HOME, "TMPDIR": "/tmp", "USER": f"tpu-run-{self.uid}", "LOGNAME": f"tpu-run-{self.uid}"}
+        """What a run's process is told of where it lives: its home, its metadata server, its TPU."""
+        env = {"HOME": RUN_HOME, "TMPDIR": "/tmp", "USER": f"tpu-run-{self.uid}", "LOGNAME": f"tpu-run-{self.uid}"}
+        env.update(self.isolation.tpu_env)
+        if self.isolation.proxy is not None:
+            env.update(self.isolation.proxy.environment())
+        return env
 
     def jail(
         self, argv: list[str], cwd: Path | None, keep: Iterable[Path] = (), writable: Iterable[Path] = ()
@@ -359,6 +373,8 @@ class RunSandbox:
     def close(self) -> None:
         """The run has ended: nothing of it is left."""
         try:
+            if self.isolation.proxy is not None:
+                self.isolation.proxy.revoke(self.uid)
             self.kill()
         finally:
             self.isolation.devices.restore()

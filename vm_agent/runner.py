@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from vm_agent import completion_marker as marker_schema
-from vm_agent import installs, telemetry
+from vm_agent import credentials, installs, telemetry
 from vm_agent.gcs import Folder, Storage, StorageError, Tokens, split_gs
 from vm_agent.isolation import CachedTree, Isolation, IsolationError, RunSandbox, root_own_tree
 from vm_agent.settings import Settings
@@ -286,8 +286,13 @@ class Run:
             problem = Isolation.check()
             if problem:
                 raise SourceError(f"{problem}; no run starts without its own uid", final=True)
+            spec = self.spec
             try:
-                self.sandbox = self.isolation.open()
+                rules = credentials.boundary(spec.checkpoint_dir, spec.model_dir, spec.data)
+            except (credentials.BoundaryError, ValueError) as error:
+                raise SourceError(f"this run's objects cannot be its token's boundary: {error}", final=True) from None
+            try:
+                self.sandbox = self.isolation.open(rules)
             except IsolationError as error:
                 raise SourceError(str(error)) from None
             self.log(f"run {self.spec.run_id} runs as uid {self.sandbox.uid}", run=self.spec.run_id)
