@@ -563,8 +563,9 @@ class Run:
     def request_spec(self) -> dict[str, Any]:
         """The request's fields (vm_agent/requests.py REQUEST_FIELDS) of this run."""
         spec = self.spec
-        fields = {"runId": spec.run_id, "source": spec.source.describe(), "command": list(spec.command),
-                  "env": dict(spec.env), "requester": spec.requester}  # fmt: skip
+        # A request's run id is `<member>/<runId>` (vm_agent/requests.py); the request said `<runId>`.
+        fields = {"runId": spec.run_id.rsplit("/", 1)[-1], "source": spec.source.describe(),
+                  "command": list(spec.command), "env": dict(spec.env), "requester": spec.requester}  # fmt: skip
         if spec.python:
             fields["python"] = spec.python
         return fields

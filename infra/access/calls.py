@@ -125,6 +125,9 @@ RESOURCE_CALLS: dict[str, Calls] = {
         extra=_bucket_extra,
     ),
     "gcp:storage/bucketIAMMember:BucketIAMMember": _iam_member("storage.buckets"),
+    # resource_logging_log_view.go (magic-modules LogView.yaml: create POST .../views?viewId=, read GET,
+    # update PATCH with an updateMask, delete DELETE): a researcher's own view of the _Default log bucket.
+    "gcp:logging/logView:LogView": _crud("logging.projects.locations.buckets.views"),
     # Updates never happen here: the platform's objects set only bucket, name and source, and a new
     # source (its md5) forces a new object (resource_storage_bucket_object.go: ForceNew).
     "gcp:storage/bucketObject:BucketObject": Calls(
@@ -371,6 +374,7 @@ FIELD_REVIEW: dict[str, str] = {
     "kubernetes:yaml/v2:ConfigGroup": "Kubernetes objects, authorized inside the cluster by RBAC "
     "(infra/access/kubernetes.py); on the GCP side only the DNS endpoint's IAM check (container.clusters.connect)",
     "gcp:compute/resourcePolicy:ResourcePolicy": "compute.v1: no caller check named in its description fields",
+    "gcp:logging/logView:LogView": "logging.v2 LogView: filter is data (a log id), no caller check named",
 }
 
 

@@ -468,6 +468,9 @@ def _automation(cfg: PlatformConfig, problems: Problems) -> None:
         )
 
 
+MAX_RESEARCHERS = 28
+
+
 def _self_service(cfg: PlatformConfig, problems: Problems) -> None:
     """Self-service runs: refused in production unless the stack opts in, in words, and then still warned.
 
@@ -492,6 +495,20 @@ def _self_service(cfg: PlatformConfig, problems: Problems) -> None:
             problems.warn(key, True, f"nobody may submit: list people or groups under {PROJECT}:researchers")
     if cfg.self_service_in_production and not cfg.production:
         problems.warn(f"{PROJECT}:selfServiceInProduction", True, "has no effect: the stack is not production")
+    # Each researcher reads their runs' logs through a log view of their own on the _Default log bucket,
+    # which takes "a maximum of 30 log views" (Logging, "Configure log views on a log bucket"), two of them
+    # Logging's own (_AllLogs, _Default).
+    if cfg.self_service_vms and len(cfg.researchers) > MAX_RESEARCHERS:
+        problems.add(f"{PROJECT}:researchers", len(cfg.researchers),
+                     f"at most {MAX_RESEARCHERS} members (a log view each on the _Default log bucket, which holds "
+                     "30, two of them Logging's own): name groups instead of people")  # fmt: skip
+    # A self-service VM has an account of its own (infra/researchers.py): no workload's may take its name.
+    accounts = {naming.self_service_account_id(vm.name, cfg.stack): vm.name for vm in cfg.self_service_vms}
+    for w in cfg.workloads:
+        if service_account_id(w.name, cfg.stack) in accounts:
+            problems.add(f"{PROJECT}:workloads.{w.name}", w.name,
+                         f"gives the account id of self-service VM {accounts[service_account_id(w.name, cfg.stack)]}'s "
+                         "own account: rename the workload")  # fmt: skip
     if cfg.researcher_ssh and not cfg.researchers:
         problems.warn(f"{PROJECT}:researcherSsh", True, f"nobody is granted SSH: {PROJECT}:researchers is empty")
 
