@@ -272,7 +272,7 @@ def main(environ: dict | None = None) -> int:
     if isinstance(isolation, str):
         log(f"FATAL: {isolation}; no run starts unisolated", severity="CRITICAL")
         return 78
-    storage = Storage(environ=environ)
+    storage = Storage(Tokens(settings.metadata_url), environ)  # the VM account's token, with an emulator too
     sources: list[RunSource] = [MetadataSource(settings.metadata_url, settings.allowed, log=log)]
     requests = None
     if settings.status_dir.startswith("gs://") and settings.worker_id == 0:  # one taker per VM folder
