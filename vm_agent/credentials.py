@@ -52,16 +52,17 @@ class BoundaryError(ValueError):
     """A run whose objects cannot be named in one boundary (too many rules, a URL that is not gs://)."""
 
 
-def _prefix(url: str) -> tuple[str, str]:
+def _prefix(url: str, folder: bool) -> tuple[str, str]:
     bucket, name = split_gs(url)
     if not bucket:
         raise BoundaryError(f"{url!r} names no bucket")
-    return bucket, f"{name}/" if name else ""
+    return bucket, (f"{name}/" if folder else name) if name else ""
 
 
-def rule(url: str, permission: str, title: str) -> dict[str, Any]:
-    """One rule: the objects under the gs:// URL `url` (and listing them), up to `permission`."""
-    bucket, prefix = _prefix(url)
+def rule(url: str, permission: str, title: str, folder: bool = True) -> dict[str, Any]:
+    """One rule: the objects under the gs:// URL `url` (and listing them), up to `permission`. `folder`: `url`
+    is a folder (`<url>/...` only); else an object or a folder (data: one .npz or a folder of shards)."""
+    bucket, prefix = _prefix(url, folder)
     resource = f"//storage.googleapis.com/projects/_/buckets/{bucket}"
     found: dict[str, Any] = {"availableResource": resource, "availablePermissions": [permission]}
     if prefix:
@@ -83,7 +84,7 @@ def boundary(checkpoint_dir: str, model_dir: str, data: str) -> list[dict[str, A
     if model_dir:
         rules.append(rule(model_dir, WRITE, "this run's model"))
     if data:
-        rules.append(rule(data.rstrip("/"), READ, "this run's data"))
+        rules.append(rule(data.rstrip("/"), READ, "this run's data", folder=False))
     if len(rules) > MAX_RULES:
         raise BoundaryError(f"{len(rules)} access boundary rules; Cloud Storage takes at most {MAX_RULES}")
     return rules
