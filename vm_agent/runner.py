@@ -30,7 +30,7 @@ client proxies it to the container: `--sig-proxy`, on by default), waits the gra
 every process of the run's uid. Exit codes: 0 finished; 75 retry later; 78 failed for good; anything
 else failed, retried at most `max_retries` times. The run's state goes to
 `<status-dir>/runs/<runId>/status.json` on every transition; the stack's run (`completion`) ends in
-`<status-dir>/COMPLETE` in the format the guard reads (infra/run_status.py, functions/tpu_guard): only
+`<status-dir>/COMPLETE`, in its one schema (vm_agent/completion_marker.py, which the guard reads): only
 the agent writes it, where no run's credentials reach.
 """
 
