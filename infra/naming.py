@@ -159,6 +159,15 @@ def member_objects_prefix(workload: str, vm: str, member: str) -> str:
     return f"{vm_objects_prefix(workload, vm)}{member_key(member)}/"
 
 
+def job_tag(stack: str, vm: str) -> str:
+    """The network tag of one TPU VM's hosts and slices, and the name of the firewall rule that lets them reach
+    each other (infra/network.py): RFC 1035, at most 63 characters; a digest of the VM's name when it is long."""
+    tag = f"tpu-{stack}-job-{vm}"
+    if resource_id_problem(tag) is None:
+        return tag
+    return f"tpu-{stack}-job-{hashlib.sha256(vm.encode()).hexdigest()[:16]}"
+
+
 def self_service_account_id(vm: str, stack: str) -> str:
     """A self-service VM's own account: it shares no account with a VM that runs reviewed work. The VM's
     name when it fits IAM's 30 characters, else a digest of it."""

@@ -41,7 +41,7 @@ from infra.lifecycle import (
     scheduler_identities,
 )
 from infra.monitoring import MONITORING_APIS, TpuMonitoring, TpuMonitoringArgs
-from infra.network import NETWORK_APIS, ClusterRanges, PrivateNetwork
+from infra.network import ClusterRanges, PrivateNetwork, network_apis
 from infra.packaging import Package, repository_folder
 from infra.researchers import (
     ResearcherAccess,
@@ -56,7 +56,7 @@ from infra.secrets import hide, keep_secret
 from infra.storage import STORAGE_APIS, PlatformBuckets
 from infra.tpu.cloud_tpu import BACKENDS
 from infra.tpu.metadata import agent_package, run_id, source_digests, vm_metadata
-from infra.tpu.vm import TPU_VM_APIS, TpuVm
+from infra.tpu.vm import TPU_VM_APIS, TpuVm, multi_host_job
 
 TPU_BACKEND = "cloud-tpu"
 # The VM agent's package (docs/design-runs.md), uploaded next to the workloads' sources.
@@ -99,7 +99,7 @@ def build_platform(cfg: PlatformConfig, secrets: Mapping[str, str] | None = None
         "apis",
         env.project,
         required_apis(
-            NETWORK_APIS,
+            network_apis(cfg.network),
             STORAGE_APIS,
             IDENTITY_APIS,
             ARTIFACTS_APIS,
@@ -115,7 +115,8 @@ def build_platform(cfg: PlatformConfig, secrets: Mapping[str, str] | None = None
     )
 
     # 3. The components, each from the environment and its own args.
-    network = PrivateNetwork("network", env, cfg.network, apis, cluster=cluster_ranges)
+    jobs = tuple(vm.name for vm in cfg.tpu_vms if multi_host_job(vm))
+    network = PrivateNetwork("network", env, cfg.network, apis, cluster=cluster_ranges, jobs=jobs)
     buckets = PlatformBuckets("buckets", env, cfg.buckets, apis)
     identities = {
         name: WorkloadIdentity(f"workload-{name}", env, args, buckets.buckets, apis)

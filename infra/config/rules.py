@@ -50,6 +50,7 @@ def check(cfg: PlatformConfig, problems: Problems) -> None:
     _sources(cfg, problems)
     _automation(cfg, problems)
     _self_service(cfg, problems)
+    _egress(cfg, problems)
     _checkpoint_intervals(cfg, problems)
     _gke(cfg, problems)
     if cfg.name_prefix and not problems.items:
@@ -469,6 +470,19 @@ def _automation(cfg: PlatformConfig, problems: Problems) -> None:
 
 
 MAX_RESEARCHERS = 28
+
+
+def _egress(cfg: PlatformConfig, problems: Problems) -> None:
+    """`egress: google-only` says, in every plan, what it cannot do (infra/network.py)."""
+    if cfg.network.egress != "google-only":
+        return
+    problems.warn(
+        f"{PROJECT}:network.egress",
+        "google-only",
+        "TPU VMs reach Google APIs (private.googleapis.com), their job's hosts and the metadata server only; a "
+        "package index by name (pypi.org) needs Cloud NGFW's FQDN objects, and VPC Service Controls "
+        "(restricted.googleapis.com, a perimeter) is the stronger option: neither is made by this stack",
+    )
 
 
 def _self_service(cfg: PlatformConfig, problems: Problems) -> None:
