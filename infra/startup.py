@@ -4,7 +4,8 @@ Pure and deterministic (same inputs, same bytes), so a plan shows no change unle
 its settings changed. The script runs as root on every boot of every worker of the slice, and is
 idempotent:
   1. check what the catalog could not know about the image (its Python, its framework), and install
-     the pinned framework only when the image lacks it (S21). A boot whose image cannot run the
+     the pinned framework only when the image lacks it (S21), only from the catalog's lock for that
+     release (`pip --require-hashes --no-deps`; no lock: refused). A boot whose image cannot run the
      workload logs one `tpu-platform: FATAL:` line, exits 78 and starts nothing: no restart loop
      keeps a TPU billing;
   2. fetch the VM agent (vm_agent/, packaged by the stack) as the VM's own account, and keep it only
@@ -35,15 +36,12 @@ MAX_METADATA_VALUE_BYTES = 256 * 1024
 MAX_METADATA_TOTAL_BYTES = 512 * 1024
 ENV_ATTRIBUTE = "tpu-platform-env"
 
-# How to install each framework's TPU build when the runtime image lacks the pinned version.
-FRAMEWORK_INSTALL = {
-    "tensorflow": (
-        "tensorflow",
-        "tensorflow-tpu=={version}",
-        "https://storage.googleapis.com/libtpu-tf-releases/index.html",
-    ),
-    "jax": ("jax", "jax[tpu]=={version}", "https://storage.googleapis.com/jax-releases/libtpu_releases.html"),
-}
+# The module each framework imports as, to check the image's version. When the image lacks the pinned
+# version, the boot installs it only from the catalog's lock for it (infra/catalog/framework_locks: jax[tpu]
+# with its libtpu, or tensorflow-tpu), every file checked against its hash; without a lock it refuses.
+FRAMEWORK_MODULES = {"tensorflow": "tensorflow", "jax": "jax"}
+_LOCK_END = "TPU_PLATFORM_FRAMEWORK_LOCK"
+_SAFE_LOCK = re.compile(r"([A-Za-z0-9][A-Za-z0-9._\[\],-]*==[A-Za-z0-9.+!_-]+( --hash=sha256:[0-9a-f]{64})+\n)*")
 _SAFE_VALUE = re.compile(r"[A-Za-z0-9_./:@=+,-]*")
 _SAFE_CONSTRAINT = re.compile(r"[A-Za-z0-9_.-]+(<|<=|>=|==|!=)[0-9][A-Za-z0-9.]*")
 _SAFE_MESSAGE = re.compile(r'[^"$`\n\\]*')
@@ -93,6 +91,9 @@ class StartupSpec:
     constraints: tuple[str, ...] = ()
     min_python: str = ""
     install_problem: str = ""
+    # The catalog's lock for the framework (infra/catalog framework_lock), installed with --require-hashes
+    # when the image lacks the version; "" when there is none (install_problem then says why).
+    framework_lock: str = ""
     grace_seconds: int = 30
 
 
@@ -108,7 +109,9 @@ def _check(spec: StartupSpec) -> None:
             raise ValueError(f"unsafe constraint {constraint!r}")
     if not re.fullmatch(r"(\d+\.\d+)?", spec.min_python) or not _SAFE_MESSAGE.fullmatch(spec.install_problem):
         raise ValueError(f"unsafe runtime facts {spec.min_python!r}, {spec.install_problem!r}")
-    if spec.framework and spec.framework not in FRAMEWORK_INSTALL:
+    if not _SAFE_LOCK.fullmatch(spec.framework_lock):
+        raise ValueError("the framework lock holds a line that is not a pinned requirement with its hashes")
+    if spec.framework and spec.framework not in FRAMEWORK_MODULES:
         raise ValueError(f"unknown framework {spec.framework!r}")
     if not re.fullmatch(r"[0-9][A-Za-z0-9.]*|", spec.framework_version):
         raise ValueError(f"unsafe framework version {spec.framework_version!r}")
@@ -129,8 +132,7 @@ def _ensure_framework(spec: StartupSpec) -> str:
     """The boot's check of the image's framework, and its install when the image lacks it."""
     if not spec.framework:
         return ""
-    module, requirement, find_links = FRAMEWORK_INSTALL[spec.framework]
-    requirement = requirement.format(version=spec.framework_version)
+    module = FRAMEWORK_MODULES[spec.framework]
     if spec.min_python:
         major, minor = spec.min_python.split(".")
         need = f"{spec.framework} ${{FRAMEWORK_VERSION}} needs Python {spec.min_python} or newer"
@@ -140,13 +142,20 @@ def _ensure_framework(spec: StartupSpec) -> str:
 """
     else:
         python_check = ""
-    if spec.install_problem:
+    if spec.install_problem or not spec.framework_lock:
         found = "(found: ${installed:-none})"
-        why = f"{spec.framework} ${{FRAMEWORK_VERSION}} is not installed {found}: {spec.install_problem}"
+        problem = spec.install_problem or "the catalog has no lock to install it by hash"
+        why = f"{spec.framework} ${{FRAMEWORK_VERSION}} is not installed {found}: {problem}"
         install = f'    fatal "{why}"'
     else:
-        install = f"""    log "installing {spec.framework} ${{FRAMEWORK_VERSION}} (found: ${{installed:-none}})"
-    "${{PYTHON}}" -m pip install --quiet '{requirement}' -f {find_links}"""
+        # Exactly the lock's files, each checked against its sha256; pip resolves nothing of its own.
+        install = f"""    log "installing {spec.framework} ${{FRAMEWORK_VERSION}} by hash (found: ${{installed:-none}})"
+    local lock
+    lock="$(mktemp)"
+    cat > "${{lock}}" <<'{_LOCK_END}'
+{spec.framework_lock}{_LOCK_END}
+    "${{PYTHON}}" -m pip install --quiet --require-hashes --no-deps -r "${{lock}}"
+    rm -f "${{lock}}\""""
     return f"""readonly FRAMEWORK_VERSION={spec.framework_version}
 
 framework_version() {{

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from infra import naming
+from infra.catalog import framework_lock, load_catalog
 from infra.config import parse_stack_config
 from infra.packaging import repository_folder
 from infra.schema import ConfigError
@@ -75,8 +76,54 @@ def test_installs_the_version_pinned_for_the_runtime_only_when_missing():
     assert 'if [[ "${installed}" == "${FRAMEWORK_VERSION}" ]]; then' in dev
     # tensorflow-tpu is on the package index only from 2.16.1: before, a missing TF is a FATAL, no pip.
     assert "pip install" not in dev and 'fatal "tensorflow ${FRAMEWORK_VERSION} is not installed' in dev
+    # From 2.16.1 it is, but the boot installs only by hash: without the catalog's lock for it, a FATAL too.
     newer = render_startup_script(tf_spec("2.16.1", "tpu-vm-tf-2.16.1-pjrt"))
-    assert "'tensorflow-tpu==2.16.1'" in newer and "is not installed (found" not in newer
+    assert "pip install" not in newer and "the catalog has no lock for tensorflow 2.16.1" in newer
+
+
+def jax_spec() -> StartupSpec:
+    jax = {"program": "jax_mnist", "frameworkVersion": "0.10.2"}
+    raw = with_object(stack_config(), "workloads", lambda w: w["mnist"].update(jax))
+    raw = with_object(raw, "tpuVms", lambda v: v[0].update(acceleratorType="v5litepod-4", zone="us-central1-a",
+                                                           runtimeVersion="v2-alpha-tpuv5-lite"))  # fmt: skip
+    cfg = parse_stack_config("dev", raw)
+    return startup_spec(cfg, cfg.tpu_vms[0])
+
+
+def test_the_framework_is_installed_only_by_the_hashes_of_the_catalogs_lock():
+    """jax[tpu] with its libtpu, each file against its sha256 (infra/catalog/framework_locks), no index of
+    Google's, no resolution of pip's own; a release without a lock is refused at boot with the reason."""
+    script = render_startup_script(jax_spec())
+    assert '-m pip install --quiet --require-hashes --no-deps -r "${lock}"' in script
+    assert "jax==0.10.2 --hash=sha256:" in script and "libtpu==" in script
+    assert "-f http" not in script and "jax[tpu]" not in script
+    lines = script.split("<<'TPU_PLATFORM_FRAMEWORK_LOCK'\n")[1].split("TPU_PLATFORM_FRAMEWORK_LOCK\n")[0]
+    assert all(re.fullmatch(r"\S+==\S+( --hash=sha256:[0-9a-f]{64})+", line) for line in lines.splitlines())
+    assert load_catalog().install_problem("jax", "0.4.35") == (
+        "the boot installs jax only by hash and the catalog has no lock for jax 0.4.35 (infra/catalog/"
+        "framework_locks/jax-0.4.35.txt, then make lock): the runtime image must carry it, or pin a release with a lock"
+    )
+
+
+# An image with Python 3.11 and no JAX: its pip records what it is asked and "installs" the lock's JAX.
+JAXLESS_IMAGE = """#!/bin/bash
+here="$(dirname "$0")"
+case "$*" in
+  *version_info*) exit 0 ;;
+  *"import jax"*) [[ -f "${here}/installed" ]] && echo 0.10.2; exit 0 ;;
+  *"-m pip"*) echo "$*" >> "${here}/pip-called"; cp "${@: -1}" "${here}/lock"; touch "${here}/installed" ;;
+  *) exit 1 ;;
+esac
+"""
+
+
+def test_a_boot_without_the_framework_installs_the_lock_and_nothing_else(tmp_path):
+    done, folder = boot_with(render_startup_script(jax_spec()), JAXLESS_IMAGE, tmp_path)
+    assert "installing jax 0.10.2 by hash (found: none)" in done.stdout, done.stderr
+    (call,) = (folder / "shims" / "pip-called").read_text().splitlines()
+    assert call.startswith("-m pip install --quiet --require-hashes --no-deps -r ")
+    assert (folder / "shims" / "lock").read_text() == framework_lock("jax", "0.10.2")
+    assert not Path(call.rsplit(" ", 1)[1]).exists()  # the temporary lock is gone
 
 
 def test_a_workload_naming_no_framework_checks_and_installs_none():

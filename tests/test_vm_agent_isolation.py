@@ -299,6 +299,38 @@ def test_the_examples_ship_locks_of_the_versions_and_hashes_the_workloads_are_te
     assert not {"jax", "jaxlib", "tensorflow"} & set(installs.pins(lock))
 
 
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_tensorflow_before_2_18_gets_the_examples_second_lock_and_newer_tensorflow_the_first(stack):
+    """One lock cannot fit every image: the dev and prod stacks' TensorFlow (2.14, 2.15) runs beside protobuf < 5
+    only, the TensorFlow the tests train with (2.21) beside protobuf >= 5.28. The agent installs the first lock the
+    catalog's bounds for the image allow; the shipped stacks get a lock, not a refusal."""
+    from infra.catalog import load_catalog
+    from tools.offline.stackfile import read_stack_config
+
+    cfg = parse_stack_config(stack, read_stack_config(stack))
+    (workload,) = [w for w in cfg.workloads if w.program == "tf_mnist"]
+    bounds = load_catalog().install_constraints("tensorflow", workload.framework_version)
+    assert bounds == ("protobuf<5",)
+    folder = REPO / "workloads" / "tf_mnist"
+    chosen = installs.choose_lock(folder, bounds)
+    assert chosen is not None and chosen == folder / "requirements-tf-before-2.18.lock"
+    assert installs.pins(chosen.read_text())["protobuf"].startswith("4.")
+    assert installs.choose_lock(folder, ()) == folder / "requirements.lock"  # TensorFlow 2.18 and newer
+    assert not {"tensorflow", "tensorflow-tpu"} & set(installs.pins(chosen.read_text()))
+
+
+def test_a_folder_whose_locks_all_break_the_images_bounds_is_refused_with_each_reason(tmp_path):
+    lock = (REPO / "workloads" / "tf_mnist" / "requirements.lock").read_text()
+    (tmp_path / "requirements.lock").write_text(lock)
+    (tmp_path / "requirements-other.lock").write_text(lock)
+    (tmp_path / "requirements-loose.lock").write_text("protobuf==4.25.9\n")
+    with pytest.raises(installs.LockError) as refused:
+        installs.choose_lock(tmp_path, ("protobuf<5",))
+    reasons = str(refused.value)
+    assert reasons.count("protobuf==7") == 2 and "requirements-other.lock" in reasons
+    assert "requirements-loose.lock cannot be installed by hash" in reasons
+
+
 # --- the network namespace of a VM of our own: the metadata redirect, the proxy, STS, IAM -------------------
 
 

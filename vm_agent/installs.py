@@ -8,7 +8,11 @@ nothing of their own ("Secure installs", pip's docs: hash-checking mode; `uv pip
 such a lock; `--no-emit-package` leaves out what the TPU image provides (its framework).
 
 The catalog's bounds for the image's framework (e.g. protobuf<5 beside TensorFlow < 2.18;
-infra/catalog) are checked against the lock's pins before anything is installed.
+infra/catalog) are checked against the lock's pins before anything is installed. One lock cannot fit
+every image (TensorFlow 2.21 needs protobuf >= 5.28, TensorFlow 2.15 protobuf < 5): a folder may ship
+more, `requirements-<anything>.lock` beside `requirements.lock`, and the first, by name after
+`requirements.lock`, whose pins the bounds allow is installed; when none is, the run is refused with
+each lock's reason.
 
 `uv` itself, when the image has none, is installed the same way from the agent's own lock
 (`uv-requirements.txt`, beside this file, the project's `uv` pin and hashes: tests compare them).
@@ -71,22 +75,45 @@ def lock_of(folder: Path) -> Path | None:
     some that are not pinned by hash."""
     for name in LOCK_NAMES:
         path = folder / name
-        if not path.is_file():
-            continue
-        problems = []
-        for line in requirement_lines(path.read_text()):
-            if line.startswith("-"):
-                if not line.startswith(("--hash", "--index-url", "--extra-index-url", "-i ", "--find-links")):
-                    problems.append(f"option {line.split()[0]!r} (a lock holds pinned requirements only)")
-                continue
-            if not _PIN.match(line):
-                problems.append(f"{line.split()[0]!r} is not pinned with == to one version")
-            elif "--hash=" not in line:
-                problems.append(f"{line.split()[0]!r} has no --hash=sha256:...")
-        if problems:
-            raise LockError(f"{name} cannot be installed by hash: {'; '.join(problems[:5])}; {HOW}")
-        return path
+        if path.is_file():
+            _check_pinned(path)
+            return path
     return None
+
+
+def _check_pinned(path: Path) -> None:
+    """LockError unless each requirement of `path` is pinned to one version with its hashes."""
+    problems = []
+    for line in requirement_lines(path.read_text()):
+        if line.startswith("-"):
+            if not line.startswith(("--hash", "--index-url", "--extra-index-url", "-i ", "--find-links")):
+                problems.append(f"option {line.split()[0]!r} (a lock holds pinned requirements only)")
+            continue
+        if not _PIN.match(line):
+            problems.append(f"{line.split()[0]!r} is not pinned with == to one version")
+        elif "--hash=" not in line:
+            problems.append(f"{line.split()[0]!r} has no --hash=sha256:...")
+    if problems:
+        raise LockError(f"{path.name} cannot be installed by hash: {'; '.join(problems[:5])}; {HOW}")
+
+
+def choose_lock(folder: Path, constraints: tuple[str, ...]) -> Path | None:
+    """The lock to install from for an image with the framework bounds `constraints` (see above), or None
+    when the folder has no requirements; LockError with every lock's reason when none fits."""
+    first = lock_of(folder)
+    if first is None:
+        return None
+    others = sorted(p for p in folder.glob("requirements-*.lock") if p.is_file()) if first.suffix == ".lock" else []
+    reasons = []
+    for lock in (first, *others):
+        try:
+            if lock != first:
+                _check_pinned(lock)
+            check_bounds(lock, constraints)
+            return lock
+        except LockError as error:
+            reasons.append(str(error))
+    raise LockError(" | ".join(reasons))
 
 
 def _version_key(version: str) -> tuple:

@@ -376,9 +376,7 @@ class Run:
 
     def _virtualenv(self, folder: Path, source: FolderSource) -> Path | None:
         try:
-            lock = installs.lock_of(folder)
-            if lock is not None:
-                installs.check_bounds(lock, self.settings.pip_constraints)
+            lock = installs.choose_lock(folder, self.settings.pip_constraints)
         except installs.LockError as error:
             raise SourceError(str(error), final=True) from None
         if lock is None and not self.spec.python:
