@@ -29,12 +29,15 @@ WORKLOAD_METHODS: dict[str, tuple[str, ...]] = {
     "models": ("storage.objects.get", "storage.objects.list", "storage.objects.insert", "storage.objects.delete"),
     "project": ("logging.entries.write", "monitoring.projects.timeSeries.create"),
 }
-# Accounts and their grants; the project APIs its program writes logs and metrics through.
+# Accounts and their grants; the project APIs its program writes logs and metrics through; and the Security
+# Token Service, through which the VM agent narrows its account's token to each run's objects (vm_agent/
+# credentials.py; "Create a downscoped short-lived credential": "Enable the IAM and Security Token Service APIs").
 IDENTITY_APIS = (
     "iam.googleapis.com",
     "cloudresourcemanager.googleapis.com",
     "logging.googleapis.com",
     "monitoring.googleapis.com",
+    "sts.googleapis.com",
 )
 
 

@@ -223,6 +223,70 @@ def test_the_tpu_device_nodes_are_lent_to_the_run_and_given_back(tmp_path):
                for n in ("accel0", "accel1", "vfio/0"))  # fmt: skip
 
 
+# What tools/smoke.py runs on a real TPU node (vm_agent/tpu_probe.py), here with a stand-in for the framework:
+# it fails unless it is a fresh uid, opens every node it was lent, has memlock (VFIO) and takes libtpu's
+# lockfile in a /tmp no other run shares (jax-ml/jax#10192: a second process of the TPU fails on it).
+FAKE_TPU_INIT = """
+import os, resource, sys
+assert os.getuid() >= 61184 and os.getgid() >= 61184, "not a run's uid"
+for node in sys.argv[1:]:
+    os.close(os.open(node, os.O_RDWR))
+soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+assert soft == hard and (soft == resource.RLIM_INFINITY or soft > 65536), ("memlock", soft, hard)
+os.close(os.open("/tmp/libtpu_lockfile", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+print("TPU found")
+"""
+
+
+def test_the_smoke_tests_tpu_probe_runs_the_framework_as_the_agent_does(tmp_path):
+    from vm_agent.tpu_probe import probe
+
+    dev = tmp_path / "root/dev"
+    (dev / "vfio").mkdir(parents=True)
+    for node in ("vfio/0", "vfio/vfio"):
+        os.mknod(dev / node, 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+    (dev / "vfio/vfio").chmod(0o666)
+    command = [IMAGE_PYTHON, "-c", FAKE_TPU_INIT, str(dev / "vfio/0"), str(dev / "vfio/vfio")]
+    report = probe(command, "", tmp_path / "root", dev=dev, metadata="http://127.0.0.1:9/computeMetadata/v1/")
+    assert report["devices"] == [str(dev / "vfio/0")] and report["shared"] == [str(dev / "vfio/vfio")]
+    for check in ("non_root", "second_uid", "no_metadata_server"):
+        assert report[check]["ok"], report[check]
+    assert report["non_root"]["uid"] != report["second_uid"]["uid"]
+    assert not report["low_memlock"]["ok"] and "memlock" in report["low_memlock"]["tail"]
+    assert (dev / "vfio/0").stat().st_uid == 0  # given back
+
+
+def test_the_smoke_tests_boundary_probe_expects_what_cloud_storage_does_with_a_runs_boundary():
+    """tools/smoke.py runs it against the real service with the operator's own token; here, against the
+    stand-ins (STS checked against sts.v1, IAM in CEL): the expected answers are the boundary's."""
+    import requests
+
+    from tests.iam_standins import Grant, IamFront, StsStandIn, role_permissions, serve, sts_handler
+    from tests.sandbox import storage_emulator
+    from vm_agent.tpu_probe import boundary_probe
+
+    owner = "owner-token"
+    with storage_emulator() as emulator:
+        for bucket in (CKPT, STATUS):
+            requests.post(f"{emulator}/storage/v1/b", params={"project": "p"}, json={"name": bucket},
+                          timeout=10).raise_for_status()  # fmt: skip
+        marker = {"uploadType": "media", "name": "vm/COMPLETE"}
+        requests.post(f"{emulator}/upload/storage/v1/b/{STATUS}/o", params=marker, data=b"{}",
+                      timeout=10).raise_for_status()  # fmt: skip
+        sts = StsStandIn(frozenset({owner}))
+        everything = role_permissions("roles/storage.objectAdmin")
+        front = IamFront(emulator, {owner: [Grant(CKPT, everything), Grant(STATUS, everything)]}, sts)
+        (sts_server, sts_url), (front_server, front_url) = serve(sts_handler(sts)), serve(front.handle)
+        try:
+            report = boundary_probe(owner, f"gs://{CKPT}/w/vm/run-a/", f"gs://{CKPT}/w/vm/run-b/",
+                                    f"gs://{STATUS}/vm/COMPLETE", front_url, f"{sts_url}/v1/token")  # fmt: skip
+        finally:
+            sts_server.shutdown()
+            front_server.shutdown()
+    assert all(check["ok"] for check in report.values()), report
+    assert sts.violations == [] and len(sts.issued) == 1
+
+
 def test_two_agents_of_one_machine_never_hold_the_same_uid(tmp_path):
     pool = UidPool(Path("/run/tpu-platform/uids"))
     claims: list[Any] = []
