@@ -20,6 +20,7 @@ stack run's very folders.
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
 import os
 import re
@@ -285,6 +286,54 @@ def test_the_smoke_tests_boundary_probe_expects_what_cloud_storage_does_with_a_r
             front_server.shutdown()
     assert all(check["ok"] for check in report.values()), report
     assert sts.violations == [] and len(sts.issued) == 1
+
+
+def test_a_containers_metadata_traffic_goes_to_the_proxy_which_knows_it_by_its_address(tmp_path):
+    """A single-host image run is a container on the agent's Docker network, not a local process of its uid:
+    its TCP to 169.254.169.254 is DNATed to the proxy's listener on the network's gateway, the rest dropped
+    (iptables for real, in a network namespace of this test's own, twice: a restart doubles nothing), and
+    the proxy tells runs apart there by the address the agent gave each container."""
+    from vm_agent.firewall import RUNS_GATEWAY, RUNS_SUBNET, container_ip
+    from vm_agent.metadata_proxy import MetadataProxy
+
+    assert shutil.which("iptables"), "iptables is missing: apt-get install -y iptables (README, Development)"
+    apply = (
+        "import subprocess\nfrom vm_agent.firewall import Firewall\n"
+        "for _ in range(2): Firewall().apply_bridge(8099, '169.254.169.254')\n"
+        "print(subprocess.run(['iptables-save'], capture_output=True, text=True).stdout)"
+    )
+    done = subprocess.run(["unshare", "-n", sys.executable, "-c", apply], capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    rules = done.stdout
+    dnat = f"-A TPU-PLATFORM-IMAGES -s {RUNS_SUBNET} -d 169.254.169.254/32 -p tcp -m tcp --dport 80 -j DNAT --to-destination {RUNS_GATEWAY}:8099"  # noqa: E501
+    assert rules.count(dnat) == 1 and rules.count("-A PREROUTING -j TPU-PLATFORM-IMAGES") == 1
+    drops = [line for line in rules.splitlines() if line.startswith("-A DOCKER-USER")]
+    assert len(drops) == 2 and all("! --dport 53 -j DROP" in d and f"-s {RUNS_SUBNET}" in d for d in drops), drops
+    assert container_ip(UID_FIRST, UID_FIRST) == "172.31.254.2" != container_ip(UID_FIRST + 1, UID_FIRST)
+
+    no_tokens: Any = None  # the VM's: never asked for when the run's boundary is empty
+    proxy = MetadataProxy(
+        "http://127.0.0.1:9/computeMetadata/v1", no_tokens, "http://127.0.0.1:9", lambda *a, **k: None
+    )
+    proxy.start()
+    try:
+        host, port = proxy.listen("127.0.0.1").rsplit(":", 1)
+        assert proxy.listen("127.0.0.1") == f"{host}:{port}"  # one listener however many image runs
+
+        def token_from(source: str) -> str:
+            connection = http.client.HTTPConnection(host, int(port), source_address=(source, 0), timeout=10)
+            connection.request("GET", "/computeMetadata/v1/instance/service-accounts/default/token",
+                               headers={"Metadata-Flavor": "Google"})  # fmt: skip
+            return connection.getresponse().read().decode()
+
+        proxy.admit(UID_FIRST + 7, [])  # a run that reaches no object: admitted, and no token to give
+        proxy.admit_container("127.0.0.2", UID_FIRST + 7)
+        assert "this run reaches no Cloud Storage object" in token_from("127.0.0.2")
+        assert "only a running run of this VM gets one" in token_from("127.0.0.3")  # root's, no container
+        proxy.revoke(UID_FIRST + 7)
+        assert "only a running run of this VM gets one" in token_from("127.0.0.2")
+    finally:
+        proxy.close()
 
 
 def test_two_agents_of_one_machine_never_hold_the_same_uid(tmp_path):

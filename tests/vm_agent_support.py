@@ -149,12 +149,23 @@ elif command == "pull":
         fail("pull %s: manifest unknown" % image, 1)
     with open(pulled, "a") as f:
         f.write(image + "\\n")
+elif command == "network":
+    made = state / "networks"
+    if args[0] == "inspect":
+        sys.exit(0 if made.exists() and args[1] in made.read_text().split() else 1)
+    expected = ["create", "--driver", "bridge", "--subnet", "172.31.254.0/24", "--gateway", "172.31.254.1",
+                "-o", "com.docker.network.bridge.name=tpu-runs0", "tpu-platform-runs"]
+    if args != expected:
+        fail("network: expected %r, got %r" % (expected, args))
+    with open(made, "a") as f:
+        f.write(args[-1] + "\\n")
 elif command == "kill":
     pid_file = state / (args[0] + ".pid")
     if pid_file.exists():
         os.kill(int(pid_file.read_text()), signal.SIGKILL)
 elif command == "run":
     flags, env, name, user, limits, devices, rest = set(), {{}}, "", "", [], [], list(args)
+    network, address = "", ""
     while rest and rest[0].startswith("-"):
         flag = rest.pop(0)
         if flag == "-e":  # NAME=value, or NAME: the value from the client's environment, if set
@@ -171,6 +182,10 @@ elif command == "run":
             limits.append(rest.pop(0))
         elif flag == "--device":
             devices.append(rest.pop(0))
+        elif flag == "--network":
+            network = rest.pop(0)
+        elif flag == "--ip":
+            address = rest.pop(0)
         else:
             flags.add(flag)
     image, argv = rest[0], rest[1:]
@@ -184,6 +199,13 @@ elif command == "run":
     many_hosts = int(env.get("TPU_PLATFORM_WORKER_COUNT", "1")) > 1
     if ("--net=host" in flags) != many_hosts:
         fail("run: --net=host is for a multi-host slice only (workers: %s)" % env.get("TPU_PLATFORM_WORKER_COUNT"))
+    on_runs_network = network == "tpu-platform-runs" and address.startswith("172.31.254.")
+    if not many_hosts and not on_runs_network:
+        fail("run: one host's container goes on the runs' network at its own address, got %r %r" % (network, address))
+    if not on_runs_network and network:
+        fail("run: --network %r" % network)
+    if on_runs_network and "tpu-platform-runs" not in (state / "networks").read_text().split():
+        fail("run: network tpu-platform-runs was not created")
     unknown = sorted(flags - set(hardening) - {{"--net=host"}})
     if unknown:
         fail("run: unexpected flags %s" % unknown)

@@ -301,12 +301,14 @@ def isolate_runs(settings: Settings) -> Isolation | str:
         return problem
     proxy = MetadataProxy(settings.metadata_url, Tokens(settings.metadata_url), settings.sts_url, log)
     proxy.start()
+    redirect = None
     if settings.metadata_redirect:
         where = urllib.parse.urlsplit(settings.metadata_url)
         try:
             address = socket.gethostbyname(where.hostname or "")
-            Firewall(settings.iptables, log).apply(UID_FIRST, UID_LAST, address, where.port or 80,
-                                                    int(proxy.address.rsplit(":", 1)[1]))  # fmt: skip
+            firewall = Firewall(settings.iptables, log)
+            firewall.apply(UID_FIRST, UID_LAST, address, where.port or 80, int(proxy.address.rsplit(":", 1)[1]))
+            redirect = (firewall, address)
         except (OSError, FirewallError) as error:
             proxy.close()
             return f"the metadata server cannot be redirected for runs: {error}"
@@ -315,6 +317,7 @@ def isolate_runs(settings: Settings) -> Isolation | str:
             "itself (only the tests' shared sandbox may run so)", severity="WARNING")  # fmt: skip
     isolation = Isolation(settings.root, settings.uid_locks, settings.devices, proxy=proxy,
                           tpu_env=tpu_environment(settings.metadata_url))  # fmt: skip
+    isolation.redirect = redirect  # containers of image runs: their network's redirect, made with the first one
     isolation.clean_up()
     return isolation
 

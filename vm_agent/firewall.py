@@ -8,12 +8,17 @@ FIRST-LAST`, iptables-extensions(8): locally generated packets, by the uid that 
 - filter OUTPUT: anything else from a run to the metadata server's address is REJECTed, but DNS (the
   metadata server is also the VM's resolver, port 53), and, where ip6tables exists, anything from a run
   to its IPv6 address (fd20:ce::254).
-Containers on Docker's bridge (a single-host image run) are not local processes: their TCP to
-169.254.169.254:80 is DNATed in PREROUTING to the proxy's bridge address (when the agent listens there)
-and the rest dropped in DOCKER-USER, Docker's chain for the user's forwarding rules ("Docker and iptables").
+Containers of single-host image runs are not local processes: they run on a Docker network of the
+agent's own (`RUNS_NETWORK`, subnet `RUNS_SUBNET`), each at an address the agent gives it from its uid
+(`container_ip`). Their TCP to 169.254.169.254:80 is DNATed in PREROUTING to the proxy listening on that
+network's gateway, which knows each container by its address; the rest of their traffic to the metadata
+server but DNS is dropped in DOCKER-USER, Docker's chain for the user's forwarding rules ("Packet
+filtering and firewalls", Docker's docs). Multi-host image runs use the host's network (`--net=host`):
+their processes are the run's uid, so the uid rules above hold for them.
 
 What runs for real in the tests: the uid rules, in a network namespace of the test's own
-(tests/test_vm_agent_isolation.py). The bridge rules are only rendered there: no Docker daemon.
+(tests/test_vm_agent_isolation.py). The bridge rules are only rendered there (no Docker daemon); the
+proxy's second listener and its by-address lookup run for real.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Callable
 
 NAT_CHAIN = "TPU-PLATFORM-RUNS"
 FILTER_CHAIN = "TPU-PLATFORM-RUNS"
+BRIDGE_CHAIN = "TPU-PLATFORM-IMAGES"  # nat PREROUTING, for containers on RUNS_NETWORK
 METADATA_IPV6 = "fd20:ce::254"  # Compute Engine's metadata server on IPv6 ("About VM metadata")
 
 
@@ -43,13 +49,28 @@ def uid_rules(first: int, last: int, metadata_ip: str, metadata_port: int, proxy
     ]  # fmt: skip
 
 
-def bridge_rules(bridge: str, bridge_ip: str, proxy_port: int, metadata_ip: str = "169.254.169.254") -> list[list[str]]:
-    """The same for containers on Docker's bridge `bridge` (rendered; no Docker daemon in the tests)."""
+RUNS_NETWORK = "tpu-platform-runs"  # the Docker network of single-host image runs
+RUNS_BRIDGE = "tpu-runs0"  # its bridge interface
+RUNS_SUBNET, RUNS_GATEWAY = "172.31.254.0/24", "172.31.254.1"  # clear of Docker's default 172.17.0.0/16
+
+
+def container_ip(uid: int, first: int) -> str:
+    """The address of the run of `uid` on RUNS_NETWORK (one run at a time per VM; 252 in a row never meet)."""
+    return f"172.31.254.{2 + (uid - first) % 252}"
+
+
+def network_create(docker: str) -> list[str]:
+    return [docker, "network", "create", "--driver", "bridge", "--subnet", RUNS_SUBNET, "--gateway", RUNS_GATEWAY,
+            "-o", f"com.docker.network.bridge.name={RUNS_BRIDGE}", RUNS_NETWORK]  # fmt: skip
+
+
+def bridge_rules(proxy_port: int, metadata_ip: str = "169.254.169.254") -> list[list[str]]:
+    """The uid rules' counterpart for containers on RUNS_NETWORK (module docstring)."""
     return [
-        ["-t", "nat", "-A", "PREROUTING", "-i", bridge, "-p", "tcp", "-d", metadata_ip, "--dport", "80",
-         "-j", "DNAT", "--to-destination", f"{bridge_ip}:{proxy_port}"],
-        ["-I", "DOCKER-USER", "-i", bridge, "-d", metadata_ip, "-p", "udp", "!", "--dport", "53", "-j", "DROP"],
-        ["-I", "DOCKER-USER", "-i", bridge, "-d", metadata_ip, "-p", "tcp", "!", "--dport", "53", "-j", "DROP"],
+        ["-t", "nat", "-A", BRIDGE_CHAIN, "-s", RUNS_SUBNET, "-p", "tcp", "-d", metadata_ip, "--dport", "80",
+         "-j", "DNAT", "--to-destination", f"{RUNS_GATEWAY}:{proxy_port}"],
+        ["-I", "DOCKER-USER", "-s", RUNS_SUBNET, "-d", metadata_ip, "-p", "udp", "!", "--dport", "53", "-j", "DROP"],
+        ["-I", "DOCKER-USER", "-s", RUNS_SUBNET, "-d", metadata_ip, "-p", "tcp", "!", "--dport", "53", "-j", "DROP"],
     ]  # fmt: skip
 
 
@@ -84,3 +105,17 @@ class Firewall:
                     self._run(ip6tables, ["-I", "OUTPUT", "1", "-j", FILTER_CHAIN], check=False)
         self.log(f"runs' uids {first}-{last}: the metadata server at {metadata_ip}:{metadata_port} is the agent's "
                  f"proxy on port {proxy_port}")  # fmt: skip
+
+    def apply_bridge(self, proxy_port: int, metadata_ip: str) -> None:
+        """bridge_rules, in place once (a restart flushes the agent's chain and finds DOCKER-USER's rules there)."""
+        self._run(self.iptables, ["-t", "nat", "-N", BRIDGE_CHAIN], check=False)
+        self._run(self.iptables, ["-t", "nat", "-F", BRIDGE_CHAIN])
+        if not self._run(self.iptables, ["-t", "nat", "-C", "PREROUTING", "-j", BRIDGE_CHAIN], check=False):
+            self._run(self.iptables, ["-t", "nat", "-I", "PREROUTING", "1", "-j", BRIDGE_CHAIN])
+        self._run(self.iptables, ["-N", "DOCKER-USER"], check=False)  # Docker makes it; so may we, first
+        for rule in bridge_rules(proxy_port, metadata_ip):
+            if rule[0] == "-I" and self._run(self.iptables, ["-C", *rule[1:]], check=False):
+                continue
+            self._run(self.iptables, rule)
+        self.log(f"image runs on {RUNS_NETWORK} ({RUNS_SUBNET}): the metadata server is the agent's proxy at "
+                 f"{RUNS_GATEWAY}:{proxy_port}")  # fmt: skip

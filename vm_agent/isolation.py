@@ -41,6 +41,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable
 
+from vm_agent.firewall import RUNS_GATEWAY, RUNS_NETWORK, Firewall, FirewallError, container_ip, network_create
+
 if TYPE_CHECKING:
     from vm_agent.metadata_proxy import MetadataProxy
     from vm_agent.settings import Settings
@@ -283,6 +285,10 @@ class Isolation:
         self.memlock = memlock
         self.proxy = proxy  # the metadata server as runs see it, which hands out each run's own token
         self.tpu_env = dict(tpu_env or {})  # the TPU_* variables of this VM (vm_agent/metadata_proxy.py)
+        # The metadata redirect for containers (vm_agent/firewall.py): the firewall and the metadata server's
+        # address, when the agent owns the VM's firewall (None: the tests' shared sandbox).
+        self.redirect: tuple[Firewall, str] | None = None
+        self._images_proxy = ""
         # What a run never sees: the agent's code, settings and caches, and the runs' folders.
         self.hidden = (self.opt, root / "etc" / "tpu-platform", root / "var" / "lib" / "tpu-platform")
 
@@ -305,6 +311,30 @@ class Isolation:
                 if folder.name.isdigit():
                     kill_uid(int(folder.name))
                 shutil.rmtree(folder, ignore_errors=True)
+
+    def image_network(self, docker: str) -> str:
+        """The Docker network of single-host image runs (vm_agent/firewall.py), made once, and the address at which
+        its containers reach the metadata proxy; IsolationError when it cannot be had."""
+        if self._images_proxy:
+            return self._images_proxy
+        if self.proxy is None:
+            raise IsolationError("no metadata proxy: image runs need one")
+        inspect = subprocess.run([docker, "network", "inspect", RUNS_NETWORK], capture_output=True, text=True)
+        if inspect.returncode != 0:
+            made = subprocess.run(network_create(docker), capture_output=True, text=True)
+            if made.returncode != 0:
+                raise IsolationError(f"docker network {RUNS_NETWORK}: {made.stderr.strip() or made.returncode}")
+        try:
+            if self.redirect is not None:
+                firewall, metadata_ip = self.redirect
+                address = self.proxy.listen(RUNS_GATEWAY)
+                firewall.apply_bridge(int(address.rsplit(":", 1)[1]), metadata_ip)
+            else:  # the tests' sandbox: the docker shim runs the image's command on this machine, as the uid
+                address = self.proxy.listen("127.0.0.1")
+        except (OSError, FirewallError) as error:
+            raise IsolationError(f"the metadata server cannot be redirected for image runs: {error}") from None
+        self._images_proxy = address
+        return address
 
     def open(self, rules: list[dict] | None = None) -> RunSandbox:
         """A uid and folders for one run, whose token (if any) reaches only what `rules` name
@@ -368,6 +398,15 @@ class RunSandbox:
             "memlock": self.isolation.memlock,
         }
         return [sys.executable, "-I", "-S", str(JAIL), json.dumps(spec, sort_keys=True), "--", *argv]
+
+    def container(self, docker: str) -> tuple[str, str]:
+        """For a single-host image run: its address on the runs' Docker network, admitted to the proxy as this
+        run, and the proxy's address there."""
+        assert self.isolation.proxy is not None
+        proxy = self.isolation.image_network(docker)
+        address = container_ip(self.uid, UID_FIRST)
+        self.isolation.proxy.admit_container(address, self.uid)
+        return address, proxy
 
     def kill(self) -> None:
         if not kill_uid(self.uid):

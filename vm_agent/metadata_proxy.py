@@ -20,7 +20,9 @@ without `Metadata-Flavor: Google`, or with `X-Forwarded-For`, is refused
 (https://cloud.google.com/compute/docs/metadata/querying-metadata).
 
 Who asks: the peer of each connection, looked up in /proc/net/tcp to the uid owning its socket (the
-same network namespace); only a run admitted by the agent, while it lives, gets a token.
+same network namespace), or, for a container of a single-host image run on the runs' Docker network,
+its address there, which the agent gave it (vm_agent/firewall.py); only a run admitted by the agent,
+while it lives, gets a token.
 
 Standard library only, Python 3.8 (the agent's rules).
 """
@@ -150,25 +152,49 @@ class MetadataProxy:
             def log_message(self, format: str, *args: object) -> None:
                 pass
 
+        self._handler = Handler
+        self._containers: dict[str, int] = {}  # a container's address on the runs' network -> its run's uid
         self.server = http.server.ThreadingHTTPServer((host, 0), Handler)
         self.server.daemon_threads = True
         self.address = f"{host}:{self.server.server_address[1]}"
+        self.servers = [self.server]
+        self.bridge_address = ""  # where containers reach it (listen)
 
     def start(self) -> None:
         threading.Thread(target=self.server.serve_forever, args=(0.2,), name="metadata-proxy", daemon=True).start()
 
+    def listen(self, host: str) -> str:
+        """Serve containers too, on `host` (the gateway of the runs' Docker network): its address, once."""
+        if not self.bridge_address:
+            server = http.server.ThreadingHTTPServer((host, 0), self._handler)
+            server.daemon_threads = True
+            threading.Thread(
+                target=server.serve_forever, args=(0.2,), name="metadata-proxy-images", daemon=True
+            ).start()
+            self.servers.append(server)
+            self.bridge_address = f"{host}:{server.server_address[1]}"
+        return self.bridge_address
+
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        for server in self.servers:
+            server.shutdown()
+            server.server_close()
 
     def admit(self, uid: int, rules: list[dict[str, Any]]) -> None:
         """The run of `uid` may ask for its token: one narrowed to `rules` (none when they are empty)."""
         with self._lock:
             self._runs[uid] = Downscoper(rules, self.tokens, self.sts_url) if rules else None
 
+    def admit_container(self, address: str, uid: int) -> None:
+        """The container at `address` on the runs' network is the run of `uid` (vm_agent/firewall.py)."""
+        with self._lock:
+            self._containers[address] = uid
+
     def revoke(self, uid: int) -> None:
         with self._lock:
             self._runs.pop(uid, None)
+            for address in [a for a, u in self._containers.items() if u == uid]:
+                del self._containers[address]
 
     def environment(self) -> dict[str, str]:
         """What a run is told of its metadata server."""
@@ -196,7 +222,10 @@ class MetadataProxy:
         return 403, "text/plain", f"{path} is not served to a run (tpu-platform agent)\n".encode()
 
     def _token(self, peer: tuple[str, int]) -> tuple[int, str, bytes]:
-        uid = caller_uid(peer)
+        with self._lock:
+            uid = self._containers.get(peer[0])
+        if uid is None:
+            uid = caller_uid(peer)
         with self._lock:
             admitted = uid is not None and uid in self._runs
             downscoper = self._runs.get(uid) if uid is not None else None

@@ -53,6 +53,7 @@ from typing import Any, Callable, Iterable
 
 from vm_agent import completion_marker as marker_schema
 from vm_agent import credentials, installs, telemetry
+from vm_agent.firewall import RUNS_NETWORK
 from vm_agent.gcs import Folder, Storage, StorageError, Tokens, split_gs
 from vm_agent.isolation import CachedTree, Isolation, IsolationError, RunSandbox, root_own_tree
 from vm_agent.settings import Settings
@@ -495,8 +496,16 @@ class Run:
         container = "tpu-platform-" + re.sub(r"[^A-Za-z0-9_.-]", "-", self.spec.run_id)[-100:]
         assert self.sandbox is not None
         env = {**env, "HOME": "/tmp"}  # the run's uid has no home in the image
+        address = ""
+        if self.settings.worker_count == 1 and self.sandbox.isolation.proxy is not None:
+            try:  # its own address on the runs' network; its metadata server the proxy's listener there
+                address, proxy = self.sandbox.container(docker)
+            except IsolationError as error:
+                raise SourceError(str(error)) from None
+            env.update({"GCE_METADATA_HOST": proxy, "GCE_METADATA_IP": proxy})
         return Prepared(container_argv(docker, container, self.sandbox, self.settings, source.image,
-                                       self.spec.command, env), None, {**os.environ, **env}, container)  # fmt: skip
+                                       self.spec.command, env, address), None, {**os.environ, **env},
+                        container)  # fmt: skip
 
     def _install_step_as_agent(self, argv: list[str]) -> None:
         """A step the agent itself takes for a run (a `docker pull`), interruptible by a stop."""
@@ -583,10 +592,12 @@ def container_argv(
     image: str,
     command: tuple[str, ...],
     env: dict[str, str],
+    address: str = "",
 ) -> list[str]:
     """`docker run` for one image run: the run's uid, no capability, no privilege to gain, only the TPU's
-    device nodes, unlimited memlock (VFIO), the host's network only for a multi-host slice, and the
-    environment by name (`-e NAME` takes the value from the client's environment: not in `ps`)."""
+    device nodes, unlimited memlock (VFIO), the host's network only for a multi-host slice (else the runs'
+    network at the run's own `address`, vm_agent/firewall.py), and the environment by name (`-e NAME`
+    takes the value from the client's environment: not in `ps`)."""
     argv = [docker, "run", "--rm", "--name", name, "--user", f"{sandbox.claim.uid}:{sandbox.claim.gid}",
             "--cap-drop=ALL", "--security-opt=no-new-privileges", "--ulimit", "memlock=-1:-1"]  # fmt: skip
     dev = sandbox.isolation.devices.dev
@@ -594,6 +605,8 @@ def container_argv(
         argv += ["--device", f"{node}:/dev/{node.relative_to(dev)}"]
     if settings.worker_count > 1:
         argv.append("--net=host")  # the slice's hosts reach each other (JAX's coordinator, ICI set-up)
+    elif address:
+        argv += ["--network", RUNS_NETWORK, "--ip", address]
     for name_ in sorted(env):
         argv += ["-e", name_]
     return [*argv, image, *command]
