@@ -410,6 +410,9 @@ def test_the_examples_ship_locks_of_the_versions_and_hashes_the_workloads_are_te
         assert mine and theirs, f"{example}: {name}=={version} is not what the workloads are tested with"
         assert set(re.findall(r"[0-9a-f]{64}", mine[1])) == set(re.findall(r"[0-9a-f]{64}", theirs[1]))
     assert not {"jax", "jaxlib", "tensorflow"} & set(installs.pins(lock))
+    # Every requirement the folder names, at the version it names: a lock older than requirements.txt fails.
+    named = installs.pins((REPO / "workloads" / example / "requirements.txt").read_text())
+    assert named and named.items() <= installs.pins(lock).items(), named.items() - installs.pins(lock).items()
 
 
 @pytest.mark.parametrize("stack", ["dev", "prod"])
@@ -430,6 +433,8 @@ def test_tensorflow_before_2_18_gets_the_examples_second_lock_and_newer_tensorfl
     assert installs.pins(chosen.read_text())["protobuf"].startswith("4.")
     assert installs.choose_lock(folder, ()) == folder / "requirements.lock"  # TensorFlow 2.18 and newer
     assert not {"tensorflow", "tensorflow-tpu"} & set(installs.pins(chosen.read_text()))
+    named = installs.pins((folder / "requirements.txt").read_text())  # what the folder names, in this lock too
+    assert named and named.items() <= installs.pins(chosen.read_text()).items()
 
 
 def test_a_folder_whose_locks_all_break_the_images_bounds_is_refused_with_each_reason(tmp_path):
