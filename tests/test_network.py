@@ -157,3 +157,11 @@ def test_the_deployers_needs_for_google_only_include_the_private_zones_bound_to_
     assert {"dns.managedZones.create", "dns.networks.bindPrivateDNSZone", "dns.changes.create",
             "dns.resourceRecordSets.create"} <= needed  # fmt: skip
     assert "serviceusage.services.enable" in needed  # dns.googleapis.com
+
+
+def test_a_tensorflow_pod_runtime_is_warned_that_a_runs_credentials_cannot_resolve_its_workers():
+    """TPUClusterResolver(TPU_NAME) calls the TPU API; a run's narrowed token is Cloud Storage only."""
+    result = jobs_plan()
+    (warning,) = [w for w in result.warnings if "TPU_NAME" in w]
+    assert "tpuVms[0].runtimeVersion" in warning and "tpu-vm-tf-2.14.1-pod" in warning
+    assert not [w for w in plan(stack_config()).warnings if "TPU_NAME" in w]  # single-host TF: nothing to say

@@ -51,6 +51,7 @@ def check(cfg: PlatformConfig, problems: Problems) -> None:
     _automation(cfg, problems)
     _self_service(cfg, problems)
     _egress(cfg, problems)
+    _tensorflow_pods(cfg, problems)
     _checkpoint_intervals(cfg, problems)
     _gke(cfg, problems)
     if cfg.name_prefix and not problems.items:
@@ -470,6 +471,23 @@ def _automation(cfg: PlatformConfig, problems: Problems) -> None:
 
 
 MAX_RESEARCHERS = 28
+
+
+def _tensorflow_pods(cfg: PlatformConfig, problems: Problems) -> None:
+    """A TensorFlow pod runtime (`TPU_NAME` in its environment): TPUClusterResolver asks the TPU API for the
+    slice's workers with the run's credentials, which the agent narrows to the run's Cloud Storage objects
+    (vm_agent/credentials.py; "Other Google Cloud services don't support this feature"): such a run cannot
+    find its workers until the agent serves them. Warned in every plan; self-service refuses multi-host."""
+    catalog = load_catalog()
+    for index, vm in enumerate(cfg.tpu_vms):
+        if any(name == "TPU_NAME" for name, _ in catalog.runtime_environment(vm.runtime_version, vm.name)):
+            problems.warn(
+                f"{PROJECT}:tpuVms[{index}].runtimeVersion",
+                vm.runtime_version,
+                "TensorFlow's pod runtime resolves its workers through the TPU API (TPU_NAME), which a run's "
+                "credentials cannot call (each run's token reaches only its own Cloud Storage objects): the run "
+                "cannot start its slice; use a JAX runtime for a multi-host slice",
+            )
 
 
 def _egress(cfg: PlatformConfig, problems: Problems) -> None:
