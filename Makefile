@@ -32,8 +32,20 @@ $(WSTAMP): requirements-workloads.lock
 	touch $(WSTAMP)
 
 LOCK := $(VENV)/bin/uv pip compile --quiet --generate-hashes --python-version 3.11 --python-platform x86_64-manylinux_2_28
-lock: $(STAMP)  ## recompile the *.lock files after editing a requirements-*.txt
+lock: $(STAMP)  ## recompile the *.lock files after editing a requirements-*.txt (and the examples' locks)
 	for r in requirements requirements-plan requirements-dev requirements-workloads; do $(LOCK) $$r.txt -o $$r.lock; done
+	# What a VM installs for an example, by hash (vm_agent/installs.py); the TPU image brings the framework.
+	$(LOCK) workloads/jax_mnist/requirements.txt -o workloads/jax_mnist/requirements.lock \
+	  --no-emit-package jax --no-emit-package jaxlib --no-emit-package numpy --no-emit-package scipy \
+	  --no-emit-package ml-dtypes --no-emit-package opt-einsum
+	$(LOCK) workloads/tf_mnist/requirements.txt -o workloads/tf_mnist/requirements.lock
+	# TensorFlow before 2.18 (Python 3.10 images) needs protobuf<5: a second lock the agent picks there.
+	cd workloads/tf_mnist && $(subst 3.11,3.10,$(subst $(VENV),../../$(VENV),$(LOCK))) \
+	  requirements-tf-before-2.18.txt -o requirements-tf-before-2.18.lock
+	# What the start-up script installs by hash when an image lacks the pinned framework (infra/catalog).
+	cd infra/catalog/framework_locks && for t in *.txt; do \
+	  $(VENV:%=../../../%)/bin/uv pip compile --quiet --generate-hashes --python-platform x86_64-manylinux_2_31 \
+	    --python-version $$(sed -n 's/^# python: //p' $$t) $$t -o $${t%.txt}.lock; done
 
 NSTAMP := node_modules/.installed
 $(NSTAMP): package.json package-lock.json

@@ -100,6 +100,22 @@ def bucket_access(
     )
 
 
+def objects_in_any(
+    bucket: str, prefixes: Sequence[str], title: str, description: str
+) -> gcp.storage.BucketIAMMemberConditionArgs:
+    """Objects under any of `prefixes`, listing each included: `prefix_condition` for several prefixes
+    (a researcher's own folders on each self-service VM), one condition so one binding per member."""
+    for prefix in prefixes:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._@+/-]*/", prefix):
+            raise ValueError(f"prefix {prefix!r}: letters, digits, '.', '_', '@', '+', '-' and '/', ending in '/'")
+    expression = " || ".join(
+        f"{objects_under(bucket, prefix)} || "
+        f'api.getAttribute("storage.googleapis.com/objectListPrefix", "").startsWith("{prefix}")'
+        for prefix in prefixes
+    )
+    return gcp.storage.BucketIAMMemberConditionArgs(title=title[:100], description=description, expression=expression)
+
+
 def project_role(
     name: str,
     project: str,

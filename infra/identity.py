@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
-from infra import grants
+from infra import grants, naming
 from infra.access.accounts import AccountSpec
 from infra.apis import ProjectApis
 from infra.config import Env, WorkloadSettings, service_account_id
@@ -29,12 +29,15 @@ WORKLOAD_METHODS: dict[str, tuple[str, ...]] = {
     "models": ("storage.objects.get", "storage.objects.list", "storage.objects.insert", "storage.objects.delete"),
     "project": ("logging.entries.write", "monitoring.projects.timeSeries.create"),
 }
-# Accounts and their grants; the project APIs its program writes logs and metrics through.
+# Accounts and their grants; the project APIs its program writes logs and metrics through; and the Security
+# Token Service, through which the VM agent narrows its account's token to each run's objects (vm_agent/
+# credentials.py; "Create a downscoped short-lived credential": "Enable the IAM and Security Token Service APIs").
 IDENTITY_APIS = (
     "iam.googleapis.com",
     "cloudresourcemanager.googleapis.com",
     "logging.googleapis.com",
     "monitoring.googleapis.com",
+    "sts.googleapis.com",
 )
 
 
@@ -44,9 +47,21 @@ def workload_account(workload: WorkloadSettings, stack: str) -> AccountSpec:
     )
 
 
+def self_service_account(vm: str, stack: str) -> AccountSpec:
+    """A self-service VM's own account (infra/researchers.py): it shares no account with a VM that runs
+    reviewed work, and the bootstrap makes it like the workloads'."""
+    return AccountSpec(
+        naming.self_service_account_id(vm, stack), f"TPU self-service VM {vm} ({stack})",
+        f"Runs the reviewed run and researchers' runs of TPU VM {vm}, and nothing else",
+    )  # fmt: skip
+
+
 @dataclass(frozen=True)
 class WorkloadIdentityArgs:
     workload: WorkloadSettings
+    # A self-service VM's name: the identity is then that VM's own account, with the workload's rights
+    # narrowed to the VM's prefix `<workload>/<vm>/` of the checkpoints and models buckets.
+    vm: str = ""
 
 
 class WorkloadIdentity(pulumi.ComponentResource):
@@ -62,7 +77,8 @@ class WorkloadIdentity(pulumi.ComponentResource):
         super().__init__("tpu-platform:iam:WorkloadIdentity", name, None, opts)
         workload = args.workload
         child = pulumi.ResourceOptions(parent=self)
-        account = workload_account(workload, env.stack)
+        account = self_service_account(args.vm, env.stack) if args.vm else workload_account(workload, env.stack)
+        own = naming.vm_objects_prefix(workload.name, args.vm) if args.vm else f"{workload.name}/"
         self.email = account.email(env.project)
         member = account.member(env.project)
 
@@ -86,8 +102,8 @@ class WorkloadIdentity(pulumi.ComponentResource):
                     buckets[purpose].name,
                     access,
                     member,
-                    prefix=None if purpose == "data" else f"{workload.name}/",
-                    title=f"{workload.name}-only",
+                    prefix=None if purpose == "data" else own,
+                    title=f"{args.vm or workload.name}-only",
                     opts=child,
                 )
             )

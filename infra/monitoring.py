@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
+from infra import naming
 from infra.apis import ProjectApis
 from infra.config import Env, TpuVmSettings
 
@@ -41,6 +42,11 @@ GAVE_UP_EVENT = "tpu-recovery-gave-up"
 # structured logs"). A log-match alert notifies at most once per period (monitoring.v3
 # NotificationRateLimit; the API requires one for log-based policies).
 FUNCTION_LOGS = 'resource.type = "cloud_run_revision"'
+# Cloud Run writes a service's stdout to this log ("Logging and viewing logs": run.googleapis.com/stdout).
+# The alert names it and the guard's own function, so nothing a run can write matches it: a run's output
+# reaches Logging only through the agent, in the stack's `tpu-workload` log or a researcher's own log, and
+# its own token (downscoped, Cloud Storage only) writes no entry at all (vm_agent/credentials.py).
+FUNCTION_STDOUT = "run.googleapis.com%2Fstdout"
 LOG_ALERT_PERIOD = "3600s"
 # What the VM agent ships (vm_agent/telemetry.py; kept equal by tests/test_monitoring.py): each run's
 # output lines in this log, labelled with the stack, and its training metrics as custom metrics on
@@ -85,7 +91,7 @@ def not_reporting_filter(vms: tuple[TpuVmSettings, ...]) -> str | None:
     )
 
 
-def preempted_filter(stack: str, args: TpuMonitoringArgs) -> str | None:
+def preempted_filter(env: Env, args: TpuMonitoringArgs) -> str | None:
     """The log filter of "preempted and not recovered"; None when no VM of the stack can be preempted.
 
     With recovery on, a preempted node is re-created within minutes: only the guard giving up is news.
@@ -94,8 +100,12 @@ def preempted_filter(stack: str, args: TpuMonitoringArgs) -> str | None:
     """
     if not any(vm.reclaimable for vm in args.vms):
         return None
-    event = GAVE_UP_EVENT if args.recovery else PREEMPTED_EVENT
-    return f'{FUNCTION_LOGS} AND jsonPayload.event = "{event}" AND jsonPayload.environment = "{stack}"'
+    event, function = (GAVE_UP_EVENT, "recovery") if args.recovery else (PREEMPTED_EVENT, "scheduled-start")
+    return (
+        f'logName = "projects/{env.project}/logs/{FUNCTION_STDOUT}" AND {FUNCTION_LOGS} AND '
+        f'resource.labels.service_name = "{naming.function_name(function, env.stack)}" AND '
+        f'jsonPayload.event = "{event}" AND jsonPayload.environment = "{env.stack}"'
+    )
 
 
 def _chart(title: str, metric: str, aligner: str, resource: str = TPU_WORKER) -> dict:
@@ -231,7 +241,7 @@ class TpuMonitoring(pulumi.ComponentResource):
                 ),
             )
         self.preempted = None
-        if preempted := preempted_filter(env.stack, args):
+        if preempted := preempted_filter(env, args):
             recovery = args.recovery
             self.preempted = alert(
                 "preempted",

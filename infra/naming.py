@@ -6,6 +6,7 @@ not an invented house style.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import unicodedata
 
@@ -123,6 +124,72 @@ def requests_prefix(vm: str) -> str:
 def runs_prefix(vm: str) -> str:
     """Where the agent writes `<runId>/status.json` for each run of one VM."""
     return f"{status_prefix(vm)}runs/"
+
+
+# --- Self-service: what is a researcher's, by member (docs/design-isolation.md) -----------------------
+# A member key holds '@' (an email); no stack run id does (config: letters, digits, '-'), so a researcher's
+# prefixes never meet the stack run's.
+
+
+def member_key(member: str) -> str:
+    """`user:alice@acme.example` -> `user-alice@acme.example`: one path part of object names."""
+    kind, _, email = member.partition(":")
+    if kind not in ("user", "group") or "@" not in email or "/" in email:
+        raise ValueError(f"not a researcher member: {member!r}")
+    return f"{kind}-{email}"
+
+
+def member_requests_prefix(vm: str, member: str) -> str:
+    """Where `member` puts run and stop requests for `vm` (their own grant: new objects here only)."""
+    return f"{requests_prefix(vm)}{member_key(member)}/"
+
+
+def member_runs_prefix(vm: str, member: str) -> str:
+    """Where the agent writes the states of `member`'s runs on `vm` (theirs to read, nobody's to write)."""
+    return f"{runs_prefix(vm)}{member_key(member)}/"
+
+
+def vm_objects_prefix(workload: str, vm: str) -> str:
+    """A VM's objects in the checkpoints and models buckets: its stack run's and its researchers' runs'."""
+    return f"{workload}/{vm}/"
+
+
+def member_objects_prefix(workload: str, vm: str, member: str) -> str:
+    """`member`'s runs on `vm` in the checkpoints and models buckets: `<prefix><runId>/` each."""
+    return f"{vm_objects_prefix(workload, vm)}{member_key(member)}/"
+
+
+def job_tag(stack: str, vm: str) -> str:
+    """The network tag of one TPU VM's hosts and slices, and the name of the firewall rule that lets them reach
+    each other (infra/network.py): RFC 1035, at most 63 characters; a digest of the VM's name when it is long."""
+    tag = f"tpu-{stack}-job-{vm}"
+    if resource_id_problem(tag) is None:
+        return tag
+    return f"tpu-{stack}-job-{hashlib.sha256(vm.encode()).hexdigest()[:16]}"
+
+
+def self_service_account_id(vm: str, stack: str) -> str:
+    """A self-service VM's own account: it shares no account with a VM that runs reviewed work. The VM's
+    name when it fits IAM's 30 characters, else a digest of it."""
+    account = f"tpu-ss-{vm}-{stack}"
+    if service_account_id_problem(account) is None:
+        return account
+    return f"tpu-ss-{hashlib.sha256(vm.encode()).hexdigest()[:10]}-{stack}"
+
+
+LOG_BUCKET = "_Default"  # every project's own log bucket, where the agent's entries land
+
+
+def researcher_log_view(project: str, member: str) -> str:
+    """The full name of `member`'s log view, which shows only `researcher_log(member)`: what `tpu-runs logs`
+    reads and what the researcher's viewAccessor grant is conditioned on."""
+    return f"projects/{project}/locations/global/buckets/{LOG_BUCKET}/views/{researcher_log(member)}"
+
+
+def researcher_log(member: str) -> str:
+    """The log a researcher's runs' output goes to, and the id of the log view that shows only it: letters,
+    digits, '-' (a log id may not hold '@'; a view id is at most 100 characters)."""
+    return "tpu-runs-" + hashlib.sha256(member.encode()).hexdigest()[:16]
 
 
 def workload_account_id(workload: str, stack: str) -> str:

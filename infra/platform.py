@@ -19,7 +19,7 @@ from infra.apis import ProjectApis, required_apis
 from infra.artifacts import ARTIFACTS_APIS, ArtifactsArgs, WorkloadArtifacts, WorkloadCode
 from infra.automation import TpuGuard, TpuGuardArgs, guard_apis, guard_identities
 from infra.budget import BudgetAlerts, BudgetAlertsArgs, budget_apis
-from infra.config import PROJECT, PlatformConfig
+from infra.config import PROJECT, PlatformConfig, WorkloadSettings
 from infra.config.sources import parse_image
 from infra.cost import StackCost, estimate
 from infra.gke import queues
@@ -29,7 +29,7 @@ from infra.gke.slice_pools import SlicePool, SlicePoolArgs
 from infra.gke.specs import shape_of
 from infra.gke.team_access import TeamAccess, TeamAccessArgs, team_identities
 from infra.gke.validation import platform_validator, validate_all
-from infra.identity import IDENTITY_APIS, WorkloadIdentity, WorkloadIdentityArgs, workload_account
+from infra.identity import IDENTITY_APIS, WorkloadIdentity, WorkloadIdentityArgs, self_service_account, workload_account
 from infra.lifecycle import (
     RUN_STATUS_APIS,
     SCHEDULES_APIS,
@@ -41,16 +41,22 @@ from infra.lifecycle import (
     scheduler_identities,
 )
 from infra.monitoring import MONITORING_APIS, TpuMonitoring, TpuMonitoringArgs
-from infra.network import NETWORK_APIS, ClusterRanges, PrivateNetwork
+from infra.network import ClusterRanges, PrivateNetwork, network_apis
 from infra.packaging import Package, repository_folder
-from infra.researchers import ResearcherAccess, ResearcherArgs, researcher_apis, researcher_identities
+from infra.researchers import (
+    ResearcherAccess,
+    ResearcherArgs,
+    SelfServiceVm,
+    researcher_apis,
+    researcher_identities,
+)
 from infra.run_status import completed_runs
 from infra.schema import ConfigError, Fix, Problem, Problems
 from infra.secrets import hide, keep_secret
 from infra.storage import STORAGE_APIS, PlatformBuckets
 from infra.tpu.cloud_tpu import BACKENDS
 from infra.tpu.metadata import agent_package, run_id, source_digests, vm_metadata
-from infra.tpu.vm import TPU_VM_APIS, TpuVm
+from infra.tpu.vm import TPU_VM_APIS, TpuVm, multi_host_job
 
 TPU_BACKEND = "cloud-tpu"
 # The VM agent's package (docs/design-runs.md), uploaded next to the workloads' sources.
@@ -73,7 +79,9 @@ def build_platform(cfg: PlatformConfig, secrets: Mapping[str, str] | None = None
     # 1. What each component reads; a component whose feature is off gets no args and is not declared.
     budget_args = BudgetAlertsArgs(cfg.budget, cfg.billing_account, cfg.buckets.kms_key_name)
     identity_args = {w.name: WorkloadIdentityArgs(w) for w in cfg.workloads}
-    status_args = RunStatusArgs(cfg.buckets.location, tuple((vm.name, vm.workload) for vm in cfg.tpu_vms))
+    self_service = {vm.name: self_service_vm(cfg, vm.name) for vm in cfg.self_service_vms}
+    status_args = RunStatusArgs(cfg.buckets.location, tuple((vm.name, account_key(vm.name, vm.workload, self_service))
+                                                            for vm in cfg.tpu_vms))  # fmt: skip
     guard_args = guard_args_of(cfg)
     scheduled = tuple(vm for vm in cfg.tpu_vms if vm.schedule)
     schedule_args = TpuSchedulesArgs(scheduled) if scheduled else None
@@ -91,7 +99,7 @@ def build_platform(cfg: PlatformConfig, secrets: Mapping[str, str] | None = None
         "apis",
         env.project,
         required_apis(
-            NETWORK_APIS,
+            network_apis(cfg.network),
             STORAGE_APIS,
             IDENTITY_APIS,
             ARTIFACTS_APIS,
@@ -107,23 +115,30 @@ def build_platform(cfg: PlatformConfig, secrets: Mapping[str, str] | None = None
     )
 
     # 3. The components, each from the environment and its own args.
-    network = PrivateNetwork("network", env, cfg.network, apis, cluster=cluster_ranges)
+    jobs = tuple(vm.name for vm in cfg.tpu_vms if multi_host_job(vm))
+    network = PrivateNetwork("network", env, cfg.network, apis, cluster=cluster_ranges, jobs=jobs)
     buckets = PlatformBuckets("buckets", env, cfg.buckets, apis)
     identities = {
         name: WorkloadIdentity(f"workload-{name}", env, args, buckets.buckets, apis)
         for name, args in identity_args.items()
     }
+    # A self-service VM never shares its workload's account with the VMs that run reviewed work.
+    own = {
+        account_key(vm, args.workload, self_service): WorkloadIdentity(
+            f"self-service-{vm}", env, WorkloadIdentityArgs(cfg.workload(args.workload), vm=vm), buckets.buckets, apis
+        )
+        for vm, args in self_service.items()
+    }
+    emails = {**{n: i.email for n, i in identities.items()}, **{k: i.email for k, i in own.items()}}
     code = WorkloadArtifacts(
         "artifacts",
         env,
         code_args,
-        {n: i.email for n, i in identities.items()},
+        emails,
         apis.needs(*(a.removesuffix(".googleapis.com") for a in ARTIFACTS_APIS)),
     )
     budget = BudgetAlerts("budget", env, budget_args, apis)
-    status = RunStatus(
-        "run-status", env, status_args, {n: i.email for n, i in identities.items()}, buckets.encryption, buckets.ready
-    )
+    status = RunStatus("run-status", env, status_args, emails, buckets.encryption, buckets.ready)
     # A VM deleted by the guard once its run completed is no longer declared, so `up`, `refresh` and
     # the drift check agree with the project (the status is read through an invoke; mocked offline).
     gone = completed_runs(
@@ -139,11 +154,11 @@ def build_platform(cfg: PlatformConfig, secrets: Mapping[str, str] | None = None
             env,
             vm,
             metadata[vm.name],
-            identities[vm.workload],
+            own.get(account_key(vm.name, vm.workload, self_service)) or identities[vm.workload],
             network,
             BACKENDS["queued" if vm.queued else TPU_BACKEND],
             apis,
-            needs=[status.grants[vm.name], *code.grants[vm.workload]],
+            needs=[status.grants[vm.name], *code.grants[account_key(vm.name, vm.workload, self_service)]],
         )
         for vm in cfg.tpu_vms
         if vm.name not in gone
@@ -190,7 +205,7 @@ def build_platform(cfg: PlatformConfig, secrets: Mapping[str, str] | None = None
         "network": network.network.self_link,
         "bucketUrls": {**buckets.urls, "status": status.bucket.url, "artifacts": code.bucket.url},
         "imageRegistry": code.registry,
-        "serviceAccounts": {name: identity.email for name, identity in identities.items()},
+        "serviceAccounts": emails,
         "budgetName": budget.budget.name,
         "budgetAlertTopic": budget.topic.id if budget.topic else None,
         "tpuVms": {name: vm.outputs for name, vm in vms.items()},
@@ -216,9 +231,11 @@ def stack_identities(cfg: PlatformConfig) -> StackIdentities:
     """The accounts and custom roles the stack's components use, which the bootstrap makes for it
     (bootstrap/access.json): the components only name them."""
     workloads = tuple(workload_account(w, cfg.stack) for w in cfg.workloads)
-    out = StackIdentities(accounts=workloads)
+    # A self-service VM's own account (infra/researchers.py): the guard re-creates such a VM as it too.
+    own = tuple(self_service_account(vm.name, cfg.stack) for vm in cfg.self_service_vms)
+    out = StackIdentities(accounts=(*workloads, *own))
     if guard_args_of(cfg):
-        out += guard_identities(cfg.stack, tuple(a.account_id for a in workloads))
+        out += guard_identities(cfg.stack, tuple(a.account_id for a in (*workloads, *own)))
     if TpuSchedulesArgs(cfg.tpu_vms).stops:  # a schedule that only starts VMs goes through the guard
         out += scheduler_identities(cfg.stack)
     if cfg.researchers:
@@ -240,10 +257,27 @@ def gke_queue_objects(cfg: PlatformConfig) -> list[dict[str, Any]]:
     return objs
 
 
+def self_service_vm(cfg: PlatformConfig, vm: str) -> SelfServiceVm:
+    (settings,) = [v for v in cfg.tpu_vms if v.name == vm]
+    workload = cfg.workload(settings.workload)
+    return SelfServiceVm(
+        vm,
+        workload.name,
+        data=workload.access("data") != "none",
+        checkpoints=workload.access("checkpoints") == "write",
+        models=workload.access("models") == "write",
+    )
+
+
+def account_key(vm: str, workload: str, self_service: Mapping[str, SelfServiceVm]) -> str:
+    """Whose account a VM runs as, by key of the stack's accounts: its own when self-service, else its workload's."""
+    return f"self-service-{vm}" if vm in self_service else workload
+
+
 def researcher_args_of(cfg: PlatformConfig) -> ResearcherArgs:
     return ResearcherArgs(
         members=cfg.researchers,
-        self_service_vms=tuple(vm.name for vm in cfg.self_service_vms),
+        vms=tuple(self_service_vm(cfg, vm.name) for vm in cfg.self_service_vms),
         status_bucket=cfg.bucket_name("status"),
         models_bucket=cfg.bucket_name("models"),
         artifacts_bucket=cfg.bucket_name(naming.ARTIFACTS),
@@ -277,15 +311,15 @@ def _package_key(folder: str) -> str:
 
 def artifacts_args(cfg: PlatformConfig, digests: dict[str, str]) -> ArtifactsArgs:
     packages = source_packages(cfg, digests)
-    self_service = {vm.workload for vm in cfg.self_service_vms}
-    workloads = {
-        w.name: WorkloadCode(
-            packages=(AGENT_PACKAGE, *((_package_key(w.source.folder),) if w.source.kind == "folder" else ())),
-            pulls_images=w.source.kind == "image" or w.name in self_service,
-            any_source=w.name in self_service,
-        )
-        for w in cfg.workloads
-    }
+
+    def own(w: WorkloadSettings) -> tuple[str, ...]:
+        return (AGENT_PACKAGE, *((_package_key(w.source.folder),) if w.source.kind == "folder" else ()))
+
+    workloads = {w.name: WorkloadCode(packages=own(w), pulls_images=w.source.kind == "image") for w in cfg.workloads}
+    # A self-service VM's own account reads any archive researchers submit, and pulls any image.
+    for vm in cfg.self_service_vms:
+        key = account_key(vm.name, vm.workload, {vm.name: self_service_vm(cfg, vm.name)})
+        workloads[key] = WorkloadCode(packages=own(cfg.workload(vm.workload)), pulls_images=True, any_source=True)
     images = (parse_image(w.source.image) for w in cfg.workloads if w.source.kind == "image")
     return ArtifactsArgs(
         location=cfg.buckets.location,

@@ -1,15 +1,29 @@
-"""Researcher rights: exactly what the `tpu-runs` commands call (infra/access/researchers.py), no more.
+"""Self-service: each self-service VM's own account, and researcher rights that reach only their own runs.
 
-- On the project, a custom role with `tpu.nodes.list` (the VMs' state) and `logging.logEntries.list`
-  (follow a run's log); with `researcherSsh`, also `tpu.nodes.get` and IAP tunnelling plus OS Login.
-  Cloud TPU supports no per-node IAM and no resource conditions (reference/gcp-iam/README.md), so
-  these are project-wide: off unless the stack turns SSH on.
-- On the run-status and models buckets, a custom role to get and list objects (runs' state, results).
-- A custom role to create new objects (and read them), granted on the status bucket under
-  `<vm>/requests/` of each selfService VM only, and on the artifacts bucket under `sources/` (only
-  when some VM is self-service). Cloud Storage recognises `resource.name` in conditions, an object's
-  name being `projects/_/buckets/B/objects/NAME` (conditions-resource-attributes); creating a new
-  object needs no `storage.objects.delete`, so nothing a researcher did not write can be replaced.
+What a submitted program can reach, the researcher can; what a researcher can reach, another must not
+(docs/design-isolation.md, the threat model). So:
+
+- **A self-service VM has an account of its own** (infra/identity.py `self_service_account`, made by the
+  bootstrap; a WorkloadIdentity with the VM's name): never the workload account of a VM that runs reviewed
+  work. It has the workload's rights narrowed to that VM: its folder of the run-status bucket
+  (infra/lifecycle.py RunStatus grants it), its own prefix `<workload>/<vm>/` of the checkpoints and models
+  buckets (its stack run's and its researchers' runs'), the data bucket read-only when the workload reads
+  data, any packaged source under `sources/` and the image repository (it runs what researchers submit:
+  infra/artifacts.py), and the workload's project roles (logs, metrics). Within the VM each run holds only
+  a token narrowed to its own objects (vm_agent/credentials.py).
+- **Researchers, per member** (`user:`/`group:`): on the project a custom role with `tpu.nodes.list` (and
+  the SSH rights with `researcherSsh`: project-wide, Cloud TPU has no per-node IAM); on the status
+  bucket, new objects under their own `<vm>/requests/<member>/` and reading their own runs' states
+  `<vm>/runs/<member>/`; on the models bucket, reading their own runs' results `<workload>/<vm>/<member>/`;
+  on the artifacts bucket, new archives under `sources/`; and their own runs' logs only: a log view of
+  the `_Default` log bucket that shows the one log the agent writes their runs' output to
+  (`naming.researcher_log`), with `roles/logging.viewAccessor` granted on the project under a condition
+  naming that view (Logging, "Configure log views on a log bucket": a view filter may name a LOG_ID; a
+  grant on the project "restricted by an IAM condition to a specific log view").
+  Cloud Storage and Logging recognise `resource.name` in conditions (conditions-resource-attributes).
+  No researcher may delete or replace an object: requests are new objects only (ifGenerationMatch=0).
+  A stop request under one member's prefix stops only that member's runs (vm_agent/requests.py): the
+  prefix, which IAM holds to the member, says who asks. A group's members share the group's prefix.
 """
 
 from __future__ import annotations
@@ -26,14 +40,24 @@ from infra.access.accounts import RoleSpec, StackIdentities
 from infra.apis import ProjectApis
 from infra.config import Env
 
-REQUIRED_APIS = ("iam", "cloudresourcemanager", "storage")
+REQUIRED_APIS = ("iam", "cloudresourcemanager", "storage", "logging")
 SSH_APIS = ("iap", "oslogin")
+VIEW_ACCESSOR = "roles/logging.viewAccessor"
+
+
+@dataclass(frozen=True)
+class SelfServiceVm:
+    vm: str
+    workload: str
+    data: bool  # the workload reads the data bucket
+    checkpoints: bool  # the workload writes checkpoints
+    models: bool  # and models
 
 
 @dataclass(frozen=True)
 class ResearcherArgs:
     members: tuple[str, ...]  # user:/group: members, validated by the config reader
-    self_service_vms: tuple[str, ...]  # VM names researchers may submit runs to
+    vms: tuple[SelfServiceVm, ...]  # the VMs researchers may submit runs to
     status_bucket: str
     models_bucket: str
     artifacts_bucket: str
@@ -48,28 +72,30 @@ def researcher_apis(args: ResearcherArgs) -> tuple[str, ...]:
 def researcher_roles(stack: str, ssh: bool) -> dict[str, RoleSpec]:
     """The three custom roles (made by the bootstrap): on the project, to read a bucket, to submit."""
     return {
-        "project": RoleSpec.of("researcher", stack, "researcher", "List TPU VMs and read logs for tpu-runs.",
+        "project": RoleSpec.of("researcher", stack, "researcher", "List TPU VMs for tpu-runs.",
                                calls.permissions("project", ssh=ssh)),
-        "read": RoleSpec.of("researcher-read", stack, "researcher read", "Read run state and results for tpu-runs.",
-                            calls.READ_PERMISSIONS),
+        "read": RoleSpec.of("researcher-read", stack, "researcher read",
+                            "Read one's own runs' state and results for tpu-runs.", calls.READ_PERMISSIONS),
         "submit": RoleSpec.of("researcher-submit", stack, "researcher submit",
                               "Put new run requests and sources for tpu-runs.", calls.SUBMIT_PERMISSIONS),
     }  # fmt: skip
 
 
 def researcher_identities(stack: str, args: ResearcherArgs) -> StackIdentities:
+    """The researchers' roles (each self-service VM's own account: infra/platform.py stack_identities)."""
     return StackIdentities(roles=tuple(researcher_roles(stack, args.ssh).values()))
-
-
-def _condition(title: str, description: str, expression: str) -> gcp.storage.BucketIAMMemberConditionArgs:
-    grants.check_condition(
-        "researcher submit", frozenset(calls.SUBMIT_PERMISSIONS), expression, "storage.googleapis.com"
-    )
-    return gcp.storage.BucketIAMMemberConditionArgs(title=title[:100], description=description, expression=expression)
 
 
 def _member_key(member: str) -> str:
     return member.replace(":", "-")
+
+
+def _storage_condition(
+    title: str, description: str, bucket: str, prefixes: Sequence[str], permissions: Sequence[str]
+) -> gcp.storage.BucketIAMMemberConditionArgs:
+    condition = grants.objects_in_any(bucket, prefixes, title, description)
+    grants.check_condition(title, frozenset(permissions), str(condition.expression), "storage.googleapis.com")
+    return condition
 
 
 class ResearcherAccess(pulumi.ComponentResource):
@@ -86,50 +112,60 @@ class ResearcherAccess(pulumi.ComponentResource):
 
         roles = researcher_roles(env.stack, args.ssh)
         project_role, read_role, submit_role = (roles[k].name(env.project) for k in ("project", "read", "submit"))
+        project_permissions = roles["project"].permissions
         after = pulumi.ResourceOptions(parent=self, depends_on=list(buckets))
-        # Where researchers may put new objects: each self-service VM's requests, and (when there is one)
-        # the packaged sources. (grant name suffix, bucket, condition title, its description, object prefix)
-        submit_places = [
-            (f"{vm}-requests", args.status_bucket, f"run-requests-{vm}",
-             f"Only new run and stop requests for TPU VM {vm}", naming.requests_prefix(vm))
-            for vm in args.self_service_vms
-        ]  # fmt: skip
-        if args.self_service_vms:
-            submit_places.append(
-                ("sources", args.artifacts_bucket, "workload-sources", "Only packaged workload sources",
-                 naming.SOURCES_PREFIX)
-            )  # fmt: skip
+        logging_apis = apis.needs("logging")
         self.grants: list[pulumi.Resource] = []
+        self.views: dict[str, gcp.logging.LogView] = {}
         for member in args.members:
             key = f"{name}-{_member_key(member)}"
             self.grants.append(
                 grants.project_role(
-                    f"{key}-project",
-                    env.project,
-                    project_role,
-                    member,
-                    parent=self,
-                    depends_on=apis.needs("cloudresourcemanager"),
-                    permissions=frozenset(roles["project"].permissions),
+                    f"{key}-project", env.project, project_role, member, parent=self,
+                    depends_on=apis.needs("cloudresourcemanager"), permissions=frozenset(project_permissions),
                 )
-            )
-            for purpose, bucket in (("status", args.status_bucket), ("models", args.models_bucket)):
-                self.grants.append(
-                    gcp.storage.BucketIAMMember(
-                        f"{key}-{purpose}-read", bucket=bucket, role=read_role, member=member, opts=after
-                    )
+            )  # fmt: skip
+            # (grant name suffix, role, its permissions, bucket, condition title, description, prefixes)
+            places = [
+                ("runs", read_role, calls.READ_PERMISSIONS, args.status_bucket, "own-run-states",
+                 f"Only {member}'s runs' states", [naming.member_runs_prefix(v.vm, member) for v in args.vms]),
+                ("requests", submit_role, calls.SUBMIT_PERMISSIONS, args.status_bucket, "own-requests",
+                 f"Only {member}'s new run and stop requests", [naming.member_requests_prefix(v.vm, member)
+                                                               for v in args.vms]),
+                ("results", read_role, calls.READ_PERMISSIONS, args.models_bucket, "own-run-results",
+                 f"Only {member}'s runs' models and metrics",
+                 [naming.member_objects_prefix(v.workload, v.vm, member) for v in args.vms if v.models]),
+            ]  # fmt: skip
+            if args.vms:
+                sources = ("sources", submit_role, calls.SUBMIT_PERMISSIONS, args.artifacts_bucket,
+                           "workload-sources", "Only packaged workload sources", [naming.SOURCES_PREFIX])  # fmt: skip
+                places.append(sources)
+            for suffix, role_name, permissions, bucket, title, description, prefixes in places:
+                if not prefixes:
+                    continue
+                self.grants.append(gcp.storage.BucketIAMMember(
+                    f"{key}-{suffix}", bucket=bucket, role=role_name, member=member,
+                    condition=_storage_condition(title, description, bucket, prefixes, permissions), opts=after,
+                ))  # fmt: skip
+            if args.vms:
+                view_id = naming.researcher_log(member)
+                self.views[member] = gcp.logging.LogView(
+                    f"{key}-log-view",
+                    bucket=f"projects/{env.project}/locations/global/buckets/{naming.LOG_BUCKET}",
+                    name=view_id,
+                    description=f"The output of {member}'s self-service runs (tpu-runs logs)",
+                    filter=f'SOURCE("projects/{env.project}") AND LOG_ID("{view_id}")',
+                    opts=pulumi.ResourceOptions(parent=self, depends_on=logging_apis),
                 )
-            for suffix, bucket, title, description, prefix in submit_places:
-                self.grants.append(
-                    gcp.storage.BucketIAMMember(
-                        f"{key}-{suffix}",
-                        bucket=bucket,
-                        role=submit_role,
-                        member=member,
-                        condition=_condition(title, description, grants.objects_under(bucket, prefix)),
-                        opts=after,
-                    )
-                )
+                view = naming.researcher_log_view(env.project, member)
+                self.grants.append(grants.project_role(
+                    f"{key}-logs", env.project, VIEW_ACCESSOR, member, parent=self,
+                    depends_on=[*apis.needs("cloudresourcemanager"), self.views[member]],
+                    condition=gcp.projects.IAMMemberConditionArgs(
+                        title=f"own-run-logs-{view_id}"[:100], description=f"Only the log view of {member}'s runs",
+                        expression=f'resource.name == "{view}"',
+                    ),
+                ))  # fmt: skip
             if args.ssh:
                 for ssh_role in calls.SSH_ROLES:
                     self.grants.append(

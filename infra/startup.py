@@ -4,7 +4,8 @@ Pure and deterministic (same inputs, same bytes), so a plan shows no change unle
 its settings changed. The script runs as root on every boot of every worker of the slice, and is
 idempotent:
   1. check what the catalog could not know about the image (its Python, its framework), and install
-     the pinned framework only when the image lacks it (S21). A boot whose image cannot run the
+     the pinned framework only when the image lacks it (S21), only from the catalog's lock for that
+     release (`pip --require-hashes --no-deps`; no lock: refused). A boot whose image cannot run the
      workload logs one `tpu-platform: FATAL:` line, exits 78 and starts nothing: no restart loop
      keeps a TPU billing;
   2. fetch the VM agent (vm_agent/, packaged by the stack) as the VM's own account, and keep it only
@@ -18,9 +19,10 @@ idempotent:
      says: it does nothing for a completed run and resumes an unfinished one from its newest
      checkpoint after a reboot, a preemption or a re-created VM.
 
-`TPU_PLATFORM_ROOT`, `TPU_PLATFORM_PYTHON`, `GCE_METADATA_HOST` and `TPU_PLATFORM_COORDINATOR_PORT` let
-the tests run the very same script in a sandbox (files under a temporary root, a metadata server on
-loopback, two workers of one slice on one machine).
+`TPU_PLATFORM_ROOT`, `TPU_PLATFORM_PYTHON`, `GCE_METADATA_HOST`, `TPU_PLATFORM_COORDINATOR_PORT` and
+`TPU_PLATFORM_METADATA_REDIRECT` let the tests run the very same script in a sandbox (files under a
+temporary root, a metadata server on loopback, two workers of one slice on one machine, the machine's
+firewall left alone).
 """
 
 from __future__ import annotations
@@ -34,15 +36,12 @@ MAX_METADATA_VALUE_BYTES = 256 * 1024
 MAX_METADATA_TOTAL_BYTES = 512 * 1024
 ENV_ATTRIBUTE = "tpu-platform-env"
 
-# How to install each framework's TPU build when the runtime image lacks the pinned version.
-FRAMEWORK_INSTALL = {
-    "tensorflow": (
-        "tensorflow",
-        "tensorflow-tpu=={version}",
-        "https://storage.googleapis.com/libtpu-tf-releases/index.html",
-    ),
-    "jax": ("jax", "jax[tpu]=={version}", "https://storage.googleapis.com/jax-releases/libtpu_releases.html"),
-}
+# The module each framework imports as, to check the image's version. When the image lacks the pinned
+# version, the boot installs it only from the catalog's lock for it (infra/catalog/framework_locks: jax[tpu]
+# with its libtpu, or tensorflow-tpu), every file checked against its hash; without a lock it refuses.
+FRAMEWORK_MODULES = {"tensorflow": "tensorflow", "jax": "jax"}
+_LOCK_END = "TPU_PLATFORM_FRAMEWORK_LOCK"
+_SAFE_LOCK = re.compile(r"([A-Za-z0-9][A-Za-z0-9._\[\],-]*==[A-Za-z0-9.+!_-]+( --hash=sha256:[0-9a-f]{64})+\n)*")
 _SAFE_VALUE = re.compile(r"[A-Za-z0-9_./:@=+,-]*")
 _SAFE_CONSTRAINT = re.compile(r"[A-Za-z0-9_.-]+(<|<=|>=|==|!=)[0-9][A-Za-z0-9.]*")
 _SAFE_MESSAGE = re.compile(r'[^"$`\n\\]*')
@@ -92,6 +91,9 @@ class StartupSpec:
     constraints: tuple[str, ...] = ()
     min_python: str = ""
     install_problem: str = ""
+    # The catalog's lock for the framework (infra/catalog framework_lock), installed with --require-hashes
+    # when the image lacks the version; "" when there is none (install_problem then says why).
+    framework_lock: str = ""
     grace_seconds: int = 30
 
 
@@ -107,7 +109,9 @@ def _check(spec: StartupSpec) -> None:
             raise ValueError(f"unsafe constraint {constraint!r}")
     if not re.fullmatch(r"(\d+\.\d+)?", spec.min_python) or not _SAFE_MESSAGE.fullmatch(spec.install_problem):
         raise ValueError(f"unsafe runtime facts {spec.min_python!r}, {spec.install_problem!r}")
-    if spec.framework and spec.framework not in FRAMEWORK_INSTALL:
+    if not _SAFE_LOCK.fullmatch(spec.framework_lock):
+        raise ValueError("the framework lock holds a line that is not a pinned requirement with its hashes")
+    if spec.framework and spec.framework not in FRAMEWORK_MODULES:
         raise ValueError(f"unknown framework {spec.framework!r}")
     if not re.fullmatch(r"[0-9][A-Za-z0-9.]*|", spec.framework_version):
         raise ValueError(f"unsafe framework version {spec.framework_version!r}")
@@ -128,8 +132,7 @@ def _ensure_framework(spec: StartupSpec) -> str:
     """The boot's check of the image's framework, and its install when the image lacks it."""
     if not spec.framework:
         return ""
-    module, requirement, find_links = FRAMEWORK_INSTALL[spec.framework]
-    requirement = requirement.format(version=spec.framework_version)
+    module = FRAMEWORK_MODULES[spec.framework]
     if spec.min_python:
         major, minor = spec.min_python.split(".")
         need = f"{spec.framework} ${{FRAMEWORK_VERSION}} needs Python {spec.min_python} or newer"
@@ -139,13 +142,20 @@ def _ensure_framework(spec: StartupSpec) -> str:
 """
     else:
         python_check = ""
-    if spec.install_problem:
+    if spec.install_problem or not spec.framework_lock:
         found = "(found: ${installed:-none})"
-        why = f"{spec.framework} ${{FRAMEWORK_VERSION}} is not installed {found}: {spec.install_problem}"
+        problem = spec.install_problem or "the catalog has no lock to install it by hash"
+        why = f"{spec.framework} ${{FRAMEWORK_VERSION}} is not installed {found}: {problem}"
         install = f'    fatal "{why}"'
     else:
-        install = f"""    log "installing {spec.framework} ${{FRAMEWORK_VERSION}} (found: ${{installed:-none}})"
-    "${{PYTHON}}" -m pip install --quiet '{requirement}' -f {find_links}"""
+        # Exactly the lock's files, each checked against its sha256; pip resolves nothing of its own.
+        install = f"""    log "installing {spec.framework} ${{FRAMEWORK_VERSION}} by hash (found: ${{installed:-none}})"
+    local lock
+    lock="$(mktemp)"
+    cat > "${{lock}}" <<'{_LOCK_END}'
+{spec.framework_lock}{_LOCK_END}
+    "${{PYTHON}}" -m pip install --quiet --require-hashes --no-deps -r "${{lock}}"
+    rm -f "${{lock}}\""""
     return f"""readonly FRAMEWORK_VERSION={spec.framework_version}
 
 framework_version() {{
@@ -176,6 +186,13 @@ def render_startup_script(spec: StartupSpec) -> str:
     framework = _ensure_framework(spec)
     constraints = " ".join(spec.constraints)
     agent_object = urllib.parse.quote(spec.agent.name, safe="")
+    verify = (
+        f'echo "{spec.agent.sha256}  @AGENT_ARCHIVE@" | sha256sum --check --quiet --status '
+        f'|| {{ echo "tpu-platform: FATAL: @AGENT_ARCHIVE@ does not match {spec.agent.sha256}" >&2; '
+        f"exit {EXIT_CONFIG}; }}; "
+        "rm -rf @AGENT_DIR@ && mkdir -p -m 0700 @AGENT_DIR@/vm_agent && "
+        "tar --extract --gzip --no-same-owner --file @AGENT_ARCHIVE@ --directory @AGENT_DIR@/vm_agent"
+    )
 
     return f"""#!/bin/bash
 # tpu-platform start-up for TPU VM {spec.vm} (stack {spec.stack}), workload {spec.workload}.
@@ -192,6 +209,7 @@ readonly STORAGE="${{STORAGE_EMULATOR_HOST:-https://storage.googleapis.com}}"
 readonly AGENT_SHA256={spec.agent.sha256}
 readonly AGENT_URL="${{STORAGE}}/storage/v1/b/{spec.agent.bucket}/o/{agent_object}?alt=media"
 readonly AGENT_DIR="${{ROOT}}/opt/tpu-platform/agent/${{AGENT_SHA256}}"
+readonly AGENT_ARCHIVE="${{AGENT_DIR}}.tar.gz"
 readonly ENV_FILE="${{ROOT}}/etc/tpu-platform/agent.env"
 readonly UNIT_FILE="${{ROOT}}/etc/systemd/system/{AGENT_UNIT}"
 readonly UNIT={AGENT_UNIT}
@@ -237,31 +255,33 @@ slice_env() {{
   echo "TPU_PLATFORM_COORDINATOR=${{coordinator}}"
 }}
 
-# The agent, as the VM's own account reads it (a token from the metadata server; no key on the VM).
-# Fetched once per digest; bytes that do not hash to the digest the stack shipped are never run.
+# The agent, as the VM's own account reads it (a token from the metadata server; no key on the VM): its
+# archive, kept root's alone and fetched again only when missing or not matching the digest the stack
+# shipped. Bytes that do not hash to that digest are never unpacked or run. The unit checks the archive
+# again and unpacks it afresh on every start of the agent (its ExecStartPre), so nothing edited in the
+# unpacked code outlives a restart.
 fetch_agent() {{
-  [[ -f "${{AGENT_DIR}}/.verified" ]] && return 0
-  local token archive="${{AGENT_DIR}}.tar.gz"
-  mkdir -p "$(dirname "${{AGENT_DIR}}")"
+  install -d -m 0755 "${{ROOT}}/opt/tpu-platform"
+  install -d -m 0700 "$(dirname "${{AGENT_DIR}}")"
+  if [[ -f "${{AGENT_ARCHIVE}}" ]] \\
+    && echo "${{AGENT_SHA256}}  ${{AGENT_ARCHIVE}}" | sha256sum --check --quiet --status; then
+    return 0
+  fi
+  local token partial="${{AGENT_ARCHIVE}}.partial"
   token="$(metadata instance/service-accounts/default/token \\
     | "${{PYTHON}}" -c 'import json, sys; print(json.load(sys.stdin)["access_token"])')"
   # The token goes to curl on stdin, not on its command line, where any local user could read it.
-  curl --silent --fail --retry 5 --retry-connrefused -H @- -o "${{archive}}" "${{AGENT_URL}}" \\
+  curl --silent --fail --retry 5 --retry-connrefused -H @- -o "${{partial}}" "${{AGENT_URL}}" \\
     <<< "Authorization: Bearer ${{token}}" || fatal "cannot read the agent {spec.agent.uri}"
-  if ! echo "${{AGENT_SHA256}}  ${{archive}}" | sha256sum --check --quiet --status; then
-    rm -f "${{archive}}"
+  if ! echo "${{AGENT_SHA256}}  ${{partial}}" | sha256sum --check --quiet --status; then
+    rm -f "${{partial}}"
     fatal "the agent {spec.agent.uri} does not match its digest ${{AGENT_SHA256}}"
   fi
-  # The archive holds the package's files (the folder vm_agent/ packaged): they go under vm_agent/, so
-  # the unit's PYTHONPATH holds that package and nothing else.
-  rm -rf "${{AGENT_DIR}}.new" && mkdir -p "${{AGENT_DIR}}.new/vm_agent"
-  tar --extract --gzip --no-same-owner --file "${{archive}}" --directory "${{AGENT_DIR}}.new/vm_agent"
-  touch "${{AGENT_DIR}}.new/.verified"
-  rm -rf "${{AGENT_DIR}}" && mv "${{AGENT_DIR}}.new" "${{AGENT_DIR}}" && rm -f "${{archive}}"
+  chmod 0600 "${{partial}}" && mv "${{partial}}" "${{AGENT_ARCHIVE}}"
 }}
 
 write_env() {{
-  mkdir -p "$(dirname "${{ENV_FILE}}")"
+  install -d -m 0700 "$(dirname "${{ENV_FILE}}")"
   # Settings live in metadata: changing them updates the VM in place, and this script reads them anew.
   {{
     metadata "instance/attributes/{ENV_ATTRIBUTE}"
@@ -270,9 +290,12 @@ write_env() {{
     echo "TPU_PLATFORM_METADATA_URL=${{METADATA}}"
     echo "TPU_PLATFORM_PYTHON=${{PYTHON}}"
     echo "TPU_PLATFORM_PIP_CONSTRAINTS={constraints}"
+    # Runs' metadata traffic goes to the agent's proxy (vm_agent/firewall.py). Only the tests' sandbox, which
+    # shares its machine's firewall, turns it off (TPU_PLATFORM_METADATA_REDIRECT=0 in the script's env).
+    echo "TPU_PLATFORM_METADATA_REDIRECT=${{TPU_PLATFORM_METADATA_REDIRECT:-1}}"
     [[ -z "${{STORAGE_EMULATOR_HOST:-}}" ]] || echo "STORAGE_EMULATOR_HOST=${{STORAGE_EMULATOR_HOST}}"
   }} > "${{ENV_FILE}}.new"
-  mv "${{ENV_FILE}}.new" "${{ENV_FILE}}"
+  chmod 0600 "${{ENV_FILE}}.new" && mv "${{ENV_FILE}}.new" "${{ENV_FILE}}"
 }}
 
 install_unit() {{
@@ -294,7 +317,10 @@ StartLimitBurst=5
 Type=simple
 EnvironmentFile=@ENV_FILE@
 Environment=PYTHONPATH=@AGENT_DIR@
-{environment}ExecStart=@PYTHON@ -u -m vm_agent
+{environment}# Every start: the kept archive checked against the digest the stack shipped, then unpacked afresh
+# (archives of the folder vm_agent/ go under vm_agent/, so PYTHONPATH holds that package and nothing else).
+ExecStartPre=/bin/bash -c '{verify}'
+ExecStart=@PYTHON@ -u -m vm_agent
 Restart=on-failure
 RestartSec=30
 # Exit {EXIT_CONFIG}: a configuration error, which a restart cannot mend.
@@ -306,12 +332,15 @@ KillSignal=SIGTERM
 # is left when the stop times out (systemd.kill(5) KillMode=).
 KillMode=mixed
 TimeoutStopSec={spec.grace_seconds + 10}
+# Runs inherit it: an unprivileged uid maps the TPU's DMA buffers through VFIO into locked memory
+# (vm_agent/jail.py raises each run's soft limit to this).
+LimitMEMLOCK=infinity
 StandardOutput=journal
 StandardError=journal
 SyslogIdentifier=tpu-platform-agent
 TPU_PLATFORM_UNIT
   sed -i -e "s|@ENV_FILE@|${{ENV_FILE}}|" -e "s|@PYTHON@|${{PYTHON}}|" \\
-    -e "s|@AGENT_DIR@|${{AGENT_DIR}}|" "${{UNIT_FILE}}"
+    -e "s|@AGENT_DIR@|${{AGENT_DIR}}|g" -e "s|@AGENT_ARCHIVE@|${{AGENT_ARCHIVE}}|g" "${{UNIT_FILE}}"
   systemctl daemon-reload
 }}
 

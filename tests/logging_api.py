@@ -2,6 +2,9 @@
 discovery document (logging.v2) and answering with the entries it holds whose log name and labels the
 request's filter names (the `labels.KEY="VALUE"`, `logName="…"` and `timestamp>"…"` terms that
 `tpu-runs logs` sends, joined by AND; any other term is a 400, so a new filter shape fails loudly).
+A log view named in `resourceNames` (`projects/P/locations/global/buckets/B/views/V`) shows only the
+entries of the log it was made for: the platform makes each researcher's view with the filter
+`LOG_ID("V")` (infra/researchers.py), so here a view V holds the entries of `projects/P/logs/V`.
 
 It also takes what the VM's telemetry writes, so one test can follow a line from the program to the
 researcher: `entries:write` (each entry kept with the request's logName and resource, as Logging
@@ -69,8 +72,14 @@ class _Handler(Handler):
             self.state.time_series += body.get("timeSeries", [])
             self.answer(200, {})
             return
+        views = [r for r in body.get("resourceNames", []) if "/views/" in r]
+        shown = [
+            e for e in self.state.entries
+            if not views or any(e.get("logName") == f"{v.split('/locations/')[0]}/logs/{v.rsplit('/', 1)[1]}"
+                                for v in views)
+        ]  # fmt: skip
         try:
-            found = [e for e in self.state.entries if matches(e, body.get("filter", ""))]
+            found = [e for e in shown if matches(e, body.get("filter", ""))]
         except ValueError as error:
             self.answer(400, {"error": {"code": 400, "message": str(error)}})
             return

@@ -10,6 +10,7 @@ against the emulator.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import http.server
 import json
@@ -30,9 +31,9 @@ from google.cloud import storage as storage_client
 from tests.workloads import workloads_python
 
 SYSTEMCTL_SHIM = '''#!{python}
-"""systemctl for the sandbox: daemon-reload is a no-op; start runs ExecStart detached, once, with
-the unit's EnvironmentFile and Environment= lines."""
-import os, re, subprocess, sys
+"""systemctl for the sandbox: daemon-reload is a no-op; start runs ExecStartPre (a failure fails the
+start, as systemd's) then ExecStart detached, once, with the unit's EnvironmentFile and Environment= lines."""
+import os, re, shlex, subprocess, sys
 from pathlib import Path
 
 state = Path(os.environ["SANDBOX_STATE"])
@@ -59,6 +60,9 @@ for line in Path(fields["EnvironmentFile"]).read_text().splitlines():  # as syst
         env[key] = value
 argv = [re.sub(r"\\$\\{{(\\w+)\\}}", lambda m: env.get(m[1], ""), word) for word in fields["ExecStart"].split()]
 with open(state / (unit + ".log"), "ab") as log:
+    for pre in re.findall(r"^ExecStartPre=(.*)$", text, re.M):
+        if subprocess.run(shlex.split(pre), stdout=log, stderr=subprocess.STDOUT, env=env).returncode:
+            sys.exit(1)
     process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 pid_file.write_text(str(process.pid))
 with open(state / "starts", "a") as starts:
@@ -66,20 +70,36 @@ with open(state / "starts", "a") as starts:
 '''
 
 
-# The image's Python: the workloads' virtualenv (TensorFlow, JAX) stands in for a TPU image's system
-# Python. A virtualenv made from it with --system-site-packages (the agent's, for a folder source) would
-# see the base interpreter's packages, not the workloads'; a .pth file gives it what a TPU image's
-# virtualenv sees: the "system" packages. Everything else is passed straight through.
+# The image's Python: Debian's own interpreter (/usr/bin/python3, the minor version the workloads'
+# virtualenv was made with) seeing the workloads' packages (TensorFlow, JAX) as its "system" packages. Not
+# the virtualenv's own interpreter: that lives under root's home (pyenv), which a run's unprivileged uid
+# cannot reach, as a TPU image's /usr/bin/python3 can be. A virtualenv made from it with
+# --system-site-packages (the agent's, for a folder source) gets a .pth file with the same packages.
 PYTHON3_SHIM = """#!/bin/bash
+export PYTHONPATH="{site}${{PYTHONPATH:+:${{PYTHONPATH}}}}"
 if [[ "${{1:-}} ${{2:-}}" == "-m venv" ]]; then
   "{python}" "$@" || exit
   venv="${{@: -1}}"
-  site="$("{python}" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-  for inner in "$venv"/lib/python3*/site-packages; do echo "$site" > "$inner/sandbox-image-python.pth"; done
+  for inner in "$venv"/lib/python3*/site-packages; do echo "{site}" > "$inner/sandbox-image-python.pth"; done
   exit 0
 fi
 exec "{python}" "$@"
 """
+IMAGE_PYTHON = "/usr/bin/python3"
+
+
+@functools.cache
+def image_python_shim() -> str:
+    """PYTHON3_SHIM for this machine: the workloads' packages under the system's interpreter."""
+    query = "import sys, sysconfig; print(sysconfig.get_paths()['purelib']); print(sys.version_info[:2])"
+    site, version = subprocess.run([workloads_python(), "-c", query], capture_output=True, text=True,
+                                   check=True).stdout.split("\n")[:2]  # fmt: skip
+    own = subprocess.run([IMAGE_PYTHON, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True,
+                         text=True, check=True).stdout.strip()  # fmt: skip
+    if own != version:
+        raise RuntimeError(f"{IMAGE_PYTHON} is Python {own}, the workloads' virtualenv {version}: make it from "
+                           f"{IMAGE_PYTHON} (PYTHON={IMAGE_PYTHON} make .venv-workloads/.installed)")  # fmt: skip
+    return PYTHON3_SHIM.format(python=IMAGE_PYTHON, site=site)
 
 
 def _running(pid: int) -> bool:
@@ -226,13 +246,14 @@ class MetadataHost(str):
 
 
 @contextlib.contextmanager
-def metadata_server(attributes: dict[str, str]) -> Iterator[MetadataHost]:
-    """A GCE metadata server on loopback answering instance attributes; yields GCE_METADATA_HOST."""
+def metadata_server(attributes: dict[str, str], address: tuple[str, int] = ("127.0.0.1", 0)) -> Iterator[MetadataHost]:
+    """A GCE metadata server on loopback answering instance attributes; yields GCE_METADATA_HOST. In a
+    network namespace of a test's own it may take the real server's address, 169.254.169.254:80."""
     handler = type("Handler", (_MetadataHandler,), {"attributes": dict(attributes), "changed": threading.Condition()})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server = http.server.ThreadingHTTPServer(address, handler)
     thread = threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True)  # a quick shutdown()
     thread.start()
-    host = MetadataHost(f"127.0.0.1:{server.server_address[1]}")
+    host = MetadataHost(f"{server.server_address[0]}:{server.server_address[1]}")
     host.handler = handler
     try:
         yield host
@@ -293,7 +314,7 @@ class Vm:
         systemctl.chmod(0o755)
         # A wrapper, not a symlink: a virtualenv's Python finds its packages from the path it was run as.
         python3 = self.shims / "python3"
-        python3.write_text(PYTHON3_SHIM.format(python=workloads_python()))
+        python3.write_text(image_python_shim())
         python3.chmod(0o755)
         self.env = {
             **os.environ,
@@ -306,6 +327,9 @@ class Vm:
             "TPU_PLATFORM_TPU_API": tpu_api_url,
             "TF_CPP_MIN_LOG_LEVEL": "2",
             "CUDA_VISIBLE_DEVICES": "",
+            # The machine's firewall is shared: the redirect is tested in a namespace of its own
+            # (tests/test_vm_agent_isolation.py).
+            "TPU_PLATFORM_METADATA_REDIRECT": "0",
         }
 
     booted: ClassVar[list[Vm]] = []  # every VM a test booted: stopped after the test (conftest.py)

@@ -7,13 +7,13 @@ metadata server with `wait_for_change`), fetches the real VM agent by digest, an
 - A folder (tests/agent_sources/trainer, its own requirement `tinyckpt`): preempted (SIGTERM to the
   agent, as systemd stops the unit), resumed from its checkpoint on the next boot, completed.
 - An image by digest, through the docker shim (tests/vm_agent_support.py) on the VM's PATH: the same,
-  and the shim's record shows the flags that give the container the TPU and the network, and the
-  contract's environment.
+  and the shim's record shows the container's hardening (the run's uid, no capability, no host network
+  on one host) and the contract's environment.
 - A changed run setting in the stack, re-rendered and set on the running metadata server (what
   `pulumi up` does to the VM's metadata), starts the new run with no reboot; the old run leaves a
   committed checkpoint and ends `stopped`, exit 75.
 
-Offline stand-ins, said plainly: the trainer's requirement comes from a local wheel (PIP_FIND_LINKS,
+Offline stand-ins, said plainly: the trainer's requirement comes from a local wheel served on loopback (PIP_FIND_LINKS,
 PIP_NO_INDEX in the VM's environment) instead of the package index; the sandbox's python3 shim
 (tests/sandbox.py PYTHON3_SHIM) is the image's Python the folder's virtualenv is made from; the docker
 shim runs the image's files locally. No TensorFlow or JAX is imported by the trainer.
@@ -37,7 +37,7 @@ from infra.startup import AGENT_UNIT, RUN_ATTRIBUTE
 from infra.tpu.metadata import source_digests, vm_metadata
 from tests.sandbox import SANDBOX_TOKEN, Vm, deployed_stack, metadata_server, storage_emulator, wait_for
 from tests.support import stack_config, with_object
-from tests.vm_agent_support import CONTRACT, image_folder, install_docker_shim, wheelhouse
+from tests.vm_agent_support import CONTRACT, image_folder, install_docker_shim, wheel_index
 
 pytestmark = pytest.mark.slow
 
@@ -78,7 +78,7 @@ def sandboxed_vm(tmp_path: Path, metadata_host: str, image: Path | None = None) 
     vm = Vm(tmp_path, metadata_host, os.environ["STORAGE_EMULATOR_HOST"])
     install_docker_shim(vm.shims)  # on the VM's PATH, where the agent finds `docker`
     vm.env.update({
-        "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheelhouse()),  # the folder's requirement, offline
+        "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": wheel_index(),  # the folder's requirement, offline
         "DOCKER_SHIM_STATE": str(tmp_path / "docker"), "DOCKER_SHIM_TOKEN": SANDBOX_TOKEN,
         "DOCKER_SHIM_IMAGES": json.dumps({IMAGE: str(image)} if image else {}),
     })  # fmt: skip
@@ -160,7 +160,7 @@ def test_a_folder_of_the_stack_is_preempted_resumed_and_completed(emulator, tmp_
     contract = lines(vm, '"contract"')[0]
     assert contract["env"]["TPU_PLATFORM_RUN_ID"] == run_id
     assert contract["env"]["TPU_PLATFORM_CHECKPOINT_DIR"] == f"gs://{CHECKPOINTS}/mnist/{VM}/byo-folder"
-    assert f"/venvs/{sha256}/" in contract["tinyckpt"]  # its own requirement, in its own virtualenv
+    assert f"/venvs/{sha256[:16]}-" in contract["tinyckpt"]  # its own requirement, in its own virtualenv
     model = json.loads(emulator.bucket(MODELS).blob(f"mnist/{VM}/byo-folder/model.json").download_as_bytes())
     assert model["steps"] == STEPS
 
@@ -181,8 +181,9 @@ def test_an_image_of_the_stack_runs_with_the_tpu_flags_and_is_preempted_resumed_
     runs = [call for call in calls if call[0] == "run"]
     assert len(runs) == 2  # preempted, then resumed
     for run in runs:
-        # Google's "Run TPU workloads in a Docker container": --privileged (the TPU devices), --net=host.
-        assert {"--rm", "--privileged", "--net=host"} <= set(run)
+        # Not Google's --privileged --net=host: the run's uid, no capability, one host needs no host network.
+        assert {"--rm", "--cap-drop=ALL", "--security-opt=no-new-privileges"} <= set(run)
+        assert "--privileged" not in run and "--net=host" not in run and "--user" in run
         passed = {run[i + 1] for i, word in enumerate(run) if word == "-e"}
         assert set(CONTRACT) | {"STEP_SECONDS", "STORAGE_EMULATOR_HOST"} <= passed
         assert run[run.index(IMAGE) :] == [IMAGE, "python3", "train.py", "--steps", str(STEPS)]

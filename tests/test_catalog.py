@@ -257,7 +257,22 @@ def test_jax_that_needs_a_newer_python_than_the_image_has_is_refused_with_the_fi
     assert catalog.runtime_choices(accelerator("v4-8"), "tpu-ubuntu2204-base", "jax", "0.10.2") == (
         ("tpu-ubuntu2204-base", "0.6.2"),
     )
-    assert catalog.software_problem("tpu-ubuntu2204-base", "jax", "0.6.2") is None
+    assert catalog.software_problem("tpu-ubuntu2204-base", "jax", "0.6.2") is None  # its lock: jax-0.6.2.lock
+    no_lock = catalog.software_problem("tpu-ubuntu2204-base", "jax", "0.5.3")
+    assert no_lock and no_lock.startswith("runtime tpu-ubuntu2204-base's image carries no jax, and the boot installs")
+
+
+def test_each_framework_lock_pins_its_release_with_libtpu_every_file_by_hash():
+    from infra.catalog import FRAMEWORK_LOCKS, framework_lock
+
+    locks = sorted(FRAMEWORK_LOCKS.glob("*.lock"))
+    assert [p.name for p in locks] == ["jax-0.10.2.lock", "jax-0.6.2.lock"]
+    for path in locks:
+        framework, version = path.stem.split("-", 1)
+        lines = framework_lock(framework, version).splitlines()  # ValueError for a line without a hash
+        names = {line.split("==")[0]: line.split("==")[1].split()[0] for line in lines}
+        assert names[framework] == version and names["jaxlib"] == version and "libtpu" in names
+        assert f"{framework}[tpu]=={version}" in path.with_suffix(".txt").read_text()
     assert catalog.software_problem("v2-alpha-tpuv5-lite", "jax", "0.10.2") is None  # unknown Python: boot checks
 
 
@@ -265,7 +280,9 @@ def test_what_the_start_up_script_may_install_next_to_a_framework():
     assert catalog.install_constraints("tensorflow", "2.15.0") == ("protobuf<5",)
     assert catalog.install_constraints("tensorflow", "2.18.0") == () == catalog.install_constraints("jax", "0.10.2")
     assert "first release there is 2.16.1" in str(catalog.install_problem("tensorflow", "2.15.0"))
-    assert catalog.install_problem("tensorflow", "2.16.1") is None
+    # On the index from 2.16.1, but installed at boot only by the hashes of a lock the catalog ships.
+    assert "no lock for tensorflow 2.16.1" in str(catalog.install_problem("tensorflow", "2.16.1"))
+    assert catalog.install_problem("jax", "0.10.2") is None  # infra/catalog/framework_locks/jax-0.10.2.lock
 
 
 def test_tensorflow_runtime_environment():

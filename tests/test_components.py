@@ -221,6 +221,25 @@ def test_workload_identity_alone():
     assert one(result, "gcp:projects/iAMMember:IAMMember").inputs["role"] == "roles/logging.logWriter"
 
 
+def test_self_service_identity_alone():
+    """A self-service VM's own account (the bootstrap makes it): the workload's rights, narrowed to the VM's
+    prefix `<workload>/<vm>/`, never the workload's `<workload>/` nor its account."""
+    from infra.identity import self_service_account
+
+    args = WorkloadIdentityArgs(WORKLOAD, vm="solo-vm")
+    result = build(lambda: WorkloadIdentity("ss", ENV, args, plain_buckets(), enabled(IDENTITY_APIS)))
+    assert not result.of_type("gcp:serviceaccount/account:Account")
+    account = self_service_account("solo-vm", ENV.stack)
+    assert account.account_id == naming.self_service_account_id("solo-vm", ENV.stack)
+    assert account.account_id != naming.workload_account_id("trainer", ENV.stack)
+    assert {r.inputs["member"] for r in result.resources if "member" in r.inputs} == {account.member(ENV.project)}
+    grants = {r.name: r.inputs for r in result.of_type("gcp:storage/bucketIAMMember:BucketIAMMember")}
+    assert set(grants) == {"ss-data-read", "ss-checkpoints-write"}
+    assert '/objects/trainer/solo-vm/")' in grants["ss-checkpoints-write"]["condition"]["expression"]
+    assert '/objects/trainer/")' not in grants["ss-checkpoints-write"]["condition"]["expression"]
+    assert not result.of_type("gcp:serviceaccount/iAMMember:IAMMember")  # act-as is the bootstrap's
+
+
 def test_budget_alerts_alone():
     budget = BudgetSettings(
         amount=1234.5,
@@ -427,10 +446,11 @@ def test_workload_artifacts_alone():
 
 
 def test_researcher_access_alone():
-    from infra.researchers import ResearcherAccess, ResearcherArgs, researcher_apis
+    from infra.researchers import ResearcherAccess, ResearcherArgs, SelfServiceVm, researcher_apis
 
+    vm = SelfServiceVm("solo-vm", "solo", data=True, checkpoints=True, models=True)
     args = ResearcherArgs(
-        members=("user:ada@acme.example",), self_service_vms=("solo-vm",), status_bucket=ENV.bucket_name("status"),
+        members=("user:ada@acme.example",), vms=(vm,), status_bucket=ENV.bucket_name("status"),
         models_bucket=ENV.bucket_name("models"), artifacts_bucket=ENV.bucket_name("artifacts"), ssh=False,
     )  # fmt: skip
     result = build(lambda: ResearcherAccess("researchers", ENV, args, enabled(researcher_apis(args)), []))

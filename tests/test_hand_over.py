@@ -51,10 +51,18 @@ def revoked(resource: dict) -> bool:
     return resource["inputs"].get("role") in RETIRED_PROJECT_ROLES
 
 
+def retired_rule(resource: dict) -> bool:
+    """The firewall rule that let every TPU VM reach every other, which one rule per multi-host job replaces
+    (infra/network.py): deleted on purpose."""
+    return resource["type"] == "gcp:compute/firewall:Firewall" and resource["inputs"]["name"].endswith(
+        "-between-tpu-workers"
+    )
+
+
 @pytest.mark.parametrize("stack", STACKS)
 def test_a_plain_up_would_delete_live_accounts_roles_and_grants(stack):
     """Why the step exists: without it, the accounts under running VMs are deleted."""
-    deleted = [r for r in deleted_by_up(exported(stack), stack) if not revoked(r)]
+    deleted = [r for r in deleted_by_up(exported(stack), stack) if not revoked(r) and not retired_rule(r)]
     assert {r["type"] for r in deleted} == set(BOOTSTRAP_TYPES)
     assert any(r["inputs"].get("accountId") == f"tpu-mnist-{stack}" for r in deleted)
 
@@ -63,8 +71,11 @@ def test_a_plain_up_would_delete_live_accounts_roles_and_grants(stack):
 def test_after_the_hand_over_an_up_deletes_nothing(stack):
     state = exported(stack)
     marked = hand_over.hand_over(state)
-    # Only what this version revokes on purpose: the build account's project-wide Cloud Run Builder.
-    assert [r["inputs"]["role"] for r in deleted_by_up(state, stack)] == ["roles/run.builder"]
+    # Only what this version removes on purpose: the build account's project-wide Cloud Run Builder, and the
+    # firewall rule between every TPU VM.
+    gone = deleted_by_up(state, stack)
+    assert [r["inputs"]["role"] for r in gone if not retired_rule(r)] == ["roles/run.builder"]
+    assert [r["inputs"]["name"] for r in gone if retired_rule(r)] == [f"tpu-{stack}-between-tpu-workers"]
     # Exactly the accounts, roles and act-as grants; nothing else is kept that would have been deleted.
     types = {r["urn"]: r["type"] for r in exported(stack)["deployment"]["resources"]}
     assert marked and all(types[urn] in BOOTSTRAP_TYPES for urn in marked)

@@ -14,7 +14,7 @@ INVENTORY = {
     "dev": {
         # 8 base + Cloud Scheduler and the 5 serverless APIs of the guard (completion, scheduled starts)
         # + Container Scanning for the image repository (Artifact Registry is among the guard's).
-        "gcp:projects/service:Service": 15,
+        "gcp:projects/service:Service": 16,
         # data, checkpoints, models, run status, the guard's function source, artifacts (source archives)
         "gcp:storage/bucket:Bucket": 6,
         # the guard's source; the tf_mnist example's archive; the VM agent's (the start-up script fetches it)
@@ -38,7 +38,7 @@ INVENTORY = {
         "gcp:compute/subnetwork:Subnetwork": 1,
         "gcp:compute/router:Router": 1,
         "gcp:compute/routerNat:RouterNat": 1,
-        "gcp:compute/firewall:Firewall": 2,
+        "gcp:compute/firewall:Firewall": 1,
         "gcp:tpu/v2Vm:V2Vm": 1,
         "tpu-platform:network:PrivateNetwork": 1,
         "tpu-platform:tpu:TpuVm": 1,
@@ -59,7 +59,7 @@ INVENTORY = {
     "prod": {
         # 8 base + Pub/Sub; + Cloud Scheduler and the 5 serverless APIs of the TPU guard; + Container
         # Scanning. The CMEK key's grant is the bootstrap's, so no Cloud KMS API here.
-        "gcp:projects/service:Service": 16,
+        "gcp:projects/service:Service": 17,
         "gcp:storage/bucket:Bucket": 6,  # + artifacts
         "gcp:storage/bucketObject:BucketObject": 3,  # + the tf_mnist example's archive + the VM agent's
         "gcp:projects/iAMAuditConfig:IAMAuditConfig": 1,
@@ -76,7 +76,7 @@ INVENTORY = {
         "gcp:compute/subnetwork:Subnetwork": 1,
         "gcp:compute/router:Router": 1,
         "gcp:compute/routerNat:RouterNat": 1,
-        "gcp:compute/firewall:Firewall": 2,
+        "gcp:compute/firewall:Firewall": 1,
         "gcp:tpu/v2Vm:V2Vm": 2,
         "gcp:cloudfunctionsv2/function:Function": 3,  # budget, completion, recovery
         "gcp:cloudrunv2/serviceIamMember:ServiceIamMember": 3,

@@ -30,6 +30,9 @@ ARTIFACTS = "acme-artifacts"
 REGISTRY = "us-central1-docker.pkg.dev/acme-research/runs"  # a project id has 6 to 30 characters
 VM = "shared"
 SHA = "a" * 64
+ALICE = "user:alice@acme.example"
+OWNER = "user-alice@acme.example"  # her folders' name (vm_agent/sources.py member_key, infra/naming.py)
+RUN = f"{OWNER}/exp-1"  # her run exp-1, as the agent knows it
 SPEC = {
     "runId": "exp-1",
     "source": {"kind": "folder", "uri": f"gs://{ARTIFACTS}/sources/{SHA}.tar.gz", "sha256": SHA},
@@ -116,8 +119,8 @@ def agent() -> Iterator[Agent]:
         })  # fmt: skip
 
 
-def request(name: str = "20261130T040000Z-exp-1.json") -> str:
-    return f"{VM}/requests/{name}"
+def request(name: str = "20261130T040000Z-exp-1.json", owner: str = OWNER) -> str:
+    return f"{VM}/requests/{owner}/{name}"
 
 
 def test_requests_are_taken_in_name_order_each_once(agent: Agent):
@@ -125,10 +128,10 @@ def test_requests_are_taken_in_name_order_each_once(agent: Agent):
     agent.bucket.put(request(), SPEC)
     agent.bucket.put(request("20261130T041000Z-stop-exp-1.json"), {"stop": "exp-1"})
     source = agent.source()
-    assert [getattr(source.next(0), "run_id", None) for _ in range(4)] == ["exp-1", "exp-2", "exp-1", None]
+    assert [getattr(source.next(0), "run_id", None) for _ in range(4)] == [RUN, f"{OWNER}/exp-2", RUN, None]
     assert agent.bucket.names(f"{VM}/requests/") == []
-    assert agent.bucket.state("exp-1")["state"] == "queued"
-    assert agent.bucket.state("exp-2")["request"] == request("20261130T040500Z-exp-2.json")
+    assert agent.bucket.state(RUN)["state"] == "queued"
+    assert agent.bucket.state(f"{OWNER}/exp-2")["request"] == request("20261130T040500Z-exp-2.json")
     # The calls are the storage.v1 methods the VM's grant allows, with the VM account's token.
     assert agent.seen.violations == []
     assert set(agent.seen.methods) == {
@@ -139,16 +142,49 @@ def test_requests_are_taken_in_name_order_each_once(agent: Agent):
 
 def test_a_stop_request_is_a_stop(agent: Agent):
     agent.bucket.put(request("20261130T041000Z-stop-exp-1.json"), {"stop": "exp-1"})
-    assert agent.source().next(0) == StopRequest("exp-1")
+    assert agent.source().next(0) == StopRequest(RUN)
+
+
+def test_a_stop_names_a_run_of_the_member_whose_folder_it_is_in_only(agent: Agent):
+    """Bob's stop of `exp-1` is a stop of Bob's exp-1: the agent compares run ids, so it can never stop
+    Alice's (IAM lets Bob write only under his own folder: infra/researchers.py)."""
+    agent.bucket.put(request(), SPEC)
+    agent.bucket.put(request("20261130T041000Z-stop-exp-1.json", owner="user-bob@acme.example"), {"stop": "exp-1"})
+    source = agent.source()
+    assert getattr(source.next(0), "run_id", None) == RUN
+    assert source.next(0) == StopRequest("user-bob@acme.example/exp-1") != StopRequest(RUN)
+
+
+def test_two_researchers_may_use_one_run_id_and_get_two_runs_with_their_own_places(agent: Agent):
+    agent.bucket.put(request(), SPEC)
+    bob = {**SPEC, "requester": "user:bob@acme.example"}
+    agent.bucket.put(request(owner="user-bob@acme.example"), bob)
+    source = agent.source(TPU_PLATFORM_CHECKPOINTS="gs://cc")
+    first, second = source.next(0), source.next(0)
+    assert isinstance(first, RunSpec) and isinstance(second, RunSpec)
+    assert (first.run_id, second.run_id) == (RUN, "user-bob@acme.example/exp-1")
+    assert first.checkpoint_dir == f"gs://cc/mnist/{VM}/{OWNER}/exp-1" != second.checkpoint_dir
+    assert agent.bucket.state("user-bob@acme.example/exp-1")["state"] == "queued"
+
+
+def test_a_request_that_says_another_requester_than_its_folders_is_refused(agent: Agent):
+    record = refused(agent, {**SPEC, "requester": "user:mallory@acme.example"})
+    assert "the request is in the folder of user:alice@acme.example" in record["reason"]
+
+
+def test_a_request_in_no_members_folder_is_refused(agent: Agent):
+    agent.bucket.put(f"{VM}/requests/20261130T040000Z-exp-1.json", SPEC)  # the layout before folders per member
+    assert agent.source().next(0) is None
+    assert "<member>/<UTC yyyymmddThhmmssZ>" in agent.bucket.state("refused-20261130t040000z-exp-1")["reason"]
 
 
 def test_a_request_taken_before_a_restart_is_not_replayed(agent: Agent):
     agent.bucket.put(request(), SPEC)
     # The agent created the run's state and died before deleting the request.
-    agent.bucket.put(f"{VM}/runs/exp-1/status.json", {"runId": "exp-1", "state": "running", "request": request()})
+    agent.bucket.put(f"{VM}/runs/{RUN}/status.json", {"runId": RUN, "state": "running", "request": request()})
     assert agent.source().next(0) is None
     assert agent.bucket.names(f"{VM}/requests/") == []
-    assert agent.bucket.state("exp-1")["state"] == "running"  # untouched
+    assert agent.bucket.state(RUN)["state"] == "running"  # untouched
 
 
 def refused(agent: Agent, data: Any, name: str = "20261130T040000Z-exp-1.json", **env: str) -> dict[str, Any]:
@@ -156,14 +192,14 @@ def refused(agent: Agent, data: Any, name: str = "20261130T040000Z-exp-1.json", 
     assert agent.source(**env).next(0) is None  # refused: nothing to run, no exception
     assert agent.bucket.names(f"{VM}/requests/") == []
     (state,) = [n for n in agent.bucket.names(f"{VM}/runs/") if n.endswith("status.json")]
-    record = agent.bucket.state(state.split("/")[2])
+    record = agent.bucket.state(state[len(f"{VM}/runs/") : -len("/status.json")])
     assert record["state"] == "failed" and record["request"] == request(name)
     return record
 
 
 def test_a_vm_that_does_not_allow_self_service_refuses_every_request(agent: Agent):
     record = refused(agent, SPEC, TPU_PLATFORM_SELF_SERVICE="0")
-    assert record["runId"] == "exp-1"
+    assert record["runId"] == RUN
     assert "TPU VM shared does not take self-service runs" in record["reason"]
 
 
@@ -172,18 +208,18 @@ def test_a_source_told_why_refuses_every_request_with_that_reason(agent: Agent):
     source.refusal = "TPU VM shared is a slice of 4 hosts: self-service runs are single-host only for now"
     agent.bucket.put(request(), SPEC)
     assert source.next(0) is None and source.unfinished() == []
-    assert agent.bucket.state("exp-1")["reason"] == source.refusal
+    assert agent.bucket.state(RUN)["reason"] == source.refusal
 
 
 def test_a_state_that_is_not_a_json_object_is_neither_resumed_nor_a_crash(agent: Agent):
     # Only the agent writes runs/ (researchers' grant covers requests/ only), but a damaged object
     # there must not stop it from taking requests or resuming the runs it can read.
-    agent.bucket.put(f"{VM}/runs/exp-1/status.json", [1, 2])
-    agent.bucket.put(f"{VM}/runs/exp-2/status.json", b"not json")
+    agent.bucket.put(f"{VM}/runs/{OWNER}/exp-1/status.json", [1, 2])
+    agent.bucket.put(f"{VM}/runs/{OWNER}/exp-2/status.json", b"not json")
     agent.bucket.put(request(), SPEC)
     source = agent.source()
     assert source.unfinished() == []
-    assert getattr(source.next(0), "run_id", None) == "exp-1"
+    assert getattr(source.next(0), "run_id", None) == RUN
 
 
 @pytest.mark.parametrize(
@@ -215,7 +251,7 @@ def test_a_request_the_agent_may_not_run_is_refused_and_recorded(agent: Agent, d
 
 def test_malformed_requests_are_recorded_under_their_request_name(agent: Agent):
     assert refused(agent, b"{not json")["reason"] == "not JSON"
-    assert agent.bucket.names(f"{VM}/runs/") == [f"{VM}/runs/refused-20261130t040000z-exp-1/status.json"]
+    assert agent.bucket.names(f"{VM}/runs/") == [f"{VM}/runs/{OWNER}/refused-20261130t040000z-exp-1/status.json"]
 
 
 def test_an_object_not_named_as_a_request_for_this_vm_is_refused(agent: Agent):
@@ -223,11 +259,11 @@ def test_an_object_not_named_as_a_request_for_this_vm_is_refused(agent: Agent):
 
 
 def test_a_run_id_used_before_is_refused_without_touching_that_run(agent: Agent):
-    agent.bucket.put(f"{VM}/runs/exp-1/status.json", {"runId": "exp-1", "state": "finished", "request": "older"})
+    agent.bucket.put(f"{VM}/runs/{RUN}/status.json", {"runId": RUN, "state": "finished", "request": "older"})
     agent.bucket.put(request(), SPEC)
     assert agent.source().next(0) is None
-    assert agent.bucket.state("exp-1")["state"] == "finished"
-    assert "was used before" in agent.bucket.state("refused-20261130t040000z-exp-1")["reason"]
+    assert agent.bucket.state(RUN)["state"] == "finished"
+    assert "was used before" in agent.bucket.state(f"{OWNER}/refused-20261130t040000z-exp-1")["reason"]
 
 
 def test_an_unreachable_bucket_is_logged_and_retried_not_raised(monkeypatch: pytest.MonkeyPatch):
@@ -242,21 +278,44 @@ def test_an_unreachable_bucket_is_logged_and_retried_not_raised(monkeypatch: pyt
 
 
 # One run spec: a request is parsed by vm_agent/sources.py's parser into its RunSpec, with the places the
-# platform gives it (the stack's run prefixes, infra/tpu/metadata.py run_prefix).
+# platform gives it: the requester's own, inside the VM's prefix (infra/naming.py member_objects_prefix).
 def test_a_request_is_the_shared_run_spec_with_the_platforms_places():
     places = RunPlaces(f"gs://{STATUS}-ckpt", f"gs://{STATUS}-models", "mnist", VM)
     allowed = Allowed(f"gs://{ARTIFACTS}", REGISTRY)
-    spec = parse_request({**SPEC, "env": {"K": "v"}, "python": "3.11"}, "x", allowed, places)
+    spec = parse_request({**SPEC, "env": {"K": "v"}, "python": "3.11"}, "x", allowed, places, ALICE)
     assert isinstance(spec, RunSpec) and spec.source == FolderSource(SPEC["source"]["uri"], SHA)
-    assert (spec.run_id, spec.command, spec.python) == ("exp-1", ("python", "train.py"), "3.11")
+    assert (spec.run_id, spec.command, spec.python) == (RUN, ("python", "train.py"), "3.11")
     assert spec.env == (("K", "v"),)
-    assert spec.model_dir == f"gs://{STATUS}-models/mnist/{VM}/exp-1"
-    assert spec.checkpoint_dir == f"gs://{STATUS}-ckpt/mnist/{VM}/exp-1"
+    assert spec.model_dir == f"gs://{STATUS}-models/mnist/{VM}/{OWNER}/exp-1"
+    assert spec.checkpoint_dir == f"gs://{STATUS}-ckpt/mnist/{VM}/{OWNER}/exp-1"
     assert spec.completion is False and spec.data == ""
     # Every problem at once, as the stack's run spec.
     with pytest.raises(SpecError) as error:
-        parse_request({**SPEC, "runId": "X", "env": {"TPU_PLATFORM_RUN_ID": "y"}, "extra": 1}, "x", allowed, places)
+        parse_request({**SPEC, "runId": "X", "env": {"TPU_PLATFORM_RUN_ID": "y"}, "extra": 1}, "x", allowed, places,
+                      ALICE)  # fmt: skip
     assert len(error.value.problems) == 3
+
+
+def test_a_request_named_like_the_stack_runs_default_never_gets_the_stack_runs_folders():
+    """The stack's run of a VM keeps its files in `<workload>/<vm>/<run>/` (infra/tpu/metadata.py run_prefix,
+    default run `r1`); a researcher's run `r1` gets `<workload>/<vm>/<member>/r1/`: a member key holds '@',
+    a stack run id never does, so no request resumes from or overwrites the stack run's checkpoints."""
+    places = RunPlaces("gs://cc", "gs://mm", "mnist", VM)
+    spec = parse_request({**SPEC, "runId": "r1"}, "x", Allowed(f"gs://{ARTIFACTS}", REGISTRY), places, ALICE)
+    stack_run = f"gs://cc/mnist/{VM}/r1"
+    assert spec.checkpoint_dir == f"gs://cc/mnist/{VM}/{OWNER}/r1"
+    assert not spec.checkpoint_dir.startswith(stack_run) and not stack_run.startswith(spec.checkpoint_dir)
+
+
+def test_the_agents_member_keys_and_logs_are_the_platforms():
+    """vm_agent stays stdlib-only and apart from infra: the names both compute are compared here."""
+    from infra import naming
+    from vm_agent import sources
+
+    for member in (ALICE, "group:ml-researchers@acme.example", "user:a.b+c@sub.acme.example"):
+        assert sources.member_key(member) == naming.member_key(member)
+        assert sources.member_of_key(naming.member_key(member)) == member
+        assert sources.researcher_log(member) == naming.researcher_log(member)
 
 
 def test_a_taken_request_keeps_its_name_in_the_spec_and_its_dirs_from_agent_env(agent: Agent):
@@ -264,4 +323,4 @@ def test_a_taken_request_keeps_its_name_in_the_spec_and_its_dirs_from_agent_env(
     spec = agent.source(TPU_PLATFORM_MODELS="gs://mm", TPU_PLATFORM_CHECKPOINTS="gs://cc",
                         TPU_PLATFORM_WORKLOAD="mnist").next(0)  # fmt: skip
     assert isinstance(spec, RunSpec) and spec.request == request()
-    assert (spec.model_dir, spec.checkpoint_dir) == (f"gs://mm/mnist/{VM}/exp-1", f"gs://cc/mnist/{VM}/exp-1")
+    assert (spec.model_dir, spec.checkpoint_dir) == (f"gs://mm/mnist/{VM}/{RUN}", f"gs://cc/mnist/{VM}/{RUN}")

@@ -14,6 +14,7 @@ from functools import cache
 
 import pytest
 
+from infra import naming
 from infra.access import iamdata
 from infra.access import researchers as calls
 from infra.config import parse_stack_config
@@ -29,6 +30,7 @@ STATUS = "acme-ml-research-self-service-status"
 ARTIFACTS = "acme-ml-research-self-service-artifacts"
 MODELS = "acme-ml-research-self-service-models"
 ALICE = "user:alice@acme.example"
+OWNER = "user-alice@acme.example"  # her folders (infra/naming.py member_key)
 
 
 def example_config() -> dict[str, str]:
@@ -132,21 +134,43 @@ def held(member: str = ALICE) -> dict[str, set[str]]:
 
 
 def test_each_researcher_holds_exactly_what_the_commands_call_nothing_more():
-    requests = f'resource.name.startsWith("projects/_/buckets/{STATUS}/objects/shared-v5e-8/requests/")'
-    sources = f'resource.name.startsWith("projects/_/buckets/{ARTIFACTS}/objects/sources/")'
+    """Per member, each grant under a condition naming that member's own folders (or view) only."""
+
+    def under(bucket: str, *prefixes: str) -> str:
+        return f"{bucket}:" + " || ".join(
+            f'resource.name.startsWith("projects/_/buckets/{bucket}/objects/{p}") || '
+            f'api.getAttribute("storage.googleapis.com/objectListPrefix", "").startsWith("{p}")' for p in prefixes
+        )  # fmt: skip
+
+    view = naming.researcher_log_view("acme-ml-research", ALICE)
     assert held() == {
         "project": set(calls.permissions("project")),
-        STATUS: set(calls.permissions("status")),
-        f"{STATUS}:{requests}": set(calls.permissions("requests")) | {"storage.objects.get"},
-        f"{ARTIFACTS}:{sources}": set(calls.permissions("artifacts")),
-        MODELS: set(calls.permissions("models")),
+        f'project:resource.name == "{view}"': set(iamdata.role_permissions("roles/logging.viewAccessor")),
+        under(STATUS, f"shared-v5e-8/runs/{OWNER}/"): set(calls.permissions("status")),
+        under(STATUS, f"shared-v5e-8/requests/{OWNER}/"): set(calls.permissions("requests")) | {"storage.objects.get"},
+        under(ARTIFACTS, "sources/"): set(calls.permissions("artifacts")),
+        under(MODELS, f"mnist/shared-v5e-8/{OWNER}/"): set(calls.permissions("models")),
     }
-    assert held("group:ml-researchers@acme.example") == held()
-    # "exactly": the project role is two permissions, and no write can replace an object.
-    assert held()["project"] == {"tpu.nodes.list", "logging.logEntries.list"}
+    # "exactly": the project role is one permission (logs are read through the member's own view, whose
+    # reading checks logging.views.access), and no write can replace an object.
+    assert held()["project"] == {"tpu.nodes.list"}
+    assert (
+        set(calls.permissions("logs"))
+        == {"logging.views.access"}
+        <= set(iamdata.role_permissions("roles/logging.viewAccessor"))
+    )
     assert not any("storage.objects.delete" in p for p in held().values())
     # The get in the submit role is already held on the status bucket: nothing beyond the calls there.
     assert set(calls.permissions("requests")) == {"storage.objects.create"}
+
+
+def test_each_member_has_a_log_view_of_their_own_log_only():
+    views = {v.inputs["name"]: v.inputs for v in example_plan().of_type("gcp:logging/logView:LogView")}
+    for member in (ALICE, "group:ml-researchers@acme.example"):
+        log = naming.researcher_log(member)
+        assert views[log]["filter"] == f'SOURCE("projects/acme-ml-research") AND LOG_ID("{log}")'
+        assert views[log]["bucket"] == "projects/acme-ml-research/locations/global/buckets/_Default"
+    assert len(views) == 2
 
 
 def test_the_roles_are_named_through_naming():
@@ -171,7 +195,7 @@ def test_no_ssh_rights_unless_the_stack_turns_them_on():
     ssh = {g.inputs["role"] for g in result.resources if g.inputs.get("member") == ALICE}
     assert set(calls.SSH_ROLES) <= ssh
     project_role = roles_by_id(raw)["projects/acme-ml-research/roles/tpuPlatformResearcherSelfService"]
-    assert project_role == {"tpu.nodes.get", "tpu.nodes.list", "logging.logEntries.list"}
+    assert project_role == {"tpu.nodes.get", "tpu.nodes.list"}
     apis = {s.inputs["service"] for s in result.of_type("gcp:projects/service:Service")}
     assert {"iap.googleapis.com", "oslogin.googleapis.com"} <= apis
 
@@ -201,23 +225,80 @@ def can_create(bucket: str, object_name: str) -> bool:
 
 
 def test_a_request_for_a_self_service_vm_is_allowed_by_the_condition():
-    assert can_create(STATUS, "shared-v5e-8/requests/20261130T040000Z-exp-1.json")
+    assert can_create(STATUS, f"shared-v5e-8/requests/{OWNER}/20261130T040000Z-exp-1.json")
     assert can_create(ARTIFACTS, f"sources/{'a' * 64}.tar.gz")
 
 
 @pytest.mark.parametrize(
     ("bucket", "name"),
     [
-        (STATUS, "reviewed-v5e-8/requests/20261130T040000Z-exp-1.json"),  # not self-service
-        (STATUS, "shared-v5e-8/runs/exp-1/status.json"),  # the agent's run state
+        (STATUS, f"reviewed-v5e-8/requests/{OWNER}/20261130T040000Z-exp-1.json"),  # not self-service
+        (STATUS, "shared-v5e-8/requests/user-bob@acme.example/20261130T040000Z-stop-exp-1.json"),  # Bob's folder
+        (STATUS, "shared-v5e-8/requests/20261130T040000Z-exp-1.json"),  # nobody's folder
+        (STATUS, f"shared-v5e-8/runs/{OWNER}/exp-1/status.json"),  # the agent's run state, even of her run
         (STATUS, "shared-v5e-8/COMPLETE"),  # the completion marker the guard acts on
-        (STATUS, "shared-v5e-8-evil/requests/x.json"),  # a sibling prefix
+        (STATUS, f"shared-v5e-8-evil/requests/{OWNER}/x.json"),  # a sibling prefix
         (ARTIFACTS, "agent/x.tar.gz"),
-        (MODELS, "mnist/shared-v5e-8/exp-1/model.keras"),
+        (MODELS, f"mnist/shared-v5e-8/{OWNER}/exp-1/model.keras"),
     ],
 )
 def test_the_conditions_refuse_a_write_anywhere_else(bucket, name):
     assert not can_create(bucket, name)
+
+
+def can(permission: str, bucket: str, object_name: str | None = None, list_prefix: str | None = None) -> bool:
+    """Whether ALICE holds `permission` on the object (or the listing), by the grants the plan declares."""
+    roles = roles_by_id()
+    for grant in researcher_grants():
+        if grant.inputs.get("bucket") != bucket or permission not in roles.get(grant.inputs["role"], ()):
+            continue
+        condition = (grant.inputs.get("condition") or {}).get("expression")
+        if condition is None or allows(condition, bucket, object_name=object_name, list_prefix=list_prefix):
+            return True
+    return False
+
+
+@pytest.mark.parametrize(
+    ("bucket", "name", "allowed"),
+    [
+        (STATUS, f"shared-v5e-8/runs/{OWNER}/exp-1/status.json", True),  # her run's state
+        (STATUS, "shared-v5e-8/runs/user-bob@acme.example/exp-1/status.json", False),  # Bob's (its env, its state)
+        (STATUS, "shared-v5e-8/runs/self-service/mnist/shared-v5e-8/r1/status.json", False),  # the stack's run
+        (STATUS, "reviewed-v5e-8/runs/self-service/mnist/reviewed-v5e-8/r1/status.json", False),
+        (MODELS, f"mnist/shared-v5e-8/{OWNER}/exp-1/model.keras", True),  # her run's model
+        (MODELS, "mnist/shared-v5e-8/user-bob@acme.example/exp-1/model.keras", False),
+        (MODELS, "mnist/shared-v5e-8/r1/model.keras", False),  # the stack run's, on the same VM
+        (MODELS, "mnist/reviewed-v5e-8/r1/model.keras", False),
+    ],
+)
+def test_a_researcher_reads_her_own_runs_states_and_results_and_nobody_elses(bucket, name, allowed):
+    assert can("storage.objects.get", bucket, name) is allowed
+
+
+@pytest.mark.parametrize(
+    ("bucket", "prefix", "allowed"),
+    [
+        (STATUS, f"shared-v5e-8/runs/{OWNER}/", True),
+        (STATUS, "shared-v5e-8/runs/", False),
+        (STATUS, "", False),
+        (MODELS, f"mnist/shared-v5e-8/{OWNER}/exp-1/", True),
+        (MODELS, "mnist/shared-v5e-8/", False),
+    ],
+)
+def test_a_researcher_lists_only_her_own_folders(bucket, prefix, allowed):
+    assert can("storage.objects.list", bucket, list_prefix=prefix) is allowed
+
+
+def test_a_researcher_reads_only_her_own_log_view():
+    (grant,) = [g for g in researcher_grants() if g.inputs["role"] == "roles/logging.viewAccessor"]
+    expression = grant.inputs["condition"]["expression"]
+
+    def reads(view: str) -> bool:
+        return cel_allows(expression, (view, None))
+
+    assert reads(naming.researcher_log_view("acme-ml-research", ALICE))
+    assert not reads(naming.researcher_log_view("acme-ml-research", "user:bob@acme.example"))
+    assert not reads("projects/acme-ml-research/locations/global/buckets/_Default/views/_AllLogs")
 
 
 def test_the_vm_agent_may_list_its_own_requests_and_no_other_vms():
@@ -243,19 +324,20 @@ def test_self_service_on_a_multi_host_slice_is_refused_in_the_plan():
     assert "tpu-platform:tpuVms[0].selfService = True: v5p-16 is a multi-host slice" in str(refused.value)
 
 
-def test_the_workload_of_a_self_service_vm_may_read_what_researchers_submit():
-    """A request's archive is a new object under sources/ (and an image a new digest): the VM's account
-    must read any of them, which a list of the stack's own archive names would refuse."""
+def test_the_account_of_a_self_service_vm_may_read_what_researchers_submit_and_the_reviewed_vms_may_not():
+    """A request's archive is a new object under sources/ (and an image a new digest): the self-service
+    VM's own account reads any of them; the workload's account, which only the reviewed VM runs as now,
+    reads only the stack's own archives."""
     result = example_plan()
-    grants = [
-        r for r in result.resources
-        if r.type == "gcp:storage/bucketIAMMember:BucketIAMMember" and r.inputs.get("bucket") == ARTIFACTS
-        and r.name.endswith("-sources")
-    ]  # fmt: skip
-    assert grants
-    for grant in grants:
-        expression = grant.inputs["condition"]["expression"]
-        assert allows(expression, ARTIFACTS, object_name=f"sources/{'b' * 64}.tar.gz")
-        assert not allows(expression, ARTIFACTS, object_name="elsewhere/x.tar.gz")
+    grants = {
+        r.name: r.inputs["condition"]["expression"]
+        for r in result.of_type("gcp:storage/bucketIAMMember:BucketIAMMember")
+        if r.inputs.get("bucket") == ARTIFACTS and r.name.endswith("-sources") and not r.name.startswith("researchers")
+    }
+    submitted = f"sources/{'b' * 64}.tar.gz"
+    assert allows(grants["artifacts-self-service-shared-v5e-8-sources"], ARTIFACTS, object_name=submitted)
+    assert not allows(grants["artifacts-self-service-shared-v5e-8-sources"], ARTIFACTS, object_name="elsewhere/x")
+    assert not allows(grants["artifacts-mnist-sources"], ARTIFACTS, object_name=submitted)
     pulls = [r for r in result.resources if r.type == "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember"]
-    assert pulls and all(r.inputs["role"] == "roles/artifactregistry.reader" for r in pulls)
+    assert [r.name for r in pulls] == ["artifacts-self-service-shared-v5e-8-images"]
+    assert all(r.inputs["role"] == "roles/artifactregistry.reader" for r in pulls)

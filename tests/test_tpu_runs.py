@@ -17,6 +17,7 @@ from urllib.parse import quote
 import pytest
 import requests
 
+from infra import naming
 from infra.access.researchers import RESEARCHER_CALLS
 from infra.packaging import package
 from tests.contracts import Call, ContractError, api
@@ -33,6 +34,7 @@ ARTIFACTS = "acme-ml-research-self-service-artifacts"
 MODELS = "acme-ml-research-self-service-models"
 VM = "shared-v5e-8"
 ALICE = "user:alice@acme.example"
+OWNER = "user-alice@acme.example"  # her folders (infra/naming.py member_key)
 
 
 class StorageChecked(requests.Session):
@@ -119,11 +121,11 @@ def test_a_researcher_submits_follows_fetches_and_stops_a_run(world: World, caps
     assert world.names(ARTIFACTS) == [f"sources/{digest}.tar.gz"]
     assert hashlib.sha256(world.read(ARTIFACTS, f"sources/{digest}.tar.gz") or b"").hexdigest() == digest
     (request,) = world.names(STATUS, f"{VM}/requests/")
-    assert request.endswith("-exp-1.json")
+    assert request.startswith(f"{VM}/requests/{OWNER}/") and request.endswith("-exp-1.json")  # her own folder
 
     # The VM's agent takes it: the run spec as submitted, the request gone, the run queued.
     taken = world.agent().next(0)
-    assert isinstance(taken, RunSpec) and taken.run_id == "exp-1" and taken.command == ("python", "train.py")
+    assert isinstance(taken, RunSpec) and taken.run_id == f"{OWNER}/exp-1" and taken.command == ("python", "train.py")
     assert taken.source == FolderSource(f"gs://{ARTIFACTS}/sources/{digest}.tar.gz", digest)
     assert taken.requester == ALICE
     assert world.names(STATUS, f"{VM}/requests/") == []
@@ -135,22 +137,30 @@ def test_a_researcher_submits_follows_fetches_and_stops_a_run(world: World, caps
     assert f"{VM}  v5litepod-8  us-central1-a  TPU: READY  self-service: yes" in listed
     assert "exp-1" in listed and "queued" in listed and "reviewed-v5e-8" in listed
 
-    # The agent ships the program's lines to Cloud Logging (telemetry); the researcher follows them.
-    log = f"projects/{PROJECT}/logs/tpu-workload"
+    # The agent ships the program's lines to Cloud Logging (telemetry), into her own log; she follows them
+    # through her own log view: another researcher's run of the same name is in a log her view does not show.
+    mine = f"projects/{PROJECT}/logs/{naming.researcher_log(ALICE)}"
+    bobs = f"projects/{PROJECT}/logs/{naming.researcher_log('user:bob@acme.example')}"
     world.logs.entries += [
-        {"logName": log, "timestamp": "2026-11-30T04:00:01Z", "severity": "INFO",
-         "labels": {"runId": "exp-1", "vm": VM, "worker": "0"}, "jsonPayload": {"step": 10, "loss": 0.5}},
-        {"logName": log, "timestamp": "2026-11-30T04:00:02Z", "severity": "INFO",
-         "labels": {"runId": "other", "vm": VM, "worker": "0"}, "textPayload": "not this run"},
+        {"logName": mine, "timestamp": "2026-11-30T04:00:01Z", "severity": "INFO",
+         "labels": {"runId": f"{OWNER}/exp-1", "vm": VM, "worker": "0"}, "jsonPayload": {"step": 10, "loss": 0.5}},
+        {"logName": mine, "timestamp": "2026-11-30T04:00:02Z", "severity": "INFO",
+         "labels": {"runId": f"{OWNER}/other", "vm": VM, "worker": "0"}, "textPayload": "not this run"},
+        {"logName": bobs, "timestamp": "2026-11-30T04:00:03Z", "severity": "INFO",
+         "labels": {"runId": f"{OWNER}/exp-1", "vm": VM, "worker": "0"}, "textPayload": "not her log"},
     ]  # fmt: skip
-    world.write(STATUS, f"{VM}/runs/exp-1/status.json", json.dumps({"runId": "exp-1", "state": "finished"}).encode())
+    world.write(STATUS, f"{VM}/runs/{OWNER}/exp-1/status.json",
+                json.dumps({"runId": f"{OWNER}/exp-1", "state": "finished"}).encode())  # fmt: skip
     assert world.run("logs", "--vm", VM, "exp-1", "--follow", "--interval", "0") == 0
     out = capsys.readouterr().out
     assert '{"loss": 0.5, "step": 10}' in out and "not this run" not in out and "run exp-1 finished" in out
+    assert "not her log" not in out
+    assert world.logs.bodies[-1]["resourceNames"] == [naming.researcher_log_view(PROJECT, ALICE)]
 
-    world.write(MODELS, "mnist/shared-v5e-8/exp-1/model/saved.bin", b"weights")
-    world.write(MODELS, "mnist/shared-v5e-8/exp-1/events.out.tfevents.1", b"metrics")
-    world.write(MODELS, "mnist/shared-v5e-8/exp-10/model/saved.bin", b"another run")
+    world.write(MODELS, f"mnist/shared-v5e-8/{OWNER}/exp-1/model/saved.bin", b"weights")
+    world.write(MODELS, f"mnist/shared-v5e-8/{OWNER}/exp-1/events.out.tfevents.1", b"metrics")
+    world.write(MODELS, f"mnist/shared-v5e-8/{OWNER}/exp-10/model/saved.bin", b"another run")
+    world.write(MODELS, "mnist/shared-v5e-8/user-bob@acme.example/exp-1/model/saved.bin", b"his run")
     assert world.run("fetch", "--vm", VM, "exp-1", "--to", "out") == 0
     assert (world.tmp / "out/model/saved.bin").read_bytes() == b"weights"
     assert (world.tmp / "out/events.out.tfevents.1").read_bytes() == b"metrics"
@@ -163,7 +173,7 @@ def test_a_researcher_submits_follows_fetches_and_stops_a_run(world: World, caps
     assert "is there already" in capsys.readouterr().out  # same folder, same digest: no second upload
     assert isinstance(world.agent().next(0), RunSpec)
     assert world.run("stop", "--vm", VM, "exp-2") == 0
-    assert world.agent().next(0) == StopRequest("exp-2")
+    assert world.agent().next(0) == StopRequest(f"{OWNER}/exp-2")
 
     assert world.session.violations == [] and world.tpu.violations == [] and world.logs.violations == []
     called = set(world.session.methods) | set(world.tpu.methods) | set(world.logs.methods)
@@ -202,7 +212,7 @@ def test_an_unknown_vm_or_stack_is_said_in_words(world: World, capsys):
 
 
 def test_a_run_id_used_before_is_refused_by_the_cli(world: World, capsys):
-    world.write(STATUS, f"{VM}/runs/exp-1/status.json", b'{"runId": "exp-1", "state": "finished"}')
+    world.write(STATUS, f"{VM}/runs/{OWNER}/exp-1/status.json", b'{"runId": "exp-1", "state": "finished"}')
     assert world.run("submit", "--vm", VM, "--folder", str(a_folder(world.tmp)), "--run-id", "exp-1", "--", "x") == 2
     assert "run id exp-1 was used before" in capsys.readouterr().err
 
@@ -237,7 +247,8 @@ class Forbidden(requests.Session):
 
 
 def test_a_missing_right_is_a_sentence_not_a_traceback(capsys):
-    assert cli.main(["list", "--stack", "self-service", "--stack-file", str(EXAMPLE)], Forbidden()) == 2
+    assert cli.main(["list", "--stack", "self-service", "--stack-file", str(EXAMPLE), "--requester", ALICE],
+                    Forbidden()) == 2  # fmt: skip
     err = capsys.readouterr().err
     assert err.startswith("tpu-runs: you may not list the TPU VMs of projects/acme-ml-research/locations/us-central1-a")
     assert "tpu-platform:researchers in Pulumi.self-service.yaml" in err and "Traceback" not in err

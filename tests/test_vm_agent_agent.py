@@ -144,7 +144,7 @@ def test_a_folder_source_is_preempted_resumed_and_completed(cloud, tmp_path):
         preempt_resume_complete(cloud, vm, run_id, "folder/")
     contract = vm.lines('"contract"')[0]
     assert contract["env"]["TPU_PLATFORM_MODEL_DIR"] == f"gs://{MODELS}/folder"
-    assert f"/venvs/{cloud['sha']}/" in contract["tinyckpt"]  # its own requirement, in its own virtualenv
+    assert f"/venvs/{cloud['sha'][:16]}-" in contract["tinyckpt"]  # its own requirement, in its own virtualenv
     assert json.loads(cloud["storage"].read(MODELS, "folder/model.json"))["steps"] == 12
 
 
@@ -163,7 +163,16 @@ def test_an_image_source_runs_with_the_tpu_flags_and_is_preempted_resumed_and_co
     assert calls[0] == ["login", "-u", "oauth2accesstoken", "--password-stdin", "https://us-central1-docker.pkg.dev"]
     assert calls[1] == ["pull", IMAGE]
     run = next(call for call in calls if call[0] == "run")
-    assert {"--rm", "--privileged", "--net=host"} <= set(run)
+    # Hardened where Google's guide says --privileged --net=host (vm_agent/runner.py container_argv).
+    assert {"--rm", "--cap-drop=ALL", "--security-opt=no-new-privileges"} <= set(run)
+    assert "--privileged" not in run and "--net=host" not in run  # one host: no host network
+    # The agent's own network, the run's own address on it; made once, before the first run.
+    assert next(c for c in calls if c[0] == "network" and c[1] != "inspect")[:2] == ["network", "create"]
+    assert run[run.index("--network") + 1] == "tpu-platform-runs"
+    assert run[run.index("--ip") + 1].startswith("172.31.254.")
+    assert "GCE_METADATA_HOST" in {run[i + 1] for i, word in enumerate(run) if word == "-e"}  # the proxy's listener
+    assert run[run.index("--ulimit") + 1] == "memlock=-1:-1"
+    assert int(run[run.index("--user") + 1].split(":")[0]) >= 61184  # the run's own uid (vm_agent/isolation.py)
     passed = {run[i + 1] for i, word in enumerate(run) if word == "-e"}
     assert {"TPU_PLATFORM_RUN_ID", "TPU_RUNTIME_FLAG", "STEP_SECONDS"} <= passed
     assert not any("=" in name for name in passed)  # values travel in the environment, not in argv (ps)

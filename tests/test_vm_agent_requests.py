@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import requests
 
+from infra import naming
 from tests.runs_cloud import RunsCloud, runs_cloud
 from tests.sandbox import wait_for
 from tests.vm_agent_support import agent_environ, run_spec, start_agent, trainer_folder
@@ -31,6 +32,7 @@ SHARED = "shared-v5e-8"  # selfService: true
 REVIEWED = "reviewed-v5e-8"  # selfService: false
 CHECKPOINTS = STACK.cfg.bucket_name("checkpoints")
 ALICE = "user:alice@acme.example"
+OWNER = naming.member_key(ALICE)  # her folders: her runs are `<OWNER>/<runId>` to the agent
 
 
 class Cloud(RunsCloud):
@@ -40,12 +42,13 @@ class Cloud(RunsCloud):
         argv = (argv[0], "--stack", "self-service", "--stack-file", str(EXAMPLE), *argv[1:])
         return cli.main(argv, requests.Session())
 
-    def state(self, vm: str, run_id: str) -> dict[str, Any]:
-        raw = self.read(STACK.status, f"{vm}/runs/{run_id}/status.json")
+    def state(self, vm: str, run_id: str, owner: str = OWNER) -> dict[str, Any]:
+        """A run's state: one of ALICE's by default, the stack's with owner=""."""
+        raw = self.read(STACK.status, f"{vm}/runs/{owner + '/' if owner else ''}{run_id}/status.json")
         return json.loads(raw) if raw else {}
 
     def steps(self, vm: str, run_id: str) -> list[int]:
-        names = self.names(CHECKPOINTS, f"mnist/{vm}/{run_id}/")
+        names = self.names(CHECKPOINTS, f"mnist/{vm}/{OWNER}/{run_id}/")
         return sorted(int(n.rsplit("ckpt-", 1)[1][:-5]) for n in names if "/ckpt-" in n)
 
 
@@ -105,7 +108,7 @@ def test_a_submitted_run_is_run_followed_stopped_with_a_checkpoint_and_the_next_
         agent.wait(lambda: len(cloud.steps(SHARED, "exp-1")) >= 3, "exp-1's checkpoints")
         running = cloud.state(SHARED, "exp-1")
         assert running["state"] == "running" and running["requester"] == ALICE
-        assert running["request"].startswith(f"{SHARED}/requests/")  # kept for the researcher side
+        assert running["request"].startswith(f"{SHARED}/requests/{OWNER}/")  # kept for the researcher side
         assert cloud.state(SHARED, "exp-2")["state"] == "queued"  # in order: one at a time
 
         capsys.readouterr()
@@ -113,15 +116,26 @@ def test_a_submitted_run_is_run_followed_stopped_with_a_checkpoint_and_the_next_
         listed = capsys.readouterr().out
         assert "exp-1" in listed and "running" in listed and "exp-2" in listed and "queued" in listed
 
-        # The program's lines reach Cloud Logging with the run's labels; `tpu-runs logs` finds them.
+        # The program's lines reach Cloud Logging, in ALICE's own log (the one her log view shows), with the
+        # run's labels; `tpu-runs logs` finds them through her view.
         agent.wait(lambda: any(e.get("jsonPayload", {}).get("step") for e in cloud.logs.entries), "shipped lines")
         assert cloud.tpu_runs("logs", "--vm", SHARED, "exp-1") == 0
         out = capsys.readouterr().out
         assert '"step": 1}' in out and '"loss": 0.9' in out
         entry = next(e for e in cloud.logs.entries if e.get("jsonPayload", {}).get("step") == 1)
-        assert entry["labels"] == {"runId": "exp-1", "vm": SHARED, "worker": "0", "stack": "self-service"}
-        assert entry["logName"] == f"projects/{PROJECT}/logs/tpu-workload"
+        assert entry["labels"] == {"runId": f"{OWNER}/exp-1", "vm": SHARED, "worker": "0", "stack": "self-service"}
+        assert entry["logName"] == f"projects/{PROJECT}/logs/{naming.researcher_log(ALICE)}"
         assert entry["resource"]["type"] == "generic_node" and entry["resource"]["labels"]["node_id"] == SHARED
+
+        # Another researcher cannot stop it: a stop in Bob's folder (the only one IAM lets him write) names
+        # Bob's exp-1, which does not exist; ALICE's keeps running.
+        bob = "user:bob@acme.example"
+        google = cli.Google(requests.Session(), "self-service")
+        google.create(STACK.status, cli._request_name(SHARED, bob, "exp-1", stop=True), b'{"stop": "exp-1"}',
+                      cli.JSON_BYTES)  # fmt: skip
+        agent.wait(lambda: agent.lines(f"stop {naming.member_key(bob)}/exp-1: no such self-service run"),
+                   "the agent to drop Bob's stop")  # fmt: skip
+        assert cloud.state(SHARED, "exp-1")["state"] == "running"
 
         # The researcher stops exp-1: SIGTERM, its checkpoint committed, exit 75; exp-2 runs next.
         assert cloud.tpu_runs("stop", "--vm", SHARED, "exp-1") == 0
@@ -136,7 +150,7 @@ def test_a_submitted_run_is_run_followed_stopped_with_a_checkpoint_and_the_next_
     assert "Traceback" not in agent.log()
 
     # Training metrics reached Cloud Monitoring, labelled with the run.
-    points = [s for s in cloud.logs.time_series if s["metric"]["labels"]["run_id"] == "exp-1"]
+    points = [s for s in cloud.logs.time_series if s["metric"]["labels"]["run_id"] == f"{OWNER}/exp-1"]
     assert {s["metric"]["type"] for s in points} == {"custom.googleapis.com/tpu_platform/loss"}
     assert points[0]["metric"]["labels"]["vm"] == SHARED
     assert cloud.logs.violations == []
@@ -148,8 +162,8 @@ def test_a_submitted_run_is_run_followed_stopped_with_a_checkpoint_and_the_next_
     assert json.loads((cloud.tmp / "exp-2" / "model.json").read_text())["steps"] == 3
     assert list((cloud.tmp / "exp-2" / "tensorboard").glob("events.out.tfevents.*"))
     contract = agent.lines('"contract"')[-1]["env"]
-    assert contract["TPU_PLATFORM_MODEL_DIR"] == f"gs://{STACK.models}/mnist/{SHARED}/exp-2"
-    assert contract["TPU_PLATFORM_CHECKPOINT_DIR"] == f"gs://{CHECKPOINTS}/mnist/{SHARED}/exp-2"
+    assert contract["TPU_PLATFORM_MODEL_DIR"] == f"gs://{STACK.models}/mnist/{SHARED}/{OWNER}/exp-2"
+    assert contract["TPU_PLATFORM_CHECKPOINT_DIR"] == f"gs://{CHECKPOINTS}/mnist/{SHARED}/{OWNER}/exp-2"
 
 
 @pytest.mark.parametrize(
@@ -166,7 +180,7 @@ def test_a_request_the_vm_cannot_take_is_refused_by_its_agent_and_recorded(cloud
     spec = json.loads(run_spec("exp-9", {"kind": "image", "image": "x"}, ["python", "t.py"], requester=ALICE))
     spec["source"] = {"kind": "folder", "uri": f"gs://{STACK.artifacts}/sources/{'a' * 64}.tar.gz", "sha256": "a" * 64}
     google = cli.Google(requests.Session(), "self-service")
-    request = cli._request_name(vm, "exp-9")
+    request = cli._request_name(vm, ALICE, "exp-9")
     google.create(STACK.status, request, json.dumps(spec).encode(), cli.JSON_BYTES)
     agent = Agent(cloud, vm, **extra)
     try:
@@ -209,8 +223,8 @@ def test_the_stacks_run_comes_first_and_a_preempted_request_resumes_after_it(clo
             checkpointDir=f"gs://{CHECKPOINTS}/mnist/{SHARED}/r1",
         )  # fmt: skip
         cloud.metadata.set("tpu-platform-run", stack_run)
-        agent.wait(lambda: cloud.state(SHARED, "self-service/mnist/shared-v5e-8/r1").get("state") == "finished",
-                   "the stack's run to finish")  # fmt: skip
+        agent.wait(lambda: cloud.state(SHARED, "self-service/mnist/shared-v5e-8/r1", owner="").get("state")
+                   == "finished", "the stack's run to finish")  # fmt: skip
         paused = agent.lines("comes first")
         assert paused, agent.log()[-3000:]
         agent.wait(lambda: cloud.state(SHARED, "exp-1").get("state") == "finished", "exp-1 to resume and finish")
@@ -219,7 +233,7 @@ def test_the_stacks_run_comes_first_and_a_preempted_request_resumes_after_it(clo
     resumed = agent.lines("resumed from checkpoint")
     assert resumed and resumed[-1]["step"] == agent.lines("SIGTERM: checkpoint committed")[0]["step"]
     assert cloud.steps(SHARED, "exp-1")[-1] == 12
-    assert cloud.state(SHARED, "exp-1")["request"].startswith(f"{SHARED}/requests/")
+    assert cloud.state(SHARED, "exp-1")["request"].startswith(f"{SHARED}/requests/{OWNER}/")
 
 
 @pytest.mark.slow

@@ -72,7 +72,15 @@ def status(bucket_env, run_id: str) -> dict:
 
 @pytest.fixture(autouse=True)
 def environment(bucket_env, monkeypatch):
-    for key in ("STORAGE_EMULATOR_HOST", "PIP_NO_INDEX", "PIP_FIND_LINKS", "UV_OFFLINE", "UV_FIND_LINKS", "PATH"):
+    for key in (
+        "STORAGE_EMULATOR_HOST",
+        "PIP_NO_INDEX",
+        "PIP_FIND_LINKS",
+        "UV_NO_INDEX",
+        "UV_PYTHON_DOWNLOADS",
+        "UV_FIND_LINKS",
+        "PATH",
+    ):
         monkeypatch.setenv(key, bucket_env["env"][key])
 
 
@@ -97,8 +105,8 @@ def test_a_finished_folder_run_writes_its_state_and_the_completion_marker(bucket
     assert contract["env"]["TPU_PLATFORM_STATUS_DIR"] == f"gs://{STATUS}/trainer-1"
     assert contract["env"]["TPU_PLATFORM_GRACE_SECONDS"] == "10"
     assert contract["extra"] == "x"
-    # Its own requirement, from its own virtualenv (one per source digest).
-    assert f"venvs/{bucket_env['sha']}/" in contract["python"] and "/venvs/" in contract["tinyckpt"]
+    # Its own requirement, from its own virtualenv (one per source digest, bounds, lock and requester).
+    assert f"venvs/{bucket_env['sha'][:16]}-" in contract["python"] and "/venvs/" in contract["tinyckpt"]
     model = json.loads(bucket_env["storage"].read(MODELS, "finish/model.json"))
     assert model["steps"] == 3
 
@@ -191,19 +199,19 @@ def test_a_pinned_python_gets_a_uv_virtualenv_of_that_version(bucket_env, monkey
     assert run.wait(120)
     assert status(bucket_env, "dev/t/pinned")["state"] == "finished", shipped[-5:]
     contract = next(json.loads(line) for line in shipped if '"contract"' in line)
-    assert f"venvs/{bucket_env['sha']}-py3.11/" in contract["python"]
-    assert f"venvs/{bucket_env['sha']}-py3.11/" in contract["tinyckpt"]
+    assert f"venvs/{bucket_env['sha'][:16]}-" in contract["python"] and "-py3.11/" in contract["python"]
+    assert "-py3.11/" in contract["tinyckpt"]
 
 
 def test_the_frameworks_bounds_hold_when_a_run_installs_its_requirements(bucket_env, tmp_path):
-    """TPU_PLATFORM_PIP_CONSTRAINTS (the catalog's bounds, e.g. protobuf<5 beside TensorFlow < 2.18)
-    constrain the install: here a bound the folder's requirement cannot meet fails the run, with pip's
-    reason, instead of installing what would break the image's framework."""
+    """TPU_PLATFORM_PIP_CONSTRAINTS (the catalog's bounds, e.g. protobuf<5 beside TensorFlow < 2.18) are
+    checked against the folder's lock before anything is installed: a pin they forbid fails the run for
+    good, with the reason, instead of installing what would break the image's framework."""
     env = {**bucket_env["env"], "TPU_PLATFORM_ROOT": str(tmp_path), "TPU_PLATFORM_PIP_CONSTRAINTS": "tinyckpt<0.1"}
-    run, shipped = make_run({**bucket_env, "env": env}, "dev/t/bounded", ["python", "train.py", "--steps", "1"],
+    run, _ = make_run({**bucket_env, "env": env}, "dev/t/bounded", ["python", "train.py", "--steps", "1"],
                             env={"STEP_SECONDS": "0"})  # fmt: skip
     run.start()
     assert run.wait(120)
     state = status(bucket_env, "dev/t/bounded")
-    assert state["state"] == "failed", state
-    assert "tinyckpt" in json.dumps(state) + "\n".join(shipped), (state, shipped[-5:])
+    assert (state["state"], state["attempt"]) == ("failed", 0), state
+    assert "tinyckpt==0.1 breaks tinyckpt<0.1" in state["error"], state

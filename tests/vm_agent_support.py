@@ -2,10 +2,11 @@
 requirement as a local wheel (no index offline: pip finds it through PIP_FIND_LINKS), and a `docker`
 shim (no daemon here).
 
-The docker shim checks what gives a container the TPU, the network and the contract (Google's "Run
-TPU workloads in a Docker container": `--privileged`, `--net=host`; the contract's `-e` variables),
-that the VM logged in to the image's registry with its token before pulling, and that the image was
-pulled; then it runs the image's command locally, in the image's folder, with only the `-e`
+The docker shim checks what a run's container gets (vm_agent/runner.py container_argv): its own uid
+(`--user`), no capability, `no-new-privileges`, the memlock limit, devices the run's uid owns, no
+`--privileged`, the host's network only on a multi-host slice, the contract's `-e` variables; that the
+VM logged in to the image's registry with its token before pulling, and that the image was pulled;
+then it runs the image's command locally as that uid, in the image's folder, with only the `-e`
 environment (as a container would), forwarding SIGTERM to it (`--sig-proxy`, docker's default).
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 import functools
 import gzip
 import hashlib
+import http.server
 import io
 import json
 import os
@@ -22,6 +24,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import zipfile
 from pathlib import Path
 
@@ -54,17 +57,34 @@ def build_wheel(target: Path) -> Path:
     record = "".join(f"{name},,\n" for name in files) + f"{info}/RECORD,,\n"
     with zipfile.ZipFile(wheel, "w") as archive:
         for name, data in {**files, f"{info}/RECORD": record.encode()}.items():
-            archive.writestr(name, data)
+            # Fixed times and modes: the same bytes every time, so the trainer's lock can pin its hash.
+            entry = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+            entry.external_attr = 0o644 << 16
+            archive.writestr(entry, data)
     return wheel
 
 
 @functools.cache
 def wheelhouse() -> Path:
-    """A folder holding the trainer's requirement (tinyckpt 0.1) as a wheel: what PIP_FIND_LINKS names,
-    in place of the package index a real VM reaches."""
+    """A folder holding the trainer's requirement (tinyckpt 0.1) as a wheel."""
     folder = Path(tempfile.mkdtemp(prefix="tpu-platform-wheels-"))
     build_wheel(folder)
     return folder
+
+
+@functools.cache
+def wheel_index() -> str:
+    """The wheelhouse served on loopback, as find-links for pip and uv (PIP_FIND_LINKS, UV_FIND_LINKS): in
+    place of the package index a real VM reaches, and reachable from a run's jail, which sees no folder
+    of the machine's /tmp."""
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(wheelhouse())))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_address[1]}/"
 
 
 def trainer_folder(tmp: Path) -> Path:
@@ -96,7 +116,7 @@ def image_folder(tmp: Path) -> Path:
 
 
 DOCKER_SHIM = """#!{python}
-import json, os, signal, subprocess, sys
+import json, os, shutil, signal, subprocess, sys, tempfile
 from pathlib import Path
 
 state = Path(os.environ["DOCKER_SHIM_STATE"])
@@ -129,12 +149,23 @@ elif command == "pull":
         fail("pull %s: manifest unknown" % image, 1)
     with open(pulled, "a") as f:
         f.write(image + "\\n")
+elif command == "network":
+    made = state / "networks"
+    if args[0] == "inspect":
+        sys.exit(0 if made.exists() and args[1] in made.read_text().split() else 1)
+    expected = ["create", "--driver", "bridge", "--subnet", "172.31.254.0/24", "--gateway", "172.31.254.1",
+                "-o", "com.docker.network.bridge.name=tpu-runs0", "tpu-platform-runs"]
+    if args != expected:
+        fail("network: expected %r, got %r" % (expected, args))
+    with open(made, "a") as f:
+        f.write(args[-1] + "\\n")
 elif command == "kill":
     pid_file = state / (args[0] + ".pid")
     if pid_file.exists():
         os.kill(int(pid_file.read_text()), signal.SIGKILL)
 elif command == "run":
-    flags, env, name, rest = set(), {{}}, "", list(args)
+    flags, env, name, user, limits, devices, rest = set(), {{}}, "", "", [], [], list(args)
+    network, address = "", ""
     while rest and rest[0].startswith("-"):
         flag = rest.pop(0)
         if flag == "-e":  # NAME=value, or NAME: the value from the client's environment, if set
@@ -145,15 +176,46 @@ elif command == "run":
                 env[key] = os.environ[key]
         elif flag == "--name":
             name = rest.pop(0)
+        elif flag == "--user":
+            user = rest.pop(0)
+        elif flag == "--ulimit":
+            limits.append(rest.pop(0))
+        elif flag == "--device":
+            devices.append(rest.pop(0))
+        elif flag == "--network":
+            network = rest.pop(0)
+        elif flag == "--ip":
+            address = rest.pop(0)
         else:
             flags.add(flag)
     image, argv = rest[0], rest[1:]
-    missing = [f for f in ("--rm", "--privileged", "--net=host") if f not in flags]
+    if "--privileged" in flags:
+        fail("run: --privileged is host root; a run gets its devices with --device")
+    hardening = ("--rm", "--cap-drop=ALL", "--security-opt=no-new-privileges")
+    missing = [f for f in hardening if f not in flags]
+    missing += [] if "memlock=-1:-1" in limits else ["--ulimit memlock=-1:-1"]
     if missing:
-        fail("run: the TPU needs %s (Google's run-in-container guide)" % missing)
-    unknown = sorted(flags - {{"--rm", "--privileged", "--net=host"}})
+        fail("run: a run's container needs %s" % missing)
+    many_hosts = int(env.get("TPU_PLATFORM_WORKER_COUNT", "1")) > 1
+    if ("--net=host" in flags) != many_hosts:
+        fail("run: --net=host is for a multi-host slice only (workers: %s)" % env.get("TPU_PLATFORM_WORKER_COUNT"))
+    on_runs_network = network == "tpu-platform-runs" and address.startswith("172.31.254.")
+    if not many_hosts and not on_runs_network:
+        fail("run: one host's container goes on the runs' network at its own address, got %r %r" % (network, address))
+    if not on_runs_network and network:
+        fail("run: --network %r" % network)
+    if on_runs_network and "tpu-platform-runs" not in (state / "networks").read_text().split():
+        fail("run: network tpu-platform-runs was not created")
+    unknown = sorted(flags - set(hardening) - {{"--net=host"}})
     if unknown:
         fail("run: unexpected flags %s" % unknown)
+    uid, _, gid = user.partition(":")
+    if not (uid.isdigit() and gid.isdigit() and int(uid) >= 1000 and int(gid) >= 1000):
+        fail("run: --user UID:GID of the run's own unprivileged uid, got %r" % user)
+    for device in devices:  # as docker does: the node as the host has it, so the run's uid must own it
+        host = device.split(":")[0]
+        if os.stat(host).st_uid != int(uid):
+            fail("run: device %s is not the run's (owner %d)" % (host, os.stat(host).st_uid))
     lacking = [v for v in {contract!r} if v not in env]
     if lacking:
         fail("run: the contract's environment lacks %s" % lacking)
@@ -161,11 +223,19 @@ elif command == "run":
         fail("run: %s was not pulled" % image)
     if not name:
         fail("run: no --name (the agent kills a container by name after the grace period)")
-    env.update({{"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root")}})
-    child = subprocess.Popen(argv, cwd=images[image], env=env, start_new_session=True)
+    env.update({{"PATH": "/usr/local/bin:/usr/bin:/bin"}})  # the image's own, not the host's
+    # The image's files where the run's uid can read them (pytest's folders are root's alone), as in a container.
+    files = tempfile.mkdtemp(prefix="docker-shim-")
+    os.chmod(files, 0o755)
+    shutil.copytree(images[image], files, dirs_exist_ok=True)
+    as_user = ["setpriv", "--reuid", uid, "--regid", gid, "--clear-groups", "--no-new-privs", "--inh-caps=-all",
+               "--bounding-set=-all"]  # no capability, as --cap-drop=ALL
+    child = subprocess.Popen(as_user + argv, cwd=files, env=env, start_new_session=True)
     (state / (name + ".pid")).write_text(str(child.pid))
     signal.signal(signal.SIGTERM, lambda *_: child.send_signal(signal.SIGTERM))
-    sys.exit(child.wait())
+    code = child.wait()
+    shutil.rmtree(files, ignore_errors=True)
+    sys.exit(code)
 else:
     fail("unsupported command " + command)
 """
@@ -201,6 +271,7 @@ def agent_environ(tmp: Path, metadata_url: str, emulator: str, **extra: str) -> 
         "TPU_PLATFORM_MAX_RETRIES": "2",
         "TPU_PLATFORM_RETRY_DELAY_SECONDS": "0",
         "TPU_PLATFORM_SELF_SERVICE": "0",
+        "TPU_PLATFORM_METADATA_REDIRECT": "0",  # the machine's firewall is shared (tests/sandbox.py says why)
         "TPU_PLATFORM_METADATA_URL": metadata_url,
         "TPU_PLATFORM_POLL_SECONDS": "2",  # an absent attribute is asked for again this often
         "TPU_PLATFORM_RUNTIME_ENV": "TPU_RUNTIME_FLAG",
@@ -210,9 +281,10 @@ def agent_environ(tmp: Path, metadata_url: str, emulator: str, **extra: str) -> 
         "DOCKER_SHIM_TOKEN": SANDBOX_TOKEN,
         "DOCKER_SHIM_IMAGES": "{}",
         "PIP_NO_INDEX": "1",  # offline: the folder's requirement is a local wheel
-        "PIP_FIND_LINKS": str(wheelhouse()),
-        "UV_FIND_LINKS": str(wheelhouse()),  # uv installs for a pinned Python; it reads no PIP_ settings
-        "UV_OFFLINE": "1",
+        "PIP_FIND_LINKS": wheel_index(),
+        "UV_FIND_LINKS": wheel_index(),  # uv installs for a pinned Python; it reads no PIP_ settings
+        "UV_NO_INDEX": "1",  # offline: find-links only (a loopback server; UV_OFFLINE would refuse it)
+        "UV_PYTHON_DOWNLOADS": "never",
     }
     env.update(extra)
     return env

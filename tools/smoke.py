@@ -17,6 +17,14 @@ and the offline plan, then:
      Artifact Registry's service identity (generateServiceIdentity), and a spot node made by a queued
      request in the stack's network: that it names its request (Node.queuedResource), the Python of its
      tpu-vm-tf-* image, what a stop does to it, and that deleting the request with `--force` deletes it;
+     and on that node, what only a real TPU proves about runs (vm_agent/tpu_probe.py, copied there): the
+     device nodes its generation exposes, the framework initialising as a fresh unprivileged uid in the
+     agent's jail, again as the next run's uid (libtpu's lockfile, jax-ml/jax#10192), without the metadata
+     server (TPU_SKIP_MDS_QUERY and the TPU_* variables), with a low memlock (noted: VFIO needs it), and
+     in an image run with the agent's docker flags (no --privileged);
+  5b. with the operator's own token, what Cloud Storage does with a run's boundary (the tests model it
+     in CEL): the token exchanged for the run's checkpoint folder lists, writes and deletes there and gets
+     403 on another run's folder and on the completion marker;
   6. always (a `finally`, whatever failed before): `pulumi destroy`, then checks the spot node is gone
      and the data and status buckets survived (`retain_on_delete`), and `pulumi stack rm`, and removes
      what step 0 made;
@@ -373,6 +381,7 @@ def smoke(
             ["gcloud", "storage", "ls", "--recursive", *project, prefix], answer=f"{prefix}ckpt-1.index"
         )
         report.add("a checkpoint was written", rc == 0 and bool(out), prefix)
+        boundary_probe(cfg, shell, report, marker)
         describe = ["gcloud", "compute", "tpus", "tpu-vm", "describe", vm.name, "--zone", vm.zone, *project,
                     "--format", "value(state)"]  # fmt: skip
         stopped = complete and wait_for(
@@ -441,6 +450,7 @@ def probes(cfg: PlatformConfig, shell: Shell, report: Report, *, poll_seconds: f
         known = image.python if image and image.python else "not documented: record it in infra/catalog/tpu.yaml"
         found = rc == 0 and bool(re.fullmatch(r"\d+\.\d+\.\d+", out))
         report.add(f"the Python of {vm.runtime_version}", found, f"{out} (the catalog: {known})")
+        tpu_probe(cfg, shell, report)
         rc, out = shell.run(tpu_vm("stop", PROBE, vm.zone, project), answer="")
         report.note("stop on a node made by a queued request", "accepted" if rc == 0 else f"refused: {out}")
     finally:
@@ -448,6 +458,90 @@ def probes(cfg: PlatformConfig, shell: Shell, report: Report, *, poll_seconds: f
         report.add("deleting a queued request with --force is accepted", rc == 0, PROBE)
         rc, out = shell.run([*tpu_vm("describe", PROBE, vm.zone, project), "--format", "value(name)"])
         report.add("... and deletes the node it made", rc != 0 or not out, PROBE)
+
+
+# What a TPU's framework does to say it found the chips (vm_agent/tpu_probe.py COMMAND), per framework.
+FOUND_TPU = {
+    "tensorflow": "import sys, tensorflow as tf; sys.exit(0 if tf.config.list_logical_devices('TPU') else 1)",
+    "jax": "import sys, jax; sys.exit(0 if jax.device_count() > 0 and jax.devices()[0].platform == 'tpu' else 1)",
+}
+# Google's public JAX image for TPUs ("Run JAX on a TPU in a container", cloud.google.com/tpu/docs): the image
+# run of the probe, with the agent's docker flags.
+TPU_IMAGE = "us-docker.pkg.dev/cloud-tpu-images/jax-ai-image/tpu:latest"
+PROBE_DIR = "/tmp/tpu-probe"
+DRY_PROBE = (
+    '{"devices": ["/dev/vfio/0"], "shared": ["/dev/vfio/vfio"], "tpu_env": {"TPU_SKIP_MDS_QUERY": "true"}, '
+    '"non_root": {"ok": true, "uid": 61184}, "second_uid": {"ok": true, "uid": 61185}, '
+    '"no_metadata_server": {"ok": true, "uid": 61186}, "low_memlock": {"ok": false, "uid": 61187}}'
+)
+
+
+def tpu_probe(cfg: PlatformConfig, shell: Shell, report: Report) -> None:
+    """vm_agent/tpu_probe.py on the probe node (the module docstring's step 5): the agent's own code, as root."""
+    vm, project = cfg.tpu_vms[0], cfg.project
+    ssh = [*tpu_vm("ssh", PROBE, vm.zone, project), "--tunnel-through-iap", "--command"]
+    rc, _ = shell.run([*ssh, f"rm -rf {PROBE_DIR} && mkdir -p {PROBE_DIR}"])
+    scp = ["gcloud", "compute", "tpus", "tpu-vm", "scp", "--recurse", str(ROOT / "vm_agent"), f"{PROBE}:{PROBE_DIR}/",
+           "--zone", vm.zone, "--project", project, "--tunnel-through-iap"]  # fmt: skip
+    rc, _ = shell.run(scp) if rc == 0 else (rc, "")
+    if not report.add("the agent's code is on the probe node", rc == 0, PROBE_DIR):
+        return
+    workload = cfg.workload(vm.workload)
+    runtime = load_catalog().runtime_environment(vm.runtime_version, PROBE)
+    found = ["env", *(f"{k}={v}" for k, v in runtime), "python3", "-c", FOUND_TPU[workload.framework]]
+    rc, out = shell.run([*ssh, f"cd {PROBE_DIR} && sudo python3 -m vm_agent.tpu_probe -- {shlex.join(found)}"],
+                        answer=DRY_PROBE)  # fmt: skip
+    seen = _json_line(out)
+    kinds = "/dev/accel* or /dev/vfio/N"
+    report.add(
+        f"{vm.accelerator.name} exposes its chips as {kinds}", bool(seen.get("devices")), str(seen.get("devices"))
+    )
+    checks = (
+        ("non_root", "the framework finds the TPU as a fresh unprivileged uid in the agent's jail"),
+        ("second_uid", "... and as the next run's uid, after the first (libtpu's lockfile in its private /tmp)"),
+        ("no_metadata_server", "... with the metadata server out of reach (TPU_SKIP_MDS_QUERY, TPU_* as GKE sets)"),
+    )
+    for key, name in checks:
+        report.add(
+            name, rc == 0 and bool((seen.get(key) or {}).get("ok")), str((seen.get(key) or {}).get("tail", ""))[-200:]
+        )
+    low = seen.get("low_memlock") or {}
+    report.note(
+        "the framework with a 64 KiB memlock limit", "initialises" if low.get("ok") else "fails (memlock needed)"
+    )
+    image = [*ssh, f"cd {PROBE_DIR} && sudo python3 -m vm_agent.tpu_probe --image {TPU_IMAGE} -- "
+             f"{shlex.join(['python3', '-c', FOUND_TPU['jax']])}"]  # fmt: skip
+    rc, out = shell.run(image, answer='{"image": {"ok": true, "uid": 61188}}')
+    ran = _json_line(out).get("image") or {}
+    name = "an image run with the agent's docker flags finds the TPU (no --privileged)"
+    report.add(name, rc == 0 and bool(ran.get("ok")), str(ran.get("tail", ""))[-200:])
+
+
+def boundary_probe(cfg: PlatformConfig, shell: Shell, report: Report, marker: str) -> None:
+    """The module docstring's step 5b: the real STS and Cloud Storage answering a run's boundary."""
+    vm = cfg.tpu_vms[0]
+    checkpoints = cfg.bucket_name("checkpoints")
+    inside = f"gs://{checkpoints}/{run_prefix(cfg, vm)}/"
+    outside = f"gs://{checkpoints}/{run_prefix(cfg, vm).rsplit('/', 1)[0]}/another-run/"
+    probe = shlex.join(["python3", "-m", "vm_agent.tpu_probe", "boundary", inside, outside, marker])
+    names = ("list_inside", "write_inside", "delete_inside", "list_outside", "write_outside", "read_marker")
+    answer = json.dumps({n: {"ok": True, "status": 403 if "outside" in n or "marker" in n else 200} for n in names})
+    rc, out = shell.run(["bash", "-c", f"gcloud auth print-access-token | {probe}"], cwd=ROOT, answer=answer)
+    seen = _json_line(out)
+    for name in names:
+        got = seen.get(name) or {}
+        report.add(f"a run's downscoped token: {name.replace('_', ' ')}", rc == 0 and bool(got.get("ok")),
+                   f"HTTP {got.get('status')}")  # fmt: skip
+
+
+def _json_line(out: str) -> dict:
+    """The last line of `out` that is a JSON object ({} when none is)."""
+    for line in reversed(out.splitlines()):
+        with contextlib.suppress(ValueError):
+            found = json.loads(line)
+            if isinstance(found, dict):
+                return found
+    return {}
 
 
 # The GKE smoke stack's teams (part 2): the operator's team on the spot slice, another on the TPU7x slice.

@@ -1,8 +1,12 @@
 """`tpu-runs`: submit, list, logs, fetch and stop self-service runs on a stack's TPU VMs.
 
 The stack file (Pulumi.<stack>.yaml, read with the program's own strict parser) says which project,
-buckets and VMs there are, and which VMs take researchers' runs (selfService); a run request goes to
-`gs://<status-bucket>/<vm>/requests/` (docs/design-runs.md), where the VM's agent takes it.
+buckets and VMs there are, and which VMs take researchers' runs (selfService). Everything of a
+researcher's is in folders of their own (infra/naming.py, docs/design-isolation.md): their requests in
+`gs://<status-bucket>/<vm>/requests/<member>/`, where the VM's agent takes them, their runs' states in
+`<vm>/runs/<member>/`, results in `gs://<models>/<workload>/<vm>/<member>/<runId>/`, and output in their
+own log, read through their own log view. Who they are (`--requester`, else gcloud's account) names
+those folders; IAM lets them read and write no one else's.
 """
 
 from __future__ import annotations
@@ -31,7 +35,6 @@ from tpu_runs.gcp import CallError, Google, adc_session
 # Requests and states are JSON stored as octet-stream: gcp-storage-emulator reads an `application/json`
 # media upload as object metadata (its server.py), and nothing reads the content type.
 JSON_BYTES = "application/octet-stream"
-LOG_NAME = "tpu-workload"  # docs/design-runs.md: projects/P/logs/tpu-workload
 TERMINAL = ("finished", "failed", "stopped")
 RUN_ID = re.compile(r"[a-z](?:[a-z0-9-]{0,30}[a-z0-9])?")  # vm_agent/requests.py RUN_ID
 IMAGE = re.compile(r"[a-z0-9-]+-docker\.pkg\.dev/[^@\s]+@sha256:[0-9a-f]{64}")
@@ -103,8 +106,8 @@ def _stamp() -> str:
     return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
 
 
-def _request_name(vm: str, run_id: str, stop: bool = False) -> str:
-    return f"{naming.requests_prefix(vm)}{_stamp()}-{'stop-' if stop else ''}{run_id}.json"
+def _request_name(vm: str, who: str, run_id: str, stop: bool = False) -> str:
+    return f"{naming.member_requests_prefix(vm, who)}{_stamp()}-{'stop-' if stop else ''}{run_id}.json"
 
 
 def _put_request(google: Google, stack: Stack, name: str, body: dict[str, Any]) -> None:
@@ -113,8 +116,8 @@ def _put_request(google: Google, stack: Stack, name: str, body: dict[str, Any]) 
         raise UsageError(f"gs://{stack.status}/{name} exists already: that request was made a moment ago, not again")
 
 
-def _state(google: Google, stack: Stack, vm: str, run_id: str) -> dict[str, Any] | None:
-    raw = google.read(stack.status, f"{naming.runs_prefix(vm)}{run_id}/status.json")
+def _state(google: Google, stack: Stack, vm: str, who: str, run_id: str) -> dict[str, Any] | None:
+    raw = google.read(stack.status, f"{naming.member_runs_prefix(vm, who)}{run_id}/status.json")
     return json.loads(raw) if raw else None
 
 
@@ -152,13 +155,13 @@ def submit(google: Google, stack: Stack, args: argparse.Namespace) -> int:
             google.create(stack.artifacts, name, data, "application/gzip")
             print(f"uploaded {args.folder} ({len(data):,} bytes) as gs://{stack.artifacts}/{name}")
         source = {"kind": "folder", "uri": f"gs://{stack.artifacts}/{name}", "sha256": digest}
-    if _state(google, stack, vm.name, run_id) is not None:
+    who = requester(args.requester)
+    if _state(google, stack, vm.name, who, run_id) is not None:
         raise UsageError(f"run id {run_id} was used before on {vm.name}: choose another (--run-id)")
-    spec: dict[str, Any] = {"runId": run_id, "source": source, "command": command, "env": env,
-                            "requester": requester(args.requester)}  # fmt: skip
+    spec: dict[str, Any] = {"runId": run_id, "source": source, "command": command, "env": env, "requester": who}
     if args.python:
         spec["python"] = args.python
-    request = _request_name(vm.name, run_id)
+    request = _request_name(vm.name, who, run_id)
     _put_request(google, stack, request, spec)
     print(f"submitted run {run_id} to {vm.name}: gs://{stack.status}/{request}")
     print(f"follow it: tpu-runs logs --stack {stack.cfg.stack} --vm {vm.name} {run_id} --follow")
@@ -166,7 +169,9 @@ def submit(google: Google, stack: Stack, args: argparse.Namespace) -> int:
 
 
 def list_runs(google: Google, stack: Stack, args: argparse.Namespace) -> int:
+    """Each VM's TPU state; on self-service VMs, the researcher's own runs (no one else's are theirs to read)."""
     vms = [stack.vm(args.vm)] if args.vm else list(stack.cfg.tpu_vms)
+    who = requester(args.requester)
     nodes: dict[str, dict[str, Any]] = {}
     for zone in sorted({z for vm in vms for z in vm.zones}):
         for node in google.nodes(stack.cfg.project, zone):
@@ -176,7 +181,9 @@ def list_runs(google: Google, stack: Stack, args: argparse.Namespace) -> int:
         states = ", ".join(sorted({n.get("state", "?") for n in mine})) or "absent"
         service = "yes" if vm.self_service else "no"
         print(f"{vm.name}  {vm.accelerator.name}  {vm.zone}  TPU: {states}  self-service: {service}")
-        prefix = naming.runs_prefix(vm.name)
+        if not vm.self_service:
+            continue
+        prefix = naming.member_runs_prefix(vm.name, who)
         for item in google.list_objects(stack.status, prefix):
             if not item["name"].endswith("/status.json"):
                 continue
@@ -198,14 +205,18 @@ def _format(entry: dict[str, Any]) -> str:
 
 
 def logs(google: Google, stack: Stack, args: argparse.Namespace) -> int:
-    vm = stack.vm(args.vm)
-    project = stack.cfg.project
-    base = f'logName="projects/{project}/logs/{LOG_NAME}" AND labels.runId="{args.run_id}" AND labels.vm="{vm.name}"'
+    """The run's output, read through the researcher's own log view (infra/researchers.py): it shows their
+    runs' log and nothing else, whatever the filter asks."""
+    vm = stack.self_service(args.vm)
+    who = requester(args.requester)
+    view = naming.researcher_log_view(stack.cfg.project, who)
+    run = f"{naming.member_key(who)}/{args.run_id}"  # the agent's id of a researcher's run (vm_agent/requests.py)
+    base = f'labels.runId="{run}" AND labels.vm="{vm.name}"'
     last = ""
     while True:
         token = None
         while True:
-            page = google.entries(project, base + (f' AND timestamp>"{last}"' if last else ""), token)
+            page = google.entries(view, base + (f' AND timestamp>"{last}"' if last else ""), token)
             for entry in page.get("entries", []):
                 print(_format(entry), flush=True)
                 last = max(last, entry.get("timestamp", ""))
@@ -214,23 +225,23 @@ def logs(google: Google, stack: Stack, args: argparse.Namespace) -> int:
                 break
         if not args.follow:
             return 0
-        state = _state(google, stack, vm.name, args.run_id) or {}
+        state = _state(google, stack, vm.name, who, args.run_id) or {}
         if state.get("state") in TERMINAL:
             print(f"run {args.run_id} {state['state']}" + (f": {state['reason']}" if state.get("reason") else ""))
             return 0 if state["state"] == "finished" else 1
         time.sleep(args.interval)
 
 
-def model_prefix(vm: TpuVmSettings, run_id: str) -> str:
-    """Where a run keeps its model and metrics: `<workload>/<vm>/<runId>/` in the models bucket, as the
-    stack's own runs (infra/tpu/metadata.py run_prefix); the agent gives a request's run this
-    TPU_PLATFORM_MODEL_DIR (vm_agent/requests.py RunPlaces; tests/test_vm_agent_requests.py fetches it)."""
-    return f"{vm.workload}/{vm.name}/{run_id}/"
+def model_prefix(vm: TpuVmSettings, who: str, run_id: str) -> str:
+    """Where a researcher's run keeps its model and metrics: `<workload>/<vm>/<member>/<runId>/` in the
+    models bucket; the agent gives a request's run this TPU_PLATFORM_MODEL_DIR (vm_agent/requests.py
+    RunPlaces; tests/test_vm_agent_requests.py fetches it)."""
+    return f"{naming.member_objects_prefix(vm.workload, vm.name, who)}{run_id}/"
 
 
 def fetch(google: Google, stack: Stack, args: argparse.Namespace) -> int:
-    vm = stack.vm(args.vm)
-    prefix = model_prefix(vm, args.run_id)
+    vm = stack.self_service(args.vm)
+    prefix = model_prefix(vm, requester(args.requester), args.run_id)
     target = Path(args.to or args.run_id)
     count = 0
     for item in google.list_objects(stack.models, prefix):
@@ -251,14 +262,17 @@ def fetch(google: Google, stack: Stack, args: argparse.Namespace) -> int:
 
 
 def stop(google: Google, stack: Stack, args: argparse.Namespace) -> int:
+    """Ask the VM to stop one of the researcher's own runs: the request goes to their own folder, and
+    the agent stops only a run of the member whose folder it is."""
     vm = stack.self_service(args.vm)
-    state = _state(google, stack, vm.name, args.run_id)
+    who = requester(args.requester)
+    state = _state(google, stack, vm.name, who, args.run_id)
     if state is None:
         raise UsageError(f"no run {args.run_id} on {vm.name} (tpu-runs list --stack {stack.cfg.stack})")
     if state.get("state") in TERMINAL:
         print(f"run {args.run_id} has ended already ({state['state']})")
         return 0
-    request = _request_name(vm.name, args.run_id, stop=True)
+    request = _request_name(vm.name, who, args.run_id, stop=True)
     _put_request(google, stack, request, {"stop": args.run_id})
     print(f"asked {vm.name} to stop run {args.run_id}: it gets SIGTERM and its grace period to checkpoint")
     return 0
@@ -280,6 +294,7 @@ def parser() -> argparse.ArgumentParser:
         sub.add_argument("--stack", required=True, help="the stack (Pulumi.<stack>.yaml)")
         sub.add_argument("--stack-file", type=Path, help="its file, when not ./Pulumi.<stack>.yaml")
         sub.add_argument("--vm", required=vm_required, help="the TPU VM (tpuVms[].name)")
+        sub.add_argument("--requester", help="who you are: user:EMAIL or group:EMAIL (default: gcloud's account)")
         return sub
 
     sub = command("submit", "Package a folder (or name an image) and ask a self-service VM to run it.")
@@ -289,7 +304,6 @@ def parser() -> argparse.ArgumentParser:
     sub.add_argument("--run-id", help="the run's id (default: r<date>-<time>)")
     sub.add_argument("--env", action="append", help="NAME=value for the program (repeat)")
     sub.add_argument("--python", help="a Python version for the folder's environment, like 3.11")
-    sub.add_argument("--requester", help="user:EMAIL (default: gcloud's account)")
     sub.add_argument("command", nargs=argparse.REMAINDER, help="-- the command to run")
     sub.set_defaults(run=submit)
     sub = command("list", "The stack's VMs, their TPU state and their runs.", vm_required=False)
@@ -314,7 +328,7 @@ def main(argv: Sequence[str] | None = None, session: requests.Session | None = N
     args = parser().parse_args(argv)
     try:
         stack = load_stack(args.stack, args.stack_file)
-        if args.command_name in ("submit", "stop"):
+        if args.command_name in ("submit", "stop", "logs", "fetch"):
             stack.self_service(args.vm)  # refused before any call
         google = Google(session or adc_session(), stack.cfg.stack)
         return args.run(google, stack, args)

@@ -108,11 +108,10 @@ class Google:
             if not token:
                 return out
 
-    # Cloud Logging: entries.list.
-    def entries(self, project: str, log_filter: str, page_token: str | None = None) -> dict[str, Any]:
+    # Cloud Logging: entries.list, through a log view (resourceNames names the view).
+    def entries(self, view: str, log_filter: str, page_token: str | None = None) -> dict[str, Any]:
         body: dict[str, Any] = {
-            "resourceNames": [f"projects/{project}"], "filter": log_filter, "orderBy": "timestamp asc",
-            "pageSize": 1000,
+            "resourceNames": [view], "filter": log_filter, "orderBy": "timestamp asc", "pageSize": 1000,
         }  # fmt: skip
         if page_token:
             body["pageToken"] = page_token

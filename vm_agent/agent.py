@@ -40,7 +40,10 @@ from typing import Any, Callable, Union
 
 from vm_agent import completion_marker as marker_schema
 from vm_agent import telemetry
-from vm_agent.gcs import Folder, Storage, StorageError
+from vm_agent.firewall import Firewall, FirewallError
+from vm_agent.gcs import Folder, Storage, StorageError, Tokens
+from vm_agent.isolation import UID_FIRST, UID_LAST, Isolation
+from vm_agent.metadata_proxy import MetadataProxy, tpu_environment
 from vm_agent.requests import RequestSource
 from vm_agent.runner import COMPLETE, Run, completion_marker, status_name, utc_now
 from vm_agent.settings import Settings
@@ -64,8 +67,10 @@ class Agent:
         storage: Storage | None = None,
         ship: Callable[[str, RunSpec], None] = telemetry.ship,
         requests: RequestSource | None = None,
+        isolation: Isolation | None = None,
     ):
         self.settings = settings
+        self.isolation = isolation or Isolation.of(settings)
         self.sources = sources  # the stack's desired run (metadata)
         self.requests = requests  # researchers' run and stop requests
         self.storage = storage or Storage()
@@ -205,7 +210,7 @@ class Agent:
         self._start(self.pending.popleft())
 
     def _start(self, spec: RunSpec) -> None:
-        self.current = Run(spec, self.settings, self.status, self.storage, log, self.ship)
+        self.current = Run(spec, self.settings, self.status, self.storage, log, self.ship, self.isolation)
         log(f"starting run {spec.run_id}", run=spec.run_id, source=spec.source.describe(), requester=spec.requester)
         self.current.start()
 
@@ -263,20 +268,58 @@ def main(environ: dict | None = None) -> int:
     except SettingsError as error:
         log(f"FATAL: {error}", severity="CRITICAL")
         return 78  # a configuration error: systemd does not restart it (RestartPreventExitStatus)
-    storage = Storage(environ=environ)
+    isolation = isolate_runs(settings)
+    if isinstance(isolation, str):
+        log(f"FATAL: {isolation}; no run starts unisolated", severity="CRITICAL")
+        return 78
+    storage = Storage(Tokens(settings.metadata_url), environ)  # the VM account's token, with an emulator too
     sources: list[RunSource] = [MetadataSource(settings.metadata_url, settings.allowed, log=log)]
     requests = None
     if settings.status_dir.startswith("gs://") and settings.worker_id == 0:  # one taker per VM folder
         requests = RequestSource.from_settings(settings, environ, log=lambda line: log(line, component="requests"))
     elif settings.self_service:
         log("TPU_PLATFORM_SELF_SERVICE=1 needs a gs:// TPU_PLATFORM_STATUS_DIR: no requests read", severity="WARNING")
-    agent = Agent(settings, sources, storage, requests=requests)
+    agent = Agent(settings, sources, storage, requests=requests, isolation=isolation)
     signal.signal(signal.SIGTERM, lambda *_: agent.stopping.set())
     signal.signal(signal.SIGINT, lambda *_: agent.stopping.set())
     try:
         return agent.run()
     finally:
         telemetry.default().close()  # what the last run printed reaches Logging before the unit stops
+        if isolation.proxy is not None:
+            isolation.proxy.close()
+
+
+def isolate_runs(settings: Settings) -> Isolation | str:
+    """What keeps each run to itself (vm_agent/isolation.py), its own metadata server (vm_agent/metadata_proxy.py)
+    and the firewall that sends it there (vm_agent/firewall.py); or why the agent cannot have them."""
+    import socket
+    import urllib.parse
+
+    problem = Isolation.check()
+    if problem:
+        return problem
+    proxy = MetadataProxy(settings.metadata_url, Tokens(settings.metadata_url), settings.sts_url, log)
+    proxy.start()
+    redirect = None
+    if settings.metadata_redirect:
+        where = urllib.parse.urlsplit(settings.metadata_url)
+        try:
+            address = socket.gethostbyname(where.hostname or "")
+            firewall = Firewall(settings.iptables, log)
+            firewall.apply(UID_FIRST, UID_LAST, address, where.port or 80, int(proxy.address.rsplit(":", 1)[1]))
+            redirect = (firewall, address)
+        except (OSError, FirewallError) as error:
+            proxy.close()
+            return f"the metadata server cannot be redirected for runs: {error}"
+    else:
+        log("TPU_PLATFORM_METADATA_REDIRECT=0: runs that ignore GCE_METADATA_HOST reach the metadata server "
+            "itself (only the tests' shared sandbox may run so)", severity="WARNING")  # fmt: skip
+    isolation = Isolation(settings.root, settings.uid_locks, settings.devices, proxy=proxy,
+                          tpu_env=tpu_environment(settings.metadata_url))  # fmt: skip
+    isolation.redirect = redirect  # containers of image runs: their network's redirect, made with the first one
+    isolation.clean_up()
+    return isolation
 
 
 if __name__ == "__main__":

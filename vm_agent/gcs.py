@@ -48,19 +48,19 @@ class Tokens:
     def __init__(self, base_url: str):
         self.base_url = base_url.rstrip("/")
         self._token = ""
-        self._expires = 0.0
+        self.expires_at = 0.0  # time.monotonic() when the token ends
         self._lock = threading.Lock()
 
     def get(self) -> str:
         with self._lock:
-            if time.monotonic() < self._expires - 60:
+            if time.monotonic() < self.expires_at - 60:
                 return self._token
             request = urllib.request.Request(
                 self.base_url + "/instance/service-accounts/default/token", headers={"Metadata-Flavor": "Google"}
             )
             body = json.loads(_send(request, "the metadata server's token").decode())
             self._token = body["access_token"]
-            self._expires = time.monotonic() + float(body.get("expires_in", 0))
+            self.expires_at = time.monotonic() + float(body.get("expires_in", 0))
             return self._token
 
 

@@ -4,23 +4,29 @@
 `gs://<status-bucket>/<vm>/requests/` through the Cloud Storage JSON API and returns the first request
 it can take: a `RunSpec`, a `StopRequest`, or None when nothing new came within `timeout_s`.
 
+Whose a request is: the folder it is in. Each researcher (an IAM member, `user:` or `group:`) may create
+new objects only under `<vm>/requests/<member>/` (infra/researchers.py; `<member>` is
+`sources.member_key`, e.g. `user-alice@acme.example`), so the folder, which IAM holds to that member,
+says who asks; a `requester` in the request must agree with it. A request's run is that member's: its
+id is `<member>/<runId>` (two researchers may both call a run `exp-1`), its state
+`<vm>/runs/<member>/<runId>/status.json` (theirs to read, nobody's but the agent's to write), its
+checkpoints and model `<bucket>/<workload>/<vm>/<member>/<runId>/` (`RunPlaces`: never the stack run's
+`<workload>/<vm>/<run>/`, whose run id holds no '@'). A stop request in a member's folder names a run
+of that member: it can stop no one else's.
+
 Taking a request, so that a reboot never replays it: the agent first creates the run's state
-`<vm>/runs/<runId>/status.json` ("queued", with the request's object name) with `ifGenerationMatch=0`,
-which succeeds once per run id; then it deletes the request (the bucket is versioned, so the request's
-bytes stay as a noncurrent version for audit). A run id with a state already is never started again:
-after a crash between the two steps the request is found taken and only deleted. The state lives
-where researchers cannot write (their grant covers `<vm>/requests/` only), so no researcher can mark
-someone else's request as taken; a `requests/taken/` folder would have been theirs to write.
+("queued", with the request's object name) with `ifGenerationMatch=0`, which succeeds once per run id;
+then it deletes the request (the bucket is versioned, so the request's bytes stay as a noncurrent
+version for audit). A run id with a state already is never started again: after a crash between the
+two steps the request is found taken and only deleted.
 
 Refused, recorded as a failed run state with the reason (never a crash): a request on a VM whose
 stack does not allow self-service (TPU_PLATFORM_SELF_SERVICE=0), a request not for this VM (an
-object whose name is not `<vm>/requests/<UTC yyyymmddThhmmssZ>-[stop-]<runId>.json` for this VM, or
-whose runId differs from its name's), a malformed one, a source outside the stack's artifacts bucket
-(`sources/<sha256>.tar.gz`) or Artifact Registry repository (pinned by digest), a run id already
-used. A refusal whose run id is unusable or taken is recorded as `runs/refused-<request name>/`.
-
-The requester field is what the request says (researchers can only write where the stack lets them;
-the bucket's Data Access audit logs record who really did).
+object whose name is not `<vm>/requests/<member>/<UTC yyyymmddThhmmssZ>-[stop-]<runId>.json` for this
+VM, or whose runId differs from its name's, or whose requester is not the folder's member), a malformed
+one, a source outside the stack's artifacts bucket (`sources/<sha256>.tar.gz`) or Artifact Registry
+repository (pinned by digest), a run id already used by that member. A refusal whose run id is unusable
+or taken is recorded as `runs/<member>/refused-<request name>/` (or `runs/refused-…` without a member).
 
 A request is parsed by the one run-spec parser (vm_agent/sources.py `parse_run_spec`) into its
 `RunSpec`, with a request's own rules on top (`parse_request`); its checkpoint and model dirs are the
@@ -41,7 +47,17 @@ from typing import Any, Callable, Mapping
 from vm_agent.gcs import Folder, Storage, StorageError, Tokens, split_gs
 from vm_agent.runner import ENDED, STATES, utc_now
 from vm_agent.settings import Settings
-from vm_agent.sources import Allowed, FolderSource, Form, RunSpec, SpecError, StopRequest, parse_run_spec
+from vm_agent.sources import (
+    Allowed,
+    FolderSource,
+    Form,
+    RunSpec,
+    SpecError,
+    StopRequest,
+    member_key,
+    member_of_key,
+    parse_run_spec,
+)
 
 # A request is a run spec (vm_agent/sources.py parses it, as it parses the stack's) with fewer fields:
 # where the run keeps its checkpoints and model, and whether it ends in COMPLETE, are the platform's
@@ -63,12 +79,12 @@ REQUEST_FORM = Form(
 )
 
 
-def parse_request(data: Any, name: str, allowed: Allowed, places: RunPlaces) -> RunSpec:
-    """The run a request asks for, or a SpecError with every problem: the shared parser's with a
+def parse_request(data: Any, name: str, allowed: Allowed, places: RunPlaces, member: str) -> RunSpec:
+    """The run `member`'s request asks for, or a SpecError with every problem: the shared parser's with a
     request's form (its fields, a researcher's run id and requester; unknown keys, reserved
     TPU_PLATFORM_* names, `python` with an image, a source outside the stack's artifacts bucket or
-    registry, ...) and a request's own source rules (the object named by its digest, an image by
-    digest only)."""
+    registry, ...) and a request's own rules (the object named by its digest, an image by digest only, the
+    requester the folder's member). Its run id is the member's: `<member key>/<runId>`."""
     where = f"request {name}"
     if not isinstance(data, dict):
         raise SpecError(where, [f"a run request is a JSON object, not {type(data).__name__}"])
@@ -86,17 +102,22 @@ def parse_request(data: Any, name: str, allowed: Allowed, places: RunPlaces) -> 
                 problems.append(f"source.uri {source.uri!r}: must be the stack's artifacts bucket object {expected}")
         elif not source.by_digest:
             problems.append(f"source.image {source.image!r}: a request's image must be pinned by digest (@sha256:...)")
+        if spec.requester != member:
+            problems.append(f"requester {spec.requester!r}: the request is in the folder of {member}, who alone "
+                            "may write there")  # fmt: skip
     if problems or spec is None:
         raise SpecError(where, problems, spec.run_id if spec is not None else "")
-    return replace(spec, **places.of(spec.run_id))
+    run_id = f"{member_key(member)}/{spec.run_id}"
+    return replace(spec, run_id=run_id, requester=member, **places.of(run_id))
 
 
 @dataclass(frozen=True)
 class RunPlaces:
-    """Where a self-service run keeps its checkpoints and model: `<bucket>/<workload>/<vm>/<runId>`,
-    as the stack's own runs (infra/tpu/metadata.py run_prefix), so the workload account's grants (on
-    `<workload>/` of each bucket, infra/identity.py) cover them and `tpu-runs fetch` finds the model
-    (tpu_runs/cli.py model_prefix). "" where the workload may not write that bucket."""
+    """Where a self-service run keeps its checkpoints and model: `<bucket>/<workload>/<vm>/<member>/<runId>`
+    (its run id is `<member>/<runId>`), inside the VM's own prefix `<workload>/<vm>/` that the self-service
+    VM's account may write (infra/researchers.py), beside but never under the stack run's; `tpu-runs
+    fetch` finds the model there (tpu_runs/cli.py model_prefix). "" where the workload may not write that
+    bucket."""
 
     checkpoints: str  # gs://<checkpoints-bucket> or ""
     models: str  # gs://<models-bucket> or ""
@@ -115,7 +136,9 @@ class RunPlaces:
 # --------------------------------------------------------------------------------------------------
 # A request run's states from which a reboot resumes it: those of a run that has not ended.
 RESUMABLE = tuple(state for state in STATES if state not in ENDED)
-REQUEST_NAME = re.compile(r"(?P<ts>[0-9]{8}T[0-9]{6}Z)-(?P<stop>stop-)?(?P<run>[a-z0-9-]{1,40})\.json")
+REQUEST_NAME = re.compile(
+    r"(?P<member>[^/]+)/(?P<ts>[0-9]{8}T[0-9]{6}Z)-(?P<stop>stop-)?(?P<run>[a-z0-9-]{1,40})\.json"
+)
 
 
 class RequestSource:
@@ -200,8 +223,13 @@ class RequestSource:
             request, data = state.get("request"), state.get("spec")
             if state.get("state") not in RESUMABLE or not isinstance(request, str) or not isinstance(data, dict):
                 continue
+            match = REQUEST_NAME.fullmatch(request[len(self.prefix) :]) if request.startswith(self.prefix) else None
+            member = member_of_key(match["member"]) if match else None
+            if member is None:
+                self.log(f"not resuming {name}: its request {request} is in no member's folder")
+                continue
             try:
-                spec = parse_request(data, request, self.allowed, self.places)
+                spec = parse_request(data, request, self.allowed, self.places, member)
             except SpecError as error:  # the stack changed meanwhile (another artifacts bucket, ...)
                 self.log(f"not resuming {name}: {error}")
                 continue
@@ -221,35 +249,39 @@ class RequestSource:
     def _take(self, name: str) -> RunSpec | StopRequest | None:
         base = name[len(self.prefix) :]
         match = REQUEST_NAME.fullmatch(base)
-        if match is None:
+        member = member_of_key(match["member"]) if match else None
+        if match is None or member is None:
             return self._refuse(name, None, None, f"not a request for VM {self.vm}: the name must be "
-                                f"{self.prefix}<UTC yyyymmddThhmmssZ>-[stop-]<runId>.json")  # fmt: skip
+                                f"{self.prefix}<member>/<UTC yyyymmddThhmmssZ>-[stop-]<runId>.json, <member> "
+                                "as user-EMAIL or group-EMAIL")  # fmt: skip
+        owner = match["member"]
         raw = self.bucket.read(name)
         if raw is None:
             return None  # taken meanwhile
         try:
             data = json.loads(raw)
         except ValueError:
-            return self._refuse(name, None, None, "not JSON")
+            return self._refuse(name, None, None, "not JSON", owner)
         if not self.self_service or self.refusal:
             run = None if match["stop"] or not isinstance(data, dict) else data.get("runId")
             off = f"TPU VM {self.vm} does not take self-service runs (its stack sets selfService: false)"
             why = self.refusal or off
-            return self._refuse(name, run if run == match["run"] else None, data, why)
+            return self._refuse(name, f"{owner}/{run}" if run == match["run"] else None, data, why, owner)
         if match["stop"]:
             if not (isinstance(data, dict) and set(data) == {"stop"} and data["stop"] == match["run"]):
-                return self._refuse(name, None, data, f'a stop request is {{"stop": "{match["run"]}"}}')
+                return self._refuse(name, None, data, f'a stop request is {{"stop": "{match["run"]}"}}', owner)
             self.bucket.delete(name)
-            self.log(f"stop {match['run']} (requested by {name})")
-            return StopRequest(match["run"])
+            self.log(f"stop {owner}/{match['run']} (requested by {name})")
+            return StopRequest(f"{owner}/{match['run']}")  # only a run of the same member can have this id
         try:
-            spec = parse_request(data, name, self.allowed, self.places)
-            if spec.run_id != match["run"]:
-                raise SpecError(f"request {name}", [f"runId {spec.run_id!r} is not the one in the request's name "
-                                f"({match['run']!r})"], spec.run_id)  # fmt: skip
+            spec = parse_request(data, name, self.allowed, self.places, member)
+            if spec.run_id != f"{owner}/{match['run']}":
+                raise SpecError(f"request {name}", [f"runId {spec.run_id.split('/', 1)[1]!r} is not the one in the "
+                                f"request's name ({match['run']!r})"], spec.run_id)  # fmt: skip
         except SpecError as error:
             run = data.get("runId") if isinstance(data, dict) else None
-            return self._refuse(name, run if isinstance(run, str) else None, data, "; ".join(error.problems))
+            key = f"{owner}/{run}" if isinstance(run, str) and RUN_ID.fullmatch(run) else None
+            return self._refuse(name, key, data, "; ".join(error.problems), owner)
         spec = replace(spec, request=name)
         state = {
             "runId": spec.run_id, "state": "queued", "exitCode": None, "startedAt": None, "endedAt": None,
@@ -265,7 +297,7 @@ class RequestSource:
             if existing.get("request") == name:
                 self.bucket.delete(name)  # taken before a restart: never replayed
                 return None
-            return self._refuse(name, None, data, f"run id {spec.run_id!r} was used before on {self.vm}")
+            return self._refuse(name, None, data, f"run id {spec.run_id!r} was used before on {self.vm}", owner)
         self.bucket.delete(name)
         self.log(f"run {spec.run_id} from {spec.requester} (request {name})")
         return spec
@@ -273,8 +305,9 @@ class RequestSource:
     def _state(self, run_id: str) -> dict[str, Any]:
         return self.bucket.read_json(self.state_name(run_id))
 
-    def _refuse(self, name: str, run_id: str | None, data: Any, reason: str) -> None:
-        """Record the refusal as a failed run state, then drop the request; never raises for the request."""
+    def _refuse(self, name: str, run_id: str | None, data: Any, reason: str, owner: str = "") -> None:
+        """Record the refusal as a failed run state (in the folder of the member whose request it was, when
+        its name says), then drop the request; never raises for the request."""
         base = name.rsplit("/", 1)[-1]
         base = base[: -len(".json")] if base.endswith(".json") else base
         requester = data.get("requester") if isinstance(data, dict) else None
@@ -282,12 +315,12 @@ class RequestSource:
             "state": "failed", "exitCode": None, "startedAt": None, "endedAt": utc_now(), "reason": reason,
             "requester": requester if isinstance(requester, str) else None, "source": None, "request": name,
         }  # fmt: skip
-        key = run_id if run_id and RUN_ID.fullmatch(run_id) and not self._state(run_id) else None
+        key = run_id if run_id and not self._state(run_id) else None
         written = key is not None and self.bucket.create(
             self.state_name(key), json.dumps({"runId": key, **record}).encode()
         )
         if not written:
-            key = "refused-" + re.sub(r"[^a-z0-9-]", "-", base.lower())[:60]
+            key = (f"{owner}/" if owner else "") + "refused-" + re.sub(r"[^a-z0-9-]", "-", base.lower())[:60]
             self.bucket.create(self.state_name(key), json.dumps({"runId": key, **record}).encode())
         self.bucket.delete(name)
         self.log(f"refused {name}: {reason}")

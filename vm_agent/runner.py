@@ -1,25 +1,37 @@
-"""Start and stop one run under the run contract (README, "The run contract").
+"""Start and stop one run under the run contract (README, "The run contract"), as its own uid.
 
-A folder source: its archive is fetched from the artifacts bucket and verified by sha256 before
-anything of it runs (a mismatch fails the run, never retried), unpacked once per digest under
-`<root>/opt/tpu-platform/sources/<sha256>/`, its `requirements.txt` installed into a virtualenv per
-digest that sees the image's packages (`--system-site-packages`), made with `uv` when the spec pins a
-Python; the command runs in the unpacked folder.
+Every process of a run, its installs included, runs as a fresh unprivileged uid in a jail of its own
+(vm_agent/isolation.py, vm_agent/jail.py): its own /tmp and other world-writable folders, no sight of
+the agent's code, settings or caches, no capability, no way to gain one; when the run ends every process
+of that uid is killed and its folders removed.
 
-An image source runs with docker as Google's "Run TPU workloads in a Docker container" guide does
-(https://cloud.google.com/tpu/docs/run-in-container): `--privileged` (the TPU devices) and
-`--net=host` (the slice's network and the metadata server). The VM pulls as its own service account:
-an access token from the metadata server given to `docker login -u oauth2accesstoken
---password-stdin https://<region>-docker.pkg.dev` (Artifact Registry, "Configure authentication to
-Artifact Registry for Docker", access token:
+A folder source: its archive is fetched from the artifacts bucket and verified by sha256 before anything
+of it runs (a mismatch fails the run, never retried); the verified archive is kept, root's, under
+`<root>/opt/tpu-platform/archives/` and checked again on every use; each run unpacks it afresh into its
+own folder (root's, read-only to the run). Its requirements are installed only by hash
+(vm_agent/installs.py), by the run's uid, into a virtualenv that sees the image's packages
+(`--system-site-packages`), made with `uv` when the spec pins a Python; the virtualenv is then made
+root's, its tree digest recorded, and checked again on every later use (vm_agent/isolation.py
+CachedTree). One virtualenv per source digest, Python, bounds, lock and requester: one researcher's
+install never serves another's run.
+
+An image source runs with docker, hardened where Google's "Run TPU workloads in a Docker container"
+guide (https://cloud.google.com/tpu/docs/run-in-container) uses `--privileged --net=host`: the run's
+uid (`--user`), no capability (`--cap-drop=ALL`), `no-new-privileges`, only the TPU's device nodes
+(`--device`, the nodes GKE's TPU device plugin gives a TPU container), an unlimited memlock (VFIO), and
+`--net=host` only on a multi-host slice (the hosts of a slice reach each other on the host's network;
+one host needs none). The VM pulls as its own service account: an access token from the metadata
+server given to `docker login -u oauth2accesstoken --password-stdin https://<region>-docker.pkg.dev`
+(Artifact Registry, "Configure authentication to Artifact Registry for Docker", access token:
 https://cloud.google.com/artifact-registry/docs/docker/authentication#token).
 
 Stopping sends SIGTERM to the program's process group (for an image, the attached `docker run`
-client proxies it to the container: `--sig-proxy`, on by default), waits the grace period, then kills.
-Exit codes: 0 finished; 75 retry later; 78 failed for good; anything else failed, retried at most
-`max_retries` times. The run's state goes to `<status-dir>/runs/<runId>/status.json` on every
-transition; the stack's run (`completion`) ends in `<status-dir>/COMPLETE` in the format the guard
-and the program read (workloads/runlib.py `completion`, infra/run_status.py, functions/tpu_guard).
+client proxies it to the container: `--sig-proxy`, on by default), waits the grace period, then kills
+every process of the run's uid. Exit codes: 0 finished; 75 retry later; 78 failed for good; anything
+else failed, retried at most `max_retries` times. The run's state goes to
+`<status-dir>/runs/<runId>/status.json` on every transition; the stack's run (`completion`) ends in
+`<status-dir>/COMPLETE`, in its one schema (vm_agent/completion_marker.py, which the guard reads): only
+the agent writes it, where no run's credentials reach.
 """
 
 from __future__ import annotations
@@ -37,11 +49,13 @@ import threading
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from vm_agent import completion_marker as marker_schema
-from vm_agent import telemetry
+from vm_agent import credentials, installs, telemetry
+from vm_agent.firewall import RUNS_NETWORK
 from vm_agent.gcs import Folder, Storage, StorageError, Tokens, split_gs
+from vm_agent.isolation import CachedTree, Isolation, IsolationError, RunSandbox, root_own_tree
 from vm_agent.settings import Settings
 from vm_agent.sources import CONTRACT_PREFIX, FolderSource, ImageSource, RunSpec
 
@@ -104,6 +118,7 @@ class Run:
         storage: Storage,
         log: Log,
         ship: Callable[[str, RunSpec], None] = telemetry.ship,
+        isolation: Isolation | None = None,
     ):
         self.spec = spec
         self.settings = settings
@@ -122,6 +137,8 @@ class Run:
         self._lock = threading.Lock()
         self._process: subprocess.Popen | None = None
         self._container = ""
+        self.isolation = isolation or Isolation.of(settings)
+        self.sandbox: RunSandbox | None = None  # its uid and folders, from its first install to its end
         self._thread = threading.Thread(target=self._supervise, name=f"run-{spec.run_id}", daemon=True)
 
     # ------------------------------------------------------------------------------------ control
@@ -157,6 +174,7 @@ class Run:
                 if self._container:
                     subprocess.run([self.settings.docker, "kill", self._container], capture_output=True, check=False)
                 _signal_group(process, signal.SIGKILL)
+                self._kill_all()
         self._thread.join(self.settings.grace_s + 30)
 
     def requeue(self, reason: str) -> None:
@@ -213,6 +231,7 @@ class Run:
             self._stop.wait(self.settings.retry_delay_s)
 
     def _execute(self, prepared: Prepared) -> int:
+        self._kill_all()  # what an earlier attempt left behind never meets this one
         with self._lock:
             if self._stop.is_set():
                 return -int(signal.SIGTERM)
@@ -242,7 +261,15 @@ class Run:
         code = process.wait()
         with self._lock:
             self._process = None
+        self._kill_all()  # what it forked, daemonized or left in a container ends with it
         return code
+
+    def _kill_all(self) -> None:
+        if self.sandbox is not None:
+            try:
+                self.sandbox.kill()
+            except IsolationError as error:
+                self.log(f"run {self.spec.run_id}: {error}", severity="ERROR", run=self.spec.run_id)
 
     def _note(self, line: str) -> None:
         """The last step a structured line reports, for the completion marker."""
@@ -256,24 +283,35 @@ class Run:
 
     # ---------------------------------------------------------------------------------- prepare
     def _prepare(self) -> Prepared:
+        if self.sandbox is None:
+            problem = Isolation.check()
+            if problem:
+                raise SourceError(f"{problem}; no run starts without its own uid", final=True)
+            spec = self.spec
+            try:
+                rules = credentials.boundary(spec.checkpoint_dir, spec.model_dir, spec.data)
+            except (credentials.BoundaryError, ValueError) as error:
+                raise SourceError(f"this run's objects cannot be its token's boundary: {error}", final=True) from None
+            try:
+                self.sandbox = self.isolation.open(rules)
+            except IsolationError as error:
+                raise SourceError(str(error)) from None
+            self.log(f"run {self.spec.run_id} runs as uid {self.sandbox.uid}", run=self.spec.run_id)
         env = self._environment()
         source = self.spec.source
         if isinstance(source, FolderSource):
-            folder = self._fetch_folder(source)
+            folder = self._unpack(source)
             venv = self._virtualenv(folder, source)
-            program_env = dict(os.environ)
-            for name in list(program_env):
-                if name.startswith(CONTRACT_PREFIX):  # the agent's own settings are not the program's
-                    del program_env[name]
-            program_env.pop("PYTHONPATH", None)  # the agent's package: not the program's to import
-            program_env.update(env)
+            program_env = self._program_env(env)
             argv = list(self.spec.command)
+            keep = [folder, Path(self.settings.python).parent]
             if venv is not None:
                 program_env["PATH"] = f"{venv / 'bin'}{os.pathsep}{program_env.get('PATH', '')}"
                 program_env["VIRTUAL_ENV"] = str(venv)
+                keep.append(venv)
             elif argv[0] in ("python", "python3"):
                 argv[0] = self.settings.python  # the image's Python (Ubuntu has no `python` by default)
-            return Prepared(argv, folder, program_env)
+            return Prepared(self.sandbox.jail(argv, folder, keep), None, program_env)
         return self._prepare_image(source, env)
 
     def _environment(self) -> dict[str, str]:
@@ -289,96 +327,143 @@ class Run:
         env.update(dict(self.spec.env))
         return env
 
-    def _fetch_folder(self, source: FolderSource) -> Path:
-        sources = self.settings.opt / "sources"
-        target = sources / source.sha256
-        if target.is_dir():  # renamed into place only after it was verified and unpacked whole
-            return target
-        sources.mkdir(parents=True, exist_ok=True)
-        archive = sources / f"{source.sha256}.tar.gz"
-        bucket, name = split_gs(source.uri)
-        try:
-            self.storage.download(bucket, name, archive)
-        except StorageError as error:
-            raise SourceError(f"cannot fetch {source.uri}: {error}", final=error.status in (403, 404)) from None
-        digest = _sha256(archive)
-        if digest != source.sha256:
+    def _program_env(self, env: dict[str, str]) -> dict[str, str]:
+        """A process of the run: the agent's environment without its own settings, then the run's."""
+        program_env = dict(os.environ)
+        for name in list(program_env):
+            if name.startswith(CONTRACT_PREFIX):  # the agent's own settings are not the program's
+                del program_env[name]
+        program_env.pop("PYTHONPATH", None)  # the agent's package: not the program's to import
+        assert self.sandbox is not None
+        program_env.update(self.sandbox.environment())
+        program_env.update(env)
+        return program_env
+
+    def _unpack(self, source: FolderSource) -> Path:
+        """The source, unpacked afresh for this run from the archive verified by its digest on this very use."""
+        archives = self.settings.opt / "archives"
+        archive = archives / f"{source.sha256}.tar.gz"
+        if archive.is_file() and _sha256(archive) != source.sha256:
+            self.log(f"{archive} does not match its digest: fetched again", severity="WARNING", run=self.spec.run_id)
             archive.unlink()
-            raise SourceError(
-                f"{source.uri} has sha256 {digest}, the run spec says {source.sha256}: refused, nothing of it ran",
-                final=True,
-            )
-        unpacking = sources / f"{source.sha256}.unpacking"
-        shutil.rmtree(unpacking, ignore_errors=True)
-        unpacking.mkdir()
+        if not archive.is_file():
+            archives.mkdir(parents=True, exist_ok=True, mode=0o700)
+            bucket, name = split_gs(source.uri)
+            fetching = archives / f"{source.sha256}.fetching"
+            try:
+                self.storage.download(bucket, name, fetching)
+            except StorageError as error:
+                raise SourceError(f"cannot fetch {source.uri}: {error}", final=error.status in (403, 404)) from None
+            digest = _sha256(fetching)
+            if digest != source.sha256:
+                fetching.unlink()
+                raise SourceError(
+                    f"{source.uri} has sha256 {digest}, the run spec says {source.sha256}: refused, nothing of it ran",
+                    final=True,
+                )
+            fetching.replace(archive)
+            self.log(f"fetched {source.uri} (sha256 verified)", run=self.spec.run_id)
+        assert self.sandbox is not None
+        target = self.sandbox.source
+        shutil.rmtree(target, ignore_errors=True)
+        target.mkdir(mode=0o755)
         try:
-            _unpack(archive, unpacking)
+            _unpack(archive, target)
         except (tarfile.TarError, ValueError) as error:
-            shutil.rmtree(unpacking, ignore_errors=True)
+            shutil.rmtree(target, ignore_errors=True)
             raise SourceError(f"{source.uri}: {error}", final=True) from None
-        finally:
-            archive.unlink()
-        unpacking.rename(target)
-        self.log(f"fetched {source.uri} (sha256 verified) to {target}", run=self.spec.run_id)
+        root_own_tree(target)
         return target
 
     def _virtualenv(self, folder: Path, source: FolderSource) -> Path | None:
-        requirements = folder / "requirements.txt"
-        if not requirements.is_file() and not self.spec.python:
+        try:
+            lock = installs.choose_lock(folder, self.settings.pip_constraints)
+        except installs.LockError as error:
+            raise SourceError(str(error), final=True) from None
+        if lock is None and not self.spec.python:
             return None
-        name = source.sha256 + (f"-py{self.spec.python}" if self.spec.python else "")
-        venv = self.settings.opt / "venvs" / name
-        ready = venv / ".tpu-platform-installed"
-        if ready.is_file():
+        key = hashlib.sha256(json.dumps({
+            "source": source.sha256, "python": self.spec.python, "bounds": list(self.settings.pip_constraints),
+            "lock": _sha256(lock) if lock else "", "requester": self.spec.requester,
+        }, sort_keys=True).encode()).hexdigest()  # fmt: skip
+        venv = (
+            self.settings.opt
+            / "venvs"
+            / (f"{source.sha256[:16]}-{key[:16]}" + (f"-py{self.spec.python}" if self.spec.python else ""))
+        )
+        cached = CachedTree(venv)
+        if cached.verified(lambda line: self.log(line, severity="WARNING", run=self.spec.run_id)):
             return venv
-        shutil.rmtree(venv, ignore_errors=True)
-        venv.parent.mkdir(parents=True, exist_ok=True)
+        assert self.sandbox is not None
+        cached.prepare(self.sandbox.claim)
         python = str(venv / "bin" / "python")
-        constrained: list[str] = []
-        if self.settings.pip_constraints:
-            constraints = venv.parent / (name + ".constraints.txt")
-            constraints.write_text("".join(c + "\n" for c in self.settings.pip_constraints))
-            constrained = ["-c", str(constraints)]
+        requirements = str(lock.relative_to(folder)) if lock else ""
         if self.spec.python:
             uv = self._uv()
-            steps = [[uv, "venv", "--quiet", "--python", self.spec.python, "--system-site-packages", str(venv)]]
-            if requirements.is_file():
-                steps.append(
-                    [uv, "pip", "install", "--quiet", "--python", python, "-r", "requirements.txt", *constrained]
-                )
+            steps = [[str(uv), "venv", "--quiet", "--python", self.spec.python, "--system-site-packages", str(venv)]]
+            if requirements:
+                steps.append([str(uv), "pip", "install", "--quiet", "--python", python, "--require-hashes", "--no-deps",
+                              "-r", requirements])  # fmt: skip
+            keep = [uv.parent]
         else:
             # --without-pip: Ubuntu splits ensurepip into python3-venv, which a TPU image need not have; the
             # image's pip (system site-packages, visible here) installs into the venv all the same.
             steps = [[self.settings.python, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)]]
-            if requirements.is_file():
+            if requirements:
                 pip = [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-input"]
-                steps.append([*pip, "-r", "requirements.txt", *constrained])
+                steps.append([*pip, "--require-hashes", "--no-deps", "-r", requirements])
+            keep = []
         for argv in steps:
-            self._install_step(argv, folder)
-        ready.write_text(utc_now() + "\n")
-        self.log(f"virtualenv {venv} ready", run=self.spec.run_id)
+            self._install_step(argv, folder, keep=keep, writable=[venv])
+        self.sandbox.kill()  # nothing of the install keeps running, or writing, once it is sealed
+        try:
+            cached.seal(self.sandbox.claim)
+        except IsolationError as error:
+            cached.remove()
+            raise SourceError(f"the virtualenv built for this run was refused: {error}", final=True) from None
+        self.log(f"virtualenv {venv} ready (installed by hash)", run=self.spec.run_id)
         return venv
 
-    def _uv(self) -> str:
-        """`uv` from PATH, else installed once next to the agent's own files (a real VM reaches the index)."""
+    def _uv(self) -> Path:
+        """`uv` from PATH, else installed by hash next to the agent's caches (a real VM reaches the index)."""
         found = shutil.which("uv")
         if found:
-            return found
-        tools = self.settings.opt / "tools"
-        uv = tools / "bin" / "uv"
-        if not uv.is_file():
-            pip = [self.settings.python, "-m", "pip", "install", "--quiet", "--target", str(tools), "uv"]
-            self._install_step(pip, None)
-        return str(uv)
+            return Path(found)
+        tools = CachedTree(self.settings.opt / "tools")
+        uv = tools.path / "bin" / "uv"
+        if tools.verified(lambda line: self.log(line, severity="WARNING", run=self.spec.run_id)) and uv.is_file():
+            return uv
+        assert self.sandbox is not None
+        tools.prepare(self.sandbox.claim)
+        pinned = Path(self.sandbox.private["/tmp"]) / installs.UV_REQUIREMENTS.name  # where the run's uid reads it
+        shutil.copyfile(installs.UV_REQUIREMENTS, pinned)
+        pinned.chmod(0o644)
+        pip = [self.settings.python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-input"]
+        self._install_step([*pip, "--require-hashes", "--no-deps", "--target", str(tools.path), "-r",
+                            f"/tmp/{pinned.name}"], None, writable=[tools.path])  # fmt: skip
+        self.sandbox.kill()
+        try:
+            tools.seal(self.sandbox.claim)
+        except IsolationError as error:
+            tools.remove()
+            raise SourceError(f"uv as installed was refused: {error}", final=True) from None
+        return uv
 
-    def _install_step(self, argv: list[str], cwd: Path | None) -> None:
+    def _install_step(
+        self, argv: list[str], cwd: Path | None, keep: Iterable[Path] = (), writable: Iterable[Path] = ()
+    ) -> None:
+        """One step of an install, as the run's uid in its jail."""
+        assert self.sandbox is not None
+        env = self._program_env({})
+        env["UV_LINK_MODE"] = "copy"  # no hard link from uv's cache into the virtualenv
+        keep = [*([cwd] if cwd else []), Path(self.settings.python).parent, *keep]
+        jailed = self.sandbox.jail(argv, cwd, keep=keep, writable=writable)
         with self._lock:
             if self._stop.is_set():
                 raise SourceError("stopped while installing")
             process = subprocess.Popen(
-                argv, cwd=str(cwd) if cwd else None, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )  # fmt: skip
+                jailed, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+            )
             self._process = process
         output, _ = process.communicate()
         with self._lock:
@@ -407,16 +492,38 @@ class Run:
         done = subprocess.run(login, input=token.encode(), capture_output=True, check=False)
         if done.returncode != 0:
             raise SourceError(f"docker login to {registry_host} failed: {done.stderr.decode(errors='replace').strip()}")
-        self._install_step([docker, "pull", source.image], None)  # a stop interrupts a long pull
+        self._install_step_as_agent([docker, "pull", source.image])  # a stop interrupts a long pull
         container = "tpu-platform-" + re.sub(r"[^A-Za-z0-9_.-]", "-", self.spec.run_id)[-100:]
-        argv = [docker, "run", "--rm", "--name", container, "--privileged", "--net=host"]
-        for name in sorted(env):
-            argv += ["-e", name]  # `-e NAME` takes the value from the client's environment: not in `ps`
-        argv += [source.image, *self.spec.command]
-        return Prepared(argv, None, {**os.environ, **env}, container)
+        assert self.sandbox is not None
+        env = {**env, "HOME": "/tmp"}  # the run's uid has no home in the image
+        address = ""
+        if self.settings.worker_count == 1 and self.sandbox.isolation.proxy is not None:
+            try:  # its own address on the runs' network; its metadata server the proxy's listener there
+                address, proxy = self.sandbox.container(docker)
+            except IsolationError as error:
+                raise SourceError(str(error)) from None
+            env.update({"GCE_METADATA_HOST": proxy, "GCE_METADATA_IP": proxy})
+        return Prepared(container_argv(docker, container, self.sandbox, self.settings, source.image,
+                                       self.spec.command, env, address), None, {**os.environ, **env},
+                        container)  # fmt: skip
+
+    def _install_step_as_agent(self, argv: list[str]) -> None:
+        """A step the agent itself takes for a run (a `docker pull`), interruptible by a stop."""
+        with self._lock:
+            if self._stop.is_set():
+                raise SourceError("stopped while installing")
+            process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+            self._process = process
+        output, _ = process.communicate()
+        with self._lock:
+            self._process = None
+        if process.returncode != 0:
+            tail = " | ".join(output.decode(errors="replace").strip().splitlines()[-3:])
+            raise SourceError(f"`{' '.join(argv)}` exited {process.returncode}: {tail}")
 
     # ---------------------------------------------------------------------------------- records
     def _end(self, state: str) -> None:
+        self._close_sandbox()  # the run has ended only once nothing of it is left
         self.ended_at = utc_now()
         if state != "failed":
             self.error = ""  # a retry's message is history once the run ends well
@@ -426,6 +533,14 @@ class Run:
             self._write(COMPLETE, marker)  # last: the guard stops or deletes the VM when it appears
         self.log(f"run {self.spec.run_id} {state}" + (f": {self.error}" if state == "failed" else ""),
                  severity="ERROR" if state == "failed" else "INFO", run=self.spec.run_id)  # fmt: skip
+
+    def _close_sandbox(self) -> None:
+        sandbox, self.sandbox = self.sandbox, None
+        if sandbox is not None:
+            try:
+                sandbox.close()
+            except IsolationError as error:
+                self.log(f"run {self.spec.run_id}: {error}", severity="ERROR", run=self.spec.run_id)
 
     def _record(self, state: str) -> None:
         self.state = state
@@ -455,8 +570,9 @@ class Run:
     def request_spec(self) -> dict[str, Any]:
         """The request's fields (vm_agent/requests.py REQUEST_FIELDS) of this run."""
         spec = self.spec
-        fields = {"runId": spec.run_id, "source": spec.source.describe(), "command": list(spec.command),
-                  "env": dict(spec.env), "requester": spec.requester}  # fmt: skip
+        # A request's run id is `<member>/<runId>` (vm_agent/requests.py); the request said `<runId>`.
+        fields = {"runId": spec.run_id.rsplit("/", 1)[-1], "source": spec.source.describe(),
+                  "command": list(spec.command), "env": dict(spec.env), "requester": spec.requester}  # fmt: skip
         if spec.python:
             fields["python"] = spec.python
         return fields
@@ -466,6 +582,34 @@ class Run:
             self.status.write_json(name, record)
         except (StorageError, OSError) as error:  # a lost status write must not stop the run
             self.log(f"could not write {self.status.url}/{name}: {error}", severity="WARNING", run=self.spec.run_id)
+
+
+def container_argv(
+    docker: str,
+    name: str,
+    sandbox: RunSandbox,
+    settings: Settings,
+    image: str,
+    command: tuple[str, ...],
+    env: dict[str, str],
+    address: str = "",
+) -> list[str]:
+    """`docker run` for one image run: the run's uid, no capability, no privilege to gain, only the TPU's
+    device nodes, unlimited memlock (VFIO), the host's network only for a multi-host slice (else the runs'
+    network at the run's own `address`, vm_agent/firewall.py), and the environment by name (`-e NAME`
+    takes the value from the client's environment: not in `ps`)."""
+    argv = [docker, "run", "--rm", "--name", name, "--user", f"{sandbox.claim.uid}:{sandbox.claim.gid}",
+            "--cap-drop=ALL", "--security-opt=no-new-privileges", "--ulimit", "memlock=-1:-1"]  # fmt: skip
+    dev = sandbox.isolation.devices.dev
+    for node in [*sandbox.devices, *sandbox.isolation.devices.shared()]:
+        argv += ["--device", f"{node}:/dev/{node.relative_to(dev)}"]
+    if settings.worker_count > 1:
+        argv.append("--net=host")  # the slice's hosts reach each other (JAX's coordinator, ICI set-up)
+    elif address:
+        argv += ["--network", RUNS_NETWORK, "--ip", address]
+    for name_ in sorted(env):
+        argv += ["-e", name_]
+    return [*argv, image, *command]
 
 
 def _signal_group(process: subprocess.Popen, sig: int) -> None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
+from vm_agent.credentials import STS_URL
 from vm_agent.gcs import DEFAULT_METADATA_URL
 from vm_agent.sources import Allowed
 
@@ -54,6 +55,16 @@ class Settings:
     models: str = ""  # gs://<models-bucket>
     python: str = sys.executable  # the image's Python, which runs the agent
     docker: str = "docker"
+    # Where the agent's claims on run uids live (machine-wide, so two agents of one machine never share a uid:
+    # the tests) and the device nodes the TPU chips appear as (vm_agent/isolation.py).
+    uid_locks: Path = Path("/run/tpu-platform/uids")
+    devices: Path = Path("/dev")
+    # The metadata server redirected to the agent's proxy for every run uid (vm_agent/firewall.py). Off only
+    # where the firewall is not the VM's own to change: the tests' sandbox in the machine's shared network
+    # namespace (the redirect is tested for real in a namespace of its own).
+    metadata_redirect: bool = True
+    sts_url: str = STS_URL
+    iptables: str = "iptables"
     # Bounds the image's framework needs (e.g. protobuf<5 beside TensorFlow < 2.18; infra/catalog): kept
     # when a run's requirements are installed, so pip cannot upgrade a package from under the framework.
     pip_constraints: tuple[str, ...] = ()
@@ -98,6 +109,7 @@ class Settings:
         artifacts = text("TPU_PLATFORM_ARTIFACTS", required=False, pattern=r"gs://[a-z0-9][a-z0-9._-]*[a-z0-9]")
         registry = text("TPU_PLATFORM_REGISTRY", required=False, pattern=REGISTRY.pattern)
         self_service = text("TPU_PLATFORM_SELF_SERVICE", required=False, pattern=r"[01]")
+        redirect = text("TPU_PLATFORM_METADATA_REDIRECT", required=False, pattern=r"[01]")
         bucket = r"gs://[a-z0-9][a-z0-9._-]*[a-z0-9]"
         workload = text("TPU_PLATFORM_WORKLOAD", required=False, pattern=r"[a-z][a-z0-9-]*")
         checkpoints = text("TPU_PLATFORM_CHECKPOINTS", required=False, pattern=bucket)
@@ -109,11 +121,12 @@ class Settings:
         worker_count = int(number("TPU_PLATFORM_WORKER_COUNT", 1, 1, 4096))
         if worker_id >= worker_count:
             problems.append(f"TPU_PLATFORM_WORKER_ID={worker_id} is not a worker of {worker_count}")
+        root = Path(environ.get("TPU_PLATFORM_ROOT", "") or "/")
         settings = cls(
             stack=stack,
             vm=vm,
             project=project,
-            root=Path(environ.get("TPU_PLATFORM_ROOT", "") or "/"),
+            root=root,
             status_dir=status_dir.rstrip("/"),
             artifacts=artifacts,
             registry=registry,
@@ -132,6 +145,10 @@ class Settings:
             models=models,
             python=environ.get("TPU_PLATFORM_PYTHON", "") or sys.executable,
             pip_constraints=tuple(environ.get("TPU_PLATFORM_PIP_CONSTRAINTS", "").split()),
+            uid_locks=Path(environ.get("TPU_PLATFORM_UID_LOCKS", "") or "/run/tpu-platform/uids"),
+            devices=Path(environ.get("TPU_PLATFORM_DEVICES", "") or (root / "dev")),
+            metadata_redirect=redirect != "0",
+            sts_url=text("TPU_PLATFORM_STS_URL", required=False, pattern=r"https?://\S+") or STS_URL,
         )
         if problems:
             raise SettingsError(problems)

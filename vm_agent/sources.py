@@ -141,6 +141,30 @@ class StopRequest:
     run_id: str
 
 
+# --- A researcher's own places (infra/naming.py has the same rules: tests/test_requests.py compares them) --
+MEMBER = re.compile(r"(user|group):([^@\s:/]+@[^@\s/]+\.[a-z]{2,})")
+MEMBER_KEY = re.compile(r"(user|group)-([^@\s:/]+@[^@\s/]+\.[a-z]{2,})")
+
+
+def member_key(member: str) -> str:
+    """`user:alice@acme.example` -> `user-alice@acme.example`: the path part of a researcher's folders."""
+    match = MEMBER.fullmatch(member)
+    if match is None:
+        raise ValueError(f"not a researcher member: {member!r}")
+    return f"{match[1]}-{match[2]}"
+
+
+def member_of_key(key: str) -> str | None:
+    """The member a folder's name stands for, or None when it names none."""
+    match = MEMBER_KEY.fullmatch(key)
+    return f"{match[1]}:{match[2]}" if match else None
+
+
+def researcher_log(member: str) -> str:
+    """The Cloud Logging log a researcher's runs' output goes to: the one log their own log view shows."""
+    return "tpu-runs-" + hashlib.sha256(member.encode()).hexdigest()[:16]
+
+
 def _fingerprint(raw: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(raw, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 

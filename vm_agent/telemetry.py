@@ -1,7 +1,8 @@
 """Logs and training metrics of a run, shipped from the TPU VM with the VM's own account (issue 16).
 
 The runner calls `ship(line, run)` for every line the program prints. Each line becomes one Cloud
-Logging entry in `projects/<P>/logs/tpu-workload`: a JSON object line as `jsonPayload` (its
+Logging entry in `projects/<P>/logs/tpu-workload` (a researcher's request run: in that researcher's own
+log, `tpu-runs-<digest of the member>`, the one their log view shows): a JSON object line as `jsonPayload` (its
 `severity` or `level` mapped to Logging's severity), any other line as `textPayload`; labelled
 runId/vm/worker/stack. A JSON line that carries `step` and any of `loss`, `steps_per_s`,
 `examples_per_s` also becomes Cloud Monitoring custom metrics
@@ -56,6 +57,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
+from vm_agent.sources import MEMBER, researcher_log
 from vm_agent.tensorboard import EventLog, storage_url
 
 LOG_ID = "tpu-workload"
@@ -91,7 +93,8 @@ _SEVERITY_ALIASES = {"WARN": "WARNING", "FATAL": "CRITICAL", "TRACE": "DEBUG", "
 
 
 class Run(Protocol):
-    """What telemetry reads of a run: its id and where its model goes ("" when it has no model dir)."""
+    """What telemetry reads of a run: its id and where its model goes ("" when it has no model dir); and,
+    when it has them, `request` and `requester` (a researcher's run: vm_agent/sources.py RunSpec)."""
 
     @property
     def run_id(self) -> str: ...
@@ -166,13 +169,16 @@ def training_values(payload: Mapping[str, Any]) -> tuple[int, dict[str, float]] 
     return (step, values) if values else None
 
 
-def log_entry(line: str, run_id: str, origin: Origin, now: float) -> dict[str, Any]:
-    """One LogEntry (logging.v2) for one printed line."""
+def log_entry(line: str, run_id: str, origin: Origin, now: float, log_id: str = LOG_ID) -> dict[str, Any]:
+    """One LogEntry (logging.v2) for one printed line; in `log_id` when it is not the stack's log (a
+    researcher's own log, which their log view shows: infra/researchers.py)."""
     text = line.rstrip("\r\n")
     entry: dict[str, Any] = {
         "timestamp": rfc3339(now),
         "labels": {"runId": run_id, "vm": origin.vm, "worker": origin.worker, "stack": origin.stack},
     }
+    if log_id != LOG_ID:
+        entry["logName"] = f"projects/{origin.project}/logs/{log_id}"
     payload = parse(text) if len(text) <= MAX_LINE_CHARS else None
     if payload is not None:
         entry["severity"] = severity_of(payload.get("severity", payload.get("level")))
@@ -293,7 +299,9 @@ class Telemetry:
         try:
             now = self.clock()
             self.counts.lines += 1
-            entry = log_entry(line, run.run_id, self.origin, now)
+            requester = getattr(run, "requester", "") or ""
+            mine = researcher_log(requester) if getattr(run, "request", "") and MEMBER.fullmatch(requester) else LOG_ID
+            entry = log_entry(line, run.run_id, self.origin, now, mine)
             training = None
             payload = entry.get("jsonPayload")
             if payload is not None and (values := training_values(payload)):

@@ -125,6 +125,20 @@ RESOURCE_CALLS: dict[str, Calls] = {
         extra=_bucket_extra,
     ),
     "gcp:storage/bucketIAMMember:BucketIAMMember": _iam_member("storage.buckets"),
+    # resource_dns_managed_zone.go (magic-modules ManagedZone.yaml): create, get, patch, delete; a private zone
+    # is bound to its network on create (dns.networks.bindPrivateDNSZone, in iamdata's METHOD_FIXES).
+    "gcp:dns/managedZone:ManagedZone": _crud("dns.managedZones"),
+    # resource_dns_record_set.go: every write is a change (changes.create, then changes.get until done); a read
+    # lists the zone's record sets of that name and type.
+    "gcp:dns/recordSet:RecordSet": Calls(
+        create=("dns.changes.create", "dns.changes.get", "dns.resourceRecordSets.list"),
+        read=("dns.resourceRecordSets.list",),
+        update=("dns.changes.create", "dns.changes.get"),
+        delete=("dns.changes.create", "dns.changes.get"),
+    ),
+    # resource_logging_log_view.go (magic-modules LogView.yaml: create POST .../views?viewId=, read GET,
+    # update PATCH with an updateMask, delete DELETE): a researcher's own view of the _Default log bucket.
+    "gcp:logging/logView:LogView": _crud("logging.projects.locations.buckets.views"),
     # Updates never happen here: the platform's objects set only bucket, name and source, and a new
     # source (its md5) forces a new object (resource_storage_bucket_object.go: ForceNew).
     "gcp:storage/bucketObject:BucketObject": Calls(
@@ -371,6 +385,11 @@ FIELD_REVIEW: dict[str, str] = {
     "kubernetes:yaml/v2:ConfigGroup": "Kubernetes objects, authorized inside the cluster by RBAC "
     "(infra/access/kubernetes.py); on the GCP side only the DNS endpoint's IAM check (container.clusters.connect)",
     "gcp:compute/resourcePolicy:ResourcePolicy": "compute.v1: no caller check named in its description fields",
+    "gcp:logging/logView:LogView": "logging.v2 LogView: filter is data (a log id), no caller check named",
+    "gcp:dns/managedZone:ManagedZone": "dns.v1 ManagedZone: privateVisibilityConfig.networks[].networkUrl binds the "
+    "zone to a network of the same project, dns.networks.bindPrivateDNSZone (in iamdata's METHOD_FIXES for create "
+    "and patch); peeringConfig, forwardingConfig unused",
+    "gcp:dns/recordSet:RecordSet": "dns.v1 ResourceRecordSet: rrdatas are data; routingPolicy unused; no caller check",
 }
 
 

@@ -38,6 +38,21 @@ METHOD_FIXES: dict[str, tuple[str, ...]] = {
     # (roles/logging.viewer holds it); private logs, which tpu-workload is not, need privateLogEntries.
     # https://cloud.google.com/logging/docs/access-control
     "logging.entries.list": ("logging.logEntries.list",),
+    # Cloud DNS, "Access control with IAM" (cloud.google.com/dns/docs/access-control): each method checks its
+    # own permission; a private zone bound to a network also needs dns.networks.bindPrivateDNSZone; a change
+    # needs the record sets' create, update and delete it makes.
+    "dns.managedZones.create": ("dns.managedZones.create", "dns.networks.bindPrivateDNSZone"),
+    "dns.managedZones.get": ("dns.managedZones.get",),
+    "dns.managedZones.patch": ("dns.managedZones.update", "dns.networks.bindPrivateDNSZone"),
+    "dns.managedZones.delete": ("dns.managedZones.delete",),
+    "dns.changes.create": (
+        "dns.changes.create",
+        "dns.resourceRecordSets.create",
+        "dns.resourceRecordSets.update",
+        "dns.resourceRecordSets.delete",
+    ),
+    "dns.changes.get": ("dns.changes.get",),
+    "dns.resourceRecordSets.list": ("dns.resourceRecordSets.list",),
     # Cloud Billing access control: changing a billing account's IAM needs billing.accounts.setIamPolicy.
     # https://cloud.google.com/billing/docs/how-to/billing-access
     "cloudbilling.billingAccounts.setIamPolicy": ("billing.accounts.setIamPolicy",),

@@ -7,22 +7,29 @@ two, so a command that starts calling something new fails a test before a resear
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from infra.access import iamdata
 
 # scope -> methods. `requests` and `artifacts` writes are new objects only (ifGenerationMatch=0).
 RESEARCHER_CALLS: dict[str, tuple[str, ...]] = {
-    # list: the VMs' state (nodes.list per zone: a queued multislice's nodes carry suffixes);
-    # logs: Cloud Logging entries.list on the project.
-    "project": ("tpu.projects.locations.nodes.list", "logging.entries.list"),
-    # list, logs: each run's status.json under <vm>/runs/.
+    # list: the VMs' state (nodes.list per zone: a queued multislice's nodes carry suffixes).
+    "project": ("tpu.projects.locations.nodes.list",),
+    # list, logs, stop: the researcher's own runs' status.json under <vm>/runs/<member>/.
     "status": ("storage.objects.list", "storage.objects.get"),
-    # submit, stop: a request object under <vm>/requests/ of a self-service VM.
+    # submit, stop: a request object under <vm>/requests/<member>/ of a self-service VM.
     "requests": ("storage.objects.insert",),
     # submit: is the packaged source there already (get), else upload it under sources/.
     "artifacts": ("storage.objects.get", "storage.objects.insert"),
     # fetch: the run's model and metrics.
     "models": ("storage.objects.list", "storage.objects.get"),
+    # logs: Cloud Logging entries.list on the researcher's own log view (resourceNames names the view).
+    "logs": ("logging.entries.list",),
 }
+# Reading entries through a log view checks logging.views.access on the view, not logging.logEntries.list
+# on the project: roles/logging.viewAccessor holds the one and not the other (reference/gcp-iam roles;
+# Logging, "Configure log views on a log bucket": viewAccessor is what reading a view needs).
+VIEW_PERMISSIONS = {"logging.entries.list": ("logging.views.access",)}
 # `gcloud compute tpus tpu-vm ssh --tunnel-through-iap` reads the node first; only with researcherSsh.
 SSH_CALLS: tuple[str, ...] = ("tpu.projects.locations.nodes.get",)
 # IAP TCP forwarding and OS Login (cloud.google.com/iap/docs/using-tcp-forwarding,
@@ -32,11 +39,18 @@ SSH_ROLES: tuple[str, ...] = ("roles/iap.tunnelResourceAccessor", "roles/compute
 
 def permissions(*scopes: str, ssh: bool = False) -> tuple[str, ...]:
     """What the methods of `scopes` check, sorted. Writes never overwrite, so no storage.objects.delete."""
-    methods = [m for s in scopes for m in RESEARCHER_CALLS[s]] + (list(SSH_CALLS) if ssh else [])
-    return tuple(sorted({p for m in methods for p in iamdata.method_permissions(m, acls=False, overwrite=False)}))
+    methods = [(s, m) for s in scopes for m in RESEARCHER_CALLS[s]] + [("project", m) for m in SSH_CALLS if ssh]
+
+    def checked(scope: str, method: str) -> Iterable[str]:
+        if scope == "logs":
+            return VIEW_PERMISSIONS[method]
+        return iamdata.method_permissions(method, acls=False, overwrite=False)
+
+    return tuple(sorted({p for scope, method in methods for p in checked(scope, method)}))
 
 
-# The three custom roles: one on the project, one to read a bucket, one to put new objects into a prefix.
+# The three custom roles: one on the project, one to read a bucket, one to put new objects into a prefix;
+# the logs are read through roles/logging.viewAccessor on one view (infra/researchers.py).
 PROJECT_PERMISSIONS = permissions("project")
 READ_PERMISSIONS = permissions("status")
 SUBMIT_PERMISSIONS = permissions("artifacts", "requests")

@@ -16,6 +16,10 @@ from typing import Any
 import yaml
 
 CATALOG_FILE = Path(__file__).with_name("tpu.yaml")
+# What the start-up script installs, by hash, when the image lacks the pinned framework: one lock per
+# release, `<framework>-<version>.lock`, compiled by `make lock` from the `.txt` beside it.
+FRAMEWORK_LOCKS = Path(__file__).with_name("framework_locks")
+_LOCK_LINE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9.+!_-]+( --hash=sha256:[0-9a-f]{64})+")
 TF_RUNTIME = re.compile(r"tpu-vm-tf-(?P<version>\d+\.\d+\.\d+)(?P<pod>-pod)?(?P<v4>-v4)?(?P<kind>-pjrt|-se)?")
 PROVISIONING_MODELS = ("on-demand", "spot", "preemptible", "reserved", "flex-start")
 RECLAIMABLE = ("spot", "preemptible")  # GCE may take them back at any time; both bill the spot price
@@ -169,6 +173,8 @@ class TpuCatalog:
                 f"{framework} {version} needs Python {need} or newer, but runtime {runtime} is {image.os}, "
                 f"whose python3 is {image.python}"
             )
+        if image and image.os and image.framework is None and (why := self.install_problem(framework, version)):
+            return f"runtime {runtime}'s image carries no {framework}, and {why}"  # the boot would only refuse
         return None
 
     def newest_for_image(self, runtime: str, framework: str) -> str | None:
@@ -193,6 +199,12 @@ class TpuCatalog:
             return (
                 f"tensorflow-tpu {version} is not on the package index (its first release there is "
                 f"{self.tf_tpu_from}): the runtime image must carry TensorFlow {version}"
+            )
+        if not framework_lock(framework, version):
+            return (
+                f"the boot installs {framework} only by hash and the catalog has no lock for {framework} {version} "
+                f"(infra/catalog/framework_locks/{framework}-{version}.txt, then make lock): the runtime image "
+                f"must carry it, or pin a release with a lock"
             )
         return None
 
@@ -420,6 +432,22 @@ def _generation(name: str, data: dict[str, Any]) -> Generation:
         multislice=bool(data["multislice"]),
         flex_start={str(z): str(purpose) for z, purpose in (data["flex_start"] or {}).items()},
     )
+
+
+@functools.cache
+def framework_lock(framework: str, version: str) -> str:
+    """The start-up script's lock for `framework`==`version`: one `name==version --hash=...` line per package,
+    comments and continuations dropped; "" when the catalog has none. ValueError for a line that is not one."""
+    path = FRAMEWORK_LOCKS / f"{framework}-{version}.lock"
+    if not re.fullmatch(r"[a-z]+-[0-9][A-Za-z0-9.]*", path.stem) or not path.is_file():
+        return ""
+    joined = re.sub(r"\\\n\s*", " ", path.read_text())
+    lines = [" ".join(line.split("#", 1)[0].split()) for line in joined.splitlines()]
+    lines = [line for line in lines if line]
+    for line in lines:
+        if not _LOCK_LINE.fullmatch(line):
+            raise ValueError(f"{path}: {line[:80]!r} is not a pinned requirement with its hashes")
+    return "".join(f"{line}\n" for line in lines)
 
 
 @functools.cache

@@ -99,6 +99,8 @@ class WorkloadSettings:
 class NetworkSettings:
     subnets: tuple[tuple[str, str], ...]  # (region, private CIDR)
     flow_log_sampling: float
+    egress: str = "open"  # open | google-only
+    package_index: str = ""  # with google-only: an Artifact Registry Python repository's index URL
 
     def cidr(self, region: str) -> str | None:
         return dict(self.subnets).get(region)

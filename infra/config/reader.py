@@ -416,7 +416,15 @@ def _network(node: Node | None) -> NetworkSettings:
         subnets.append((region, str(cidr)))
     if not entries and "subnets" in node.data:
         node.problems.add(node.key("subnets"), {}, "declare at least one region: CIDR")
-    settings = NetworkSettings(subnets=tuple(subnets), flow_log_sampling=number(node, "network.flowLogSampling"))
+    settings = NetworkSettings(
+        subnets=tuple(subnets),
+        flow_log_sampling=number(node, "network.flowLogSampling"),
+        egress=text(node, "network.egress"),
+        package_index=text(node, "network.packageIndex"),
+    )
+    if settings.package_index and settings.egress != "google-only":
+        why = "only with egress: google-only (open egress reaches any index through Cloud NAT)"
+        node.problems.add(node.key("packageIndex"), settings.package_index, why)
     node.done()
     return settings
 

@@ -50,6 +50,8 @@ def check(cfg: PlatformConfig, problems: Problems) -> None:
     _sources(cfg, problems)
     _automation(cfg, problems)
     _self_service(cfg, problems)
+    _egress(cfg, problems)
+    _tensorflow_pods(cfg, problems)
     _checkpoint_intervals(cfg, problems)
     _gke(cfg, problems)
     if cfg.name_prefix and not problems.items:
@@ -468,6 +470,39 @@ def _automation(cfg: PlatformConfig, problems: Problems) -> None:
         )
 
 
+MAX_RESEARCHERS = 28
+
+
+def _tensorflow_pods(cfg: PlatformConfig, problems: Problems) -> None:
+    """A TensorFlow pod runtime (`TPU_NAME` in its environment): TPUClusterResolver asks the TPU API for the
+    slice's workers with the run's credentials, which the agent narrows to the run's Cloud Storage objects
+    (vm_agent/credentials.py; "Other Google Cloud services don't support this feature"): such a run cannot
+    find its workers until the agent serves them. Warned in every plan; self-service refuses multi-host."""
+    catalog = load_catalog()
+    for index, vm in enumerate(cfg.tpu_vms):
+        if any(name == "TPU_NAME" for name, _ in catalog.runtime_environment(vm.runtime_version, vm.name)):
+            problems.warn(
+                f"{PROJECT}:tpuVms[{index}].runtimeVersion",
+                vm.runtime_version,
+                "TensorFlow's pod runtime resolves its workers through the TPU API (TPU_NAME), which a run's "
+                "credentials cannot call (each run's token reaches only its own Cloud Storage objects): the run "
+                "cannot start its slice; use a JAX runtime for a multi-host slice",
+            )
+
+
+def _egress(cfg: PlatformConfig, problems: Problems) -> None:
+    """`egress: google-only` says, in every plan, what it cannot do (infra/network.py)."""
+    if cfg.network.egress != "google-only":
+        return
+    problems.warn(
+        f"{PROJECT}:network.egress",
+        "google-only",
+        "TPU VMs reach Google APIs (private.googleapis.com), their job's hosts and the metadata server only; a "
+        "package index by name (pypi.org) needs Cloud NGFW's FQDN objects, and VPC Service Controls "
+        "(restricted.googleapis.com, a perimeter) is the stronger option: neither is made by this stack",
+    )
+
+
 def _self_service(cfg: PlatformConfig, problems: Problems) -> None:
     """Self-service runs: refused in production unless the stack opts in, in words, and then still warned.
 
@@ -492,6 +527,20 @@ def _self_service(cfg: PlatformConfig, problems: Problems) -> None:
             problems.warn(key, True, f"nobody may submit: list people or groups under {PROJECT}:researchers")
     if cfg.self_service_in_production and not cfg.production:
         problems.warn(f"{PROJECT}:selfServiceInProduction", True, "has no effect: the stack is not production")
+    # Each researcher reads their runs' logs through a log view of their own on the _Default log bucket,
+    # which takes "a maximum of 30 log views" (Logging, "Configure log views on a log bucket"), two of them
+    # Logging's own (_AllLogs, _Default).
+    if cfg.self_service_vms and len(cfg.researchers) > MAX_RESEARCHERS:
+        problems.add(f"{PROJECT}:researchers", len(cfg.researchers),
+                     f"at most {MAX_RESEARCHERS} members (a log view each on the _Default log bucket, which holds "
+                     "30, two of them Logging's own): name groups instead of people")  # fmt: skip
+    # A self-service VM has an account of its own (infra/researchers.py): no workload's may take its name.
+    accounts = {naming.self_service_account_id(vm.name, cfg.stack): vm.name for vm in cfg.self_service_vms}
+    for w in cfg.workloads:
+        if service_account_id(w.name, cfg.stack) in accounts:
+            problems.add(f"{PROJECT}:workloads.{w.name}", w.name,
+                         f"gives the account id of self-service VM {accounts[service_account_id(w.name, cfg.stack)]}'s "
+                         "own account: rename the workload")  # fmt: skip
     if cfg.researcher_ssh and not cfg.researchers:
         problems.warn(f"{PROJECT}:researcherSsh", True, f"nobody is granted SSH: {PROJECT}:researchers is empty")
 

@@ -97,6 +97,10 @@ MAX_ENV_ITEMS = 64
 RESERVED_ENV_PREFIX = "TPU_PLATFORM_"
 
 
+EGRESS = ("open", "google-only")
+PACKAGE_INDEX = r"(https://[a-z0-9-]+-python\.pkg\.dev/[a-z][a-z0-9-]{4,28}[a-z0-9]/[a-z][a-z0-9-]*/simple/)?"
+
+
 def tpu_regions() -> tuple[str, ...]:
     """Regions with a Cloud TPU zone in the catalog."""
     zones = {z for g in load_catalog().generations.values() for z in g.zones}
@@ -498,6 +502,23 @@ SETTINGS: tuple[Setting, ...] = (
         minimum=0,
         exclusive_minimum=True,
         maximum=1,
+    ),
+    Setting(
+        "network.egress",
+        "string",
+        "What TPU VMs may reach: `open` (through Cloud NAT), or `google-only` (Google APIs through "
+        "private.googleapis.com and the job's own hosts; every other destination denied).",
+        default="open",
+        choices=EGRESS,
+    ),
+    Setting(
+        "network.packageIndex",
+        "string",
+        "With egress google-only: the Python package index runs install from, an Artifact Registry Python "
+        "repository (https://REGION-python.pkg.dev/PROJECT/REPO/simple/), reached through private.googleapis.com.",
+        default="",
+        pattern=PACKAGE_INDEX,
+        allowed="https://REGION-python.pkg.dev/PROJECT/REPOSITORY/simple/",
     ),
     Setting("tpuVms", "list", "The TPU VMs.", items="object", optional=True),
     Setting(

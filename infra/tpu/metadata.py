@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from infra import naming
-from infra.catalog import load_catalog
+from infra.catalog import framework_lock, load_catalog
 from infra.config import PROJECT, PlatformConfig, TpuVmSettings
 from infra.config.sources import registry
 from infra.packaging import Package, PackagingError, repository_folder
@@ -148,6 +148,7 @@ def startup_spec(cfg: PlatformConfig, vm: TpuVmSettings) -> StartupSpec:
         constraints=catalog.install_constraints(framework, version) if framework else (),
         min_python=(catalog.min_python(framework, version) or "") if framework else "",
         install_problem=(catalog.install_problem(framework, version) or "") if framework else "",
+        framework_lock=framework_lock(framework, version) if framework else "",
         grace_seconds=GRACE_SECONDS,
     )
 

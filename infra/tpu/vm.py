@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import pulumi
 
+from infra import naming
 from infra.apis import ProjectApis
 from infra.config import Env, TpuVmSettings
 from infra.grants import propagation_wait
@@ -44,6 +45,11 @@ def queued_capacity(vm: TpuVmSettings, network: PrivateNetwork) -> QueuedCapacit
     )
 
 
+def multi_host_job(vm: TpuVmSettings) -> bool:
+    """More than one host: a multi-host slice, or a multislice of several slices (infra/network.py job rules)."""
+    return vm.accelerator.multi_host or vm.node_count > 1
+
+
 class TpuVm(pulumi.ComponentResource):
     def __init__(
         self,
@@ -76,7 +82,8 @@ class TpuVm(pulumi.ComponentResource):
                 "workload": vm.workload,
                 "provisioning": vm.provisioning,
             },
-            tags=[TPU_VM_TAG],
+            # Its job's own tag only on a VM of more than one host: its hosts and slices reach each other.
+            tags=[TPU_VM_TAG, *([naming.job_tag(env.stack, vm.name)] if multi_host_job(vm) else [])],
             metadata=metadata,
             description=vm.description or f"{vm.workload} on {vm.accelerator.name} ({env.stack})",
         )

@@ -13,7 +13,9 @@
   A checkpoint that cannot be loaded is skipped for the one before it.
 - Storage for local paths and gs:// URLs (google-cloud-storage, which honours STORAGE_EMULATOR_HOST),
   sharded training data read in parallel, cached and prefetched; JSON log lines for Cloud Logging.
-- Completion markers (`status`, `announce`): COMPLETE beside the checkpoints, and `<status-dir>/COMPLETE`.
+- A completion marker beside the checkpoints (`status` reads it, and `<status-dir>/COMPLETE`). The object
+  the platform's guard acts on, `<status-dir>/COMPLETE`, is the VM agent's alone to write (a run's
+  credentials cannot reach it): runlib never writes it.
 
 As a program: `python3 runlib.py status --checkpoint-dir URL [--status-dir URL]` prints `complete`
 (either marker exists) or `incomplete`.
@@ -37,7 +39,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -73,10 +74,8 @@ def parse_args(description: str, argv: list[str] | None = None) -> argparse.Name
                         help="training steps per call to the device: fewer host round trips (S18)")  # fmt: skip
     parser.add_argument("--run-id", default=os.environ.get("TPU_PLATFORM_RUN_ID", "local"))
     parser.add_argument("--tpu", choices=("auto", "local", "none"), default="auto", help="use a TPU: auto-detect")
-    # Under the platform's agent the agent writes the run-complete object when the command exits 0;
-    # a program run by hand may still write it by naming the folder.
-    parser.add_argument("--status-dir", default="",
-                        help="where the run-complete object goes (the platform acts on it); empty: none")  # fmt: skip
+    # Only the platform's agent writes the run-complete object (when the command exits 0); `status` reads it.
+    parser.add_argument("--status-dir", default="", help="where the platform's run-complete object is (read only)")
     return parser.parse_args(argv)
 
 
@@ -547,10 +546,8 @@ def finish(
     metrics: dict[str, Any],
     process: int,
 ) -> None:
-    """Export the model and metrics, mark the run complete beside its checkpoints, then tell the
-    platform: the object at `<status-dir>/COMPLETE` is what its guard acts on, so it comes last.
-
-    Only process 0 writes."""
+    """Export the model and metrics, then mark the run complete beside its checkpoints (the platform's
+    `<status-dir>/COMPLETE` is the agent's to write, once the command exits 0). Only process 0 writes."""
     if process != 0:
         return
     if args.model_dir:
@@ -560,17 +557,6 @@ def finish(
         store.write("metrics.json", json.dumps(metrics, sort_keys=True, indent=2).encode())
     if args.checkpoint_dir:
         Store(args.checkpoint_dir).write(COMPLETE, json.dumps(metrics, sort_keys=True).encode())
-    if args.status_dir:
-        Store(args.status_dir).write(COMPLETE, json.dumps(completion(args.run_id, program, metrics)).encode())
-
-
-def completion(run_id: str, program: str, metrics: dict[str, Any]) -> dict[str, Any]:
-    """The run-complete object: which run, written by runlib, when (RFC 3339, UTC), how far and with what
-    figures. Its schema is the platform's (infra/completion_marker.py; tests/test_runlib.py checks this)."""
-    now = datetime.now(timezone.utc)  # noqa: UP017 - TPU VM images run Python 3.10 (no datetime.UTC)
-    finished = now.isoformat(timespec="seconds").replace("+00:00", "Z")
-    return {"runId": run_id, "writtenBy": "runlib", "program": program, "steps": metrics.get("steps"),
-            "finishedAt": finished, "metrics": metrics}  # fmt: skip
 
 
 def status(checkpoint_dir: str, status_dir: str = "", run_id: str = "") -> str:
@@ -587,20 +573,6 @@ def status(checkpoint_dir: str, status_dir: str = "", run_id: str = "") -> str:
     return "complete" if done else "incomplete"
 
 
-def announce(checkpoint_dir: str, status_dir: str, run_id: str, program: str) -> bool:
-    """Write `<status-dir>/COMPLETE` again for a run complete beside its checkpoints.
-
-    A VM that boots after its run completed (started by hand, or re-created) tells the platform
-    again: the new object's finalize event makes the guard stop or delete the node once more, so
-    finished work never keeps idle chips billing. Also heals a run that died between its two markers.
-    """
-    if not (checkpoint_dir and status_dir and Store(checkpoint_dir).exists(COMPLETE)):
-        return False
-    summary = json.loads(Store(checkpoint_dir).read(COMPLETE))
-    Store(status_dir).write(COMPLETE, json.dumps(completion(run_id, program, summary)).encode())
-    return True
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="runlib.py")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -608,17 +580,8 @@ def main(argv: list[str] | None = None) -> int:
     ask.add_argument("--checkpoint-dir", default="")
     ask.add_argument("--status-dir", default=os.environ.get("TPU_PLATFORM_STATUS_DIR", ""))
     ask.add_argument("--run-id", default=os.environ.get("TPU_PLATFORM_RUN_ID", ""))
-    tell = commands.add_parser("announce", help="write <status-dir>/COMPLETE again for a complete run")
-    tell.add_argument("--checkpoint-dir", default=os.environ.get("TPU_PLATFORM_CHECKPOINT_DIR", ""))
-    tell.add_argument("--status-dir", default=os.environ.get("TPU_PLATFORM_STATUS_DIR", ""))
-    tell.add_argument("--run-id", default=os.environ.get("TPU_PLATFORM_RUN_ID", ""))
-    tell.add_argument("--program", default=os.environ.get("TPU_PLATFORM_PROGRAM", ""))
     args = parser.parse_args(argv)
-    if args.command == "status":
-        print(status(args.checkpoint_dir, args.status_dir, args.run_id))
-    else:
-        told = announce(args.checkpoint_dir, args.status_dir, args.run_id, args.program)
-        print("announced" if told else "nothing to announce")
+    print(status(args.checkpoint_dir, args.status_dir, args.run_id))
     return 0
 
 
