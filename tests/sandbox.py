@@ -28,6 +28,7 @@ from typing import ClassVar
 
 from google.cloud import storage as storage_client
 
+from tests.iam_standins import StsStandIn, serve, sts_handler
 from tests.workloads import workloads_python
 
 SYSTEMCTL_SHIM = '''#!{python}
@@ -173,7 +174,10 @@ class _MetadataHandler(http.server.BaseHTTPRequestHandler):
         if self.headers.get("Metadata-Flavor") != "Google":
             self.send_error(403, "Missing Metadata-Flavor: Google")  # as the real server answers
             return
+        # The server answers for the account as `default` and by its email alike (querying-metadata,
+        # "service-accounts/"); google-auth asks by email once it has learnt it.
         account = "/computeMetadata/v1/instance/service-accounts/default/"
+        path = path.replace(f"/service-accounts/{SANDBOX_ACCOUNT}/", "/service-accounts/default/")
         if path in ("/", "/computeMetadata/v1/"):
             self._answer("computeMetadata/")
         elif path == account + "token":
@@ -300,6 +304,15 @@ def tpu_api() -> Iterator[tuple[str, list[tuple[str, str, str]]]]:
         server.shutdown()
 
 
+@functools.cache
+def sandbox_sts() -> tuple[StsStandIn, str]:
+    """The STS stand-in every sandboxed VM's agent exchanges the VM's token with (one per test process:
+    the storage emulator enforces no IAM, so a downscoped token only has to be issued, by the rules)."""
+    sts = StsStandIn(frozenset({SANDBOX_TOKEN}))
+    _, url = serve(sts_handler(sts))
+    return sts, url
+
+
 class Vm:
     """One sandboxed TPU VM worker: a root folder, shims on PATH, and a way to boot it."""
 
@@ -330,6 +343,8 @@ class Vm:
             # The machine's firewall is shared: the redirect is tested in a namespace of its own
             # (tests/test_vm_agent_isolation.py).
             "TPU_PLATFORM_METADATA_REDIRECT": "0",
+            # A run's token comes from STS, exchanged for the VM's: a stand-in that checks each exchange.
+            "TPU_PLATFORM_STS_URL": f"{sandbox_sts()[1]}/v1/token",
         }
 
     booted: ClassVar[list[Vm]] = []  # every VM a test booted: stopped after the test (conftest.py)

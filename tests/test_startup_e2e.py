@@ -26,7 +26,16 @@ from google.cloud import storage
 from infra.config import parse_stack_config
 from infra.startup import AGENT_UNIT
 from infra.tpu.metadata import source_digests, vm_metadata
-from tests.sandbox import Vm, deployed_stack, free_port, metadata_server, storage_emulator, tpu_api, wait_for
+from tests.sandbox import (
+    Vm,
+    deployed_stack,
+    free_port,
+    metadata_server,
+    sandbox_sts,
+    storage_emulator,
+    tpu_api,
+    wait_for,
+)
 from tests.support import stack_config, with_object
 from tests.workloads import WORKLOADS, run_workload, workloads_python
 from tests.workloads import committed_steps as committed_checkpoints
@@ -145,6 +154,7 @@ def test_preempted_run_resumes_and_finishes_once(program, module, emulator, tmp_
         assert api_calls == []  # the VM needs no TPU API rights: the platform's guard stops it
 
         assert completed(emulator, run_id)  # by the agent, when the program exited 0
+        assert not sandbox_sts()[0].violations  # every token exchange the agent made was well formed
 
         # Boot 3 (the VM stopped and started again): the run is complete; the agent starts it no more.
         os.kill(vm.pid(unit) or 0, signal.SIGTERM)
