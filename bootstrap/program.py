@@ -71,7 +71,7 @@ APIS = (
 # IAM: the environment's service accounts and custom roles are created here, before its first deploy.
 ENVIRONMENT_APIS = ("cloudresourcemanager.googleapis.com", "serviceusage.googleapis.com", "iam.googleapis.com")
 PROJECT_IAM_ADMIN = "roles/resourcemanager.projectIamAdmin"
-# What whoever runs the bootstrap needs, by where (tests/test_access.py proves these cover its plan):
+# What whoever runs the bootstrap needs, by where (proven against its plan with Google's role data):
 # on the admin project and each environment project; on the billing account; on the project of
 # each CMEK key. No basic role.
 BOOTSTRAP_ADMIN_ROLES: dict[str, tuple[str, ...]] = {

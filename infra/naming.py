@@ -100,7 +100,7 @@ def kubernetes_label_problem(key: str, value: str) -> str | None:
 # Terms: a *stack* is one Pulumi stack (dev, prod); the platform calls the GCP project and everything in
 # it that the stack owns the stack's *environment*. Names carry the stack so two stacks never collide.
 
-MAX_STACK = 12  # the config reader's limit, so every name below fits (tests/test_naming.py, longest inputs)
+MAX_STACK = 12  # the config reader's limit, so every name below fits at the longest inputs
 PLATFORM_ACCOUNT_KINDS = ("scheduler", "guard", "guard-invoker", "guard-build", "gke-nodes")
 GUARD_FUNCTIONS = ("budget-guard", "recovery", "complete", "scheduled-start")
 

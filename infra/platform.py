@@ -1,6 +1,6 @@
 """The whole environment, built from one validated `PlatformConfig`.
 
-This is the one reader of the whole config (tests/test_components.py keeps it so): it decides which
+This is the one reader of the whole config: it decides which
 components a stack declares, gives each the environment (`Env`) and its own small args, and enables
 the APIs that those components declare they need. One block per component, in each of the two steps.
 """

@@ -4,7 +4,7 @@ Pure and deterministic (same inputs, same bytes), so a plan shows no change unle
 its settings changed. The script runs as root on every boot of every worker of the slice, and is
 idempotent:
   1. check what the catalog could not know about the image (its Python, its framework), and install
-     the pinned framework only when the image lacks it (S21), only from the catalog's lock for that
+     the pinned framework only when the image lacks it, only from the catalog's lock for that
      release (`pip --require-hashes --no-deps`; no lock: refused). A boot whose image cannot run the
      workload logs one `tpu-platform: FATAL:` line, exits 78 and starts nothing: no restart loop
      keeps a TPU billing;

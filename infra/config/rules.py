@@ -506,7 +506,7 @@ def _egress(cfg: PlatformConfig, problems: Problems) -> None:
 def _self_service(cfg: PlatformConfig, problems: Problems) -> None:
     """Self-service runs: refused in production unless the stack opts in, in words, and then still warned.
 
-    Production runs stay reviewed by default (issue 16): a run there is a PR. A team that shares
+    Production runs stay reviewed by default: a run there is a PR. A team that shares
     production capacity on purpose says so with selfServiceInProduction, which every plan then repeats.
     """
     for index, vm in enumerate(cfg.tpu_vms):
