@@ -11,7 +11,7 @@ rounds: before and after a change, interleaved. Runs are interleaved, the order 
 the rounds reported, because the machine is shared. Prints wall time and CPU time (user + system,
 which a busy neighbour disturbs less), each as a ratio to the seed's, and the workloads' own input
 wait and checkpoint stall as shares of their training time, and their training loop's own seconds
-(the rest of the process is start-up, data, evaluation and export). Not a test: figures for the README.
+(the rest of the process is start-up, data, evaluation and export). Not a test: figures for docs/performance.md.
 """
 
 from __future__ import annotations

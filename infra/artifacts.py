@@ -40,7 +40,7 @@ BUILD_DIR = Path(__file__).resolve().parents[1] / "build" / "sources"
 REGISTRY_READER = "roles/artifactregistry.reader"
 OBJECT_READER = iam.BUCKET_ROLE_FOR_ACCESS["read"]
 SECONDS_PER_DAY = 86_400
-# What a workload's VM calls to fetch its code (the start-up script and the agent, docs/design-runs.md):
+# What a workload's VM calls to fetch its code (the start-up script and the agent, docs/run-contract.md):
 # a folder source's archive by name from the GCS JSON API (objects.get, never a listing) ...
 SOURCE_METHODS = ("storage.objects.get",)
 # ... or an image pulled with docker, which Artifact Registry checks as downloadArtifacts on the

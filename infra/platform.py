@@ -59,7 +59,7 @@ from infra.tpu.metadata import agent_package, run_id, source_digests, vm_metadat
 from infra.tpu.vm import TPU_VM_APIS, TpuVm, multi_host_job
 
 TPU_BACKEND = "cloud-tpu"
-# The VM agent's package (docs/design-runs.md), uploaded next to the workloads' sources.
+# The VM agent's package (docs/run-contract.md), uploaded next to the workloads' sources.
 AGENT_PACKAGE = "vm-agent"
 
 
