@@ -69,3 +69,11 @@ def test_the_stack_outputs_and_the_vm_commands_are_what_the_program_exports():
     ssh, logs = example("`pulumi stack output tpuVms` of dev").replace(" \\\n  ", " ").splitlines()[1::2]
     (vm,) = dev.outputs["tpuVms"].values()
     assert (ssh, logs) == (vm["sshCommand"], vm["logsCommand"])
+
+
+def test_the_smoke_tests_price_is_what_its_dry_run_prints(capsys):
+    from tools import smoke
+
+    command, shown = example("the first line of the smoke test's dry run").split("\n", 1)
+    assert smoke.main(shlex.split(command.removeprefix("$ python -m tools.smoke "))) == 0
+    assert capsys.readouterr().out.splitlines(keepends=True)[0] == shown
