@@ -1,7 +1,7 @@
 """The TPU catalog (`tpu.yaml` beside this file) and the rules that read it.
 
 Pure: no Pulumi. Each `*_problem` function returns why a choice would fail on GCP, phrased as what
-to do instead, or None when it is fine. These are the seed's troubleshooting items (no stock in the
+to do instead, or None when it is fine. These are the usual troubleshooting items of a hand-run TPU (no stock in the
 zone, "Failed to connect to remote TPU" from a version mismatch) turned into plan-time checks.
 """
 
