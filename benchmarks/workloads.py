@@ -11,7 +11,7 @@ rounds: before and after a change, interleaved. Runs are interleaved, the order 
 the rounds reported, because the machine is shared. Prints wall time and CPU time (user + system,
 which a busy neighbour disturbs less), each as a ratio to the seed's, and the workloads' own input
 wait and checkpoint stall as shares of their training time, and their training loop's own seconds
-(the rest of the process is start-up, data, evaluation and export). Not a test: figures for the README.
+(the rest of the process is start-up, data, evaluation and export). Not a test: figures for docs/performance.md.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def main() -> None:
                 print(f"  round {round_ + 1} {program}: {wall:.1f} s wall, {cpu:.1f} s CPU", flush=True)
 
         seed_wall, seed_cpu = statistics.median(walls["seed"]), statistics.median(cpus["seed"])
-        print(f"\nmedian of {args.rounds} round(s); ratios are to the seed's script")
+        print(f"\nmedian of {args.rounds} round(s); ratios are to the guide's script (benchmarks/seed_tpu_mnist.py)")
         heads = ("wall s", "x seed", "CPU s", "x seed", "loop s")
         print(f"{'program':<17} " + " ".join(f"{h:>7}" for h in heads) + f" {'input wait':>11} {'ckpt stall':>11}")
         for program in programs:

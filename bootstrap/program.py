@@ -1,7 +1,7 @@
 """The bootstrap's resources: what CI needs to run `pulumi preview/up` with no key anywhere, and every
 identity the stacks use, so that no CI identity can make or widen one.
 
-Run by an administrator (see the README for the roles that takes, computed by the tests), and again
+Run by an administrator (the roles that takes: `BOOTSTRAP_ADMIN_ROLES` below; docs/ci-and-bootstrap.md), and again
 whenever `bootstrap/access.json` changes:
 - a GCS bucket for Pulumi state: versioned, soft delete kept 30 days, uniform access, public access
   prevented, protected;
@@ -71,7 +71,7 @@ APIS = (
 # IAM: the environment's service accounts and custom roles are created here, before its first deploy.
 ENVIRONMENT_APIS = ("cloudresourcemanager.googleapis.com", "serviceusage.googleapis.com", "iam.googleapis.com")
 PROJECT_IAM_ADMIN = "roles/resourcemanager.projectIamAdmin"
-# What whoever runs the bootstrap needs, by where (tests/test_access.py proves these cover its plan):
+# What whoever runs the bootstrap needs, by where (proven against its plan with Google's role data):
 # on the admin project and each environment project; on the billing account; on the project of
 # each CMEK key. No basic role.
 BOOTSTRAP_ADMIN_ROLES: dict[str, tuple[str, ...]] = {
@@ -115,7 +115,7 @@ class BootstrapConfig:
     billing_account: str | None
     environments: dict[str, str]  # stack -> its GCP project
     # Environments whose accounts and custom roles the stack made before the bootstrap did: imported
-    # once (README, "Upgrading a stack whose accounts it made itself").
+    # once (docs/ci-and-bootstrap.md, "Upgrading a stack that made its own accounts").
     adopt: tuple[str, ...] = ()
 
 

@@ -1,4 +1,4 @@
-"""Project APIs (S2). Every resource that needs an API depends on its `Service`, so the first
+"""Project APIs. Every resource that needs an API depends on its `Service`, so the first
 `pulumi up` on a fresh project succeeds in one pass.
 
 Each component module declares the APIs it needs (`APIS`, or a function of its args where a

@@ -40,7 +40,7 @@ BUILD_DIR = Path(__file__).resolve().parents[1] / "build" / "sources"
 REGISTRY_READER = "roles/artifactregistry.reader"
 OBJECT_READER = iam.BUCKET_ROLE_FOR_ACCESS["read"]
 SECONDS_PER_DAY = 86_400
-# What a workload's VM calls to fetch its code (the start-up script and the agent, docs/design-runs.md):
+# What a workload's VM calls to fetch its code (the start-up script and the agent, docs/run-contract.md):
 # a folder source's archive by name from the GCS JSON API (objects.get, never a listing) ...
 SOURCE_METHODS = ("storage.objects.get",)
 # ... or an image pulled with docker, which Artifact Registry checks as downloadArtifacts on the
@@ -117,7 +117,7 @@ def cleanup_policies(args: ArtifactsArgs) -> list[gcp.artifactregistry.Repositor
     ]
     if args.pinned_digests:
         # A Docker version's name is its digest, `sha256:<hex>` (artifactregistry.v1 Tag.version:
-        # `…/versions/sha256:…`; tests/test_contracts.py checks it against the discovery document).
+        # `…/versions/sha256:…`).
         policies.insert(
             0,
             gcp.artifactregistry.RepositoryCleanupPolicyArgs(
@@ -175,7 +175,7 @@ class WorkloadArtifacts(pulumi.ComponentResource):
                 opts=pulumi.ResourceOptions(parent=self, retain_on_delete=True),
             )
         # Its fields and enum values as the provider sends them: checked against Artifact Registry v1's
-        # published schema (tests/test_contracts.py, the artifactregistry.v1 discovery document).
+        # published schema (the artifactregistry.v1 discovery document).
         self.repository = gcp.artifactregistry.Repository(
             f"{name}-images",
             project=env.project,

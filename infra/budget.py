@@ -1,4 +1,4 @@
-"""A billing budget on the environment's project with email and Pub/Sub alerts (S14).
+"""A billing budget on the environment's project with email and Pub/Sub alerts.
 
 A budget alerts; it never caps spend. The optional Pub/Sub topic is where an automated reaction
 (stopping TPU VMs) subscribes. Setting it needs `pubsub.topics.setIamPolicy` on the topic for the

@@ -5,8 +5,8 @@ program run by hand may with runlib (workloads/lib/runlib.py), the guard stops o
 appears (functions/tpu_guard/), and the Pulumi program leaves a deleted VM undeclared (infra/run_status.py).
 Standard library only, Python 3.8, no import of this repository: the same file ships inside the guard's
 source and the agent's archive, where `functions/tpu_guard/completion_marker.py` and
-`vm_agent/completion_marker.py` are links to it that the packagers follow (tests/test_completion_marker.py
-checks that both shipped copies are these bytes).
+`vm_agent/completion_marker.py` are links to it that the packagers follow, so both
+shipped copies are these bytes.
 
 A marker is a JSON object with exactly these members:
 

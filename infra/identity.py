@@ -1,4 +1,4 @@
-"""One dedicated service account per workload, holding only allow-listed roles (S25).
+"""One dedicated service account per workload, holding only allow-listed roles.
 
 Never the default Compute Engine account and never a key. The account is the bootstrap's to make
 (`infra/access/accounts.py`): the stack names it and grants it its roles. Project roles come from the
@@ -21,8 +21,7 @@ from infra.config import Env, WorkloadSettings, service_account_id
 # The REST methods a workload's program calls (workloads/runlib.py) and the VM agent calls for it
 # with the same account (vm_agent/telemetry.py: entries:write and timeSeries.create; its TensorBoard
 # event file: an upload to the models bucket), by where they are granted: it reads data, reads and
-# writes checkpoints and models, and writes logs and metrics. No TPU method. tests/test_access.py
-# checks the agent's declared METHODS are here and granted.
+# writes checkpoints and models, and writes logs and metrics. No TPU method.
 WORKLOAD_METHODS: dict[str, tuple[str, ...]] = {
     "data": ("storage.objects.get", "storage.objects.list"),
     "checkpoints": ("storage.objects.get", "storage.objects.list", "storage.objects.insert", "storage.objects.delete"),

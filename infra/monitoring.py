@@ -1,4 +1,4 @@
-"""Alerts and a dashboard for the environment's TPUs (S23), sent to its notification channels.
+"""Alerts and a dashboard for the environment's TPUs, sent to its notification channels.
 
 - TPU idle: TensorCore idle time above the configured limit (chips billed while doing nothing);
 - TPU VM not reporting: no metrics for 10 minutes from a worker of a VM that is meant to run all
@@ -34,7 +34,7 @@ IDLE = "tpu.googleapis.com/tpu/tensorcore/idle_duration"
 MXU = "tpu.googleapis.com/tpu/mxu/utilization"
 HOST_MEMORY = "tpu.googleapis.com/memory/usage"
 CPU = "tpu.googleapis.com/cpu/utilization"
-# The guard's structured log events (functions/tpu_guard/decisions.py); kept equal by tests/test_monitoring.py.
+# The guard's structured log events (functions/tpu_guard/decisions.py): the same strings.
 PREEMPTED_EVENT = "tpu-preempted-not-started"
 GAVE_UP_EVENT = "tpu-recovery-gave-up"
 # 2nd-gen functions run as Cloud Run services: their stdout lands on this monitored resource, and a
@@ -48,7 +48,7 @@ FUNCTION_LOGS = 'resource.type = "cloud_run_revision"'
 # its own token (downscoped, Cloud Storage only) writes no entry at all (vm_agent/credentials.py).
 FUNCTION_STDOUT = "run.googleapis.com%2Fstdout"
 LOG_ALERT_PERIOD = "3600s"
-# What the VM agent ships (vm_agent/telemetry.py; kept equal by tests/test_monitoring.py): each run's
+# What the VM agent ships (vm_agent/telemetry.py, the same names): each run's
 # output lines in this log, labelled with the stack, and its training metrics as custom metrics on
 # `generic_node` resources whose namespace is the stack.
 WORKLOAD_LOG = "tpu-workload"

@@ -100,7 +100,7 @@ def kubernetes_label_problem(key: str, value: str) -> str | None:
 # Terms: a *stack* is one Pulumi stack (dev, prod); the platform calls the GCP project and everything in
 # it that the stack owns the stack's *environment*. Names carry the stack so two stacks never collide.
 
-MAX_STACK = 12  # the config reader's limit, so every name below fits (tests/test_naming.py, longest inputs)
+MAX_STACK = 12  # the config reader's limit, so every name below fits at the longest inputs
 PLATFORM_ACCOUNT_KINDS = ("scheduler", "guard", "guard-invoker", "guard-build", "gke-nodes")
 GUARD_FUNCTIONS = ("budget-guard", "recovery", "complete", "scheduled-start")
 
@@ -110,14 +110,14 @@ def bucket(prefix: str, stack: str, purpose: str) -> str:
     return f"{prefix}-{stack}-{purpose}"
 
 
-# docs/design-runs.md: workload sources (and the agent) live in the stack's artifacts bucket, not the
+# docs/run-contract.md: workload sources (and the agent) live in the stack's artifacts bucket, not the
 # data bucket, as `sources/<sha256>.tar.gz`; a run request lives under its VM's status folder.
 ARTIFACTS = "artifacts"
 SOURCES_PREFIX = "sources/"
 
 
 def requests_prefix(vm: str) -> str:
-    """Where researchers' run and stop requests for one VM wait for its agent (docs/design-runs.md)."""
+    """Where researchers' run and stop requests for one VM wait for its agent (docs/run-contract.md)."""
     return f"{status_prefix(vm)}requests/"
 
 
@@ -247,7 +247,7 @@ def function_repository(stack: str) -> str:
 
 
 def source_object(sha256: str) -> str:
-    """A packaged source folder in the artifacts bucket, named by its content (docs/design-runs.md)."""
+    """A packaged source folder in the artifacts bucket, named by its content (docs/run-contract.md)."""
     if not re.fullmatch(r"[0-9a-f]{64}", sha256):
         raise ValueError(f"not a sha256 hex digest: {sha256!r}")
     return f"{SOURCES_PREFIX}{sha256}.tar.gz"

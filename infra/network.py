@@ -1,4 +1,4 @@
-"""A private network per environment for TPU VMs (S17, S25).
+"""A private network per environment for TPU VMs.
 
 No external IPs anywhere: Private Google Access reaches Google APIs (Cloud Storage, Logging) and a
 Cloud NAT per region reaches package indexes. Ingress is closed except SSH from Google's IAP range

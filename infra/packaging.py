@@ -1,6 +1,6 @@
 """A folder as a deterministic tar.gz: the same files give the same bytes, wherever the checkout is.
 
-What makes a source folder's object name (`sources/<sha256>.tar.gz`, docs/design-runs.md) a content
+What makes a source folder's object name (`sources/<sha256>.tar.gz`, docs/run-contract.md) a content
 hash: members sorted by path; every mtime, uid, gid, owner and group name fixed; modes normalised to
 0644 (0755 for directories and files executable by their owner); the gzip header without a file name
 and with mtime 0. Byte caches and version-control folders are left out (`__pycache__`, `.git`, `*.pyc`):

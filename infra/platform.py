@@ -1,6 +1,6 @@
 """The whole environment, built from one validated `PlatformConfig`.
 
-This is the one reader of the whole config (tests/test_components.py keeps it so): it decides which
+This is the one reader of the whole config: it decides which
 components a stack declares, gives each the environment (`Env`) and its own small args, and enables
 the APIs that those components declare they need. One block per component, in each of the two steps.
 """
@@ -59,7 +59,7 @@ from infra.tpu.metadata import agent_package, run_id, source_digests, vm_metadat
 from infra.tpu.vm import TPU_VM_APIS, TpuVm, multi_host_job
 
 TPU_BACKEND = "cloud-tpu"
-# The VM agent's package (docs/design-runs.md), uploaded next to the workloads' sources.
+# The VM agent's package (docs/run-contract.md), uploaded next to the workloads' sources.
 AGENT_PACKAGE = "vm-agent"
 
 

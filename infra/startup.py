@@ -4,7 +4,7 @@ Pure and deterministic (same inputs, same bytes), so a plan shows no change unle
 its settings changed. The script runs as root on every boot of every worker of the slice, and is
 idempotent:
   1. check what the catalog could not know about the image (its Python, its framework), and install
-     the pinned framework only when the image lacks it (S21), only from the catalog's lock for that
+     the pinned framework only when the image lacks it, only from the catalog's lock for that
      release (`pip --require-hashes --no-deps`; no lock: refused). A boot whose image cannot run the
      workload logs one `tpu-platform: FATAL:` line, exits 78 and starts nothing: no restart loop
      keeps a TPU billing;
@@ -15,7 +15,7 @@ idempotent:
      count, the coordinator's address), and install the agent as a systemd unit: it restarts on
      failure (a few times an hour at most, never after exit 78, a configuration error), logs to the
      journal and is stopped before Docker with the run's grace period;
-  4. start it. The agent (docs/design-runs.md) runs the workload as the `tpu-platform-run` metadata
+  4. start it. The agent (docs/run-contract.md) runs the workload as the `tpu-platform-run` metadata
      says: it does nothing for a completed run and resumes an unfinished one from its newest
      checkpoint after a reboot, a preemption or a re-created VM.
 
@@ -54,7 +54,7 @@ EXIT_CONFIG = 78  # EX_CONFIG of sysexits.h
 # it finds a Cloud TPU slice itself (`coordinator_port = '8482'` in jax/_src/clusters/cloud_tpu_cluster.py).
 # Passed explicitly, so the same start-up path works where JAX's detection is off (a CPU sandbox).
 COORDINATOR_PORT = 8482
-# The run the VM agent starts (docs/design-runs.md, "A run spec"): a change of it (run id, command, a
+# The run the VM agent starts (docs/run-contract.md, "A run spec"): a change of it (run id, command, a
 # source's digest, settings) is a change of metadata only, which the agent sees with wait_for_change.
 RUN_ATTRIBUTE = "tpu-platform-run"
 
@@ -78,7 +78,7 @@ class StartupSpec:
     vm: str
     workload: str
     agent: Artifact  # the platform's runner on the VM (vm_agent/), packaged by the stack
-    # The agent's static settings (`agent.env`, docs/design-runs.md): NAME=value, from metadata.
+    # The agent's static settings (`agent.env`, docs/run-contract.md): NAME=value, from metadata.
     settings: tuple[tuple[str, str], ...]
     # The framework the image must hold for this workload ("" when the workload names none: nothing is
     # checked or installed at boot, the source's requirements bring what it needs).

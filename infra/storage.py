@@ -1,4 +1,4 @@
-"""Cloud Storage for data, checkpoints and models (S12, S25, S26).
+"""Cloud Storage for data, checkpoints and models.
 
 Secure and keep-by-default: uniform access, public access prevention enforced, versioning, optional
 CMEK, and a bucket survives `pulumi destroy` (retain_on_delete) unless its stack lists it as

@@ -39,7 +39,7 @@ BUCKET_MEMBER = "gcp:storage/bucketIAMMember:BucketIAMMember"
 CLUSTER = "gcp:container/cluster:Cluster"
 NODE_POOL = "gcp:container/nodePool:NodePool"
 PUBLIC_MEMBERS = {"allUsers", "allAuthenticatedUsers"}
-# Kept for tests/test_bootstrap.py; the pack judges roles by their permissions (`judge_grant`).
+# Not used by the pack, which judges roles by their permissions (`judge_grant`).
 IMPERSONATION_ROLES = {
     "roles/iam.serviceAccountUser",
     "roles/iam.serviceAccountTokenCreator",
@@ -305,7 +305,7 @@ def budget_in_every_stack(args: StackValidationArgs, report: Report) -> None:
 
 
 def spot_tpu_has_checkpoints(args: StackValidationArgs, report: Report) -> None:
-    """A spot or preemptible TPU VM waits for a write grant on a checkpoints bucket (S19)."""
+    """A spot or preemptible TPU VM waits for a write grant on a checkpoints bucket."""
     checkpoint_buckets = {
         r.props.get("name")
         for r in args.resources

@@ -623,7 +623,7 @@ def _number(project: str) -> str:
 
 
 def test_bootstrap_admin_roles_cover_the_bootstrap_plan():
-    """The roles the README asks of whoever runs the bootstrap, checked against Google's role data."""
+    """The roles asked of whoever runs the bootstrap, checked against Google's role data."""
     resources = boot_declared()
     need = needs_of(resources, ADMIN, DEPLOY, invokes=boot().invokes)
     for scope, permissions in need.permissions.items():

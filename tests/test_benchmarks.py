@@ -1,4 +1,4 @@
-"""The benchmark scripts still run (tiny sizes); their figures are for the README, not asserted."""
+"""The benchmark scripts still run (tiny sizes); their figures are for docs/performance.md, not asserted."""
 
 from __future__ import annotations
 

@@ -69,7 +69,7 @@ def test_tensorflow_version_must_match_the_runtime():
     assert catalog.runtime_problem(v3, "tpu-vm-tf-2.13.0", "tensorflow", "2.13.0") is None
     why = catalog.runtime_problem(v3, "tpu-vm-tf-2.13.0", "tensorflow", "2.15.0")
     assert why == (
-        "the runtime carries TensorFlow 2.13.0 but the workload is pinned to 2.15.0 (the seed's 'Failed to connect "
+        "the runtime carries TensorFlow 2.13.0 but the workload is pinned to 2.15.0 (at run time: 'Failed to connect "
         "to remote TPU')"
     )
     # What an error may suggest: the runtime of the pinned version, or the version the runtime carries.

@@ -141,7 +141,7 @@ def test_a_program_takes_no_source_command_or_python_and_needs_its_framework_ver
 
 
 def test_a_vm_runs_a_folder_source_through_the_agent():
-    """The VM agent fetches any folder source by its digest (docs/design-runs.md): a VM is no longer
+    """The VM agent fetches any folder source by its digest (docs/run-contract.md): a VM is no longer
     limited to the built-in programs, and its run spec names the folder's archive and own command."""
     from infra import naming
     from infra.packaging import repository_folder
@@ -268,15 +268,15 @@ def test_any_junk_in_the_artifacts_settings_is_a_clean_config_error(key, junk):
         assert all(p.key.startswith(f"{NS}:artifacts") and p.allowed for p in error.problems)
 
 
-def test_the_readme_example_parses_with_the_dev_stack():
+def test_the_docs_example_parses_with_the_dev_stack():
     import re
 
     import yaml
 
     from tests.support import stack_config
 
-    readme = (REPO_ROOT / "README.md").read_text()
-    block = readme.split("<!-- example: workload sources", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    page = (REPO_ROOT / "docs" / "stack-settings.md").read_text()
+    block = page.split("<!-- example: workload sources", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
     example = yaml.safe_load(block)["tpu-platform:workloads"]
     raw = with_object(stack_config("dev"), "workloads", lambda w: w.update(example))
     cfg = parse_stack_config("dev", raw)

@@ -1,4 +1,4 @@
-"""The README's examples (examples/Pulumi.*.yaml), each planned offline.
+"""The example stacks (examples/Pulumi.*.yaml), each planned offline.
 
 The queued-capacity examples each declare one queued request through the dynamic provider, with the
 stack's settings mapped onto it, and the deployer computed from that plan holds what the provider's

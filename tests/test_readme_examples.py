@@ -1,6 +1,6 @@
-"""The README's examples, executed: the error example, the cost table, the stack outputs and the
-commands they give, and the settings table. Each example is found by its `<!-- example: ... -->`
-marker; a README that drifts from what the code prints fails here."""
+"""The examples of the docs pages, executed: the error example, the cost table, the stack outputs and
+the commands they give, and the settings table. Each example is found by its `<!-- example: ... -->`
+marker in whichever page of docs/ holds it; a page that drifts from what the code prints fails here."""
 
 from __future__ import annotations
 
@@ -13,21 +13,21 @@ from tests.support import offline_cli, plan, stack_config
 from tools.offline.render import to_text
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text()
+DOCS = "\n".join(page.read_text() for page in sorted((ROOT / "docs").glob("*.md")))
 
 
 def example(marker: str) -> str:
     """The fenced block that follows `<!-- example: MARKER`."""
-    start = README.find(f"<!-- example: {marker}")
-    assert start >= 0, f"the README lost its example marker {marker!r}"
-    return README[start:].split("```", 2)[1].split("\n", 1)[1]  # past the fence's language tag
+    start = DOCS.find(f"<!-- example: {marker}")
+    assert start >= 0, f"the docs lost their example marker {marker!r}"
+    return DOCS[start:].split("```", 2)[1].split("\n", 1)[1]  # past the fence's language tag
 
 
 def test_the_error_example_is_what_the_plan_prints(tmp_path):
-    marker = re.search(r"<!-- example: Pulumi\.dev\.yaml with (\w+): (\S+) \(", README)
-    assert marker, "the README's error example lost its marker"
+    marker = re.search(r"<!-- example: Pulumi\.dev\.yaml with (\w+): (\S+) \(", DOCS)
+    assert marker, "the docs' error example lost its marker"
     key, value = marker.groups()
-    shown = README[marker.end() :].split("```\n", 1)[1].split("```", 1)[0]
+    shown = DOCS[marker.end() :].split("```\n", 1)[1].split("```", 1)[0]
     stack = (ROOT / "Pulumi.dev.yaml").read_text()
     edited, count = re.subn(rf"(\n\s+{key}: )\S+", rf"\g<1>{value}", stack)
     assert count == 1
@@ -41,8 +41,9 @@ def test_the_error_example_is_what_the_plan_prints(tmp_path):
 def test_the_settings_table_is_generated_from_the_declarations():
     from infra.config import docs
 
-    assert docs.readme_with_table(README) == README, (
-        "README's settings table is stale: run .venv/bin/python -m tools.offline schema --write"
+    page = docs.SETTINGS_PAGE.read_text()
+    assert docs.page_with_table(page) == page, (
+        "docs/stack-settings.md's settings table is stale: run .venv/bin/python -m tools.offline schema --write"
     )
 
 
@@ -62,9 +63,17 @@ def test_the_what_if_example_is_what_the_command_prints():
 
 def test_the_stack_outputs_and_the_vm_commands_are_what_the_program_exports():
     dev = plan(stack_config("dev"), "dev")
-    listed = re.search(r"Stack outputs: (.*?)\.\n", README, re.S)
-    assert listed, "the README lost its list of stack outputs"
+    listed = re.search(r"Stack outputs: (.*?)\.\n", DOCS, re.S)
+    assert listed, "the docs lost their list of stack outputs"
     assert re.findall(r"`(\w+)`", listed.group(1)) == list(dev.outputs)
     ssh, logs = example("`pulumi stack output tpuVms` of dev").replace(" \\\n  ", " ").splitlines()[1::2]
     (vm,) = dev.outputs["tpuVms"].values()
     assert (ssh, logs) == (vm["sshCommand"], vm["logsCommand"])
+
+
+def test_the_smoke_tests_price_is_what_its_dry_run_prints(capsys):
+    from tools import smoke
+
+    command, shown = example("the first line of the smoke test's dry run").split("\n", 1)
+    assert smoke.main(shlex.split(command.removeprefix("$ python -m tools.smoke "))) == 0
+    assert capsys.readouterr().out.splitlines(keepends=True)[0] == shown

@@ -275,7 +275,7 @@ def test_a_status_marker_counts_only_for_the_run_it_names(tmp_path):
 
 
 def test_the_run_contract_environment_gives_the_defaults_and_the_agent_writes_the_status(monkeypatch):
-    """Under the platform's agent a command needs no location flags (README, "The run contract"), and
+    """Under the platform's agent a command needs no location flags (docs/run-contract.md), and
     the program does not write `<status-dir>/COMPLETE`: the agent does, when the command exits 0."""
     contract = {
         "TPU_PLATFORM_DATA": "gs://d/mnist.npz",

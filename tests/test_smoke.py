@@ -316,7 +316,7 @@ def test_a_slice_that_does_not_come_back_fails_the_gke_smoke(tmp_path):
 
 
 def test_the_dry_run_lists_a_step_for_each_check_only_a_real_project_can_make(capsys):
-    """The README's list of what the offline model cannot prove, each a step of the real run."""
+    """The list of what the offline model cannot prove (docs/ci-and-bootstrap.md), each a step of the real run."""
     _, out, commands = dry_run(capsys)
     checks = [line.removeprefix("check ") for line in out.splitlines() if line.startswith("check ")]
     for step in (

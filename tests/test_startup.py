@@ -156,7 +156,7 @@ def test_the_rendered_unit_passes_systemd_analyze_verify_without_a_warning(stack
     """systemd's own parser reads the unit as a VM would have it (placeholders filled in as the script fills
     them): a misspelt key or value, which systemd only warns about and ignores, fails here. The unit is
     rendered and checked here; no systemd runs it in the tests (the sandbox's systemctl is a shim)."""
-    assert SYSTEMD_ANALYZE, "systemd-analyze is missing: install Debian's systemd package (README, Development)"
+    assert SYSTEMD_ANALYZE, "systemd-analyze is missing: install Debian's systemd package (README, Requirements)"
     folder = tmp_path / "vm"
     (folder / "agent").mkdir(parents=True)
     (folder / "agent.env").write_text("")

@@ -44,7 +44,7 @@ def test_vm_identity_network_and_labels(stack):
 
 
 def test_metadata_carries_the_run_spec_and_the_agents_digest():
-    """The workload reaches the VM as a run spec (docs/design-runs.md) naming its source folder's archive
+    """The workload reaches the VM as a run spec (docs/run-contract.md) naming its source folder's archive
     by digest; the start-up script carries only the agent's digest, not the program."""
     _, (vm,) = vms()
     metadata = vm.inputs["metadata"]

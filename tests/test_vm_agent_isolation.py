@@ -60,7 +60,7 @@ IMAGE_PYTHON = "/usr/bin/python3"  # what a run can execute (pytest's own interp
 @pytest.fixture(autouse=True)
 def root_only():
     """These tests do what the agent does on a VM: as root. Not skipped where they cannot run: failed, with why."""
-    assert os.geteuid() == 0, "tests/test_vm_agent_isolation.py runs as root (README, Development: requirements)"
+    assert os.geteuid() == 0, "tests/test_vm_agent_isolation.py runs as root (README, Requirements)"
 
 
 def isolation(tmp_path: Path, **extra: Any) -> Isolation:
@@ -296,7 +296,7 @@ def test_a_containers_metadata_traffic_goes_to_the_proxy_which_knows_it_by_its_a
     from vm_agent.firewall import RUNS_GATEWAY, RUNS_SUBNET, container_ip
     from vm_agent.metadata_proxy import MetadataProxy
 
-    assert shutil.which("iptables"), "iptables is missing: apt-get install -y iptables (README, Development)"
+    assert shutil.which("iptables"), "iptables is missing: apt-get install -y iptables (README, Requirements)"
     apply = (
         "import subprocess\nfrom vm_agent.firewall import Firewall\n"
         "for _ in range(2): Firewall().apply_bridge(8099, '169.254.169.254')\n"
@@ -456,7 +456,7 @@ def test_a_folder_whose_locks_all_break_the_images_bounds_is_refused_with_each_r
 def world(tmp_path_factory) -> dict[str, Any]:
     """The example self-service stack's shared VM, its stack run and one of ALICE's requests, each the
     hostile program, run by the real agent in a network namespace of its own (tests/isolation_world.py)."""
-    assert shutil.which("iptables"), "iptables is missing: apt-get install -y iptables (README, Development)"
+    assert shutil.which("iptables"), "iptables is missing: apt-get install -y iptables (README, Requirements)"
     tmp = tmp_path_factory.mktemp("world")
     plan = plan_stack(STACK, EXAMPLE)
     grants = account_grants(plan.resources, vm_account(plan.resources, SHARED))

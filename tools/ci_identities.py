@@ -5,7 +5,7 @@
 
 A stack reference cannot give the workflows these values: a workflow needs the identity provider and the
 service accounts to authenticate before it can read any state. So they live in a committed file, generated
-here and checked by tests/test_ci_identities.py against the stack files.
+here from the bootstrap's outputs, refusing what does not fit the stack files.
 
 The file lists the stacks in deploy order: every stack without `tpu-platform:production: true` first, then
 the production ones, each by name. Each stack carries its GCP project (from its stack file), its own

@@ -11,7 +11,7 @@ resource that is gone from the program unless its state says `retainOnDelete`; t
     python -m tools.hand_over dev.json
     pulumi stack import --stack dev --file dev.json
 
-and the bootstrap adopts the same accounts and roles (`adopt: [dev]` in its stack file: the README's
+and the bootstrap adopts the same accounts and roles (`adopt: [dev]` in its stack file: docs/ci-and-bootstrap.md,
 "Upgrading a stack that made its own accounts"). Without this step the deploy fails rather than deletes:
 the new deployer holds no right to delete an account, a role or an account's IAM.
 """

@@ -235,7 +235,7 @@ def logs(google: Google, stack: Stack, args: argparse.Namespace) -> int:
 def model_prefix(vm: TpuVmSettings, who: str, run_id: str) -> str:
     """Where a researcher's run keeps its model and metrics: `<workload>/<vm>/<member>/<runId>/` in the
     models bucket; the agent gives a request's run this TPU_PLATFORM_MODEL_DIR (vm_agent/requests.py
-    RunPlaces; tests/test_vm_agent_requests.py fetches it)."""
+    RunPlaces)."""
     return f"{naming.member_objects_prefix(vm.workload, vm.name, who)}{run_id}/"
 
 

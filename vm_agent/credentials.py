@@ -20,8 +20,8 @@ google-auth's `google.oauth2.sts.Client` sends it for `google.auth.downscoped.Cr
 grant_type token-exchange, subject and requested token types access_token, the VM's token as the
 subject, and `options` the boundary as URL-quoted JSON. A downscoped token lives no longer than the
 token it came from (google-auth: "the same expiration time as the source credentials"), so a run's
-token is exchanged again, from a fresh VM token, before either expires. Tests check the request against
-the discovery document (tests/test_vm_agent_isolation.py).
+token is exchanged again, from a fresh VM token, before either expires. The request is the one the
+discovery document describes.
 
 Standard library only, Python 3.8 (the agent's rules).
 """

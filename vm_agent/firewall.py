@@ -16,8 +16,8 @@ server but DNS is dropped in DOCKER-USER, Docker's chain for the user's forwardi
 filtering and firewalls", Docker's docs). Multi-host image runs use the host's network (`--net=host`):
 their processes are the run's uid, so the uid rules above hold for them.
 
-What runs for real in the tests: the uid rules, in a network namespace of the test's own
-(tests/test_vm_agent_isolation.py). The bridge rules are only rendered there (no Docker daemon); the
+What runs for real in the tests: the uid rules, in a network namespace of the test's own.
+The bridge rules are only rendered there (no Docker daemon); the
 proxy's second listener and its by-address lookup run for real.
 """
 

@@ -1,6 +1,6 @@
 """Researchers' run and stop requests, taken in name order from the VM's folder of the status bucket.
 
-`RequestSource` is a `RunSource` (docs/design-runs.md): `next(timeout_s)` lists
+`RequestSource` is a `RunSource` (docs/run-contract.md): `next(timeout_s)` lists
 `gs://<status-bucket>/<vm>/requests/` through the Cloud Storage JSON API and returns the first request
 it can take: a `RunSpec`, a `StopRequest`, or None when nothing new came within `timeout_s`.
 
@@ -32,7 +32,7 @@ A request is parsed by the one run-spec parser (vm_agent/sources.py `parse_run_s
 `RunSpec`, with a request's own rules on top (`parse_request`); its checkpoint and model dirs are the
 platform's (`RunPlaces`), never the researcher's.
 
-Stdlib only, Python 3.8 (as the rest of vm_agent: tests/test_vm_agent_sources.py runs vermin).
+Stdlib only, Python 3.8 (as the rest of vm_agent).
 """
 
 from __future__ import annotations
@@ -173,7 +173,7 @@ class RequestSource:
     def from_settings(
         cls, settings: Settings, environ: Mapping[str, str], log: Callable[[str], None] | None = None
     ) -> RequestSource:
-        """From agent.env, as `Settings` parsed it (docs/design-runs.md); `environ` only for an emulator."""
+        """From agent.env, as `Settings` parsed it (docs/run-contract.md); `environ` only for an emulator."""
         storage = Storage(Tokens(settings.metadata_url), environ)  # the VM account's token, with an emulator too
         places = RunPlaces(settings.checkpoints, settings.models, settings.workload, split_gs(settings.status_dir)[1])
         refusal = ""

@@ -1,4 +1,4 @@
-"""Start and stop one run under the run contract (README, "The run contract"), as its own uid.
+"""Start and stop one run under the run contract (docs/run-contract.md), as its own uid.
 
 Every process of a run, its installs included, runs as a fresh unprivileged uid in a jail of its own
 (vm_agent/isolation.py, vm_agent/jail.py): its own /tmp and other world-writable folders, no sight of

@@ -1,6 +1,6 @@
 """The agent's static settings: `agent.env`, which the start-up script writes and systemd passes in.
 
-Names as in docs/design-runs.md ("agent.env"); one strict parse that lists every problem.
+Names as in docs/run-contract.md ("agent.env"); one strict parse that lists every problem.
 """
 
 from __future__ import annotations

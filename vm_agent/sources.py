@@ -1,6 +1,6 @@
 """Where desired runs come from: the run spec, its strict parser, and the metadata source.
 
-A run spec is JSON (docs/design-runs.md, "A run spec"). Parsing lists every problem at once, each with
+A run spec is JSON (docs/run-contract.md, "A run spec"). Parsing lists every problem at once, each with
 the key, the bad value and what is allowed, and refuses a source that is not the stack's own: a folder
 archive outside `TPU_PLATFORM_ARTIFACTS`, an image outside `TPU_PLATFORM_REGISTRY`, an image by tag
 unless the stack allowed tags for it (`"allowTag": true`).
@@ -141,7 +141,7 @@ class StopRequest:
     run_id: str
 
 
-# --- A researcher's own places (infra/naming.py has the same rules: tests/test_requests.py compares them) --
+# --- A researcher's own places (the same rules as infra/naming.py's) ---------------------
 MEMBER = re.compile(r"(user|group):([^@\s:/]+@[^@\s/]+\.[a-z]{2,})")
 MEMBER_KEY = re.compile(r"(user|group)-([^@\s:/]+@[^@\s/]+\.[a-z]{2,})")
 

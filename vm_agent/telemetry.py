@@ -1,4 +1,4 @@
-"""Logs and training metrics of a run, shipped from the TPU VM with the VM's own account (issue 16).
+"""Logs and training metrics of a run, shipped from the TPU VM with the VM's own account.
 
 The runner calls `ship(line, run)` for every line the program prints. Each line becomes one Cloud
 Logging entry in `projects/<P>/logs/tpu-workload` (a researcher's request run: in that researcher's own
@@ -13,8 +13,8 @@ Shipping never blocks or kills the run: `ship` only parses and puts on a bounded
 drops the line and counts it), a background thread batches and sends, a failed request is dropped
 with a counted warning on stderr, and `close` (also at exit) sends what is left within a time limit.
 
-Runs on the VM image's system Python (Ubuntu 22.04: 3.10, infra/catalog/tpu.yaml os_python): stdlib
-only, syntax kept to 3.10 (tests/test_telemetry.py parses it as 3.10).
+Runs on the VM image's system Python: stdlib only, Python 3.8, as the rest of the agent (the oldest
+images' Python is undocumented).
 
 Where Google says so:
 - Writing: `POST https://logging.googleapis.com/v2/entries:write` (logging.v2 discovery document,

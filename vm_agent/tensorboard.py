@@ -14,7 +14,7 @@ where masked_crc32c(x) = ((crc >> 15) | (crc << 17)) + 0xa282ead8 (mod 2**32), c
 
 The first event of a file carries `file_version: "brain.Event:2"`. We write only these fields, by hand
 (field key = field_number << 3 | wire_type; wire types 0 varint, 1 fixed64, 2 length-delimited,
-5 fixed32). tests/test_tensorboard.py reads a file back with TensorBoard's own reader.
+5 fixed32), which TensorBoard's own reader reads back.
 
 The run's model dir is a gs:// URI on a TPU VM: the file is written locally and uploaded whole to
 `<model-dir>/tensorboard/<file name>` (Cloud Storage JSON API, simple media upload: the workload

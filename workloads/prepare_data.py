@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Turn MNIST (an .npz in Keras' layout, or the four IDX files) into shards in the data bucket (S12).
+"""Turn MNIST (an .npz in Keras' layout, or the four IDX files) into shards in the data bucket.
 
 Writes `train-00000-of-000NN.npz` … and `test-…` shards (uint8 images `x`, labels `y`) under the
 destination, a local folder or gs:// URL, uploading shards in parallel, and prints the throughput.

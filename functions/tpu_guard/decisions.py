@@ -39,7 +39,6 @@ GAVE_UP_EVENT = "tpu-recovery-gave-up"  # recovery stopped re-creating a node pr
 # The fields of a Node that a create request may set: the Node schema of tpu.v2's discovery document
 # without its output-only ("readOnly") fields, and without `health`, which the document leaves
 # writable but the Terraform provider (magic-modules tpuv2/Vm.yaml) marks `output: true`.
-# tests/test_tpu_guard.py derives this set from the discovery document and compares.
 NODE_CREATE_FIELDS = frozenset({
     "acceleratorConfig", "acceleratorType", "bootDiskConfig", "cidrBlock", "dataDisks", "description",
     "labels", "metadata", "networkConfig", "networkConfigs", "runtimeVersion", "schedulingConfig",

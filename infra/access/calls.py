@@ -325,8 +325,8 @@ RESOURCE_CALLS: dict[str, Calls] = {
 # Which input fields of each declared type were searched for permission checks of the caller beyond
 # the method's own (and act-as), and where: the field descriptions of Google's discovery documents
 # (googleapiclient/discovery_cache/documents, searched for "permission", "actAs", "IAM", "service
-# agent") and the provider's resource source. A type added to RESOURCE_CALLS is reviewed here too
-# (tests/test_access.py). Keys used by another project (CMEK) are checked on its service agent, never
+# agent") and the provider's resource source. A type added to RESOURCE_CALLS is reviewed here too.
+# Keys used by another project (CMEK) are checked on its service agent, never
 # the caller: the bootstrap grants them (tools/offline/access.py cmek_keys).
 FIELD_REVIEW: dict[str, str] = {
     "gcp:billing/budget:Budget": "billingbudgets.v1: notificationsRule.pubsubTopic checks pubsub.topics.setIamPolicy "

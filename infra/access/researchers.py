@@ -1,8 +1,8 @@
 """The REST methods the `tpu-runs` commands call, by where Google checks them: the researcher's rights.
 
-One table, read twice: `infra/researchers.py` grants exactly the permissions these methods check, and
-tests/test_tpu_runs.py records every call the commands make against the stand-ins and compares the
-two, so a command that starts calling something new fails a test before a researcher meets a 403.
+One table, read twice: `infra/researchers.py` grants exactly the permissions these methods check, and the
+tests compare it with every call the commands make, so a command that starts calling something new
+fails a test before a researcher meets a 403.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The TPU catalog (`tpu.yaml` beside this file) and the rules that read it.
 
 Pure: no Pulumi. Each `*_problem` function returns why a choice would fail on GCP, phrased as what
-to do instead, or None when it is fine. These are the seed's troubleshooting items (no stock in the
+to do instead, or None when it is fine. These are the usual troubleshooting items of a hand-run TPU (no stock in the
 zone, "Failed to connect to remote TPU" from a version mismatch) turned into plan-time checks.
 """
 
@@ -275,7 +275,7 @@ class TpuCatalog:
         if version != framework_version:
             return (
                 f"the runtime carries TensorFlow {version} but the workload is pinned to {framework_version} "
-                f"(the seed's 'Failed to connect to remote TPU'){also}"
+                f"(at run time: 'Failed to connect to remote TPU'){also}"
             )
         expected = self.tf_runtime(accelerator, version)
         if expected is None:
@@ -326,7 +326,7 @@ class TpuCatalog:
         return tuple((str(r), str(v)) for r, v in out)
 
     def memory_problem(self, accelerator: AcceleratorType, gib_per_chip: float) -> str | None:
-        """Why a workload needing `gib_per_chip` of HBM would run out of memory (S20)."""
+        """Why a workload needing `gib_per_chip` of HBM would run out of memory."""
         have = accelerator.generation.hbm_gib_per_chip
         if gib_per_chip <= have:
             return None
@@ -340,7 +340,7 @@ class TpuCatalog:
         )
 
     def batch_warning(self, accelerator: AcceleratorType, batch_size: int) -> str | None:
-        """Advice when a global batch does not shard evenly over the TPU's devices (S20)."""
+        """Advice when a global batch does not shard evenly over the TPU's devices."""
         if batch_size % accelerator.devices == 0:
             return None
         return (

@@ -2,7 +2,7 @@
 
 - `model`: the frozen objects components read (`PlatformConfig` and its parts);
 - `settings`: one declaration per setting (key, type, default, bounds, description), from which
-  the reader, the JSON Schema of stack files and the README's settings table are made;
+  the reader, the JSON Schema of stack files and the settings table of docs/stack-settings.md are made;
 - `reader`: `parse_stack_config`, raw Pulumi config -> `PlatformConfig` or one `ConfigError`;
 - `rules`: checks across settings (the TPU catalog, production, names);
 - `docs`: the JSON Schema and the settings table, generated.

@@ -14,7 +14,7 @@ BUCKET_PURPOSES = ("data", "checkpoints", "models")
 RESERVED_LABELS = ("environment", "owner", "managed-by", "workload", "provisioning", "environment-class")
 # Service accounts the platform creates per stack besides the workloads' (infra/lifecycle.py,
 # infra/automation.py): `service_account_id(name, stack)` of each. A workload may not take these
-# names, or its account would be the platform's (tests/test_config_names.py plans them to check).
+# names, or its account would be the platform's.
 PLATFORM_ACCOUNTS = naming.PLATFORM_ACCOUNT_KINDS
 
 

@@ -1,7 +1,7 @@
 """Rules across settings, checked once every value has been read on its own.
 
 Each adds a problem (the plan stops) or a warning (the plan goes on) naming the key it is about.
-These are the troubleshooting items of the seed guide, caught before anything is created: no TPU of
+These are the usual troubleshooting items of a hand-run TPU, caught before anything is created: no TPU of
 that type in the zone, a runtime that does not carry the pinned framework, a reclaimable TPU with
 nowhere to checkpoint, and the names GCP would refuse or that would collide.
 """
@@ -506,7 +506,7 @@ def _egress(cfg: PlatformConfig, problems: Problems) -> None:
 def _self_service(cfg: PlatformConfig, problems: Problems) -> None:
     """Self-service runs: refused in production unless the stack opts in, in words, and then still warned.
 
-    Production runs stay reviewed by default (issue 16): a run there is a PR. A team that shares
+    Production runs stay reviewed by default: a run there is a PR. A team that shares
     production capacity on purpose says so with selfServiceInProduction, which every plan then repeats.
     """
     for index, vm in enumerate(cfg.tpu_vms):

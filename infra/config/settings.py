@@ -1,7 +1,7 @@
 """One declaration per stack setting: key, type, default, bounds and description.
 
 The reader (`reader.py`) reads each value through its declaration, and the JSON Schema of
-`Pulumi.<stack>.yaml` and the README's settings table are generated from the same list
+`Pulumi.<stack>.yaml` and the settings table of docs/stack-settings.md are generated from the same list
 (`python -m tools.offline schema --write`), so the three cannot disagree.
 
 Keys are paths below the stack file's `config:`: `tpu-platform:budget.amount`; `[]` is each item
@@ -90,7 +90,7 @@ MAX_LABELS = 64
 # (`*/45` fires at :00 and :45) or hourly (`*/90` is `0`).
 RECOVERY_INTERVALS = (1, 2, 3, 4, 5, 6, 10, 12, 15, 20, 30)
 # A workload's command and environment travel in the VM's metadata (256 KB per value, startup.py):
-# bounds well inside it. The contract's own variables (docs/design-runs.md) are the platform's.
+# bounds well inside it. The contract's own variables (docs/run-contract.md) are the platform's.
 MAX_COMMAND_ITEMS = 256
 MAX_COMMAND_ARG = 4096
 MAX_ENV_ITEMS = 64

@@ -53,7 +53,7 @@ class ImageRef:
 
 def registry(region: str, project: str, repository: str) -> str:
     """A Docker repository's endpoint, as Artifact Registry v1 gives it in `Repository.registryUri`
-    ("for example: `us-docker.pkg.dev/my-proj/my-repo`", tests/test_config_sources.py checks it)."""
+    ("for example: `us-docker.pkg.dev/my-proj/my-repo`")."""
     return f"{region}-docker.pkg.dev/{project}/{repository}"
 
 

@@ -4,7 +4,7 @@ A slice pool is `slices` TPU slices of one type in one zone; each slice is one G
 creates, repairs and scales a multi-host slice as one unit, and never adds a node to it). The
 arguments below are pulumi-gcp's (`gcp.container.NodePool`, `gcp.compute.ResourcePolicy`), keyword
 names and nested dicts, so the components pass them through and the tests compare them, without
-Pulumi, with what `xpk==1.16.0 cluster create --dry-run` runs (tests/xpk/, tests/test_gke_xpk.py).
+Pulumi, with what `xpk==1.16.0 cluster create --dry-run` runs (recorded in tests/xpk/).
 
 Where they follow xpk (core/nodepool.py, core/capacity.py): the machine type, the node count (the
 slice's VMs; none to start with for flex-start), `--host-maintenance-interval=AS_NEEDED`, gVNIC, at

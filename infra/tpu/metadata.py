@@ -89,7 +89,7 @@ def render_run_spec(spec: Mapping[str, Any]) -> str:
     return json.dumps(spec, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-# The VM agent (vm_agent/, docs/design-runs.md): packaged like a source folder, fetched by the start-up
+# The VM agent (vm_agent/, docs/run-contract.md): packaged like a source folder, fetched by the start-up
 # script, verified by its digest.
 AGENT_FOLDER = "vm_agent"
 # How long a run has between SIGTERM and SIGKILL: GCE gives a spot/preemptible VM about 30 s of notice
@@ -105,7 +105,7 @@ def agent_package() -> Package:
 def agent_settings(
     cfg: PlatformConfig, vm: TpuVmSettings, environment: tuple[tuple[str, str], ...]
 ) -> tuple[tuple[str, str], ...]:
-    """The agent's static settings (`agent.env`, docs/design-runs.md), the same on every worker."""
+    """The agent's static settings (`agent.env`, docs/run-contract.md), the same on every worker."""
     workload = cfg.workload(vm.workload)
 
     def bucket_if_written(purpose: str) -> str:

@@ -8,7 +8,7 @@ them a queued VM would run as the default Compute Engine account with no workloa
 them all (`tpu.v2.json`), so this module sends the bodies `infra.tpu.queued_api` builds, and the
 tests check each one against that discovery document.
 
-What each Pulumi operation does (README, "Queued capacity"):
+What each Pulumi operation does (docs/queued-capacity.md):
 - create (`pulumi up`): POST queuedResources in the primary zone. A stock-out (HTTP error or
   operation error with a capacity code, or the request going FAILED for capacity) deletes what was
   made there and moves to the next fallback zone. In a zone with a fallback after it, the request

@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     _stack_arguments(render)
     render.add_argument("--vm", help="the TPU VM's name (needed when the stack has several)")
     render.add_argument("--env", action="store_true", help="print the run settings it reads instead")
-    schema = commands.add_parser("schema", help="the JSON Schema of stack files and the README's settings table")
+    schema = commands.add_parser("schema", help="the JSON Schema of stack files and the settings table of the docs")
     schema.add_argument("--write", action="store_true", help="regenerate schema/stack.schema.json and the table")
     golden = commands.add_parser("golden", help="each shipped stack's plan as JSON, as tests/golden/ keeps it")
     golden.add_argument("--write", action="store_true", help="regenerate tests/golden/<stack>.json")

@@ -1,5 +1,5 @@
-"""Golden plans: each shipped stack's full offline plan as JSON, kept in tests/golden/ and compared by
-tests/test_golden.py, so a change to any property of any resource shows up in review, not only a
+"""Golden plans: each shipped stack's full offline plan as JSON, kept in tests/golden/ and compared by a
+test, so a change to any property of any resource shows up in review, not only a
 change in counts. Regenerate with `python -m tools.offline golden --write` (or `make golden`) and
 read the diff before committing it.
 """

@@ -306,10 +306,9 @@ def around(center_s: float, spread: float = 2.0, points: int = 9) -> tuple[float
     return tuple(center_s * spread ** (2 * i / (points - 1) - 1) for i in range(points))
 
 
-# The grid the simulation checks the closed form over (tests/test_offline_simulation.py asserts it,
-# benchmarks/goodput_model.py prints it): saves longer than the 30 s notice, so every preemption loses
-# work (Young/Daly), and one cell where preemptions are saved on notice and losses without notice
-# set the interval.
+# The grid the simulation checks the closed form over (benchmarks/goodput_model.py prints it): saves
+# longer than the 30 s notice, so every preemption loses work (Young/Daly), and one cell where
+# preemptions are saved on notice and losses without notice set the interval.
 GRID_PHASES = Phases(boot_s=120.0, installs_s=60.0, restore_s=30.0, first_step_s=60.0)
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""MNIST in JAX (S27): the same model as tf_mnist.py, data-parallel over every TPU chip of a slice.
+"""MNIST in JAX: the same model as tf_mnist.py, data-parallel over every TPU chip of a slice.
 
 Plain JAX and Optax: Conv(32, 3x3) → ReLU → MaxPool 2x2 → Dense(64) → ReLU → Dense(10) logits, Adam,
 softmax cross-entropy. On a multi-host slice `jax.distributed` connects the workers (coordinator from
@@ -161,7 +161,7 @@ def prepare(x: np.ndarray) -> np.ndarray:
 
 
 def export_model(params: dict[str, jax.Array]) -> bytes:
-    """The export (S26): the trained predictor serialised with `jax.export` (StableHLO, weights inside)
+    """The export: the trained predictor serialised with `jax.export` (StableHLO, weights inside)
     for CPU and TPU. Load it with `jax.export.deserialize(blob).call(images)`: uint8 [n, 28, 28] in,
     logits [n, 10] out, any n. Not jax2tf: that needs TensorFlow, which a JAX TPU VM does not install.
     """

@@ -45,7 +45,7 @@ from typing import Any, Protocol
 import numpy as np
 
 COMPLETE = "COMPLETE"
-# Exit codes of the run contract (README, "The run contract"; sysexits.h): the platform's agent retries
+# Exit codes of the run contract (docs/run-contract.md; sysexits.h): the platform's agent retries
 # a run that exits EXIT_RETRY (stopped mid-run: it resumes from its checkpoint) and never one that
 # exits REFUSED_EXIT (a configuration that cannot work: a resume that would mix two runs).
 EXIT_RETRY = 75  # EX_TEMPFAIL
@@ -67,11 +67,11 @@ def parse_args(description: str, argv: list[str] | None = None) -> argparse.Name
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--steps", type=int, default=0, help="total training steps (default: from --epochs)")
     parser.add_argument("--batch-size", type=int, default=256)
-    # The same defaults as the stack settings (workloads.<name>.*; tests/test_runlib.py compares them).
+    # The same defaults as the stack settings (workloads.<name>.*).
     parser.add_argument("--checkpoint-every-steps", type=int, default=200)
     parser.add_argument("--checkpoint-every-minutes", type=float, default=10.0)
     parser.add_argument("--steps-per-call", type=int, default=32,
-                        help="training steps per call to the device: fewer host round trips (S18)")  # fmt: skip
+                        help="training steps per call to the device: fewer host round trips")  # fmt: skip
     parser.add_argument("--run-id", default=os.environ.get("TPU_PLATFORM_RUN_ID", "local"))
     parser.add_argument("--tpu", choices=("auto", "local", "none"), default="auto", help="use a TPU: auto-detect")
     # Only the platform's agent writes the run-complete object (when the command exits 0); `status` reads it.

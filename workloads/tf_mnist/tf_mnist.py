@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""MNIST on a Cloud TPU with TensorFlow (the seed guide's `tpu_mnist.py`, S8), preemption-safe.
+"""MNIST on a Cloud TPU with TensorFlow (a hand-written guide's `tpu_mnist.py`), preemption-safe.
 
 TPUStrategy when the VM has a TPU, the default strategy on CPU/GPU; the guide's model (Conv2D(32,3)
 → MaxPool → Flatten → Dense(64) → Dense(10) logits), Adam, sparse categorical cross-entropy from
@@ -223,7 +223,7 @@ class Trainer:
     @tf.function(reduce_retracing=True)
     def train_steps(self, x: Any, y: Any) -> tf.Tensor:
         """k steps in one call (as Keras' steps_per_execution): on a TPU, a host round trip per step is
-        what makes a small model slow (S18). Returns the last step's mean loss over the global batch.
+        what makes a small model slow. Returns the last step's mean loss over the global batch.
 
         No `jit_compile` here: TPUStrategy compiles with XLA anyway, and on the CPU XLA's convolution
         is slower than the oneDNN kernels TensorFlow uses (measured: 3 epochs took 70 s instead of 23 s).
@@ -249,7 +249,7 @@ class Trainer:
         return float(np.mean(np.argmax(logits, axis=1) == y))
 
     def saved_model(self) -> dict[str, bytes]:
-        """The export (S26): a TF SavedModel whose default signature takes uint8 images [n, 28, 28] and
+        """The export: a TF SavedModel whose default signature takes uint8 images [n, 28, 28] and
         returns logits [n, 10], for TF Serving or Vertex AI on CPU/GPU; and the Keras file."""
         model = self.model
 
