@@ -103,17 +103,21 @@ def test_inventory(stack):
     assert dict(Counter(r.type for r in result.resources)) == INVENTORY[stack]
 
 
-@pytest.mark.parametrize("stack", sorted(INVENTORY))
-def test_outputs_are_usable(stack):
-    outputs = shipped_plan(stack).outputs
-    project = {"dev": "acme-ml-sandbox", "prod": "acme-ml-production"}[stack]
-    assert outputs["project"] == project
+def test_outputs_name_what_the_plan_declares(small_plan):
+    """What a consumer reads from the outputs: names the program derives, and the resources it declares
+    (a bucket's URL and a budget's name are the provider's: the output must be that resource's)."""
+    outputs, state = small_plan.outputs, {r.inputs.get("name") or r.name: r.state for r in small_plan.resources}
+    assert outputs["project"] == "fixture-project"
     purposes = ("data", "checkpoints", "models", "status", "artifacts")
-    assert outputs["bucketUrls"] == {p: f"gs://{project}-{stack}-{p}" for p in purposes}
-    assert outputs["serviceAccounts"] == {"mnist": f"tpu-mnist-{stack}@{project}.iam.gserviceaccount.com"}
-    assert outputs["budgetName"].startswith("billingAccounts/01A2B3-C4D5E6-F7A8B9/budgets/")
-    assert "tpu.googleapis.com" in outputs["enabledApis"]
-    assert outputs["imageRegistry"] == f"us-central1-docker.pkg.dev/{project}/tpu-{stack}"
+    assert outputs["bucketUrls"] == {p: state[f"fixture-project-small-{p}"]["url"] for p in purposes}
+    assert outputs["serviceAccounts"] == {"mnist": "tpu-mnist-small@fixture-project.iam.gserviceaccount.com"}
+    (budget,) = small_plan.of_type("gcp:billing/budget:Budget")
+    assert outputs["budgetName"] == budget.state["name"]
+    services = small_plan.of_type("gcp:projects/service:Service")
+    assert outputs["enabledApis"] == sorted(s.inputs["service"] for s in services)
+    (images,) = small_plan.of_type("gcp:artifactregistry/repository:Repository")
+    assert (images.inputs["location"], images.inputs["repositoryId"]) == ("us-central1", "tpu-small")
+    assert outputs["imageRegistry"] == "us-central1-docker.pkg.dev/fixture-project/tpu-small"
 
 
 def test_children_are_parented_to_their_component():
