@@ -83,11 +83,12 @@ def test_a_stacks_vm_and_workload_fill_what_the_flags_leave(tmp_path):
 
 
 def test_what_is_missing_or_wrong_is_said_not_a_traceback():
-    missing = offline_cli("whatif", "--stack", "dev", "--steps", "1000")
+    small = str(FIXTURE_STACKS / "Pulumi.small.yaml")
+    missing = offline_cli("whatif", "--stack-file", small, "--steps", "1000")
     assert missing.returncode == 2
     assert missing.stderr.startswith("error: give --step-seconds, --save-seconds (or --stack and --vm")
-    no_vm = offline_cli("whatif", "--stack", "dev", "--vm", "nope", *JOB)
-    assert no_vm.returncode == 2 and "stack 'dev' has no TPU VM 'nope'; its TPU VMs: mnist-v2-spot" in no_vm.stderr
+    no_vm = offline_cli("whatif", "--stack-file", small, "--vm", "nope", *JOB)
+    assert no_vm.returncode == 2 and "stack 'small' has no TPU VM 'nope'; its TPU VMs: small-v2" in no_vm.stderr
     on_demand = offline_cli("whatif", *SPOT[:4], "--provisioning", "on-demand", "--preemption-hours", "3", *JOB)
     assert on_demand.returncode == 2 and "on-demand VMs are not preempted" in on_demand.stderr
     unknown = offline_cli("whatif", "--accelerator", "v9-8", "--zone", "us-central1-a", *JOB)

@@ -1,4 +1,4 @@
-"""The whole program per shipped stack file, through the same path as the offline plan."""
+"""The shipped stacks' inventories, and what holds for any stack's plan: its outputs, its parenting, its isolation."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from collections import Counter
 
 import pytest
 
-from tests.support import shipped_plan
-from tools.offline.runner import plan_stack
+from tests.support import fixture_config, plan, shipped_plan
+from tools.offline.runner import run_program
 
 # Hand-written inventories: a change in what a stack creates must show up here, on purpose.
 INVENTORY = {
@@ -120,8 +120,9 @@ def test_outputs_name_what_the_plan_declares(small_plan):
     assert outputs["imageRegistry"] == "us-central1-docker.pkg.dev/fixture-project/tpu-small"
 
 
-def test_children_are_parented_to_their_component():
-    result = shipped_plan("dev")
+@pytest.mark.parametrize("stack", ["scheduled", "production"])
+def test_children_are_parented_to_their_component(stack):
+    result = plan(fixture_config(stack), stack)
     components = {r.urn: r for r in result.resources if not r.custom}
     for resource in result.resources:
         if resource.custom:
@@ -130,8 +131,8 @@ def test_children_are_parented_to_their_component():
 
 
 def test_runs_are_isolated_and_deterministic():
-    first = plan_stack("dev")
-    plan_stack("prod")
-    again = plan_stack("dev")
+    first = run_program("scheduled", fixture_config("scheduled"))
+    run_program("production", fixture_config("production"))
+    again = run_program("scheduled", fixture_config("scheduled"))
     assert sorted(r.urn for r in first.resources) == sorted(r.urn for r in again.resources)
     assert first.outputs == again.outputs
