@@ -25,7 +25,7 @@ from tools.offline.runner import PlanResult, run_program
 from tools.offline.stackfile import ROOT, read_stack_config
 
 CONFIG_GROUP = "kubernetes:yaml/v2:ConfigGroup"
-EXAMPLE = ROOT / "examples" / "Pulumi.gke.yaml"
+EXAMPLE = ROOT / "tests" / "stacks" / "Pulumi.gke.yaml"  # the GKE fixture: two pools, two teams
 
 
 @pytest.fixture
@@ -77,7 +77,7 @@ def test_the_admin_phase_installs_jobset_then_kueue_and_the_teams_places(manifes
     (provider,) = result.of_type("pulumi:providers:kubernetes")
     kubeconfig = json.loads(provider.inputs["kubeconfig"])
     (lookup,) = [args for token, args in result.invokes if token == "gcp:container/getCluster:getCluster"]
-    assert lookup == {"name": "tpu-gke", "location": "us-central1", "project": "acme-ml-gke"}
+    assert lookup == {"name": "tpu-gke", "location": "us-central1", "project": "fixture-gke"}
     assert kubeconfig["clusters"][0]["cluster"]["server"].endswith(".us-central1.gke.goog")
     assert kubeconfig["users"][0]["user"]["exec"]["command"] == "gke-gcloud-auth-plugin"
     assert all(r.provider.startswith(provider.urn) for r in result.of_type(CONFIG_GROUP))
@@ -103,7 +103,7 @@ def test_the_offline_plan_of_the_admin_phase_prints_what_it_installs(manifests, 
 
 def test_manifests_of_other_bytes_stop_the_admin_phase_before_anything_is_declared(manifests: Path):
     (manifests / KUEUE.file).write_bytes(manifest(KUEUE) + b"# edited\n")
-    monitor = RecordingMonitor(GcpMocks("acme-ml-gke"))
+    monitor = RecordingMonitor(GcpMocks("fixture-gke"))
     with pytest.raises(pulumi.RunError, match=r"controller manifests .*the release is pinned at"):
         admin_plan(read_stack_config("gke", ROOT, EXAMPLE), monitor=monitor)
     assert monitor.registrations == []
