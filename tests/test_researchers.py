@@ -1,7 +1,7 @@
 """Researcher settings and rights (issue 16, items 1 and 5).
 
 The settings are parsed like every other (errors name stack, key, value, what is allowed); the
-rights are planned for examples/Pulumi.self-service.yaml and judged two ways: by permissions (each
+rights are planned for tests/stacks/Pulumi.self-service.yaml and judged two ways: by permissions (each
 role holds exactly what the `tpu-runs` commands' calls check: infra/access/researchers.py) and by
 their conditions, evaluated with a real CEL implementation as IAM evaluates them on Cloud Storage
 calls (object calls name the object; a list names the bucket, with the objectListPrefix attribute).
@@ -25,7 +25,7 @@ from tests.support import fixture_config, plan, with_object, with_scalar
 from tools.offline.runner import PlanResult, plan_stack
 from tools.offline.stackfile import ROOT, read_stack_config
 
-EXAMPLE = ROOT / "examples" / "Pulumi.self-service.yaml"
+EXAMPLE = ROOT / "tests" / "stacks" / "Pulumi.self-service.yaml"
 STATUS = "acme-ml-research-self-service-status"
 ARTIFACTS = "acme-ml-research-self-service-artifacts"
 MODELS = "acme-ml-research-self-service-models"
