@@ -1,7 +1,8 @@
-"""Shared fixtures: cached plans of the shipped stacks and of the small fixture stacks (tests/stacks/).
+"""Shared fixtures: the small fixture stack (tests/stacks/Pulumi.small.yaml) and its cached plan.
 
-Behaviour tests take `small_config` / `small_plan` and vary them, so editing dev or prod breaks only
-the smoke tests and golden plans of the shipped stacks (tests/test_program.py, tests/test_golden.py).
+Behaviour tests vary the fixture stacks (tests/stacks/), so editing dev or prod breaks only the tests of
+the shipped stacks' own contract: their inventories and golden plans (tests/test_program.py,
+tests/test_golden.py), and what the bootstrap makes for them (tests/test_access.py).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from tests.sandbox import Vm
-from tests.support import fixture_config, plan, stack_config
+from tests.support import fixture_config, plan
 from tools.offline.runner import PlanResult
 
 
@@ -21,16 +22,6 @@ def small_config() -> dict[str, str]:
 @pytest.fixture
 def small_plan() -> PlanResult:
     return plan(fixture_config("small"), "small")
-
-
-@pytest.fixture
-def dev_plan() -> PlanResult:
-    return plan(stack_config("dev"), "dev")
-
-
-@pytest.fixture
-def prod_plan() -> PlanResult:
-    return plan(stack_config("prod"), "prod")
 
 
 @pytest.fixture(autouse=True)

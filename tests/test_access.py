@@ -38,7 +38,7 @@ from infra.identity import WORKLOAD_METHODS
 from infra.lifecycle import SCHEDULER_METHODS, SCHEDULER_PERMISSIONS
 from infra.platform import export_all
 from tests.iam_conditions import allows
-from tests.support import depends_on, deploys, shipped_deploys, shipped_plan
+from tests.support import depends_on, deploys, fixture_config, shipped_deploys, shipped_plan
 from tests.test_bootstrap import plan as plan_bootstrap
 from tools.offline.access import ACCESS_FILE, access_of, declared, generate, quota_project
 from tools.offline.deploys import DEPLOYS
@@ -130,15 +130,16 @@ def test_access_file_is_computed_from_the_current_plans():
 
 
 def test_a_later_deploy_runs_every_lookup_a_first_one_skips():
-    """prod deletes a VM once its run completes: the program asks for the status bucket, and once it
+    """A stack that deletes a VM once its run completes: the program asks for the status bucket, and once it
     exists lists its markers and reads each one. A first deploy only asks."""
-    tokens = {deploy: [t for t, _ in shipped_deploys("prod")[deploy].invokes] for deploy in DEPLOYS}
+    planned = deploys(fixture_config("production"), "production")
+    tokens = {deploy: [t for t, _ in planned[deploy].invokes] for deploy in DEPLOYS}
     listing = "gcp:storage/getBucketObjects:getBucketObjects"
     reading = "gcp:storage/getBucketObjectContent:getBucketObjectContent"
     assert listing not in tokens["fresh"] and reading not in tokens["fresh"]
     assert listing in tokens["later"] and reading in tokens["later"]
     # The markers are of an earlier run: the later plan declares the same VMs.
-    assert len(shipped_deploys("prod")["later"].of_type("gcp:tpu/v2Vm:V2Vm")) == 2
+    assert len(planned["later"].of_type("gcp:tpu/v2Vm:V2Vm")) == 2
 
 
 def test_a_later_deploy_needs_what_a_first_one_does_not():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support import depends_on, plan, stack_config
+from tests.support import depends_on, fixture_config, plan
 
 # Which API each resource type needs. Kept here, independent of the program, so a component that
 # forgets its dependency fails this test.
@@ -38,9 +38,9 @@ API_FOR_TYPE = {
 }
 
 
-@pytest.mark.parametrize("stack", ["dev", "prod"])
+@pytest.mark.parametrize("stack", ["scheduled", "production"])
 def test_every_resource_waits_for_its_api(stack):
-    result = plan(stack_config(stack), stack)
+    result = plan(fixture_config(stack), stack)
     services = {r.inputs["service"]: r.urn for r in result.of_type("gcp:projects/service:Service")}
     checked = 0
     for resource in result.resources:
@@ -55,26 +55,32 @@ def test_every_resource_waits_for_its_api(stack):
 
 
 def test_apis_stay_enabled_on_destroy():
-    for service in plan(stack_config()).of_type("gcp:projects/service:Service"):
+    for service in plan(fixture_config("scheduled"), "scheduled").of_type("gcp:projects/service:Service"):
         assert service.inputs["disableOnDestroy"] is False
 
 
 def test_optional_apis_follow_the_config():
-    dev = {s.inputs["service"] for s in plan(stack_config("dev")).of_type("gcp:projects/service:Service")}
-    prod = {s.inputs["service"] for s in plan(stack_config("prod"), "prod").of_type("gcp:projects/service:Service")}
-    assert {"tpu.googleapis.com", "compute.googleapis.com", "billingbudgets.googleapis.com"} <= dev
-    assert "pubsub.googleapis.com" not in dev and "pubsub.googleapis.com" in prod
+    sandbox = {
+        s.inputs["service"]
+        for s in plan(fixture_config("scheduled"), "scheduled").of_type("gcp:projects/service:Service")
+    }
+    production_apis = {
+        s.inputs["service"]
+        for s in plan(fixture_config("production"), "production").of_type("gcp:projects/service:Service")
+    }
+    assert {"tpu.googleapis.com", "compute.googleapis.com", "billingbudgets.googleapis.com"} <= sandbox
+    assert "pubsub.googleapis.com" not in sandbox and "pubsub.googleapis.com" in production_apis
     # The CMEK key's grant is the bootstrap's: the platform makes no Cloud KMS call.
-    assert "cloudkms.googleapis.com" not in dev | prod
+    assert "cloudkms.googleapis.com" not in sandbox | production_apis
 
 
 def test_the_image_repository_scans_images_with_the_container_scanning_api_enabled_first():
     """`enablementConfig: INHERITED` scans "dependent on API enablement" (Artifact Registry v1
     Repository.VulnerabilityScanningConfig): the repository waits for containerscanning.googleapis.com."""
-    result = plan(stack_config("dev"))
+    result = plan(fixture_config("scheduled"), "scheduled")
     services = {r.inputs["service"]: r.urn for r in result.of_type("gcp:projects/service:Service")}
     # The workloads' repository (the guard's functions build into their own).
     (repository,) = [r for r in result.of_type("gcp:artifactregistry/repository:Repository")
-                     if r.inputs["repositoryId"] == "tpu-dev"]  # fmt: skip
+                     if r.inputs["repositoryId"] == "tpu-scheduled"]  # fmt: skip
     assert repository.inputs["vulnerabilityScanningConfig"] == {"enablementConfig": "INHERITED"}
     assert depends_on(result, repository, services["containerscanning.googleapis.com"])

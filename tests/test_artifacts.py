@@ -19,11 +19,11 @@ from infra.config.sources import REPO_ROOT
 from infra.packaging import package, repository_folder
 from infra.tpu import metadata as vm_metadata_module
 from infra.tpu.metadata import RUN_ATTRIBUTE, run_spec, source_digests, vm_metadata
-from tests.support import depends_on, fixture_config, plan, stack_config, with_object
+from tests.support import depends_on, fixture_config, plan, with_object
 from tools.offline.access import declared
 from tools.offline.diff import diff_markdown
 from tools.offline.render import to_json
-from tools.offline.runner import plan_stack, run_program
+from tools.offline.runner import run_program
 
 DIGEST = "0123456789abcdef" * 4
 TF_MNIST = examples()["tf_mnist"].folder  # the sources fixture's `mnist` (program: tf_mnist)
@@ -59,15 +59,15 @@ def by_name(result, token):
 
 
 def test_the_artifacts_bucket_is_secured_like_the_others_and_kept():
-    result = plan_stack("dev")
+    result = plan(fixture_config("scheduled"), "scheduled")
     bucket = by_name(result, "gcp:storage/bucket:Bucket")["artifacts-bucket"]
-    assert bucket.inputs["name"] == "acme-ml-sandbox-dev-artifacts"
+    assert bucket.inputs["name"] == "fixture-project-scheduled-artifacts"
     assert bucket.inputs["uniformBucketLevelAccess"] is True
     assert bucket.inputs["publicAccessPrevention"] == "enforced"
     assert bucket.inputs["versioning"] == {"enabled": True}
-    assert bucket.retain_on_delete and not bucket.inputs["forceDestroy"]  # dev lists only checkpoints, models
-    prod = by_name(plan_stack("prod"), "gcp:storage/bucket:Bucket")["artifacts-bucket"]
-    key = parse_stack_config("prod", stack_config("prod")).buckets.kms_key_name
+    assert bucket.retain_on_delete and not bucket.inputs["forceDestroy"]  # the fixture lists only checkpoints, models
+    prod = by_name(plan(fixture_config("production"), "production"), "gcp:storage/bucket:Bucket")["artifacts-bucket"]
+    key = parse_stack_config("production", fixture_config("production")).buckets.kms_key_name
     assert prod.inputs["encryption"] == {"defaultKmsKeyName": key}
     assert prod.protect and prod.retain_on_delete
 
@@ -147,9 +147,13 @@ def test_the_repository_keeps_what_the_stack_runs_scans_and_takes_the_stack_key(
     assert policies["delete-old-untagged"]["condition"] == {"tagState": "UNTAGGED", "olderThan": f"{30 * 86400}s"}
     assert policies["keep-newest"]["mostRecentVersions"] == {"keepCount": 10}
     # The workloads' repository (the guard's functions have their own).
-    (prod,) = [r for r in plan_stack("prod").of_type("gcp:artifactregistry/repository:Repository")
-               if r.inputs["repositoryId"] == "tpu-prod"]  # fmt: skip
-    assert prod.inputs["kmsKeyName"] == parse_stack_config("prod", stack_config("prod")).buckets.kms_key_name
+    repositories = plan(fixture_config("production"), "production").of_type(
+        "gcp:artifactregistry/repository:Repository"
+    )
+    (prod,) = [r for r in repositories if r.inputs["repositoryId"] == "tpu-production"]
+    assert (
+        prod.inputs["kmsKeyName"] == parse_stack_config("production", fixture_config("production")).buckets.kms_key_name
+    )
     assert prod.protect
 
 
@@ -180,23 +184,23 @@ def test_the_agent_is_the_real_vm_agent_package_and_readable_by_every_workload()
 
 
 def test_the_run_spec_in_metadata_is_the_designs():
-    cfg = parse_stack_config("dev", stack_config("dev"))
+    cfg = parse_stack_config("scheduled", fixture_config("scheduled"))
     (vm,) = cfg.tpu_vms
     spec = json.loads(vm_metadata(cfg)[vm.name][RUN_ATTRIBUTE])
     assert spec == {
-        "runId": "dev/mnist/mnist-v2-spot/r1",
+        "runId": "scheduled/mnist/office-v2/r1",
         "source": {
             "kind": "folder",
-            "uri": f"gs://acme-ml-sandbox-dev-artifacts/sources/{TF_SHA}.tar.gz",
+            "uri": f"gs://fixture-project-scheduled-artifacts/sources/{TF_SHA}.tar.gz",
             "sha256": TF_SHA,
         },
         "command": ["python", "tf_mnist.py", "--epochs", "5", "--batch-size", "256",
                     "--checkpoint-every-steps", "200", "--checkpoint-every-minutes", "10"],
         "env": {},
         "requester": "stack",
-        "data": "gs://acme-ml-sandbox-dev-data/mnist/mnist.npz",
-        "checkpointDir": "gs://acme-ml-sandbox-dev-checkpoints/mnist/mnist-v2-spot/r1",
-        "modelDir": "gs://acme-ml-sandbox-dev-models/mnist/mnist-v2-spot/r1",
+        "data": "gs://fixture-project-scheduled-data/mnist/mnist.npz",
+        "checkpointDir": "gs://fixture-project-scheduled-checkpoints/mnist/office-v2/r1",
+        "modelDir": "gs://fixture-project-scheduled-models/mnist/office-v2/r1",
         "completion": True,
     }  # fmt: skip
 
@@ -221,12 +225,14 @@ def test_a_secret_in_a_workloads_env_never_reaches_metadata():
     from infra.platform import refuse_secrets_in_metadata
     from infra.schema import ConfigError
 
-    raw = with_object(stack_config("dev"), "workloads", lambda w: w["mnist"].update(env={"TOKEN": "s3cr3t-value"}))
-    cfg = parse_stack_config("dev", raw)
+    raw = with_object(
+        fixture_config("scheduled"), "workloads", lambda w: w["mnist"].update(env={"TOKEN": "s3cr3t-value"})
+    )
+    cfg = parse_stack_config("scheduled", raw)
     metadata = vm_metadata(cfg)
     # Only the run spec carries a workload's env: the existing refusal reads every metadata value.
-    assert [k for k, v in metadata["mnist-v2-spot"].items() if "s3cr3t-value" in v] == [RUN_ATTRIBUTE]
-    with pytest.raises(ConfigError, match="a value marked secure would reach the metadata of TPU VM mnist-v2-spot"):
+    assert [k for k, v in metadata["office-v2"].items() if "s3cr3t-value" in v] == [RUN_ATTRIBUTE]
+    with pytest.raises(ConfigError, match="a value marked secure would reach the metadata of TPU VM office-v2"):
         refuse_secrets_in_metadata(cfg, metadata, {"s3cr3t-value": "tpu-platform:workloads.mnist.env.TOKEN"})
 
 
@@ -238,8 +244,13 @@ def as_json(result) -> dict:
 
 
 def test_a_changed_command_or_env_updates_only_the_vms_metadata():
-    base = as_json(plan_stack("dev"))
-    head = as_json(plan(with_object(stack_config("dev"), "workloads", lambda w: w["mnist"].update(env={"SEED": "7"}))))
+    base = as_json(plan(fixture_config("scheduled"), "scheduled"))
+    head = as_json(
+        plan(
+            with_object(fixture_config("scheduled"), "workloads", lambda w: w["mnist"].update(env={"SEED": "7"})),
+            "scheduled",
+        )
+    )
     markdown = diff_markdown(base, head)
     assert "+- 0 to replace" in markdown and "~ 1 to update" in markdown, markdown
     assert "  - `inputs.metadata.tpu-platform-run`:" in markdown
@@ -250,11 +261,11 @@ def test_a_changed_source_folder_is_a_new_archive_and_only_a_metadata_update_of_
     packaging.repository_folder.cache_clear()  # the base plan reads the checkout, the head its changed copy
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(packaging, "REPO_ROOT", REPO_ROOT)
-        base = as_json(plan_stack("dev"))
+        base = as_json(run_program("scheduled", fixture_config("scheduled")))
     packaging.repository_folder.cache_clear()
     copy = repository_copy / TF_MNIST
     (copy / "requirements.txt").write_text((copy / "requirements.txt").read_text() + "# one more line\n")
-    head = as_json(run_program("dev", stack_config("dev")))
+    head = as_json(run_program("scheduled", fixture_config("scheduled")))
     markdown = diff_markdown(base, head)
     replaced = markdown.split("#### +- Replace (destroyed and created again)\n", 1)[1].split("####")[0]
     # The archive has a new name (the old one is kept: retain_on_delete); the grant names the new object.
@@ -263,8 +274,8 @@ def test_a_changed_source_folder_is_a_new_archive_and_only_a_metadata_update_of_
     assert "V2Vm" not in replaced
     assert "+ 0 to create, ~ 1 to update, +- 2 to replace, - 0 to delete" in markdown
     updated = markdown.split("#### ~ Update in place\n", 1)[1]
-    assert "`tpu-mnist-v2-spot-node` (gcp:tpu/v2Vm:V2Vm)" in updated
-    vm_lines = updated.split("`tpu-mnist-v2-spot-node`", 1)[1].split("\n- `", 1)[0]
+    assert "`tpu-office-v2-node` (gcp:tpu/v2Vm:V2Vm)" in updated
+    vm_lines = updated.split("`tpu-office-v2-node`", 1)[1].split("\n- `", 1)[0]
     assert "inputs.metadata.tpu-platform-run" in vm_lines
     assert "startup-script" not in vm_lines and "forces replacement" not in vm_lines
 

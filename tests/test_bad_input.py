@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from infra.config import parse_stack_config
 from infra.schema import ConfigError
 from infra.tpu.metadata import vm_metadata
-from tests.support import NS, plan, stack_config
+from tests.support import NS, fixture_config, plan, stack_config
 
 JUNK = st.recursive(
     st.none()
@@ -27,7 +27,10 @@ JUNK = st.recursive(
     lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=6), children, max_size=3),
     max_leaves=6,
 )
+# The fuzz draws from every setting the shipped stacks hold (the widest set of real settings); the
+# hostile inputs below vary the fixture stacks.
 BASE = {stack: stack_config(stack) for stack in ("dev", "prod")}
+SANDBOX, PRODUCTION = fixture_config("scheduled"), fixture_config("production")
 
 
 def paths(value, prefix=()):
@@ -82,12 +85,12 @@ def test_any_junk_in_any_setting_is_a_clean_config_error(setting, junk):
 @settings(max_examples=100, deadline=None)
 @given(st.dictionaries(st.text(min_size=1, max_size=20), st.text(max_size=20), max_size=4))
 def test_unknown_keys_anywhere_at_top_level_are_named(extra):
-    raw = {**BASE["dev"], **{f"{NS}:{k}": v for k, v in extra.items()}}
-    unknown = {f"{NS}:{k}" for k in extra} - set(BASE["dev"])
+    raw = {**SANDBOX, **{f"{NS}:{k}": v for k, v in extra.items()}}
+    unknown = {f"{NS}:{k}" for k in extra} - set(SANDBOX)
     if not unknown:
         return
     try:
-        parse_stack_config("dev", raw)
+        parse_stack_config("scheduled", raw)
     except ConfigError as error:
         named = {p.key for p in error.problems}
         assert unknown <= named | {f"{NS}:{k}" for k in ("production", "namePrefix", "owner", "billingAccount")}
@@ -108,7 +111,7 @@ from tools.offline.runner import run_program  # noqa: E402
 NON_ASCII_DIGITS = st.sampled_from("²³¹٠١٢٣٤٥٦٧٨٩۰۱۲۳४५६೧๑")
 
 
-def refused(raw: dict[str, str], key: str, stack: str = "dev") -> str:
+def refused(raw: dict[str, str], key: str, stack: str = "scheduled") -> str:
     """Parsing fails with a ConfigError naming `key`; nothing else escapes."""
     try:
         parse_all_the_way(stack, raw)
@@ -121,7 +124,7 @@ def refused(raw: dict[str, str], key: str, stack: str = "dev") -> str:
 @settings(max_examples=40, deadline=None)
 @given(st.sampled_from(["tpuVms[0].name", "workloads.run", "buckets.kmsKeyName", "schedule.start", "labels"]))
 def test_a_trailing_newline_is_refused_everywhere(where):
-    base = BASE["prod" if where == "buckets.kmsKeyName" else "dev"]
+    base = PRODUCTION if where == "buckets.kmsKeyName" else SANDBOX
     edits = {
         "tpuVms[0].name": ("tpuVms", lambda v: v[0].update(name=v[0]["name"] + "\n"), "tpuVms[0].name"),
         "workloads.run": ("workloads", lambda w: w["mnist"].update(run="r1\n"), "workloads.mnist.run"),
@@ -130,7 +133,7 @@ def test_a_trailing_newline_is_refused_everywhere(where):
         "labels": ("tpuVms", lambda v: v[0]["labels"].update({"team": "ml\n"}), "tpuVms[0].labels.team"),
     }
     key, edit, problem_key = edits[where]
-    stack = "prod" if where == "buckets.kmsKeyName" else "dev"
+    stack = "production" if where == "buckets.kmsKeyName" else "scheduled"
     refused(with_object(base, key, edit), f"{NS}:{problem_key}", stack)
 
 
@@ -141,21 +144,21 @@ def test_a_trailing_newline_is_refused_everywhere(where):
 )
 def test_non_ascii_digits_are_refused_not_crashed_on(digit, where):
     raw, key = {
-        "epochs": (with_object(BASE["dev"], "workloads", lambda w: w["mnist"].update(epochs=f"1{digit}")), "workloads"),
-        "batchSize": (with_object(BASE["dev"], "workloads", lambda w: w["mnist"].update(batchSize=digit)), "workloads"),
+        "epochs": (with_object(SANDBOX, "workloads", lambda w: w["mnist"].update(epochs=f"1{digit}")), "workloads"),
+        "batchSize": (with_object(SANDBOX, "workloads", lambda w: w["mnist"].update(batchSize=digit)), "workloads"),
         "frameworkVersion": (
-            with_object(BASE["dev"], "workloads", lambda w: w["mnist"].update(frameworkVersion=f"2.1{digit}.1")),
+            with_object(SANDBOX, "workloads", lambda w: w["mnist"].update(frameworkVersion=f"2.1{digit}.1")),
             "workloads",
         ),
         "acceleratorType": (
-            with_object(BASE["dev"], "tpuVms", lambda v: v[0].update(acceleratorType=f"v2-{digit}")),
+            with_object(SANDBOX, "tpuVms", lambda v: v[0].update(acceleratorType=f"v2-{digit}")),
             "tpuVms",
         ),
         "schedule": (
-            with_object(BASE["dev"], "tpuVms", lambda v: v[0]["schedule"].update(stop=f"0 {digit} * * *")),
+            with_object(SANDBOX, "tpuVms", lambda v: v[0]["schedule"].update(stop=f"0 {digit} * * *")),
             "tpuVms",
         ),
-        "idleMinutes": (with_scalar(BASE["dev"], "monitoring", f'{{"idleMinutes": "6{digit}"}}'), "monitoring"),
+        "idleMinutes": (with_scalar(SANDBOX, "monitoring", f'{{"idleMinutes": "6{digit}"}}'), "monitoring"),
     }[where]
     refused(raw, f"{NS}:{key}")
 
@@ -163,9 +166,9 @@ def test_non_ascii_digits_are_refused_not_crashed_on(digit, where):
 @settings(max_examples=40, deadline=None)
 @given(st.text(alphabet="abcdefghijklmnopqrstuvwxyz-0123456789", min_size=3, max_size=20))
 def test_gcp_region_must_be_a_tpu_region(region):
-    raw = with_scalar(BASE["dev"], "gcp:region", region)
+    raw = with_scalar(SANDBOX, "gcp:region", region)
     if region in tpu_regions():
-        parse_all_the_way("dev", raw)
+        parse_all_the_way("scheduled", raw)
     else:
         assert f"gcp:region = {region!r}: must be one of" in refused(raw, "gcp:region")
 
@@ -180,14 +183,14 @@ def test_gcp_region_must_be_a_tpu_region(region):
 )
 def test_budget_beyond_int64_or_not_finite_is_refused(amount):
     if isinstance(amount, str):  # NaN and Infinity are not JSON: the whole object is refused
-        text = BASE["dev"][f"{NS}:budget"].replace('"amount": 500', f'"amount": {amount}')
-        refused({**BASE["dev"], f"{NS}:budget": text}, f"{NS}:budget")
+        text = SANDBOX[f"{NS}:budget"].replace('"amount": 500', f'"amount": {amount}')
+        refused({**SANDBOX, f"{NS}:budget": text}, f"{NS}:budget")
     else:
-        refused(with_object(BASE["dev"], "budget", lambda b: b.update(amount=amount)), f"{NS}:budget.amount")
+        refused(with_object(SANDBOX, "budget", lambda b: b.update(amount=amount)), f"{NS}:budget.amount")
 
 
 def test_budget_amount_as_yaml_inf_is_refused():
-    refused(with_object(BASE["dev"], "budget", lambda b: b.update(amount=float("inf"))), f"{NS}:budget")
+    refused(with_object(SANDBOX, "budget", lambda b: b.update(amount=float("inf"))), f"{NS}:budget")
 
 
 @settings(max_examples=30, deadline=None)
@@ -195,14 +198,14 @@ def test_budget_amount_as_yaml_inf_is_refused():
 def test_workload_descriptions_over_256_bytes_are_refused(length, char):
     description = char * (length // len(char.encode()) + 1)
     assume(len(description.encode()) > 256)
-    raw = with_object(BASE["dev"], "workloads", lambda w: w["mnist"].update(description=description))
+    raw = with_object(SANDBOX, "workloads", lambda w: w["mnist"].update(description=description))
     assert "at most 256 UTF-8 bytes" in refused(raw, f"{NS}:workloads.mnist.description")
 
 
 @settings(max_examples=20, deadline=None)
 @given(st.integers(513, 2000))
 def test_tpu_descriptions_over_512_characters_are_refused(length):
-    raw = with_object(BASE["dev"], "tpuVms", lambda v: v[0].update(description="d" * length))
+    raw = with_object(SANDBOX, "tpuVms", lambda v: v[0].update(description="d" * length))
     refused(raw, f"{NS}:tpuVms[0].description")
 
 
@@ -210,29 +213,29 @@ def test_tpu_descriptions_over_512_characters_are_refused(length):
 @given(st.integers(59, 120))
 def test_more_labels_than_gcp_allows_are_refused(count):
     labels = {f"l{i}": "x" for i in range(count)}  # with the platform's 6 reserved, over 64
-    raw = with_object(BASE["dev"], "tpuVms", lambda v: v[0].update(labels=labels))
+    raw = with_object(SANDBOX, "tpuVms", lambda v: v[0].update(labels=labels))
     assert "must have at most 58 entries" in refused(raw, f"{NS}:tpuVms[0].labels")
 
 
 def test_58_labels_are_accepted():
     labels = {f"l{i}": "x" for i in range(58)}
-    parse_all_the_way("dev", with_object(BASE["dev"], "tpuVms", lambda v: v[0].update(labels=labels)))
+    parse_all_the_way("scheduled", with_object(SANDBOX, "tpuVms", lambda v: v[0].update(labels=labels)))
 
 
 @settings(max_examples=40, deadline=None)
 @given(st.integers(1, 1440))
 def test_recovery_interval_must_divide_the_hour(every):
-    raw = with_object(BASE["prod"], "automation", lambda a: a["recovery"].update(everyMinutes=every))
+    raw = with_object(PRODUCTION, "automation", lambda a: a["recovery"].update(everyMinutes=every))
     if every in RECOVERY_INTERVALS:
-        parse_all_the_way("prod", raw)
+        parse_all_the_way("production", raw)
         assert 60 % every == 0  # `*/N * * * *` then fires every N minutes, evenly
     else:
-        refused(raw, f"{NS}:automation.recovery.everyMinutes", "prod")
+        refused(raw, f"{NS}:automation.recovery.everyMinutes", "production")
 
 
 @given(st.sampled_from([*PLATFORM_ACCOUNTS, "deployer"]))
 def test_workloads_named_like_the_platforms_accounts_are_refused(name):
-    raw = replace_object(BASE["dev"], "workloads", {name: workload_settings(BASE["dev"])})
+    raw = replace_object(SANDBOX, "workloads", {name: workload_settings(SANDBOX)})
     raw = replace_object(raw, "tpuVms", [])
     assert "is reserved" in refused(raw, f"{NS}:workloads.{name}")
 
@@ -242,9 +245,9 @@ def test_the_reserved_names_are_the_platforms_accounts():
     from infra.config import parse_stack_config as parse
     from infra.config import service_account_id
 
-    for stack in ("dev", "prod"):
-        cfg = parse(stack, BASE[stack])
-        result = plan(BASE[stack], stack)
+    for stack, raw in (("scheduled", SANDBOX), ("production", PRODUCTION)):
+        cfg = parse(stack, raw)
+        result = plan(raw, stack)
         ids = {r.inputs["accountId"] for r in result.of_type("gcp:serviceaccount/account:Account")}
         workloads = {service_account_id(w.name, stack) for w in cfg.workloads}
         assert ids - workloads <= {service_account_id(p, stack) for p in PLATFORM_ACCOUNTS}
@@ -253,15 +256,15 @@ def test_the_reserved_names_are_the_platforms_accounts():
 @settings(max_examples=40, deadline=None)
 @given(st.text(alphabet="abcdefghijklmnopqrstuvwxyzéüßøæœłñçąęžšαβγжщ0123456789_-", min_size=1, max_size=63))
 def test_international_lowercase_letters_are_accepted_in_label_values(value):
-    raw = with_object(BASE["dev"], "tpuVms", lambda v: v[0]["labels"].update({"team": value}))
-    cfg = parse_stack_config("dev", raw)
+    raw = with_object(SANDBOX, "tpuVms", lambda v: v[0]["labels"].update({"team": value}))
+    cfg = parse_stack_config("scheduled", raw)
     assert ("team", value) in cfg.tpu_vms[0].labels
 
 
 @settings(max_examples=20, deadline=None)
 @given(st.sampled_from(list("ÉÜΣЖABC .@")))
 def test_uppercase_and_punctuation_are_still_refused_in_label_values(char):
-    raw = with_object(BASE["dev"], "tpuVms", lambda v: v[0]["labels"].update({"team": f"ml{char}"}))
+    raw = with_object(SANDBOX, "tpuVms", lambda v: v[0]["labels"].update({"team": f"ml{char}"}))
     refused(raw, f"{NS}:tpuVms[0].labels.team")
 
 
@@ -280,9 +283,9 @@ def test_uppercase_and_punctuation_are_still_refused_in_label_values(char):
 )
 def test_bad_input_registers_no_resource(case):
     key, edit = case
-    monitor = RecordingMonitor(GcpMocks("acme-ml-sandbox"))
+    monitor = RecordingMonitor(GcpMocks("fixture-project"))
     try:
-        run_program("dev", with_object(BASE["dev"], key, edit), monitor=monitor)
+        run_program("scheduled", with_object(SANDBOX, key, edit), monitor=monitor)
     except Exception as error:  # the program's RunError, as `pulumi up` shows it
         assert "tpu-platform:" in str(error) and "Traceback" not in str(error)
     else:

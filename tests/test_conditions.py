@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 
 from tests.iam_conditions import allows
-from tests.support import plan, stack_config, with_object, workload_settings
+from tests.support import fixture_config, plan, with_object, workload_settings
 
-CHECKPOINTS = "acme-ml-sandbox-dev-checkpoints"
+CHECKPOINTS = "fixture-project-small-checkpoints"
 
 
 def evaluate(expression: str, *, object_name: str | None = None, list_prefix: str | None = None) -> bool:
@@ -24,9 +24,9 @@ def evaluate(expression: str, *, object_name: str | None = None, list_prefix: st
 
 
 def checkpoint_conditions() -> dict[str, str]:
-    raw = stack_config()
+    raw = fixture_config("small")
     raw = with_object(raw, "workloads", lambda w: w.update(other=workload_settings(raw)))
-    grants = plan(raw).of_type("gcp:storage/bucketIAMMember:BucketIAMMember")
+    grants = plan(raw, "small").of_type("gcp:storage/bucketIAMMember:BucketIAMMember")
     return {
         g.inputs["member"].split(":")[1].split("@")[0]: g.inputs["condition"]["expression"]
         for g in grants
@@ -36,18 +36,18 @@ def checkpoint_conditions() -> dict[str, str]:
 
 def test_each_workload_reads_and_writes_only_its_own_checkpoints():
     conditions = checkpoint_conditions()
-    assert set(conditions) == {"tpu-mnist-dev", "tpu-other-dev"}
-    mnist = conditions["tpu-mnist-dev"]
-    assert evaluate(mnist, object_name="mnist/mnist-v2-spot/run-1/ckpt-0000000100/state.npz")
+    assert set(conditions) == {"tpu-mnist-small", "tpu-other-small"}
+    mnist = conditions["tpu-mnist-small"]
+    assert evaluate(mnist, object_name="mnist/small-v2/run-1/ckpt-0000000100/state.npz")
     assert not evaluate(mnist, object_name="other/vm/run-1/ckpt-0000000100/state.npz")
     assert not evaluate(mnist, object_name="mnist-evil/vm/x")  # a sibling prefix, not its own
-    assert not evaluate(conditions["tpu-other-dev"], object_name="mnist/mnist-v2-spot/run-1/COMPLETE")
+    assert not evaluate(conditions["tpu-other-small"], object_name="mnist/small-v2/run-1/COMPLETE")
 
 
 @pytest.mark.parametrize(
     ("prefix", "allowed"),
     [
-        ("mnist/mnist-v2-spot/run-1/ckpt-", True),  # runlib lists its own checkpoints
+        ("mnist/small-v2/run-1/ckpt-", True),  # runlib lists its own checkpoints
         ("mnist/", True),
         ("other/", False),
         ("", False),  # the whole bucket
@@ -55,8 +55,8 @@ def test_each_workload_reads_and_writes_only_its_own_checkpoints():
     ],
 )
 def test_a_workload_lists_its_own_prefix_only(prefix, allowed):
-    assert evaluate(checkpoint_conditions()["tpu-mnist-dev"], list_prefix=prefix) is allowed
+    assert evaluate(checkpoint_conditions()["tpu-mnist-small"], list_prefix=prefix) is allowed
 
 
 def test_a_list_without_a_prefix_attribute_is_refused():
-    assert not evaluate(checkpoint_conditions()["tpu-mnist-dev"])
+    assert not evaluate(checkpoint_conditions()["tpu-mnist-small"])

@@ -6,10 +6,10 @@ import pytest
 
 from infra.config import parse_stack_config
 from infra.schema import ConfigError
-from tests.support import replace_object, stack_config, with_object, with_scalar, workload_settings
+from tests.support import fixture_config, replace_object, stack_config, with_object, with_scalar, workload_settings
 
 
-def problems_of(raw: dict[str, str], stack: str = "dev") -> str:
+def problems_of(raw: dict[str, str], stack: str = "small") -> str:
     with pytest.raises(ConfigError) as caught:
         parse_stack_config(stack, raw)
     message = str(caught.value)
@@ -28,19 +28,19 @@ def test_shipped_stacks_parse():
 
 
 def test_defaults_from_pulumi_yaml_apply():
-    cfg = parse_stack_config("dev", stack_config("dev"))
-    assert cfg.name_prefix == "acme-ml-sandbox"  # namePrefix default "" means the project id
+    cfg = parse_stack_config("small", fixture_config("small"))
+    assert cfg.name_prefix == "fixture-project"  # namePrefix default "" means the project id
 
 
 def test_unknown_top_level_key_is_named():
-    raw = with_scalar(stack_config(), "tpu-platform:bucket", "oops")
+    raw = with_scalar(fixture_config("small"), "tpu-platform:bucket", "oops")
     message = problems_of(raw)
     assert "tpu-platform:bucket = 'oops': unknown key" in message
     assert "tpu-platform:buckets" in message  # lists what is known
 
 
 def test_unknown_nested_key_is_named():
-    raw = with_object(stack_config(), "buckets", lambda b: b.update(versionsToKeep=3))
+    raw = with_object(fixture_config("small"), "buckets", lambda b: b.update(versionsToKeep=3))
     assert "tpu-platform:buckets.versionsToKeep = 3: unknown key" in problems_of(raw)
 
 
@@ -54,30 +54,32 @@ def test_unknown_nested_key_is_named():
     ],
 )
 def test_bad_threshold(percent, expected):
-    raw = with_object(stack_config(), "budget", lambda b: b["thresholds"].append({"percent": percent}))
+    raw = with_object(fixture_config("small"), "budget", lambda b: b["thresholds"].append({"percent": percent}))
     message = problems_of(raw)
-    assert f"tpu-platform:budget.thresholds[3].percent = {percent!r}: {expected}" in message
+    assert f"tpu-platform:budget.thresholds[2].percent = {percent!r}: {expected}" in message
 
 
 def test_duplicate_threshold():
-    raw = with_object(stack_config(), "budget", lambda b: b["thresholds"].append({"percent": 50}))
-    assert "tpu-platform:budget.thresholds[3]" in problems_of(raw)
+    raw = with_object(fixture_config("small"), "budget", lambda b: b["thresholds"].append({"percent": 50}))
+    assert "tpu-platform:budget.thresholds[2]" in problems_of(raw)
 
 
 def test_unknown_spend_basis():
-    raw = with_object(stack_config(), "budget", lambda b: b["thresholds"].append({"percent": 70, "basis": "daily"}))
-    assert "thresholds[3].basis = 'daily': must be one of current, forecasted" in problems_of(raw)
+    raw = with_object(
+        fixture_config("small"), "budget", lambda b: b["thresholds"].append({"percent": 70, "basis": "daily"})
+    )
+    assert "thresholds[2].basis = 'daily': must be one of current, forecasted" in problems_of(raw)
 
 
 def test_bad_bucket_location():
-    raw = with_object(stack_config(), "buckets", lambda b: b.update(location="MARS-NORTH1"))
+    raw = with_object(fixture_config("small"), "buckets", lambda b: b.update(location="MARS-NORTH1"))
     message = problems_of(raw)
     assert "tpu-platform:buckets.location = 'MARS-NORTH1': must be one of" in message
     assert "US-CENTRAL1" in message
 
 
 def test_disallowed_role_is_refused():
-    raw = with_object(stack_config(), "workloads", lambda w: w["mnist"].update(projectRoles=["roles/editor"]))
+    raw = with_object(fixture_config("small"), "workloads", lambda w: w["mnist"].update(projectRoles=["roles/editor"]))
     message = problems_of(raw)
     assert "tpu-platform:workloads.mnist.projectRoles[0] = 'roles/editor': must be one of" in message
     assert "roles/logging.logWriter" in message
@@ -85,7 +87,7 @@ def test_disallowed_role_is_refused():
 
 
 def test_bucket_access_levels_are_closed():
-    raw = with_object(stack_config(), "workloads", lambda w: w["mnist"].update(bucketAccess={"data": "admin"}))
+    raw = with_object(fixture_config("small"), "workloads", lambda w: w["mnist"].update(bucketAccess={"data": "admin"}))
     assert "workloads.mnist.bucketAccess.data = 'admin': must be one of none, read, write" in problems_of(raw)
 
 
@@ -94,19 +96,19 @@ def test_production_requires_cmek_and_nothing_destroyable():
         del buckets["kmsKeyName"]
         buckets["destroyable"] = ["data"]
 
-    message = problems_of(with_object(stack_config("prod"), "buckets", weaken), "prod")
+    message = problems_of(with_object(fixture_config("production"), "buckets", weaken), "production")
     assert "tpu-platform:buckets.kmsKeyName = (not set): required when production is true" in message
     assert "tpu-platform:buckets.destroyable = ['data']: must be empty when production is true" in message
 
 
 def test_cmek_key_must_share_the_bucket_location():
     key = "projects/k/locations/europe-west4/keyRings/r/cryptoKeys/c"
-    raw = with_object(stack_config("prod"), "buckets", lambda b: b.update(kmsKeyName=key))
-    assert "must be in the buckets' location us-central1, not europe-west4" in problems_of(raw, "prod")
+    raw = with_object(fixture_config("production"), "buckets", lambda b: b.update(kmsKeyName=key))
+    assert "must be in the buckets' location us-central1, not europe-west4" in problems_of(raw, "production")
 
 
 def test_missing_required_values():
-    raw = with_scalar(with_scalar(stack_config(), "billingAccount", None), "owner", None)
+    raw = with_scalar(with_scalar(fixture_config("small"), "billingAccount", None), "owner", None)
     message = problems_of(raw)
     assert "tpu-platform:billingAccount = (not set): required" in message
     assert "tpu-platform:owner = (not set): required" in message
@@ -114,7 +116,7 @@ def test_missing_required_values():
 
 
 def test_wrong_types():
-    raw = with_scalar(stack_config(), "production", "yes")
+    raw = with_scalar(fixture_config("small"), "production", "yes")
     raw = with_object(raw, "budget", lambda b: b.update(emails="ops@acme.example"))
     message = problems_of(raw)
     assert "tpu-platform:production = 'yes': must be true or false" in message
@@ -123,33 +125,33 @@ def test_wrong_types():
 
 def test_too_many_budget_channels():
     emails = [f"u{i}@acme.example" for i in range(6)]
-    raw = with_object(stack_config(), "budget", lambda b: b.update(emails=emails))
+    raw = with_object(fixture_config("small"), "budget", lambda b: b.update(emails=emails))
     assert "must have at most 5 items" in problems_of(raw)
 
 
 def test_object_setting_that_is_not_a_mapping():
-    raw = with_scalar(stack_config(), "budget", "300")
+    raw = with_scalar(fixture_config("small"), "budget", "300")
     assert "tpu-platform:budget = 300: must be a mapping, not int" in problems_of(raw)
 
 
 def test_name_prefix_that_breaks_bucket_names():
-    raw = with_scalar(stack_config(), "namePrefix", "Acme_ML")
+    raw = with_scalar(fixture_config("small"), "namePrefix", "Acme_ML")
     message = problems_of(raw)
-    assert "tpu-platform:namePrefix = 'Acme_ML': gives bucket name 'Acme_ML-dev-data'" in message
+    assert "tpu-platform:namePrefix = 'Acme_ML': gives bucket name 'Acme_ML-small-data'" in message
 
 
 def test_workload_name_breaking_naming_rules():
-    raw = replace_object(stack_config(), "workloads", {"Bad_Name": workload_settings(stack_config())})
+    raw = replace_object(fixture_config("small"), "workloads", {"Bad_Name": workload_settings(fixture_config("small"))})
     message = problems_of(replace_object(raw, "tpuVms", []))
     assert "tpu-platform:workloads.Bad_Name = 'Bad_Name': workload names need" in message
 
 
 def test_bad_stack_name():
-    assert "stack name = 'Production-EU-West'" in problems_of(stack_config(), "Production-EU-West")
+    assert "stack name = 'Production-EU-West'" in problems_of(fixture_config("small"), "Production-EU-West")
 
 
 def test_every_problem_is_reported_at_once():
-    raw = with_object(stack_config(), "buckets", lambda b: b.update(location="MARS", storageClass="HOT"))
+    raw = with_object(fixture_config("small"), "buckets", lambda b: b.update(location="MARS", storageClass="HOT"))
     raw = with_object(raw, "budget", lambda b: b.update(amount=-1))
     message = problems_of(raw)
     assert "3 invalid settings" in message
@@ -157,5 +159,5 @@ def test_every_problem_is_reported_at_once():
 
 def test_an_empty_workload_of_a_vm_is_refused_not_a_crash():
     # Found by test_bad_input's fuzzing: '' passed the reader and crashed rendering the VM's metadata.
-    raw = with_object(stack_config(), "tpuVms", lambda vms: vms[0].update(workload=""))
+    raw = with_object(fixture_config("small"), "tpuVms", lambda vms: vms[0].update(workload=""))
     assert "tpu-platform:tpuVms[0].workload = '': name one of the workloads" in problems_of(raw)

@@ -9,19 +9,19 @@ import pytest
 
 from infra.config import parse_stack_config
 from infra.goodput.interval import Losses, Rate, best_interval
-from tests.support import stack_config, with_object
+from tests.support import fixture_config, with_object
 from tests.test_config import problems_of
 
 KEY = "tpu-platform:workloads.mnist.checkpointEverySteps"
 
 
-def dev(workload: dict | None = None, vm: dict | None = None, stack: str = "dev") -> dict[str, str]:
-    raw = with_object(stack_config(stack), "workloads", lambda w: w["mnist"].update(workload or {}))
+def scheduled(workload: dict | None = None, vm: dict | None = None, stack: str = "scheduled") -> dict[str, str]:
+    raw = with_object(fixture_config(stack), "workloads", lambda w: w["mnist"].update(workload or {}))
     return with_object(raw, "tpuVms", lambda vms: vms[0].update(vm or {}))
 
 
 def warnings(workload: dict | None = None, vm: dict | None = None) -> list[str]:
-    return [w for w in parse_stack_config("dev", dev(workload, vm)).warnings if KEY in w]
+    return [w for w in parse_stack_config("scheduled", scheduled(workload, vm)).warnings if KEY in w]
 
 
 def test_nothing_is_said_without_the_steps_and_saves_seconds():
@@ -33,7 +33,7 @@ def test_an_interval_far_below_the_best_is_warned_with_the_best_in_steps():
     (warning,) = warnings({"stepSeconds": 0.05, "checkpointSeconds": 60}, {"hoursBetweenPreemptions": 4})
     best = best_interval(60, Losses(Rate.every(4), notice_s=30, commit_s=60)).seconds
     assert best
-    assert f"{KEY} = 200: on spot VM 'mnist-v2-spot': checkpoints every 10 s of steps, 0.0078× the interval" in warning
+    assert f"{KEY} = 200: on spot VM 'office-v2': checkpoints every 10 s of steps, 0.0078× the interval" in warning
     assert "a save takes 60 s to commit, longer than the 30 s notice" in warning
     steps, minutes = round(best / 0.05), math.ceil(best / 60)
     assert f"; set checkpointEverySteps: {steps} and set checkpointEveryMinutes: {minutes}" in warning
@@ -64,7 +64,7 @@ def test_saves_on_notice_leave_only_their_cost_to_warn_about():
 
 def test_an_on_demand_vm_is_never_preempted():
     (warning,) = warnings({"stepSeconds": 0.05, "checkpointSeconds": 20}, {"provisioning": "on-demand"})
-    assert "on on-demand VM 'mnist-v2-spot'" in warning
+    assert "on on-demand VM 'office-v2'" in warning
     assert "As nothing preempts on-demand VMs, periodic checkpoints only insure against losses" in warning
 
 
@@ -78,14 +78,14 @@ def test_an_on_demand_vm_is_never_preempted():
     ],
 )  # fmt: skip
 def test_a_preemption_rate_that_cannot_be_is_refused(vm, message):
-    assert message in problems_of(dev(vm=vm))
+    assert message in problems_of(scheduled(vm=vm), "scheduled")
 
 
 def test_a_workload_with_its_own_source_takes_no_step_seconds():
     raw = with_object(
-        stack_config("dev"),
+        fixture_config("scheduled"),
         "workloads",
         lambda w: w.update(own={"source": {"folder": "workloads/jax_mnist"}, "command": ["python", "x.py"],
                                 "stepSeconds": 1.0}),
     )  # fmt: skip
-    assert "workloads.own.stepSeconds = 1.0: only with program" in problems_of(raw)
+    assert "workloads.own.stepSeconds = 1.0: only with program" in problems_of(raw, "scheduled")

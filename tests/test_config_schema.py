@@ -114,3 +114,10 @@ def test_pulumi_yaml_declares_the_scalars_as_the_declarations_do():
         s = next(s for s in SETTINGS if s.key == name)
         assert spec["type"] == s.kind
         assert spec.get("default") == s.default
+
+
+@pytest.mark.parametrize("path", sorted(FIXTURE_STACKS.glob("Pulumi.*.yaml")), ids=lambda p: p.name)
+def test_each_fixture_stack_matches_the_schema(path):
+    """The fixture stacks stand in for the shipped ones in the behaviour tests: they must be stack files
+    an editor would accept too."""
+    assert list(VALIDATOR.iter_errors(yaml.safe_load(path.read_text()))) == []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from infra.config import parse_stack_config
-from tests.support import stack_config, with_object
+from tests.support import fixture_config, with_object
 from tests.test_config import problems_of
 
 
@@ -20,8 +20,8 @@ def vm_edit(**changes):
     return edit
 
 
-def vm_problems(stack: str = "dev", **changes) -> str:
-    return problems_of(with_object(stack_config(stack), "tpuVms", vm_edit(**changes)), stack)
+def vm_problems(stack: str = "small", **changes) -> str:
+    return problems_of(with_object(fixture_config(stack), "tpuVms", vm_edit(**changes)), stack)
 
 
 @pytest.mark.parametrize("name", ["Mnist", "mnist_v2", "-mnist", "9lives", "x" * 64])
@@ -38,14 +38,14 @@ def test_missing_zone():
 
 
 def test_duplicate_vm_names():
-    raw = with_object(stack_config(), "tpuVms", lambda vms: vms.append(dict(vms[0])))
-    assert "tpu-platform:tpuVms[1].name = 'mnist-v2-spot': another TPU VM of this stack has this name" in problems_of(
-        raw
-    )
+    raw = with_object(fixture_config("small"), "tpuVms", lambda vms: vms.append(dict(vms[0])))
+    assert "tpu-platform:tpuVms[1].name = 'small-v2': another TPU VM of this stack has this name" in problems_of(raw)
 
 
 def test_zone_without_that_tpu():
-    message = vm_problems("prod", acceleratorType="v4-8", runtimeVersion="tpu-vm-tf-2.15.0-pjrt", zone="europe-west4-a")
+    message = vm_problems(
+        "production", acceleratorType="v4-8", runtimeVersion="tpu-vm-tf-2.15.0-pjrt", zone="europe-west4-a"
+    )
     assert (
         "tpuVms[0].zone = 'europe-west4-a': v4-8 is not offered in europe-west4-a; zones that offer it: us-central2-b"
         in (message)
@@ -53,7 +53,7 @@ def test_zone_without_that_tpu():
 
 
 def test_runtime_that_does_not_match_the_pinned_framework():
-    message = vm_problems("dev", runtimeVersion="tpu-vm-tf-2.13.0")
+    message = vm_problems(runtimeVersion="tpu-vm-tf-2.13.0")
     assert "tpuVms[0].runtimeVersion = 'tpu-vm-tf-2.13.0': the runtime carries TensorFlow 2.13.0" in message
     assert "set runtimeVersion: tpu-vm-tf-2.14.1, or set tpu-platform:workloads.mnist.frameworkVersion: 2.13.0" in (
         message
@@ -67,8 +67,10 @@ def test_unknown_accelerator_type():
 
 
 def test_spot_vm_needs_checkpoints():
-    raw = with_object(stack_config(), "workloads", lambda w: w["mnist"].update(bucketAccess={"checkpoints": "none"}))
-    message = problems_of(raw)
+    raw = with_object(
+        fixture_config("scheduled"), "workloads", lambda w: w["mnist"].update(bucketAccess={"checkpoints": "none"})
+    )
+    message = problems_of(raw, "scheduled")
     assert (
         "tpu-platform:tpuVms[0].provisioning = 'spot': a spot TPU can be reclaimed at any time: its workload" in message
     )
@@ -76,7 +78,7 @@ def test_spot_vm_needs_checkpoints():
 
 def test_region_without_a_subnet():
     message = vm_problems(
-        "prod", acceleratorType="v6e-8", zone="europe-west4-a", runtimeVersion="tpu-vm-tf-2.15.0-pjrt"
+        "production", acceleratorType="v6e-8", zone="europe-west4-a", runtimeVersion="tpu-vm-tf-2.15.0-pjrt"
     )
     assert (
         "europe-west4 has no subnet under tpu-platform:network.subnets; "
@@ -100,24 +102,26 @@ def test_bad_provisioning_model():
 @pytest.mark.parametrize(
     ("cidr", "expected"),
     [
-        ("10.20.0.1/20", "no host bits set"),
+        ("10.30.0.1/20", "no host bits set"),
         ("8.8.8.0/24", "must be a private IPv4 range"),
         ("banana", "must be an IPv4 network"),
     ],
 )
 def test_bad_subnet_cidr(cidr, expected):
-    raw = with_object(stack_config(), "network", lambda n: n["subnets"].update({"us-central1": cidr}))
+    raw = with_object(fixture_config("small"), "network", lambda n: n["subnets"].update({"us-central1": cidr}))
     assert f"tpu-platform:network.subnets.us-central1 = {cidr!r}: " in problems_of(raw)
     assert expected in problems_of(raw)
 
 
 def test_overlapping_subnets():
-    raw = with_object(stack_config(), "network", lambda n: n["subnets"].update({"europe-west4": "10.20.8.0/24"}))
-    assert "network.subnets.europe-west4 = '10.20.8.0/24': overlaps the subnet of us-central1" in problems_of(raw)
+    raw = with_object(
+        fixture_config("small"), "network", lambda n: n["subnets"].update({"europe-west4": "10.30.8.0/24"})
+    )
+    assert "network.subnets.europe-west4 = '10.30.8.0/24': overlaps the subnet of us-central1" in problems_of(raw)
 
 
 def test_unpinned_framework_version():
-    raw = with_object(stack_config(), "workloads", lambda w: w["mnist"].update(frameworkVersion="latest"))
+    raw = with_object(fixture_config("small"), "workloads", lambda w: w["mnist"].update(frameworkVersion="latest"))
     assert "workloads.mnist.frameworkVersion = 'latest': an exact release like 2.15.0" in problems_of(raw)
 
 
@@ -125,7 +129,7 @@ def test_unpinned_framework_version():
 
 
 def prod_vm_problems(**changes) -> str:
-    return vm_problems("prod", **changes)
+    return vm_problems("production", **changes)
 
 
 @pytest.mark.parametrize(
@@ -178,24 +182,26 @@ def roomy_network(raw: dict[str, str]) -> dict[str, str]:
 
 def test_flex_start_is_checked_against_googles_zones():
     flex = {"capacity": "queued", "provisioning": "flex-start", "runDurationHours": 4}
-    west = with_object(roomy_network(stack_config("prod")), "tpuVms", vm_edit(**flex, zone="us-west1-c"))
+    west = with_object(roomy_network(fixture_config("production")), "tpuVms", vm_edit(**flex, zone="us-west1-c"))
     assert "tpuVms[0].zone = 'us-west1-c': flex-start v5e is offered only in us-central1-a (serving), us-west4-a" in (
-        problems_of(west, "prod")
+        problems_of(west, "production")
     )
     fallback = with_object(
-        roomy_network(stack_config("prod")), "tpuVms", vm_edit(**flex, zone="us-west4-a", fallbackZones=["us-south1-a"])
+        roomy_network(fixture_config("production")),
+        "tpuVms",
+        vm_edit(**flex, zone="us-west4-a", fallbackZones=["us-south1-a"]),
     )
-    message = problems_of(fallback, "prod")
+    message = problems_of(fallback, "production")
     assert "tpuVms[0].fallbackZones[0] = 'us-south1-a': flex-start v5e is offered only in" in message
     # Listed for serving only: the plan goes on, and says so.
-    serving = parse_stack_config("prod", with_object(stack_config("prod"), "tpuVms", vm_edit(**flex)))
+    serving = parse_stack_config("production", with_object(fixture_config("production"), "tpuVms", vm_edit(**flex)))
     assert any("tpuVms[0].zone" in w and "for serving, not for training" in w for w in serving.warnings)
-    training = parse_stack_config("prod", with_object(roomy_network(stack_config("prod")), "tpuVms",
+    training = parse_stack_config("production", with_object(roomy_network(fixture_config("production")), "tpuVms",
                                                       vm_edit(**flex, zone="us-west4-a")))  # fmt: skip
     assert not [w for w in training.warnings if "flex-start" in w]
     v5p = {"acceleratorType": "v5p-8", "zone": "us-east5-a", "runtimeVersion": "v2-alpha-tpuv5"}
     assert "tpuVms[0].acceleratorType = 'v5p-8': v5p is not offered with flex-start" in vm_problems(
-        "prod", **flex, **v5p
+        "production", **flex, **v5p
     )
 
 
@@ -203,27 +209,27 @@ def test_a_queued_vm_is_never_stopped_only_deleted():
     """The guard and the schedules stop a node by its name and zone in the stack: a queued request may
     have landed in a fallback zone, a multislice's nodes are `<vm>-<i>`, and a request has no stop."""
     queued = {"capacity": "queued", "provisioning": "spot"}
-    message = vm_problems("dev", **queued, acceleratorType="v5litepod-8", zone="us-central1-a",
+    message = vm_problems("scheduled", **queued, acceleratorType="v5litepod-8", zone="us-central1-a",
                           runtimeVersion="tpu-vm-tf-2.15.0-pjrt", onCompletion="stop")  # fmt: skip
     assert "tpuVms[0].onCompletion = 'stop': a queued request's TPUs cannot be stopped, only deleted" in message
     assert "tpuVms[0].schedule = {'start': '0 8 * * 1-5', 'stop': '0 20 * * 1-5'}: a queued request's TPUs" in message
-    deleted = parse_stack_config("prod", with_object(stack_config("prod"), "tpuVms", vm_edit(**queued,
+    deleted = parse_stack_config("production", with_object(fixture_config("production"), "tpuVms", vm_edit(**queued,
                                  onCompletion="delete")))  # fmt: skip
     assert deleted.tpu_vms[0].queued
 
 
 def test_a_multislices_node_names_are_its_own():
     """`ms` with two slices has nodes ms-0 and ms-1: no other VM of the stack may be called ms-1."""
-    raw = with_object(stack_config("prod"), "tpuVms", lambda vms: vms.__setitem__(slice(None), [
+    raw = with_object(fixture_config("production"), "tpuVms", lambda vms: vms.__setitem__(slice(None), [
         {**vms[0], "name": "ms", "capacity": "queued", "nodeCount": 2, "provisioning": "spot",
          "acceleratorType": "v5litepod-16", "runtimeVersion": "tpu-vm-tf-2.15.0-pod-pjrt"},
         {**vms[1], "name": "ms-1"},
     ]))  # fmt: skip
-    assert "tpuVms[1].name = 'ms-1': its TPU nodes' names are taken by TPU VM ms" in problems_of(raw, "prod")
+    assert "tpuVms[1].name = 'ms-1': its TPU nodes' names are taken by TPU VM ms" in problems_of(raw, "production")
 
 
 def test_max_run_hours_needs_the_guards_periodic_check():
-    raw = with_object(stack_config("dev"), "tpuVms", vm_edit(maxRunHours=24))
+    raw = with_object(fixture_config("small"), "tpuVms", vm_edit(maxRunHours=24))
     assert (
         "tpuVms[0].maxRunHours = 24: is enforced by the guard's periodic check; set "
         "tpu-platform:automation.recovery.everyMinutes: 10"
@@ -231,21 +237,23 @@ def test_max_run_hours_needs_the_guards_periodic_check():
 
 
 def test_multislice_needs_a_type_the_catalog_marks_capable():
-    message = vm_problems("dev", capacity="queued", nodeCount=2, provisioning="spot")
+    message = vm_problems(capacity="queued", nodeCount=2, provisioning="spot")
     assert "tpuVms[0].acceleratorType = 'v2-8': v2 is not offered through queued resources" in message
 
 
 def test_a_queued_multislice_with_fallbacks_is_accepted():
-    raw = with_object(stack_config("prod"), "network", lambda n: n["subnets"].update({"us-west4": "10.31.0.0/20"}))
+    raw = with_object(
+        fixture_config("production"), "network", lambda n: n["subnets"].update({"us-west4": "10.31.0.0/20"})
+    )
     raw = with_object(raw, "tpuVms", vm_edit(
         capacity="queued", nodeCount=2, acceleratorType="v5litepod-16", runtimeVersion="tpu-vm-tf-2.15.0-pod-pjrt",
         fallbackZones=["us-west4-a"], provisioning="spot",
     ))  # fmt: skip
-    cfg = parse_stack_config("prod", raw)
+    cfg = parse_stack_config("production", raw)
     assert (cfg.tpu_vms[0].zones, cfg.tpu_vms[0].node_count) == (("us-central1-a", "us-west4-a"), 2)
 
 
 def test_max_run_hours_with_a_schedule_is_refused():
     """The guard counts a run from the node's creation, which a scheduled stop and start keeps."""
-    message = vm_problems(onCompletion="stop", maxRunHours=4)
+    message = vm_problems("scheduled", onCompletion="stop", maxRunHours=4)
     assert "counts from the node's creation, so a schedule's daily restarts would trip it" in message

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from tests.contracts import Call, ContractError, api, document
-from tests.support import fixture_config, plan, stack_config
+from tests.support import fixture_config, plan
 from tools.offline.runner import PlanResult
 
 NODE = "projects/acme-ml-sandbox/locations/us-central1-b/nodes/mnist-v2-spot"
@@ -27,7 +27,7 @@ APIS_BY_HOST = {"tpu.googleapis.com": "tpu.v2", "storage.googleapis.com": "stora
 
 @cache
 def planned(stack: str) -> PlanResult:
-    return plan(stack_config(stack), stack)
+    return plan(fixture_config(stack), stack)
 
 
 def wire(value: Any) -> Any:
@@ -88,7 +88,11 @@ def test_a_misspelt_resource_field_fails():
 
 
 def scheduler_jobs() -> list[tuple[str, dict[str, Any]]]:
-    return [(s, wire(j.inputs)) for s in ("dev", "prod") for j in planned(s).of_type("gcp:cloudscheduler/job:Job")]
+    return [
+        (s, wire(j.inputs))
+        for s in ("scheduled", "production")
+        for j in planned(s).of_type("gcp:cloudscheduler/job:Job")
+    ]
 
 
 def test_every_scheduler_job_is_a_valid_cloud_scheduler_job():
@@ -111,7 +115,7 @@ def test_every_scheduler_job_that_calls_a_google_api_sends_a_valid_request():
         method = api(APIS_BY_HOST[host]).check(Call(target["httpMethod"], target["uri"], body))
         assert "oauthToken" in target, f"{target['uri']}: a Google API takes an OAuth token, not OIDC"
         checked.append(method.id.rsplit(".", 1)[-1])
-    assert checked, "no scheduler job calls a Google API in the shipped stacks: nothing was checked"
+    assert checked, "no scheduler job calls a Google API in the planned stacks: nothing was checked"
 
 
 def test_a_misspelt_scheduler_target_fails():
@@ -123,13 +127,13 @@ def test_a_misspelt_scheduler_target_fails():
         api("cloudscheduler.v1").check_resource("Job", {"httpTarget": {"oauthTokens": {}}})
 
 
-@pytest.mark.parametrize("stack", ["dev", "prod"])
+@pytest.mark.parametrize("stack", ["scheduled", "production"])
 def test_the_dashboard_is_a_valid_monitoring_v1_dashboard(stack):
     (dashboard,) = planned(stack).of_type("gcp:monitoring/dashboard:Dashboard")
     api("monitoring.v1").check_resource("Dashboard", json.loads(dashboard.inputs["dashboardJson"]))
 
 
-@pytest.mark.parametrize("stack", ["dev", "prod"])
+@pytest.mark.parametrize("stack", ["scheduled", "production"])
 def test_every_alert_policy_is_a_valid_monitoring_v3_alert_policy(stack):
     policies = planned(stack).of_type("gcp:monitoring/alertPolicy:AlertPolicy")
     assert policies
@@ -138,14 +142,14 @@ def test_every_alert_policy_is_a_valid_monitoring_v3_alert_policy(stack):
         api("monitoring.v3").check_resource("AlertPolicy", body)
 
 
-@pytest.mark.parametrize("stack", ["prod", "sources"])  # prod: the stack's key; sources: pinned images
+@pytest.mark.parametrize("stack", ["production", "sources"])  # production: the stack's key; sources: pinned images
 def test_the_image_repository_is_a_valid_artifact_registry_v1_repository(stack):
     """The repository as the provider sends it (Repository.create's body): every field known, every enum
     value allowed (format, enablementConfig, a cleanup policy's action and tagState), olderThan a
     google-duration. repositoryId is a query parameter; project and location are the URL's. The provider
     sends cleanupPolicies as a map keyed by id (magic-modules mmv1/products/artifactregistry/
     Repository.yaml: `cleanupPolicies: type: Map, key_name: id`), as the API declares the field."""
-    result = plan(fixture_config("sources"), "sources") if stack == "sources" else planned(stack)
+    result = planned(stack)
     # The workloads' repository (not the guard functions').
     (repository,) = [r for r in result.of_type("gcp:artifactregistry/repository:Repository")
                      if r.inputs["repositoryId"] == f"tpu-{stack}"]  # fmt: skip

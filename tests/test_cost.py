@@ -13,12 +13,12 @@ import pytest
 from infra.catalog import load_catalog
 from infra.config import parse_stack_config
 from infra.cost import cost_table, estimate
-from tests.support import fixture_config, plan, stack_config, with_object
+from tests.support import fixture_config, plan, with_object
 
 OFFICE_HOURS = 12 * 5 * 730 / 168  # 08-20 on weekdays: 60 of the week's 168 hours, on a 730-hour month
 
 
-def cost_of(raw, stack="dev"):
+def cost_of(raw, stack="scheduled"):
     cfg = parse_stack_config(stack, raw)
     return estimate(cfg.tpu_vms, cfg.budget)
 
@@ -39,16 +39,16 @@ def roomy(raw):
     return with_object(raw, "automation", lambda a: a.update(recovery={"everyMinutes": 10}))
 
 
-def test_dev_matches_a_hand_computation_on_the_730_hour_month():
+def test_a_scheduled_spot_vm_matches_a_hand_computation_on_the_730_hour_month():
     # tpu-v2-8 spot in us-central1: 1.35 USD/hour for 4 chips; office hours (Europe/Berlin).
     by_hand = 1.35 * OFFICE_HOURS
-    dev = cost_of(stack_config("dev"))
-    assert dev.monthly_total == pytest.approx(by_hand, rel=0.01)
-    assert dev.hours_in_month == 730 and dev.vms[0].hours_basis == "up to"
+    scheduled = cost_of(fixture_config("scheduled"))
+    assert scheduled.monthly_total == pytest.approx(by_hand, rel=0.01)
+    assert scheduled.hours_in_month == 730 and scheduled.vms[0].hours_basis == "up to"
 
 
 def test_hand_computed_fleet():
-    raw = roomy(stack_config())
+    raw = roomy(fixture_config("scheduled"))
     raw = with_object(raw, "tpuVms", vms(
         {"name": "spot-always", "provisioning": "spot", "onCompletion": "keep"},  # 1.35 × 730
         {"name": "on-demand-office", "provisioning": "on-demand", "onCompletion": "keep",  # 4.5 × office hours
@@ -91,19 +91,19 @@ def test_a_schedule_that_only_starts_a_vm_its_runs_stop_is_priced_as_the_run():
 
 def test_each_region_is_priced_by_its_own_prices():
     subnets = {"us-central1": "10.30.0.0/20", "us-south1": "10.31.0.0/20"}
-    raw = with_object(roomy(stack_config("prod")), "network", lambda n: n.update(subnets=subnets))
+    raw = with_object(roomy(fixture_config("production")), "network", lambda n: n.update(subnets=subnets))
     raw = with_object(raw, "tpuVms", vms(
         {"name": "central", "zone": "us-central1-a", "onCompletion": "keep", "provisioning": "on-demand"},
         {"name": "south", "zone": "us-south1-a", "onCompletion": "keep", "provisioning": "on-demand"},
     ))  # fmt: skip
-    central, south = cost_of(raw, "prod").vms
+    central, south = cost_of(raw, "production").vms
     assert (central.price_region, south.price_region) == ("us-central1", "us-south1")
     assert central.monthly == pytest.approx(9.6 * 730)  # tpu-v5litepod-8 us-central1
     assert south.monthly == pytest.approx(11.328 * 730)  # tpu-v5litepod-8 us-south1
 
 
 def test_queued_multislice_reserved_and_flex_start_by_their_model():
-    raw = roomy(stack_config("prod"))
+    raw = roomy(fixture_config("production"))
     raw = with_object(raw, "tpuVms", vms(
         {"name": "two-slices", "acceleratorType": "v5litepod-16", "runtimeVersion": "tpu-vm-tf-2.15.0-pod-pjrt",
          "capacity": "queued", "nodeCount": 2, "provisioning": "spot", "onCompletion": "keep"},
@@ -112,7 +112,7 @@ def test_queued_multislice_reserved_and_flex_start_by_their_model():
         {"name": "flex", "capacity": "queued", "provisioning": "flex-start", "runDurationHours": 24,
          "onCompletion": "keep"},
     ))  # fmt: skip
-    two, reserved, flex = cost_of(raw, "prod").vms
+    two, reserved, flex = cost_of(raw, "production").vms
     assert (two.chips, two.slices) == (32, 2) and two.monthly == pytest.approx(2 * 5.5488 * 730)
     assert reserved.monthly == pytest.approx(9.6 * 730)
     assert "reserved priced at the on-demand list price" in reserved.notes[0]
@@ -126,38 +126,38 @@ def test_a_region_without_a_price_is_left_out_and_said_so(monkeypatch):
     bare = dataclasses.replace(catalog, generations={**catalog.generations, "v5e": no_central})
     # The parsed VM carries its generation, prices included (the reader's catalog).
     monkeypatch.setattr("infra.config.reader.load_catalog", lambda: bare)
-    raw = with_object(stack_config("prod"), "tpuVms", lambda v: v.__delitem__(1))
-    cost = cost_of(raw, "prod")
-    assert cost.unpriced == ["mnist-v5e"] and cost.monthly_total == 0
+    raw = with_object(fixture_config("production"), "tpuVms", lambda v: v.__delitem__(1))
+    cost = cost_of(raw, "production")
+    assert cost.unpriced == ["on-demand-v5e"] and cost.monthly_total == 0
     table = cost_table(cost.as_output())
     assert "no price for v5litepod-8 in us-central1 in the source: not in the total" in table
     assert "n/a" in table
 
 
 def test_over_budget_warns_by_default():
-    raw = with_object(stack_config(), "budget", lambda b: b.update(amount=100, failOverBudget=False))
-    result = plan(raw)
+    raw = with_object(fixture_config("scheduled"), "budget", lambda b: b.update(amount=100, failOverBudget=False))
+    result = plan(raw, "scheduled")
     assert any("exceeds the budget of 100.00 USD" in w for w in result.warnings)
     assert result.outputs["costEstimate"]["overBudget"] is True
 
 
 def test_over_budget_fails_when_the_stack_says_so():
-    raw = with_object(stack_config(), "budget", lambda b: b.update(amount=100))
+    raw = with_object(fixture_config("scheduled"), "budget", lambda b: b.update(amount=100, failOverBudget=True))
     with pytest.raises(Exception, match=r"tpu-platform:budget.amount = 100: estimated TPU cost 351.96 USD/month"):
-        plan(raw)
+        plan(raw, "scheduled")
 
 
 def test_budget_in_another_currency_is_not_compared():
-    raw = with_object(stack_config(), "budget", lambda b: b.update(amount=1, currency="EUR"))
+    raw = with_object(fixture_config("scheduled"), "budget", lambda b: b.update(amount=1, currency="EUR"))
     cost = cost_of(raw)
     assert not cost.over_budget
     assert "not compared: prices are USD" in cost_table(cost.as_output())
 
 
 def test_plan_prints_the_cost_table():
-    table = cost_table(plan(stack_config()).outputs["costEstimate"])
+    table = cost_table(plan(fixture_config("scheduled"), "scheduled").outputs["costEstimate"])
     assert "Estimated TPU cost per month of 730 hours (prices of 2026-11" in table
-    row = "mnist-v2-spot            v2-8               4 spot        us-central1     0.3375    ≤260.7      351.96 [1]"
+    row = "office-v2                v2-8               4 spot        us-central1     0.3375    ≤260.7      351.96 [1]"
     assert row in table
     assert "[1] runs to completion with no maxRunHours: priced for every hour it may run" in table
     assert "budget: 500.00 USD/month; estimate is 70% of it" in table
@@ -192,4 +192,4 @@ def test_gke_slice_pools_by_their_model_for_all_their_slices():
 
 
 def test_a_stack_without_slice_pools_has_no_pools_in_its_cost_output():
-    assert "pools" not in cost_of(stack_config()).as_output()
+    assert "pools" not in cost_of(fixture_config("scheduled")).as_output()

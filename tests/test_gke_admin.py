@@ -25,7 +25,7 @@ from tools.offline.runner import PlanResult, run_program
 from tools.offline.stackfile import ROOT, read_stack_config
 
 CONFIG_GROUP = "kubernetes:yaml/v2:ConfigGroup"
-EXAMPLE = ROOT / "examples" / "Pulumi.gke.yaml"
+STACK_FILE = ROOT / "tests" / "stacks" / "Pulumi.gke.yaml"  # the GKE fixture: two pools, two teams
 
 
 @pytest.fixture
@@ -57,7 +57,7 @@ def test_the_project_file_routes_to_the_admin_phase():
 
 
 def test_the_admin_phase_installs_jobset_then_kueue_and_the_teams_places(manifests: Path):
-    raw = read_stack_config("gke", ROOT, EXAMPLE)
+    raw = read_stack_config("gke", ROOT, STACK_FILE)
     result = admin_plan(raw)
     groups = {r.name: r for r in result.of_type(CONFIG_GROUP)}
     folder = from_folder(manifests)
@@ -77,7 +77,7 @@ def test_the_admin_phase_installs_jobset_then_kueue_and_the_teams_places(manifes
     (provider,) = result.of_type("pulumi:providers:kubernetes")
     kubeconfig = json.loads(provider.inputs["kubeconfig"])
     (lookup,) = [args for token, args in result.invokes if token == "gcp:container/getCluster:getCluster"]
-    assert lookup == {"name": "tpu-gke", "location": "us-central1", "project": "acme-ml-gke"}
+    assert lookup == {"name": "tpu-gke", "location": "us-central1", "project": "fixture-gke"}
     assert kubeconfig["clusters"][0]["cluster"]["server"].endswith(".us-central1.gke.goog")
     assert kubeconfig["users"][0]["user"]["exec"]["command"] == "gke-gcloud-auth-plugin"
     assert all(r.provider.startswith(provider.urn) for r in result.of_type(CONFIG_GROUP))
@@ -89,13 +89,13 @@ def test_the_admin_phase_installs_jobset_then_kueue_and_the_teams_places(manifes
 
 def test_without_its_manifests_the_offline_plan_says_what_it_needs(monkeypatch, capsys):
     monkeypatch.delenv(MANIFESTS_ENV, raising=False)
-    assert offline.main(["plan", "--gke-admin", "--stack-file", str(EXAMPLE)]) == 2
+    assert offline.main(["plan", "--gke-admin", "--stack-file", str(STACK_FILE)]) == 2
     error = capsys.readouterr().err
     assert f"set {MANIFESTS_ENV}" in error and JOBSET.url in error and KUEUE.url in error and "sha256" in error
 
 
 def test_the_offline_plan_of_the_admin_phase_prints_what_it_installs(manifests, capsys):
-    assert offline.main(["plan", "--gke-admin", "--stack-file", str(EXAMPLE)]) == 0
+    assert offline.main(["plan", "--gke-admin", "--stack-file", str(STACK_FILE)]) == 0
     out = capsys.readouterr().out
     assert "controllers-kueue  (kubernetes:yaml/v2:ConfigGroup)" in out and "never by CI's deployer" in out
     assert "CustomResourceDefinition widgets.kueue.example.com <" in out  # a CRD shown by name and digest
@@ -103,9 +103,9 @@ def test_the_offline_plan_of_the_admin_phase_prints_what_it_installs(manifests, 
 
 def test_manifests_of_other_bytes_stop_the_admin_phase_before_anything_is_declared(manifests: Path):
     (manifests / KUEUE.file).write_bytes(manifest(KUEUE) + b"# edited\n")
-    monitor = RecordingMonitor(GcpMocks("acme-ml-gke"))
+    monitor = RecordingMonitor(GcpMocks("fixture-gke"))
     with pytest.raises(pulumi.RunError, match=r"controller manifests .*the release is pinned at"):
-        admin_plan(read_stack_config("gke", ROOT, EXAMPLE), monitor=monitor)
+        admin_plan(read_stack_config("gke", ROOT, STACK_FILE), monitor=monitor)
     assert monitor.registrations == []
 
 

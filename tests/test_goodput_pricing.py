@@ -9,7 +9,7 @@ from infra.config import parse_stack_config
 from infra.cost import vm_cost
 from infra.goodput.pricing import price, price_timeline, priced
 from infra.goodput.timeline import RunTimeline
-from tests.support import stack_config
+from tests.support import fixture_config
 
 V5E = load_catalog().accelerator("v5litepod-8")
 
@@ -52,8 +52,8 @@ def test_reserved_and_flex_start_stay_list_price_estimates():
 
 
 def test_the_price_is_the_cost_tables_for_the_same_vm():
-    for stack in ("dev", "prod"):
-        for vm in parse_stack_config(stack, stack_config(stack)).tpu_vms:
+    for stack in ("scheduled", "production"):
+        for vm in parse_stack_config(stack, fixture_config(stack)).tpu_vms:
             assert price(vm.accelerator, vm.provisioning, vm.zones).per_chip_hour == vm_cost(vm).price_per_chip_hour
 
 

@@ -7,28 +7,28 @@ import json
 from infra import iam
 from infra.config import parse_stack_config
 from infra.platform import stack_identities
-from tests.support import plan, stack_config, with_object, workload_settings
+from tests.support import fixture_config, plan, with_object, workload_settings
 
 PROJECT_MEMBER = "gcp:projects/iAMMember:IAMMember"
 BUCKET_MEMBER = "gcp:storage/bucketIAMMember:BucketIAMMember"
 
 
 def test_one_service_account_per_workload_named_for_the_bootstrap_to_make():
-    raw = stack_config()
+    raw = fixture_config("scheduled")
     raw = with_object(raw, "workloads", lambda w: w.update(second=workload_settings(raw)))
-    identities = stack_identities(parse_stack_config("dev", raw))
+    identities = stack_identities(parse_stack_config("scheduled", raw))
     workloads = sorted(a.account_id for a in identities.accounts if a.display_name.startswith("TPU workload"))
-    assert workloads == ["tpu-mnist-dev", "tpu-second-dev"]
+    assert workloads == ["tpu-mnist-scheduled", "tpu-second-scheduled"]
     # The stack grants the account its roles and attaches it, and makes nothing of it.
-    result = plan(raw)
+    result = plan(raw, "scheduled")
     assert not result.of_type("gcp:serviceaccount/account:Account")
     members = {g.inputs["member"] for g in result.of_type(PROJECT_MEMBER) if g.name.startswith("workload-second")}
-    assert members == {"serviceAccount:tpu-second-dev@acme-ml-sandbox.iam.gserviceaccount.com"}
+    assert members == {"serviceAccount:tpu-second-scheduled@fixture-project.iam.gserviceaccount.com"}
 
 
 def test_project_roles_are_only_log_and_metric_writers():
-    for stack in ("dev", "prod"):
-        result = plan(stack_config(stack), stack)
+    for stack in ("scheduled", "production"):
+        result = plan(fixture_config(stack), stack)
         workload_grants = [m for m in result.of_type(PROJECT_MEMBER) if m.name.startswith("workload-")]
         roles = sorted(m.inputs["role"] for m in workload_grants)
         assert roles == ["roles/logging.logWriter", "roles/monitoring.metricWriter"]
@@ -38,11 +38,14 @@ def test_project_roles_are_only_log_and_metric_writers():
 
 
 def workload_bucket_grants(raw: dict[str, str]) -> list:
-    return [g for g in plan(raw).of_type(BUCKET_MEMBER) if g.name.startswith("workload-")]
+    return [g for g in plan(raw, "scheduled").of_type(BUCKET_MEMBER) if g.name.startswith("workload-")]
 
 
 def test_storage_access_is_granted_per_bucket():
-    grants = {(g.inputs["bucket"].rsplit("-", 1)[-1], g.inputs["role"]) for g in workload_bucket_grants(stack_config())}
+    grants = {
+        (g.inputs["bucket"].rsplit("-", 1)[-1], g.inputs["role"])
+        for g in workload_bucket_grants(fixture_config("scheduled"))
+    }
     assert grants == {
         ("data", "roles/storage.objectViewer"),
         ("checkpoints", "roles/storage.objectUser"),
@@ -51,14 +54,16 @@ def test_storage_access_is_granted_per_bucket():
 
 
 def test_bucket_access_can_be_narrowed():
-    raw = with_object(stack_config(), "workloads", lambda w: w["mnist"].update(bucketAccess={"models": "none"}))
+    raw = with_object(
+        fixture_config("scheduled"), "workloads", lambda w: w["mnist"].update(bucketAccess={"models": "none"})
+    )
     buckets = {g.inputs["bucket"] for g in workload_bucket_grants(raw)}
-    assert buckets == {"acme-ml-sandbox-dev-data", "acme-ml-sandbox-dev-checkpoints"}
+    assert buckets == {"fixture-project-scheduled-data", "fixture-project-scheduled-checkpoints"}
 
 
 def test_no_keys_and_no_default_compute_account():
-    for stack in ("dev", "prod"):
-        result = plan(stack_config(stack), stack)
+    for stack in ("scheduled", "production"):
+        result = plan(fixture_config(stack), stack)
         assert not result.of_type("gcp:serviceaccount/key:Key")
         for r in result.resources:
             assert "-compute@developer.gserviceaccount.com" not in repr(r.inputs)

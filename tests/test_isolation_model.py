@@ -2,8 +2,8 @@
 Credential Access Boundary, both evaluated with a real CEL implementation as Cloud Storage evaluates them.
 
 Cloud Storage allows a downscoped token's call when both the account's IAM policy and the boundary allow it
-(https://cloud.google.com/iam/docs/downscoping-short-lived-credentials). The grants are the example
-self-service stack's (examples/Pulumi.self-service.yaml), the boundaries are what the agent asks STS for
+(https://cloud.google.com/iam/docs/downscoping-short-lived-credentials). The grants are the fixture
+self-service stack's (tests/stacks/Pulumi.self-service.yaml), the boundaries are what the agent asks STS for
 (vm_agent/credentials.py boundary, with the places vm_agent/requests.py gives a request). The storage
 emulator enforces no IAM: this is the tier that says what Google would; tests/test_vm_agent_isolation.py
 runs the same rules for real against hostile programs.
@@ -22,7 +22,7 @@ from tools.offline.stackfile import ROOT
 from vm_agent.credentials import MAX_RULES, boundary
 from vm_agent.requests import RunPlaces
 
-EXAMPLE = ROOT / "examples" / "Pulumi.self-service.yaml"
+EXAMPLE = ROOT / "tests" / "stacks" / "Pulumi.self-service.yaml"
 STATUS, CKPT, MODELS, DATA = (f"acme-ml-research-self-service-{p}" for p in ("status", "checkpoints", "models", "data"))
 SHARED, REVIEWED = "shared-v5e-8", "reviewed-v5e-8"
 ALICE, BOB = "user:alice@acme.example", "user:bob@acme.example"

@@ -13,7 +13,7 @@ from infra.lifecycle import SCHEDULER_PERMISSIONS, attempt_deadline, scheduler_r
 from infra.platform import stack_identities
 from infra.tpu.metadata import run_id
 from tests.contracts import document
-from tests.support import fixture_config, plan, stack_config, with_object
+from tests.support import fixture_config, plan, with_object
 from tests.test_config import problems_of
 from tests.test_config_tpu import vm_problems
 from tools.offline.mocks import CloudState, GcpMocks, RecordingMonitor
@@ -21,47 +21,52 @@ from tools.offline.runner import run_program
 
 
 def test_jobs_stop_through_the_tpu_api_and_start_through_the_guard():
-    result = plan(stack_config())
+    result = plan(fixture_config("scheduled"), "scheduled")
     jobs = {j.inputs["name"]: j for j in result.of_type("gcp:cloudscheduler/job:Job")}
-    assert set(jobs) == {"tpu-mnist-v2-spot-start", "tpu-mnist-v2-spot-stop"}
-    stop = jobs["tpu-mnist-v2-spot-stop"]
+    assert set(jobs) == {"tpu-office-v2-start", "tpu-office-v2-stop"}
+    stop = jobs["tpu-office-v2-stop"]
     assert stop.inputs["schedule"] == "0 20 * * 1-5" and stop.inputs["timeZone"] == "Europe/Berlin"
     assert stop.inputs["region"] == "us-central1"
     target = stop.inputs["httpTarget"]
     assert target["uri"] == (
-        "https://tpu.googleapis.com/v2/projects/acme-ml-sandbox/locations/us-central1-b/nodes/mnist-v2-spot:stop"
+        "https://tpu.googleapis.com/v2/projects/fixture-project/locations/us-central1-b/nodes/office-v2:stop"
     )
     assert target["httpMethod"] == "POST" and base64.b64decode(target["body"]) == b"{}"
-    assert target["oauthToken"]["serviceAccountEmail"] == "tpu-scheduler-dev@acme-ml-sandbox.iam.gserviceaccount.com"
+    assert (
+        target["oauthToken"]["serviceAccountEmail"] == "tpu-scheduler-scheduled@fixture-project.iam.gserviceaccount.com"
+    )
     (node,) = result.of_type("gcp:tpu/v2Vm:V2Vm")
     assert node.urn in stop.dependencies
-    start = jobs["tpu-mnist-v2-spot-start"].inputs
+    start = jobs["tpu-office-v2-start"].inputs
     assert (
-        start["httpTarget"]["uri"] == "https://us-central1-acme-ml-sandbox.cloudfunctions.net/tpu-scheduled-start-dev"
+        start["httpTarget"]["uri"]
+        == "https://us-central1-fixture-project.cloudfunctions.net/tpu-scheduled-start-scheduled"
     )
-    assert json.loads(base64.b64decode(start["httpTarget"]["body"])) == {"node": "mnist-v2-spot"}
-    invoker = "tpu-guard-invoker-dev@acme-ml-sandbox.iam.gserviceaccount.com"
+    assert json.loads(base64.b64decode(start["httpTarget"]["body"])) == {"node": "office-v2"}
+    invoker = "tpu-guard-invoker-scheduled@fixture-project.iam.gserviceaccount.com"
     assert start["httpTarget"]["oidcToken"]["serviceAccountEmail"] == invoker
 
 
 def test_the_custom_role_holds_only_stop_and_get():
-    result = plan(stack_config())
-    role = scheduler_role("dev")  # made by the bootstrap; the stack grants it
+    result = plan(fixture_config("scheduled"), "scheduled")
+    role = scheduler_role("scheduled")  # made by the bootstrap; the stack grants it
     assert sorted(role.permissions) == sorted(SCHEDULER_PERMISSIONS)
     assert set(SCHEDULER_PERMISSIONS) == {"tpu.nodes.get", "tpu.nodes.stop"}
     grants = [g for g in result.of_type("gcp:projects/iAMMember:IAMMember") if "scheduler" in g.inputs["member"]]
-    assert [g.inputs["role"] for g in grants] == [f"projects/acme-ml-sandbox/roles/{role.role_id}"]
+    assert [g.inputs["role"] for g in grants] == [f"projects/fixture-project/roles/{role.role_id}"]
 
 
 def test_no_schedule_no_scheduler():
-    raw = with_object(stack_config(), "tpuVms", lambda vms: vms[0].pop("schedule"))
-    result = plan(with_object(raw, "budget", lambda b: b.update(amount=2000)))  # always on costs more
+    raw = with_object(fixture_config("scheduled"), "tpuVms", lambda vms: vms[0].pop("schedule"))
+    result = plan(with_object(raw, "budget", lambda b: b.update(amount=2000)), "scheduled")  # always on costs more
     assert not result.of_type("gcp:cloudscheduler/job:Job")
     assert "cloudscheduler.googleapis.com" not in result.outputs["enabledApis"]
 
 
 def test_multi_host_schedules_are_refused():
-    message = vm_problems(acceleratorType="v2-32", zone="us-central1-a", runtimeVersion="tpu-vm-tf-2.14.1-pod")
+    message = vm_problems(
+        "scheduled", acceleratorType="v2-32", zone="us-central1-a", runtimeVersion="tpu-vm-tf-2.14.1-pod"
+    )
     assert "v2-32 is a multi-host slice, which the TPU API cannot stop or start" in message
 
 
@@ -156,10 +161,10 @@ def test_a_schedule_with_a_trailing_newline_is_refused_not_sent_to_cloud_schedul
 
 
 def test_a_finished_run_holds_no_tpu_right_and_writes_only_its_own_status():
-    result = plan(stack_config())
-    roles = {r.role_id for r in stack_identities(parse_stack_config("dev", stack_config())).roles}
-    assert roles == {"tpuPlatformSchedulerDev", "tpuPlatformGuardDev"}
-    workload = "serviceAccount:tpu-mnist-dev@acme-ml-sandbox.iam.gserviceaccount.com"
+    result = plan(fixture_config("scheduled"), "scheduled")
+    roles = {r.role_id for r in stack_identities(parse_stack_config("scheduled", fixture_config("scheduled"))).roles}
+    assert roles == {"tpuPlatformSchedulerScheduled", "tpuPlatformGuardScheduled"}
+    workload = "serviceAccount:tpu-mnist-scheduled@fixture-project.iam.gserviceaccount.com"
     assert not [g for g in result.of_type("gcp:projects/iAMMember:IAMMember") if g.inputs["member"] == workload
                 and g.inputs["role"].startswith("projects/")]  # fmt: skip
     (status,) = [
@@ -168,77 +173,81 @@ def test_a_finished_run_holds_no_tpu_right_and_writes_only_its_own_status():
     assert status.inputs["member"] == workload
     # Its own objects, and listing its own prefix (the agent lists <vm>/requests/): see test_researchers.py.
     assert status.inputs["condition"]["expression"] == (
-        'resource.name.startsWith("projects/_/buckets/acme-ml-sandbox-dev-status/objects/mnist-v2-spot/") || '
-        'api.getAttribute("storage.googleapis.com/objectListPrefix", "").startsWith("mnist-v2-spot/")'
+        'resource.name.startsWith("projects/_/buckets/fixture-project-scheduled-status/objects/office-v2/") || '
+        'api.getAttribute("storage.googleapis.com/objectListPrefix", "").startsWith("office-v2/")'
     )
 
 
 def test_the_guard_acts_on_completion_as_the_stack_says_never_as_the_marker_says():
-    result = plan(stack_config())
+    result = plan(fixture_config("scheduled"), "scheduled")
     (complete,) = [f for f in result.of_type("gcp:cloudfunctionsv2/function:Function") if f.name == "guard-complete"]
     env = complete.inputs["serviceConfig"]["environmentVariables"]
     assert json.loads(env["TPU_VMS"]) == {
-        "mnist-v2-spot": {"nodes": ["mnist-v2-spot"], "zones": ["us-central1-b"], "onCompletion": "stop"}
+        "office-v2": {"nodes": ["office-v2"], "zones": ["us-central1-b"], "onCompletion": "stop"}
     }
     trigger = complete.inputs["eventTrigger"]
     assert trigger["eventType"] == "google.cloud.storage.object.v1.finalized"
-    assert trigger["eventFilters"] == [{"attribute": "bucket", "value": "acme-ml-sandbox-dev-status"}]
+    assert trigger["eventFilters"] == [{"attribute": "bucket", "value": "fixture-project-scheduled-status"}]
 
 
 def test_the_status_bucket_survives_destroy():
-    (bucket,) = [b for b in plan(stack_config()).of_type("gcp:storage/bucket:Bucket") if b.name == "run-status-bucket"]
+    (bucket,) = [
+        b
+        for b in plan(fixture_config("scheduled"), "scheduled").of_type("gcp:storage/bucket:Bucket")
+        if b.name == "run-status-bucket"
+    ]
     assert bucket.retain_on_delete and bucket.inputs["versioning"] == {"enabled": True}
 
 
 def completed_plan(raw: dict[str, str], *markers: str, run: str | None = None, content: str | None = None):
     """A plan whose status bucket holds `markers`; each names `run` (default: the VM's current run id), or
     holds `content` when given."""
-    bucket = "acme-ml-sandbox-dev-status"
+    bucket = "fixture-project-scheduled-status"
     state = CloudState()
-    cfg = parse_stack_config("dev", raw)
+    cfg = parse_stack_config("scheduled", raw)
     runs = {vm.name: run_id(cfg, vm) for vm in cfg.tpu_vms}
     for marker in markers:
         vm = marker.split("/")[0]
         made = completion_marker.marker(run or runs.get(vm, "?"), "vm-agent", "2026-12-01T12:00:00Z")
         state.put(bucket, marker, content if content is not None else json.dumps(made))
-    return run_program("dev", raw, state=state)
+    return run_program("scheduled", raw, state=state)
 
 
 def test_a_vm_deleted_on_completion_is_no_longer_declared():
-    raw = with_object(stack_config(), "tpuVms", lambda vms: vms[0].update(onCompletion="delete"))
-    assert plan(raw).of_type("gcp:tpu/v2Vm:V2Vm")
-    result = completed_plan(raw, "mnist-v2-spot/COMPLETE", "other-vm/COMPLETE")
+    raw = with_object(fixture_config("scheduled"), "tpuVms", lambda vms: vms[0].update(onCompletion="delete"))
+    assert plan(raw, "scheduled").of_type("gcp:tpu/v2Vm:V2Vm")
+    result = completed_plan(raw, "office-v2/COMPLETE", "other-vm/COMPLETE")
     assert not result.of_type("gcp:tpu/v2Vm:V2Vm")
     assert not result.of_type("gcp:cloudscheduler/job:Job")  # nothing left to stop or start
-    assert any("mnist-v2-spot completed its run and was deleted" in w for w in result.warnings)
-    assert ("gcp:storage/getBucketObjects:getBucketObjects", {"bucket": "acme-ml-sandbox-dev-status",
+    assert any("office-v2 completed its run and was deleted" in w for w in result.warnings)
+    assert ("gcp:storage/getBucketObjects:getBucketObjects", {"bucket": "fixture-project-scheduled-status",
             "matchGlob": "*/COMPLETE"}) in result.invokes  # fmt: skip
 
 
 def test_a_marker_of_an_earlier_run_does_not_remove_the_vm():
     """A new `run` id trains again: the VM is declared once more, whatever an old run left behind."""
-    raw = with_object(stack_config(), "tpuVms", lambda vms: vms[0].update(onCompletion="delete"))
-    result = completed_plan(raw, "mnist-v2-spot/COMPLETE", run="dev/mnist/mnist-v2-spot/an-older-run")
+    raw = with_object(fixture_config("scheduled"), "tpuVms", lambda vms: vms[0].update(onCompletion="delete"))
+    result = completed_plan(raw, "office-v2/COMPLETE", run="scheduled/mnist/office-v2/an-older-run")
     assert result.of_type("gcp:tpu/v2Vm:V2Vm")
 
 
 def test_content_that_is_not_a_completion_marker_does_not_remove_the_vm():
     """Strict: the marker's schema (infra/completion_marker.py), not any object that names the run."""
-    raw = with_object(stack_config(), "tpuVms", lambda vms: vms[0].update(onCompletion="delete"))
-    current = run_id(parse_stack_config("dev", raw), parse_stack_config("dev", raw).tpu_vms[0])
+    raw = with_object(fixture_config("scheduled"), "tpuVms", lambda vms: vms[0].update(onCompletion="delete"))
+    current = run_id(parse_stack_config("scheduled", raw), parse_stack_config("scheduled", raw).tpu_vms[0])
     for content in ("not json", json.dumps({"runId": current}), json.dumps([current])):
-        assert completed_plan(raw, "mnist-v2-spot/COMPLETE", content=content).of_type("gcp:tpu/v2Vm:V2Vm"), content
+        assert completed_plan(raw, "office-v2/COMPLETE", content=content).of_type("gcp:tpu/v2Vm:V2Vm"), content
 
 
 def test_a_stopped_vm_stays_declared_when_complete():
-    result = completed_plan(stack_config(), "mnist-v2-spot/COMPLETE")
+    result = completed_plan(fixture_config("scheduled"), "office-v2/COMPLETE")
     assert result.of_type("gcp:tpu/v2Vm:V2Vm")  # stop keeps the node (and its disk); the guard refuses starts
 
 
 def test_before_the_first_deploy_the_status_bucket_is_asked_for_not_listed():
     """A fresh project has no status bucket: the program checks it exists before listing it."""
-    raw = with_object(stack_config(), "tpuVms", lambda vms: vms[0].update(onCompletion="delete"))
-    result = run_program("dev", raw, monitor=RecordingMonitor(GcpMocks("acme-ml-sandbox")))  # no bucket yet
+    raw = with_object(fixture_config("scheduled"), "tpuVms", lambda vms: vms[0].update(onCompletion="delete"))
+    result = run_program("scheduled", raw, monitor=RecordingMonitor(GcpMocks("fixture-project")))  # no bucket yet
     assert result.of_type("gcp:tpu/v2Vm:V2Vm")
     tokens = [token for token, _ in result.invokes]
     assert "gcp:storage/getBuckets:getBuckets" in tokens

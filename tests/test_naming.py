@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from infra import naming
 from infra.config import parse_stack_config, service_account_id
 from infra.schema import ConfigError
-from tests.support import replace_object, stack_config, workload_settings
+from tests.support import fixture_config, replace_object, workload_settings
 
 LOWER = string.ascii_lowercase + string.digits + "-_"
 
@@ -50,12 +50,12 @@ def test_label_values(value):
 
 @given(st.from_regex(r"[a-z][a-z0-9-]{0,15}", fullmatch=True), st.from_regex(r"[a-z][a-z0-9]{0,11}", fullmatch=True))
 def test_a_workload_is_accepted_exactly_when_its_names_are_valid(workload, stack):
-    raw = replace_object(stack_config(), "workloads", {workload: workload_settings(stack_config())})
+    raw = replace_object(fixture_config("small"), "workloads", {workload: workload_settings(fixture_config("small"))})
     raw = replace_object(raw, "tpuVms", [])
     names_ok = (
         naming.resource_id_problem(workload, 16) is None
         and naming.service_account_id_problem(service_account_id(workload, stack)) is None
-        and all(naming.bucket_name_problem(f"acme-ml-sandbox-{stack}-{p}") is None for p in ("data", "models"))
+        and all(naming.bucket_name_problem(f"fixture-project-{stack}-{p}") is None for p in ("data", "models"))
     )
     try:
         parse_stack_config(stack, raw)
@@ -96,18 +96,18 @@ def test_the_platform_builds_its_names_through_naming():
     """One place: the components call these helpers (the names in the plan are the helpers' output)."""
     from infra.config import parse_stack_config
     from infra.platform import stack_identities
-    from tests.support import plan, stack_config
+    from tests.support import fixture_config, plan
 
-    result = plan(stack_config())
-    identities = stack_identities(parse_stack_config("dev", stack_config()))  # what the bootstrap makes for dev
+    result = plan(fixture_config("scheduled"), "scheduled")
+    identities = stack_identities(parse_stack_config("scheduled", fixture_config("scheduled")))  # the bootstrap's
     accounts = {a.account_id for a in identities.accounts}
     assert {
-        naming.platform_account_id(k, "dev") for k in ("scheduler", "guard", "guard-invoker", "guard-build")
+        naming.platform_account_id(k, "scheduled") for k in ("scheduler", "guard", "guard-invoker", "guard-build")
     } <= accounts
     buckets = {b.inputs["name"] for b in result.of_type("gcp:storage/bucket:Bucket")}
-    assert naming.bucket("acme-ml-sandbox", "dev", "status") in buckets
+    assert naming.bucket("fixture-project", "scheduled", "status") in buckets
     roles = {r.role_id for r in identities.roles}
-    assert roles == {naming.custom_role_id("scheduler", "dev"), naming.custom_role_id("guard", "dev")}
+    assert roles == {naming.custom_role_id("scheduler", "scheduled"), naming.custom_role_id("guard", "scheduled")}
 
 
 def test_the_policy_pack_names_the_deployer_role_as_the_platform_does():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from infra.network import IAP_SSH_RANGE
-from tests.support import fixture_config, plan, stack_config, with_object
+from tests.support import fixture_config, plan, with_object
 
 FIREWALL = "gcp:compute/firewall:Firewall"
 
@@ -37,9 +37,9 @@ def test_auto_subnets_are_off(small_plan):
 
 
 def test_ssh_only_from_iap_and_nothing_from_anywhere():
-    """A property every shipped stack must keep, so it runs on them rather than on a fixture."""
-    for stack in ("dev", "prod"):
-        firewalls = plan(stack_config(stack), stack).of_type(FIREWALL)
+    """Whatever the stack: a sandbox and a production stack (the multi-host jobs' rules: below)."""
+    for stack in ("scheduled", "production"):
+        firewalls = plan(fixture_config(stack), stack).of_type(FIREWALL)
         assert firewalls
         for rule in firewalls:
             assert rule.inputs["direction"] == "INGRESS"
@@ -65,16 +65,16 @@ def jobs_plan():
     """Three VMs of one stack: a two-host slice, a multislice of two one-host slices, and a single host."""
     import json as _json
 
-    raw = stack_config()
+    raw = fixture_config("small")
     vm = _json.loads(raw["tpu-platform:tpuVms"])[0]
     base = {k: v for k, v in vm.items() if k not in ("schedule", "onCompletion", "maxRunHours")}
-    budget = {**_json.loads(raw["tpu-platform:budget"]), "failOverBudget": False}  # a v2-32 costs more than dev's
+    budget = {**_json.loads(raw["tpu-platform:budget"]), "failOverBudget": False}  # a v2-32 costs more
     vms = [
         {**base, "name": "slice", "acceleratorType": "v2-32", "runtimeVersion": "tpu-vm-tf-2.14.1-pod",
          "zone": "us-central1-a"},
         {**base, "name": "single"},
     ]  # fmt: skip
-    return plan({**raw, "tpu-platform:tpuVms": _json.dumps(vms), "tpu-platform:budget": _json.dumps(budget)})
+    return plan({**raw, "tpu-platform:tpuVms": _json.dumps(vms), "tpu-platform:budget": _json.dumps(budget)}, "small")
 
 
 def test_the_hosts_of_a_slice_reach_each_other_and_no_other_vm():
@@ -82,39 +82,39 @@ def test_the_hosts_of_a_slice_reach_each_other_and_no_other_vm():
     no rule lets every TPU VM reach every other (the stack's one `between-tpu-workers` rule before)."""
     result = jobs_plan()
     nodes = {n.inputs["name"]: n.inputs["tags"] for n in result.of_type("gcp:tpu/v2Vm:V2Vm")}
-    assert nodes == {"slice": ["tpu-vm", "tpu-dev-job-slice"], "single": ["tpu-vm"]}
+    assert nodes == {"slice": ["tpu-vm", "tpu-small-job-slice"], "single": ["tpu-vm"]}
     internal = [r for r in result.of_type(FIREWALL) if "sourceTags" in r.inputs]
     assert [(r.inputs["sourceTags"], r.inputs["targetTags"]) for r in internal] == [
-        (["tpu-dev-job-slice"], ["tpu-dev-job-slice"])
+        (["tpu-small-job-slice"], ["tpu-small-job-slice"])
     ]
     assert not [r for r in result.of_type(FIREWALL) if r.inputs.get("sourceTags") == ["tpu-vm"]]
 
 
 def test_a_multislice_shares_one_job_tag_across_its_slices():
-    from infra.config import parse_stack_config
-    from infra.tpu.vm import multi_host_job
-    from tools.offline.stackfile import ROOT, read_stack_config
+    def multislice(vms):
+        vms[:] = [{**vms[0], "name": "ms", "capacity": "queued", "nodeCount": 2, "provisioning": "spot"}]
 
-    cfg = parse_stack_config(
-        "multislice", read_stack_config("multislice", ROOT, ROOT / "examples/Pulumi.multislice.yaml")
-    )
-    (vm,) = cfg.tpu_vms
-    assert vm.node_count == 2 and multi_host_job(vm)  # one VM entry, both slices: one tag, one rule
+    result = plan(with_object(fixture_config("production"), "tpuVms", multislice), "production")
+    # One VM entry, both slices: one tag, one rule.
+    internal = [
+        (r.inputs["sourceTags"], r.inputs["targetTags"]) for r in result.of_type(FIREWALL) if "sourceTags" in r.inputs
+    ]
+    assert internal == [(["tpu-production-job-ms"], ["tpu-production-job-ms"])]
 
 
 def google_only(**network: str):
-    return with_object(stack_config(), "network", lambda n: n.update(egress="google-only", **network))
+    return with_object(fixture_config("small"), "network", lambda n: n.update(egress="google-only", **network))
 
 
 def test_egress_google_only_denies_all_but_googles_apis_and_the_jobs_hosts_and_says_what_it_cannot():
-    result = plan(google_only())
+    result = plan(google_only(), "small")
     egress = {r.inputs["name"]: r.inputs for r in result.of_type(FIREWALL) if r.inputs["direction"] == "EGRESS"}
-    assert egress["tpu-dev-egress-google"]["destinationRanges"] == ["199.36.153.8/30"]  # private.googleapis.com
-    assert egress["tpu-dev-egress-google"]["allows"] == [{"protocol": "tcp", "ports": ["443"]}]
-    assert egress["tpu-dev-egress-jobs"]["destinationRanges"] == ["10.20.0.0/20"]  # the stack's subnet
-    deny = egress["tpu-dev-egress-deny"]
+    assert egress["tpu-small-egress-google"]["destinationRanges"] == ["199.36.153.8/30"]  # private.googleapis.com
+    assert egress["tpu-small-egress-google"]["allows"] == [{"protocol": "tcp", "ports": ["443"]}]
+    assert egress["tpu-small-egress-jobs"]["destinationRanges"] == ["10.30.0.0/20"]  # the stack's subnet
+    deny = egress["tpu-small-egress-deny"]
     assert deny["destinationRanges"] == ["0.0.0.0/0"] and deny["denies"] == [{"protocol": "all"}]
-    assert deny["priority"] > egress["tpu-dev-egress-google"]["priority"]  # a lower number wins
+    assert deny["priority"] > egress["tpu-small-egress-google"]["priority"]  # a lower number wins
     assert all(r["targetTags"] == ["tpu-vm"] for r in egress.values())
     zones = {z.inputs["dnsName"]: z.inputs for z in result.of_type("gcp:dns/managedZone:ManagedZone")}
     assert set(zones) == {"googleapis.com.", "pkg.dev.", "gcr.io."}
@@ -129,7 +129,7 @@ def test_egress_google_only_denies_all_but_googles_apis_and_the_jobs_hosts_and_s
 
 
 def test_open_egress_is_the_default_and_makes_no_egress_rule_or_zone():
-    result = plan(stack_config())
+    result = plan(fixture_config("small"), "small")
     assert not [r for r in result.of_type(FIREWALL) if r.inputs["direction"] == "EGRESS"]
     assert not result.of_type("gcp:dns/managedZone:ManagedZone")
 
@@ -138,13 +138,13 @@ def test_a_package_index_is_an_artifact_registry_python_repository_with_google_o
     from infra.config import parse_stack_config
     from infra.schema import ConfigError
 
-    index = "https://us-central1-python.pkg.dev/acme-ml-sandbox/pypi/simple/"
-    assert parse_stack_config("dev", google_only(packageIndex=index)).network.package_index == index
-    open_egress = with_object(stack_config(), "network", lambda n: n.update(packageIndex=index))
+    index = "https://us-central1-python.pkg.dev/fixture-project/pypi/simple/"
+    assert parse_stack_config("small", google_only(packageIndex=index)).network.package_index == index
+    open_egress = with_object(fixture_config("small"), "network", lambda n: n.update(packageIndex=index))
     with pytest.raises(ConfigError, match="only with egress: google-only"):
-        parse_stack_config("dev", open_egress)
+        parse_stack_config("small", open_egress)
     with pytest.raises(ConfigError, match=r"network\.packageIndex"):
-        parse_stack_config("dev", google_only(packageIndex="https://pypi.org/simple/"))
+        parse_stack_config("small", google_only(packageIndex="https://pypi.org/simple/"))
 
 
 def test_the_deployers_needs_for_google_only_include_the_private_zones_bound_to_the_network():
@@ -152,7 +152,7 @@ def test_the_deployers_needs_for_google_only_include_the_private_zones_bound_to_
     from infra.access.model import needs_of
     from tools.offline.access import declared
 
-    result = plan(google_only())
+    result = plan(google_only(), "small")
     needed = needs_of(declared(result), result.project).in_scope(f"projects/{result.project}")
     assert {"dns.managedZones.create", "dns.networks.bindPrivateDNSZone", "dns.changes.create",
             "dns.resourceRecordSets.create"} <= needed  # fmt: skip
@@ -164,4 +164,6 @@ def test_a_tensorflow_pod_runtime_is_warned_that_a_runs_credentials_cannot_resol
     result = jobs_plan()
     (warning,) = [w for w in result.warnings if "TPU_NAME" in w]
     assert "tpuVms[0].runtimeVersion" in warning and "tpu-vm-tf-2.14.1-pod" in warning
-    assert not [w for w in plan(stack_config()).warnings if "TPU_NAME" in w]  # single-host TF: nothing to say
+    assert not [
+        w for w in plan(fixture_config("small"), "small").warnings if "TPU_NAME" in w
+    ]  # single-host TF: nothing to say

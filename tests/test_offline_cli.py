@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import offline_cli, stack_config, with_object
+from tests.support import FIXTURE_STACKS, fixture_config, offline_cli, with_object
 from tools.offline.mocks import GcpMocks, RecordingMonitor
 from tools.offline.runner import run_program
 
@@ -40,20 +40,17 @@ def test_text_plan_of_dev():
         assert expected in out
 
 
-def test_json_plan_of_prod_matches_the_text():
-    done = run_plan("--stack", "prod", "--json")
+def test_json_plan_of_a_production_stack_matches_the_text():
+    done = run_plan("--stack-file", "tests/stacks/Pulumi.production.yaml", "--json")
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
-    assert data["stack"] == "prod"
-    assert (
-        data["resourceCount"] == len(data["resources"]) == 79
-    )  # + "preempted, not recovered"; + artifacts: bucket, archive, grant, repository, component, API; + the
-    # VM agent's archive (vm_agent/, which the start-up script fetches by digest); - 4 accounts, their role and
-    # 5 act-as grants (the bootstrap's); + 3 waits for fresh grants (each VM's, the guard functions'); + the
-    # functions' image repository and the build account's grant on it
+    assert data["stack"] == "production"
+    text = run_plan("--stack-file", "tests/stacks/Pulumi.production.yaml")
+    assert data["resourceCount"] == len(data["resources"])
+    assert f"`pulumi up` on an empty stack would create {len(data['resources'])} resources" in text.stdout
     buckets = [r for r in data["resources"] if r["type"] == "gcp:storage/bucket:Bucket" and r["parent"] == "buckets"]
     assert all(b["options"] == {"protect": True, "retainOnDelete": True} for b in buckets)
-    assert data["outputs"]["budgetAlertTopic"] == "projects/acme-ml-production/topics/prod-budget-alerts"
+    assert data["outputs"]["budgetAlertTopic"] == "projects/fixture-production/topics/production-budget-alerts"
 
 
 def test_unknown_stack_names_the_available_ones():
@@ -74,12 +71,14 @@ def test_a_draft_stack_file_of_a_new_stack_plans_with_its_access():
 
 
 def test_bad_stack_file_fails_with_the_key_and_no_traceback(tmp_path):
-    draft = tmp_path / "Pulumi.dev.yaml"
-    draft.write_text((ROOT / "Pulumi.dev.yaml").read_text().replace("location: US-CENTRAL1", "location: MOON"))
+    draft = tmp_path / "Pulumi.small.yaml"
+    draft.write_text(
+        (FIXTURE_STACKS / "Pulumi.small.yaml").read_text().replace("location: US-CENTRAL1", "location: MOON")
+    )
     done = run_plan("--stack-file", str(draft), in_process=False)
     assert done.returncode == 2
     assert done.stdout == ""
-    assert "stack 'dev': 1 invalid setting" in done.stderr
+    assert "stack 'small': 1 invalid setting" in done.stderr
     assert "tpu-platform:buckets.location = 'MOON': must be one of" in done.stderr
     assert "Traceback" not in done.stderr
 
@@ -92,9 +91,9 @@ def test_bad_stack_file_fails_with_the_key_and_no_traceback(tmp_path):
     ],
 )
 def test_bad_config_registers_nothing(edit):
-    monitor = RecordingMonitor(GcpMocks("acme-ml-sandbox"))
+    monitor = RecordingMonitor(GcpMocks("fixture-project"))
     with pytest.raises(Exception, match="tpu-platform:buckets"):
-        run_program("dev", with_object(stack_config(), "buckets", edit), monitor=monitor)
+        run_program("small", with_object(fixture_config("small"), "buckets", edit), monitor=monitor)
     assert monitor.registrations == []
 
 
@@ -126,9 +125,9 @@ def test_seed_troubleshooting_items_fail_the_plan_with_the_fix(case, tmp_path):
     import yaml
 
     edit, fix = GUARDRAIL_CASES[case]
-    stack = yaml.safe_load((ROOT / "Pulumi.dev.yaml").read_text())
+    stack = yaml.safe_load((FIXTURE_STACKS / "Pulumi.scheduled.yaml").read_text())  # a spot VM
     edit(stack["config"])
-    draft = tmp_path / "Pulumi.dev.yaml"
+    draft = tmp_path / "Pulumi.scheduled.yaml"
     draft.write_text(yaml.safe_dump(stack))
     done = run_plan("--stack-file", str(draft))
     assert done.returncode == 2
@@ -144,23 +143,23 @@ def test_render_prints_the_start_up_script_the_vm_will_run():
     from infra.config import parse_stack_config
     from infra.tpu.metadata import vm_metadata
 
-    done = run_render("--stack", "prod", "--vm", "mnist-v5e-spot")
+    done = run_render("--stack-file", "tests/stacks/Pulumi.production.yaml", "--vm", "spot-v5e")
     assert done.returncode == 0, done.stderr
-    expected = vm_metadata(parse_stack_config("prod", stack_config("prod")))["mnist-v5e-spot"]["startup-script"]
+    expected = vm_metadata(parse_stack_config("production", fixture_config("production")))["spot-v5e"]["startup-script"]
     assert done.stdout == expected
-    assert done.stdout.startswith("#!/bin/bash\n# tpu-platform start-up for TPU VM mnist-v5e-spot (stack prod)")
+    assert done.stdout.startswith("#!/bin/bash\n# tpu-platform start-up for TPU VM spot-v5e (stack production)")
 
 
 def test_render_env_prints_the_agents_settings():
-    done = run_render("--env")
+    done = run_render("--stack-file", "tests/stacks/Pulumi.small.yaml", "--env")
     assert done.returncode == 0, done.stderr
-    assert "TPU_PLATFORM_VM=mnist-v2-spot\n" in done.stdout
-    assert "TPU_PLATFORM_ARTIFACTS=gs://acme-ml-sandbox-dev-artifacts\n" in done.stdout
+    assert "TPU_PLATFORM_VM=small-v2\n" in done.stdout
+    assert "TPU_PLATFORM_ARTIFACTS=gs://fixture-project-small-artifacts\n" in done.stdout
     assert "EPOCHS" not in done.stdout  # the program's settings are its command line, in the run spec
 
 
 def test_render_asks_which_vm_when_there_are_several():
-    done = run_render("--stack", "prod")
+    done = run_render("--stack-file", "tests/stacks/Pulumi.production.yaml")
     assert done.returncode == 2
-    assert "pass --vm, one of mnist-v5e, mnist-v5e-spot" in done.stderr
+    assert "pass --vm, one of on-demand-v5e, spot-v5e" in done.stderr
     assert "Traceback" not in done.stderr

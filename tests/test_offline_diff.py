@@ -7,7 +7,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from tests.support import NS, offline_cli, plan, shipped_plan, stack_config, with_object
+from tests.support import FIXTURE_STACKS, NS, fixture_config, offline_cli, plan, shipped_plan, with_object
 from tools.offline import force_new
 from tools.offline.diff import diff_markdown, line_diff
 from tools.offline.render import to_json
@@ -20,11 +20,11 @@ def as_json(result) -> dict:
 
 
 def base_plan() -> dict:
-    return as_json(shipped_plan("dev"))
+    return as_json(plan(fixture_config("scheduled"), "scheduled"))
 
 
 def head_plan(edit_key: str, edit) -> dict:
-    return as_json(plan(with_object(stack_config(), edit_key, edit)))
+    return as_json(plan(with_object(fixture_config("scheduled"), edit_key, edit), "scheduled"))
 
 
 def crafted_head(base: dict) -> dict:
@@ -41,7 +41,7 @@ def crafted_head(base: dict) -> dict:
     head["violations"] = [
         {"policy": "tpu-vm-no-external-ip", "enforcement": "mandatory", "resource": extra["name"], "message": "no"}
     ]
-    head["warnings"] = ["stack 'dev': estimated TPU cost 979.20 USD/month exceeds the budget of 500.00 USD"]
+    head["warnings"] = ["stack 'scheduled': estimated TPU cost 979.20 USD/month exceeds the budget of 500.00 USD"]
     head["cost"] = {"monthlyTotal": 979.2}
     base["cost"] = {"monthlyTotal": 489.6}
     return head
@@ -52,16 +52,16 @@ def test_diff_summarises_each_kind_of_change_with_pulumis_summary_line():
     head = crafted_head(base)
     markdown = diff_markdown(base, head)
     unchanged = len(base["resources"]) - 2
-    assert "### Offline plan diff: stack `dev`" in markdown
+    assert "### Offline plan diff: stack `scheduled`" in markdown
     assert f"**+ 1 to create, ~ 1 to update, +- 0 to replace, - 1 to delete, {unchanged} unchanged**" in markdown
     assert "#### + Create\n- `tpu-mnist-second-node` (gcp:tpu/v2Vm:V2Vm)" in markdown
     assert "#### - Delete\n- `buckets-models` (gcp:storage/bucket:Bucket)" in markdown
     assert (
         "#### ~ Update in place\n- `buckets-data` (gcp:storage/bucket:Bucket)\n"
-        "  - `inputs.labels.owner`: `ml-platform` → `research`" in markdown
+        "  - `inputs.labels.owner`: `fixture-team` → `research`" in markdown
     )
     assert "- ❌ new [mandatory] `tpu-vm-no-external-ip` on `tpu-mnist-second-node`: no" in markdown
-    assert "#### Warnings\n- new: stack 'dev': estimated TPU cost 979.20 USD/month exceeds the budget" in markdown
+    assert "#### Warnings\n- new: stack 'scheduled': estimated TPU cost 979.20 USD/month exceeds the budget" in markdown
     assert "#### Estimated TPU cost: $979.20/month (+489.60)" in markdown
 
 
@@ -72,7 +72,7 @@ def test_a_vm_moved_to_another_zone_is_a_replacement():
     # The node is replaced; the stop job's URL and the guard's completion actions name the zone (updates).
     assert "+- 1 to replace" in markdown
     replaced = markdown.split("#### +- Replace (destroyed and created again)\n", 1)[1].split("#### ~ Update")[0]
-    assert "- `tpu-mnist-v2-spot-node` (gcp:tpu/v2Vm:V2Vm)" in replaced
+    assert "- `tpu-office-v2-node` (gcp:tpu/v2Vm:V2Vm)" in replaced
     assert "  - `inputs.zone`: `us-central1-b` → `us-central1-c` **(forces replacement)**" in replaced
     assert "~ 3 to update" in markdown
 
@@ -170,8 +170,9 @@ def test_cli_prints_the_diff_of_two_plan_files(tmp_path):
 
 
 def test_an_invalid_stack_file_yields_a_comment_with_its_errors(tmp_path):
-    draft = tmp_path / "Pulumi.dev.yaml"
-    draft.write_text((ROOT / "Pulumi.dev.yaml").read_text().replace("epochs: 5", "epochs: many"))
+    draft = tmp_path / "Pulumi.scheduled.yaml"
+    fixture = (FIXTURE_STACKS / "Pulumi.scheduled.yaml").read_text()
+    draft.write_text(fixture.replace("program: tf_mnist\n", "program: tf_mnist\n      epochs: many\n"))
     head = run_cli("plan", "--stack-file", str(draft), "--json")
     assert head.returncode == 2
     (tmp_path / "head.json").write_text(head.stdout)

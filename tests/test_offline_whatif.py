@@ -9,7 +9,7 @@ import yaml
 from infra.catalog import load_catalog
 from infra.goodput.interval import Rate
 from infra.goodput.whatif import Capacity, Job, what_if
-from tests.support import ROOT, offline_cli
+from tests.support import FIXTURE_STACKS, offline_cli
 
 JOB = ["--steps", "200000", "--step-seconds", "0.5", "--save-seconds", "20", "--commit-seconds", "60",
        "--restore-seconds", "40", "--first-step-seconds", "90", "--checkpoint-every-steps", "2000",
@@ -62,10 +62,10 @@ def test_a_record_of_preemptions_gives_the_rate(tmp_path):
 
 
 def test_a_stacks_vm_and_workload_fill_what_the_flags_leave(tmp_path):
-    stack = yaml.safe_load((ROOT / "Pulumi.dev.yaml").read_text())
+    stack = yaml.safe_load((FIXTURE_STACKS / "Pulumi.scheduled.yaml").read_text())  # a spot v2-8
     stack["config"]["tpu-platform:workloads"]["mnist"] |= {"stepSeconds": 0.05, "checkpointSeconds": 60}
     stack["config"]["tpu-platform:tpuVms"][0]["hoursBetweenPreemptions"] = 8
-    path = tmp_path / "Pulumi.dev.yaml"
+    path = tmp_path / "Pulumi.scheduled.yaml"
     path.write_text(yaml.safe_dump(stack))
     done = offline_cli("whatif", "--stack-file", str(path), "--steps", "100000", "--json")
     assert done.returncode == 0, done.stderr
@@ -73,7 +73,7 @@ def test_a_stacks_vm_and_workload_fill_what_the_flags_leave(tmp_path):
     assert data["capacity"]["acceleratorType"] == "v2-8" and data["capacity"]["provisioning"] == "spot"
     assert data["capacity"]["preemptions"]["source"] == "one every 8 h (the stack's hoursBetweenPreemptions)"
     assert data["job"]["checkpointEverySteps"] == 200 and data["job"]["stepSeconds"] == 0.05
-    assert data["capacity"]["recoveryEveryMinutes"] is None  # dev has no automation.recovery
+    assert data["capacity"]["recoveryEveryMinutes"] is None  # the fixture has no automation.recovery
     assert any(n.startswith("no automation.recovery: nothing re-creates a preempted node") for n in data["notes"])
     v2 = load_catalog().accelerator("v2-8")
     assert not isinstance(v2, str)
@@ -83,11 +83,12 @@ def test_a_stacks_vm_and_workload_fill_what_the_flags_leave(tmp_path):
 
 
 def test_what_is_missing_or_wrong_is_said_not_a_traceback():
-    missing = offline_cli("whatif", "--stack", "dev", "--steps", "1000")
+    small = str(FIXTURE_STACKS / "Pulumi.small.yaml")
+    missing = offline_cli("whatif", "--stack-file", small, "--steps", "1000")
     assert missing.returncode == 2
     assert missing.stderr.startswith("error: give --step-seconds, --save-seconds (or --stack and --vm")
-    no_vm = offline_cli("whatif", "--stack", "dev", "--vm", "nope", *JOB)
-    assert no_vm.returncode == 2 and "stack 'dev' has no TPU VM 'nope'; its TPU VMs: mnist-v2-spot" in no_vm.stderr
+    no_vm = offline_cli("whatif", "--stack-file", small, "--vm", "nope", *JOB)
+    assert no_vm.returncode == 2 and "stack 'small' has no TPU VM 'nope'; its TPU VMs: small-v2" in no_vm.stderr
     on_demand = offline_cli("whatif", *SPOT[:4], "--provisioning", "on-demand", "--preemption-hours", "3", *JOB)
     assert on_demand.returncode == 2 and "on-demand VMs are not preempted" in on_demand.stderr
     unknown = offline_cli("whatif", "--accelerator", "v9-8", "--zone", "us-central1-a", *JOB)

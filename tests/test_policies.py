@@ -21,7 +21,7 @@ from pulumi_policy import (
 )
 
 from policy import policies
-from tests.support import fixture_config, plan, policies_as_bootstrapped, shipped_plan, stack_config
+from tests.support import FIXTURE_STACKS, fixture_config, plan, policies_as_bootstrapped, shipped_plan
 from tools.offline import __main__ as offline_cli
 from tools.offline.policy_check import check_policies
 from tools.offline.runner import run_program
@@ -208,8 +208,8 @@ def test_a_gke_stack_passes_every_policy():
 def weakened_program() -> None:
     """The real program plus what a careless change could add by hand, bypassing the stack config."""
     runpy.run_path(str(ROOT / "__main__.py"), run_name="__main__")
-    gcp.projects.IAMMember("rogue-editor", project="acme-ml-sandbox", role="roles/editor", member="user:a@acme.example")
-    gcp.storage.BucketIAMMember("rogue-public", bucket="acme-ml-sandbox-dev-data", role="roles/storage.objectViewer",
+    gcp.projects.IAMMember("rogue-editor", project="fixture-project", role="roles/editor", member="user:a@acme.example")
+    gcp.storage.BucketIAMMember("rogue-public", bucket="fixture-project-small-data", role="roles/storage.objectViewer",
                                 member="allUsers")  # fmt: skip
     gcp.tpu.V2Vm(
         "rogue-vm",
@@ -218,12 +218,12 @@ def weakened_program() -> None:
         accelerator_type="v2-8",
         network_config=gcp.tpu.V2VmNetworkConfigArgs(enable_external_ips=True),
         scheduling_config=gcp.tpu.V2VmSchedulingConfigArgs(spot=True),
-        labels={"environment": "dev", "owner": "ml-platform"},
+        labels={"environment": "small", "owner": "fixture-team"},
     )
 
 
 def test_weakened_stack_fails_with_the_expected_violations():
-    found = check_policies(run_program("dev", stack_config(), program=weakened_program))
+    found = check_policies(run_program("small", fixture_config("small"), program=weakened_program))
     assert {(v.policy, v.resource) for v in found} == {
         ("no-dangerous-grants", "rogue-editor"),
         ("no-escalation-method", "rogue-editor"),  # Editor holds every permission of several methods
@@ -236,9 +236,9 @@ def test_weakened_stack_fails_with_the_expected_violations():
 
 
 def test_offline_plan_exits_3_on_mandatory_violations(monkeypatch, capsys):
-    weakened = run_program("dev", stack_config(), program=weakened_program)
+    weakened = run_program("small", fixture_config("small"), program=weakened_program)
     monkeypatch.setattr(offline_cli, "plan_stack", lambda stack, stack_file=None, state=None: weakened)
-    assert offline_cli.main(["plan"]) == 3
+    assert offline_cli.main(["plan", "--stack-file", str(FIXTURE_STACKS / "Pulumi.small.yaml")]) == 3
     out, err = capsys.readouterr()
     assert "[mandatory] tpu-vm-no-external-ip: rogue-vm:" in out
     assert "6 mandatory policy violation(s)" in err

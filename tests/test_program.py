@@ -1,4 +1,4 @@
-"""The whole program per shipped stack file, through the same path as the offline plan."""
+"""The shipped stacks' inventories, and what holds for any stack's plan: its outputs, its parenting, its isolation."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from collections import Counter
 
 import pytest
 
-from tests.support import shipped_plan
-from tools.offline.runner import plan_stack
+from tests.support import fixture_config, plan, shipped_plan
+from tools.offline.runner import run_program
 
 # Hand-written inventories: a change in what a stack creates must show up here, on purpose.
 INVENTORY = {
@@ -103,21 +103,26 @@ def test_inventory(stack):
     assert dict(Counter(r.type for r in result.resources)) == INVENTORY[stack]
 
 
-@pytest.mark.parametrize("stack", sorted(INVENTORY))
-def test_outputs_are_usable(stack):
-    outputs = shipped_plan(stack).outputs
-    project = {"dev": "acme-ml-sandbox", "prod": "acme-ml-production"}[stack]
-    assert outputs["project"] == project
+def test_outputs_name_what_the_plan_declares(small_plan):
+    """What a consumer reads from the outputs: names the program derives, and the resources it declares
+    (a bucket's URL and a budget's name are the provider's: the output must be that resource's)."""
+    outputs, state = small_plan.outputs, {r.inputs.get("name") or r.name: r.state for r in small_plan.resources}
+    assert outputs["project"] == "fixture-project"
     purposes = ("data", "checkpoints", "models", "status", "artifacts")
-    assert outputs["bucketUrls"] == {p: f"gs://{project}-{stack}-{p}" for p in purposes}
-    assert outputs["serviceAccounts"] == {"mnist": f"tpu-mnist-{stack}@{project}.iam.gserviceaccount.com"}
-    assert outputs["budgetName"].startswith("billingAccounts/01A2B3-C4D5E6-F7A8B9/budgets/")
-    assert "tpu.googleapis.com" in outputs["enabledApis"]
-    assert outputs["imageRegistry"] == f"us-central1-docker.pkg.dev/{project}/tpu-{stack}"
+    assert outputs["bucketUrls"] == {p: state[f"fixture-project-small-{p}"]["url"] for p in purposes}
+    assert outputs["serviceAccounts"] == {"mnist": "tpu-mnist-small@fixture-project.iam.gserviceaccount.com"}
+    (budget,) = small_plan.of_type("gcp:billing/budget:Budget")
+    assert outputs["budgetName"] == budget.state["name"]
+    services = small_plan.of_type("gcp:projects/service:Service")
+    assert outputs["enabledApis"] == sorted(s.inputs["service"] for s in services)
+    (images,) = small_plan.of_type("gcp:artifactregistry/repository:Repository")
+    assert (images.inputs["location"], images.inputs["repositoryId"]) == ("us-central1", "tpu-small")
+    assert outputs["imageRegistry"] == "us-central1-docker.pkg.dev/fixture-project/tpu-small"
 
 
-def test_children_are_parented_to_their_component():
-    result = shipped_plan("dev")
+@pytest.mark.parametrize("stack", ["scheduled", "production"])
+def test_children_are_parented_to_their_component(stack):
+    result = plan(fixture_config(stack), stack)
     components = {r.urn: r for r in result.resources if not r.custom}
     for resource in result.resources:
         if resource.custom:
@@ -126,8 +131,8 @@ def test_children_are_parented_to_their_component():
 
 
 def test_runs_are_isolated_and_deterministic():
-    first = plan_stack("dev")
-    plan_stack("prod")
-    again = plan_stack("dev")
+    first = run_program("scheduled", fixture_config("scheduled"))
+    run_program("production", fixture_config("production"))
+    again = run_program("scheduled", fixture_config("scheduled"))
     assert sorted(r.urn for r in first.resources) == sorted(r.urn for r in again.resources)
     assert first.outputs == again.outputs

@@ -1,7 +1,7 @@
 """Researcher settings and rights (issue 16, items 1 and 5).
 
 The settings are parsed like every other (errors name stack, key, value, what is allowed); the
-rights are planned for examples/Pulumi.self-service.yaml and judged two ways: by permissions (each
+rights are planned for tests/stacks/Pulumi.self-service.yaml and judged two ways: by permissions (each
 role holds exactly what the `tpu-runs` commands' calls check: infra/access/researchers.py) and by
 their conditions, evaluated with a real CEL implementation as IAM evaluates them on Cloud Storage
 calls (object calls name the object; a list names the bucket, with the objectListPrefix attribute).
@@ -21,11 +21,11 @@ from infra.config import parse_stack_config
 from infra.platform import stack_identities
 from infra.schema import ConfigError
 from tests.iam_conditions import allows as cel_allows
-from tests.support import plan, stack_config, with_object, with_scalar
+from tests.support import fixture_config, plan, with_object, with_scalar
 from tools.offline.runner import PlanResult, plan_stack
 from tools.offline.stackfile import ROOT, read_stack_config
 
-EXAMPLE = ROOT / "examples" / "Pulumi.self-service.yaml"
+EXAMPLE = ROOT / "tests" / "stacks" / "Pulumi.self-service.yaml"
 STATUS = "acme-ml-research-self-service-status"
 ARTIFACTS = "acme-ml-research-self-service-artifacts"
 MODELS = "acme-ml-research-self-service-models"
@@ -56,8 +56,8 @@ def test_researchers_and_self_service_are_read():
     assert cfg.researchers == (ALICE, "group:ml-researchers@acme.example")
     assert [vm.name for vm in cfg.self_service_vms] == ["shared-v5e-8"]
     assert not cfg.researcher_ssh
-    dev = parse_stack_config("dev", stack_config())
-    assert dev.researchers == () and dev.self_service_vms == ()  # off unless a stack says so
+    small = parse_stack_config("small", fixture_config("small"))
+    assert small.researchers == () and small.self_service_vms == ()  # off unless a stack says so
 
 
 @pytest.mark.parametrize(
@@ -201,7 +201,7 @@ def test_no_ssh_rights_unless_the_stack_turns_them_on():
 
 
 def test_a_stack_without_researchers_grants_nothing():
-    assert not [r for r in plan(stack_config()).resources if "esearcher" in r.name]
+    assert not [r for r in plan(fixture_config("small"), "small").resources if "esearcher" in r.name]
 
 
 # --- rights, by conditions (CEL, as IAM evaluates them) -------------------------------------------
@@ -315,12 +315,12 @@ def test_the_vm_agent_may_list_its_own_requests_and_no_other_vms():
 
 def test_self_service_on_a_multi_host_slice_is_refused_in_the_plan():
     """The agent refuses requests on a multi-host slice (only worker 0 takes them): the plan says so first."""
-    raw = with_object(stack_config(), "tpuVms", lambda vms: vms[0].update(
+    raw = with_object(fixture_config("small"), "tpuVms", lambda vms: vms[0].update(
         acceleratorType="v5p-16", runtimeVersion="v2-alpha-tpuv5", selfService=True, schedule=None,
         onCompletion="delete"))  # fmt: skip
     raw = {**raw, "tpu-platform:researchers": json.dumps(["user:ada@acme.example"])}
     with pytest.raises(ConfigError) as refused:
-        parse_stack_config("dev", raw)
+        parse_stack_config("small", raw)
     assert "tpu-platform:tpuVms[0].selfService = True: v5p-16 is a multi-host slice" in str(refused.value)
 
 

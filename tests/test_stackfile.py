@@ -42,10 +42,10 @@ def test_numbers_as_go_yaml_reads_them(text, value):
 def test_production_no_is_refused_not_read_as_false(tmp_path):
     from infra.config import parse_stack_config
     from infra.schema import ConfigError
-    from tests.support import stack_config
+    from tests.support import fixture_config
 
     root = stack_dir(tmp_path, f"config:\n  {NS}:production: no\n")
-    raw = {**stack_config(), **read_stack_config("dev", root)}
+    raw = {**fixture_config("small"), **read_stack_config("dev", root)}
     with pytest.raises(ConfigError, match=f"{NS}:production = 'no': must be true or false"):
         parse_stack_config("dev", raw)
 

@@ -34,25 +34,27 @@ from infra.startup import (
     render_startup_script,
 )
 from infra.tpu.metadata import AGENT_FOLDER, startup_spec, vm_metadata
-from tests.support import stack_config, with_object
+from tests.support import fixture_config, with_object
 
 ROOT = Path(__file__).resolve().parents[1]
 SHELLCHECK = shutil.which("shellcheck") or str(Path(sys.executable).with_name("shellcheck"))
-ARTIFACTS = "acme-ml-sandbox-dev-artifacts"
+ARTIFACTS = "fixture-project-scheduled-artifacts"
 
 
-def spec(stack: str = "dev") -> StartupSpec:
-    cfg = parse_stack_config(stack, stack_config(stack))
+def spec(stack: str = "scheduled") -> StartupSpec:
+    cfg = parse_stack_config(stack, fixture_config(stack))
     return startup_spec(cfg, cfg.tpu_vms[0])
 
 
 def own_folder_spec() -> StartupSpec:
-    """The dev VM running a folder source with its own command: a workload that names no framework."""
+    """The fixture's VM running a folder source with its own command: a workload that names no framework."""
     own = {"source": {"folder": "workloads/tf_mnist"}, "command": ["python", "tf_mnist.py", "--epochs", "1"]}
     raw = with_object(
-        stack_config(), "workloads", lambda w: w.update(mnist={"description": "own code", "dataObject": "m.npz", **own})
+        fixture_config("scheduled"),
+        "workloads",
+        lambda w: w.update(mnist={"description": "own code", "dataObject": "m.npz", **own}),
     )
-    cfg = parse_stack_config("dev", raw)
+    cfg = parse_stack_config("scheduled", raw)
     return startup_spec(cfg, cfg.tpu_vms[0])
 
 
@@ -61,7 +63,7 @@ def test_rendering_is_deterministic():
     assert render_env(spec()) == render_env(spec())
 
 
-@pytest.mark.parametrize("stack", ["dev", "prod", "own-folder"])
+@pytest.mark.parametrize("stack", ["scheduled", "production", "own-folder"])
 def test_rendered_script_passes_shellcheck(stack, tmp_path):
     script = tmp_path / "startup.sh"
     script.write_text(render_startup_script(own_folder_spec() if stack == "own-folder" else spec(stack)))
@@ -70,12 +72,12 @@ def test_rendered_script_passes_shellcheck(stack, tmp_path):
 
 
 def test_installs_the_version_pinned_for_the_runtime_only_when_missing():
-    dev, prod = render_startup_script(spec("dev")), render_startup_script(spec("prod"))
-    assert "readonly FRAMEWORK_VERSION=2.14.1" in dev and "readonly FRAMEWORK_VERSION=2.15.0" in prod
+    tf214, tf215 = render_startup_script(spec("scheduled")), render_startup_script(spec("production"))
+    assert "readonly FRAMEWORK_VERSION=2.14.1" in tf214 and "readonly FRAMEWORK_VERSION=2.15.0" in tf215
     # The install is guarded by a version check, so an image that has it installs nothing.
-    assert 'if [[ "${installed}" == "${FRAMEWORK_VERSION}" ]]; then' in dev
+    assert 'if [[ "${installed}" == "${FRAMEWORK_VERSION}" ]]; then' in tf214
     # tensorflow-tpu is on the package index only from 2.16.1: before, a missing TF is a FATAL, no pip.
-    assert "pip install" not in dev and 'fatal "tensorflow ${FRAMEWORK_VERSION} is not installed' in dev
+    assert "pip install" not in tf214 and 'fatal "tensorflow ${FRAMEWORK_VERSION} is not installed' in tf214
     # From 2.16.1 it is, but the boot installs only by hash: without the catalog's lock for it, a FATAL too.
     newer = render_startup_script(tf_spec("2.16.1", "tpu-vm-tf-2.16.1-pjrt"))
     assert "pip install" not in newer and "the catalog has no lock for tensorflow 2.16.1" in newer
@@ -83,10 +85,10 @@ def test_installs_the_version_pinned_for_the_runtime_only_when_missing():
 
 def jax_spec() -> StartupSpec:
     jax = {"program": "jax_mnist", "frameworkVersion": "0.10.2"}
-    raw = with_object(stack_config(), "workloads", lambda w: w["mnist"].update(jax))
+    raw = with_object(fixture_config("scheduled"), "workloads", lambda w: w["mnist"].update(jax))
     raw = with_object(raw, "tpuVms", lambda v: v[0].update(acceleratorType="v5litepod-4", zone="us-central1-a",
                                                            runtimeVersion="v2-alpha-tpuv5-lite"))  # fmt: skip
-    cfg = parse_stack_config("dev", raw)
+    cfg = parse_stack_config("scheduled", raw)
     return startup_spec(cfg, cfg.tpu_vms[0])
 
 
@@ -137,10 +139,10 @@ def test_a_workload_naming_no_framework_checks_and_installs_none():
 
 
 def tf_spec(version: str, runtime: str, accelerator: str | None = None) -> StartupSpec:
-    raw = with_object(stack_config(), "workloads", lambda w: w["mnist"].update(frameworkVersion=version))
+    raw = with_object(fixture_config("scheduled"), "workloads", lambda w: w["mnist"].update(frameworkVersion=version))
     pod = {"acceleratorType": accelerator, "zone": "us-central1-a", "onCompletion": "delete"} if accelerator else {}
     raw = with_object(raw, "tpuVms", lambda v: (v[0].update(runtimeVersion=runtime, **pod), v[0].pop("schedule", None)))
-    cfg = parse_stack_config("dev", raw)
+    cfg = parse_stack_config("scheduled", raw)
     return startup_spec(cfg, cfg.tpu_vms[0])
 
 
@@ -151,7 +153,7 @@ def unit_of(script: str) -> str:
 SYSTEMD_ANALYZE = shutil.which("systemd-analyze")
 
 
-@pytest.mark.parametrize("stack", ["dev", "prod"])
+@pytest.mark.parametrize("stack", ["scheduled", "production"])
 def test_the_rendered_unit_passes_systemd_analyze_verify_without_a_warning(stack, tmp_path):
     """systemd's own parser reads the unit as a VM would have it (placeholders filled in as the script fills
     them): a misspelt key or value, which systemd only warns about and ignores, fails here. The unit is
@@ -174,19 +176,19 @@ def test_the_rendered_unit_passes_systemd_analyze_verify_without_a_warning(stack
 
 def test_each_tensorflow_runtime_gets_its_environment_in_the_unit():
     """As Google's TPU test harness exports it (ml-auto-solutions, export_env_variables)."""
-    pjrt = unit_of(render_startup_script(spec("prod")))  # tpu-vm-tf-2.15.0-pjrt, single host
+    pjrt = unit_of(render_startup_script(spec("production")))  # tpu-vm-tf-2.15.0-pjrt, single host
     assert "Environment=NEXT_PLUGGABLE_DEVICE_USE_C_API=true\n" in pjrt
     assert "Environment=TF_PLUGGABLE_DEVICE_LIBRARY_PATH=/lib/libtpu.so\n" in pjrt
     assert "TPU_NAME" not in pjrt and "TPU_LOAD_LIBRARY" not in pjrt
     pod = unit_of(render_startup_script(tf_spec("2.15.0", "tpu-vm-tf-2.15.0-pod-pjrt", "v2-32")))
-    assert "Environment=TPU_NAME=mnist-v2-spot\n" in pod and "Environment=TPU_LOAD_LIBRARY=0\n" in pod
+    assert "Environment=TPU_NAME=office-v2\n" in pod and "Environment=TPU_LOAD_LIBRARY=0\n" in pod
     assert "NEXT_PLUGGABLE_DEVICE_USE_C_API" not in pod
-    se = unit_of(render_startup_script(spec("dev")))  # tpu-vm-tf-2.14.1: stream executor
+    se = unit_of(render_startup_script(spec("scheduled")))  # tpu-vm-tf-2.14.1: stream executor
     only_the_agents = ["Environment=PYTHONPATH=@AGENT_DIR@"]
     assert [line for line in se.splitlines() if line.startswith("Environment=")] == only_the_agents
     # The agent passes the runtime's environment on to the run: it is told the names.
     assert "TPU_PLATFORM_RUNTIME_ENV=NEXT_PLUGGABLE_DEVICE_USE_C_API,TF_PLUGGABLE_DEVICE_LIBRARY_PATH\n" in render_env(
-        spec("prod")
+        spec("production")
     )
 
 
@@ -199,7 +201,7 @@ def test_the_unit_never_restarts_a_configuration_error_and_gives_up_on_a_crash_l
 
 def test_pip_constraints_keep_protobuf_below_5_next_to_tensorflow_before_2_18():
     """The agent installs a source's requirements under these bounds (agent.env's TPU_PLATFORM_PIP_CONSTRAINTS)."""
-    assert 'echo "TPU_PLATFORM_PIP_CONSTRAINTS=protobuf<5"' in render_startup_script(spec("prod"))
+    assert 'echo "TPU_PLATFORM_PIP_CONSTRAINTS=protobuf<5"' in render_startup_script(spec("production"))
     newer = render_startup_script(tf_spec("2.18.0", "tpu-vm-tf-2.18.0-pjrt"))
     assert "protobuf<5" not in newer
 
@@ -236,10 +238,10 @@ esac
 
 def test_an_image_too_old_for_the_framework_fails_once_and_starts_nothing(tmp_path):
     jax = {"program": "jax_mnist", "frameworkVersion": "0.10.2"}
-    raw = with_object(stack_config(), "workloads", lambda w: w["mnist"].update(jax))
+    raw = with_object(fixture_config("scheduled"), "workloads", lambda w: w["mnist"].update(jax))
     raw = with_object(raw, "tpuVms", lambda v: v[0].update(acceleratorType="v5litepod-4", zone="us-central1-a",
                                                            runtimeVersion="v2-alpha-tpuv5-lite"))  # fmt: skip
-    cfg = parse_stack_config("dev", raw)  # the image's Python is not documented: the plan cannot refuse it
+    cfg = parse_stack_config("scheduled", raw)  # the image's Python is not documented: the plan cannot refuse it
     done, folder = boot_with(render_startup_script(startup_spec(cfg, cfg.tpu_vms[0])), OLD_IMAGE, tmp_path)
     assert done.returncode == EXIT_CONFIG
     fatal = [line for line in done.stderr.splitlines() if "FATAL" in line]
@@ -252,7 +254,7 @@ def test_an_image_too_old_for_the_framework_fails_once_and_starts_nothing(tmp_pa
 
 def test_a_tensorflow_the_image_lacks_and_pip_cannot_supply_fails_once(tmp_path):
     done, folder = boot_with(
-        render_startup_script(spec("prod")), OLD_IMAGE.replace("exit 1 ;;\n  -V", "exit 0 ;;\n  -V"), tmp_path
+        render_startup_script(spec("production")), OLD_IMAGE.replace("exit 1 ;;\n  -V", "exit 0 ;;\n  -V"), tmp_path
     )
     assert done.returncode == EXIT_CONFIG, done.stderr
     assert (
@@ -268,11 +270,11 @@ def test_the_agent_runs_under_systemd_with_its_settings_from_metadata():
     assert 'systemctl start "${UNIT}"' in script
     assert 'metadata "instance/attributes/tpu-platform-env"' in script
     env = dict(line.split("=", 1) for line in render_env(spec()).splitlines())
-    assert env["TPU_PLATFORM_CHECKPOINTS"] == "gs://acme-ml-sandbox-dev-checkpoints"
-    assert env["TPU_PLATFORM_MODELS"] == "gs://acme-ml-sandbox-dev-models"
+    assert env["TPU_PLATFORM_CHECKPOINTS"] == "gs://fixture-project-scheduled-checkpoints"
+    assert env["TPU_PLATFORM_MODELS"] == "gs://fixture-project-scheduled-models"
     assert env["TPU_PLATFORM_ARTIFACTS"] == f"gs://{ARTIFACTS}"
     assert (env["TPU_PLATFORM_STACK"], env["TPU_PLATFORM_VM"], env["TPU_PLATFORM_WORKLOAD"]) == (
-        "dev", "mnist-v2-spot", "mnist"
+        "scheduled", "office-v2", "mnist"
     )  # fmt: skip
 
 
@@ -322,11 +324,11 @@ def oversized() -> dict[str, str]:
     """A legal stack whose run spec outgrows a metadata value: 64 env values of 4,096 characters each
     (the most infra/config/settings.py allows) are 262,144 bytes before their names and the JSON."""
     env = {f"PAD_{i:02}": "x" * 4096 for i in range(64)}
-    return with_object(stack_config(), "workloads", lambda w: w["mnist"].update(env=env))
+    return with_object(fixture_config("scheduled"), "workloads", lambda w: w["mnist"].update(env=env))
 
 
 def test_oversized_workload_is_a_config_error():
-    cfg = parse_stack_config("dev", oversized())
+    cfg = parse_stack_config("scheduled", oversized())
     with pytest.raises(ConfigError) as caught:
         vm_metadata(cfg)
     message = str(caught.value)
@@ -338,9 +340,9 @@ def test_oversized_workload_registers_nothing():
     from tools.offline.mocks import GcpMocks, RecordingMonitor
     from tools.offline.runner import run_program
 
-    monitor = RecordingMonitor(GcpMocks("acme-ml-sandbox"))
+    monitor = RecordingMonitor(GcpMocks("fixture-project"))
     with pytest.raises(Exception, match="GCP allows 262,144 per value"):
-        run_program("dev", oversized(), monitor=monitor)
+        run_program("scheduled", oversized(), monitor=monitor)
     assert monitor.registrations == []
 
 
@@ -380,7 +382,7 @@ def artifacts() -> Iterator[str]:
     from tests.sandbox import storage_emulator
 
     with storage_emulator() as host:
-        client = storage.Client("acme-ml-sandbox", AnonymousCredentials(), client_options={"api_endpoint": host})
+        client = storage.Client("fixture-project", AnonymousCredentials(), client_options={"api_endpoint": host})
         bucket = client.create_bucket(ARTIFACTS)
         agent = repository_folder(AGENT_FOLDER)
         bucket.blob(naming.source_object(agent.sha256)).upload_from_string(agent.data)
@@ -430,7 +432,7 @@ def test_the_agent_is_fetched_verified_and_started_from_its_own_folder(tmp_path,
     assert (tmp_path / "systemctl").read_text() == f"daemon-reload\nstart {AGENT_UNIT}\n"
     assert (tmp_path / "shims/version-asked").exists()  # an example's framework is checked
     # agent.env: the stack's settings from metadata, then what the boot knows of this VM; root's alone.
-    assert env["TPU_PLATFORM_STACK"] == "dev" and env["TPU_PLATFORM_PYTHON"].endswith("shims/python3")
+    assert env["TPU_PLATFORM_STACK"] == "scheduled" and env["TPU_PLATFORM_PYTHON"].endswith("shims/python3")
     assert env["TPU_PLATFORM_ROOT"] == f"{tmp_path}/root" and env["STORAGE_EMULATOR_HOST"] == artifacts
     assert (tmp_path / "root/etc/tpu-platform/agent.env").stat().st_mode & 0o777 == 0o600
 
@@ -485,7 +487,7 @@ def test_each_worker_of_a_slice_gets_its_id_the_worker_count_and_worker_0_as_coo
     assert env["TPU_PLATFORM_WORKER_ID"] == env["TPU_WORKER_ID"] == "2"
     assert env["TPU_PLATFORM_WORKER_COUNT"] == "4"
     assert env["TPU_PLATFORM_COORDINATOR"] == f"10.130.0.5:{COORDINATOR_PORT}" == "10.130.0.5:8482"
-    assert env["TPU_PLATFORM_VM"] == "mnist-v2-spot"  # the stack's settings are still there
+    assert env["TPU_PLATFORM_VM"] == "office-v2"  # the stack's settings are still there
     attributes = {"agent-worker-number": "1", "worker-network-endpoints": "w-0,w-1"}
     _, env = boot(tmp_path / "b", attributes, artifacts, "9000")
     assert (env["TPU_PLATFORM_WORKER_ID"], env["TPU_PLATFORM_WORKER_COUNT"]) == ("1", "2")
@@ -502,7 +504,7 @@ def test_a_tensorflow_pod_worker_knows_its_number_and_its_unit_names_the_pod(tmp
     assert done.returncode == 0, done.stderr
     assert (env["TPU_WORKER_ID"], env["TPU_PLATFORM_WORKER_COUNT"]) == ("3", "4")
     unit = (tmp_path / f"root/etc/systemd/system/{AGENT_UNIT}").read_text()
-    assert "Environment=TPU_NAME=mnist-v2-spot\n" in unit
+    assert "Environment=TPU_NAME=office-v2\n" in unit
     assert (
         'process = int(os.environ.get("TPU_WORKER_ID", "0"))' in (ROOT / "workloads/tf_mnist/tf_mnist.py").read_text()
     )

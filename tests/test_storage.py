@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.support import plan, stack_config, with_object
+from tests.support import fixture_config, plan, with_object
 
 BUCKET = "gcp:storage/bucket:Bucket"
 
@@ -13,8 +13,8 @@ def buckets(result):
 
 
 def test_every_bucket_is_private_and_versioned():
-    for stack in ("dev", "prod"):
-        result = plan(stack_config(stack), stack)
+    for stack in ("scheduled", "production"):
+        result = plan(fixture_config(stack), stack)
         for bucket in result.of_type(BUCKET):
             assert bucket.inputs["uniformBucketLevelAccess"] is True
             assert bucket.inputs["publicAccessPrevention"] == "enforced"
@@ -23,27 +23,27 @@ def test_every_bucket_is_private_and_versioned():
 
 
 def test_names_come_from_the_stable_prefix():
-    names = {p: b.inputs["name"] for p, b in buckets(plan(stack_config())).items()}
+    names = {p: b.inputs["name"] for p, b in buckets(plan(fixture_config("scheduled"), "scheduled")).items()}
     assert names == {
-        "data": "acme-ml-sandbox-dev-data",
-        "checkpoints": "acme-ml-sandbox-dev-checkpoints",
-        "models": "acme-ml-sandbox-dev-models",
+        "data": "fixture-project-scheduled-data",
+        "checkpoints": "fixture-project-scheduled-checkpoints",
+        "models": "fixture-project-scheduled-models",
     }
 
 
 def test_noncurrent_versions_expire_by_age_and_count():
     raw = with_object(
-        stack_config(), "buckets", lambda b: b.update(noncurrentVersionDays=9, noncurrentVersionsToKeep=4)
+        fixture_config("scheduled"), "buckets", lambda b: b.update(noncurrentVersionDays=9, noncurrentVersionsToKeep=4)
     )
-    rules = buckets(plan(raw))["checkpoints"].inputs["lifecycleRules"]
+    rules = buckets(plan(raw, "scheduled"))["checkpoints"].inputs["lifecycleRules"]
     conditions = [r["condition"] for r in rules if r["action"]["type"] == "Delete"]
     assert {"daysSinceNoncurrentTime": 9, "withState": "ARCHIVED"} in conditions
     assert {"numNewerVersions": 4, "withState": "ARCHIVED"} in conditions
     assert any(r["action"]["type"] == "AbortIncompleteMultipartUpload" for r in rules)
 
 
-def test_dev_keeps_data_but_may_destroy_scratch_buckets():
-    by_purpose = buckets(plan(stack_config("dev")))
+def test_a_sandbox_keeps_data_but_may_destroy_scratch_buckets():
+    by_purpose = buckets(plan(fixture_config("scheduled"), "scheduled"))
     data = by_purpose["data"]
     assert data.retain_on_delete and not data.inputs.get("forceDestroy")
     for scratch in ("checkpoints", "models"):
@@ -52,17 +52,17 @@ def test_dev_keeps_data_but_may_destroy_scratch_buckets():
 
 
 def test_buckets_are_kept_on_destroy_by_default():
-    raw = with_object(stack_config("dev"), "buckets", lambda b: b.pop("destroyable"))
-    for bucket in plan(raw).of_type(BUCKET):
+    raw = with_object(fixture_config("scheduled"), "buckets", lambda b: b.pop("destroyable"))
+    for bucket in plan(raw, "scheduled").of_type(BUCKET):
         if bucket.name == "guard-source":
             continue  # build input only, rebuilt from the repository: destroyable on purpose
         assert bucket.retain_on_delete and not bucket.inputs.get("forceDestroy")
         assert not bucket.protect
 
 
-def test_prod_buckets_are_protected_and_encrypted_with_cmek():
-    result = plan(stack_config("prod"), "prod")
-    key = "projects/acme-security-keys/locations/us-central1/keyRings/ml-production/cryptoKeys/buckets"
+def test_production_buckets_are_protected_and_encrypted_with_cmek():
+    result = plan(fixture_config("production"), "production")
+    key = "projects/fixture-keys/locations/us-central1/keyRings/fixture/cryptoKeys/buckets"
     # The key lives in another project: its grant to this project's Cloud Storage agent is the
     # bootstrap's (tests/test_access.py), so the deployer holds no right on it.
     assert not result.of_type("gcp:kms/cryptoKeyIAMMember:CryptoKeyIAMMember")
@@ -71,6 +71,6 @@ def test_prod_buckets_are_protected_and_encrypted_with_cmek():
         assert bucket.inputs["encryption"] == {"defaultKmsKeyName": key}
 
 
-def test_dev_buckets_use_google_managed_keys():
-    for bucket in plan(stack_config()).of_type(BUCKET):
+def test_without_a_key_buckets_use_google_managed_keys():
+    for bucket in plan(fixture_config("scheduled"), "scheduled").of_type(BUCKET):
         assert "encryption" not in bucket.inputs

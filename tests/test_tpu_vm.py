@@ -9,18 +9,18 @@ import pytest
 from infra import naming
 from infra.packaging import repository_folder
 from infra.tpu.cloud_tpu import CLOUD_PLATFORM_SCOPE
-from tests.support import depends_on, plan, stack_config, with_object
+from tests.support import depends_on, fixture_config, plan, with_object
 
 V2VM = "gcp:tpu/v2Vm:V2Vm"
 IN_PLACE = {"description", "labels", "metadata", "tags", "dataDisks"}  # what V2Vm updates without replacing
 
 
-def vms(stack: str = "dev", raw=None):
-    result = plan(raw or stack_config(stack), stack)
+def vms(stack: str = "scheduled", raw=None):
+    result = plan(raw or fixture_config(stack), stack)
     return result, result.of_type(V2VM)
 
 
-@pytest.mark.parametrize("stack", ["dev", "prod"])
+@pytest.mark.parametrize("stack", ["scheduled", "production"])
 def test_vm_identity_network_and_labels(stack):
     result, nodes = vms(stack)
     (network,) = result.of_type("gcp:compute/network:Network")
@@ -54,32 +54,32 @@ def test_metadata_carries_the_run_spec_and_the_agents_digest():
     assert "readonly FRAMEWORK_VERSION=2.14.1" in script  # tensorflow-tpu 2.14.1 does not exist: the image has it
     assert "def main(" not in script  # no program source inlined any more
     run = json.loads(metadata["tpu-platform-run"])
-    assert run["runId"] == "dev/mnist/mnist-v2-spot/r1" and run["requester"] == "stack" and run["completion"]
+    assert run["runId"] == "scheduled/mnist/office-v2/r1" and run["requester"] == "stack" and run["completion"]
     assert run["source"] == {
         "kind": "folder",
-        "uri": f"gs://acme-ml-sandbox-dev-artifacts/{naming.source_object(program.sha256)}",
+        "uri": f"gs://fixture-project-scheduled-artifacts/{naming.source_object(program.sha256)}",
         "sha256": program.sha256,
     }
     assert run["command"][:4] == ["python", "tf_mnist.py", "--epochs", "5"]
-    assert run["data"] == "gs://acme-ml-sandbox-dev-data/mnist/mnist.npz"
-    assert run["checkpointDir"] == "gs://acme-ml-sandbox-dev-checkpoints/mnist/mnist-v2-spot/r1"
+    assert run["data"] == "gs://fixture-project-scheduled-data/mnist/mnist.npz"
+    assert run["checkpointDir"] == "gs://fixture-project-scheduled-checkpoints/mnist/office-v2/r1"
     env = metadata["tpu-platform-env"]
-    assert "TPU_PLATFORM_ARTIFACTS=gs://acme-ml-sandbox-dev-artifacts\n" in env
+    assert "TPU_PLATFORM_ARTIFACTS=gs://fixture-project-scheduled-artifacts\n" in env
 
 
 def test_provisioning_models_map_to_scheduling():
-    _, (dev,) = vms("dev")
-    prod, _spot = sorted(vms("prod")[1], key=lambda r: r.name)
-    assert dev.inputs["schedulingConfig"] == {"spot": True, "preemptible": False, "reserved": False}
-    assert prod.inputs["schedulingConfig"] == {"spot": False, "preemptible": False, "reserved": False}
-    raw = with_object(stack_config("prod"), "tpuVms", lambda v: v[0].update(provisioning="reserved"))
-    reserved, _spot = sorted(vms("prod", raw)[1], key=lambda r: r.name)
+    _, (spot,) = vms("scheduled")
+    on_demand, _spot = sorted(vms("production")[1], key=lambda r: r.name)
+    assert spot.inputs["schedulingConfig"] == {"spot": True, "preemptible": False, "reserved": False}
+    assert on_demand.inputs["schedulingConfig"] == {"spot": False, "preemptible": False, "reserved": False}
+    raw = with_object(fixture_config("production"), "tpuVms", lambda v: v[0].update(provisioning="reserved"))
+    reserved, _spot = sorted(vms("production", raw)[1], key=lambda r: r.name)
     assert reserved.inputs["schedulingConfig"]["reserved"] is True
 
 
 def test_secure_boot_where_the_generation_supports_it():
-    _, (v2,) = vms("dev")
-    v5e, _spot = sorted(vms("prod")[1], key=lambda r: r.name)
+    _, (v2,) = vms("scheduled")
+    v5e, _spot = sorted(vms("production")[1], key=lambda r: r.name)
     assert "shieldedInstanceConfig" not in v2.inputs
     assert v5e.inputs["shieldedInstanceConfig"] == {"enableSecureBoot": True}
 
@@ -97,8 +97,8 @@ def test_vm_waits_for_tpu_api_grants_and_nat():
 
 def test_changing_only_the_workload_updates_the_vm_in_place():
     _, (before,) = vms()
-    raw = with_object(stack_config(), "workloads", lambda w: w["mnist"].update(epochs=9, batchSize=512))
-    _, (after,) = vms("dev", raw)
+    raw = with_object(fixture_config("scheduled"), "workloads", lambda w: w["mnist"].update(epochs=9, batchSize=512))
+    _, (after,) = vms("scheduled", raw)
     changed = {k for k in before.inputs.keys() | after.inputs.keys() if before.inputs.get(k) != after.inputs.get(k)}
     assert changed == {"metadata"}
     assert changed <= IN_PLACE
@@ -106,12 +106,11 @@ def test_changing_only_the_workload_updates_the_vm_in_place():
 
 
 def test_outputs_give_the_iap_ssh_command_and_console_link():
-    outputs = plan(stack_config()).outputs["tpuVms"]["mnist-v2-spot"]
+    outputs = plan(fixture_config("scheduled"), "scheduled").outputs["tpuVms"]["office-v2"]
     assert outputs["sshCommand"] == (
-        "gcloud compute tpus tpu-vm ssh mnist-v2-spot --zone us-central1-b --project acme-ml-sandbox"
-        " --tunnel-through-iap"
+        "gcloud compute tpus tpu-vm ssh office-v2 --zone us-central1-b --project fixture-project --tunnel-through-iap"
     )
-    assert outputs["consoleUrl"].endswith("/tpus/details/us-central1-b/mnist-v2-spot?project=acme-ml-sandbox")
+    assert outputs["consoleUrl"].endswith("/tpus/details/us-central1-b/office-v2?project=fixture-project")
     assert (outputs["acceleratorType"], outputs["provisioning"], outputs["hosts"]) == ("v2-8", "spot", 1)
     assert 1000 < outputs["startupScriptBytes"] < 256 * 1024
 
@@ -122,6 +121,6 @@ def test_multi_host_slices_ssh_to_every_worker():
         vms[0].pop("schedule")  # the TPU API cannot stop a multi-host slice
         vms[0]["onCompletion"] = "delete"
 
-    raw = with_object(stack_config(), "budget", lambda b: b.update(amount=10_000))  # a slice costs more
-    outputs = plan(with_object(raw, "tpuVms", to_pod)).outputs["tpuVms"]["mnist-v2-spot"]
+    raw = with_object(fixture_config("scheduled"), "budget", lambda b: b.update(amount=10_000))  # a slice costs more
+    outputs = plan(with_object(raw, "tpuVms", to_pod), "scheduled").outputs["tpuVms"]["office-v2"]
     assert outputs["hosts"] == 4 and outputs["sshCommand"].endswith("--worker=all")

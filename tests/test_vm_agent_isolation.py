@@ -46,7 +46,7 @@ from vm_agent import installs
 from vm_agent.isolation import UID_FIRST, UID_LAST, CachedTree, Isolation, RunSandbox, UidPool, processes_of
 from vm_agent.jail import EXIT_JAIL
 
-EXAMPLE = REPO / "examples" / "Pulumi.self-service.yaml"
+EXAMPLE = REPO / "tests" / "stacks" / "Pulumi.self-service.yaml"
 STACK = "self-service"
 PROJECT = "acme-ml-research"
 STATUS, CKPT, MODELS, DATA, ARTIFACTS = (f"acme-ml-research-self-service-{p}" for p in

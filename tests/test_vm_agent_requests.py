@@ -2,7 +2,7 @@
 agent (`python -m vm_agent` with the system Python and agent.env) takes and runs the request, its
 telemetry ships the program's lines and metrics to loopback stand-ins of Cloud Logging and Cloud
 Monitoring (checked against their discovery documents), and `tpu-runs` lists, follows, stops and
-fetches. The stack file is examples/Pulumi.self-service.yaml; the VM's names and buckets are derived
+fetches. The stack file is tests/stacks/Pulumi.self-service.yaml; the VM's names and buckets are derived
 from it as the stack derives them.
 """
 
@@ -25,7 +25,7 @@ from tests.vm_agent_support import agent_environ, run_spec, start_agent, trainer
 from tpu_runs import cli
 from vm_agent.settings import Settings, SettingsError
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "Pulumi.self-service.yaml"
+EXAMPLE = Path(__file__).resolve().parent / "stacks" / "Pulumi.self-service.yaml"
 STACK = cli.load_stack("self-service", EXAMPLE)
 PROJECT = STACK.cfg.project
 SHARED = "shared-v5e-8"  # selfService: true
