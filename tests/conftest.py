@@ -8,10 +8,16 @@ tests/test_golden.py), and what the bootstrap makes for them (tests/test_access.
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from tests.sandbox import Vm
 from tests.support import fixture_config, plan
 from tools.offline.runner import PlanResult
+
+# Property tests judge behaviour, never speed: no per-example deadline and no "generation is slow"
+# check, which fail on a loaded machine (the tests share two cores with the workers of `pytest -n`).
+settings.register_profile("project", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("project")
 
 
 @pytest.fixture
