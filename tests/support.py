@@ -13,10 +13,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from infra.config.stackfile import ROOT, read_stack_config
 from tools.offline.deploys import plan_deploys
 from tools.offline.mocks import Registration
 from tools.offline.runner import PlanResult, run_program
-from tools.offline.stackfile import ROOT, read_stack_config
 
 NS = "tpu-platform"
 FIXTURE_STACKS = Path(__file__).resolve().parent / "stacks"  # small stacks that behaviour tests vary

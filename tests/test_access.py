@@ -33,6 +33,7 @@ from infra.access.model import (
     unneeded,
 )
 from infra.automation import GUARD_METHODS, GUARD_PERMISSIONS
+from infra.config.stackfile import ROOT, read_stack_config
 from infra.grants import UnsupportedConditionError, check_condition
 from infra.identity import WORKLOAD_METHODS
 from infra.lifecycle import SCHEDULER_METHODS, SCHEDULER_PERMISSIONS
@@ -43,7 +44,6 @@ from tests.test_bootstrap import plan as plan_bootstrap
 from tools.offline.access import ACCESS_FILE, access_of, declared, generate, quota_project
 from tools.offline.deploys import DEPLOYS
 from tools.offline.runner import PlanResult, run_program
-from tools.offline.stackfile import ROOT, read_stack_config
 
 STACKS = ("dev", "prod")
 ADMIN = "acme-ml-admin"

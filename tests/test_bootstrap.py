@@ -12,10 +12,10 @@ import yaml
 
 from bootstrap import PROJECT
 from bootstrap.program import parse_bootstrap_config
+from infra.config.stackfile import read_stack_config
 from infra.schema import ConfigError
 from policy.policies import IMPERSONATION_ROLES
 from tools.offline.runner import PlanResult, run_program
-from tools.offline.stackfile import read_stack_config
 
 ROOT = Path(__file__).resolve().parents[1]
 BOOTSTRAP = ROOT / "bootstrap"

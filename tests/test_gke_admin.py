@@ -13,6 +13,7 @@ import yaml
 
 import infra.config
 import infra.gke.admin
+from infra.config.stackfile import ROOT, read_stack_config
 from infra.gke import controllers
 from infra.gke.admin import GKE_ADMIN_PROJECT
 from infra.gke.controllers import JOBSET, KUEUE, MANIFESTS_ENV, controller_objects, from_folder
@@ -22,7 +23,6 @@ from tests.test_gke_controllers import manifest, pinned
 from tools.offline import __main__ as offline
 from tools.offline.mocks import GcpMocks, RecordingMonitor
 from tools.offline.runner import PlanResult, run_program
-from tools.offline.stackfile import ROOT, read_stack_config
 
 CONFIG_GROUP = "kubernetes:yaml/v2:ConfigGroup"
 STACK_FILE = ROOT / "tests" / "stacks" / "Pulumi.gke.yaml"  # the GKE fixture: two pools, two teams

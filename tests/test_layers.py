@@ -43,6 +43,7 @@ PURE = {
     "infra.config.rules",
     "infra.config.settings",
     "infra.config.sources",
+    "infra.config.stackfile",
     "infra.cost",
     "infra.gke",
     "infra.gke.api_schemas",

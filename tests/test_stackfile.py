@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from infra.config.stackfile import StackFileError, load_stack_yaml, read_stack_config
 from tests.support import NS
-from tools.offline.stackfile import StackFileError, load_stack_yaml, read_stack_config
 
 ROOT_TEXT = "name: tpu-platform\nruntime: python\n"
 

@@ -274,4 +274,5 @@ def test_the_project_builds_with_the_tpu_runs_console_script(tmp_path: Path):
         (entry_points,) = [n for n in names if n.endswith("entry_points.txt")]
         assert "tpu-runs = tpu_runs.cli:main" in archive.read(entry_points).decode()
         assert "tpu_runs/cli.py" in names and "infra/catalog/tpu.yaml" in names
-        assert "tools/offline/stackfile.py" in names and not any(n.startswith("tests/") for n in names)
+        assert "infra/config/stackfile.py" in names
+        assert not any(n.startswith(("tests/", "tools/")) for n in names)

@@ -14,8 +14,8 @@ from pulumi.runtime import settings
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
+from infra.config.stackfile import ROOT, project_name, read_stack_config
 from tools.offline.mocks import SECRET, CloudState, GcpMocks, RecordingMonitor, Registration
-from tools.offline.stackfile import ROOT, project_name, read_stack_config
 
 
 @dataclass
