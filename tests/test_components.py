@@ -167,6 +167,7 @@ WORKLOAD = WorkloadSettings(
     bucket_access=(("data", "read"), ("checkpoints", "write")),
     project_roles=("roles/logging.logWriter",),
     program="jax_mnist",
+    framework="jax",
     framework_version="0.4.35",
     memory_gib_per_chip=None,
     data_object="",

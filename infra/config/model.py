@@ -84,12 +84,7 @@ class WorkloadSettings:
     command: tuple[str, ...] = ()  # the program's argv; for an image, empty runs the image's own
     python: str = ""  # a Python version the boot installs for a folder source ("": the image's)
     env: tuple[tuple[str, str], ...] = ()  # extra environment of the program (never secrets)
-
-    @property
-    def framework(self) -> str:
-        from infra.config.examples import examples  # here: examples reads this package (an import cycle)
-
-        return examples()[self.program].framework if self.program in examples() else ""
+    framework: str = ""  # the example program's framework, "" for a workload with its own source
 
     def access(self, purpose: str) -> str:
         return dict(self.bucket_access).get(purpose, "none")

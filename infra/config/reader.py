@@ -316,6 +316,7 @@ def _code(node: Node, workload: WorkloadSettings) -> dict[str, object]:
             "source": WorkloadSource("folder", example.folder),
             "command": ("python", example.entry, *_program_flags(workload)),
             "env": env,
+            "framework": example.framework,
         }
     if not given:
         node.problems.add(
