@@ -17,7 +17,6 @@ from infra import naming
 from infra.access.accounts import StackIdentities
 from infra.apis import ProjectApis, required_apis
 from infra.artifacts import ARTIFACTS_APIS, ArtifactsArgs, WorkloadArtifacts, WorkloadCode
-from infra.automation import TpuGuard, TpuGuardArgs, guard_apis, guard_identities
 from infra.budget import BudgetAlerts, BudgetAlertsArgs, budget_apis
 from infra.config import PROJECT, PlatformConfig, WorkloadSettings
 from infra.config.sources import parse_image
@@ -57,6 +56,7 @@ from infra.storage import STORAGE_APIS, PlatformBuckets
 from infra.tpu.cloud_tpu import BACKENDS
 from infra.tpu.metadata import agent_package, run_id, source_digests, vm_metadata
 from infra.tpu.vm import TPU_VM_APIS, TpuVm, multi_host_job
+from infra.tpu_guard import TpuGuard, TpuGuardArgs, guard_apis, guard_identities
 
 TPU_BACKEND = "cloud-tpu"
 # The VM agent's package (docs/run-contract.md), uploaded next to the workloads' sources.

@@ -22,7 +22,6 @@ import pytest
 
 from infra import naming
 from infra.apis import ProjectApis, required_apis
-from infra.automation import GUARD_APIS, TpuGuard, TpuGuardArgs, guard_apis
 from infra.budget import BudgetAlerts, BudgetAlertsArgs, budget_apis
 from infra.catalog import AcceleratorType, load_catalog
 from infra.catalog.gke import load_gke_catalog
@@ -55,6 +54,7 @@ from infra.network import IAP_SSH_RANGE, NETWORK_APIS, ClusterRanges, PrivateNet
 from infra.storage import STORAGE_APIS, PlatformBuckets
 from infra.tpu.cloud_tpu import BACKENDS
 from infra.tpu.vm import TPU_VM_APIS, TpuVm
+from infra.tpu_guard import GUARD_APIS, TpuGuard, TpuGuardArgs, guard_apis
 from tests.support import depends_on, fixture_config, plan, with_object
 from tools.offline.runner import PlanResult, run_program
 

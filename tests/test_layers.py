@@ -73,7 +73,7 @@ PURE = {
 DECLARATION = {
     "infra.apis",
     "infra.artifacts",
-    "infra.automation",
+    "infra.tpu_guard",
     "infra.budget",
     "infra.gke.admin",
     "infra.gke.cluster",

@@ -13,7 +13,7 @@ BUCKET_PURPOSES = ("data", "checkpoints", "models")
 # Labels the platform sets on every labelled resource; a stack may not set them itself.
 RESERVED_LABELS = ("environment", "owner", "managed-by", "workload", "provisioning", "environment-class")
 # Service accounts the platform creates per stack besides the workloads' (infra/lifecycle.py,
-# infra/automation.py): `service_account_id(name, stack)` of each. A workload may not take these
+# infra/tpu_guard.py): `service_account_id(name, stack)` of each. A workload may not take these
 # names, or its account would be the platform's.
 PLATFORM_ACCOUNTS = naming.PLATFORM_ACCOUNT_KINDS
 
