@@ -46,8 +46,8 @@ from infra.access.environment import (
     object_reads_condition,
 )
 from infra.config import BILLING_ACCOUNT, GCP_PROJECT_ID
+from infra.config.problems import Node, Problems, decode_objects
 from infra.grants import propagation_wait
-from infra.schema import Node, Problems, decode_objects
 from infra.stack import raw_stack_config
 
 NAMESPACE = PROJECT

@@ -19,6 +19,7 @@ from infra.apis import ProjectApis, required_apis
 from infra.artifacts import ARTIFACTS_APIS, ArtifactsArgs, WorkloadArtifacts, WorkloadCode
 from infra.budget import BudgetAlerts, BudgetAlertsArgs, budget_apis
 from infra.config import PROJECT, PlatformConfig, WorkloadSettings
+from infra.config.problems import ConfigError, Fix, Problem, Problems
 from infra.config.sources import parse_image
 from infra.cost import StackCost, estimate
 from infra.gke import queues
@@ -50,7 +51,6 @@ from infra.researchers import (
     researcher_identities,
 )
 from infra.run_status import completed_runs
-from infra.schema import ConfigError, Fix, Problem, Problems
 from infra.secrets import hide, keep_secret
 from infra.storage import STORAGE_APIS, PlatformBuckets
 from infra.tpu.cloud_tpu import BACKENDS

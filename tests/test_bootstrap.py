@@ -13,8 +13,8 @@ import yaml
 from bootstrap import PROJECT
 from bootstrap.program import parse_bootstrap_config
 from infra.access import iamdata
+from infra.config.problems import ConfigError
 from infra.config.stackfile import read_stack_config
-from infra.schema import ConfigError
 from tools.offline.runner import PlanResult, run_program
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from infra.config import docs, parse_stack_config
+from infra.config.problems import ConfigError
 from infra.config.settings import SETTINGS, Setting
 from infra.config.stackfile import load_stack_yaml, read_stack_config
-from infra.schema import ConfigError
 from tests.support import FIXTURE_STACKS
 
 ROOT = Path(__file__).resolve().parents[1]

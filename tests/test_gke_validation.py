@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
+from infra.config.problems import ConfigError
 from infra.gke import api_schemas
 from infra.gke.specs import TOPOLOGY_LABEL
 from infra.gke.validation import InvalidObjectsError, Validator, platform_validator, validate_all
-from infra.schema import ConfigError
 from tests import gke_objects as g
 
 # A CRD written for these tests: one of each schema feature the validator must honour.

@@ -63,7 +63,7 @@ PURE = {
     "infra.naming",
     "infra.packaging",
     "infra.schedule",
-    "infra.schema",
+    "infra.config.problems",
     "infra.startup",
     "infra.tpu",
     "infra.tpu.metadata",

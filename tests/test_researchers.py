@@ -18,9 +18,9 @@ from infra import naming
 from infra.access import iamdata
 from infra.access import researchers as calls
 from infra.config import parse_stack_config
+from infra.config.problems import ConfigError
 from infra.config.stackfile import ROOT, read_stack_config
 from infra.platform import stack_identities
-from infra.schema import ConfigError
 from tests.iam_conditions import allows as cel_allows
 from tests.support import fixture_config, plan, with_object, with_scalar
 from tools.offline.runner import PlanResult, plan_stack

@@ -41,7 +41,7 @@ def test_numbers_as_go_yaml_reads_them(text, value):
 
 def test_production_no_is_refused_not_read_as_false(tmp_path):
     from infra.config import parse_stack_config
-    from infra.schema import ConfigError
+    from infra.config.problems import ConfigError
     from tests.support import fixture_config
 
     root = stack_dir(tmp_path, f"config:\n  {NS}:production: no\n")

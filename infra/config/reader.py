@@ -40,6 +40,7 @@ from infra.config.model import (
     WorkloadSettings,
     WorkloadSource,
 )
+from infra.config.problems import MISSING, Node, Problems, decode_objects
 from infra.config.settings import (
     MAX_ACCOUNT_DESCRIPTION_BYTES,
     MAX_COMMAND_ARG,
@@ -55,7 +56,6 @@ from infra.config.settings import (
     setting,
 )
 from infra.schedule import CronError, parse_cron
-from infra.schema import MISSING, Node, Problems, decode_objects
 
 OBJECT_KEYS = tuple(s.name for s in children("") if s.kind in ("object", "map", "list"))
 SCALAR_KEYS = tuple(s.name for s in children("") if s.kind not in ("object", "map", "list"))

@@ -38,10 +38,10 @@ from celpy.adapter import json_to_cel
 from celpy.evaluation import CELEvalError
 
 from infra import naming
+from infra.config.problems import ConfigError, Problem
 from infra.gke import quota
 from infra.gke.api_schemas import CORE_KIND, REDUCED_CRDS
 from infra.gke.specs import SliceShape
-from infra.schema import ConfigError, Problem
 
 # The Kubernetes minor whose core schemas judge core kinds: the newest that both pinned controllers run
 # their end-to-end tests on (JobSet v0.12.0: 1.32-1.34; Kueue v0.17.8: 1.33-1.35; their READMEs).
