@@ -46,7 +46,7 @@ PURE = {
     "infra.config.stackfile",
     "infra.cost",
     "infra.gke",
-    "infra.gke.api_schemas",
+    "infra.gke.crds",
     "infra.gke.controllers",
     "infra.gke.jobsets",
     "infra.gke.queues",
