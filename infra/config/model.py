@@ -296,10 +296,6 @@ class PlatformConfig:
         return next(w for w in self.workloads if w.name == name)
 
     @property
-    def environment(self) -> str:
-        return self.stack
-
-    @property
     def env(self) -> Env:
         return Env(self.stack, self.project, self.region, self.owner, self.production, self.name_prefix)
 
