@@ -28,10 +28,10 @@ import pulumi_gcp as gcp
 
 from infra import grants, iam, naming
 from infra.access import iamdata
+from infra.buckets import lifecycle_rules, private_bucket
 from infra.config import Env
 from infra.config.sources import registry
 from infra.packaging import Package
-from infra.storage import lifecycle_rules, private_bucket
 
 ARTIFACTS_APIS = ("storage.googleapis.com", "artifactregistry.googleapis.com", "containerscanning.googleapis.com")
 # Where `pulumi up` writes the archives it uploads (ignored by git): the engine reads them after the

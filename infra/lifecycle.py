@@ -26,8 +26,8 @@ from infra import grants, iam, naming
 from infra.access import iamdata
 from infra.access.accounts import AccountSpec, RoleSpec, StackIdentities
 from infra.apis import ProjectApis
+from infra.buckets import private_bucket
 from infra.config import Env, TpuVmSettings
-from infra.storage import private_bucket
 
 # The REST methods the scheduler account calls, and so the exact permissions of its role.
 SCHEDULER_METHODS = ("tpu.projects.locations.nodes.get", "tpu.projects.locations.nodes.stop")

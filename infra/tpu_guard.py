@@ -45,9 +45,9 @@ from infra import grants, naming
 from infra.access import iamdata
 from infra.access.accounts import AccountSpec, RoleSpec, StackIdentities
 from infra.apis import ProjectApis
+from infra.buckets import private_bucket
 from infra.config import AutomationSettings, Env, TpuVmSettings
 from infra.lifecycle import StartTarget, attempt_deadline
-from infra.storage import private_bucket
 from infra.tpu import queued_api
 
 SOURCE = Path(__file__).resolve().parents[1] / "functions" / "tpu_guard"

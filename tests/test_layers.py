@@ -75,6 +75,7 @@ DECLARATION = {
     "infra.artifacts",
     "infra.tpu_guard",
     "infra.budget",
+    "infra.buckets",
     "infra.gke.admin",
     "infra.gke.cluster",
     "infra.gke.install",
