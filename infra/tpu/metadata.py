@@ -12,7 +12,7 @@ from typing import Any
 
 from infra import naming
 from infra.catalog import framework_lock, load_catalog
-from infra.config import PROJECT, PlatformConfig, TpuVmSettings
+from infra.config.model import PROJECT, PlatformConfig, TpuVmSettings
 from infra.config.problems import Problems
 from infra.config.sources import registry
 from infra.packaging import Package, PackagingError, repository_folder
