@@ -37,7 +37,8 @@ import pulumi
 import pulumi_gcp as gcp
 
 from bootstrap import PROJECT
-from infra import iam, naming
+from infra import naming
+from infra.access import iam
 from infra.access.accounts import SERVICE_ACCOUNT_USER, StackIdentities
 from infra.access.environment import (
     BILLING_DEPLOY_ROLE,

@@ -26,8 +26,8 @@ from pathlib import Path
 import pulumi
 import pulumi_gcp as gcp
 
-from infra import grants, iam, naming
-from infra.access import iamdata
+from infra import grants, naming
+from infra.access import iam, iamdata
 from infra.buckets import lifecycle_rules, private_bucket
 from infra.config import Env
 from infra.config.sources import registry

@@ -19,8 +19,7 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumiverse_time as time
 
-from infra import iam
-from infra.access import iamdata
+from infra.access import iam, iamdata
 
 _RESOURCE_ATTRIBUTE = re.compile(r"\bresource\.(name|type|service)\b")
 

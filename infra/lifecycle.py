@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
-from infra import grants, iam, naming
-from infra.access import iamdata
+from infra import grants, naming
+from infra.access import iam, iamdata
 from infra.access.accounts import AccountSpec, RoleSpec, StackIdentities
 from infra.apis import ProjectApis
 from infra.buckets import private_bucket

@@ -14,7 +14,8 @@ import re
 import zoneinfo
 from collections.abc import Callable, Mapping
 
-from infra import iam, naming
+from infra import naming
+from infra.access import iam
 from infra.catalog import AcceleratorType, load_catalog
 from infra.catalog.gke import GkeAcceleratorType, load_gke_catalog
 from infra.config import rules, sources

@@ -1,7 +1,7 @@
 """What each team's code and people may do on the GCP side (the in-cluster side is RBAC: infra/gke/teams.py).
 
 - The team's code runs as its namespace's Kubernetes service account (`tpu-workloads`), granted directly as
-  a Workload Identity Federation principal (infra/iam.py, `kubernetes_principal`), never through a Google
+  a Workload Identity Federation principal (infra/access/iam.py, `kubernetes_principal`), never through a Google
   service account it could impersonate: it reads the data bucket, and reads and writes the checkpoints
   and models buckets under `teams/<team>/` only (conditions Cloud Storage honours: infra/grants.py),
   as a workload does under its own prefix (infra/identity.py). Its logs are the nodes' to write.
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
-from infra import grants, iam, naming
-from infra.access import calls, iamdata
+from infra import grants, naming
+from infra.access import calls, iam, iamdata
 from infra.access.accounts import RoleSpec, StackIdentities
 from infra.apis import ProjectApis
 from infra.config import Env
