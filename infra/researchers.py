@@ -37,6 +37,7 @@ import pulumi_gcp as gcp
 from infra import grants, naming
 from infra.access import researchers as calls
 from infra.access.accounts import RoleSpec, StackIdentities
+from infra.access.conditions import check_condition
 from infra.apis import ProjectApis
 from infra.config import Env
 
@@ -94,7 +95,7 @@ def _storage_condition(
     title: str, description: str, bucket: str, prefixes: Sequence[str], permissions: Sequence[str]
 ) -> gcp.storage.BucketIAMMemberConditionArgs:
     condition = grants.objects_in_any(bucket, prefixes, title, description)
-    grants.check_condition(title, frozenset(permissions), str(condition.expression), "storage.googleapis.com")
+    check_condition(title, frozenset(permissions), str(condition.expression), "storage.googleapis.com")
     return condition
 
 

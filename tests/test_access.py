@@ -18,6 +18,7 @@ import pytest
 from bootstrap.program import BOOTSTRAP_ADMIN_ROLES, PROJECT_IAM_ADMIN, BootstrapConfig, build_bootstrap
 from infra.access import iamdata
 from infra.access.calls import FIELD_REVIEW, INVOKE_CALLS, RESOURCE_CALLS
+from infra.access.conditions import UnsupportedConditionError, check_condition
 from infra.access.environment import RETIRED_PROJECT_ROLES, AccessError, Plan, environment_access
 from infra.access.model import (
     DEPLOY,
@@ -33,7 +34,6 @@ from infra.access.model import (
     unneeded,
 )
 from infra.config.stackfile import ROOT, read_stack_config
-from infra.grants import UnsupportedConditionError, check_condition
 from infra.identity import WORKLOAD_METHODS
 from infra.lifecycle import SCHEDULER_METHODS, SCHEDULER_PERMISSIONS
 from infra.platform import export_all
