@@ -35,7 +35,7 @@ import pulumi
 import pulumi_gcp as gcp
 
 from infra import grants, naming
-from infra.access import researchers as calls
+from infra.access import researcher_calls as calls
 from infra.access.accounts import RoleSpec, StackIdentities
 from infra.access.conditions import check_condition
 from infra.apis import ProjectApis

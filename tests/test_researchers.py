@@ -2,7 +2,7 @@
 
 The settings are parsed like every other (errors name stack, key, value, what is allowed); the
 rights are planned for tests/stacks/Pulumi.self-service.yaml and judged two ways: by permissions (each
-role holds exactly what the `tpu-runs` commands' calls check: infra/access/researchers.py) and by
+role holds exactly what the `tpu-runs` commands' calls check: infra/access/researcher_calls.py) and by
 their conditions, evaluated with a real CEL implementation as IAM evaluates them on Cloud Storage
 calls (object calls name the object; a list names the bucket, with the objectListPrefix attribute).
 """
@@ -16,7 +16,7 @@ import pytest
 
 from infra import naming
 from infra.access import iamdata
-from infra.access import researchers as calls
+from infra.access import researcher_calls as calls
 from infra.config import parse_stack_config
 from infra.config.problems import ConfigError
 from infra.config.stackfile import ROOT, read_stack_config

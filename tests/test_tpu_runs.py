@@ -1,7 +1,7 @@
 """`tpu-runs` against the real GCS emulator, the TPU API stand-in and a Logging stand-in on loopback.
 
 Every request is checked against Google's discovery documents (storage.v1 here, tpu.v2 and logging.v2
-by the stand-ins), and the methods the commands call are compared with infra/access/researchers.py,
+by the stand-ins), and the methods the commands call are compared with infra/access/researcher_calls.py,
 which is what the researcher's roles are made of. The agent's side is the real RequestSource.
 """
 
@@ -18,7 +18,7 @@ import pytest
 import requests
 
 from infra import naming
-from infra.access.researchers import RESEARCHER_CALLS
+from infra.access.researcher_calls import RESEARCHER_CALLS
 from infra.packaging import package
 from tests.contracts import Call, ContractError, api
 from tests.runs_cloud import RunsCloud, runs_cloud
