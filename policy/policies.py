@@ -19,8 +19,8 @@ from typing import Any, Protocol
 from pulumi_policy import EnforcementLevel, PolicyResource, ResourceValidationArgs, StackValidationArgs
 
 from .exceptions import EXCEPTIONS, ROLE_EXCEPTIONS, GrantException
-from .grants import Grant, custom_role_name, custom_roles_declared, grants_of, role_permissions
 from .permissions import denied, escalations, services_ignoring_resource_conditions
+from .stack_grants import Grant, custom_role_name, custom_roles_declared, grants_of, role_permissions
 
 
 class Report(Protocol):
