@@ -15,6 +15,7 @@ import pulumi
 
 from infra import naming
 from infra.access.accounts import StackIdentities
+from infra.access.platform_accounts import guard_identities, scheduler_identities
 from infra.apis import ProjectApis, required_apis
 from infra.artifacts import ARTIFACTS_APIS, ArtifactsArgs, WorkloadArtifacts, WorkloadCode
 from infra.budget import BudgetAlerts, BudgetAlertsArgs, budget_apis
@@ -38,7 +39,6 @@ from infra.lifecycle import (
     TpuSchedules,
     TpuSchedulesArgs,
     schedule_outputs,
-    scheduler_identities,
 )
 from infra.monitoring import MONITORING_APIS, TpuMonitoring, TpuMonitoringArgs
 from infra.network import ClusterRanges, PrivateNetwork, network_apis
@@ -56,7 +56,7 @@ from infra.storage import STORAGE_APIS, PlatformBuckets
 from infra.tpu.cloud_tpu import BACKENDS
 from infra.tpu.metadata import agent_package, run_id, source_digests, vm_metadata
 from infra.tpu.vm import TPU_VM_APIS, TpuVm, multi_host_job
-from infra.tpu_guard import TpuGuard, TpuGuardArgs, guard_apis, guard_identities
+from infra.tpu_guard import TpuGuard, TpuGuardArgs, guard_apis
 
 TPU_BACKEND = "cloud-tpu"
 # The VM agent's package (docs/run-contract.md), uploaded next to the workloads' sources.

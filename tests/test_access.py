@@ -33,11 +33,10 @@ from infra.access.model import (
     needs_of,
     unneeded,
 )
+from infra.access.platform_accounts import GUARD_METHODS, GUARD_PERMISSIONS, SCHEDULER_METHODS, SCHEDULER_PERMISSIONS
 from infra.config.stackfile import ROOT, read_stack_config
 from infra.identity import WORKLOAD_METHODS
-from infra.lifecycle import SCHEDULER_METHODS, SCHEDULER_PERMISSIONS
 from infra.platform import export_all
-from infra.tpu_guard import GUARD_METHODS, GUARD_PERMISSIONS
 from tests.iam_conditions import allows
 from tests.support import depends_on, deploys, fixture_config, shipped_deploys, shipped_plan
 from tests.test_bootstrap import plan as plan_bootstrap
