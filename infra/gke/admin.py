@@ -1,4 +1,4 @@
-"""The GKE engine's admin phase: its own Pulumi project (gke-admin/Pulumi.yaml, `main: ..`), run by a cluster
+"""The GKE engine's admin phase: its own Pulumi project (gke-admin/: its __main__.py and Pulumi.yaml), run by a cluster
 administrator for an environment whose stack declares the cluster (docs/design-gke.md, "Two phases").
 
 It reads that environment's stack file (`pulumi up --config-file ../Pulumi.<env>.yaml`: the cluster and the
