@@ -24,7 +24,7 @@ import pulumi_gcp as gcp
 
 from infra import grants, naming
 from infra.access import iam
-from infra.access.platform_accounts import SCHEDULER_PERMISSIONS, scheduler_account, scheduler_role
+from infra.access.identities import SCHEDULER_PERMISSIONS, scheduler_account, scheduler_role
 from infra.apis import ProjectApis
 from infra.buckets import private_bucket
 from infra.config import Env, TpuVmSettings

@@ -15,7 +15,7 @@ import pulumi
 
 from infra import naming
 from infra.access.accounts import StackIdentities
-from infra.access.platform_accounts import guard_identities, scheduler_identities
+from infra.access.identities import guard_identities, scheduler_identities
 from infra.apis import ProjectApis, required_apis
 from infra.artifacts import ARTIFACTS_APIS, ArtifactsArgs, WorkloadArtifacts, WorkloadCode
 from infra.budget import BudgetAlerts, BudgetAlertsArgs, budget_apis

@@ -42,7 +42,7 @@ import pulumi
 import pulumi_gcp as gcp
 
 from infra import grants, naming
-from infra.access.platform_accounts import GUARD_PERMISSIONS, guard_accounts, guard_role
+from infra.access.identities import GUARD_PERMISSIONS, guard_accounts, guard_role
 from infra.apis import ProjectApis
 from infra.buckets import private_bucket
 from infra.config import AutomationSettings, Env, TpuVmSettings

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from infra import completion_marker
-from infra.access.platform_accounts import SCHEDULER_PERMISSIONS, scheduler_role
+from infra.access.identities import SCHEDULER_PERMISSIONS, scheduler_role
 from infra.config import parse_stack_config
 from infra.lifecycle import attempt_deadline
 from infra.platform import stack_identities

@@ -21,7 +21,7 @@ from werkzeug.test import EnvironBuilder
 
 from infra import completion_marker
 from infra.access import iamdata
-from infra.access.platform_accounts import GUARD_METHODS, GUARD_PERMISSIONS, guard_identities, guard_role
+from infra.access.identities import GUARD_METHODS, GUARD_PERMISSIONS, guard_identities, guard_role
 from tests.contracts import Call, CheckedSession, ContractError, api
 from tests.sandbox import free_port, storage_emulator
 from tests.support import fixture_config, plan, with_object

@@ -1,6 +1,6 @@
-"""The platform's own accounts and custom roles, which the bootstrap makes (`infra/access/accounts.py`): the
-scheduler's, which stops TPU VMs on a schedule (infra/lifecycle.py), and the TPU guard's (infra/tpu_guard.py).
-Each role holds exactly the permissions Google's method table gives for the REST methods its code calls."""
+"""The accounts and custom roles a stack uses, which the bootstrap makes (`infra/access/accounts.py`), and the
+REST methods each calls: the scheduler's, which stops TPU VMs on a schedule (infra/lifecycle.py), and the TPU
+guard's (infra/tpu_guard.py). Each role holds exactly the permissions Google's method table gives for them."""
 
 from __future__ import annotations
 
