@@ -15,7 +15,13 @@ import pulumi
 
 from infra import naming
 from infra.access.accounts import StackIdentities
-from infra.access.identities import guard_identities, scheduler_identities
+from infra.access.identities import (
+    gke_node_account,
+    guard_identities,
+    scheduler_identities,
+    self_service_account,
+    team_identities,
+)
 from infra.apis import ProjectApis, required_apis
 from infra.artifacts import ARTIFACTS_APIS, ArtifactsArgs, WorkloadArtifacts, WorkloadCode
 from infra.budget import BudgetAlerts, BudgetAlertsArgs, budget_apis
@@ -24,13 +30,13 @@ from infra.config.problems import ConfigError, Fix, Problem, Problems
 from infra.config.sources import parse_image
 from infra.cost import StackCost, estimate
 from infra.gke import queues
-from infra.gke.cluster import GKE_APIS, GkeCluster, GkeClusterArgs, gke_node_account
+from infra.gke.cluster import GKE_APIS, GkeCluster, GkeClusterArgs
 from infra.gke.install import TeamQueues, cluster_provider
 from infra.gke.slice_pools import SlicePool, SlicePoolArgs
 from infra.gke.specs import shape_of
-from infra.gke.team_access import TeamAccess, TeamAccessArgs, team_identities
+from infra.gke.team_access import TeamAccess, TeamAccessArgs
 from infra.gke.validation import platform_validator, validate_all
-from infra.identity import IDENTITY_APIS, WorkloadIdentity, WorkloadIdentityArgs, self_service_account, workload_account
+from infra.identity import IDENTITY_APIS, WorkloadIdentity, WorkloadIdentityArgs, workload_account
 from infra.lifecycle import (
     RUN_STATUS_APIS,
     SCHEDULES_APIS,

@@ -3,7 +3,7 @@
 What a submitted program can reach, the researcher can; what a researcher can reach, another must not
 (docs/design-isolation.md, the threat model). So:
 
-- **A self-service VM has an account of its own** (infra/identity.py `self_service_account`, made by the
+- **A self-service VM has an account of its own** (infra/access/identities.py `self_service_account`, made by the
   bootstrap; a WorkloadIdentity with the VM's name): never the workload account of a VM that runs reviewed
   work. It has the workload's rights narrowed to that VM: its folder of the run-status bucket
   (infra/lifecycle.py RunStatus grants it), its own prefix `<workload>/<vm>/` of the checkpoints and models
@@ -36,8 +36,9 @@ import pulumi_gcp as gcp
 
 from infra import grants, naming
 from infra.access import researcher_calls as calls
-from infra.access.accounts import RoleSpec, StackIdentities
+from infra.access.accounts import StackIdentities
 from infra.access.conditions import check_condition
+from infra.access.identities import researcher_roles
 from infra.apis import ProjectApis
 from infra.config import Env
 
@@ -68,18 +69,6 @@ class ResearcherArgs:
 def researcher_apis(args: ResearcherArgs) -> tuple[str, ...]:
     """The APIs this component needs: IAP TCP forwarding and OS Login only when researchers may SSH."""
     return tuple(f"{api}.googleapis.com" for api in (*REQUIRED_APIS, *(SSH_APIS if args.ssh else ())))
-
-
-def researcher_roles(stack: str, ssh: bool) -> dict[str, RoleSpec]:
-    """The three custom roles (made by the bootstrap): on the project, to read a bucket, to submit."""
-    return {
-        "project": RoleSpec.of("researcher", stack, "researcher", "List TPU VMs for tpu-runs.",
-                               calls.permissions("project", ssh=ssh)),
-        "read": RoleSpec.of("researcher-read", stack, "researcher read",
-                            "Read one's own runs' state and results for tpu-runs.", calls.READ_PERMISSIONS),
-        "submit": RoleSpec.of("researcher-submit", stack, "researcher submit",
-                              "Put new run requests and sources for tpu-runs.", calls.SUBMIT_PERMISSIONS),
-    }  # fmt: skip
 
 
 def researcher_identities(stack: str, args: ResearcherArgs) -> StackIdentities:

@@ -20,7 +20,13 @@ from infra.access import iamdata
 from infra.access.calls import FIELD_REVIEW, INVOKE_CALLS, RESOURCE_CALLS
 from infra.access.conditions import UnsupportedConditionError, check_condition
 from infra.access.environment import RETIRED_PROJECT_ROLES, AccessError, Plan, environment_access
-from infra.access.identities import GUARD_METHODS, GUARD_PERMISSIONS, SCHEDULER_METHODS, SCHEDULER_PERMISSIONS
+from infra.access.identities import (
+    GUARD_METHODS,
+    GUARD_PERMISSIONS,
+    SCHEDULER_METHODS,
+    SCHEDULER_PERMISSIONS,
+    WORKLOAD_METHODS,
+)
 from infra.access.model import (
     DEPLOY,
     PREVIEW,
@@ -35,7 +41,6 @@ from infra.access.model import (
     unneeded,
 )
 from infra.config.stackfile import ROOT, read_stack_config
-from infra.identity import WORKLOAD_METHODS
 from infra.platform import export_all
 from tests.iam_conditions import allows
 from tests.support import depends_on, deploys, fixture_config, shipped_deploys, shipped_plan

@@ -225,7 +225,7 @@ def test_workload_identity_alone():
 def test_self_service_identity_alone():
     """A self-service VM's own account (the bootstrap makes it): the workload's rights, narrowed to the VM's
     prefix `<workload>/<vm>/`, never the workload's `<workload>/` nor its account."""
-    from infra.identity import self_service_account
+    from infra.access.identities import self_service_account
 
     args = WorkloadIdentityArgs(WORKLOAD, vm="solo-vm")
     result = build(lambda: WorkloadIdentity("ss", ENV, args, plain_buckets(), enabled(IDENTITY_APIS)))
