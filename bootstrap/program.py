@@ -37,7 +37,8 @@ import pulumi
 import pulumi_gcp as gcp
 
 from bootstrap import PROJECT
-from infra import iam, naming
+from infra import naming
+from infra.access import iam
 from infra.access.accounts import SERVICE_ACCOUNT_USER, StackIdentities
 from infra.access.environment import (
     BILLING_DEPLOY_ROLE,
@@ -46,8 +47,8 @@ from infra.access.environment import (
     object_reads_condition,
 )
 from infra.config import BILLING_ACCOUNT, GCP_PROJECT_ID
+from infra.config.problems import Node, Problems, decode_objects
 from infra.grants import propagation_wait
-from infra.schema import Node, Problems, decode_objects
 from infra.stack import raw_stack_config
 
 NAMESPACE = PROJECT
@@ -126,34 +127,34 @@ def parse_bootstrap_config(stack: str, raw: dict[str, str]) -> BootstrapConfig:
         {k: v for k, v in raw.items() if k.startswith(f"{NAMESPACE}:")}, [envs_key, adopt_key], problems
     )
     root = Node(own, "", problems)
-    project = Node(raw, "", problems).str("gcp:project", pattern=GCP_PROJECT_ID, allowed="a GCP project id")
+    project = Node(raw, "", problems).text("gcp:project", pattern=GCP_PROJECT_ID, allowed="a GCP project id")
     environments: dict[str, str] = {}
     for name, value, key in root.entries(envs_key):
         # No trailing or doubled '-': `dev-` makes an invalid account id, `a--b` the role id of `a-b`.
         if not re.fullmatch(r"[a-z](?:[a-z0-9]|-(?=[a-z0-9])){0,15}", name):
             problems.add(key, name, "a stack name of 1-16 lowercase letters, digits and '-'")
         else:
-            env_project = root.check_str(key, value, pattern=GCP_PROJECT_ID, allowed="a GCP project id")
+            env_project = root.check_text(key, value, pattern=GCP_PROJECT_ID, allowed="a GCP project id")
             if env_project is not None:
                 environments[name] = env_project
     numeric = r"[0-9]{1,20}"
     config = BootstrapConfig(
         project=project,
-        repository=root.str(f"{NAMESPACE}:githubRepository", pattern=r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+",
+        repository=root.text(f"{NAMESPACE}:githubRepository", pattern=r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+",
                             allowed="owner/name of a GitHub repository"),
-        repository_id=root.str(f"{NAMESPACE}:githubRepositoryId", pattern=numeric,
+        repository_id=root.text(f"{NAMESPACE}:githubRepositoryId", pattern=numeric,
                                allowed="the repository's numeric id (gh api repos/OWNER/NAME --jq .id)"),
-        repository_owner_id=root.str(f"{NAMESPACE}:githubRepositoryOwnerId", pattern=numeric,
+        repository_owner_id=root.text(f"{NAMESPACE}:githubRepositoryOwnerId", pattern=numeric,
                                      allowed="the owner's numeric id (gh api repos/OWNER/NAME --jq .owner.id)"),
-        deploy_ref=root.str(f"{NAMESPACE}:deployRef", "refs/heads/main", pattern=r"refs/(heads|tags)/[A-Za-z0-9_./-]+",
+        deploy_ref=root.text(f"{NAMESPACE}:deployRef", "refs/heads/main", pattern=r"refs/(heads|tags)/[A-Za-z0-9_./-]+",
                             allowed="a full git ref like refs/heads/main"),
-        state_bucket=root.str(f"{NAMESPACE}:stateBucket", check=naming.bucket_name_problem),
-        location=root.str(f"{NAMESPACE}:location", "us-central1", pattern=r"[a-z]+-[a-z]+\d+",
+        state_bucket=root.text(f"{NAMESPACE}:stateBucket", check=naming.bucket_name_problem),
+        location=root.text(f"{NAMESPACE}:location", "us-central1", pattern=r"[a-z]+-[a-z]+\d+",
                           allowed="a region like us-central1"),
-        billing_account=root.str(f"{NAMESPACE}:billingAccount", None, pattern=BILLING_ACCOUNT,
+        billing_account=root.text(f"{NAMESPACE}:billingAccount", None, pattern=BILLING_ACCOUNT,
                                  allowed="a billing account id like 012345-6789AB-CDEF01"),
         environments=environments,
-        adopt=tuple(root.str_list(adopt_key, [], choices=sorted(environments),
+        adopt=tuple(root.texts(adopt_key, [], choices=sorted(environments),
                                   allowed="an environment of this bootstrap")),
     )  # fmt: skip
     root.done([f"{NAMESPACE}:{k}" for k in KEYS])

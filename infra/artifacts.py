@@ -26,12 +26,13 @@ from pathlib import Path
 import pulumi
 import pulumi_gcp as gcp
 
-from infra import grants, iam, naming
-from infra.access import iamdata
+from infra import grants, naming
+from infra.access import iam, iamdata
+from infra.access.conditions import check_condition
+from infra.buckets import lifecycle_rules, private_bucket
 from infra.config import Env
 from infra.config.sources import registry
 from infra.packaging import Package
-from infra.storage import lifecycle_rules, private_bucket
 
 ARTIFACTS_APIS = ("storage.googleapis.com", "artifactregistry.googleapis.com", "containerscanning.googleapis.com")
 # Where `pulumi up` writes the archives it uploads (ignored by git): the engine reads them after the
@@ -204,7 +205,7 @@ class WorkloadArtifacts(pulumi.ComponentResource):
                     if code.any_source
                     else object_condition(self.bucket_name, objects, f"{workload}-sources")
                 )
-                grants.check_condition(
+                check_condition(
                     OBJECT_READER,
                     iamdata.role_permissions(OBJECT_READER),
                     str(condition.expression),

@@ -31,8 +31,7 @@ from typing import Any
 
 from infra.catalog import AcceleratorType, load_catalog
 from infra.catalog.gke import load_gke_catalog
-from infra.config import BudgetSettings, TpuVmSettings
-from infra.config.model import SlicePoolSettings
+from infra.config.model import BudgetSettings, SlicePoolSettings, TpuVmSettings
 from infra.schedule import HOURS_PER_MONTH, running_hours_per_month
 
 # Provisioning models the source has no price for: priced at the on-demand list price.

@@ -4,8 +4,8 @@
   itself; the bootstrap, which makes the accounts, grants it there (`infra/access/accounts.py`).
 - `bucket_access`: read or write on one bucket, under one prefix when given.
 - `project_role`: a project-level role. Conditions on resource attributes are refused for services
-  that ignore them (Google's "Resource attributes for IAM Conditions"): such a grant would silently
-  apply to every resource of the service.
+  that ignore them (`infra/access/conditions.py`): such a grant would silently apply to every resource
+  of the service.
 - `propagation_wait`: what uses a grant made in the same deploy waits until it has taken effect.
 """
 
@@ -19,36 +19,8 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumiverse_time as time
 
-from infra import iam
-from infra.access import iamdata
-
-_RESOURCE_ATTRIBUTE = re.compile(r"\bresource\.(name|type|service)\b")
-
-
-class UnsupportedConditionError(ValueError):
-    pass
-
-
-def check_condition(
-    role: str, permissions: frozenset[str], expression: str | None, on_service: str | None = None
-) -> None:
-    """Refuse a condition on resource attributes when a service the role covers does not support them.
-
-    `on_service`: the grant is on one resource of that service (a bucket, say), where only that
-    service's permissions take effect; None for a project-level grant.
-    """
-    if not expression or not _RESOURCE_ATTRIBUTE.search(expression):
-        return
-    services = {iamdata.service_of_permission(p) for p in permissions}
-    if on_service is not None:
-        services &= {on_service}
-    unsupported = sorted(services - iamdata.CONDITION_RESOURCE_SERVICES)
-    if unsupported:
-        raise UnsupportedConditionError(
-            f"{role}: a condition on resource attributes ({expression!r}) is ignored by {', '.join(unsupported)} "
-            "(cloud.google.com/iam/docs/conditions-resource-attributes), so the grant would cover every resource "
-            "of those services; scope it another way"
-        )
+from infra.access import iam, iamdata
+from infra.access.conditions import check_condition
 
 
 def objects_under(bucket: str, prefix: str) -> str:

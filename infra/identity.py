@@ -1,4 +1,4 @@
-"""One dedicated service account per workload, holding only allow-listed roles.
+"""One dedicated service account per workload, holding only allow-listed roles (S25).
 
 Never the default Compute Engine account and never a key. The account is the bootstrap's to make
 (`infra/access/accounts.py`): the stack names it and grants it its roles. Project roles come from the
@@ -15,19 +15,10 @@ import pulumi_gcp as gcp
 
 from infra import grants, naming
 from infra.access.accounts import AccountSpec
+from infra.access.identities import self_service_account
 from infra.apis import ProjectApis
 from infra.config import Env, WorkloadSettings, service_account_id
 
-# The REST methods a workload's program calls (workloads/runlib.py) and the VM agent calls for it
-# with the same account (vm_agent/telemetry.py: entries:write and timeSeries.create; its TensorBoard
-# event file: an upload to the models bucket), by where they are granted: it reads data, reads and
-# writes checkpoints and models, and writes logs and metrics. No TPU method.
-WORKLOAD_METHODS: dict[str, tuple[str, ...]] = {
-    "data": ("storage.objects.get", "storage.objects.list"),
-    "checkpoints": ("storage.objects.get", "storage.objects.list", "storage.objects.insert", "storage.objects.delete"),
-    "models": ("storage.objects.get", "storage.objects.list", "storage.objects.insert", "storage.objects.delete"),
-    "project": ("logging.entries.write", "monitoring.projects.timeSeries.create"),
-}
 # Accounts and their grants; the project APIs its program writes logs and metrics through; and the Security
 # Token Service, through which the VM agent narrows its account's token to each run's objects (vm_agent/
 # credentials.py; "Create a downscoped short-lived credential": "Enable the IAM and Security Token Service APIs").
@@ -44,15 +35,6 @@ def workload_account(workload: WorkloadSettings, stack: str) -> AccountSpec:
     return AccountSpec(
         service_account_id(workload.name, stack), f"TPU workload {workload.name} ({stack})", workload.description
     )
-
-
-def self_service_account(vm: str, stack: str) -> AccountSpec:
-    """A self-service VM's own account (infra/researchers.py): it shares no account with a VM that runs
-    reviewed work, and the bootstrap makes it like the workloads'."""
-    return AccountSpec(
-        naming.self_service_account_id(vm, stack), f"TPU self-service VM {vm} ({stack})",
-        f"Runs the reviewed run and researchers' runs of TPU VM {vm}, and nothing else",
-    )  # fmt: skip
 
 
 @dataclass(frozen=True)

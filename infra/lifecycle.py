@@ -22,16 +22,13 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
-from infra import grants, iam, naming
-from infra.access import iamdata
-from infra.access.accounts import AccountSpec, RoleSpec, StackIdentities
+from infra import grants, naming
+from infra.access import iam
+from infra.access.identities import SCHEDULER_PERMISSIONS, scheduler_account, scheduler_role
 from infra.apis import ProjectApis
+from infra.buckets import private_bucket
 from infra.config import Env, TpuVmSettings
-from infra.storage import private_bucket
 
-# The REST methods the scheduler account calls, and so the exact permissions of its role.
-SCHEDULER_METHODS = ("tpu.projects.locations.nodes.get", "tpu.projects.locations.nodes.stop")
-SCHEDULER_PERMISSIONS = iamdata.permissions_for(SCHEDULER_METHODS)
 TPU_API = "https://tpu.googleapis.com/v2"
 # The run-status bucket and its grants.
 RUN_STATUS_APIS = ("storage.googleapis.com",)
@@ -54,19 +51,6 @@ def attempt_deadline(timeout_s: int) -> str:
 
 def node_url(project: str, vm: TpuVmSettings) -> str:
     return f"{TPU_API}/{naming.node_path(project, vm.zone, vm.name)}"
-
-
-def scheduler_account(stack: str) -> AccountSpec:
-    return AccountSpec(naming.platform_account_id("scheduler", stack), f"TPU stop schedules ({stack})")
-
-
-def scheduler_role(stack: str) -> RoleSpec:
-    return RoleSpec.of("scheduler", stack, "TPU scheduler", "Stop and read TPU nodes; nothing else.",
-                       SCHEDULER_PERMISSIONS)  # fmt: skip
-
-
-def scheduler_identities(stack: str) -> StackIdentities:
-    return StackIdentities((scheduler_account(stack),), (scheduler_role(stack),))
 
 
 @dataclass(frozen=True)

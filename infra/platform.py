@@ -15,21 +15,28 @@ import pulumi
 
 from infra import naming
 from infra.access.accounts import StackIdentities
+from infra.access.identities import (
+    gke_node_account,
+    guard_identities,
+    scheduler_identities,
+    self_service_account,
+    team_identities,
+)
 from infra.apis import ProjectApis, required_apis
 from infra.artifacts import ARTIFACTS_APIS, ArtifactsArgs, WorkloadArtifacts, WorkloadCode
-from infra.automation import TpuGuard, TpuGuardArgs, guard_apis, guard_identities
 from infra.budget import BudgetAlerts, BudgetAlertsArgs, budget_apis
 from infra.config import PROJECT, PlatformConfig, WorkloadSettings
+from infra.config.problems import ConfigError, Fix, Problem, Problems
 from infra.config.sources import parse_image
 from infra.cost import StackCost, estimate
 from infra.gke import queues
-from infra.gke.cluster import GKE_APIS, GkeCluster, GkeClusterArgs, gke_node_account
+from infra.gke.cluster import GKE_APIS, GkeCluster, GkeClusterArgs
 from infra.gke.install import TeamQueues, cluster_provider
 from infra.gke.slice_pools import SlicePool, SlicePoolArgs
 from infra.gke.specs import shape_of
-from infra.gke.team_access import TeamAccess, TeamAccessArgs, team_identities
+from infra.gke.team_access import TeamAccess, TeamAccessArgs
 from infra.gke.validation import platform_validator, validate_all
-from infra.identity import IDENTITY_APIS, WorkloadIdentity, WorkloadIdentityArgs, self_service_account, workload_account
+from infra.identity import IDENTITY_APIS, WorkloadIdentity, WorkloadIdentityArgs, workload_account
 from infra.lifecycle import (
     RUN_STATUS_APIS,
     SCHEDULES_APIS,
@@ -38,7 +45,6 @@ from infra.lifecycle import (
     TpuSchedules,
     TpuSchedulesArgs,
     schedule_outputs,
-    scheduler_identities,
 )
 from infra.monitoring import MONITORING_APIS, TpuMonitoring, TpuMonitoringArgs
 from infra.network import ClusterRanges, PrivateNetwork, network_apis
@@ -51,12 +57,12 @@ from infra.researchers import (
     researcher_identities,
 )
 from infra.run_status import completed_runs
-from infra.schema import ConfigError, Fix, Problem, Problems
 from infra.secrets import hide, keep_secret
 from infra.storage import STORAGE_APIS, PlatformBuckets
 from infra.tpu.cloud_tpu import BACKENDS
 from infra.tpu.metadata import agent_package, run_id, source_digests, vm_metadata
 from infra.tpu.vm import TPU_VM_APIS, TpuVm, multi_host_job
+from infra.tpu_guard import TpuGuard, TpuGuardArgs, guard_apis
 
 TPU_BACKEND = "cloud-tpu"
 # The VM agent's package (docs/run-contract.md), uploaded next to the workloads' sources.

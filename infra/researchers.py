@@ -3,7 +3,7 @@
 What a submitted program can reach, the researcher can; what a researcher can reach, another must not
 (docs/design-isolation.md, the threat model). So:
 
-- **A self-service VM has an account of its own** (infra/identity.py `self_service_account`, made by the
+- **A self-service VM has an account of its own** (infra/access/identities.py `self_service_account`, made by the
   bootstrap; a WorkloadIdentity with the VM's name): never the workload account of a VM that runs reviewed
   work. It has the workload's rights narrowed to that VM: its folder of the run-status bucket
   (infra/lifecycle.py RunStatus grants it), its own prefix `<workload>/<vm>/` of the checkpoints and models
@@ -35,8 +35,10 @@ import pulumi
 import pulumi_gcp as gcp
 
 from infra import grants, naming
-from infra.access import researchers as calls
-from infra.access.accounts import RoleSpec, StackIdentities
+from infra.access import researcher_calls as calls
+from infra.access.accounts import StackIdentities
+from infra.access.conditions import check_condition
+from infra.access.identities import researcher_roles
 from infra.apis import ProjectApis
 from infra.config import Env
 
@@ -69,18 +71,6 @@ def researcher_apis(args: ResearcherArgs) -> tuple[str, ...]:
     return tuple(f"{api}.googleapis.com" for api in (*REQUIRED_APIS, *(SSH_APIS if args.ssh else ())))
 
 
-def researcher_roles(stack: str, ssh: bool) -> dict[str, RoleSpec]:
-    """The three custom roles (made by the bootstrap): on the project, to read a bucket, to submit."""
-    return {
-        "project": RoleSpec.of("researcher", stack, "researcher", "List TPU VMs for tpu-runs.",
-                               calls.permissions("project", ssh=ssh)),
-        "read": RoleSpec.of("researcher-read", stack, "researcher read",
-                            "Read one's own runs' state and results for tpu-runs.", calls.READ_PERMISSIONS),
-        "submit": RoleSpec.of("researcher-submit", stack, "researcher submit",
-                              "Put new run requests and sources for tpu-runs.", calls.SUBMIT_PERMISSIONS),
-    }  # fmt: skip
-
-
 def researcher_identities(stack: str, args: ResearcherArgs) -> StackIdentities:
     """The researchers' roles (each self-service VM's own account: infra/platform.py stack_identities)."""
     return StackIdentities(roles=tuple(researcher_roles(stack, args.ssh).values()))
@@ -94,7 +84,7 @@ def _storage_condition(
     title: str, description: str, bucket: str, prefixes: Sequence[str], permissions: Sequence[str]
 ) -> gcp.storage.BucketIAMMemberConditionArgs:
     condition = grants.objects_in_any(bucket, prefixes, title, description)
-    grants.check_condition(title, frozenset(permissions), str(condition.expression), "storage.googleapis.com")
+    check_condition(title, frozenset(permissions), str(condition.expression), "storage.googleapis.com")
     return condition
 
 

@@ -10,7 +10,7 @@ import pulumi.runtime
 from pulumi.runtime import config as runtime_config
 
 from infra.config import PlatformConfig, parse_stack_config
-from infra.schema import ConfigError
+from infra.config.problems import ConfigError
 from infra.secrets import secret_keys, secret_values
 
 

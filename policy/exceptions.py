@@ -13,8 +13,8 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from .grants import Grant
 from .permissions import denied, predefined_roles
+from .stack_grants import Grant
 
 PROJECT_ID = r"[a-z][a-z0-9-]{4,28}[a-z0-9]"
 ENV = r"(?P<env>[a-z][a-z0-9-]{0,11})"  # a stack name: 1-12 lowercase letters, digits and '-'

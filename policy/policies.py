@@ -19,8 +19,8 @@ from typing import Any, Protocol
 from pulumi_policy import EnforcementLevel, PolicyResource, ResourceValidationArgs, StackValidationArgs
 
 from .exceptions import EXCEPTIONS, ROLE_EXCEPTIONS, GrantException
-from .grants import Grant, custom_role_name, custom_roles_declared, grants_of, role_permissions
 from .permissions import denied, escalations, services_ignoring_resource_conditions
+from .stack_grants import Grant, custom_role_name, custom_roles_declared, grants_of, role_permissions
 
 
 class Report(Protocol):
@@ -39,13 +39,6 @@ BUCKET_MEMBER = "gcp:storage/bucketIAMMember:BucketIAMMember"
 CLUSTER = "gcp:container/cluster:Cluster"
 NODE_POOL = "gcp:container/nodePool:NodePool"
 PUBLIC_MEMBERS = {"allUsers", "allAuthenticatedUsers"}
-# Not used by the pack, which judges roles by their permissions (`judge_grant`).
-IMPERSONATION_ROLES = {
-    "roles/iam.serviceAccountUser",
-    "roles/iam.serviceAccountTokenCreator",
-    "roles/iam.serviceAccountKeyAdmin",
-    "roles/iam.workloadIdentityUser",
-}
 # The program marks a production stack's labelled resources so (its `tpu-platform:production` setting).
 PRODUCTION_LABEL = ("environment-class", "production")
 REQUIRED_LABELS = ("environment", "owner")
@@ -305,7 +298,7 @@ def budget_in_every_stack(args: StackValidationArgs, report: Report) -> None:
 
 
 def spot_tpu_has_checkpoints(args: StackValidationArgs, report: Report) -> None:
-    """A spot or preemptible TPU VM waits for a write grant on a checkpoints bucket."""
+    """A spot or preemptible TPU VM waits for a write grant on a checkpoints bucket (S19)."""
     checkpoint_buckets = {
         r.props.get("name")
         for r in args.resources

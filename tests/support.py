@@ -13,10 +13,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from infra.config.stackfile import ROOT, read_stack_config
 from tools.offline.deploys import plan_deploys
 from tools.offline.mocks import Registration
 from tools.offline.runner import PlanResult, run_program
-from tools.offline.stackfile import ROOT, read_stack_config
 
 NS = "tpu-platform"
 FIXTURE_STACKS = Path(__file__).resolve().parent / "stacks"  # small stacks that behaviour tests vary
@@ -136,17 +136,17 @@ def policies_as_bootstrapped(result: PlanResult) -> list:
     """The policy pack's verdict on a stack the bootstrap has made the identities for. The pack knows the
     bootstrap's custom roles from bootstrap/access.json, which lists the repository's environments; a
     fixture or an example stack is judged with its own roles added, as after `tools.offline access --write`."""
-    import policy.grants
+    import policy.stack_grants
     from infra.config import parse_stack_config
     from infra.platform import stack_identities
     from tools.offline.policy_check import check_policies
 
     cfg = parse_stack_config(result.stack, result.config)
-    made = dict(policy.grants.bootstrap_roles())
+    made = dict(policy.stack_grants.bootstrap_roles())
     made |= {role.name(cfg.project): frozenset(role.permissions) for role in stack_identities(cfg).roles}
-    original = policy.grants.bootstrap_roles
-    policy.grants.bootstrap_roles = lambda: made
+    original = policy.stack_grants.bootstrap_roles
+    policy.stack_grants.bootstrap_roles = lambda: made
     try:
         return check_policies(result)
     finally:
-        policy.grants.bootstrap_roles = original
+        policy.stack_grants.bootstrap_roles = original

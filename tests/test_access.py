@@ -18,7 +18,15 @@ import pytest
 from bootstrap.program import BOOTSTRAP_ADMIN_ROLES, PROJECT_IAM_ADMIN, BootstrapConfig, build_bootstrap
 from infra.access import iamdata
 from infra.access.calls import FIELD_REVIEW, INVOKE_CALLS, RESOURCE_CALLS
+from infra.access.conditions import UnsupportedConditionError, check_condition
 from infra.access.environment import RETIRED_PROJECT_ROLES, AccessError, Plan, environment_access
+from infra.access.identities import (
+    GUARD_METHODS,
+    GUARD_PERMISSIONS,
+    SCHEDULER_METHODS,
+    SCHEDULER_PERMISSIONS,
+    WORKLOAD_METHODS,
+)
 from infra.access.model import (
     DEPLOY,
     PREVIEW,
@@ -32,10 +40,7 @@ from infra.access.model import (
     needs_of,
     unneeded,
 )
-from infra.automation import GUARD_METHODS, GUARD_PERMISSIONS
-from infra.grants import UnsupportedConditionError, check_condition
-from infra.identity import WORKLOAD_METHODS
-from infra.lifecycle import SCHEDULER_METHODS, SCHEDULER_PERMISSIONS
+from infra.config.stackfile import ROOT, read_stack_config
 from infra.platform import export_all
 from tests.iam_conditions import allows
 from tests.support import depends_on, deploys, fixture_config, shipped_deploys, shipped_plan
@@ -43,7 +48,6 @@ from tests.test_bootstrap import plan as plan_bootstrap
 from tools.offline.access import ACCESS_FILE, access_of, declared, generate, quota_project
 from tools.offline.deploys import DEPLOYS
 from tools.offline.runner import PlanResult, run_program
-from tools.offline.stackfile import ROOT, read_stack_config
 
 STACKS = ("dev", "prod")
 ADMIN = "acme-ml-admin"

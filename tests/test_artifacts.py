@@ -222,8 +222,8 @@ def test_an_image_run_spec_names_the_image_and_a_folder_one_its_python():
 
 
 def test_a_secret_in_a_workloads_env_never_reaches_metadata():
+    from infra.config.problems import ConfigError
     from infra.platform import refuse_secrets_in_metadata
-    from infra.schema import ConfigError
 
     raw = with_object(
         fixture_config("scheduled"), "workloads", lambda w: w["mnist"].update(env={"TOKEN": "s3cr3t-value"})
@@ -302,7 +302,7 @@ def test_the_deployer_of_a_stack_with_an_image_may_grant_pulls_on_the_repository
 
 
 def test_a_folder_that_cannot_be_packaged_is_a_config_error_naming_the_workload(repository_copy):
-    from infra.schema import ConfigError
+    from infra.config.problems import ConfigError
 
     (repository_copy / TF_MNIST / "data").symlink_to("/etc")
     cfg = parse_stack_config("sources", fixture_config("sources"))

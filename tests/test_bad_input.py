@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from infra.config import parse_stack_config
-from infra.schema import ConfigError
+from infra.config.problems import ConfigError
 from infra.tpu.metadata import vm_metadata
 from tests.support import NS, fixture_config, plan, stack_config
 

@@ -173,8 +173,8 @@ def test_cli_refuses_bad_input_without_a_traceback(tmp_path, outputs, stack_file
 
 def test_the_committed_identities_are_the_bootstraps_planned_outputs():
     """The file names the deployers the bootstrap declares and the stack files expect."""
+    from infra.config.stackfile import read_stack_config
     from tests.test_bootstrap import plan
-    from tools.offline.stackfile import read_stack_config
 
     outputs = plan().outputs
     committed = json.loads(ci_identities.DEFAULT_FILE.read_text())

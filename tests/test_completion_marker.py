@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from infra import completion_marker
-from infra.automation import SOURCE, SOURCE_FILES
 from infra.tpu.metadata import agent_package
+from infra.tpu_guard import SOURCE, SOURCE_FILES
 
 ROOT = Path(__file__).resolve().parents[1]
 CANONICAL = ROOT / "infra" / "completion_marker.py"

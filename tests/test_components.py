@@ -22,7 +22,6 @@ import pytest
 
 from infra import naming
 from infra.apis import ProjectApis, required_apis
-from infra.automation import GUARD_APIS, TpuGuard, TpuGuardArgs, guard_apis
 from infra.budget import BudgetAlerts, BudgetAlertsArgs, budget_apis
 from infra.catalog import AcceleratorType, load_catalog
 from infra.catalog.gke import load_gke_catalog
@@ -55,6 +54,7 @@ from infra.network import IAP_SSH_RANGE, NETWORK_APIS, ClusterRanges, PrivateNet
 from infra.storage import STORAGE_APIS, PlatformBuckets
 from infra.tpu.cloud_tpu import BACKENDS
 from infra.tpu.vm import TPU_VM_APIS, TpuVm
+from infra.tpu_guard import GUARD_APIS, TpuGuard, TpuGuardArgs, guard_apis
 from tests.support import depends_on, fixture_config, plan, with_object
 from tools.offline.runner import PlanResult, run_program
 
@@ -167,6 +167,7 @@ WORKLOAD = WorkloadSettings(
     bucket_access=(("data", "read"), ("checkpoints", "write")),
     project_roles=("roles/logging.logWriter",),
     program="jax_mnist",
+    framework="jax",
     framework_version="0.4.35",
     memory_gib_per_chip=None,
     data_object="",
@@ -224,7 +225,7 @@ def test_workload_identity_alone():
 def test_self_service_identity_alone():
     """A self-service VM's own account (the bootstrap makes it): the workload's rights, narrowed to the VM's
     prefix `<workload>/<vm>/`, never the workload's `<workload>/` nor its account."""
-    from infra.identity import self_service_account
+    from infra.access.identities import self_service_account
 
     args = WorkloadIdentityArgs(WORKLOAD, vm="solo-vm")
     result = build(lambda: WorkloadIdentity("ss", ENV, args, plain_buckets(), enabled(IDENTITY_APIS)))

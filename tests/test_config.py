@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from infra.config import parse_stack_config
-from infra.schema import ConfigError
+from infra.config.problems import ConfigError
 from tests.support import fixture_config, replace_object, stack_config, with_object, with_scalar, workload_settings
 
 

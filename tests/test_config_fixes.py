@@ -16,8 +16,8 @@ from pathlib import Path
 import pulumi
 import pytest
 
+from infra.config.problems import REMOVE, ConfigError, Fix, Problem, Problems
 from infra.config.reader import check_stack_config
-from infra.schema import REMOVE, ConfigError, Fix, Problem, Problems
 from tests.support import fixture_config
 from tools.offline.runner import run_program
 

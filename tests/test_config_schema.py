@@ -11,10 +11,10 @@ import pytest
 import yaml
 
 from infra.config import docs, parse_stack_config
+from infra.config.problems import ConfigError
 from infra.config.settings import SETTINGS, Setting
-from infra.schema import ConfigError
+from infra.config.stackfile import load_stack_yaml, read_stack_config
 from tests.support import FIXTURE_STACKS
-from tools.offline.stackfile import load_stack_yaml, read_stack_config
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = json.loads(docs.SCHEMA_FILE.read_text())

@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from infra.config import parse_stack_config
+from infra.config.problems import ConfigError
 from infra.config.sources import REPO_ROOT, command_problem, folder_problem, image_problem, parse_image, registry
-from infra.schema import ConfigError
 from infra.tpu.metadata import vm_metadata
 from tests.contracts import document
 from tests.support import NS, fixture_config, with_object

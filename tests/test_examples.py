@@ -17,6 +17,7 @@ import pytest
 
 from infra.access.model import needs_of
 from infra.config import docs, parse_stack_config
+from infra.config.stackfile import ROOT, load_stack_yaml, read_stack_config, stack_of
 from infra.gke.queues import queue_objects
 from infra.gke.specs import shape_of
 from infra.tpu import queued_api as api
@@ -24,7 +25,6 @@ from infra.tpu.queued import request_from_props
 from tests.support import deploys, policies_as_bootstrapped
 from tools.offline.access import access_of, declared
 from tools.offline.runner import PlanResult, plan_stack
-from tools.offline.stackfile import ROOT, load_stack_yaml, read_stack_config, stack_of
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 QUEUED = "pulumi-python:dynamic/tpu:QueuedResource"

@@ -13,6 +13,7 @@ import yaml
 
 import infra.config
 import infra.gke.admin
+from infra.config.stackfile import ROOT, read_stack_config
 from infra.gke import controllers
 from infra.gke.admin import GKE_ADMIN_PROJECT
 from infra.gke.controllers import JOBSET, KUEUE, MANIFESTS_ENV, controller_objects, from_folder
@@ -21,8 +22,7 @@ from tests.support import fixture_config, replace_object
 from tests.test_gke_controllers import manifest, pinned
 from tools.offline import __main__ as offline
 from tools.offline.mocks import GcpMocks, RecordingMonitor
-from tools.offline.runner import PlanResult, run_program
-from tools.offline.stackfile import ROOT, read_stack_config
+from tools.offline.runner import PlanResult, program_file, run_program
 
 CONFIG_GROUP = "kubernetes:yaml/v2:ConfigGroup"
 STACK_FILE = ROOT / "tests" / "stacks" / "Pulumi.gke.yaml"  # the GKE fixture: two pools, two teams
@@ -46,13 +46,14 @@ def manifests(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def admin_plan(raw: dict[str, str], stack: str = "gke", monitor: RecordingMonitor | None = None) -> PlanResult:
-    # The root __main__.py, as Pulumi runs gke-admin/ (`main: ..`).
+    # gke-admin/__main__.py, as Pulumi runs gke-admin/.
     return run_program(stack, raw, project=GKE_ADMIN_PROJECT, monitor=monitor)
 
 
 def test_the_project_file_routes_to_the_admin_phase():
     project = yaml.safe_load((ROOT / "gke-admin" / "Pulumi.yaml").read_text())
-    assert project["name"] == GKE_ADMIN_PROJECT and project["main"] == ".."
+    assert project["name"] == GKE_ADMIN_PROJECT and "main" not in project  # runs gke-admin/__main__.py
+    assert program_file(GKE_ADMIN_PROJECT) == ROOT / "gke-admin" / "__main__.py"
     assert project["runtime"]["options"]["virtualenv"] == "../.venv"
 
 

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from infra.gke import api_schemas
+from infra.config.problems import ConfigError
+from infra.gke import crds
 from infra.gke.specs import TOPOLOGY_LABEL
 from infra.gke.validation import InvalidObjectsError, Validator, platform_validator, validate_all
-from infra.schema import ConfigError
 from tests import gke_objects as g
 
 # A CRD written for these tests: one of each schema feature the validator must honour.
@@ -126,7 +126,7 @@ def test_a_subtree_marked_as_a_core_kind_is_checked_as_one():
     spec["free"] = {
         "type": "object",
         "x-kubernetes-preserve-unknown-fields": True,
-        api_schemas.CORE_KIND: ["v1", "Pod"],
+        crds.CORE_KIND: ["v1", "Pod"],
     }
     good = widget(free={"spec": {"containers": [{"name": "c", "image": "i"}]}})
     assert messages([good], Validator([crd])) == []
@@ -147,14 +147,14 @@ def test_the_rendered_queues_and_a_jobset_pass_the_platforms_schemas():
 
 def test_the_platforms_schemas_are_labelled_as_ours():
     """Reduced schemas, not the release CRDs: each says so, and covers exactly the kinds the platform renders."""
-    kinds = {(c["spec"]["group"], c["spec"]["names"]["kind"]) for c in api_schemas.REDUCED_CRDS}
+    kinds = {(c["spec"]["group"], c["spec"]["names"]["kind"]) for c in crds.REDUCED_CRDS}
     assert kinds == {
         ("kueue.x-k8s.io", "ResourceFlavor"),
         ("kueue.x-k8s.io", "ClusterQueue"),
         ("kueue.x-k8s.io", "LocalQueue"),
         ("jobset.x-k8s.io", "JobSet"),
     }
-    assert all(c["metadata"]["labels"] == {"tpu-platform/schema": "reduced"} for c in api_schemas.REDUCED_CRDS)
+    assert all(c["metadata"]["labels"] == {"tpu-platform/schema": "reduced"} for c in crds.REDUCED_CRDS)
 
 
 def test_a_kind_the_platform_does_not_render_is_unknown():

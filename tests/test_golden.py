@@ -9,9 +9,9 @@ import difflib
 
 import pytest
 
+from infra.config.stackfile import available_stacks
 from tests.support import plan, stack_config
 from tools.offline.golden import GOLDEN, golden_path, snapshot
-from tools.offline.stackfile import available_stacks
 
 
 def test_every_shipped_stack_has_a_golden_plan():

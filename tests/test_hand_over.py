@@ -139,7 +139,7 @@ def test_the_bootstrap_adopts_the_accounts_and_roles_as_the_stack_made_them():
 
 def test_adopt_names_only_environments_of_the_bootstrap():
     from bootstrap.program import parse_bootstrap_config
-    from infra.schema import ConfigError
+    from infra.config.problems import ConfigError
 
     with pytest.raises(ConfigError, match="staging"):
         parse_bootstrap_config("acme", bootstrap_config(adopt=json.dumps(["staging"])))

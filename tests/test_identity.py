@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from infra import iam
+from infra.access import iam
 from infra.config import parse_stack_config
 from infra.platform import stack_identities
 from tests.support import fixture_config, plan, with_object, workload_settings

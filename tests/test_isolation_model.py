@@ -16,9 +16,9 @@ from functools import cache
 import pytest
 
 from infra import naming
+from infra.config.stackfile import ROOT
 from tests.iam_standins import Grant, account_grants, boundary_grants, vm_account
 from tools.offline.runner import PlanResult, plan_stack
-from tools.offline.stackfile import ROOT
 from vm_agent.credentials import MAX_RULES, boundary
 from vm_agent.requests import RunPlaces
 

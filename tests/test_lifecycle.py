@@ -8,8 +8,9 @@ import json
 import pytest
 
 from infra import completion_marker
+from infra.access.identities import SCHEDULER_PERMISSIONS, scheduler_role
 from infra.config import parse_stack_config
-from infra.lifecycle import SCHEDULER_PERMISSIONS, attempt_deadline, scheduler_role
+from infra.lifecycle import attempt_deadline
 from infra.platform import stack_identities
 from infra.tpu.metadata import run_id
 from tests.contracts import document

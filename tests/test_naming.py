@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from infra import naming
 from infra.config import parse_stack_config, service_account_id
-from infra.schema import ConfigError
+from infra.config.problems import ConfigError
 from tests.support import fixture_config, replace_object, workload_settings
 
 LOWER = string.ascii_lowercase + string.digits + "-_"

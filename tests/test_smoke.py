@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from infra.config import parse_stack_config
+from infra.config.stackfile import ROOT, read_stack_config
 from tests.test_workflows import auth_accounts, steps, uses, workflow
 from tools import smoke
-from tools.offline.stackfile import ROOT, read_stack_config
 
 ARGS = ["--project", "acme-ml-sandbox", "--billing-account", "01A2B3-C4D5E6-F7A8B9", "--email", "ml@acme.example"]
 

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from infra.config.stackfile import StackFileError, load_stack_yaml, read_stack_config
 from tests.support import NS
-from tools.offline.stackfile import StackFileError, load_stack_yaml, read_stack_config
 
 ROOT_TEXT = "name: tpu-platform\nruntime: python\n"
 
@@ -41,7 +41,7 @@ def test_numbers_as_go_yaml_reads_them(text, value):
 
 def test_production_no_is_refused_not_read_as_false(tmp_path):
     from infra.config import parse_stack_config
-    from infra.schema import ConfigError
+    from infra.config.problems import ConfigError
     from tests.support import fixture_config
 
     root = stack_dir(tmp_path, f"config:\n  {NS}:production: no\n")

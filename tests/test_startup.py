@@ -20,8 +20,8 @@ import pytest
 from infra import naming
 from infra.catalog import framework_lock, load_catalog
 from infra.config import parse_stack_config
+from infra.config.problems import ConfigError
 from infra.packaging import repository_folder
-from infra.schema import ConfigError
 from infra.startup import (
     AGENT_UNIT,
     COORDINATOR_PORT,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.identity import WORKLOAD_METHODS
+from infra.access.identities import WORKLOAD_METHODS
 from tests.contracts import Call, ContractError, api
 from tests.sandbox import wait_for
 from tests.telemetry_standins import TOKEN, ZONE, Received, google_apis, metadata_server

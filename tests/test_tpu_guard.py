@@ -21,7 +21,7 @@ from werkzeug.test import EnvironBuilder
 
 from infra import completion_marker
 from infra.access import iamdata
-from infra.automation import GUARD_METHODS, GUARD_PERMISSIONS, guard_identities, guard_role
+from infra.access.identities import GUARD_METHODS, GUARD_PERMISSIONS, guard_identities, guard_role
 from tests.contracts import Call, CheckedSession, ContractError, api
 from tests.sandbox import free_port, storage_emulator
 from tests.support import fixture_config, plan, with_object
@@ -98,7 +98,7 @@ LISTING = [
     node("q-0", "READY", hosts=4, spot=True, zone=FALLBACK, request="q"),  # a queued multislice's two slices
     node("q-1", "READY", hosts=4, spot=True, zone=FALLBACK, request="q"),
 ]
-# TPU_VMS, as infra/automation.py guard_vms writes it.
+# TPU_VMS, as infra/tpu_guard.py guard_vms writes it.
 VMS = {
     "trainer": {"nodes": ["trainer"], "zones": ["us-central1-a"], "onCompletion": "stop"},
     "spot-a": {"nodes": ["spot-a"], "zones": ["us-central1-a"], "onCompletion": "delete"},

@@ -1,7 +1,7 @@
 """`tpu-runs` against the real GCS emulator, the TPU API stand-in and a Logging stand-in on loopback.
 
 Every request is checked against Google's discovery documents (storage.v1 here, tpu.v2 and logging.v2
-by the stand-ins), and the methods the commands call are compared with infra/access/researchers.py,
+by the stand-ins), and the methods the commands call are compared with infra/access/researcher_calls.py,
 which is what the researcher's roles are made of. The agent's side is the real RequestSource.
 """
 
@@ -18,7 +18,7 @@ import pytest
 import requests
 
 from infra import naming
-from infra.access.researchers import RESEARCHER_CALLS
+from infra.access.researcher_calls import RESEARCHER_CALLS
 from infra.packaging import package
 from tests.contracts import Call, ContractError, api
 from tests.runs_cloud import RunsCloud, runs_cloud
@@ -274,4 +274,5 @@ def test_the_project_builds_with_the_tpu_runs_console_script(tmp_path: Path):
         (entry_points,) = [n for n in names if n.endswith("entry_points.txt")]
         assert "tpu-runs = tpu_runs.cli:main" in archive.read(entry_points).decode()
         assert "tpu_runs/cli.py" in names and "infra/catalog/tpu.yaml" in names
-        assert "tools/offline/stackfile.py" in names and not any(n.startswith("tests/") for n in names)
+        assert "infra/config/stackfile.py" in names
+        assert not any(n.startswith(("tests/", "tools/")) for n in names)

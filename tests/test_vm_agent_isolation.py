@@ -421,7 +421,7 @@ def test_tensorflow_before_2_18_gets_the_examples_second_lock_and_newer_tensorfl
     only, the TensorFlow the tests train with (2.21) beside protobuf >= 5.28. The agent installs the first lock the
     catalog's bounds for the image allow; the shipped stacks get a lock, not a refusal."""
     from infra.catalog import load_catalog
-    from tools.offline.stackfile import read_stack_config
+    from infra.config.stackfile import read_stack_config
 
     cfg = parse_stack_config(stack, read_stack_config(stack))
     (workload,) = [w for w in cfg.workloads if w.program == "tf_mnist"]
@@ -643,7 +643,7 @@ def test_a_run_cannot_forge_the_guards_alert(world):
 
 
 def plan_stack_config() -> dict[str, str]:
-    from tools.offline.stackfile import read_stack_config
+    from infra.config.stackfile import read_stack_config
 
     raw = read_stack_config(STACK, REPO, EXAMPLE)
     # A spot VM, so the stack has the alert at all (only reclaimable VMs are preempted).

@@ -81,15 +81,15 @@ from infra.access.accounts import SERVICE_ACCOUNT_USER
 from infra.catalog import AcceleratorType, load_catalog, version_key
 from infra.config import PlatformConfig, parse_stack_config
 from infra.config.model import SlicePoolSettings, TeamSettings
+from infra.config.problems import ConfigError
+from infra.config.stackfile import ROOT, read_stack_config
 from infra.gke.controllers import RELEASES
 from infra.gke.jobsets import team_jobset
 from infra.gke.queues import queue_objects
 from infra.gke.specs import shape_of
 from infra.gke.validation import platform_validator, validate_all
 from infra.platform import stack_identities
-from infra.schema import ConfigError
 from infra.tpu.metadata import run_prefix
-from tools.offline.stackfile import ROOT, read_stack_config
 
 TEMPLATE = Path(__file__).with_name("smoke_stack.yaml")
 GKE_TEMPLATE = Path(__file__).with_name("smoke_gke_stack.yaml")

@@ -1,5 +1,5 @@
 """`tpu-runs`: a researcher's commands for self-service runs (submit, list, logs, fetch, stop).
 
 Each call is made with the researcher's own credentials (Application Default Credentials), and only
-the calls in infra/access/researchers.py, which are exactly what the `researchers` setting grants.
+the calls in infra/access/researcher_calls.py, which are exactly what the `researchers` setting grants.
 """

@@ -28,8 +28,8 @@ import requests
 
 from infra import naming
 from infra.config import ConfigError, PlatformConfig, TpuVmSettings, parse_stack_config
+from infra.config.stackfile import ROOT, StackFileError, read_stack_config
 from infra.packaging import PackagingError, package
-from tools.offline.stackfile import ROOT, StackFileError, read_stack_config
 from tpu_runs.gcp import CallError, Google, adc_session
 
 # Requests and states are JSON stored as octet-stream: gcp-storage-emulator reads an `application/json`

@@ -1,6 +1,6 @@
 """The REST calls of `tpu-runs`, on one HTTP session with the researcher's credentials.
 
-Exactly the methods of infra/access/researchers.py (tests record them against the stand-ins).
+Exactly the methods of infra/access/researcher_calls.py (tests record them against the stand-ins).
 Endpoints follow the usual overrides, for emulators and stand-ins on loopback:
 STORAGE_EMULATOR_HOST (Cloud Storage), TPU_API_ENDPOINT, LOGGING_API_ENDPOINT.
 """

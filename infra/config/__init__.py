@@ -29,6 +29,7 @@ from infra.config.model import (
     bucket_name,
     service_account_id,
 )
+from infra.config.problems import ConfigError
 from infra.config.reader import OBJECT_KEYS, SCALAR_KEYS, parse_stack_config
 from infra.config.settings import (
     BILLING_ACCOUNT,
@@ -41,7 +42,6 @@ from infra.config.settings import (
     SPEND_BASIS,
     STORAGE_CLASSES,
 )
-from infra.schema import ConfigError
 
 __all__ = [
     "BILLING_ACCOUNT",

@@ -13,7 +13,7 @@ BUCKET_PURPOSES = ("data", "checkpoints", "models")
 # Labels the platform sets on every labelled resource; a stack may not set them itself.
 RESERVED_LABELS = ("environment", "owner", "managed-by", "workload", "provisioning", "environment-class")
 # Service accounts the platform creates per stack besides the workloads' (infra/lifecycle.py,
-# infra/automation.py): `service_account_id(name, stack)` of each. A workload may not take these
+# infra/tpu_guard.py): `service_account_id(name, stack)` of each. A workload may not take these
 # names, or its account would be the platform's.
 PLATFORM_ACCOUNTS = naming.PLATFORM_ACCOUNT_KINDS
 
@@ -84,12 +84,7 @@ class WorkloadSettings:
     command: tuple[str, ...] = ()  # the program's argv; for an image, empty runs the image's own
     python: str = ""  # a Python version the boot installs for a folder source ("": the image's)
     env: tuple[tuple[str, str], ...] = ()  # extra environment of the program (never secrets)
-
-    @property
-    def framework(self) -> str:
-        from infra.config.examples import examples  # here: examples reads this package (an import cycle)
-
-        return examples()[self.program].framework if self.program in examples() else ""
+    framework: str = ""  # the example program's framework, "" for a workload with its own source
 
     def access(self, purpose: str) -> str:
         return dict(self.bucket_access).get(purpose, "none")
@@ -299,10 +294,6 @@ class PlatformConfig:
 
     def workload(self, name: str) -> WorkloadSettings:
         return next(w for w in self.workloads if w.name == name)
-
-    @property
-    def environment(self) -> str:
-        return self.stack
 
     @property
     def env(self) -> Env:

@@ -14,7 +14,8 @@ import re
 import zoneinfo
 from collections.abc import Callable, Mapping
 
-from infra import iam, naming
+from infra import naming
+from infra.access import iam
 from infra.catalog import AcceleratorType, load_catalog
 from infra.catalog.gke import GkeAcceleratorType, load_gke_catalog
 from infra.config import rules, sources
@@ -40,6 +41,7 @@ from infra.config.model import (
     WorkloadSettings,
     WorkloadSource,
 )
+from infra.config.problems import MISSING, Node, Problems, decode_objects
 from infra.config.settings import (
     MAX_ACCOUNT_DESCRIPTION_BYTES,
     MAX_COMMAND_ARG,
@@ -55,7 +57,6 @@ from infra.config.settings import (
     setting,
 )
 from infra.schedule import CronError, parse_cron
-from infra.schema import MISSING, Node, Problems, decode_objects
 
 OBJECT_KEYS = tuple(s.name for s in children("") if s.kind in ("object", "map", "list"))
 SCALAR_KEYS = tuple(s.name for s in children("") if s.kind not in ("object", "map", "list"))
@@ -80,17 +81,17 @@ def _str_choices(s: Setting) -> tuple[str, ...] | None:
 def text(node: Node, key: str, check: Callable[[str], str | None] | None = None) -> str:
     s = setting(key)
     default = s.default if isinstance(s.default, str) else MISSING
-    return node.str(_name(s), default, choices=_str_choices(s), pattern=s.pattern, allowed=s.allowed, check=check)
+    return node.text(_name(s), default, choices=_str_choices(s), pattern=s.pattern, allowed=s.allowed, check=check)
 
 
 def optional_text(node: Node, key: str, check: Callable[[str], str | None] | None = None) -> str | None:
     s = setting(key)
-    return node.str(_name(s), None, choices=_str_choices(s), pattern=s.pattern, allowed=s.allowed, check=check)
+    return node.text(_name(s), None, choices=_str_choices(s), pattern=s.pattern, allowed=s.allowed, check=check)
 
 
 def texts(node: Node, key: str, default: list[str]) -> list[str]:
     s = setting(key)
-    return node.str_list(
+    return node.texts(
         _name(s), default, max_items=s.max_items, choices=_str_choices(s), pattern=s.pattern, allowed=s.allowed
     )
 
@@ -121,7 +122,7 @@ def optional_number(node: Node, key: str) -> float | None:
 
 def flag(node: Node, key: str) -> bool:
     s = setting(key)
-    return node.bool(_name(s), s.default if isinstance(s.default, bool) else MISSING)
+    return node.boolean(_name(s), s.default if isinstance(s.default, bool) else MISSING)
 
 
 def parse_stack_config(stack: str, raw: Mapping[str, str]) -> PlatformConfig:
@@ -316,6 +317,7 @@ def _code(node: Node, workload: WorkloadSettings) -> dict[str, object]:
             "source": WorkloadSource("folder", example.folder),
             "command": ("python", example.entry, *_program_flags(workload)),
             "env": env,
+            "framework": example.framework,
         }
     if not given:
         node.problems.add(
@@ -362,7 +364,7 @@ def _command(node: Node) -> list[str]:
     """A command line: strings, repeats allowed (`--x 1 --y 1`), none empty or overlong."""
     key = node.key("command")
     out = []
-    for i, item in enumerate(node.list("command", [], max_items=setting("workloads.<name>.command").max_items)):
+    for i, item in enumerate(node.sequence("command", [], max_items=setting("workloads.<name>.command").max_items)):
         if not isinstance(item, str) or not item or len(item) > MAX_COMMAND_ARG or "\x00" in item:
             node.problems.add(f"{key}[{i}]", item, setting("workloads.<name>.command").allowed + ", not empty")
             continue

@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from infra import iam, naming
+from infra import naming
+from infra.access import iam
 from infra.catalog import PROVISIONING_MODELS, load_catalog
 from infra.config.examples import examples
 from infra.config.model import BUCKET_PURPOSES, PROJECT
@@ -384,7 +385,7 @@ SETTINGS: tuple[Setting, ...] = (
         default=None,
         optional=True,
         choices=tuple(sorted(iam.ALLOWED_PROJECT_ROLES)),
-        allowed="project roles are allow-listed in infra/iam.py; storage access is granted per bucket "
+        allowed="project roles are allow-listed in infra/access/iam.py; storage access is granted per bucket "
         "with bucketAccess (read, write or none)",
     ),
     Setting(

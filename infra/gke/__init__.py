@@ -10,7 +10,7 @@ and a queue per team.
 - `queues`, `quota`: pure. Teams as Kueue objects, and Kueue's quota arithmetic;
 - `teams`: pure. Each team's namespace, service account and RBAC;
 - `jobsets`: pure. A team's JobSet on a pool shape;
-- `api_schemas`, `validation`: pure. Our reduced schemas of the JobSet and Kueue kinds we render, and the
+- `crds`, `validation`: pure. Our reduced CRDs of the JobSet and Kueue kinds we render, and the
   validator of every Kubernetes object the platform hands to a cluster;
 - `install`: the components that hand objects to a cluster; `admin`: the admin phase's program (gke-admin/);
 - `team_access`: what each team's code and members may do on the GCP side (a component).

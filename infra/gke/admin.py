@@ -1,4 +1,4 @@
-"""The GKE engine's admin phase: its own Pulumi project (gke-admin/Pulumi.yaml, `main: ..`), run by a cluster
+"""The GKE engine's admin phase: its own Pulumi project (gke-admin/: its __main__.py and Pulumi.yaml), run by a cluster
 administrator for an environment whose stack declares the cluster (docs/design-gke.md, "Two phases").
 
 It reads that environment's stack file (`pulumi up --config-file ../Pulumi.<env>.yaml`: the cluster and the
@@ -16,11 +16,11 @@ import pulumi_gcp as gcp
 
 from infra import naming
 from infra.config import PROJECT, PlatformConfig
+from infra.config.problems import ConfigError, Problem
 from infra.gke.controllers import JOBSET, KUEUE, RELEASES, Fetch, ManifestError, controller_objects
 from infra.gke.install import ClusterControllers, TeamPlaces, cluster_provider
 from infra.gke.teams import admin_objects
 from infra.gke.validation import platform_validator, validate_all
-from infra.schema import ConfigError, Problem
 
 GKE_ADMIN_PROJECT = "tpu-platform-gke-admin"  # `name:` in gke-admin/Pulumi.yaml; the root __main__.py routes on it
 

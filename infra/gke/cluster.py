@@ -28,7 +28,7 @@ import pulumi
 import pulumi_gcp as gcp
 
 from infra import grants, naming
-from infra.access.accounts import AccountSpec
+from infra.access.identities import gke_node_account
 from infra.apis import ProjectApis
 from infra.config import Env
 from infra.config.model import GkeSettings
@@ -38,14 +38,6 @@ from infra.network import PrivateNetwork
 GKE_APIS = ("container.googleapis.com", "compute.googleapis.com", "iam.googleapis.com",
             "cloudresourcemanager.googleapis.com")  # fmt: skip
 NODE_ROLE = "roles/container.defaultNodeServiceAccount"
-
-
-def gke_node_account(stack: str) -> AccountSpec:
-    return AccountSpec(
-        naming.platform_account_id("gke-nodes", stack),
-        f"GKE nodes ({stack})",
-        "The GKE cluster's nodes: logs, metrics and autoscaling metrics; pods use their own.",
-    )
 
 
 @dataclass(frozen=True)

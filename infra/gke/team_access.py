@@ -1,7 +1,7 @@
 """What each team's code and people may do on the GCP side (the in-cluster side is RBAC: infra/gke/teams.py).
 
 - The team's code runs as its namespace's Kubernetes service account (`tpu-workloads`), granted directly as
-  a Workload Identity Federation principal (infra/iam.py, `kubernetes_principal`), never through a Google
+  a Workload Identity Federation principal (infra/access/iam.py, `kubernetes_principal`), never through a Google
   service account it could impersonate: it reads the data bucket, and reads and writes the checkpoints
   and models buckets under `teams/<team>/` only (conditions Cloud Storage honours: infra/grants.py),
   as a workload does under its own prefix (infra/identity.py). Its logs are the nodes' to write.
@@ -18,28 +18,15 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
-from infra import grants, iam, naming
-from infra.access import calls, iamdata
-from infra.access.accounts import RoleSpec, StackIdentities
+from infra import grants, naming
+from infra.access import iam
+from infra.access.identities import member_role
 from infra.apis import ProjectApis
 from infra.config import Env
 from infra.config.model import TeamSettings
 
 # Where a team's code reads and writes (by bucket purpose), as a workload's default access.
 TEAM_BUCKET_ACCESS: tuple[tuple[str, str], ...] = tuple(iam.DEFAULT_BUCKET_ACCESS.items())
-# The calls a member's kubectl makes on the GCP side: get-credentials reads the cluster; every Kubernetes
-# request goes through the DNS endpoint (infra/access/iamdata.py says what Google checks on each).
-MEMBER_METHODS = (f"{calls.GKE_CLUSTERS}.get", calls.KUBERNETES_API)
-
-
-def member_role(stack: str) -> RoleSpec:
-    permissions = sorted({p for m in MEMBER_METHODS for p in iamdata.method_permissions(m)})
-    return RoleSpec.of("gke-team", stack, "GKE team member",
-                       "Reach the GKE cluster with kubectl; what it may do inside is RBAC's.", permissions)  # fmt: skip
-
-
-def team_identities(stack: str) -> StackIdentities:
-    return StackIdentities(roles=(member_role(stack),))
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 No API server can be had offline, and most bad objects need none to be refused. For each object:
 1. Its kind is known: a served version of one of the given CRDs (the platform's: our reduced schemas of
-   the JobSet and Kueue kinds it renders, `infra/gke/api_schemas.py`, until the release CRDs can be
+   the JobSet and Kueue kinds it renders, `infra/gke/crds.py`, until the release CRDs can be
    vendored), or a core kind of the pinned Kubernetes minor (kubernetes-validate ships the published
    OpenAPI schemas).
 2. Metadata: a name of the kind's naming rule (`infra/naming.py`), a namespace exactly when the kind is
@@ -38,10 +38,10 @@ from celpy.adapter import json_to_cel
 from celpy.evaluation import CELEvalError
 
 from infra import naming
+from infra.config.problems import ConfigError, Problem
 from infra.gke import quota
-from infra.gke.api_schemas import CORE_KIND, REDUCED_CRDS
+from infra.gke.crds import CORE_KIND, REDUCED_CRDS
 from infra.gke.specs import SliceShape
-from infra.schema import ConfigError, Problem
 
 # The Kubernetes minor whose core schemas judge core kinds: the newest that both pinned controllers run
 # their end-to-end tests on (JobSet v0.12.0: 1.32-1.34; Kueue v0.17.8: 1.33-1.35; their READMEs).

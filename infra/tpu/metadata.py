@@ -12,10 +12,10 @@ from typing import Any
 
 from infra import naming
 from infra.catalog import framework_lock, load_catalog
-from infra.config import PROJECT, PlatformConfig, TpuVmSettings
+from infra.config.model import PROJECT, PlatformConfig, TpuVmSettings
+from infra.config.problems import Problems
 from infra.config.sources import registry
 from infra.packaging import Package, PackagingError, repository_folder
-from infra.schema import Problems
 from infra.startup import (
     ENV_ATTRIBUTE,
     RUN_ATTRIBUTE,

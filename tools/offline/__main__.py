@@ -20,9 +20,10 @@ from pathlib import Path
 import pulumi
 
 from infra.config import docs, parse_stack_config
+from infra.config.problems import ConfigError
+from infra.config.stackfile import ROOT, StackFileError, available_stacks, read_stack_config, stack_of
 from infra.gke.admin import GKE_ADMIN_PROJECT
 from infra.gke.controllers import MANIFESTS_ENV, manifests_needed
-from infra.schema import ConfigError
 from infra.tpu.metadata import vm_metadata
 from policy.policies import RULES
 from tools.offline.access import ACCESS_FILE, who_can_do_what
@@ -35,7 +36,6 @@ from tools.offline.golden import write as write_golden
 from tools.offline.policy_check import check_policies
 from tools.offline.render import to_json, to_text
 from tools.offline.runner import plan_stack
-from tools.offline.stackfile import ROOT, StackFileError, available_stacks, read_stack_config, stack_of
 from tools.offline.whatif import add_arguments as whatif_arguments
 from tools.offline.whatif import run as run_whatif
 

@@ -19,10 +19,10 @@ from infra.access.accounts import StackIdentities
 from infra.access.environment import EnvironmentAccess, Plan, environment_access
 from infra.access.model import Declared, custom_roles, grants_to
 from infra.config import parse_stack_config
+from infra.config.stackfile import ROOT, available_stacks, read_stack_config
 from infra.platform import stack_identities
 from tools.offline.deploys import plan_deploys
 from tools.offline.runner import PlanResult, plan_stack
-from tools.offline.stackfile import ROOT, available_stacks, read_stack_config
 
 ACCESS_FILE = ROOT / "bootstrap" / "access.json"
 Deploys = Mapping[str, PlanResult]  # "fresh" and "later"

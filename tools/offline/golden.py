@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from infra.config.stackfile import ROOT, available_stacks
 from tools.offline.render import to_json
 from tools.offline.runner import PlanResult, plan_stack
-from tools.offline.stackfile import ROOT, available_stacks
 
 GOLDEN = ROOT / "tests" / "golden"
 

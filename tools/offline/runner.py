@@ -10,12 +10,13 @@ from typing import Any
 
 import pulumi
 import pulumi.runtime
+import yaml
 from pulumi.runtime import settings
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
+from infra.config.stackfile import ROOT, project_name, read_stack_config
 from tools.offline.mocks import SECRET, CloudState, GcpMocks, RecordingMonitor, Registration
-from tools.offline.stackfile import ROOT, project_name, read_stack_config
 
 
 @dataclass
@@ -51,6 +52,16 @@ class _WarningCollector:
         self.warnings.append(f"error: {msg}")
 
 
+def program_file(project: str) -> Path:
+    """The `__main__.py` Pulumi runs for `project`: its Pulumi.yaml's folder (the repository root or one of
+    its folders), or that file's `main` relative to it."""
+    for project_file in (ROOT / "Pulumi.yaml", *sorted(ROOT.glob("*/Pulumi.yaml"))):
+        declared = yaml.safe_load(project_file.read_text())
+        if declared["name"] == project:
+            return (project_file.parent / declared.get("main", ".")).resolve() / "__main__.py"
+    raise ValueError(f"no Pulumi.yaml in {ROOT} or its folders names the project {project!r}")
+
+
 def run_program(
     stack: str,
     config: dict[str, str],
@@ -60,7 +71,7 @@ def run_program(
     secret_keys: list[str] | None = None,
     state: CloudState | None = None,
 ) -> PlanResult:
-    """Run `program` (default: the real `__main__.py`) with `config` as the stack's config.
+    """Run `program` (default: the project's real `__main__.py`) with `config` as the stack's config.
 
     Each call starts from a clean runtime, so runs never see each other's resources or outputs.
     Pass `monitor` to inspect what was registered even when the program fails; `state`, what the
@@ -78,7 +89,7 @@ def run_program(
 
     def body() -> None:
         if program is None:
-            runpy.run_path(str(ROOT / "__main__.py"), run_name="__main__")
+            runpy.run_path(str(program_file(project)), run_name="__main__")
         else:
             program()
         outputs = getattr(root, "outputs", {})

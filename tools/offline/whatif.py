@@ -20,13 +20,13 @@ from typing import Any
 
 from infra.catalog import load_catalog
 from infra.config import parse_stack_config
+from infra.config.problems import ConfigError
+from infra.config.stackfile import ROOT, StackFileError, read_stack_config, stack_of
 from infra.goodput.interval import NO_EVENTS, Rate
 from infra.goodput.pricing import price
 from infra.goodput.timeline import CATEGORIES, PreemptionHistory, TimelineError
 from infra.goodput.whatif import ASSUMED, NOTICE_S, Capacity, Job, Outcome, WhatIf, WhatIfError, what_if
-from infra.schema import ConfigError
 from tools.offline.simulation import MONTH_S, Scenario, simulate
-from tools.offline.stackfile import ROOT, StackFileError, read_stack_config, stack_of
 
 
 class UsageError(Exception):

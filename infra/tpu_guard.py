@@ -42,31 +42,16 @@ import pulumi
 import pulumi_gcp as gcp
 
 from infra import grants, naming
-from infra.access import iamdata
-from infra.access.accounts import AccountSpec, RoleSpec, StackIdentities
+from infra.access.identities import GUARD_PERMISSIONS, guard_accounts, guard_role
 from infra.apis import ProjectApis
+from infra.buckets import private_bucket
 from infra.config import AutomationSettings, Env, TpuVmSettings
 from infra.lifecycle import StartTarget, attempt_deadline
-from infra.storage import private_bucket
 from infra.tpu import queued_api
 
 SOURCE = Path(__file__).resolve().parents[1] / "functions" / "tpu_guard"
 # completion_marker.py is a link to infra/completion_marker.py (the marker's one schema): its bytes ship.
 SOURCE_FILES = ("main.py", "decisions.py", "completion_marker.py", "requirements.txt")
-# The REST methods the guard's code calls (functions/tpu_guard/main.py; the tests record them on the TPU API
-# stand-in), and so its role: the permissions Google's method table gives for them.
-GUARD_METHODS = (
-    "tpu.projects.locations.nodes.list",
-    "tpu.projects.locations.nodes.stop",
-    "tpu.projects.locations.nodes.start",
-    "tpu.projects.locations.nodes.delete",
-    "tpu.projects.locations.nodes.create",
-    "tpu.projects.locations.operations.get",
-    # A queued VM's TPUs are deleted through their request (force=true deletes its nodes first,
-    # tpu.v2.json queuedResources.delete); Google's method table asks tpu.nodes.delete for it.
-    "tpu.projects.locations.queuedResources.delete",
-)
-GUARD_PERMISSIONS = iamdata.permissions_for(GUARD_METHODS)
 # The build account's grants: Cloud Run Builder's parts, each on its resource (see the module docstring).
 BUILD_LOGS_ROLE = "roles/logging.logWriter"
 BUILD_IMAGES_ROLE = "roles/artifactregistry.writer"
@@ -122,29 +107,6 @@ class TpuGuardArgs:
     def needed(self) -> bool:
         """The guard serves budget actions, recovery, run completion and scheduled starts."""
         return bool(self.automation.enabled or self.self_stop or self.scheduled_starts)
-
-
-def guard_accounts(stack: str) -> dict[str, AccountSpec]:
-    """The guard's runtime account, the invoker Cloud Scheduler calls it as, and its build account."""
-    return {
-        "guard": AccountSpec(naming.platform_account_id("guard", stack), f"TPU guard ({stack})"),
-        "invoker": AccountSpec(naming.platform_account_id("guard-invoker", stack), f"Invokes the TPU guard ({stack})"),
-        "builder": AccountSpec(naming.platform_account_id("guard-build", stack), f"Builds the TPU guard ({stack})"),
-    }
-
-
-def guard_role(stack: str) -> RoleSpec:
-    what = "List, stop, start, delete and re-create TPU nodes (queued: through their request); no more."
-    return RoleSpec.of("guard", stack, "TPU guard", what, GUARD_PERMISSIONS)
-
-
-def guard_identities(stack: str, workload_accounts: tuple[str, ...]) -> StackIdentities:
-    """Made by the bootstrap, with act-as for the guard on each workload account (a node it re-creates
-    runs as its workload's account, and nodes.create checks act-as on it)."""
-    guard = guard_accounts(stack)["guard"].account_id
-    return StackIdentities(
-        tuple(guard_accounts(stack).values()), (guard_role(stack),), tuple((guard, a) for a in workload_accounts)
-    )
 
 
 def guard_apis(args: TpuGuardArgs) -> tuple[str, ...]:

@@ -304,7 +304,7 @@ class Node:
         return value
 
     @overload
-    def str(
+    def text(
         self,
         name: str,
         default: str | _Missing = ...,
@@ -316,7 +316,7 @@ class Node:
     ) -> str: ...
 
     @overload
-    def str(
+    def text(
         self,
         name: str,
         default: None,
@@ -327,7 +327,7 @@ class Node:
         check: Callable[[str], str | None] | None = None,
     ) -> str | None: ...
 
-    def str(
+    def text(
         self,
         name: str,
         default: str | _Missing | None = MISSING,
@@ -342,9 +342,9 @@ class Node:
         value = self._get(name, default is MISSING)
         if value is MISSING:
             return default if isinstance(default, str) or default is None else ""
-        return self.check_str(self.key(name), value, choices=choices, pattern=pattern, allowed=allowed, check=check)
+        return self.check_text(self.key(name), value, choices=choices, pattern=pattern, allowed=allowed, check=check)
 
-    def check_str(
+    def check_text(
         self,
         key: str,
         value: object,
@@ -371,7 +371,7 @@ class Node:
             return ""
         return value
 
-    def bool(self, name: str, default: bool | _Missing = MISSING) -> bool:
+    def boolean(self, name: str, default: bool | _Missing = MISSING) -> bool:
         value = self._get(name, default is MISSING)
         if value is MISSING:
             return default if isinstance(default, bool) else False
@@ -470,7 +470,7 @@ class Node:
             return 0
         return int(bounded)
 
-    def list(
+    def sequence(
         self, name: str, default: list[object] | _Missing = MISSING, *, max_items: int | None = None
     ) -> list[object]:
         value = self._get(name, default is MISSING)
@@ -484,7 +484,7 @@ class Node:
             return []
         return list(value)
 
-    def str_list(
+    def texts(
         self,
         name: str,
         default: list[str] | _Missing = MISSING,
@@ -496,10 +496,10 @@ class Node:
         check: Callable[[str], str | None] | None = None,
     ) -> list[str]:
         """A list of unique strings, each checked like `str`."""
-        items = self.list(name, list(default) if isinstance(default, list) else default, max_items=max_items)
+        items = self.sequence(name, list(default) if isinstance(default, list) else default, max_items=max_items)
         key = self.key(name)
         out = [
-            self.check_str(f"{key}[{i}]", item, choices=choices, pattern=pattern, allowed=allowed, check=check)
+            self.check_text(f"{key}[{i}]", item, choices=choices, pattern=pattern, allowed=allowed, check=check)
             for i, item in enumerate(items)
         ]
         duplicates = sorted({v for v in out if v and out.count(v) > 1})
@@ -550,7 +550,7 @@ class Node:
     ) -> list[Node]:
         """Each mapping of a list of mappings, e.g. budget thresholds."""
         out = []
-        for i, value in enumerate(self.list(name, default, max_items=max_items)):
+        for i, value in enumerate(self.sequence(name, default, max_items=max_items)):
             key = f"{self.key(name)}[{i}]"
             if isinstance(value, Mapping):
                 out.append(Node({str(k): v for k, v in value.items()}, key, self.problems))

@@ -1,0 +1,37 @@
+"""IAM Conditions the platform may write: a condition on resource attributes is refused where a service
+the role covers ignores it (Google's "Resource attributes for IAM Conditions"), since such a grant would
+silently apply to every resource of the service."""
+
+from __future__ import annotations
+
+import re
+
+from infra.access import iamdata
+
+_RESOURCE_ATTRIBUTE = re.compile(r"\bresource\.(name|type|service)\b")
+
+
+class UnsupportedConditionError(ValueError):
+    pass
+
+
+def check_condition(
+    role: str, permissions: frozenset[str], expression: str | None, on_service: str | None = None
+) -> None:
+    """Refuse a condition on resource attributes when a service the role covers does not support them.
+
+    `on_service`: the grant is on one resource of that service (a bucket, say), where only that
+    service's permissions take effect; None for a project-level grant.
+    """
+    if not expression or not _RESOURCE_ATTRIBUTE.search(expression):
+        return
+    services = {iamdata.service_of_permission(p) for p in permissions}
+    if on_service is not None:
+        services &= {on_service}
+    unsupported = sorted(services - iamdata.CONDITION_RESOURCE_SERVICES)
+    if unsupported:
+        raise UnsupportedConditionError(
+            f"{role}: a condition on resource attributes ({expression!r}) is ignored by {', '.join(unsupported)} "
+            "(cloud.google.com/iam/docs/conditions-resource-attributes), so the grant would cover every resource "
+            "of those services; scope it another way"
+        )
