@@ -68,8 +68,11 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/pyright
 
+# Tests run in JOBS processes (pytest-xdist): two, the cores of the machines this project is built on;
+# a number, not `auto`, which counts the host's CPUs even where a container may use only two.
+JOBS ?= 2
 unit: $(STAMP) $(WSTAMP) $(NSTAMP)
-	WORKLOADS_PYTHON=$(WVENV)/bin/python $(PY) -m pytest
+	WORKLOADS_PYTHON=$(WVENV)/bin/python $(PY) -m pytest -n $(JOBS)
 
 bench: $(STAMP) $(WSTAMP)  ## figures: offline-plan scale, workload throughput and checkpoint times, goodput model
 	$(PY) benchmarks/plan_scale.py
