@@ -1,4 +1,4 @@
-"""vm_agent/requests.py, the agent's RequestSource, against the real GCS emulator.
+"""vm_agent/run_requests.py, the agent's RequestSource, against the real GCS emulator.
 
 The agent's calls go through a loopback proxy that checks each one against Google's storage.v1
 discovery document and keeps its method id and Authorization header, then forwards it to the
@@ -21,7 +21,7 @@ from tests.contracts import Call, ContractError, api
 from tests.loopback import Handler, serve
 from tests.sandbox import SANDBOX_TOKEN, metadata_server, storage_emulator
 from vm_agent.gcs import Storage
-from vm_agent.requests import RequestSource, RunPlaces, parse_request
+from vm_agent.run_requests import RequestSource, RunPlaces, parse_request
 from vm_agent.settings import Settings
 from vm_agent.sources import Allowed, FolderSource, RunSpec, SpecError, StopRequest
 

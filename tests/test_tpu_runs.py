@@ -23,7 +23,7 @@ from infra.packaging import package
 from tests.contracts import Call, ContractError, api
 from tests.runs_cloud import RunsCloud, runs_cloud
 from tpu_runs import cli
-from vm_agent.requests import RequestSource
+from vm_agent.run_requests import RequestSource
 from vm_agent.settings import Settings
 from vm_agent.sources import FolderSource, ImageSource, RunSpec, StopRequest
 

@@ -36,7 +36,7 @@ from tpu_runs.gcp import CallError, Google, adc_session
 # media upload as object metadata (its server.py), and nothing reads the content type.
 JSON_BYTES = "application/octet-stream"
 TERMINAL = ("finished", "failed", "stopped")
-RUN_ID = re.compile(r"[a-z](?:[a-z0-9-]{0,30}[a-z0-9])?")  # vm_agent/requests.py RUN_ID
+RUN_ID = re.compile(r"[a-z](?:[a-z0-9-]{0,30}[a-z0-9])?")  # vm_agent/run_requests.py RUN_ID
 IMAGE = re.compile(r"[a-z0-9-]+-docker\.pkg\.dev/[^@\s]+@sha256:[0-9a-f]{64}")
 
 
@@ -210,7 +210,7 @@ def logs(google: Google, stack: Stack, args: argparse.Namespace) -> int:
     vm = stack.self_service(args.vm)
     who = requester(args.requester)
     view = naming.researcher_log_view(stack.cfg.project, who)
-    run = f"{naming.member_key(who)}/{args.run_id}"  # the agent's id of a researcher's run (vm_agent/requests.py)
+    run = f"{naming.member_key(who)}/{args.run_id}"  # the agent's id of a researcher's run (vm_agent/run_requests.py)
     base = f'labels.runId="{run}" AND labels.vm="{vm.name}"'
     last = ""
     while True:
@@ -234,7 +234,7 @@ def logs(google: Google, stack: Stack, args: argparse.Namespace) -> int:
 
 def model_prefix(vm: TpuVmSettings, who: str, run_id: str) -> str:
     """Where a researcher's run keeps its model and metrics: `<workload>/<vm>/<member>/<runId>/` in the
-    models bucket; the agent gives a request's run this TPU_PLATFORM_MODEL_DIR (vm_agent/requests.py
+    models bucket; the agent gives a request's run this TPU_PLATFORM_MODEL_DIR (vm_agent/run_requests.py
     RunPlaces)."""
     return f"{naming.member_objects_prefix(vm.workload, vm.name, who)}{run_id}/"
 

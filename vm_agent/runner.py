@@ -562,15 +562,15 @@ class Run:
         }
         if self.error:
             record["error"] = self.error
-        if self.spec.request:  # the researcher side's record of where the run came from (vm_agent/requests.py)
+        if self.spec.request:  # the researcher side's record of where the run came from (vm_agent/run_requests.py)
             record["request"] = self.spec.request
-            record["spec"] = self.request_spec()  # what a reboot resumes from (requests.py `unfinished`)
+            record["spec"] = self.request_spec()  # what a reboot resumes from (run_requests.py `unfinished`)
         return record
 
     def request_spec(self) -> dict[str, Any]:
-        """The request's fields (vm_agent/requests.py REQUEST_FIELDS) of this run."""
+        """The request's fields (vm_agent/run_requests.py REQUEST_FIELDS) of this run."""
         spec = self.spec
-        # A request's run id is `<member>/<runId>` (vm_agent/requests.py); the request said `<runId>`.
+        # A request's run id is `<member>/<runId>` (vm_agent/run_requests.py); the request said `<runId>`.
         fields = {"runId": spec.run_id.rsplit("/", 1)[-1], "source": spec.source.describe(),
                   "command": list(spec.command), "env": dict(spec.env), "requester": spec.requester}  # fmt: skip
         if spec.python:

@@ -52,7 +52,7 @@ IMAGE_KEYS = ("kind", "image", "allowTag")
 @dataclass(frozen=True)
 class Form:
     """What one kind of run spec may say beyond the shared rules: its keys, and its run ids and
-    requesters. The stack's (metadata) is `STACK_FORM`; a researcher's request's is vm_agent/requests.py's."""
+    requesters. The stack's (metadata) is `STACK_FORM`; a researcher's request's is vm_agent/run_requests.py's."""
 
     keys: tuple[str, ...]
     run_id: re.Pattern[str]
@@ -131,7 +131,7 @@ class RunSpec:
     completion: bool = False
     # sha256 of the spec's canonical JSON: a changed setting under the same run id is a new desired run.
     fingerprint: str = field(default="", compare=False)
-    # The request object a self-service run came from (vm_agent/requests.py), kept in its state: "" for
+    # The request object a self-service run came from (vm_agent/run_requests.py), kept in its state: "" for
     # the stack's run.
     request: str = field(default="", compare=False)
 
