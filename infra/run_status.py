@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 import pulumi_gcp as gcp
 
-from infra import completion_marker
+from run_contract import completion_marker
 
 MARKER = completion_marker.NAME
 

@@ -7,12 +7,12 @@ import json
 
 import pytest
 
-from infra import completion_marker
 from infra.access.identities import SCHEDULER_PERMISSIONS, scheduler_role
 from infra.config import parse_stack_config
 from infra.lifecycle import attempt_deadline
 from infra.platform import stack_identities
 from infra.tpu.metadata import run_id
+from run_contract import completion_marker
 from tests.contracts import document
 from tests.support import fixture_config, plan, with_object
 from tests.test_config import problems_of

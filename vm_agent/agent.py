@@ -38,7 +38,9 @@ import sys
 import threading
 from typing import Any, Callable, Union
 
-from vm_agent import completion_marker as marker_schema
+from run_contract import completion_marker as marker_schema
+from run_contract.spec import RunSpec, SpecError, StopRequest
+
 from vm_agent import telemetry
 from vm_agent.firewall import Firewall, FirewallError
 from vm_agent.gcs import Folder, Storage, StorageError, Tokens
@@ -47,7 +49,7 @@ from vm_agent.metadata_proxy import MetadataProxy, tpu_environment
 from vm_agent.run_requests import RequestSource
 from vm_agent.runner import COMPLETE, Run, completion_marker, status_name, utc_now
 from vm_agent.settings import Settings
-from vm_agent.sources import MetadataSource, RunSource, RunSpec, SpecError, StopRequest
+from vm_agent.sources import MetadataSource, RunSource
 
 Desired = Union[RunSpec, StopRequest, SpecError]
 FROM_STACK, FROM_REQUESTS = "stack", "requests"

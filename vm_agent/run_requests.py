@@ -44,10 +44,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
 
-from vm_agent.gcs import Folder, Storage, StorageError, Tokens, split_gs
-from vm_agent.runner import ENDED, STATES, utc_now
-from vm_agent.settings import Settings
-from vm_agent.sources import (
+from run_contract.spec import (
     Allowed,
     FolderSource,
     Form,
@@ -58,6 +55,10 @@ from vm_agent.sources import (
     member_of_key,
     parse_run_spec,
 )
+
+from vm_agent.gcs import Folder, Storage, StorageError, Tokens, split_gs
+from vm_agent.runner import ENDED, STATES, utc_now
+from vm_agent.settings import Settings
 
 # A request is a run spec (vm_agent/sources.py parses it, as it parses the stack's) with fewer fields:
 # where the run keeps its checkpoints and model, and whether it ends in COMPLETE, are the platform's

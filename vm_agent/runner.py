@@ -51,13 +51,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from vm_agent import completion_marker as marker_schema
+from run_contract import completion_marker as marker_schema
+from run_contract.spec import CONTRACT_PREFIX, FolderSource, ImageSource, RunSpec
+
 from vm_agent import credentials, installs, telemetry
 from vm_agent.firewall import RUNS_NETWORK
 from vm_agent.gcs import Folder, Storage, StorageError, Tokens, split_gs
 from vm_agent.isolation import CachedTree, Isolation, IsolationError, RunSandbox, root_own_tree
 from vm_agent.settings import Settings
-from vm_agent.sources import CONTRACT_PREFIX, FolderSource, ImageSource, RunSpec
 
 EXIT_FINISHED = 0
 EXIT_RETRY = 75  # EX_TEMPFAIL: stopped mid-run with a checkpoint; start again later

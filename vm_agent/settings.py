@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
+from run_contract.spec import Allowed
+
 from vm_agent.credentials import STS_URL
 from vm_agent.gcs import DEFAULT_METADATA_URL
-from vm_agent.sources import Allowed
 
 DEFAULT_GRACE_SECONDS = 30.0  # a spot VM's preemption notice gives about 30 s
 DEFAULT_MAX_RETRIES = 3

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-import completion_marker
+from run_contract import completion_marker
 
 RUNNING = {"READY", "CREATING", "STARTING", "RESTARTING", "REPAIRING"}
 GONE = {"DELETING"}
