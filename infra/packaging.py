@@ -87,12 +87,16 @@ def package(folder: Path, within: Path | None = None) -> Package:
     folder = Path(folder)
     if not folder.is_dir():
         raise PackagingError(f"{folder} is not a folder")
+    return _archive([(path, path.relative_to(folder).as_posix()) for path in _members(folder, Path(within or folder))])
+
+
+def _archive(members: list[tuple[Path, str]]) -> Package:
     raw = io.BytesIO()
     files = 0
     # PAX would add per-file records (atime, ctime) on some inputs; GNU format with fixed fields does not.
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.GNU_FORMAT) as tar:
-        for path in _members(folder, Path(within or folder)):
-            info = _info(path, path.relative_to(folder).as_posix())
+        for path, name in members:
+            info = _info(path, name)
             if info.isdir():
                 tar.addfile(info)
             else:
@@ -111,3 +115,17 @@ def package(folder: Path, within: Path | None = None) -> Package:
 def repository_folder(folder: str) -> Package:
     """A folder of this repository (`a/b`, relative to its root), links followed inside the repository."""
     return package(REPO_ROOT.joinpath(*folder.split("/")), within=REPO_ROOT)
+
+
+@functools.cache
+def repository_packages(*folders: str) -> Package:
+    """Folders of this repository, each under its own name (`vm_agent/...`, `run_contract/...`): Python
+    packages that are imported side by side from the folder the archive is unpacked into."""
+    members: list[tuple[Path, str]] = []
+    for folder in folders:
+        path = REPO_ROOT / folder
+        if not path.is_dir():
+            raise PackagingError(f"{path} is not a folder")
+        members.append((path, folder))
+        members += [(member, f"{folder}/{member.relative_to(path).as_posix()}") for member in _members(path, REPO_ROOT)]
+    return _archive(members)

@@ -190,8 +190,8 @@ def render_startup_script(spec: StartupSpec) -> str:
         f'echo "{spec.agent.sha256}  @AGENT_ARCHIVE@" | sha256sum --check --quiet --status '
         f'|| {{ echo "tpu-platform: FATAL: @AGENT_ARCHIVE@ does not match {spec.agent.sha256}" >&2; '
         f"exit {EXIT_CONFIG}; }}; "
-        "rm -rf @AGENT_DIR@ && mkdir -p -m 0700 @AGENT_DIR@/vm_agent && "
-        "tar --extract --gzip --no-same-owner --file @AGENT_ARCHIVE@ --directory @AGENT_DIR@/vm_agent"
+        "rm -rf @AGENT_DIR@ && mkdir -p -m 0700 @AGENT_DIR@ && "
+        "tar --extract --gzip --no-same-owner --file @AGENT_ARCHIVE@ --directory @AGENT_DIR@"
     )
 
     return f"""#!/bin/bash
@@ -318,7 +318,7 @@ Type=simple
 EnvironmentFile=@ENV_FILE@
 Environment=PYTHONPATH=@AGENT_DIR@
 {environment}# Every start: the kept archive checked against the digest the stack shipped, then unpacked afresh
-# (archives of the folder vm_agent/ go under vm_agent/, so PYTHONPATH holds that package and nothing else).
+# (the archive holds the packages vm_agent/ and run_contract/, so PYTHONPATH holds those and nothing else).
 ExecStartPre=/bin/bash -c '{verify}'
 ExecStart=@PYTHON@ -u -m vm_agent
 Restart=on-failure

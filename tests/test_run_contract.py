@@ -1,0 +1,75 @@
+"""The run contract's one package (run_contract/): standard library only, and the same bytes inside every
+artefact that carries it: the agent's archive, the guard's source, the tpu-runs wheel, the runlib wheel."""
+
+from __future__ import annotations
+
+import ast
+import io
+import shutil
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+from infra.automation import source_files
+
+import run_contract
+from infra.tpu.metadata import agent_package
+
+ROOT = Path(__file__).resolve().parents[1]
+PIP_WHEEL = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "--quiet"]
+
+
+def _contract(names: dict[str, bytes], prefix: str = "run_contract/") -> dict[str, bytes]:
+    """The package's modules in an artefact's files (what `run_contract.files()` names)."""
+    found = {name[len(prefix) :]: data for name, data in names.items() if name.startswith(prefix)}
+    return {name: data for name, data in found.items() if "/" not in name and name.endswith(".py")}
+
+
+def _wheel(project: Path, out: Path) -> dict[str, bytes]:
+    """Build the project's wheel for real (pip, the venv's setuptools, offline) from a copy of it, links
+    followed as a checkout's build would follow them, and return its files."""
+    subprocess.run([*PIP_WHEEL, "--wheel-dir", str(out), str(project)], check=True, capture_output=True)
+    (wheel,) = out.glob("*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        return {name: archive.read(name) for name in archive.namelist()}
+
+
+def test_the_contract_imports_only_the_standard_library():
+    """It ships where nothing of this repository is importable (the guard, the agent, a researcher's venv)."""
+    for name in run_contract.files():
+        tree = ast.parse((run_contract.HOME / name).read_text())
+        imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        imported |= {"." for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level}
+        assert imported <= set(sys.stdlib_module_names) | {"__future__", "run_contract", "."}, (name, imported)
+
+
+def test_the_agent_archive_and_the_guard_source_carry_the_contract():
+    with tarfile.open(fileobj=io.BytesIO(agent_package().data)) as tar:
+        agent = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}  # type: ignore[union-attr]
+    guard = {name: path.read_bytes() for name, path in source_files().items()}
+    expected = run_contract.digest()
+    assert run_contract.digest(_contract(agent)) == expected
+    assert run_contract.digest(_contract(guard)) == expected
+
+
+@pytest.mark.slow  # two real wheel builds
+def test_the_tpu_runs_and_runlib_wheels_carry_the_contract(tmp_path):
+    project = tmp_path / "tpu-platform"
+    project.mkdir()
+    shutil.copy2(ROOT / "pyproject.toml", project)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "build", "*.egg-info")
+    for folder in ("tpu_runs", "run_contract", "infra", "tools", "vm_agent"):
+        shutil.copytree(ROOT / folder, project / folder, ignore=ignore)
+    runlib = tmp_path / "runlib"
+    shutil.copytree(ROOT / "workloads" / "lib", runlib, ignore=ignore)  # its link to run_contract/ followed
+
+    tpu_runs = _wheel(project, tmp_path / "tpu-runs-wheel")
+    runlib_wheel = _wheel(runlib, tmp_path / "runlib-wheel")
+    assert "tpu_runs/cli.py" in tpu_runs and "runlib.py" in runlib_wheel
+    expected = run_contract.digest()
+    assert run_contract.digest(_contract(tpu_runs)) == expected
+    assert run_contract.digest(_contract(runlib_wheel)) == expected
