@@ -1,6 +1,7 @@
-"""Where desired runs come from: the run spec, its strict parser, and the metadata source.
+"""The run spec: what a run is (its source folder or image, command, env, places), and its strict parser.
 
-A run spec is JSON (docs/run-contract.md, "A run spec"). Parsing lists every problem at once, each with
+A run spec is JSON (docs/run-contract.md, "A run spec"): the stack's run in the instance attribute
+`tpu-platform-run`, a researcher's in a request (run_contract.request). Parsing lists every problem at once, each with
 the key, the bad value and what is allowed, and refuses a source that is not the stack's own: a folder
 archive outside `TPU_PLATFORM_ARTIFACTS`, an image outside `TPU_PLATFORM_REGISTRY`, an image by tag
 unless the stack allowed tags for it (`"allowTag": true`).
@@ -14,20 +15,19 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-RUN_ATTRIBUTE = "tpu-platform-run"
-SHA256 = re.compile(r"[0-9a-f]{64}")
-# Segments of letters, digits, `.`, `_`, `-`, joined by `/` (the stack's ids are `<stack>/<workload>/<vm>/<run>`).
-RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)*")
-MAX_RUN_ID = 200
+from run_contract.names import (
+    CONTRACT_PREFIX,
+    IMAGE_NAME,
+    MAX_RUN_ID,
+    REQUESTER,
+    RUN_ATTRIBUTE,
+    RUN_ID,
+    SHA256,
+    TAG,
+)
+
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 PYTHON_VERSION = re.compile(r"3\.\d{1,2}")
-# "stack" for the stack's own run; a researcher (user:) or their group (group:) for a self-service request.
-REQUESTER = re.compile(r"stack|(user|group):[^\s@]+@[^\s@]+")
-# `<region>-docker.pkg.dev/<project>/<repo>/<name>` then `@sha256:<hex>` (or `:<tag>` where allowed).
-IMAGE_NAME = re.compile(r"[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*")
-TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
-# Set by the platform for every run (the run contract): a spec's `env` may not override them.
-CONTRACT_PREFIX = "TPU_PLATFORM_"
 
 SPEC_KEYS = {
     "runId": "the run's id",
@@ -48,7 +48,7 @@ IMAGE_KEYS = ("kind", "image", "allowTag")
 @dataclass(frozen=True)
 class Form:
     """What one kind of run spec may say beyond the shared rules: its keys, and its run ids and
-    requesters. The stack's (metadata) is `STACK_FORM`; a researcher's request's is vm_agent/run_requests.py's."""
+    requesters. The stack's (metadata) is `STACK_FORM`; a researcher's request's is run_contract.request's."""
 
     keys: tuple[str, ...]
     run_id: re.Pattern[str]
@@ -127,7 +127,7 @@ class RunSpec:
     completion: bool = False
     # sha256 of the spec's canonical JSON: a changed setting under the same run id is a new desired run.
     fingerprint: str = field(default="", compare=False)
-    # The request object a self-service run came from (vm_agent/run_requests.py), kept in its state: "" for
+    # The request object a self-service run came from (run_contract.request), kept in its state: "" for
     # the stack's run.
     request: str = field(default="", compare=False)
 
@@ -135,30 +135,6 @@ class RunSpec:
 @dataclass(frozen=True)
 class StopRequest:
     run_id: str
-
-
-# --- A researcher's own places (the same rules as infra/naming.py's) ---------------------
-MEMBER = re.compile(r"(user|group):([^@\s:/]+@[^@\s/]+\.[a-z]{2,})")
-MEMBER_KEY = re.compile(r"(user|group)-([^@\s:/]+@[^@\s/]+\.[a-z]{2,})")
-
-
-def member_key(member: str) -> str:
-    """`user:alice@acme.example` -> `user-alice@acme.example`: the path part of a researcher's folders."""
-    match = MEMBER.fullmatch(member)
-    if match is None:
-        raise ValueError(f"not a researcher member: {member!r}")
-    return f"{match[1]}-{match[2]}"
-
-
-def member_of_key(key: str) -> str | None:
-    """The member a folder's name stands for, or None when it names none."""
-    match = MEMBER_KEY.fullmatch(key)
-    return f"{match[1]}:{match[2]}" if match else None
-
-
-def researcher_log(member: str) -> str:
-    """The Cloud Logging log a researcher's runs' output goes to: the one log their own log view shows."""
-    return "tpu-runs-" + hashlib.sha256(member.encode()).hexdigest()[:16]
 
 
 def _fingerprint(raw: dict[str, Any]) -> str:

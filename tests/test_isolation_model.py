@@ -17,10 +17,10 @@ import pytest
 
 from infra import naming
 from infra.config.stackfile import ROOT
+from run_contract.request import RunPlaces
 from tests.iam_standins import Grant, account_grants, boundary_grants, vm_account
 from tools.offline.runner import PlanResult, plan_stack
 from vm_agent.credentials import MAX_RULES, boundary
-from vm_agent.run_requests import RunPlaces
 
 EXAMPLE = ROOT / "tests" / "stacks" / "Pulumi.self-service.yaml"
 STATUS, CKPT, MODELS, DATA = (f"acme-ml-research-self-service-{p}" for p in ("status", "checkpoints", "models", "data"))

@@ -17,12 +17,13 @@ import pytest
 import requests
 
 import vm_agent.gcs
+from run_contract.request import RunPlaces, parse_request
 from run_contract.spec import Allowed, FolderSource, RunSpec, SpecError, StopRequest
 from tests.contracts import Call, ContractError, api
 from tests.loopback import Handler, serve
 from tests.sandbox import SANDBOX_TOKEN, metadata_server, storage_emulator
 from vm_agent.gcs import Storage
-from vm_agent.run_requests import RequestSource, RunPlaces, parse_request
+from vm_agent.run_requests import RequestSource
 from vm_agent.settings import Settings
 
 STATUS = "acme-status"
@@ -310,7 +311,7 @@ def test_a_request_named_like_the_stack_runs_default_never_gets_the_stack_runs_f
 def test_the_agents_member_keys_and_logs_are_the_platforms():
     """vm_agent stays stdlib-only and apart from infra: the names both compute are compared here."""
     from infra import naming
-    from run_contract import spec as sources
+    from run_contract import paths as sources
 
     for member in (ALICE, "group:ml-researchers@acme.example", "user:a.b+c@sub.acme.example"):
         assert sources.member_key(member) == naming.member_key(member)

@@ -39,6 +39,7 @@ import threading
 from typing import Any, Callable, Union
 
 from run_contract import completion_marker as marker_schema
+from run_contract.paths import status_name
 from run_contract.spec import RunSpec, SpecError, StopRequest
 
 from vm_agent import telemetry
@@ -47,7 +48,7 @@ from vm_agent.gcs import Folder, Storage, StorageError, Tokens
 from vm_agent.isolation import UID_FIRST, UID_LAST, Isolation
 from vm_agent.metadata_proxy import MetadataProxy, tpu_environment
 from vm_agent.run_requests import RequestSource
-from vm_agent.runner import COMPLETE, Run, completion_marker, status_name, utc_now
+from vm_agent.runner import COMPLETE, Run, completion_marker, utc_now
 from vm_agent.settings import Settings
 from vm_agent.sources import MetadataSource, RunSource
 

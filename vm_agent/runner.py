@@ -30,7 +30,7 @@ client proxies it to the container: `--sig-proxy`, on by default), waits the gra
 every process of the run's uid. Exit codes: 0 finished; 75 retry later; 78 failed for good; anything
 else failed, retried at most `max_retries` times. The run's state goes to
 `<status-dir>/runs/<runId>/status.json` on every transition; the stack's run (`completion`) ends in
-`<status-dir>/COMPLETE`, in its one schema (vm_agent/completion_marker.py, which the guard reads): only
+`<status-dir>/COMPLETE`, in its one schema (run_contract/completion_marker.py, which the guard reads): only
 the agent writes it, where no run's credentials reach.
 """
 
@@ -52,7 +52,18 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from run_contract import completion_marker as marker_schema
-from run_contract.spec import CONTRACT_PREFIX, FolderSource, ImageSource, RunSpec
+from run_contract.names import (
+    CHECKPOINT_DIR_ENV,
+    CONTRACT_PREFIX,
+    DATA_ENV,
+    EXIT_CONFIG,
+    EXIT_FINISHED,
+    MODEL_DIR_ENV,
+    RUN_ID_ENV,
+)
+from run_contract.paths import status_name
+from run_contract.spec import FolderSource, ImageSource, RunSpec
+from run_contract.status import ENDED
 
 from vm_agent import credentials, installs, telemetry
 from vm_agent.firewall import RUNS_NETWORK
@@ -60,12 +71,7 @@ from vm_agent.gcs import Folder, Storage, StorageError, Tokens, split_gs
 from vm_agent.isolation import CachedTree, Isolation, IsolationError, RunSandbox, root_own_tree
 from vm_agent.settings import Settings
 
-EXIT_FINISHED = 0
-EXIT_RETRY = 75  # EX_TEMPFAIL: stopped mid-run with a checkpoint; start again later
-EXIT_CONFIG = 78  # EX_CONFIG: this run cannot work; never retried
-COMPLETE = "COMPLETE"
-STATES = ("queued", "starting", "running", "stopping", "finished", "failed", "stopped", "retry")
-ENDED = ("finished", "failed", "stopped")
+COMPLETE = marker_schema.NAME
 
 Log = Callable[..., None]
 
@@ -74,14 +80,8 @@ def utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def status_name(run_id: str, worker_id: int) -> str:
-    """Worker 0 keeps the run's state; another worker of a slice keeps its own beside it."""
-    leaf = "status.json" if worker_id == 0 else f"status-worker-{worker_id}.json"
-    return f"runs/{run_id}/{leaf}"
-
-
 def completion_marker(spec: RunSpec, steps: int | None, metrics: dict[str, Any]) -> dict[str, Any]:
-    """`<status-dir>/COMPLETE`, as its one schema says (vm_agent/completion_marker.py, which the guard and
+    """`<status-dir>/COMPLETE`, as its one schema says (run_contract/completion_marker.py, which the guard and
     infra/run_status.py read with)."""
     return marker_schema.marker(spec.run_id, "vm-agent", utc_now(), program_name(spec), steps, metrics)
 
@@ -320,10 +320,10 @@ class Run:
         env = dict(self.settings.runtime_env)
         env.update(self.settings.contract_env())
         env.update({
-            "TPU_PLATFORM_RUN_ID": self.spec.run_id,
-            "TPU_PLATFORM_DATA": self.spec.data,
-            "TPU_PLATFORM_CHECKPOINT_DIR": self.spec.checkpoint_dir,
-            "TPU_PLATFORM_MODEL_DIR": self.spec.model_dir,
+            RUN_ID_ENV: self.spec.run_id,
+            DATA_ENV: self.spec.data,
+            CHECKPOINT_DIR_ENV: self.spec.checkpoint_dir,
+            MODEL_DIR_ENV: self.spec.model_dir,
         })  # fmt: skip
         env.update(dict(self.spec.env))
         return env

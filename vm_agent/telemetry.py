@@ -57,7 +57,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
-from run_contract.spec import MEMBER, researcher_log
+from run_contract.paths import MEMBER, researcher_log
 
 from vm_agent.tensorboard import EventLog, storage_url
 
