@@ -1,10 +1,12 @@
-"""The run contract's one package (run_contract/): standard library only, and the same bytes inside every
-artefact that carries it: the agent's archive, the guard's source, the tpu-runs wheel, the runlib wheel."""
+"""The run contract's one package (run_contract/): standard library only, the same bytes inside every
+artefact that carries it (the agent's archive, the guard's source, the tpu-runs wheel, the runlib wheel),
+and the run spec's JSON Schema in the docs generated from it."""
 
 from __future__ import annotations
 
 import ast
 import io
+import json
 import shutil
 import subprocess
 import sys
@@ -12,11 +14,15 @@ import tarfile
 import zipfile
 from pathlib import Path
 
+import jsonschema
 import pytest
-from infra.automation import source_files
 
 import run_contract
-from infra.tpu.metadata import agent_package
+from infra.config import parse_stack_config
+from infra.tpu.metadata import agent_package, run_spec, source_digests
+from infra.tpu_guard import source_files
+from run_contract import schema, spec
+from tests.support import fixture_config
 
 ROOT = Path(__file__).resolve().parents[1]
 PIP_WHEEL = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "--quiet"]
@@ -73,3 +79,38 @@ def test_the_tpu_runs_and_runlib_wheels_carry_the_contract(tmp_path):
     expected = run_contract.digest()
     assert run_contract.digest(_contract(tpu_runs)) == expected
     assert run_contract.digest(_contract(runlib_wheel)) == expected
+
+
+def test_the_run_spec_schema_in_the_docs_is_the_generated_one():
+    committed = (ROOT / "docs" / "run-spec.schema.json").read_text()
+    assert committed == schema.render(), "regenerate: python -m run_contract.schema > docs/run-spec.schema.json"
+
+
+def test_the_schema_names_every_key_the_parser_takes():
+    properties = schema.run_spec_schema()["properties"]
+    assert list(properties) == list(spec.SPEC_KEYS)
+    (folder, image) = properties["source"]["oneOf"]
+    assert set(folder["properties"]) == set(spec.FOLDER_KEYS) and set(image["properties"]) == set(spec.IMAGE_KEYS)
+
+
+def test_the_program_renders_run_specs_that_the_schema_and_the_parser_accept():
+    """The stack's real run specs are valid; what the parser refuses for its shape, the
+    schema refuses too."""
+    cfg = parse_stack_config("sources", fixture_config("sources"))
+    validator = jsonschema.Draft202012Validator(schema.run_spec_schema())
+    rendered = [run_spec(cfg, vm, source_digests(cfg)) for vm in cfg.tpu_vms]
+    assert rendered and all(s["source"]["kind"] == "folder" for s in rendered)
+    for good in rendered:
+        assert not list(validator.iter_errors(good)), good
+    good = rendered[0]
+    for bad in (
+        {**good, "unknown": 1},
+        {**good, "env": {"TPU_PLATFORM_RUN_ID": "x"}},
+        {**good, "runId": "/leading-slash"},
+        {**good, "python": "2.7"},
+        {**good, "source": {**good["source"], "sha256": "0" * 63}},
+    ):
+        assert list(validator.iter_errors(bad)), bad
+        allowed = spec.Allowed(good["source"]["uri"].rsplit("/sources/", 1)[0], "")
+        with pytest.raises(spec.SpecError):
+            spec.parse_run_spec(json.dumps(bad), allowed)
