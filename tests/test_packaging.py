@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 import run_contract
-
 from infra.config.examples import examples
 from infra.config.sources import REPO_ROOT
 from infra.packaging import PackagingError, package, repository_folder

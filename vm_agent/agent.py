@@ -233,7 +233,7 @@ class Agent:
         except StorageError as error:
             log(f"cannot read the run's state ({error}); starting it", severity="WARNING", run=spec.run_id)
             return False
-        # This run's marker, and a marker (vm_agent/completion_marker.py): one of another shape is written anew.
+        # This run's marker, and a marker (run_contract/completion_marker.py): one of another shape is written anew.
         marked = marker_schema.problem(marker) is None and marker["runId"] == spec.run_id
         ended = previous.get("state") in ("finished", "failed") and previous.get("specSha256") == spec.fingerprint
         if not (marked or ended):

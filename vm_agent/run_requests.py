@@ -28,9 +28,9 @@ one, a source outside the stack's artifacts bucket (`sources/<sha256>.tar.gz`) o
 repository (pinned by digest), a run id already used by that member. A refusal whose run id is unusable
 or taken is recorded as `runs/<member>/refused-<request name>/` (or `runs/refused-…` without a member).
 
-A request is parsed by the one run-spec parser (vm_agent/sources.py `parse_run_spec`) into its
-`RunSpec`, with a request's own rules on top (`parse_request`); its checkpoint and model dirs are the
-platform's (`RunPlaces`), never the researcher's.
+A request is parsed by the run contract (run_contract/request.py `parse_request`: the one run-spec parser
+with a request's own rules on top) into its `RunSpec`; its checkpoint and model dirs are the platform's
+(`RunPlaces`), never the researcher's.
 
 Stdlib only, Python 3.8 (as the rest of vm_agent).
 """
