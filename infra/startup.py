@@ -31,10 +31,11 @@ import re
 import urllib.parse
 from dataclasses import dataclass
 
+from run_contract.names import ENV_ATTRIBUTE, RUN_ATTRIBUTE
+
 # GCE metadata limits (https://cloud.google.com/compute/docs/metadata/setting-custom-metadata#limitations).
 MAX_METADATA_VALUE_BYTES = 256 * 1024
 MAX_METADATA_TOTAL_BYTES = 512 * 1024
-ENV_ATTRIBUTE = "tpu-platform-env"
 
 # The module each framework imports as, to check the image's version. When the image lacks the pinned
 # version, the boot installs it only from the catalog's lock for it (infra/catalog/framework_locks: jax[tpu]
@@ -54,9 +55,6 @@ EXIT_CONFIG = 78  # EX_CONFIG of sysexits.h
 # it finds a Cloud TPU slice itself (`coordinator_port = '8482'` in jax/_src/clusters/cloud_tpu_cluster.py).
 # Passed explicitly, so the same start-up path works where JAX's detection is off (a CPU sandbox).
 COORDINATOR_PORT = 8482
-# The run the VM agent starts (docs/run-contract.md, "A run spec"): a change of it (run id, command, a
-# source's digest, settings) is a change of metadata only, which the agent sees with wait_for_change.
-RUN_ATTRIBUTE = "tpu-platform-run"
 
 
 @dataclass(frozen=True)

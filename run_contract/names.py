@@ -35,7 +35,10 @@ IMAGE_REF = re.compile(
 )
 
 # --- Instance metadata keys -------------------------------------------------------------------------
-RUN_ATTRIBUTE = "tpu-platform-run"  # the stack's desired run: a run spec, JSON
+# The run the VM agent starts (docs/run-contract.md, "A run spec"): a change of it (run id, command, a
+# source's digest, settings) is a change of metadata only, which the agent sees with wait_for_change.
+RUN_ATTRIBUTE = "tpu-platform-run"
+ENV_ATTRIBUTE = "tpu-platform-env"  # the agent's settings (agent.env), which the start-up script writes out
 
 # --- The environment a run gets (README, "The run contract") ----------------------------------------
 CONTRACT_PREFIX = "TPU_PLATFORM_"  # the platform's: a spec's `env` may not set these
