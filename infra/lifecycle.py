@@ -175,7 +175,7 @@ class RunStatus(pulumi.ComponentResource):
     Storage recognises `resource.name` in conditions (conditions-resource-attributes), and the object
     name is `projects/_/buckets/BUCKET/objects/NAME`. Listing is checked on the bucket, not the object,
     where the `objectListPrefix` API attribute limits it to the VM's own prefix: the VM's agent lists
-    the run requests researchers leave under `<vm>/requests/` (vm_agent/requests.py).
+    the run requests researchers leave under `<vm>/requests/` (vm_agent/run_requests.py).
     """
 
     def __init__(
@@ -206,7 +206,7 @@ class RunStatus(pulumi.ComponentResource):
                 bucket=self.bucket.name,
                 role="roles/storage.objectUser",
                 member=iam.service_account_member(accounts[workload]),
-                # Listing its own prefix too: the agent lists <vm>/requests/ (vm_agent/requests.py).
+                # Listing its own prefix too: the agent lists <vm>/requests/ (vm_agent/run_requests.py).
                 condition=grants.prefix_condition(self.bucket_name, naming.status_prefix(vm), f"run-status-{vm}"),
                 opts=pulumi.ResourceOptions(parent=self),
             )

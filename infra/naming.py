@@ -10,6 +10,8 @@ import hashlib
 import re
 import unicodedata
 
+from run_contract import paths
+
 # Whole-string matches (`fullmatch`): `match` with `$` would accept a trailing newline.
 # https://cloud.google.com/storage/docs/buckets#naming (names without dots)
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9_-]{1,61}[a-z0-9]")
@@ -113,50 +115,19 @@ def bucket(prefix: str, stack: str, purpose: str) -> str:
 # docs/run-contract.md: workload sources (and the agent) live in the stack's artifacts bucket, not the
 # data bucket, as `sources/<sha256>.tar.gz`; a run request lives under its VM's status folder.
 ARTIFACTS = "artifacts"
-SOURCES_PREFIX = "sources/"
-
-
-def requests_prefix(vm: str) -> str:
-    """Where researchers' run and stop requests for one VM wait for its agent (docs/run-contract.md)."""
-    return f"{status_prefix(vm)}requests/"
-
-
-def runs_prefix(vm: str) -> str:
-    """Where the agent writes `<runId>/status.json` for each run of one VM."""
-    return f"{status_prefix(vm)}runs/"
-
-
-# --- Self-service: what is a researcher's, by member (docs/design-isolation.md) -----------------------
-# A member key holds '@' (an email); no stack run id does (config: letters, digits, '-'), so a researcher's
-# prefixes never meet the stack run's.
-
-
-def member_key(member: str) -> str:
-    """`user:alice@acme.example` -> `user-alice@acme.example`: one path part of object names."""
-    kind, _, email = member.partition(":")
-    if kind not in ("user", "group") or "@" not in email or "/" in email:
-        raise ValueError(f"not a researcher member: {member!r}")
-    return f"{kind}-{email}"
-
-
-def member_requests_prefix(vm: str, member: str) -> str:
-    """Where `member` puts run and stop requests for `vm` (their own grant: new objects here only)."""
-    return f"{requests_prefix(vm)}{member_key(member)}/"
-
-
-def member_runs_prefix(vm: str, member: str) -> str:
-    """Where the agent writes the states of `member`'s runs on `vm` (theirs to read, nobody's to write)."""
-    return f"{runs_prefix(vm)}{member_key(member)}/"
-
-
-def vm_objects_prefix(workload: str, vm: str) -> str:
-    """A VM's objects in the checkpoints and models buckets: its stack run's and its researchers' runs'."""
-    return f"{workload}/{vm}/"
-
-
-def member_objects_prefix(workload: str, vm: str, member: str) -> str:
-    """`member`'s runs on `vm` in the checkpoints and models buckets: `<prefix><runId>/` each."""
-    return f"{vm_objects_prefix(workload, vm)}{member_key(member)}/"
+# The run contract's object paths (run_contract/paths.py: sources, a VM's status folder, its requests and
+# runs, a researcher's own folders), named here for the program's components as well.
+SOURCES_PREFIX = paths.SOURCES_PREFIX
+source_object = paths.source_object
+status_prefix = paths.status_prefix
+requests_prefix = paths.requests_prefix
+runs_prefix = paths.runs_prefix
+member_key = paths.member_key
+member_requests_prefix = paths.member_requests_prefix
+member_runs_prefix = paths.member_runs_prefix
+vm_objects_prefix = paths.vm_objects_prefix
+member_objects_prefix = paths.member_objects_prefix
+researcher_log = paths.researcher_log
 
 
 def job_tag(stack: str, vm: str) -> str:
@@ -184,12 +155,6 @@ def researcher_log_view(project: str, member: str) -> str:
     """The full name of `member`'s log view, which shows only `researcher_log(member)`: what `tpu-runs logs`
     reads and what the researcher's viewAccessor grant is conditioned on."""
     return f"projects/{project}/locations/global/buckets/{LOG_BUCKET}/views/{researcher_log(member)}"
-
-
-def researcher_log(member: str) -> str:
-    """The log a researcher's runs' output goes to, and the id of the log view that shows only it: letters,
-    digits, '-' (a log id may not hold '@'; a view id is at most 100 characters)."""
-    return "tpu-runs-" + hashlib.sha256(member.encode()).hexdigest()[:16]
 
 
 def workload_account_id(workload: str, stack: str) -> str:
@@ -244,18 +209,6 @@ def function_repository(stack: str) -> str:
     """The Artifact Registry repository the guard's functions are built into (its build account writes
     there and nowhere else), apart from the workloads' (whose tags are immutable)."""
     return f"tpu-functions-{stack}"
-
-
-def source_object(sha256: str) -> str:
-    """A packaged source folder in the artifacts bucket, named by its content (docs/run-contract.md)."""
-    if not re.fullmatch(r"[0-9a-f]{64}", sha256):
-        raise ValueError(f"not a sha256 hex digest: {sha256!r}")
-    return f"{SOURCES_PREFIX}{sha256}.tar.gz"
-
-
-def status_prefix(vm: str) -> str:
-    """A VM's folder in the run-status bucket; its completion marker is `<prefix>COMPLETE`."""
-    return f"{vm}/"
 
 
 # --- The GKE engine (infra/gke/) --------------------------------------------------------------------

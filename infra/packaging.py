@@ -6,7 +6,8 @@ hash: members sorted by path; every mtime, uid, gid, owner and group name fixed;
 and with mtime 0. Byte caches and version-control folders are left out (`__pycache__`, `.git`, `*.pyc`):
 they differ between checkouts and never belong on a VM. A symbolic link to a file inside `within` (the
 repository, for the stack's folders) is packaged as that file's bytes, so folders can share a helper
-(the examples' `runlib.py`) without copies; any other link is refused: it could lead out of the
+(the examples' `runlib.py`) without copies, and a link to a folder inside `within` as that folder's files
+(the run contract's package beside `runlib.py`); any other link is refused: it could lead out of the
 repository, and a clean clone is what CI packages.
 
 Pure: reads files, returns bytes; `pulumi up` uploads them (infra/artifacts.py).
@@ -47,23 +48,30 @@ class Package:
         return naming.source_object(self.sha256)
 
 
-def _members(folder: Path, within: Path) -> list[Path]:
-    out: list[Path] = []
+def _members(folder: Path, within: Path, under: str = "") -> list[tuple[Path, str]]:
+    """The folder's files and folders with their names in the archive (`under` them), sorted by name."""
+    out: list[tuple[Path, str]] = []
     for path in sorted(folder.rglob("*"), key=lambda p: p.relative_to(folder).as_posix()):
         relative = path.relative_to(folder)
+        name = f"{under}{relative.as_posix()}"
         if any(part in EXCLUDED_DIRS for part in relative.parts) or path.name.endswith(EXCLUDED_SUFFIXES):
             continue
         if path.is_symlink():
             target = path.resolve()
-            if not (target.is_file() and target.is_relative_to(within.resolve())):
+            inside = target.is_relative_to(within.resolve()) and not path.parent.resolve().is_relative_to(target)
+            if not (inside and (target.is_file() or target.is_dir())):
                 raise PackagingError(
-                    f"{folder}: {relative.as_posix()} is a symbolic link to {target}, not to a file inside "
-                    f"{within}; package real files, or links to files of this repository"
+                    f"{folder}: {relative.as_posix()} is a symbolic link to {target}, not to a file or folder "
+                    f"inside {within} (and not around the link); package real files, or links into this repository"
                 )
+            if target.is_dir():  # a shared package (run_contract/): its files, under the link's name
+                out.append((path, name))
+                out += _members(target, within, f"{name}/")
+                continue
         if not (path.is_dir() or path.is_file()):
             raise PackagingError(f"{folder}: {relative.as_posix()} is neither a file nor a folder")
-        out.append(path)
-    return out
+        out.append((path, name))
+    return sorted(out, key=lambda member: member[1])
 
 
 def _info(path: Path, name: str) -> tarfile.TarInfo:
@@ -87,12 +95,16 @@ def package(folder: Path, within: Path | None = None) -> Package:
     folder = Path(folder)
     if not folder.is_dir():
         raise PackagingError(f"{folder} is not a folder")
+    return _archive(_members(folder, Path(within or folder)))
+
+
+def _archive(members: list[tuple[Path, str]]) -> Package:
     raw = io.BytesIO()
     files = 0
     # PAX would add per-file records (atime, ctime) on some inputs; GNU format with fixed fields does not.
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.GNU_FORMAT) as tar:
-        for path in _members(folder, Path(within or folder)):
-            info = _info(path, path.relative_to(folder).as_posix())
+        for path, name in members:
+            info = _info(path, name)
             if info.isdir():
                 tar.addfile(info)
             else:
@@ -111,3 +123,16 @@ def package(folder: Path, within: Path | None = None) -> Package:
 def repository_folder(folder: str) -> Package:
     """A folder of this repository (`a/b`, relative to its root), links followed inside the repository."""
     return package(REPO_ROOT.joinpath(*folder.split("/")), within=REPO_ROOT)
+
+
+@functools.cache
+def repository_packages(*folders: str) -> Package:
+    """Folders of this repository, each under its own name (`vm_agent/...`, `run_contract/...`): Python
+    packages that are imported side by side from the folder the archive is unpacked into."""
+    members: list[tuple[Path, str]] = []
+    for folder in folders:
+        path = REPO_ROOT / folder
+        if not path.is_dir():
+            raise PackagingError(f"{path} is not a folder")
+        members += [(path, folder), *_members(path, REPO_ROOT, f"{folder}/")]
+    return _archive(members)

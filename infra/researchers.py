@@ -22,7 +22,7 @@ What a submitted program can reach, the researcher can; what a researcher can re
   grant on the project "restricted by an IAM condition to a specific log view").
   Cloud Storage and Logging recognise `resource.name` in conditions (conditions-resource-attributes).
   No researcher may delete or replace an object: requests are new objects only (ifGenerationMatch=0).
-  A stop request under one member's prefix stops only that member's runs (vm_agent/requests.py): the
+  A stop request under one member's prefix stops only that member's runs (vm_agent/run_requests.py): the
   prefix, which IAM holds to the member, says who asks. A group's members share the group's prefix.
 """
 

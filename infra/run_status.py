@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 import pulumi_gcp as gcp
 
-from infra import completion_marker
+from run_contract import completion_marker
 
 MARKER = completion_marker.NAME
 
@@ -23,7 +23,7 @@ def completed_runs(project: str, bucket: str, vms: Mapping[str, str]) -> set[str
     """The VMs (name -> current run id) whose completion marker names their current run.
 
     A marker of an earlier run id does not count: a new `run` declares the VM again; nor does content
-    that is not a marker (infra/completion_marker.py). Before the first deploy there is no bucket, so
+    that is not a marker (run_contract/completion_marker.py). Before the first deploy there is no bucket, so
     nothing is complete."""
     if not vms:
         return set()

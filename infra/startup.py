@@ -31,10 +31,11 @@ import re
 import urllib.parse
 from dataclasses import dataclass
 
+from run_contract.names import ENV_ATTRIBUTE, RUN_ATTRIBUTE
+
 # GCE metadata limits (https://cloud.google.com/compute/docs/metadata/setting-custom-metadata#limitations).
 MAX_METADATA_VALUE_BYTES = 256 * 1024
 MAX_METADATA_TOTAL_BYTES = 512 * 1024
-ENV_ATTRIBUTE = "tpu-platform-env"
 
 # The module each framework imports as, to check the image's version. When the image lacks the pinned
 # version, the boot installs it only from the catalog's lock for it (infra/catalog/framework_locks: jax[tpu]
@@ -54,9 +55,6 @@ EXIT_CONFIG = 78  # EX_CONFIG of sysexits.h
 # it finds a Cloud TPU slice itself (`coordinator_port = '8482'` in jax/_src/clusters/cloud_tpu_cluster.py).
 # Passed explicitly, so the same start-up path works where JAX's detection is off (a CPU sandbox).
 COORDINATOR_PORT = 8482
-# The run the VM agent starts (docs/run-contract.md, "A run spec"): a change of it (run id, command, a
-# source's digest, settings) is a change of metadata only, which the agent sees with wait_for_change.
-RUN_ATTRIBUTE = "tpu-platform-run"
 
 
 @dataclass(frozen=True)
@@ -190,8 +188,8 @@ def render_startup_script(spec: StartupSpec) -> str:
         f'echo "{spec.agent.sha256}  @AGENT_ARCHIVE@" | sha256sum --check --quiet --status '
         f'|| {{ echo "tpu-platform: FATAL: @AGENT_ARCHIVE@ does not match {spec.agent.sha256}" >&2; '
         f"exit {EXIT_CONFIG}; }}; "
-        "rm -rf @AGENT_DIR@ && mkdir -p -m 0700 @AGENT_DIR@/vm_agent && "
-        "tar --extract --gzip --no-same-owner --file @AGENT_ARCHIVE@ --directory @AGENT_DIR@/vm_agent"
+        "rm -rf @AGENT_DIR@ && mkdir -p -m 0700 @AGENT_DIR@ && "
+        "tar --extract --gzip --no-same-owner --file @AGENT_ARCHIVE@ --directory @AGENT_DIR@"
     )
 
     return f"""#!/bin/bash
@@ -318,7 +316,7 @@ Type=simple
 EnvironmentFile=@ENV_FILE@
 Environment=PYTHONPATH=@AGENT_DIR@
 {environment}# Every start: the kept archive checked against the digest the stack shipped, then unpacked afresh
-# (archives of the folder vm_agent/ go under vm_agent/, so PYTHONPATH holds that package and nothing else).
+# (the archive holds the packages vm_agent/ and run_contract/, so PYTHONPATH holds those and nothing else).
 ExecStartPre=/bin/bash -c '{verify}'
 ExecStart=@PYTHON@ -u -m vm_agent
 Restart=on-failure

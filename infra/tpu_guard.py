@@ -41,6 +41,7 @@ from pathlib import Path
 import pulumi
 import pulumi_gcp as gcp
 
+import run_contract
 from infra import grants, naming
 from infra.access.identities import GUARD_PERMISSIONS, guard_accounts, guard_role
 from infra.apis import ProjectApis
@@ -50,8 +51,18 @@ from infra.lifecycle import StartTarget, attempt_deadline
 from infra.tpu import queued_api
 
 SOURCE = Path(__file__).resolve().parents[1] / "functions" / "tpu_guard"
-# completion_marker.py is a link to infra/completion_marker.py (the marker's one schema): its bytes ship.
-SOURCE_FILES = ("main.py", "decisions.py", "completion_marker.py", "requirements.txt")
+# The guard's own files, and beside them the run contract's package (the completion marker's one schema):
+# the function imports `run_contract` from its source root.
+SOURCE_FILES = ("main.py", "decisions.py", "requirements.txt")
+
+
+def source_files() -> dict[str, Path]:
+    """The guard's source archive: its files, and run_contract/ as a package beside them."""
+    files = {name: SOURCE / name for name in SOURCE_FILES}
+    files.update({f"run_contract/{name}": run_contract.HOME / name for name in run_contract.files()})
+    return files
+
+
 # The build account's grants: Cloud Run Builder's parts, each on its resource (see the module docstring).
 BUILD_LOGS_ROLE = "roles/logging.logWriter"
 BUILD_IMAGES_ROLE = "roles/artifactregistry.writer"
@@ -67,8 +78,8 @@ RECOVERY_TIMEOUT_S = 30 * 60
 
 def source_digest() -> str:
     digest = hashlib.sha256()
-    for name in SOURCE_FILES:
-        digest.update((SOURCE / name).read_bytes())
+    for name, path in source_files().items():
+        digest.update(f"{name}\0".encode() + path.read_bytes())
     return digest.hexdigest()[:16]
 
 
@@ -202,7 +213,7 @@ class TpuGuard(pulumi.ComponentResource):
             f"{name}-archive",
             bucket=source_bucket.name,
             name=f"tpu-guard-{source_digest()}.zip",
-            source=pulumi.AssetArchive({f: pulumi.FileAsset(str(SOURCE / f)) for f in SOURCE_FILES}),
+            source=pulumi.AssetArchive({name: pulumi.FileAsset(str(path)) for name, path in source_files().items()}),
             opts=child,
         )
         ready.append(

@@ -415,13 +415,12 @@ def deployed_stack(folders: tuple[str, ...], prefix: str = "acme-ml-sandbox-dev"
     uploads to the artifacts bucket (infra/artifacts.py): the agent and these folders, by content."""
     from infra import naming
     from infra.packaging import repository_folder
-    from infra.tpu.metadata import AGENT_FOLDER
+    from infra.tpu.metadata import agent_package
 
     client = storage_client.Client()
     for purpose in ("data", "checkpoints", "models", "status", "artifacts"):
         client.create_bucket(f"{prefix}-{purpose}")
     artifacts = client.bucket(f"{prefix}-artifacts")
-    for folder in (AGENT_FOLDER, *folders):
-        archive = repository_folder(folder)
+    for archive in (agent_package(), *(repository_folder(folder) for folder in folders)):
         artifacts.blob(naming.source_object(archive.sha256)).upload_from_string(archive.data)
     return client

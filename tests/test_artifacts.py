@@ -29,14 +29,14 @@ DIGEST = "0123456789abcdef" * 4
 TF_MNIST = examples()["tf_mnist"].folder  # the sources fixture's `mnist` (program: tf_mnist)
 JAX_MNIST = examples()["jax_mnist"].folder  # and its `byo` (source: {folder: workloads/jax_mnist})
 TF_SHA, JAX_SHA = repository_folder(TF_MNIST).sha256, repository_folder(JAX_MNIST).sha256
-AGENT_SHA = repository_folder(vm_metadata_module.AGENT_FOLDER).sha256
+AGENT_SHA = vm_metadata_module.agent_package().sha256
 
 
 @pytest.fixture
 def repository_copy(tmp_path, monkeypatch):
     """A copy of the repository's agent and example folders under tmp_path, which the packager then reads
     (as a clean clone in CI would be); links stay links, as git checks them out."""
-    for folder in (vm_metadata_module.AGENT_FOLDER, "workloads"):
+    for folder in (*vm_metadata_module.AGENT_PACKAGES, "workloads"):
         ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
         shutil.copytree(REPO_ROOT / folder, tmp_path / folder, symlinks=True, ignore=ignore)
     for link in [p for p in tmp_path.rglob("*") if p.is_symlink()]:  # and the files they link to elsewhere
@@ -46,8 +46,10 @@ def repository_copy(tmp_path, monkeypatch):
             shutil.copy2(REPO_ROOT / target, tmp_path / target)
     monkeypatch.setattr(packaging, "REPO_ROOT", tmp_path)
     packaging.repository_folder.cache_clear()
+    packaging.repository_packages.cache_clear()
     yield tmp_path
     packaging.repository_folder.cache_clear()
+    packaging.repository_packages.cache_clear()
 
 
 def sources_plan():
@@ -168,11 +170,12 @@ def test_the_agent_is_the_real_vm_agent_package_and_readable_by_every_workload()
     cfg = parse_stack_config("sources", fixture_config("sources"))
     args = platform.artifacts_args(cfg, source_digests(cfg))
     agent = args.packages["vm-agent"]
-    assert agent.sha256 == package(REPO_ROOT / "vm_agent", within=REPO_ROOT).sha256 == AGENT_SHA
+    assert agent.sha256 == AGENT_SHA
     with tarfile.open(fileobj=io.BytesIO(agent.data)) as tar:
         names = set(tar.getnames())
-    # The package's own files at the archive's top (the start-up script unpacks them under vm_agent/).
-    assert {"__init__.py", "__main__.py", "agent.py", "runner.py", "sources.py"} <= names
+    # The agent's package and the run contract's, side by side (the start-up script unpacks both).
+    agent_files = {f"vm_agent/{name}" for name in ("__init__.py", "__main__.py", "agent.py", "runner.py", "sources.py")}
+    assert agent_files | {"run_contract/__init__.py", "run_contract/spec.py"} <= names
     assert {w: code.packages for w, code in args.workloads.items()} == {
         "byo": ("vm-agent", "source-workloads-jax-mnist"),
         "img": ("vm-agent",),

@@ -1,24 +1,19 @@
-"""The completion marker's one schema (infra/completion_marker.py): what it accepts and refuses, and that
-the guard's source and the VM agent's archive ship exactly that file."""
+"""The completion marker's one schema (run_contract/completion_marker.py): what it accepts and refuses
+(tests/test_run_contract.py checks that every artefact ships it)."""
 
 from __future__ import annotations
 
 import ast
-import gzip
-import io
 import json
 import sys
-import tarfile
 from pathlib import Path
 
 import pytest
 
-from infra import completion_marker
-from infra.tpu.metadata import agent_package
-from infra.tpu_guard import SOURCE, SOURCE_FILES
+from run_contract import completion_marker
 
 ROOT = Path(__file__).resolve().parents[1]
-CANONICAL = ROOT / "infra" / "completion_marker.py"
+CANONICAL = ROOT / "run_contract" / "completion_marker.py"
 GOOD = {"runId": "dev/mnist/vm/run-1", "writtenBy": "vm-agent", "finishedAt": "2026-12-01T12:00:00Z"}
 
 
@@ -71,16 +66,3 @@ def test_the_schema_imports_only_the_standard_library():
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert imported <= set(sys.stdlib_module_names) | {"__future__"}, imported
-
-
-def test_the_guard_and_the_agent_ship_the_schemas_bytes():
-    """One definition: the guard's and the agent's copies are links to infra/completion_marker.py, and what
-    each packager ships under that name is byte-identical to it."""
-    canonical = CANONICAL.read_bytes()
-    assert "completion_marker.py" in SOURCE_FILES  # the guard's archive: FileAssets read through the link
-    assert (SOURCE / "completion_marker.py").resolve() == CANONICAL
-    assert (SOURCE / "completion_marker.py").read_bytes() == canonical
-    assert (ROOT / "vm_agent" / "completion_marker.py").resolve() == CANONICAL
-    with tarfile.open(fileobj=io.BytesIO(gzip.decompress(agent_package().data))) as tar:
-        member = tar.extractfile("completion_marker.py")
-        assert member is not None and member.read() == canonical

@@ -89,9 +89,13 @@ def test_after_the_hand_over_an_up_deletes_nothing(stack):
 
 def replaced_beyond_digests(change: diff.Change) -> bool:
     def undigested(value: object) -> str:
-        return re.sub(r"[0-9a-f]{16,64}", "<sha256>", json.dumps(value, sort_keys=True))
+        return re.sub(r"[0-9a-f]{16,64}", "<sha256>", json.dumps(value, sort_keys=True, default=str))
 
-    return any(effect == "replace" and undigested(old) != undigested(new) for _, old, new, effect in change.properties)
+    # The members of an archive named by its content (the guard's `tpu-guard-<digest>.zip`) are content too.
+    return any(
+        effect == "replace" and not path.startswith("inputs.source.archive.") and undigested(old) != undigested(new)
+        for path, old, new, effect in change.properties
+    )
 
 
 @pytest.mark.parametrize("stack", STACKS)

@@ -4,7 +4,7 @@ Credential Access Boundary, both evaluated with a real CEL implementation as Clo
 Cloud Storage allows a downscoped token's call when both the account's IAM policy and the boundary allow it
 (https://cloud.google.com/iam/docs/downscoping-short-lived-credentials). The grants are the fixture
 self-service stack's (tests/stacks/Pulumi.self-service.yaml), the boundaries are what the agent asks STS for
-(vm_agent/credentials.py boundary, with the places vm_agent/requests.py gives a request). The storage
+(vm_agent/credentials.py boundary, with the places vm_agent/run_requests.py gives a request). The storage
 emulator enforces no IAM: this is the tier that says what Google would; tests/test_vm_agent_isolation.py
 runs the same rules for real against hostile programs.
 """
@@ -17,10 +17,10 @@ import pytest
 
 from infra import naming
 from infra.config.stackfile import ROOT
+from run_contract.request import RunPlaces
 from tests.iam_standins import Grant, account_grants, boundary_grants, vm_account
 from tools.offline.runner import PlanResult, plan_stack
 from vm_agent.credentials import MAX_RULES, boundary
-from vm_agent.requests import RunPlaces
 
 EXAMPLE = ROOT / "tests" / "stacks" / "Pulumi.self-service.yaml"
 STATUS, CKPT, MODELS, DATA = (f"acme-ml-research-self-service-{p}" for p in ("status", "checkpoints", "models", "data"))

@@ -7,12 +7,12 @@ import json
 
 import pytest
 
-from infra import completion_marker
 from infra.access.identities import SCHEDULER_PERMISSIONS, scheduler_role
 from infra.config import parse_stack_config
 from infra.lifecycle import attempt_deadline
 from infra.platform import stack_identities
 from infra.tpu.metadata import run_id
+from run_contract import completion_marker
 from tests.contracts import document
 from tests.support import fixture_config, plan, with_object
 from tests.test_config import problems_of
@@ -233,7 +233,7 @@ def test_a_marker_of_an_earlier_run_does_not_remove_the_vm():
 
 
 def test_content_that_is_not_a_completion_marker_does_not_remove_the_vm():
-    """Strict: the marker's schema (infra/completion_marker.py), not any object that names the run."""
+    """Strict: the marker's schema (run_contract/completion_marker.py), not any object that names the run."""
     raw = with_object(fixture_config("scheduled"), "tpuVms", lambda vms: vms[0].update(onCompletion="delete"))
     current = run_id(parse_stack_config("scheduled", raw), parse_stack_config("scheduled", raw).tpu_vms[0])
     for content in ("not json", json.dumps({"runId": current}), json.dumps([current])):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import run_contract
 from infra.config.examples import examples
 from infra.config.sources import REPO_ROOT
 from infra.packaging import PackagingError, package, repository_folder
@@ -113,14 +114,30 @@ def test_a_link_to_a_file_inside_the_repository_is_packaged_as_that_file(tmp_pat
     assert package(folder, within=repo).data == data
 
 
-@pytest.mark.parametrize("target", ["../../secret.txt", "/etc/hostname", "../../lib"])
-def test_a_link_leading_outside_the_repository_or_to_a_folder_is_refused(tmp_path, target):
+def test_a_link_to_a_folder_inside_the_repository_is_packaged_as_that_folders_files(tmp_path):
+    """How the examples carry the run contract's package (workloads/*/run_contract -> ../../run_contract)."""
+    repo = tmp_path / "repo"
+    folder = make_folder(repo / "team" / "train")
+    (repo / "lib" / "shared").mkdir(parents=True)
+    (repo / "lib" / "shared" / "__init__.py").write_text("NAME = 1\n")
+    os.symlink("../../lib/shared", folder / "shared")
+    data = package(folder, within=repo).data
+    with tarfile.open(fileobj=io.BytesIO(gzip.decompress(data))) as tar:
+        assert tar.getmember("shared").isdir()
+        assert tar.extractfile("shared/__init__.py").read() == b"NAME = 1\n"  # pyright: ignore[reportOptionalMemberAccess]
+    (folder / "shared").unlink()
+    shutil.copytree(repo / "lib" / "shared", folder / "shared")
+    assert package(folder, within=repo).data == data  # the same bytes as a real copy
+
+
+@pytest.mark.parametrize("target", ["../../secret.txt", "/etc/hostname", "..", "../../../repo"])
+def test_a_link_leading_outside_the_repository_or_around_itself_is_refused(tmp_path, target):
     repo = tmp_path / "repo"
     folder = make_folder(repo / "team" / "train")
     (tmp_path / "secret.txt").write_text("not the repository's\n")
     (repo / "lib").mkdir()
     os.symlink(target, folder / "linked")
-    with pytest.raises(PackagingError, match=r"linked is a symbolic link to .*, not to a file inside"):
+    with pytest.raises(PackagingError, match=r"linked is a symbolic link to .*, not to a file or folder inside"):
         package(folder, within=repo)
     # Without `within`, the folder itself is the limit: a link to a file of the repository beside it too.
     (repo / "lib" / "helper.py").write_text("")
@@ -129,14 +146,16 @@ def test_a_link_leading_outside_the_repository_or_to_a_folder_is_refused(tmp_pat
         package(folder)
 
 
-def test_the_examples_share_runlib_by_a_link_and_each_archive_holds_its_bytes():
+def test_the_examples_share_runlib_and_the_run_contract_by_links_and_each_archive_holds_their_bytes():
     shared = (REPO_ROOT / "workloads" / "lib" / "runlib.py").read_bytes()
     for example in examples().values():
-        link = REPO_ROOT / example.folder / "runlib.py"
-        assert link.is_symlink()
+        assert (REPO_ROOT / example.folder / "runlib.py").is_symlink()
+        assert (REPO_ROOT / example.folder / "run_contract").is_symlink()
         data = repository_folder(example.folder).data
         with tarfile.open(fileobj=io.BytesIO(gzip.decompress(data))) as tar:
             assert tar.extractfile("runlib.py").read() == shared  # pyright: ignore[reportOptionalMemberAccess]
+            contract = {name: tar.extractfile(f"run_contract/{name}").read() for name in run_contract.files()}  # pyright: ignore[reportOptionalMemberAccess]
+        assert contract == run_contract.files()
 
 
 @pytest.mark.parametrize("name", sorted(examples()))
@@ -144,8 +163,9 @@ def test_each_example_folder_packages_the_same_from_a_copy(tmp_path, name):
     """CI packages a clean clone: a copy elsewhere (no caches, links kept as git checks them out) gives
     the checkout's bytes."""
     clone = tmp_path / "clone"
-    shutil.copytree(REPO_ROOT / "workloads", clone / "workloads", symlinks=True,
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))  # fmt: skip
+    for shared in ("workloads", "run_contract"):
+        shutil.copytree(REPO_ROOT / shared, clone / shared, symlinks=True,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))  # fmt: skip
     folder = examples()[name].folder
     copy = package(clone / folder, within=clone)
     assert copy.sha256 == repository_folder(folder).sha256

@@ -1,4 +1,4 @@
-"""vm_agent/requests.py, the agent's RequestSource, against the real GCS emulator.
+"""vm_agent/run_requests.py, the agent's RequestSource, against the real GCS emulator.
 
 The agent's calls go through a loopback proxy that checks each one against Google's storage.v1
 discovery document and keeps its method id and Authorization header, then forwards it to the
@@ -17,13 +17,14 @@ import pytest
 import requests
 
 import vm_agent.gcs
+from run_contract.request import RunPlaces, parse_request
+from run_contract.spec import Allowed, FolderSource, RunSpec, SpecError, StopRequest
 from tests.contracts import Call, ContractError, api
 from tests.loopback import Handler, serve
 from tests.sandbox import SANDBOX_TOKEN, metadata_server, storage_emulator
 from vm_agent.gcs import Storage
-from vm_agent.requests import RequestSource, RunPlaces, parse_request
+from vm_agent.run_requests import RequestSource
 from vm_agent.settings import Settings
-from vm_agent.sources import Allowed, FolderSource, RunSpec, SpecError, StopRequest
 
 STATUS = "acme-status"
 ARTIFACTS = "acme-artifacts"
@@ -310,7 +311,7 @@ def test_a_request_named_like_the_stack_runs_default_never_gets_the_stack_runs_f
 def test_the_agents_member_keys_and_logs_are_the_platforms():
     """vm_agent stays stdlib-only and apart from infra: the names both compute are compared here."""
     from infra import naming
-    from vm_agent import sources
+    from run_contract import paths as sources
 
     for member in (ALICE, "group:ml-researchers@acme.example", "user:a.b+c@sub.acme.example"):
         assert sources.member_key(member) == naming.member_key(member)

@@ -21,7 +21,6 @@ from infra import naming
 from infra.catalog import framework_lock, load_catalog
 from infra.config import parse_stack_config
 from infra.config.problems import ConfigError
-from infra.packaging import repository_folder
 from infra.startup import (
     AGENT_UNIT,
     COORDINATOR_PORT,
@@ -33,7 +32,7 @@ from infra.startup import (
     render_env,
     render_startup_script,
 )
-from infra.tpu.metadata import AGENT_FOLDER, startup_spec, vm_metadata
+from infra.tpu.metadata import agent_package, startup_spec, vm_metadata
 from tests.support import fixture_config, with_object
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -281,7 +280,7 @@ def test_the_agent_runs_under_systemd_with_its_settings_from_metadata():
 def test_the_script_carries_the_agent_by_digest_and_no_program():
     """The workload's code comes from the run spec (the agent fetches it); the script names only the
     agent: the archive `pulumi up` uploads (infra/artifacts.py), by its content's digest."""
-    agent = repository_folder(AGENT_FOLDER)
+    agent = agent_package()
     script = render_startup_script(spec())
     assert f"readonly AGENT_SHA256={agent.sha256}\n" in script
     assert f"/storage/v1/b/{ARTIFACTS}/o/{naming.source_object(agent.sha256).replace('/', '%2F')}?alt=media" in script
@@ -384,7 +383,7 @@ def artifacts() -> Iterator[str]:
     with storage_emulator() as host:
         client = storage.Client("fixture-project", AnonymousCredentials(), client_options={"api_endpoint": host})
         bucket = client.create_bucket(ARTIFACTS)
-        agent = repository_folder(AGENT_FOLDER)
+        agent = agent_package()
         bucket.blob(naming.source_object(agent.sha256)).upload_from_string(agent.data)
         bucket.blob(TAMPERED).upload_from_string(tampered_agent(agent.data))
         yield host

@@ -19,9 +19,10 @@ from flask import Request
 from google.cloud import storage
 from werkzeug.test import EnvironBuilder
 
-from infra import completion_marker
+import run_contract
 from infra.access import iamdata
 from infra.access.identities import GUARD_METHODS, GUARD_PERMISSIONS, guard_identities, guard_role
+from run_contract import completion_marker
 from tests.contracts import Call, CheckedSession, ContractError, api
 from tests.sandbox import free_port, storage_emulator
 from tests.support import fixture_config, plan, with_object
@@ -637,7 +638,8 @@ def test_guard_resources_in_production():
     # the guard's function source (the stack's other object is a workload source archive: infra/artifacts.py)
     (guard,) = [o for o in result.of_type("gcp:storage/bucketObject:BucketObject") if o.name == "guard-archive"]
     archive = guard.inputs["source"]["archive"]
-    assert sorted(archive) == ["completion_marker.py", "decisions.py", "main.py", "requirements.txt"]
+    contract = [f"run_contract/{name}" for name in run_contract.files()]
+    assert sorted(archive) == ["decisions.py", "main.py", "requirements.txt", *contract]
 
 
 @pytest.mark.parametrize("stack", ["production", "scheduled"])  # the recovery job; the scheduled starts

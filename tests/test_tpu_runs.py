@@ -20,12 +20,12 @@ import requests
 from infra import naming
 from infra.access.researcher_calls import RESEARCHER_CALLS
 from infra.packaging import package
+from run_contract.spec import FolderSource, ImageSource, RunSpec, StopRequest
 from tests.contracts import Call, ContractError, api
 from tests.runs_cloud import RunsCloud, runs_cloud
 from tpu_runs import cli
-from vm_agent.requests import RequestSource
+from vm_agent.run_requests import RequestSource
 from vm_agent.settings import Settings
-from vm_agent.sources import FolderSource, ImageSource, RunSpec, StopRequest
 
 EXAMPLE = Path(__file__).resolve().parent / "stacks" / "Pulumi.self-service.yaml"
 PROJECT = "acme-ml-research"

@@ -9,6 +9,7 @@ import pytest
 from infra import naming
 from infra.packaging import repository_folder
 from infra.tpu.cloud_tpu import CLOUD_PLATFORM_SCOPE
+from infra.tpu.metadata import agent_package
 from tests.support import depends_on, fixture_config, plan, with_object
 
 V2VM = "gcp:tpu/v2Vm:V2Vm"
@@ -48,7 +49,7 @@ def test_metadata_carries_the_run_spec_and_the_agents_digest():
     by digest; the start-up script carries only the agent's digest, not the program."""
     _, (vm,) = vms()
     metadata = vm.inputs["metadata"]
-    agent, program = repository_folder("vm_agent"), repository_folder("workloads/tf_mnist")
+    agent, program = agent_package(), repository_folder("workloads/tf_mnist")
     script = metadata["startup-script"]
     assert f"readonly AGENT_SHA256={agent.sha256}\n" in script
     assert "readonly FRAMEWORK_VERSION=2.14.1" in script  # tensorflow-tpu 2.14.1 does not exist: the image has it

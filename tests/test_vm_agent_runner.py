@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from infra import completion_marker
+from run_contract import completion_marker
+from run_contract.spec import parse_run_spec
 from tests.sandbox import metadata_server, storage_emulator, wait_for
 from tests.vm_agent_support import (
     ARTIFACTS,
@@ -30,7 +31,6 @@ from tests.vm_agent_support import (
 from vm_agent.gcs import Folder, Storage
 from vm_agent.runner import Run
 from vm_agent.settings import Settings
-from vm_agent.sources import parse_run_spec
 
 pytestmark = pytest.mark.slow  # a virtualenv and real processes against an emulator
 

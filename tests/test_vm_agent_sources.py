@@ -13,18 +13,11 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import pytest
 
+from run_contract.spec import Allowed, FolderSource, ImageSource, SpecError, StopRequest, parse_run_spec
 from tests.loopback import Handler, serve
 from tests.sandbox import metadata_server
 from tests.vm_agent_support import ARTIFACTS, REGISTRY
-from vm_agent.sources import (
-    Allowed,
-    FolderSource,
-    ImageSource,
-    MetadataSource,
-    SpecError,
-    StopRequest,
-    parse_run_spec,
-)
+from vm_agent.sources import MetadataSource
 
 ALLOWED = Allowed(f"gs://{ARTIFACTS}", REGISTRY)
 SHA = "a" * 64
@@ -156,7 +149,7 @@ def test_the_agent_needs_at_most_python_3_8():
     and standard-library use and names the oldest version that has them all."""
     vermin = Path(__file__).resolve().parents[1] / ".venv" / "bin" / "vermin"
     done = subprocess.run(
-        [str(vermin), "-t=3.8-", "--no-tips", "--violations", "vm_agent"],
+        [str(vermin), "-t=3.8-", "--no-tips", "--violations", "vm_agent", "run_contract"],
         capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1],
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr

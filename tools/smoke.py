@@ -481,7 +481,9 @@ def tpu_probe(cfg: PlatformConfig, shell: Shell, report: Report) -> None:
     vm, project = cfg.tpu_vms[0], cfg.project
     ssh = [*tpu_vm("ssh", PROBE, vm.zone, project), "--tunnel-through-iap", "--command"]
     rc, _ = shell.run([*ssh, f"rm -rf {PROBE_DIR} && mkdir -p {PROBE_DIR}"])
-    scp = ["gcloud", "compute", "tpus", "tpu-vm", "scp", "--recurse", str(ROOT / "vm_agent"), f"{PROBE}:{PROBE_DIR}/",
+    # The agent's package and the run contract's, which it imports.
+    scp = ["gcloud", "compute", "tpus", "tpu-vm", "scp", "--recurse", str(ROOT / "vm_agent"),
+           str(ROOT / "run_contract"), f"{PROBE}:{PROBE_DIR}/",
            "--zone", vm.zone, "--project", project, "--tunnel-through-iap"]  # fmt: skip
     rc, _ = shell.run(scp) if rc == 0 else (rc, "")
     if not report.add("the agent's code is on the probe node", rc == 0, PROBE_DIR):

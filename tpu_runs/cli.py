@@ -30,14 +30,13 @@ from infra import naming
 from infra.config import ConfigError, PlatformConfig, TpuVmSettings, parse_stack_config
 from infra.config.stackfile import ROOT, StackFileError, read_stack_config
 from infra.packaging import PackagingError, package
+from run_contract.names import IMAGE_REF, REQUEST_RUN_ID, REQUEST_RUN_ID_RULE
+from run_contract.status import ENDED
 from tpu_runs.gcp import CallError, Google, adc_session
 
 # Requests and states are JSON stored as octet-stream: gcp-storage-emulator reads an `application/json`
 # media upload as object metadata (its server.py), and nothing reads the content type.
 JSON_BYTES = "application/octet-stream"
-TERMINAL = ("finished", "failed", "stopped")
-RUN_ID = re.compile(r"[a-z](?:[a-z0-9-]{0,30}[a-z0-9])?")  # vm_agent/requests.py RUN_ID
-IMAGE = re.compile(r"[a-z0-9-]+-docker\.pkg\.dev/[^@\s]+@sha256:[0-9a-f]{64}")
 
 
 class UsageError(Exception):
@@ -127,8 +126,8 @@ def _state(google: Google, stack: Stack, vm: str, who: str, run_id: str) -> dict
 def submit(google: Google, stack: Stack, args: argparse.Namespace) -> int:
     vm = stack.self_service(args.vm)
     run_id = args.run_id or f"r{_stamp().lower().replace('t', '-')[:15]}"
-    if not RUN_ID.fullmatch(run_id):
-        raise UsageError(f"run id {run_id!r}: 1-32 lowercase letters, digits and '-', starting with a letter")
+    if not REQUEST_RUN_ID.fullmatch(run_id):
+        raise UsageError(f"run id {run_id!r}: {REQUEST_RUN_ID_RULE}")
     command = [c for c in args.command if c != "--"] if args.command else []
     if not command:
         raise UsageError("give the command to run after --, e.g. -- python train.py --epochs 3")
@@ -136,7 +135,8 @@ def submit(google: Google, stack: Stack, args: argparse.Namespace) -> int:
     if len(env) != len(args.env or []):
         raise UsageError("--env takes NAME=value")
     if args.image:
-        if not IMAGE.fullmatch(args.image) or not args.image.startswith(f"{stack.cfg.region}-docker.pkg.dev/"):
+        image = IMAGE_REF.fullmatch(args.image)
+        if image is None or not image["digest"] or image["region"] != stack.cfg.region:
             raise UsageError(
                 f"--image {args.image!r}: an image of {stack.cfg.region}-docker.pkg.dev/{stack.cfg.project}/… "
                 "pinned by digest (@sha256:…)"
@@ -210,7 +210,7 @@ def logs(google: Google, stack: Stack, args: argparse.Namespace) -> int:
     vm = stack.self_service(args.vm)
     who = requester(args.requester)
     view = naming.researcher_log_view(stack.cfg.project, who)
-    run = f"{naming.member_key(who)}/{args.run_id}"  # the agent's id of a researcher's run (vm_agent/requests.py)
+    run = f"{naming.member_key(who)}/{args.run_id}"  # the agent's id of a researcher's run (vm_agent/run_requests.py)
     base = f'labels.runId="{run}" AND labels.vm="{vm.name}"'
     last = ""
     while True:
@@ -226,7 +226,7 @@ def logs(google: Google, stack: Stack, args: argparse.Namespace) -> int:
         if not args.follow:
             return 0
         state = _state(google, stack, vm.name, who, args.run_id) or {}
-        if state.get("state") in TERMINAL:
+        if state.get("state") in ENDED:
             print(f"run {args.run_id} {state['state']}" + (f": {state['reason']}" if state.get("reason") else ""))
             return 0 if state["state"] == "finished" else 1
         time.sleep(args.interval)
@@ -234,7 +234,7 @@ def logs(google: Google, stack: Stack, args: argparse.Namespace) -> int:
 
 def model_prefix(vm: TpuVmSettings, who: str, run_id: str) -> str:
     """Where a researcher's run keeps its model and metrics: `<workload>/<vm>/<member>/<runId>/` in the
-    models bucket; the agent gives a request's run this TPU_PLATFORM_MODEL_DIR (vm_agent/requests.py
+    models bucket; the agent gives a request's run this TPU_PLATFORM_MODEL_DIR (vm_agent/run_requests.py
     RunPlaces)."""
     return f"{naming.member_objects_prefix(vm.workload, vm.name, who)}{run_id}/"
 
@@ -269,7 +269,7 @@ def stop(google: Google, stack: Stack, args: argparse.Namespace) -> int:
     state = _state(google, stack, vm.name, who, args.run_id)
     if state is None:
         raise UsageError(f"no run {args.run_id} on {vm.name} (tpu-runs list --stack {stack.cfg.stack})")
-    if state.get("state") in TERMINAL:
+    if state.get("state") in ENDED:
         print(f"run {args.run_id} has ended already ({state['state']})")
         return 0
     request = _request_name(vm.name, who, args.run_id, stop=True)
@@ -280,8 +280,8 @@ def stop(google: Google, stack: Stack, args: argparse.Namespace) -> int:
 
 def _run_id(value: str) -> str:
     """A run id as submit makes them: it goes into object names and the Logging filter, so nothing else."""
-    if not RUN_ID.fullmatch(value):
-        raise argparse.ArgumentTypeError(f"{value!r}: 1-32 lowercase letters, digits and '-', starting with a letter")
+    if not REQUEST_RUN_ID.fullmatch(value):
+        raise argparse.ArgumentTypeError(f"{value!r}: {REQUEST_RUN_ID_RULE}")
     return value
 
 

@@ -10,7 +10,7 @@
   `announce` did in the start-up script).
 - SIGTERM to the agent (shutdown, preemption) stops the run the same way and exits 0.
 
-Self-service requests (vm_agent/requests.py), beside the stack's run, where agent.env says
+Self-service requests (vm_agent/run_requests.py), beside the stack's run, where agent.env says
 `TPU_PLATFORM_SELF_SERVICE=1` (elsewhere the request folder is still read, more slowly, so that a
 request there is refused and recorded as failed rather than left waiting for ever):
 - The stack's run comes first. It is the reviewed use of this capacity (a PR, a plan, a budget); a
@@ -21,7 +21,7 @@ request there is refused and recorded as failed rather than left waiting for eve
   exit 75); its state goes back to `queued` (with why) and it resumes first, from its checkpoint,
   once the stack's run has ended. Requests never preempt each other: a new one waits its turn.
 - A stop request stops the named self-service run (or drops it from the queue, recorded `stopped`);
-  it never touches the stack's run (whose id a request cannot even name: requests.py RUN_ID).
+  it never touches the stack's run (whose id a request cannot even name: run_requests.py RUN_ID).
 - The VM shutting down (or preempted) stops a request's run the same way and leaves it `queued`;
   the next boot resumes it first (its request object is gone; its state keeps the request: `spec`).
 - A request's run writes no COMPLETE (the VM is shared capacity and stays up; its spec cannot ask
@@ -38,16 +38,19 @@ import sys
 import threading
 from typing import Any, Callable, Union
 
-from vm_agent import completion_marker as marker_schema
+from run_contract import completion_marker as marker_schema
+from run_contract.paths import status_name
+from run_contract.spec import RunSpec, SpecError, StopRequest
+
 from vm_agent import telemetry
 from vm_agent.firewall import Firewall, FirewallError
 from vm_agent.gcs import Folder, Storage, StorageError, Tokens
 from vm_agent.isolation import UID_FIRST, UID_LAST, Isolation
 from vm_agent.metadata_proxy import MetadataProxy, tpu_environment
-from vm_agent.requests import RequestSource
-from vm_agent.runner import COMPLETE, Run, completion_marker, status_name, utc_now
+from vm_agent.run_requests import RequestSource
+from vm_agent.runner import COMPLETE, Run, completion_marker, utc_now
 from vm_agent.settings import Settings
-from vm_agent.sources import MetadataSource, RunSource, RunSpec, SpecError, StopRequest
+from vm_agent.sources import MetadataSource, RunSource
 
 Desired = Union[RunSpec, StopRequest, SpecError]
 FROM_STACK, FROM_REQUESTS = "stack", "requests"
@@ -230,7 +233,7 @@ class Agent:
         except StorageError as error:
             log(f"cannot read the run's state ({error}); starting it", severity="WARNING", run=spec.run_id)
             return False
-        # This run's marker, and a marker (vm_agent/completion_marker.py): one of another shape is written anew.
+        # This run's marker, and a marker (run_contract/completion_marker.py): one of another shape is written anew.
         marked = marker_schema.problem(marker) is None and marker["runId"] == spec.run_id
         ended = previous.get("state") in ("finished", "failed") and previous.get("specSha256") == spec.fingerprint
         if not (marked or ended):

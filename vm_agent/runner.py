@@ -30,7 +30,7 @@ client proxies it to the container: `--sig-proxy`, on by default), waits the gra
 every process of the run's uid. Exit codes: 0 finished; 75 retry later; 78 failed for good; anything
 else failed, retried at most `max_retries` times. The run's state goes to
 `<status-dir>/runs/<runId>/status.json` on every transition; the stack's run (`completion`) ends in
-`<status-dir>/COMPLETE`, in its one schema (vm_agent/completion_marker.py, which the guard reads): only
+`<status-dir>/COMPLETE`, in its one schema (run_contract/completion_marker.py, which the guard reads): only
 the agent writes it, where no run's credentials reach.
 """
 
@@ -51,20 +51,27 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from vm_agent import completion_marker as marker_schema
+from run_contract import completion_marker as marker_schema
+from run_contract.names import (
+    CHECKPOINT_DIR_ENV,
+    CONTRACT_PREFIX,
+    DATA_ENV,
+    EXIT_CONFIG,
+    EXIT_FINISHED,
+    MODEL_DIR_ENV,
+    RUN_ID_ENV,
+)
+from run_contract.paths import status_name
+from run_contract.spec import FolderSource, ImageSource, RunSpec
+from run_contract.status import ENDED
+
 from vm_agent import credentials, installs, telemetry
 from vm_agent.firewall import RUNS_NETWORK
 from vm_agent.gcs import Folder, Storage, StorageError, Tokens, split_gs
 from vm_agent.isolation import CachedTree, Isolation, IsolationError, RunSandbox, root_own_tree
 from vm_agent.settings import Settings
-from vm_agent.sources import CONTRACT_PREFIX, FolderSource, ImageSource, RunSpec
 
-EXIT_FINISHED = 0
-EXIT_RETRY = 75  # EX_TEMPFAIL: stopped mid-run with a checkpoint; start again later
-EXIT_CONFIG = 78  # EX_CONFIG: this run cannot work; never retried
-COMPLETE = "COMPLETE"
-STATES = ("queued", "starting", "running", "stopping", "finished", "failed", "stopped", "retry")
-ENDED = ("finished", "failed", "stopped")
+COMPLETE = marker_schema.NAME
 
 Log = Callable[..., None]
 
@@ -73,14 +80,8 @@ def utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def status_name(run_id: str, worker_id: int) -> str:
-    """Worker 0 keeps the run's state; another worker of a slice keeps its own beside it."""
-    leaf = "status.json" if worker_id == 0 else f"status-worker-{worker_id}.json"
-    return f"runs/{run_id}/{leaf}"
-
-
 def completion_marker(spec: RunSpec, steps: int | None, metrics: dict[str, Any]) -> dict[str, Any]:
-    """`<status-dir>/COMPLETE`, as its one schema says (vm_agent/completion_marker.py, which the guard and
+    """`<status-dir>/COMPLETE`, as its one schema says (run_contract/completion_marker.py, which the guard and
     infra/run_status.py read with)."""
     return marker_schema.marker(spec.run_id, "vm-agent", utc_now(), program_name(spec), steps, metrics)
 
@@ -319,10 +320,10 @@ class Run:
         env = dict(self.settings.runtime_env)
         env.update(self.settings.contract_env())
         env.update({
-            "TPU_PLATFORM_RUN_ID": self.spec.run_id,
-            "TPU_PLATFORM_DATA": self.spec.data,
-            "TPU_PLATFORM_CHECKPOINT_DIR": self.spec.checkpoint_dir,
-            "TPU_PLATFORM_MODEL_DIR": self.spec.model_dir,
+            RUN_ID_ENV: self.spec.run_id,
+            DATA_ENV: self.spec.data,
+            CHECKPOINT_DIR_ENV: self.spec.checkpoint_dir,
+            MODEL_DIR_ENV: self.spec.model_dir,
         })  # fmt: skip
         env.update(dict(self.spec.env))
         return env
@@ -562,15 +563,15 @@ class Run:
         }
         if self.error:
             record["error"] = self.error
-        if self.spec.request:  # the researcher side's record of where the run came from (vm_agent/requests.py)
+        if self.spec.request:  # the researcher side's record of where the run came from (vm_agent/run_requests.py)
             record["request"] = self.spec.request
-            record["spec"] = self.request_spec()  # what a reboot resumes from (requests.py `unfinished`)
+            record["spec"] = self.request_spec()  # what a reboot resumes from (run_requests.py `unfinished`)
         return record
 
     def request_spec(self) -> dict[str, Any]:
-        """The request's fields (vm_agent/requests.py REQUEST_FIELDS) of this run."""
+        """The request's fields (vm_agent/run_requests.py REQUEST_FIELDS) of this run."""
         spec = self.spec
-        # A request's run id is `<member>/<runId>` (vm_agent/requests.py); the request said `<runId>`.
+        # A request's run id is `<member>/<runId>` (vm_agent/run_requests.py); the request said `<runId>`.
         fields = {"runId": spec.run_id.rsplit("/", 1)[-1], "source": spec.source.describe(),
                   "command": list(spec.command), "env": dict(spec.env), "requester": spec.requester}  # fmt: skip
         if spec.python:

@@ -11,15 +11,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
+from run_contract.names import REGISTRY
+from run_contract.spec import Allowed
+
 from vm_agent.credentials import STS_URL
 from vm_agent.gcs import DEFAULT_METADATA_URL
-from vm_agent.sources import Allowed
 
 DEFAULT_GRACE_SECONDS = 30.0  # a spot VM's preemption notice gives about 30 s
 DEFAULT_MAX_RETRIES = 3
 DEFAULT_RETRY_DELAY_SECONDS = 30.0
 DEFAULT_POLL_SECONDS = 60.0  # the metadata wait's timeout, and how often the requests folder is listed
-REGISTRY = re.compile(r"[a-z0-9-]+-docker\.pkg\.dev/[a-z][a-z0-9-]{4,28}[a-z0-9]/[a-z]([a-z0-9-]*[a-z0-9])?")
 
 
 class SettingsError(ValueError):

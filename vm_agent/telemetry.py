@@ -57,7 +57,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
-from vm_agent.sources import MEMBER, researcher_log
+from run_contract.paths import MEMBER, researcher_log
+
 from vm_agent.tensorboard import EventLog, storage_url
 
 LOG_ID = "tpu-workload"
@@ -94,7 +95,7 @@ _SEVERITY_ALIASES = {"WARN": "WARNING", "FATAL": "CRITICAL", "TRACE": "DEBUG", "
 
 class Run(Protocol):
     """What telemetry reads of a run: its id and where its model goes ("" when it has no model dir); and,
-    when it has them, `request` and `requester` (a researcher's run: vm_agent/sources.py RunSpec)."""
+    when it has them, `request` and `requester` (a researcher's run: run_contract/spec.py RunSpec)."""
 
     @property
     def run_id(self) -> str: ...

@@ -7,7 +7,7 @@
   resumes from its checkpoint. Its spec is recorded before the delete, so a create that fails is
   retried from the record; after `max_attempts` recoveries of one node within a window the guard
   gives up on it (and says so), and the count starts again in the next window.
-- Run to completion: the marker `gs://<status-bucket>/<vm>/COMPLETE` (its schema: completion_marker.py)
+- Run to completion: the marker `gs://<status-bucket>/<vm>/COMPLETE` (its schema: run_contract/completion_marker.py)
   makes the guard stop or delete that VM's node, as the stack says (never as the marker says); a
   scheduled start of a VM whose run is complete does nothing; content that is not a marker is neither.
   A node still running `maxRunHours` after it was created is stopped or deleted the same way by the
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-import completion_marker
+from run_contract import completion_marker
 
 RUNNING = {"READY", "CREATING", "STARTING", "RESTARTING", "REPAIRING"}
 GONE = {"DELETING"}
@@ -310,7 +310,7 @@ def marker_problem(vm: str, marker: bytes | None, current_runs: dict[str, str]) 
     ids), or None when it is.
 
     A new `run` id trains again, so an older run's marker must neither stop the node nor block a
-    scheduled start; content that is not a marker (completion_marker.py) is no completion at all.
+    scheduled start; content that is not a marker (run_contract/completion_marker.py) is no completion at all.
     """
     found, why = completion_marker.decode(marker)
     if found is None:

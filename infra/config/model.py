@@ -152,7 +152,7 @@ class TpuVmSettings:
     run_duration_hours: float | None = None  # flex-start only
     max_run_hours: float | None = None  # expected hours of a run to completion; the guard enforces it
     hours_between_preemptions: float | None = None  # spot/preemptible: mean running hours, from a record
-    self_service: bool = False  # researchers may submit runs to it (vm_agent/requests.py takes them)
+    self_service: bool = False  # researchers may submit runs to it (vm_agent/run_requests.py takes them)
 
     @property
     def reclaimable(self) -> bool:

@@ -369,7 +369,7 @@ def _against_catalog(key: str, vm: TpuVmSettings, workload: WorkloadSettings, pr
     if need and (why := catalog.memory_problem(accelerator, need)):
         problems.add(f"{key}.acceleratorType", accelerator.name, f"workload '{workload.name}' {why}")
     if vm.self_service and accelerator.multi_host:
-        # vm_agent/requests.py: only worker 0 takes requests; every host would have to run the program.
+        # vm_agent/run_requests.py: only worker 0 takes requests; every host would have to run the program.
         problems.add(
             f"{key}.selfService",
             True,

@@ -20,6 +20,7 @@ from infra.catalog import PROVISIONING_MODELS, load_catalog
 from infra.config.examples import examples
 from infra.config.model import BUCKET_PURPOSES, PROJECT
 from infra.config.sources import FOLDER_ALLOWED, IMAGE_ALLOWED
+from run_contract.names import RESEARCHER
 
 Kind = Literal["string", "integer", "number", "boolean", "list", "object", "map"]
 Scalar = str | int | float | bool
@@ -60,7 +61,7 @@ KMS_KEY = r"projects/(?P<project>[^/\s]+)/locations/(?P<location>[^/\s]+)/keyRin
 EMAIL = r"[^@\s]+@[^@\s]+\.[a-z]{2,}"
 # IAM members a researcher grant may name: people and groups only (IAM "principal identifiers");
 # service accounts run the platform and are never researchers.
-RESEARCHER_MEMBER = r"(user|group):[^@\s:]+@[^@\s]+\.[a-z]{2,}"
+RESEARCHER_MEMBER = RESEARCHER.pattern  # the run contract's (run_contract/names.py)
 # container.v1 AuthenticatorGroupsConfig (pulumi-gcp: "Group name must be in format
 # gke-security-groups@yourdomain.com"): the group of groups GKE looks members up in for RBAC.
 RBAC_SECURITY_GROUP = r"gke-security-groups@[^@\s]+\.[a-z]{2,}"

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from infra import naming
+from run_contract.names import IMAGE_REF
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Interpreters whose first operand is a file (or `-m module`) of the folder; anything else must be a
@@ -21,15 +22,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 INTERPRETERS = re.compile(r"python(3(\.[0-9]{1,2})?)?|bash|sh")
 _FOLDER_PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
-# Artifact Registry Docker images: `LOCATION-docker.pkg.dev/PROJECT/REPOSITORY/IMAGE` (Artifact Registry,
-# "Push and pull images"); image path components as the OCI distribution spec names them; a digest is
-# `sha256:` and 64 lowercase hex digits; a tag at most 128 characters (docker tag reference).
-_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-IMAGE_REF = re.compile(
-    r"(?P<region>[a-z]+-[a-z]+[0-9]+)-docker\.pkg\.dev/(?P<project>[a-z][a-z0-9-]{4,28}[a-z0-9])"
-    rf"/(?P<repository>[a-z][a-z0-9-]{{0,61}}[a-z0-9])/(?P<name>{_COMPONENT}(?:/{_COMPONENT})*)"
-    r"(?:@sha256:(?P<digest>[0-9a-f]{64})|:(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))"
-)
+# Artifact Registry image references: the run contract's pattern (run_contract/names.py IMAGE_REF).
 IMAGE_ALLOWED = (
     "<region>-docker.pkg.dev/<project>/<repository>/<image>@sha256:<64 hex digits> in this stack's repository"
 )

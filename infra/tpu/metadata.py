@@ -15,7 +15,7 @@ from infra.catalog import framework_lock, load_catalog
 from infra.config.model import PROJECT, PlatformConfig, TpuVmSettings
 from infra.config.problems import Problems
 from infra.config.sources import registry
-from infra.packaging import Package, PackagingError, repository_folder
+from infra.packaging import Package, PackagingError, repository_folder, repository_packages
 from infra.startup import (
     ENV_ATTRIBUTE,
     RUN_ATTRIBUTE,
@@ -89,9 +89,9 @@ def render_run_spec(spec: Mapping[str, Any]) -> str:
     return json.dumps(spec, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-# The VM agent (vm_agent/, docs/run-contract.md): packaged like a source folder, fetched by the start-up
-# script, verified by its digest.
-AGENT_FOLDER = "vm_agent"
+# The VM agent (vm_agent/, docs/run-contract.md) and the run contract it keeps (run_contract/): one archive
+# with both packages side by side, fetched by the start-up script, verified by its digest.
+AGENT_PACKAGES = ("vm_agent", "run_contract")
 # How long a run has between SIGTERM and SIGKILL: GCE gives a spot/preemptible VM about 30 s of notice
 # (https://cloud.google.com/compute/docs/instances/preemptible#preemption-process).
 GRACE_SECONDS = 30
@@ -99,7 +99,7 @@ MAX_RETRIES = 3  # a run exiting 75 or crashing is started again this many times
 
 
 def agent_package() -> Package:
-    return repository_folder(AGENT_FOLDER)
+    return repository_packages(*AGENT_PACKAGES)
 
 
 def agent_settings(

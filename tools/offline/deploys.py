@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable
 
-from infra import completion_marker
 from infra.config import parse_stack_config
 from infra.run_status import marker_name
+from run_contract import completion_marker
 from tools.offline.mocks import CloudState
 from tools.offline.runner import PlanResult
 

@@ -44,12 +44,14 @@ from typing import Any, Protocol
 
 import numpy as np
 
-COMPLETE = "COMPLETE"
+from run_contract import completion_marker, names
+
+COMPLETE = completion_marker.NAME
 # Exit codes of the run contract (docs/run-contract.md; sysexits.h): the platform's agent retries
 # a run that exits EXIT_RETRY (stopped mid-run: it resumes from its checkpoint) and never one that
 # exits REFUSED_EXIT (a configuration that cannot work: a resume that would mix two runs).
-EXIT_RETRY = 75  # EX_TEMPFAIL
-REFUSED_EXIT = 78  # EX_CONFIG
+EXIT_RETRY = names.EXIT_RETRY
+REFUSED_EXIT = names.EXIT_CONFIG
 
 
 # ---------------------------------------------------------------------------------------------- CLI
@@ -58,11 +60,11 @@ def parse_args(description: str, argv: list[str] | None = None) -> argparse.Name
     # Defaults from the run contract's environment, so a command needs no flags for what the platform
     # already says.
     env = os.environ.get
-    parser.add_argument("--data", default=env("TPU_PLATFORM_DATA", ""),
+    parser.add_argument("--data", default=env(names.DATA_ENV, ""),
                         help="local path or gs:// URL: an .npz or a folder of shards")  # fmt: skip
-    parser.add_argument("--checkpoint-dir", default=env("TPU_PLATFORM_CHECKPOINT_DIR", ""),
+    parser.add_argument("--checkpoint-dir", default=env(names.CHECKPOINT_DIR_ENV, ""),
                         help="where checkpoints go (resumes from the newest)")  # fmt: skip
-    parser.add_argument("--model-dir", default=env("TPU_PLATFORM_MODEL_DIR", ""),
+    parser.add_argument("--model-dir", default=env(names.MODEL_DIR_ENV, ""),
                         help="where the final model and metrics.json go")  # fmt: skip
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--steps", type=int, default=0, help="total training steps (default: from --epochs)")
@@ -72,7 +74,7 @@ def parse_args(description: str, argv: list[str] | None = None) -> argparse.Name
     parser.add_argument("--checkpoint-every-minutes", type=float, default=10.0)
     parser.add_argument("--steps-per-call", type=int, default=32,
                         help="training steps per call to the device: fewer host round trips")  # fmt: skip
-    parser.add_argument("--run-id", default=os.environ.get("TPU_PLATFORM_RUN_ID", "local"))
+    parser.add_argument("--run-id", default=os.environ.get(names.RUN_ID_ENV, "local"))
     parser.add_argument("--tpu", choices=("auto", "local", "none"), default="auto", help="use a TPU: auto-detect")
     # Only the platform's agent writes the run-complete object (when the command exits 0); `status` reads it.
     parser.add_argument("--status-dir", default="", help="where the platform's run-complete object is (read only)")
@@ -578,8 +580,8 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     ask = commands.add_parser("status", help="print `complete` once either of the run's completion markers exists")
     ask.add_argument("--checkpoint-dir", default="")
-    ask.add_argument("--status-dir", default=os.environ.get("TPU_PLATFORM_STATUS_DIR", ""))
-    ask.add_argument("--run-id", default=os.environ.get("TPU_PLATFORM_RUN_ID", ""))
+    ask.add_argument("--status-dir", default=os.environ.get(names.STATUS_DIR_ENV, ""))
+    ask.add_argument("--run-id", default=os.environ.get(names.RUN_ID_ENV, ""))
     args = parser.parse_args(argv)
     print(status(args.checkpoint_dir, args.status_dir, args.run_id))
     return 0

@@ -3,10 +3,7 @@
 One definition for every runtime that writes or reads it: the VM agent writes it (vm_agent/runner.py), a
 program run by hand may with runlib (workloads/lib/runlib.py), the guard stops or deletes the VM when it
 appears (functions/tpu_guard/), and the Pulumi program leaves a deleted VM undeclared (infra/run_status.py).
-Standard library only, Python 3.8, no import of this repository: the same file ships inside the guard's
-source and the agent's archive, where `functions/tpu_guard/completion_marker.py` and
-`vm_agent/completion_marker.py` are links to it that the packagers follow, so both
-shipped copies are these bytes.
+Part of the run contract's package (run_contract/), which ships inside each of those runtimes.
 
 A marker is a JSON object with exactly these members:
 

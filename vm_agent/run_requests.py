@@ -28,9 +28,9 @@ one, a source outside the stack's artifacts bucket (`sources/<sha256>.tar.gz`) o
 repository (pinned by digest), a run id already used by that member. A refusal whose run id is unusable
 or taken is recorded as `runs/<member>/refused-<request name>/` (or `runs/refused-…` without a member).
 
-A request is parsed by the one run-spec parser (vm_agent/sources.py `parse_run_spec`) into its
-`RunSpec`, with a request's own rules on top (`parse_request`); its checkpoint and model dirs are the
-platform's (`RunPlaces`), never the researcher's.
+A request is parsed by the run contract (run_contract/request.py `parse_request`: the one run-spec parser
+with a request's own rules on top) into its `RunSpec`; its checkpoint and model dirs are the platform's
+(`RunPlaces`), never the researcher's.
 
 Stdlib only, Python 3.8 (as the rest of vm_agent).
 """
@@ -41,104 +41,18 @@ import json
 import re
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Callable, Mapping
 
+from run_contract.names import REQUEST_RUN_ID
+from run_contract.paths import member_of_key
+from run_contract.request import REQUEST_NAME, RunPlaces, parse_request
+from run_contract.spec import Allowed, RunSpec, SpecError, StopRequest
+from run_contract.status import RESUMABLE
+
 from vm_agent.gcs import Folder, Storage, StorageError, Tokens, split_gs
-from vm_agent.runner import ENDED, STATES, utc_now
+from vm_agent.runner import utc_now
 from vm_agent.settings import Settings
-from vm_agent.sources import (
-    Allowed,
-    FolderSource,
-    Form,
-    RunSpec,
-    SpecError,
-    StopRequest,
-    member_key,
-    member_of_key,
-    parse_run_spec,
-)
-
-# A request is a run spec (vm_agent/sources.py parses it, as it parses the stack's) with fewer fields:
-# where the run keeps its checkpoints and model, and whether it ends in COMPLETE, are the platform's
-# to say (the agent sets them from agent.env), not the researcher's.
-REQUEST_FIELDS = ("runId", "source", "command", "env", "python", "requester")
-# Stricter than a stack run's id: it is one path part of the run's model and checkpoint prefixes and a
-# log label, and `tpu-runs` derives it from a flag (tpu_runs/cli.py RUN_ID: the same pattern).
-RUN_ID = re.compile(r"[a-z](?:[a-z0-9-]{0,30}[a-z0-9])?")
-REQUESTER = re.compile(r"(user|group):[^@\s:]+@[^@\s]+\.[a-z]{2,}")  # infra/config/settings.py RESEARCHER_MEMBER
-
-
-REQUEST_FORM = Form(
-    REQUEST_FIELDS,
-    RUN_ID,
-    "1-32 lowercase letters, digits and '-', starting with a letter",
-    REQUESTER,
-    "a researcher's user:EMAIL or group:EMAIL",
-    noun="fields",
-)
-
-
-def parse_request(data: Any, name: str, allowed: Allowed, places: RunPlaces, member: str) -> RunSpec:
-    """The run `member`'s request asks for, or a SpecError with every problem: the shared parser's with a
-    request's form (its fields, a researcher's run id and requester; unknown keys, reserved
-    TPU_PLATFORM_* names, `python` with an image, a source outside the stack's artifacts bucket or
-    registry, ...) and a request's own rules (the object named by its digest, an image by digest only, the
-    requester the folder's member). Its run id is the member's: `<member key>/<runId>`."""
-    where = f"request {name}"
-    if not isinstance(data, dict):
-        raise SpecError(where, [f"a run request is a JSON object, not {type(data).__name__}"])
-    problems: list[str] = []
-    spec: RunSpec | None = None
-    try:
-        spec = parse_run_spec(json.dumps(data), allowed, where, REQUEST_FORM)
-    except SpecError as error:
-        problems += error.problems
-    if spec is not None:
-        source = spec.source
-        if isinstance(source, FolderSource):
-            expected = f"{allowed.artifacts.rstrip('/')}/sources/{source.sha256}.tar.gz"
-            if source.uri != expected:
-                problems.append(f"source.uri {source.uri!r}: must be the stack's artifacts bucket object {expected}")
-        elif not source.by_digest:
-            problems.append(f"source.image {source.image!r}: a request's image must be pinned by digest (@sha256:...)")
-        if spec.requester != member:
-            problems.append(f"requester {spec.requester!r}: the request is in the folder of {member}, who alone "
-                            "may write there")  # fmt: skip
-    if problems or spec is None:
-        raise SpecError(where, problems, spec.run_id if spec is not None else "")
-    run_id = f"{member_key(member)}/{spec.run_id}"
-    return replace(spec, run_id=run_id, requester=member, **places.of(run_id))
-
-
-@dataclass(frozen=True)
-class RunPlaces:
-    """Where a self-service run keeps its checkpoints and model: `<bucket>/<workload>/<vm>/<member>/<runId>`
-    (its run id is `<member>/<runId>`), inside the VM's own prefix `<workload>/<vm>/` that the self-service
-    VM's account may write (infra/researchers.py), beside but never under the stack run's; `tpu-runs
-    fetch` finds the model there (tpu_runs/cli.py model_prefix). "" where the workload may not write that
-    bucket."""
-
-    checkpoints: str  # gs://<checkpoints-bucket> or ""
-    models: str  # gs://<models-bucket> or ""
-    workload: str
-    vm: str
-
-    def of(self, run_id: str) -> dict[str, str]:
-        def under(bucket: str) -> str:
-            return f"{bucket.rstrip('/')}/{self.workload}/{self.vm}/{run_id}" if bucket and self.workload else ""
-
-        return {"checkpoint_dir": under(self.checkpoints), "model_dir": under(self.models)}
-
-
-# --------------------------------------------------------------------------------------------------
-# The source.
-# --------------------------------------------------------------------------------------------------
-# A request run's states from which a reboot resumes it: those of a run that has not ended.
-RESUMABLE = tuple(state for state in STATES if state not in ENDED)
-REQUEST_NAME = re.compile(
-    r"(?P<member>[^/]+)/(?P<ts>[0-9]{8}T[0-9]{6}Z)-(?P<stop>stop-)?(?P<run>[a-z0-9-]{1,40})\.json"
-)
 
 
 class RequestSource:
@@ -280,7 +194,7 @@ class RequestSource:
                                 f"request's name ({match['run']!r})"], spec.run_id)  # fmt: skip
         except SpecError as error:
             run = data.get("runId") if isinstance(data, dict) else None
-            key = f"{owner}/{run}" if isinstance(run, str) and RUN_ID.fullmatch(run) else None
+            key = f"{owner}/{run}" if isinstance(run, str) and REQUEST_RUN_ID.fullmatch(run) else None
             return self._refuse(name, key, data, "; ".join(error.problems), owner)
         spec = replace(spec, request=name)
         state = {

@@ -1,0 +1,81 @@
+"""Where the run contract's objects live: sources in the artifacts bucket; per VM, in the run-status bucket,
+the completion marker, the run states and the researchers' requests; per researcher (member), their own
+folders. A member key holds '@' (an email) and no stack run id does, so a researcher's prefixes never meet
+the stack run's."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+SOURCES_PREFIX = "sources/"  # in the artifacts bucket: `sources/<sha256>.tar.gz`, named by content
+MEMBER = re.compile(r"(user|group):([^@\s:/]+@[^@\s/]+\.[a-z]{2,})")
+MEMBER_KEY = re.compile(r"(user|group)-([^@\s:/]+@[^@\s/]+\.[a-z]{2,})")
+
+
+def source_object(sha256: str) -> str:
+    """A packaged source folder (or the agent) in the artifacts bucket, named by its content."""
+    if not re.fullmatch(r"[0-9a-f]{64}", sha256):
+        raise ValueError(f"not a sha256 hex digest: {sha256!r}")
+    return f"{SOURCES_PREFIX}{sha256}.tar.gz"
+
+
+def status_prefix(vm: str) -> str:
+    """A VM's folder in the run-status bucket; its completion marker is `<prefix>COMPLETE`."""
+    return f"{vm}/"
+
+
+def requests_prefix(vm: str) -> str:
+    """Where researchers' run and stop requests for one VM wait for its agent."""
+    return f"{status_prefix(vm)}requests/"
+
+
+def runs_prefix(vm: str) -> str:
+    """Where the agent writes `<runId>/status.json` for each run of one VM."""
+    return f"{status_prefix(vm)}runs/"
+
+
+def status_name(run_id: str, worker_id: int = 0) -> str:
+    """A run's state under its VM's folder: worker 0 keeps the run's; another worker of a slice its own."""
+    leaf = "status.json" if worker_id == 0 else f"status-worker-{worker_id}.json"
+    return f"runs/{run_id}/{leaf}"
+
+
+def member_key(member: str) -> str:
+    """`user:alice@acme.example` -> `user-alice@acme.example`: the path part of a researcher's folders."""
+    match = MEMBER.fullmatch(member)
+    if match is None:
+        raise ValueError(f"not a researcher member: {member!r}")
+    return f"{match[1]}-{match[2]}"
+
+
+def member_of_key(key: str) -> str | None:
+    """The member a folder's name stands for, or None when it names none."""
+    match = MEMBER_KEY.fullmatch(key)
+    return f"{match[1]}:{match[2]}" if match else None
+
+
+def member_requests_prefix(vm: str, member: str) -> str:
+    """Where `member` puts run and stop requests for `vm` (their own grant: new objects here only)."""
+    return f"{requests_prefix(vm)}{member_key(member)}/"
+
+
+def member_runs_prefix(vm: str, member: str) -> str:
+    """Where the agent writes the states of `member`'s runs on `vm` (theirs to read, nobody's to write)."""
+    return f"{runs_prefix(vm)}{member_key(member)}/"
+
+
+def vm_objects_prefix(workload: str, vm: str) -> str:
+    """A VM's objects in the checkpoints and models buckets: its stack run's and its researchers' runs'."""
+    return f"{workload}/{vm}/"
+
+
+def member_objects_prefix(workload: str, vm: str, member: str) -> str:
+    """`member`'s runs on `vm` in the checkpoints and models buckets: `<prefix><runId>/` each."""
+    return f"{vm_objects_prefix(workload, vm)}{member_key(member)}/"
+
+
+def researcher_log(member: str) -> str:
+    """The log a researcher's runs' output goes to, and the id of the log view that shows only it: letters,
+    digits, '-' (a log id may not hold '@'; a view id is at most 100 characters)."""
+    return "tpu-runs-" + hashlib.sha256(member.encode()).hexdigest()[:16]

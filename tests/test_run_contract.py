@@ -1,0 +1,116 @@
+"""The run contract's one package (run_contract/): standard library only, the same bytes inside every
+artefact that carries it (the agent's archive, the guard's source, the tpu-runs wheel, the runlib wheel),
+and the run spec's JSON Schema in the docs generated from it."""
+
+from __future__ import annotations
+
+import ast
+import io
+import json
+import shutil
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+import run_contract
+from infra.config import parse_stack_config
+from infra.tpu.metadata import agent_package, run_spec, source_digests
+from infra.tpu_guard import source_files
+from run_contract import schema, spec
+from tests.support import fixture_config
+
+ROOT = Path(__file__).resolve().parents[1]
+PIP_WHEEL = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "--quiet"]
+
+
+def _contract(names: dict[str, bytes], prefix: str = "run_contract/") -> dict[str, bytes]:
+    """The package's modules in an artefact's files (what `run_contract.files()` names)."""
+    found = {name[len(prefix) :]: data for name, data in names.items() if name.startswith(prefix)}
+    return {name: data for name, data in found.items() if "/" not in name and name.endswith(".py")}
+
+
+def _wheel(project: Path, out: Path) -> dict[str, bytes]:
+    """Build the project's wheel for real (pip, the venv's setuptools, offline) from a copy of it, links
+    followed as a checkout's build would follow them, and return its files."""
+    subprocess.run([*PIP_WHEEL, "--wheel-dir", str(out), str(project)], check=True, capture_output=True)
+    (wheel,) = out.glob("*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        return {name: archive.read(name) for name in archive.namelist()}
+
+
+def test_the_contract_imports_only_the_standard_library():
+    """It ships where nothing of this repository is importable (the guard, the agent, a researcher's venv)."""
+    for name in run_contract.files():
+        tree = ast.parse((run_contract.HOME / name).read_text())
+        imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        imported |= {"." for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level}
+        assert imported <= set(sys.stdlib_module_names) | {"__future__", "run_contract", "."}, (name, imported)
+
+
+def test_the_agent_archive_and_the_guard_source_carry_the_contract():
+    with tarfile.open(fileobj=io.BytesIO(agent_package().data)) as tar:
+        agent = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}  # type: ignore[union-attr]
+    guard = {name: path.read_bytes() for name, path in source_files().items()}
+    expected = run_contract.digest()
+    assert run_contract.digest(_contract(agent)) == expected
+    assert run_contract.digest(_contract(guard)) == expected
+
+
+@pytest.mark.slow  # two real wheel builds
+def test_the_tpu_runs_and_runlib_wheels_carry_the_contract(tmp_path):
+    project = tmp_path / "tpu-platform"
+    project.mkdir()
+    shutil.copy2(ROOT / "pyproject.toml", project)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "build", "*.egg-info")
+    for folder in ("tpu_runs", "run_contract", "infra", "tools", "vm_agent"):
+        shutil.copytree(ROOT / folder, project / folder, ignore=ignore)
+    runlib = tmp_path / "runlib"
+    shutil.copytree(ROOT / "workloads" / "lib", runlib, ignore=ignore)  # its link to run_contract/ followed
+
+    tpu_runs = _wheel(project, tmp_path / "tpu-runs-wheel")
+    runlib_wheel = _wheel(runlib, tmp_path / "runlib-wheel")
+    assert "tpu_runs/cli.py" in tpu_runs and "runlib.py" in runlib_wheel
+    expected = run_contract.digest()
+    assert run_contract.digest(_contract(tpu_runs)) == expected
+    assert run_contract.digest(_contract(runlib_wheel)) == expected
+
+
+def test_the_run_spec_schema_in_the_docs_is_the_generated_one():
+    committed = (ROOT / "docs" / "run-spec.schema.json").read_text()
+    assert committed == schema.render(), "regenerate: python -m run_contract.schema > docs/run-spec.schema.json"
+
+
+def test_the_schema_names_every_key_the_parser_takes():
+    properties = schema.run_spec_schema()["properties"]
+    assert list(properties) == list(spec.SPEC_KEYS)
+    (folder, image) = properties["source"]["oneOf"]
+    assert set(folder["properties"]) == set(spec.FOLDER_KEYS) and set(image["properties"]) == set(spec.IMAGE_KEYS)
+
+
+def test_the_program_renders_run_specs_that_the_schema_and_the_parser_accept():
+    """The stack's real run specs are valid; what the parser refuses for its shape, the
+    schema refuses too."""
+    cfg = parse_stack_config("sources", fixture_config("sources"))
+    validator = jsonschema.Draft202012Validator(schema.run_spec_schema())
+    rendered = [run_spec(cfg, vm, source_digests(cfg)) for vm in cfg.tpu_vms]
+    assert rendered and all(s["source"]["kind"] == "folder" for s in rendered)
+    for good in rendered:
+        assert not list(validator.iter_errors(good)), good
+    good = rendered[0]
+    for bad in (
+        {**good, "unknown": 1},
+        {**good, "env": {"TPU_PLATFORM_RUN_ID": "x"}},
+        {**good, "runId": "/leading-slash"},
+        {**good, "python": "2.7"},
+        {**good, "source": {**good["source"], "sha256": "0" * 63}},
+    ):
+        assert list(validator.iter_errors(bad)), bad
+        allowed = spec.Allowed(good["source"]["uri"].rsplit("/sources/", 1)[0], "")
+        with pytest.raises(spec.SpecError):
+            spec.parse_run_spec(json.dumps(bad), allowed)

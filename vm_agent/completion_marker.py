@@ -1,1 +1,0 @@
-../infra/completion_marker.py
