@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -254,6 +256,21 @@ def test_a_missing_right_is_a_sentence_not_a_traceback(capsys):
     assert "tpu-platform:researchers in Pulumi.self-service.yaml" in err and "Traceback" not in err
 
 
+def test_a_stack_is_read_in_the_repository_its_file_is_in(tmp_path: Path, monkeypatch, capsys):
+    """Its folders and examples are that checkout's: one without the example the stack runs says so. And an
+    installed copy of the command (no checkout of its own) says so of a stack file in no repository."""
+    monkeypatch.setattr(cli, "ROOT", tmp_path / "site-packages")
+    stack = ["list", "--stack", "self-service", "--requester", ALICE, "--stack-file"]
+    (tmp_path / "Pulumi.self-service.yaml").write_bytes(EXAMPLE.read_bytes())
+    assert cli.main([*stack, str(tmp_path / "Pulumi.self-service.yaml")], Forbidden()) == 2
+    assert "is not inside a tpu-platform repository (no Pulumi.yaml above it)" in capsys.readouterr().err
+    shutil.copy2(EXAMPLE.parents[2] / "Pulumi.yaml", tmp_path / "Pulumi.yaml")
+    assert cli.main([*stack, str(tmp_path / "Pulumi.self-service.yaml")], Forbidden()) == 2
+    err = capsys.readouterr().err
+    assert "workloads.mnist.program = 'jax_mnist': not an example of the stack's repository" in err, err
+    assert "(workloads/jax_mnist/example.json); its examples: none" in err
+
+
 # --- installed as a console script --------------------------------------------------------------------
 
 
@@ -276,3 +293,47 @@ def test_the_project_builds_with_the_tpu_runs_console_script(tmp_path: Path):
         assert "tpu_runs/cli.py" in names and "infra/catalog/tpu.yaml" in names
         assert "infra/config/stackfile.py" in names
         assert not any(n.startswith(("tests/", "tools/")) for n in names)
+
+
+@pytest.mark.slow
+def test_tpu_runs_installs_into_a_fresh_virtualenv_and_runs_from_any_folder(world: World, tmp_path: Path):
+    """As a researcher installs it: `pip install` of the repository into a virtualenv of its own (pip's
+    own index settings, offline here), then the command from their own folder, the stack file by path."""
+    import subprocess
+    import sys
+    import tomllib
+
+    root = Path(__file__).resolve().parents[1]
+    source = tmp_path / "checkout"  # what the wheel is built from, so the build writes nothing into the repository
+    project = tomllib.loads((root / "pyproject.toml").read_text())
+    for folder in {p.rstrip("*") for p in project["tool"]["setuptools"]["packages"]["find"]["include"]}:
+        shutil.copytree(root / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy2(root / "pyproject.toml", source / "pyproject.toml")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    installed = subprocess.run([str(venv / "bin" / "pip"), "install", "--quiet", str(source)], capture_output=True,
+                               text=True)  # fmt: skip
+    assert installed.returncode == 0, installed.stderr
+    home = tmp_path / "home"  # no gcloud login of the machine's: the metadata stand-in gives the token
+    env = {
+        **os.environ, "HOME": str(home), "CLOUDSDK_CONFIG": str(home / "gcloud"), "PYTHONPATH": "",
+        "GCE_METADATA_HOST": world.metadata, "GCE_METADATA_IP": world.metadata,
+    }  # fmt: skip
+    env.pop("GOOGLE_APPLICATION_CREDENTIALS", None)
+    elsewhere = tmp_path / "research"
+    a_folder(elsewhere)
+
+    def tpu_runs(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(venv / "bin" / "tpu-runs"), *argv], cwd=elsewhere, env=env, capture_output=True,
+                              text=True, timeout=120)  # fmt: skip
+
+    assert "submit" in tpu_runs("--help").stdout
+    stack = ["--stack", "self-service", "--stack-file", str(EXAMPLE)]
+    submitted = tpu_runs("submit", *stack, "--vm", VM, "--folder", "exp", "--run-id", "exp-1", "--", "python",
+                         "train.py")  # fmt: skip
+    assert submitted.returncode == 0, submitted.stderr
+    assert f"submitted run exp-1 to {VM}" in submitted.stdout
+    assert world.names(STATUS, f"{VM}/requests/{OWNER}/")
+    listed = tpu_runs("list", *stack)
+    assert listed.returncode == 0, listed.stderr
+    assert f"{VM}  v5litepod-8  us-central1-a  TPU: READY" in listed.stdout
