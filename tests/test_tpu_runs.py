@@ -7,10 +7,14 @@ which is what the researcher's roles are made of. The agent's side is the real R
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import http.server
 import json
 import os
 import shutil
+import socket
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -241,9 +245,14 @@ def test_a_run_id_that_submit_could_not_have_made_is_refused_before_any_call(wor
 
 
 class Forbidden(requests.Session):
+    def __init__(self, message: str = "denied"):
+        super().__init__()
+        self.message = message
+
     def request(self, method: str | bytes, url: str | bytes, *args: Any, **kwargs: Any) -> requests.Response:  # type: ignore[override]
         answer = requests.Response()
-        answer.status_code, answer._content = 403, b'{"error": {"code": 403, "message": "denied"}}'
+        answer.status_code = 403
+        answer._content = json.dumps({"error": {"code": 403, "message": self.message}}).encode()
         answer.url = str(url)
         return answer
 
@@ -254,6 +263,99 @@ def test_a_missing_right_is_a_sentence_not_a_traceback(capsys):
     err = capsys.readouterr().err
     assert err.startswith("tpu-runs: you may not list the TPU VMs of projects/acme-ml-research/locations/us-central1-a")
     assert "tpu-platform:researchers in Pulumi.self-service.yaml" in err and "Traceback" not in err
+
+
+NODES = "projects/acme-ml-research/locations/us-central1-a"
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@contextlib.contextmanager
+def token_endpoint(status: int, body: dict[str, str]) -> Iterator[str]:
+    """An OAuth token endpoint on loopback giving one answer to every refresh."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/token"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def a_login(token_uri: str) -> requests.Session:
+    """A user's login as `gcloud auth application-default login` leaves it: a refresh token, no access token."""
+    from google.auth.transport.requests import AuthorizedSession
+    from google.oauth2.credentials import Credentials
+
+    return AuthorizedSession(Credentials(None, refresh_token="1//refresh", token_uri=token_uri, client_id="id",
+                                         client_secret="secret"))  # fmt: skip
+
+
+def said_in_one_sentence(capsys: pytest.CaptureFixture[str], session: requests.Session | None) -> str:
+    assert cli.main(["list", "--stack", "self-service", "--stack-file", str(EXAMPLE), "--requester", ALICE],
+                    session) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert err.startswith("tpu-runs: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_an_expired_login_is_a_sentence_that_says_to_log_in_again(capsys):
+    """google-auth raises RefreshError when the token endpoint refuses the refresh token (invalid_grant)."""
+    with token_endpoint(
+        400, {"error": "invalid_grant", "error_description": "Token has been expired or revoked."}
+    ) as uri:
+        err = said_in_one_sentence(capsys, a_login(uri))
+    assert "could not list the TPU VMs of projects/acme-ml-research/locations/us-central1-a" in err
+    assert "your Google login is no longer valid (invalid_grant: Token has been expired or revoked." in err
+    assert "run `gcloud auth application-default login`" in err
+
+
+def test_no_login_at_all_is_a_sentence_that_says_to_log_in(capsys, monkeypatch, tmp_path: Path):
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "none.json"))  # DefaultCredentialsError
+    err = said_in_one_sentence(capsys, None)
+    assert err == "tpu-runs: no Google credentials: run `gcloud auth application-default login` first\n"
+
+
+def test_a_login_that_cannot_be_refreshed_for_the_network_names_the_network_error(capsys):
+    """google-auth raises TransportError when the token endpoint cannot be reached."""
+    err = said_in_one_sentence(capsys, a_login(f"http://127.0.0.1:{_closed_port()}/token"))
+    assert "your Google login could not be refreshed, the network failed reaching Google's token endpoint (" in err
+    assert "Connection refused" in err and "check the connection or proxy" in err
+
+
+def test_an_api_that_cannot_be_reached_names_the_network_error(capsys, monkeypatch):
+    port = _closed_port()
+    monkeypatch.setenv("TPU_API_ENDPOINT", f"http://127.0.0.1:{port}")
+    err = said_in_one_sentence(capsys, requests.Session())
+    assert f"could not list the TPU VMs of {NODES}: the network failed reaching 127.0.0.1:{port} (" in err
+    assert "Connection refused" in err
+
+
+def test_a_refused_call_names_the_permission_google_says_is_missing(capsys):
+    message = f"Permission 'tpu.nodes.list' denied on '{NODES}/nodes'"
+    err = said_in_one_sentence(capsys, Forbidden(message))
+    assert (
+        f"you may not list the TPU VMs of projects/acme-ml-research/locations/us-central1-a (HTTP 403: {message})"
+        in err
+    )
 
 
 def test_a_stack_is_read_in_the_repository_its_file_is_in(tmp_path: Path, monkeypatch, capsys):
