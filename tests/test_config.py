@@ -101,6 +101,25 @@ def test_production_requires_cmek_and_nothing_destroyable():
     assert "tpu-platform:buckets.destroyable = ['data']: must be empty when production is true" in message
 
 
+def test_a_copied_stack_that_keeps_the_deployer_it_was_copied_from_is_one_error_on_deployer():
+    """The bootstrap's deployer of `staging` is tpu-deployer-staging; a copy of dev that keeps dev's gets
+    one error on the key (the policy pack would refuse each of its grants, never naming the key)."""
+    copied = with_scalar(fixture_config("small"), "deployer", "tpu-deployer-dev@acme-ml-admin.iam.gserviceaccount.com")
+    with pytest.raises(ConfigError) as caught:
+        parse_stack_config("staging", copied)
+    (problem,) = caught.value.problems
+    assert str(problem).startswith(
+        "tpu-platform:deployer = 'tpu-deployer-dev@acme-ml-admin.iam.gserviceaccount.com': is the deployer of "
+        "stack 'dev' (a copied stack file?); the bootstrap's deployer of stack 'staging' is "
+        "tpu-deployer-staging@acme-ml-admin.iam.gserviceaccount.com"
+    )
+    own = with_scalar(copied, "deployer", "tpu-deployer-staging@acme-ml-admin.iam.gserviceaccount.com")
+    assert parse_stack_config("staging", own).deployer.startswith("tpu-deployer-staging@")
+    # An account not named as the bootstrap names them is some other deployer of the team's: not judged here.
+    other = with_scalar(copied, "deployer", "ci-deployer@acme-ml-admin.iam.gserviceaccount.com")
+    assert parse_stack_config("staging", other).deployer.startswith("ci-deployer@")
+
+
 def test_cmek_key_must_share_the_bucket_location():
     key = "projects/k/locations/europe-west4/keyRings/r/cryptoKeys/c"
     raw = with_object(fixture_config("production"), "buckets", lambda b: b.update(kmsKeyName=key))
