@@ -49,6 +49,9 @@ CASES: dict[str, tuple[str, dict[str, object]]] = {
     "deployer-of-the-stack-it-was-copied-from": ("small", {
         f"{NS}:deployer": "tpu-deployer-dev@acme-ml-admin.iam.gserviceaccount.com",
     }),
+    "misspelt-key": ("small", {f"{VM}.provisoning": "spot"}),
+    "misspelt-choice": ("small", {f"{VM}.provisioning": "spto"}),
+    "generation-name-as-accelerator-type": ("small", {**V5E_TF, f"{VM}.acceleratorType": "v5e-8"}),
     "zone-in-a-region-without-a-subnet": ("small", {f"{VM}.zone": "asia-east1-c"}),
     "no-subnets-at-all": ("small", {f"{NS}:network.subnets": REMOVE}),
     "multislice-on-a-direct-vm": ("small", {**V5E_TF, f"{VM}.nodeCount": 2}),

@@ -41,7 +41,7 @@ from infra.config.model import (
     WorkloadSettings,
     WorkloadSource,
 )
-from infra.config.problems import MISSING, Node, Problems, decode_objects
+from infra.config.problems import MISSING, Fix, Node, Problems, decode_objects
 from infra.config.settings import (
     MAX_ACCOUNT_DESCRIPTION_BYTES,
     MAX_COMMAND_ARG,
@@ -473,7 +473,9 @@ def _accelerator(node: Node) -> AcceleratorType | None:
         return None
     accelerator = load_catalog().accelerator(name)
     if isinstance(accelerator, str):
-        node.problems.add(node.key("acceleratorType"), name, accelerator)
+        meant = load_catalog().meant(name)
+        fixes = [Fix.of({node.key("acceleratorType"): meant})] if meant else []
+        node.problems.add(node.key("acceleratorType"), name, accelerator, fixes=fixes)
         return None
     return accelerator
 
