@@ -34,6 +34,11 @@ def bootstrap_config(**overrides: str) -> dict[str, str]:
     return {**raw, **{f"tpu-platform-bootstrap:{k}": v for k, v in overrides.items()}}
 
 
+def environments() -> dict[str, str]:
+    """The bootstrap's environments (stack -> project), as the acme stack file lists them."""
+    return json.loads(bootstrap_config()["tpu-platform-bootstrap:environments"])
+
+
 def plan(raw: dict[str, str] | None = None) -> PlanResult:
     return run_program(
         "acme",
@@ -55,7 +60,7 @@ def test_accounts_are_federated_on_the_account_not_the_project():
     federated = {g.name: g for g in result.of_type("gcp:serviceaccount/iAMMember:IAMMember")
                  if g.inputs["role"] == "roles/iam.workloadIdentityUser"}  # fmt: skip
     pool = "principalSet://iam.googleapis.com/projects/"
-    assert set(federated) == {"ci-previewer-federated", "deployer-dev-federated", "deployer-prod-federated"}
+    assert set(federated) == {"ci-previewer-federated", *(f"deployer-{stack}-federated" for stack in environments())}
     assert federated["ci-previewer-federated"].inputs["member"].startswith(pool)
     assert federated["ci-previewer-federated"].inputs["member"].endswith("/attribute.repository_id/812345678")
     # Every other grant on an account is act-as on a platform account, for the deployer or the guard.
@@ -73,7 +78,7 @@ def test_no_project_role_can_impersonate_service_accounts():
     assert not roles & {"roles/owner", "roles/editor"}
     # Each environment project gets its deployer's and the previewer's roles.
     projects = {g.inputs["project"] for g in grants}
-    assert projects == {"acme-ml-sandbox", "acme-ml-production"}
+    assert projects == set(environments().values())
 
 
 def test_state_bucket_is_versioned_private_and_kept():
@@ -88,13 +93,13 @@ def test_each_environments_secrets_key_rotates_within_90_days_and_is_protected()
     result = plan()
     keys = {k.inputs["name"]: k for k in result.of_type("gcp:kms/cryptoKey:CryptoKey")}
     # One per environment; the one all stacks used before is kept, for the state history it encrypted.
-    assert set(keys) == {"pulumi-secrets", "pulumi-secrets-dev", "pulumi-secrets-prod"}
+    assert set(keys) == {"pulumi-secrets", *(f"pulumi-secrets-{stack}" for stack in environments())}
     for key in keys.values():
         assert int(key.inputs["rotationPeriod"].removesuffix("s")) <= 90 * 24 * 3600
         assert key.protect
     assert result.outputs["secretsProviders"] == {
         stack: f"gcpkms://projects/acme-ml-admin/locations/us-central1/keyRings/pulumi/cryptoKeys/pulumi-secrets-{stack}"
-        for stack in ("dev", "prod")
+        for stack in environments()
     }
     legacy = keys["pulumi-secrets"].urn
     assert not [g for g in result.of_type("gcp:kms/cryptoKeyIAMMember:CryptoKeyIAMMember") if legacy in g.dependencies]
@@ -109,8 +114,7 @@ def test_outputs_are_what_ci_needs():
     assert outputs["stateBackend"] == "gs://acme-ml-pulumi-state"
     assert outputs["workloadIdentityProvider"].endswith("/workloadIdentityPools/github/providers/github-actions")
     assert outputs["deployServiceAccounts"] == {
-        "dev": "tpu-deployer-dev@acme-ml-admin.iam.gserviceaccount.com",
-        "prod": "tpu-deployer-prod@acme-ml-admin.iam.gserviceaccount.com",
+        stack: f"tpu-deployer-{stack}@acme-ml-admin.iam.gserviceaccount.com" for stack in environments()
     }
 
 
@@ -121,7 +125,7 @@ def test_outputs_are_what_ci_needs():
         ("deployRef", "main", "a full git ref like refs/heads/main"),
         ("stateBucket", "Bad_Bucket", "3-63 characters"),
         ("environments", json.dumps({"dev": "Bad Project"}), "a GCP project id"),
-        ("environments", json.dumps({"staging": "acme-ml-staging"}), "a stack planned in access.json"),
+        ("environments", json.dumps({"nowhere": "acme-ml-nowhere"}), "a stack planned in access.json"),
         ("environments", json.dumps({"dev": "acme-ml-other"}), "the project of Pulumi.dev.yaml"),
         ("githubRepositoryId", "acme", "numeric id"),
         ("environments", json.dumps({"dev-": "acme-ml-sandbox"}), "a stack name of 1-16"),  # invalid account id

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from infra.config import parse_stack_config
-from infra.config.problems import ConfigError
-from tests.support import fixture_config, replace_object, stack_config, with_object, with_scalar, workload_settings
+from infra.config.problems import ConfigError, Fix
+from tests.support import NS, fixture_config, replace_object, stack_config, with_object, with_scalar, workload_settings
 
 
 def problems_of(raw: dict[str, str], stack: str = "small") -> str:
@@ -99,6 +99,43 @@ def test_production_requires_cmek_and_nothing_destroyable():
     message = problems_of(with_object(fixture_config("production"), "buckets", weaken), "production")
     assert "tpu-platform:buckets.kmsKeyName = (not set): required when production is true" in message
     assert "tpu-platform:buckets.destroyable = ['data']: must be empty when production is true" in message
+
+
+def test_a_copied_stack_that_keeps_the_deployer_it_was_copied_from_is_one_error_on_deployer():
+    """The bootstrap's deployer of `staging` is tpu-deployer-staging; a copy of dev that keeps dev's gets
+    one error on the key (the policy pack would refuse each of its grants, never naming the key)."""
+    copied = with_scalar(fixture_config("small"), "deployer", "tpu-deployer-dev@acme-ml-admin.iam.gserviceaccount.com")
+    with pytest.raises(ConfigError) as caught:
+        parse_stack_config("staging", copied)
+    (problem,) = caught.value.problems
+    assert str(problem).startswith(
+        "tpu-platform:deployer = 'tpu-deployer-dev@acme-ml-admin.iam.gserviceaccount.com': is the deployer of "
+        "stack 'dev' (a copied stack file?); the bootstrap's deployer of stack 'staging' is "
+        "tpu-deployer-staging@acme-ml-admin.iam.gserviceaccount.com"
+    )
+    own = with_scalar(copied, "deployer", "tpu-deployer-staging@acme-ml-admin.iam.gserviceaccount.com")
+    assert parse_stack_config("staging", own).deployer.startswith("tpu-deployer-staging@")
+    # An account not named as the bootstrap names them is some other deployer of the team's: not judged here.
+    other = with_scalar(copied, "deployer", "ci-deployer@acme-ml-admin.iam.gserviceaccount.com")
+    assert parse_stack_config("staging", other).deployer.startswith("ci-deployer@")
+
+
+VM = f"{NS}:tpuVms[0]"
+
+
+def test_a_misspelt_key_or_value_is_offered_the_nearest_valid_one():
+    message = problems_of(Fix.of({f"{VM}.provisoning": "spot", f"{NS}:budget.amount": "lots"}).apply(fixture_config()))
+    assert "tpu-platform:tpuVms[0].provisoning = 'spot': unknown key; known keys: " in message
+    assert "; remove provisoning and set provisioning: spot" in message
+    assert "tpu-platform:budget.amount = 'lots': must be a number (finite), like 2.5" in message
+    message = problems_of(Fix.of({f"{VM}.provisioning": "spto"}).apply(fixture_config()))
+    assert "tpu-platform:tpuVms[0].provisioning = 'spto': must be one of " in message
+    assert message.endswith("; set provisioning: spot")
+    v5e = {f"{VM}.zone": "us-central1-a", f"{VM}.runtimeVersion": "tpu-vm-tf-2.15.0-pjrt",
+           f"{NS}:workloads.mnist.frameworkVersion": "2.15.0"}  # fmt: skip
+    message = problems_of(Fix.of({**v5e, f"{VM}.acceleratorType": "v5e-8"}).apply(fixture_config()))
+    assert "tpu-platform:tpuVms[0].acceleratorType = 'v5e-8': unknown TPU type" in message
+    assert message.endswith("; set acceleratorType: v5litepod-8")
 
 
 def test_cmek_key_must_share_the_bucket_location():

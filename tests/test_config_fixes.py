@@ -46,6 +46,12 @@ CASES: dict[str, tuple[str, dict[str, object]]] = {
         f"{VM}.acceleratorType": "v4-8", f"{VM}.zone": "us-central2-b", f"{VM}.runtimeVersion": "tpu-ubuntu2204-base",
         f"{NS}:network.subnets.us-central2": "10.31.0.0/20",
     }),
+    "deployer-of-the-stack-it-was-copied-from": ("small", {
+        f"{NS}:deployer": "tpu-deployer-dev@acme-ml-admin.iam.gserviceaccount.com",
+    }),
+    "misspelt-key": ("small", {f"{VM}.provisoning": "spot"}),
+    "misspelt-choice": ("small", {f"{VM}.provisioning": "spto"}),
+    "generation-name-as-accelerator-type": ("small", {**V5E_TF, f"{VM}.acceleratorType": "v5e-8"}),
     "zone-in-a-region-without-a-subnet": ("small", {f"{VM}.zone": "asia-east1-c"}),
     "no-subnets-at-all": ("small", {f"{NS}:network.subnets": REMOVE}),
     "multislice-on-a-direct-vm": ("small", {**V5E_TF, f"{VM}.nodeCount": 2}),

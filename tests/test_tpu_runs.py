@@ -7,8 +7,14 @@ which is what the researcher's roles are made of. The agent's side is the real R
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import http.server
 import json
+import os
+import shutil
+import socket
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -239,9 +245,14 @@ def test_a_run_id_that_submit_could_not_have_made_is_refused_before_any_call(wor
 
 
 class Forbidden(requests.Session):
+    def __init__(self, message: str = "denied"):
+        super().__init__()
+        self.message = message
+
     def request(self, method: str | bytes, url: str | bytes, *args: Any, **kwargs: Any) -> requests.Response:  # type: ignore[override]
         answer = requests.Response()
-        answer.status_code, answer._content = 403, b'{"error": {"code": 403, "message": "denied"}}'
+        answer.status_code = 403
+        answer._content = json.dumps({"error": {"code": 403, "message": self.message}}).encode()
         answer.url = str(url)
         return answer
 
@@ -252,6 +263,114 @@ def test_a_missing_right_is_a_sentence_not_a_traceback(capsys):
     err = capsys.readouterr().err
     assert err.startswith("tpu-runs: you may not list the TPU VMs of projects/acme-ml-research/locations/us-central1-a")
     assert "tpu-platform:researchers in Pulumi.self-service.yaml" in err and "Traceback" not in err
+
+
+NODES = "projects/acme-ml-research/locations/us-central1-a"
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@contextlib.contextmanager
+def token_endpoint(status: int, body: dict[str, str]) -> Iterator[str]:
+    """An OAuth token endpoint on loopback giving one answer to every refresh."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/token"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def a_login(token_uri: str) -> requests.Session:
+    """A user's login as `gcloud auth application-default login` leaves it: a refresh token, no access token."""
+    from google.auth.transport.requests import AuthorizedSession
+    from google.oauth2.credentials import Credentials
+
+    return AuthorizedSession(Credentials(None, refresh_token="1//refresh", token_uri=token_uri, client_id="id",
+                                         client_secret="secret"))  # fmt: skip
+
+
+def said_in_one_sentence(capsys: pytest.CaptureFixture[str], session: requests.Session | None) -> str:
+    assert cli.main(["list", "--stack", "self-service", "--stack-file", str(EXAMPLE), "--requester", ALICE],
+                    session) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert err.startswith("tpu-runs: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_an_expired_login_is_a_sentence_that_says_to_log_in_again(capsys):
+    """google-auth raises RefreshError when the token endpoint refuses the refresh token (invalid_grant)."""
+    with token_endpoint(
+        400, {"error": "invalid_grant", "error_description": "Token has been expired or revoked."}
+    ) as uri:
+        err = said_in_one_sentence(capsys, a_login(uri))
+    assert "could not list the TPU VMs of projects/acme-ml-research/locations/us-central1-a" in err
+    assert "your Google login is no longer valid (invalid_grant: Token has been expired or revoked." in err
+    assert "run `gcloud auth application-default login`" in err
+
+
+def test_no_login_at_all_is_a_sentence_that_says_to_log_in(capsys, monkeypatch, tmp_path: Path):
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "none.json"))  # DefaultCredentialsError
+    err = said_in_one_sentence(capsys, None)
+    assert err == "tpu-runs: no Google credentials: run `gcloud auth application-default login` first\n"
+
+
+def test_a_login_that_cannot_be_refreshed_for_the_network_names_the_network_error(capsys):
+    """google-auth raises TransportError when the token endpoint cannot be reached."""
+    err = said_in_one_sentence(capsys, a_login(f"http://127.0.0.1:{_closed_port()}/token"))
+    assert "your Google login could not be refreshed, the network failed reaching Google's token endpoint (" in err
+    assert "Connection refused" in err and "check the connection or proxy" in err
+
+
+def test_an_api_that_cannot_be_reached_names_the_network_error(capsys, monkeypatch):
+    port = _closed_port()
+    monkeypatch.setenv("TPU_API_ENDPOINT", f"http://127.0.0.1:{port}")
+    err = said_in_one_sentence(capsys, requests.Session())
+    assert f"could not list the TPU VMs of {NODES}: the network failed reaching 127.0.0.1:{port} (" in err
+    assert "Connection refused" in err
+
+
+def test_a_refused_call_names_the_permission_google_says_is_missing(capsys):
+    message = f"Permission 'tpu.nodes.list' denied on '{NODES}/nodes'"
+    err = said_in_one_sentence(capsys, Forbidden(message))
+    assert (
+        f"you may not list the TPU VMs of projects/acme-ml-research/locations/us-central1-a (HTTP 403: {message})"
+        in err
+    )
+
+
+def test_a_stack_is_read_in_the_repository_its_file_is_in(tmp_path: Path, monkeypatch, capsys):
+    """Its folders and examples are that checkout's: one without the example the stack runs says so. And an
+    installed copy of the command (no checkout of its own) says so of a stack file in no repository."""
+    monkeypatch.setattr(cli, "ROOT", tmp_path / "site-packages")
+    stack = ["list", "--stack", "self-service", "--requester", ALICE, "--stack-file"]
+    (tmp_path / "Pulumi.self-service.yaml").write_bytes(EXAMPLE.read_bytes())
+    assert cli.main([*stack, str(tmp_path / "Pulumi.self-service.yaml")], Forbidden()) == 2
+    assert "is not inside a tpu-platform repository (no Pulumi.yaml above it)" in capsys.readouterr().err
+    shutil.copy2(EXAMPLE.parents[2] / "Pulumi.yaml", tmp_path / "Pulumi.yaml")
+    assert cli.main([*stack, str(tmp_path / "Pulumi.self-service.yaml")], Forbidden()) == 2
+    err = capsys.readouterr().err
+    assert "workloads.mnist.program = 'jax_mnist': not an example of the stack's repository" in err, err
+    assert "(workloads/jax_mnist/example.json); its examples: none" in err
 
 
 # --- installed as a console script --------------------------------------------------------------------
@@ -276,3 +395,47 @@ def test_the_project_builds_with_the_tpu_runs_console_script(tmp_path: Path):
         assert "tpu_runs/cli.py" in names and "infra/catalog/tpu.yaml" in names
         assert "infra/config/stackfile.py" in names
         assert not any(n.startswith(("tests/", "tools/")) for n in names)
+
+
+@pytest.mark.slow
+def test_tpu_runs_installs_into_a_fresh_virtualenv_and_runs_from_any_folder(world: World, tmp_path: Path):
+    """As a researcher installs it: `pip install` of the repository into a virtualenv of its own (pip's
+    own index settings, offline here), then the command from their own folder, the stack file by path."""
+    import subprocess
+    import sys
+    import tomllib
+
+    root = Path(__file__).resolve().parents[1]
+    source = tmp_path / "checkout"  # what the wheel is built from, so the build writes nothing into the repository
+    project = tomllib.loads((root / "pyproject.toml").read_text())
+    for folder in {p.rstrip("*") for p in project["tool"]["setuptools"]["packages"]["find"]["include"]}:
+        shutil.copytree(root / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy2(root / "pyproject.toml", source / "pyproject.toml")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    installed = subprocess.run([str(venv / "bin" / "pip"), "install", "--quiet", str(source)], capture_output=True,
+                               text=True)  # fmt: skip
+    assert installed.returncode == 0, installed.stderr
+    home = tmp_path / "home"  # no gcloud login of the machine's: the metadata stand-in gives the token
+    env = {
+        **os.environ, "HOME": str(home), "CLOUDSDK_CONFIG": str(home / "gcloud"), "PYTHONPATH": "",
+        "GCE_METADATA_HOST": world.metadata, "GCE_METADATA_IP": world.metadata,
+    }  # fmt: skip
+    env.pop("GOOGLE_APPLICATION_CREDENTIALS", None)
+    elsewhere = tmp_path / "research"
+    a_folder(elsewhere)
+
+    def tpu_runs(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(venv / "bin" / "tpu-runs"), *argv], cwd=elsewhere, env=env, capture_output=True,
+                              text=True, timeout=120)  # fmt: skip
+
+    assert "submit" in tpu_runs("--help").stdout
+    stack = ["--stack", "self-service", "--stack-file", str(EXAMPLE)]
+    submitted = tpu_runs("submit", *stack, "--vm", VM, "--folder", "exp", "--run-id", "exp-1", "--", "python",
+                         "train.py")  # fmt: skip
+    assert submitted.returncode == 0, submitted.stderr
+    assert f"submitted run exp-1 to {VM}" in submitted.stdout
+    assert world.names(STATUS, f"{VM}/requests/{OWNER}/")
+    listed = tpu_runs("list", *stack)
+    assert listed.returncode == 0, listed.stderr
+    assert f"{VM}  v5litepod-8  us-central1-a  TPU: READY" in listed.stdout

@@ -28,6 +28,7 @@ import requests
 
 from infra import naming
 from infra.config import ConfigError, PlatformConfig, TpuVmSettings, parse_stack_config
+from infra.config.sources import reading_repository
 from infra.config.stackfile import ROOT, StackFileError, read_stack_config
 from infra.packaging import PackagingError, package
 from run_contract.names import IMAGE_REF, REQUEST_RUN_ID, REQUEST_RUN_ID_RULE
@@ -77,11 +78,28 @@ class Stack:
         return vm
 
 
+def repository_of(stack_file: Path | None) -> Path:
+    """The platform repository a stack belongs to: the nearest folder holding `Pulumi.yaml` above the
+    stack file (or the working folder), else the checkout this command was installed from (editable)."""
+    start = (stack_file.resolve().parent if stack_file else Path.cwd()).resolve()
+    for folder in (start, *start.parents):
+        if (folder / "Pulumi.yaml").is_file():
+            return folder
+    if (ROOT / "Pulumi.yaml").is_file():
+        return ROOT
+    where = f"{stack_file} is not" if stack_file else "the working folder is not"
+    raise UsageError(
+        f"{where} inside a tpu-platform repository (no Pulumi.yaml above it): give the stack file of your "
+        "platform's checkout, like --stack-file ~/tpu-platform/Pulumi.dev.yaml"
+    )
+
+
 def load_stack(stack: str, stack_file: Path | None) -> Stack:
-    root = Path.cwd() if (Path.cwd() / "Pulumi.yaml").exists() else ROOT
+    root = repository_of(stack_file)
     try:
         raw = read_stack_config(stack, root, stack_file)
-        return Stack(parse_stack_config(stack, raw))
+        with reading_repository(root):  # its folders and examples, not those of this command's own install
+            return Stack(parse_stack_config(stack, raw))
     except (StackFileError, ConfigError) as error:
         raise UsageError(str(error)) from None
 

@@ -10,11 +10,12 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import requests
 
 SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
+LOGIN = "gcloud auth application-default login"
 
 
 class CallError(Exception):
@@ -30,7 +31,7 @@ def adc_session() -> requests.Session:
     try:
         credentials, _ = google.auth.default(scopes=list(SCOPES))
     except google.auth.exceptions.DefaultCredentialsError:
-        raise CallError("no Google credentials: run `gcloud auth application-default login` first") from None
+        raise CallError(f"no Google credentials: run `{LOGIN}` first") from None
     return AuthorizedSession(credentials)
 
 
@@ -43,23 +44,37 @@ class Google:
         self.logging = (os.environ.get("LOGGING_API_ENDPOINT") or "https://logging.googleapis.com").rstrip("/")
 
     def _send(self, what: str, method: str, url: str, ok: tuple[int, ...] = (), **kwargs: Any) -> requests.Response:
+        from google.auth import exceptions
+
         try:
             answer = self.session.request(method, url, timeout=60, **kwargs)
+        except exceptions.RefreshError as error:  # the token endpoint refused the login (expired, revoked)
+            why = f"your Google login is no longer valid ({_first_line(error)}); run `{LOGIN}` and try again"
+            raise CallError(f"could not {what}: {why}") from None
+        except exceptions.TransportError as error:  # the token endpoint could not be reached to refresh it
+            why = (
+                f"your Google login could not be refreshed, the network failed reaching Google's token endpoint "
+                f"({_network_reason(error)}); check the connection or proxy, or run `{LOGIN}` again"
+            )
+            raise CallError(f"could not {what}: {why}") from None
+        except exceptions.GoogleAuthError as error:
+            raise CallError(f"could not {what}: your Google login cannot be used ({_first_line(error)}); "
+                            f"run `{LOGIN}`") from None  # fmt: skip
         except requests.RequestException as error:
-            raise CallError(f"could not {what}: {error}") from None
+            why = f"the network failed reaching {urlsplit(url).netloc} ({_network_reason(error)})"
+            raise CallError(f"could not {what}: {why}; check the connection or proxy and try again") from None
         if answer.status_code < 300 or answer.status_code in ok:
             return answer
-        if answer.status_code in (401, 403):
+        message = _google_message(answer)
+        if answer.status_code == 401:
+            raise CallError(f"could not {what}: Google did not accept your login (HTTP 401{message}); run `{LOGIN}`")
+        if answer.status_code == 403:
             raise CallError(
-                f"you may not {what} (HTTP {answer.status_code}). Researchers of stack '{self.stack}' are listed "
+                f"you may not {what} (HTTP 403{message}). Researchers of stack '{self.stack}' are listed "
                 f"under tpu-platform:researchers in Pulumi.{self.stack}.yaml; ask its owners to add you, then "
                 "wait a minute for IAM to apply it"
             )
-        try:
-            message = answer.json().get("error", {}).get("message", "")
-        except ValueError:
-            message = answer.text[:300]
-        raise CallError(f"could not {what}: HTTP {answer.status_code} {message}".rstrip())
+        raise CallError(f"could not {what}: HTTP {answer.status_code}{message}")
 
     # Cloud Storage: objects.list, objects.get, objects.insert (new objects only).
     def _object(self, bucket: str, name: str) -> str:
@@ -116,3 +131,27 @@ class Google:
         if page_token:
             body["pageToken"] = page_token
         return self._send("read the run's log", "POST", f"{self.logging}/v2/entries:list", json=body).json()
+
+
+def _first_line(error: BaseException) -> str:
+    """The error's own words; google-auth's RefreshError carries (message, the token endpoint's answer)."""
+    text = error.args[0] if error.args and isinstance(error.args[0], str) else str(error)
+    return (text.strip().splitlines() or [type(error).__name__])[0][:300]
+
+
+def _network_reason(error: BaseException) -> str:
+    """The innermost cause, which names the host and what happened ("Connection refused"), not the
+    chain of wrappers around it (google.auth's TransportError wraps requests', which wraps urllib3's)."""
+    while error.__cause__ is not None or (error.args and isinstance(error.args[0], BaseException)):
+        error = error.__cause__ or error.args[0]
+    reason = getattr(error, "reason", None)
+    return _first_line(reason if isinstance(reason, BaseException) else error)
+
+
+def _google_message(answer: requests.Response) -> str:
+    """Google's own words (they name the permission refused), as `: <message>`, or ""."""
+    try:
+        message = answer.json().get("error", {}).get("message", "")
+    except ValueError:
+        message = answer.text[:300]
+    return f": {message.strip()}" if message and message.strip() else ""

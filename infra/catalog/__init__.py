@@ -7,6 +7,7 @@ zone, "Failed to connect to remote TPU" from a version mismatch) turned into pla
 
 from __future__ import annotations
 
+import difflib
 import functools
 import re
 from dataclasses import dataclass
@@ -231,6 +232,18 @@ class TpuCatalog:
             sizes = ", ".join(generation.type_name(s) for s in generation.sizes)
             return f"not a {generation.name} size; valid sizes: {sizes}"
         return AcceleratorType(generation, int(size))
+
+    def meant(self, name: str) -> str | None:
+        """The type an unknown `name` most likely means: a generation by its common name (`v5e-8` is
+        `v5litepod-8`) or a near spelling of a prefix (`v5lite-8`), when that size exists; else None."""
+        prefix, _, size = name.rpartition("-")
+        by_name = {g.name: g for g in self.generations.values()}
+        by_prefix = {g.prefix: g for g in self.generations.values()}
+        near = difflib.get_close_matches(prefix, list(by_prefix), n=1, cutoff=0.7)
+        generation = by_name.get(prefix) or (by_prefix[near[0]] if near else None)
+        if generation is None or not size.isdigit() or int(size) not in generation.sizes:
+            return None
+        return generation.type_name(int(size))
 
     def zone_problem(self, accelerator: AcceleratorType, zone: str) -> str | None:
         zones = accelerator.generation.zones_for(accelerator.size)

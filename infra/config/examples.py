@@ -11,8 +11,9 @@ from __future__ import annotations
 import functools
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
-from infra.config.sources import REPO_ROOT
+from infra.config.sources import repository
 
 EXAMPLES_FOLDER = "workloads"
 FRAMEWORKS = ("tensorflow", "jax")
@@ -29,10 +30,15 @@ class Example:
         return f"{EXAMPLES_FOLDER}/{self.name}"
 
 
-@functools.cache
 def examples() -> dict[str, Example]:
+    """The examples of the repository whose stack is being read (infra/config/sources.py `repository`)."""
+    return _examples(repository())
+
+
+@functools.cache
+def _examples(root: Path) -> dict[str, Example]:
     out: dict[str, Example] = {}
-    for manifest in sorted((REPO_ROOT / EXAMPLES_FOLDER).glob("*/example.json")):
+    for manifest in sorted((root / EXAMPLES_FOLDER).glob("*/example.json")):
         data = json.loads(manifest.read_text())
         example = Example(manifest.parent.name, data["framework"], data["entry"])
         # A broken example is the repository's bug, not the stack's: fail loudly in the tests.

@@ -9,6 +9,7 @@ could be used, while follow-up checks on a falsy value are skipped.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import itertools
 import json
 import math
@@ -281,6 +282,12 @@ def fullmatch(pattern: str, text: str) -> bool:
     return re.fullmatch(pattern, text, flags=re.ASCII) is not None
 
 
+def nearest(given: str, options: Iterable[str]) -> str | None:
+    """The one option `given` most likely misspells (`provisoning` for `provisioning`), or None."""
+    close = difflib.get_close_matches(given, list(options), n=1, cutoff=0.7)
+    return close[0] if close else None
+
+
 class Node:
     """One mapping in the stack file, at a key path. Getters return a value or a falsy placeholder."""
 
@@ -361,7 +368,9 @@ class Node:
             options = sorted(choices)
             if value not in options:
                 hint = f"; {allowed}" if allowed else ""
-                self.problems.add(key, value, f"must be one of {', '.join(options)}{hint}")
+                near = nearest(value, options)
+                fixes = [Fix.of({key: near})] if near else []
+                self.problems.add(key, value, f"must be one of {', '.join(options)}{hint}", fixes=fixes)
                 return ""
         if pattern is not None and not fullmatch(pattern, value):
             self.problems.add(key, value, allowed or f"must match {pattern}")
@@ -412,7 +421,7 @@ class Node:
         number = self._number(name, value, integer)
         kind = "an integer" if integer else "a number"
         if number is None:
-            self.problems.add(self.key(name), value, f"must be {kind}" + ("" if integer else " (finite)"))
+            self.problems.add(self.key(name), value, f"must be {kind}" + ("" if integer else " (finite), like 2.5"))
             return None
         low_ok = minimum is None or (number > minimum if exclusive_minimum else number >= minimum)
         high_ok = maximum is None or number <= maximum
@@ -563,4 +572,9 @@ class Node:
         for name in self.data:
             if name not in self._read:
                 known = sorted(known_hint if known_hint is not None else self._read)
-                self.problems.add(self.key(name), self.data[name], f"unknown key; known keys: {', '.join(known)}")
+                plain = re.fullmatch(r"[A-Za-z][A-Za-z0-9]*", name)  # a misspelling, not a key no path can name
+                near = nearest(name, [k for k in known if k not in self.data]) if plain else None
+                fixes = [Fix.of({self.key(name): REMOVE, self.key(near): self.data[name]})] if near else []
+                self.problems.add(
+                    self.key(name), self.data[name], f"unknown key; known keys: {', '.join(known)}", fixes=fixes
+                )

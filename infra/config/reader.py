@@ -19,7 +19,7 @@ from infra.access import iam
 from infra.catalog import AcceleratorType, load_catalog
 from infra.catalog.gke import GkeAcceleratorType, load_gke_catalog
 from infra.config import rules, sources
-from infra.config.examples import examples
+from infra.config.examples import EXAMPLES_FOLDER, examples
 from infra.config.model import (
     BUCKET_PURPOSES,
     PROJECT,
@@ -41,7 +41,7 @@ from infra.config.model import (
     WorkloadSettings,
     WorkloadSource,
 )
-from infra.config.problems import MISSING, Node, Problems, decode_objects
+from infra.config.problems import MISSING, Fix, Node, Problems, decode_objects
 from infra.config.settings import (
     MAX_ACCOUNT_DESCRIPTION_BYTES,
     MAX_COMMAND_ARG,
@@ -312,7 +312,15 @@ def _code(node: Node, workload: WorkloadSettings) -> dict[str, object]:
         source_node.done(())
         if not workload.framework_version:
             node.problems.add(node.key("frameworkVersion"), MISSING, "required with program")
-        example = examples()[workload.program]
+        example = examples().get(workload.program)
+        if example is None:  # the settings' choices are this checkout's; the stack's repository may differ
+            node.problems.add(
+                node.key("program"),
+                workload.program,
+                f"not an example of the stack's repository "
+                f"({EXAMPLES_FOLDER}/{workload.program}/example.json); its examples: {', '.join(examples()) or 'none'}",
+            )
+            return {"env": env, "program": ""}  # refused: nothing else is checked against it
         return {
             "source": WorkloadSource("folder", example.folder),
             "command": ("python", example.entry, *_program_flags(workload)),
@@ -465,7 +473,9 @@ def _accelerator(node: Node) -> AcceleratorType | None:
         return None
     accelerator = load_catalog().accelerator(name)
     if isinstance(accelerator, str):
-        node.problems.add(node.key("acceleratorType"), name, accelerator)
+        meant = load_catalog().meant(name)
+        fixes = [Fix.of({node.key("acceleratorType"): meant})] if meant else []
+        node.problems.add(node.key("acceleratorType"), name, accelerator, fixes=fixes)
         return None
     return accelerator
 

@@ -44,6 +44,7 @@ NO_GKE_ACCELERATOR = GkeAcceleratorType(
 
 
 def check(cfg: PlatformConfig, problems: Problems) -> None:
+    _deployer(cfg, problems)
     _production(cfg, problems)
     _kms_location(cfg, problems)
     _tpu_vms(cfg, problems)
@@ -56,6 +57,24 @@ def check(cfg: PlatformConfig, problems: Problems) -> None:
     _gke(cfg, problems)
     if cfg.name_prefix and not problems.items:
         _names(cfg, problems)
+
+
+def _deployer(cfg: PlatformConfig, problems: Problems) -> None:
+    """A copied stack file keeps the deployer of the stack it was copied from. The bootstrap makes one
+    deployer per environment, tpu-deployer-<stack> in its admin project (bootstrap/program.py), and the
+    policy pack lets only that account hold its stack's grants: said once here, on the key, not as a
+    policy violation on each grant."""
+    account, _, domain = cfg.deployer.partition("@")
+    expected = naming.deployer_account_id(cfg.stack)
+    if account.startswith(naming.deployer_account_id("")) and account != expected:
+        problems.add(
+            f"{PROJECT}:deployer",
+            cfg.deployer,
+            f"is the deployer of stack '{account.removeprefix(naming.deployer_account_id(''))}' (a copied stack "
+            f"file?); the bootstrap's deployer of stack '{cfg.stack}' is {expected}@{domain} (its "
+            "deployServiceAccounts output)",
+            fixes=[Fix.of({f"{PROJECT}:deployer": f"{expected}@{domain}"})],
+        )
 
 
 def _production(cfg: PlatformConfig, problems: Problems) -> None:

@@ -9,7 +9,10 @@ digest unless the stack allows tags.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -17,6 +20,26 @@ from infra import naming
 from run_contract.names import IMAGE_REF
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# The repository whose stack is being read: this checkout, or (for an installed `tpu-runs`, whose own copy
+# of the program has no workloads/) the checkout the stack file was given from.
+_repository = contextvars.ContextVar("repository", default=REPO_ROOT)
+
+
+def repository() -> Path:
+    """The root of the repository a stack's folders and examples are read from."""
+    return _repository.get()
+
+
+@contextlib.contextmanager
+def reading_repository(root: Path) -> Iterator[None]:
+    """Read stacks as stacks of the repository at `root` while inside."""
+    token = _repository.set(root.resolve())
+    try:
+        yield
+    finally:
+        _repository.reset(token)
+
+
 # Interpreters whose first operand is a file (or `-m module`) of the folder; anything else must be a
 # file of the folder itself (`./run.sh`), so the entry is checked at plan time, not found missing at boot.
 INTERPRETERS = re.compile(r"python(3(\.[0-9]{1,2})?)?|bash|sh")
@@ -86,8 +109,9 @@ def image_problem(ref: str, *, stack: str, project: str, region: str, allow_tags
     return None
 
 
-def folder_problem(folder: str, root: Path = REPO_ROOT) -> str | None:
-    """Why `folder` is not a directory inside the repository at `root`, or None."""
+def folder_problem(folder: str, root: Path | None = None) -> str | None:
+    """Why `folder` is not a directory inside the repository at `root` (default: `repository()`), or None."""
+    root = root or repository()
     parts = folder.split("/")
     if not folder or folder.startswith("/") or any(not _FOLDER_PART.fullmatch(p) or p in (".", "..") for p in parts):
         return f"must be {FOLDER_ALLOWED}: no absolute path, '..', '.' or empty part"
@@ -120,8 +144,9 @@ def entry_of(command: tuple[str, ...]) -> tuple[str, str] | None:
     return None
 
 
-def command_problem(command: tuple[str, ...], folder: str, root: Path = REPO_ROOT) -> str | None:
+def command_problem(command: tuple[str, ...], folder: str, root: Path | None = None) -> str | None:
     """Why `command` does not start a file or module of `folder` (already checked), or None."""
+    root = root or repository()
     entry = entry_of(command)
     if entry is None:
         return (
