@@ -56,7 +56,7 @@ def _peak_mib() -> float:
 # --- the child processes ---------------------------------------------------------------------------
 
 
-def _program(stack_file: Path, record: Path) -> dict:
+def _program(stack_file: Path, record: Path, extras: bool = True) -> dict:
     """Plan the stack; then (outside the figures) record what it registered and time the extras."""
     sys.path.insert(0, str(ROOT))
     from infra.config.stackfile import stack_of
@@ -73,7 +73,7 @@ def _program(stack_file: Path, record: Path) -> dict:
         for r in result.resources
     ]
     record.write_text(json.dumps({"modules": modules, "registrations": registrations}))
-    figures["extras"] = _extras(stack, stack_file, result)
+    figures["extras"] = _extras(stack, stack_file, result) if extras else {}
     return figures
 
 
@@ -154,12 +154,12 @@ def _child(phase: str, stack_file: Path, record: Path) -> dict:
     return json.loads(done.stdout.splitlines()[-1])
 
 
-def measure(label: str, stack_file: Path, rounds: int, folder: Path) -> dict:
+def measure(label: str, stack_file: Path, rounds: int, folder: Path, extras: bool = True) -> dict:
     """The program then the floor, back to back, `rounds` times; medians and each round's ratio."""
     record = folder / f"{label}.registrations.json"
     programs, floors = [], []
     for _ in range(rounds):
-        programs.append(_child("program", stack_file, record))
+        programs.append(_child("program" if extras else "program-alone", stack_file, record))
         floors.append(_child("floor", stack_file, record))
     last = programs[-1]
     assert floors[-1]["resources"] == last["resources"]
@@ -181,12 +181,16 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[20, 200, 400])
     parser.add_argument("--rounds", type=int, default=1, help="program and floor back to back, this many times")
     parser.add_argument("--no-dev", action="store_true", help="skip the dev stack itself")
+    parser.add_argument("--no-extras", action="store_true", help="skip timing the offline tool's extras")
     parser.add_argument("--child", nargs=3, metavar=("PHASE", "STACK_FILE", "RECORD"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         phase, stack_file, record = args.child
-        run = _program if phase == "program" else _floor
-        print(json.dumps(run(Path(stack_file), Path(record))))
+        if phase == "floor":
+            figures = _floor(Path(stack_file), Path(record))
+        else:
+            figures = _program(Path(stack_file), Path(record), extras=phase == "program")
+        print(json.dumps(figures))
         return
 
     print(f"load before: {os.getloadavg()[0]:.2f} (1-minute load average, {os.cpu_count()} CPUs)")
@@ -194,12 +198,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         if not args.no_dev:
-            rows.append(measure("dev", ROOT / "Pulumi.dev.yaml", args.rounds, folder))
+            rows.append(measure("dev", ROOT / "Pulumi.dev.yaml", args.rounds, folder, not args.no_extras))
         for size in sorted(args.sizes):
             path = folder / str(size) / "Pulumi.dev.yaml"
             path.parent.mkdir()
             path.write_text(yaml.safe_dump(fleet_stack(size)))
-            row = measure(f"{size} VMs", path, args.rounds, folder)
+            row = measure(f"{size} VMs", path, args.rounds, folder, not args.no_extras)
             assert row["vms"] == size, f"planned {row['vms']} VMs, expected {size}"
             rows.append(row)
     print(f"load after: {os.getloadavg()[0]:.2f}")
@@ -214,8 +218,9 @@ def main() -> None:
             f" {row['program_s'] / row['floor_s']:>6.2f} {row['program_mib']:>11.0f} {row['floor_mib']:>9.0f}"
             f" {row['program_mib'] / row['floor_mib']:>6.2f}  {rounds}"
         )
-    print("the offline tool's extras on the program's plan, seconds:")
-    for row in rows:
+    if not args.no_extras:
+        print("the offline tool's extras on the program's plan, seconds:")
+    for row in rows if not args.no_extras else []:
         print(f"{row['label']:>9}: " + ", ".join(f"{k} {v:.2f}" for k, v in row["extras"].items()))
     # Constant marginal cost means planning is linear in the fleet: no per-VM work grows with its size.
     fleets = [row for row in rows if row["label"] != "dev"]
