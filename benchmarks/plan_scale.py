@@ -30,6 +30,7 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
 
 import yaml  # noqa: E402
 
@@ -64,7 +65,7 @@ def _program(stack_file: Path, record: Path, extras: bool = True) -> dict:
 
     stack = stack_of(stack_file)
     result = plan_stack(stack, stack_file)
-    figures = {"wall_s": time.perf_counter() - STARTED, "peak_mib": _peak_mib()}
+    figures: dict[str, Any] = {"wall_s": time.perf_counter() - STARTED, "peak_mib": _peak_mib()}
     figures["resources"] = len(result.resources)
     figures["vms"] = len(result.of_type(VM_TYPE))
     modules = sorted(m for m in sys.modules if m.startswith("pulumi_"))
