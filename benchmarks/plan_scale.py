@@ -54,6 +54,11 @@ def _peak_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _lazy(module: object) -> bool:
+    """A module pulumi's lazy import put in sys.modules and nothing loaded yet (pulumi._utils._LazyModule)."""
+    return type(module).__name__ == "_LazyModule"
+
+
 # --- the child processes ---------------------------------------------------------------------------
 
 
@@ -68,7 +73,8 @@ def _program(stack_file: Path, record: Path, extras: bool = True) -> dict:
     figures: dict[str, Any] = {"wall_s": time.perf_counter() - STARTED, "peak_mib": _peak_mib()}
     figures["resources"] = len(result.resources)
     figures["vms"] = len(result.of_type(VM_TYPE))
-    modules = sorted(m for m in sys.modules if m.startswith("pulumi_"))
+    # What the program loaded; a provider SDK's subpackages it never touched stay lazy placeholders.
+    modules = sorted(m for m, module in sys.modules.items() if m.startswith("pulumi_") and not _lazy(module))
     registrations = [
         {"type": r.type, "name": r.name, "parent": r.parent, "custom": r.custom, "urn": r.urn, "inputs": r.inputs}
         for r in result.resources
@@ -116,8 +122,9 @@ def _floor(stack_file: Path, record: Path) -> dict:
     from tools.offline.runner import run_program
 
     recorded = json.loads(record.read_text())
-    for module in recorded["modules"]:
-        importlib.import_module(module)
+    for name in recorded["modules"]:
+        module = importlib.import_module(name)
+        getattr(module, "__all__", None)  # any attribute but the introspection ones loads a lazy module
     registrations = recorded["registrations"]
     stack = stack_of(stack_file)
 
