@@ -1,26 +1,42 @@
 #!/usr/bin/env python3
-"""How the offline plan scales with the fleet: stacks of N TPU VMs, each planned in a fresh process.
+"""How the offline plan scales with the fleet, against the Pulumi SDK's own floor.
 
-Prints wall time, peak memory (max RSS of the planning process) and time per VM for each size, and
-the marginal cost per extra VM between the smallest and largest fleet. Not a test: figures only.
+For the dev stack and for generated stacks of N TPU VMs, each run in a fresh process:
+- the program: the real program under the offline mocks (`tools.offline.runner.plan_stack`);
+- the floor: the same resources (type, name, inputs, parent, as the program's run recorded them)
+  registered as bare `CustomResource`s/`ComponentResource`s under the same mocks, after importing the
+  same pulumi-gcp modules: what any program declaring these resources pays the SDK;
+- the offline tool's extras on the program's plan, each timed alone: the policy pack, the JSON plan
+  (with the cost estimate), who-can-do-what (a later deploy's plan plus the access computation).
+
+Prints wall time (the process, imports included) and peak memory (max RSS) of both, their ratio, the
+extras, and the marginal cost per extra VM. The machine may be shared: `--rounds` runs the floor and the
+program back to back several times, and the ratios of each round are what to read. Not a test: figures only.
 """
 
 from __future__ import annotations
 
-import argparse
-import itertools
-import json
-import resource
-import subprocess
-import sys
-import tempfile
 import time
-from pathlib import Path
 
-import yaml
+STARTED = time.perf_counter()  # before the imports: a process's wall time includes them
+
+import argparse  # noqa: E402
+import itertools  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import resource  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import yaml  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 ZONES = ["us-central1-b", "us-central1-c"]  # v2-8 zones inside the dev stack's single region
+VM_TYPE = "gcp:tpu/v2Vm:V2Vm"
 
 
 def fleet_stack(count: int) -> dict:
@@ -34,51 +50,196 @@ def fleet_stack(count: int) -> dict:
     return stack
 
 
-def plan_once(count: int, folder: Path) -> dict[str, float]:
-    path = folder / "Pulumi.dev.yaml"
-    path.write_text(yaml.safe_dump(fleet_stack(count)))
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+def _peak_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _lazy(module: object) -> bool:
+    """A module pulumi's lazy import put in sys.modules and nothing loaded yet (pulumi._utils._LazyModule)."""
+    return type(module).__name__ == "_LazyModule"
+
+
+# --- the child processes ---------------------------------------------------------------------------
+
+
+def _program(stack_file: Path, record: Path, extras: bool = True) -> dict:
+    """Plan the stack; then (outside the figures) record what it registered and time the extras."""
+    sys.path.insert(0, str(ROOT))
+    from infra.config.stackfile import stack_of
+    from tools.offline.runner import plan_stack
+
+    stack = stack_of(stack_file)
+    result = plan_stack(stack, stack_file)
+    figures: dict[str, Any] = {"wall_s": time.perf_counter() - STARTED, "peak_mib": _peak_mib()}
+    figures["resources"] = len(result.resources)
+    figures["vms"] = len(result.of_type(VM_TYPE))
+    # What the program loaded; a provider SDK's subpackages it never touched stay lazy placeholders.
+    modules = sorted(m for m, module in sys.modules.items() if m.startswith("pulumi_") and not _lazy(module))
+    registrations = [
+        {"type": r.type, "name": r.name, "parent": r.parent, "custom": r.custom, "urn": r.urn, "inputs": r.inputs}
+        for r in result.resources
+    ]
+    record.write_text(json.dumps({"modules": modules, "registrations": registrations}))
+    figures["extras"] = _extras(stack, stack_file, result) if extras else {}
+    return figures
+
+
+def _timed(extras: dict[str, float], name: str, work):
     started = time.perf_counter()
+    value = work()
+    extras[name] = time.perf_counter() - started
+    return value
+
+
+def _extras(stack: str, stack_file: Path, result) -> dict[str, float]:
+    from tools.offline.access import who_can_do_what
+    from tools.offline.deploys import plan_deploys
+    from tools.offline.policy_check import check_policies
+    from tools.offline.render import to_json, to_text
+    from tools.offline.runner import plan_stack
+
+    extras: dict[str, float] = {}
+    violations = _timed(extras, "policy pack", lambda: check_policies(result))
+    _timed(extras, "JSON plan", lambda: json.dumps(to_json(result, [v.as_dict() for v in violations]), default=str))
+    _timed(extras, "text plan", lambda: to_text(result))
+
+    def plan(state):  # the first deploy is the plan already made
+        return plan_stack(stack, stack_file, state) if state else result
+
+    deploys = _timed(extras, "later plan", lambda: plan_deploys(plan))
+    _timed(extras, "who-can-do-what", lambda: who_can_do_what(deploys, stack_file))
+    return extras
+
+
+def _floor(stack_file: Path, record: Path) -> dict:
+    """The recorded registrations replayed as bare resources, under the same mocks."""
+    sys.path.insert(0, str(ROOT))
+    import importlib
+
+    import pulumi
+
+    from infra.config.stackfile import project_name, read_stack_config, stack_of
+    from tools.offline.runner import run_program
+
+    recorded = json.loads(record.read_text())
+    for name in recorded["modules"]:
+        module = importlib.import_module(name)
+        getattr(module, "__all__", None)  # any attribute but the introspection ones loads a lazy module
+    registrations = recorded["registrations"]
+    stack = stack_of(stack_file)
+
+    def replay() -> None:
+        made: dict[str, pulumi.Resource] = {}
+        for r in registrations:
+            opts = pulumi.ResourceOptions(parent=made.get(r["parent"]))
+            if r["type"].startswith("pulumi:providers:"):
+                package = r["type"].removeprefix("pulumi:providers:")
+                made[r["urn"]] = pulumi.ProviderResource(package, r["name"], r["inputs"], opts)
+            elif r["custom"]:
+                made[r["urn"]] = pulumi.CustomResource(r["type"], r["name"], r["inputs"], opts)
+            else:
+                made[r["urn"]] = pulumi.ComponentResource(r["type"], r["name"], None, opts)
+
+    result = run_program(stack, read_stack_config(stack, ROOT, stack_file), replay, project_name(ROOT))
+    figures = {"wall_s": time.perf_counter() - STARTED, "peak_mib": _peak_mib()}
+    figures["resources"] = len(result.resources)
+    assert figures["resources"] == len(registrations), "the floor registered another number of resources"
+    return figures
+
+
+# --- the driver ------------------------------------------------------------------------------------
+
+
+def _child(phase: str, stack_file: Path, record: Path) -> dict:
     done = subprocess.run(
-        [sys.executable, "-m", "tools.offline", "plan", "--stack-file", str(path), "--json"],
+        [sys.executable, __file__, "--child", phase, str(stack_file), str(record)],
         cwd=ROOT,
         capture_output=True,
         text=True,
     )
     if done.returncode:
-        raise SystemExit(f"the plan of {count} TPU VMs failed:\n{done.stderr}")
-    wall = time.perf_counter() - started
-    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    plan = json.loads(done.stdout)
-    vms = plan["countByType"].get("gcp:tpu/v2Vm:V2Vm", 0)
-    assert vms == count, f"planned {vms} VMs, expected {count}"
+        raise SystemExit(f"the {phase} run of {stack_file} failed:\n{done.stderr[-5000:]}")
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def measure(label: str, stack_file: Path, rounds: int, folder: Path, extras: bool = True) -> dict:
+    """The program then the floor, back to back, `rounds` times; medians and each round's ratio."""
+    record = folder / f"{label}.registrations.json"
+    programs, floors = [], []
+    for _ in range(rounds):
+        programs.append(_child("program" if extras else "program-alone", stack_file, record))
+        floors.append(_child("floor", stack_file, record))
+    last = programs[-1]
+    assert floors[-1]["resources"] == last["resources"]
     return {
-        "vms": count,
-        "resources": plan["resourceCount"],
-        "wall_s": wall,
-        # ru_maxrss of children is the largest child so far; sizes run in ascending order.
-        "peak_mib": max(peak_kib, before) / 1024,
+        "label": label,
+        "vms": last["vms"],
+        "resources": last["resources"],
+        "program_s": statistics.median(p["wall_s"] for p in programs),
+        "floor_s": statistics.median(f["wall_s"] for f in floors),
+        "ratios": [p["wall_s"] / f["wall_s"] for p, f in zip(programs, floors, strict=True)],
+        "program_mib": statistics.median(p["peak_mib"] for p in programs),
+        "floor_mib": statistics.median(f["peak_mib"] for f in floors),
+        "extras": {k: statistics.median(p["extras"][k] for p in programs) for k in last["extras"]},
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[20, 200, 400])
+    parser.add_argument("--rounds", type=int, default=1, help="program and floor back to back, this many times")
+    parser.add_argument("--no-dev", action="store_true", help="skip the dev stack itself")
+    parser.add_argument("--no-extras", action="store_true", help="skip timing the offline tool's extras")
+    parser.add_argument("--child", nargs=3, metavar=("PHASE", "STACK_FILE", "RECORD"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child:
+        phase, stack_file, record = args.child
+        if phase == "floor":
+            figures = _floor(Path(stack_file), Path(record))
+        else:
+            figures = _program(Path(stack_file), Path(record), extras=phase == "program")
+        print(json.dumps(figures))
+        return
+
+    print(f"load before: {os.getloadavg()[0]:.2f} (1-minute load average, {os.cpu_count()} CPUs)")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        if not args.no_dev:
+            rows.append(measure("dev", ROOT / "Pulumi.dev.yaml", args.rounds, folder, not args.no_extras))
         for size in sorted(args.sizes):
-            rows.append(plan_once(size, Path(tmp)))
-    print(f"{'TPU VMs':>8} {'resources':>10} {'wall s':>8} {'peak MiB':>9} {'ms per VM':>10}")
+            path = folder / str(size) / "Pulumi.dev.yaml"
+            path.parent.mkdir()
+            path.write_text(yaml.safe_dump(fleet_stack(size)))
+            row = measure(f"{size} VMs", path, args.rounds, folder, not args.no_extras)
+            assert row["vms"] == size, f"planned {row['vms']} VMs, expected {size}"
+            rows.append(row)
+    print(f"load after: {os.getloadavg()[0]:.2f}")
+    print(
+        f"{'stack':>9} {'resources':>9} {'program s':>9} {'floor s':>8} {'ratio':>6}"
+        f" {'program MiB':>11} {'floor MiB':>9} {'ratio':>6}  ratio per round"
+    )
     for row in rows:
+        rounds = ", ".join(f"{r:.2f}" for r in row["ratios"])
         print(
-            f"{row['vms']:>8} {row['resources']:>10} {row['wall_s']:>8.2f} {row['peak_mib']:>9.0f}"
-            f" {1000 * row['wall_s'] / row['vms']:>10.1f}"
+            f"{row['label']:>9} {row['resources']:>9} {row['program_s']:>9.2f} {row['floor_s']:>8.2f}"
+            f" {row['program_s'] / row['floor_s']:>6.2f} {row['program_mib']:>11.0f} {row['floor_mib']:>9.0f}"
+            f" {row['program_mib'] / row['floor_mib']:>6.2f}  {rounds}"
         )
+    if not args.no_extras:
+        print("the offline tool's extras on the program's plan, seconds:")
+    for row in rows if not args.no_extras else []:
+        print(f"{row['label']:>9}: " + ", ".join(f"{k} {v:.2f}" for k, v in row["extras"].items()))
     # Constant marginal cost means planning is linear in the fleet: no per-VM work grows with its size.
-    for smaller, larger in itertools.pairwise(rows):
-        marginal = 1000 * (larger["wall_s"] - smaller["wall_s"]) / (larger["vms"] - smaller["vms"])
-        print(f"marginal cost {smaller['vms']} -> {larger['vms']} VMs: {marginal:.1f} ms per extra TPU VM")
+    fleets = [row for row in rows if row["label"] != "dev"]
+    for smaller, larger in itertools.pairwise(fleets):
+        span = larger["vms"] - smaller["vms"]
+        program = 1000 * (larger["program_s"] - smaller["program_s"]) / span
+        floor = 1000 * (larger["floor_s"] - smaller["floor_s"]) / span
+        print(
+            f"marginal cost {smaller['vms']} -> {larger['vms']} VMs: {program:.1f} ms per extra TPU VM"
+            f" (floor {floor:.1f} ms)"
+        )
 
 
 if __name__ == "__main__":

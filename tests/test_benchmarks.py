@@ -23,6 +23,7 @@ def run(*args: str) -> str:
 def test_plan_scale_benchmark_runs():
     out = run("benchmarks/plan_scale.py", "--sizes", "1", "3")
     assert "marginal cost 1 -> 3 VMs" in out
+    assert "floor s" in out and "policy pack" in out  # the SDK's floor beside the program, the extras alone
 
 
 def test_workload_benchmark_runs():

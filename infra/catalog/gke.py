@@ -14,9 +14,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from infra.catalog import CATALOG_FILE, PriceRow, chips_of, load_catalog, price_in_region, price_rows, zones_offering
+from infra.catalog import (
+    CATALOG_FILE,
+    PriceRow,
+    catalog_data,
+    chips_of,
+    load_catalog,
+    price_in_region,
+    price_rows,
+    zones_offering,
+)
 
 
 @dataclass(frozen=True)
@@ -153,7 +160,7 @@ def _generation(name: str, data: dict[str, Any]) -> GkeGeneration:
 
 @functools.cache
 def load_gke_catalog(path: Path = CATALOG_FILE) -> GkeCatalog:
-    data = yaml.safe_load(path.read_text())["gke"]
+    data = catalog_data(path)["gke"]
     return GkeCatalog(
         generations={name: _generation(name, g) for name, g in data["generations"].items()},
         not_in_gke=dict(data["not_in_gke"]),

@@ -34,6 +34,23 @@ def console_url(project: str, vm: TpuVmSettings, zone: str | None = None) -> str
     return f"https://console.cloud.google.com/compute/tpus/details/{zone or vm.zone}/{node}?project={project}"
 
 
+def _commands(project: str, vm: TpuVmSettings, zone: pulumi.Input[str]) -> dict[str, pulumi.Input[str]]:
+    """How to reach the VM: plain strings when its zone is known at plan time, else once the request has one."""
+
+    def commands(z: str) -> dict[str, str]:
+        ssh = ssh_command(project, vm, z)
+        return {
+            "sshCommand": ssh,
+            "logsCommand": f"{ssh} --command 'journalctl -u tpu-workload-{vm.workload} -f'",
+            "consoleUrl": console_url(project, vm, z),
+        }
+
+    if isinstance(zone, str):
+        return dict(commands(zone))
+    known = pulumi.Output.from_input(zone)
+    return {key: known.apply(lambda z, key=key: commands(z)[key]) for key in commands(vm.zone)}
+
+
 def queued_capacity(vm: TpuVmSettings, network: PrivateNetwork) -> QueuedCapacity:
     """What a `capacity: queued` VM asks for beyond the node spec: its stack settings, mapped."""
     return QueuedCapacity(
@@ -117,10 +134,6 @@ class TpuVm(pulumi.ComponentResource):
             "workload": vm.workload,
             "serviceAccount": identity.email,
             "startupScriptBytes": len(metadata["startup-script"].encode()),
-            "sshCommand": pulumi.Output.from_input(zone).apply(lambda z: ssh_command(env.project, vm, z)),
-            "logsCommand": pulumi.Output.from_input(zone).apply(
-                lambda z: f"{ssh_command(env.project, vm, z)} --command 'journalctl -u tpu-workload-{vm.workload} -f'"
-            ),
-            "consoleUrl": pulumi.Output.from_input(zone).apply(lambda z: console_url(env.project, vm, z)),
+            **_commands(env.project, vm, zone),
         }
         self.register_outputs(self.outputs)
