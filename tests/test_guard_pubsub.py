@@ -22,13 +22,13 @@ from pathlib import Path
 import pytest
 import requests
 
+from infra.tpu_guard import source_files
 from tests.sandbox import SANDBOX_TOKEN, free_port, metadata_server, wait_for
 from tests.test_tpu_guard import ACCOUNT, BUDGET, LISTING, OVER, PARENT, PROJECT
 from tests.tpu_api import tpu_api_standin
 
 pytestmark = pytest.mark.slow
 
-GUARD = Path(__file__).resolve().parents[1] / "functions" / "tpu_guard"
 EMULATOR_PACKAGE = "google-cloud-cli-pubsub-emulator"
 
 
@@ -74,14 +74,21 @@ def function_server(target: str, env: dict[str, str], tmp_path: Path) -> Iterato
     port = free_port()
     log_path = tmp_path / f"{target}.log"
     log = log_path.open("wb")
+    # The source as deployed: the guard's files with run_contract/ beside them (its source archive).
+    source = tmp_path / "guard-source"
+    for name, path in source_files().items():
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, source / name)
     binary = Path(sys.executable).with_name("functions-framework")
     process = subprocess.Popen(
-        [str(binary), "--target", target, "--signature-type", "cloudevent", "--source", str(GUARD / "main.py"),
+        [str(binary), "--target", target, "--signature-type", "cloudevent", "--source", str(source / "main.py"),
          "--host", "127.0.0.1", "--port", str(port)],
-        cwd=GUARD, env=env, stdout=log, stderr=subprocess.STDOUT,
+        cwd=source, env=env, stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:
-        wait_for(lambda: _accepting(port), 60, f"functions-framework serving {target}")
+        wait_for(lambda: _accepting(port) or process.poll() is not None, 60, f"functions-framework serving {target}")
+        if process.poll() is not None:
+            raise AssertionError(f"functions-framework exited: {log_path.read_text()[-3000:]}")
         yield f"http://127.0.0.1:{port}/", log_path
     finally:
         process.terminate()
