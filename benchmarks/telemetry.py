@@ -36,10 +36,13 @@ def main() -> None:
     training = json.dumps({"severity": "INFO", "message": "training", "step": 1, "loss": 0.12345, "steps_per_s": 9.5})
     with google_apis() as (api_url, received), metadata_server() as (metadata_url, _):
         env = {
-            "TPU_PLATFORM_PROJECT": "bench", "TPU_PLATFORM_STACK": "dev", "TPU_PLATFORM_VM": "vm",
-            "TPU_PLATFORM_LOGGING_URL": api_url, "TPU_PLATFORM_MONITORING_URL": api_url,
+            "TPU_PLATFORM_PROJECT": "bench",
+            "TPU_PLATFORM_STACK": "dev",
+            "TPU_PLATFORM_VM": "vm",
+            "TPU_PLATFORM_LOGGING_URL": api_url,
+            "TPU_PLATFORM_MONITORING_URL": api_url,
             "TPU_PLATFORM_METADATA_URL": metadata_url,
-        }  # fmt: skip
+        }
         with tempfile.TemporaryDirectory() as model_dir:
             for name, line in (("text line", text), ("training JSON line", training)):
                 shipper = Telemetry(env, flush_every_s=0.5, queue_size=n + 1)

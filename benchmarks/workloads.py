@@ -61,8 +61,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         sample, shards = folder / "mnist.npz", folder / "shards"
-        subprocess.run([args.python, str(WORKLOADS / "sample_mnist.py"), str(sample), "--train", str(args.train),
-                        "--test", str(args.test)], check=True)  # fmt: skip
+        subprocess.run(
+            [
+                args.python,
+                str(WORKLOADS / "sample_mnist.py"),
+                str(sample),
+                "--train",
+                str(args.train),
+                "--test",
+                str(args.test),
+            ],
+            check=True,
+        )
         _, _, out = timed([args.python, str(WORKLOADS / "prepare_data.py"), str(sample), str(shards)], folder)
         prep = json.loads(out.strip().splitlines()[-1])
         rate = f"{prep['examples_per_second']:,} examples/s, {prep['megabytes_per_second']} MB/s, local disk"
@@ -82,10 +92,21 @@ def main() -> None:
                     name, _, before = program.partition("@")
                     workloads = args.compare.resolve() / "workloads" if before else WORKLOADS
                     run = folder / f"{name}-{before or 'now'}-{round_}"
-                    command = [args.python, str(workloads / name / f"{name}.py"), "--data", str(shards), *length,
-                               "--batch-size", str(args.batch_size), "--checkpoint-dir", str(run / "ckpt"),
-                               "--model-dir", str(run / "model"),
-                               "--checkpoint-every-steps", str(CHECKPOINT_EVERY_STEPS)]  # fmt: skip
+                    command = [
+                        args.python,
+                        str(workloads / name / f"{name}.py"),
+                        "--data",
+                        str(shards),
+                        *length,
+                        "--batch-size",
+                        str(args.batch_size),
+                        "--checkpoint-dir",
+                        str(run / "ckpt"),
+                        "--model-dir",
+                        str(run / "model"),
+                        "--checkpoint-every-steps",
+                        str(CHECKPOINT_EVERY_STEPS),
+                    ]
                 wall, cpu, out = timed(command, folder)
                 walls[program].append(wall)
                 cpus[program].append(cpu)
@@ -104,8 +125,10 @@ def main() -> None:
                 loop = f"{statistics.median(m['wall_seconds'] for m in shares[program]):.1f}"
                 wait = f"{100 * statistics.median(m['input_wait_share'] for m in shares[program]):.2f}%"
                 stall = f"{100 * statistics.median(m['checkpoint_stall_share'] for m in shares[program]):.2f}%"
-            print(f"{program:<17} {wall:>7.1f} {wall / seed_wall:>7.2f} {cpu:>7.1f} {cpu / seed_cpu:>7.2f} "
-                  f"{loop:>7} {wait:>11} {stall:>11}")  # fmt: skip
+            print(
+                f"{program:<17} {wall:>7.1f} {wall / seed_wall:>7.2f} {cpu:>7.1f} {cpu / seed_cpu:>7.2f} "
+                f"{loop:>7} {wait:>11} {stall:>11}"
+            )
 
 
 if __name__ == "__main__":

@@ -140,23 +140,42 @@ def parse_bootstrap_config(stack: str, raw: dict[str, str]) -> BootstrapConfig:
     numeric = r"[0-9]{1,20}"
     config = BootstrapConfig(
         project=project,
-        repository=root.text(f"{NAMESPACE}:githubRepository", pattern=r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+",
-                            allowed="owner/name of a GitHub repository"),
-        repository_id=root.text(f"{NAMESPACE}:githubRepositoryId", pattern=numeric,
-                               allowed="the repository's numeric id (gh api repos/OWNER/NAME --jq .id)"),
-        repository_owner_id=root.text(f"{NAMESPACE}:githubRepositoryOwnerId", pattern=numeric,
-                                     allowed="the owner's numeric id (gh api repos/OWNER/NAME --jq .owner.id)"),
-        deploy_ref=root.text(f"{NAMESPACE}:deployRef", "refs/heads/main", pattern=r"refs/(heads|tags)/[A-Za-z0-9_./-]+",
-                            allowed="a full git ref like refs/heads/main"),
+        repository=root.text(
+            f"{NAMESPACE}:githubRepository",
+            pattern=r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+",
+            allowed="owner/name of a GitHub repository",
+        ),
+        repository_id=root.text(
+            f"{NAMESPACE}:githubRepositoryId",
+            pattern=numeric,
+            allowed="the repository's numeric id (gh api repos/OWNER/NAME --jq .id)",
+        ),
+        repository_owner_id=root.text(
+            f"{NAMESPACE}:githubRepositoryOwnerId",
+            pattern=numeric,
+            allowed="the owner's numeric id (gh api repos/OWNER/NAME --jq .owner.id)",
+        ),
+        deploy_ref=root.text(
+            f"{NAMESPACE}:deployRef",
+            "refs/heads/main",
+            pattern=r"refs/(heads|tags)/[A-Za-z0-9_./-]+",
+            allowed="a full git ref like refs/heads/main",
+        ),
         state_bucket=root.text(f"{NAMESPACE}:stateBucket", check=naming.bucket_name_problem),
-        location=root.text(f"{NAMESPACE}:location", "us-central1", pattern=r"[a-z]+-[a-z]+\d+",
-                          allowed="a region like us-central1"),
-        billing_account=root.text(f"{NAMESPACE}:billingAccount", None, pattern=BILLING_ACCOUNT,
-                                 allowed="a billing account id like 012345-6789AB-CDEF01"),
+        location=root.text(
+            f"{NAMESPACE}:location", "us-central1", pattern=r"[a-z]+-[a-z]+\d+", allowed="a region like us-central1"
+        ),
+        billing_account=root.text(
+            f"{NAMESPACE}:billingAccount",
+            None,
+            pattern=BILLING_ACCOUNT,
+            allowed="a billing account id like 012345-6789AB-CDEF01",
+        ),
         environments=environments,
-        adopt=tuple(root.texts(adopt_key, [], choices=sorted(environments),
-                                  allowed="an environment of this bootstrap")),
-    )  # fmt: skip
+        adopt=tuple(
+            root.texts(adopt_key, [], choices=sorted(environments), allowed="an environment of this bootstrap")
+        ),
+    )
     root.done([f"{NAMESPACE}:{k}" for k in KEYS])
     access = read_access()
     for name, env_project in environments.items():
@@ -496,16 +515,21 @@ def _environment(
         opts=shared.kept,
     )
     grants.append(
-        gcp.kms.CryptoKeyIAMMember(f"deployer-{stack}-secrets", crypto_key_id=key.id, role=ENCRYPTER_DECRYPTER,
-                                   member=member)
-    )  # fmt: skip
+        gcp.kms.CryptoKeyIAMMember(
+            f"deployer-{stack}-secrets", crypto_key_id=key.id, role=ENCRYPTER_DECRYPTER, member=member
+        )
+    )
     # A preview decrypts the state's secrets (Pulumi's gcpkms provider unwraps the stack's data key).
     # A production stack keeps no secret in its stack file (infra/platform.py refuses one), since any
     # branch of the repository can run the previewer.
     grants.append(
-        gcp.kms.CryptoKeyIAMMember(f"previewer-{stack}-secrets", crypto_key_id=key.id,
-                                   role="roles/cloudkms.cryptoKeyDecrypter", member=_member(shared.previewer))
-    )  # fmt: skip
+        gcp.kms.CryptoKeyIAMMember(
+            f"previewer-{stack}-secrets",
+            crypto_key_id=key.id,
+            role="roles/cloudkms.cryptoKeyDecrypter",
+            member=_member(shared.previewer),
+        )
+    )
     for account_id in entry["billingAccounts"]:
         grants.append(
             gcp.billing.AccountIamMember(
@@ -558,9 +582,10 @@ def _agents(stack: str, project: str, entry: dict[str, Any], apis: Sequence[pulu
     agent_apis = {grant["agent"] for grant in entry["agentGrants"]} - {"storage.googleapis.com"}
     for api in sorted(agent_apis):  # an agent is generated only where its API is on
         env_apis.append(
-            gcp.projects.Service(f"{stack}-api-{api.split('.')[0]}", project=project, service=api,
-                                 disable_on_destroy=False)
-        )  # fmt: skip
+            gcp.projects.Service(
+                f"{stack}-api-{api.split('.')[0]}", project=project, service=api, disable_on_destroy=False
+            )
+        )
     for grant in entry["agentGrants"]:
         # Google's agents of the environment, with roles the deployer may not grant (they hold
         # act-as and token rights): provisioned and granted here, before the first deploy.
@@ -596,9 +621,11 @@ def _agents(stack: str, project: str, entry: dict[str, Any], apis: Sequence[pulu
                 f"{stack}-api-cmek-{index}", project=project, service=grant["agent"], disable_on_destroy=False
             )
             key_user = gcp.projects.ServiceIdentity(
-                f"{stack}-cmek-{index}-identity", project=project, service=grant["agent"],
+                f"{stack}-cmek-{index}-identity",
+                project=project,
+                service=grant["agent"],
                 opts=pulumi.ResourceOptions(depends_on=[*env_apis, api]),
-            ).member  # fmt: skip
+            ).member
         gcp.kms.CryptoKeyIAMMember(
             f"{stack}-cmek-{index}-{grant['agent'].split('.')[0]}-agent",
             crypto_key_id=grant["key"],

@@ -107,9 +107,15 @@ class TpuSchedules(pulumi.ComponentResource):
             if vm.name not in nodes:
                 continue  # deleted once its run completed: nothing left to start or stop
 
-            def job(action: str, cron: str, what: str, target: gcp.cloudscheduler.JobHttpTargetArgs,
-                    waits: list[pulumi.Resource], deadline: str | None = None,
-                    vm: TpuVmSettings = vm) -> gcp.cloudscheduler.Job:  # fmt: skip
+            def job(
+                action: str,
+                cron: str,
+                what: str,
+                target: gcp.cloudscheduler.JobHttpTargetArgs,
+                waits: list[pulumi.Resource],
+                deadline: str | None = None,
+                vm: TpuVmSettings = vm,
+            ) -> gcp.cloudscheduler.Job:
                 return gcp.cloudscheduler.Job(
                     f"{name}-{vm.name}-{action}",
                     name=naming.scheduler_job(vm.name, action),

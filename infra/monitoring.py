@@ -181,9 +181,13 @@ class TpuMonitoring(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self, depends_on=apis.needs("monitoring"))
 
         def alert(
-            suffix: str, title: str, severity: str, runbook: str, condition: gcp.monitoring.AlertPolicyConditionArgs,
+            suffix: str,
+            title: str,
+            severity: str,
+            runbook: str,
+            condition: gcp.monitoring.AlertPolicyConditionArgs,
             strategy: gcp.monitoring.AlertPolicyAlertStrategyArgs | None = None,
-        ) -> gcp.monitoring.AlertPolicy:  # fmt: skip
+        ) -> gcp.monitoring.AlertPolicy:
             return gcp.monitoring.AlertPolicy(
                 f"{name}-{suffix}",
                 project=env.project,

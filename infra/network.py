@@ -169,35 +169,60 @@ class PrivateNetwork(pulumi.ComponentResource):
         """Egress for TPU VMs: Google's APIs through private.googleapis.com and the stack's subnets, nothing else."""
         base = f"tpu-{env.stack}"
         rules = (
-            ("egress-google", "ALLOW", 1000, [PRIVATE_GOOGLE_ACCESS_RANGE], [("tcp", ["443"])],
-             "Google APIs through private.googleapis.com only"),
-            ("egress-jobs", "ALLOW", 1000, [cidr for _, cidr in args.subnets], [("tcp", []), ("udp", []), ("icmp", [])],
-             "The hosts of a job (each VM's ingress rule admits its own job only)"),
+            (
+                "egress-google",
+                "ALLOW",
+                1000,
+                [PRIVATE_GOOGLE_ACCESS_RANGE],
+                [("tcp", ["443"])],
+                "Google APIs through private.googleapis.com only",
+            ),
+            (
+                "egress-jobs",
+                "ALLOW",
+                1000,
+                [cidr for _, cidr in args.subnets],
+                [("tcp", []), ("udp", []), ("icmp", [])],
+                "The hosts of a job (each VM's ingress rule admits its own job only)",
+            ),
             ("egress-deny", "DENY", 65000, ["0.0.0.0/0"], [("all", [])], "Nothing else (egress: google-only)"),
-        )  # fmt: skip
+        )
         for suffix, action, priority, ranges, protocols, description in rules:
             allow = action == "ALLOW"
             gcp.compute.Firewall(
-                f"{name}-{suffix}", name=f"{base}-{suffix}", project=env.project, network=self.network.id,
-                direction="EGRESS", priority=priority, destination_ranges=ranges, target_tags=[TPU_VM_TAG],
+                f"{name}-{suffix}",
+                name=f"{base}-{suffix}",
+                project=env.project,
+                network=self.network.id,
+                direction="EGRESS",
+                priority=priority,
+                destination_ranges=ranges,
+                target_tags=[TPU_VM_TAG],
                 log_config=gcp.compute.FirewallLogConfigArgs(metadata="INCLUDE_ALL_METADATA"),
-                description=description, opts=child,
+                description=description,
+                opts=child,
                 allows=[gcp.compute.FirewallAllowArgs(protocol=p, ports=ports or None) for p, ports in protocols]
-                if allow else None,
-                denies=None if allow else [gcp.compute.FirewallDenyArgs(protocol=p, ports=ports or None)
-                                           for p, ports in protocols],
-            )  # fmt: skip
+                if allow
+                else None,
+                denies=None
+                if allow
+                else [gcp.compute.FirewallDenyArgs(protocol=p, ports=ports or None) for p, ports in protocols],
+            )
         dns = pulumi.ResourceOptions(parent=self, depends_on=apis.needs("dns"))
         for domain in PRIVATE_DOMAINS:
             key = domain.replace(".", "-")
             zone = gcp.dns.ManagedZone(
-                f"{name}-{key}", name=f"{base}-{key}", project=env.project, dns_name=f"{domain}.",
-                visibility="private", description=f"{domain} through private.googleapis.com (egress: google-only)",
+                f"{name}-{key}",
+                name=f"{base}-{key}",
+                project=env.project,
+                dns_name=f"{domain}.",
+                visibility="private",
+                description=f"{domain} through private.googleapis.com (egress: google-only)",
                 private_visibility_config=gcp.dns.ManagedZonePrivateVisibilityConfigArgs(
                     networks=[gcp.dns.ManagedZonePrivateVisibilityConfigNetworkArgs(network_url=self.network.id)]
                 ),
                 opts=dns,
-            )  # fmt: skip
+            )
             self.private_zones.append(zone)
             after = pulumi.ResourceOptions(parent=self, depends_on=[zone])
             # The domain's names to the private.googleapis.com addresses (Private Google Access, DNS configuration).
@@ -207,9 +232,15 @@ class PrivateNetwork(pulumi.ComponentResource):
                 ("any", f"*.{domain}.", "CNAME", [apex]),
             ):
                 gcp.dns.RecordSet(
-                    f"{name}-{key}-{suffix}", name=record, managed_zone=zone.name, type=kind, ttl=300, rrdatas=data,
-                    project=env.project, opts=after,
-                )  # fmt: skip
+                    f"{name}-{key}-{suffix}",
+                    name=record,
+                    managed_zone=zone.name,
+                    type=kind,
+                    ttl=300,
+                    rrdatas=data,
+                    project=env.project,
+                    opts=after,
+                )
 
     def _cluster_subnet(
         self, name: str, env: Env, ranges: ClusterRanges, sampling: float, child: pulumi.ResourceOptions
@@ -238,9 +269,13 @@ class PrivateNetwork(pulumi.ComponentResource):
             opts=child,
         )
         router = gcp.compute.Router(
-            f"{name}-gke-router", name=base, project=env.project, region=ranges.region, network=self.network.id,
+            f"{name}-gke-router",
+            name=base,
+            project=env.project,
+            region=ranges.region,
+            network=self.network.id,
             opts=child,
-        )  # fmt: skip
+        )
         self.cluster_nat = gcp.compute.RouterNat(
             f"{name}-gke-nat",
             name=base,

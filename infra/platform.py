@@ -86,8 +86,9 @@ def build_platform(cfg: PlatformConfig, secrets: Mapping[str, str] | None = None
     budget_args = BudgetAlertsArgs(cfg.budget, cfg.billing_account, cfg.buckets.kms_key_name)
     identity_args = {w.name: WorkloadIdentityArgs(w) for w in cfg.workloads}
     self_service = {vm.name: self_service_vm(cfg, vm.name) for vm in cfg.self_service_vms}
-    status_args = RunStatusArgs(cfg.buckets.location, tuple((vm.name, account_key(vm.name, vm.workload, self_service))
-                                                            for vm in cfg.tpu_vms))  # fmt: skip
+    status_args = RunStatusArgs(
+        cfg.buckets.location, tuple((vm.name, account_key(vm.name, vm.workload, self_service)) for vm in cfg.tpu_vms)
+    )
     guard_args = guard_args_of(cfg)
     scheduled = tuple(vm for vm in cfg.tpu_vms if vm.schedule)
     schedule_args = TpuSchedulesArgs(scheduled) if scheduled else None
@@ -172,9 +173,16 @@ def build_platform(cfg: PlatformConfig, secrets: Mapping[str, str] | None = None
     guard = None
     if guard_args:
         guard = TpuGuard(
-            "guard", env, guard_args, apis, buckets.encryption, buckets.ready, status.bucket, budget.topic,
+            "guard",
+            env,
+            guard_args,
+            apis,
+            buckets.encryption,
+            buckets.ready,
+            status.bucket,
+            budget.topic,
             budget.budget.name,
-        )  # fmt: skip
+        )
     if schedule_args:
         start = guard.start if guard else None  # scheduled starts need the guard (TpuGuardArgs.needed)
         TpuSchedules("schedules", env, schedule_args, apis, {name: vm.node for name, vm in vms.items()}, start)
@@ -187,8 +195,9 @@ def build_platform(cfg: PlatformConfig, secrets: Mapping[str, str] | None = None
         pools = {a.pool.name: SlicePool(f"slices-{a.pool.name}", env, a, cluster, apis) for a in pool_args}
         engine["gke"] = {**cluster.outputs, "slicePools": {name: pool.outputs for name, pool in pools.items()}}
         if cluster_args.gke.teams:
-            TeamAccess("team-access", env, TeamAccessArgs(cluster_args.gke.teams), buckets.buckets, apis,
-                       [cluster.cluster])  # fmt: skip
+            TeamAccess(
+                "team-access", env, TeamAccessArgs(cluster_args.gke.teams), buckets.buckets, apis, [cluster.cluster]
+            )
         if team_queues:
             # The queues phase: the admin phase (gke-admin/) installed Kueue and gave this stack's deployer
             # the rights to these objects; the pools exist before a queue lends their chips.
@@ -301,10 +310,15 @@ def source_packages(cfg: PlatformConfig, digests: dict[str, str]) -> dict[str, P
         if key in folders:  # `a/b` and `a-b`: one resource name for two folders
             raise ConfigError(
                 cfg.stack,
-                [Problem(f"{PROJECT}:workloads", folder,
-                         f"source folders {folders[key]} and {folder} would share the resource name {key}; "
-                         "rename one of the folders")],
-            )  # fmt: skip
+                [
+                    Problem(
+                        f"{PROJECT}:workloads",
+                        folder,
+                        f"source folders {folders[key]} and {folder} would share the resource name {key}; "
+                        "rename one of the folders",
+                    )
+                ],
+            )
         folders[key] = folder
         out[key] = archive
     out[AGENT_PACKAGE] = agent_package()
@@ -371,14 +385,17 @@ def refuse_secrets_in_metadata(
 ) -> None:
     """VM metadata is readable by whoever can read the node: no secret value may end up there."""
     problems = [
-        Problem(key, "[secret]",
-                f"a value marked secure would reach the metadata of TPU VM {vm}, which anyone who can read the node "
-                "sees; keep it out of workload settings (a secret belongs in Secret Manager, read by the "
-                "workload's account)")
+        Problem(
+            key,
+            "[secret]",
+            f"a value marked secure would reach the metadata of TPU VM {vm}, which anyone who can read the node "
+            "sees; keep it out of workload settings (a secret belongs in Secret Manager, read by the "
+            "workload's account)",
+        )
         for vm, items in metadata.items()
         for plaintext, key in secrets.items()
         if any(plaintext in value for value in items.values())
-    ]  # fmt: skip
+    ]
     if problems:
         raise ConfigError(cfg.stack, problems)
 
@@ -389,12 +406,15 @@ def refuse_secrets_in_production(cfg: PlatformConfig, secrets: Mapping[str, str]
     if not cfg.production:
         return
     problems = [
-        Problem(key, "[secret]",
-                "a production stack keeps no value marked secure: every branch's preview can decrypt it (the "
-                "previewer reads the state with the stack's key); keep it in Secret Manager, read by the workload's "
-                "account")
+        Problem(
+            key,
+            "[secret]",
+            "a production stack keeps no value marked secure: every branch's preview can decrypt it (the "
+            "previewer reads the state with the stack's key); keep it in Secret Manager, read by the workload's "
+            "account",
+        )
         for key in sorted(set(secrets.values()))
-    ]  # fmt: skip
+    ]
     if problems:
         raise ConfigError(cfg.stack, problems)
 

@@ -111,32 +111,69 @@ class ResearcherAccess(pulumi.ComponentResource):
             key = f"{name}-{_member_key(member)}"
             self.grants.append(
                 grants.project_role(
-                    f"{key}-project", env.project, project_role, member, parent=self,
-                    depends_on=apis.needs("cloudresourcemanager"), permissions=frozenset(project_permissions),
+                    f"{key}-project",
+                    env.project,
+                    project_role,
+                    member,
+                    parent=self,
+                    depends_on=apis.needs("cloudresourcemanager"),
+                    permissions=frozenset(project_permissions),
                 )
-            )  # fmt: skip
+            )
             # (grant name suffix, role, its permissions, bucket, condition title, description, prefixes)
             places = [
-                ("runs", read_role, calls.READ_PERMISSIONS, args.status_bucket, "own-run-states",
-                 f"Only {member}'s runs' states", [naming.member_runs_prefix(v.vm, member) for v in args.vms]),
-                ("requests", submit_role, calls.SUBMIT_PERMISSIONS, args.status_bucket, "own-requests",
-                 f"Only {member}'s new run and stop requests", [naming.member_requests_prefix(v.vm, member)
-                                                               for v in args.vms]),
-                ("results", read_role, calls.READ_PERMISSIONS, args.models_bucket, "own-run-results",
-                 f"Only {member}'s runs' models and metrics",
-                 [naming.member_objects_prefix(v.workload, v.vm, member) for v in args.vms if v.models]),
-            ]  # fmt: skip
+                (
+                    "runs",
+                    read_role,
+                    calls.READ_PERMISSIONS,
+                    args.status_bucket,
+                    "own-run-states",
+                    f"Only {member}'s runs' states",
+                    [naming.member_runs_prefix(v.vm, member) for v in args.vms],
+                ),
+                (
+                    "requests",
+                    submit_role,
+                    calls.SUBMIT_PERMISSIONS,
+                    args.status_bucket,
+                    "own-requests",
+                    f"Only {member}'s new run and stop requests",
+                    [naming.member_requests_prefix(v.vm, member) for v in args.vms],
+                ),
+                (
+                    "results",
+                    read_role,
+                    calls.READ_PERMISSIONS,
+                    args.models_bucket,
+                    "own-run-results",
+                    f"Only {member}'s runs' models and metrics",
+                    [naming.member_objects_prefix(v.workload, v.vm, member) for v in args.vms if v.models],
+                ),
+            ]
             if args.vms:
-                sources = ("sources", submit_role, calls.SUBMIT_PERMISSIONS, args.artifacts_bucket,
-                           "workload-sources", "Only packaged workload sources", [naming.SOURCES_PREFIX])  # fmt: skip
+                sources = (
+                    "sources",
+                    submit_role,
+                    calls.SUBMIT_PERMISSIONS,
+                    args.artifacts_bucket,
+                    "workload-sources",
+                    "Only packaged workload sources",
+                    [naming.SOURCES_PREFIX],
+                )
                 places.append(sources)
             for suffix, role_name, permissions, bucket, title, description, prefixes in places:
                 if not prefixes:
                     continue
-                self.grants.append(gcp.storage.BucketIAMMember(
-                    f"{key}-{suffix}", bucket=bucket, role=role_name, member=member,
-                    condition=_storage_condition(title, description, bucket, prefixes, permissions), opts=after,
-                ))  # fmt: skip
+                self.grants.append(
+                    gcp.storage.BucketIAMMember(
+                        f"{key}-{suffix}",
+                        bucket=bucket,
+                        role=role_name,
+                        member=member,
+                        condition=_storage_condition(title, description, bucket, prefixes, permissions),
+                        opts=after,
+                    )
+                )
             if args.vms:
                 view_id = naming.researcher_log(member)
                 self.views[member] = gcp.logging.LogView(
@@ -148,14 +185,21 @@ class ResearcherAccess(pulumi.ComponentResource):
                     opts=pulumi.ResourceOptions(parent=self, depends_on=logging_apis),
                 )
                 view = naming.researcher_log_view(env.project, member)
-                self.grants.append(grants.project_role(
-                    f"{key}-logs", env.project, VIEW_ACCESSOR, member, parent=self,
-                    depends_on=[*apis.needs("cloudresourcemanager"), self.views[member]],
-                    condition=gcp.projects.IAMMemberConditionArgs(
-                        title=f"own-run-logs-{view_id}"[:100], description=f"Only the log view of {member}'s runs",
-                        expression=f'resource.name == "{view}"',
-                    ),
-                ))  # fmt: skip
+                self.grants.append(
+                    grants.project_role(
+                        f"{key}-logs",
+                        env.project,
+                        VIEW_ACCESSOR,
+                        member,
+                        parent=self,
+                        depends_on=[*apis.needs("cloudresourcemanager"), self.views[member]],
+                        condition=gcp.projects.IAMMemberConditionArgs(
+                            title=f"own-run-logs-{view_id}"[:100],
+                            description=f"Only the log view of {member}'s runs",
+                            expression=f'resource.name == "{view}"',
+                        ),
+                    )
+                )
             if args.ssh:
                 for ssh_role in calls.SSH_ROLES:
                     self.grants.append(

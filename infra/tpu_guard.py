@@ -179,20 +179,30 @@ class TpuGuard(pulumi.ComponentResource):
         builder_member = accounts["builder"].member(env.project)
         ready: list[pulumi.Resource] = [
             grants.project_role(
-                f"{name}-tpu", env.project, guard_role(env.stack).name(env.project), member, parent=self,
-                depends_on=crm, permissions=frozenset(GUARD_PERMISSIONS),
+                f"{name}-tpu",
+                env.project,
+                guard_role(env.stack).name(env.project),
+                member,
+                parent=self,
+                depends_on=crm,
+                permissions=frozenset(GUARD_PERMISSIONS),
             ),
             grants.project_role(
                 f"{name}-receiver", env.project, EVENT_RECEIVER_ROLE, member, parent=self, depends_on=crm
             ),
             grants.project_role(
-                f"{name}-builder-logs", env.project, BUILD_LOGS_ROLE, builder_member, parent=self, depends_on=crm,
+                f"{name}-builder-logs",
+                env.project,
+                BUILD_LOGS_ROLE,
+                builder_member,
+                parent=self,
+                depends_on=crm,
             ),
             # Completion markers to read, recovery records to keep: the status bucket only.
             gcp.storage.BucketIAMMember(
                 f"{name}-status", bucket=status_bucket.name, role="roles/storage.objectUser", member=member, opts=child
             ),
-        ]  # fmt: skip
+        ]
         invoker_ready: list[pulumi.Resource] = []
 
         # Versioned (as every bucket), so the source of every deployed guard stays there to audit or roll

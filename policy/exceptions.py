@@ -29,14 +29,16 @@ GITHUB_POOL = r"//iam\.googleapis\.com/projects/\d+/locations/global/workloadIde
 # it may grant, or set IAM on an account, could widen itself), the project's own policy, act-as, token
 # minting, signing or keys: the project-level grants go through the conditional projectIamAdmin, and
 # act-as is granted per account by the bootstrap.
-DEPLOYER_ROLE_MAY_HOLD = frozenset({
-    "storage.buckets.setIamPolicy",
-    "artifactregistry.repositories.setIamPolicy",
-    "run.services.setIamPolicy",
-    "cloudfunctions.functions.setIamPolicy",
-    "pubsub.topics.setIamPolicy",
-    "pubsub.subscriptions.setIamPolicy",
-})  # fmt: skip
+DEPLOYER_ROLE_MAY_HOLD = frozenset(
+    {
+        "storage.buckets.setIamPolicy",
+        "artifactregistry.repositories.setIamPolicy",
+        "run.services.setIamPolicy",
+        "cloudfunctions.functions.setIamPolicy",
+        "pubsub.topics.setIamPolicy",
+        "pubsub.subscriptions.setIamPolicy",
+    }
+)
 
 
 def role_suffix(env: str) -> str:

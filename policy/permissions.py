@@ -74,12 +74,32 @@ def denied(permissions: Iterable[str]) -> dict[str, str]:
 CONDITION_RESOURCE_SERVICES: frozenset[str] = frozenset(
     f"{s}.googleapis.com"
     for s in (
-        "apigee", "apihub", "backupdr", "bigquery", "bigqueryreservation", "bigtableadmin", "binaryauthorization",
-        "ces", "clouddeploy", "cloudkms", "cloudresourcemanager", "compute", "container", "connectors",
-        "dataform", "firestore", "iap", "integrations", "logging", "pubsublite", "secretmanager", "spanner",
-        "sqladmin", "storage",
+        "apigee",
+        "apihub",
+        "backupdr",
+        "bigquery",
+        "bigqueryreservation",
+        "bigtableadmin",
+        "binaryauthorization",
+        "ces",
+        "clouddeploy",
+        "cloudkms",
+        "cloudresourcemanager",
+        "compute",
+        "container",
+        "connectors",
+        "dataform",
+        "firestore",
+        "iap",
+        "integrations",
+        "logging",
+        "pubsublite",
+        "secretmanager",
+        "spanner",
+        "sqladmin",
+        "storage",
     )
-)  # fmt: skip
+)
 _PERMISSION_HOST = {"resourcemanager": "cloudresourcemanager", "billing": "cloudbilling"}
 
 

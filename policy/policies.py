@@ -79,8 +79,9 @@ def judge_grant(grant: Grant, custom_roles: Mapping[str, frozenset[str]]) -> Ver
     permissions = role_permissions(grant.role, custom_roles)
     if permissions is None:
         source = "Google's role data" if grant.role.startswith("roles/") else "this stack's custom roles"
-        return Verdict(cannot_tell=(f"{_who(grant)}: {grant.role} is not in {source}, so the pack cannot tell "
-                                    "what it grants",))  # fmt: skip
+        return Verdict(
+            cannot_tell=(f"{_who(grant)}: {grant.role} is not in {source}, so the pack cannot tell what it grants",)
+        )
     risky = denied(permissions)
     if not risky:
         return Verdict()
@@ -174,7 +175,7 @@ def custom_roles_no_dangerous_permissions(args: ResourceValidationArgs, report: 
         "gcp:projects/iAMCustomRole:IAMCustomRole",
         "gcp:organizations/iAMCustomRole:IAMCustomRole",
     ):
-        return  # fmt: skip
+        return
     risky = denied(args.props.get("permissions") or ())
     allowed = next((may for pattern, may in ROLE_EXCEPTIONS.items() if name and re.fullmatch(pattern, name)), None)
     rest = [p for p in risky if not allowed or p not in allowed]
@@ -287,8 +288,13 @@ def required_labels(args: ResourceValidationArgs, report: Report) -> None:
 
 # What runs up a bill: a stack declaring any of these needs a budget. The bootstrap (a bucket, a key,
 # identities) declares none, and is judged by every other rule like any stack.
-SPENDING_TYPES = {V2VM, "gcp:cloudfunctionsv2/function:Function", "gcp:tpu/v2QueuedResource:V2QueuedResource",
-                  CLUSTER, NODE_POOL}  # fmt: skip
+SPENDING_TYPES = {
+    V2VM,
+    "gcp:cloudfunctionsv2/function:Function",
+    "gcp:tpu/v2QueuedResource:V2QueuedResource",
+    CLUSTER,
+    NODE_POOL,
+}
 
 
 def budget_in_every_stack(args: StackValidationArgs, report: Report) -> None:
@@ -385,14 +391,18 @@ def gke_tpu_slices_placed(args: ResourceValidationArgs, report: Report) -> None:
         return
     if machine.startswith(WORKLOAD_POLICY_MACHINES):
         if not placement.get("policyName") or placement.get("type"):
-            report(f"a {machine} slice ({topology}) is placed by a named HIGH_THROUGHPUT workload policy, with no "
-                   "placement type: GKE refuses COMPACT for it, and stores no type")  # fmt: skip
+            report(
+                f"a {machine} slice ({topology}) is placed by a named HIGH_THROUGHPUT workload policy, with no "
+                "placement type: GKE refuses COMPACT for it, and stores no type"
+            )
     elif placement.get("type") != "COMPACT" and not placement.get("policyName"):
         report(f"a multi-host TPU slice ({topology}, {vms} nodes) needs COMPACT placement or a placement policy")
     scaling = args.props.get("autoscaling") or {}
     if "totalMaxNodeCount" in scaling or "totalMinNodeCount" in scaling:
-        report("a multi-host TPU slice is sized per zone (minNodeCount/maxNodeCount): GKE refuses a total, "
-               "'Maximum node count 0 is not a valid size of TPU pod slice'")  # fmt: skip
+        report(
+            "a multi-host TPU slice is sized per zone (minNodeCount/maxNodeCount): GKE refuses a total, "
+            "'Maximum node count 0 is not a valid size of TPU pod slice'"
+        )
     elif scaling.get("maxNodeCount") not in (None, vms):
         report(
             f"a multi-host TPU slice pool holds exactly its slice: maxNodeCount {vms}, not {scaling['maxNodeCount']}"
@@ -409,38 +419,87 @@ class Rule:
 
 
 RULES: tuple[Rule, ...] = (
-    Rule("no-dangerous-grants", "No grant of a deny-listed permission outside the named exceptions", MANDATORY,
-         no_dangerous_grants, stack=True),
-    Rule("no-escalation-method", "No member holds every permission of a privilege-escalation method", MANDATORY,
-         no_escalation_methods, stack=True),
-    Rule("grants-judged", "Grants the pack cannot judge (unknown roles, values not known yet)", ADVISORY,
-         grants_judged, stack=True),
-    Rule("iam-conditions-only-where-supported", "Resource conditions only on services that honour them", MANDATORY,
-         conditions_only_where_supported, stack=True),
-    Rule("custom-roles-no-dangerous-permissions", "Custom roles hold no deny-listed permission", MANDATORY,
-         custom_roles_no_dangerous_permissions),
+    Rule(
+        "no-dangerous-grants",
+        "No grant of a deny-listed permission outside the named exceptions",
+        MANDATORY,
+        no_dangerous_grants,
+        stack=True,
+    ),
+    Rule(
+        "no-escalation-method",
+        "No member holds every permission of a privilege-escalation method",
+        MANDATORY,
+        no_escalation_methods,
+        stack=True,
+    ),
+    Rule(
+        "grants-judged",
+        "Grants the pack cannot judge (unknown roles, values not known yet)",
+        ADVISORY,
+        grants_judged,
+        stack=True,
+    ),
+    Rule(
+        "iam-conditions-only-where-supported",
+        "Resource conditions only on services that honour them",
+        MANDATORY,
+        conditions_only_where_supported,
+        stack=True,
+    ),
+    Rule(
+        "custom-roles-no-dangerous-permissions",
+        "Custom roles hold no deny-listed permission",
+        MANDATORY,
+        custom_roles_no_dangerous_permissions,
+    ),
     Rule("no-service-account-keys", "No service-account keys", MANDATORY, no_service_account_keys),
-    Rule("tpu-vm-dedicated-service-account", "TPU VMs never use the default compute account", MANDATORY,
-         tpu_vm_dedicated_service_account),
+    Rule(
+        "tpu-vm-dedicated-service-account",
+        "TPU VMs never use the default compute account",
+        MANDATORY,
+        tpu_vm_dedicated_service_account,
+    ),
     Rule("tpu-vm-no-external-ip", "TPU VMs have no external IP", MANDATORY, tpu_vm_no_external_ip),
     Rule("bucket-uniform-access", "Buckets use uniform bucket-level access", MANDATORY, bucket_uniform_access),
-    Rule("bucket-public-access-prevention", "Buckets enforce public access prevention", MANDATORY,
-         bucket_public_access_prevention),
-    Rule("bucket-no-public-members", "No allUsers / allAuthenticatedUsers on buckets", MANDATORY,
-         bucket_no_public_members),
+    Rule(
+        "bucket-public-access-prevention",
+        "Buckets enforce public access prevention",
+        MANDATORY,
+        bucket_public_access_prevention,
+    ),
+    Rule(
+        "bucket-no-public-members",
+        "No allUsers / allAuthenticatedUsers on buckets",
+        MANDATORY,
+        bucket_no_public_members,
+    ),
     Rule("firewall-no-open-ingress", "No SSH or all-ports ingress from anywhere", MANDATORY, firewall_no_open_ingress),
-    Rule("bucket-cmek-in-production", "Production buckets use CMEK", MANDATORY, bucket_cmek_in_production,
-         stack=True),
+    Rule("bucket-cmek-in-production", "Production buckets use CMEK", MANDATORY, bucket_cmek_in_production, stack=True),
     Rule("required-labels", "Labelled resources carry environment and owner", ADVISORY, required_labels),
     Rule("budget-in-every-stack", "Every stack has a budget", MANDATORY, budget_in_every_stack, stack=True),
-    Rule("spot-tpu-has-checkpoints", "Spot TPU VMs can write checkpoints", MANDATORY, spot_tpu_has_checkpoints,
-         stack=True),
+    Rule(
+        "spot-tpu-has-checkpoints",
+        "Spot TPU VMs can write checkpoints",
+        MANDATORY,
+        spot_tpu_has_checkpoints,
+        stack=True,
+    ),
     Rule("gke-private-nodes", "GKE nodes have no external IP", MANDATORY, gke_private_nodes),
     Rule("gke-no-legacy-abac", "GKE clusters authorise with RBAC only", MANDATORY, gke_no_legacy_abac),
-    Rule("gke-workload-identity", "GKE pods get their own identities, not the node's", MANDATORY,
-         gke_workload_identity),
-    Rule("gke-nodes-dedicated-service-account", "GKE nodes never use the default compute account", MANDATORY,
-         gke_nodes_dedicated_service_account),
-    Rule("gke-tpu-slices-placed", "Multi-host TPU slice pools are placed as one unit and sized per zone", MANDATORY,
-         gke_tpu_slices_placed),
-)  # fmt: skip
+    Rule(
+        "gke-workload-identity", "GKE pods get their own identities, not the node's", MANDATORY, gke_workload_identity
+    ),
+    Rule(
+        "gke-nodes-dedicated-service-account",
+        "GKE nodes never use the default compute account",
+        MANDATORY,
+        gke_nodes_dedicated_service_account,
+    ),
+    Rule(
+        "gke-tpu-slices-placed",
+        "Multi-host TPU slice pools are placed as one unit and sized per zone",
+        MANDATORY,
+        gke_tpu_slices_placed,
+    ),
+)

@@ -22,18 +22,31 @@ ACCESS_FILE = Path(__file__).resolve().parents[1] / "bootstrap" / "access.json"
 
 # resource type -> (level, the property naming the resource the grant is made on)
 GRANT_TYPES: Mapping[str, tuple[str, str]] = {
-    **{f"gcp:projects/{t}": ("project", "project") for t in ("iAMMember:IAMMember", "iAMBinding:IAMBinding",
-                                                             "iAMPolicy:IAMPolicy")},
-    **{f"gcp:folder/{t}": ("folder", "folder") for t in ("iAMMember:IAMMember", "iAMBinding:IAMBinding",
-                                                         "iAMPolicy:IAMPolicy")},
-    **{f"gcp:organizations/{t}": ("organization", "orgId") for t in ("iAMMember:IAMMember", "iAMBinding:IAMBinding",
-                                                                     "iAMPolicy:IAMPolicy")},
-    **{f"gcp:serviceaccount/{t}": ("service-account", "serviceAccountId") for t in (
-        "iAMMember:IAMMember", "iAMBinding:IAMBinding", "iAMPolicy:IAMPolicy")},
-    **{f"gcp:billing/{t}": ("billing-account", "billingAccountId") for t in (
-        "accountIamMember:AccountIamMember", "accountIamBinding:AccountIamBinding",
-        "accountIamPolicy:AccountIamPolicy")},
-}  # fmt: skip
+    **{
+        f"gcp:projects/{t}": ("project", "project")
+        for t in ("iAMMember:IAMMember", "iAMBinding:IAMBinding", "iAMPolicy:IAMPolicy")
+    },
+    **{
+        f"gcp:folder/{t}": ("folder", "folder")
+        for t in ("iAMMember:IAMMember", "iAMBinding:IAMBinding", "iAMPolicy:IAMPolicy")
+    },
+    **{
+        f"gcp:organizations/{t}": ("organization", "orgId")
+        for t in ("iAMMember:IAMMember", "iAMBinding:IAMBinding", "iAMPolicy:IAMPolicy")
+    },
+    **{
+        f"gcp:serviceaccount/{t}": ("service-account", "serviceAccountId")
+        for t in ("iAMMember:IAMMember", "iAMBinding:IAMBinding", "iAMPolicy:IAMPolicy")
+    },
+    **{
+        f"gcp:billing/{t}": ("billing-account", "billingAccountId")
+        for t in (
+            "accountIamMember:AccountIamMember",
+            "accountIamBinding:AccountIamBinding",
+            "accountIamPolicy:AccountIamPolicy",
+        )
+    },
+}
 PROJECT_CUSTOM_ROLE = "gcp:projects/iAMCustomRole:IAMCustomRole"
 ORGANIZATION_CUSTOM_ROLE = "gcp:organizations/iAMCustomRole:IAMCustomRole"
 

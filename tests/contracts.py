@@ -88,16 +88,30 @@ class Api:
             base = "/" + self.doc["servicePath"]
             request = (method.get("request") or {}).get("$ref")
             self.methods.append(
-                Method(method["id"], method["httpMethod"], re.compile(re.escape(base) + pattern), literal,
-                       method.get("parameters", {}), request, False)
-            )  # fmt: skip
+                Method(
+                    method["id"],
+                    method["httpMethod"],
+                    re.compile(re.escape(base) + pattern),
+                    literal,
+                    method.get("parameters", {}),
+                    request,
+                    False,
+                )
+            )
             simple = method.get("mediaUpload", {}).get("protocols", {}).get("simple")
             if simple:
                 pattern, literal = _template(simple["path"])
                 self.methods.append(
-                    Method(method["id"], method["httpMethod"], re.compile(pattern), literal,
-                           method.get("parameters", {}), request, True)
-                )  # fmt: skip
+                    Method(
+                        method["id"],
+                        method["httpMethod"],
+                        re.compile(pattern),
+                        literal,
+                        method.get("parameters", {}),
+                        request,
+                        True,
+                    )
+                )
         for resource in node.get("resources", {}).values():
             self._collect(resource)
 

@@ -163,8 +163,12 @@ class StsStandIn:
         rules = json.loads(urllib.parse.unquote(form["options"]))["accessBoundary"]["accessBoundaryRules"]
         token = f"downscoped-{len(self.issued) + 1}"
         self.issued[token] = rules
-        return 200, {"access_token": token, "issued_token_type": form["requested_token_type"], "token_type": "Bearer",
-                     "expires_in": 3599}  # fmt: skip
+        return 200, {
+            "access_token": token,
+            "issued_token_type": form["requested_token_type"],
+            "token_type": "Bearer",
+            "expires_in": 3599,
+        }
 
 
 # -------------------------------------------------------------------------------------------- IAM front
@@ -268,14 +272,18 @@ def account_grants(resources: list[Any], member: str) -> list[Grant]:
     """The bucket grants the plan declares for `member` (`serviceAccount:...`), as Cloud Storage holds them."""
     custom = {
         f"projects/{r.inputs['project']}/roles/{r.inputs['roleId']}": frozenset(r.inputs["permissions"])
-        for r in resources if r.type == "gcp:projects/iAMCustomRole:IAMCustomRole"
-    }  # fmt: skip
+        for r in resources
+        if r.type == "gcp:projects/iAMCustomRole:IAMCustomRole"
+    }
     return [
-        Grant(r.inputs["bucket"], custom.get(r.inputs["role"]) or role_permissions(r.inputs["role"]),
-              (r.inputs.get("condition") or {}).get("expression"))
+        Grant(
+            r.inputs["bucket"],
+            custom.get(r.inputs["role"]) or role_permissions(r.inputs["role"]),
+            (r.inputs.get("condition") or {}).get("expression"),
+        )
         for r in resources
         if r.type == "gcp:storage/bucketIAMMember:BucketIAMMember" and r.inputs.get("member") == member
-    ]  # fmt: skip
+    ]
 
 
 def vm_account(resources: list[Any], vm: str) -> str:

@@ -52,8 +52,9 @@ def logging_handler(entries: list[dict[str, Any]]):
 
 
 def state(emulator: str, bucket: str, name: str) -> dict[str, Any]:
-    answer = requests.get(f"{emulator}/storage/v1/b/{bucket}/o/{urllib.parse.quote(name, safe='')}",
-                          params={"alt": "media"}, timeout=10)  # fmt: skip
+    answer = requests.get(
+        f"{emulator}/storage/v1/b/{bucket}/o/{urllib.parse.quote(name, safe='')}", params={"alt": "media"}, timeout=10
+    )
     return answer.json() if answer.status_code == 200 else {}
 
 
@@ -65,14 +66,26 @@ def main(path: str) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="isolation-world-"))
     with storage_emulator() as emulator:
         for bucket in scenario["buckets"]:
-            requests.post(f"{emulator}/storage/v1/b", params={"project": "p"}, json={"name": bucket},
-                          timeout=10).raise_for_status()  # fmt: skip
+            requests.post(
+                f"{emulator}/storage/v1/b", params={"project": "p"}, json={"name": bucket}, timeout=10
+            ).raise_for_status()
         for bucket, name, file in scenario["objects"]:
-            requests.post(f"{emulator}/upload/storage/v1/b/{bucket}/o", params={"uploadType": "media", "name": name},
-                          data=Path(file).read_bytes(), timeout=30).raise_for_status()  # fmt: skip
+            requests.post(
+                f"{emulator}/upload/storage/v1/b/{bucket}/o",
+                params={"uploadType": "media", "name": name},
+                data=Path(file).read_bytes(),
+                timeout=30,
+            ).raise_for_status()
         sts = StsStandIn(frozenset({SANDBOX_TOKEN}))
-        front = IamFront(emulator, {SANDBOX_TOKEN: [Grant(g["bucket"], frozenset(g["permissions"]), g["condition"])
-                                                    for g in scenario["grants"]]}, sts)  # fmt: skip
+        front = IamFront(
+            emulator,
+            {
+                SANDBOX_TOKEN: [
+                    Grant(g["bucket"], frozenset(g["permissions"]), g["condition"]) for g in scenario["grants"]
+                ]
+            },
+            sts,
+        )
         entries: list[dict[str, Any]] = []
         servers = [serve(sts_handler(sts)), serve(front.handle), serve(logging_handler(entries))]
         (_, sts_url), (_, front_url), (_, logging_url) = servers
@@ -81,23 +94,38 @@ def main(path: str) -> int:
         attributes = {**scenario["attributes"], "tpu-platform-run": spec}
         with metadata_server(attributes, ("169.254.169.254", 80)) as md:
             env = agent_environ(
-                tmp, md.url, front_url, TPU_PLATFORM_METADATA_REDIRECT="1", TPU_PLATFORM_STS_URL=f"{sts_url}/v1/token",
-                TPU_PLATFORM_LOGGING_URL=logging_url, TPU_PLATFORM_MONITORING_URL=logging_url,
+                tmp,
+                md.url,
+                front_url,
+                TPU_PLATFORM_METADATA_REDIRECT="1",
+                TPU_PLATFORM_STS_URL=f"{sts_url}/v1/token",
+                TPU_PLATFORM_LOGGING_URL=logging_url,
+                TPU_PLATFORM_MONITORING_URL=logging_url,
                 **scenario["agent_env"],
-            )  # fmt: skip
+            )
             request_name, request = scenario["request"]
-            requests.post(f"{emulator}/upload/storage/v1/b/{scenario['status_bucket']}/o",
-                          params={"uploadType": "media", "name": request_name},
-                          data=json.dumps(request).replace("@LOGGING@", logging_url).encode(),
-                          timeout=10).raise_for_status()  # fmt: skip
+            requests.post(
+                f"{emulator}/upload/storage/v1/b/{scenario['status_bucket']}/o",
+                params={"uploadType": "media", "name": request_name},
+                data=json.dumps(request).replace("@LOGGING@", logging_url).encode(),
+                timeout=10,
+            ).raise_for_status()
             log_path = tmp / "agent.log"
             agent = start_agent(env, log_path)
             try:
                 for name in scenario["wait_for"]:  # each run's state, until it ended
-                    wait_for(lambda name=name: state(emulator, scenario["status_bucket"], name).get("state")
-                             in ("finished", "failed", "stopped"), 240, name, interval=0.3)  # fmt: skip
-                seen["firewall"] = subprocess.run(["iptables", "-w", "-t", "nat", "-S"], capture_output=True,
-                                                  text=True).stdout  # fmt: skip
+                    wait_for(
+                        lambda name=name: (
+                            state(emulator, scenario["status_bucket"], name).get("state")
+                            in ("finished", "failed", "stopped")
+                        ),
+                        240,
+                        name,
+                        interval=0.3,
+                    )
+                seen["firewall"] = subprocess.run(
+                    ["iptables", "-w", "-t", "nat", "-S"], capture_output=True, text=True
+                ).stdout
             finally:
                 agent.send_signal(signal.SIGTERM)
                 seen["agent_exit"] = agent.wait(60)
@@ -111,8 +139,9 @@ def main(path: str) -> int:
         seen["uids"] = uids
         seen["left_processes"] = {uid: processes_of(uid) for uid in uids}
         nonce = scenario["nonce"]
-        seen["left_files"] = [str(p) for folder in ("/tmp", "/var/tmp", "/dev/shm")
-                              for p in Path(folder).glob(f"{nonce}*")]  # fmt: skip
+        seen["left_files"] = [
+            str(p) for folder in ("/tmp", "/var/tmp", "/dev/shm") for p in Path(folder).glob(f"{nonce}*")
+        ]
         seen["run_folders"] = sorted(os.listdir(Path(env["TPU_PLATFORM_ROOT"]) / "var/lib/tpu-platform/runs"))
         seen["sts_violations"] = sts.violations
         seen["boundaries"] = list(sts.issued.values())

@@ -74,10 +74,11 @@ class _Handler(Handler):
             return
         views = [r for r in body.get("resourceNames", []) if "/views/" in r]
         shown = [
-            e for e in self.state.entries
-            if not views or any(e.get("logName") == f"{v.split('/locations/')[0]}/logs/{v.rsplit('/', 1)[1]}"
-                                for v in views)
-        ]  # fmt: skip
+            e
+            for e in self.state.entries
+            if not views
+            or any(e.get("logName") == f"{v.split('/locations/')[0]}/logs/{v.rsplit('/', 1)[1]}" for v in views)
+        ]
         try:
             found = [e for e in shown if matches(e, body.get("filter", ""))]
         except ValueError as error:

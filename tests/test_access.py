@@ -200,10 +200,16 @@ def example_bootstrap() -> PlanResult:
     raw = read_stack_config("acme", ROOT / "bootstrap")
     access = example_access()
     cfg = BootstrapConfig(
-        project=ADMIN, repository="acme/tpu-platform", repository_id="812345678", repository_owner_id="98765432",
-        deploy_ref="refs/heads/main", state_bucket="acme-ml-pulumi-state", location="us-central1",
-        billing_account="01A2B3-C4D5E6-F7A8B9", environments={n: e["project"] for n, e in access.items()},
-    )  # fmt: skip
+        project=ADMIN,
+        repository="acme/tpu-platform",
+        repository_id="812345678",
+        repository_owner_id="98765432",
+        deploy_ref="refs/heads/main",
+        state_bucket="acme-ml-pulumi-state",
+        location="us-central1",
+        billing_account="01A2B3-C4D5E6-F7A8B9",
+        environments={n: e["project"] for n, e in access.items()},
+    )
     return run_program(
         "acme", raw, program=lambda: export_all(build_bootstrap(cfg, access)), project="tpu-platform-bootstrap"
     )
@@ -250,8 +256,13 @@ def test_deployer_cannot_make_or_change_accounts_roles_or_their_iam(stack):
     account, could widen itself."""
     held = {p for g in held_by(deployer(stack)) if g.scope == f"projects/{PROJECTS[stack]}" for p in g.permissions}
     assert not {p for p in held if p.startswith("iam.roles.")}
-    assert not held & {"iam.serviceAccounts.create", "iam.serviceAccounts.delete", "iam.serviceAccounts.setIamPolicy",
-                       "iam.serviceAccounts.update", "iam.serviceAccountKeys.create"}  # fmt: skip
+    assert not held & {
+        "iam.serviceAccounts.create",
+        "iam.serviceAccounts.delete",
+        "iam.serviceAccounts.setIamPolicy",
+        "iam.serviceAccounts.update",
+        "iam.serviceAccountKeys.create",
+    }
     plan = shipped_plan(stack)
     assert not plan.of_type("gcp:serviceaccount/account:Account")
     assert not plan.of_type("gcp:projects/iAMCustomRole:IAMCustomRole")
@@ -386,8 +397,9 @@ def test_previewer_reads_state_but_cannot_rewrite_it():
 def test_previewer_reads_only_the_objects_a_refresh_reads(stack):
     """Any branch runs the previewer: it reads the platform's own objects, never data, checkpoints or models."""
     project = PROJECTS[stack]
-    project_wide = {p for g in held_by(PREVIEWER) if g.scope == f"projects/{project}" and not g.condition
-                    for p in g.permissions}  # fmt: skip
+    project_wide = {
+        p for g in held_by(PREVIEWER) if g.scope == f"projects/{project}" and not g.condition for p in g.permissions
+    }
     assert not project_wide & {"storage.objects.get", "storage.objects.list"}
     (condition,) = [g.condition for g in held_by(PREVIEWER) if g.scope == f"projects/{project}" and g.condition]
     bucket = f"projects/_/buckets/{project}-{stack}"
@@ -572,8 +584,12 @@ def test_functions_build_with_their_own_account_which_reaches_only_what_a_build_
         ("buckets/acme-ml-production-prod-functions", "roles/storage.objectViewer"),
         ("repositories/tpu-functions-prod", "roles/artifactregistry.writer"),
     }
-    held = {p for g in grants_to(f"serviceAccount:{builder}", declared(result), "x", {}) for p in g.permissions
-            if g.scope == "projects/acme-ml-production"}  # fmt: skip
+    held = {
+        p
+        for g in grants_to(f"serviceAccount:{builder}", declared(result), "x", {})
+        for p in g.permissions
+        if g.scope == "projects/acme-ml-production"
+    }
     assert not {p for p in held if p.startswith(("storage.", "artifactregistry."))}
 
 
@@ -593,8 +609,11 @@ def test_google_agents_are_provisioned_and_granted_by_the_bootstrap_before_any_t
 def test_scheduler_calls_the_recovery_with_run_invoker_on_its_run_service():
     result = env_plan("prod")
     assert not result.of_type("gcp:cloudfunctionsv2/functionIamMember:FunctionIamMember")
-    invokers = {r.inputs["name"] for r in result.of_type("gcp:cloudrunv2/serviceIamMember:ServiceIamMember")
-                if r.inputs["role"] == "roles/run.invoker" and "invoker" in r.inputs["member"]}  # fmt: skip
+    invokers = {
+        r.inputs["name"]
+        for r in result.of_type("gcp:cloudrunv2/serviceIamMember:ServiceIamMember")
+        if r.inputs["role"] == "roles/run.invoker" and "invoker" in r.inputs["member"]
+    }
     assert "tpu-recovery-prod" in invokers
 
 
@@ -647,8 +666,10 @@ def test_a_stack_the_bootstrap_has_not_made_accounts_for_is_said_so():
     committed = json.loads(ACCESS_FILE.read_text())
     identities = stack_identities(parse_stack_config("dev", read_stack_config("dev")))
     assert not_made("dev", identities, committed) == []
-    extra = dataclasses.replace(identities, accounts=(*identities.accounts, dataclasses.replace(
-        identities.accounts[0], account_id="tpu-new-dev")))  # fmt: skip
+    extra = dataclasses.replace(
+        identities,
+        accounts=(*identities.accounts, dataclasses.replace(identities.accounts[0], account_id="tpu-new-dev")),
+    )
     (problem,) = not_made("dev", extra, committed)
     assert problem.startswith("account tpu-new-dev is not made by the bootstrap")
     (problem,) = not_made("self-service", identities, committed)

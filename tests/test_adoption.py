@@ -42,8 +42,12 @@ DEV_FIGURES_SHOWN = (
 
 def a_copy_of_the_repository(target: Path) -> Path:
     """Its files as a clone would have them (tracked and new, not ignored), beside the shared virtualenvs."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                            check=True, capture_output=True).stdout.decode()  # fmt: skip
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    ).stdout.decode()
     for name in filter(None, listed.split("\0")):
         source = ROOT / name
         if source.is_file() and not source.is_symlink():
@@ -113,6 +117,15 @@ def test_an_adopted_dev_stack_and_a_staging_copy_pass_the_tests_that_read_the_sh
     assert (repo / "tests" / "golden" / "staging.json").is_file()
     assert "staging" in json.loads((repo / "bootstrap" / "access.json").read_text())
 
-    tested = run("-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow", *SHIPPED_STACK_TESTS,
-                 *(f"--deselect=tests/test_readme_examples.py::{test}" for test in DEV_FIGURES_SHOWN))  # fmt: skip
+    tested = run(
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-m",
+        "not slow",
+        *SHIPPED_STACK_TESTS,
+        *(f"--deselect=tests/test_readme_examples.py::{test}" for test in DEV_FIGURES_SHOWN),
+    )
     assert " passed" in tested.stdout and " failed" not in tested.stdout, tested.stdout[-4000:]

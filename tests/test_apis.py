@@ -80,7 +80,10 @@ def test_the_image_repository_scans_images_with_the_container_scanning_api_enabl
     result = plan(fixture_config("scheduled"), "scheduled")
     services = {r.inputs["service"]: r.urn for r in result.of_type("gcp:projects/service:Service")}
     # The workloads' repository (the guard's functions build into their own).
-    (repository,) = [r for r in result.of_type("gcp:artifactregistry/repository:Repository")
-                     if r.inputs["repositoryId"] == "tpu-scheduled"]  # fmt: skip
+    (repository,) = [
+        r
+        for r in result.of_type("gcp:artifactregistry/repository:Repository")
+        if r.inputs["repositoryId"] == "tpu-scheduled"
+    ]
     assert repository.inputs["vulnerabilityScanningConfig"] == {"enablementConfig": "INHERITED"}
     assert depends_on(result, repository, services["containerscanning.googleapis.com"])

@@ -87,10 +87,15 @@ def test_each_folder_is_one_object_named_by_its_content_and_kept_when_replaced()
     objects = by_name(sources_plan(), "gcp:storage/bucketObject:BucketObject")
     # mnist (program: tf_mnist) and byo (workloads/jax_mnist) run one folder each; the agent is the third.
     assert sorted(objects) == [
-        "artifacts-source-workloads-jax-mnist", "artifacts-source-workloads-tf-mnist", "artifacts-vm-agent"
-    ]  # fmt: skip
-    for key, sha in (("source-workloads-tf-mnist", TF_SHA), ("source-workloads-jax-mnist", JAX_SHA),
-                     ("vm-agent", AGENT_SHA)):  # fmt: skip
+        "artifacts-source-workloads-jax-mnist",
+        "artifacts-source-workloads-tf-mnist",
+        "artifacts-vm-agent",
+    ]
+    for key, sha in (
+        ("source-workloads-tf-mnist", TF_SHA),
+        ("source-workloads-jax-mnist", JAX_SHA),
+        ("vm-agent", AGENT_SHA),
+    ):
         archive = objects[f"artifacts-{key}"]
         assert archive.inputs["name"] == f"sources/{sha}.tar.gz"
         assert archive.inputs["source"] == {"file": f"{sha}.tar.gz", "sha256": sha[:16]}
@@ -113,9 +118,11 @@ def test_each_workload_reads_only_the_archives_it_runs_and_pulls_only_if_it_runs
         return {f'resource.name == "projects/_/buckets/{bucket}/objects/sources/{sha}.tar.gz"' for sha in digests}
 
     # Every VM fetches the agent; a folder workload its own archive too; an image workload no archive more.
-    for workload, reads, pulls in (("mnist", objects(TF_SHA, AGENT_SHA), False),
-                                   ("byo", objects(JAX_SHA, AGENT_SHA), False),
-                                   ("img", objects(AGENT_SHA), True)):  # fmt: skip
+    for workload, reads, pulls in (
+        ("mnist", objects(TF_SHA, AGENT_SHA), False),
+        ("byo", objects(JAX_SHA, AGENT_SHA), False),
+        ("img", objects(AGENT_SHA), True),
+    ):
         member = f"serviceAccount:tpu-{workload}-sources@fixture-project.iam.gserviceaccount.com"
         held = grants_to(member, resources, result.project, custom_roles(resources, result.project))
         sources = [g for g in held if g.scope == f"buckets/{bucket}"]
@@ -197,15 +204,25 @@ def test_the_run_spec_in_metadata_is_the_designs():
             "uri": f"gs://fixture-project-scheduled-artifacts/sources/{TF_SHA}.tar.gz",
             "sha256": TF_SHA,
         },
-        "command": ["python", "tf_mnist.py", "--epochs", "5", "--batch-size", "256",
-                    "--checkpoint-every-steps", "200", "--checkpoint-every-minutes", "10"],
+        "command": [
+            "python",
+            "tf_mnist.py",
+            "--epochs",
+            "5",
+            "--batch-size",
+            "256",
+            "--checkpoint-every-steps",
+            "200",
+            "--checkpoint-every-minutes",
+            "10",
+        ],
         "env": {},
         "requester": "stack",
         "data": "gs://fixture-project-scheduled-data/mnist/mnist.npz",
         "checkpointDir": "gs://fixture-project-scheduled-checkpoints/mnist/office-v2/r1",
         "modelDir": "gs://fixture-project-scheduled-models/mnist/office-v2/r1",
         "completion": True,
-    }  # fmt: skip
+    }
 
 
 def test_an_image_run_spec_names_the_image_and_a_folder_one_its_python():

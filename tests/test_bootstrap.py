@@ -57,8 +57,11 @@ def test_oidc_provider_accepts_only_the_repository():
 
 def test_accounts_are_federated_on_the_account_not_the_project():
     result = plan()
-    federated = {g.name: g for g in result.of_type("gcp:serviceaccount/iAMMember:IAMMember")
-                 if g.inputs["role"] == "roles/iam.workloadIdentityUser"}  # fmt: skip
+    federated = {
+        g.name: g
+        for g in result.of_type("gcp:serviceaccount/iAMMember:IAMMember")
+        if g.inputs["role"] == "roles/iam.workloadIdentityUser"
+    }
     pool = "principalSet://iam.googleapis.com/projects/"
     assert set(federated) == {"ci-previewer-federated", *(f"deployer-{stack}-federated" for stack in environments())}
     assert federated["ci-previewer-federated"].inputs["member"].startswith(pool)

@@ -70,18 +70,26 @@ def metadata_for(workload: dict[str, Any]) -> dict[str, str]:
 
 
 def folder_workload(run: str, steps: int = STEPS, step_seconds: str = "0.25") -> dict[str, Any]:
-    return {"source": {"folder": TRAINER}, "command": ["python", "train.py", "--steps", str(steps)],
-            "env": {"STEP_SECONDS": step_seconds}, "run": run}  # fmt: skip
+    return {
+        "source": {"folder": TRAINER},
+        "command": ["python", "train.py", "--steps", str(steps)],
+        "env": {"STEP_SECONDS": step_seconds},
+        "run": run,
+    }
 
 
 def sandboxed_vm(tmp_path: Path, metadata_host: str, image: Path | None = None) -> Vm:
     vm = Vm(tmp_path, metadata_host, os.environ["STORAGE_EMULATOR_HOST"])
     install_docker_shim(vm.shims)  # on the VM's PATH, where the agent finds `docker`
-    vm.env.update({
-        "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": wheel_index(),  # the folder's requirement, offline
-        "DOCKER_SHIM_STATE": str(tmp_path / "docker"), "DOCKER_SHIM_TOKEN": SANDBOX_TOKEN,
-        "DOCKER_SHIM_IMAGES": json.dumps({IMAGE: str(image)} if image else {}),
-    })  # fmt: skip
+    vm.env.update(
+        {
+            "PIP_NO_INDEX": "1",
+            "PIP_FIND_LINKS": wheel_index(),  # the folder's requirement, offline
+            "DOCKER_SHIM_STATE": str(tmp_path / "docker"),
+            "DOCKER_SHIM_TOKEN": SANDBOX_TOKEN,
+            "DOCKER_SHIM_IMAGES": json.dumps({IMAGE: str(image)} if image else {}),
+        }
+    )
     return vm
 
 
@@ -150,8 +158,11 @@ def test_a_folder_of_the_stack_is_preempted_resumed_and_completed(emulator, tmp_
     metadata = metadata_for(folder_workload("byo-folder"))
     spec = json.loads(metadata[RUN_ATTRIBUTE])
     sha256 = repository_folder(TRAINER).sha256
-    assert spec["source"] == {"kind": "folder", "sha256": sha256,
-                              "uri": f"gs://acme-ml-sandbox-dev-artifacts/sources/{sha256}.tar.gz"}  # fmt: skip
+    assert spec["source"] == {
+        "kind": "folder",
+        "sha256": sha256,
+        "uri": f"gs://acme-ml-sandbox-dev-artifacts/sources/{sha256}.tar.gz",
+    }
     assert sha256 not in metadata["startup-script"]  # the script carries the agent, the run spec the folder
     run_id = f"dev/mnist/{VM}/byo-folder"
     with metadata_server(metadata) as host:
@@ -166,9 +177,12 @@ def test_a_folder_of_the_stack_is_preempted_resumed_and_completed(emulator, tmp_
 
 
 def test_an_image_of_the_stack_runs_with_the_tpu_flags_and_is_preempted_resumed_and_completed(emulator, tmp_path):
-    workload = {"source": {"image": IMAGE}, "command": ["python3", "train.py", "--steps", str(STEPS)],
-                "env": {"STEP_SECONDS": "0.25", "STORAGE_EMULATOR_HOST": os.environ["STORAGE_EMULATOR_HOST"]},
-                "run": "byo-image"}  # fmt: skip
+    workload = {
+        "source": {"image": IMAGE},
+        "command": ["python3", "train.py", "--steps", str(STEPS)],
+        "env": {"STEP_SECONDS": "0.25", "STORAGE_EMULATOR_HOST": os.environ["STORAGE_EMULATOR_HOST"]},
+        "run": "byo-image",
+    }
     metadata = metadata_for(workload)
     assert json.loads(metadata[RUN_ATTRIBUTE])["source"] == {"kind": "image", "image": IMAGE}
     run_id = f"dev/mnist/{VM}/byo-image"
@@ -176,8 +190,10 @@ def test_an_image_of_the_stack_runs_with_the_tpu_flags_and_is_preempted_resumed_
         vm = sandboxed_vm(tmp_path, host, image_folder(tmp_path / "image-files"))
         preempted_resumed_completed(emulator, vm, metadata, run_id)
     calls = [json.loads(line) for line in (tmp_path / "docker" / "calls.jsonl").read_text().splitlines()]
-    assert calls[:2] == [["login", "-u", "oauth2accesstoken", "--password-stdin", "https://us-central1-docker.pkg.dev"],
-                         ["pull", IMAGE]]  # fmt: skip
+    assert calls[:2] == [
+        ["login", "-u", "oauth2accesstoken", "--password-stdin", "https://us-central1-docker.pkg.dev"],
+        ["pull", IMAGE],
+    ]
     runs = [call for call in calls if call[0] == "run"]
     assert len(runs) == 2  # preempted, then resumed
     for run in runs:

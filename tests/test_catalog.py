@@ -289,7 +289,7 @@ def test_tensorflow_runtime_environment():
     assert dict(catalog.runtime_environment("tpu-vm-tf-2.16.1-pjrt", "n")) == {
         "NEXT_PLUGGABLE_DEVICE_USE_C_API": "true",
         "TF_PLUGGABLE_DEVICE_LIBRARY_PATH": "/lib/libtpu.so",
-    }  # fmt: skip
+    }
     assert dict(catalog.runtime_environment("tpu-vm-tf-2.16.1-pod-pjrt", "n")) == {
         "TPU_NAME": "n",
         "TPU_LOAD_LIBRARY": "0",

@@ -159,10 +159,13 @@ def test_cli_writes_the_file_and_warns_on_a_shared_project(tmp_path):
         ("not json", "config:\n  gcp:project: acme-ml-sandbox\n", "error: - is not JSON"),
         ("[]", "config:\n  gcp:project: acme-ml-sandbox\n", "error: the bootstrap outputs are a JSON list"),
         (None, "config:\n  gcp:project: Acme\n", "error: Pulumi.dev.yaml: gcp:project is 'Acme'; expected"),
-        (None, "config:\n  gcp:project: acme-ml-sandbox\n  tpu-platform:production: yes please\n",
-         "error: Pulumi.dev.yaml: tpu-platform:production is 'yes please'; expected true or false"),
+        (
+            None,
+            "config:\n  gcp:project: acme-ml-sandbox\n  tpu-platform:production: yes please\n",
+            "error: Pulumi.dev.yaml: tpu-platform:production is 'yes please'; expected true or false",
+        ),
     ],
-)  # fmt: skip
+)
 def test_cli_refuses_bad_input_without_a_traceback(tmp_path, outputs, stack_file, expected):
     text = json.dumps(outputs_for({"dev": STACKS["dev"]})) if outputs is None else outputs
     done = run_tool(tmp_path, text, {"dev": stack_file})

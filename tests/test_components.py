@@ -183,8 +183,10 @@ def test_private_network_alone():
     result = build(lambda: PrivateNetwork("net", ENV, NETWORK, enabled(NETWORK_APIS)))
     subnet = one(result, "gcp:compute/subnetwork:Subnetwork")
     assert (subnet.inputs["region"], subnet.inputs["ipCidrRange"], subnet.inputs["privateIpGoogleAccess"]) == (
-        "europe-west4", "10.8.0.0/20", True
-    )  # fmt: skip
+        "europe-west4",
+        "10.8.0.0/20",
+        True,
+    )
     assert subnet.inputs["logConfig"]["flowSampling"] == 0.5
     assert one(result, "gcp:compute/network:Network").inputs["name"] == "tpu-solo"
     ssh = one(result, "gcp:compute/firewall:Firewall", "net-ssh-from-iap")
@@ -311,8 +313,9 @@ def test_tpu_guard_alone():
         on_completion="stop", max_run_hours=5.0, schedule=ScheduleSettings("0 8 * * 1-5", "0 20 * * *", "UTC")
     )
     automation = AutomationSettings(None, 100, False, recovery_every_minutes=0, recovery_max_attempts=3)
-    args = TpuGuardArgs(automation, (vm,), (("solo-vm", "solo/trainer/solo-vm/r1"),), "012345-6789AB-CDEF01",
-                        "EUROPE-WEST4")  # fmt: skip
+    args = TpuGuardArgs(
+        automation, (vm,), (("solo-vm", "solo/trainer/solo-vm/r1"),), "012345-6789AB-CDEF01", "EUROPE-WEST4"
+    )
     assert args.needed and "cloudscheduler.googleapis.com" not in guard_apis(args)  # no recovery job
 
     def program() -> None:
@@ -343,8 +346,9 @@ def test_guard_is_needed_exactly_when_a_feature_uses_it():
     starts, stops = ScheduleSettings("0 8 * * *", "", "UTC"), ScheduleSettings("", "0 20 * * *", "UTC")
     assert TpuGuardArgs(off, (vm_settings(schedule=starts),), (), "", "EU").needed
     assert not TpuGuardArgs(off, (vm_settings(schedule=stops),), (), "", "EU").needed
-    assert "cloudscheduler.googleapis.com" in guard_apis(TpuGuardArgs(AutomationSettings(None, 100, False, 10, 3),
-                                                                      (kept,), (), "", "EU"))  # fmt: skip
+    assert "cloudscheduler.googleapis.com" in guard_apis(
+        TpuGuardArgs(AutomationSettings(None, 100, False, 10, 3), (kept,), (), "", "EU")
+    )
     assert set(GUARD_APIS) <= set(guard_apis(TpuGuardArgs(off, (kept,), (), "", "EU")))
 
 
@@ -424,23 +428,34 @@ def test_workload_artifacts_alone():
 
     agent = repository_folder("vm_agent")
     args = ArtifactsArgs(
-        location="US-CENTRAL1", kms_key_name=None, destroyable=False, noncurrent_versions_to_keep=2,
-        noncurrent_version_days=7, packages={"vm-agent": agent},
+        location="US-CENTRAL1",
+        kms_key_name=None,
+        destroyable=False,
+        noncurrent_versions_to_keep=2,
+        noncurrent_version_days=7,
+        packages={"vm-agent": agent},
         workloads={"solo": WorkloadCode(packages=("vm-agent",)), "shared": WorkloadCode(any_source=True)},
-    )  # fmt: skip
+    )
 
     def program() -> None:
         apis = enabled(ARTIFACTS_APIS)
         needs = apis.needs(*(a.removesuffix(".googleapis.com") for a in ARTIFACTS_APIS))
-        WorkloadArtifacts("artifacts", ENV, args, {"solo": "solo@x.iam.gserviceaccount.com",
-                                                   "shared": "shared@x.iam.gserviceaccount.com"}, needs)  # fmt: skip
+        WorkloadArtifacts(
+            "artifacts",
+            ENV,
+            args,
+            {"solo": "solo@x.iam.gserviceaccount.com", "shared": "shared@x.iam.gserviceaccount.com"},
+            needs,
+        )
 
     result = build(program)
     bucket = one(result, "gcp:storage/bucket:Bucket")
     assert bucket.inputs["name"] == ENV.bucket_name("artifacts") and bucket.retain_on_delete
     assert one(result, "gcp:storage/bucketObject:BucketObject").inputs["name"] == f"sources/{agent.sha256}.tar.gz"
-    grants = {r.name: r.inputs["condition"]["expression"] for r in result.of_type(
-        "gcp:storage/bucketIAMMember:BucketIAMMember")}  # fmt: skip
+    grants = {
+        r.name: r.inputs["condition"]["expression"]
+        for r in result.of_type("gcp:storage/bucketIAMMember:BucketIAMMember")
+    }
     assert grants["artifacts-solo-sources"].endswith(f'/objects/sources/{agent.sha256}.tar.gz"')
     assert "startsWith" in grants["artifacts-shared-sources"]  # self-service: any archive researchers submit
     assert one(result, "gcp:artifactregistry/repository:Repository").inputs["repositoryId"] == f"tpu-{ENV.stack}"
@@ -451,9 +466,13 @@ def test_researcher_access_alone():
 
     vm = SelfServiceVm("solo-vm", "solo", data=True, checkpoints=True, models=True)
     args = ResearcherArgs(
-        members=("user:ada@acme.example",), vms=(vm,), status_bucket=ENV.bucket_name("status"),
-        models_bucket=ENV.bucket_name("models"), artifacts_bucket=ENV.bucket_name("artifacts"), ssh=False,
-    )  # fmt: skip
+        members=("user:ada@acme.example",),
+        vms=(vm,),
+        status_bucket=ENV.bucket_name("status"),
+        models_bucket=ENV.bucket_name("models"),
+        artifacts_bucket=ENV.bucket_name("artifacts"),
+        ssh=False,
+    )
     result = build(lambda: ResearcherAccess("researchers", ENV, args, enabled(researcher_apis(args)), []))
     assert not result.of_type("gcp:projects/iAMCustomRole:IAMCustomRole")  # the bootstrap makes the roles
     roles = {r.inputs["role"] for r in result.resources if "role" in r.inputs}
@@ -528,8 +547,11 @@ def test_gke_cluster_alone():
     assert cluster["subnetwork"].endswith(f"/subnetworks/{naming.gke_subnet(ENV.stack)}")
     for dependency in ("gcp:compute/routerNat:RouterNat", "gcp:projects/iAMMember:IAMMember"):
         assert one(result, dependency).urn in one(result, "gcp:container/cluster:Cluster").dependencies
-    assert depends_on(result, one(result, "gcp:container/cluster:Cluster"),
-                      one(result, "gcp:projects/service:Service", "apis-container").urn)  # fmt: skip
+    assert depends_on(
+        result,
+        one(result, "gcp:container/cluster:Cluster"),
+        one(result, "gcp:projects/service:Service", "apis-container").urn,
+    )
 
 
 def test_slice_pools_alone():

@@ -131,8 +131,11 @@ def test_a_misspelt_key_or_value_is_offered_the_nearest_valid_one():
     message = problems_of(Fix.of({f"{VM}.provisioning": "spto"}).apply(fixture_config()))
     assert "tpu-platform:tpuVms[0].provisioning = 'spto': must be one of " in message
     assert message.endswith("; set provisioning: spot")
-    v5e = {f"{VM}.zone": "us-central1-a", f"{VM}.runtimeVersion": "tpu-vm-tf-2.15.0-pjrt",
-           f"{NS}:workloads.mnist.frameworkVersion": "2.15.0"}  # fmt: skip
+    v5e = {
+        f"{VM}.zone": "us-central1-a",
+        f"{VM}.runtimeVersion": "tpu-vm-tf-2.15.0-pjrt",
+        f"{NS}:workloads.mnist.frameworkVersion": "2.15.0",
+    }
     message = problems_of(Fix.of({**v5e, f"{VM}.acceleratorType": "v5e-8"}).apply(fixture_config()))
     assert "tpu-platform:tpuVms[0].acceleratorType = 'v5e-8': unknown TPU type" in message
     assert message.endswith("; set acceleratorType: v5litepod-8")

@@ -44,8 +44,9 @@ def test_an_interval_near_the_best_is_not_warned_and_the_minutes_cap_counts():
     assert warnings(near, {"hoursBetweenPreemptions": 4}) == []  # 1200 s against a best of 1275 s
     (capped,) = warnings({**near, "checkpointEveryMinutes": 5}, {"hoursBetweenPreemptions": 4})
     assert "checkpoints every 300 s of steps (checkpointEveryMinutes caps it), 0.24×" in capped
-    (far,) = warnings({**near, "checkpointEverySteps": 6000, "checkpointEveryMinutes": 600},
-                      {"hoursBetweenPreemptions": 4})  # fmt: skip
+    (far,) = warnings(
+        {**near, "checkpointEverySteps": 6000, "checkpointEveryMinutes": 600}, {"hoursBetweenPreemptions": 4}
+    )
     assert "checkpoints every 1.2e+04 s of steps, 9.4×" in far
 
 
@@ -71,12 +72,16 @@ def test_an_on_demand_vm_is_never_preempted():
 @pytest.mark.parametrize(
     ("vm", "message"),
     [
-        ({"provisioning": "on-demand", "hoursBetweenPreemptions": 3},
-         "tpuVms[0].hoursBetweenPreemptions = 3: only spot and preemptible VMs are preempted, not on-demand"),
-        ({"provisioning": "preemptible", "hoursBetweenPreemptions": 30},
-         "tpuVms[0].hoursBetweenPreemptions = 30: a preemptible TPU lives at most 24 hours"),
+        (
+            {"provisioning": "on-demand", "hoursBetweenPreemptions": 3},
+            "tpuVms[0].hoursBetweenPreemptions = 3: only spot and preemptible VMs are preempted, not on-demand",
+        ),
+        (
+            {"provisioning": "preemptible", "hoursBetweenPreemptions": 30},
+            "tpuVms[0].hoursBetweenPreemptions = 30: a preemptible TPU lives at most 24 hours",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_preemption_rate_that_cannot_be_is_refused(vm, message):
     assert message in problems_of(scheduled(vm=vm), "scheduled")
 
@@ -85,7 +90,8 @@ def test_a_workload_with_its_own_source_takes_no_step_seconds():
     raw = with_object(
         fixture_config("scheduled"),
         "workloads",
-        lambda w: w.update(own={"source": {"folder": "workloads/jax_mnist"}, "command": ["python", "x.py"],
-                                "stepSeconds": 1.0}),
-    )  # fmt: skip
+        lambda w: w.update(
+            own={"source": {"folder": "workloads/jax_mnist"}, "command": ["python", "x.py"], "stepSeconds": 1.0}
+        ),
+    )
     assert "workloads.own.stepSeconds = 1.0: only with program" in problems_of(raw, "scheduled")

@@ -41,14 +41,23 @@ CASES: dict[str, tuple[str, dict[str, object]]] = {
     # The reported case: no TF 2.14.1 runtime runs on v5e, so tpu-vm-tf-2.14.1 must not be offered.
     "v5e-on-its-jax-runtime-with-tf-2.14.1": ("small", {**V5E, f"{VM}.runtimeVersion": "v2-alpha-tpuv5-lite"}),
     "runtime-of-another-tf-version": ("small", {f"{VM}.runtimeVersion": "tpu-vm-tf-2.13.0"}),
-    "jax-too-new-for-the-images-python": ("small", {
-        f"{NS}:workloads.mnist.program": "jax_mnist", f"{NS}:workloads.mnist.frameworkVersion": "0.10.2",
-        f"{VM}.acceleratorType": "v4-8", f"{VM}.zone": "us-central2-b", f"{VM}.runtimeVersion": "tpu-ubuntu2204-base",
-        f"{NS}:network.subnets.us-central2": "10.31.0.0/20",
-    }),
-    "deployer-of-the-stack-it-was-copied-from": ("small", {
-        f"{NS}:deployer": "tpu-deployer-dev@acme-ml-admin.iam.gserviceaccount.com",
-    }),
+    "jax-too-new-for-the-images-python": (
+        "small",
+        {
+            f"{NS}:workloads.mnist.program": "jax_mnist",
+            f"{NS}:workloads.mnist.frameworkVersion": "0.10.2",
+            f"{VM}.acceleratorType": "v4-8",
+            f"{VM}.zone": "us-central2-b",
+            f"{VM}.runtimeVersion": "tpu-ubuntu2204-base",
+            f"{NS}:network.subnets.us-central2": "10.31.0.0/20",
+        },
+    ),
+    "deployer-of-the-stack-it-was-copied-from": (
+        "small",
+        {
+            f"{NS}:deployer": "tpu-deployer-dev@acme-ml-admin.iam.gserviceaccount.com",
+        },
+    ),
     "misspelt-key": ("small", {f"{VM}.provisoning": "spot"}),
     "misspelt-choice": ("small", {f"{VM}.provisioning": "spto"}),
     "generation-name-as-accelerator-type": ("small", {**V5E_TF, f"{VM}.acceleratorType": "v5e-8"}),
@@ -59,51 +68,91 @@ CASES: dict[str, tuple[str, dict[str, object]]] = {
     "queued-stopped-on-completion": ("small", {**QUEUED, f"{VM}.onCompletion": "stop"}),
     "queued-with-a-schedule": ("small", {**QUEUED, f"{VM}.schedule": OFFICE_HOURS}),
     "reservation-without-reserved": ("small", {**QUEUED, f"{VM}.reservationName": "team-a"}),
-    "reservation-with-fallback-zones": ("small", {
-        **QUEUED, f"{VM}.provisioning": "reserved", f"{VM}.reservationName": "team-a",
-        f"{VM}.fallbackZones": ["us-west1-c"], f"{NS}:network.subnets.us-west1": "10.31.0.0/20",
-    }),
+    "reservation-with-fallback-zones": (
+        "small",
+        {
+            **QUEUED,
+            f"{VM}.provisioning": "reserved",
+            f"{VM}.reservationName": "team-a",
+            f"{VM}.fallbackZones": ["us-west1-c"],
+            f"{NS}:network.subnets.us-west1": "10.31.0.0/20",
+        },
+    ),
     "own-zone-as-fallback": ("small", {**QUEUED, f"{VM}.fallbackZones": ["us-central1-a"]}),
     "fallback-zone-without-a-subnet": ("small", {**QUEUED, f"{VM}.fallbackZones": ["us-west1-c"]}),
     "run-duration-without-flex-start": ("small", {**QUEUED, f"{VM}.runDurationHours": 4}),
     "max-run-hours-kept": ("small", {**RECOVERY, f"{VM}.onCompletion": "keep", f"{VM}.maxRunHours": 24}),
     "max-run-hours-and-a-schedule": ("small", {**RECOVERY, f"{VM}.maxRunHours": 24, f"{VM}.schedule": OFFICE_HOURS}),
     "max-run-hours-without-recovery": ("small", {f"{VM}.onCompletion": "stop", f"{VM}.maxRunHours": 24}),
-    "spot-that-cannot-checkpoint": ("small", {
-        f"{VM}.provisioning": "spot", f"{NS}:workloads.mnist.bucketAccess.checkpoints": "read",
-    }),
-    "completion-without-its-marker": ("small", {
-        f"{VM}.onCompletion": "delete", f"{NS}:workloads.mnist.bucketAccess.checkpoints": "read",
-    }),
-    "schedule-on-a-multi-host-slice": ("small", {
-        **V5E_TF, f"{VM}.acceleratorType": "v5litepod-16", f"{VM}.runtimeVersion": "tpu-vm-tf-2.15.0-pod-pjrt",
-        f"{VM}.schedule": OFFICE_HOURS,
-    }),
-    "multi-host-slice-stopped-on-completion": ("small", {
-        **V5E_TF, f"{VM}.acceleratorType": "v5litepod-16", f"{VM}.runtimeVersion": "tpu-vm-tf-2.15.0-pod-pjrt",
-        f"{VM}.onCompletion": "stop",
-    }),
+    "spot-that-cannot-checkpoint": (
+        "small",
+        {
+            f"{VM}.provisioning": "spot",
+            f"{NS}:workloads.mnist.bucketAccess.checkpoints": "read",
+        },
+    ),
+    "completion-without-its-marker": (
+        "small",
+        {
+            f"{VM}.onCompletion": "delete",
+            f"{NS}:workloads.mnist.bucketAccess.checkpoints": "read",
+        },
+    ),
+    "schedule-on-a-multi-host-slice": (
+        "small",
+        {
+            **V5E_TF,
+            f"{VM}.acceleratorType": "v5litepod-16",
+            f"{VM}.runtimeVersion": "tpu-vm-tf-2.15.0-pod-pjrt",
+            f"{VM}.schedule": OFFICE_HOURS,
+        },
+    ),
+    "multi-host-slice-stopped-on-completion": (
+        "small",
+        {
+            **V5E_TF,
+            f"{VM}.acceleratorType": "v5litepod-16",
+            f"{VM}.runtimeVersion": "tpu-vm-tf-2.15.0-pod-pjrt",
+            f"{VM}.onCompletion": "stop",
+        },
+    ),
     "schedule-that-only-starts-a-kept-vm": ("small", {f"{VM}.schedule": {"start": "0 8 * * 1-5"}}),
     "preemptions-of-an-on-demand-vm": ("small", {f"{VM}.hoursBetweenPreemptions": 6}),
-    "preemptible-living-too-long": ("small", {
-        f"{VM}.provisioning": "preemptible", f"{VM}.hoursBetweenPreemptions": 48,
-    }),
+    "preemptible-living-too-long": (
+        "small",
+        {
+            f"{VM}.provisioning": "preemptible",
+            f"{VM}.hoursBetweenPreemptions": 48,
+        },
+    ),
     "budget-action-without-its-topic": ("small", {f"{NS}:automation.budgetAction": {"action": "stop"}}),
     "destroyable-production-bucket": ("small", {**PRODUCTION, f"{NS}:buckets.destroyable": ["checkpoints"]}),
     "self-service-in-production": ("small", {**PRODUCTION, f"{VM}.selfService": True}),
-    "over-budget-with-fail-over-budget": ("small", {
-        f"{NS}:budget.amount": 10, f"{NS}:budget.failOverBudget": True,
-    }),
+    "over-budget-with-fail-over-budget": (
+        "small",
+        {
+            f"{NS}:budget.amount": 10,
+            f"{NS}:budget.failOverBudget": True,
+        },
+    ),
     "image-by-tag": ("sources", {f"{NS}:workloads.img.source.image": f"{REGISTRY}/trainer:v3"}),
-    "image-of-another-repository": ("sources", {
-        f"{NS}:workloads.img.source.image": f"{ANOTHER_REGISTRY}/trainer@sha256:{DIGEST}",
-    }),
+    "image-of-another-repository": (
+        "sources",
+        {
+            f"{NS}:workloads.img.source.image": f"{ANOTHER_REGISTRY}/trainer@sha256:{DIGEST}",
+        },
+    ),
     # Warnings that suggest a value.
     "batch-that-does-not-split-over-the-devices": ("small", {f"{NS}:workloads.mnist.batchSize": 100}),
-    "checkpoint-interval-far-from-the-best": ("small", {
-        f"{VM}.provisioning": "spot", f"{VM}.hoursBetweenPreemptions": 4,
-        f"{NS}:workloads.mnist.stepSeconds": 0.05, f"{NS}:workloads.mnist.checkpointSeconds": 60,
-    }),
+    "checkpoint-interval-far-from-the-best": (
+        "small",
+        {
+            f"{VM}.provisioning": "spot",
+            f"{VM}.hoursBetweenPreemptions": 4,
+            f"{NS}:workloads.mnist.stepSeconds": 0.05,
+            f"{NS}:workloads.mnist.checkpointSeconds": 60,
+        },
+    ),
     # The GKE engine's cluster and pools.
     "cluster-range-overlapping-a-subnet": ("gke", {f"{NS}:gke.nodeCidr": "10.30.0.0/20"}),
     "maintenance-day-twice": ("gke", {f"{NS}:gke.maintenanceWindow": {"days": ["SA", "SU", "SA"]}}),
@@ -111,7 +160,7 @@ CASES: dict[str, tuple[str, dict[str, object]]] = {
     "pool-outside-the-clusters-region": ("gke", {f"{POOL}.zone": "us-west4-a"}),
     "pool-reservation-without-reserved": ("gke", {f"{POOL}.reservationName": "res-1"}),
     "pool-run-duration-without-flex-start": ("gke", {f"{POOL}.runDurationHours": 4}),
-}  # fmt: skip
+}
 
 
 def findings(stack: str, raw: dict[str, str]) -> tuple[list[Problem], list[Problem]]:
@@ -166,8 +215,13 @@ def test_a_new_pin_moves_every_vm_running_the_workload_and_is_not_offered_where_
     """Pinning the workload to another TF version changes the runtime of every VM that runs it; where one
     of them takes no runtime of that version (v5e and TF 2.13.0), the pin is not offered."""
     stack, raw = broken("v5e-on-its-jax-runtime-with-tf-2.14.1")
-    old = {"name": "old", "acceleratorType": "v2-8", "zone": "us-central1-b", "workload": "mnist",
-           "runtimeVersion": "tpu-vm-tf-2.14.1"}  # fmt: skip
+    old = {
+        "name": "old",
+        "acceleratorType": "v2-8",
+        "zone": "us-central1-b",
+        "workload": "mnist",
+        "runtimeVersion": "tpu-vm-tf-2.14.1",
+    }
     (problem,), _ = findings(stack, Fix.of({f"{NS}:tpuVms[1]": old}).apply(raw))
     (fix,) = problem.fixes
     assert dict(fix.edits) == {
@@ -181,8 +235,13 @@ def test_a_new_pin_moves_every_vm_running_the_workload_and_is_not_offered_where_
         "set runtimeVersion: tpu-vm-tf-2.14.1",
         f"set {NS}:workloads.mnist.frameworkVersion: 2.13.0",
     ]
-    v5e = {**old, "name": "v5e", "acceleratorType": "v5litepod-8", "zone": "us-central1-a",
-           "runtimeVersion": "tpu-vm-tf-2.15.0-pjrt"}  # fmt: skip
+    v5e = {
+        **old,
+        "name": "v5e",
+        "acceleratorType": "v5litepod-8",
+        "zone": "us-central1-a",
+        "runtimeVersion": "tpu-vm-tf-2.15.0-pjrt",
+    }
     pinned = Fix.of({f"{NS}:workloads.mnist.frameworkVersion": "2.15.0", f"{NS}:tpuVms[1]": v5e}).apply(raw)
     (problem,), _ = findings(stack, pinned)  # the v2-8 on 2.13.0, a v5e on the workload's 2.15.0
     assert [f.says(problem.key) for f in problem.fixes] == ["set runtimeVersion: tpu-vm-tf-2.15.0-pjrt"]
@@ -239,13 +298,15 @@ def test_the_cases_reach_every_check_that_offers_a_fix(monkeypatch):
 
 
 def test_a_fix_is_said_with_keys_as_near_to_the_problem_as_they_are_and_applied_to_the_raw_config():
-    fix = Fix.of({
-        f"{VM}.runtimeVersion": "tpu-vm-tf-2.15.0-pjrt",  # the same VM: its own key
-        f"{NS}:workloads.mnist.frameworkVersion": "2.15.0",  # elsewhere: the whole key
-        f"{VM}.schedule": REMOVE,
-        f"{NS}:selfServiceInProduction": True,  # a top-level scalar: as Pulumi passes it, a string
-        f"{NS}:tpuVms[1]": {"name": "next"},  # the next position of a list: added
-    })  # fmt: skip
+    fix = Fix.of(
+        {
+            f"{VM}.runtimeVersion": "tpu-vm-tf-2.15.0-pjrt",  # the same VM: its own key
+            f"{NS}:workloads.mnist.frameworkVersion": "2.15.0",  # elsewhere: the whole key
+            f"{VM}.schedule": REMOVE,
+            f"{NS}:selfServiceInProduction": True,  # a top-level scalar: as Pulumi passes it, a string
+            f"{NS}:tpuVms[1]": {"name": "next"},  # the next position of a list: added
+        }
+    )
     assert fix.says(f"{VM}.zone") == (
         f"set runtimeVersion: tpu-vm-tf-2.15.0-pjrt and set {NS}:workloads.mnist.frameworkVersion: 2.15.0 and "
         f"remove schedule and set {NS}:selfServiceInProduction: true and set {NS}:tpuVms[1]: {{name: next}}"

@@ -60,9 +60,17 @@ def test_a_program_is_a_folder_source_with_its_own_command_and_settings():
     cfg = parse_stack_config("sources", sources())
     mnist = cfg.workload("mnist")
     assert mnist.command == (
-        "python", "tf_mnist.py", "--epochs", "5", "--batch-size", "256",
-        "--checkpoint-every-steps", "200", "--checkpoint-every-minutes", "10",
-    )  # fmt: skip
+        "python",
+        "tf_mnist.py",
+        "--epochs",
+        "5",
+        "--batch-size",
+        "256",
+        "--checkpoint-every-steps",
+        "200",
+        "--checkpoint-every-minutes",
+        "10",
+    )
 
 
 @pytest.mark.parametrize(
@@ -218,8 +226,13 @@ def test_every_well_formed_digest_reference_parses_into_its_parts(region, projec
     image = parse_image(ref)
     assert image is not None
     assert (image.region, image.project, image.repository, image.name, image.digest, image.tag) == (
-        region, project, "tpu-dev", "/".join(path), digest, "",
-    )  # fmt: skip
+        region,
+        project,
+        "tpu-dev",
+        "/".join(path),
+        digest,
+        "",
+    )
     assert image_problem(ref, stack="dev", project=project, region=region, allow_tags=False) is None
     assert image_problem(ref, stack="prod", project=project, region=region, allow_tags=True) is not None
 
@@ -282,8 +295,10 @@ def test_the_docs_example_parses_with_the_dev_stack():
     cfg = parse_stack_config("dev", raw)
     own, image = cfg.workload("jax-own"), cfg.workload("eval")
     assert (own.source.folder, own.command[:2], own.python) == (
-        "workloads/jax_mnist", ("python", "jax_mnist.py"), "3.11"
-    )  # fmt: skip
+        "workloads/jax_mnist",
+        ("python", "jax_mnist.py"),
+        "3.11",
+    )
     assert re.fullmatch(r".*/tpu-dev/eval@sha256:[0-9a-f]{64}", image.source.image)
 
 

@@ -135,41 +135,76 @@ def prod_vm_problems(**changes) -> str:
 @pytest.mark.parametrize(
     ("changes", "expected"),
     [
-        ({"reservationName": "team-a", "provisioning": "reserved"},
-         "tpuVms[0].reservationName = 'team-a': only a queued request names a reservation (TPU API v2); set capacity"),
-        ({"nodeCount": 2},
-         "tpuVms[0].nodeCount = 2: a multislice is a queued request; set capacity: queued, or remove nodeCount"),
+        (
+            {"reservationName": "team-a", "provisioning": "reserved"},
+            "tpuVms[0].reservationName = 'team-a': only a queued request names a reservation (TPU API v2); "
+            "set capacity",
+        ),
+        (
+            {"nodeCount": 2},
+            "tpuVms[0].nodeCount = 2: a multislice is a queued request; set capacity: queued, or remove nodeCount",
+        ),
         ({"fallbackZones": ["us-west4-a"]}, "tpuVms[0].fallbackZones = ['us-west4-a']: a direct VM's zone is fixed"),
-        ({"provisioning": "flex-start", "runDurationHours": 4},
-         "tpuVms[0].provisioning = 'flex-start': flex-start exists only for queued requests"),
-        ({"capacity": "queued", "provisioning": "preemptible"},
-         "tpuVms[0].provisioning = 'preemptible': a queued request takes on-demand, spot, reserved or flex-start"),
-        ({"capacity": "queued", "reservationName": "team-a"},
-         "tpuVms[0].reservationName = 'team-a': only provisioning: reserved takes it; set provisioning: reserved"),
-        ({"capacity": "queued", "provisioning": "reserved", "reservationName": "team a"},
-         "tpuVms[0].reservationName = 'team a': a reservation's short name: letters, digits and '-'"),
-        ({"capacity": "queued", "provisioning": "reserved", "reservationName": "team-a",
-          "fallbackZones": ["us-west4-a"]},
-         "reservationName = 'team-a': a reservation belongs to one zone (us-central1-a), so a request for it falls "
-         "back nowhere; remove fallbackZones"),
-        ({"capacity": "queued", "provisioning": "flex-start"},
-         "tpuVms[0].runDurationHours = (not set): flex-start needs how long the VM runs, in hours"),
-        ({"capacity": "queued", "runDurationHours": 4},
-         "tpuVms[0].runDurationHours = 4: only provisioning: flex-start"),
-        ({"capacity": "queued", "provisioning": "flex-start", "runDurationHours": 200},
-         "tpuVms[0].runDurationHours = 200: must be a number > 0 and <= 168"),
-        ({"capacity": "queued", "fallbackZones": ["us-central1-a"]},
-         "tpuVms[0].fallbackZones[0] = 'us-central1-a': is the VM's own zone"),
-        ({"capacity": "queued", "fallbackZones": ["us-central2-b"]},
-         "tpuVms[0].fallbackZones[0] = 'us-central2-b': v5litepod-8 is not offered in us-central2-b; zones that offer"),
-        ({"capacity": "queued", "fallbackZones": ["us-west4-a"]},
-         "tpuVms[0].fallbackZones[0] = 'us-west4-a': us-west4 has no subnet under tpu-platform:network.subnets; set "
-         "tpu-platform:network.subnets.us-west4: 10.0.0.0/20"),
+        (
+            {"provisioning": "flex-start", "runDurationHours": 4},
+            "tpuVms[0].provisioning = 'flex-start': flex-start exists only for queued requests",
+        ),
+        (
+            {"capacity": "queued", "provisioning": "preemptible"},
+            "tpuVms[0].provisioning = 'preemptible': a queued request takes on-demand, spot, reserved or flex-start",
+        ),
+        (
+            {"capacity": "queued", "reservationName": "team-a"},
+            "tpuVms[0].reservationName = 'team-a': only provisioning: reserved takes it; set provisioning: reserved",
+        ),
+        (
+            {"capacity": "queued", "provisioning": "reserved", "reservationName": "team a"},
+            "tpuVms[0].reservationName = 'team a': a reservation's short name: letters, digits and '-'",
+        ),
+        (
+            {
+                "capacity": "queued",
+                "provisioning": "reserved",
+                "reservationName": "team-a",
+                "fallbackZones": ["us-west4-a"],
+            },
+            "reservationName = 'team-a': a reservation belongs to one zone (us-central1-a), so a request for it falls "
+            "back nowhere; remove fallbackZones",
+        ),
+        (
+            {"capacity": "queued", "provisioning": "flex-start"},
+            "tpuVms[0].runDurationHours = (not set): flex-start needs how long the VM runs, in hours",
+        ),
+        (
+            {"capacity": "queued", "runDurationHours": 4},
+            "tpuVms[0].runDurationHours = 4: only provisioning: flex-start",
+        ),
+        (
+            {"capacity": "queued", "provisioning": "flex-start", "runDurationHours": 200},
+            "tpuVms[0].runDurationHours = 200: must be a number > 0 and <= 168",
+        ),
+        (
+            {"capacity": "queued", "fallbackZones": ["us-central1-a"]},
+            "tpuVms[0].fallbackZones[0] = 'us-central1-a': is the VM's own zone",
+        ),
+        (
+            {"capacity": "queued", "fallbackZones": ["us-central2-b"]},
+            "tpuVms[0].fallbackZones[0] = 'us-central2-b': v5litepod-8 is not offered in us-central2-b; "
+            "zones that offer",
+        ),
+        (
+            {"capacity": "queued", "fallbackZones": ["us-west4-a"]},
+            "tpuVms[0].fallbackZones[0] = 'us-west4-a': us-west4 has no subnet under tpu-platform:network.subnets; set "
+            "tpu-platform:network.subnets.us-west4: 10.0.0.0/20",
+        ),
         ({"nodeCount": 0}, "tpuVms[0].nodeCount = 0: must be an integer >= 1 and <= 1024"),
-        ({"maxRunHours": 24}, "tpuVms[0].maxRunHours = 24: bounds a run to completion, which keep never ends; set "
-         "onCompletion: stop, or set onCompletion: delete, or remove maxRunHours"),
+        (
+            {"maxRunHours": 24},
+            "tpuVms[0].maxRunHours = 24: bounds a run to completion, which keep never ends; set "
+            "onCompletion: stop, or set onCompletion: delete, or remove maxRunHours",
+        ),
     ],
-)  # fmt: skip
+)
 def test_capacity_settings_are_checked_together(changes, expected):
     assert expected in prod_vm_problems(**changes)
 
@@ -196,8 +231,10 @@ def test_flex_start_is_checked_against_googles_zones():
     # Listed for serving only: the plan goes on, and says so.
     serving = parse_stack_config("production", with_object(fixture_config("production"), "tpuVms", vm_edit(**flex)))
     assert any("tpuVms[0].zone" in w and "for serving, not for training" in w for w in serving.warnings)
-    training = parse_stack_config("production", with_object(roomy_network(fixture_config("production")), "tpuVms",
-                                                      vm_edit(**flex, zone="us-west4-a")))  # fmt: skip
+    training = parse_stack_config(
+        "production",
+        with_object(roomy_network(fixture_config("production")), "tpuVms", vm_edit(**flex, zone="us-west4-a")),
+    )
     assert not [w for w in training.warnings if "flex-start" in w]
     v5p = {"acceleratorType": "v5p-8", "zone": "us-east5-a", "runtimeVersion": "v2-alpha-tpuv5"}
     assert "tpuVms[0].acceleratorType = 'v5p-8': v5p is not offered with flex-start" in vm_problems(
@@ -209,22 +246,43 @@ def test_a_queued_vm_is_never_stopped_only_deleted():
     """The guard and the schedules stop a node by its name and zone in the stack: a queued request may
     have landed in a fallback zone, a multislice's nodes are `<vm>-<i>`, and a request has no stop."""
     queued = {"capacity": "queued", "provisioning": "spot"}
-    message = vm_problems("scheduled", **queued, acceleratorType="v5litepod-8", zone="us-central1-a",
-                          runtimeVersion="tpu-vm-tf-2.15.0-pjrt", onCompletion="stop")  # fmt: skip
+    message = vm_problems(
+        "scheduled",
+        **queued,
+        acceleratorType="v5litepod-8",
+        zone="us-central1-a",
+        runtimeVersion="tpu-vm-tf-2.15.0-pjrt",
+        onCompletion="stop",
+    )
     assert "tpuVms[0].onCompletion = 'stop': a queued request's TPUs cannot be stopped, only deleted" in message
     assert "tpuVms[0].schedule = {'start': '0 8 * * 1-5', 'stop': '0 20 * * 1-5'}: a queued request's TPUs" in message
-    deleted = parse_stack_config("production", with_object(fixture_config("production"), "tpuVms", vm_edit(**queued,
-                                 onCompletion="delete")))  # fmt: skip
+    deleted = parse_stack_config(
+        "production", with_object(fixture_config("production"), "tpuVms", vm_edit(**queued, onCompletion="delete"))
+    )
     assert deleted.tpu_vms[0].queued
 
 
 def test_a_multislices_node_names_are_its_own():
     """`ms` with two slices has nodes ms-0 and ms-1: no other VM of the stack may be called ms-1."""
-    raw = with_object(fixture_config("production"), "tpuVms", lambda vms: vms.__setitem__(slice(None), [
-        {**vms[0], "name": "ms", "capacity": "queued", "nodeCount": 2, "provisioning": "spot",
-         "acceleratorType": "v5litepod-16", "runtimeVersion": "tpu-vm-tf-2.15.0-pod-pjrt"},
-        {**vms[1], "name": "ms-1"},
-    ]))  # fmt: skip
+    raw = with_object(
+        fixture_config("production"),
+        "tpuVms",
+        lambda vms: vms.__setitem__(
+            slice(None),
+            [
+                {
+                    **vms[0],
+                    "name": "ms",
+                    "capacity": "queued",
+                    "nodeCount": 2,
+                    "provisioning": "spot",
+                    "acceleratorType": "v5litepod-16",
+                    "runtimeVersion": "tpu-vm-tf-2.15.0-pod-pjrt",
+                },
+                {**vms[1], "name": "ms-1"},
+            ],
+        ),
+    )
     assert "tpuVms[1].name = 'ms-1': its TPU nodes' names are taken by TPU VM ms" in problems_of(raw, "production")
 
 
@@ -245,10 +303,18 @@ def test_a_queued_multislice_with_fallbacks_is_accepted():
     raw = with_object(
         fixture_config("production"), "network", lambda n: n["subnets"].update({"us-west4": "10.31.0.0/20"})
     )
-    raw = with_object(raw, "tpuVms", vm_edit(
-        capacity="queued", nodeCount=2, acceleratorType="v5litepod-16", runtimeVersion="tpu-vm-tf-2.15.0-pod-pjrt",
-        fallbackZones=["us-west4-a"], provisioning="spot",
-    ))  # fmt: skip
+    raw = with_object(
+        raw,
+        "tpuVms",
+        vm_edit(
+            capacity="queued",
+            nodeCount=2,
+            acceleratorType="v5litepod-16",
+            runtimeVersion="tpu-vm-tf-2.15.0-pod-pjrt",
+            fallbackZones=["us-west4-a"],
+            provisioning="spot",
+        ),
+    )
     cfg = parse_stack_config("production", raw)
     assert (cfg.tpu_vms[0].zones, cfg.tpu_vms[0].node_count) == (("us-central1-a", "us-west4-a"), 2)
 

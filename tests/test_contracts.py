@@ -57,12 +57,18 @@ def test_valid_requests_name_their_method():
     ("call", "why"),
     [
         (Call("POST", f"{TPU}/{NODE}:stop", {"force": True}), "unknown field force"),
-        (Call("POST", f"{TPU}/{NODE.rsplit('/', 1)[0]}?nodeId=n", {"acceleratorTyp": "v5litepod-4"}),
-         "unknown field acceleratorTyp"),
-        (Call("POST", f"{TPU}/{NODE.rsplit('/', 1)[0]}?nodeId=n", {"schedulingConfig": {"spot": "yes"}}),
-         "schedulingConfig.spot must be true or false"),
-        (Call("POST", f"{TPU}/{NODE.rsplit('/', 1)[0]}?nodeId=n", {"dataDisks": [{"mode": "RW"}]}),
-         "dataDisks\\[0\\].mode = 'RW': must be one of"),
+        (
+            Call("POST", f"{TPU}/{NODE.rsplit('/', 1)[0]}?nodeId=n", {"acceleratorTyp": "v5litepod-4"}),
+            "unknown field acceleratorTyp",
+        ),
+        (
+            Call("POST", f"{TPU}/{NODE.rsplit('/', 1)[0]}?nodeId=n", {"schedulingConfig": {"spot": "yes"}}),
+            "schedulingConfig.spot must be true or false",
+        ),
+        (
+            Call("POST", f"{TPU}/{NODE.rsplit('/', 1)[0]}?nodeId=n", {"dataDisks": [{"mode": "RW"}]}),
+            "dataDisks\\[0\\].mode = 'RW': must be one of",
+        ),
         (Call("POST", f"{TPU}/{NODE.rsplit('/', 1)[0]}?nodeId=n", {"state": "READY"}), "state is output only"),
         (Call("PUT", f"{TPU}/{NODE}:stop", {}), "no method of tpu.v2 has this path; that path takes POST"),
         (Call("POST", f"{TPU}/{NODE}:halt", {}), "no method of tpu.v2 has this path"),
@@ -70,7 +76,7 @@ def test_valid_requests_name_their_method():
         (Call("GET", "/storage/v1/b/bkt/o/x?alt=text"), "alt='text': must be one of json, media"),
         (Call("GET", f"{TPU}/{NODE}", {"x": 1}), "takes no body"),
     ],
-)  # fmt: skip
+)
 def test_misspelt_or_wrong_requests_fail(call, why):
     name = "storage.v1" if "/storage/" in call.url else "tpu.v2"
     with pytest.raises(ContractError, match=why):
@@ -151,8 +157,11 @@ def test_the_image_repository_is_a_valid_artifact_registry_v1_repository(stack):
     Repository.yaml: `cleanupPolicies: type: Map, key_name: id`), as the API declares the field."""
     result = planned(stack)
     # The workloads' repository (not the guard functions').
-    (repository,) = [r for r in result.of_type("gcp:artifactregistry/repository:Repository")
-                     if r.inputs["repositoryId"] == f"tpu-{stack}"]  # fmt: skip
+    (repository,) = [
+        r
+        for r in result.of_type("gcp:artifactregistry/repository:Repository")
+        if r.inputs["repositoryId"] == f"tpu-{stack}"
+    ]
     body = {k: v for k, v in wire(repository.inputs).items() if k not in ("repositoryId", "project", "location")}
     body["cleanupPolicies"] = {p["id"]: {k: v for k, v in p.items() if k != "id"} for p in body["cleanupPolicies"]}
     assert {"keep-newest", "delete-old-untagged"} <= set(body["cleanupPolicies"])

@@ -49,14 +49,28 @@ def test_a_scheduled_spot_vm_matches_a_hand_computation_on_the_730_hour_month():
 
 def test_hand_computed_fleet():
     raw = roomy(fixture_config("scheduled"))
-    raw = with_object(raw, "tpuVms", vms(
-        {"name": "spot-always", "provisioning": "spot", "onCompletion": "keep"},  # 1.35 × 730
-        {"name": "on-demand-office", "provisioning": "on-demand", "onCompletion": "keep",  # 4.5 × office hours
-         "schedule": {"start": "0 8 * * 1-5", "stop": "0 20 * * 1-5"}},
-        {"name": "pod-preemptible", "provisioning": "preemptible", "acceleratorType": "v2-32", "onCompletion": "keep",
-         "zone": "us-central1-a", "runtimeVersion": "tpu-vm-tf-2.14.1-pod"},  # 6.12 × 730
-        {"name": "run-48h", "provisioning": "spot", "onCompletion": "stop", "maxRunHours": 48},  # 1.35 × 48
-    ))  # fmt: skip
+    raw = with_object(
+        raw,
+        "tpuVms",
+        vms(
+            {"name": "spot-always", "provisioning": "spot", "onCompletion": "keep"},  # 1.35 × 730
+            {
+                "name": "on-demand-office",
+                "provisioning": "on-demand",
+                "onCompletion": "keep",  # 4.5 × office hours
+                "schedule": {"start": "0 8 * * 1-5", "stop": "0 20 * * 1-5"},
+            },
+            {
+                "name": "pod-preemptible",
+                "provisioning": "preemptible",
+                "acceleratorType": "v2-32",
+                "onCompletion": "keep",
+                "zone": "us-central1-a",
+                "runtimeVersion": "tpu-vm-tf-2.14.1-pod",
+            },  # 6.12 × 730
+            {"name": "run-48h", "provisioning": "spot", "onCompletion": "stop", "maxRunHours": 48},  # 1.35 × 48
+        ),
+    )
     cost = cost_of(raw)
     by_name = {v.name: v for v in cost.vms}
     assert by_name["spot-always"].monthly == pytest.approx(1.35 * 730)
@@ -82,8 +96,9 @@ def test_a_schedule_that_only_stops_is_priced_for_every_hour_it_may_run_and_says
 
 
 def test_a_schedule_that_only_starts_a_vm_its_runs_stop_is_priced_as_the_run():
-    raw = with_object(fixture_config(), "tpuVms", lambda vms: vms[0].update(
-        schedule={"start": "0 22 * * *"}, onCompletion="stop"))  # fmt: skip
+    raw = with_object(
+        fixture_config(), "tpuVms", lambda vms: vms[0].update(schedule={"start": "0 22 * * *"}, onCompletion="stop")
+    )
     (vm,) = cost_of(raw, "small").vms
     assert (vm.hours_per_month, vm.hours_basis) == (730, "up to")
     assert vm.notes == ["runs to completion with no maxRunHours: priced for every hour it may run"]
@@ -92,10 +107,14 @@ def test_a_schedule_that_only_starts_a_vm_its_runs_stop_is_priced_as_the_run():
 def test_each_region_is_priced_by_its_own_prices():
     subnets = {"us-central1": "10.30.0.0/20", "us-south1": "10.31.0.0/20"}
     raw = with_object(roomy(fixture_config("production")), "network", lambda n: n.update(subnets=subnets))
-    raw = with_object(raw, "tpuVms", vms(
-        {"name": "central", "zone": "us-central1-a", "onCompletion": "keep", "provisioning": "on-demand"},
-        {"name": "south", "zone": "us-south1-a", "onCompletion": "keep", "provisioning": "on-demand"},
-    ))  # fmt: skip
+    raw = with_object(
+        raw,
+        "tpuVms",
+        vms(
+            {"name": "central", "zone": "us-central1-a", "onCompletion": "keep", "provisioning": "on-demand"},
+            {"name": "south", "zone": "us-south1-a", "onCompletion": "keep", "provisioning": "on-demand"},
+        ),
+    )
     central, south = cost_of(raw, "production").vms
     assert (central.price_region, south.price_region) == ("us-central1", "us-south1")
     assert central.monthly == pytest.approx(9.6 * 730)  # tpu-v5litepod-8 us-central1
@@ -104,14 +123,35 @@ def test_each_region_is_priced_by_its_own_prices():
 
 def test_queued_multislice_reserved_and_flex_start_by_their_model():
     raw = roomy(fixture_config("production"))
-    raw = with_object(raw, "tpuVms", vms(
-        {"name": "two-slices", "acceleratorType": "v5litepod-16", "runtimeVersion": "tpu-vm-tf-2.15.0-pod-pjrt",
-         "capacity": "queued", "nodeCount": 2, "provisioning": "spot", "onCompletion": "keep"},
-        {"name": "reserved", "capacity": "queued", "provisioning": "reserved", "reservationName": "team-a",
-         "onCompletion": "keep"},
-        {"name": "flex", "capacity": "queued", "provisioning": "flex-start", "runDurationHours": 24,
-         "onCompletion": "keep"},
-    ))  # fmt: skip
+    raw = with_object(
+        raw,
+        "tpuVms",
+        vms(
+            {
+                "name": "two-slices",
+                "acceleratorType": "v5litepod-16",
+                "runtimeVersion": "tpu-vm-tf-2.15.0-pod-pjrt",
+                "capacity": "queued",
+                "nodeCount": 2,
+                "provisioning": "spot",
+                "onCompletion": "keep",
+            },
+            {
+                "name": "reserved",
+                "capacity": "queued",
+                "provisioning": "reserved",
+                "reservationName": "team-a",
+                "onCompletion": "keep",
+            },
+            {
+                "name": "flex",
+                "capacity": "queued",
+                "provisioning": "flex-start",
+                "runDurationHours": 24,
+                "onCompletion": "keep",
+            },
+        ),
+    )
     two, reserved, flex = cost_of(raw, "production").vms
     assert (two.chips, two.slices) == (32, 2) and two.monthly == pytest.approx(2 * 5.5488 * 730)
     assert reserved.monthly == pytest.approx(9.6 * 730)
@@ -169,11 +209,16 @@ def test_gke_slice_pools_by_their_model_for_all_their_slices():
 
     def pools(gke):
         gke["slicePools"] = [
-            {"name": "v5e", "acceleratorType": "v5litepod-16", "zone": "us-central1-a", "provisioning": "spot",
-             "slices": 2},
+            {
+                "name": "v5e",
+                "acceleratorType": "v5litepod-16",
+                "zone": "us-central1-a",
+                "provisioning": "spot",
+                "slices": 2,
+            },
             {"name": "flex", "acceleratorType": "v6e-16", "zone": "us-central1-b", "provisioning": "flex-start"},
             {"name": "iron", "acceleratorType": "tpu7x-16", "zone": "us-central1-c"},
-        ]  # fmt: skip
+        ]
         gke.pop("teams")  # the fixture's teams are guaranteed chips of its own pools
 
     cfg = parse_stack_config("gke", with_object(fixture_config("gke"), "gke", pools))

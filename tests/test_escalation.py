@@ -113,8 +113,11 @@ def test_a_deployer_role_that_could_change_roles_is_caught():
 def test_an_account_the_deployer_can_act_as_counts_as_its_own():
     """The guard's account, given key creation project-wide: the deployer, which acts as it, can too."""
     guard = f"serviceAccount:tpu-guard-dev@{PROJECT}.iam.gserviceaccount.com"
-    keys = Declared("gcp:projects/iAMMember:IAMMember", "keys",
-                    {"project": PROJECT, "role": "roles/iam.serviceAccountKeyAdmin", "member": guard})  # fmt: skip
+    keys = Declared(
+        "gcp:projects/iAMMember:IAMMember",
+        "keys",
+        {"project": PROJECT, "role": "roles/iam.serviceAccountKeyAdmin", "member": guard},
+    )
     found = widening(with_grant([declared(boot())], keys))
     assert [entry.split(" (")[0] for entry in found[guard]] == [f"CreateServiceAccountKey on projects/{PROJECT}"]
     assert any(entry.startswith("CreateServiceAccountKey") and "tpu-guard-dev" in entry for entry in found[DEPLOYER])
@@ -122,9 +125,11 @@ def test_an_account_the_deployer_can_act_as_counts_as_its_own():
 
 @pytest.mark.parametrize(
     "agent",
-    ["serviceAccount:service-123456789012@gcp-sa-eventarc.iam.gserviceaccount.com",
-     "serviceAccount:service-123456789012@gs-project-accounts.iam.gserviceaccount.com"],
-)  # fmt: skip
+    [
+        "serviceAccount:service-123456789012@gcp-sa-eventarc.iam.gserviceaccount.com",
+        "serviceAccount:service-123456789012@gs-project-accounts.iam.gserviceaccount.com",
+    ],
+)
 def test_only_googles_service_agents_are_left_out(agent):
     assert is_service_agent(agent)
     assert not is_service_agent("serviceAccount:123456789012-compute@developer.gserviceaccount.com")

@@ -61,13 +61,21 @@ def test_queued_spot_slice_falls_back_in_order_each_zone_with_its_subnet():
     ]
     # maxRunHours reaches the guard, which deletes the slice once it runs past 48 hours, in whichever of its
     # zones the request got, through the request.
-    (guard,) = [r for r in planned("queued-spot").of_type("gcp:cloudfunctionsv2/function:Function")
-                if r.inputs["serviceConfig"]["environmentVariables"].get("MAX_ATTEMPTS")]  # fmt: skip
+    (guard,) = [
+        r
+        for r in planned("queued-spot").of_type("gcp:cloudfunctionsv2/function:Function")
+        if r.inputs["serviceConfig"]["environmentVariables"].get("MAX_ATTEMPTS")
+    ]
     env = guard.inputs["serviceConfig"]["environmentVariables"]
-    assert json.loads(env["TPU_VMS"]) == {"mnist-v5e-16": {
-        "nodes": ["mnist-v5e-16"], "zones": ["us-central1-a", "us-west4-a", "us-west1-c"], "onCompletion": "delete",
-        "maxRunHours": 48, "queuedApi": "v2",
-    }}  # fmt: skip
+    assert json.loads(env["TPU_VMS"]) == {
+        "mnist-v5e-16": {
+            "nodes": ["mnist-v5e-16"],
+            "zones": ["us-central1-a", "us-west4-a", "us-west1-c"],
+            "onCompletion": "delete",
+            "maxRunHours": 48,
+            "queuedApi": "v2",
+        }
+    }
     assert set(env["ZONES"].split(",")) == {"us-central1-a", "us-west4-a", "us-west1-c"}
 
 

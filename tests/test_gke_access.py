@@ -28,11 +28,18 @@ from tools.offline.runner import PlanResult
 STACK, PROJECT = "gke", "fixture-gke"
 HOME = f"projects/{PROJECT}"
 GKE_PERMISSIONS = {
-    "container.clusters.create", "container.clusters.get", "container.clusters.update", "container.clusters.delete",
-    "container.clusters.connect", "container.operations.get",
-    "compute.resourcePolicies.create", "compute.resourcePolicies.get", "compute.resourcePolicies.update",
-    "compute.resourcePolicies.delete", "compute.regionOperations.get",
-}  # fmt: skip
+    "container.clusters.create",
+    "container.clusters.get",
+    "container.clusters.update",
+    "container.clusters.delete",
+    "container.clusters.connect",
+    "container.operations.get",
+    "compute.resourcePolicies.create",
+    "compute.resourcePolicies.get",
+    "compute.resourcePolicies.update",
+    "compute.resourcePolicies.delete",
+    "compute.regionOperations.get",
+}
 
 
 @cache
@@ -155,12 +162,17 @@ def test_a_teams_code_reads_data_and_writes_its_own_prefixes_only_as_its_kuberne
     assert not can(vision, "data", object_in("data", "x"), "storage.objects.create")
     for purpose in ("checkpoints", "models"):
         assert can(vision, purpose, object_in(purpose, "teams/vision/run-1/ckpt"), "storage.objects.create")
-        assert can(vision, purpose, (f"projects/_/buckets/{PROJECT}-{STACK}-{purpose}", "teams/vision/"),
-                   "storage.objects.list")  # fmt: skip
+        assert can(
+            vision,
+            purpose,
+            (f"projects/_/buckets/{PROJECT}-{STACK}-{purpose}", "teams/vision/"),
+            "storage.objects.list",
+        )
         for elsewhere in ("teams/nlp/run-1/ckpt", "mnist/r1/ckpt", "teams/vision-b/x", "teams/"):
             assert not can(vision, purpose, object_in(purpose, elsewhere), "storage.objects.get"), elsewhere
-        assert not can(vision, purpose, (f"projects/_/buckets/{PROJECT}-{STACK}-{purpose}", "teams/"),
-                       "storage.objects.list")  # fmt: skip
+        assert not can(
+            vision, purpose, (f"projects/_/buckets/{PROJECT}-{STACK}-{purpose}", "teams/"), "storage.objects.list"
+        )
         assert can(nlp, purpose, object_in(purpose, "teams/nlp/x"), "storage.objects.delete")
 
 
@@ -179,6 +191,9 @@ def test_members_reach_the_cluster_with_the_bootstraps_team_role_and_nothing_ins
     role = f"{HOME}/roles/tpuPlatformGkeTeamGke"
     granted = {(g.inputs["member"], g.inputs["role"]) for g in gke_plan().of_type("gcp:projects/iAMMember:IAMMember")}
     assert {("user:ada@example.com", role), ("user:grace@example.com", role)} <= granted
-    (made,) = [r for r in declared(gke_boot()) if r.type == "gcp:projects/iAMCustomRole:IAMCustomRole"
-               and r.inputs["roleId"] == "tpuPlatformGkeTeamGke"]  # fmt: skip
+    (made,) = [
+        r
+        for r in declared(gke_boot())
+        if r.type == "gcp:projects/iAMCustomRole:IAMCustomRole" and r.inputs["roleId"] == "tpuPlatformGkeTeamGke"
+    ]
     assert sorted(made.inputs["permissions"]) == ["container.clusters.connect", "container.clusters.get"]

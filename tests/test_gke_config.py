@@ -75,16 +75,20 @@ def test_a_zone_outside_the_clusters_region():
 
 
 def test_reservations_go_with_reserved():
-    assert (f"{NS}:gke.slicePools[0].reservationName = (not set): a reserved pool names the reservation it consumes"
-            in pool_problems(provisioning="reserved"))  # fmt: skip
-    assert (f"{NS}:gke.slicePools[0].reservationName = 'res-1': only provisioning: reserved takes it; set "
-            "provisioning: reserved, or remove reservationName"
-            in pool_problems(reservationName="res-1"))  # fmt: skip
+    assert (
+        f"{NS}:gke.slicePools[0].reservationName = (not set): a reserved pool names the reservation it consumes"
+        in pool_problems(provisioning="reserved")
+    )
+    assert (
+        f"{NS}:gke.slicePools[0].reservationName = 'res-1': only provisioning: reserved takes it; set "
+        "provisioning: reserved, or remove reservationName" in pool_problems(reservationName="res-1")
+    )
 
 
 def test_flex_start_settings():
-    assert (f"{NS}:gke.slicePools[0].runDurationHours = 24: only provisioning: flex-start takes it"
-            in pool_problems(runDurationHours=24))  # fmt: skip
+    assert f"{NS}:gke.slicePools[0].runDurationHours = 24: only provisioning: flex-start takes it" in pool_problems(
+        runDurationHours=24
+    )
     message = pool_problems(acceleratorType="v4-16", zone="us-central2-b", provisioning="flex-start")
     assert "v4 node pools are not offered with flex-start; generations that are: v5e, v6e, tpu7x" in message
     assert f"{NS}:gke.slicePools[0].runDurationHours = 200: must be a number > 0 and <= 168" in pool_problems(
@@ -158,9 +162,19 @@ def test_every_problem_is_reported_at_once():
 
 
 def test_gke_only_types_are_refused_as_tpu_vms():
-    raw = replace_object(BASE, "tpuVms", [{
-        "name": "iron", "acceleratorType": "tpu7x-16", "zone": "us-central1-c", "runtimeVersion": "x",
-        "workload": "mnist"}])  # fmt: skip
+    raw = replace_object(
+        BASE,
+        "tpuVms",
+        [
+            {
+                "name": "iron",
+                "acceleratorType": "tpu7x-16",
+                "zone": "us-central1-c",
+                "runtimeVersion": "x",
+                "workload": "mnist",
+            }
+        ],
+    )
     assert (
         f"{NS}:tpuVms[0].acceleratorType = 'tpu7x-16': TPU7x (Ironwood) is offered only through Compute Engine and "
         "GKE, not the Cloud TPU API"

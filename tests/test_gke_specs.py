@@ -84,15 +84,19 @@ def enum(schemas: dict, schema: str, field: str) -> list[str]:
 
 def test_every_enum_value_is_googles():
     """container.v1 (v1beta1 for the host maintenance policy, a beta field pulumi-gcp sends) and compute.v1."""
-    spot, reserved, flex = (specs.node_pool_args(p, 0, upgrades="end-of-support", labels=LABELS)
-                            for p in (ALL_KINDS[0], ALL_KINDS[1], ALL_KINDS[2]))  # fmt: skip
+    spot, reserved, flex = (
+        specs.node_pool_args(p, 0, upgrades="end-of-support", labels=LABELS)
+        for p in (ALL_KINDS[0], ALL_KINDS[1], ALL_KINDS[2])
+    )
     assert spot["placement_policy"]["type"] in enum(CONTAINER, "PlacementPolicy", "type")
     assert flex["autoscaling"]["location_policy"] in enum(CONTAINER, "NodePoolAutoscaling", "locationPolicy")
     for args in (reserved, flex):
         affinity = args["node_config"]["reservation_affinity"]
         assert affinity["consume_reservation_type"] in enum(CONTAINER, "ReservationAffinity", "consumeReservationType")
-    assert reserved["node_config"]["reservation_affinity"]["key"] in CONTAINER["ReservationAffinity"]["properties"][
-        "key"]["description"]  # fmt: skip
+    assert (
+        reserved["node_config"]["reservation_affinity"]["key"]
+        in CONTAINER["ReservationAffinity"]["properties"]["key"]["description"]
+    )
     assert spot["node_config"]["workload_metadata_config"]["mode"] in enum(CONTAINER, "WorkloadMetadataConfig", "mode")
     interval = spot["node_config"]["host_maintenance_policy"]["maintenance_interval"]
     assert interval in enum(CONTAINER_BETA, "HostMaintenancePolicy", "maintenanceInterval")
@@ -121,8 +125,17 @@ def test_flex_start_durations_are_google_durations():
 )
 def test_the_shape_of_a_pool(slice_pool, shape):
     got = specs.shape_of(slice_pool)
-    assert (got.accelerator, got.topology, got.machine_type, got.chips_per_vm, got.vms_per_slice, got.slices,
-            got.provisioning, got.chips_per_slice, got.chips) == shape  # fmt: skip
+    assert (
+        got.accelerator,
+        got.topology,
+        got.machine_type,
+        got.chips_per_vm,
+        got.vms_per_slice,
+        got.slices,
+        got.provisioning,
+        got.chips_per_slice,
+        got.chips,
+    ) == shape
     spot = {specs.SPOT_LABEL: "true"} if got.provisioning == "spot" else {}
     assert got.node_labels == {specs.ACCELERATOR_LABEL: shape[0], specs.TOPOLOGY_LABEL: shape[1], **spot}
 
@@ -161,7 +174,9 @@ def test_the_maintenance_window(window, expected):
     recurring = specs.recurring_window(window)
     start, end, days = expected
     assert (recurring["start_time"], recurring["end_time"], recurring["recurrence"]) == (
-        start, end, f"FREQ=WEEKLY;BYDAY={days}"
-    )  # fmt: skip
+        start,
+        end,
+        f"FREQ=WEEKLY;BYDAY={days}",
+    )
     assert set(CONTAINER["RecurringTimeWindow"]["properties"]) == {"recurrence", "window"}
     assert sdk_problems(recurring, gcp.container.ClusterMaintenancePolicyRecurringWindowArgs) == []

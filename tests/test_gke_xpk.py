@@ -65,8 +65,11 @@ OURS_ONLY: dict[str, str] = {
 
 def xpk_node_pools(fixture: str) -> list[dict[str, str | bool]]:
     """The flags of each `gcloud beta container node-pools create` xpk would run."""
-    commands = re.findall(r"we are executing (gcloud beta container node-pools create .*)$",
-                          (XPK / f"{fixture}.txt").read_text(), flags=re.M)  # fmt: skip
+    commands = re.findall(
+        r"we are executing (gcloud beta container node-pools create .*)$",
+        (XPK / f"{fixture}.txt").read_text(),
+        flags=re.M,
+    )
     return [_flags(shlex.split(c)[5:]) for c in commands]
 
 

@@ -49,10 +49,20 @@ def pubsub_emulator(tmp_path: Path) -> Iterator[str]:
     (tmp_path / "pubsub").mkdir()
     log = (tmp_path / "pubsub-emulator.log").open("wb")
     process = subprocess.Popen(
-        [gcloud, "beta", "emulators", "pubsub", "start", f"--host-port=127.0.0.1:{port}",
-         f"--data-dir={tmp_path / 'pubsub'}", "--quiet"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
+        [
+            gcloud,
+            "beta",
+            "emulators",
+            "pubsub",
+            "start",
+            f"--host-port=127.0.0.1:{port}",
+            f"--data-dir={tmp_path / 'pubsub'}",
+            "--quiet",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         with contextlib.suppress(TimeoutError):
             wait_for(lambda: _accepting(port) or process.poll() is not None, 90, "the Pub/Sub emulator")
@@ -81,10 +91,24 @@ def function_server(target: str, env: dict[str, str], tmp_path: Path) -> Iterato
         shutil.copyfile(path, source / name)
     binary = Path(sys.executable).with_name("functions-framework")
     process = subprocess.Popen(
-        [str(binary), "--target", target, "--signature-type", "cloudevent", "--source", str(source / "main.py"),
-         "--host", "127.0.0.1", "--port", str(port)],
-        cwd=source, env=env, stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        [
+            str(binary),
+            "--target",
+            target,
+            "--signature-type",
+            "cloudevent",
+            "--source",
+            str(source / "main.py"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        cwd=source,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         wait_for(lambda: _accepting(port) or process.poll() is not None, 60, f"functions-framework serving {target}")
         if process.poll() is not None:
@@ -105,17 +129,29 @@ def test_a_budget_notification_through_pubsub_stops_the_environments_tpus(tmp_pa
         for listed in LISTING:
             tpu.add(listed)
         env = {
-            "PATH": os.environ["PATH"], "HOME": str(tmp_path), "CLOUDSDK_CONFIG": str(tmp_path / "gcloud"),
-            "GCE_METADATA_HOST": metadata_host, "GCE_METADATA_IP": metadata_host,  # google.auth finds "GCE" here
-            "PROJECT": PROJECT, "ENVIRONMENT": "prod", "ZONES": "us-central1-a", "BUDGET_ACTION": "stop",
-            "BUDGET_AT_PERCENT": "100", "BILLING_ACCOUNT": ACCOUNT, "BUDGET_ID": BUDGET,
-            "TPU_API_ENDPOINT": tpu_url, "PYTHONUNBUFFERED": "1",
-        }  # fmt: skip
+            "PATH": os.environ["PATH"],
+            "HOME": str(tmp_path),
+            "CLOUDSDK_CONFIG": str(tmp_path / "gcloud"),
+            "GCE_METADATA_HOST": metadata_host,
+            "GCE_METADATA_IP": metadata_host,  # google.auth finds "GCE" here
+            "PROJECT": PROJECT,
+            "ENVIRONMENT": "prod",
+            "ZONES": "us-central1-a",
+            "BUDGET_ACTION": "stop",
+            "BUDGET_AT_PERCENT": "100",
+            "BILLING_ACCOUNT": ACCOUNT,
+            "BUDGET_ID": BUDGET,
+            "TPU_API_ENDPOINT": tpu_url,
+            "PYTHONUNBUFFERED": "1",
+        }
         with function_server("on_budget", env, tmp_path) as (function_url, function_log):
             topic = f"{pubsub}/v1/projects/{PROJECT}/topics/prod-budget-alerts"
             requests.put(topic, json={}, timeout=10).raise_for_status()
-            subscription = {"topic": f"projects/{PROJECT}/topics/prod-budget-alerts",
-                            "pushConfig": {"pushEndpoint": function_url}, "ackDeadlineSeconds": 10}  # fmt: skip
+            subscription = {
+                "topic": f"projects/{PROJECT}/topics/prod-budget-alerts",
+                "pushConfig": {"pushEndpoint": function_url},
+                "ackDeadlineSeconds": 10,
+            }
             requests.put(
                 f"{pubsub}/v1/projects/{PROJECT}/subscriptions/guard", json=subscription, timeout=10
             ).raise_for_status()

@@ -30,10 +30,15 @@ def exported(stack: str) -> dict:
     """The state of a stack last deployed when it made its own accounts, as `pulumi stack export` writes it."""
     plan = json.loads((SNAPSHOTS / f"{stack}.before-bootstrap-identities.json").read_text())
     resources = [
-        {"urn": r["urn"], "type": r["type"], "custom": not r["type"].startswith("tpu-platform:"), "inputs": r["inputs"],
-         **({"retainOnDelete": True} if r["options"]["retainOnDelete"] else {})}
+        {
+            "urn": r["urn"],
+            "type": r["type"],
+            "custom": not r["type"].startswith("tpu-platform:"),
+            "inputs": r["inputs"],
+            **({"retainOnDelete": True} if r["options"]["retainOnDelete"] else {}),
+        }
         for r in plan["resources"]
-    ]  # fmt: skip
+    ]
     return {"version": 3, "deployment": {"manifest": {}, "resources": resources}}
 
 
@@ -125,8 +130,11 @@ def test_the_bootstrap_adopts_the_accounts_and_roles_as_the_stack_made_them():
     for stack in STACKS:
         old = json.loads((SNAPSHOTS / f"{stack}.before-bootstrap-identities.json").read_text())["resources"]
         project = old[0]["inputs"].get("project") or shipped_plan(stack).project
-        made = {r.inputs.get("accountId") or r.inputs.get("roleId"): r for r in adopting.resources
-                if r.type in BOOTSTRAP_TYPES[:2] and r.inputs.get("project") == project}  # fmt: skip
+        made = {
+            r.inputs.get("accountId") or r.inputs.get("roleId"): r
+            for r in adopting.resources
+            if r.type in BOOTSTRAP_TYPES[:2] and r.inputs.get("project") == project
+        }
         for before in (r for r in old if r["type"] in BOOTSTRAP_TYPES[:2]):
             key = before["inputs"].get("accountId") or before["inputs"].get("roleId")
             now = made[key]

@@ -55,8 +55,14 @@ def request_boundary(member: str = ALICE, run_id: str = "exp-1") -> list[Grant]:
     return boundary_grants(boundary(places["checkpoint_dir"], places["model_dir"], ""))
 
 
-def allowed(grants: list[Grant], permission: str, bucket: str, name: str | None = None, prefix: str | None = None,
-            within: list[Grant] | None = None) -> bool:  # fmt: skip
+def allowed(
+    grants: list[Grant],
+    permission: str,
+    bucket: str,
+    name: str | None = None,
+    prefix: str | None = None,
+    within: list[Grant] | None = None,
+) -> bool:
     """IAM's answer for one call: the account's grants, and the token's boundary when it has one."""
     resource = f"projects/_/buckets/{bucket}" + (f"/objects/{name}" if name is not None else "")
 

@@ -144,8 +144,10 @@ def test_a_job_attempt_waits_within_cloud_schedulers_limits():
         with pytest.raises(ValueError, match="waits 15 s to 1800 s"):
             attempt_deadline(outside)
     assert "attemptDeadline" in document("cloudscheduler.v1")["schemas"]["Job"]["properties"]
-    assert "[15 seconds, 30 minutes]" in document("cloudscheduler.v1")["schemas"]["Job"]["properties"][
-        "attemptDeadline"]["description"]  # fmt: skip
+    assert (
+        "[15 seconds, 30 minutes]"
+        in document("cloudscheduler.v1")["schemas"]["Job"]["properties"]["attemptDeadline"]["description"]
+    )
 
 
 def test_bad_schedules():
@@ -166,8 +168,11 @@ def test_a_finished_run_holds_no_tpu_right_and_writes_only_its_own_status():
     roles = {r.role_id for r in stack_identities(parse_stack_config("scheduled", fixture_config("scheduled"))).roles}
     assert roles == {"tpuPlatformSchedulerScheduled", "tpuPlatformGuardScheduled"}
     workload = "serviceAccount:tpu-mnist-scheduled@fixture-project.iam.gserviceaccount.com"
-    assert not [g for g in result.of_type("gcp:projects/iAMMember:IAMMember") if g.inputs["member"] == workload
-                and g.inputs["role"].startswith("projects/")]  # fmt: skip
+    assert not [
+        g
+        for g in result.of_type("gcp:projects/iAMMember:IAMMember")
+        if g.inputs["member"] == workload and g.inputs["role"].startswith("projects/")
+    ]
     (status,) = [
         g for g in result.of_type("gcp:storage/bucketIAMMember:BucketIAMMember") if g.name.startswith("run-status")
     ]
@@ -221,8 +226,10 @@ def test_a_vm_deleted_on_completion_is_no_longer_declared():
     assert not result.of_type("gcp:tpu/v2Vm:V2Vm")
     assert not result.of_type("gcp:cloudscheduler/job:Job")  # nothing left to stop or start
     assert any("office-v2 completed its run and was deleted" in w for w in result.warnings)
-    assert ("gcp:storage/getBucketObjects:getBucketObjects", {"bucket": "fixture-project-scheduled-status",
-            "matchGlob": "*/COMPLETE"}) in result.invokes  # fmt: skip
+    assert (
+        "gcp:storage/getBucketObjects:getBucketObjects",
+        {"bucket": "fixture-project-scheduled-status", "matchGlob": "*/COMPLETE"},
+    ) in result.invokes
 
 
 def test_a_marker_of_an_earlier_run_does_not_remove_the_vm():

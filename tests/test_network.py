@@ -70,10 +70,15 @@ def jobs_plan():
     base = {k: v for k, v in vm.items() if k not in ("schedule", "onCompletion", "maxRunHours")}
     budget = {**_json.loads(raw["tpu-platform:budget"]), "failOverBudget": False}  # a v2-32 costs more
     vms = [
-        {**base, "name": "slice", "acceleratorType": "v2-32", "runtimeVersion": "tpu-vm-tf-2.14.1-pod",
-         "zone": "us-central1-a"},
+        {
+            **base,
+            "name": "slice",
+            "acceleratorType": "v2-32",
+            "runtimeVersion": "tpu-vm-tf-2.14.1-pod",
+            "zone": "us-central1-a",
+        },
         {**base, "name": "single"},
-    ]  # fmt: skip
+    ]
     return plan({**raw, "tpu-platform:tpuVms": _json.dumps(vms), "tpu-platform:budget": _json.dumps(budget)}, "small")
 
 
@@ -121,8 +126,12 @@ def test_egress_google_only_denies_all_but_googles_apis_and_the_jobs_hosts_and_s
     assert all(z["visibility"] == "private" for z in zones.values())
     records = {r.inputs["name"]: r.inputs for r in result.of_type("gcp:dns/recordSet:RecordSet")}
     assert records["*.googleapis.com."]["rrdatas"] == ["private.googleapis.com."]
-    assert records["private.googleapis.com."]["rrdatas"] == ["199.36.153.8", "199.36.153.9", "199.36.153.10",
-                                                              "199.36.153.11"]  # fmt: skip
+    assert records["private.googleapis.com."]["rrdatas"] == [
+        "199.36.153.8",
+        "199.36.153.9",
+        "199.36.153.10",
+        "199.36.153.11",
+    ]
     assert "dns.googleapis.com" in {s.inputs["service"] for s in result.of_type("gcp:projects/service:Service")}
     (warning,) = [w for w in result.warnings if "network.egress" in w]
     assert "Cloud NGFW" in warning and "VPC Service Controls" in warning
@@ -154,8 +163,12 @@ def test_the_deployers_needs_for_google_only_include_the_private_zones_bound_to_
 
     result = plan(google_only(), "small")
     needed = needs_of(declared(result), result.project).in_scope(f"projects/{result.project}")
-    assert {"dns.managedZones.create", "dns.networks.bindPrivateDNSZone", "dns.changes.create",
-            "dns.resourceRecordSets.create"} <= needed  # fmt: skip
+    assert {
+        "dns.managedZones.create",
+        "dns.networks.bindPrivateDNSZone",
+        "dns.changes.create",
+        "dns.resourceRecordSets.create",
+    } <= needed
     assert "serviceusage.services.enable" in needed  # dns.googleapis.com
 
 

@@ -11,9 +11,24 @@ from infra.goodput.interval import Rate
 from infra.goodput.whatif import Capacity, Job, what_if
 from tests.support import FIXTURE_STACKS, offline_cli
 
-JOB = ["--steps", "200000", "--step-seconds", "0.5", "--save-seconds", "20", "--commit-seconds", "60",
-       "--restore-seconds", "40", "--first-step-seconds", "90", "--checkpoint-every-steps", "2000",
-       "--checkpoint-every-minutes", "10"]  # fmt: skip
+JOB = [
+    "--steps",
+    "200000",
+    "--step-seconds",
+    "0.5",
+    "--save-seconds",
+    "20",
+    "--commit-seconds",
+    "60",
+    "--restore-seconds",
+    "40",
+    "--first-step-seconds",
+    "90",
+    "--checkpoint-every-steps",
+    "2000",
+    "--checkpoint-every-minutes",
+    "10",
+]
 SPOT = ["--accelerator", "v5litepod-8", "--zone", "us-central1-a", "--provisioning", "spot", "--preemption-hours", "6"]
 
 

@@ -164,8 +164,9 @@ def test_each_example_folder_packages_the_same_from_a_copy(tmp_path, name):
     the checkout's bytes."""
     clone = tmp_path / "clone"
     for shared in ("workloads", "run_contract"):
-        shutil.copytree(REPO_ROOT / shared, clone / shared, symlinks=True,
-                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))  # fmt: skip
+        shutil.copytree(
+            REPO_ROOT / shared, clone / shared, symlinks=True, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+        )
     folder = examples()[name].folder
     copy = package(clone / folder, within=clone)
     assert copy.sha256 == repository_folder(folder).sha256

@@ -53,61 +53,161 @@ GOOD_CLUSTER = {
     "privateClusterConfig": {"enablePrivateNodes": True},
     "enableLegacyAbac": False,
     "workloadIdentityConfig": {"workloadPool": "acme.svc.id.goog"},
-    "nodeConfig": {"serviceAccount": "tpu-gke-nodes-dev@acme.iam.gserviceaccount.com",
-                   "workloadMetadataConfig": {"mode": "GKE_METADATA"}},
-}  # fmt: skip
-V5E_SLICE = {"nodeConfig": {"machineType": "ct5lp-hightpu-4t"}, "nodeCount": 4,
-             "placementPolicy": {"type": "COMPACT", "tpuTopology": "4x4"}}  # fmt: skip
-TPU7X_SLICE = {"nodeConfig": {"machineType": "tpu7x-standard-4t"}, "nodeCount": 2,
-               "placementPolicy": {"type": "", "policyName": "tpu-dev-iron-slice", "tpuTopology": "2x2x2"}}  # fmt: skip
+    "nodeConfig": {
+        "serviceAccount": "tpu-gke-nodes-dev@acme.iam.gserviceaccount.com",
+        "workloadMetadataConfig": {"mode": "GKE_METADATA"},
+    },
+}
+V5E_SLICE = {
+    "nodeConfig": {"machineType": "ct5lp-hightpu-4t"},
+    "nodeCount": 4,
+    "placementPolicy": {"type": "COMPACT", "tpuTopology": "4x4"},
+}
+TPU7X_SLICE = {
+    "nodeConfig": {"machineType": "tpu7x-standard-4t"},
+    "nodeCount": 2,
+    "placementPolicy": {"type": "", "policyName": "tpu-dev-iron-slice", "tpuTopology": "2x2x2"},
+}
 FLEX_SLICE = {**V5E_SLICE, "autoscaling": {"minNodeCount": 0, "maxNodeCount": 4, "locationPolicy": "ANY"}}
 
 CASES = [
     # rule, type, compliant props, violating props, expected words
     (policies.no_service_account_keys, "gcp:serviceaccount/account:Account", {}, None, "keys"),
-    (policies.tpu_vm_dedicated_service_account, "gcp:tpu/v2Vm:V2Vm", GOOD_VM,
-     {**GOOD_VM, "serviceAccount": {"email": "123-compute@developer.gserviceaccount.com"}}, "default Compute Engine"),
-    (policies.tpu_vm_dedicated_service_account, "gcp:tpu/v2Vm:V2Vm", GOOD_VM,
-     {k: v for k, v in GOOD_VM.items() if k != "serviceAccount"}, "default Compute Engine"),
-    (policies.tpu_vm_no_external_ip, "gcp:tpu/v2Vm:V2Vm", GOOD_VM,
-     {**GOOD_VM, "networkConfig": {"enableExternalIps": True}}, "no external IP"),
-    (policies.bucket_uniform_access, "gcp:storage/bucket:Bucket", GOOD_BUCKET,
-     {**GOOD_BUCKET, "uniformBucketLevelAccess": False}, "uniform"),
-    (policies.bucket_public_access_prevention, "gcp:storage/bucket:Bucket", GOOD_BUCKET,
-     {**GOOD_BUCKET, "publicAccessPrevention": "inherited"}, "public access prevention"),
-    (policies.bucket_no_public_members, "gcp:storage/bucketIAMMember:BucketIAMMember",
-     {"member": "serviceAccount:a@b.iam.gserviceaccount.com"}, {"member": "allUsers"}, "public"),
-    (policies.bucket_no_public_members, "gcp:storage/bucketIAMBinding:BucketIAMBinding",
-     {"members": ["group:ml@acme.example"]}, {"members": ["allAuthenticatedUsers"]}, "public"),
-    (policies.firewall_no_open_ingress, "gcp:compute/firewall:Firewall",
-     {"sourceRanges": ["35.235.240.0/20"], "allows": [{"protocol": "tcp", "ports": ["22"]}]},
-     {"sourceRanges": ["0.0.0.0/0"], "allows": [{"protocol": "tcp", "ports": ["20-30"]}]}, "0.0.0.0/0"),
-    (policies.firewall_no_open_ingress, "gcp:compute/firewall:Firewall",
-     {"sourceRanges": ["0.0.0.0/0"], "allows": [{"protocol": "tcp", "ports": ["443"]}]},
-     {"sourceRanges": ["0.0.0.0/0"], "allows": [{"protocol": "all"}]}, "all ports"),
-    (policies.required_labels, "gcp:storage/bucket:Bucket", GOOD_BUCKET,
-     {**GOOD_BUCKET, "labels": {"environment": "dev"}}, "missing labels owner"),
-    (policies.gke_private_nodes, CLUSTER, GOOD_CLUSTER,
-     {**GOOD_CLUSTER, "privateClusterConfig": {"enablePrivateNodes": False}}, "no external IP"),
-    (policies.gke_private_nodes, CLUSTER, GOOD_CLUSTER,
-     {k: v for k, v in GOOD_CLUSTER.items() if k != "privateClusterConfig"}, "enablePrivateNodes"),
+    (
+        policies.tpu_vm_dedicated_service_account,
+        "gcp:tpu/v2Vm:V2Vm",
+        GOOD_VM,
+        {**GOOD_VM, "serviceAccount": {"email": "123-compute@developer.gserviceaccount.com"}},
+        "default Compute Engine",
+    ),
+    (
+        policies.tpu_vm_dedicated_service_account,
+        "gcp:tpu/v2Vm:V2Vm",
+        GOOD_VM,
+        {k: v for k, v in GOOD_VM.items() if k != "serviceAccount"},
+        "default Compute Engine",
+    ),
+    (
+        policies.tpu_vm_no_external_ip,
+        "gcp:tpu/v2Vm:V2Vm",
+        GOOD_VM,
+        {**GOOD_VM, "networkConfig": {"enableExternalIps": True}},
+        "no external IP",
+    ),
+    (
+        policies.bucket_uniform_access,
+        "gcp:storage/bucket:Bucket",
+        GOOD_BUCKET,
+        {**GOOD_BUCKET, "uniformBucketLevelAccess": False},
+        "uniform",
+    ),
+    (
+        policies.bucket_public_access_prevention,
+        "gcp:storage/bucket:Bucket",
+        GOOD_BUCKET,
+        {**GOOD_BUCKET, "publicAccessPrevention": "inherited"},
+        "public access prevention",
+    ),
+    (
+        policies.bucket_no_public_members,
+        "gcp:storage/bucketIAMMember:BucketIAMMember",
+        {"member": "serviceAccount:a@b.iam.gserviceaccount.com"},
+        {"member": "allUsers"},
+        "public",
+    ),
+    (
+        policies.bucket_no_public_members,
+        "gcp:storage/bucketIAMBinding:BucketIAMBinding",
+        {"members": ["group:ml@acme.example"]},
+        {"members": ["allAuthenticatedUsers"]},
+        "public",
+    ),
+    (
+        policies.firewall_no_open_ingress,
+        "gcp:compute/firewall:Firewall",
+        {"sourceRanges": ["35.235.240.0/20"], "allows": [{"protocol": "tcp", "ports": ["22"]}]},
+        {"sourceRanges": ["0.0.0.0/0"], "allows": [{"protocol": "tcp", "ports": ["20-30"]}]},
+        "0.0.0.0/0",
+    ),
+    (
+        policies.firewall_no_open_ingress,
+        "gcp:compute/firewall:Firewall",
+        {"sourceRanges": ["0.0.0.0/0"], "allows": [{"protocol": "tcp", "ports": ["443"]}]},
+        {"sourceRanges": ["0.0.0.0/0"], "allows": [{"protocol": "all"}]},
+        "all ports",
+    ),
+    (
+        policies.required_labels,
+        "gcp:storage/bucket:Bucket",
+        GOOD_BUCKET,
+        {**GOOD_BUCKET, "labels": {"environment": "dev"}},
+        "missing labels owner",
+    ),
+    (
+        policies.gke_private_nodes,
+        CLUSTER,
+        GOOD_CLUSTER,
+        {**GOOD_CLUSTER, "privateClusterConfig": {"enablePrivateNodes": False}},
+        "no external IP",
+    ),
+    (
+        policies.gke_private_nodes,
+        CLUSTER,
+        GOOD_CLUSTER,
+        {k: v for k, v in GOOD_CLUSTER.items() if k != "privateClusterConfig"},
+        "enablePrivateNodes",
+    ),
     (policies.gke_no_legacy_abac, CLUSTER, GOOD_CLUSTER, {**GOOD_CLUSTER, "enableLegacyAbac": True}, "RBAC only"),
-    (policies.gke_workload_identity, CLUSTER, GOOD_CLUSTER,
-     {k: v for k, v in GOOD_CLUSTER.items() if k != "workloadIdentityConfig"}, "enable Workload Identity"),
-    (policies.gke_workload_identity, NODE_POOL, V5E_SLICE,
-     {**V5E_SLICE, "nodeConfig": {"workloadMetadataConfig": {"mode": "GCE_METADATA"}}}, "node's account"),
-    (policies.gke_nodes_dedicated_service_account, NODE_POOL, V5E_SLICE,
-     {**V5E_SLICE, "nodeConfig": {"serviceAccount": "123-compute@developer.gserviceaccount.com"}},
-     "default Compute Engine"),
-    (policies.gke_tpu_slices_placed, NODE_POOL, V5E_SLICE,
-     {**V5E_SLICE, "placementPolicy": {"type": "", "tpuTopology": "4x4"}}, "needs COMPACT placement"),
-    (policies.gke_tpu_slices_placed, NODE_POOL, TPU7X_SLICE,
-     {**TPU7X_SLICE, "placementPolicy": {"type": "COMPACT", "tpuTopology": "2x2x2"}}, "workload policy"),
-    (policies.gke_tpu_slices_placed, NODE_POOL, FLEX_SLICE,
-     {**FLEX_SLICE, "autoscaling": {"totalMaxNodeCount": 4}}, "sized per zone"),
-    (policies.gke_tpu_slices_placed, NODE_POOL, FLEX_SLICE,
-     {**FLEX_SLICE, "autoscaling": {"maxNodeCount": 8}}, "maxNodeCount 4, not 8"),
-]  # fmt: skip
+    (
+        policies.gke_workload_identity,
+        CLUSTER,
+        GOOD_CLUSTER,
+        {k: v for k, v in GOOD_CLUSTER.items() if k != "workloadIdentityConfig"},
+        "enable Workload Identity",
+    ),
+    (
+        policies.gke_workload_identity,
+        NODE_POOL,
+        V5E_SLICE,
+        {**V5E_SLICE, "nodeConfig": {"workloadMetadataConfig": {"mode": "GCE_METADATA"}}},
+        "node's account",
+    ),
+    (
+        policies.gke_nodes_dedicated_service_account,
+        NODE_POOL,
+        V5E_SLICE,
+        {**V5E_SLICE, "nodeConfig": {"serviceAccount": "123-compute@developer.gserviceaccount.com"}},
+        "default Compute Engine",
+    ),
+    (
+        policies.gke_tpu_slices_placed,
+        NODE_POOL,
+        V5E_SLICE,
+        {**V5E_SLICE, "placementPolicy": {"type": "", "tpuTopology": "4x4"}},
+        "needs COMPACT placement",
+    ),
+    (
+        policies.gke_tpu_slices_placed,
+        NODE_POOL,
+        TPU7X_SLICE,
+        {**TPU7X_SLICE, "placementPolicy": {"type": "COMPACT", "tpuTopology": "2x2x2"}},
+        "workload policy",
+    ),
+    (
+        policies.gke_tpu_slices_placed,
+        NODE_POOL,
+        FLEX_SLICE,
+        {**FLEX_SLICE, "autoscaling": {"totalMaxNodeCount": 4}},
+        "sized per zone",
+    ),
+    (
+        policies.gke_tpu_slices_placed,
+        NODE_POOL,
+        FLEX_SLICE,
+        {**FLEX_SLICE, "autoscaling": {"maxNodeCount": 8}},
+        "maxNodeCount 4, not 8",
+    ),
+]
 
 
 @pytest.mark.parametrize(("rule", "resource_type", "good", "bad", "words"), CASES)
@@ -209,8 +309,9 @@ def weakened_program() -> None:
     """The real program plus what a careless change could add by hand, bypassing the stack config."""
     runpy.run_path(str(ROOT / "__main__.py"), run_name="__main__")
     gcp.projects.IAMMember("rogue-editor", project="fixture-project", role="roles/editor", member="user:a@acme.example")
-    gcp.storage.BucketIAMMember("rogue-public", bucket="fixture-project-small-data", role="roles/storage.objectViewer",
-                                member="allUsers")  # fmt: skip
+    gcp.storage.BucketIAMMember(
+        "rogue-public", bucket="fixture-project-small-data", role="roles/storage.objectViewer", member="allUsers"
+    )
     gcp.tpu.V2Vm(
         "rogue-vm",
         zone="us-central1-b",
@@ -279,17 +380,25 @@ def test_a_project_grant_conditioned_on_a_tpu_node_name_is_refused():
     node = f'resource.name == "projects/{project}/locations/z/nodes/n"'
     grant = stack_resource(
         "gcp:projects/iAMMember:IAMMember",
-        {"project": project, "role": f"projects/{project}/roles/stopper", "member": "user:w@example.com",
-         "condition": {"title": "t", "expression": node}},
+        {
+            "project": project,
+            "role": f"projects/{project}/roles/stopper",
+            "member": "user:w@example.com",
+            "condition": {"title": "t", "expression": node},
+        },
         "grant",
-    )  # fmt: skip
+    )
     found = stack_violations(policies.conditions_only_where_supported, [role, grant])
     assert len(found) == 1 and "tpu.googleapis.com" in found[0]
     bucket = 'resource.name.startsWith("projects/_/buckets/b/")'
     on_storage = stack_resource(
         "gcp:projects/iAMMember:IAMMember",
-        {"project": project, "role": "roles/storage.objectViewer", "member": "user:a@example.com",
-         "condition": {"title": "t", "expression": bucket}},
+        {
+            "project": project,
+            "role": "roles/storage.objectViewer",
+            "member": "user:a@example.com",
+            "condition": {"title": "t", "expression": bucket},
+        },
         "storage",
-    )  # fmt: skip
+    )
     assert stack_violations(policies.conditions_only_where_supported, [on_storage]) == []

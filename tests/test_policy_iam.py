@@ -98,8 +98,14 @@ def test_the_role_data_is_found_from_the_pack_folder_and_nothing_of_infra_is_imp
         "assert policies.denied(policies.role_permissions('roles/iam.serviceAccountUser', {}))\n"
         "print(sorted(m for m in sys.modules if m == 'infra' or m.startswith('infra.')))"
     )
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                         capture_output=True, text=True, check=True)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert out.stdout.strip() == "[]"
 
 
@@ -126,8 +132,16 @@ def test_a_predefined_role_is_judged_by_its_permissions(role, permission):
     assert len(found["g"]) == 1 and permission in found["g"][0]
 
 
-@pytest.mark.parametrize("role", ["roles/logging.logWriter", "roles/monitoring.metricWriter", "roles/viewer",
-                                  "roles/billing.costsManager", "roles/iam.securityReviewer"])  # fmt: skip
+@pytest.mark.parametrize(
+    "role",
+    [
+        "roles/logging.logWriter",
+        "roles/monitoring.metricWriter",
+        "roles/viewer",
+        "roles/billing.costsManager",
+        "roles/iam.securityReviewer",
+    ],
+)
 def test_a_predefined_role_without_dangerous_permissions_passes(role):
     assert judged([project_grant(role, member="user:a@acme.example")]) == ({}, {})
 
@@ -139,14 +153,22 @@ LEVELS = [
     ("gcp:folder/iAMBinding:IAMBinding", {"folder": "folders/1234", "members": ["user:a@acme.example"]}),
     ("gcp:organizations/iAMMember:IAMMember", {"orgId": "5678", "member": "user:a@acme.example"}),
     ("gcp:organizations/iAMBinding:IAMBinding", {"orgId": "5678", "members": ["user:a@acme.example"]}),
-    ("gcp:serviceaccount/iAMMember:IAMMember",
-     {"serviceAccountId": f"projects/{DEV}/serviceAccounts/tpu-mnist-dev@{DEV}.iam.gserviceaccount.com",
-      "member": "user:a@acme.example"}),
-    ("gcp:serviceaccount/iAMBinding:IAMBinding",
-     {"serviceAccountId": f"projects/{DEV}/serviceAccounts/tpu-mnist-dev@{DEV}.iam.gserviceaccount.com",
-      "members": ["user:a@acme.example"]}),
+    (
+        "gcp:serviceaccount/iAMMember:IAMMember",
+        {
+            "serviceAccountId": f"projects/{DEV}/serviceAccounts/tpu-mnist-dev@{DEV}.iam.gserviceaccount.com",
+            "member": "user:a@acme.example",
+        },
+    ),
+    (
+        "gcp:serviceaccount/iAMBinding:IAMBinding",
+        {
+            "serviceAccountId": f"projects/{DEV}/serviceAccounts/tpu-mnist-dev@{DEV}.iam.gserviceaccount.com",
+            "members": ["user:a@acme.example"],
+        },
+    ),
     ("gcp:billing/accountIamMember:AccountIamMember", {"billingAccountId": "01A2B3", "member": "user:a@acme.example"}),
-]  # fmt: skip
+]
 POLICY_LEVELS = [
     ("gcp:projects/iAMPolicy:IAMPolicy", {"project": DEV}),
     ("gcp:folder/iAMPolicy:IAMPolicy", {"folder": "folders/1234"}),
@@ -249,11 +271,14 @@ def bootstrap_dev(**replace: PolicyResource) -> list[PolicyResource]:
         ),
         "previewer-role": custom_role("tpuPlatformPreviewerDev", ["tpu.nodes.get"], name="previewer-role"),
         "previewer-grant": project_grant(
-            f"projects/{DEV}/roles/tpuPlatformPreviewerDev", member=f"serviceAccount:{PREVIEWER}",
+            f"projects/{DEV}/roles/tpuPlatformPreviewerDev",
+            member=f"serviceAccount:{PREVIEWER}",
             name="previewer-grant",
         ),
         "previewer-federated": account_grant(
-            "roles/iam.workloadIdentityUser", f"{POOL}/attribute.repository/acme/tpu-platform", PREVIEWER,
+            "roles/iam.workloadIdentityUser",
+            f"{POOL}/attribute.repository/acme/tpu-platform",
+            PREVIEWER,
             name="previewer-federated",
         ),
         "deployer-billing": resource(
@@ -261,7 +286,7 @@ def bootstrap_dev(**replace: PolicyResource) -> list[PolicyResource]:
             {"billingAccountId": "01A2B3", "role": "roles/billing.costsManager", "member": DEPLOYER},
             "deployer-billing",
         ),
-    }  # fmt: skip
+    }
     return list({**declared, **replace}.values())
 
 
@@ -270,55 +295,97 @@ def test_the_bootstrap_shape_passes_with_no_advisory_either():
 
 
 NEAR_MISSES = {
-    "deployer granted roles/owner": ("deployer-grant", project_grant("roles/owner", name="deployer-grant"),
-                                     "iam.serviceAccounts.actAs"),
+    "deployer granted roles/owner": (
+        "deployer-grant",
+        project_grant("roles/owner", name="deployer-grant"),
+        "iam.serviceAccounts.actAs",
+    ),
     "projectIamAdmin without condition": (
-        "deployer-iam-admin", project_grant("roles/resourcemanager.projectIamAdmin", name="deployer-iam-admin"),
-        "no IAM condition"),
+        "deployer-iam-admin",
+        project_grant("roles/resourcemanager.projectIamAdmin", name="deployer-iam-admin"),
+        "no IAM condition",
+    ),
     "projectIamAdmin under another condition": (
         "deployer-iam-admin",
-        project_grant("roles/resourcemanager.projectIamAdmin", name="deployer-iam-admin",
-                      condition={"title": "t", "expression": "request.time < timestamp('2030-01-01T00:00:00Z')"}),
-        "is not exactly"),
+        project_grant(
+            "roles/resourcemanager.projectIamAdmin",
+            name="deployer-iam-admin",
+            condition={"title": "t", "expression": "request.time < timestamp('2030-01-01T00:00:00Z')"},
+        ),
+        "is not exactly",
+    ),
     "projectIamAdmin allowed to grant token creation": (
         "deployer-iam-admin",
-        project_grant("roles/resourcemanager.projectIamAdmin", name="deployer-iam-admin", condition={
-            "title": "t", "expression": LIMITED.replace("roles/logging.logWriter",
-                                                        "roles/iam.serviceAccountTokenCreator")}),
-        "roles/iam.serviceAccountTokenCreator holds"),
+        project_grant(
+            "roles/resourcemanager.projectIamAdmin",
+            name="deployer-iam-admin",
+            condition={
+                "title": "t",
+                "expression": LIMITED.replace("roles/logging.logWriter", "roles/iam.serviceAccountTokenCreator"),
+            },
+        ),
+        "roles/iam.serviceAccountTokenCreator holds",
+    ),
     "projectIamAdmin allowed to grant the deployer role": (
         "deployer-iam-admin",
-        project_grant("roles/resourcemanager.projectIamAdmin", name="deployer-iam-admin", condition={
-            "title": "t", "expression": LIMITED.replace("roles/logging.logWriter", DEPLOYER_ROLE)}),
-        "the deployer's own role"),
+        project_grant(
+            "roles/resourcemanager.projectIamAdmin",
+            name="deployer-iam-admin",
+            condition={"title": "t", "expression": LIMITED.replace("roles/logging.logWriter", DEPLOYER_ROLE)},
+        ),
+        "the deployer's own role",
+    ),
     "projectIamAdmin on another environment's project": (
         "deployer-iam-admin",
-        project_grant("roles/resourcemanager.projectIamAdmin", project=PROD, name="deployer-iam-admin",
-                      condition={"title": "t", "expression": LIMITED.replace(DEV, PROD)}),
-        "not the project of environment 'dev'"),
+        project_grant(
+            "roles/resourcemanager.projectIamAdmin",
+            project=PROD,
+            name="deployer-iam-admin",
+            condition={"title": "t", "expression": LIMITED.replace(DEV, PROD)},
+        ),
+        "not the project of environment 'dev'",
+    ),
     "deployer role granted to someone else": (
-        "deployer-grant", project_grant(DEPLOYER_ROLE, member="user:a@acme.example", name="deployer-grant"),
-        "storage.buckets.setIamPolicy"),
+        "deployer-grant",
+        project_grant(DEPLOYER_ROLE, member="user:a@acme.example", name="deployer-grant"),
+        "storage.buckets.setIamPolicy",
+    ),
     "deployer role granted to another environment's deployer": (
         "deployer-grant",
         project_grant(DEPLOYER_ROLE, member=DEPLOYER.replace("-dev@", "-prod@"), name="deployer-grant"),
-        "another environment's deployer role"),
+        "another environment's deployer role",
+    ),
     "federation for every identity of the pool": (
         "deployer-federated",
-        account_grant("roles/iam.workloadIdentityUser", f"{POOL}/*",
-                      f"tpu-deployer-dev@{ADMIN}.iam.gserviceaccount.com", name="deployer-federated"),
-        "iam.serviceAccounts.getAccessToken"),
+        account_grant(
+            "roles/iam.workloadIdentityUser",
+            f"{POOL}/*",
+            f"tpu-deployer-dev@{ADMIN}.iam.gserviceaccount.com",
+            name="deployer-federated",
+        ),
+        "iam.serviceAccounts.getAccessToken",
+    ),
     "federation from another pool": (
         "deployer-federated",
-        account_grant("roles/iam.workloadIdentityUser", f"{POOL.replace('/github', '/gitlab')}/attribute.x/y",
-                      f"tpu-deployer-dev@{ADMIN}.iam.gserviceaccount.com", name="deployer-federated"),
-        "iam.serviceAccounts.getAccessToken"),
+        account_grant(
+            "roles/iam.workloadIdentityUser",
+            f"{POOL.replace('/github', '/gitlab')}/attribute.x/y",
+            f"tpu-deployer-dev@{ADMIN}.iam.gserviceaccount.com",
+            name="deployer-federated",
+        ),
+        "iam.serviceAccounts.getAccessToken",
+    ),
     "federation onto a workload account": (
         "deployer-federated",
-        account_grant("roles/iam.workloadIdentityUser", f"{POOL}/attribute.environment/dev", "tpu-mnist-dev",
-                      name="deployer-federated"),
-        "iam.serviceAccounts.getAccessToken"),
-}  # fmt: skip
+        account_grant(
+            "roles/iam.workloadIdentityUser",
+            f"{POOL}/attribute.environment/dev",
+            "tpu-mnist-dev",
+            name="deployer-federated",
+        ),
+        "iam.serviceAccounts.getAccessToken",
+    ),
+}
 
 
 @pytest.mark.parametrize("case", sorted(NEAR_MISSES))
@@ -333,13 +400,23 @@ def test_the_deployer_role_may_hold_its_allowance_and_nothing_more_of_the_deny_l
         return own_violations(custom_role("tpuPlatformDeployerDev", permissions))
 
     assert role_violations(DEPLOYER_PERMISSIONS) == []
-    for extra in ("resourcemanager.projects.setIamPolicy", "iam.serviceAccounts.actAs",
-                  "iam.serviceAccounts.getAccessToken", "iam.serviceAccountKeys.create"):  # fmt: skip
+    for extra in (
+        "resourcemanager.projects.setIamPolicy",
+        "iam.serviceAccounts.actAs",
+        "iam.serviceAccounts.getAccessToken",
+        "iam.serviceAccountKeys.create",
+    ):
         (message,) = role_violations([*DEPLOYER_PERMISSIONS, extra])
         assert extra in message
-        grant = violations(bootstrap_dev(**{"deployer-role": custom_role("tpuPlatformDeployerDev",
-                                                                         [*DEPLOYER_PERMISSIONS, extra],
-                                                                         name="deployer-role")}))  # fmt: skip
+        grant = violations(
+            bootstrap_dev(
+                **{
+                    "deployer-role": custom_role(
+                        "tpuPlatformDeployerDev", [*DEPLOYER_PERMISSIONS, extra], name="deployer-role"
+                    )
+                }
+            )
+        )
         assert list(grant) == ["deployer-grant"] and extra in grant["deployer-grant"][0]
 
 
@@ -360,8 +437,12 @@ GUARD = f"serviceAccount:tpu-guard-dev@{DEV}.iam.gserviceaccount.com"
         # right member and role, another environment's account
         (account_grant("roles/iam.serviceAccountUser", DEPLOYER, "tpu-mnist-prod"), "actAs"),
         # the deployer acting as itself
-        (account_grant("roles/iam.serviceAccountUser", DEPLOYER, f"tpu-deployer-dev@{ADMIN}.iam.gserviceaccount.com"),
-         "actAs"),
+        (
+            account_grant(
+                "roles/iam.serviceAccountUser", DEPLOYER, f"tpu-deployer-dev@{ADMIN}.iam.gserviceaccount.com"
+            ),
+            "actAs",
+        ),
         # the guard acting as a platform account rather than a workload's, or in another project
         (account_grant("roles/iam.serviceAccountUser", GUARD, "tpu-scheduler-dev"), "actAs"),
         (account_grant("roles/iam.serviceAccountUser", GUARD, f"{WORKLOAD}@{PROD}.iam.gserviceaccount.com"), "actAs"),
@@ -369,7 +450,7 @@ GUARD = f"serviceAccount:tpu-guard-dev@{DEV}.iam.gserviceaccount.com"
         (project_grant("roles/iam.serviceAccountUser"), "actAs"),
         (project_grant("roles/iam.serviceAccountUser", member=GUARD), "actAs"),
     ],
-)  # fmt: skip
+)
 def test_act_as_exceptions(grant, words):
     found = violations([grant])
     if words is None:
@@ -435,9 +516,12 @@ def test_a_deployer_role_able_to_change_roles_is_refused_with_no_exemption():
 
 def test_methods_split_over_two_roles_of_one_member_are_found():
     """Act-as project-wide plus a TPU creator role: a TPU VM running as any account of the project."""
-    reports = escalation_reports([
-        project_grant("roles/iam.serviceAccountUser", name="a"), project_grant("roles/tpu.admin", name="b"),
-    ])  # fmt: skip
+    reports = escalation_reports(
+        [
+            project_grant("roles/iam.serviceAccountUser", name="a"),
+            project_grant("roles/tpu.admin", name="b"),
+        ]
+    )
     assert "CreateTpuVmWithAccount" in " ".join(m for ms in reports.values() for m in ms)
 
 

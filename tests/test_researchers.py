@@ -139,8 +139,9 @@ def test_each_researcher_holds_exactly_what_the_commands_call_nothing_more():
     def under(bucket: str, *prefixes: str) -> str:
         return f"{bucket}:" + " || ".join(
             f'resource.name.startsWith("projects/_/buckets/{bucket}/objects/{p}") || '
-            f'api.getAttribute("storage.googleapis.com/objectListPrefix", "").startsWith("{p}")' for p in prefixes
-        )  # fmt: skip
+            f'api.getAttribute("storage.googleapis.com/objectListPrefix", "").startsWith("{p}")'
+            for p in prefixes
+        )
 
     view = naming.researcher_log_view("acme-ml-research", ALICE)
     assert held() == {
@@ -303,9 +304,10 @@ def test_a_researcher_reads_only_her_own_log_view():
 
 def test_the_vm_agent_may_list_its_own_requests_and_no_other_vms():
     (grant,) = [
-        g for g in example_plan().of_type("gcp:storage/bucketIAMMember:BucketIAMMember")
+        g
+        for g in example_plan().of_type("gcp:storage/bucketIAMMember:BucketIAMMember")
         if g.name == "run-status-shared-v5e-8-writer"
-    ]  # fmt: skip
+    ]
     expression = grant.inputs["condition"]["expression"]
     assert allows(expression, STATUS, list_prefix="shared-v5e-8/requests/")
     assert not allows(expression, STATUS, list_prefix="reviewed-v5e-8/requests/")
@@ -315,9 +317,17 @@ def test_the_vm_agent_may_list_its_own_requests_and_no_other_vms():
 
 def test_self_service_on_a_multi_host_slice_is_refused_in_the_plan():
     """The agent refuses requests on a multi-host slice (only worker 0 takes them): the plan says so first."""
-    raw = with_object(fixture_config("small"), "tpuVms", lambda vms: vms[0].update(
-        acceleratorType="v5p-16", runtimeVersion="v2-alpha-tpuv5", selfService=True, schedule=None,
-        onCompletion="delete"))  # fmt: skip
+    raw = with_object(
+        fixture_config("small"),
+        "tpuVms",
+        lambda vms: vms[0].update(
+            acceleratorType="v5p-16",
+            runtimeVersion="v2-alpha-tpuv5",
+            selfService=True,
+            schedule=None,
+            onCompletion="delete",
+        ),
+    )
     raw = {**raw, "tpu-platform:researchers": json.dumps(["user:ada@acme.example"])}
     with pytest.raises(ConfigError) as refused:
         parse_stack_config("small", raw)

@@ -109,8 +109,17 @@ def test_the_step_interval_is_the_frameworks_and_the_end_and_the_clock_force_a_s
     toy_run(tmp_path, "--steps", "14", "--checkpoint-every-steps", "4", "--steps-per-call", "3")
     # Chunks of 3 steps stop at multiples of 4, so the framework sees 4, 8, 12; the end forces 14.
     assert Toy(tmp_path / "ckpt", 4).steps() == [4, 8, 12, 14]
-    toy_run(tmp_path / "timed", "--steps", "6", "--checkpoint-every-steps", "100", "--steps-per-call", "1",
-            "--checkpoint-every-minutes", "0")  # fmt: skip
+    toy_run(
+        tmp_path / "timed",
+        "--steps",
+        "6",
+        "--checkpoint-every-steps",
+        "100",
+        "--steps-per-call",
+        "1",
+        "--checkpoint-every-minutes",
+        "0",
+    )
     assert Toy(tmp_path / "timed" / "ckpt", 100).steps() == list(range(1, 7))  # due by time after every step
 
 
@@ -118,8 +127,14 @@ def test_a_finished_run_marks_its_checkpoints_and_never_writes_the_platforms_com
     """Only the VM agent writes `<status-dir>/COMPLETE` (the object the guard acts on, where no run's
     credentials reach): runlib marks the run complete beside its checkpoints and leaves the status folder be."""
     outcome, _ = toy_run(tmp_path, "--steps", "4")
-    folders = ["--model-dir", str(tmp_path / "model"), "--status-dir", str(tmp_path / "status"),
-               "--checkpoint-dir", str(tmp_path / "ckpt")]  # fmt: skip
+    folders = [
+        "--model-dir",
+        str(tmp_path / "model"),
+        "--status-dir",
+        str(tmp_path / "status"),
+        "--checkpoint-dir",
+        str(tmp_path / "ckpt"),
+    ]
     args = runlib.parse_args("toy", [*folders, "--run-id", "dev/mnist/vm/r1"])
     runlib.finish(args, "toy", {"model.bin": b"m"}, outcome.metrics, process=0)
     assert not (tmp_path / "status").exists()
@@ -183,8 +198,20 @@ def test_kill_9_during_checkpointing_never_breaks_the_next_start(program, tmp_pa
     assert (
         run_workload("sample_mnist.py", str(sample), "--train", "1024", "--test", "128", cwd=tmp_path).returncode == 0
     )
-    args = [workloads_python(), str(WORKLOADS / program), "--data", str(sample), "--batch-size", "32",
-            "--epochs", "4", "--checkpoint-every-steps", "1", "--checkpoint-dir", str(tmp_path / "ckpt")]  # fmt: skip
+    args = [
+        workloads_python(),
+        str(WORKLOADS / program),
+        "--data",
+        str(sample),
+        "--batch-size",
+        "32",
+        "--epochs",
+        "4",
+        "--checkpoint-every-steps",
+        "1",
+        "--checkpoint-dir",
+        str(tmp_path / "ckpt"),
+    ]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
 
     def committed() -> list[int]:
@@ -288,8 +315,11 @@ def test_the_run_contract_environment_gives_the_defaults_and_the_agent_writes_th
         monkeypatch.setenv(name, value)
     args = runlib.parse_args("toy", [])
     assert (args.data, args.checkpoint_dir, args.model_dir, args.run_id) == (
-        "gs://d/mnist.npz", "gs://c/run", "gs://m/run", "dev/mnist/vm/r1",
-    )  # fmt: skip
+        "gs://d/mnist.npz",
+        "gs://c/run",
+        "gs://m/run",
+        "dev/mnist/vm/r1",
+    )
     assert args.status_dir == ""
     assert (runlib.EXIT_RETRY, runlib.REFUSED_EXIT) == (75, 78)  # EX_TEMPFAIL, EX_CONFIG of sysexits.h
 

@@ -113,7 +113,7 @@ def test_what_only_a_real_tpu_proves_about_runs_is_in_the_dry_run(capsys):
         "list outside",
         "read marker",
     ):
-        assert check in out, check  # fmt: skip
+        assert check in out, check
 
 
 def test_the_probes_try_what_the_guard_relies_on_and_always_delete_their_request(capsys):
@@ -122,8 +122,9 @@ def test_the_probes_try_what_the_guard_relies_on_and_always_delete_their_request
     assert probe[0].startswith("gcloud compute tpus queued-resources create smoke-probe --zone us-central1-a")
     assert "--spot --network tpu-smoke --subnetwork tpu-smoke-us-central1 --internal-ips --tags tpu-vm" in probe[0]
     assert "value(queuedResource)" in probe[2] and probe[3].startswith("gcloud compute tpus tpu-vm ssh smoke-probe")
-    assert probe[-2].endswith("queued-resources delete smoke-probe --zone us-central1-a --project acme-ml-sandbox "
-                              "--force --quiet")  # fmt: skip
+    assert probe[-2].endswith(
+        "queued-resources delete smoke-probe --zone us-central1-a --project acme-ml-sandbox --force --quiet"
+    )
     assert any("identity create --service=artifactregistry.googleapis.com" in c for c in commands)
 
 
@@ -154,8 +155,9 @@ class FailingShell(smoke.Shell):
 def smoke_with(shell: smoke.Shell, tmp_path: Path) -> smoke.Report:
     """The smoke run of a stack file written like main's, through `shell`, with no waiting."""
     path = tmp_path / "Pulumi.smoke.yaml"
-    args = smoke.SmokeArgs("acme-ml-sandbox", "01A2B3-C4D5E6-F7A8B9", "us-central1-a", "smoke", "o", "a@b.example",
-                           200, "")  # fmt: skip
+    args = smoke.SmokeArgs(
+        "acme-ml-sandbox", "01A2B3-C4D5E6-F7A8B9", "us-central1-a", "smoke", "o", "a@b.example", 200, ""
+    )
     path.write_text(smoke.stack_file_text(args, smoke.cheapest_tpu("us-central1-a")))
     cfg = parse_stack_config("smoke", read_stack_config("smoke", ROOT, path))
     return smoke.smoke(cfg, path, shell, run_minutes=0, poll_seconds=0, action_minutes=0)
@@ -210,8 +212,9 @@ def test_gke_dry_run_plans_the_gke_stack_offline_and_lists_what_only_a_real_proj
     cfg = parse_stack_config("smoke", read_stack_config("smoke", ROOT, stack_file_of(out)))
     assert cfg.gke is not None
     assert {(p.name, p.accelerator.name, p.provisioning) for p in cfg.gke.slice_pools} == {
-        ("spot", "v5litepod-16", "spot"), ("iron", "tpu7x-16", "reserved")
-    }  # fmt: skip
+        ("spot", "v5litepod-16", "spot"),
+        ("iron", "tpu7x-16", "reserved"),
+    }
     assert smoke.plan_offline("smoke", stack_file_of(out)) == []  # within its budget, no warning
     # The nodes' account is the bootstrap's: made before, removed after (the permission model's steps).
     made = [c for c in commands if c.startswith("gcloud iam service-accounts")]
@@ -286,8 +289,9 @@ def test_gke_needs_the_tpu7x_reservation(capsys):
 )
 def test_the_gke_smoke_destroys_whatever_failed_before(failing, tmp_path):
     path = tmp_path / "Pulumi.smoke.yaml"
-    args = smoke.SmokeArgs("acme-ml-sandbox", "01A2B3-C4D5E6-F7A8B9", "us-central1-a", "smoke", "o", "a@b.example",
-                           10_000, "")  # fmt: skip
+    args = smoke.SmokeArgs(
+        "acme-ml-sandbox", "01A2B3-C4D5E6-F7A8B9", "us-central1-a", "smoke", "o", "a@b.example", 10_000, ""
+    )
     path.write_text(smoke.gke_stack_file_text(args, "ironwood-res"))
     cfg = parse_stack_config("smoke", read_stack_config("smoke", ROOT, path))
     shell = FailingShell(failing)
@@ -307,8 +311,9 @@ def test_a_slice_that_does_not_come_back_fails_the_gke_smoke(tmp_path):
             return super().run(argv, cwd=cwd, answer=answer)
 
     path = tmp_path / "Pulumi.smoke.yaml"
-    args = smoke.SmokeArgs("acme-ml-sandbox", "01A2B3-C4D5E6-F7A8B9", "us-central1-a", "smoke", "o", "a@b.example",
-                           10_000, "")  # fmt: skip
+    args = smoke.SmokeArgs(
+        "acme-ml-sandbox", "01A2B3-C4D5E6-F7A8B9", "us-central1-a", "smoke", "o", "a@b.example", 10_000, ""
+    )
     path.write_text(smoke.gke_stack_file_text(args, "ironwood-res"))
     cfg = parse_stack_config("smoke", read_stack_config("smoke", ROOT, path))
     report = smoke.smoke_gke(cfg, path, NotBack("nothing"), ready_minutes=0, poll_seconds=0)
@@ -340,8 +345,9 @@ def test_the_dry_run_lists_a_step_for_each_check_only_a_real_project_can_make(ca
 
 @pytest.mark.parametrize("failing", ["kubectl wait jobset", "kubectl auth can-i", "kubectl get clusterqueue"])
 def test_the_teams_part_removes_the_teams_and_the_admin_phase_whatever_failed(failing, tmp_path):
-    args = smoke.SmokeArgs("acme-ml-sandbox", "01A2B3-C4D5E6-F7A8B9", "us-central1-a", "smoke", "o", "a@b.example",
-                           10_000, "")  # fmt: skip
+    args = smoke.SmokeArgs(
+        "acme-ml-sandbox", "01A2B3-C4D5E6-F7A8B9", "us-central1-a", "smoke", "o", "a@b.example", 10_000, ""
+    )
     path, teams = tmp_path / "Pulumi.smoke.yaml", tmp_path / "Pulumi.smoke.teams.yaml"
     path.write_text(smoke.gke_stack_file_text(args, "ironwood-res"))
     teams.write_text(smoke.gke_stack_file_text(args, "ironwood-res", teams=True))

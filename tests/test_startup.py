@@ -85,8 +85,13 @@ def test_installs_the_version_pinned_for_the_runtime_only_when_missing():
 def jax_spec() -> StartupSpec:
     jax = {"program": "jax_mnist", "frameworkVersion": "0.10.2"}
     raw = with_object(fixture_config("scheduled"), "workloads", lambda w: w["mnist"].update(jax))
-    raw = with_object(raw, "tpuVms", lambda v: v[0].update(acceleratorType="v5litepod-4", zone="us-central1-a",
-                                                           runtimeVersion="v2-alpha-tpuv5-lite"))  # fmt: skip
+    raw = with_object(
+        raw,
+        "tpuVms",
+        lambda v: v[0].update(
+            acceleratorType="v5litepod-4", zone="us-central1-a", runtimeVersion="v2-alpha-tpuv5-lite"
+        ),
+    )
     cfg = parse_stack_config("scheduled", raw)
     return startup_spec(cfg, cfg.tpu_vms[0])
 
@@ -162,8 +167,12 @@ def test_the_rendered_unit_passes_systemd_analyze_verify_without_a_warning(stack
     (folder / "agent").mkdir(parents=True)
     (folder / "agent.env").write_text("")
     unit = unit_of(render_startup_script(spec(stack)))
-    filled = {"@ENV_FILE@": folder / "agent.env", "@PYTHON@": sys.executable, "@AGENT_DIR@": folder / "agent",
-              "@AGENT_ARCHIVE@": folder / "agent.tar.gz"}  # fmt: skip
+    filled = {
+        "@ENV_FILE@": folder / "agent.env",
+        "@PYTHON@": sys.executable,
+        "@AGENT_DIR@": folder / "agent",
+        "@AGENT_ARCHIVE@": folder / "agent.tar.gz",
+    }
     for placeholder, value in filled.items():
         unit = unit.replace(placeholder, str(value))
     path = folder / AGENT_UNIT
@@ -216,9 +225,14 @@ def boot_with(
     (shims / "pip-called").write_text("")
     for shim in ("python3", "systemctl"):
         (shims / shim).chmod(0o755)
-    env = {**os.environ, "TPU_PLATFORM_ROOT": str(tmp_path / "root"), "TPU_PLATFORM_PYTHON": str(shims / "python3"),
-           "PATH": f"{shims}:{os.environ['PATH']}", "GCE_METADATA_HOST": "127.0.0.1:9",
-           **(extra_env or {})}  # fmt: skip
+    env = {
+        **os.environ,
+        "TPU_PLATFORM_ROOT": str(tmp_path / "root"),
+        "TPU_PLATFORM_PYTHON": str(shims / "python3"),
+        "PATH": f"{shims}:{os.environ['PATH']}",
+        "GCE_METADATA_HOST": "127.0.0.1:9",
+        **(extra_env or {}),
+    }
     path = tmp_path / "startup.sh"
     path.write_text(script)
     return subprocess.run(["bash", str(path)], env=env, capture_output=True, text=True, timeout=60), tmp_path
@@ -238,8 +252,13 @@ esac
 def test_an_image_too_old_for_the_framework_fails_once_and_starts_nothing(tmp_path):
     jax = {"program": "jax_mnist", "frameworkVersion": "0.10.2"}
     raw = with_object(fixture_config("scheduled"), "workloads", lambda w: w["mnist"].update(jax))
-    raw = with_object(raw, "tpuVms", lambda v: v[0].update(acceleratorType="v5litepod-4", zone="us-central1-a",
-                                                           runtimeVersion="v2-alpha-tpuv5-lite"))  # fmt: skip
+    raw = with_object(
+        raw,
+        "tpuVms",
+        lambda v: v[0].update(
+            acceleratorType="v5litepod-4", zone="us-central1-a", runtimeVersion="v2-alpha-tpuv5-lite"
+        ),
+    )
     cfg = parse_stack_config("scheduled", raw)  # the image's Python is not documented: the plan cannot refuse it
     done, folder = boot_with(render_startup_script(startup_spec(cfg, cfg.tpu_vms[0])), OLD_IMAGE, tmp_path)
     assert done.returncode == EXIT_CONFIG
@@ -273,8 +292,10 @@ def test_the_agent_runs_under_systemd_with_its_settings_from_metadata():
     assert env["TPU_PLATFORM_MODELS"] == "gs://fixture-project-scheduled-models"
     assert env["TPU_PLATFORM_ARTIFACTS"] == f"gs://{ARTIFACTS}"
     assert (env["TPU_PLATFORM_STACK"], env["TPU_PLATFORM_VM"], env["TPU_PLATFORM_WORKLOAD"]) == (
-        "scheduled", "office-v2", "mnist"
-    )  # fmt: skip
+        "scheduled",
+        "office-v2",
+        "mnist",
+    )
 
 
 def test_the_script_carries_the_agent_by_digest_and_no_program():
@@ -398,8 +419,11 @@ def boot(
     of = of or spec()
     script = render_startup_script(of)
     with metadata_server({"tpu-platform-env": render_env(of), **attributes}) as host:
-        extra = {"GCE_METADATA_HOST": host, "STORAGE_EMULATOR_HOST": storage,
-                 **({"TPU_PLATFORM_COORDINATOR_PORT": port} if port else {})}  # fmt: skip
+        extra = {
+            "GCE_METADATA_HOST": host,
+            "STORAGE_EMULATOR_HOST": storage,
+            **({"TPU_PLATFORM_COORDINATOR_PORT": port} if port else {}),
+        }
         image = READY_IMAGE.format(version=of.framework_version, python=sys.executable)
         done, folder = boot_with(script, image, tmp_path, extra)
     env_file = folder / "root/etc/tpu-platform/agent.env"
@@ -513,8 +537,10 @@ def test_a_single_host_vm_is_one_worker_without_a_coordinator(tmp_path, artifact
     done, env = boot(tmp_path, {"agent-worker-number": "0"}, artifacts)
     assert done.returncode == 0, done.stderr
     assert (env["TPU_PLATFORM_WORKER_ID"], env["TPU_PLATFORM_WORKER_COUNT"], env["TPU_PLATFORM_COORDINATOR"]) == (
-        "0", "1", ""
-    )  # fmt: skip
+        "0",
+        "1",
+        "",
+    )
 
 
 def test_a_worker_number_outside_its_slice_is_a_configuration_error(tmp_path, artifacts):

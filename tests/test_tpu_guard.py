@@ -60,9 +60,15 @@ NOW = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
 
 
 def node(
-    name: str, state: str, *, env: str = "prod", spot: bool = False, hosts: int = 1, zone: str = "us-central1-a",
+    name: str,
+    state: str,
+    *,
+    env: str = "prod",
+    spot: bool = False,
+    hosts: int = 1,
+    zone: str = "us-central1-a",
     request: str = "",
-) -> dict:  # fmt: skip
+) -> dict:
     """A node as `GET …/nodes` lists it (fields as the TPU API v2 returns them, both accelerator fields);
     `request`: the queued request that made it (Node.queuedResource), in the node's zone."""
     made_by = {"queuedResource": f"projects/{PROJECT}/locations/{zone}/queuedResources/{request}"} if request else {}
@@ -147,9 +153,12 @@ def test_over_budget_stops_running_nodes_of_the_environment_only():
 def test_delete_mode_deletes_everything_of_the_environment_not_already_going():
     actions = budget_actions(OVER, LISTING, environment="prod", at_percent=100, action="delete", dry_run=False)
     assert kinds(actions) == [
-        ("delete", "trainer"), ("delete", "spot-a"), ("delete", "slice"), ("delete", "stopped"),
+        ("delete", "trainer"),
+        ("delete", "spot-a"),
+        ("delete", "slice"),
+        ("delete", "stopped"),
         ("delete-request", "q"),
-    ]  # fmt: skip
+    ]
 
 
 def test_dry_run_marks_every_action():
@@ -250,8 +259,9 @@ def test_completion_finds_every_node_of_the_vm_wherever_it_landed():
     flex = {**VMS, "q": {**VMS["q"], "queuedApi": "v2alpha1"}}  # a flex-start request: made through v2alpha1
     assert [s.api for s in steps("q", flex)] == ["v2alpha1"]
     assert kinds(steps("trainer", VMS)) == [("stop", "trainer")]
-    assert "has no node in us-central1-a, us-west4-a" in str(completion_steps("q", LISTING[:7], vms=VMS,
-                                                                               environment="prod"))  # fmt: skip
+    assert "has no node in us-central1-a, us-west4-a" in str(
+        completion_steps("q", LISTING[:7], vms=VMS, environment="prod")
+    )
     # Never stopped: the plan refuses stop for a queued VM; the guard would not turn it into a delete.
     stop = {**VMS, "q": {**VMS["q"], "onCompletion": "stop"}}
     assert "cannot be stopped" in str(completion_steps("q", LISTING, vms=stop, environment="prod"))
@@ -306,11 +316,19 @@ def tpu(monkeypatch, emulator):
             state.add(listed)
         session = CheckedSession()
         settings = {
-            "PROJECT": PROJECT, "ENVIRONMENT": "prod", "BUDGET_ACTION": "stop",
-            "BUDGET_AT_PERCENT": "100", "BILLING_ACCOUNT": ACCOUNT, "BUDGET_ID": BUDGET, "MAX_ATTEMPTS": "2",
-            "STATE_BUCKET": STATE_BUCKET, "STATUS_BUCKET": STATUS_BUCKET, "TPU_API_ENDPOINT": url,
-            "TPU_VMS": json.dumps(VMS), "ZONES": f"us-central1-a,{FALLBACK}",
-        }  # fmt: skip
+            "PROJECT": PROJECT,
+            "ENVIRONMENT": "prod",
+            "BUDGET_ACTION": "stop",
+            "BUDGET_AT_PERCENT": "100",
+            "BILLING_ACCOUNT": ACCOUNT,
+            "BUDGET_ID": BUDGET,
+            "MAX_ATTEMPTS": "2",
+            "STATE_BUCKET": STATE_BUCKET,
+            "STATUS_BUCKET": STATUS_BUCKET,
+            "TPU_API_ENDPOINT": url,
+            "TPU_VMS": json.dumps(VMS),
+            "ZONES": f"us-central1-a,{FALLBACK}",
+        }
         for key, value in settings.items():
             monkeypatch.setenv(key, value)
         monkeypatch.setattr(guard, "_session", lambda: session)
@@ -326,8 +344,12 @@ def tpu(monkeypatch, emulator):
 
 def budget_event(attributes: dict[str, str], *, sent: datetime | None = None) -> CloudEvent:
     """What Eventarc delivers for a Pub/Sub message (google.cloud.pubsub.topic.v1.messagePublished)."""
-    message = {"data": base64.b64encode(json.dumps(OVER).encode()).decode(), "attributes": attributes,
-               "messageId": "1", "publishTime": (sent or datetime.now(UTC)).isoformat()}  # fmt: skip
+    message = {
+        "data": base64.b64encode(json.dumps(OVER).encode()).decode(),
+        "attributes": attributes,
+        "messageId": "1",
+        "publishTime": (sent or datetime.now(UTC)).isoformat(),
+    }
     return CloudEvent(
         {
             "type": "google.cloud.pubsub.topic.v1.messagePublished",
@@ -383,8 +405,11 @@ def test_a_node_running_past_its_max_run_hours_is_stopped_or_deleted_as_the_stac
 def test_a_node_is_its_vms_by_the_stacks_node_ids_not_by_the_look_of_its_name():
     """`trainer-1` is a VM of its own (kept running), not a slice of `trainer`; `q-0` in a zone the VM
     never asked for is not `q`'s."""
-    vms = {"trainer": {**VMS["trainer"], "maxRunHours": 1}, "trainer-1": {"nodes": ["trainer-1"],
-           "zones": ["us-central1-a"], "onCompletion": "keep"}, "q": {**VMS["q"], "maxRunHours": 1}}  # fmt: skip
+    vms = {
+        "trainer": {**VMS["trainer"], "maxRunHours": 1},
+        "trainer-1": {"nodes": ["trainer-1"], "zones": ["us-central1-a"], "onCompletion": "keep"},
+        "q": {**VMS["q"], "maxRunHours": 1},
+    }
     listing = [node("trainer-1", "READY"), node("q-0", "READY", zone="europe-west4-a", request="q")]
     assert overrun_actions(listing, environment="prod", vms=vms, now=NOW) == []
 
@@ -451,10 +476,14 @@ def test_recovery_fails_closed_when_its_counts_cannot_be_read(tpu, emulator, mon
 def marker_event(name: str, bucket: str = STATUS_BUCKET) -> CloudEvent:
     """What Eventarc delivers when an object is written (google.cloud.storage.object.v1.finalized)."""
     return CloudEvent(
-        {"type": "google.cloud.storage.object.v1.finalized", "time": datetime.now(UTC).isoformat(),
-         "source": f"//storage.googleapis.com/projects/_/buckets/{bucket}", "subject": f"objects/{name}"},
+        {
+            "type": "google.cloud.storage.object.v1.finalized",
+            "time": datetime.now(UTC).isoformat(),
+            "source": f"//storage.googleapis.com/projects/_/buckets/{bucket}",
+            "subject": f"objects/{name}",
+        },
         {"bucket": bucket, "name": name, "generation": "1", "contentType": "application/json"},
-    )  # fmt: skip
+    )
 
 
 def test_completion_marker_stops_its_node_once(tpu, emulator):
@@ -480,8 +509,11 @@ def test_completion_of_a_queued_vm_deletes_its_request_in_the_zone_it_landed_in(
     (call,) = [c for c, m in zip(tpu.calls, tpu.methods, strict=True) if m.endswith("queuedResources.delete")]
     assert call.url.endswith(f"/v2/{QUEUED}?force=true")
     assert not [n for n in tpu.nodes if "/nodes/q-" in n] and tpu.requests == set()
-    listed = [c.url.split("/locations/")[1].split("/")[0] for c, m in zip(tpu.calls, tpu.methods, strict=True)
-              if m.endswith("nodes.list")]  # fmt: skip
+    listed = [
+        c.url.split("/locations/")[1].split("/")[0]
+        for c, m in zip(tpu.calls, tpu.methods, strict=True)
+        if m.endswith("nodes.list")
+    ]
     assert listed == ["us-central1-a", FALLBACK]  # the VM's zones, each listed
     guard.on_complete(marker_event("q/COMPLETE"))  # redelivered: nothing left, nothing done
     assert tpu.did("delete") == ["q"]
@@ -505,8 +537,11 @@ def test_a_completion_that_cannot_list_a_zone_is_handed_back(tpu, emulator):
 
 
 def test_other_objects_and_vms_are_ignored(tpu):
-    for event in (marker_event("trainer/metrics.json"), marker_event("stopped/COMPLETE"),
-                  marker_event("trainer/COMPLETE", bucket=STATE_BUCKET)):  # fmt: skip
+    for event in (
+        marker_event("trainer/metrics.json"),
+        marker_event("stopped/COMPLETE"),
+        marker_event("trainer/COMPLETE", bucket=STATE_BUCKET),
+    ):
         guard.on_complete(event)
     assert tpu.calls == []
 
@@ -633,8 +668,10 @@ def test_guard_resources_in_production():
     assert schedule.inputs["schedule"] == "*/10 * * * *"
     assert schedule.inputs["httpTarget"]["oidcToken"]["serviceAccountEmail"].startswith("tpu-guard-invoker-production@")
     assert guard_role("production").permissions == tuple(GUARD_PERMISSIONS)  # made by the bootstrap, granted here
-    assert any(g.inputs["role"] == guard_role("production").name("fixture-production")
-               for g in result.of_type("gcp:projects/iAMMember:IAMMember"))  # fmt: skip
+    assert any(
+        g.inputs["role"] == guard_role("production").name("fixture-production")
+        for g in result.of_type("gcp:projects/iAMMember:IAMMember")
+    )
     # the guard's function source (the stack's other object is a workload source archive: infra/artifacts.py)
     (guard,) = [o for o in result.of_type("gcp:storage/bucketObject:BucketObject") if o.name == "guard-archive"]
     archive = guard.inputs["source"]["archive"]

@@ -425,5 +425,9 @@ def test_every_workflow_running_pulumi_installs_the_time_plugin_that_requirement
         uses = [s.get("uses", "") for s in steps(workflow(name)["jobs"][job])]
         assert uses.index(next(u for u in uses if u.startswith("pulumi/actions"))) < runs.index(install)
     line = f"pulumiverse-time=={pinned[1]}"
-    assert subprocess.run(["sed", "-n", "s/^pulumiverse-time==//p"], input=line, capture_output=True, text=True,
-                          check=True).stdout.strip() == pinned[1]  # fmt: skip
+    assert (
+        subprocess.run(
+            ["sed", "-n", "s/^pulumiverse-time==//p"], input=line, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        == pinned[1]
+    )

@@ -42,8 +42,18 @@ def test_trains_and_exports_a_model_that_predicts_on_the_cpu(tmp_path):
     sample = tmp_path / "mnist.npz"
     made = run_workload("sample_mnist.py", str(sample), "--train", "1024", "--test", "256", cwd=tmp_path)
     assert made.returncode == 0, made.stderr
-    done = run_workload("jax_mnist/jax_mnist.py", "--data", str(sample), "--epochs", "2", "--batch-size", "128",
-                        "--model-dir", str(tmp_path / "models"), cwd=tmp_path)  # fmt: skip
+    done = run_workload(
+        "jax_mnist/jax_mnist.py",
+        "--data",
+        str(sample),
+        "--epochs",
+        "2",
+        "--batch-size",
+        "128",
+        "--model-dir",
+        str(tmp_path / "models"),
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary["val_accuracy"] > 0.8  # the data is learnable; chance is 10%
@@ -55,8 +65,9 @@ def test_trains_and_exports_a_model_that_predicts_on_the_cpu(tmp_path):
         [summary["steps"], pytest.approx(summary["val_accuracy"], abs=1e-4), "simple_value"]
     ]
     # A fresh process with no jax_mnist code: only the exported file and the raw uint8 test images.
-    script = LOAD_AND_PREDICT.format(workloads=str(WORKLOADS), sample=str(sample),
-                                     blob=str(tmp_path / "models" / "mnist.jax_export"))  # fmt: skip
+    script = LOAD_AND_PREDICT.format(
+        workloads=str(WORKLOADS), sample=str(sample), blob=str(tmp_path / "models" / "mnist.jax_export")
+    )
     loaded = subprocess.run([workloads_python(), "-c", script], capture_output=True, text=True, timeout=300)
     assert loaded.returncode == 0, loaded.stderr[-3000:]
     predicted = json.loads(loaded.stdout.strip().splitlines()[-1])
@@ -74,12 +85,22 @@ def start_slice(tmp_path, args: list[str], count: int = 2) -> list[subprocess.Po
     port = free_port()
     processes = []
     for worker in range(count):
-        slice_env = {"TPU_PLATFORM_WORKER_ID": str(worker), "TPU_PLATFORM_WORKER_COUNT": str(count),
-                     "TPU_PLATFORM_COORDINATOR": f"127.0.0.1:{port}"}  # fmt: skip
+        slice_env = {
+            "TPU_PLATFORM_WORKER_ID": str(worker),
+            "TPU_PLATFORM_WORKER_COUNT": str(count),
+            "TPU_PLATFORM_COORDINATOR": f"127.0.0.1:{port}",
+        }
         env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "", **slice_env}
         with open(tmp_path / f"worker-{worker}.log", "a") as out:  # the child keeps its own copy open
-            processes.append(subprocess.Popen([workloads_python(), str(WORKLOADS / "jax_mnist/jax_mnist.py"), *args],
-                                              stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp_path))  # fmt: skip
+            processes.append(
+                subprocess.Popen(
+                    [workloads_python(), str(WORKLOADS / "jax_mnist/jax_mnist.py"), *args],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    cwd=tmp_path,
+                )
+            )
     return processes
 
 
@@ -90,9 +111,22 @@ def test_two_processes_train_as_one_slice_stop_together_on_one_sigterm_and_resum
         run_workload("sample_mnist.py", str(sample), "--train", "1024", "--test", "256", cwd=tmp_path).returncode == 0
     )
     steps = 64  # 2 epochs of 1024 at batch 32
-    args = ["--data", str(sample), "--steps", str(steps), "--batch-size", "32", "--checkpoint-every-steps", "8",
-            "--steps-per-call", "4", "--checkpoint-dir", str(tmp_path / "ckpt"),
-            "--model-dir", str(tmp_path / "m")]  # fmt: skip
+    args = [
+        "--data",
+        str(sample),
+        "--steps",
+        str(steps),
+        "--batch-size",
+        "32",
+        "--checkpoint-every-steps",
+        "8",
+        "--steps-per-call",
+        "4",
+        "--checkpoint-dir",
+        str(tmp_path / "ckpt"),
+        "--model-dir",
+        str(tmp_path / "m"),
+    ]
     one = run_workload("jax_mnist/jax_mnist.py", *args[:-4], cwd=tmp_path)  # one process, the same global batch
     assert one.returncode == 0, one.stderr[-3000:]
 

@@ -36,13 +36,18 @@ def sample(tmp_path_factory):
 def test_trains_reports_and_saves(sample, tmp_path):
     done = run_workload(
         "tf_mnist/tf_mnist.py",
-        "--data", str(sample),
-        "--epochs", "2",
-        "--batch-size", "128",
-        "--model-dir", str(tmp_path / "models"),
-        "--checkpoint-dir", str(tmp_path / "checkpoints"),
+        "--data",
+        str(sample),
+        "--epochs",
+        "2",
+        "--batch-size",
+        "128",
+        "--model-dir",
+        str(tmp_path / "models"),
+        "--checkpoint-dir",
+        str(tmp_path / "checkpoints"),
         cwd=tmp_path,
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Running on CPU with 1 replica(s)" in done.stdout
     summary = json.loads(done.stdout.strip().splitlines()[-1])
@@ -59,8 +64,9 @@ def test_trains_reports_and_saves(sample, tmp_path):
     assert {kind for _, _, kind in scalars["loss"]} == {"scalars"}
     # The SavedModel, loaded by plain TensorFlow in a fresh process (as TF Serving would), predicts
     # from raw uint8 images with the accuracy the run reported.
-    script = LOAD_AND_PREDICT.format(workloads=str(WORKLOADS), sample=str(sample),
-                                     export=str(tmp_path / "models" / "saved_model"))  # fmt: skip
+    script = LOAD_AND_PREDICT.format(
+        workloads=str(WORKLOADS), sample=str(sample), export=str(tmp_path / "models" / "saved_model")
+    )
     env = {"TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"}
     loaded = subprocess.run([workloads_python(), "-c", script], capture_output=True, text=True, timeout=300, env=env)
     assert loaded.returncode == 0, loaded.stderr[-3000:]

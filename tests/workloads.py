@@ -68,7 +68,12 @@ print(json.dumps(scalars))
 def tensorboard_scalars(folder: Path) -> dict[str, list[list]]:
     """Each tag's [step, value, kind] in a folder's event files, read by TensorFlow's own reader; kind is
     the plug-in a tensor summary names (TensorBoard's scalars plug-in reads "scalars") or simple_value."""
-    done = subprocess.run([workloads_python(), "-c", READ_SCALARS, str(folder)], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})  # fmt: skip
+    done = subprocess.run(
+        [workloads_python(), "-c", READ_SCALARS, str(folder)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])

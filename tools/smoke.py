@@ -247,10 +247,23 @@ def throwaway_stack(
         yield False
         return
     try:
-        version = next(line.split("==")[1] for line in (ROOT / "requirements.txt").read_text().splitlines()
-                       if line.startswith("pulumiverse-time=="))  # fmt: skip
-        shell.run(["pulumi", "plugin", "install", "resource", "time", f"v{version}",
-                   "--server", "github://api.github.com/pulumiverse"])  # fmt: skip
+        version = next(
+            line.split("==")[1]
+            for line in (ROOT / "requirements.txt").read_text().splitlines()
+            if line.startswith("pulumiverse-time==")
+        )
+        shell.run(
+            [
+                "pulumi",
+                "plugin",
+                "install",
+                "resource",
+                "time",
+                f"v{version}",
+                "--server",
+                "github://api.github.com/pulumiverse",
+            ]
+        )
         rc, _ = shell.run(["pulumi", "up", *stack, *config, "--yes", "--skip-preview"], cwd=ROOT)
         yield report.add("pulumi up", rc == 0)
     finally:
@@ -267,20 +280,34 @@ def computed_permissions() -> set[str]:
     return {
         p
         for entry in access.values()
-        for p in [*entry["deployerPermissions"], *entry["previewerPermissions"],
-                  *(q for role in entry["roles"].values() for q in role["permissions"])]
-    }  # fmt: skip
+        for p in [
+            *entry["deployerPermissions"],
+            *entry["previewerPermissions"],
+            *(q for role in entry["roles"].values() for q in role["permissions"]),
+        ]
+    }
 
 
 def real_project_checks(cfg: PlatformConfig, shell: Shell, report: Report, workdir: Path) -> list[list[str]]:
     """What the offline model cannot prove, each a step; the commands that undo what they made."""
     project = ["--project", cfg.project]
     resource = f"//cloudresourcemanager.googleapis.com/projects/{cfg.project}"
-    rc, out = shell.run(["gcloud", "iam", "list-testable-permissions", resource,
-                         "--filter=customRolesSupportLevel=NOT_SUPPORTED", "--format=value(name)"])  # fmt: skip
+    rc, out = shell.run(
+        [
+            "gcloud",
+            "iam",
+            "list-testable-permissions",
+            resource,
+            "--filter=customRolesSupportLevel=NOT_SUPPORTED",
+            "--format=value(name)",
+        ]
+    )
     refused = sorted(computed_permissions() & set(out.split()))
-    report.add("custom roles accept every computed permission (customRolesSupportLevel)", rc == 0 and not refused,
-               ", ".join(refused))  # fmt: skip
+    report.add(
+        "custom roles accept every computed permission (customRolesSupportLevel)",
+        rc == 0 and not refused,
+        ", ".join(refused),
+    )
     # A project IAM admin limited by modifiedGrantsByRole (as each deployer is) changes the audit config.
     limited = f"tpu-smoke-limited-{cfg.stack}"[:30]
     email = f"{limited}@{cfg.project}.iam.gserviceaccount.com"
@@ -288,21 +315,39 @@ def real_project_checks(cfg: PlatformConfig, shell: Shell, report: Report, workd
     rc, text = shell.run(["gcloud", "projects", "get-iam-policy", cfg.project, "--format=json"], answer="{}")
     before = {k: v for k, v in json.loads(text or "{}").items() if k != "etag"}  # restored as it was
     original.write_text(json.dumps(before))
-    undo = [["gcloud", "projects", "set-iam-policy", cfg.project, str(original), "--quiet"],
-            ["gcloud", "iam", "service-accounts", "delete", email, *project, "--quiet"]]  # fmt: skip
+    undo = [
+        ["gcloud", "projects", "set-iam-policy", cfg.project, str(original), "--quiet"],
+        ["gcloud", "iam", "service-accounts", "delete", email, *project, "--quiet"],
+    ]
     condition = modified_grants_condition(["roles/logging.logWriter"]).replace(",", "\\,")
     _, caller = shell.run(["gcloud", "config", "get-value", "account"], answer="smoke@example.iam.gserviceaccount.com")
     who = f"{'serviceAccount' if caller.endswith('.gserviceaccount.com') else 'user'}:{caller}"
     steps = [
         ["gcloud", "iam", "service-accounts", "create", limited, *project],
-        ["gcloud", "projects", "add-iam-policy-binding", cfg.project, f"--member=serviceAccount:{email}",
-         f"--role={PROJECT_IAM_ADMIN}", f"--condition=expression={condition},title=smoke-limited"],
-        ["gcloud", "iam", "service-accounts", "add-iam-policy-binding", email, f"--member={who}",
-         "--role=roles/iam.serviceAccountTokenCreator", *project],
-    ]  # fmt: skip
+        [
+            "gcloud",
+            "projects",
+            "add-iam-policy-binding",
+            cfg.project,
+            f"--member=serviceAccount:{email}",
+            f"--role={PROJECT_IAM_ADMIN}",
+            f"--condition=expression={condition},title=smoke-limited",
+        ],
+        [
+            "gcloud",
+            "iam",
+            "service-accounts",
+            "add-iam-policy-binding",
+            email,
+            f"--member={who}",
+            "--role=roles/iam.serviceAccountTokenCreator",
+            *project,
+        ],
+    ]
     ok = all(shell.run(step)[0] == 0 for step in steps)
-    rc, text = shell.run(["gcloud", "projects", "get-iam-policy", cfg.project, "--format=json"],
-                         answer='{"bindings": []}')  # fmt: skip
+    rc, text = shell.run(
+        ["gcloud", "projects", "get-iam-policy", cfg.project, "--format=json"], answer='{"bindings": []}'
+    )
     if ok and rc == 0:
         current = json.loads(text or "{}")
         current.setdefault("auditConfigs", []).append(
@@ -310,8 +355,9 @@ def real_project_checks(cfg: PlatformConfig, shell: Shell, report: Report, workd
         )
         policy = workdir / "policy.json"
         policy.write_text(json.dumps(current))
-        rc, _ = shell.run(["gcloud", "projects", "set-iam-policy", cfg.project, str(policy),
-                           f"--impersonate-service-account={email}"])  # fmt: skip
+        rc, _ = shell.run(
+            ["gcloud", "projects", "set-iam-policy", cfg.project, str(policy), f"--impersonate-service-account={email}"]
+        )
     report.add("a modifiedGrantsByRole-limited IAM admin may change the audit config", ok and rc == 0, email)
     return undo
 
@@ -322,8 +368,17 @@ def make_identities(cfg: PlatformConfig, shell: Shell, report: Report) -> list[l
     project = ["--project", cfg.project]
     steps, undo = [], []
     for account in identities.accounts:
-        steps.append(["gcloud", "iam", "service-accounts", "create", account.account_id, *project,
-                      f"--display-name={account.display_name}"])  # fmt: skip
+        steps.append(
+            [
+                "gcloud",
+                "iam",
+                "service-accounts",
+                "create",
+                account.account_id,
+                *project,
+                f"--display-name={account.display_name}",
+            ]
+        )
         undo.append(["gcloud", "iam", "service-accounts", "delete", account.email(cfg.project), *project, "--quiet"])
     ok = all(shell.run(step)[0] == 0 for step in steps)
     # Custom roles stay (a deleted role's id is taken for weeks, so a re-run updates the one left behind).
@@ -334,18 +389,34 @@ def make_identities(cfg: PlatformConfig, shell: Shell, report: Report) -> list[l
     emails = {a.account_id: a.email(cfg.project) for a in identities.accounts}
     for actor, target in identities.acts_as:
         member = f"--member=serviceAccount:{emails[actor]}"
-        step = ["gcloud", "iam", "service-accounts", "add-iam-policy-binding", emails[target], member,
-                f"--role={SERVICE_ACCOUNT_USER}", *project]  # fmt: skip
+        step = [
+            "gcloud",
+            "iam",
+            "service-accounts",
+            "add-iam-policy-binding",
+            emails[target],
+            member,
+            f"--role={SERVICE_ACCOUNT_USER}",
+            *project,
+        ]
         ok = shell.run(step)[0] == 0 and ok
-    report.add("the bootstrap's part: the stack's accounts, custom roles and act-as", ok,
-               f"{len(identities.accounts)} accounts, {len(identities.roles)} roles")  # fmt: skip
+    report.add(
+        "the bootstrap's part: the stack's accounts, custom roles and act-as",
+        ok,
+        f"{len(identities.accounts)} accounts, {len(identities.roles)} roles",
+    )
     return undo
 
 
 def smoke(
-    cfg: PlatformConfig, stack_file: Path, shell: Shell, *, run_minutes: float, poll_seconds: float,
+    cfg: PlatformConfig,
+    stack_file: Path,
+    shell: Shell,
+    *,
+    run_minutes: float,
+    poll_seconds: float,
     action_minutes: float = 15,
-) -> Report:  # fmt: skip
+) -> Report:
     """Deploy, check, destroy: the steps of the module docstring. Destroy runs whatever happened before."""
     report = Report(shell.dry_run)
     vm = cfg.tpu_vms[0]
@@ -368,13 +439,24 @@ def smoke(
         if not deployed:
             return report
         topic = f"{cfg.stack}-budget-alerts"  # infra/budget.py: Billing granted its agent publish on it
-        rc, out = shell.run(["gcloud", "pubsub", "topics", "get-iam-policy", topic, *project, "--format=json"],
-                            answer='{"bindings": [{"role": "roles/pubsub.publisher"}]}')  # fmt: skip
-        report.add("the budget's topic: Billing's agent may publish (domain-restricted sharing allowed it)",
-                   rc == 0 and "roles/pubsub.publisher" in out, topic)  # fmt: skip
+        rc, out = shell.run(
+            ["gcloud", "pubsub", "topics", "get-iam-policy", topic, *project, "--format=json"],
+            answer='{"bindings": [{"role": "roles/pubsub.publisher"}]}',
+        )
+        report.add(
+            "the budget's topic: Billing's agent may publish (domain-restricted sharing allowed it)",
+            rc == 0 and "roles/pubsub.publisher" in out,
+            topic,
+        )
         marker = f"gs://{status}/{vm.name}/COMPLETE"
-        complete = wait_for(shell, ["gcloud", "storage", "ls", *project, marker], lambda rc, out: rc == 0 and bool(out),
-                            minutes=run_minutes, every=poll_seconds, answer=marker)  # fmt: skip
+        complete = wait_for(
+            shell,
+            ["gcloud", "storage", "ls", *project, marker],
+            lambda rc, out: rc == 0 and bool(out),
+            minutes=run_minutes,
+            every=poll_seconds,
+            answer=marker,
+        )
         report.add("the run completed: completion marker written", complete, marker)
         prefix = f"gs://{checkpoints}/{run_prefix(cfg, vm)}/"
         rc, out = shell.run(
@@ -382,8 +464,19 @@ def smoke(
         )
         report.add("a checkpoint was written", rc == 0 and bool(out), prefix)
         boundary_probe(cfg, shell, report, marker)
-        describe = ["gcloud", "compute", "tpus", "tpu-vm", "describe", vm.name, "--zone", vm.zone, *project,
-                    "--format", "value(state)"]  # fmt: skip
+        describe = [
+            "gcloud",
+            "compute",
+            "tpus",
+            "tpu-vm",
+            "describe",
+            vm.name,
+            "--zone",
+            vm.zone,
+            *project,
+            "--format",
+            "value(state)",
+        ]
         stopped = complete and wait_for(
             shell,
             describe,
@@ -424,28 +517,56 @@ def probes(cfg: PlatformConfig, shell: Shell, report: Report, *, poll_seconds: f
     """
     vm, project = cfg.tpu_vms[0], cfg.project
     identity = ["gcloud", "beta", "services", "identity", "create", "--service=artifactregistry.googleapis.com"]
-    rc, out = shell.run([*identity, "--project", project, "--format", "value(email)"],
-                        answer="service-123456789012@gcp-sa-artifactregistry.iam.gserviceaccount.com")  # fmt: skip
+    rc, out = shell.run(
+        [*identity, "--project", project, "--format", "value(email)"],
+        answer="service-123456789012@gcp-sa-artifactregistry.iam.gserviceaccount.com",
+    )
     report.add("Artifact Registry's service identity is generated", rc == 0 and bool(AGENT_EMAIL.fullmatch(out)), out)
     network = f"tpu-{cfg.stack}"  # infra/network.py: the stack's network, its subnet per region, the IAP-SSH tag
-    rc, _ = shell.run([*queued("create", vm.zone, project), "--node-id", PROBE, "--accelerator-type",
-                       vm.accelerator.name, "--runtime-version", vm.runtime_version, "--spot", "--network", network,
-                       "--subnetwork", f"{network}-{vm.region}", "--internal-ips", "--tags", "tpu-vm"])  # fmt: skip
+    rc, _ = shell.run(
+        [
+            *queued("create", vm.zone, project),
+            "--node-id",
+            PROBE,
+            "--accelerator-type",
+            vm.accelerator.name,
+            "--runtime-version",
+            vm.runtime_version,
+            "--spot",
+            "--network",
+            network,
+            "--subnetwork",
+            f"{network}-{vm.region}",
+            "--internal-ips",
+            "--tags",
+            "tpu-vm",
+        ]
+    )
     if not report.add("a queued spot request is accepted", rc == 0, f"{PROBE} in {vm.zone}"):
         return
     try:
         describe = [*queued("describe", vm.zone, project), "--format", "value(state.state)"]
-        active = wait_for(shell, describe, lambda rc, out: rc == 0 and out == "ACTIVE", minutes=wait_minutes,
-                          every=poll_seconds, answer="ACTIVE")  # fmt: skip
+        active = wait_for(
+            shell,
+            describe,
+            lambda rc, out: rc == 0 and out == "ACTIVE",
+            minutes=wait_minutes,
+            every=poll_seconds,
+            answer="ACTIVE",
+        )
         if not report.add("the queued request became ACTIVE", active, PROBE):
             return
-        rc, out = shell.run([*tpu_vm("describe", PROBE, vm.zone, project), "--format", "value(queuedResource)"],
-                            answer=f"projects/{project}/locations/{vm.zone}/queuedResources/{PROBE}")  # fmt: skip
+        rc, out = shell.run(
+            [*tpu_vm("describe", PROBE, vm.zone, project), "--format", "value(queuedResource)"],
+            answer=f"projects/{project}/locations/{vm.zone}/queuedResources/{PROBE}",
+        )
         names = rc == 0 and out.endswith(f"/locations/{vm.zone}/queuedResources/{PROBE}")
         report.add("a node made by a queued request names it (Node.queuedResource)", names, out)
         python = "import platform; print(platform.python_version())"
-        rc, out = shell.run([*tpu_vm("ssh", PROBE, vm.zone, project), "--tunnel-through-iap", "--command",
-                             f"python3 -c '{python}'"], answer="3.10.12")  # fmt: skip
+        rc, out = shell.run(
+            [*tpu_vm("ssh", PROBE, vm.zone, project), "--tunnel-through-iap", "--command", f"python3 -c '{python}'"],
+            answer="3.10.12",
+        )
         image = load_catalog().runtime_image(vm.runtime_version)
         known = image.python if image and image.python else "not documented: record it in infra/catalog/tpu.yaml"
         found = rc == 0 and bool(re.fullmatch(r"\d+\.\d+\.\d+", out))
@@ -482,17 +603,31 @@ def tpu_probe(cfg: PlatformConfig, shell: Shell, report: Report) -> None:
     ssh = [*tpu_vm("ssh", PROBE, vm.zone, project), "--tunnel-through-iap", "--command"]
     rc, _ = shell.run([*ssh, f"rm -rf {PROBE_DIR} && mkdir -p {PROBE_DIR}"])
     # The agent's package and the run contract's, which it imports.
-    scp = ["gcloud", "compute", "tpus", "tpu-vm", "scp", "--recurse", str(ROOT / "vm_agent"),
-           str(ROOT / "run_contract"), f"{PROBE}:{PROBE_DIR}/",
-           "--zone", vm.zone, "--project", project, "--tunnel-through-iap"]  # fmt: skip
+    scp = [
+        "gcloud",
+        "compute",
+        "tpus",
+        "tpu-vm",
+        "scp",
+        "--recurse",
+        str(ROOT / "vm_agent"),
+        str(ROOT / "run_contract"),
+        f"{PROBE}:{PROBE_DIR}/",
+        "--zone",
+        vm.zone,
+        "--project",
+        project,
+        "--tunnel-through-iap",
+    ]
     rc, _ = shell.run(scp) if rc == 0 else (rc, "")
     if not report.add("the agent's code is on the probe node", rc == 0, PROBE_DIR):
         return
     workload = cfg.workload(vm.workload)
     runtime = load_catalog().runtime_environment(vm.runtime_version, PROBE)
     found = ["env", *(f"{k}={v}" for k, v in runtime), "python3", "-c", FOUND_TPU[workload.framework]]
-    rc, out = shell.run([*ssh, f"cd {PROBE_DIR} && sudo python3 -m vm_agent.tpu_probe -- {shlex.join(found)}"],
-                        answer=DRY_PROBE)  # fmt: skip
+    rc, out = shell.run(
+        [*ssh, f"cd {PROBE_DIR} && sudo python3 -m vm_agent.tpu_probe -- {shlex.join(found)}"], answer=DRY_PROBE
+    )
     seen = _json_line(out)
     kinds = "/dev/accel* or /dev/vfio/N"
     report.add(
@@ -511,8 +646,11 @@ def tpu_probe(cfg: PlatformConfig, shell: Shell, report: Report) -> None:
     report.note(
         "the framework with a 64 KiB memlock limit", "initialises" if low.get("ok") else "fails (memlock needed)"
     )
-    image = [*ssh, f"cd {PROBE_DIR} && sudo python3 -m vm_agent.tpu_probe --image {TPU_IMAGE} -- "
-             f"{shlex.join(['python3', '-c', FOUND_TPU['jax']])}"]  # fmt: skip
+    image = [
+        *ssh,
+        f"cd {PROBE_DIR} && sudo python3 -m vm_agent.tpu_probe --image {TPU_IMAGE} -- "
+        f"{shlex.join(['python3', '-c', FOUND_TPU['jax']])}",
+    ]
     rc, out = shell.run(image, answer='{"image": {"ok": true, "uid": 61188}}')
     ran = _json_line(out).get("image") or {}
     name = "an image run with the agent's docker flags finds the TPU (no --privileged)"
@@ -532,8 +670,11 @@ def boundary_probe(cfg: PlatformConfig, shell: Shell, report: Report, marker: st
     seen = _json_line(out)
     for name in names:
         got = seen.get(name) or {}
-        report.add(f"a run's downscoped token: {name.replace('_', ' ')}", rc == 0 and bool(got.get("ok")),
-                   f"HTTP {got.get('status')}")  # fmt: skip
+        report.add(
+            f"a run's downscoped token: {name.replace('_', ' ')}",
+            rc == 0 and bool(got.get("ok")),
+            f"HTTP {got.get('status')}",
+        )
 
 
 def _json_line(out: str) -> dict:
@@ -601,8 +742,13 @@ def smoke_jobset(
     (Workload Identity Federation, no Google account), writes under its own prefix of the checkpoints
     bucket and is refused under another team's."""
     shape = shape_of(pool)
-    program = SMOKE_PROGRAM.format(local=shape.chips_per_vm, total=shape.chips_per_slice, bucket=checkpoints,
-                                   own=naming.team_prefix(team.name), other=naming.team_prefix(other.name))  # fmt: skip
+    program = SMOKE_PROGRAM.format(
+        local=shape.chips_per_vm,
+        total=shape.chips_per_slice,
+        bucket=checkpoints,
+        own=naming.team_prefix(team.name),
+        other=naming.team_prefix(other.name),
+    )
     # bash -c SCRIPT ARG0: the program arrives as $0, with no shell quoting in between.
     command = ["bash", "-c", 'pip install --quiet "jax[tpu]" google-cloud-storage && exec python -c "$0"', program]
     return team_jobset(team, shape, name, image="python:3.11-slim", command=command, queued=queued)
@@ -612,8 +758,21 @@ def _refused_pod(shell: Shell, namespace: str, name: str, spec: Mapping[str, obj
     """Whether admission refuses a pod (a server-side dry run: nothing is created)."""
     pod_spec = {"containers": [{"name": name, "image": "busybox"}], **spec}
     overrides = json.dumps({"apiVersion": "v1", "spec": pod_spec})
-    rc, _ = shell.run(["kubectl", "run", name, "-n", namespace, "--image=busybox", "--restart=Never",
-                       "--dry-run=server", "--overrides", overrides], answer="refused")  # fmt: skip
+    rc, _ = shell.run(
+        [
+            "kubectl",
+            "run",
+            name,
+            "-n",
+            namespace,
+            "--image=busybox",
+            "--restart=Never",
+            "--dry-run=server",
+            "--overrides",
+            overrides,
+        ],
+        answer="refused",
+    )
     return shell.dry_run or rc != 0
 
 
@@ -636,12 +795,30 @@ def smoke_gke_teams(
         if not report.add("the admin phase: JobSet and Kueue downloaded and installed as their pinned sha256", rc == 0):
             return
         for release in RELEASES:
-            rc, _ = shell.run(["kubectl", "wait", f"deployment/{release.name}-controller-manager", "-n",
-                               release.namespace, "--for=condition=Available", "--timeout=10m"])  # fmt: skip
+            rc, _ = shell.run(
+                [
+                    "kubectl",
+                    "wait",
+                    f"deployment/{release.name}-controller-manager",
+                    "-n",
+                    release.namespace,
+                    "--for=condition=Available",
+                    "--timeout=10m",
+                ]
+            )
             report.add(f"{release.name} {release.version} is available", rc == 0)
-            rc, out = shell.run(["kubectl", "get", "pods", "-n", release.namespace, "-o",
-                                 "jsonpath={.items[*].status.containerStatuses[*].imageID}"],
-                                answer=release.pinned_image)  # fmt: skip
+            rc, out = shell.run(
+                [
+                    "kubectl",
+                    "get",
+                    "pods",
+                    "-n",
+                    release.namespace,
+                    "-o",
+                    "jsonpath={.items[*].status.containerStatuses[*].imageID}",
+                ],
+                answer=release.pinned_image,
+            )
             report.add(f"{release.name} runs the pinned image digest", rc == 0 and release.digest in out, out)
         rc, _ = shell.run([*env_up, *config], cwd=ROOT)
         if not report.add("the queues phase: the teams' queues through the DNS endpoint, admitted by Kueue", rc == 0):
@@ -658,40 +835,65 @@ def smoke_gke_teams(
         report.add("... and not in another team's", out == "no", b.namespace)
         rc, out = shell.run([*can, "create", "pods", "-n", a.namespace, *member], answer="no")
         report.add("... and makes no pods of its own (only JobSets, which Kueue admits)", out == "no")
-        privileged = {"containers": [{"name": "smoke-privileged", "image": "busybox",
-                                      "securityContext": {"privileged": True}}]}  # fmt: skip
-        report.add("pod security refuses a privileged pod in a team namespace",
-                   _refused_pod(shell, a.namespace, "smoke-privileged", privileged))  # fmt: skip
-        report.add("pod security refuses a host-network pod in a team namespace",
-                   _refused_pod(shell, a.namespace, "smoke-host-network", {"hostNetwork": True}))  # fmt: skip
-        report.add(f"the priority ceiling refuses a very-high pod of team {b.name} ({b.priority} at most)",
-                   _refused_pod(shell, b.namespace, "smoke-above", {"priorityClassName": "very-high"}))  # fmt: skip
+        privileged = {
+            "containers": [{"name": "smoke-privileged", "image": "busybox", "securityContext": {"privileged": True}}]
+        }
+        report.add(
+            "pod security refuses a privileged pod in a team namespace",
+            _refused_pod(shell, a.namespace, "smoke-privileged", privileged),
+        )
+        report.add(
+            "pod security refuses a host-network pod in a team namespace",
+            _refused_pod(shell, a.namespace, "smoke-host-network", {"hostNetwork": True}),
+        )
+        report.add(
+            f"the priority ceiling refuses a very-high pod of team {b.name} ({b.priority} at most)",
+            _refused_pod(shell, b.namespace, "smoke-above", {"priorityClassName": "very-high"}),
+        )
         checkpoints = cfg.bucket_name("checkpoints")
         jobset = smoke_jobset(a, pools[SPOT_POOL], "smoke-jax", checkpoints, b)
         shapes = {p.name: shape_of(p) for p in gke.slice_pools}
         offline = validate_all(platform_validator(), [*queue_objects(gke.teams, shapes), jobset], list(shapes.values()))
-        report.add("the team's JobSet passes the offline checks its queue and the schemas make", offline.ok,
-                   "; ".join(str(f) for f in offline.findings))  # fmt: skip
+        report.add(
+            "the team's JobSet passes the offline checks its queue and the schemas make",
+            offline.ok,
+            "; ".join(str(f) for f in offline.findings),
+        )
         applied = {}
         for name, queued in (("smoke-jax", True), ("smoke-unqueued", False)):
             path = teams_file.with_name(f"{name}.json")
             path.write_text(json.dumps(smoke_jobset(a, pools[SPOT_POOL], name, checkpoints, b, queued), indent=2))
             rc, _ = shell.run(["kubectl", "apply", "--server-side", "-f", str(path)])
             applied[name] = rc == 0
-        rc, _ = shell.run(["kubectl", "wait", "jobset/smoke-jax", "-n", a.namespace, "--for=condition=Completed",
-                           f"--timeout={max(int(run_minutes), 1)}m"])  # fmt: skip
-        report.add("an unprivileged multi-host JobSet without host network sees 4 chips a host, 16 in all, and as "
-                   "its team's Kubernetes account writes its team's prefix, not another's",
-                   applied["smoke-jax"] and rc == 0, f"{a.namespace}/smoke-jax")  # fmt: skip
-        rc, out = shell.run(["kubectl", "get", "jobset", "smoke-unqueued", "-n", a.namespace, "-o",
-                             "jsonpath={.spec.suspend}"], answer="true")  # fmt: skip
+        rc, _ = shell.run(
+            [
+                "kubectl",
+                "wait",
+                "jobset/smoke-jax",
+                "-n",
+                a.namespace,
+                "--for=condition=Completed",
+                f"--timeout={max(int(run_minutes), 1)}m",
+            ]
+        )
+        report.add(
+            "an unprivileged multi-host JobSet without host network sees 4 chips a host, 16 in all, and as "
+            "its team's Kubernetes account writes its team's prefix, not another's",
+            applied["smoke-jax"] and rc == 0,
+            f"{a.namespace}/smoke-jax",
+        )
+        rc, out = shell.run(
+            ["kubectl", "get", "jobset", "smoke-unqueued", "-n", a.namespace, "-o", "jsonpath={.spec.suspend}"],
+            answer="true",
+        )
         report.add("a JobSet without a queue label is held suspended", applied["smoke-unqueued"] and out == "true")
         shell.run(["kubectl", "delete", "jobset", "smoke-jax", "smoke-unqueued", "-n", a.namespace, "--wait"])
     finally:
         rc, _ = shell.run([*env_up, "--config-file", str(plain_file)], cwd=ROOT)  # the queues go before Kueue's CRDs
         report.add("the environment without its teams: the queues deleted", rc == 0)
-        rc, _ = shell.run(["pulumi", "destroy", "--stack", cfg.stack, *config, "--yes", "--skip-preview"],
-                          cwd=admin_dir)  # fmt: skip
+        rc, _ = shell.run(
+            ["pulumi", "destroy", "--stack", cfg.stack, *config, "--yes", "--skip-preview"], cwd=admin_dir
+        )
         report.add("pulumi destroy (the admin phase)", rc == 0)
         rc, _ = shell.run(["pulumi", "stack", "rm", cfg.stack, "--yes"], cwd=admin_dir)
         report.add("pulumi stack rm (the admin phase)", rc == 0)
@@ -730,33 +932,61 @@ def smoke_gke(
         # TPU7x: placed by the named HIGH_THROUGHPUT policy; GKE keeps its topology and no type.
         placed = "\t".join(("RUNNING", naming.workload_policy(cfg.stack, iron.name), iron.accelerator.topology, ""))
         rc, out = shell.run(
-            ["gcloud", "container", "node-pools", "describe", naming.slice_node_pool(iron.name, 0), *location,
-             *project, "--format", "value(status,placementPolicy.policyName,placementPolicy.tpuTopology,"
-             "placementPolicy.type)"],
+            [
+                "gcloud",
+                "container",
+                "node-pools",
+                "describe",
+                naming.slice_node_pool(iron.name, 0),
+                *location,
+                *project,
+                "--format",
+                "value(status,placementPolicy.policyName,placementPolicy.tpuTopology,placementPolicy.type)",
+            ],
             answer=placed,
-        )  # fmt: skip
-        report.add("the TPU7x pool runs, placed by its workload policy with its topology and no type",
-                   rc == 0 and out == placed, naming.slice_node_pool(iron.name, 0))  # fmt: skip
+        )
+        report.add(
+            "the TPU7x pool runs, placed by its workload policy with its topology and no type",
+            rc == 0 and out == placed,
+            naming.slice_node_pool(iron.name, 0),
+        )
         rc, _ = shell.run(["pulumi", "preview", *stack, *config, "--expect-no-changes", "--refresh"], cwd=ROOT)
         report.add("a second preview changes nothing (no pool replaced by what GKE reports back)", rc == 0)
-        rc, _ = shell.run(["gcloud", "container", "clusters", "get-credentials", cluster, "--location", region,
-                           *project, "--dns-endpoint"])  # fmt: skip
+        rc, _ = shell.run(
+            [
+                "gcloud",
+                "container",
+                "clusters",
+                "get-credentials",
+                cluster,
+                "--location",
+                region,
+                *project,
+                "--dns-endpoint",
+            ]
+        )
         if not report.add("kubectl credentials through the DNS endpoint", rc == 0):
             return report
         shape = shape_of(iron)
         selector = ",".join(f"{k}={v}" for k, v in shape.node_labels.items())
-        rc, out = shell.run(["kubectl", "get", "nodes", "-l", selector, "-o", "name"],
-                            answer="\n".join(f"node/iron-{i}" for i in range(shape.vms_per_slice)))  # fmt: skip
-        report.add("the TPU7x nodes carry the accelerator and topology labels queues select",
-                   rc == 0 and len(out.split()) == shape.vms_per_slice, selector)  # fmt: skip
+        rc, out = shell.run(
+            ["kubectl", "get", "nodes", "-l", selector, "-o", "name"],
+            answer="\n".join(f"node/iron-{i}" for i in range(shape.vms_per_slice)),
+        )
+        report.add(
+            "the TPU7x nodes carry the accelerator and topology labels queues select",
+            rc == 0 and len(out.split()) == shape.vms_per_slice,
+            selector,
+        )
         if teams_file is not None and teams_cfg is not None:
             smoke_gke_teams(teams_cfg, teams_file, stack_file, shell, report, run_minutes=run_minutes)
         report.add(
             "a preempted spot slice comes back whole",
-            _preempt_a_spot_slice(shell, naming.slice_node_pool(spot.name, 0), spot, project, ready_minutes,
-                                  poll_seconds),
+            _preempt_a_spot_slice(
+                shell, naming.slice_node_pool(spot.name, 0), spot, project, ready_minutes, poll_seconds
+            ),
             naming.slice_node_pool(spot.name, 0),
-        )  # fmt: skip
+        )
     return report
 
 
@@ -774,20 +1004,28 @@ def _preempt_a_spot_slice(
     rc, before = shell.run(created, answer="2026-01-01T00:00:00Z")
     if rc:
         return False
-    rc, _ = shell.run(["gcloud", "compute", "instances", "simulate-maintenance-event", node, "--zone", pool.zone,
-                       *project])  # fmt: skip
+    rc, _ = shell.run(
+        ["gcloud", "compute", "instances", "simulate-maintenance-event", node, "--zone", pool.zone, *project]
+    )
     if rc:
         return False
     ready = [*pool_nodes, "-o", 'jsonpath={range .items[*]}{.status.conditions[?(@.type=="Ready")].status} {end}']
-    back = wait_for(shell, ready, lambda rc, out: rc == 0 and out.split() == ["True"] * vms,
-                    minutes=minutes, every=every, answer=" ".join(["True"] * vms))  # fmt: skip
+    back = wait_for(
+        shell,
+        ready,
+        lambda rc, out: rc == 0 and out.split() == ["True"] * vms,
+        minutes=minutes,
+        every=every,
+        answer=" ".join(["True"] * vms),
+    )
     rc, after = shell.run(created, answer="2026-01-01T00:10:00Z")
     return back and rc == 0 and bool(after) and after != before
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.smoke", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.smoke", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--project", required=True, help="a sandbox GCP project (it will hold a TPU for a while)")
     parser.add_argument("--billing-account", required=True, help="the project's billing account id (the budget's)")
     parser.add_argument("--zone", default="us-central1-a", help="zone of the TPU (default: us-central1-a)")
@@ -816,8 +1054,9 @@ def main(argv: list[str] | None = None) -> int:
     if gke and not args.tpu7x_reservation:
         parser.error("--engine gke needs --tpu7x-reservation: TPU7x capacity comes from a reservation")
     budget = args.budget if args.budget is not None else 10_000.0 if gke else 200.0
-    smoke_args = SmokeArgs(args.project, args.billing_account, args.zone, args.stack, args.owner, args.email,
-                           budget, args.bucket_location)  # fmt: skip
+    smoke_args = SmokeArgs(
+        args.project, args.billing_account, args.zone, args.stack, args.owner, args.email, budget, args.bucket_location
+    )
     teams_text = ""
     if gke:
         text = gke_stack_file_text(smoke_args, args.tpu7x_reservation)
@@ -825,8 +1064,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         choice = cheapest_tpu(args.zone)
         text = stack_file_text(smoke_args, choice)
-        print(f"# {choice.accelerator.name} spot in {args.zone}: about {choice.usd_per_hour:.2f} USD/hour "
-              "(catalog prices)")  # fmt: skip
+        print(
+            f"# {choice.accelerator.name} spot in {args.zone}: about {choice.usd_per_hour:.2f} USD/hour "
+            "(catalog prices)"
+        )
     workdir = Path(tempfile.mkdtemp(prefix="tpu-smoke-"))
     stack_file = workdir / f"Pulumi.{args.stack}.yaml"
     stack_file.write_text(text)
@@ -849,8 +1090,15 @@ def main(argv: list[str] | None = None) -> int:
     # A throwaway stack: its secrets provider's passphrase lives as long as this process.
     shell = Shell(args.dry_run, {"PULUMI_CONFIG_PASSPHRASE": secrets.token_urlsafe(24)})
     if gke:
-        report = smoke_gke(cfg, stack_file, shell, ready_minutes=args.ready_minutes, poll_seconds=args.poll_seconds,
-                           teams_file=teams_file, run_minutes=args.run_minutes)  # fmt: skip
+        report = smoke_gke(
+            cfg,
+            stack_file,
+            shell,
+            ready_minutes=args.ready_minutes,
+            poll_seconds=args.poll_seconds,
+            teams_file=teams_file,
+            run_minutes=args.run_minutes,
+        )
     else:
         report = smoke(cfg, stack_file, shell, run_minutes=args.run_minutes, poll_seconds=args.poll_seconds)
     if args.dry_run:

@@ -48,8 +48,9 @@ class RoleSpec:
     @classmethod
     def of(cls, kind: str, stack: str, title: str, description: str, permissions: Iterable[str]) -> RoleSpec:
         """A stack's custom role holding exactly `permissions`: the platform's unit of least privilege."""
-        return cls(naming.custom_role_id(kind, stack), f"tpu-platform: {title} ({stack})", description,
-                   tuple(permissions))  # fmt: skip
+        return cls(
+            naming.custom_role_id(kind, stack), f"tpu-platform: {title} ({stack})", description, tuple(permissions)
+        )
 
     def name(self, project: str) -> str:
         return f"projects/{project}/roles/{self.role_id}"

@@ -102,10 +102,16 @@ def object_reads(plans: Iterable[Plan]) -> ObjectReads:
                 glob = str(args.get("prefix") or "") + str(args.get("matchGlob") or "*")
                 listings.setdefault(str(args["bucket"]), set()).add(glob)
     for plan in plans:
-        read = [(str(r.inputs["bucket"]), str(r.inputs["name"])) for r in plan.resources
-                if r.type == "gcp:storage/bucketObject:BucketObject"]  # fmt: skip
-        read += [(str(a["bucket"]), str(a["name"])) for t, a in plan.invokes
-                 if t == "gcp:storage/getBucketObjectContent:getBucketObjectContent"]  # fmt: skip
+        read = [
+            (str(r.inputs["bucket"]), str(r.inputs["name"]))
+            for r in plan.resources
+            if r.type == "gcp:storage/bucketObject:BucketObject"
+        ]
+        read += [
+            (str(a["bucket"]), str(a["name"]))
+            for t, a in plan.invokes
+            if t == "gcp:storage/getBucketObjectContent:getBucketObjectContent"
+        ]
         for bucket, name in read:
             globs = [g for g in listings.get(bucket, ()) if _glob(g).fullmatch(name)]
             objects.add(f"{bucket}/{globs[0] if globs else _DIGEST.sub('*', name)}")

@@ -21,8 +21,9 @@ def scheduler_account(stack: str) -> AccountSpec:
 
 
 def scheduler_role(stack: str) -> RoleSpec:
-    return RoleSpec.of("scheduler", stack, "TPU scheduler", "Stop and read TPU nodes; nothing else.",
-                       SCHEDULER_PERMISSIONS)  # fmt: skip
+    return RoleSpec.of(
+        "scheduler", stack, "TPU scheduler", "Stop and read TPU nodes; nothing else.", SCHEDULER_PERMISSIONS
+    )
 
 
 def scheduler_identities(stack: str) -> StackIdentities:
@@ -84,21 +85,33 @@ def self_service_account(vm: str, stack: str) -> AccountSpec:
     """A self-service VM's own account (infra/researchers.py): it shares no account with a VM that runs
     reviewed work, and the bootstrap makes it like the workloads'."""
     return AccountSpec(
-        naming.self_service_account_id(vm, stack), f"TPU self-service VM {vm} ({stack})",
+        naming.self_service_account_id(vm, stack),
+        f"TPU self-service VM {vm} ({stack})",
         f"Runs the reviewed run and researchers' runs of TPU VM {vm}, and nothing else",
-    )  # fmt: skip
+    )
 
 
 def researcher_roles(stack: str, ssh: bool) -> dict[str, RoleSpec]:
     """The three custom roles (made by the bootstrap): on the project, to read a bucket, to submit."""
     return {
-        "project": RoleSpec.of("researcher", stack, "researcher", "List TPU VMs for tpu-runs.",
-                               researcher.permissions("project", ssh=ssh)),
-        "read": RoleSpec.of("researcher-read", stack, "researcher read",
-                            "Read one's own runs' state and results for tpu-runs.", researcher.READ_PERMISSIONS),
-        "submit": RoleSpec.of("researcher-submit", stack, "researcher submit",
-                              "Put new run requests and sources for tpu-runs.", researcher.SUBMIT_PERMISSIONS),
-    }  # fmt: skip
+        "project": RoleSpec.of(
+            "researcher", stack, "researcher", "List TPU VMs for tpu-runs.", researcher.permissions("project", ssh=ssh)
+        ),
+        "read": RoleSpec.of(
+            "researcher-read",
+            stack,
+            "researcher read",
+            "Read one's own runs' state and results for tpu-runs.",
+            researcher.READ_PERMISSIONS,
+        ),
+        "submit": RoleSpec.of(
+            "researcher-submit",
+            stack,
+            "researcher submit",
+            "Put new run requests and sources for tpu-runs.",
+            researcher.SUBMIT_PERMISSIONS,
+        ),
+    }
 
 
 def gke_node_account(stack: str) -> AccountSpec:
@@ -116,8 +129,13 @@ MEMBER_METHODS = (f"{calls.GKE_CLUSTERS}.get", calls.KUBERNETES_API)
 
 def member_role(stack: str) -> RoleSpec:
     permissions = sorted({p for m in MEMBER_METHODS for p in iamdata.method_permissions(m)})
-    return RoleSpec.of("gke-team", stack, "GKE team member",
-                       "Reach the GKE cluster with kubectl; what it may do inside is RBAC's.", permissions)  # fmt: skip
+    return RoleSpec.of(
+        "gke-team",
+        stack,
+        "GKE team member",
+        "Reach the GKE cluster with kubectl; what it may do inside is RBAC's.",
+        permissions,
+    )
 
 
 def team_identities(stack: str) -> StackIdentities:

@@ -64,9 +64,14 @@ _ACCELERATOR_NAME = r"[a-z][a-z0-9]*-[0-9]{1,5}"
 # A built-in program's own settings (its command line); a workload with its own source would ignore them.
 DEFAULT_MAINTENANCE_DAYS = ("SA", "SU")
 PROGRAM_ONLY = (
-    "frameworkVersion", "epochs", "batchSize", "checkpointEverySteps", "checkpointEveryMinutes", "stepSeconds",
+    "frameworkVersion",
+    "epochs",
+    "batchSize",
+    "checkpointEverySteps",
+    "checkpointEveryMinutes",
+    "stepSeconds",
     "checkpointSeconds",
-)  # fmt: skip
+)
 
 
 def _name(s: Setting) -> str:
@@ -337,9 +342,10 @@ def _code(node: Node, workload: WorkloadSettings) -> dict[str, object]:
     for key in PROGRAM_ONLY:
         if key in node.data:
             node.problems.add(
-                node.key(key), node.data[key], f"only with program: a workload with its own source takes {key} in "
-                "its command or env",
-            )  # fmt: skip
+                node.key(key),
+                node.data[key],
+                f"only with program: a workload with its own source takes {key} in its command or env",
+            )
     folder = optional_text(source_node, "workloads.<name>.source.folder", check=sources.folder_problem)
     image = optional_text(source_node, "workloads.<name>.source.image")
     source_node.done()
@@ -351,8 +357,12 @@ def _code(node: Node, workload: WorkloadSettings) -> dict[str, object]:
             return {"env": env}
         if why := sources.command_problem(tuple(command), folder):
             node.problems.add(node.key("command"), command, why)
-        return {"source": WorkloadSource("folder", folder=folder), "command": tuple(command), "python": python,
-                "env": env}  # fmt: skip
+        return {
+            "source": WorkloadSource("folder", folder=folder),
+            "command": tuple(command),
+            "python": python,
+            "env": env,
+        }
     if python:
         node.problems.add(node.key("python"), python, "only for a folder source: an image brings its own Python")
     return {"source": WorkloadSource("image", image=image or ""), "command": tuple(command), "env": env}
@@ -361,11 +371,15 @@ def _code(node: Node, workload: WorkloadSettings) -> dict[str, object]:
 def _program_flags(workload: WorkloadSettings) -> tuple[str, ...]:
     """A built-in program's own settings, as its command line (workloads/runlib.py's flags)."""
     return (
-        "--epochs", str(workload.epochs),
-        "--batch-size", str(workload.batch_size),
-        "--checkpoint-every-steps", str(workload.checkpoint_every_steps),
-        "--checkpoint-every-minutes", f"{workload.checkpoint_every_minutes:g}",
-    )  # fmt: skip
+        "--epochs",
+        str(workload.epochs),
+        "--batch-size",
+        str(workload.batch_size),
+        "--checkpoint-every-steps",
+        str(workload.checkpoint_every_steps),
+        "--checkpoint-every-minutes",
+        f"{workload.checkpoint_every_minutes:g}",
+    )
 
 
 def _command(node: Node) -> list[str]:
@@ -562,15 +576,14 @@ def _gke_accelerator(node: Node) -> GkeAcceleratorType | None:
 def _slice_pool(node: Node) -> SlicePoolSettings:
     accelerator = _gke_accelerator(node)
     pool = SlicePoolSettings(
-        name=text(node, "gke.slicePools[].name",
-                  check=lambda n: naming.resource_id_problem(n, naming.MAX_SLICE_POOL)),
+        name=text(node, "gke.slicePools[].name", check=lambda n: naming.resource_id_problem(n, naming.MAX_SLICE_POOL)),
         accelerator=accelerator or rules.NO_GKE_ACCELERATOR,
         zone=text(node, "gke.slicePools[].zone"),
         provisioning=text(node, "gke.slicePools[].provisioning"),
         reservation_name=optional_text(node, "gke.slicePools[].reservationName") or "",
         slices=integer(node, "gke.slicePools[].slices"),
         run_duration_hours=optional_number(node, "gke.slicePools[].runDurationHours"),
-    )  # fmt: skip
+    )
     node.done()
     return pool
 

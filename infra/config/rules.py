@@ -221,11 +221,15 @@ def _capacity(cfg: PlatformConfig, key: str, vm: TpuVmSettings, problems: Proble
         queued_only = {
             "reservationName": (vm.reservation_name, "only a queued request names a reservation (TPU API v2)"),
             "nodeCount": (vm.node_count if vm.node_count > 1 else None, "a multislice is a queued request"),
-            "fallbackZones": (list(vm.fallback_zones) or None, "a direct VM's zone is fixed; only a queued request "
-                              "falls back to other zones"),
-            "provisioning": ("flex-start" if vm.provisioning == "flex-start" else None,
-                             "flex-start exists only for queued requests"),
-        }  # fmt: skip
+            "fallbackZones": (
+                list(vm.fallback_zones) or None,
+                "a direct VM's zone is fixed; only a queued request falls back to other zones",
+            ),
+            "provisioning": (
+                "flex-start" if vm.provisioning == "flex-start" else None,
+                "flex-start exists only for queued requests",
+            ),
+        }
         for name, (value, why) in queued_only.items():
             if value:
                 # Without flex-start, its runDurationHours goes too.
@@ -550,16 +554,22 @@ def _self_service(cfg: PlatformConfig, problems: Problems) -> None:
     # which takes "a maximum of 30 log views" (Logging, "Configure log views on a log bucket"), two of them
     # Logging's own (_AllLogs, _Default).
     if cfg.self_service_vms and len(cfg.researchers) > MAX_RESEARCHERS:
-        problems.add(f"{PROJECT}:researchers", len(cfg.researchers),
-                     f"at most {MAX_RESEARCHERS} members (a log view each on the _Default log bucket, which holds "
-                     "30, two of them Logging's own): name groups instead of people")  # fmt: skip
+        problems.add(
+            f"{PROJECT}:researchers",
+            len(cfg.researchers),
+            f"at most {MAX_RESEARCHERS} members (a log view each on the _Default log bucket, which holds "
+            "30, two of them Logging's own): name groups instead of people",
+        )
     # A self-service VM has an account of its own (infra/researchers.py): no workload's may take its name.
     accounts = {naming.self_service_account_id(vm.name, cfg.stack): vm.name for vm in cfg.self_service_vms}
     for w in cfg.workloads:
         if service_account_id(w.name, cfg.stack) in accounts:
-            problems.add(f"{PROJECT}:workloads.{w.name}", w.name,
-                         f"gives the account id of self-service VM {accounts[service_account_id(w.name, cfg.stack)]}'s "
-                         "own account: rename the workload")  # fmt: skip
+            problems.add(
+                f"{PROJECT}:workloads.{w.name}",
+                w.name,
+                f"gives the account id of self-service VM {accounts[service_account_id(w.name, cfg.stack)]}'s "
+                "own account: rename the workload",
+            )
     if cfg.researcher_ssh and not cfg.researchers:
         problems.warn(f"{PROJECT}:researcherSsh", True, f"nobody is granted SSH: {PROJECT}:researchers is empty")
 

@@ -28,10 +28,29 @@ Scalar = str | int | float | bool
 # Cloud Storage locations (https://cloud.google.com/storage/docs/locations): multi-regions,
 # predefined dual-regions and the regions where Cloud TPUs run or data is commonly kept.
 BUCKET_LOCATIONS = (
-    "US", "EU", "ASIA", "NAM4", "EUR4", "EUR5", "EUR7", "EUR8", "ASIA1",
-    "US-CENTRAL1", "US-CENTRAL2", "US-EAST1", "US-EAST4", "US-EAST5", "US-SOUTH1", "US-WEST1", "US-WEST4",
-    "EUROPE-WEST4", "EUROPE-WEST1", "ASIA-EAST1", "ASIA-NORTHEAST1", "ASIA-SOUTHEAST1",
-)  # fmt: skip
+    "US",
+    "EU",
+    "ASIA",
+    "NAM4",
+    "EUR4",
+    "EUR5",
+    "EUR7",
+    "EUR8",
+    "ASIA1",
+    "US-CENTRAL1",
+    "US-CENTRAL2",
+    "US-EAST1",
+    "US-EAST4",
+    "US-EAST5",
+    "US-SOUTH1",
+    "US-WEST1",
+    "US-WEST4",
+    "EUROPE-WEST4",
+    "EUROPE-WEST1",
+    "ASIA-EAST1",
+    "ASIA-NORTHEAST1",
+    "ASIA-SOUTHEAST1",
+)
 STORAGE_CLASSES = ("STANDARD", "NEARLINE", "COLDLINE", "ARCHIVE")
 SPEND_BASIS = {"current": "CURRENT_SPEND", "forecasted": "FORECASTED_SPEND"}
 ON_COMPLETION = ("keep", "stop", "delete")

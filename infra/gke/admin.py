@@ -31,9 +31,15 @@ def build_admin(cfg: PlatformConfig, fetch: Fetch) -> dict[str, Any]:
     if gke is None:
         raise ConfigError(
             cfg.stack,
-            [Problem(f"{PROJECT}:gke", "(missing)", "the GKE admin phase installs into the stack's GKE cluster: "
-                     "declare the gke section and `pulumi up` the environment first")],
-        )  # fmt: skip
+            [
+                Problem(
+                    f"{PROJECT}:gke",
+                    "(missing)",
+                    "the GKE admin phase installs into the stack's GKE cluster: "
+                    "declare the gke section and `pulumi up` the environment first",
+                )
+            ],
+        )
     try:
         jobset, kueue = controller_objects(JOBSET, fetch), controller_objects(KUEUE, fetch)
     except ManifestError as error:

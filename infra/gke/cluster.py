@@ -35,8 +35,12 @@ from infra.config.model import GkeSettings
 from infra.gke import specs
 from infra.network import PrivateNetwork
 
-GKE_APIS = ("container.googleapis.com", "compute.googleapis.com", "iam.googleapis.com",
-            "cloudresourcemanager.googleapis.com")  # fmt: skip
+GKE_APIS = (
+    "container.googleapis.com",
+    "compute.googleapis.com",
+    "iam.googleapis.com",
+    "cloudresourcemanager.googleapis.com",
+)
 NODE_ROLE = "roles/container.defaultNodeServiceAccount"
 
 

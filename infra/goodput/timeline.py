@@ -66,29 +66,85 @@ class Category:
 RECOVERY = "BadputType.INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION"
 BEFORE_PROGRAM = "the library's job starts with the program: it counts this only after a disruption"
 CATEGORIES: tuple[Category, ...] = (
-    Category("queue", "request to the node's first READY: a queued request waiting, the node CREATING", TPU_API,
-             "", False, "before the job: not in the library's job time; not billed"),
-    Category("recoveryWait", "node PREEMPTED or lost to READY again: the guard's next check, delete, create",
-             GUARD, RECOVERY, False, "not billed: the node does not run"),
-    Category("boot", "READY to the agent's start: the guest OS and the start-up script", AGENT, RECOVERY, True,
-             BEFORE_PROGRAM),
-    Category("installs", "the agent's start to the program's: fetch and verify the source, venv, image pull",
-             AGENT, RECOVERY, True, BEFORE_PROGRAM),
-    Category("restore", "the program's start to its checkpoint restored", STEP_LINES,
-             "BadputType.UNPRODUCTIVE_CHECKPOINT_RESTORE_TIME", True),
-    Category("firstStep", "restored (or started) to the first step: compilation, device and data set-up",
-             STEP_LINES, "BadputType.PROGRAM_STARTUP", True,
-             "the library splits TPU_INITIALIZATION and TRAINING_PREP out when the program records them"),
-    Category("productive", "steps kept: from the first step to the last committed checkpoint or the end",
-             STEP_LINES, "GoodputType.TOTAL", True, "input waits inside a step count here"),
-    Category("checkpointSave", "training stalled by a save, periodic or on SIGTERM", STEP_LINES,
-             "BadputType.UNPRODUCTIVE_CHECKPOINT_SAVE_TIME", True),
-    Category("wastedProgress", "steps after the last committed checkpoint, lost to a preemption or a lost host",
-             STEP_LINES, "BadputType.WASTED_PROGRESS_FROM_DISRUPTION", True),
-    Category("idle", "the VM up with no run: after a run ends until stop or delete, between runs", AGENT, "",
-             True, "after the job: the library's job has ended; billed all the same"),
+    Category(
+        "queue",
+        "request to the node's first READY: a queued request waiting, the node CREATING",
+        TPU_API,
+        "",
+        False,
+        "before the job: not in the library's job time; not billed",
+    ),
+    Category(
+        "recoveryWait",
+        "node PREEMPTED or lost to READY again: the guard's next check, delete, create",
+        GUARD,
+        RECOVERY,
+        False,
+        "not billed: the node does not run",
+    ),
+    Category(
+        "boot",
+        "READY to the agent's start: the guest OS and the start-up script",
+        AGENT,
+        RECOVERY,
+        True,
+        BEFORE_PROGRAM,
+    ),
+    Category(
+        "installs",
+        "the agent's start to the program's: fetch and verify the source, venv, image pull",
+        AGENT,
+        RECOVERY,
+        True,
+        BEFORE_PROGRAM,
+    ),
+    Category(
+        "restore",
+        "the program's start to its checkpoint restored",
+        STEP_LINES,
+        "BadputType.UNPRODUCTIVE_CHECKPOINT_RESTORE_TIME",
+        True,
+    ),
+    Category(
+        "firstStep",
+        "restored (or started) to the first step: compilation, device and data set-up",
+        STEP_LINES,
+        "BadputType.PROGRAM_STARTUP",
+        True,
+        "the library splits TPU_INITIALIZATION and TRAINING_PREP out when the program records them",
+    ),
+    Category(
+        "productive",
+        "steps kept: from the first step to the last committed checkpoint or the end",
+        STEP_LINES,
+        "GoodputType.TOTAL",
+        True,
+        "input waits inside a step count here",
+    ),
+    Category(
+        "checkpointSave",
+        "training stalled by a save, periodic or on SIGTERM",
+        STEP_LINES,
+        "BadputType.UNPRODUCTIVE_CHECKPOINT_SAVE_TIME",
+        True,
+    ),
+    Category(
+        "wastedProgress",
+        "steps after the last committed checkpoint, lost to a preemption or a lost host",
+        STEP_LINES,
+        "BadputType.WASTED_PROGRESS_FROM_DISRUPTION",
+        True,
+    ),
+    Category(
+        "idle",
+        "the VM up with no run: after a run ends until stop or delete, between runs",
+        AGENT,
+        "",
+        True,
+        "after the job: the library's job has ended; billed all the same",
+    ),
     Category("unattributed", "billed time no event above explains", REMAINDER, "BadputType.OTHER", True),
-)  # fmt: skip
+)
 BY_KEY = {c.key: c for c in CATEGORIES}
 # The library's types no category maps to, and why the platform records none of that time.
 UNMAPPED = {
@@ -182,12 +238,21 @@ class RunTimeline:
 
     def check(self) -> None:
         problems = []
-        for name, value in (("chips", self.chips), ("preemptions", self.preemptions),
-                            ("lostWithoutNotice", self.lost_without_notice), ("steps", self.steps)):  # fmt: skip
+        for name, value in (
+            ("chips", self.chips),
+            ("preemptions", self.preemptions),
+            ("lostWithoutNotice", self.lost_without_notice),
+            ("steps", self.steps),
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 problems.append(f"{name}: {value!r} is not a whole number ≥ 0")
-        for name, value in (("runId", self.run_id), ("vm", self.vm), ("acceleratorType", self.accelerator_type),
-                            ("provisioning", self.provisioning), ("zone", self.zone)):  # fmt: skip
+        for name, value in (
+            ("runId", self.run_id),
+            ("vm", self.vm),
+            ("acceleratorType", self.accelerator_type),
+            ("provisioning", self.provisioning),
+            ("zone", self.zone),
+        ):
             if not isinstance(value, str) or not value:
                 problems.append(f"{name}: {value!r} is not a non-empty string")
         if not _seconds(self.billed_s):
@@ -250,12 +315,30 @@ class RunTimeline:
             raise TimelineError(f"schema: {data.get('schema')!r} is not {SCHEMA!r}")
         if data.get("version") != VERSION:
             raise TimelineError(f"version: {data.get('version')!r}; this reader knows version {VERSION}")
-        known = {"schema", "version", "untrusted", "goodputMeasurement", "lostWithoutNotice", "steps", "preemptions",
-                 "runId", "vm", "acceleratorType", "chips", "provisioning", "zone", "billedSeconds", "seconds",
-                 "stepLinesTrusted"}  # fmt: skip
+        known = {
+            "schema",
+            "version",
+            "untrusted",
+            "goodputMeasurement",
+            "lostWithoutNotice",
+            "steps",
+            "preemptions",
+            "runId",
+            "vm",
+            "acceleratorType",
+            "chips",
+            "provisioning",
+            "zone",
+            "billedSeconds",
+            "seconds",
+            "stepLinesTrusted",
+        }
         unknown = sorted(set(data) - known)
-        missing = sorted(k for k in ("runId", "vm", "acceleratorType", "chips", "provisioning", "zone",
-                                     "billedSeconds", "seconds") if k not in data)  # fmt: skip
+        missing = sorted(
+            k
+            for k in ("runId", "vm", "acceleratorType", "chips", "provisioning", "zone", "billedSeconds", "seconds")
+            if k not in data
+        )
         if unknown or missing:
             raise TimelineError(f"unknown keys {unknown}, missing keys {missing}")
         seconds = data["seconds"]

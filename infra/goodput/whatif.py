@@ -65,8 +65,12 @@ class Job:
     def problems(self) -> list[str]:
         out = [] if self.steps >= 1 else [f"steps: {self.steps} must be ≥ 1"]
         out += [] if self.step_s > 0 else [f"step time: {self.step_s:g} s must be > 0"]
-        for name, value in (("save", self.save_s), ("restore", self.restore_s), ("first step", self.first_step_s),
-                            ("commit", self.commit)):  # fmt: skip
+        for name, value in (
+            ("save", self.save_s),
+            ("restore", self.restore_s),
+            ("first step", self.first_step_s),
+            ("commit", self.commit),
+        ):
             out += [] if value >= 0 else [f"{name} time: {value:g} s must be ≥ 0"]
         if self.commit < self.save_s:
             out.append(f"commit time {self.commit:g} s is shorter than the save's stall {self.save_s:g} s")
@@ -116,8 +120,9 @@ class Capacity:
             out.append(f"{self.provisioning} VMs are not preempted: give their losses without notice instead")
         mean = self.preemptions.mean_hours
         if self.provisioning == "preemptible" and mean and mean > PREEMPTIBLE_LIFE_HOURS:
-            out.append(f"a preemptible VM lives at most {PREEMPTIBLE_LIFE_HOURS:g} h: a preemption every {mean:g} h "
-                       "cannot be")  # fmt: skip
+            out.append(
+                f"a preemptible VM lives at most {PREEMPTIBLE_LIFE_HOURS:g} h: a preemption every {mean:g} h cannot be"
+            )
         if self.slices < 1:
             out.append(f"slices: {self.slices} must be ≥ 1")
         return out

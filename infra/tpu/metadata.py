@@ -74,11 +74,12 @@ def run_spec(cfg: PlatformConfig, vm: TpuVmSettings, digests: Mapping[str, str])
         "env": dict(workload.env),
         "requester": "stack",
         "data": f"gs://{cfg.bucket_name('data')}/{workload.data_object}" if workload.data_object else "",
-        "checkpointDir": f"gs://{cfg.bucket_name('checkpoints')}/{run}" if workload.access("checkpoints") == "write"
+        "checkpointDir": f"gs://{cfg.bucket_name('checkpoints')}/{run}"
+        if workload.access("checkpoints") == "write"
         else "",
         "modelDir": f"gs://{cfg.bucket_name('models')}/{run}" if workload.access("models") == "write" else "",
         "completion": True,
-    }  # fmt: skip
+    }
     if workload.python and workload.source.kind == "folder":
         spec["python"] = workload.python
     return spec

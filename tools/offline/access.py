@@ -112,8 +112,9 @@ def not_made(stack: str, identities: StackIdentities, access: Mapping[str, Any])
     made = StackIdentities.from_json(entry)
     problems = [f"account {a.account_id}" for a in identities.accounts if a not in made.accounts]
     problems += [f"custom role {r.role_id}" for r in identities.roles if r not in made.roles]
-    problems += [f"act-as of {actor} on {target}" for actor, target in identities.acts_as if (actor, target) not in
-                 made.acts_as]  # fmt: skip
+    problems += [
+        f"act-as of {actor} on {target}" for actor, target in identities.acts_as if (actor, target) not in made.acts_as
+    ]
     return [
         f"{what} is not made by the bootstrap (bootstrap/access.json): run `python -m tools.offline access --write` "
         "and apply the bootstrap before deploying"
@@ -132,9 +133,10 @@ def who_can_do_what(deploys: Deploys, stack_file: Path | None = None) -> str:
     lines = [f"Who can do what in environment {stack} (project {project}; Google's role data in reference/gcp-iam):"]
     deployer = config.get("tpu-platform:deployer") or "(no tpu-platform:deployer set)"
     shared = sorted(
-        other for other, entry in committed.items()
+        other
+        for other, entry in committed.items()
         if other != stack and set(entry.get("billingAccounts", ())) & set(access.billing_accounts)
-    )  # fmt: skip
+    )
     billing = ", ".join(access.billing_accounts) or "no billing account"
     lines.append(
         f"  deployer   {deployer}: a custom role of {len(access.deployer_permissions)} permissions on {project} "

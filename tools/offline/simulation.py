@@ -128,8 +128,12 @@ class _Run:
         p, s = self.s.phases, self.s
         try:
             restore = p.restore_s if self.out.useful_s else 0.0  # a first start has nothing to restore
-            self.restart = (("boot", p.boot_s), ("installs", p.installs_s), ("restore", restore),
-                            ("firstStep", p.first_step_s))  # fmt: skip
+            self.restart = (
+                ("boot", p.boot_s),
+                ("installs", p.installs_s),
+                ("restore", restore),
+                ("firstStep", p.first_step_s),
+            )
             self.begin(RESTARTING)
             yield self.env.timeout(sum(seconds for _, seconds in self.restart))
             self._restarted(math.inf)
@@ -209,8 +213,12 @@ class _Run:
 
     def guard(self) -> Generator[Any, Any, None]:
         """The guard's ticks until it re-creates the node (decisions.py decides; main.py acts)."""
-        node = {"name": NODE, "state": "PREEMPTED", "schedulingConfig": {"spot": True},
-                "labels": {"environment": ENVIRONMENT, "managed-by": "pulumi"}}  # fmt: skip
+        node = {
+            "name": NODE,
+            "state": "PREEMPTED",
+            "schedulingConfig": {"spot": True},
+            "labels": {"environment": ENVIRONMENT, "managed-by": "pulumi"},
+        }
         every = self.s.recovery_every_s
         if math.isinf(every):  # no recovery: the node stays preempted
             return

@@ -55,10 +55,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     events = parser.add_argument_group("what takes the VM away")
     rate = events.add_mutually_exclusive_group()
     rate.add_argument("--preemption-hours", type=float, help="mean running hours between preemptions")
-    rate.add_argument("--history", type=Path, help="a record of preemptions (JSON: preemptions, "
-                      "lostWithoutNotice, runningHours), as `tpu-runs report` will write it")  # fmt: skip
-    events.add_argument("--lost-without-notice-hours", type=float, help="mean running hours between losses "
-                        "without notice (a host lost, kill -9)")  # fmt: skip
+    rate.add_argument(
+        "--history",
+        type=Path,
+        help="a record of preemptions (JSON: preemptions, "
+        "lostWithoutNotice, runningHours), as `tpu-runs report` will write it",
+    )
+    events.add_argument(
+        "--lost-without-notice-hours",
+        type=float,
+        help="mean running hours between losses without notice (a host lost, kill -9)",
+    )
     events.add_argument("--notice-seconds", type=float, default=NOTICE_S, help=f"default {NOTICE_S:g}")
     guard = parser.add_argument_group("recovery")
     guard.add_argument("--recovery-every-minutes", type=int, help="the guard's schedule (default 10; 0: none)")
@@ -124,8 +131,9 @@ def _inputs(args: argparse.Namespace) -> tuple[Job, Capacity, list[str]]:
         value = getattr(args, name)
         return value if value is not None else stack.values.get(name, default)
 
-    missing = [f"--{n.replace('_', '-')}" for n in ("accelerator", "zone", "step_seconds", "save_seconds")
-               if given(n) is None]  # fmt: skip
+    missing = [
+        f"--{n.replace('_', '-')}" for n in ("accelerator", "zone", "step_seconds", "save_seconds") if given(n) is None
+    ]
     if missing:
         raise UsageError(f"give {', '.join(missing)} (or --stack and --vm, with the settings that declare them)")
     accelerator = load_catalog().accelerator(given("accelerator"))

@@ -81,8 +81,13 @@ def daemon(marker: str) -> None:
         "if os.fork(): os._exit(0)\n"
         f"while True:\n    open({marker!r}, 'a').write('alive\\n'); time.sleep(0.2)\n"
     )
-    subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                     stderr=subprocess.DEVNULL, start_new_session=True).wait()  # fmt: skip
+    subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    ).wait()
 
 
 def main() -> int:
@@ -92,19 +97,31 @@ def main() -> int:
     told = os.environ.get("GCE_METADATA_HOST", "")
     with open("/proc/self/status") as lines:
         status = dict(line.split(":", 1) for line in lines if ":" in line)
-    report("identity", uid=os.getuid(), euid=os.geteuid(), groups=os.getgroups(),
-           caps=[status["CapPrm"].strip(), status["CapEff"].strip()], no_new_privs=status["NoNewPrivs"].strip(),
-           memlock=resource.getrlimit(resource.RLIMIT_MEMLOCK), metadata_host=told,
-           tpu_env={k: v for k, v in os.environ.items() if k.startswith("TPU_")})  # fmt: skip
+    report(
+        "identity",
+        uid=os.getuid(),
+        euid=os.geteuid(),
+        groups=os.getgroups(),
+        caps=[status["CapPrm"].strip(), status["CapEff"].strip()],
+        no_new_privs=status["NoNewPrivs"].strip(),
+        memlock=resource.getrlimit(resource.RLIMIT_MEMLOCK),
+        metadata_host=told,
+        tpu_env={k: v for k, v in os.environ.items() if k.startswith("TPU_")},
+    )
 
     # The VM's own token: asked of the real metadata address, and of the server the run was told of.
     direct, proxied = token_from(METADATA), token_from(told) if told else ""
     report("token", direct=direct, proxied=proxied)
     token = direct or proxied
-    for path in ("instance/service-accounts/default/identity?audience=https://example.com",
-                 "instance/attributes/tpu-platform-run", "instance/attributes/startup-script",
-                 "instance/attributes/tpu-platform-env", "instance/attributes/agent-worker-number",
-                 "instance/attributes/tpu-env", "project/project-id"):  # fmt: skip
+    for path in (
+        "instance/service-accounts/default/identity?audience=https://example.com",
+        "instance/attributes/tpu-platform-run",
+        "instance/attributes/startup-script",
+        "instance/attributes/tpu-platform-env",
+        "instance/attributes/agent-worker-number",
+        "instance/attributes/tpu-env",
+        "project/project-id",
+    ):
         report("metadata", path=path, status=metadata(METADATA, path)[0])
     with socket.socket() as s:
         s.settimeout(3)
@@ -156,11 +173,17 @@ def main() -> int:
 
     # The guard's alert: an entry as the guard's function would log it, written with the run's token.
     event = {"event": "tpu-recovery-gave-up", "environment": targets["stack"]}
-    forged = {"logName": targets["guard_log"], "resource": {"type": "cloud_run_revision", "labels": {}},
-              "entries": [{"jsonPayload": event}]}  # fmt: skip
-    request = urllib.request.Request(targets["logging"] + "/v2/entries:write", data=json.dumps(forged).encode(),
-                                     method="POST", headers={"Authorization": f"Bearer {token}",
-                                                             "Content-Type": "application/json"})  # fmt: skip
+    forged = {
+        "logName": targets["guard_log"],
+        "resource": {"type": "cloud_run_revision", "labels": {}},
+        "entries": [{"jsonPayload": event}],
+    }
+    request = urllib.request.Request(
+        targets["logging"] + "/v2/entries:write",
+        data=json.dumps(forged).encode(),
+        method="POST",
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
     try:
         with urllib.request.urlopen(request, timeout=10) as answer:
             status = answer.status
