@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from infra.goodput import interval
-from infra.goodput import timeline as module
-from infra.goodput.timeline import (
+from run_contract import timeline as module
+from run_contract.timeline import (
     BADPUT_TYPES,
     BY_KEY,
     CATEGORIES,
@@ -150,7 +150,7 @@ def test_the_record_imports_only_the_standard_library(path):
     names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     outside = {n for n in names if n.split(".")[0] not in sys.stdlib_module_names | {"__future__"}}
-    assert outside <= {"infra.goodput.timeline"}, outside
+    assert outside <= {"run_contract.timeline"}, outside
 
 
 def test_the_record_runs_on_python_3_8():
