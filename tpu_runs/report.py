@@ -1,0 +1,91 @@
+"""`tpu-runs report`: where a run's time went and what it cost, from the timeline its VM's agent keeps.
+
+The agent writes the run's events next to its state (run_contract/timeline.py RunEvents, at
+`<vm>/runs/<runId>/timeline.json` in the status bucket); this measures them by category, adds what the stack
+says the VM is (type, chips, zone, provisioning) and prices each category in chip-hours and list-price USD
+with the catalog's price date (infra/goodput/pricing.py). Billed time is the agent's window, from the VM's
+kernel boot to the run's end in each boot; the unattributed remainder is what no event explains.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from infra.config import TpuVmSettings
+from infra.goodput.pricing import Priced, price_timeline
+from run_contract.paths import member_key, status_prefix, timeline_name
+from run_contract.timeline import BY_KEY, RunEvents, RunTimeline, TimelineError, measure
+
+
+def timeline_object(vm: str, run_id: str, who: str, stack_run: bool) -> str:
+    """A researcher's run `<runId>` is `<member>/<runId>` on the VM; the stack's run goes by its own id."""
+    return status_prefix(vm) + timeline_name(run_id if stack_run else f"{member_key(who)}/{run_id}")
+
+
+def run_timeline(vm: TpuVmSettings, events: RunEvents) -> RunTimeline:
+    found = measure(events.events)
+    return RunTimeline.of(
+        run_id=events.run_id,
+        vm=events.vm,
+        accelerator_type=vm.accelerator.name,
+        chips=vm.accelerator.chips,
+        provisioning=vm.provisioning,
+        zone=vm.zone,
+        billed_s=found.billed_s,
+        measured=found.seconds,
+        preemptions=found.preemptions,
+        lost_without_notice=found.lost_without_notice,
+        steps=found.steps,
+        step_lines_trusted=events.step_lines_trusted,
+    )
+
+
+def as_json(timeline: RunTimeline, priced: Priced) -> dict[str, Any]:
+    return {"timeline": timeline.to_json(), "priced": priced.to_json(), "goodput": timeline.goodput}
+
+
+def table(timeline: RunTimeline, priced: Priced) -> str:
+    p = priced.price
+    per_hour = "no price" if p.per_chip_hour is None else f"${p.per_chip_hour:g}/chip-hour"
+    lines = [
+        f"run {timeline.run_id} on {timeline.vm}: {timeline.accelerator_type} ({timeline.chips} chips), "
+        f"{timeline.provisioning}, {timeline.zone}",
+        f"priced at {per_hour} in {p.region}: a list-price estimate, prices of {p.date} ({p.source})",
+        *[f"  note: {note}" for note in p.notes],
+        f"{'category':<16}{'seconds':>11}{'chip-hours':>12}{'USD':>10}  ",
+    ]
+    for line in priced.lines:
+        if not BY_KEY[line.category].billed and not line.seconds:
+            continue  # the TPU API's and the guard's waits: not in the agent's record
+        usd = "" if line.usd is None else f"{line.usd:.4f}"
+        mark = "  untrusted (the program's step lines)" if line.untrusted else ""
+        lines.append(f"{line.category:<16}{line.seconds:>11.1f}{line.chip_hours:>12.4f}{usd:>10}{mark}")
+    total = "" if priced.usd is None else f"{priced.usd:.4f}"
+    lines.append(f"{'billed':<16}{timeline.billed_s:>11.1f}{priced.chip_hours:>12.4f}{total:>10}")
+    share = timeline.seconds["unattributed"] / timeline.billed_s if timeline.billed_s else 0.0
+    lines.append(
+        f"goodput {timeline.goodput:.1%}; unattributed {share:.1%}; {timeline.steps} steps; "
+        f"{timeline.preemptions} stop notice(s), {timeline.lost_without_notice} lost without notice"
+    )
+    return "\n".join(lines)
+
+
+def report(google: Any, stack: Any, args: argparse.Namespace, who: str) -> int:
+    """Print the run's report (a table, or `--json`); 1 when the VM's agent has kept no timeline for it."""
+    vm = stack.vm(args.vm)
+    name = timeline_object(vm.name, args.run_id, who, args.stack_run)
+    raw = google.read(stack.status, name)
+    if raw is None:
+        print(f"no timeline at gs://{stack.status}/{name}: the run has not started on {vm.name}, or its agent "
+              "predates timelines")  # fmt: skip
+        return 1
+    try:
+        timeline = run_timeline(vm, RunEvents.from_json(json.loads(raw)))
+    except (ValueError, TimelineError) as error:
+        print(f"gs://{stack.status}/{name} is not a run timeline: {error}")
+        return 1
+    priced = price_timeline(timeline)
+    print(json.dumps(as_json(timeline, priced), indent=1) if args.json else table(timeline, priced))
+    return 0
