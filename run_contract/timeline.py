@@ -547,14 +547,16 @@ class Measured:
 
 
 def measure(events: Iterable[Event]) -> Measured:
-    """Seconds by category from a run's events, boot by boot (each `boot` or `agentStart` opens one).
+    """Seconds by category from a run's events, boot by boot (each `boot` or `agentStart` opens one, and so
+    does whatever follows an `end`).
 
     In one boot: `boot` to `agentStart` is boot; `prepare` to the next `programStart` installs; an
     attempt's start to `restored` restore, then to `firstStep` firstStep; checkpoint stalls (the program's
     `seconds`) checkpointSave; an attempt that did not exit 0 loses the steps after its last committed
-    checkpoint (to its last step line) as wastedProgress; the rest of first step to last step line is
-    productive. The billed window runs from `boot` (else the boot's first event) to its last event: the
-    node's own READY comes earlier and is the TPU API's to tell, so what this window leaves out is not here.
+    checkpoint (to its last step line) as wastedProgress, none when that checkpoint holds its last step;
+    the rest of first step to last step line (or a save after it) is productive. The billed window runs
+    from `boot` (else the boot's first event) to its last event: the node's own READY comes earlier and is
+    the TPU API's to tell, so what this window leaves out is not here.
     A boot that ends with no `end` lost its run without notice (a host lost, kill -9).
     """
     seconds = {c.key: 0.0 for c in CATEGORIES if c.key != "unattributed"}
@@ -590,9 +592,12 @@ def measure(events: Iterable[Event]) -> Measured:
 
 
 def _boots(events: list[Event]) -> list[list[Event]]:
+    """The record cut where the run's time on the VM starts again: at a boot, an agent's start, or whatever
+    follows its `end` (a request resumed after the stack's run: the time between was that run's)."""
     lives: list[list[Event]] = []
     for event in events:
-        opens = event.kind == "boot" or (event.kind == "agentStart" and not (lives and lives[-1][-1].kind == "boot"))
+        last = lives[-1][-1].kind if lives else ""
+        opens = event.kind == "boot" or (event.kind == "agentStart" and last != "boot") or last == "end"
         if opens or not lives:
             lives.append([])
         lives[-1].append(event)
@@ -611,14 +616,17 @@ def _attempt(attempt: list[Event], seconds: dict[str, float]) -> int:
     if first_step is None or last_step is None:
         return 0
     seconds["firstStep"] += first_step.at - (restored or start).at
-    # Saves between its first and last step lines: one before the first step line is part of that first step.
-    saves = [e for e in attempt if e.kind == "checkpoint" and first_step.at <= e.at <= last_step.at]
-    stalled = min(sum(e.seconds or 0.0 for e in saves), last_step.at - first_step.at)
+    # Training ends at its last step line, or at a save reported after it (runlib saves on notice, then says so).
+    # A save before the first step line is part of that first step.
+    saves = [e for e in attempt if e.kind == "checkpoint" and e.at >= first_step.at]
+    end = max([last_step.at] + [e.at for e in saves])
+    stalled = min(sum(e.seconds or 0.0 for e in saves), end - first_step.at)
     wasted = 0.0
     if exit_ is None or exit_.code != 0:  # the steps after the last committed checkpoint are lost
-        committed = saves[-1].at if saves else first_step.at
-        wasted = max(0.0, last_step.at - committed)
+        kept = saves[-1] if saves else None
+        if kept is None or kept.step is None or last_step.step is None or kept.step < last_step.step:
+            wasted = max(0.0, last_step.at - (kept.at if kept else first_step.at))
     seconds["checkpointSave"] += stalled
     seconds["wastedProgress"] += wasted
-    seconds["productive"] += max(0.0, last_step.at - first_step.at - stalled - wasted)
+    seconds["productive"] += max(0.0, end - first_step.at - stalled - wasted)
     return last_step.step or 0

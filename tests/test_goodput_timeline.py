@@ -221,3 +221,17 @@ def test_the_events_record_reads_back_and_marks_untrusted_categories():
 def test_a_step_line_is_a_json_object_with_an_integer_step(line, step):
     found = module.step_line(line)
     assert (found or {}).get("step") == step
+
+
+def test_a_save_on_notice_after_the_last_step_line_loses_no_work():
+    """runlib trains, prints the step, then saves on SIGTERM and says so: the save holds the last step."""
+    events = _events(
+        ("agentStart", 0.0, {}), ("programStart", 10.0, {}), ("firstStep", 20.0, {"step": 50}),
+        ("step", 120.0, {"step": 300}), ("sigterm", 121.0, {}),
+        ("checkpoint", 125.0, {"step": 300, "seconds": 5.0}), ("exit", 126.0, {"code": 75}), ("end", 127.0, {}),
+    )  # fmt: skip
+    found = module.measure(events)
+    assert found.seconds["wastedProgress"] == 0.0 and found.seconds["checkpointSave"] == 5.0
+    assert found.seconds["productive"] == pytest.approx(125.0 - 20.0 - 5.0)
+    earlier = (*events[:4], module.Event("checkpoint", 100.0, step=250, seconds=1.0), *events[4:5], *events[6:])
+    assert module.measure(earlier).seconds["wastedProgress"] == pytest.approx(20.0)  # steps 251-300 lost
