@@ -164,7 +164,7 @@ def check_timeline(cloud, vm: Vm, run_id: str, preempted_at: int) -> None:
     last_save = [e for e in first_boot if e.kind == "checkpoint"][-1]
     last_step = [e for e in first_boot if e.kind in ("step", "firstStep")][-1]
     assert last_save.step == last_step.step == preempted_at
-    assert seconds["wastedProgress"] == pytest.approx(last_step.at - last_save.at)
+    assert seconds["wastedProgress"] == 0.0  # nothing trained after the checkpoint saved on notice
     # Each step sleeps STEP_SECONDS: the steps between each attempt's first and last line (12 - 2) at least.
     assert seconds["productive"] + seconds["checkpointSave"] + seconds["wastedProgress"] >= 10 * 0.25
     assert seconds["firstStep"] >= 2 * 0.25 and seconds["installs"] > 0 and seconds["restore"] > 0
