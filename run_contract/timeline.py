@@ -272,7 +272,7 @@ class RunTimeline:
     @property
     def untrusted(self) -> tuple[str, ...]:
         """The categories a self-service program's step lines decide; none when its lines are trusted."""
-        return () if self.step_lines_trusted else tuple(c.key for c in CATEGORIES if c.from_step_lines)
+        return untrusted_categories(self.step_lines_trusted)
 
     @property
     def goodput(self) -> float:
@@ -310,12 +310,7 @@ class RunTimeline:
     @classmethod
     def from_json(cls, data: Any) -> RunTimeline:
         """A record read back; anything that is not version 1 of this schema raises TimelineError."""
-        if not isinstance(data, dict):
-            raise TimelineError(f"a timeline is a JSON object, not {type(data).__name__}")
-        if data.get("schema") != SCHEMA:
-            raise TimelineError(f"schema: {data.get('schema')!r} is not {SCHEMA!r}")
-        if data.get("version") != VERSION:
-            raise TimelineError(f"version: {data.get('version')!r}; this reader knows version {VERSION}")
+        _header(data, "a timeline", SCHEMA, VERSION)
         known = {
             "schema",
             "version",
@@ -364,6 +359,21 @@ class RunTimeline:
         if abs(billed - timeline.billed_s) > max(SKEW_S, SKEW_SHARE * timeline.billed_s):
             raise TimelineError(f"billed categories add up to {billed:g} s, not the {timeline.billed_s:g} s billed")
         return timeline
+
+
+def _header(data: Any, what: str, schema: str, version: int) -> None:
+    """A record of `schema` at `version`, or TimelineError."""
+    if not isinstance(data, dict):
+        raise TimelineError(f"{what} is a JSON object, not {type(data).__name__}")
+    if data.get("schema") != schema:
+        raise TimelineError(f"schema: {data.get('schema')!r} is not {schema!r}")
+    if data.get("version") != version:
+        raise TimelineError(f"version: {data.get('version')!r}; this reader knows version {version}")
+
+
+def untrusted_categories(step_lines_trusted: bool) -> tuple[str, ...]:
+    """The categories a self-service program's step lines decide; none when its lines are trusted."""
+    return () if step_lines_trusted else tuple(c.key for c in CATEGORIES if c.from_step_lines)
 
 
 def _seconds(value: Any) -> bool:
@@ -511,18 +521,13 @@ class RunEvents:
             "runId": self.run_id,
             "vm": self.vm,
             "stepLinesTrusted": self.step_lines_trusted,
-            "untrusted": [c.key for c in CATEGORIES if c.from_step_lines] if not self.step_lines_trusted else [],
+            "untrusted": list(untrusted_categories(self.step_lines_trusted)),
             "events": [event.to_json() for event in self.events],
         }
 
     @classmethod
     def from_json(cls, data: Any) -> RunEvents:
-        if not isinstance(data, dict):
-            raise TimelineError(f"a run's events are a JSON object, not {type(data).__name__}")
-        if data.get("schema") != EVENTS_SCHEMA:
-            raise TimelineError(f"schema: {data.get('schema')!r} is not {EVENTS_SCHEMA!r}")
-        if data.get("version") != EVENTS_VERSION:
-            raise TimelineError(f"version: {data.get('version')!r}; this reader knows version {EVENTS_VERSION}")
+        _header(data, "a run's events", EVENTS_SCHEMA, EVENTS_VERSION)
         unknown = sorted(set(data) - {"schema", "version", "runId", "vm", "stepLinesTrusted", "untrusted", "events"})
         if unknown:
             raise TimelineError(f"unknown keys {unknown}")
