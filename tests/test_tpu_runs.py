@@ -7,6 +7,7 @@ which is what the researcher's roles are made of. The agent's side is the real R
 
 from __future__ import annotations
 
+import calendar
 import contextlib
 import hashlib
 import http.server
@@ -485,5 +486,34 @@ def test_a_researcher_reports_her_runs_time_and_cost_by_category(world: World, c
     assert "unattributed" in table and "untrusted (the program's step lines)" in table
     assert world.run("report", "--vm", VM, "exp-9") == 1  # no timeline: said, not a traceback
     assert "no timeline at" in capsys.readouterr().out
+    assert world.session.violations == []
+    assert set(world.session.methods) <= {m for methods in RESEARCHER_CALLS.values() for m in methods}
+
+
+def _finished_run(start: float, billed: float) -> tuple[Event, ...]:
+    return (Event("agentStart", start), Event("prepare", start + 1), Event("programStart", start + 11),
+            Event("firstStep", start + 21, step=1), Event("step", start + billed - 2, step=100),
+            Event("exit", start + billed - 1, code=0), Event("end", start + billed))  # fmt: skip
+
+
+def test_a_researcher_reports_all_her_runs_on_a_vm_and_one_month_of_them(world: World, capsys):
+    november, december = calendar.timegm((2026, 11, 20, 0, 0, 0)), calendar.timegm((2026, 12, 1, 0, 0, 0))
+    for owner, run, start, billed in ((OWNER, "exp-1", november, 3600.0), (OWNER, "exp-2", december, 1800.0),
+                                      ("user-bob@acme.example", "exp-1", november, 7200.0)):  # fmt: skip
+        record = RunEvents(f"{owner}/{run}", VM, _finished_run(start, billed), step_lines_trusted=False)
+        world.write(STATUS, f"{VM}/runs/{owner}/{run}/timeline.json", json.dumps(record.to_json()).encode())
+    capsys.readouterr()
+    assert world.run("report", "--vm", VM, "--json") == 0
+    found = json.loads(capsys.readouterr().out)
+    assert sorted(r["runId"] for r in found["runs"]) == [f"{OWNER}/exp-1", f"{OWNER}/exp-2"]  # not Bob's
+    assert found["total"]["timeline"]["billedSeconds"] == 5400.0
+    assert found["total"]["priced"]["chipHours"] == pytest.approx(8 * 5400 / 3600)
+    assert world.run("report", "--vm", VM, "--month", "2026-11", "--json") == 0
+    november_only = json.loads(capsys.readouterr().out)
+    assert [r["runId"] for r in november_only["runs"]] == [f"{OWNER}/exp-1"]
+    assert november_only["total"]["timeline"]["seconds"]["installs"] == 10.0
+    assert world.run("report", "--vm", VM, "--month", "2026-10") == 1
+    assert world.run("report", "--vm", VM, "--month", "26-10") == 2
+    assert "a UTC month like 2026-11" in capsys.readouterr().err
     assert world.session.violations == []
     assert set(world.session.methods) <= {m for methods in RESEARCHER_CALLS.values() for m in methods}

@@ -298,12 +298,14 @@ def stop(google: Google, stack: Stack, args: argparse.Namespace) -> int:
 
 
 def report_run(google: Google, stack: Stack, args: argparse.Namespace) -> int:
-    """tpu_runs/report.py: one of the researcher's runs, or (`--stack-run`) the stack's run on the VM."""
+    """tpu_runs/report.py: one of the researcher's runs (or, `--stack-run`, the stack's run), or all of them."""
     pattern, rule = (
         (RUN_ID, "the stack's run id (tpuVms[].run)") if args.stack_run else (REQUEST_RUN_ID, REQUEST_RUN_ID_RULE)
     )
-    if not pattern.fullmatch(args.run_id):
+    if args.run_id and not pattern.fullmatch(args.run_id):
         raise UsageError(f"run id {args.run_id!r}: {rule}")
+    if args.month and not re.fullmatch(r"\d{4}-(0[1-9]|1[0-2])", args.month):
+        raise UsageError(f"--month {args.month!r}: a UTC month like 2026-11")
     return report.report(google, stack, args, "" if args.stack_run else requester(args.requester))
 
 
@@ -338,8 +340,9 @@ def parser() -> argparse.ArgumentParser:
     sub = command("list", "The stack's VMs, their TPU state and their runs.", vm_required=False)
     sub.set_defaults(run=list_runs)
     sub = command("report", "Where a run's time went and what it cost, by category, in chip-hours and list-price USD.")
-    sub.add_argument("run_id", metavar="RUN_ID")
-    sub.add_argument("--stack-run", action="store_true", help="RUN_ID is the stack's run on the VM, not one of yours")
+    sub.add_argument("run_id", metavar="RUN_ID", nargs="?", help="one run (default: every run of yours on the VM)")
+    sub.add_argument("--stack-run", action="store_true", help="the stack's run(s) on the VM, not yours")
+    sub.add_argument("--month", help="without RUN_ID: runs that started in this UTC month, like 2026-11")
     sub.add_argument("--json", action="store_true", help="the report as JSON")
     sub.set_defaults(run=report_run)
     for name, helptext, run in (

@@ -1,4 +1,6 @@
-"""`tpu-runs report`: where a run's time went and what it cost, from the timeline its VM's agent keeps.
+"""`tpu-runs report`: where a run's time went and what it cost, from the timeline its VM's agent keeps; without
+a run id, every run of the VM the caller may read (her own; with `--stack-run`, the VM's whole folder), one
+line each and their sum by category, for one UTC month with `--month`.
 
 The agent writes the run's events next to its state (run_contract/timeline.py RunEvents, at
 `<vm>/runs/<runId>/timeline.json` in the status bucket); this measures them by category, adds what the stack
@@ -11,11 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from typing import Any
 
 from infra.config import TpuVmSettings
 from infra.goodput.pricing import Priced, price_timeline
-from run_contract.paths import member_key, status_prefix, timeline_name
+from run_contract.paths import member_key, runs_prefix, status_prefix, timeline_name
 from run_contract.timeline import BY_KEY, RunEvents, RunTimeline, TimelineError, measure
 
 
@@ -72,8 +75,67 @@ def table(timeline: RunTimeline, priced: Priced) -> str:
     return "\n".join(lines)
 
 
+def started_month(events: RunEvents) -> str:
+    """The UTC month (YYYY-MM) of the run's first event; "" for a record without one."""
+    return time.strftime("%Y-%m", time.gmtime(events.events[0].at)) if events.events else ""
+
+
+def total(vm: TpuVmSettings, runs: list[RunTimeline], what: str) -> RunTimeline:
+    """The runs' seconds and counts summed, as one timeline of the VM (`what` names them)."""
+    measured = {key: sum(t.seconds[key] for t in runs) for key in BY_KEY if key != "unattributed"}
+    return RunTimeline.of(
+        run_id=what,
+        vm=vm.name,
+        accelerator_type=vm.accelerator.name,
+        chips=vm.accelerator.chips,
+        provisioning=vm.provisioning,
+        zone=vm.zone,
+        billed_s=sum(t.billed_s for t in runs),
+        measured=measured,
+        preemptions=sum(t.preemptions for t in runs),
+        lost_without_notice=sum(t.lost_without_notice for t in runs),
+        steps=sum(t.steps for t in runs),
+        step_lines_trusted=all(t.step_lines_trusted for t in runs),
+    )
+
+
+def report_vm(google: Any, stack: Any, args: argparse.Namespace, who: str) -> int:
+    """Every readable run's timeline on the VM (in `args.month`, if given): a line each, and their sum."""
+    vm = stack.vm(args.vm)
+    prefix = runs_prefix(vm.name) if args.stack_run else f"{runs_prefix(vm.name)}{member_key(who)}/"
+    runs: list[RunTimeline] = []
+    for item in google.list_objects(stack.status, prefix):
+        if not item["name"].endswith("/timeline.json"):
+            continue
+        try:
+            events = RunEvents.from_json(json.loads(google.read(stack.status, item["name"]) or b"null"))
+        except (ValueError, TimelineError) as error:
+            print(f"skipped gs://{stack.status}/{item['name']}: not a run timeline ({error})")
+            continue
+        if not args.month or started_month(events) == args.month:
+            runs.append(run_timeline(vm, events))
+    scope = f"{vm.name}{' in ' + args.month if args.month else ''}"
+    if not runs:
+        print(f"no run timelines of yours on {scope} under gs://{stack.status}/{prefix}")
+        return 1
+    summed = total(vm, runs, f"{len(runs)} run(s) on {scope}")
+    priced = price_timeline(summed)
+    if args.json:
+        each = [{"runId": t.run_id, **as_json(t, price_timeline(t))} for t in runs]
+        print(json.dumps({"runs": each, "total": as_json(summed, priced)}, indent=1))
+        return 0
+    for t in runs:
+        usd = price_timeline(t).usd
+        cost = "no price" if usd is None else f"{usd:.2f} USD"
+        print(f"{t.run_id:<48} {t.billed_s / 3600:>8.2f} h  goodput {t.goodput:>6.1%}  {cost}")
+    print(table(summed, priced))
+    return 0
+
+
 def report(google: Any, stack: Any, args: argparse.Namespace, who: str) -> int:
     """Print the run's report (a table, or `--json`); 1 when the VM's agent has kept no timeline for it."""
+    if not args.run_id:
+        return report_vm(google, stack, args, who)
     vm = stack.vm(args.vm)
     name = timeline_object(vm.name, args.run_id, who, args.stack_run)
     raw = google.read(stack.status, name)
