@@ -29,19 +29,33 @@ def timeline_object(vm: str, run_id: str, who: str, stack_run: bool) -> str:
 
 def run_timeline(vm: TpuVmSettings, events: RunEvents) -> RunTimeline:
     found = measure(events.events)
+    counts = (found.preemptions, found.lost_without_notice, found.steps)
+    return _on(vm, events.run_id, found.billed_s, found.seconds, counts, events.step_lines_trusted)
+
+
+def _on(
+    vm: TpuVmSettings,
+    run_id: str,
+    billed_s: float,
+    measured: dict[str, float],
+    counts: tuple[int, int, int],
+    trusted: bool,
+) -> RunTimeline:
+    """A timeline on the stack's VM `vm`; `counts`: preemptions, losses without notice, steps."""
+    preemptions, lost, steps = counts
     return RunTimeline.of(
-        run_id=events.run_id,
-        vm=events.vm,
+        run_id=run_id,
+        vm=vm.name,
         accelerator_type=vm.accelerator.name,
         chips=vm.accelerator.chips,
         provisioning=vm.provisioning,
         zone=vm.zone,
-        billed_s=found.billed_s,
-        measured=found.seconds,
-        preemptions=found.preemptions,
-        lost_without_notice=found.lost_without_notice,
-        steps=found.steps,
-        step_lines_trusted=events.step_lines_trusted,
+        billed_s=billed_s,
+        measured=measured,
+        preemptions=preemptions,
+        lost_without_notice=lost,
+        steps=steps,
+        step_lines_trusted=trusted,
     )
 
 
@@ -83,20 +97,9 @@ def started_month(events: RunEvents) -> str:
 def total(vm: TpuVmSettings, runs: list[RunTimeline], what: str) -> RunTimeline:
     """The runs' seconds and counts summed, as one timeline of the VM (`what` names them)."""
     measured = {key: sum(t.seconds[key] for t in runs) for key in BY_KEY if key != "unattributed"}
-    return RunTimeline.of(
-        run_id=what,
-        vm=vm.name,
-        accelerator_type=vm.accelerator.name,
-        chips=vm.accelerator.chips,
-        provisioning=vm.provisioning,
-        zone=vm.zone,
-        billed_s=sum(t.billed_s for t in runs),
-        measured=measured,
-        preemptions=sum(t.preemptions for t in runs),
-        lost_without_notice=sum(t.lost_without_notice for t in runs),
-        steps=sum(t.steps for t in runs),
-        step_lines_trusted=all(t.step_lines_trusted for t in runs),
-    )
+    counts = (sum(t.preemptions for t in runs), sum(t.lost_without_notice for t in runs), sum(t.steps for t in runs))
+    trusted = all(t.step_lines_trusted for t in runs)
+    return _on(vm, what, sum(t.billed_s for t in runs), measured, counts, trusted)
 
 
 def report_vm(google: Any, stack: Any, args: argparse.Namespace, who: str) -> int:
@@ -140,8 +143,8 @@ def report(google: Any, stack: Any, args: argparse.Namespace, who: str) -> int:
     name = timeline_object(vm.name, args.run_id, who, args.stack_run)
     raw = google.read(stack.status, name)
     if raw is None:
-        print(f"no timeline at gs://{stack.status}/{name}: the run has not started on {vm.name}, or its agent "
-              "predates timelines")  # fmt: skip
+        where = f"gs://{stack.status}/{name}"
+        print(f"no timeline at {where}: the run has not started on {vm.name}, or its agent predates timelines")
         return 1
     try:
         timeline = run_timeline(vm, RunEvents.from_json(json.loads(raw)))
