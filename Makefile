@@ -77,6 +77,7 @@ unit: $(STAMP) $(WSTAMP) $(NSTAMP)
 bench: $(STAMP) $(WSTAMP)  ## figures: offline-plan scale, workload throughput and checkpoint times, goodput model
 	$(PY) benchmarks/plan_scale.py
 	$(PY) benchmarks/goodput_model.py
+	$(PY) benchmarks/goodput_recording.py
 	$(PY) benchmarks/workloads.py --python $(WVENV)/bin/python
 
 test-fast: $(STAMP)  ## the tests that need no TensorFlow, JAX or npm, and no real training

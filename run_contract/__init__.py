@@ -8,6 +8,7 @@ reads the marker. Each imports this package and keeps no copy of it:
 - `spec`: the run spec (what a run is: source folder or image, command, env, ...) and its strict parser;
 - `request`: a researcher's run or stop request (tpu-runs -> agent), its object name and run id;
 - `status`: the run's state record (`status.json`) and its states;
+- `timeline`: a run's events as the agent records them, and its time by category (goodput and cost);
 - `completion_marker`: `<vm>/COMPLETE`, written when the stack's run has finished;
 - `names`: the metadata keys, the environment the platform sets for a run, exit codes, object paths.
 

@@ -41,6 +41,11 @@ def status_name(run_id: str, worker_id: int = 0) -> str:
     return f"runs/{run_id}/{leaf}"
 
 
+def timeline_name(run_id: str) -> str:
+    """A run's events (run_contract/timeline.py RunEvents), next to its state: written by worker 0's agent."""
+    return f"runs/{run_id}/timeline.json"
+
+
 def member_key(member: str) -> str:
     """`user:alice@acme.example` -> `user-alice@acme.example`: the path part of a researcher's folders."""
     match = MEMBER.fullmatch(member)

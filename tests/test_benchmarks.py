@@ -44,3 +44,8 @@ def test_packaging_benchmark_runs():
 def test_goodput_model_benchmark_runs():
     out = run("benchmarks/goodput_model.py", "--cells", "1", "--events", "100")
     assert "sim/model" in out and len(out.splitlines()) == 2
+
+
+def test_goodput_recording_benchmark_runs():
+    out = run("benchmarks/goodput_recording.py", "--lines", "200")
+    assert "us/line on the run's path" in out and "the record's write" in out

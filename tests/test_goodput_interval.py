@@ -25,7 +25,7 @@ from infra.goodput.interval import (
     waste,
     young,
 )
-from infra.goodput.timeline import BY_KEY, PreemptionHistory
+from run_contract.timeline import BY_KEY, PreemptionHistory
 
 SPOT = Rate.every(4)
 PHASES = Phases(queue_s=90, recovery_wait_s=600, boot_s=120, installs_s=60, restore_s=30, first_step_s=60)

@@ -8,7 +8,7 @@ from infra.catalog import load_catalog
 from infra.config import parse_stack_config
 from infra.cost import vm_cost
 from infra.goodput.pricing import price, price_timeline, priced
-from infra.goodput.timeline import RunTimeline
+from run_contract.timeline import RunTimeline
 from tests.support import fixture_config
 
 V5E = load_catalog().accelerator("v5litepod-8")

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from infra.goodput import interval
-from infra.goodput import timeline as module
-from infra.goodput.timeline import (
+from run_contract import timeline as module
+from run_contract.timeline import (
     BADPUT_TYPES,
     BY_KEY,
     CATEGORIES,
@@ -150,7 +150,7 @@ def test_the_record_imports_only_the_standard_library(path):
     names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     outside = {n for n in names if n.split(".")[0] not in sys.stdlib_module_names | {"__future__"}}
-    assert outside <= {"infra.goodput.timeline"}, outside
+    assert outside <= {"run_contract.timeline"}, outside
 
 
 def test_the_record_runs_on_python_3_8():
@@ -161,3 +161,77 @@ def test_the_record_runs_on_python_3_8():
         text=True,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def _events(*rows) -> tuple[module.Event, ...]:
+    return tuple(module.Event(kind, at, **extra) for kind, at, extra in rows)
+
+
+PREEMPTED_THEN_FINISHED = _events(
+    # the first boot: installs, a program that trains, saves twice, and is stopped on notice
+    ("boot", 1000.0, {}), ("agentStart", 1030.0, {}), ("prepare", 1031.0, {}), ("programStart", 1051.0, {}),
+    ("firstStep", 1061.0, {"step": 1}), ("checkpoint", 1100.0, {"step": 4, "seconds": 2.0}),
+    ("checkpoint", 1140.0, {"step": 8, "seconds": 3.0}), ("step", 1160.0, {"step": 10}),
+    ("sigterm", 1161.0, {}), ("exit", 1162.0, {"code": 75}), ("end", 1162.5, {}),
+    # the next boot: the same run resumes from its checkpoint and finishes
+    ("boot", 5000.0, {}), ("agentStart", 5020.0, {}), ("prepare", 5021.0, {}), ("programStart", 5026.0, {}),
+    ("restored", 5030.0, {"step": 8}), ("firstStep", 5040.0, {"step": 9}), ("step", 5080.0, {"step": 12}),
+    ("exit", 5081.0, {"code": 0}), ("end", 5082.0, {}),
+)  # fmt: skip
+
+
+def test_the_agents_events_measure_each_category_boot_by_boot():
+    found = module.measure(PREEMPTED_THEN_FINISHED)
+    assert found.billed_s == pytest.approx(162.5 + 82.0)
+    assert found.seconds == pytest.approx({
+        "queue": 0.0, "recoveryWait": 0.0, "idle": 0.0,
+        "boot": 30.0 + 20.0, "installs": 20.0 + 5.0, "restore": 4.0, "firstStep": 10.0 + 10.0,
+        "checkpointSave": 5.0, "wastedProgress": 20.0,  # step 10 at 1160, the last commit at 1140
+        "productive": (99.0 - 5.0 - 20.0) + 40.0,
+    })  # fmt: skip
+    assert (found.preemptions, found.lost_without_notice, found.steps) == (1, 0, 12)
+    timeline = RunTimeline.of(**IDENTITY, billed_s=found.billed_s, measured=found.seconds,
+                              preemptions=found.preemptions, steps=found.steps)  # fmt: skip
+    assert timeline.seconds["unattributed"] == pytest.approx(found.billed_s - sum(
+        v for k, v in found.seconds.items()))  # fmt: skip
+
+
+def test_a_boot_that_ends_under_the_program_lost_its_work_without_notice():
+    cut = PREEMPTED_THEN_FINISHED[:8]  # the host gone after step 10: no sigterm, no exit, no end
+    found = module.measure(cut)
+    assert found.lost_without_notice == 1 and found.preemptions == 0
+    assert found.seconds["wastedProgress"] == pytest.approx(20.0)
+
+
+def test_the_events_record_reads_back_and_marks_untrusted_categories():
+    record = module.RunEvents("user-a@x.example/r1", "vm", PREEMPTED_THEN_FINISHED, step_lines_trusted=False)
+    data = json.loads(json.dumps(record.to_json()))
+    assert module.RunEvents.from_json(data) == record
+    assert set(data["untrusted"]) == {"restore", "firstStep", "productive", "checkpointSave", "wastedProgress",
+                                      "unattributed"}  # fmt: skip
+    with pytest.raises(TimelineError, match="event kind 'nap'"):
+        module.RunEvents.from_json({**data, "events": [{"kind": "nap", "at": 1.0}]})
+
+
+@pytest.mark.parametrize(
+    ("line", "step"),
+    [('{"step": 3, "loss": 0.1}', 3), ('{"message": "x", "step": "3"}', None), ('{"step": true}', None),
+     ("step 3", None), ('{"step": 3', None)],
+)  # fmt: skip
+def test_a_step_line_is_a_json_object_with_an_integer_step(line, step):
+    found = module.step_line(line)
+    assert (found or {}).get("step") == step
+
+
+def test_a_save_on_notice_after_the_last_step_line_loses_no_work():
+    """runlib trains, prints the step, then saves on SIGTERM and says so: the save holds the last step."""
+    events = _events(
+        ("agentStart", 0.0, {}), ("programStart", 10.0, {}), ("firstStep", 20.0, {"step": 50}),
+        ("step", 120.0, {"step": 300}), ("sigterm", 121.0, {}),
+        ("checkpoint", 125.0, {"step": 300, "seconds": 5.0}), ("exit", 126.0, {"code": 75}), ("end", 127.0, {}),
+    )  # fmt: skip
+    found = module.measure(events)
+    assert found.seconds["wastedProgress"] == 0.0 and found.seconds["checkpointSave"] == 5.0
+    assert found.seconds["productive"] == pytest.approx(125.0 - 20.0 - 5.0)
+    earlier = (*events[:4], module.Event("checkpoint", 100.0, step=250, seconds=1.0), *events[4:5], *events[6:])
+    assert module.measure(earlier).seconds["wastedProgress"] == pytest.approx(20.0)  # steps 251-300 lost

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from run_contract.timeline import CHECKPOINT_MESSAGE, step_line
 from tests.workloads import WORKLOADS, checkpoint_names, committed_steps, run_workload, workloads_python
 
 sys.path.insert(0, str(WORKLOADS))
@@ -333,3 +334,13 @@ def test_the_programs_defaults_are_the_stack_settings_defaults():
     assert (args.epochs, args.batch_size, args.checkpoint_every_steps, args.checkpoint_every_minutes) == tuple(
         setting(f"workloads.<name>.{key}").default for key in keys
     )
+
+
+def test_each_save_is_a_step_line_the_agents_timeline_reads(tmp_path, capsys):
+    """The agent's timeline counts the saves a program reports (run_contract/timeline.py): runlib says each one,
+    with the step it holds and how long training stalled for it."""
+    _, toy = toy_run(tmp_path, "--steps", "14", "--checkpoint-every-steps", "4", "--steps-per-call", "3")
+    lines = [step_line(line) for line in capsys.readouterr().out.splitlines()]
+    saves = [line for line in lines if line and line.get("message") == CHECKPOINT_MESSAGE]
+    assert [line["step"] for line in saves] == toy.steps() == [4, 8, 12, 14]
+    assert all(isinstance(line["seconds"], float) and line["seconds"] >= 0 for line in saves)

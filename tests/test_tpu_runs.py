@@ -7,6 +7,7 @@ which is what the researcher's roles are made of. The agent's side is the real R
 
 from __future__ import annotations
 
+import calendar
 import contextlib
 import hashlib
 import http.server
@@ -25,8 +26,11 @@ import requests
 
 from infra import naming
 from infra.access.researcher_calls import RESEARCHER_CALLS
+from infra.catalog import load_catalog
+from infra.cost import chip_hour_price
 from infra.packaging import package
 from run_contract.spec import FolderSource, ImageSource, RunSpec, StopRequest
+from run_contract.timeline import Event, RunEvents
 from tests.contracts import Call, ContractError, api
 from tests.runs_cloud import RunsCloud, runs_cloud
 from tpu_runs import cli
@@ -447,3 +451,69 @@ def test_tpu_runs_installs_into_a_fresh_virtualenv_and_runs_from_any_folder(worl
     listed = tpu_runs("list", *stack)
     assert listed.returncode == 0, listed.stderr
     assert f"{VM}  v5litepod-8  us-central1-a  TPU: READY" in listed.stdout
+
+
+def test_a_researcher_reports_her_runs_time_and_cost_by_category(world: World, capsys: pytest.CaptureFixture[str]):
+    """The agent's record of her run (run_contract/timeline.py), measured, in chip-hours and list-price USD with
+    the price date; her program's step lines are untrusted and the categories they decide say so."""
+    events = (
+        Event("boot", 0.0), Event("agentStart", 30.0), Event("prepare", 31.0), Event("programStart", 91.0),
+        Event("firstStep", 151.0, step=1), Event("checkpoint", 1951.0, step=900, seconds=12.0),
+        Event("step", 3751.0, step=1800), Event("exit", 3752.0, code=0), Event("end", 3760.0),
+    )  # fmt: skip
+    record = RunEvents(f"{OWNER}/exp-1", VM, events, step_lines_trusted=False)
+    world.write(STATUS, f"{VM}/runs/{OWNER}/exp-1/timeline.json", json.dumps(record.to_json()).encode())
+    capsys.readouterr()
+    assert world.run("report", "--vm", VM, "exp-1", "--json") == 0
+    found = json.loads(capsys.readouterr().out)
+    per_chip_hour, _ = chip_hour_price(load_catalog().accelerator("v5litepod-8"), "on-demand", ("us-central1-a",))  # type: ignore[arg-type]
+    assert per_chip_hour and found["priced"]["price"]["perChipHour"] == per_chip_hour
+    assert found["priced"]["price"]["date"] == load_catalog().prices_date
+    categories = found["priced"]["categories"]
+    expected = {"boot": 30.0, "installs": 60.0, "firstStep": 60.0, "checkpointSave": 12.0, "productive": 3588.0,
+                "unattributed": 3760.0 - 30 - 60 - 60 - 12 - 3588}  # fmt: skip
+    for key, seconds in expected.items():
+        assert categories[key]["seconds"] == pytest.approx(seconds), key
+        assert categories[key]["chipHours"] == pytest.approx(8 * seconds / 3600), key
+        assert categories[key]["usd"] == pytest.approx(8 * seconds / 3600 * per_chip_hour), key
+    assert {k for k, v in categories.items() if v["untrusted"]} == {
+        "restore", "firstStep", "productive", "checkpointSave", "wastedProgress", "unattributed"}  # fmt: skip
+    assert found["timeline"]["billedSeconds"] == 3760.0 and found["timeline"]["steps"] == 1800
+
+    assert world.run("report", "--vm", VM, "exp-1") == 0
+    table = capsys.readouterr().out
+    assert f"prices of {load_catalog().prices_date}" in table and "list-price estimate" in table
+    assert "unattributed" in table and "untrusted (the program's step lines)" in table
+    assert world.run("report", "--vm", VM, "exp-9") == 1  # no timeline: said, not a traceback
+    assert "no timeline at" in capsys.readouterr().out
+    assert world.session.violations == []
+    assert set(world.session.methods) <= {m for methods in RESEARCHER_CALLS.values() for m in methods}
+
+
+def _finished_run(start: float, billed: float) -> tuple[Event, ...]:
+    return (Event("agentStart", start), Event("prepare", start + 1), Event("programStart", start + 11),
+            Event("firstStep", start + 21, step=1), Event("step", start + billed - 2, step=100),
+            Event("exit", start + billed - 1, code=0), Event("end", start + billed))  # fmt: skip
+
+
+def test_a_researcher_reports_all_her_runs_on_a_vm_and_one_month_of_them(world: World, capsys):
+    november, december = calendar.timegm((2026, 11, 20, 0, 0, 0)), calendar.timegm((2026, 12, 1, 0, 0, 0))
+    for owner, run, start, billed in ((OWNER, "exp-1", november, 3600.0), (OWNER, "exp-2", december, 1800.0),
+                                      ("user-bob@acme.example", "exp-1", november, 7200.0)):  # fmt: skip
+        record = RunEvents(f"{owner}/{run}", VM, _finished_run(start, billed), step_lines_trusted=False)
+        world.write(STATUS, f"{VM}/runs/{owner}/{run}/timeline.json", json.dumps(record.to_json()).encode())
+    capsys.readouterr()
+    assert world.run("report", "--vm", VM, "--json") == 0
+    found = json.loads(capsys.readouterr().out)
+    assert sorted(r["runId"] for r in found["runs"]) == [f"{OWNER}/exp-1", f"{OWNER}/exp-2"]  # not Bob's
+    assert found["total"]["timeline"]["billedSeconds"] == 5400.0
+    assert found["total"]["priced"]["chipHours"] == pytest.approx(8 * 5400 / 3600)
+    assert world.run("report", "--vm", VM, "--month", "2026-11", "--json") == 0
+    november_only = json.loads(capsys.readouterr().out)
+    assert [r["runId"] for r in november_only["runs"]] == [f"{OWNER}/exp-1"]
+    assert november_only["total"]["timeline"]["seconds"]["installs"] == 10.0
+    assert world.run("report", "--vm", VM, "--month", "2026-10") == 1
+    assert world.run("report", "--vm", VM, "--month", "26-10") == 2
+    assert "a UTC month like 2026-11" in capsys.readouterr().err
+    assert world.session.violations == []
+    assert set(world.session.methods) <= {m for methods in RESEARCHER_CALLS.values() for m in methods}

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from run_contract import timeline
+from run_contract.timeline import RunTimeline
 from tests.sandbox import metadata_server, storage_emulator, wait_for
 from tests.vm_agent_support import (
     ARTIFACTS,
@@ -36,6 +38,7 @@ from vm_agent import agent
 from vm_agent.gcs import Storage
 
 IMAGE = f"{REGISTRY}/trainer@sha256:{'c' * 64}"
+BOOT_SECONDS = 7.5  # each sandbox boot's kernel-to-agent time, as its /proc/uptime says
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +87,11 @@ class Vm:
         self.tmp = tmp
         self.process: subprocess.Popen | None = None
 
-    def boot(self) -> None:
+    def boot(self, uptime: float = BOOT_SECONDS) -> None:
+        """The agent started `uptime` seconds after the VM's kernel (the agent reads it under its root)."""
+        proc = Path(self.env["TPU_PLATFORM_ROOT"]) / "proc"
+        proc.mkdir(parents=True, exist_ok=True)
+        (proc / "uptime").write_text(f"{uptime} 0.0\n")
         self.process = start_agent(self.env, self.log_path)
 
     def shut_down(self) -> int:
@@ -130,6 +137,43 @@ def preempt_resume_complete(cloud, vm: Vm, run_id: str, prefix: str) -> None:
     assert vm.shut_down() == 0
     assert len(vm.lines("SIGTERM: checkpoint committed")) == 1
     assert len([line for line in vm.log().splitlines() if '"contract"' in line]) == 2  # two starts, no third
+    check_timeline(cloud, vm, run_id, preempted_at)
+
+
+def check_timeline(cloud, vm: Vm, run_id: str, preempted_at: int) -> None:
+    """The run's timeline against what the sandbox did: two boots, one preemption with its checkpoint saved on
+    notice (no step lost), a restore, 12 steps, the program's own save times; the record adds up."""
+    record = read_json(cloud, STATUS, f"{vm.env['TPU_PLATFORM_VM']}/runs/{run_id}/timeline.json")
+    assert record is not None, vm.log()[-3000:]
+    events = timeline.RunEvents.from_json(record)
+    assert events.step_lines_trusted and record["untrusted"] == []  # the stack's own run
+    kinds = [e.kind for e in events.events]
+    assert kinds.count("boot") == kinds.count("agentStart") == 2  # the third boot started nothing
+    assert kinds.count("sigterm") == 1 and kinds.count("restored") == 1 and kinds.count("end") == 2
+    assert [e.code for e in events.events if e.kind == "exit"] == [75, 0]
+    measured = timeline.measure(events.events)
+    assert (measured.preemptions, measured.lost_without_notice, measured.steps) == (1, 0, 12)
+    seconds = measured.seconds
+    assert seconds["boot"] == pytest.approx(2 * BOOT_SECONDS)
+    saved = {line["step"]: line["seconds"] for line in vm.lines('"checkpoint saved"')}
+    # The program's own figures; each attempt's first save comes before its first step line (in firstStep).
+    assert sorted(saved) == list(range(1, 13))
+    assert seconds["checkpointSave"] == pytest.approx(sum(saved.values()) - saved[1] - saved[preempted_at + 1])
+    # Saved on notice: the preempted attempt's last step line follows its last committed checkpoint's.
+    first_boot = events.events[: kinds.index("end") + 1]
+    last_save = [e for e in first_boot if e.kind == "checkpoint"][-1]
+    last_step = [e for e in first_boot if e.kind in ("step", "firstStep")][-1]
+    assert last_save.step == last_step.step == preempted_at
+    assert seconds["wastedProgress"] == 0.0  # nothing trained after the checkpoint saved on notice
+    # Each step sleeps STEP_SECONDS: the steps between each attempt's first and last line (12 - 2) at least.
+    assert seconds["productive"] + seconds["checkpointSave"] + seconds["wastedProgress"] >= 10 * 0.25
+    assert seconds["firstStep"] >= 2 * 0.25 and seconds["installs"] > 0 and seconds["restore"] > 0
+    lives = [events.events[: kinds.index("end") + 1], events.events[kinds.index("end") + 1 :]]
+    assert measured.billed_s == pytest.approx(sum(life[-1].at - life[0].at for life in lives))
+    run = RunTimeline.of(run_id=run_id, vm=events.vm, accelerator_type="v5litepod-1", chips=1, provisioning="spot",
+                         zone="us-central1-a", billed_s=measured.billed_s, measured=seconds)  # fmt: skip
+    assert sum(run.seconds[c.key] for c in timeline.CATEGORIES if c.billed) == pytest.approx(measured.billed_s)
+    print(f"{run_id}: unattributed {run.seconds['unattributed']:.3f} s of {measured.billed_s:.3f} s billed")
 
 
 @pytest.mark.slow

@@ -31,8 +31,9 @@ from infra.config import ConfigError, PlatformConfig, TpuVmSettings, parse_stack
 from infra.config.sources import reading_repository
 from infra.config.stackfile import ROOT, StackFileError, read_stack_config
 from infra.packaging import PackagingError, package
-from run_contract.names import IMAGE_REF, REQUEST_RUN_ID, REQUEST_RUN_ID_RULE
+from run_contract.names import IMAGE_REF, REQUEST_RUN_ID, REQUEST_RUN_ID_RULE, RUN_ID
 from run_contract.status import ENDED
+from tpu_runs import report
 from tpu_runs.gcp import CallError, Google, adc_session
 
 # Requests and states are JSON stored as octet-stream: gcp-storage-emulator reads an `application/json`
@@ -296,6 +297,18 @@ def stop(google: Google, stack: Stack, args: argparse.Namespace) -> int:
     return 0
 
 
+def report_run(google: Google, stack: Stack, args: argparse.Namespace) -> int:
+    """tpu_runs/report.py: one of the researcher's runs (or, `--stack-run`, the stack's run), or all of them."""
+    pattern, rule = (
+        (RUN_ID, "the stack's run id (tpuVms[].run)") if args.stack_run else (REQUEST_RUN_ID, REQUEST_RUN_ID_RULE)
+    )
+    if args.run_id and not pattern.fullmatch(args.run_id):
+        raise UsageError(f"run id {args.run_id!r}: {rule}")
+    if args.month and not re.fullmatch(r"\d{4}-(0[1-9]|1[0-2])", args.month):
+        raise UsageError(f"--month {args.month!r}: a UTC month like 2026-11")
+    return report.report(google, stack, args, "" if args.stack_run else requester(args.requester))
+
+
 def _run_id(value: str) -> str:
     """A run id as submit makes them: it goes into object names and the Logging filter, so nothing else."""
     if not REQUEST_RUN_ID.fullmatch(value):
@@ -326,6 +339,12 @@ def parser() -> argparse.ArgumentParser:
     sub.set_defaults(run=submit)
     sub = command("list", "The stack's VMs, their TPU state and their runs.", vm_required=False)
     sub.set_defaults(run=list_runs)
+    sub = command("report", "Where a run's time went and what it cost, by category, in chip-hours and list-price USD.")
+    sub.add_argument("run_id", metavar="RUN_ID", nargs="?", help="one run (default: every run of yours on the VM)")
+    sub.add_argument("--stack-run", action="store_true", help="the stack's run(s) on the VM, not yours")
+    sub.add_argument("--month", help="without RUN_ID: runs that started in this UTC month, like 2026-11")
+    sub.add_argument("--json", action="store_true", help="the report as JSON")
+    sub.set_defaults(run=report_run)
     for name, helptext, run in (
         ("logs", "A run's log from Cloud Logging.", logs),
         ("fetch", "Download a run's model and metrics.", fetch),

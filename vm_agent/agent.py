@@ -43,6 +43,7 @@ from run_contract.paths import status_name
 from run_contract.spec import RunSpec, SpecError, StopRequest
 
 from vm_agent import telemetry
+from vm_agent import timeline as run_timeline
 from vm_agent.firewall import Firewall, FirewallError
 from vm_agent.gcs import Folder, Storage, StorageError, Tokens
 from vm_agent.isolation import UID_FIRST, UID_LAST, Isolation
@@ -84,6 +85,9 @@ class Agent:
         self.stack_spec: RunSpec | None = None  # the stack's run while it is desired and has not ended
         self.pending: collections.deque[RunSpec] = collections.deque()  # taken requests, oldest first
         self.stopping = threading.Event()
+        # The boot's and the agent's start, for the first run's timeline: the kernel's uptime under the VM's root
+        # (`/proc/uptime` on a VM; the tests' sandbox VM keeps its own).
+        self._opening = run_timeline.boot_events(uptime=str(settings.root / "proc" / "uptime"))
         self._desired: queue.Queue[tuple[str, Desired]] = queue.Queue()
 
     def run(self) -> int:
@@ -213,7 +217,8 @@ class Agent:
         self._start(self.pending.popleft())
 
     def _start(self, spec: RunSpec) -> None:
-        self.current = Run(spec, self.settings, self.status, self.storage, log, self.ship, self.isolation)
+        opening, self._opening = self._opening, []
+        self.current = Run(spec, self.settings, self.status, self.storage, log, self.ship, self.isolation, opening)
         log(f"starting run {spec.run_id}", run=spec.run_id, source=spec.source.describe(), requester=spec.requester)
         self.current.start()
 

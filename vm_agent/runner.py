@@ -66,6 +66,7 @@ from run_contract.spec import FolderSource, ImageSource, RunSpec
 from run_contract.status import ENDED
 
 from vm_agent import credentials, installs, telemetry
+from vm_agent import timeline as run_timeline
 from vm_agent.firewall import RUNS_NETWORK
 from vm_agent.gcs import Folder, Storage, StorageError, Tokens, split_gs
 from vm_agent.isolation import CachedTree, Isolation, IsolationError, RunSandbox, root_own_tree
@@ -120,6 +121,7 @@ class Run:
         log: Log,
         ship: Callable[[str, RunSpec], None] = telemetry.ship,
         isolation: Isolation | None = None,
+        opening: list[run_timeline.Event] | None = None,
     ):
         self.spec = spec
         self.settings = settings
@@ -141,10 +143,16 @@ class Run:
         self.isolation = isolation or Isolation.of(settings)
         self.sandbox: RunSandbox | None = None  # its uid and folders, from its first install to its end
         self._thread = threading.Thread(target=self._supervise, name=f"run-{spec.run_id}", daemon=True)
+        # Its events (vm_agent/timeline.py): worker 0's agent keeps the run's; a request's step lines are untrusted.
+        self.timeline = run_timeline.Recorder(spec.run_id, settings.vm, not spec.request, status, log,
+                                              write=settings.worker_id == 0)  # fmt: skip
+        self._opening = list(opening or [])  # this boot's and this agent's start, for the boot's first run
 
     # ------------------------------------------------------------------------------------ control
     def start(self) -> None:
         self._record("queued")
+        if self._opening:
+            self.timeline.extend(self._opening)
         self._thread.start()
 
     def done(self) -> bool:
@@ -163,6 +171,7 @@ class Run:
             self.log(f"stopping run {self.spec.run_id}: {reason}", run=self.spec.run_id)
             if self.state == "running":
                 self._record("stopping")
+            self.timeline.record("sigterm")
             _signal_group(process, signal.SIGTERM)
             try:
                 process.wait(self.settings.grace_s)
@@ -182,6 +191,7 @@ class Run:
         """Stopped to make way (the stack's run comes first): waiting again, to resume later."""
         self.state, self.error = "queued", reason
         self._record("queued")
+        self.timeline.record("end")
 
     # ------------------------------------------------------------------------------------ the run
     def _supervise(self) -> None:
@@ -193,6 +203,7 @@ class Run:
                 return
             if prepared is None:
                 self._record("starting")
+                self.timeline.record("prepare")
                 try:
                     prepared = self._prepare()
                 except SourceError as error:
@@ -247,6 +258,7 @@ class Run:
             self._process = process
             self._container = prepared.container
             self.attempt += 1
+        self.timeline.record("programStart")
         if not self.started_at:
             self.started_at = utc_now()
         self._record("running")
@@ -255,11 +267,13 @@ class Run:
             line = raw.decode(errors="replace").rstrip("\n")
             print(line, flush=True)
             self._note(line)
+            self.timeline.line(line)
             try:
                 self.ship(line, self.spec)
             except Exception as error:
                 self.log(f"telemetry.ship failed: {error}", severity="WARNING", run=self.spec.run_id)
         code = process.wait()
+        self.timeline.record("exit", code=code)
         with self._lock:
             self._process = None
         self._kill_all()  # what it forked, daemonized or left in a container ends with it
@@ -529,6 +543,7 @@ class Run:
         if state != "failed":
             self.error = ""  # a retry's message is history once the run ends well
         self._record(state)
+        self.timeline.record("end")
         if state == "finished" and self.spec.completion and self.settings.worker_id == 0:
             marker = completion_marker(self.spec, self.steps, {})
             self._write(COMPLETE, marker)  # last: the guard stops or deletes the VM when it appears

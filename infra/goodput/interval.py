@@ -27,7 +27,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from infra.goodput.timeline import BY_KEY, PreemptionHistory
+from run_contract.timeline import BY_KEY, PreemptionHistory
 
 HOUR = 3600.0
 # A spot VM's notice: "120 seconds between GCE ACPI G2 Soft Off and ACPI G3 Mechanical Off for Standard

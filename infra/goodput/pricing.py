@@ -14,7 +14,7 @@ from typing import Any
 
 from infra.catalog import AcceleratorType, load_catalog
 from infra.cost import chip_hour_price, list_price_note
-from infra.goodput.timeline import BY_KEY, CATEGORIES, RunTimeline
+from run_contract.timeline import BY_KEY, CATEGORIES, RunTimeline
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ from infra.goodput.interval import (
     best_interval,
     billed_per_useful,
 )
-from infra.goodput.timeline import BY_KEY
+from run_contract.timeline import BY_KEY
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "functions" / "tpu_guard"))
 from decisions import RecoveryState, recovery_actions, recovery_state

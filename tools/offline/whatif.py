@@ -24,8 +24,8 @@ from infra.config.problems import ConfigError
 from infra.config.stackfile import ROOT, StackFileError, read_stack_config, stack_of
 from infra.goodput.interval import NO_EVENTS, Rate
 from infra.goodput.pricing import price
-from infra.goodput.timeline import CATEGORIES, PreemptionHistory, TimelineError
 from infra.goodput.whatif import ASSUMED, NOTICE_S, Capacity, Job, Outcome, WhatIf, WhatIfError, what_if
+from run_contract.timeline import CATEGORIES, PreemptionHistory, TimelineError
 from tools.offline.simulation import MONTH_S, Scenario, simulate
 
 

@@ -45,6 +45,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from run_contract import completion_marker, names
+from run_contract.timeline import CHECKPOINT_MESSAGE
 
 COMPLETE = completion_marker.NAME
 # Exit codes of the run contract (docs/run-contract.md; sysexits.h): the platform's agent retries
@@ -506,14 +507,18 @@ def train(
         snapshot = time.perf_counter()
         state.update(step=step, wall_seconds=state["wall_seconds"] + snapshot - begun)
         begun = snapshot
-        if checkpoints.save(step, dict(state), force=timed or stop or step == total):
+        saved = checkpoints.save(step, dict(state), force=timed or stop or step == total)
+        if saved:
             clock.reset()
         if stop:
             checkpoints.wait()
             if peers.count > 1:
                 peers.barrier(f"stop-{step}")  # no process leaves before the checkpoint is committed
             preempted = True
-        stalled += time.perf_counter() - snapshot
+        stall = time.perf_counter() - snapshot
+        stalled += stall
+        if saved:  # the agent's timeline reads it (run_contract/timeline.py): training stalled this long
+            log(CHECKPOINT_MESSAGE, step=step, seconds=round(stall, 4))
         if stop:
             break
     if checkpoints:

@@ -1,8 +1,9 @@
 """A training-like program under the run contract, stdlib and its one requirement only, fast.
 
 Each step "trains" (sleeps STEP_SECONDS), then commits a checkpoint (one object: ckpt-<step>.json) to
-TPU_PLATFORM_CHECKPOINT_DIR and prints a JSON line with step and loss. It resumes from the newest
-checkpoint. SIGTERM: finish the step, commit its checkpoint, exit 75 (retry later). After --steps:
+TPU_PLATFORM_CHECKPOINT_DIR, says so ("checkpoint saved", with how long it took) and prints a JSON line
+with step and loss. It resumes from the newest checkpoint. SIGTERM: finish the step, commit its
+checkpoint, exit 75 (retry later). After --steps:
 write model.json to TPU_PLATFORM_MODEL_DIR and exit 0. `--fail-with N` exits N at once (exit codes).
 """
 
@@ -60,7 +61,10 @@ def main() -> int:
     while step < args.steps:
         time.sleep(pause)
         step, loss = step + 1, loss * 0.9
+        saving = time.monotonic()
         checkpoints.write(f"ckpt-{step:08d}.json", {"step": step, "loss": loss})
+        saved = round(time.monotonic() - saving, 6)
+        print(json.dumps({"message": "checkpoint saved", "step": step, "seconds": saved}), flush=True)
         print(json.dumps({"step": step, "loss": round(loss, 6)}), flush=True)
         if stopping:
             print(json.dumps({"message": "SIGTERM: checkpoint committed, exiting 75", "step": step}), flush=True)

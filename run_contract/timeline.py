@@ -1,8 +1,8 @@
 """The run timeline: where one run's time went, by category, as a small versioned JSON record.
 
-Standard library only, runs on Python 3.8, imports nothing else from infra: the record is written to
-move as it is into the shared contract package that the VM agent (which will write timelines),
-`tpu-runs report` and the what-if (which read them) import.
+Part of the run contract (run_contract/): standard library only, Python 3.8. The VM agent records a run's
+events (`RunEvents`, below) and writes them next to the run's status.json; `measure` makes seconds by
+category of them; `tpu-runs report` and the what-if (infra/goodput/) read the record and keep the model.
 
 The categories are the platform's own: what the TPU API, the guard and the agent can tell apart, plus
 what a program's step lines say. Each maps to one type of Google's ml-goodput-measurement, pinned
@@ -13,6 +13,7 @@ program's are untrusted (it may print anything), and the categories that depend 
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -271,7 +272,7 @@ class RunTimeline:
     @property
     def untrusted(self) -> tuple[str, ...]:
         """The categories a self-service program's step lines decide; none when its lines are trusted."""
-        return () if self.step_lines_trusted else tuple(c.key for c in CATEGORIES if c.from_step_lines)
+        return untrusted_categories(self.step_lines_trusted)
 
     @property
     def goodput(self) -> float:
@@ -309,12 +310,7 @@ class RunTimeline:
     @classmethod
     def from_json(cls, data: Any) -> RunTimeline:
         """A record read back; anything that is not version 1 of this schema raises TimelineError."""
-        if not isinstance(data, dict):
-            raise TimelineError(f"a timeline is a JSON object, not {type(data).__name__}")
-        if data.get("schema") != SCHEMA:
-            raise TimelineError(f"schema: {data.get('schema')!r} is not {SCHEMA!r}")
-        if data.get("version") != VERSION:
-            raise TimelineError(f"version: {data.get('version')!r}; this reader knows version {VERSION}")
+        _header(data, "a timeline", SCHEMA, VERSION)
         known = {
             "schema",
             "version",
@@ -363,6 +359,21 @@ class RunTimeline:
         if abs(billed - timeline.billed_s) > max(SKEW_S, SKEW_SHARE * timeline.billed_s):
             raise TimelineError(f"billed categories add up to {billed:g} s, not the {timeline.billed_s:g} s billed")
         return timeline
+
+
+def _header(data: Any, what: str, schema: str, version: int) -> None:
+    """A record of `schema` at `version`, or TimelineError."""
+    if not isinstance(data, dict):
+        raise TimelineError(f"{what} is a JSON object, not {type(data).__name__}")
+    if data.get("schema") != schema:
+        raise TimelineError(f"schema: {data.get('schema')!r} is not {schema!r}")
+    if data.get("version") != version:
+        raise TimelineError(f"version: {data.get('version')!r}; this reader knows version {version}")
+
+
+def untrusted_categories(step_lines_trusted: bool) -> tuple[str, ...]:
+    """The categories a self-service program's step lines decide; none when its lines are trusted."""
+    return () if step_lines_trusted else tuple(c.key for c in CATEGORIES if c.from_step_lines)
 
 
 def _seconds(value: Any) -> bool:
@@ -417,3 +428,210 @@ class PreemptionHistory:
         if problems:
             raise TimelineError("\n".join(problems))
         return cls(counts["preemptions"], counts["lostWithoutNotice"], float(hours or 0), str(data.get("source", "")))
+
+
+# ------------------------------------------------------------------------------------ the agent's events
+# What the agent writes while a run goes on: `<vm>/runs/<runId>/timeline.json` in the run-status bucket
+# (run_contract/paths.py `timeline_name`), next to status.json, where no run's credentials reach. It holds
+# the events as they happened, across the VM's boots (a preempted run resumes on the next one); `measure`
+# turns them into seconds by category, and the reader adds what the VM is (type, chips, zone, provisioning:
+# the stack knows them) to make a RunTimeline to price.
+EVENTS_SCHEMA = "tpu-platform/run-events"
+EVENTS_VERSION = 1
+EVENT_KINDS = (
+    "boot",  # the VM's kernel started (the agent's start less the uptime); billed time in this record starts here
+    "agentStart",  # the agent's process started (the start-up script has run)
+    "prepare",  # the run's source fetch, verification and installs begin
+    "programStart",  # the program's process was started (an attempt; retries start it again)
+    "restored",  # a step line: the program restored its checkpoint
+    "firstStep",  # the first step line of an attempt
+    "step",  # the last step line so far of an attempt (one event, moved along: not one per line)
+    "checkpoint",  # a step line: a checkpoint committed at `step`, training stalled `seconds`
+    "sigterm",  # the agent asked the program to stop (a preemption, a shutdown, a changed or stopped run)
+    "exit",  # the program's process ended, with `code`
+    "end",  # the run ended in this boot (its state: finished, failed, stopped, or queued again)
+)
+# Step lines: JSON objects the program prints, one a line. Any with an integer `step` is a step line; these
+# messages say more (runlib's and the examples' words).
+RESTORED_MESSAGE = "resumed from checkpoint"
+CHECKPOINT_MESSAGE = "checkpoint saved"
+STEP_LINE_KINDS = ("restored", "firstStep", "step", "checkpoint")
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: str
+    at: float  # seconds since the epoch, the agent's clock
+    step: int | None = None
+    seconds: float | None = None  # a checkpoint's stall, as the program reports it
+    code: int | None = None  # the exit's code
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.kind, "at": self.at}
+        for key, value in (("step", self.step), ("seconds", self.seconds), ("code", self.code)):
+            if value is not None:
+                out[key] = value
+        return out
+
+    @classmethod
+    def from_json(cls, data: Any) -> Event:
+        if not isinstance(data, dict) or set(data) - {"kind", "at", "step", "seconds", "code"}:
+            raise TimelineError(f"an event is an object of kind, at, step, seconds, code: not {data!r}")
+        kind, at = data.get("kind"), data.get("at")
+        if kind not in EVENT_KINDS:
+            raise TimelineError(f"event kind {kind!r} is not one of {', '.join(EVENT_KINDS)}")
+        if not _seconds(at):
+            raise TimelineError(f"event {kind}: at {at!r} is not a time in seconds")
+        step, seconds, code = data.get("step"), data.get("seconds"), data.get("code")
+        if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
+            raise TimelineError(f"event {kind}: step {step!r} is not an integer")
+        if seconds is not None and not _seconds(seconds):
+            raise TimelineError(f"event {kind}: seconds {seconds!r} is not a number of seconds ≥ 0")
+        if code is not None and (isinstance(code, bool) or not isinstance(code, int)):
+            raise TimelineError(f"event {kind}: code {code!r} is not an integer")
+        return cls(kind, float(at or 0), step, None if seconds is None else float(seconds), code)
+
+
+def step_line(line: str) -> dict[str, Any] | None:
+    """The JSON object of a step line, or None when the line is not one (or names no step)."""
+    if not line.startswith("{") or '"step"' not in line:
+        return None
+    try:
+        value = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(value, dict) or isinstance(value.get("step"), bool) or not isinstance(value.get("step"), int):
+        return None
+    return value
+
+
+@dataclass(frozen=True)
+class RunEvents:
+    """One run's events on one VM, as the agent records them; `measure` makes seconds of them."""
+
+    run_id: str
+    vm: str
+    events: tuple[Event, ...]
+    step_lines_trusted: bool = True  # False for a self-service request's program
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": EVENTS_SCHEMA,
+            "version": EVENTS_VERSION,
+            "runId": self.run_id,
+            "vm": self.vm,
+            "stepLinesTrusted": self.step_lines_trusted,
+            "untrusted": list(untrusted_categories(self.step_lines_trusted)),
+            "events": [event.to_json() for event in self.events],
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> RunEvents:
+        _header(data, "a run's events", EVENTS_SCHEMA, EVENTS_VERSION)
+        unknown = sorted(set(data) - {"schema", "version", "runId", "vm", "stepLinesTrusted", "untrusted", "events"})
+        if unknown:
+            raise TimelineError(f"unknown keys {unknown}")
+        run_id, vm = data.get("runId"), data.get("vm")
+        trusted, events = data.get("stepLinesTrusted"), data.get("events")
+        if not isinstance(run_id, str) or not run_id or not isinstance(vm, str) or not vm:
+            raise TimelineError(f"runId {run_id!r} and vm {vm!r} must be non-empty strings")
+        if not isinstance(trusted, bool) or not isinstance(events, list):
+            raise TimelineError("stepLinesTrusted is true or false, and events a list")
+        return cls(run_id, vm, tuple(Event.from_json(e) for e in events), trusted)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What a run's events say: seconds by category (unattributed left to RunTimeline.of), the billed window."""
+
+    seconds: dict[str, float]
+    billed_s: float
+    preemptions: int
+    lost_without_notice: int
+    steps: int
+
+
+def measure(events: Iterable[Event]) -> Measured:
+    """Seconds by category from a run's events, boot by boot (each `boot` or `agentStart` opens one, and so
+    does whatever follows an `end`).
+
+    In one boot: `boot` to `agentStart` is boot; `prepare` to the next `programStart` installs; an
+    attempt's start to `restored` restore, then to `firstStep` firstStep; checkpoint stalls (the program's
+    `seconds`) checkpointSave; an attempt that did not exit 0 loses the steps after its last committed
+    checkpoint (to its last step line) as wastedProgress, none when that checkpoint holds its last step;
+    the rest of first step to last step line (or a save after it) is productive. The billed window runs
+    from `boot` (else the boot's first event) to its last event: the node's own READY comes earlier and is
+    the TPU API's to tell, so what this window leaves out is not here.
+    A boot that ends with no `end` lost its run without notice (a host lost, kill -9).
+    """
+    seconds = {c.key: 0.0 for c in CATEGORIES if c.key != "unattributed"}
+    billed = 0.0
+    preemptions = lost = steps = 0
+    for life in _boots(list(events)):  # in the order recorded: a boot's clock may differ from the last one's
+        billed += life[-1].at - life[0].at
+        first = {e.kind: e for e in reversed(life)}  # each kind's first event in this boot
+        if "boot" in first and "agentStart" in first:
+            seconds["boot"] += max(0.0, first["agentStart"].at - first["boot"].at)
+        prepare = None
+        attempt: list[Event] = []
+        for event in life:
+            if event.kind == "prepare":
+                prepare = event
+            elif event.kind == "programStart":
+                if prepare is not None:
+                    seconds["installs"] += event.at - prepare.at
+                    prepare = None
+                attempt = [event]
+            elif attempt:
+                attempt.append(event)
+                if event.kind == "exit":
+                    steps = max(steps, _attempt(attempt, seconds))
+                    attempt = []
+            if event.kind == "sigterm":
+                preemptions += 1
+        if attempt:  # no exit seen: the boot ended under the program
+            steps = max(steps, _attempt(attempt, seconds))
+        if life[-1].kind != "end":
+            lost += 1
+    return Measured(seconds, billed, preemptions, lost, steps)
+
+
+def _boots(events: list[Event]) -> list[list[Event]]:
+    """The record cut where the run's time on the VM starts again: at a boot, an agent's start, or whatever
+    follows its `end` (a request resumed after the stack's run: the time between was that run's)."""
+    lives: list[list[Event]] = []
+    for event in events:
+        last = lives[-1][-1].kind if lives else ""
+        opens = event.kind == "boot" or (event.kind == "agentStart" and last != "boot") or last == "end"
+        if opens or not lives:
+            lives.append([])
+        lives[-1].append(event)
+    return lives
+
+
+def _attempt(attempt: list[Event], seconds: dict[str, float]) -> int:
+    """One program attempt's seconds into `seconds`; the last step it reached."""
+    start = attempt[0]
+    restored = next((e for e in attempt if e.kind == "restored"), None)
+    first_step = next((e for e in attempt if e.kind == "firstStep"), None)
+    last_step = next((e for e in reversed(attempt) if e.kind in ("step", "firstStep")), None)
+    exit_ = next((e for e in attempt if e.kind == "exit"), None)
+    if restored is not None:
+        seconds["restore"] += restored.at - start.at
+    if first_step is None or last_step is None:
+        return 0
+    seconds["firstStep"] += first_step.at - (restored or start).at
+    # Training ends at its last step line, or at a save reported after it (runlib saves on notice, then says so).
+    # A save before the first step line is part of that first step.
+    saves = [e for e in attempt if e.kind == "checkpoint" and e.at >= first_step.at]
+    end = max([last_step.at] + [e.at for e in saves])
+    stalled = min(sum(e.seconds or 0.0 for e in saves), end - first_step.at)
+    wasted = 0.0
+    if exit_ is None or exit_.code != 0:  # the steps after the last committed checkpoint are lost
+        kept = saves[-1] if saves else None
+        if kept is None or kept.step is None or last_step.step is None or kept.step < last_step.step:
+            wasted = max(0.0, last_step.at - (kept.at if kept else first_step.at))
+    seconds["checkpointSave"] += stalled
+    seconds["wastedProgress"] += wasted
+    seconds["productive"] += max(0.0, end - first_step.at - stalled - wasted)
+    return last_step.step or 0

@@ -1,0 +1,78 @@
+"""The agent's timeline recorder (vm_agent/timeline.py) on a local status folder: what it keeps of a program's
+lines, what a hostile program's flood of lines can make it store and write, and a run resumed later."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from run_contract.paths import timeline_name
+from run_contract.timeline import RunEvents, measure
+from vm_agent import timeline
+from vm_agent.gcs import Folder
+
+
+def recorder(tmp_path, trusted: bool = True) -> timeline.Recorder:
+    return timeline.Recorder("user-a@x.example/r1", "vm", trusted, Folder(str(tmp_path)), lambda *a, **k: None)
+
+
+def stored(tmp_path) -> RunEvents:
+    return RunEvents.from_json(json.loads((tmp_path / timeline_name("user-a@x.example/r1")).read_text()))
+
+
+def test_step_lines_make_a_first_step_one_moving_last_step_and_the_saves(tmp_path):
+    run = recorder(tmp_path)
+    run.record("prepare")
+    run.record("programStart")
+    for step in range(1, 101):
+        run.line(json.dumps({"step": step, "loss": 0.5}))
+        if step % 25 == 0:
+            run.line(json.dumps({"message": "checkpoint saved", "step": step, "seconds": 0.5}))
+    run.line("not a step line")
+    run.record("exit", code=0)
+    run.record("end")
+    kinds = [e.kind for e in stored(tmp_path).events]
+    assert kinds == ["prepare", "programStart", "firstStep", "checkpoint", "checkpoint", "checkpoint", "step",
+                     "checkpoint", "exit", "end"]  # fmt: skip
+    assert stored(tmp_path).events[kinds.index("step")].step == 100
+
+
+def test_a_flood_of_untrusted_lines_is_capped_in_what_is_kept_and_how_often_it_is_written(tmp_path):
+    run = recorder(tmp_path, trusted=False)
+    run.record("programStart")
+    writes = run.writes
+    line = json.dumps({"message": "checkpoint saved", "step": 1, "seconds": 1e9})
+    for _ in range(50_000):
+        run.line(line)
+        run.line(json.dumps({"step": 2}))
+    assert run.writes - writes <= 2  # a write every STEP_WRITE_S at most: the flood takes well under that
+    assert len(run.events) <= timeline.MAX_LINE_EVENTS + 3
+    run.record("exit", code=0)
+    record = stored(tmp_path)
+    assert not record.step_lines_trusted
+    found = measure(record.events)
+    assert found.seconds["checkpointSave"] <= found.billed_s  # a claimed stall never exceeds the time it had
+
+
+def test_a_run_resumed_later_adds_to_its_record_and_the_time_between_is_not_its_own(tmp_path):
+    first = recorder(tmp_path)
+    first.extend(timeline.boot_events(uptime=str(tmp_path / "no-such-uptime")))
+    first.record("prepare")
+    first.record("programStart")
+    first.record("sigterm")
+    first.record("exit", code=75)
+    first.record("end")
+    later = recorder(tmp_path)  # the stack's run went first; the request's run starts again
+    assert later.events[0].kind == "agentStart"  # no uptime to read: the window opens at the agent
+    later.record("prepare")
+    later.record("programStart")
+    later.record("exit", code=0)
+    later.record("end")
+    events = stored(tmp_path).events
+    assert len(events) == 10
+    between = events[6].at - events[5].at
+    found = measure(events)
+    total = events[-1].at - events[0].at
+    assert found.billed_s == pytest.approx(total - between)
+    assert found.lost_without_notice == 0 and found.preemptions == 1

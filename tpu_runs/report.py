@@ -1,0 +1,156 @@
+"""`tpu-runs report`: where a run's time went and what it cost, from the timeline its VM's agent keeps; without
+a run id, every run of the VM the caller may read (her own; with `--stack-run`, the VM's whole folder), one
+line each and their sum by category, for one UTC month with `--month`.
+
+The agent writes the run's events next to its state (run_contract/timeline.py RunEvents, at
+`<vm>/runs/<runId>/timeline.json` in the status bucket); this measures them by category, adds what the stack
+says the VM is (type, chips, zone, provisioning) and prices each category in chip-hours and list-price USD
+with the catalog's price date (infra/goodput/pricing.py). Billed time is the agent's window, from the VM's
+kernel boot to the run's end in each boot; the unattributed remainder is what no event explains.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+from infra.config import TpuVmSettings
+from infra.goodput.pricing import Priced, price_timeline
+from run_contract.paths import member_key, runs_prefix, status_prefix, timeline_name
+from run_contract.timeline import BY_KEY, RunEvents, RunTimeline, TimelineError, measure
+
+
+def timeline_object(vm: str, run_id: str, who: str, stack_run: bool) -> str:
+    """A researcher's run `<runId>` is `<member>/<runId>` on the VM; the stack's run goes by its own id."""
+    return status_prefix(vm) + timeline_name(run_id if stack_run else f"{member_key(who)}/{run_id}")
+
+
+def run_timeline(vm: TpuVmSettings, events: RunEvents) -> RunTimeline:
+    found = measure(events.events)
+    counts = (found.preemptions, found.lost_without_notice, found.steps)
+    return _on(vm, events.run_id, found.billed_s, found.seconds, counts, events.step_lines_trusted)
+
+
+def _on(
+    vm: TpuVmSettings,
+    run_id: str,
+    billed_s: float,
+    measured: dict[str, float],
+    counts: tuple[int, int, int],
+    trusted: bool,
+) -> RunTimeline:
+    """A timeline on the stack's VM `vm`; `counts`: preemptions, losses without notice, steps."""
+    preemptions, lost, steps = counts
+    return RunTimeline.of(
+        run_id=run_id,
+        vm=vm.name,
+        accelerator_type=vm.accelerator.name,
+        chips=vm.accelerator.chips,
+        provisioning=vm.provisioning,
+        zone=vm.zone,
+        billed_s=billed_s,
+        measured=measured,
+        preemptions=preemptions,
+        lost_without_notice=lost,
+        steps=steps,
+        step_lines_trusted=trusted,
+    )
+
+
+def as_json(timeline: RunTimeline, priced: Priced) -> dict[str, Any]:
+    return {"timeline": timeline.to_json(), "priced": priced.to_json(), "goodput": timeline.goodput}
+
+
+def table(timeline: RunTimeline, priced: Priced) -> str:
+    p = priced.price
+    per_hour = "no price" if p.per_chip_hour is None else f"${p.per_chip_hour:g}/chip-hour"
+    lines = [
+        f"run {timeline.run_id} on {timeline.vm}: {timeline.accelerator_type} ({timeline.chips} chips), "
+        f"{timeline.provisioning}, {timeline.zone}",
+        f"priced at {per_hour} in {p.region}: a list-price estimate, prices of {p.date} ({p.source})",
+        *[f"  note: {note}" for note in p.notes],
+        f"{'category':<16}{'seconds':>11}{'chip-hours':>12}{'USD':>10}  ",
+    ]
+    for line in priced.lines:
+        if not BY_KEY[line.category].billed and not line.seconds:
+            continue  # the TPU API's and the guard's waits: not in the agent's record
+        usd = "" if line.usd is None else f"{line.usd:.4f}"
+        mark = "  untrusted (the program's step lines)" if line.untrusted else ""
+        lines.append(f"{line.category:<16}{line.seconds:>11.1f}{line.chip_hours:>12.4f}{usd:>10}{mark}")
+    total = "" if priced.usd is None else f"{priced.usd:.4f}"
+    lines.append(f"{'billed':<16}{timeline.billed_s:>11.1f}{priced.chip_hours:>12.4f}{total:>10}")
+    share = timeline.seconds["unattributed"] / timeline.billed_s if timeline.billed_s else 0.0
+    lines.append(
+        f"goodput {timeline.goodput:.1%}; unattributed {share:.1%}; {timeline.steps} steps; "
+        f"{timeline.preemptions} stop notice(s), {timeline.lost_without_notice} lost without notice"
+    )
+    return "\n".join(lines)
+
+
+def started_month(events: RunEvents) -> str:
+    """The UTC month (YYYY-MM) of the run's first event; "" for a record without one."""
+    return time.strftime("%Y-%m", time.gmtime(events.events[0].at)) if events.events else ""
+
+
+def total(vm: TpuVmSettings, runs: list[RunTimeline], what: str) -> RunTimeline:
+    """The runs' seconds and counts summed, as one timeline of the VM (`what` names them)."""
+    measured = {key: sum(t.seconds[key] for t in runs) for key in BY_KEY if key != "unattributed"}
+    counts = (sum(t.preemptions for t in runs), sum(t.lost_without_notice for t in runs), sum(t.steps for t in runs))
+    trusted = all(t.step_lines_trusted for t in runs)
+    return _on(vm, what, sum(t.billed_s for t in runs), measured, counts, trusted)
+
+
+def report_vm(google: Any, stack: Any, args: argparse.Namespace, who: str) -> int:
+    """Every readable run's timeline on the VM (in `args.month`, if given): a line each, and their sum."""
+    vm = stack.vm(args.vm)
+    prefix = runs_prefix(vm.name) if args.stack_run else f"{runs_prefix(vm.name)}{member_key(who)}/"
+    runs: list[RunTimeline] = []
+    for item in google.list_objects(stack.status, prefix):
+        if not item["name"].endswith("/timeline.json"):
+            continue
+        try:
+            events = RunEvents.from_json(json.loads(google.read(stack.status, item["name"]) or b"null"))
+        except (ValueError, TimelineError) as error:
+            print(f"skipped gs://{stack.status}/{item['name']}: not a run timeline ({error})")
+            continue
+        if not args.month or started_month(events) == args.month:
+            runs.append(run_timeline(vm, events))
+    scope = f"{vm.name}{' in ' + args.month if args.month else ''}"
+    if not runs:
+        print(f"no run timelines of yours on {scope} under gs://{stack.status}/{prefix}")
+        return 1
+    summed = total(vm, runs, f"{len(runs)} run(s) on {scope}")
+    priced = price_timeline(summed)
+    if args.json:
+        each = [{"runId": t.run_id, **as_json(t, price_timeline(t))} for t in runs]
+        print(json.dumps({"runs": each, "total": as_json(summed, priced)}, indent=1))
+        return 0
+    for t in runs:
+        usd = price_timeline(t).usd
+        cost = "no price" if usd is None else f"{usd:.2f} USD"
+        print(f"{t.run_id:<48} {t.billed_s / 3600:>8.2f} h  goodput {t.goodput:>6.1%}  {cost}")
+    print(table(summed, priced))
+    return 0
+
+
+def report(google: Any, stack: Any, args: argparse.Namespace, who: str) -> int:
+    """Print the run's report (a table, or `--json`); 1 when the VM's agent has kept no timeline for it."""
+    if not args.run_id:
+        return report_vm(google, stack, args, who)
+    vm = stack.vm(args.vm)
+    name = timeline_object(vm.name, args.run_id, who, args.stack_run)
+    raw = google.read(stack.status, name)
+    if raw is None:
+        where = f"gs://{stack.status}/{name}"
+        print(f"no timeline at {where}: the run has not started on {vm.name}, or its agent predates timelines")
+        return 1
+    try:
+        timeline = run_timeline(vm, RunEvents.from_json(json.loads(raw)))
+    except (ValueError, TimelineError) as error:
+        print(f"gs://{stack.status}/{name} is not a run timeline: {error}")
+        return 1
+    priced = price_timeline(timeline)
+    print(json.dumps(as_json(timeline, priced), indent=1) if args.json else table(timeline, priced))
+    return 0
