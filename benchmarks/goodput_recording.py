@@ -38,8 +38,10 @@ def main() -> None:
             for _ in range(n):
                 recorder.line(line)
             per_line = (time.perf_counter() - start) / n
-            print(f"{name}: {per_line * 1e6:.2f} us/line on the run's path; {per_line / args.step_seconds:.2e} of a "
-                  f"{args.step_seconds:g} s step at one line a step; {len(recorder.events)} events kept")  # fmt: skip
+            print(
+                f"{name}: {per_line * 1e6:.2f} us/line on the run's path; {per_line / args.step_seconds:.2e} of a "
+                f"{args.step_seconds:g} s step at one line a step; {len(recorder.events)} events kept"
+            )
     with tempfile.TemporaryDirectory() as folder:
         recorder = timeline.Recorder("bench", "vm", True, Folder(folder), lambda *a, **k: None)
         recorder.events = [timeline.Event("checkpoint", float(i), i, 0.25) for i in range(timeline.MAX_LINE_EVENTS)]
@@ -47,8 +49,10 @@ def main() -> None:
         recorder.record("exit", code=0)
         write = time.perf_counter() - start
         size = (Path(folder) / "runs" / "bench" / "timeline.json").stat().st_size
-        print(f"the record's write at {timeline.MAX_LINE_EVENTS} events: {write * 1e3:.1f} ms, {size / 1000:.0f} kB "
-              f"(to a local folder; at most one every {timeline.STEP_WRITE_S:g} s from step lines)")  # fmt: skip
+        print(
+            f"the record's write at {timeline.MAX_LINE_EVENTS} events: {write * 1e3:.1f} ms, {size / 1000:.0f} kB "
+            f"(to a local folder; at most one every {timeline.STEP_WRITE_S:g} s from step lines)"
+        )
 
 
 if __name__ == "__main__":

@@ -63,8 +63,9 @@ def parse_request(data: Any, name: str, allowed: Allowed, places: RunPlaces, mem
         elif not source.by_digest:
             problems.append(f"source.image {source.image!r}: a request's image must be pinned by digest (@sha256:...)")
         if spec.requester != member:
-            problems.append(f"requester {spec.requester!r}: the request is in the folder of {member}, who alone "
-                            "may write there")  # fmt: skip
+            problems.append(
+                f"requester {spec.requester!r}: the request is in the folder of {member}, who alone may write there"
+            )
     if problems or spec is None:
         raise SpecError(where, problems, spec.run_id if spec is not None else "")
     run_id = f"{member_key(member)}/{spec.run_id}"

@@ -31,8 +31,9 @@ class RunsCloud:
         self.tmp = tmp  # the test's folder, also the working directory
 
     def read(self, bucket: str, name: str) -> bytes | None:
-        answer = requests.get(f"{self.storage}/storage/v1/b/{bucket}/o/{quote(name, safe='')}",
-                              params={"alt": "media"}, timeout=10)  # fmt: skip
+        answer = requests.get(
+            f"{self.storage}/storage/v1/b/{bucket}/o/{quote(name, safe='')}", params={"alt": "media"}, timeout=10
+        )
         return answer.content if answer.status_code == 200 else None
 
     def names(self, bucket: str, prefix: str = "") -> list[str]:
@@ -45,9 +46,15 @@ Cloud = TypeVar("Cloud", bound=RunsCloud)
 
 @contextlib.contextmanager
 def runs_cloud(
-    kind: type[Cloud], monkeypatch: pytest.MonkeyPatch, tmp: Path, *,
-    project: str, buckets: Iterable[str], vms: Iterable[str], requester: str,
-) -> Iterator[Cloud]:  # fmt: skip
+    kind: type[Cloud],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp: Path,
+    *,
+    project: str,
+    buckets: Iterable[str],
+    vms: Iterable[str],
+    requester: str,
+) -> Iterator[Cloud]:
     """A `kind` (RunsCloud or a test's subclass of it) over the emulator and stand-ins, with `buckets`
     created and the TPU VMs `vms` READY in us-central1-a."""
     with (
@@ -57,8 +64,9 @@ def runs_cloud(
         metadata_server({}) as metadata,
     ):
         for bucket in buckets:
-            requests.post(f"{storage}/storage/v1/b", params={"project": project}, json={"name": bucket},
-                          timeout=10).raise_for_status()  # fmt: skip
+            requests.post(
+                f"{storage}/storage/v1/b", params={"project": project}, json={"name": bucket}, timeout=10
+            ).raise_for_status()
         for vm in vms:
             tpu.add({"name": f"projects/{project}/locations/us-central1-a/nodes/{vm}", "state": "READY"})
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", storage)

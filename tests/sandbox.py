@@ -93,13 +93,17 @@ IMAGE_PYTHON = "/usr/bin/python3"
 def image_python_shim() -> str:
     """PYTHON3_SHIM for this machine: the workloads' packages under the system's interpreter."""
     query = "import sys, sysconfig; print(sysconfig.get_paths()['purelib']); print(sys.version_info[:2])"
-    site, version = subprocess.run([workloads_python(), "-c", query], capture_output=True, text=True,
-                                   check=True).stdout.split("\n")[:2]  # fmt: skip
-    own = subprocess.run([IMAGE_PYTHON, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True,
-                         text=True, check=True).stdout.strip()  # fmt: skip
+    site, version = subprocess.run(
+        [workloads_python(), "-c", query], capture_output=True, text=True, check=True
+    ).stdout.split("\n")[:2]
+    own = subprocess.run(
+        [IMAGE_PYTHON, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True, text=True, check=True
+    ).stdout.strip()
     if own != version:
-        raise RuntimeError(f"{IMAGE_PYTHON} is Python {own}, the workloads' virtualenv {version}: make it from "
-                           f"{IMAGE_PYTHON} (PYTHON={IMAGE_PYTHON} make .venv-workloads/.installed)")  # fmt: skip
+        raise RuntimeError(
+            f"{IMAGE_PYTHON} is Python {own}, the workloads' virtualenv {version}: make it from "
+            f"{IMAGE_PYTHON} (PYTHON={IMAGE_PYTHON} make .venv-workloads/.installed)"
+        )
     return PYTHON3_SHIM.format(python=IMAGE_PYTHON, site=site)
 
 

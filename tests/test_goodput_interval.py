@@ -100,8 +100,15 @@ def test_an_attempt_s_parts_add_up_to_its_running_time():
 
 def test_with_nothing_taking_the_vm_a_job_is_its_phases_steps_and_saves():
     e = expected(10_000, 1000, 20, Losses(), PHASES)
-    assert e.seconds == {**dict.fromkeys(BY_KEY, 0.0), "queue": 90, "boot": 120, "installs": 60, "firstStep": 60,
-                         "productive": 10_000, "checkpointSave": 10 * 20}  # fmt: skip
+    assert e.seconds == {
+        **dict.fromkeys(BY_KEY, 0.0),
+        "queue": 90,
+        "boot": 120,
+        "installs": 60,
+        "firstStep": 60,
+        "productive": 10_000,
+        "checkpointSave": 10 * 20,
+    }
     assert e.disruptions == 0 and e.wall_s == e.billed_s + 90
     assert expected(10_500, 1000, 20, Losses(), PHASES).seconds["checkpointSave"] == 11 * 20  # the last, short stretch
 

@@ -36,8 +36,17 @@ IDENTITY = {
 
 
 def a_timeline(**changes) -> RunTimeline:
-    measured = {"boot": 60.0, "installs": 30.0, "restore": 20.0, "firstStep": 40.0, "productive": 3000.0,
-                "checkpointSave": 50.0, "wastedProgress": 100.0, "recoveryWait": 400.0, "queue": 90.0}  # fmt: skip
+    measured = {
+        "boot": 60.0,
+        "installs": 30.0,
+        "restore": 20.0,
+        "firstStep": 40.0,
+        "productive": 3000.0,
+        "checkpointSave": 50.0,
+        "wastedProgress": 100.0,
+        "recoveryWait": 400.0,
+        "queue": 90.0,
+    }
     args = {**IDENTITY, "billed_s": 3400.0, "measured": measured, "preemptions": 1, "steps": 6000, **changes}
     return RunTimeline.of(**args)
 
@@ -118,8 +127,14 @@ def test_a_record_whose_categories_do_not_add_up_to_the_bill_is_refused():
 def test_a_self_service_programs_step_lines_mark_what_they_decide():
     assert a_timeline().untrusted == ()
     untrusted = a_timeline(step_lines_trusted=False)
-    assert set(untrusted.untrusted) == {"restore", "firstStep", "productive", "checkpointSave", "wastedProgress",
-                                        "unattributed"}  # fmt: skip
+    assert set(untrusted.untrusted) == {
+        "restore",
+        "firstStep",
+        "productive",
+        "checkpointSave",
+        "wastedProgress",
+        "unattributed",
+    }
     assert untrusted.to_json()["untrusted"] == list(untrusted.untrusted)
     assert not any(BY_KEY[k].measured_by in ("agent", "guard", "TPU API") for k in untrusted.untrusted)
 
@@ -169,31 +184,52 @@ def _events(*rows) -> tuple[module.Event, ...]:
 
 PREEMPTED_THEN_FINISHED = _events(
     # the first boot: installs, a program that trains, saves twice, and is stopped on notice
-    ("boot", 1000.0, {}), ("agentStart", 1030.0, {}), ("prepare", 1031.0, {}), ("programStart", 1051.0, {}),
-    ("firstStep", 1061.0, {"step": 1}), ("checkpoint", 1100.0, {"step": 4, "seconds": 2.0}),
-    ("checkpoint", 1140.0, {"step": 8, "seconds": 3.0}), ("step", 1160.0, {"step": 10}),
-    ("sigterm", 1161.0, {}), ("exit", 1162.0, {"code": 75}), ("end", 1162.5, {}),
+    ("boot", 1000.0, {}),
+    ("agentStart", 1030.0, {}),
+    ("prepare", 1031.0, {}),
+    ("programStart", 1051.0, {}),
+    ("firstStep", 1061.0, {"step": 1}),
+    ("checkpoint", 1100.0, {"step": 4, "seconds": 2.0}),
+    ("checkpoint", 1140.0, {"step": 8, "seconds": 3.0}),
+    ("step", 1160.0, {"step": 10}),
+    ("sigterm", 1161.0, {}),
+    ("exit", 1162.0, {"code": 75}),
+    ("end", 1162.5, {}),
     # the next boot: the same run resumes from its checkpoint and finishes
-    ("boot", 5000.0, {}), ("agentStart", 5020.0, {}), ("prepare", 5021.0, {}), ("programStart", 5026.0, {}),
-    ("restored", 5030.0, {"step": 8}), ("firstStep", 5040.0, {"step": 9}), ("step", 5080.0, {"step": 12}),
-    ("exit", 5081.0, {"code": 0}), ("end", 5082.0, {}),
-)  # fmt: skip
+    ("boot", 5000.0, {}),
+    ("agentStart", 5020.0, {}),
+    ("prepare", 5021.0, {}),
+    ("programStart", 5026.0, {}),
+    ("restored", 5030.0, {"step": 8}),
+    ("firstStep", 5040.0, {"step": 9}),
+    ("step", 5080.0, {"step": 12}),
+    ("exit", 5081.0, {"code": 0}),
+    ("end", 5082.0, {}),
+)
 
 
 def test_the_agents_events_measure_each_category_boot_by_boot():
     found = module.measure(PREEMPTED_THEN_FINISHED)
     assert found.billed_s == pytest.approx(162.5 + 82.0)
-    assert found.seconds == pytest.approx({
-        "queue": 0.0, "recoveryWait": 0.0, "idle": 0.0,
-        "boot": 30.0 + 20.0, "installs": 20.0 + 5.0, "restore": 4.0, "firstStep": 10.0 + 10.0,
-        "checkpointSave": 5.0, "wastedProgress": 20.0,  # step 10 at 1160, the last commit at 1140
-        "productive": (99.0 - 5.0 - 20.0) + 40.0,
-    })  # fmt: skip
+    assert found.seconds == pytest.approx(
+        {
+            "queue": 0.0,
+            "recoveryWait": 0.0,
+            "idle": 0.0,
+            "boot": 30.0 + 20.0,
+            "installs": 20.0 + 5.0,
+            "restore": 4.0,
+            "firstStep": 10.0 + 10.0,
+            "checkpointSave": 5.0,
+            "wastedProgress": 20.0,  # step 10 at 1160, the last commit at 1140
+            "productive": (99.0 - 5.0 - 20.0) + 40.0,
+        }
+    )
     assert (found.preemptions, found.lost_without_notice, found.steps) == (1, 0, 12)
-    timeline = RunTimeline.of(**IDENTITY, billed_s=found.billed_s, measured=found.seconds,
-                              preemptions=found.preemptions, steps=found.steps)  # fmt: skip
-    assert timeline.seconds["unattributed"] == pytest.approx(found.billed_s - sum(
-        v for k, v in found.seconds.items()))  # fmt: skip
+    timeline = RunTimeline.of(
+        **IDENTITY, billed_s=found.billed_s, measured=found.seconds, preemptions=found.preemptions, steps=found.steps
+    )
+    assert timeline.seconds["unattributed"] == pytest.approx(found.billed_s - sum(v for k, v in found.seconds.items()))
 
 
 def test_a_boot_that_ends_under_the_program_lost_its_work_without_notice():
@@ -207,17 +243,28 @@ def test_the_events_record_reads_back_and_marks_untrusted_categories():
     record = module.RunEvents("user-a@x.example/r1", "vm", PREEMPTED_THEN_FINISHED, step_lines_trusted=False)
     data = json.loads(json.dumps(record.to_json()))
     assert module.RunEvents.from_json(data) == record
-    assert set(data["untrusted"]) == {"restore", "firstStep", "productive", "checkpointSave", "wastedProgress",
-                                      "unattributed"}  # fmt: skip
+    assert set(data["untrusted"]) == {
+        "restore",
+        "firstStep",
+        "productive",
+        "checkpointSave",
+        "wastedProgress",
+        "unattributed",
+    }
     with pytest.raises(TimelineError, match="event kind 'nap'"):
         module.RunEvents.from_json({**data, "events": [{"kind": "nap", "at": 1.0}]})
 
 
 @pytest.mark.parametrize(
     ("line", "step"),
-    [('{"step": 3, "loss": 0.1}', 3), ('{"message": "x", "step": "3"}', None), ('{"step": true}', None),
-     ("step 3", None), ('{"step": 3', None)],
-)  # fmt: skip
+    [
+        ('{"step": 3, "loss": 0.1}', 3),
+        ('{"message": "x", "step": "3"}', None),
+        ('{"step": true}', None),
+        ("step 3", None),
+        ('{"step": 3', None),
+    ],
+)
 def test_a_step_line_is_a_json_object_with_an_integer_step(line, step):
     found = module.step_line(line)
     assert (found or {}).get("step") == step
@@ -226,10 +273,15 @@ def test_a_step_line_is_a_json_object_with_an_integer_step(line, step):
 def test_a_save_on_notice_after_the_last_step_line_loses_no_work():
     """runlib trains, prints the step, then saves on SIGTERM and says so: the save holds the last step."""
     events = _events(
-        ("agentStart", 0.0, {}), ("programStart", 10.0, {}), ("firstStep", 20.0, {"step": 50}),
-        ("step", 120.0, {"step": 300}), ("sigterm", 121.0, {}),
-        ("checkpoint", 125.0, {"step": 300, "seconds": 5.0}), ("exit", 126.0, {"code": 75}), ("end", 127.0, {}),
-    )  # fmt: skip
+        ("agentStart", 0.0, {}),
+        ("programStart", 10.0, {}),
+        ("firstStep", 20.0, {"step": 50}),
+        ("step", 120.0, {"step": 300}),
+        ("sigterm", 121.0, {}),
+        ("checkpoint", 125.0, {"step": 300, "seconds": 5.0}),
+        ("exit", 126.0, {"code": 75}),
+        ("end", 127.0, {}),
+    )
     found = module.measure(events)
     assert found.seconds["wastedProgress"] == 0.0 and found.seconds["checkpointSave"] == 5.0
     assert found.seconds["productive"] == pytest.approx(125.0 - 20.0 - 5.0)

@@ -15,14 +15,22 @@ from infra.tpu.metadata import GRACE_SECONDS
 from tests.contracts import document
 
 V5E = load_catalog().accelerator("v5litepod-8")
-JOB = Job(steps=200_000, step_s=0.5, save_s=20, restore_s=40, first_step_s=90, commit_s=60, every_steps=2000,
-          every_minutes=10)  # fmt: skip
+JOB = Job(
+    steps=200_000, step_s=0.5, save_s=20, restore_s=40, first_step_s=90, commit_s=60, every_steps=2000, every_minutes=10
+)
 
 
 def spot(**changes) -> Capacity:
     assert not isinstance(V5E, str)
-    return Capacity(**{"accelerator": V5E, "provisioning": "spot", "zones": ("us-central1-a",),
-                       "preemptions": Rate.every(6), **changes})  # fmt: skip
+    return Capacity(
+        **{
+            "accelerator": V5E,
+            "provisioning": "spot",
+            "zones": ("us-central1-a",),
+            "preemptions": Rate.every(6),
+            **changes,
+        }
+    )
 
 
 def test_the_notice_is_the_spot_vms_capped_by_the_agents_grace_period():
@@ -61,12 +69,18 @@ def test_a_save_within_the_notice_has_no_best_and_prices_yours():
     [
         (JOB, {"preemptions": Rate.every(None)}, "spot VMs are preempted: give the hours between preemptions"),
         (JOB, {"provisioning": "on-demand"}, "on-demand VMs are not preempted"),
-        (JOB, {"provisioning": "preemptible", "preemptions": Rate.every(30)},
-         f"a preemptible VM lives at most {PREEMPTIBLE_LIFE_HOURS:g} h"),
-        (Job(steps=0, step_s=0, save_s=60, restore_s=1, commit_s=30), {},
-         "steps: 0 must be ≥ 1\nstep time: 0 s must be > 0\ncommit time 30 s is shorter than the save's stall 60 s"),
+        (
+            JOB,
+            {"provisioning": "preemptible", "preemptions": Rate.every(30)},
+            f"a preemptible VM lives at most {PREEMPTIBLE_LIFE_HOURS:g} h",
+        ),
+        (
+            Job(steps=0, step_s=0, save_s=60, restore_s=1, commit_s=30),
+            {},
+            "steps: 0 must be ≥ 1\nstep time: 0 s must be > 0\ncommit time 30 s is shorter than the save's stall 60 s",
+        ),
     ],
-)  # fmt: skip
+)
 def test_inputs_it_cannot_answer_for_are_refused_all_at_once(job, capacity, message):
     with pytest.raises(WhatIfError) as caught:
         what_if(job, spot(**capacity))

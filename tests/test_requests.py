@@ -110,14 +110,24 @@ class Agent:
 @pytest.fixture
 def agent() -> Iterator[Agent]:
     with storage_emulator() as storage, checking_proxy(storage) as (proxy, seen), metadata_server({}) as metadata:
-        requests.post(f"{storage}/storage/v1/b", params={"project": "acme"}, json={"name": STATUS},
-                      timeout=10).raise_for_status()  # fmt: skip
-        yield Agent(Bucket(storage), seen, {
-            "TPU_PLATFORM_STATUS_DIR": f"gs://{STATUS}/{VM}", "TPU_PLATFORM_ARTIFACTS": f"gs://{ARTIFACTS}",
-            "TPU_PLATFORM_REGISTRY": REGISTRY, "TPU_PLATFORM_SELF_SERVICE": "1", "STORAGE_EMULATOR_HOST": proxy,
-            "TPU_PLATFORM_METADATA_URL": f"http://{metadata}/computeMetadata/v1",
-            "TPU_PLATFORM_STACK": "dev", "TPU_PLATFORM_VM": VM, "TPU_PLATFORM_WORKLOAD": "mnist",
-        })  # fmt: skip
+        requests.post(
+            f"{storage}/storage/v1/b", params={"project": "acme"}, json={"name": STATUS}, timeout=10
+        ).raise_for_status()
+        yield Agent(
+            Bucket(storage),
+            seen,
+            {
+                "TPU_PLATFORM_STATUS_DIR": f"gs://{STATUS}/{VM}",
+                "TPU_PLATFORM_ARTIFACTS": f"gs://{ARTIFACTS}",
+                "TPU_PLATFORM_REGISTRY": REGISTRY,
+                "TPU_PLATFORM_SELF_SERVICE": "1",
+                "STORAGE_EMULATOR_HOST": proxy,
+                "TPU_PLATFORM_METADATA_URL": f"http://{metadata}/computeMetadata/v1",
+                "TPU_PLATFORM_STACK": "dev",
+                "TPU_PLATFORM_VM": VM,
+                "TPU_PLATFORM_WORKLOAD": "mnist",
+            },
+        )
 
 
 def request(name: str = "20261130T040000Z-exp-1.json", owner: str = OWNER) -> str:
@@ -136,8 +146,11 @@ def test_requests_are_taken_in_name_order_each_once(agent: Agent):
     # The calls are the storage.v1 methods the VM's grant allows, with the VM account's token.
     assert agent.seen.violations == []
     assert set(agent.seen.methods) == {
-        "storage.objects.list", "storage.objects.get", "storage.objects.insert", "storage.objects.delete",
-    }  # fmt: skip
+        "storage.objects.list",
+        "storage.objects.get",
+        "storage.objects.insert",
+        "storage.objects.delete",
+    }
     assert agent.seen.authorization == {f"Bearer {SANDBOX_TOKEN}"}
 
 
@@ -226,12 +239,18 @@ def test_a_state_that_is_not_a_json_object_is_neither_resumed_nor_a_crash(agent:
 @pytest.mark.parametrize(
     ("data", "why"),
     [
-        ({**SPEC, "source": {"kind": "folder", "uri": f"gs://elsewhere/sources/{SHA}.tar.gz", "sha256": SHA}},
-         "must be under the stack's artifacts bucket gs://acme-artifacts/"),
-        ({**SPEC, "source": {"kind": "folder", "uri": f"gs://{ARTIFACTS}/sources/{'b' * 64}.tar.gz", "sha256": SHA}},
-         f"must be the stack's artifacts bucket object gs://{ARTIFACTS}/sources/{SHA}.tar.gz"),
-        ({**SPEC, "source": {"kind": "image", "image": f"docker.io/library/x@sha256:{SHA}"}},
-         "must be in the stack's repository"),
+        (
+            {**SPEC, "source": {"kind": "folder", "uri": f"gs://elsewhere/sources/{SHA}.tar.gz", "sha256": SHA}},
+            "must be under the stack's artifacts bucket gs://acme-artifacts/",
+        ),
+        (
+            {**SPEC, "source": {"kind": "folder", "uri": f"gs://{ARTIFACTS}/sources/{'b' * 64}.tar.gz", "sha256": SHA}},
+            f"must be the stack's artifacts bucket object gs://{ARTIFACTS}/sources/{SHA}.tar.gz",
+        ),
+        (
+            {**SPEC, "source": {"kind": "image", "image": f"docker.io/library/x@sha256:{SHA}"}},
+            "must be in the stack's repository",
+        ),
         ({**SPEC, "source": {"kind": "image", "image": f"{REGISTRY}/x:latest"}}, "by digest only"),
         # A tag the stack's own run may use where the stack allows it: never in a request.
         ({**SPEC, "source": {"kind": "image", "image": f"{REGISTRY}/x:latest", "allowTag": True}}, "pinned by digest"),
@@ -242,10 +261,12 @@ def test_a_state_that_is_not_a_json_object_is_neither_resumed_nor_a_crash(agent:
         ({**SPEC, "env": {"TPU_PLATFORM_MODEL_DIR": "gs://x"}}, "run contract's"),
         ({**SPEC, "completion": True}, "unknown fields ['completion']"),
         ({**SPEC, "modelDir": "gs://elsewhere/x"}, "unknown fields ['modelDir']"),
-        ({**SPEC, "source": {"kind": "image", "image": f"{REGISTRY}/x@sha256:{SHA}"}, "python": "3.11"},
-         "only a folder source runs in a virtualenv"),
+        (
+            {**SPEC, "source": {"kind": "image", "image": f"{REGISTRY}/x@sha256:{SHA}"}, "python": "3.11"},
+            "only a folder source runs in a virtualenv",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_request_the_agent_may_not_run_is_refused_and_recorded(agent: Agent, data, why):
     assert why in refused(agent, data)["reason"]
 
@@ -292,8 +313,9 @@ def test_a_request_is_the_shared_run_spec_with_the_platforms_places():
     assert spec.completion is False and spec.data == ""
     # Every problem at once, as the stack's run spec.
     with pytest.raises(SpecError) as error:
-        parse_request({**SPEC, "runId": "X", "env": {"TPU_PLATFORM_RUN_ID": "y"}, "extra": 1}, "x", allowed, places,
-                      ALICE)  # fmt: skip
+        parse_request(
+            {**SPEC, "runId": "X", "env": {"TPU_PLATFORM_RUN_ID": "y"}, "extra": 1}, "x", allowed, places, ALICE
+        )
     assert len(error.value.problems) == 3
 
 
@@ -321,7 +343,8 @@ def test_the_agents_member_keys_and_logs_are_the_platforms():
 
 def test_a_taken_request_keeps_its_name_in_the_spec_and_its_dirs_from_agent_env(agent: Agent):
     agent.bucket.put(request(), SPEC)
-    spec = agent.source(TPU_PLATFORM_MODELS="gs://mm", TPU_PLATFORM_CHECKPOINTS="gs://cc",
-                        TPU_PLATFORM_WORKLOAD="mnist").next(0)  # fmt: skip
+    spec = agent.source(
+        TPU_PLATFORM_MODELS="gs://mm", TPU_PLATFORM_CHECKPOINTS="gs://cc", TPU_PLATFORM_WORKLOAD="mnist"
+    ).next(0)
     assert isinstance(spec, RunSpec) and spec.request == request()
     assert (spec.model_dir, spec.checkpoint_dir) == (f"gs://mm/mnist/{VM}/{RUN}", f"gs://cc/mnist/{VM}/{RUN}")

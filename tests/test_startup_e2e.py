@@ -52,8 +52,11 @@ LOSS_TOLERANCE = 1e-3
 def installed_version(module: str) -> str:
     done = subprocess.run(
         [workloads_python(), "-c", f"import {module}; print({module}.__version__)"],
-        capture_output=True, text=True, check=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+    )
     return done.stdout.strip().splitlines()[-1]
 
 
@@ -75,10 +78,18 @@ def vm_metadata_for(
     program: str, framework_module: str, epochs: int = EPOCHS, run: str = "", vm: dict | None = None
 ) -> tuple[dict[str, str], str]:
     """The dev stack's VM, running `program` pinned to the framework the sandbox has, with small settings."""
-    raw = with_object(stack_config(), "workloads", lambda w: w["mnist"].update(
-        program=program, frameworkVersion=installed_version(framework_module),
-        run=run or f"e2e-{program.replace('_', '-')}", epochs=epochs, batchSize=BATCH, checkpointEverySteps=20,
-    ))  # fmt: skip
+    raw = with_object(
+        stack_config(),
+        "workloads",
+        lambda w: w["mnist"].update(
+            program=program,
+            frameworkVersion=installed_version(framework_module),
+            run=run or f"e2e-{program.replace('_', '-')}",
+            epochs=epochs,
+            batchSize=BATCH,
+            checkpointEverySteps=20,
+        ),
+    )
     # JAX 0.7+ needs Python 3.11, which v4's tpu-ubuntu2204-base (Ubuntu 22.04) lacks: the plan refuses
     # it, so the JAX run takes a v5e, whose runtime's Python the start-up script checks at boot.
     jax_vm = {"acceleratorType": "v5litepod-4", "zone": "us-central1-a"} if program == "jax_mnist" else {}
@@ -128,8 +139,9 @@ def test_preempted_run_resumes_and_finishes_once(program, module, emulator, tmp_
         wait_for(lambda: not vm.alive(unit), 60, "the agent to exit after SIGTERM")
         log = vm.log(unit)
         assert "SIGTERM: checkpoint written, exiting for preemption" in log, log[-3000:]
-        state = json.loads(emulator.bucket(STATUS_BUCKET).blob(f"mnist-v2-spot/runs/{run_id}/status.json")
-                           .download_as_bytes())  # fmt: skip
+        state = json.loads(
+            emulator.bucket(STATUS_BUCKET).blob(f"mnist-v2-spot/runs/{run_id}/status.json").download_as_bytes()
+        )
         assert (state["state"], state["exitCode"]) == ("stopped", 75), state
         preempted_at = committed_steps(emulator, run)[-1]
         assert 0 < preempted_at < TOTAL_STEPS
@@ -202,13 +214,21 @@ def test_a_completed_run_is_stopped_by_the_guard_and_not_restarted_by_its_schedu
 
     metadata, unit = vm_metadata_for("tf_mnist", "tensorflow")
     with metadata_server(metadata) as metadata_host, tpu_api() as (api_url, _), tpu_api_standin() as (url, tpu):
-        tpu.add({"name": NODE, "state": "READY", "acceleratorType": "v2-8", "runtimeVersion": "tpu-vm-tf-2.21.0-pjrt",
-                 "labels": {"environment": "dev", "managed-by": "pulumi"}})  # fmt: skip
+        tpu.add(
+            {
+                "name": NODE,
+                "state": "READY",
+                "acceleratorType": "v2-8",
+                "runtimeVersion": "tpu-vm-tf-2.21.0-pjrt",
+                "labels": {"environment": "dev", "managed-by": "pulumi"},
+            }
+        )
         vm = Vm(tmp_path, metadata_host, os.environ["STORAGE_EMULATOR_HOST"], api_url)
         first = vm.boot(metadata["startup-script"])
         assert first.returncode == 0, first.stderr + first.stdout
-        wait_for(lambda: completed(emulator, "dev/mnist/mnist-v2-spot/e2e-tf-mnist"), 300, "the run to finish",
-                 interval=0.5)  # fmt: skip
+        wait_for(
+            lambda: completed(emulator, "dev/mnist/mnist-v2-spot/e2e-tf-mnist"), 300, "the run to finish", interval=0.5
+        )
         run = "mnist/mnist-v2-spot/e2e-tf-mnist/COMPLETE"  # runlib's own marker: the run is complete
         assert emulator.bucket("acme-ml-sandbox-dev-checkpoints").blob(run).exists(), vm.log(unit)[-2000:]
 
@@ -217,19 +237,26 @@ def test_a_completed_run_is_stopped_by_the_guard_and_not_restarted_by_its_schedu
         assert json.loads(marker.download_as_bytes())["runId"] == "dev/mnist/mnist-v2-spot/e2e-tf-mnist"
         session = CheckedSession()
         settings = {
-            "PROJECT": "acme-ml-sandbox", "ENVIRONMENT": "dev", "ZONES": "us-central1-b", "TPU_API_ENDPOINT": url,
+            "PROJECT": "acme-ml-sandbox",
+            "ENVIRONMENT": "dev",
+            "ZONES": "us-central1-b",
+            "TPU_API_ENDPOINT": url,
             "STATUS_BUCKET": STATUS_BUCKET,
-            "TPU_VMS": json.dumps({"mnist-v2-spot": {"nodes": ["mnist-v2-spot"], "zones": ["us-central1-b"],
-                                                     "onCompletion": "stop"}}),
-        }  # fmt: skip
+            "TPU_VMS": json.dumps(
+                {"mnist-v2-spot": {"nodes": ["mnist-v2-spot"], "zones": ["us-central1-b"], "onCompletion": "stop"}}
+            ),
+        }
         for key, value in settings.items():
             monkeypatch.setenv(key, value)
         monkeypatch.setattr(guard, "_session", lambda: session)
         event = CloudEvent(
-            {"type": "google.cloud.storage.object.v1.finalized", "time": datetime.now(UTC).isoformat(),
-             "source": f"//storage.googleapis.com/projects/_/buckets/{STATUS_BUCKET}"},
+            {
+                "type": "google.cloud.storage.object.v1.finalized",
+                "time": datetime.now(UTC).isoformat(),
+                "source": f"//storage.googleapis.com/projects/_/buckets/{STATUS_BUCKET}",
+            },
             {"bucket": STATUS_BUCKET, "name": marker.name, "generation": str(marker.generation)},
-        )  # fmt: skip
+        )
         guard.on_complete(event)
         assert tpu.nodes[NODE]["state"] == "STOPPED" and tpu.did("stop") == ["mnist-v2-spot"]
 
@@ -335,8 +362,16 @@ def test_two_host_slice_trains_stops_together_on_one_sigterm_and_resumes(emulato
     # One process, the same global batches, no interruption: the slice reached its loss.
     sample = tmp_path / "mnist.npz"
     emulator.bucket("acme-ml-sandbox-dev-data").blob("mnist/mnist.npz").download_to_filename(sample)
-    one = run_workload("jax_mnist/jax_mnist.py", "--data", str(sample), "--epochs", str(TWO_HOST_EPOCHS),
-                       "--batch-size", str(BATCH), cwd=tmp_path)  # fmt: skip
+    one = run_workload(
+        "jax_mnist/jax_mnist.py",
+        "--data",
+        str(sample),
+        "--epochs",
+        str(TWO_HOST_EPOCHS),
+        "--batch-size",
+        str(BATCH),
+        cwd=tmp_path,
+    )
     assert one.returncode == 0, one.stderr[-3000:]
     two_host = final_loss(vms[0].log(unit), total)
     assert two_host == pytest.approx(final_loss(one.stdout, total), abs=LOSS_TOLERANCE), (two_host, one.stdout[-500:])

@@ -101,9 +101,18 @@ def test_json_lines_become_structured_entries_and_others_text(rig):
 
 @pytest.mark.parametrize(
     ("given", "severity"),
-    [("INFO", "INFO"), ("warn", "WARNING"), ("Fatal", "CRITICAL"), (40, "ERROR"), (10, "DEBUG"), ("loud", "DEFAULT"),
-     (None, "DEFAULT"), (True, "DEFAULT"), ("notice", "NOTICE")],
-)  # fmt: skip
+    [
+        ("INFO", "INFO"),
+        ("warn", "WARNING"),
+        ("Fatal", "CRITICAL"),
+        (40, "ERROR"),
+        (10, "DEBUG"),
+        ("loud", "DEFAULT"),
+        (None, "DEFAULT"),
+        (True, "DEFAULT"),
+        ("notice", "NOTICE"),
+    ],
+)
 def test_severity_mapped_to_loggings_names(given, severity):
     assert severity_of(given) == severity
     enum = api("logging.v2").doc["schemas"]["LogEntry"]["properties"]["severity"]["enum"]
@@ -143,8 +152,14 @@ def test_training_lines_become_custom_metrics_one_point_per_series_at_most_every
 
 def test_lines_without_a_step_or_with_non_numbers_make_no_metric(rig):
     run = RunSpec("exp-42")
-    for line in ({"loss": 1.0}, {"step": 1}, {"step": "1", "loss": 1.0}, {"step": 1, "loss": "low"},
-                 {"step": True, "loss": 1.0}, {"step": 1, "loss": float("nan")}):  # fmt: skip
+    for line in (
+        {"loss": 1.0},
+        {"step": 1},
+        {"step": "1", "loss": 1.0},
+        {"step": 1, "loss": "low"},
+        {"step": True, "loss": 1.0},
+        {"step": 1, "loss": float("nan")},
+    ):
         rig.telemetry.ship(json.dumps(line), run)
     rig.telemetry.flush()
     assert rig.received.bodies(CREATE) == []

@@ -92,24 +92,33 @@ class World(RunsCloud):
         return cli.main([argv[0], "--stack", "self-service", "--stack-file", str(EXAMPLE), *argv[1:]], self.session)
 
     def write(self, bucket: str, name: str, data: bytes) -> None:
-        requests.post(f"{self.storage}/upload/storage/v1/b/{bucket}/o", params={"uploadType": "media", "name": name},
-                      data=data, timeout=10).raise_for_status()  # fmt: skip
+        requests.post(
+            f"{self.storage}/upload/storage/v1/b/{bucket}/o",
+            params={"uploadType": "media", "name": name},
+            data=data,
+            timeout=10,
+        ).raise_for_status()
 
     def agent(self, self_service: bool = True) -> RequestSource:
         env = {
-            "TPU_PLATFORM_STATUS_DIR": f"gs://{STATUS}/{VM}", "TPU_PLATFORM_ARTIFACTS": f"gs://{ARTIFACTS}",
+            "TPU_PLATFORM_STATUS_DIR": f"gs://{STATUS}/{VM}",
+            "TPU_PLATFORM_ARTIFACTS": f"gs://{ARTIFACTS}",
             "TPU_PLATFORM_REGISTRY": f"us-central1-docker.pkg.dev/{PROJECT}/runs",
-            "TPU_PLATFORM_SELF_SERVICE": "1" if self_service else "0", "STORAGE_EMULATOR_HOST": self.storage,
+            "TPU_PLATFORM_SELF_SERVICE": "1" if self_service else "0",
+            "STORAGE_EMULATOR_HOST": self.storage,
             "TPU_PLATFORM_METADATA_URL": f"http://{self.metadata}/computeMetadata/v1",
-            "TPU_PLATFORM_STACK": "self-service", "TPU_PLATFORM_VM": VM, "TPU_PLATFORM_WORKLOAD": "mnist",
-        }  # fmt: skip
+            "TPU_PLATFORM_STACK": "self-service",
+            "TPU_PLATFORM_VM": VM,
+            "TPU_PLATFORM_WORKLOAD": "mnist",
+        }
         return RequestSource.from_settings(Settings.from_environ(env), env)
 
 
 @pytest.fixture
 def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
-    with runs_cloud(World, monkeypatch, tmp_path, project=PROJECT, buckets=(STATUS, ARTIFACTS, MODELS), vms=(VM,),
-                    requester=ALICE) as world:  # fmt: skip
+    with runs_cloud(
+        World, monkeypatch, tmp_path, project=PROJECT, buckets=(STATUS, ARTIFACTS, MODELS), vms=(VM,), requester=ALICE
+    ) as world:
         yield world
 
 
@@ -152,15 +161,33 @@ def test_a_researcher_submits_follows_fetches_and_stops_a_run(world: World, caps
     mine = f"projects/{PROJECT}/logs/{naming.researcher_log(ALICE)}"
     bobs = f"projects/{PROJECT}/logs/{naming.researcher_log('user:bob@acme.example')}"
     world.logs.entries += [
-        {"logName": mine, "timestamp": "2026-11-30T04:00:01Z", "severity": "INFO",
-         "labels": {"runId": f"{OWNER}/exp-1", "vm": VM, "worker": "0"}, "jsonPayload": {"step": 10, "loss": 0.5}},
-        {"logName": mine, "timestamp": "2026-11-30T04:00:02Z", "severity": "INFO",
-         "labels": {"runId": f"{OWNER}/other", "vm": VM, "worker": "0"}, "textPayload": "not this run"},
-        {"logName": bobs, "timestamp": "2026-11-30T04:00:03Z", "severity": "INFO",
-         "labels": {"runId": f"{OWNER}/exp-1", "vm": VM, "worker": "0"}, "textPayload": "not her log"},
-    ]  # fmt: skip
-    world.write(STATUS, f"{VM}/runs/{OWNER}/exp-1/status.json",
-                json.dumps({"runId": f"{OWNER}/exp-1", "state": "finished"}).encode())  # fmt: skip
+        {
+            "logName": mine,
+            "timestamp": "2026-11-30T04:00:01Z",
+            "severity": "INFO",
+            "labels": {"runId": f"{OWNER}/exp-1", "vm": VM, "worker": "0"},
+            "jsonPayload": {"step": 10, "loss": 0.5},
+        },
+        {
+            "logName": mine,
+            "timestamp": "2026-11-30T04:00:02Z",
+            "severity": "INFO",
+            "labels": {"runId": f"{OWNER}/other", "vm": VM, "worker": "0"},
+            "textPayload": "not this run",
+        },
+        {
+            "logName": bobs,
+            "timestamp": "2026-11-30T04:00:03Z",
+            "severity": "INFO",
+            "labels": {"runId": f"{OWNER}/exp-1", "vm": VM, "worker": "0"},
+            "textPayload": "not her log",
+        },
+    ]
+    world.write(
+        STATUS,
+        f"{VM}/runs/{OWNER}/exp-1/status.json",
+        json.dumps({"runId": f"{OWNER}/exp-1", "state": "finished"}).encode(),
+    )
     assert world.run("logs", "--vm", VM, "exp-1", "--follow", "--interval", "0") == 0
     out = capsys.readouterr().out
     assert '{"loss": 0.5, "step": 10}' in out and "not this run" not in out and "run exp-1 finished" in out
@@ -262,8 +289,10 @@ class Forbidden(requests.Session):
 
 
 def test_a_missing_right_is_a_sentence_not_a_traceback(capsys):
-    assert cli.main(["list", "--stack", "self-service", "--stack-file", str(EXAMPLE), "--requester", ALICE],
-                    Forbidden()) == 2  # fmt: skip
+    assert (
+        cli.main(["list", "--stack", "self-service", "--stack-file", str(EXAMPLE), "--requester", ALICE], Forbidden())
+        == 2
+    )
     err = capsys.readouterr().err
     assert err.startswith("tpu-runs: you may not list the TPU VMs of projects/acme-ml-research/locations/us-central1-a")
     assert "tpu-platform:researchers in Pulumi.self-service.yaml" in err and "Traceback" not in err
@@ -309,13 +338,15 @@ def a_login(token_uri: str) -> requests.Session:
     from google.auth.transport.requests import AuthorizedSession
     from google.oauth2.credentials import Credentials
 
-    return AuthorizedSession(Credentials(None, refresh_token="1//refresh", token_uri=token_uri, client_id="id",
-                                         client_secret="secret"))  # fmt: skip
+    return AuthorizedSession(
+        Credentials(None, refresh_token="1//refresh", token_uri=token_uri, client_id="id", client_secret="secret")
+    )
 
 
 def said_in_one_sentence(capsys: pytest.CaptureFixture[str], session: requests.Session | None) -> str:
-    assert cli.main(["list", "--stack", "self-service", "--stack-file", str(EXAMPLE), "--requester", ALICE],
-                    session) == 2  # fmt: skip
+    assert (
+        cli.main(["list", "--stack", "self-service", "--stack-file", str(EXAMPLE), "--requester", ALICE], session) == 2
+    )
     err = capsys.readouterr().err
     assert err.startswith("tpu-runs: ") and err.count("\n") == 1 and "Traceback" not in err, err
     return err
@@ -396,9 +427,22 @@ def test_the_project_builds_with_the_tpu_runs_console_script(tmp_path: Path):
             (clone / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(root / name, clone / name)
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet", "-w", str(tmp_path),
-         str(clone)], check=True, capture_output=True, cwd=tmp_path,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--quiet",
+            "-w",
+            str(tmp_path),
+            str(clone),
+        ],
+        check=True,
+        capture_output=True,
+        cwd=tmp_path,
+    )
     (wheel,) = tmp_path.glob("tpu_platform-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
@@ -425,26 +469,33 @@ def test_tpu_runs_installs_into_a_fresh_virtualenv_and_runs_from_any_folder(worl
     shutil.copy2(root / "pyproject.toml", source / "pyproject.toml")
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    installed = subprocess.run([str(venv / "bin" / "pip"), "install", "--quiet", str(source)], capture_output=True,
-                               text=True)  # fmt: skip
+    installed = subprocess.run(
+        [str(venv / "bin" / "pip"), "install", "--quiet", str(source)], capture_output=True, text=True
+    )
     assert installed.returncode == 0, installed.stderr
     home = tmp_path / "home"  # no gcloud login of the machine's: the metadata stand-in gives the token
     env = {
-        **os.environ, "HOME": str(home), "CLOUDSDK_CONFIG": str(home / "gcloud"), "PYTHONPATH": "",
-        "GCE_METADATA_HOST": world.metadata, "GCE_METADATA_IP": world.metadata,
-    }  # fmt: skip
+        **os.environ,
+        "HOME": str(home),
+        "CLOUDSDK_CONFIG": str(home / "gcloud"),
+        "PYTHONPATH": "",
+        "GCE_METADATA_HOST": world.metadata,
+        "GCE_METADATA_IP": world.metadata,
+    }
     env.pop("GOOGLE_APPLICATION_CREDENTIALS", None)
     elsewhere = tmp_path / "research"
     a_folder(elsewhere)
 
     def tpu_runs(*argv: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([str(venv / "bin" / "tpu-runs"), *argv], cwd=elsewhere, env=env, capture_output=True,
-                              text=True, timeout=120)  # fmt: skip
+        return subprocess.run(
+            [str(venv / "bin" / "tpu-runs"), *argv], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=120
+        )
 
     assert "submit" in tpu_runs("--help").stdout
     stack = ["--stack", "self-service", "--stack-file", str(EXAMPLE)]
-    submitted = tpu_runs("submit", *stack, "--vm", VM, "--folder", "exp", "--run-id", "exp-1", "--", "python",
-                         "train.py")  # fmt: skip
+    submitted = tpu_runs(
+        "submit", *stack, "--vm", VM, "--folder", "exp", "--run-id", "exp-1", "--", "python", "train.py"
+    )
     assert submitted.returncode == 0, submitted.stderr
     assert f"submitted run exp-1 to {VM}" in submitted.stdout
     assert world.names(STATUS, f"{VM}/requests/{OWNER}/")
@@ -457,10 +508,16 @@ def test_a_researcher_reports_her_runs_time_and_cost_by_category(world: World, c
     """The agent's record of her run (run_contract/timeline.py), measured, in chip-hours and list-price USD with
     the price date; her program's step lines are untrusted and the categories they decide say so."""
     events = (
-        Event("boot", 0.0), Event("agentStart", 30.0), Event("prepare", 31.0), Event("programStart", 91.0),
-        Event("firstStep", 151.0, step=1), Event("checkpoint", 1951.0, step=900, seconds=12.0),
-        Event("step", 3751.0, step=1800), Event("exit", 3752.0, code=0), Event("end", 3760.0),
-    )  # fmt: skip
+        Event("boot", 0.0),
+        Event("agentStart", 30.0),
+        Event("prepare", 31.0),
+        Event("programStart", 91.0),
+        Event("firstStep", 151.0, step=1),
+        Event("checkpoint", 1951.0, step=900, seconds=12.0),
+        Event("step", 3751.0, step=1800),
+        Event("exit", 3752.0, code=0),
+        Event("end", 3760.0),
+    )
     record = RunEvents(f"{OWNER}/exp-1", VM, events, step_lines_trusted=False)
     world.write(STATUS, f"{VM}/runs/{OWNER}/exp-1/timeline.json", json.dumps(record.to_json()).encode())
     capsys.readouterr()
@@ -470,14 +527,26 @@ def test_a_researcher_reports_her_runs_time_and_cost_by_category(world: World, c
     assert per_chip_hour and found["priced"]["price"]["perChipHour"] == per_chip_hour
     assert found["priced"]["price"]["date"] == load_catalog().prices_date
     categories = found["priced"]["categories"]
-    expected = {"boot": 30.0, "installs": 60.0, "firstStep": 60.0, "checkpointSave": 12.0, "productive": 3588.0,
-                "unattributed": 3760.0 - 30 - 60 - 60 - 12 - 3588}  # fmt: skip
+    expected = {
+        "boot": 30.0,
+        "installs": 60.0,
+        "firstStep": 60.0,
+        "checkpointSave": 12.0,
+        "productive": 3588.0,
+        "unattributed": 3760.0 - 30 - 60 - 60 - 12 - 3588,
+    }
     for key, seconds in expected.items():
         assert categories[key]["seconds"] == pytest.approx(seconds), key
         assert categories[key]["chipHours"] == pytest.approx(8 * seconds / 3600), key
         assert categories[key]["usd"] == pytest.approx(8 * seconds / 3600 * per_chip_hour), key
     assert {k for k, v in categories.items() if v["untrusted"]} == {
-        "restore", "firstStep", "productive", "checkpointSave", "wastedProgress", "unattributed"}  # fmt: skip
+        "restore",
+        "firstStep",
+        "productive",
+        "checkpointSave",
+        "wastedProgress",
+        "unattributed",
+    }
     assert found["timeline"]["billedSeconds"] == 3760.0 and found["timeline"]["steps"] == 1800
 
     assert world.run("report", "--vm", VM, "exp-1") == 0
@@ -491,15 +560,24 @@ def test_a_researcher_reports_her_runs_time_and_cost_by_category(world: World, c
 
 
 def _finished_run(start: float, billed: float) -> tuple[Event, ...]:
-    return (Event("agentStart", start), Event("prepare", start + 1), Event("programStart", start + 11),
-            Event("firstStep", start + 21, step=1), Event("step", start + billed - 2, step=100),
-            Event("exit", start + billed - 1, code=0), Event("end", start + billed))  # fmt: skip
+    return (
+        Event("agentStart", start),
+        Event("prepare", start + 1),
+        Event("programStart", start + 11),
+        Event("firstStep", start + 21, step=1),
+        Event("step", start + billed - 2, step=100),
+        Event("exit", start + billed - 1, code=0),
+        Event("end", start + billed),
+    )
 
 
 def test_a_researcher_reports_all_her_runs_on_a_vm_and_one_month_of_them(world: World, capsys):
     november, december = calendar.timegm((2026, 11, 20, 0, 0, 0)), calendar.timegm((2026, 12, 1, 0, 0, 0))
-    for owner, run, start, billed in ((OWNER, "exp-1", november, 3600.0), (OWNER, "exp-2", december, 1800.0),
-                                      ("user-bob@acme.example", "exp-1", november, 7200.0)):  # fmt: skip
+    for owner, run, start, billed in (
+        (OWNER, "exp-1", november, 3600.0),
+        (OWNER, "exp-2", december, 1800.0),
+        ("user-bob@acme.example", "exp-1", november, 7200.0),
+    ):
         record = RunEvents(f"{owner}/{run}", VM, _finished_run(start, billed), step_lines_trusted=False)
         world.write(STATUS, f"{VM}/runs/{owner}/{run}/timeline.json", json.dumps(record.to_json()).encode())
     capsys.readouterr()

@@ -81,8 +81,14 @@ class Vm:
 
     def __init__(self, tmp: Path, cloud, metadata_url: str, vm: str):
         images = json.dumps({IMAGE: str(cloud["image"])})
-        self.env = agent_environ(tmp, metadata_url, cloud["host"], DOCKER_SHIM_IMAGES=images,
-                                 TPU_PLATFORM_VM=vm, TPU_PLATFORM_STATUS_DIR=f"gs://{STATUS}/{vm}")  # fmt: skip
+        self.env = agent_environ(
+            tmp,
+            metadata_url,
+            cloud["host"],
+            DOCKER_SHIM_IMAGES=images,
+            TPU_PLATFORM_VM=vm,
+            TPU_PLATFORM_STATUS_DIR=f"gs://{STATUS}/{vm}",
+        )
         self.log_path = tmp / "agent.log"
         self.tmp = tmp
         self.process: subprocess.Popen | None = None
@@ -170,8 +176,16 @@ def check_timeline(cloud, vm: Vm, run_id: str, preempted_at: int) -> None:
     assert seconds["firstStep"] >= 2 * 0.25 and seconds["installs"] > 0 and seconds["restore"] > 0
     lives = [events.events[: kinds.index("end") + 1], events.events[kinds.index("end") + 1 :]]
     assert measured.billed_s == pytest.approx(sum(life[-1].at - life[0].at for life in lives))
-    run = RunTimeline.of(run_id=run_id, vm=events.vm, accelerator_type="v5litepod-1", chips=1, provisioning="spot",
-                         zone="us-central1-a", billed_s=measured.billed_s, measured=seconds)  # fmt: skip
+    run = RunTimeline.of(
+        run_id=run_id,
+        vm=events.vm,
+        accelerator_type="v5litepod-1",
+        chips=1,
+        provisioning="spot",
+        zone="us-central1-a",
+        billed_s=measured.billed_s,
+        measured=seconds,
+    )
     assert sum(run.seconds[c.key] for c in timeline.CATEGORIES if c.billed) == pytest.approx(measured.billed_s)
     print(f"{run_id}: unattributed {run.seconds['unattributed']:.3f} s of {measured.billed_s:.3f} s billed")
 
@@ -180,9 +194,14 @@ def check_timeline(cloud, vm: Vm, run_id: str, preempted_at: int) -> None:
 def test_a_folder_source_is_preempted_resumed_and_completed(cloud, tmp_path):
     run_id = "dev/trainer/trainer-1/folder"
     spec = run_spec(
-        run_id, folder_source(cloud), ["python", "train.py", "--steps", "12"], env={"STEP_SECONDS": "0.25"},
-        checkpointDir=f"gs://{CHECKPOINTS}/folder", modelDir=f"gs://{MODELS}/folder", completion=True,
-    )  # fmt: skip
+        run_id,
+        folder_source(cloud),
+        ["python", "train.py", "--steps", "12"],
+        env={"STEP_SECONDS": "0.25"},
+        checkpointDir=f"gs://{CHECKPOINTS}/folder",
+        modelDir=f"gs://{MODELS}/folder",
+        completion=True,
+    )
     with metadata_server({"tpu-platform-run": spec}) as metadata:
         vm = Vm(tmp_path, cloud, metadata.url, "folder-vm")
         preempt_resume_complete(cloud, vm, run_id, "folder/")
@@ -196,10 +215,13 @@ def test_a_folder_source_is_preempted_resumed_and_completed(cloud, tmp_path):
 def test_an_image_source_runs_with_the_tpu_flags_and_is_preempted_resumed_and_completed(cloud, tmp_path):
     run_id = "dev/trainer/trainer-1/image"
     spec = run_spec(
-        run_id, {"kind": "image", "image": IMAGE}, ["python3", "train.py", "--steps", "12"],
+        run_id,
+        {"kind": "image", "image": IMAGE},
+        ["python3", "train.py", "--steps", "12"],
         env={"STEP_SECONDS": "0.25", "STORAGE_EMULATOR_HOST": cloud["host"]},
-        checkpointDir=f"gs://{CHECKPOINTS}/image", completion=True,
-    )  # fmt: skip
+        checkpointDir=f"gs://{CHECKPOINTS}/image",
+        completion=True,
+    )
     with metadata_server({"tpu-platform-run": spec}) as metadata:
         vm = Vm(tmp_path, cloud, metadata.url, "image-vm")
         preempt_resume_complete(cloud, vm, run_id, "image/")
@@ -229,13 +251,21 @@ def test_an_image_source_runs_with_the_tpu_flags_and_is_preempted_resumed_and_co
 @pytest.mark.slow
 def test_a_changed_run_setting_starts_the_new_run_without_a_reboot(cloud, tmp_path):
     first = run_spec(
-        "dev/trainer/trainer-1/a", folder_source(cloud), ["python", "train.py", "--steps", "1000"],
-        env={"STEP_SECONDS": "0.2"}, checkpointDir=f"gs://{CHECKPOINTS}/a", completion=True,
-    )  # fmt: skip
+        "dev/trainer/trainer-1/a",
+        folder_source(cloud),
+        ["python", "train.py", "--steps", "1000"],
+        env={"STEP_SECONDS": "0.2"},
+        checkpointDir=f"gs://{CHECKPOINTS}/a",
+        completion=True,
+    )
     second = run_spec(
-        "dev/trainer/trainer-1/b", folder_source(cloud), ["python", "train.py", "--steps", "3"],
-        env={"STEP_SECONDS": "0"}, checkpointDir=f"gs://{CHECKPOINTS}/b", completion=True,
-    )  # fmt: skip
+        "dev/trainer/trainer-1/b",
+        folder_source(cloud),
+        ["python", "train.py", "--steps", "3"],
+        env={"STEP_SECONDS": "0"},
+        checkpointDir=f"gs://{CHECKPOINTS}/b",
+        completion=True,
+    )
     with metadata_server({"tpu-platform-run": first}) as metadata:
         vm = Vm(tmp_path, cloud, metadata.url, "change-vm")
         vm.boot()
@@ -255,8 +285,14 @@ def test_a_changed_run_setting_starts_the_new_run_without_a_reboot(cloud, tmp_pa
 
 
 def test_a_refused_spec_is_logged_and_recorded_and_the_agent_keeps_waiting(cloud, tmp_path):
-    bad = json.dumps({"runId": "dev/trainer/trainer-1/bad", "source": {"kind": "folder", "uri": "gs://elsewhere/x.tar.gz",
-                      "sha256": "0" * 64}, "command": ["python", "train.py"], "requester": "stack"})  # fmt: skip
+    bad = json.dumps(
+        {
+            "runId": "dev/trainer/trainer-1/bad",
+            "source": {"kind": "folder", "uri": "gs://elsewhere/x.tar.gz", "sha256": "0" * 64},
+            "command": ["python", "train.py"],
+            "requester": "stack",
+        }
+    )
     with metadata_server({"tpu-platform-run": bad}) as metadata:
         vm = Vm(tmp_path, cloud, metadata.url, "bad-vm")
         vm.boot()
@@ -272,20 +308,33 @@ def test_a_refused_spec_is_logged_and_recorded_and_the_agent_keeps_waiting(cloud
 
 
 def test_bad_agent_settings_exit_78_with_one_line_naming_each_problem(tmp_path):
-    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "TPU_PLATFORM_VM": "v",
-           "TPU_PLATFORM_GRACE_SECONDS": "soon", "TPU_PLATFORM_REGISTRY": "docker.io/x"}  # fmt: skip
+    env = {
+        "PATH": os.environ["PATH"],
+        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+        "TPU_PLATFORM_VM": "v",
+        "TPU_PLATFORM_GRACE_SECONDS": "soon",
+        "TPU_PLATFORM_REGISTRY": "docker.io/x",
+    }
     done = subprocess.run(["/usr/bin/python3", "-m", "vm_agent"], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 78
     line = json.loads(done.stdout.strip())
     assert line["severity"] == "CRITICAL"
-    for says in ("TPU_PLATFORM_STACK is missing", "TPU_PLATFORM_STATUS_DIR is missing",
-                 "TPU_PLATFORM_GRACE_SECONDS='soon'", "TPU_PLATFORM_REGISTRY='docker.io/x'"):  # fmt: skip
+    for says in (
+        "TPU_PLATFORM_STACK is missing",
+        "TPU_PLATFORM_STATUS_DIR is missing",
+        "TPU_PLATFORM_GRACE_SECONDS='soon'",
+        "TPU_PLATFORM_REGISTRY='docker.io/x'",
+    ):
         assert says in line["message"]
 
 
 def test_a_poll_interval_that_is_not_a_number_is_a_settings_problem_not_a_traceback(tmp_path, capsys):
-    env = {"TPU_PLATFORM_STACK": "dev", "TPU_PLATFORM_VM": "v", "TPU_PLATFORM_STATUS_DIR": str(tmp_path),
-           "TPU_PLATFORM_POLL_SECONDS": "often"}  # fmt: skip
+    env = {
+        "TPU_PLATFORM_STACK": "dev",
+        "TPU_PLATFORM_VM": "v",
+        "TPU_PLATFORM_STATUS_DIR": str(tmp_path),
+        "TPU_PLATFORM_POLL_SECONDS": "often",
+    }
     assert agent.main(env) == 78
     line = json.loads(capsys.readouterr().out.strip())
     assert line["severity"] == "CRITICAL" and "TPU_PLATFORM_POLL_SECONDS='often'" in line["message"]
@@ -294,9 +343,13 @@ def test_a_poll_interval_that_is_not_a_number_is_a_settings_problem_not_a_traceb
 @pytest.mark.slow
 def test_a_removed_run_stops_cleanly_and_resumes_when_it_is_wanted_again(cloud, tmp_path):
     spec = run_spec(
-        "dev/trainer/trainer-1/again", folder_source(cloud), ["python", "train.py", "--steps", "8"],
-        env={"STEP_SECONDS": "0.25"}, checkpointDir=f"gs://{CHECKPOINTS}/again", completion=True,
-    )  # fmt: skip
+        "dev/trainer/trainer-1/again",
+        folder_source(cloud),
+        ["python", "train.py", "--steps", "8"],
+        env={"STEP_SECONDS": "0.25"},
+        checkpointDir=f"gs://{CHECKPOINTS}/again",
+        completion=True,
+    )
     with metadata_server({"tpu-platform-run": spec}) as metadata:
         vm = Vm(tmp_path, cloud, metadata.url, "again-vm")
         vm.boot()

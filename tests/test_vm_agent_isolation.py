@@ -49,8 +49,9 @@ from vm_agent.jail import EXIT_JAIL
 EXAMPLE = REPO / "tests" / "stacks" / "Pulumi.self-service.yaml"
 STACK = "self-service"
 PROJECT = "acme-ml-research"
-STATUS, CKPT, MODELS, DATA, ARTIFACTS = (f"acme-ml-research-self-service-{p}" for p in
-                                         ("status", "checkpoints", "models", "data", "artifacts"))  # fmt: skip
+STATUS, CKPT, MODELS, DATA, ARTIFACTS = (
+    f"acme-ml-research-self-service-{p}" for p in ("status", "checkpoints", "models", "data", "artifacts")
+)
 SHARED, REVIEWED = "shared-v5e-8", "reviewed-v5e-8"
 ALICE, BOB = "user:alice@acme.example", "user:bob@acme.example"
 OWNER = naming.member_key(ALICE)
@@ -72,8 +73,13 @@ def run_jailed(
 ) -> subprocess.CompletedProcess[str]:
     """`argv` as the run's uid, in its jail, as the runner starts a run's process."""
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", **sandbox.environment()}
-    return subprocess.run(sandbox.jail(argv, sandbox.source if sandbox.source.exists() else None, keep, writable),
-                          env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    return subprocess.run(
+        sandbox.jail(argv, sandbox.source if sandbox.source.exists() else None, keep, writable),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 PROBE = r"""
@@ -134,8 +140,12 @@ def test_nothing_of_a_run_outlives_it_neither_a_daemon_nor_a_file(tmp_path):
 def test_a_run_cannot_see_or_write_the_agents_code_settings_and_caches_nor_plant_for_a_later_run(tmp_path):
     iso = isolation(tmp_path)
     root = tmp_path / "root"
-    for path in ("opt/tpu-platform/agent/abc/vm_agent/__main__.py", "etc/tpu-platform/agent.env",
-                 "opt/tpu-platform/archives/abc.tar.gz", "opt/tpu-platform/venvs/theirs/bin/python"):  # fmt: skip
+    for path in (
+        "opt/tpu-platform/agent/abc/vm_agent/__main__.py",
+        "etc/tpu-platform/agent.env",
+        "opt/tpu-platform/archives/abc.tar.gz",
+        "opt/tpu-platform/venvs/theirs/bin/python",
+    ):
         (root / path).parent.mkdir(parents=True, exist_ok=True)
         (root / path).write_text("the agent's\n")
     venv = root / "opt/tpu-platform/venvs/mine"
@@ -143,11 +153,16 @@ def test_a_run_cannot_see_or_write_the_agents_code_settings_and_caches_nor_plant
     sandbox = iso.open()
     sandbox.source.mkdir()
     (sandbox.source / "train.py").write_text("print('mine')\n")
-    targets = [root / path for path in (
-        "opt/tpu-platform/agent/abc/vm_agent/__main__.py", "etc/tpu-platform/agent.env",
-        "opt/tpu-platform/venvs/theirs/bin/python", "opt/tpu-platform/venvs/later/bin/python",
-        "opt/tpu-platform/sources/later/train.py",
-    )] + [venv / "bin/planted", sandbox.source / "train.py"]  # fmt: skip
+    targets = [
+        root / path
+        for path in (
+            "opt/tpu-platform/agent/abc/vm_agent/__main__.py",
+            "etc/tpu-platform/agent.env",
+            "opt/tpu-platform/venvs/theirs/bin/python",
+            "opt/tpu-platform/venvs/later/bin/python",
+            "opt/tpu-platform/sources/later/train.py",
+        )
+    ] + [venv / "bin/planted", sandbox.source / "train.py"]
     attempt = (
         "import json, sys\n"
         "out = {}\n"
@@ -220,8 +235,10 @@ def test_the_tpu_device_nodes_are_lent_to_the_run_and_given_back(tmp_path):
         assert done.stdout.strip() == "opened", done.stderr
     finally:
         sandbox.close()
-    assert all((dev / n).stat().st_uid == 0 and stat.S_IMODE((dev / n).stat().st_mode) == 0o600
-               for n in ("accel0", "accel1", "vfio/0"))  # fmt: skip
+    assert all(
+        (dev / n).stat().st_uid == 0 and stat.S_IMODE((dev / n).stat().st_mode) == 0o600
+        for n in ("accel0", "accel1", "vfio/0")
+    )
 
 
 # What tools/smoke.py runs on a real TPU node (vm_agent/tpu_probe.py), here with a stand-in for the framework:
@@ -269,18 +286,26 @@ def test_the_smoke_tests_boundary_probe_expects_what_cloud_storage_does_with_a_r
     owner = "owner-token"
     with storage_emulator() as emulator:
         for bucket in (CKPT, STATUS):
-            requests.post(f"{emulator}/storage/v1/b", params={"project": "p"}, json={"name": bucket},
-                          timeout=10).raise_for_status()  # fmt: skip
+            requests.post(
+                f"{emulator}/storage/v1/b", params={"project": "p"}, json={"name": bucket}, timeout=10
+            ).raise_for_status()
         marker = {"uploadType": "media", "name": "vm/COMPLETE"}
-        requests.post(f"{emulator}/upload/storage/v1/b/{STATUS}/o", params=marker, data=b"{}",
-                      timeout=10).raise_for_status()  # fmt: skip
+        requests.post(
+            f"{emulator}/upload/storage/v1/b/{STATUS}/o", params=marker, data=b"{}", timeout=10
+        ).raise_for_status()
         sts = StsStandIn(frozenset({owner}))
         everything = role_permissions("roles/storage.objectAdmin")
         front = IamFront(emulator, {owner: [Grant(CKPT, everything), Grant(STATUS, everything)]}, sts)
         (sts_server, sts_url), (front_server, front_url) = serve(sts_handler(sts)), serve(front.handle)
         try:
-            report = boundary_probe(owner, f"gs://{CKPT}/w/vm/run-a/", f"gs://{CKPT}/w/vm/run-b/",
-                                    f"gs://{STATUS}/vm/COMPLETE", front_url, f"{sts_url}/v1/token")  # fmt: skip
+            report = boundary_probe(
+                owner,
+                f"gs://{CKPT}/w/vm/run-a/",
+                f"gs://{CKPT}/w/vm/run-b/",
+                f"gs://{STATUS}/vm/COMPLETE",
+                front_url,
+                f"{sts_url}/v1/token",
+            )
         finally:
             sts_server.shutdown()
             front_server.shutdown()
@@ -322,8 +347,11 @@ def test_a_containers_metadata_traffic_goes_to_the_proxy_which_knows_it_by_its_a
 
         def token_from(source: str) -> str:
             connection = http.client.HTTPConnection(host, int(port), source_address=(source, 0), timeout=10)
-            connection.request("GET", "/computeMetadata/v1/instance/service-accounts/default/token",
-                               headers={"Metadata-Flavor": "Google"})  # fmt: skip
+            connection.request(
+                "GET",
+                "/computeMetadata/v1/instance/service-accounts/default/token",
+                headers={"Metadata-Flavor": "Google"},
+            )
             return connection.getresponse().read().decode()
 
         proxy.admit(UID_FIRST + 7, [])  # a run that reaches no object: admitted, and no token to give
@@ -464,28 +492,49 @@ def world(tmp_path_factory) -> dict[str, Any]:
     (tmp / "hostile.tar.gz").write_bytes(archive)
     root = tmp / "root"
     nonce = f"hostile-{os.getpid()}-{time.monotonic_ns()}"
-    plant = [str(root / p) for p in (
-        "opt/tpu-platform/agent/x/vm_agent/__main__.py", "etc/tpu-platform/agent.env",
-        "opt/tpu-platform/venvs/later/bin/python", "opt/tpu-platform/archives/later.tar.gz",
-    )]  # fmt: skip
-    common = {"nonce": nonce, "plant": plant, "peek": [str(root / "etc/tpu-platform/agent.env")], "stack": STACK,
-              "logging": "@LOGGING@", "guard_log": f"projects/{PROJECT}/logs/run.googleapis.com%2Fstdout"}  # fmt: skip
+    plant = [
+        str(root / p)
+        for p in (
+            "opt/tpu-platform/agent/x/vm_agent/__main__.py",
+            "etc/tpu-platform/agent.env",
+            "opt/tpu-platform/venvs/later/bin/python",
+            "opt/tpu-platform/archives/later.tar.gz",
+        )
+    ]
+    common = {
+        "nonce": nonce,
+        "plant": plant,
+        "peek": [str(root / "etc/tpu-platform/agent.env")],
+        "stack": STACK,
+        "logging": "@LOGGING@",
+        "guard_log": f"projects/{PROJECT}/logs/run.googleapis.com%2Fstdout",
+    }
     stack_run = f"{STACK}/mnist/{SHARED}/r1"
-    stack_targets = {**common, "write": [
-        [CKPT, f"mnist/{SHARED}/r1/own"],  # its own checkpoints: allowed
-        [STATUS, f"{REVIEWED}/COMPLETE"],  # the reviewed VM's marker: the guard would stop or delete it
-        [STATUS, f"{SHARED}/COMPLETE"],  # its own VM's marker: only the agent writes it
-        [STATUS, f"{SHARED}/runs/{OWNER}/exp-1/status.json"],  # a researcher's run's state
-        [STATUS, f"{SHARED}/requests/{naming.member_key(BOB)}/20261130T050000Z-stop-exp-1.json"],  # a forged stop
-        [CKPT, f"mnist/{REVIEWED}/r1/ckpt-0000000100/state"],  # the reviewed VM's checkpoints
-        [MODELS, f"mnist/{REVIEWED}/r1/model.keras"],  # and model
-        [CKPT, f"mnist/{SHARED}/{OWNER}/exp-1/ckpt-0000000100/state"],  # a researcher's checkpoints
-    ], "read": [[CKPT, f"mnist/{REVIEWED}/r1/own"]], "list": [[STATUS, ""]]}  # fmt: skip
-    request_targets = {**common, "write": [
-        [CKPT, f"mnist/{SHARED}/{OWNER}/exp-1/own"],  # its own: allowed
-        [CKPT, f"mnist/{SHARED}/r1/own"],  # the stack run's
-        [STATUS, f"{SHARED}/COMPLETE"],
-    ], "read": [[CKPT, f"mnist/{SHARED}/r1/own"]], "list": [[CKPT, f"mnist/{SHARED}/r1/"]]}  # fmt: skip
+    stack_targets = {
+        **common,
+        "write": [
+            [CKPT, f"mnist/{SHARED}/r1/own"],  # its own checkpoints: allowed
+            [STATUS, f"{REVIEWED}/COMPLETE"],  # the reviewed VM's marker: the guard would stop or delete it
+            [STATUS, f"{SHARED}/COMPLETE"],  # its own VM's marker: only the agent writes it
+            [STATUS, f"{SHARED}/runs/{OWNER}/exp-1/status.json"],  # a researcher's run's state
+            [STATUS, f"{SHARED}/requests/{naming.member_key(BOB)}/20261130T050000Z-stop-exp-1.json"],  # a forged stop
+            [CKPT, f"mnist/{REVIEWED}/r1/ckpt-0000000100/state"],  # the reviewed VM's checkpoints
+            [MODELS, f"mnist/{REVIEWED}/r1/model.keras"],  # and model
+            [CKPT, f"mnist/{SHARED}/{OWNER}/exp-1/ckpt-0000000100/state"],  # a researcher's checkpoints
+        ],
+        "read": [[CKPT, f"mnist/{REVIEWED}/r1/own"]],
+        "list": [[STATUS, ""]],
+    }
+    request_targets = {
+        **common,
+        "write": [
+            [CKPT, f"mnist/{SHARED}/{OWNER}/exp-1/own"],  # its own: allowed
+            [CKPT, f"mnist/{SHARED}/r1/own"],  # the stack run's
+            [STATUS, f"{SHARED}/COMPLETE"],
+        ],
+        "read": [[CKPT, f"mnist/{SHARED}/r1/own"]],
+        "list": [[CKPT, f"mnist/{SHARED}/r1/"]],
+    }
     source = {"kind": "folder", "uri": f"gs://{ARTIFACTS}/sources/{sha}.tar.gz", "sha256": sha}
     tpu_env = "ACCELERATOR_TYPE: 'v5litepod-8'\nHOST_BOUNDS: '1,1,1'\nCHIPS_PER_HOST_BOUNDS: '2,4,1'\nWORKER_ID: '0'\n"
     attributes = {
@@ -540,8 +589,13 @@ def world(tmp_path_factory) -> dict[str, Any]:
     }
     path = tmp / "scenario.json"
     path.write_text(json.dumps(scenario))
-    done = subprocess.run(["unshare", "--net", sys.executable, "-m", "tests.isolation_world", str(path)],
-                          capture_output=True, text=True, timeout=600, cwd=REPO)  # fmt: skip
+    done = subprocess.run(
+        ["unshare", "--net", sys.executable, "-m", "tests.isolation_world", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     seen["stack_run"] = stack_run
@@ -647,8 +701,12 @@ def plan_stack_config() -> dict[str, str]:
 
     raw = read_stack_config(STACK, REPO, EXAMPLE)
     # A spot VM, so the stack has the alert at all (only reclaimable VMs are preempted).
-    return {**raw, "tpu-platform:tpuVms": json.dumps([{**vm, "provisioning": "spot"}
-                                                     for vm in json.loads(raw["tpu-platform:tpuVms"])])}  # fmt: skip
+    return {
+        **raw,
+        "tpu-platform:tpuVms": json.dumps(
+            [{**vm, "provisioning": "spot"} for vm in json.loads(raw["tpu-platform:tpuVms"])]
+        ),
+    }
 
 
 def guard_entry(project: str, function: str, event: str) -> dict[str, Any]:

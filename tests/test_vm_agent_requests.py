@@ -55,8 +55,9 @@ class Cloud(RunsCloud):
 @pytest.fixture
 def cloud(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cloud]:
     buckets = (STACK.status, STACK.artifacts, STACK.models, CHECKPOINTS)
-    with runs_cloud(Cloud, monkeypatch, tmp_path, project=PROJECT, buckets=buckets, vms=(SHARED, REVIEWED),
-                    requester=ALICE) as cloud:  # fmt: skip
+    with runs_cloud(
+        Cloud, monkeypatch, tmp_path, project=PROJECT, buckets=buckets, vms=(SHARED, REVIEWED), requester=ALICE
+    ) as cloud:
         yield cloud
 
 
@@ -66,14 +67,22 @@ class Agent:
     def __init__(self, cloud: Cloud, vm: str, **extra: str):
         settings = STACK.vm(vm)
         self.env = agent_environ(
-            cloud.tmp / vm, cloud.metadata.url, cloud.storage,
-            TPU_PLATFORM_STACK="self-service", TPU_PLATFORM_VM=vm, TPU_PLATFORM_PROJECT=PROJECT,
-            TPU_PLATFORM_STATUS_DIR=f"gs://{STACK.status}/{vm}", TPU_PLATFORM_ARTIFACTS=f"gs://{STACK.artifacts}",
+            cloud.tmp / vm,
+            cloud.metadata.url,
+            cloud.storage,
+            TPU_PLATFORM_STACK="self-service",
+            TPU_PLATFORM_VM=vm,
+            TPU_PLATFORM_PROJECT=PROJECT,
+            TPU_PLATFORM_STATUS_DIR=f"gs://{STACK.status}/{vm}",
+            TPU_PLATFORM_ARTIFACTS=f"gs://{STACK.artifacts}",
             TPU_PLATFORM_SELF_SERVICE="1" if settings.self_service else "0",
-            TPU_PLATFORM_WORKLOAD=settings.workload, TPU_PLATFORM_MODELS=f"gs://{STACK.models}",
+            TPU_PLATFORM_WORKLOAD=settings.workload,
+            TPU_PLATFORM_MODELS=f"gs://{STACK.models}",
             TPU_PLATFORM_CHECKPOINTS=f"gs://{CHECKPOINTS}",
-            TPU_PLATFORM_LOGGING_URL=cloud.logging, TPU_PLATFORM_MONITORING_URL=cloud.logging, **extra,
-        )  # fmt: skip
+            TPU_PLATFORM_LOGGING_URL=cloud.logging,
+            TPU_PLATFORM_MONITORING_URL=cloud.logging,
+            **extra,
+        )
         (cloud.tmp / vm).mkdir(exist_ok=True)
         self.log_path = cloud.tmp / vm / "agent.log"
         self.process: subprocess.Popen = start_agent(self.env, self.log_path)
@@ -131,10 +140,13 @@ def test_a_submitted_run_is_run_followed_stopped_with_a_checkpoint_and_the_next_
         # Bob's exp-1, which does not exist; ALICE's keeps running.
         bob = "user:bob@acme.example"
         google = cli.Google(requests.Session(), "self-service")
-        google.create(STACK.status, cli._request_name(SHARED, bob, "exp-1", stop=True), b'{"stop": "exp-1"}',
-                      cli.JSON_BYTES)  # fmt: skip
-        agent.wait(lambda: agent.lines(f"stop {naming.member_key(bob)}/exp-1: no such self-service run"),
-                   "the agent to drop Bob's stop")  # fmt: skip
+        google.create(
+            STACK.status, cli._request_name(SHARED, bob, "exp-1", stop=True), b'{"stop": "exp-1"}', cli.JSON_BYTES
+        )
+        agent.wait(
+            lambda: agent.lines(f"stop {naming.member_key(bob)}/exp-1: no such self-service run"),
+            "the agent to drop Bob's stop",
+        )
         assert cloud.state(SHARED, "exp-1")["state"] == "running"
 
         # The researcher stops exp-1: SIGTERM, its checkpoint committed, exit 75; exp-2 runs next.
@@ -219,12 +231,15 @@ def test_the_stacks_run_comes_first_and_a_preempted_request_resumes_after_it(clo
         stack_run = run_spec(
             "self-service/mnist/shared-v5e-8/r1",
             {"kind": "folder", "uri": f"gs://{STACK.artifacts}/sources/{sha}.tar.gz", "sha256": sha},
-            ["python", "train.py", "--steps", "3"], env={"STEP_SECONDS": "0"},
+            ["python", "train.py", "--steps", "3"],
+            env={"STEP_SECONDS": "0"},
             checkpointDir=f"gs://{CHECKPOINTS}/mnist/{SHARED}/r1",
-        )  # fmt: skip
+        )
         cloud.metadata.set("tpu-platform-run", stack_run)
-        agent.wait(lambda: cloud.state(SHARED, "self-service/mnist/shared-v5e-8/r1", owner="").get("state")
-                   == "finished", "the stack's run to finish")  # fmt: skip
+        agent.wait(
+            lambda: cloud.state(SHARED, "self-service/mnist/shared-v5e-8/r1", owner="").get("state") == "finished",
+            "the stack's run to finish",
+        )
         paused = agent.lines("comes first")
         assert paused, agent.log()[-3000:]
         agent.wait(lambda: cloud.state(SHARED, "exp-1").get("state") == "finished", "exp-1 to resume and finish")

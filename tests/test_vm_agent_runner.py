@@ -61,8 +61,14 @@ def make_run(bucket_env, run_id: str, command: list[str], sha: str = "", **field
         logged.append(message)
 
     shipped: list[str] = []
-    run = Run(spec, settings, Folder(settings.status_dir, bucket_env["storage"]), bucket_env["storage"], log,
-              lambda line, _spec: shipped.append(line))  # fmt: skip
+    run = Run(
+        spec,
+        settings,
+        Folder(settings.status_dir, bucket_env["storage"]),
+        bucket_env["storage"],
+        log,
+        lambda line, _spec: shipped.append(line),
+    )
     return run, shipped
 
 
@@ -86,10 +92,14 @@ def environment(bucket_env, monkeypatch):
 
 def test_a_finished_folder_run_writes_its_state_and_the_completion_marker(bucket_env):
     run, shipped = make_run(
-        bucket_env, "dev/t/finish", ["python", "train.py", "--steps", "3"],
+        bucket_env,
+        "dev/t/finish",
+        ["python", "train.py", "--steps", "3"],
         env={"STEP_SECONDS": "0", "TRAINER_EXTRA": "x"},
-        checkpointDir=f"gs://{CHECKPOINTS}/finish", modelDir=f"gs://{MODELS}/finish", completion=True,
-    )  # fmt: skip
+        checkpointDir=f"gs://{CHECKPOINTS}/finish",
+        modelDir=f"gs://{MODELS}/finish",
+        completion=True,
+    )
     run.start()
     assert run.wait(120)
     record = status(bucket_env, "dev/t/finish")
@@ -144,9 +154,13 @@ def test_a_source_whose_digest_differs_is_refused_and_nothing_of_it_runs(bucket_
 
 def test_stop_sends_sigterm_and_the_program_commits_a_checkpoint_and_exits_75(bucket_env):
     run, shipped = make_run(
-        bucket_env, "dev/t/stop", ["python", "train.py", "--steps", "1000"], env={"STEP_SECONDS": "0.2"},
-        checkpointDir=f"gs://{CHECKPOINTS}/stop", completion=True,
-    )  # fmt: skip
+        bucket_env,
+        "dev/t/stop",
+        ["python", "train.py", "--steps", "1000"],
+        env={"STEP_SECONDS": "0.2"},
+        checkpointDir=f"gs://{CHECKPOINTS}/stop",
+        completion=True,
+    )
     run.start()
     wait_for(lambda: any('"step": 2' in line for line in shipped), 60, "two steps")
     run.stop("the test asks")
@@ -192,9 +206,13 @@ def test_a_pinned_python_gets_a_uv_virtualenv_of_that_version(bucket_env, monkey
     tools = Path(__file__).resolve().parents[1] / ".venv" / "bin"  # where uv is here
     monkeypatch.setenv("PATH", f"{tools}{os.pathsep}{os.environ['PATH']}")
     run, shipped = make_run(
-        bucket_env, "dev/t/pinned", ["python", "train.py", "--steps", "1"], python="3.11",
-        env={"STEP_SECONDS": "0"}, checkpointDir=f"gs://{CHECKPOINTS}/pinned",
-    )  # fmt: skip
+        bucket_env,
+        "dev/t/pinned",
+        ["python", "train.py", "--steps", "1"],
+        python="3.11",
+        env={"STEP_SECONDS": "0"},
+        checkpointDir=f"gs://{CHECKPOINTS}/pinned",
+    )
     run.start()
     assert run.wait(120)
     assert status(bucket_env, "dev/t/pinned")["state"] == "finished", shipped[-5:]
@@ -208,8 +226,9 @@ def test_the_frameworks_bounds_hold_when_a_run_installs_its_requirements(bucket_
     checked against the folder's lock before anything is installed: a pin they forbid fails the run for
     good, with the reason, instead of installing what would break the image's framework."""
     env = {**bucket_env["env"], "TPU_PLATFORM_ROOT": str(tmp_path), "TPU_PLATFORM_PIP_CONSTRAINTS": "tinyckpt<0.1"}
-    run, _ = make_run({**bucket_env, "env": env}, "dev/t/bounded", ["python", "train.py", "--steps", "1"],
-                            env={"STEP_SECONDS": "0"})  # fmt: skip
+    run, _ = make_run(
+        {**bucket_env, "env": env}, "dev/t/bounded", ["python", "train.py", "--steps", "1"], env={"STEP_SECONDS": "0"}
+    )
     run.start()
     assert run.wait(120)
     state = status(bucket_env, "dev/t/bounded")

@@ -39,10 +39,16 @@ def problems(text: str) -> str:
 
 def test_a_folder_spec_parses_with_every_field():
     parsed = parse_run_spec(
-        spec(env={"STEPS": "3"}, python="3.11", data=f"gs://{ARTIFACTS}-data/x", checkpointDir="gs://c/r1",
-             modelDir="", completion=True),
+        spec(
+            env={"STEPS": "3"},
+            python="3.11",
+            data=f"gs://{ARTIFACTS}-data/x",
+            checkpointDir="gs://c/r1",
+            modelDir="",
+            completion=True,
+        ),
         ALLOWED,
-    )  # fmt: skip
+    )
     assert parsed.source == FolderSource(FOLDER["uri"], SHA)
     assert parsed.command == ("python", "train.py")
     assert parsed.env == (("STEPS", "3"),)
@@ -60,11 +66,15 @@ def test_an_image_spec_by_digest_parses_and_may_omit_the_command():
 @pytest.mark.parametrize(
     ("changes", "says"),
     [
-        ({"source": {**FOLDER, "uri": f"gs://someone-elses-bucket/sources/{SHA}.tar.gz"}},
-         f"must be under the stack's artifacts bucket gs://{ARTIFACTS}/"),
+        (
+            {"source": {**FOLDER, "uri": f"gs://someone-elses-bucket/sources/{SHA}.tar.gz"}},
+            f"must be under the stack's artifacts bucket gs://{ARTIFACTS}/",
+        ),
         ({"source": {**FOLDER, "sha256": "abc"}}, "source.sha256 'abc': 64 lowercase hex digits"),
-        ({"source": {**IMAGE, "image": "docker.io/library/python@sha256:" + "b" * 64}},
-         f"must be in the stack's repository {REGISTRY}/"),
+        (
+            {"source": {**IMAGE, "image": "docker.io/library/python@sha256:" + "b" * 64}},
+            f"must be in the stack's repository {REGISTRY}/",
+        ),
         ({"source": {**IMAGE, "image": f"{REGISTRY}/trainer:latest"}}, "by digest only"),
         ({"source": {"kind": "zip"}}, "source 'zip'"),
         ({"runId": "../etc"}, "runId '../etc'"),
@@ -78,7 +88,7 @@ def test_an_image_spec_by_digest_parses_and_may_omit_the_command():
         ({"requester": "user:alice@example.com", "completion": True}, "only the stack's own run ends in COMPLETE"),
         ({"epochs": 3}, "unknown keys ['epochs']"),
     ],
-)  # fmt: skip
+)
 def test_a_bad_spec_is_refused_naming_the_key_the_value_and_what_is_allowed(changes, says):
     assert says in problems(spec(**changes))
 
@@ -150,8 +160,10 @@ def test_the_agent_needs_at_most_python_3_8():
     vermin = Path(__file__).resolve().parents[1] / ".venv" / "bin" / "vermin"
     done = subprocess.run(
         [str(vermin), "-t=3.8-", "--no-tips", "--violations", "vm_agent", "run_contract"],
-        capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1],
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 

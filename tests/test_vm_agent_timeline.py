@@ -33,8 +33,18 @@ def test_step_lines_make_a_first_step_one_moving_last_step_and_the_saves(tmp_pat
     run.record("exit", code=0)
     run.record("end")
     kinds = [e.kind for e in stored(tmp_path).events]
-    assert kinds == ["prepare", "programStart", "firstStep", "checkpoint", "checkpoint", "checkpoint", "step",
-                     "checkpoint", "exit", "end"]  # fmt: skip
+    assert kinds == [
+        "prepare",
+        "programStart",
+        "firstStep",
+        "checkpoint",
+        "checkpoint",
+        "checkpoint",
+        "step",
+        "checkpoint",
+        "exit",
+        "end",
+    ]
     assert stored(tmp_path).events[kinds.index("step")].step == 100
 
 

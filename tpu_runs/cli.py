@@ -209,8 +209,10 @@ def list_runs(google: Google, stack: Stack, args: argparse.Namespace) -> int:
             raw = google.read(stack.status, item["name"])
             state = json.loads(raw) if raw else {}
             reason = f"  ({state['reason']})" if state.get("reason") else ""
-            print(f"  {state.get('runId', '?'):<32} {state.get('state', '?'):<9} {state.get('requester') or '':<30}"
-                  f" {state.get('endedAt') or state.get('startedAt') or ''}{reason}")  # fmt: skip
+            print(
+                f"  {state.get('runId', '?'):<32} {state.get('state', '?'):<9} {state.get('requester') or '':<30}"
+                f" {state.get('endedAt') or state.get('startedAt') or ''}{reason}"
+            )
     return 0
 
 

@@ -58,8 +58,9 @@ class Google:
             )
             raise CallError(f"could not {what}: {why}") from None
         except exceptions.GoogleAuthError as error:
-            raise CallError(f"could not {what}: your Google login cannot be used ({_first_line(error)}); "
-                            f"run `{LOGIN}`") from None  # fmt: skip
+            raise CallError(
+                f"could not {what}: your Google login cannot be used ({_first_line(error)}); run `{LOGIN}`"
+            ) from None
         except requests.RequestException as error:
             why = f"the network failed reaching {urlsplit(url).netloc} ({_network_reason(error)})"
             raise CallError(f"could not {what}: {why}; check the connection or proxy and try again") from None
@@ -92,8 +93,9 @@ class Google:
                 return
 
     def read(self, bucket: str, name: str) -> bytes | None:
-        answer = self._send(f"read gs://{bucket}/{name}", "GET", self._object(bucket, name), ok=(404,),
-                            params={"alt": "media"})  # fmt: skip
+        answer = self._send(
+            f"read gs://{bucket}/{name}", "GET", self._object(bucket, name), ok=(404,), params={"alt": "media"}
+        )
         return None if answer.status_code == 404 else answer.content
 
     def exists(self, bucket: str, name: str) -> bool:
@@ -103,10 +105,14 @@ class Google:
     def create(self, bucket: str, name: str, data: bytes, content_type: str) -> bool:
         """Upload a new object; False when one of that name exists already (ifGenerationMatch=0)."""
         answer = self._send(
-            f"write gs://{bucket}/{name}", "POST", f"{self.storage}/upload/storage/v1/b/{quote(bucket, safe='')}/o",
-            ok=(412,), params={"uploadType": "media", "name": name, "ifGenerationMatch": "0"}, data=data,
+            f"write gs://{bucket}/{name}",
+            "POST",
+            f"{self.storage}/upload/storage/v1/b/{quote(bucket, safe='')}/o",
+            ok=(412,),
+            params={"uploadType": "media", "name": name, "ifGenerationMatch": "0"},
+            data=data,
             headers={"Content-Type": content_type},
-        )  # fmt: skip
+        )
         return answer.status_code != 412
 
     # Cloud TPU: nodes.list in one zone.
@@ -116,8 +122,9 @@ class Google:
         token = None
         while True:
             params = {"pageToken": token} if token else {}
-            page = self._send(f"list the TPU VMs of {parent}", "GET", f"{self.tpu}/v2/{parent}/nodes",
-                              params=params).json()  # fmt: skip
+            page = self._send(
+                f"list the TPU VMs of {parent}", "GET", f"{self.tpu}/v2/{parent}/nodes", params=params
+            ).json()
             out += page.get("nodes", [])
             token = page.get("nextPageToken")
             if not token:
@@ -126,8 +133,11 @@ class Google:
     # Cloud Logging: entries.list, through a log view (resourceNames names the view).
     def entries(self, view: str, log_filter: str, page_token: str | None = None) -> dict[str, Any]:
         body: dict[str, Any] = {
-            "resourceNames": [view], "filter": log_filter, "orderBy": "timestamp asc", "pageSize": 1000,
-        }  # fmt: skip
+            "resourceNames": [view],
+            "filter": log_filter,
+            "orderBy": "timestamp asc",
+            "pageSize": 1000,
+        }
         if page_token:
             body["pageToken"] = page_token
         return self._send("read the run's log", "POST", f"{self.logging}/v2/entries:list", json=body).json()

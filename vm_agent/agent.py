@@ -153,8 +153,15 @@ class Agent:
             name = status_name(desired.run_id, self.settings.worker_id)
             running = current is not None and current.spec.run_id == desired.run_id
             if desired.run_id and not running and self._read(name) is None:
-                record = {"runId": desired.run_id, "state": "failed", "exitCode": None, "startedAt": None,
-                          "endedAt": utc_now(), "error": str(desired), "updatedAt": utc_now()}  # fmt: skip
+                record = {
+                    "runId": desired.run_id,
+                    "state": "failed",
+                    "exitCode": None,
+                    "startedAt": None,
+                    "endedAt": utc_now(),
+                    "error": str(desired),
+                    "updatedAt": utc_now(),
+                }
                 self._write(name, record)
             return
         if isinstance(desired, StopRequest):
@@ -183,8 +190,11 @@ class Agent:
         """A researcher's request, taken by the RequestSource (which refused and recorded the rest)."""
         if isinstance(desired, RunSpec):
             self.pending.append(desired)
-            log(f"request {desired.request} queued ({len(self.pending)} waiting)", run=desired.run_id,
-                requester=desired.requester)  # fmt: skip
+            log(
+                f"request {desired.request} queued ({len(self.pending)} waiting)",
+                run=desired.run_id,
+                requester=desired.requester,
+            )
         elif isinstance(desired, StopRequest):
             current = self.current
             if self._is_request(current) and current is not None and current.spec.run_id == desired.run_id:
@@ -194,11 +204,21 @@ class Agent:
             for spec in list(self.pending):
                 if spec.run_id == desired.run_id:
                     self.pending.remove(spec)
-                    self._write(status_name(spec.run_id, self.settings.worker_id), {
-                        "runId": spec.run_id, "state": "stopped", "exitCode": None, "startedAt": None,
-                        "endedAt": utc_now(), "requester": spec.requester, "source": spec.source.describe(),
-                        "request": spec.request, "error": "stopped before it started", "updatedAt": utc_now(),
-                    })  # fmt: skip
+                    self._write(
+                        status_name(spec.run_id, self.settings.worker_id),
+                        {
+                            "runId": spec.run_id,
+                            "state": "stopped",
+                            "exitCode": None,
+                            "startedAt": None,
+                            "endedAt": utc_now(),
+                            "requester": spec.requester,
+                            "source": spec.source.describe(),
+                            "request": spec.request,
+                            "error": "stopped before it started",
+                            "updatedAt": utc_now(),
+                        },
+                    )
                     log(f"request {spec.run_id} stopped before it started", run=spec.run_id)
                     return
             log(f"stop {desired.run_id}: no such self-service run going or waiting here", severity="WARNING")
@@ -321,10 +341,14 @@ def isolate_runs(settings: Settings) -> Isolation | str:
             proxy.close()
             return f"the metadata server cannot be redirected for runs: {error}"
     else:
-        log("TPU_PLATFORM_METADATA_REDIRECT=0: runs that ignore GCE_METADATA_HOST reach the metadata server "
-            "itself (only the tests' shared sandbox may run so)", severity="WARNING")  # fmt: skip
-    isolation = Isolation(settings.root, settings.uid_locks, settings.devices, proxy=proxy,
-                          tpu_env=tpu_environment(settings.metadata_url))  # fmt: skip
+        log(
+            "TPU_PLATFORM_METADATA_REDIRECT=0: runs that ignore GCE_METADATA_HOST reach the metadata server "
+            "itself (only the tests' shared sandbox may run so)",
+            severity="WARNING",
+        )
+    isolation = Isolation(
+        settings.root, settings.uid_locks, settings.devices, proxy=proxy, tpu_env=tpu_environment(settings.metadata_url)
+    )
     isolation.redirect = redirect  # containers of image runs: their network's redirect, made with the first one
     isolation.clean_up()
     return isolation

@@ -93,13 +93,15 @@ def boundary(checkpoint_dir: str, model_dir: str, data: str) -> list[dict[str, A
 def exchange_body(subject_token: str, rules: list[dict[str, Any]]) -> bytes:
     """The STS request body, as google-auth's sts.Client encodes it."""
     options = urllib.parse.quote(json.dumps({"accessBoundary": {"accessBoundaryRules": rules}}))
-    return urllib.parse.urlencode({
-        "grant_type": GRANT_TYPE,
-        "requested_token_type": ACCESS_TOKEN_TYPE,
-        "subject_token": subject_token,
-        "subject_token_type": ACCESS_TOKEN_TYPE,
-        "options": options,
-    }).encode()  # fmt: skip
+    return urllib.parse.urlencode(
+        {
+            "grant_type": GRANT_TYPE,
+            "requested_token_type": ACCESS_TOKEN_TYPE,
+            "subject_token": subject_token,
+            "subject_token_type": ACCESS_TOKEN_TYPE,
+            "options": options,
+        }
+    ).encode()
 
 
 @dataclass
@@ -126,9 +128,11 @@ class Downscoper:
             subject = self.tokens.get()
             source_left = self.tokens.expires_at - now
             request = urllib.request.Request(
-                self.sts_url, data=exchange_body(subject, self.rules), method="POST",
+                self.sts_url,
+                data=exchange_body(subject, self.rules),
+                method="POST",
                 headers={"Content-Type": "application/x-www-form-urlencoded"},
-            )  # fmt: skip
+            )
             try:
                 with urllib.request.urlopen(request, timeout=30) as response:
                     answer = json.loads(response.read().decode())

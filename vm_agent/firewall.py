@@ -41,12 +41,27 @@ def uid_rules(first: int, last: int, metadata_ip: str, metadata_port: int, proxy
     """The iptables commands (without the binary) that send the runs' metadata traffic to the proxy."""
     owner = ["-m", "owner", "--uid-owner", f"{first}-{last}"]
     return [
-        ["-t", "nat", "-A", NAT_CHAIN, "-p", "tcp", "-d", metadata_ip, "--dport", str(metadata_port), *owner,
-         "-j", "REDIRECT", "--to-ports", str(proxy_port)],
+        [
+            "-t",
+            "nat",
+            "-A",
+            NAT_CHAIN,
+            "-p",
+            "tcp",
+            "-d",
+            metadata_ip,
+            "--dport",
+            str(metadata_port),
+            *owner,
+            "-j",
+            "REDIRECT",
+            "--to-ports",
+            str(proxy_port),
+        ],
         ["-A", FILTER_CHAIN, "-d", metadata_ip, "-p", "udp", "--dport", "53", *owner, "-j", "RETURN"],
         ["-A", FILTER_CHAIN, "-d", metadata_ip, "-p", "tcp", "--dport", "53", *owner, "-j", "RETURN"],
         ["-A", FILTER_CHAIN, "-d", metadata_ip, *owner, "-j", "REJECT"],
-    ]  # fmt: skip
+    ]
 
 
 RUNS_NETWORK = "tpu-platform-runs"  # the Docker network of single-host image runs
@@ -60,18 +75,46 @@ def container_ip(uid: int, first: int) -> str:
 
 
 def network_create(docker: str) -> list[str]:
-    return [docker, "network", "create", "--driver", "bridge", "--subnet", RUNS_SUBNET, "--gateway", RUNS_GATEWAY,
-            "-o", f"com.docker.network.bridge.name={RUNS_BRIDGE}", RUNS_NETWORK]  # fmt: skip
+    return [
+        docker,
+        "network",
+        "create",
+        "--driver",
+        "bridge",
+        "--subnet",
+        RUNS_SUBNET,
+        "--gateway",
+        RUNS_GATEWAY,
+        "-o",
+        f"com.docker.network.bridge.name={RUNS_BRIDGE}",
+        RUNS_NETWORK,
+    ]
 
 
 def bridge_rules(proxy_port: int, metadata_ip: str = "169.254.169.254") -> list[list[str]]:
     """The uid rules' counterpart for containers on RUNS_NETWORK (module docstring)."""
     return [
-        ["-t", "nat", "-A", BRIDGE_CHAIN, "-s", RUNS_SUBNET, "-p", "tcp", "-d", metadata_ip, "--dport", "80",
-         "-j", "DNAT", "--to-destination", f"{RUNS_GATEWAY}:{proxy_port}"],
+        [
+            "-t",
+            "nat",
+            "-A",
+            BRIDGE_CHAIN,
+            "-s",
+            RUNS_SUBNET,
+            "-p",
+            "tcp",
+            "-d",
+            metadata_ip,
+            "--dport",
+            "80",
+            "-j",
+            "DNAT",
+            "--to-destination",
+            f"{RUNS_GATEWAY}:{proxy_port}",
+        ],
         ["-I", "DOCKER-USER", "-s", RUNS_SUBNET, "-d", metadata_ip, "-p", "udp", "!", "--dport", "53", "-j", "DROP"],
         ["-I", "DOCKER-USER", "-s", RUNS_SUBNET, "-d", metadata_ip, "-p", "tcp", "!", "--dport", "53", "-j", "DROP"],
-    ]  # fmt: skip
+    ]
 
 
 class Firewall:
@@ -103,8 +146,10 @@ class Firewall:
                 self._run(ip6tables, ["-A", FILTER_CHAIN, "-d", METADATA_IPV6, *owner, "-j", "REJECT"], check=False)
                 if not self._run(ip6tables, ["-C", "OUTPUT", "-j", FILTER_CHAIN], check=False):
                     self._run(ip6tables, ["-I", "OUTPUT", "1", "-j", FILTER_CHAIN], check=False)
-        self.log(f"runs' uids {first}-{last}: the metadata server at {metadata_ip}:{metadata_port} is the agent's "
-                 f"proxy on port {proxy_port}")  # fmt: skip
+        self.log(
+            f"runs' uids {first}-{last}: the metadata server at {metadata_ip}:{metadata_port} is the agent's "
+            f"proxy on port {proxy_port}"
+        )
 
     def apply_bridge(self, proxy_port: int, metadata_ip: str) -> None:
         """bridge_rules, in place once (a restart flushes the agent's chain and finds DOCKER-USER's rules there)."""
@@ -117,5 +162,7 @@ class Firewall:
             if rule[0] == "-I" and self._run(self.iptables, ["-C", *rule[1:]], check=False):
                 continue
             self._run(self.iptables, rule)
-        self.log(f"image runs on {RUNS_NETWORK} ({RUNS_SUBNET}): the metadata server is the agent's proxy at "
-                 f"{RUNS_GATEWAY}:{proxy_port}")  # fmt: skip
+        self.log(
+            f"image runs on {RUNS_NETWORK} ({RUNS_SUBNET}): the metadata server is the agent's proxy at "
+            f"{RUNS_GATEWAY}:{proxy_port}"
+        )

@@ -143,11 +143,15 @@ class Storage:
         (https://cloud.google.com/storage/docs/uploading-objects, JSON API multipart upload)."""
         boundary = "tpu-platform-" + uuid.uuid4().hex
         metadata = json.dumps({"name": name, "contentType": content_type}).encode()
-        body = b"".join([
-            f"--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n".encode(), metadata,
-            f"\r\n--{boundary}\r\nContent-Type: {content_type}\r\n\r\n".encode(), data,
-            f"\r\n--{boundary}--\r\n".encode(),
-        ])  # fmt: skip
+        body = b"".join(
+            [
+                f"--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n".encode(),
+                metadata,
+                f"\r\n--{boundary}\r\nContent-Type: {content_type}\r\n\r\n".encode(),
+                data,
+                f"\r\n--{boundary}--\r\n".encode(),
+            ]
+        )
         url = f"{self.base}/upload/storage/v1/b/{bucket}/o?uploadType=multipart"
         self._request("POST", url, body, f"multipart/related; boundary={boundary}")
 

@@ -124,9 +124,13 @@ def check_bounds(lock: Path, constraints: tuple[str, ...]) -> None:
     """LockError naming each pin of `lock` that a catalog bound of the image's framework forbids."""
     pinned = pins(lock.read_text())
     compare = {
-        "<": lambda a, b: a < b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b,
-        ">=": lambda a, b: a >= b, "==": lambda a, b: a == b, "!=": lambda a, b: a != b,
-    }  # fmt: skip
+        "<": lambda a, b: a < b,
+        "<=": lambda a, b: a <= b,
+        ">": lambda a, b: a > b,
+        ">=": lambda a, b: a >= b,
+        "==": lambda a, b: a == b,
+        "!=": lambda a, b: a != b,
+    }
     problems = []
     for constraint in constraints:
         match = _BOUND.fullmatch(constraint.replace(" ", ""))

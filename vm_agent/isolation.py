@@ -54,8 +54,10 @@ SHARED_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/var/crash")
 JAIL = Path(__file__).resolve().with_name("jail.py")
 RUN_HOME = "/tmp/home"  # inside the run's own /tmp
 # `kill(-1, SIGKILL)` as the uid: every process it may signal, which is every process of that uid.
-_KILL_AS = "import os; os.setgroups([]); os.setresgid({gid}, {gid}, {gid}); os.setresuid({uid}, {uid}, {uid})\n" \
-    "try:\n    os.kill(-1, 9)\nexcept ProcessLookupError:\n    pass\n"  # fmt: skip
+_KILL_AS = (
+    "import os; os.setgroups([]); os.setresgid({gid}, {gid}, {gid}); os.setresuid({uid}, {uid}, {uid})\n"
+    "try:\n    os.kill(-1, 9)\nexcept ProcessLookupError:\n    pass\n"
+)
 
 
 class IsolationError(Exception):
@@ -274,9 +276,14 @@ class Isolation:
     """The agent's means to isolate runs: a uid pool, the runs' folders, the devices, what runs never see."""
 
     def __init__(
-        self, root: Path, locks: Path, dev: Path, memlock: bool = True, proxy: MetadataProxy | None = None,
+        self,
+        root: Path,
+        locks: Path,
+        dev: Path,
+        memlock: bool = True,
+        proxy: MetadataProxy | None = None,
         tpu_env: dict[str, str] | None = None,
-    ):  # fmt: skip
+    ):
         self.root = root
         self.opt = root / "opt" / "tpu-platform"
         self.runs = root / "var" / "lib" / "tpu-platform" / "runs"

@@ -46,19 +46,30 @@ from vm_agent.gcs import StorageError, Tokens
 
 PREFIX = "/computeMetadata/v1/"
 ACCOUNT = re.compile(r"instance/service-accounts/([^/]+)/(.*)")
-FORWARDED = frozenset({
-    "instance/attributes/agent-worker-number", "instance/attributes/worker-network-endpoints",
-    "instance/attributes/accelerator-type", "instance/attributes/tpu-env", "instance/zone",
-    "project/project-id", "project/numeric-project-id", "instance/service-accounts/",
-})  # fmt: skip
+FORWARDED = frozenset(
+    {
+        "instance/attributes/agent-worker-number",
+        "instance/attributes/worker-network-endpoints",
+        "instance/attributes/accelerator-type",
+        "instance/attributes/tpu-env",
+        "instance/zone",
+        "project/project-id",
+        "project/numeric-project-id",
+        "instance/service-accounts/",
+    }
+)
 ACCOUNT_FORWARDED = frozenset({"", "email", "aliases", "scopes"})
 QUERY_KEPT = ("alt", "recursive")
 # tpu-env key -> what GKE sets for a container (InitEnvs) and torch_xla reads with TPU_SKIP_MDS_QUERY.
 TPU_ENV = {
-    "ACCELERATOR_TYPE": "TPU_ACCELERATOR_TYPE", "TOPOLOGY": "TPU_TOPOLOGY", "WRAP": "TPU_TOPOLOGY_WRAP",
-    "ALT": "TPU_TOPOLOGY_ALT", "HOST_BOUNDS": "TPU_HOST_BOUNDS", "CHIPS_PER_HOST_BOUNDS": "TPU_CHIPS_PER_HOST_BOUNDS",
+    "ACCELERATOR_TYPE": "TPU_ACCELERATOR_TYPE",
+    "TOPOLOGY": "TPU_TOPOLOGY",
+    "WRAP": "TPU_TOPOLOGY_WRAP",
+    "ALT": "TPU_TOPOLOGY_ALT",
+    "HOST_BOUNDS": "TPU_HOST_BOUNDS",
+    "CHIPS_PER_HOST_BOUNDS": "TPU_CHIPS_PER_HOST_BOUNDS",
     "WORKER_ID": "TPU_WORKER_ID",
-}  # fmt: skip
+}
 NEEDED_TO_SKIP = ("TPU_ACCELERATOR_TYPE", "TPU_HOST_BOUNDS", "TPU_CHIPS_PER_HOST_BOUNDS", "TPU_WORKER_ID")
 
 

@@ -93,8 +93,10 @@ class RequestSource:
         refusal = ""
         if settings.worker_count > 1:
             # Every worker of a slice would have to run it; only worker 0 takes requests. Not built yet.
-            refusal = (f"TPU VM {settings.vm} is a slice of {settings.worker_count} hosts: self-service runs are "
-                       "single-host only for now")  # fmt: skip
+            refusal = (
+                f"TPU VM {settings.vm} is a slice of {settings.worker_count} hosts: self-service runs are "
+                "single-host only for now"
+            )
         return cls(
             settings.status_dir,
             settings.artifacts,
@@ -165,9 +167,14 @@ class RequestSource:
         match = REQUEST_NAME.fullmatch(base)
         member = member_of_key(match["member"]) if match else None
         if match is None or member is None:
-            return self._refuse(name, None, None, f"not a request for VM {self.vm}: the name must be "
-                                f"{self.prefix}<member>/<UTC yyyymmddThhmmssZ>-[stop-]<runId>.json, <member> "
-                                "as user-EMAIL or group-EMAIL")  # fmt: skip
+            return self._refuse(
+                name,
+                None,
+                None,
+                f"not a request for VM {self.vm}: the name must be "
+                f"{self.prefix}<member>/<UTC yyyymmddThhmmssZ>-[stop-]<runId>.json, <member> "
+                "as user-EMAIL or group-EMAIL",
+            )
         owner = match["member"]
         raw = self.bucket.read(name)
         if raw is None:
@@ -190,18 +197,28 @@ class RequestSource:
         try:
             spec = parse_request(data, name, self.allowed, self.places, member)
             if spec.run_id != f"{owner}/{match['run']}":
-                raise SpecError(f"request {name}", [f"runId {spec.run_id.split('/', 1)[1]!r} is not the one in the "
-                                f"request's name ({match['run']!r})"], spec.run_id)  # fmt: skip
+                raise SpecError(
+                    f"request {name}",
+                    [f"runId {spec.run_id.split('/', 1)[1]!r} is not the one in the request's name ({match['run']!r})"],
+                    spec.run_id,
+                )
         except SpecError as error:
             run = data.get("runId") if isinstance(data, dict) else None
             key = f"{owner}/{run}" if isinstance(run, str) and REQUEST_RUN_ID.fullmatch(run) else None
             return self._refuse(name, key, data, "; ".join(error.problems), owner)
         spec = replace(spec, request=name)
         state = {
-            "runId": spec.run_id, "state": "queued", "exitCode": None, "startedAt": None, "endedAt": None,
-            "requester": spec.requester, "source": spec.source.describe(), "request": name, "queuedAt": utc_now(),
+            "runId": spec.run_id,
+            "state": "queued",
+            "exitCode": None,
+            "startedAt": None,
+            "endedAt": None,
+            "requester": spec.requester,
+            "source": spec.source.describe(),
+            "request": name,
+            "queuedAt": utc_now(),
             "spec": data,  # the request itself: a reboot resumes the run from here (`unfinished`)
-        }  # fmt: skip
+        }
         # Read first, then create with ifGenerationMatch=0: the read is what the sandbox can show (the
         # emulator ignores preconditions); the precondition closes the race on Cloud Storage, where a
         # create with ifGenerationMatch=0 fails with 412 if the object exists (docs: request preconditions).
@@ -226,9 +243,15 @@ class RequestSource:
         base = base[: -len(".json")] if base.endswith(".json") else base
         requester = data.get("requester") if isinstance(data, dict) else None
         record = {
-            "state": "failed", "exitCode": None, "startedAt": None, "endedAt": utc_now(), "reason": reason,
-            "requester": requester if isinstance(requester, str) else None, "source": None, "request": name,
-        }  # fmt: skip
+            "state": "failed",
+            "exitCode": None,
+            "startedAt": None,
+            "endedAt": utc_now(),
+            "reason": reason,
+            "requester": requester if isinstance(requester, str) else None,
+            "source": None,
+            "request": name,
+        }
         key = run_id if run_id and not self._state(run_id) else None
         written = key is not None and self.bucket.create(
             self.state_name(key), json.dumps({"runId": key, **record}).encode()

@@ -144,8 +144,9 @@ class Run:
         self.sandbox: RunSandbox | None = None  # its uid and folders, from its first install to its end
         self._thread = threading.Thread(target=self._supervise, name=f"run-{spec.run_id}", daemon=True)
         # Its events (vm_agent/timeline.py): worker 0's agent keeps the run's; a request's step lines are untrusted.
-        self.timeline = run_timeline.Recorder(spec.run_id, settings.vm, not spec.request, status, log,
-                                              write=settings.worker_id == 0)  # fmt: skip
+        self.timeline = run_timeline.Recorder(
+            spec.run_id, settings.vm, not spec.request, status, log, write=settings.worker_id == 0
+        )
         self._opening = list(opening or [])  # this boot's and this agent's start, for the boot's first run
 
     # ------------------------------------------------------------------------------------ control
@@ -333,12 +334,14 @@ class Run:
         """The run contract's environment: the runtime's, the VM's place, this run's, then the spec's."""
         env = dict(self.settings.runtime_env)
         env.update(self.settings.contract_env())
-        env.update({
-            RUN_ID_ENV: self.spec.run_id,
-            DATA_ENV: self.spec.data,
-            CHECKPOINT_DIR_ENV: self.spec.checkpoint_dir,
-            MODEL_DIR_ENV: self.spec.model_dir,
-        })  # fmt: skip
+        env.update(
+            {
+                RUN_ID_ENV: self.spec.run_id,
+                DATA_ENV: self.spec.data,
+                CHECKPOINT_DIR_ENV: self.spec.checkpoint_dir,
+                MODEL_DIR_ENV: self.spec.model_dir,
+            }
+        )
         env.update(dict(self.spec.env))
         return env
 
@@ -397,10 +400,18 @@ class Run:
             raise SourceError(str(error), final=True) from None
         if lock is None and not self.spec.python:
             return None
-        key = hashlib.sha256(json.dumps({
-            "source": source.sha256, "python": self.spec.python, "bounds": list(self.settings.pip_constraints),
-            "lock": _sha256(lock) if lock else "", "requester": self.spec.requester,
-        }, sort_keys=True).encode()).hexdigest()  # fmt: skip
+        key = hashlib.sha256(
+            json.dumps(
+                {
+                    "source": source.sha256,
+                    "python": self.spec.python,
+                    "bounds": list(self.settings.pip_constraints),
+                    "lock": _sha256(lock) if lock else "",
+                    "requester": self.spec.requester,
+                },
+                sort_keys=True,
+            ).encode()
+        ).hexdigest()
         venv = (
             self.settings.opt
             / "venvs"
@@ -417,8 +428,20 @@ class Run:
             uv = self._uv()
             steps = [[str(uv), "venv", "--quiet", "--python", self.spec.python, "--system-site-packages", str(venv)]]
             if requirements:
-                steps.append([str(uv), "pip", "install", "--quiet", "--python", python, "--require-hashes", "--no-deps",
-                              "-r", requirements])  # fmt: skip
+                steps.append(
+                    [
+                        str(uv),
+                        "pip",
+                        "install",
+                        "--quiet",
+                        "--python",
+                        python,
+                        "--require-hashes",
+                        "--no-deps",
+                        "-r",
+                        requirements,
+                    ]
+                )
             keep = [uv.parent]
         else:
             # --without-pip: Ubuntu splits ensurepip into python3-venv, which a TPU image need not have; the
@@ -454,8 +477,11 @@ class Run:
         shutil.copyfile(installs.UV_REQUIREMENTS, pinned)
         pinned.chmod(0o644)
         pip = [self.settings.python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-input"]
-        self._install_step([*pip, "--require-hashes", "--no-deps", "--target", str(tools.path), "-r",
-                            f"/tmp/{pinned.name}"], None, writable=[tools.path])  # fmt: skip
+        self._install_step(
+            [*pip, "--require-hashes", "--no-deps", "--target", str(tools.path), "-r", f"/tmp/{pinned.name}"],
+            None,
+            writable=[tools.path],
+        )
         self.sandbox.kill()
         try:
             tools.seal(self.sandbox.claim)
@@ -518,9 +544,14 @@ class Run:
             except IsolationError as error:
                 raise SourceError(str(error)) from None
             env.update({"GCE_METADATA_HOST": proxy, "GCE_METADATA_IP": proxy})
-        return Prepared(container_argv(docker, container, self.sandbox, self.settings, source.image,
-                                       self.spec.command, env, address), None, {**os.environ, **env},
-                        container)  # fmt: skip
+        return Prepared(
+            container_argv(
+                docker, container, self.sandbox, self.settings, source.image, self.spec.command, env, address
+            ),
+            None,
+            {**os.environ, **env},
+            container,
+        )
 
     def _install_step_as_agent(self, argv: list[str]) -> None:
         """A step the agent itself takes for a run (a `docker pull`), interruptible by a stop."""
@@ -547,8 +578,11 @@ class Run:
         if state == "finished" and self.spec.completion and self.settings.worker_id == 0:
             marker = completion_marker(self.spec, self.steps, {})
             self._write(COMPLETE, marker)  # last: the guard stops or deletes the VM when it appears
-        self.log(f"run {self.spec.run_id} {state}" + (f": {self.error}" if state == "failed" else ""),
-                 severity="ERROR" if state == "failed" else "INFO", run=self.spec.run_id)  # fmt: skip
+        self.log(
+            f"run {self.spec.run_id} {state}" + (f": {self.error}" if state == "failed" else ""),
+            severity="ERROR" if state == "failed" else "INFO",
+            run=self.spec.run_id,
+        )
 
     def _close_sandbox(self) -> None:
         sandbox, self.sandbox = self.sandbox, None
@@ -587,8 +621,13 @@ class Run:
         """The request's fields (vm_agent/run_requests.py REQUEST_FIELDS) of this run."""
         spec = self.spec
         # A request's run id is `<member>/<runId>` (vm_agent/run_requests.py); the request said `<runId>`.
-        fields = {"runId": spec.run_id.rsplit("/", 1)[-1], "source": spec.source.describe(),
-                  "command": list(spec.command), "env": dict(spec.env), "requester": spec.requester}  # fmt: skip
+        fields = {
+            "runId": spec.run_id.rsplit("/", 1)[-1],
+            "source": spec.source.describe(),
+            "command": list(spec.command),
+            "env": dict(spec.env),
+            "requester": spec.requester,
+        }
         if spec.python:
             fields["python"] = spec.python
         return fields
@@ -614,8 +653,19 @@ def container_argv(
     device nodes, unlimited memlock (VFIO), the host's network only for a multi-host slice (else the runs'
     network at the run's own `address`, vm_agent/firewall.py), and the environment by name (`-e NAME`
     takes the value from the client's environment: not in `ps`)."""
-    argv = [docker, "run", "--rm", "--name", name, "--user", f"{sandbox.claim.uid}:{sandbox.claim.gid}",
-            "--cap-drop=ALL", "--security-opt=no-new-privileges", "--ulimit", "memlock=-1:-1"]  # fmt: skip
+    argv = [
+        docker,
+        "run",
+        "--rm",
+        "--name",
+        name,
+        "--user",
+        f"{sandbox.claim.uid}:{sandbox.claim.gid}",
+        "--cap-drop=ALL",
+        "--security-opt=no-new-privileges",
+        "--ulimit",
+        "memlock=-1:-1",
+    ]
     dev = sandbox.isolation.devices.dev
     for node in [*sandbox.devices, *sandbox.isolation.devices.shared()]:
         argv += ["--device", f"{node}:/dev/{node.relative_to(dev)}"]

@@ -64,7 +64,7 @@ from vm_agent.tensorboard import EventLog, storage_url
 LOG_ID = "tpu-workload"
 METRIC_PREFIX = "custom.googleapis.com/tpu_platform/"
 METRICS = ("loss", "steps_per_s", "examples_per_s")
-# The REST methods this module calls; infra/identity.py WORKLOAD_METHODS grants them (tested).
+# The REST methods this module calls; infra/access/identities.py WORKLOAD_METHODS grants them (tested).
 METHODS = ("logging.entries.write", "monitoring.projects.timeSeries.create")
 
 LOGGING_URL = "https://logging.googleapis.com"
@@ -200,9 +200,7 @@ def resource(origin: Origin, zone: str) -> dict[str, Any]:
     }
 
 
-def time_series(
-    name: str, value: float, run_id: str, origin: Origin, zone: str, now: float
-) -> dict[str, Any]:  # fmt: skip
+def time_series(name: str, value: float, run_id: str, origin: Origin, zone: str, now: float) -> dict[str, Any]:
     """One TimeSeries (monitoring.v3) with one GAUGE point of a training metric."""
     return {
         "metric": {

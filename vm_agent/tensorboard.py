@@ -18,7 +18,7 @@ The first event of a file carries `file_version: "brain.Event:2"`. We write only
 
 The run's model dir is a gs:// URI on a TPU VM: the file is written locally and uploaded whole to
 `<model-dir>/tensorboard/<file name>` (Cloud Storage JSON API, simple media upload: the workload
-account's `storage.objects.insert`/`delete` on its models prefix, infra/identity.py WORKLOAD_METHODS)
+account's `storage.objects.insert`/`delete` on its models prefix, infra/access/identities.py WORKLOAD_METHODS)
 at most every UPLOAD_EVERY_S and when the run ends. A local model dir is written in place.
 """
 

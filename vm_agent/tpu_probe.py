@@ -84,17 +84,27 @@ def probe(
     checks = [
         ("non_root", lambda s: s.jail(command, None), {}),
         ("second_uid", lambda s: s.jail(command, None), {}),
-        ("no_metadata_server", lambda s: s.jail(command, None),
-         {"GCE_METADATA_IP": CLOSED, "GCE_METADATA_HOST": CLOSED}),
+        (
+            "no_metadata_server",
+            lambda s: s.jail(command, None),
+            {"GCE_METADATA_IP": CLOSED, "GCE_METADATA_HOST": CLOSED},
+        ),
         ("low_memlock", lambda s: s.jail(["prlimit", "--memlock=65536:65536", "--", *command], None), {}),
-    ]  # fmt: skip
+    ]
     if image:  # COMMAND is the image's: the image check alone
         from vm_agent.runner import container_argv
 
         docker = shutil.which("docker") or "docker"
         one_host: Any = SimpleNamespace(worker_count=1)  # container_argv reads the worker count alone
-        checks = [("image", lambda s: container_argv(docker, f"tpu-probe-{s.uid}", s, one_host, image,
-                                                     tuple(command), dict(tpu_env)), {})]  # fmt: skip
+        checks = [
+            (
+                "image",
+                lambda s: container_argv(
+                    docker, f"tpu-probe-{s.uid}", s, one_host, image, tuple(command), dict(tpu_env)
+                ),
+                {},
+            )
+        ]
     for name, argv_of, env in checks:
         sandbox = isolation.open()
         try:
@@ -125,9 +135,13 @@ def _status(method: str, url: str, token: str, body: bytes | None = None) -> int
 
 
 def boundary_probe(
-    token: str, inside: str, outside: str, marker: str, storage: str = "https://storage.googleapis.com",
+    token: str,
+    inside: str,
+    outside: str,
+    marker: str,
+    storage: str = "https://storage.googleapis.com",
     sts_url: str = STS_URL,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """Each call of the module's docstring with the downscoped token: {name: {"status", "expected", "ok"}}."""
     narrowed = Downscoper(boundary(inside, "", ""), _Given(token), sts_url).token().token  # type: ignore[arg-type]
     api = f"{storage}/storage/v1/b"

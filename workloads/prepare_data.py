@@ -80,14 +80,18 @@ def main(argv: list[str] | None = None) -> int:
     seconds = time.perf_counter() - started
     examples = len(arrays["y_train"]) + len(arrays["y_test"])
     size = sum(len(b) for b in files.values())
-    print(json.dumps({
-        "shards": len(files),
-        "examples": examples,
-        "megabytes": round(size / 1e6, 2),
-        "seconds": round(seconds, 3),
-        "examples_per_second": round(examples / seconds),
-        "megabytes_per_second": round(size / 1e6 / seconds, 1),
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "shards": len(files),
+                "examples": examples,
+                "megabytes": round(size / 1e6, 2),
+                "seconds": round(seconds, 3),
+                "examples_per_second": round(examples / seconds),
+                "megabytes_per_second": round(size / 1e6 / seconds, 1),
+            }
+        )
+    )
     return 0
 
 

@@ -39,11 +39,25 @@ GAVE_UP_EVENT = "tpu-recovery-gave-up"  # recovery stopped re-creating a node pr
 # The fields of a Node that a create request may set: the Node schema of tpu.v2's discovery document
 # without its output-only ("readOnly") fields, and without `health`, which the document leaves
 # writable but the Terraform provider (magic-modules tpuv2/Vm.yaml) marks `output: true`.
-NODE_CREATE_FIELDS = frozenset({
-    "acceleratorConfig", "acceleratorType", "bootDiskConfig", "cidrBlock", "dataDisks", "description",
-    "labels", "metadata", "networkConfig", "networkConfigs", "runtimeVersion", "schedulingConfig",
-    "serviceAccount", "shieldedInstanceConfig", "tags",
-})  # fmt: skip
+NODE_CREATE_FIELDS = frozenset(
+    {
+        "acceleratorConfig",
+        "acceleratorType",
+        "bootDiskConfig",
+        "cidrBlock",
+        "dataDisks",
+        "description",
+        "labels",
+        "metadata",
+        "networkConfig",
+        "networkConfigs",
+        "runtimeVersion",
+        "schedulingConfig",
+        "serviceAccount",
+        "shieldedInstanceConfig",
+        "tags",
+    }
+)
 # Pairs a create request must not carry together (the provider's `conflicts`; the API returns both on
 # GET): the first of each pair is what the platform declares (infra/tpu/cloud_tpu.py), so it wins.
 EXCLUSIVE = (("acceleratorType", "acceleratorConfig"), ("networkConfig", "networkConfigs"))
@@ -396,8 +410,10 @@ def start_step(name: str, node: dict[str, Any] | None, *, complete: bool, enviro
         return f"{short_name(name)} is not a node of environment {environment}"
     if node.get("state") == "PREEMPTED":
         # tpu/docs/spot: "You can't restart TPU Spot VMs, and you must recreate them after preemption."
-        return (f"{short_name(name)} is PREEMPTED: a preempted node cannot be started, only re-created "
-                "(by the guard's recovery, or by `pulumi up` after deleting it); not starting it")  # fmt: skip
+        return (
+            f"{short_name(name)} is PREEMPTED: a preempted node cannot be started, only re-created "
+            "(by the guard's recovery, or by `pulumi up` after deleting it); not starting it"
+        )
     if node.get("state") != "STOPPED":
         return f"{short_name(name)} is {node.get('state')}, not STOPPED"
     return Action("start", name, "scheduled start")

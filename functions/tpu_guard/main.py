@@ -21,7 +21,7 @@ Settings come from the environment: PROJECT, ENVIRONMENT, ZONES (comma-separated
 (stop|delete), BUDGET_AT_PERCENT, BILLING_ACCOUNT, BUDGET_ID, DRY_RUN (true|false), MAX_ATTEMPTS,
 RECOVERY_WINDOW_HOURS (default 24), STATE_BUCKET, STATUS_BUCKET, TPU_VMS (JSON {"<vm>": {"nodes": [node
 ids], "zones": [zones], "onCompletion": "keep"|"stop"|"delete", "maxRunHours": <hours, optional>,
-"queuedApi": "v2"|"v2alpha1" (queued VMs only)}}; infra/automation.py guard_vms), RETRY_MINUTES (default 60).
+"queuedApi": "v2"|"v2alpha1" (queued VMs only)}}; infra/tpu_guard.py guard_vms), RETRY_MINUTES (default 60).
 TPU_API_ENDPOINT and STORAGE_EMULATOR_HOST point it at stand-ins in tests (Google's own clients
 read STORAGE_EMULATOR_HOST the same way).
 """

@@ -151,8 +151,12 @@ def keep_freed_memory() -> None:
     except OSError:
         return
     m_arena_max, m_mmap_threshold, m_trim_threshold, m_top_pad = -8, -3, -1, -2  # <malloc.h>
-    for option, value in ((m_arena_max, 1), (m_mmap_threshold, 1 << 30), (m_trim_threshold, 2**31 - 1),
-                          (m_top_pad, 256 << 20)):  # fmt: skip
+    for option, value in (
+        (m_arena_max, 1),
+        (m_mmap_threshold, 1 << 30),
+        (m_trim_threshold, 2**31 - 1),
+        (m_top_pad, 256 << 20),
+    ):
         libc.mallopt(option, value)
 
 
@@ -224,8 +228,9 @@ class Training:
     def save(self, step: int, run_state: dict[str, Any], force: bool) -> bool:
         assert self.manager
         state = ocp.args.StandardSave((self.params, self.opt_state))
-        return self.manager.save(step, args=ocp.args.Composite(train=state, run=ocp.args.JsonSave(run_state)),
-                                 force=force)  # fmt: skip
+        return self.manager.save(
+            step, args=ocp.args.Composite(train=state, run=ocp.args.JsonSave(run_state)), force=force
+        )
 
     def wait(self) -> None:
         if self.manager:
@@ -256,8 +261,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--data is required for the JAX workload (prepare it with prepare_data.py)")
     identity = runlib.RunIdentity(PROGRAM, f"jax {jax.__version__}", args.batch_size, data.fingerprint())
     params = init_params(jax.random.PRNGKey(0))
-    training = Training(*jax.device_put((params, OPTIMIZER.init(params)), replicated), args.checkpoint_dir,
-                        args.checkpoint_every_steps)  # fmt: skip
+    training = Training(
+        *jax.device_put((params, OPTIMIZER.init(params)), replicated), args.checkpoint_dir, args.checkpoint_every_steps
+    )
     share = args.batch_size // processes  # each process feeds its slice of the global batch
 
     def step_fn(x: np.ndarray, y: np.ndarray) -> jax.Array:

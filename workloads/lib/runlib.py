@@ -61,20 +61,26 @@ def parse_args(description: str, argv: list[str] | None = None) -> argparse.Name
     # Defaults from the run contract's environment, so a command needs no flags for what the platform
     # already says.
     env = os.environ.get
-    parser.add_argument("--data", default=env(names.DATA_ENV, ""),
-                        help="local path or gs:// URL: an .npz or a folder of shards")  # fmt: skip
-    parser.add_argument("--checkpoint-dir", default=env(names.CHECKPOINT_DIR_ENV, ""),
-                        help="where checkpoints go (resumes from the newest)")  # fmt: skip
-    parser.add_argument("--model-dir", default=env(names.MODEL_DIR_ENV, ""),
-                        help="where the final model and metrics.json go")  # fmt: skip
+    parser.add_argument(
+        "--data", default=env(names.DATA_ENV, ""), help="local path or gs:// URL: an .npz or a folder of shards"
+    )
+    parser.add_argument(
+        "--checkpoint-dir",
+        default=env(names.CHECKPOINT_DIR_ENV, ""),
+        help="where checkpoints go (resumes from the newest)",
+    )
+    parser.add_argument(
+        "--model-dir", default=env(names.MODEL_DIR_ENV, ""), help="where the final model and metrics.json go"
+    )
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--steps", type=int, default=0, help="total training steps (default: from --epochs)")
     parser.add_argument("--batch-size", type=int, default=256)
     # The same defaults as the stack settings (workloads.<name>.*).
     parser.add_argument("--checkpoint-every-steps", type=int, default=200)
     parser.add_argument("--checkpoint-every-minutes", type=float, default=10.0)
-    parser.add_argument("--steps-per-call", type=int, default=32,
-                        help="training steps per call to the device: fewer host round trips")  # fmt: skip
+    parser.add_argument(
+        "--steps-per-call", type=int, default=32, help="training steps per call to the device: fewer host round trips"
+    )
     parser.add_argument("--run-id", default=os.environ.get(names.RUN_ID_ENV, "local"))
     parser.add_argument("--tpu", choices=("auto", "local", "none"), default="auto", help="use a TPU: auto-detect")
     # Only the platform's agent writes the run-complete object (when the command exits 0); `status` reads it.
@@ -310,8 +316,9 @@ def load_data(location: str, cache_dir: str = "", workers: int = 8) -> Dataset:
     if location.endswith(".npz"):
         parent, _, name = location.rpartition("/")
         arrays = unpack(Store(parent or ".").read(name))
-        return Dataset(arrays["x_train"], arrays["y_train"], arrays["x_test"], arrays["y_test"],
-                       time.perf_counter() - started)  # fmt: skip
+        return Dataset(
+            arrays["x_train"], arrays["y_train"], arrays["x_test"], arrays["y_test"], time.perf_counter() - started
+        )
     store = Store(location)
     cache = Path(cache_dir or tempfile.gettempdir()) / "tpu-platform-data" / re.sub(r"[^A-Za-z0-9]+", "_", location)
     cache.mkdir(parents=True, exist_ok=True)
@@ -334,10 +341,12 @@ def load_data(location: str, cache_dir: str = "", workers: int = 8) -> Dataset:
         parts[split].append(shards[name]["x"])
         labels[split].append(shards[name]["y"])
     return Dataset(
-        np.concatenate(parts["train"]), np.concatenate(labels["train"]),
-        np.concatenate(parts["test"]), np.concatenate(labels["test"]),
+        np.concatenate(parts["train"]),
+        np.concatenate(labels["train"]),
+        np.concatenate(parts["test"]),
+        np.concatenate(labels["test"]),
         time.perf_counter() - started,
-    )  # fmt: skip
+    )
 
 
 def epoch_order(epoch: int, count: int, seed: int = 0) -> np.ndarray:
@@ -424,8 +433,12 @@ def resume(checkpoints: Checkpointer, log: Log) -> dict[str, Any] | None:
             return state
         except Exception as error:  # any unreadable checkpoint: fall back to the previous one
             failures.append(f"step {step}: {type(error).__name__}: {str(error)[:300]}")
-            log("checkpoint cannot be loaded; falling back to the previous one", severity="WARNING",
-                step=step, error=failures[-1])  # fmt: skip
+            log(
+                "checkpoint cannot be loaded; falling back to the previous one",
+                severity="WARNING",
+                step=step,
+                error=failures[-1],
+            )
     if failures:
         raise ResumeRefusedError(
             f"no checkpoint in {checkpoints.where} can be loaded ({'; '.join(failures)}). "
@@ -524,8 +537,12 @@ def train(
     if checkpoints:
         checkpoints.wait()  # the last save is on storage before we go on
     if preempted:
-        log("SIGTERM: checkpoint written, exiting for preemption", severity="WARNING", step=step,
-            signalled_here=preemption.requested)  # fmt: skip
+        log(
+            "SIGTERM: checkpoint written, exiting for preemption",
+            severity="WARNING",
+            step=step,
+            signalled_here=preemption.requested,
+        )
 
     wall = state["wall_seconds"] + time.perf_counter() - begun
     session = time.perf_counter() - session_start  # this process only, for throughput figures

@@ -110,10 +110,16 @@ class Checkpoints:
             self.staged.fetch_from_bucket(sorted(n for n in names if n.split(".")[0] in kept))
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False)
         self.run = tf.Variable("", dtype=tf.string, trainable=False)  # the loop's run state, as JSON
-        self.checkpoint = tf.train.Checkpoint(model=trainer.model, optimizer=trainer.optimizer, step=self.step,
-                                              run_state=self.run)  # fmt: skip
-        self.manager = tf.train.CheckpointManager(self.checkpoint, str(self.staged.folder), max_to_keep=KEEP,
-                                                  step_counter=self.step, checkpoint_interval=every_steps)  # fmt: skip
+        self.checkpoint = tf.train.Checkpoint(
+            model=trainer.model, optimizer=trainer.optimizer, step=self.step, run_state=self.run
+        )
+        self.manager = tf.train.CheckpointManager(
+            self.checkpoint,
+            str(self.staged.folder),
+            max_to_keep=KEEP,
+            step_counter=self.step,
+            checkpoint_interval=every_steps,
+        )
         self._upload = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="checkpoint-sync")
         self._pending: concurrent.futures.Future | None = None
 
