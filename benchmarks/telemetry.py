@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.telemetry_standins import google_apis, metadata_server
+from tools.standins.telemetry import google_apis, metadata_server
 from vm_agent.telemetry import Telemetry
 from vm_agent.tensorboard import EventLog, crc32c
 

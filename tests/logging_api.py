@@ -21,8 +21,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from tests.contracts import Call, ContractError, api
-from tests.loopback import Handler, serve
+from tools.standins.contracts import Call, ContractError, api
+from tools.standins.loopback import Handler, serve
 
 _TERM = re.compile(r'(?P<key>logName|timestamp|labels\.[A-Za-z]+)(?P<op>=|>)"(?P<value>[^"]*)"')
 

@@ -21,7 +21,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import googleapiclient
 
-from tests.loopback import Handler, serve
+from tools.standins.loopback import Handler, serve
 
 DISCOVERY_DIR = Path(googleapiclient.__file__).parent / "discovery_cache" / "documents"
 

@@ -17,8 +17,8 @@ from infra.config import parse_stack_config
 from infra.config.problems import ConfigError
 from infra.config.sources import REPO_ROOT, command_problem, folder_problem, image_problem, parse_image, registry
 from infra.tpu.metadata import vm_metadata
-from tests.contracts import document
 from tests.support import NS, fixture_config, with_object
+from tools.standins.contracts import document
 
 DIGEST = "0123456789abcdef" * 4
 REGISTRY = "us-central1-docker.pkg.dev/fixture-project/tpu-sources"

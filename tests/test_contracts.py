@@ -16,9 +16,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.contracts import Call, ContractError, api, document
 from tests.support import fixture_config, plan
 from tools.offline.runner import PlanResult
+from tools.standins.contracts import Call, ContractError, api, document
 
 NODE = "projects/acme-ml-sandbox/locations/us-central1-b/nodes/mnist-v2-spot"
 TPU = "https://tpu.googleapis.com/v2"

@@ -33,7 +33,7 @@ from infra.gke.controllers import (
 )
 from infra.gke.teams import team_objects
 from tests import gke_objects as g
-from tests.loopback import Handler, serve
+from tools.standins.loopback import Handler, serve
 
 KUEUE_CONFIGURATION = {
     "apiVersion": "config.kueue.x-k8s.io/v1beta2",

@@ -12,7 +12,7 @@ from infra.catalog import load_catalog
 from infra.goodput.interval import PREEMPTIBLE_LIFE_HOURS, SPOT_NOTICE_S, YOUNG_DALY, Rate
 from infra.goodput.whatif import ASSUMED, NOTICE_S, Capacity, Job, WhatIfError, what_if
 from infra.tpu.metadata import GRACE_SECONDS
-from tests.contracts import document
+from tools.standins.contracts import document
 
 V5E = load_catalog().accelerator("v5litepod-8")
 JOB = Job(

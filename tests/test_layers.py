@@ -69,3 +69,17 @@ def test_no_shipped_top_level_name_shadows_the_standard_library_or_a_dependency(
 def test_the_shadow_check_sees_the_standard_library_and_distributions():
     """A package named `platform` would shadow the stdlib's; one named `yaml`, PyYAML's."""
     assert set(shadowed({"platform", "yaml", "infra"})) == {"platform", "yaml"}
+
+
+def test_no_benchmark_imports_the_tests():
+    """Benchmarks are scripts, outside import-linter's packages: they share the stand-ins through tools/."""
+    import ast
+
+    offenders = [
+        f"{path.relative_to(ROOT)}:{node.lineno}"
+        for path in sorted((ROOT / "benchmarks").glob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if (isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "tests")
+        or (isinstance(node, ast.Import) and any(a.name.split(".")[0] == "tests" for a in node.names))
+    ]
+    assert not offenders, offenders

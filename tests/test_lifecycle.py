@@ -13,12 +13,12 @@ from infra.lifecycle import attempt_deadline
 from infra.platform import stack_identities
 from infra.tpu.metadata import run_id
 from run_contract import completion_marker
-from tests.contracts import document
 from tests.support import fixture_config, plan, with_object
 from tests.test_config import problems_of
 from tests.test_config_tpu import vm_problems
 from tools.offline.mocks import CloudState, GcpMocks, RecordingMonitor
 from tools.offline.runner import run_program
+from tools.standins.contracts import document
 
 
 def test_jobs_stop_through_the_tpu_api_and_start_through_the_guard():

@@ -206,8 +206,8 @@ def test_a_completed_run_is_stopped_by_the_guard_and_not_restarted_by_its_schedu
     from flask import Request
     from werkzeug.test import EnvironBuilder
 
-    from tests.contracts import CheckedSession
     from tests.tpu_api import tpu_api_standin
+    from tools.standins.contracts import CheckedSession
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "functions" / "tpu_guard"))
     import main as guard

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from infra.access.identities import WORKLOAD_METHODS
-from tests.contracts import Call, ContractError, api
 from tests.sandbox import wait_for
-from tests.telemetry_standins import TOKEN, ZONE, Received, google_apis, metadata_server
+from tools.standins.contracts import Call, ContractError, api
+from tools.standins.telemetry import TOKEN, ZONE, Received, google_apis, metadata_server
 from vm_agent import telemetry
 from vm_agent.telemetry import METHODS, Telemetry, severity_of
 

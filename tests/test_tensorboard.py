@@ -13,11 +13,11 @@ import google_crc32c
 import pytest
 from google.cloud import storage
 
-from tests.contracts import Call, api
 from tests.sandbox import storage_emulator
-from tests.telemetry_standins import google_apis, metadata_server
 from tests.test_telemetry import RunSpec, env_for
 from tests.workloads import workloads_python
+from tools.standins.contracts import Call, api
+from tools.standins.telemetry import google_apis, metadata_server
 from vm_agent.telemetry import Telemetry, tensorboard_dir
 from vm_agent.tensorboard import FILE_VERSION, METHODS, EventLog, crc32c, masked_crc32c, record
 

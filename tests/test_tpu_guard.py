@@ -23,10 +23,10 @@ import run_contract
 from infra.access import iamdata
 from infra.access.identities import GUARD_METHODS, GUARD_PERMISSIONS, guard_identities, guard_role
 from run_contract import completion_marker
-from tests.contracts import Call, CheckedSession, ContractError, api
 from tests.sandbox import free_port, storage_emulator
 from tests.support import fixture_config, plan, with_object
 from tests.tpu_api import tpu_api_standin
+from tools.standins.contracts import Call, CheckedSession, ContractError, api
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "functions" / "tpu_guard"))
 import main as guard

@@ -31,8 +31,8 @@ from infra.cost import chip_hour_price
 from infra.packaging import package
 from run_contract.spec import FolderSource, ImageSource, RunSpec, StopRequest
 from run_contract.timeline import Event, RunEvents
-from tests.contracts import Call, ContractError, api
 from tests.runs_cloud import RunsCloud, runs_cloud
+from tools.standins.contracts import Call, ContractError, api
 from tpu_runs import cli
 from vm_agent.run_requests import RequestSource
 from vm_agent.settings import Settings

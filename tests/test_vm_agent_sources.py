@@ -14,9 +14,9 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import pytest
 
 from run_contract.spec import Allowed, FolderSource, ImageSource, SpecError, StopRequest, parse_run_spec
-from tests.loopback import Handler, serve
 from tests.sandbox import metadata_server
 from tests.vm_agent_support import ARTIFACTS, REGISTRY
+from tools.standins.loopback import Handler, serve
 from vm_agent.sources import MetadataSource
 
 ALLOWED = Allowed(f"gs://{ARTIFACTS}", REGISTRY)

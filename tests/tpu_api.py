@@ -1,5 +1,5 @@
 """A stand-in for the Cloud TPU API v2 on loopback, holding nodes, that checks every request it
-receives against Google's discovery document (tests/contracts.py) and answers a request that does
+receives against Google's discovery document (tools/standins/contracts.py) and answers a request that does
 not fit with 400, as the real API would.
 
 It keeps what the guard relies on: nodes by name, `list` per zone, `get` (404 when absent), `stop`
@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 from urllib.parse import parse_qs, urlsplit
 
-from tests.contracts import Call, ContractError, api
-from tests.loopback import Handler, serve
+from tools.standins.contracts import Call, ContractError, api
+from tools.standins.loopback import Handler, serve
 
 
 @dataclass

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from tests.contracts import Call, ContractError, api
-from tests.loopback import Handler, serve
+from tools.standins.contracts import Call, ContractError, api
+from tools.standins.loopback import Handler, serve
 
 TOKEN = "telemetry-test-token"
 ZONE = "us-central2-b"
