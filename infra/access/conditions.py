@@ -5,6 +5,7 @@ silently apply to every resource of the service."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 from infra.access import iamdata
 
@@ -13,6 +14,11 @@ _RESOURCE_ATTRIBUTE = re.compile(r"\bresource\.(name|type|service)\b")
 
 class UnsupportedConditionError(ValueError):
     pass
+
+
+def services_ignoring_resource_attributes(permissions: Iterable[str]) -> list[str]:
+    """The services among `permissions` whose checks ignore conditions on resource attributes."""
+    return sorted({iamdata.service_of_permission(p) for p in permissions} - iamdata.CONDITION_RESOURCE_SERVICES)
 
 
 def check_condition(
@@ -25,10 +31,9 @@ def check_condition(
     """
     if not expression or not _RESOURCE_ATTRIBUTE.search(expression):
         return
-    services = {iamdata.service_of_permission(p) for p in permissions}
+    unsupported = services_ignoring_resource_attributes(permissions)
     if on_service is not None:
-        services &= {on_service}
-    unsupported = sorted(services - iamdata.CONDITION_RESOURCE_SERVICES)
+        unsupported = [service for service in unsupported if service == on_service]
     if unsupported:
         raise UnsupportedConditionError(
             f"{role}: a condition on resource attributes ({expression!r}) is ignored by {', '.join(unsupported)} "
