@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from pulumi_policy import EnforcementLevel, PolicyResource, ResourceValidationArgs, StackValidationArgs
 
-from infra.access.conditions import services_ignoring_resource_attributes
+from infra.access.conditions import names_resource_attributes, services_ignoring_resource_attributes
 from infra.access.escalation import escalations, is_service_agent
 
 from .exceptions import EXCEPTIONS, ROLE_EXCEPTIONS, GrantException
@@ -145,16 +145,13 @@ def no_escalation_methods(args: StackValidationArgs, report: Report) -> None:
             report(message, where[(member, project)][-1])
 
 
-_RESOURCE_ATTRIBUTE = re.compile(r"\bresource\.(name|type|service)\b")
-
-
 def conditions_only_where_supported(args: StackValidationArgs, report: Report) -> None:
     """A project-level grant conditioned on resource attributes covers every resource of a service that
     ignores them (Cloud TPU among them): the condition would silently grant the whole service."""
     custom_roles = _custom_roles(args.resources)
     for resource, grant in _grants(args.resources):
         expression = (grant.condition or {}).get("expression") or ""
-        if grant.level != "project" or not _RESOURCE_ATTRIBUTE.search(expression) or grant.role is None:
+        if grant.level != "project" or not names_resource_attributes(expression) or grant.role is None:
             continue
         permissions = role_permissions(grant.role, custom_roles)
         ignored = services_ignoring_resource_attributes(permissions or ())

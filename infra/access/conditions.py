@@ -16,6 +16,11 @@ class UnsupportedConditionError(ValueError):
     pass
 
 
+def names_resource_attributes(expression: str | None) -> bool:
+    """Whether a condition's expression tests resource.name, resource.type or resource.service."""
+    return expression is not None and _RESOURCE_ATTRIBUTE.search(expression) is not None
+
+
 def services_ignoring_resource_attributes(permissions: Iterable[str]) -> list[str]:
     """The services among `permissions` whose checks ignore conditions on resource attributes."""
     return sorted({iamdata.service_of_permission(p) for p in permissions} - iamdata.CONDITION_RESOURCE_SERVICES)
@@ -29,7 +34,7 @@ def check_condition(
     `on_service`: the grant is on one resource of that service (a bucket, say), where only that
     service's permissions take effect; None for a project-level grant.
     """
-    if not expression or not _RESOURCE_ATTRIBUTE.search(expression):
+    if not names_resource_attributes(expression):
         return
     unsupported = services_ignoring_resource_attributes(permissions)
     if on_service is not None:
