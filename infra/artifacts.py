@@ -31,7 +31,7 @@ from infra.access import iam, iamdata
 from infra.access.conditions import check_condition
 from infra.buckets import lifecycle_rules, private_bucket
 from infra.config import Env
-from infra.config.sources import registry
+from infra.config.workload_code import registry
 from infra.packaging import Package
 
 ARTIFACTS_APIS = ("storage.googleapis.com", "artifactregistry.googleapis.com", "containerscanning.googleapis.com")

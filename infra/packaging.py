@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from infra import naming
-from infra.config.sources import REPO_ROOT
+from infra.config.workload_code import REPO_ROOT
 
 EXCLUDED_DIRS = frozenset({"__pycache__", ".git", ".hg", ".svn", ".mypy_cache", ".pytest_cache", ".ruff_cache"})
 EXCLUDED_SUFFIXES = (".pyc", ".pyo")

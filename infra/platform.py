@@ -27,7 +27,7 @@ from infra.artifacts import ARTIFACTS_APIS, ArtifactsArgs, WorkloadArtifacts, Wo
 from infra.budget import BudgetAlerts, BudgetAlertsArgs, budget_apis
 from infra.config import PROJECT, PlatformConfig, WorkloadSettings
 from infra.config.problems import ConfigError, Fix, Problem, Problems
-from infra.config.sources import parse_image
+from infra.config.workload_code import parse_image
 from infra.cost import StackCost, estimate
 from infra.gke import queues
 from infra.gke.cluster import GKE_APIS, GkeCluster, GkeClusterArgs

@@ -13,7 +13,9 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from .permissions import denied, predefined_roles
+from infra.access import iamdata
+
+from .permissions import denied
 from .stack_grants import Grant
 
 PROJECT_ID = r"[a-z][a-z0-9-]{4,28}[a-z0-9]"
@@ -59,7 +61,7 @@ Check = Callable[[Grant, "re.Match[str]", Mapping[str, frozenset[str]]], str | N
 
 def _grantable_role_problem(role: str, project: str) -> str | None:
     if role.startswith("roles/"):
-        permissions = predefined_roles().get(role)
+        permissions = iamdata.roles().get(role)
         if permissions is None:
             return f"{role} is not in Google's role data, so the pack cannot tell what it grants"
         if found := denied(permissions):

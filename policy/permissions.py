@@ -1,20 +1,14 @@
-"""What a role can do, from Google's own role data, and which permissions the pack never lets pass.
+"""Which permissions the pack never lets pass.
 
-Predefined roles expand through `reference/gcp-iam/roles.json` (Google's published role -> permissions
-table, vendored at the repository root; see its README). The pack runs from `policy/` in its own
-virtualenv, so the file is found relative to this one and nothing of `infra/` is imported.
+What a role can do comes from the permission model, `infra.access` (Google's role data through
+`infra.access.iamdata`), which needs nothing beyond the standard library: the pack runs from `policy/` in its
+own virtualenv, with the repository root put on the path by `__main__.py`.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from fnmatch import fnmatchcase
-from functools import cache
-from pathlib import Path
-
-ROLES_FILE = Path(__file__).resolve().parents[1] / "reference" / "gcp-iam" / "roles.json"
-PRIVESC = Path(__file__).resolve().parents[1] / "reference" / "gcp-privesc"
 
 # Permissions that let their holder become someone with more rights than it was given. Each holder of
 # one of these must be a named exception (`exceptions.py`). Patterns are fnmatch-style over permission
@@ -50,13 +44,6 @@ DENIED_PERMISSIONS: Mapping[str, str] = {
 }
 
 
-@cache
-def predefined_roles() -> Mapping[str, frozenset[str]]:
-    """Predefined role name -> permissions, as Google publishes them."""
-    data = json.loads(ROLES_FILE.read_text())
-    return {name: frozenset(entry["permissions"]) for name, entry in data.items()}
-
-
 def why_denied(permission: str) -> str | None:
     """The reason `permission` is on the deny-list (its first matching entry), or None."""
     return next((why for pattern, why in DENIED_PERMISSIONS.items() if fnmatchcase(permission, pattern)), None)
@@ -66,59 +53,3 @@ def denied(permissions: Iterable[str]) -> dict[str, str]:
     """The deny-listed permissions among `permissions`, each with its reason."""
     found = {p: why_denied(p) for p in permissions}
     return {p: why for p, why in sorted(found.items()) if why}
-
-
-# "Resource attributes for IAM Conditions" (cloud.google.com/iam/docs/conditions-resource-attributes):
-# only these services recognise resource.name / resource.type / resource.service; the program's own
-# list (infra/access/iamdata.py) is tested to be the same.
-CONDITION_RESOURCE_SERVICES: frozenset[str] = frozenset(
-    f"{s}.googleapis.com"
-    for s in (
-        "apigee",
-        "apihub",
-        "backupdr",
-        "bigquery",
-        "bigqueryreservation",
-        "bigtableadmin",
-        "binaryauthorization",
-        "ces",
-        "clouddeploy",
-        "cloudkms",
-        "cloudresourcemanager",
-        "compute",
-        "container",
-        "connectors",
-        "dataform",
-        "firestore",
-        "iap",
-        "integrations",
-        "logging",
-        "pubsublite",
-        "secretmanager",
-        "spanner",
-        "sqladmin",
-        "storage",
-    )
-)
-_PERMISSION_HOST = {"resourcemanager": "cloudresourcemanager", "billing": "cloudbilling"}
-
-
-def services_ignoring_resource_conditions(permissions: Iterable[str]) -> list[str]:
-    """The services among `permissions` whose checks ignore conditions on resource attributes."""
-    hosts = {f"{_PERMISSION_HOST.get(p.split('.', 1)[0], p.split('.', 1)[0])}.googleapis.com" for p in permissions}
-    return sorted(hosts - CONDITION_RESOURCE_SERVICES)
-
-
-@cache
-def escalation_methods() -> Mapping[str, frozenset[str]]:
-    """Public privilege-escalation methods (reference/gcp-privesc/methods.json): name -> the permissions
-    that, held together, make the holder another principal. Read here as the program's model reads it
-    (infra/access/escalation.py; a test keeps the two equal)."""
-    listed = json.loads((PRIVESC / "methods.json").read_text())["methods"]
-    return {method: frozenset(entry["permissions"]) for method, entry in listed.items()}
-
-
-def escalations(permissions: Iterable[str]) -> list[str]:
-    """The escalation methods all of whose permissions are among `permissions`."""
-    held = set(permissions)
-    return sorted(method for method, needed in escalation_methods().items() if needed <= held)

@@ -18,8 +18,11 @@ from typing import Any, Protocol
 
 from pulumi_policy import EnforcementLevel, PolicyResource, ResourceValidationArgs, StackValidationArgs
 
+from infra.access.conditions import names_resource_attributes, services_ignoring_resource_attributes
+from infra.access.escalation import escalations, is_service_agent
+
 from .exceptions import EXCEPTIONS, ROLE_EXCEPTIONS, GrantException
-from .permissions import denied, escalations, services_ignoring_resource_conditions
+from .permissions import denied
 from .stack_grants import Grant, custom_role_name, custom_roles_declared, grants_of, role_permissions
 
 
@@ -128,7 +131,7 @@ def no_escalation_methods(args: StackValidationArgs, report: Report) -> None:
     for resource, grant in _grants(args.resources):
         if grant.level != "project" or grant.condition or None in (grant.member, grant.role, grant.target):
             continue
-        if SERVICE_AGENT.fullmatch(grant.member or ""):
+        if is_service_agent(grant.member or ""):
             continue
         key = (grant.member or "", grant.target or "")
         held.setdefault(key, set()).update(role_permissions(grant.role or "", custom_roles) or ())
@@ -142,23 +145,16 @@ def no_escalation_methods(args: StackValidationArgs, report: Report) -> None:
             report(message, where[(member, project)][-1])
 
 
-SERVICE_AGENT = re.compile(
-    r"serviceAccount:(?:service-\d+@(?:gcp-sa-[a-z0-9-]+|gs-project-accounts|serverless-robot-prod)"
-    r"\.iam\.gserviceaccount\.com|\d+@cloudservices\.gserviceaccount\.com)"
-)
-_RESOURCE_ATTRIBUTE = re.compile(r"\bresource\.(name|type|service)\b")
-
-
 def conditions_only_where_supported(args: StackValidationArgs, report: Report) -> None:
     """A project-level grant conditioned on resource attributes covers every resource of a service that
     ignores them (Cloud TPU among them): the condition would silently grant the whole service."""
     custom_roles = _custom_roles(args.resources)
     for resource, grant in _grants(args.resources):
         expression = (grant.condition or {}).get("expression") or ""
-        if grant.level != "project" or not _RESOURCE_ATTRIBUTE.search(expression) or grant.role is None:
+        if grant.level != "project" or not names_resource_attributes(expression) or grant.role is None:
             continue
         permissions = role_permissions(grant.role, custom_roles)
-        ignored = services_ignoring_resource_conditions(permissions or ())
+        ignored = services_ignoring_resource_attributes(permissions or ())
         if ignored:
             report(
                 f"{grant.role} for {grant.member} is conditioned on resource attributes, which "

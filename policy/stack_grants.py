@@ -14,7 +14,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from .permissions import predefined_roles
+from infra.access import iamdata
 
 # The custom roles the bootstrap makes for each environment (a stack only names them): their permissions,
 # as computed into bootstrap/access.json, so the pack judges a grant of one like any other.
@@ -120,5 +120,5 @@ def custom_roles_declared(resources: Iterable[tuple[str, Mapping[str, Any]]]) ->
 def role_permissions(role: str, custom_roles: Mapping[str, frozenset[str]]) -> frozenset[str] | None:
     """What `role` can do, or None when the pack cannot tell (a role neither Google's data nor the stack defines)."""
     if role.startswith("roles/"):
-        return predefined_roles().get(role)
+        return iamdata.roles().get(role)
     return custom_roles.get(role)

@@ -15,7 +15,7 @@ from infra.access.model import custom_roles, grants_to
 from infra.artifacts import PULL_PERMISSIONS, SOURCE_METHODS
 from infra.config import parse_stack_config
 from infra.config.examples import examples
-from infra.config.sources import REPO_ROOT
+from infra.config.workload_code import REPO_ROOT
 from infra.packaging import package, repository_folder
 from infra.tpu import metadata as vm_metadata_module
 from infra.tpu.metadata import RUN_ATTRIBUTE, run_spec, source_digests, vm_metadata

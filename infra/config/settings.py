@@ -19,7 +19,7 @@ from infra.access import iam
 from infra.catalog import PROVISIONING_MODELS, load_catalog
 from infra.config.examples import examples
 from infra.config.model import BUCKET_PURPOSES, PROJECT
-from infra.config.sources import FOLDER_ALLOWED, IMAGE_ALLOWED
+from infra.config.workload_code import FOLDER_ALLOWED, IMAGE_ALLOWED
 from run_contract.names import RESEARCHER
 
 Kind = Literal["string", "integer", "number", "boolean", "list", "object", "map"]

@@ -14,7 +14,7 @@ from infra import naming
 from infra.catalog import framework_lock, load_catalog
 from infra.config.model import PROJECT, PlatformConfig, TpuVmSettings
 from infra.config.problems import Problems
-from infra.config.sources import registry
+from infra.config.workload_code import registry
 from infra.packaging import Package, PackagingError, repository_folder, repository_packages
 from infra.startup import (
     ENV_ATTRIBUTE,

@@ -1,6 +1,7 @@
-"""Workload sources in the stack file: a folder of this repository or an image of the stack's registry.
+"""Where a workload's code comes from, in the stack file: a folder of this repository or an image of the
+stack's registry.
 
-The checks of infra/config/sources.py, each refusal named with its key, value and what is allowed,
+The checks of infra/config/workload_code.py, each refusal named with its key, value and what is allowed,
 and generated hostile input (as tests/test_bad_input.py does for every other setting).
 """
 
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 
 from infra.config import parse_stack_config
 from infra.config.problems import ConfigError
-from infra.config.sources import REPO_ROOT, command_problem, folder_problem, image_problem, parse_image, registry
+from infra.config.workload_code import REPO_ROOT, command_problem, folder_problem, image_problem, parse_image, registry
 from infra.tpu.metadata import vm_metadata
 from tests.support import NS, fixture_config, with_object
 from tools.standins.contracts import document
