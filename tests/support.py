@@ -34,6 +34,9 @@ TF_MNIST_DEFAULT_COMMAND = (
     "--checkpoint-every-minutes",
     "10",
 )
+# The goodput categories a run's own step lines decide, with the remainder they leave: untrusted when
+# the program is a researcher's, which may print anything (run_contract/timeline.py).
+STEP_LINE_CATEGORIES = {"restore", "firstStep", "productive", "checkpointSave", "wastedProgress", "unattributed"}
 _plans: dict[tuple[str, tuple[tuple[str, str], ...]], PlanResult] = {}
 
 
