@@ -1,4 +1,4 @@
-"""The seed's MNIST program (S8), run for real on the CPU with generated MNIST-shaped data."""
+"""The seed's MNIST program, run for real on the CPU with generated MNIST-shaped data."""
 
 from __future__ import annotations
 
