@@ -26,16 +26,13 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import celpy
-from googleapiclient import discovery_cache
 
 from infra.access import iamdata
 from tests.iam_conditions import allows
-
-STS_DOCUMENT = Path(discovery_cache.__file__).with_name("documents") / "sts.v1.json"
+from tools.standins.contracts import document
 
 
 def cel_allows(expression: str | None, resource: str, list_prefix: str | None = None) -> bool:
@@ -77,9 +74,8 @@ def boundary_grants(rules: list[dict[str, Any]]) -> list[Grant]:
 
 # ------------------------------------------------------------------------------------------------- STS
 def _sts_method() -> tuple[dict[str, Any], dict[str, Any]]:
-    document = json.loads(STS_DOCUMENT.read_text())
-    method = document["resources"]["v1"]["methods"]["token"]
-    return document, method
+    sts = document("sts.v1")
+    return sts, sts["resources"]["v1"]["methods"]["token"]
 
 
 def _camel(name: str) -> str:
@@ -89,13 +85,13 @@ def _camel(name: str) -> str:
 
 def check_exchange(path: str, headers: dict[str, str], form: dict[str, str]) -> list[str]:
     """What is wrong with an STS token exchange, by the sts.v1 discovery document and the downscoping page."""
-    document, method = _sts_method()
+    sts, method = _sts_method()
     problems = []
     if method["httpMethod"] != "POST" or path.lstrip("/") != method["path"]:
         problems.append(f"POST {path}: the document's sts.token is {method['httpMethod']} /{method['path']}")
     if any(k.lower() == "authorization" for k in headers):
         problems.append("an Authorization header: the document says not to send one")
-    schema = document["schemas"][method["request"]["$ref"]]["properties"]
+    schema = sts["schemas"][method["request"]["$ref"]]["properties"]
     fields = {_camel(k): v for k, v in form.items() if v != ""}
     unknown = sorted(set(fields) - set(schema))
     if unknown:

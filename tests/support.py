@@ -20,6 +20,23 @@ from tools.offline.runner import PlanResult, run_program
 
 NS = "tpu-platform"
 FIXTURE_STACKS = Path(__file__).resolve().parent / "stacks"  # small stacks that behaviour tests vary
+# The command a `program: tf_mnist` workload runs with the project's default settings (epochs, batch
+# size, checkpoint intervals), written out so that a change of any default shows in the tests.
+TF_MNIST_DEFAULT_COMMAND = (
+    "python",
+    "tf_mnist.py",
+    "--epochs",
+    "5",
+    "--batch-size",
+    "256",
+    "--checkpoint-every-steps",
+    "200",
+    "--checkpoint-every-minutes",
+    "10",
+)
+# The goodput categories a run's own step lines decide, with the remainder they leave: untrusted when
+# the program is a researcher's, which may print anything (run_contract/timeline.py).
+STEP_LINE_CATEGORIES = {"restore", "firstStep", "productive", "checkpointSave", "wastedProgress", "unattributed"}
 _plans: dict[tuple[str, tuple[tuple[str, str], ...]], PlanResult] = {}
 
 

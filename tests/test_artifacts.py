@@ -19,7 +19,7 @@ from infra.config.workload_code import REPO_ROOT
 from infra.packaging import package, repository_folder
 from infra.tpu import metadata as vm_metadata_module
 from infra.tpu.metadata import RUN_ATTRIBUTE, run_spec, source_digests, vm_metadata
-from tests.support import depends_on, fixture_config, plan, with_object
+from tests.support import TF_MNIST_DEFAULT_COMMAND, depends_on, fixture_config, plan, with_object
 from tools.offline.access import declared
 from tools.offline.diff import diff_markdown
 from tools.offline.render import to_json
@@ -204,18 +204,7 @@ def test_the_run_spec_in_metadata_is_the_designs():
             "uri": f"gs://fixture-project-scheduled-artifacts/sources/{TF_SHA}.tar.gz",
             "sha256": TF_SHA,
         },
-        "command": [
-            "python",
-            "tf_mnist.py",
-            "--epochs",
-            "5",
-            "--batch-size",
-            "256",
-            "--checkpoint-every-steps",
-            "200",
-            "--checkpoint-every-minutes",
-            "10",
-        ],
+        "command": list(TF_MNIST_DEFAULT_COMMAND),
         "env": {},
         "requester": "stack",
         "data": "gs://fixture-project-scheduled-data/mnist/mnist.npz",

@@ -1,4 +1,4 @@
-"""Bring your own code through a stack file alone (issue 15's "Done when"), end to end: the stack's
+"""Bring your own code through a stack file alone, end to end: the stack's
 workload names a folder of this repository outside workloads/ or an image of the stack's registry, and
 a command; the real config reader parses it, the real metadata renderer plans the VM's metadata, and
 the REAL rendered start-up script boots in the sandbox (tests/sandbox.py: GCS emulator, loopback

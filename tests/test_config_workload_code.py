@@ -18,7 +18,7 @@ from infra.config import parse_stack_config
 from infra.config.problems import ConfigError
 from infra.config.workload_code import REPO_ROOT, command_problem, folder_problem, image_problem, parse_image, registry
 from infra.tpu.metadata import vm_metadata
-from tests.support import NS, fixture_config, with_object
+from tests.support import NS, TF_MNIST_DEFAULT_COMMAND, fixture_config, with_object
 from tools.standins.contracts import document
 
 DIGEST = "0123456789abcdef" * 4
@@ -60,18 +60,7 @@ def test_the_fixture_declares_a_program_a_folder_and_an_image():
 def test_a_program_is_a_folder_source_with_its_own_command_and_settings():
     cfg = parse_stack_config("sources", sources())
     mnist = cfg.workload("mnist")
-    assert mnist.command == (
-        "python",
-        "tf_mnist.py",
-        "--epochs",
-        "5",
-        "--batch-size",
-        "256",
-        "--checkpoint-every-steps",
-        "200",
-        "--checkpoint-every-minutes",
-        "10",
-    )
+    assert mnist.command == TF_MNIST_DEFAULT_COMMAND
 
 
 @pytest.mark.parametrize(

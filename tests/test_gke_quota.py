@@ -33,6 +33,15 @@ def objects(nominals: list[int], limits: list[int | None]):
     return teams, cqs, {flavor.name: queues.resource_flavor(flavor)}
 
 
+def a_cohort(team_settings: tuple[list[int], list[int | None], list[int]], slices: int):
+    """Team 0's JobSet of `slices` slices, the cohort's ClusterQueues and flavors, and each team's usage."""
+    nominals, limits, used = team_settings
+    teams, cqs, flavors = objects(nominals, limits)
+    job = g.jobset(team=teams[0], shape=SHAPE, slices=slices)
+    usage = {(t.name, FLAVOR): u for t, u in zip(teams, used, strict=True)}
+    return job, cqs, flavors, usage
+
+
 def kueue_rule(asked: int, nominals: list[int], limits: list[int | None], used: list[int]) -> tuple[bool, bool]:
     """(fits, borrows) for team 0, from the documented rule."""
     unused_own = max(nominals[0] - used[0], 0)
@@ -56,11 +65,9 @@ teams_st = st.integers(min_value=1, max_value=3).flatmap(
 @given(teams_st, st.integers(min_value=1, max_value=6))
 def test_fit_is_kueues_rule(team_settings, slices):
     nominals, limits, used = team_settings
-    teams, cqs, flavors = objects(nominals, limits)
-    job = g.jobset(team=teams[0], shape=SHAPE, slices=slices)
+    job, cqs, flavors, usage = a_cohort(team_settings, slices)
     asked = sum(p.chips for p in pod_sets(job))
     assert asked == slices * 16
-    usage = {(t.name, FLAVOR): u for t, u in zip(teams, used, strict=True)}
     fit = fits(job, cqs[0], cqs, flavors, usage)
     expected, borrows = kueue_rule(asked, nominals, limits, used)
     assert (fit is not None) == expected
@@ -71,10 +78,7 @@ def test_fit_is_kueues_rule(team_settings, slices):
 @settings(max_examples=200, deadline=None)
 @given(teams_st, st.integers(min_value=1, max_value=6), st.data())
 def test_less_usage_never_turns_a_fit_away(team_settings, slices, data):
-    nominals, limits, used = team_settings
-    teams, cqs, flavors = objects(nominals, limits)
-    job = g.jobset(team=teams[0], shape=SHAPE, slices=slices)
-    usage = {(t.name, FLAVOR): u for t, u in zip(teams, used, strict=True)}
+    job, cqs, flavors, usage = a_cohort(team_settings, slices)
     less = {key: data.draw(st.integers(0, value)) for key, value in usage.items()}
     if fits(job, cqs[0], cqs, flavors, usage) is not None:
         assert fits(job, cqs[0], cqs, flavors, less) is not None
@@ -83,9 +87,7 @@ def test_less_usage_never_turns_a_fit_away(team_settings, slices, data):
 @settings(max_examples=200, deadline=None)
 @given(teams_st, st.integers(min_value=1, max_value=6))
 def test_never_admitted_is_no_fit_on_an_idle_cohort(team_settings, slices):
-    nominals, limits, _ = team_settings
-    teams, cqs, flavors = objects(nominals, limits)
-    job = g.jobset(team=teams[0], shape=SHAPE, slices=slices)
+    job, cqs, flavors, _ = a_cohort(team_settings, slices)
     assert (never_admitted(job, cqs[0], cqs, flavors) is None) == (fits(job, cqs[0], cqs, flavors, {}) is not None)
 
 

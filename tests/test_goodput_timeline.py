@@ -23,6 +23,7 @@ from run_contract.timeline import (
     RunTimeline,
     TimelineError,
 )
+from tests.support import STEP_LINE_CATEGORIES
 
 ROOT = Path(__file__).resolve().parents[1]
 IDENTITY = {
@@ -127,14 +128,7 @@ def test_a_record_whose_categories_do_not_add_up_to_the_bill_is_refused():
 def test_a_self_service_programs_step_lines_mark_what_they_decide():
     assert a_timeline().untrusted == ()
     untrusted = a_timeline(step_lines_trusted=False)
-    assert set(untrusted.untrusted) == {
-        "restore",
-        "firstStep",
-        "productive",
-        "checkpointSave",
-        "wastedProgress",
-        "unattributed",
-    }
+    assert set(untrusted.untrusted) == STEP_LINE_CATEGORIES
     assert untrusted.to_json()["untrusted"] == list(untrusted.untrusted)
     assert not any(BY_KEY[k].measured_by in ("agent", "guard", "TPU API") for k in untrusted.untrusted)
 
@@ -243,14 +237,7 @@ def test_the_events_record_reads_back_and_marks_untrusted_categories():
     record = module.RunEvents("user-a@x.example/r1", "vm", PREEMPTED_THEN_FINISHED, step_lines_trusted=False)
     data = json.loads(json.dumps(record.to_json()))
     assert module.RunEvents.from_json(data) == record
-    assert set(data["untrusted"]) == {
-        "restore",
-        "firstStep",
-        "productive",
-        "checkpointSave",
-        "wastedProgress",
-        "unattributed",
-    }
+    assert set(data["untrusted"]) == STEP_LINE_CATEGORIES
     with pytest.raises(TimelineError, match="event kind 'nap'"):
         module.RunEvents.from_json({**data, "events": [{"kind": "nap", "at": 1.0}]})
 

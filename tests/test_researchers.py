@@ -1,4 +1,4 @@
-"""Researcher settings and rights (issue 16, items 1 and 5).
+"""Researcher settings and rights.
 
 The settings are parsed like every other (errors name stack, key, value, what is allowed); the
 rights are planned for tests/stacks/Pulumi.self-service.yaml and judged two ways: by permissions (each

@@ -250,17 +250,8 @@ esac
 
 
 def test_an_image_too_old_for_the_framework_fails_once_and_starts_nothing(tmp_path):
-    jax = {"program": "jax_mnist", "frameworkVersion": "0.10.2"}
-    raw = with_object(fixture_config("scheduled"), "workloads", lambda w: w["mnist"].update(jax))
-    raw = with_object(
-        raw,
-        "tpuVms",
-        lambda v: v[0].update(
-            acceleratorType="v5litepod-4", zone="us-central1-a", runtimeVersion="v2-alpha-tpuv5-lite"
-        ),
-    )
-    cfg = parse_stack_config("scheduled", raw)  # the image's Python is not documented: the plan cannot refuse it
-    done, folder = boot_with(render_startup_script(startup_spec(cfg, cfg.tpu_vms[0])), OLD_IMAGE, tmp_path)
+    # The image's Python is not documented: the plan cannot refuse it, the boot must.
+    done, folder = boot_with(render_startup_script(jax_spec()), OLD_IMAGE, tmp_path)
     assert done.returncode == EXIT_CONFIG
     fatal = [line for line in done.stderr.splitlines() if "FATAL" in line]
     assert fatal == [

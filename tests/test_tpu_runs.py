@@ -32,6 +32,7 @@ from infra.packaging import package
 from run_contract.spec import FolderSource, ImageSource, RunSpec, StopRequest
 from run_contract.timeline import Event, RunEvents
 from tests.runs_cloud import RunsCloud, runs_cloud
+from tests.support import STEP_LINE_CATEGORIES
 from tools.standins.contracts import Call, ContractError, api
 from tpu_runs import cli
 from vm_agent.run_requests import RequestSource
@@ -539,14 +540,7 @@ def test_a_researcher_reports_her_runs_time_and_cost_by_category(world: World, c
         assert categories[key]["seconds"] == pytest.approx(seconds), key
         assert categories[key]["chipHours"] == pytest.approx(8 * seconds / 3600), key
         assert categories[key]["usd"] == pytest.approx(8 * seconds / 3600 * per_chip_hour), key
-    assert {k for k, v in categories.items() if v["untrusted"]} == {
-        "restore",
-        "firstStep",
-        "productive",
-        "checkpointSave",
-        "wastedProgress",
-        "unattributed",
-    }
+    assert {k for k, v in categories.items() if v["untrusted"]} == STEP_LINE_CATEGORIES
     assert found["timeline"]["billedSeconds"] == 3760.0 and found["timeline"]["steps"] == 1800
 
     assert world.run("report", "--vm", VM, "exp-1") == 0

@@ -57,6 +57,19 @@ def folder_source(cloud) -> dict:
     return {"kind": "folder", "uri": f"gs://{ARTIFACTS}/sources/{cloud['sha']}.tar.gz", "sha256": cloud["sha"]}
 
 
+def trainer_spec(cloud, name: str, steps: int, step_seconds: str, **fields: object) -> str:
+    """The trainer folder's run `dev/trainer/trainer-1/<name>`, checkpointing under `<name>/`, complete at its end."""
+    return run_spec(
+        f"dev/trainer/trainer-1/{name}",
+        folder_source(cloud),
+        ["python", "train.py", "--steps", str(steps)],
+        env={"STEP_SECONDS": step_seconds},
+        checkpointDir=f"gs://{CHECKPOINTS}/{name}",
+        completion=True,
+        **fields,
+    )
+
+
 def read_json(cloud, bucket: str, name: str) -> dict | None:
     names = cloud["storage"].list(bucket, name)
     return json.loads(cloud["storage"].read(bucket, name)) if name in names else None
@@ -193,15 +206,7 @@ def check_timeline(cloud, vm: Vm, run_id: str, preempted_at: int) -> None:
 @pytest.mark.slow
 def test_a_folder_source_is_preempted_resumed_and_completed(cloud, tmp_path):
     run_id = "dev/trainer/trainer-1/folder"
-    spec = run_spec(
-        run_id,
-        folder_source(cloud),
-        ["python", "train.py", "--steps", "12"],
-        env={"STEP_SECONDS": "0.25"},
-        checkpointDir=f"gs://{CHECKPOINTS}/folder",
-        modelDir=f"gs://{MODELS}/folder",
-        completion=True,
-    )
+    spec = trainer_spec(cloud, "folder", 12, "0.25", modelDir=f"gs://{MODELS}/folder")
     with metadata_server({"tpu-platform-run": spec}) as metadata:
         vm = Vm(tmp_path, cloud, metadata.url, "folder-vm")
         preempt_resume_complete(cloud, vm, run_id, "folder/")
@@ -250,22 +255,8 @@ def test_an_image_source_runs_with_the_tpu_flags_and_is_preempted_resumed_and_co
 
 @pytest.mark.slow
 def test_a_changed_run_setting_starts_the_new_run_without_a_reboot(cloud, tmp_path):
-    first = run_spec(
-        "dev/trainer/trainer-1/a",
-        folder_source(cloud),
-        ["python", "train.py", "--steps", "1000"],
-        env={"STEP_SECONDS": "0.2"},
-        checkpointDir=f"gs://{CHECKPOINTS}/a",
-        completion=True,
-    )
-    second = run_spec(
-        "dev/trainer/trainer-1/b",
-        folder_source(cloud),
-        ["python", "train.py", "--steps", "3"],
-        env={"STEP_SECONDS": "0"},
-        checkpointDir=f"gs://{CHECKPOINTS}/b",
-        completion=True,
-    )
+    first = trainer_spec(cloud, "a", 1000, "0.2")
+    second = trainer_spec(cloud, "b", 3, "0")
     with metadata_server({"tpu-platform-run": first}) as metadata:
         vm = Vm(tmp_path, cloud, metadata.url, "change-vm")
         vm.boot()
@@ -342,14 +333,7 @@ def test_a_poll_interval_that_is_not_a_number_is_a_settings_problem_not_a_traceb
 
 @pytest.mark.slow
 def test_a_removed_run_stops_cleanly_and_resumes_when_it_is_wanted_again(cloud, tmp_path):
-    spec = run_spec(
-        "dev/trainer/trainer-1/again",
-        folder_source(cloud),
-        ["python", "train.py", "--steps", "8"],
-        env={"STEP_SECONDS": "0.25"},
-        checkpointDir=f"gs://{CHECKPOINTS}/again",
-        completion=True,
-    )
+    spec = trainer_spec(cloud, "again", 8, "0.25")
     with metadata_server({"tpu-platform-run": spec}) as metadata:
         vm = Vm(tmp_path, cloud, metadata.url, "again-vm")
         vm.boot()

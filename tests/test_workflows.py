@@ -1,8 +1,8 @@
 """The GitHub workflows: clean under actionlint and zizmor, and shaped as the platform needs.
 
-Security shape (issue 12): every action pinned to a commit; the jobs that run a PR's code hold read-only
+Security shape: every action pinned to a commit; the jobs that run a PR's code hold read-only
 tokens and only the cloud credential they need; PR comments come from a job that runs no PR code and
-shows the texts it posts verbatim. Environments (issue 13): the stack matrix and the CI identifiers come
+shows the texts it posts verbatim. Environments: the stack matrix and the CI identifiers come
 from .github/ci-identities.json, and each stack deploys in its own GitHub environment as its own deployer.
 """
 

@@ -16,6 +16,7 @@ from tests.workloads import (
     committed_steps,
     run_workload,
     tensorboard_scalars,
+    train_briefly,
     workloads_python,
 )
 
@@ -42,18 +43,7 @@ def test_trains_and_exports_a_model_that_predicts_on_the_cpu(tmp_path):
     sample = tmp_path / "mnist.npz"
     made = run_workload("sample_mnist.py", str(sample), "--train", "1024", "--test", "256", cwd=tmp_path)
     assert made.returncode == 0, made.stderr
-    done = run_workload(
-        "jax_mnist/jax_mnist.py",
-        "--data",
-        str(sample),
-        "--epochs",
-        "2",
-        "--batch-size",
-        "128",
-        "--model-dir",
-        str(tmp_path / "models"),
-        cwd=tmp_path,
-    )
+    done = train_briefly("jax_mnist/jax_mnist.py", sample, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary["val_accuracy"] > 0.8  # the data is learnable; chance is 10%

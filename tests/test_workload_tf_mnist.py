@@ -1,4 +1,4 @@
-"""The seed's MNIST program (S8), run for real on the CPU with generated MNIST-shaped data."""
+"""The seed's MNIST program, run for real on the CPU with generated MNIST-shaped data."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from tests.workloads import WORKLOADS, run_workload, tensorboard_scalars, workloads_python
+from tests.workloads import WORKLOADS, run_workload, tensorboard_scalars, train_briefly, workloads_python
 
 pytestmark = [pytest.mark.slow, pytest.mark.workloads]
 
@@ -34,20 +34,7 @@ def sample(tmp_path_factory):
 
 
 def test_trains_reports_and_saves(sample, tmp_path):
-    done = run_workload(
-        "tf_mnist/tf_mnist.py",
-        "--data",
-        str(sample),
-        "--epochs",
-        "2",
-        "--batch-size",
-        "128",
-        "--model-dir",
-        str(tmp_path / "models"),
-        "--checkpoint-dir",
-        str(tmp_path / "checkpoints"),
-        cwd=tmp_path,
-    )
+    done = train_briefly("tf_mnist/tf_mnist.py", sample, tmp_path, "--checkpoint-dir", str(tmp_path / "checkpoints"))
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Running on CPU with 1 replica(s)" in done.stdout
     summary = json.loads(done.stdout.strip().splitlines()[-1])

@@ -32,6 +32,12 @@ def run_workload(program: str, *args: str, cwd: Path, timeout: int = 600) -> sub
     )
 
 
+def train_briefly(program: str, sample: Path, folder: Path, *more: str) -> subprocess.CompletedProcess[str]:
+    """An example trained for two epochs of 128-image batches on `sample`, its model under `folder`/models."""
+    args = ("--data", str(sample), "--epochs", "2", "--batch-size", "128", "--model-dir", str(folder / "models"))
+    return run_workload(program, *args, *more, cwd=folder)
+
+
 # A committed checkpoint of each example, by the names under its checkpoint folder: Orbax's
 # `<step>/commit_success.txt` (written last, on a local disk as on Cloud Storage), TensorFlow's
 # `ckpt-<step>.index` (TensorFlow writes it after the data; tf_mnist uploads it after the data too).
