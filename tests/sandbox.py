@@ -277,37 +277,6 @@ SANDBOX_ACCOUNT = "sandbox@acme-ml-sandbox.iam.gserviceaccount.com"
 CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
 
 
-class _TpuApiHandler(http.server.BaseHTTPRequestHandler):
-    """Records each call (method, path, bearer token) and answers like a long-running operation."""
-
-    calls: ClassVar[list[tuple[str, str, str]]] = []
-
-    def _record(self) -> None:
-        self.calls.append((self.command, self.path, self.headers.get("Authorization", "")))
-        body = json.dumps({"name": "projects/p/locations/z/operations/sandbox", "done": False}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.end_headers()
-        self.wfile.write(body)
-
-    do_POST = do_DELETE = do_GET = _record  # noqa: N815 - the http.server method names
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-
-@contextlib.contextmanager
-def tpu_api() -> Iterator[tuple[str, list[tuple[str, str, str]]]]:
-    """A stand-in for tpu.googleapis.com on loopback; yields its base URL and the calls it received."""
-    handler = type("Handler", (_TpuApiHandler,), {"calls": []})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True).start()  # a quick shutdown()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", handler.calls
-    finally:
-        server.shutdown()
-
-
 @functools.cache
 def sandbox_sts() -> tuple[StsStandIn, str]:
     """The STS stand-in every sandboxed VM's agent exchanges the VM's token with (one per test process:
@@ -320,7 +289,7 @@ def sandbox_sts() -> tuple[StsStandIn, str]:
 class Vm:
     """One sandboxed TPU VM worker: a root folder, shims on PATH, and a way to boot it."""
 
-    def __init__(self, folder: Path, metadata_host: str, emulator_host: str, tpu_api_url: str = ""):
+    def __init__(self, folder: Path, metadata_host: str, emulator_host: str):
         self.root = folder / "root"
         self.state = folder / "state"
         self.shims = folder / "shims"
@@ -341,7 +310,6 @@ class Vm:
             "GCE_METADATA_HOST": metadata_host,
             "STORAGE_EMULATOR_HOST": emulator_host,
             "SANDBOX_STATE": str(self.state),
-            "TPU_PLATFORM_TPU_API": tpu_api_url,
             "TF_CPP_MIN_LOG_LEVEL": "2",
             "CUDA_VISIBLE_DEVICES": "",
             # The machine's firewall is shared: the redirect is tested in a namespace of its own
