@@ -505,6 +505,18 @@ def step_line(line: str) -> dict[str, Any] | None:
     return value
 
 
+def step_seconds(value: Any) -> float | None:
+    """A step line's `seconds` as an event keeps it: a number, at least 0 (a negative one is 0), that reads back
+    as one; None for anything else (a string, JSON's 1e999 read as infinity, an integer past a float's range)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        seconds = max(0.0, float(value))
+    except OverflowError:
+        return None
+    return seconds if _seconds(seconds) else None
+
+
 @dataclass(frozen=True)
 class RunEvents:
     """One run's events on one VM, as the agent records them; `measure` makes seconds of them."""

@@ -20,7 +20,15 @@ import time
 from typing import Callable
 
 from run_contract.paths import timeline_name
-from run_contract.timeline import CHECKPOINT_MESSAGE, RESTORED_MESSAGE, Event, RunEvents, TimelineError, step_line
+from run_contract.timeline import (
+    CHECKPOINT_MESSAGE,
+    RESTORED_MESSAGE,
+    Event,
+    RunEvents,
+    TimelineError,
+    step_line,
+    step_seconds,
+)
 
 from vm_agent.gcs import Folder, StorageError
 
@@ -90,10 +98,7 @@ class Recorder:
         found = step_line(text)
         if found is None:
             return
-        step, message, seconds = found["step"], found.get("message"), found.get("seconds")
-        seconds = (
-            max(0.0, float(seconds)) if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) else None
-        )
+        step, message, seconds = found["step"], found.get("message"), step_seconds(found.get("seconds"))
         with self._lock:
             now = time.time()
             if message in (RESTORED_MESSAGE, CHECKPOINT_MESSAGE):
