@@ -284,8 +284,9 @@ class Run:
         for raw in process.stdout:
             line = raw.decode(errors="replace").rstrip("\n")
             print(line, flush=True)
-            self._note(line)
-            self.timeline.line(line)
+            step = self.timeline.line(line)
+            if step is not None:  # the last step a step line reports, for the completion marker
+                self.steps = step
             try:
                 self.ship(line, self.spec)
             except Exception as error:
@@ -303,16 +304,6 @@ class Run:
                 self.sandbox.kill()
             except IsolationError as error:
                 self.log(f"run {self.spec.run_id}: {error}", severity="ERROR", run=self.spec.run_id)
-
-    def _note(self, line: str) -> None:
-        """The last step a structured line reports, for the completion marker."""
-        if line.startswith("{") and '"step"' in line:
-            try:
-                step = json.loads(line).get("step")
-            except ValueError:
-                return
-            if isinstance(step, int):
-                self.steps = step
 
     # ---------------------------------------------------------------------------------- prepare
     def _prepare(self) -> Prepared:
