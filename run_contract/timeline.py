@@ -456,6 +456,10 @@ EVENT_KINDS = (
 RESTORED_MESSAGE = "resumed from checkpoint"
 CHECKPOINT_MESSAGE = "checkpoint saved"
 STEP_LINE_KINDS = ("restored", "firstStep", "step", "checkpoint")
+# A step line is a few fields; a longer line is never parsed (the agent reads every line a program prints, and a
+# hostile one may print megabytes in one): the bound at which the agent's telemetry too stops reading a line as
+# JSON (vm_agent/telemetry.py MAX_LINE_CHARS).
+MAX_STEP_LINE_CHARS = 16 * 1024
 
 
 @dataclass(frozen=True)
@@ -494,7 +498,7 @@ class Event:
 
 def step_line(line: str) -> dict[str, Any] | None:
     """The JSON object of a step line, or None when the line is not one (or names no step)."""
-    if not line.startswith("{") or '"step"' not in line:
+    if len(line) > MAX_STEP_LINE_CHARS or not line.startswith("{") or '"step"' not in line:
         return None
     try:
         value = json.loads(line)
