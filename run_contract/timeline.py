@@ -456,6 +456,10 @@ EVENT_KINDS = (
 RESTORED_MESSAGE = "resumed from checkpoint"
 CHECKPOINT_MESSAGE = "checkpoint saved"
 STEP_LINE_KINDS = ("restored", "firstStep", "step", "checkpoint")
+# A step line is a few fields; a longer line is never parsed (the agent reads every line a program prints, and a
+# hostile one may print megabytes in one): the bound at which the agent's telemetry too stops reading a line as
+# JSON (vm_agent/telemetry.py MAX_LINE_CHARS).
+MAX_STEP_LINE_CHARS = 16 * 1024
 
 
 @dataclass(frozen=True)
@@ -494,7 +498,7 @@ class Event:
 
 def step_line(line: str) -> dict[str, Any] | None:
     """The JSON object of a step line, or None when the line is not one (or names no step)."""
-    if not line.startswith("{") or '"step"' not in line:
+    if len(line) > MAX_STEP_LINE_CHARS or not line.startswith("{") or '"step"' not in line:
         return None
     try:
         value = json.loads(line)
@@ -503,6 +507,18 @@ def step_line(line: str) -> dict[str, Any] | None:
     if not isinstance(value, dict) or isinstance(value.get("step"), bool) or not isinstance(value.get("step"), int):
         return None
     return value
+
+
+def step_seconds(value: Any) -> float | None:
+    """A step line's `seconds` as an event keeps it: a number, at least 0 (a negative one is 0), that reads back
+    as one; None for anything else (a string, JSON's 1e999 read as infinity, an integer past a float's range)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        seconds = max(0.0, float(value))
+    except OverflowError:
+        return None
+    return seconds if _seconds(seconds) else None
 
 
 @dataclass(frozen=True)

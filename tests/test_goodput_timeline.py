@@ -24,6 +24,7 @@ from run_contract.timeline import (
     TimelineError,
 )
 from tests.support import STEP_LINE_CATEGORIES
+from vm_agent import telemetry
 
 ROOT = Path(__file__).resolve().parents[1]
 IDENTITY = {
@@ -255,6 +256,13 @@ def test_the_events_record_reads_back_and_marks_untrusted_categories():
 def test_a_step_line_is_a_json_object_with_an_integer_step(line, step):
     found = module.step_line(line)
     assert (found or {}).get("step") == step
+
+
+def test_a_line_longer_than_a_step_line_is_never_parsed():
+    """A hostile program's megabyte of JSON is not read as a step line (nor, past the same bound, by telemetry)."""
+    padded = json.dumps({"step": 3, "pad": "x" * module.MAX_STEP_LINE_CHARS})
+    assert module.step_line(padded) is None and module.step_line(json.dumps({"step": 3, "pad": "x"}))
+    assert module.MAX_STEP_LINE_CHARS == telemetry.MAX_LINE_CHARS
 
 
 def test_a_save_on_notice_after_the_last_step_line_loses_no_work():

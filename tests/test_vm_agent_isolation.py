@@ -364,6 +364,35 @@ def test_a_containers_metadata_traffic_goes_to_the_proxy_which_knows_it_by_its_a
         proxy.close()
 
 
+@pytest.mark.parametrize(
+    "path",
+    [
+        "instance/service-accounts/../?recursive=true",  # `instance/`, every attribute, to a server that resolves it
+        "instance/service-accounts/%2e%2e/",
+        "instance/service-accounts/./../attributes/",
+        "instance/service-accounts/default/../email",
+    ],
+)
+def test_the_metadata_proxy_forwards_no_path_that_could_name_another_upstream(path):
+    """Served paths are chosen by name (vm_agent/metadata_proxy.py FORWARDED, ACCOUNT_FORWARDED): a dot segment or
+    an escape is refused, never forwarded (its upstream here is a closed port: a forwarded request says 503)."""
+    from vm_agent.metadata_proxy import MetadataProxy
+
+    no_tokens: Any = None
+    proxy = MetadataProxy("http://127.0.0.1:9/computeMetadata/v1", no_tokens, "http://127.0.0.1:9", lambda *a, **k: 0)
+    try:
+        status, _, _ = proxy.answer(f"/computeMetadata/v1/{path}", {"Metadata-Flavor": "Google"}, ("127.0.0.1", 1))
+        assert status == 403
+        email = proxy.answer(
+            "/computeMetadata/v1/instance/service-accounts/default/email",
+            {"Metadata-Flavor": "Google"},
+            ("127.0.0.1", 1),
+        )
+        assert email[0] == 503  # a served path is still forwarded
+    finally:
+        proxy.close()
+
+
 def test_two_agents_of_one_machine_never_hold_the_same_uid(tmp_path):
     pool = UidPool(Path("/run/tpu-platform/uids"))
     claims: list[Any] = []

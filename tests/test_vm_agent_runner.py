@@ -121,6 +121,18 @@ def test_a_finished_folder_run_writes_its_state_and_the_completion_marker(bucket
     assert model["steps"] == 3
 
 
+def test_a_line_whose_step_is_not_an_integer_never_reaches_the_completion_marker(bucket_env):
+    """`{"step": true}` is no step line (run_contract/timeline.py step_line): the marker the guard reads keeps
+    the last integer step, and stays one its schema accepts."""
+    program = "import json; print(json.dumps({'step': 2})); print(json.dumps({'step': True}))"
+    run, _ = make_run(bucket_env, "dev/t/bool-step", ["python", "-c", program], completion=True)
+    run.start()
+    assert run.wait(120)
+    assert status(bucket_env, "dev/t/bool-step")["state"] == "finished"
+    marker = json.loads(bucket_env["storage"].read(STATUS, "trainer-1/COMPLETE"))
+    assert completion_marker.problem(marker) is None and marker["steps"] == 2
+
+
 def test_exit_78_fails_at_once_and_is_never_retried(bucket_env):
     run, _ = make_run(bucket_env, "dev/t/config", ["python", "train.py", "--fail-with", "78"])
     run.start()

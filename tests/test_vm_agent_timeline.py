@@ -86,3 +86,16 @@ def test_a_run_resumed_later_adds_to_its_record_and_the_time_between_is_not_its_
     total = events[-1].at - events[0].at
     assert found.billed_s == pytest.approx(total - between)
     assert found.lost_without_notice == 0 and found.preemptions == 1
+
+
+@pytest.mark.parametrize("seconds", ["1e999", "1" + "0" * 400, "-1e999"])
+def test_a_hostile_save_line_neither_stops_the_reader_nor_spoils_the_record(tmp_path, seconds):
+    """`seconds` past what a float holds (JSON's 1e999 reads as infinity, a 400-digit integer overflows a
+    float): the line is still a save, its stall unknown, and the record still reads back on the next boot."""
+    run = recorder(tmp_path, trusted=False)
+    run.record("programStart")
+    run.line(f'{{"message": "checkpoint saved", "step": 4, "seconds": {seconds}}}')
+    run.record("exit", code=75)
+    saves = [e for e in stored(tmp_path).events if e.kind == "checkpoint"]
+    assert [(e.step, e.seconds) for e in saves] in ([(4, None)], [(4, 0.0)])
+    assert [e.kind for e in recorder(tmp_path).events] == ["programStart", "checkpoint", "exit"]

@@ -221,6 +221,10 @@ class MetadataProxy:
         if not path.startswith(PREFIX):
             return 404, "text/plain", b"Not found.\n"
         path = path[len(PREFIX) :]
+        if "%" in path or any(part in (".", "..") for part in path.split("/")):
+            # What is forwarded is chosen by name: a dot segment or an escape could name another path upstream
+            # (`instance/service-accounts/../` is `instance/` to a server that resolves it, attributes and all).
+            return 403, "text/plain", b"A path with dot segments or escapes is not served to a run.\n"
         account = ACCOUNT.fullmatch(path)
         if account and account[2] == "token":
             return self._token(peer)

@@ -45,7 +45,7 @@ from dataclasses import replace
 from typing import Any, Callable, Mapping
 
 from run_contract.names import REQUEST_RUN_ID
-from run_contract.paths import member_of_key
+from run_contract.paths import member_of_key, requests_prefix, runs_prefix, status_name, status_prefix
 from run_contract.request import REQUEST_NAME, RunPlaces, parse_request
 from run_contract.spec import Allowed, RunSpec, SpecError, StopRequest
 from run_contract.status import RESUMABLE
@@ -80,7 +80,7 @@ class RequestSource:
         self.refusal = refusal  # why every request here is refused, beyond self-service being off
         self.bucket = Folder(f"gs://{bucket}", storage)  # the whole status bucket: names are object names
         self.poll_s = poll_s
-        self.prefix = f"{self.vm}/requests/"
+        self.prefix = requests_prefix(self.vm)
         self.log = log or (lambda line: print(f"requests: {line}", file=sys.stderr, flush=True))
 
     @classmethod
@@ -132,7 +132,7 @@ class RequestSource:
         if not self.self_service or self.refusal:
             return []
         found: list[tuple[str, RunSpec]] = []
-        for name in self.bucket.names(f"{self.vm}/runs/"):
+        for name in self.bucket.names(runs_prefix(self.vm)):
             if not name.endswith("/status.json"):
                 continue
             state = self.bucket.read_json(name)
@@ -153,7 +153,7 @@ class RequestSource:
         return [spec for _, spec in sorted(found, key=lambda pair: pair[0])]
 
     def state_name(self, run_id: str) -> str:
-        return f"{self.vm}/runs/{run_id}/status.json"
+        return status_prefix(self.vm) + status_name(run_id)
 
     def _poll(self) -> RunSpec | StopRequest | None:
         for name in sorted(self.bucket.names(self.prefix)):

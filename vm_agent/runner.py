@@ -37,6 +37,7 @@ the agent writes it, where no run's credentials reach.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -77,21 +78,17 @@ COMPLETE = marker_schema.NAME
 Log = Callable[..., None]
 
 
-_IMAGE_PATHS: dict = {}
-
-
-def image_paths(python: str) -> list[Path]:
-    """The folders the image's Python imports from (its sys.path), which a run's jail must keep readable
-    where they lie under a folder it covers: never on a VM (they are under /usr), in the tests where the
-    sandbox's image packages live in a checkout under /tmp."""
-    if python not in _IMAGE_PATHS:
-        query = "import json, sys; print(json.dumps([p for p in sys.path if p]))"
-        try:
-            found = json.loads(subprocess.run([python, "-c", query], capture_output=True, text=True, timeout=60).stdout)
-        except (OSError, ValueError, subprocess.SubprocessError):
-            found = []
-        _IMAGE_PATHS[python] = [Path(p) for p in found if os.path.isdir(p)]
-    return _IMAGE_PATHS[python]
+@functools.lru_cache(maxsize=None)
+def image_paths(python: str) -> tuple[Path, ...]:
+    """The image's Python's folder and the folders it imports from (its sys.path), which a run's jail must keep
+    readable where they lie under a folder it covers: never on a VM (they are under /usr), in the tests where
+    the sandbox's image packages live in a checkout under /tmp. Asked once per agent."""
+    query = "import json, sys; print(json.dumps([p for p in sys.path if p]))"
+    try:
+        found = json.loads(subprocess.run([python, "-c", query], capture_output=True, text=True, timeout=60).stdout)
+    except (OSError, ValueError, subprocess.SubprocessError):
+        found = []
+    return (Path(python).parent, *(Path(p) for p in found if os.path.isdir(p)))
 
 
 def utc_now() -> str:
@@ -284,8 +281,9 @@ class Run:
         for raw in process.stdout:
             line = raw.decode(errors="replace").rstrip("\n")
             print(line, flush=True)
-            self._note(line)
-            self.timeline.line(line)
+            step = self.timeline.line(line)
+            if step is not None:  # the last step a step line reports, for the completion marker
+                self.steps = step
             try:
                 self.ship(line, self.spec)
             except Exception as error:
@@ -303,16 +301,6 @@ class Run:
                 self.sandbox.kill()
             except IsolationError as error:
                 self.log(f"run {self.spec.run_id}: {error}", severity="ERROR", run=self.spec.run_id)
-
-    def _note(self, line: str) -> None:
-        """The last step a structured line reports, for the completion marker."""
-        if line.startswith("{") and '"step"' in line:
-            try:
-                step = json.loads(line).get("step")
-            except ValueError:
-                return
-            if isinstance(step, int):
-                self.steps = step
 
     # ---------------------------------------------------------------------------------- prepare
     def _prepare(self) -> Prepared:
@@ -337,7 +325,7 @@ class Run:
             venv = self._virtualenv(folder, source)
             program_env = self._program_env(env)
             argv = list(self.spec.command)
-            keep = [folder, Path(self.settings.python).parent, *image_paths(self.settings.python)]
+            keep = [folder, *image_paths(self.settings.python)]
             if venv is not None:
                 program_env["PATH"] = f"{venv / 'bin'}{os.pathsep}{program_env.get('PATH', '')}"
                 program_env["VIRTUAL_ENV"] = str(venv)
@@ -514,7 +502,7 @@ class Run:
         assert self.sandbox is not None
         env = self._program_env({})
         env["UV_LINK_MODE"] = "copy"  # no hard link from uv's cache into the virtualenv
-        keep = [*([cwd] if cwd else []), Path(self.settings.python).parent, *image_paths(self.settings.python), *keep]
+        keep = [*([cwd] if cwd else []), *image_paths(self.settings.python), *keep]
         jailed = self.sandbox.jail(argv, cwd, keep=keep, writable=writable)
         with self._lock:
             if self._stop.is_set():

@@ -20,7 +20,15 @@ import time
 from typing import Callable
 
 from run_contract.paths import timeline_name
-from run_contract.timeline import CHECKPOINT_MESSAGE, RESTORED_MESSAGE, Event, RunEvents, TimelineError, step_line
+from run_contract.timeline import (
+    CHECKPOINT_MESSAGE,
+    RESTORED_MESSAGE,
+    Event,
+    RunEvents,
+    TimelineError,
+    step_line,
+    step_seconds,
+)
 
 from vm_agent.gcs import Folder, StorageError
 
@@ -85,20 +93,17 @@ class Recorder:
             self.events.extend(events)
             self._write()
 
-    def line(self, text: str) -> None:
-        """A program's output line: a step line adds an event (or moves the attempt's `step` along)."""
+    def line(self, text: str) -> int | None:
+        """A program's output line: a step line adds an event (or moves the attempt's `step` along); its step."""
         found = step_line(text)
         if found is None:
-            return
-        step, message, seconds = found["step"], found.get("message"), found.get("seconds")
-        seconds = (
-            max(0.0, float(seconds)) if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) else None
-        )
+            return None
+        step, message, seconds = found["step"], found.get("message"), step_seconds(found.get("seconds"))
         with self._lock:
             now = time.time()
             if message in (RESTORED_MESSAGE, CHECKPOINT_MESSAGE):
                 if self._line_events >= MAX_LINE_EVENTS:
-                    return
+                    return step
                 self._line_events += 1
                 kind = "restored" if message == RESTORED_MESSAGE else "checkpoint"
                 self.events.append(Event(kind, now, step, seconds if kind == "checkpoint" else None))
@@ -112,6 +117,7 @@ class Recorder:
                 self._step_index = len(self.events) - 1
             if now - self._written_at >= STEP_WRITE_S:
                 self._write()
+        return step
 
     def _write(self) -> None:
         if not self.write_enabled:

@@ -45,7 +45,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from run_contract import completion_marker, names
-from run_contract.timeline import CHECKPOINT_MESSAGE
+from run_contract.timeline import CHECKPOINT_MESSAGE, RESTORED_MESSAGE
 
 COMPLETE = completion_marker.NAME
 # Exit codes of the run contract (docs/run-contract.md; sysexits.h): the platform's agent retries
@@ -484,7 +484,7 @@ def train(
             state = {key: restored[key] for key in state}
             state["resumes"] += 1
             restore_seconds = time.perf_counter() - started
-            log("resumed from checkpoint", step=state["step"], resumes=state["resumes"], seconds=restore_seconds)
+            log(RESTORED_MESSAGE, step=state["step"], resumes=state["resumes"], seconds=restore_seconds)
     if len({values[0] for values in peers.gather([state["step"]])}) > 1:  # a restart (systemd) lists again
         raise RuntimeError(f"the processes resumed from different steps: {peers.gather([state['step']])}")
     if state["step"] > total:
