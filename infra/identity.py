@@ -13,11 +13,12 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
-from infra import grants, naming
+from infra import grants
 from infra.access.accounts import AccountSpec
 from infra.access.identities import self_service_account
 from infra.apis import ProjectApis
 from infra.config import Env, WorkloadSettings, service_account_id
+from run_contract import paths
 
 # Accounts and their grants; the project APIs its program writes logs and metrics through; and the Security
 # Token Service, through which the VM agent narrows its account's token to each run's objects (vm_agent/
@@ -59,7 +60,7 @@ class WorkloadIdentity(pulumi.ComponentResource):
         workload = args.workload
         child = pulumi.ResourceOptions(parent=self)
         account = self_service_account(args.vm, env.stack) if args.vm else workload_account(workload, env.stack)
-        own = naming.vm_objects_prefix(workload.name, args.vm) if args.vm else f"{workload.name}/"
+        own = paths.vm_objects_prefix(workload.name, args.vm) if args.vm else f"{workload.name}/"
         self.email = account.email(env.project)
         member = account.member(env.project)
 

@@ -28,6 +28,7 @@ from infra.access.identities import SCHEDULER_PERMISSIONS, scheduler_account, sc
 from infra.apis import ProjectApis
 from infra.buckets import private_bucket
 from infra.config import Env, TpuVmSettings
+from run_contract import paths
 
 TPU_API = "https://tpu.googleapis.com/v2"
 # The run-status bucket and its grants.
@@ -214,7 +215,7 @@ class RunStatus(pulumi.ComponentResource):
                 self.bucket.name,
                 "write",
                 iam.service_account_member(accounts[workload]),
-                prefix=naming.status_prefix(vm),
+                prefix=paths.status_prefix(vm),
                 title=f"run-status-{vm}",
                 opts=pulumi.ResourceOptions(parent=self),
             )
