@@ -21,6 +21,7 @@ from infra.access.identities import (
     scheduler_identities,
     self_service_account,
     team_identities,
+    workload_account,
 )
 from infra.apis import ProjectApis, required_apis
 from infra.artifacts import ARTIFACTS_APIS, ArtifactsArgs, WorkloadArtifacts, WorkloadCode
@@ -36,7 +37,7 @@ from infra.gke.slice_pools import SlicePool, SlicePoolArgs
 from infra.gke.specs import shape_of
 from infra.gke.team_access import TeamAccess, TeamAccessArgs
 from infra.gke.validation import platform_validator, validate_all
-from infra.identity import IDENTITY_APIS, WorkloadIdentity, WorkloadIdentityArgs, workload_account
+from infra.identity import IDENTITY_APIS, WorkloadIdentity, WorkloadIdentityArgs
 from infra.lifecycle import (
     RUN_STATUS_APIS,
     SCHEDULES_APIS,
@@ -246,7 +247,7 @@ def guard_args_of(cfg: PlatformConfig) -> TpuGuardArgs | None:
 def stack_identities(cfg: PlatformConfig) -> StackIdentities:
     """The accounts and custom roles the stack's components use, which the bootstrap makes for it
     (bootstrap/access.json): the components only name them."""
-    workloads = tuple(workload_account(w, cfg.stack) for w in cfg.workloads)
+    workloads = tuple(workload_account(w.name, w.description, cfg.stack) for w in cfg.workloads)
     # A self-service VM's own account (infra/researchers.py): the guard re-creates such a VM as it too.
     own = tuple(self_service_account(vm.name, cfg.stack) for vm in cfg.self_service_vms)
     out = StackIdentities(accounts=(*workloads, *own))
