@@ -103,6 +103,18 @@ def kubernetes_label_problem(key: str, value: str) -> str | None:
 # it that the stack owns the stack's *environment*. Names carry the stack so two stacks never collide.
 
 MAX_STACK = 12  # the config reader's limit, so every name below fits at the longest inputs
+# A stack's name ends names derived from it (tpu-deployer-<stack>, a workload's tpu-<workload>-<stack>), which
+# may not end in '-'; custom role ids drop its '-' (custom_role_id), so `a--b` would take `a-b`'s roles.
+_STACK = re.compile(rf"[a-z](?:[a-z0-9]|-(?=[a-z0-9])){{0,{MAX_STACK - 1}}}")
+
+
+def stack_problem(stack: str) -> str | None:
+    """Why `stack` cannot name a stack: the program's and the bootstrap's one rule."""
+    if not _STACK.fullmatch(stack):
+        return f"1-{MAX_STACK} lowercase letters, digits and single '-' between them, starting with a letter"
+    return None
+
+
 PLATFORM_ACCOUNT_KINDS = ("scheduler", "guard", "guard-invoker", "guard-build", "gke-nodes")
 GUARD_FUNCTIONS = ("budget-guard", "recovery", "complete", "scheduled-start")
 
