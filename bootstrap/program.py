@@ -27,7 +27,6 @@ whenever `bootstrap/access.json` changes:
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,9 +129,9 @@ def parse_bootstrap_config(stack: str, raw: dict[str, str]) -> BootstrapConfig:
     project = Node(raw, "", problems).text("gcp:project", pattern=GCP_PROJECT_ID, allowed="a GCP project id")
     environments: dict[str, str] = {}
     for name, value, key in root.entries(envs_key):
-        # No trailing or doubled '-': `dev-` makes an invalid account id, `a--b` the role id of `a-b`.
-        if not re.fullmatch(r"[a-z](?:[a-z0-9]|-(?=[a-z0-9])){0,15}", name):
-            problems.add(key, name, "a stack name of 1-16 lowercase letters, digits and '-'")
+        # The program's own rule: an environment it would refuse to plan gets no accounts.
+        if why := naming.stack_problem(name):
+            problems.add(key, name, f"a stack name of {why}")
         else:
             env_project = root.check_text(key, value, pattern=GCP_PROJECT_ID, allowed="a GCP project id")
             if env_project is not None:

@@ -33,6 +33,7 @@ from infra.buckets import lifecycle_rules, private_bucket
 from infra.config import Env
 from infra.config.workload_code import registry
 from infra.packaging import Package
+from run_contract import paths
 
 ARTIFACTS_APIS = ("storage.googleapis.com", "artifactregistry.googleapis.com", "containerscanning.googleapis.com")
 # Where `pulumi up` writes the archives it uploads (ignored by git): the engine reads them after the
@@ -201,7 +202,7 @@ class WorkloadArtifacts(pulumi.ComponentResource):
             objects = [args.packages[k].object_name for k in code.packages]
             if objects or code.any_source:
                 condition = (
-                    grants.prefix_condition(self.bucket_name, naming.SOURCES_PREFIX, f"{workload}-sources")
+                    grants.prefix_condition(self.bucket_name, paths.SOURCES_PREFIX, f"{workload}-sources")
                     if code.any_source
                     else object_condition(self.bucket_name, objects, f"{workload}-sources")
                 )

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
-from infra import grants, naming
-from infra.access.accounts import AccountSpec
-from infra.access.identities import self_service_account
+from infra import grants
+from infra.access.identities import self_service_account, workload_account
 from infra.apis import ProjectApis
-from infra.config import Env, WorkloadSettings, service_account_id
+from infra.config import Env, WorkloadSettings
+from run_contract import paths
 
 # Accounts and their grants; the project APIs its program writes logs and metrics through; and the Security
 # Token Service, through which the VM agent narrows its account's token to each run's objects (vm_agent/
@@ -29,12 +29,6 @@ IDENTITY_APIS = (
     "monitoring.googleapis.com",
     "sts.googleapis.com",
 )
-
-
-def workload_account(workload: WorkloadSettings, stack: str) -> AccountSpec:
-    return AccountSpec(
-        service_account_id(workload.name, stack), f"TPU workload {workload.name} ({stack})", workload.description
-    )
 
 
 @dataclass(frozen=True)
@@ -58,8 +52,12 @@ class WorkloadIdentity(pulumi.ComponentResource):
         super().__init__("tpu-platform:iam:WorkloadIdentity", name, None, opts)
         workload = args.workload
         child = pulumi.ResourceOptions(parent=self)
-        account = self_service_account(args.vm, env.stack) if args.vm else workload_account(workload, env.stack)
-        own = naming.vm_objects_prefix(workload.name, args.vm) if args.vm else f"{workload.name}/"
+        account = (
+            self_service_account(args.vm, env.stack)
+            if args.vm
+            else workload_account(workload.name, workload.description, env.stack)
+        )
+        own = paths.vm_objects_prefix(workload.name, args.vm) if args.vm else f"{workload.name}/"
         self.email = account.email(env.project)
         member = account.member(env.project)
 

@@ -28,6 +28,7 @@ from infra.access.identities import SCHEDULER_PERMISSIONS, scheduler_account, sc
 from infra.apis import ProjectApis
 from infra.buckets import private_bucket
 from infra.config import Env, TpuVmSettings
+from run_contract import paths
 
 TPU_API = "https://tpu.googleapis.com/v2"
 # The run-status bucket and its grants.
@@ -207,13 +208,15 @@ class RunStatus(pulumi.ComponentResource):
         )
         self.grants: dict[str, pulumi.Resource] = {}
         for vm, workload in args.writers:
-            self.grants[vm] = gcp.storage.BucketIAMMember(
+            # Listing its own prefix too: the agent lists <vm>/requests/ (vm_agent/run_requests.py).
+            self.grants[vm] = grants.bucket_access(
                 f"{name}-{vm}-writer",
-                bucket=self.bucket.name,
-                role="roles/storage.objectUser",
-                member=iam.service_account_member(accounts[workload]),
-                # Listing its own prefix too: the agent lists <vm>/requests/ (vm_agent/run_requests.py).
-                condition=grants.prefix_condition(self.bucket_name, naming.status_prefix(vm), f"run-status-{vm}"),
+                self.bucket_name,
+                self.bucket.name,
+                "write",
+                iam.service_account_member(accounts[workload]),
+                prefix=paths.status_prefix(vm),
+                title=f"run-status-{vm}",
                 opts=pulumi.ResourceOptions(parent=self),
             )
         self.register_outputs({"bucket": self.bucket.name})

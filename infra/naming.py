@@ -103,6 +103,18 @@ def kubernetes_label_problem(key: str, value: str) -> str | None:
 # it that the stack owns the stack's *environment*. Names carry the stack so two stacks never collide.
 
 MAX_STACK = 12  # the config reader's limit, so every name below fits at the longest inputs
+# A stack's name ends names derived from it (tpu-deployer-<stack>, a workload's tpu-<workload>-<stack>), which
+# may not end in '-'; custom role ids drop its '-' (custom_role_id), so `a--b` would take `a-b`'s roles.
+_STACK = re.compile(rf"[a-z](?:[a-z0-9]|-(?=[a-z0-9])){{0,{MAX_STACK - 1}}}")
+
+
+def stack_problem(stack: str) -> str | None:
+    """Why `stack` cannot name a stack: the program's and the bootstrap's one rule."""
+    if not _STACK.fullmatch(stack):
+        return f"1-{MAX_STACK} lowercase letters, digits and single '-' between them, starting with a letter"
+    return None
+
+
 PLATFORM_ACCOUNT_KINDS = ("scheduler", "guard", "guard-invoker", "guard-build", "gke-nodes")
 GUARD_FUNCTIONS = ("budget-guard", "recovery", "complete", "scheduled-start")
 
@@ -113,21 +125,9 @@ def bucket(prefix: str, stack: str, purpose: str) -> str:
 
 
 # docs/run-contract.md: workload sources (and the agent) live in the stack's artifacts bucket, not the
-# data bucket, as `sources/<sha256>.tar.gz`; a run request lives under its VM's status folder.
+# data bucket, as `sources/<sha256>.tar.gz`; a run request lives under its VM's status folder. The object
+# paths inside the buckets are the run contract's (run_contract/paths.py), which every runtime imports.
 ARTIFACTS = "artifacts"
-# The run contract's object paths (run_contract/paths.py: sources, a VM's status folder, its requests and
-# runs, a researcher's own folders), named here for the program's components as well.
-SOURCES_PREFIX = paths.SOURCES_PREFIX
-source_object = paths.source_object
-status_prefix = paths.status_prefix
-requests_prefix = paths.requests_prefix
-runs_prefix = paths.runs_prefix
-member_key = paths.member_key
-member_requests_prefix = paths.member_requests_prefix
-member_runs_prefix = paths.member_runs_prefix
-vm_objects_prefix = paths.vm_objects_prefix
-member_objects_prefix = paths.member_objects_prefix
-researcher_log = paths.researcher_log
 
 
 def job_tag(stack: str, vm: str) -> str:
@@ -154,7 +154,7 @@ LOG_BUCKET = "_Default"  # every project's own log bucket, where the agent's ent
 def researcher_log_view(project: str, member: str) -> str:
     """The full name of `member`'s log view, which shows only `researcher_log(member)`: what `tpu-runs logs`
     reads and what the researcher's viewAccessor grant is conditioned on."""
-    return f"projects/{project}/locations/global/buckets/{LOG_BUCKET}/views/{researcher_log(member)}"
+    return f"projects/{project}/locations/global/buckets/{LOG_BUCKET}/views/{paths.researcher_log(member)}"
 
 
 def workload_account_id(workload: str, stack: str) -> str:

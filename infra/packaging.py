@@ -24,8 +24,8 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra import naming
 from infra.config.workload_code import REPO_ROOT
+from run_contract import paths
 
 EXCLUDED_DIRS = frozenset({"__pycache__", ".git", ".hg", ".svn", ".mypy_cache", ".pytest_cache", ".ruff_cache"})
 EXCLUDED_SUFFIXES = (".pyc", ".pyo")
@@ -45,7 +45,7 @@ class Package:
 
     @property
     def object_name(self) -> str:
-        return naming.source_object(self.sha256)
+        return paths.source_object(self.sha256)
 
 
 def _members(folder: Path, within: Path, under: str = "") -> list[tuple[Path, str]]:

@@ -21,11 +21,12 @@ from infra.access.identities import (
     scheduler_identities,
     self_service_account,
     team_identities,
+    workload_account,
 )
 from infra.apis import ProjectApis, required_apis
 from infra.artifacts import ARTIFACTS_APIS, ArtifactsArgs, WorkloadArtifacts, WorkloadCode
 from infra.budget import BudgetAlerts, BudgetAlertsArgs, budget_apis
-from infra.config import PROJECT, PlatformConfig, WorkloadSettings
+from infra.config import PROJECT, PlatformConfig, TpuVmSettings, WorkloadSettings
 from infra.config.problems import ConfigError, Fix, Problem, Problems
 from infra.config.workload_code import parse_image
 from infra.cost import StackCost, estimate
@@ -36,7 +37,7 @@ from infra.gke.slice_pools import SlicePool, SlicePoolArgs
 from infra.gke.specs import shape_of
 from infra.gke.team_access import TeamAccess, TeamAccessArgs
 from infra.gke.validation import platform_validator, validate_all
-from infra.identity import IDENTITY_APIS, WorkloadIdentity, WorkloadIdentityArgs, workload_account
+from infra.identity import IDENTITY_APIS, WorkloadIdentity, WorkloadIdentityArgs
 from infra.lifecycle import (
     RUN_STATUS_APIS,
     SCHEDULES_APIS,
@@ -85,10 +86,7 @@ def build_platform(cfg: PlatformConfig, secrets: Mapping[str, str] | None = None
     # 1. What each component reads; a component whose feature is off gets no args and is not declared.
     budget_args = BudgetAlertsArgs(cfg.budget, cfg.billing_account, cfg.buckets.kms_key_name)
     identity_args = {w.name: WorkloadIdentityArgs(w) for w in cfg.workloads}
-    self_service = {vm.name: self_service_vm(cfg, vm.name) for vm in cfg.self_service_vms}
-    status_args = RunStatusArgs(
-        cfg.buckets.location, tuple((vm.name, account_key(vm.name, vm.workload, self_service)) for vm in cfg.tpu_vms)
-    )
+    status_args = RunStatusArgs(cfg.buckets.location, tuple((vm.name, account_key(vm)) for vm in cfg.tpu_vms))
     guard_args = guard_args_of(cfg)
     scheduled = tuple(vm for vm in cfg.tpu_vms if vm.schedule)
     schedule_args = TpuSchedulesArgs(scheduled) if scheduled else None
@@ -131,10 +129,14 @@ def build_platform(cfg: PlatformConfig, secrets: Mapping[str, str] | None = None
     }
     # A self-service VM never shares its workload's account with the VMs that run reviewed work.
     own = {
-        account_key(vm, args.workload, self_service): WorkloadIdentity(
-            f"self-service-{vm}", env, WorkloadIdentityArgs(cfg.workload(args.workload), vm=vm), buckets.buckets, apis
+        account_key(vm): WorkloadIdentity(
+            f"self-service-{vm.name}",
+            env,
+            WorkloadIdentityArgs(cfg.workload(vm.workload), vm=vm.name),
+            buckets.buckets,
+            apis,
         )
-        for vm, args in self_service.items()
+        for vm in cfg.self_service_vms
     }
     emails = {**{n: i.email for n, i in identities.items()}, **{k: i.email for k, i in own.items()}}
     code = WorkloadArtifacts(
@@ -161,11 +163,11 @@ def build_platform(cfg: PlatformConfig, secrets: Mapping[str, str] | None = None
             env,
             vm,
             metadata[vm.name],
-            own.get(account_key(vm.name, vm.workload, self_service)) or identities[vm.workload],
+            own.get(account_key(vm)) or identities[vm.workload],
             network,
             BACKENDS["queued" if vm.queued else TPU_BACKEND],
             apis,
-            needs=[status.grants[vm.name], *code.grants[account_key(vm.name, vm.workload, self_service)]],
+            needs=[status.grants[vm.name], *code.grants[account_key(vm)]],
         )
         for vm in cfg.tpu_vms
         if vm.name not in gone
@@ -245,7 +247,7 @@ def guard_args_of(cfg: PlatformConfig) -> TpuGuardArgs | None:
 def stack_identities(cfg: PlatformConfig) -> StackIdentities:
     """The accounts and custom roles the stack's components use, which the bootstrap makes for it
     (bootstrap/access.json): the components only name them."""
-    workloads = tuple(workload_account(w, cfg.stack) for w in cfg.workloads)
+    workloads = tuple(workload_account(w.name, w.description, cfg.stack) for w in cfg.workloads)
     # A self-service VM's own account (infra/researchers.py): the guard re-creates such a VM as it too.
     own = tuple(self_service_account(vm.name, cfg.stack) for vm in cfg.self_service_vms)
     out = StackIdentities(accounts=(*workloads, *own))
@@ -272,11 +274,10 @@ def gke_queue_objects(cfg: PlatformConfig) -> list[dict[str, Any]]:
     return objs
 
 
-def self_service_vm(cfg: PlatformConfig, vm: str) -> SelfServiceVm:
-    (settings,) = [v for v in cfg.tpu_vms if v.name == vm]
-    workload = cfg.workload(settings.workload)
+def self_service_vm(cfg: PlatformConfig, vm: TpuVmSettings) -> SelfServiceVm:
+    workload = cfg.workload(vm.workload)
     return SelfServiceVm(
-        vm,
+        vm.name,
         workload.name,
         data=workload.access("data") != "none",
         checkpoints=workload.access("checkpoints") == "write",
@@ -284,15 +285,15 @@ def self_service_vm(cfg: PlatformConfig, vm: str) -> SelfServiceVm:
     )
 
 
-def account_key(vm: str, workload: str, self_service: Mapping[str, SelfServiceVm]) -> str:
+def account_key(vm: TpuVmSettings) -> str:
     """Whose account a VM runs as, by key of the stack's accounts: its own when self-service, else its workload's."""
-    return f"self-service-{vm}" if vm in self_service else workload
+    return f"self-service-{vm.name}" if vm.self_service else vm.workload
 
 
 def researcher_args_of(cfg: PlatformConfig) -> ResearcherArgs:
     return ResearcherArgs(
         members=cfg.researchers,
-        vms=tuple(self_service_vm(cfg, vm.name) for vm in cfg.self_service_vms),
+        vms=tuple(self_service_vm(cfg, vm) for vm in cfg.self_service_vms),
         status_bucket=cfg.bucket_name("status"),
         models_bucket=cfg.bucket_name("models"),
         artifacts_bucket=cfg.bucket_name(naming.ARTIFACTS),
@@ -338,8 +339,9 @@ def artifacts_args(cfg: PlatformConfig, digests: dict[str, str]) -> ArtifactsArg
     workloads = {w.name: WorkloadCode(packages=own(w), pulls_images=w.source.kind == "image") for w in cfg.workloads}
     # A self-service VM's own account reads any archive researchers submit, and pulls any image.
     for vm in cfg.self_service_vms:
-        key = account_key(vm.name, vm.workload, {vm.name: self_service_vm(cfg, vm.name)})
-        workloads[key] = WorkloadCode(packages=own(cfg.workload(vm.workload)), pulls_images=True, any_source=True)
+        workloads[account_key(vm)] = WorkloadCode(
+            packages=own(cfg.workload(vm.workload)), pulls_images=True, any_source=True
+        )
     images = (parse_image(w.source.image) for w in cfg.workloads if w.source.kind == "image")
     return ArtifactsArgs(
         location=cfg.buckets.location,

@@ -17,7 +17,7 @@ What a submitted program can reach, the researcher can; what a researcher can re
   `<vm>/runs/<member>/`; on the models bucket, reading their own runs' results `<workload>/<vm>/<member>/`;
   on the artifacts bucket, new archives under `sources/`; and their own runs' logs only: a log view of
   the `_Default` log bucket that shows the one log the agent writes their runs' output to
-  (`naming.researcher_log`), with `roles/logging.viewAccessor` granted on the project under a condition
+  (`run_contract.paths.researcher_log`), with `roles/logging.viewAccessor` granted on the project under a condition
   naming that view (Logging, "Configure log views on a log bucket": a view filter may name a LOG_ID; a
   grant on the project "restricted by an IAM condition to a specific log view").
   Cloud Storage and Logging recognise `resource.name` in conditions (conditions-resource-attributes).
@@ -41,6 +41,7 @@ from infra.access.conditions import check_condition
 from infra.access.identities import researcher_roles
 from infra.apis import ProjectApis
 from infra.config import Env
+from run_contract import paths
 
 REQUIRED_APIS = ("iam", "cloudresourcemanager", "storage", "logging")
 SSH_APIS = ("iap", "oslogin")
@@ -129,7 +130,7 @@ class ResearcherAccess(pulumi.ComponentResource):
                     args.status_bucket,
                     "own-run-states",
                     f"Only {member}'s runs' states",
-                    [naming.member_runs_prefix(v.vm, member) for v in args.vms],
+                    [paths.member_runs_prefix(v.vm, member) for v in args.vms],
                 ),
                 (
                     "requests",
@@ -138,7 +139,7 @@ class ResearcherAccess(pulumi.ComponentResource):
                     args.status_bucket,
                     "own-requests",
                     f"Only {member}'s new run and stop requests",
-                    [naming.member_requests_prefix(v.vm, member) for v in args.vms],
+                    [paths.member_requests_prefix(v.vm, member) for v in args.vms],
                 ),
                 (
                     "results",
@@ -147,7 +148,7 @@ class ResearcherAccess(pulumi.ComponentResource):
                     args.models_bucket,
                     "own-run-results",
                     f"Only {member}'s runs' models and metrics",
-                    [naming.member_objects_prefix(v.workload, v.vm, member) for v in args.vms if v.models],
+                    [paths.member_objects_prefix(v.workload, v.vm, member) for v in args.vms if v.models],
                 ),
             ]
             if args.vms:
@@ -158,7 +159,7 @@ class ResearcherAccess(pulumi.ComponentResource):
                     args.artifacts_bucket,
                     "workload-sources",
                     "Only packaged workload sources",
-                    [naming.SOURCES_PREFIX],
+                    [paths.SOURCES_PREFIX],
                 )
                 places.append(sources)
             for suffix, role_name, permissions, bucket, title, description, prefixes in places:
@@ -175,7 +176,7 @@ class ResearcherAccess(pulumi.ComponentResource):
                     )
                 )
             if args.vms:
-                view_id = naming.researcher_log(member)
+                view_id = paths.researcher_log(member)
                 self.views[member] = gcp.logging.LogView(
                     f"{key}-log-view",
                     bucket=f"projects/{env.project}/locations/global/buckets/{naming.LOG_BUCKET}",

@@ -385,14 +385,14 @@ class Vm:
 def deployed_stack(folders: tuple[str, ...], prefix: str = "acme-ml-sandbox-dev") -> storage_client.Client:
     """The dev stack's buckets on the running emulator (STORAGE_EMULATOR_HOST), with what `pulumi up`
     uploads to the artifacts bucket (infra/artifacts.py): the agent and these folders, by content."""
-    from infra import naming
     from infra.packaging import repository_folder
     from infra.tpu.metadata import agent_package
+    from run_contract import paths
 
     client = storage_client.Client()
     for purpose in ("data", "checkpoints", "models", "status", "artifacts"):
         client.create_bucket(f"{prefix}-{purpose}")
     artifacts = client.bucket(f"{prefix}-artifacts")
     for archive in (agent_package(), *(repository_folder(folder) for folder in folders)):
-        artifacts.blob(naming.source_object(archive.sha256)).upload_from_string(archive.data)
+        artifacts.blob(paths.source_object(archive.sha256)).upload_from_string(archive.data)
     return client

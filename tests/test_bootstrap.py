@@ -131,8 +131,10 @@ def test_outputs_are_what_ci_needs():
         ("environments", json.dumps({"nowhere": "acme-ml-nowhere"}), "a stack planned in access.json"),
         ("environments", json.dumps({"dev": "acme-ml-other"}), "the project of Pulumi.dev.yaml"),
         ("githubRepositoryId", "acme", "numeric id"),
-        ("environments", json.dumps({"dev-": "acme-ml-sandbox"}), "a stack name of 1-16"),  # invalid account id
-        ("environments", json.dumps({"a--b": "acme-ml-sandbox"}), "a stack name of 1-16"),  # role id of `a-b`
+        ("environments", json.dumps({"dev-": "acme-ml-sandbox"}), "a stack name of 1-12"),  # invalid account id
+        ("environments", json.dumps({"a--b": "acme-ml-sandbox"}), "a stack name of 1-12"),  # role id of `a-b`
+        # A name the program refuses to plan (the config reader's limit) gets no accounts either.
+        ("environments", json.dumps({"production-eu": "acme-ml-sandbox"}), "a stack name of 1-12"),
     ],
 )
 def test_bad_bootstrap_settings(key, value, expected):

@@ -55,6 +55,7 @@ from infra.storage import STORAGE_APIS, PlatformBuckets
 from infra.tpu.cloud_tpu import BACKENDS
 from infra.tpu.vm import TPU_VM_APIS, TpuVm
 from infra.tpu_guard import GUARD_APIS, TpuGuard, TpuGuardArgs, guard_apis
+from run_contract import paths
 from tests.support import depends_on, fixture_config, plan, with_object
 from tools.offline.runner import PlanResult, run_program
 
@@ -284,7 +285,7 @@ def test_run_status_alone():
     bucket = one(result, "gcp:storage/bucket:Bucket")
     assert bucket.inputs["name"] == ENV.bucket_name("status") and bucket.retain_on_delete
     grant = one(result, "gcp:storage/bucketIAMMember:BucketIAMMember", "status-vm-b-writer").inputs
-    assert naming.status_prefix("vm-b") in grant["condition"]["expression"]
+    assert paths.status_prefix("vm-b") in grant["condition"]["expression"]
     assert grant["member"] == "serviceAccount:trainer@solo-project.iam.gserviceaccount.com"
 
 

@@ -141,9 +141,9 @@ def test_a_program_takes_no_source_command_or_python_and_needs_its_framework_ver
 def test_a_vm_runs_a_folder_source_through_the_agent():
     """The VM agent fetches any folder source by its digest (docs/run-contract.md): a VM is no longer
     limited to the built-in programs, and its run spec names the folder's archive and own command."""
-    from infra import naming
     from infra.packaging import repository_folder
     from infra.tpu.metadata import run_spec, source_digests
+    from run_contract import paths
 
     def put_byo_on_the_vm(vms: list) -> None:
         vms[0]["workload"] = "byo"
@@ -151,7 +151,7 @@ def test_a_vm_runs_a_folder_source_through_the_agent():
     cfg = parse_stack_config("sources", with_object(sources(), "tpuVms", put_byo_on_the_vm))
     spec = run_spec(cfg, cfg.tpu_vms[0], source_digests(cfg))
     sha256 = repository_folder("workloads/jax_mnist").sha256
-    uri = f"gs://fixture-project-sources-artifacts/{naming.source_object(sha256)}"
+    uri = f"gs://fixture-project-sources-artifacts/{paths.source_object(sha256)}"
     assert spec["source"] == {"kind": "folder", "uri": uri, "sha256": sha256}
     assert spec["command"] == ["python", "jax_mnist.py", "--epochs", "2", "--batch-size", "2"]
     assert spec["python"] == "3.11"

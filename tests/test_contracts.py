@@ -1,8 +1,9 @@
 """What the program declares that Google reads as an API body, checked against Google's discovery
 documents: Cloud Scheduler jobs (cloudscheduler.v1 Job) and, where a job calls a Google API itself,
 its URL, method and body (tpu.v2); the dashboard (monitoring.v1 Dashboard; dashboards are not in
-v3); the alert policies (monitoring.v3 AlertPolicy). And the checker itself: a misspelt field, a
-wrong enum value, a wrong method or query parameter each fail.
+v3); the alert policies (monitoring.v3 AlertPolicy); the firewall rules (compute.v1 Firewall) and the
+private DNS zones of `egress: google-only` (dns.v1 ManagedZone, ResourceRecordSet). And the checker
+itself: a misspelt field, a wrong enum value, a wrong method or query parameter each fail.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.support import fixture_config, plan
+from tests.support import fixture_config, plan, with_object
 from tools.offline.runner import PlanResult
 from tools.standins.contracts import Call, ContractError, api, document
 
@@ -186,3 +187,72 @@ def test_a_docker_version_is_named_by_its_digest_as_the_keep_policy_assumes():
     keep = next(p for p in repository.inputs["cleanupPolicies"] if p["id"] == "keep-used-by-stack")
     assert keep["condition"]["versionNamePrefixes"]
     assert all(re.fullmatch(r"sha256:[0-9a-f]{64}", v) for v in keep["condition"]["versionNamePrefixes"])
+
+
+# --- the network: firewall rules and private DNS zones --------------------------------------------
+
+
+@cache
+def google_only() -> PlanResult:
+    """The small fixture with `egress: google-only` and a two-host slice: every kind of rule the network makes
+    (IAP's SSH, a job's own, the egress allows and the deny) and the private zones."""
+
+    def two_hosts(vms: list[dict[str, Any]]) -> None:
+        vms[0].update(acceleratorType="v2-32", runtimeVersion="tpu-vm-tf-2.14.1-pod", zone="us-central1-a")
+        vms[0].pop("schedule", None)
+
+    raw = with_object(fixture_config("small"), "network", lambda n: n.update(egress="google-only"))
+    raw = with_object(raw, "tpuVms", two_hosts)
+    raw = with_object(raw, "budget", lambda b: b.update(failOverBudget=False))  # a v2-32 costs more
+    return plan(raw, "small")
+
+
+def firewall_body(inputs: dict[str, Any]) -> dict[str, Any]:
+    """A firewall as the provider sends it (magic-modules mmv1/products/compute/Firewall.yaml, commit 059355fc:
+    `allow`/`deny` are the API's `allowed`/`denied`, a rule's `protocol` its `IPProtocol`; a `log_config` block
+    is sent with `enable: true`, its custom expand); project is the URL's."""
+    body = {k: v for k, v in wire(inputs).items() if k not in ("project", "allows", "denies")}
+    for ours, theirs in (("allows", "allowed"), ("denies", "denied")):
+        if ours in inputs:
+            body[theirs] = [
+                {"IPProtocol": r["protocol"], **({"ports": r["ports"]} if "ports" in r else {})} for r in inputs[ours]
+            ]
+    if "logConfig" in body:
+        body["logConfig"] = {"enable": True, **body["logConfig"]}
+    return body
+
+
+def test_every_firewall_rule_is_a_valid_compute_v1_firewall():
+    rules = google_only().of_type("gcp:compute/firewall:Firewall")
+    directions = {(r.inputs["direction"], "allows" in r.inputs, "sourceTags" in r.inputs) for r in rules}
+    assert directions == {
+        ("INGRESS", True, False),
+        ("INGRESS", True, True),
+        ("EGRESS", True, False),
+        ("EGRESS", False, False),
+    }
+    for rule in rules:
+        api("compute.v1").check_resource("Firewall", firewall_body(rule.inputs))
+
+
+def test_a_firewall_log_setting_the_api_does_not_know_fails():
+    (rule, *_) = google_only().of_type("gcp:compute/firewall:Firewall")
+    with pytest.raises(ContractError, match=r"logConfig\.metadata = 'ALL': must be one of"):
+        api("compute.v1").check_resource("Firewall", firewall_body({**rule.inputs, "logConfig": {"metadata": "ALL"}}))
+    with pytest.raises(ContractError, match=r"unknown field allowed\[0\]\.protocol"):
+        api("compute.v1").check_resource("Firewall", {"allowed": [{"protocol": "tcp"}]})
+
+
+def test_every_private_zone_and_record_is_a_valid_cloud_dns_v1_resource():
+    """A zone as sent to managedZones.create; a record set to resourceRecordSets.create, whose zone and project
+    are the URL's."""
+    zones = google_only().of_type("gcp:dns/managedZone:ManagedZone")
+    records = google_only().of_type("gcp:dns/recordSet:RecordSet")
+    assert len(zones) == 3 and len(records) == 6
+    for zone in zones:
+        api("dns.v1").check_resource("ManagedZone", {k: v for k, v in wire(zone.inputs).items() if k != "project"})
+    for record in records:
+        body = {k: v for k, v in wire(record.inputs).items() if k not in ("project", "managedZone")}
+        api("dns.v1").check_resource("ResourceRecordSet", body)
+    with pytest.raises(ContractError, match="visibility = 'internal': must be one of"):
+        api("dns.v1").check_resource("ManagedZone", {"visibility": "internal"})

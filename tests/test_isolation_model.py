@@ -15,8 +15,8 @@ from functools import cache
 
 import pytest
 
-from infra import naming
 from infra.config.stackfile import ROOT
+from run_contract import paths
 from run_contract.request import RunPlaces
 from tests.iam_standins import Grant, account_grants, boundary_grants, vm_account
 from tools.offline.runner import PlanResult, plan_stack
@@ -26,7 +26,7 @@ EXAMPLE = ROOT / "tests" / "stacks" / "Pulumi.self-service.yaml"
 STATUS, CKPT, MODELS, DATA = (f"acme-ml-research-self-service-{p}" for p in ("status", "checkpoints", "models", "data"))
 SHARED, REVIEWED = "shared-v5e-8", "reviewed-v5e-8"
 ALICE, BOB = "user:alice@acme.example", "user:bob@acme.example"
-A, B = naming.member_key(ALICE), naming.member_key(BOB)
+A, B = paths.member_key(ALICE), paths.member_key(BOB)
 CREATE, GET, LIST, DELETE = (
     "storage.objects.create",
     "storage.objects.get",
@@ -51,7 +51,7 @@ def stack_run_boundary() -> list[Grant]:
 
 
 def request_boundary(member: str = ALICE, run_id: str = "exp-1") -> list[Grant]:
-    places = RunPlaces(f"gs://{CKPT}", f"gs://{MODELS}", "mnist", SHARED).of(f"{naming.member_key(member)}/{run_id}")
+    places = RunPlaces(f"gs://{CKPT}", f"gs://{MODELS}", "mnist", SHARED).of(f"{paths.member_key(member)}/{run_id}")
     return boundary_grants(boundary(places["checkpoint_dir"], places["model_dir"], ""))
 
 

@@ -330,15 +330,16 @@ def test_a_request_named_like_the_stack_runs_default_never_gets_the_stack_runs_f
     assert not spec.checkpoint_dir.startswith(stack_run) and not stack_run.startswith(spec.checkpoint_dir)
 
 
-def test_the_agents_member_keys_and_logs_are_the_platforms():
-    """vm_agent stays stdlib-only and apart from infra: the names both compute are compared here."""
-    from infra import naming
-    from run_contract import paths as sources
+def test_a_member_key_names_its_member_back_and_each_member_its_own_folders_and_log():
+    """The platform's grants name a researcher's folders by run_contract.paths.member_key, and the agent reads
+    who asked from a request's folder with member_of_key: one inverts the other, and no two members share a
+    key or a log. (The agent and the program both import run_contract, so there is no second copy to compare.)"""
+    from run_contract import paths
 
-    for member in (ALICE, "group:ml-researchers@acme.example", "user:a.b+c@sub.acme.example"):
-        assert sources.member_key(member) == naming.member_key(member)
-        assert sources.member_of_key(naming.member_key(member)) == member
-        assert sources.researcher_log(member) == naming.researcher_log(member)
+    members = (ALICE, "group:ml-researchers@acme.example", "user:a.b+c@sub.acme.example")
+    for member in members:
+        assert paths.member_of_key(paths.member_key(member)) == member
+    assert len({paths.member_key(m) for m in members}) == len({paths.researcher_log(m) for m in members}) == 3
 
 
 def test_a_taken_request_keeps_its_name_in_the_spec_and_its_dirs_from_agent_env(agent: Agent):

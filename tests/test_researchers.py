@@ -21,6 +21,7 @@ from infra.config import parse_stack_config
 from infra.config.problems import ConfigError
 from infra.config.stackfile import ROOT, read_stack_config
 from infra.platform import stack_identities
+from run_contract import paths
 from tests.iam_conditions import allows as cel_allows
 from tests.support import fixture_config, plan, with_object, with_scalar
 from tools.offline.runner import PlanResult, plan_stack
@@ -168,7 +169,7 @@ def test_each_researcher_holds_exactly_what_the_commands_call_nothing_more():
 def test_each_member_has_a_log_view_of_their_own_log_only():
     views = {v.inputs["name"]: v.inputs for v in example_plan().of_type("gcp:logging/logView:LogView")}
     for member in (ALICE, "group:ml-researchers@acme.example"):
-        log = naming.researcher_log(member)
+        log = paths.researcher_log(member)
         assert views[log]["filter"] == f'SOURCE("projects/acme-ml-research") AND LOG_ID("{log}")'
         assert views[log]["bucket"] == "projects/acme-ml-research/locations/global/buckets/_Default"
     assert len(views) == 2

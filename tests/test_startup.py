@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from infra import naming
 from infra.catalog import framework_lock, load_catalog
 from infra.config import parse_stack_config
 from infra.config.problems import ConfigError
@@ -33,6 +32,7 @@ from infra.startup import (
     render_startup_script,
 )
 from infra.tpu.metadata import agent_package, startup_spec, vm_metadata
+from run_contract import paths
 from tests.support import fixture_config, with_object
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -295,7 +295,7 @@ def test_the_script_carries_the_agent_by_digest_and_no_program():
     agent = agent_package()
     script = render_startup_script(spec())
     assert f"readonly AGENT_SHA256={agent.sha256}\n" in script
-    assert f"/storage/v1/b/{ARTIFACTS}/o/{naming.source_object(agent.sha256).replace('/', '%2F')}?alt=media" in script
+    assert f"/storage/v1/b/{ARTIFACTS}/o/{paths.source_object(agent.sha256).replace('/', '%2F')}?alt=media" in script
     for program in ("workloads/tf_mnist/tf_mnist.py", "workloads/lib/runlib.py"):
         assert (ROOT / program).read_text()[:400] not in script
     assert len(script.encode()) < 16 * 1024  # no program inlined: far below the 256 KiB a value may hold
@@ -396,7 +396,7 @@ def artifacts() -> Iterator[str]:
         client = storage.Client("fixture-project", AnonymousCredentials(), client_options={"api_endpoint": host})
         bucket = client.create_bucket(ARTIFACTS)
         agent = agent_package()
-        bucket.blob(naming.source_object(agent.sha256)).upload_from_string(agent.data)
+        bucket.blob(paths.source_object(agent.sha256)).upload_from_string(agent.data)
         bucket.blob(TAMPERED).upload_from_string(tampered_agent(agent.data))
         yield host
 
@@ -485,10 +485,10 @@ def test_a_tampered_agent_is_refused_and_nothing_starts(tmp_path, artifacts):
 
 
 def test_an_agent_missing_from_the_bucket_is_a_configuration_error(tmp_path, artifacts):
-    missing = dataclasses.replace(spec(), agent=Artifact(ARTIFACTS, naming.source_object("0" * 64), "0" * 64))
+    missing = dataclasses.replace(spec(), agent=Artifact(ARTIFACTS, paths.source_object("0" * 64), "0" * 64))
     done, _ = boot(tmp_path, {"agent-worker-number": "0"}, artifacts, of=missing)
     assert done.returncode == EXIT_CONFIG
-    assert f"FATAL: cannot read the agent gs://{ARTIFACTS}/{naming.source_object('0' * 64)}" in done.stderr
+    assert f"FATAL: cannot read the agent gs://{ARTIFACTS}/{paths.source_object('0' * 64)}" in done.stderr
     assert not (tmp_path / "systemctl").exists()
 
 

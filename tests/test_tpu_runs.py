@@ -29,6 +29,7 @@ from infra.access.researcher_calls import RESEARCHER_CALLS
 from infra.catalog import load_catalog
 from infra.cost import chip_hour_price
 from infra.packaging import package
+from run_contract import paths
 from run_contract.spec import FolderSource, ImageSource, RunSpec, StopRequest
 from run_contract.timeline import Event, RunEvents
 from tests.runs_cloud import RunsCloud, runs_cloud
@@ -159,8 +160,8 @@ def test_a_researcher_submits_follows_fetches_and_stops_a_run(world: World, caps
 
     # The agent ships the program's lines to Cloud Logging (telemetry), into her own log; she follows them
     # through her own log view: another researcher's run of the same name is in a log her view does not show.
-    mine = f"projects/{PROJECT}/logs/{naming.researcher_log(ALICE)}"
-    bobs = f"projects/{PROJECT}/logs/{naming.researcher_log('user:bob@acme.example')}"
+    mine = f"projects/{PROJECT}/logs/{paths.researcher_log(ALICE)}"
+    bobs = f"projects/{PROJECT}/logs/{paths.researcher_log('user:bob@acme.example')}"
     world.logs.entries += [
         {
             "logName": mine,

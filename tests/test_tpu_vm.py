@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from infra import naming
 from infra.packaging import repository_folder
 from infra.tpu.cloud_tpu import CLOUD_PLATFORM_SCOPE
 from infra.tpu.metadata import agent_package
+from run_contract import paths
 from tests.support import depends_on, fixture_config, plan, with_object
 
 V2VM = "gcp:tpu/v2Vm:V2Vm"
@@ -58,7 +58,7 @@ def test_metadata_carries_the_run_spec_and_the_agents_digest():
     assert run["runId"] == "scheduled/mnist/office-v2/r1" and run["requester"] == "stack" and run["completion"]
     assert run["source"] == {
         "kind": "folder",
-        "uri": f"gs://fixture-project-scheduled-artifacts/{naming.source_object(program.sha256)}",
+        "uri": f"gs://fixture-project-scheduled-artifacts/{paths.source_object(program.sha256)}",
         "sha256": program.sha256,
     }
     assert run["command"][:4] == ["python", "tf_mnist.py", "--epochs", "5"]

@@ -39,6 +39,7 @@ import pytest
 from infra import naming
 from infra.config import parse_stack_config
 from infra.monitoring import TpuMonitoringArgs, preempted_filter
+from run_contract import paths
 from tests.iam_standins import account_grants, vm_account
 from tests.vm_agent_support import REPO, SOURCES, build_wheel, pack
 from tools.offline.runner import plan_stack
@@ -54,7 +55,7 @@ STATUS, CKPT, MODELS, DATA, ARTIFACTS = (
 )
 SHARED, REVIEWED = "shared-v5e-8", "reviewed-v5e-8"
 ALICE, BOB = "user:alice@acme.example", "user:bob@acme.example"
-OWNER = naming.member_key(ALICE)
+OWNER = paths.member_key(ALICE)
 IMAGE_PYTHON = "/usr/bin/python3"  # what a run can execute (pytest's own interpreter lives under root's home)
 
 
@@ -546,7 +547,7 @@ def world(tmp_path_factory) -> dict[str, Any]:
             [STATUS, f"{REVIEWED}/COMPLETE"],  # the reviewed VM's marker: the guard would stop or delete it
             [STATUS, f"{SHARED}/COMPLETE"],  # its own VM's marker: only the agent writes it
             [STATUS, f"{SHARED}/runs/{OWNER}/exp-1/status.json"],  # a researcher's run's state
-            [STATUS, f"{SHARED}/requests/{naming.member_key(BOB)}/20261130T050000Z-stop-exp-1.json"],  # a forged stop
+            [STATUS, f"{SHARED}/requests/{paths.member_key(BOB)}/20261130T050000Z-stop-exp-1.json"],  # a forged stop
             [CKPT, f"mnist/{REVIEWED}/r1/ckpt-0000000100/state"],  # the reviewed VM's checkpoints
             [MODELS, f"mnist/{REVIEWED}/r1/model.keras"],  # and model
             [CKPT, f"mnist/{SHARED}/{OWNER}/exp-1/ckpt-0000000100/state"],  # a researcher's checkpoints
@@ -709,7 +710,7 @@ def test_a_run_cannot_forge_the_guards_alert(world):
     forged = [e for e in world["entries"] if (e.get("jsonPayload") or {}).get("event") == "tpu-recovery-gave-up"]
     assert len(forged) == 2  # both printed lines, shipped as the runs' output ...
     logs = {e["logName"] for e in forged}
-    assert logs == {f"projects/{PROJECT}/logs/tpu-workload", f"projects/{PROJECT}/logs/{naming.researcher_log(ALICE)}"}
+    assert logs == {f"projects/{PROJECT}/logs/tpu-workload", f"projects/{PROJECT}/logs/{paths.researcher_log(ALICE)}"}
     assert all(e["resource"]["type"] == "generic_node" for e in forged)  # ... never the function's resource or log
     cfg = parse_stack_config(STACK, plan_stack_config())
     for recovery in (True, False):

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import requests
 
-from infra import naming
+from run_contract import paths
 from tests.runs_cloud import RunsCloud, runs_cloud
 from tests.sandbox import wait_for
 from tests.vm_agent_support import agent_environ, run_spec, start_agent, trainer_folder
@@ -32,7 +32,7 @@ SHARED = "shared-v5e-8"  # selfService: true
 REVIEWED = "reviewed-v5e-8"  # selfService: false
 CHECKPOINTS = STACK.cfg.bucket_name("checkpoints")
 ALICE = "user:alice@acme.example"
-OWNER = naming.member_key(ALICE)  # her folders: her runs are `<OWNER>/<runId>` to the agent
+OWNER = paths.member_key(ALICE)  # her folders: her runs are `<OWNER>/<runId>` to the agent
 
 
 class Cloud(RunsCloud):
@@ -133,7 +133,7 @@ def test_a_submitted_run_is_run_followed_stopped_with_a_checkpoint_and_the_next_
         assert '"step": 1}' in out and '"loss": 0.9' in out
         entry = next(e for e in cloud.logs.entries if e.get("jsonPayload", {}).get("step") == 1)
         assert entry["labels"] == {"runId": f"{OWNER}/exp-1", "vm": SHARED, "worker": "0", "stack": "self-service"}
-        assert entry["logName"] == f"projects/{PROJECT}/logs/{naming.researcher_log(ALICE)}"
+        assert entry["logName"] == f"projects/{PROJECT}/logs/{paths.researcher_log(ALICE)}"
         assert entry["resource"]["type"] == "generic_node" and entry["resource"]["labels"]["node_id"] == SHARED
 
         # Another researcher cannot stop it: a stop in Bob's folder (the only one IAM lets him write) names
@@ -144,7 +144,7 @@ def test_a_submitted_run_is_run_followed_stopped_with_a_checkpoint_and_the_next_
             STACK.status, cli._request_name(SHARED, bob, "exp-1", stop=True), b'{"stop": "exp-1"}', cli.JSON_BYTES
         )
         agent.wait(
-            lambda: agent.lines(f"stop {naming.member_key(bob)}/exp-1: no such self-service run"),
+            lambda: agent.lines(f"stop {paths.member_key(bob)}/exp-1: no such self-service run"),
             "the agent to drop Bob's stop",
         )
         assert cloud.state(SHARED, "exp-1")["state"] == "running"

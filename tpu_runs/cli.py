@@ -31,6 +31,7 @@ from infra.config import ConfigError, PlatformConfig, TpuVmSettings, parse_stack
 from infra.config.stackfile import ROOT, StackFileError, read_stack_config
 from infra.config.workload_code import reading_repository
 from infra.packaging import PackagingError, package
+from run_contract import paths
 from run_contract.names import IMAGE_REF, REQUEST_RUN_ID, REQUEST_RUN_ID_RULE, RUN_ID
 from run_contract.status import ENDED
 from tpu_runs import report
@@ -125,7 +126,7 @@ def _stamp() -> str:
 
 
 def _request_name(vm: str, who: str, run_id: str, stop: bool = False) -> str:
-    return f"{naming.member_requests_prefix(vm, who)}{_stamp()}-{'stop-' if stop else ''}{run_id}.json"
+    return f"{paths.member_requests_prefix(vm, who)}{_stamp()}-{'stop-' if stop else ''}{run_id}.json"
 
 
 def _put_request(google: Google, stack: Stack, name: str, body: dict[str, Any]) -> None:
@@ -135,7 +136,7 @@ def _put_request(google: Google, stack: Stack, name: str, body: dict[str, Any]) 
 
 
 def _state(google: Google, stack: Stack, vm: str, who: str, run_id: str) -> dict[str, Any] | None:
-    raw = google.read(stack.status, f"{naming.member_runs_prefix(vm, who)}{run_id}/status.json")
+    raw = google.read(stack.status, f"{paths.member_runs_prefix(vm, who)}{run_id}/status.json")
     return json.loads(raw) if raw else None
 
 
@@ -167,7 +168,7 @@ def submit(google: Google, stack: Stack, args: argparse.Namespace) -> int:
         except PackagingError as error:
             raise UsageError(f"--folder {args.folder}: {error}") from None
         data, digest = archive.data, archive.sha256
-        name = naming.source_object(digest)
+        name = paths.source_object(digest)
         if google.exists(stack.artifacts, name):
             print(f"source {digest[:12]} is there already")
         else:
@@ -202,7 +203,7 @@ def list_runs(google: Google, stack: Stack, args: argparse.Namespace) -> int:
         print(f"{vm.name}  {vm.accelerator.name}  {vm.zone}  TPU: {states}  self-service: {service}")
         if not vm.self_service:
             continue
-        prefix = naming.member_runs_prefix(vm.name, who)
+        prefix = paths.member_runs_prefix(vm.name, who)
         for item in google.list_objects(stack.status, prefix):
             if not item["name"].endswith("/status.json"):
                 continue
@@ -231,7 +232,7 @@ def logs(google: Google, stack: Stack, args: argparse.Namespace) -> int:
     vm = stack.self_service(args.vm)
     who = requester(args.requester)
     view = naming.researcher_log_view(stack.cfg.project, who)
-    run = f"{naming.member_key(who)}/{args.run_id}"  # the agent's id of a researcher's run (vm_agent/run_requests.py)
+    run = f"{paths.member_key(who)}/{args.run_id}"  # the agent's id of a researcher's run (vm_agent/run_requests.py)
     base = f'labels.runId="{run}" AND labels.vm="{vm.name}"'
     last = ""
     while True:
@@ -257,7 +258,7 @@ def model_prefix(vm: TpuVmSettings, who: str, run_id: str) -> str:
     """Where a researcher's run keeps its model and metrics: `<workload>/<vm>/<member>/<runId>/` in the
     models bucket; the agent gives a request's run this TPU_PLATFORM_MODEL_DIR (vm_agent/run_requests.py
     RunPlaces)."""
-    return f"{naming.member_objects_prefix(vm.workload, vm.name, who)}{run_id}/"
+    return f"{paths.member_objects_prefix(vm.workload, vm.name, who)}{run_id}/"
 
 
 def fetch(google: Google, stack: Stack, args: argparse.Namespace) -> int:

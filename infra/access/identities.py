@@ -81,6 +81,11 @@ WORKLOAD_METHODS: dict[str, tuple[str, ...]] = {
 }
 
 
+def workload_account(workload: str, description: str, stack: str) -> AccountSpec:
+    """A workload's own account (infra/identity.py grants it the workload's roles), never Compute Engine's default."""
+    return AccountSpec(naming.workload_account_id(workload, stack), f"TPU workload {workload} ({stack})", description)
+
+
 def self_service_account(vm: str, stack: str) -> AccountSpec:
     """A self-service VM's own account (infra/researchers.py): it shares no account with a VM that runs
     reviewed work, and the bootstrap makes it like the workloads'."""

@@ -153,8 +153,8 @@ def _read(stack: str, raw: Mapping[str, str], problems: Problems) -> tuple[Platf
     gcp = Node({k: v for k, v in raw.items() if k.startswith("gcp:")}, "", problems)
     root = Node(own, "", problems)
 
-    if naming.label_value_problem(stack) or not re.fullmatch(r"[a-z][a-z0-9-]{0,11}", stack, flags=re.ASCII):
-        problems.add("stack name", stack, "1-12 lowercase letters, digits and '-', starting with a letter")
+    if why := naming.stack_problem(stack):
+        problems.add("stack name", stack, why)
     project = text(gcp, "gcp:project")
     region = text(gcp, "gcp:region")
     owner = text(root, "owner", check=_label_value)

@@ -22,7 +22,7 @@ from infra.gke.install import ClusterControllers, TeamPlaces, cluster_provider
 from infra.gke.teams import admin_objects
 from infra.gke.validation import platform_validator, validate_all
 
-GKE_ADMIN_PROJECT = "tpu-platform-gke-admin"  # `name:` in gke-admin/Pulumi.yaml; the root __main__.py routes on it
+GKE_ADMIN_PROJECT = "tpu-platform-gke-admin"  # `name:` in gke-admin/Pulumi.yaml, whose own __main__.py runs this phase
 
 
 def build_admin(cfg: PlatformConfig, fetch: Fetch) -> dict[str, Any]:

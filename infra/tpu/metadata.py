@@ -25,6 +25,7 @@ from infra.startup import (
     render_env,
     render_startup_script,
 )
+from run_contract import paths
 
 
 def run_prefix(cfg: PlatformConfig, vm: TpuVmSettings) -> str:
@@ -65,7 +66,7 @@ def run_spec(cfg: PlatformConfig, vm: TpuVmSettings, digests: Mapping[str, str])
         source = {"kind": "image", "image": workload.source.image}
     else:
         sha256 = digests[workload.source.folder]
-        uri = f"gs://{cfg.bucket_name('artifacts')}/{naming.source_object(sha256)}"
+        uri = f"gs://{cfg.bucket_name('artifacts')}/{paths.source_object(sha256)}"
         source = {"kind": "folder", "uri": uri, "sha256": sha256}
     spec: dict[str, Any] = {
         "runId": run_id(cfg, vm),
@@ -112,7 +113,7 @@ def agent_settings(
     def bucket_if_written(purpose: str) -> str:
         return f"gs://{cfg.bucket_name(purpose)}" if workload.access(purpose) == "write" else ""
 
-    status_dir = f"gs://{cfg.bucket_name('status')}/{naming.status_prefix(vm.name).rstrip('/')}"
+    status_dir = f"gs://{cfg.bucket_name('status')}/{paths.status_prefix(vm.name).rstrip('/')}"
     return (
         ("TPU_PLATFORM_STACK", cfg.stack),
         ("TPU_PLATFORM_VM", vm.name),
@@ -141,7 +142,7 @@ def startup_spec(cfg: PlatformConfig, vm: TpuVmSettings) -> StartupSpec:
         stack=cfg.stack,
         vm=vm.name,
         workload=workload.name,
-        agent=Artifact(cfg.bucket_name(naming.ARTIFACTS), naming.source_object(agent.sha256), agent.sha256),
+        agent=Artifact(cfg.bucket_name(naming.ARTIFACTS), paths.source_object(agent.sha256), agent.sha256),
         settings=agent_settings(cfg, vm, environment),
         framework=framework,
         framework_version=version if framework else "",
