@@ -235,6 +235,7 @@ def test_the_cli_refuses_a_vm_that_does_not_allow_self_service_before_any_call(w
     folder = a_folder(world.tmp)
     assert world.run("submit", "--vm", "reviewed-v5e-8", "--folder", str(folder), "--", "python", "train.py") == 2
     assert world.run("stop", "--vm", "reviewed-v5e-8", "exp-1") == 2
+    assert world.run("report", "--vm", "reviewed-v5e-8", "exp-1") == 2  # her runs: none there to report
     err = capsys.readouterr().err
     assert "TPU VM reviewed-v5e-8 of stack 'self-service' does not take self-service runs" in err
     assert "Traceback" not in err
@@ -557,6 +558,18 @@ def test_a_researcher_reports_her_runs_time_and_cost_by_category(world: World, c
     assert "no timeline at" in capsys.readouterr().out
     assert world.session.violations == []
     assert set(world.session.methods) <= {m for methods in RESEARCHER_CALLS.values() for m in methods}
+
+
+def test_the_stack_run_is_reported_on_a_vm_that_takes_no_self_service_runs(world: World, capsys):
+    """`--stack-run` names the stack's own run: on a reviewed VM too, where a researcher's runs are refused."""
+    run = "self-service/mnist/reviewed-v5e-8/r1"
+    record = RunEvents(run, "reviewed-v5e-8", _finished_run(0.0, 3600.0), step_lines_trusted=True)
+    world.write(STATUS, f"reviewed-v5e-8/runs/{run}/timeline.json", json.dumps(record.to_json()).encode())
+    capsys.readouterr()
+    assert world.run("report", "--vm", "reviewed-v5e-8", "--stack-run", run, "--json") == 0
+    found = json.loads(capsys.readouterr().out)
+    assert found["timeline"]["runId"] == run and found["timeline"]["billedSeconds"] == 3600.0
+    assert world.session.violations == []
 
 
 def _finished_run(start: float, billed: float) -> tuple[Event, ...]:

@@ -367,8 +367,8 @@ def main(argv: Sequence[str] | None = None, session: requests.Session | None = N
     args = parser().parse_args(argv)
     try:
         stack = load_stack(args.stack, args.stack_file)
-        if args.command_name in ("submit", "stop", "logs", "fetch"):
-            stack.self_service(args.vm)  # refused before any call
+        if args.command_name != "list" and not getattr(args, "stack_run", False):
+            stack.self_service(args.vm)  # a researcher's runs are on self-service VMs only: refused before any call
         google = Google(session or adc_session(), stack.cfg.stack)
         return args.run(google, stack, args)
     except (UsageError, CallError, OSError) as error:
