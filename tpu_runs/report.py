@@ -18,7 +18,7 @@ from typing import Any
 
 from infra.config import TpuVmSettings
 from infra.goodput.pricing import Priced, price_timeline
-from run_contract.paths import member_key, runs_prefix, status_prefix, timeline_name
+from run_contract.paths import member_key, member_runs_prefix, runs_prefix, status_prefix, timeline_name
 from run_contract.timeline import BY_KEY, RunEvents, RunTimeline, TimelineError, measure
 
 
@@ -105,7 +105,7 @@ def total(vm: TpuVmSettings, runs: list[RunTimeline], what: str) -> RunTimeline:
 def report_vm(google: Any, stack: Any, args: argparse.Namespace, who: str) -> int:
     """Every readable run's timeline on the VM (in `args.month`, if given): a line each, and their sum."""
     vm = stack.vm(args.vm)
-    prefix = runs_prefix(vm.name) if args.stack_run else f"{runs_prefix(vm.name)}{member_key(who)}/"
+    prefix = runs_prefix(vm.name) if args.stack_run else member_runs_prefix(vm.name, who)
     runs: list[RunTimeline] = []
     for item in google.list_objects(stack.status, prefix):
         if not item["name"].endswith("/timeline.json"):
