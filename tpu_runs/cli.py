@@ -1,4 +1,4 @@
-"""`tpu-runs`: submit, list, logs, fetch and stop self-service runs on a stack's TPU VMs.
+"""`tpu-runs`: submit, list, logs, fetch, stop and report self-service runs on a stack's TPU VMs.
 
 The stack file (Pulumi.<stack>.yaml, read with the program's own strict parser) says which project,
 buckets and VMs there are, and which VMs take researchers' runs (selfService). Everything of a
