@@ -19,7 +19,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote, urlsplit
 
 import pytest
 import requests
@@ -32,6 +32,7 @@ from infra.packaging import package
 from run_contract.spec import FolderSource, ImageSource, RunSpec, StopRequest
 from run_contract.timeline import Event, RunEvents
 from tests.runs_cloud import RunsCloud, runs_cloud
+from tests.test_researchers import can, can_create
 from tools.standins.contracts import Call, ContractError, api
 from tpu_runs import cli
 from vm_agent.run_requests import RequestSource
@@ -55,6 +56,7 @@ class StorageChecked(requests.Session):
         self.storage = storage
         self.methods: list[str] = []
         self.violations: list[str] = []
+        self.reached: list[tuple[str, str, str]] = []  # (method id, bucket, object name or listing prefix)
 
     def request(self, method: str | bytes, url: str | bytes, *args: Any, **kwargs: Any) -> requests.Response:  # type: ignore[override]
         if str(url).startswith(self.storage):
@@ -64,6 +66,8 @@ class StorageChecked(requests.Session):
                 self.methods.append(api("storage.v1").check(Call(str(method), prepared.url or "", body)).id)
             except ContractError as error:
                 self.violations.append(str(error))
+            else:
+                self.reached.append((self.methods[-1], *_bucket_and_name(str(url), kwargs.get("params") or {})))
             params = kwargs.get("params") or {}
             if str(method) == "POST" and params.get("ifGenerationMatch") == "0" and self._exists(str(url), params):
                 return _precondition_failed(str(url))
@@ -74,6 +78,30 @@ class StorageChecked(requests.Session):
         (cloud.google.com/storage/docs/request-preconditions), so this session does it for the emulator."""
         bucket_url = upload_url.replace("/upload/storage/v1/", "/storage/v1/")
         return requests.get(f"{bucket_url}/{quote(params['name'], safe='')}", timeout=10).status_code == 200
+
+
+def _bucket_and_name(url: str, params: dict[str, str]) -> tuple[str, str]:
+    """The bucket and the object a storage.v1 call names (an upload's `name`, a listing's `prefix`)."""
+    parts = urlsplit(url).path.split("/")  # ['', ('upload',) 'storage', 'v1', 'b', BUCKET, 'o', (NAME)]
+    bucket = parts[parts.index("b") + 1]
+    name = unquote(parts[parts.index("o") + 1]) if len(parts) > parts.index("o") + 1 else ""
+    return bucket, params.get("name") or params.get("prefix") or name
+
+
+def outside_her_grants(session: StorageChecked) -> list[tuple[str, str, str]]:
+    """The Cloud Storage calls the commands made that the plan's grants to her do not allow (IAM Conditions
+    evaluated as Google does, tests/test_researchers.py): each call, not a list of names chosen by hand."""
+    outside = []
+    for method, bucket, name in session.reached:
+        if method == "storage.objects.insert":
+            allowed = can_create(bucket, name)
+        elif method == "storage.objects.list":
+            allowed = can(method, bucket, list_prefix=name)
+        else:
+            allowed = can(method, bucket, object_name=name)
+        if not allowed:
+            outside.append((method, bucket, name))
+    return outside
 
 
 def _precondition_failed(url: str) -> requests.Response:
@@ -213,6 +241,7 @@ def test_a_researcher_submits_follows_fetches_and_stops_a_run(world: World, caps
     assert world.agent().next(0) == StopRequest(f"{OWNER}/exp-2")
 
     assert world.session.violations == [] and world.tpu.violations == [] and world.logs.violations == []
+    assert world.session.reached and outside_her_grants(world.session) == []
     called = set(world.session.methods) | set(world.tpu.methods) | set(world.logs.methods)
     assert called == {m for methods in RESEARCHER_CALLS.values() for m in methods}
 
@@ -556,7 +585,7 @@ def test_a_researcher_reports_her_runs_time_and_cost_by_category(world: World, c
     assert "unattributed" in table and "untrusted (the program's step lines)" in table
     assert world.run("report", "--vm", VM, "exp-9") == 1  # no timeline: said, not a traceback
     assert "no timeline at" in capsys.readouterr().out
-    assert world.session.violations == []
+    assert world.session.violations == [] and outside_her_grants(world.session) == []
     assert set(world.session.methods) <= {m for methods in RESEARCHER_CALLS.values() for m in methods}
 
 
@@ -606,5 +635,5 @@ def test_a_researcher_reports_all_her_runs_on_a_vm_and_one_month_of_them(world: 
     assert world.run("report", "--vm", VM, "--month", "2026-10") == 1
     assert world.run("report", "--vm", VM, "--month", "26-10") == 2
     assert "a UTC month like 2026-11" in capsys.readouterr().err
-    assert world.session.violations == []
+    assert world.session.violations == [] and outside_her_grants(world.session) == []
     assert set(world.session.methods) <= {m for methods in RESEARCHER_CALLS.values() for m in methods}
