@@ -30,7 +30,7 @@ from infra.catalog import load_catalog
 from infra.cost import chip_hour_price
 from infra.packaging import package
 from run_contract.spec import FolderSource, ImageSource, RunSpec, StopRequest
-from run_contract.timeline import Event, RunEvents
+from run_contract.timeline import Event, PreemptionHistory, RunEvents
 from tests.runs_cloud import RunsCloud, runs_cloud
 from tests.test_researchers import can, can_create
 from tools.standins.contracts import Call, ContractError, api
@@ -632,6 +632,10 @@ def test_a_researcher_reports_all_her_runs_on_a_vm_and_one_month_of_them(world: 
     november_only = json.loads(capsys.readouterr().out)
     assert [r["runId"] for r in november_only["runs"]] == [f"{OWNER}/exp-1"]
     assert november_only["total"]["timeline"]["seconds"]["installs"] == 10.0
+    history = world.tmp / "history.json"
+    assert world.run("report", "--vm", VM, "--month", "2026-11", "--history", str(history)) == 0
+    recorded = PreemptionHistory.from_json(json.loads(history.read_text()))  # what `whatif --history` reads
+    assert (recorded.preemptions, recorded.lost_without_notice, recorded.running_hours) == (0, 0, 1.0)
     assert world.run("report", "--vm", VM, "--month", "2026-10") == 1
     assert world.run("report", "--vm", VM, "--month", "26-10") == 2
     assert "a UTC month like 2026-11" in capsys.readouterr().err

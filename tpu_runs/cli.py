@@ -346,6 +346,7 @@ def parser() -> argparse.ArgumentParser:
     sub.add_argument("--stack-run", action="store_true", help="the stack's run(s) on the VM, not yours")
     sub.add_argument("--month", help="without RUN_ID: runs that started in this UTC month, like 2026-11")
     sub.add_argument("--json", action="store_true", help="the report as JSON")
+    sub.add_argument("--history", type=Path, help="also write the runs' preemption record here (whatif --history)")
     sub.set_defaults(run=report_run)
     for name, helptext, run in (
         ("logs", "A run's log from Cloud Logging.", logs),
