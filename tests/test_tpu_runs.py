@@ -598,6 +598,8 @@ def test_the_stack_run_is_reported_on_a_vm_that_takes_no_self_service_runs(world
     assert world.run("report", "--vm", "reviewed-v5e-8", "--stack-run", run, "--json") == 0
     found = json.loads(capsys.readouterr().out)
     assert found["timeline"]["runId"] == run and found["timeline"]["billedSeconds"] == 3600.0
+    assert world.run("report", "--vm", "reviewed-v5e-8", "--stack-run", "--month", "2026-10") == 1
+    assert "no run timelines on reviewed-v5e-8 in 2026-10 under" in capsys.readouterr().out  # not "of yours"
     assert world.session.violations == []
 
 

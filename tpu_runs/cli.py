@@ -343,7 +343,11 @@ def parser() -> argparse.ArgumentParser:
     sub.set_defaults(run=list_runs)
     sub = command("report", "Where a run's time went and what it cost, by category, in chip-hours and list-price USD.")
     sub.add_argument("run_id", metavar="RUN_ID", nargs="?", help="one run (default: every run of yours on the VM)")
-    sub.add_argument("--stack-run", action="store_true", help="the stack's run(s) on the VM, not yours")
+    sub.add_argument(
+        "--stack-run",
+        action="store_true",
+        help="the stack's run; without RUN_ID, all runs on the VM (its whole folder)",
+    )
     sub.add_argument("--month", help="without RUN_ID: runs that started in this UTC month, like 2026-11")
     sub.add_argument("--json", action="store_true", help="the report as JSON")
     sub.add_argument("--history", type=Path, help="also write the runs' preemption record here (whatif --history)")

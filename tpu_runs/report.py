@@ -128,7 +128,7 @@ def report_vm(google: Any, stack: Any, args: argparse.Namespace, who: str) -> in
             runs.append(run_timeline(vm, events))
     scope = f"{vm.name}{' in ' + args.month if args.month else ''}"
     if not runs:
-        print(f"no run timelines of yours on {scope} under gs://{stack.status}/{prefix}")
+        print(f"no run timelines{'' if args.stack_run else ' of yours'} on {scope} under gs://{stack.status}/{prefix}")
         return 1
     summed = total(vm, runs, f"{len(runs)} run(s) on {scope}")
     priced = price_timeline(summed)
