@@ -118,8 +118,8 @@ def _floor(stack_file: Path, record: Path) -> dict:
 
     import pulumi
 
-    from infra.config.stackfile import project_name, read_stack_config, stack_of
-    from tools.offline.runner import run_program
+    from infra.config.stackfile import stack_of
+    from tools.offline.runner import plan_stack
 
     recorded = json.loads(record.read_text())
     for name in recorded["modules"]:
@@ -140,7 +140,7 @@ def _floor(stack_file: Path, record: Path) -> dict:
             else:
                 made[r["urn"]] = pulumi.ComponentResource(r["type"], r["name"], None, opts)
 
-    result = run_program(stack, read_stack_config(stack, ROOT, stack_file), replay, project_name(ROOT))
+    result = plan_stack(stack, stack_file, program=replay)
     figures = {"wall_s": time.perf_counter() - STARTED, "peak_mib": _peak_mib()}
     figures["resources"] = len(result.resources)
     assert figures["resources"] == len(registrations), "the floor registered another number of resources"

@@ -19,7 +19,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote, urlsplit
 
 import pytest
 import requests
@@ -31,9 +31,10 @@ from infra.cost import chip_hour_price
 from infra.packaging import package
 from run_contract import paths
 from run_contract.spec import FolderSource, ImageSource, RunSpec, StopRequest
-from run_contract.timeline import Event, RunEvents
+from run_contract.timeline import Event, PreemptionHistory, RunEvents
 from tests.runs_cloud import RunsCloud, runs_cloud
 from tests.support import STEP_LINE_CATEGORIES
+from tests.test_researchers import can, can_create
 from tools.standins.contracts import Call, ContractError, api
 from tpu_runs import cli
 from vm_agent.run_requests import RequestSource
@@ -57,6 +58,7 @@ class StorageChecked(requests.Session):
         self.storage = storage
         self.methods: list[str] = []
         self.violations: list[str] = []
+        self.reached: list[tuple[str, str, str]] = []  # (method id, bucket, object name or listing prefix)
 
     def request(self, method: str | bytes, url: str | bytes, *args: Any, **kwargs: Any) -> requests.Response:  # type: ignore[override]
         if str(url).startswith(self.storage):
@@ -66,6 +68,8 @@ class StorageChecked(requests.Session):
                 self.methods.append(api("storage.v1").check(Call(str(method), prepared.url or "", body)).id)
             except ContractError as error:
                 self.violations.append(str(error))
+            else:
+                self.reached.append((self.methods[-1], *_bucket_and_name(str(url), kwargs.get("params") or {})))
             params = kwargs.get("params") or {}
             if str(method) == "POST" and params.get("ifGenerationMatch") == "0" and self._exists(str(url), params):
                 return _precondition_failed(str(url))
@@ -76,6 +80,30 @@ class StorageChecked(requests.Session):
         (cloud.google.com/storage/docs/request-preconditions), so this session does it for the emulator."""
         bucket_url = upload_url.replace("/upload/storage/v1/", "/storage/v1/")
         return requests.get(f"{bucket_url}/{quote(params['name'], safe='')}", timeout=10).status_code == 200
+
+
+def _bucket_and_name(url: str, params: dict[str, str]) -> tuple[str, str]:
+    """The bucket and the object a storage.v1 call names (an upload's `name`, a listing's `prefix`)."""
+    parts = urlsplit(url).path.split("/")  # ['', ('upload',) 'storage', 'v1', 'b', BUCKET, 'o', (NAME)]
+    bucket = parts[parts.index("b") + 1]
+    name = unquote(parts[parts.index("o") + 1]) if len(parts) > parts.index("o") + 1 else ""
+    return bucket, params.get("name") or params.get("prefix") or name
+
+
+def outside_her_grants(session: StorageChecked) -> list[tuple[str, str, str]]:
+    """The Cloud Storage calls the commands made that the plan's grants to her do not allow (IAM Conditions
+    evaluated as Google does, tests/test_researchers.py): each call, not a list of names chosen by hand."""
+    outside = []
+    for method, bucket, name in session.reached:
+        if method == "storage.objects.insert":
+            allowed = can_create(bucket, name)
+        elif method == "storage.objects.list":
+            allowed = can(method, bucket, list_prefix=name)
+        else:
+            allowed = can(method, bucket, object_name=name)
+        if not allowed:
+            outside.append((method, bucket, name))
+    return outside
 
 
 def _precondition_failed(url: str) -> requests.Response:
@@ -215,6 +243,7 @@ def test_a_researcher_submits_follows_fetches_and_stops_a_run(world: World, caps
     assert world.agent().next(0) == StopRequest(f"{OWNER}/exp-2")
 
     assert world.session.violations == [] and world.tpu.violations == [] and world.logs.violations == []
+    assert world.session.reached and outside_her_grants(world.session) == []
     called = set(world.session.methods) | set(world.tpu.methods) | set(world.logs.methods)
     assert called == {m for methods in RESEARCHER_CALLS.values() for m in methods}
 
@@ -237,6 +266,7 @@ def test_the_cli_refuses_a_vm_that_does_not_allow_self_service_before_any_call(w
     folder = a_folder(world.tmp)
     assert world.run("submit", "--vm", "reviewed-v5e-8", "--folder", str(folder), "--", "python", "train.py") == 2
     assert world.run("stop", "--vm", "reviewed-v5e-8", "exp-1") == 2
+    assert world.run("report", "--vm", "reviewed-v5e-8", "exp-1") == 2  # her runs: none there to report
     err = capsys.readouterr().err
     assert "TPU VM reviewed-v5e-8 of stack 'self-service' does not take self-service runs" in err
     assert "Traceback" not in err
@@ -550,8 +580,22 @@ def test_a_researcher_reports_her_runs_time_and_cost_by_category(world: World, c
     assert "unattributed" in table and "untrusted (the program's step lines)" in table
     assert world.run("report", "--vm", VM, "exp-9") == 1  # no timeline: said, not a traceback
     assert "no timeline at" in capsys.readouterr().out
-    assert world.session.violations == []
+    assert world.session.violations == [] and outside_her_grants(world.session) == []
     assert set(world.session.methods) <= {m for methods in RESEARCHER_CALLS.values() for m in methods}
+
+
+def test_the_stack_run_is_reported_on_a_vm_that_takes_no_self_service_runs(world: World, capsys):
+    """`--stack-run` names the stack's own run: on a reviewed VM too, where a researcher's runs are refused."""
+    run = "self-service/mnist/reviewed-v5e-8/r1"
+    record = RunEvents(run, "reviewed-v5e-8", _finished_run(0.0, 3600.0), step_lines_trusted=True)
+    world.write(STATUS, f"reviewed-v5e-8/runs/{run}/timeline.json", json.dumps(record.to_json()).encode())
+    capsys.readouterr()
+    assert world.run("report", "--vm", "reviewed-v5e-8", "--stack-run", run, "--json") == 0
+    found = json.loads(capsys.readouterr().out)
+    assert found["timeline"]["runId"] == run and found["timeline"]["billedSeconds"] == 3600.0
+    assert world.run("report", "--vm", "reviewed-v5e-8", "--stack-run", "--month", "2026-10") == 1
+    assert "no run timelines on reviewed-v5e-8 in 2026-10 under" in capsys.readouterr().out  # not "of yours"
+    assert world.session.violations == []
 
 
 def _finished_run(start: float, billed: float) -> tuple[Event, ...]:
@@ -585,8 +629,12 @@ def test_a_researcher_reports_all_her_runs_on_a_vm_and_one_month_of_them(world: 
     november_only = json.loads(capsys.readouterr().out)
     assert [r["runId"] for r in november_only["runs"]] == [f"{OWNER}/exp-1"]
     assert november_only["total"]["timeline"]["seconds"]["installs"] == 10.0
+    history = world.tmp / "history.json"
+    assert world.run("report", "--vm", VM, "--month", "2026-11", "--history", str(history)) == 0
+    recorded = PreemptionHistory.from_json(json.loads(history.read_text()))  # what `whatif --history` reads
+    assert (recorded.preemptions, recorded.lost_without_notice, recorded.running_hours) == (0, 0, 1.0)
     assert world.run("report", "--vm", VM, "--month", "2026-10") == 1
     assert world.run("report", "--vm", VM, "--month", "26-10") == 2
     assert "a UTC month like 2026-11" in capsys.readouterr().err
-    assert world.session.violations == []
+    assert world.session.violations == [] and outside_her_grants(world.session) == []
     assert set(world.session.methods) <= {m for methods in RESEARCHER_CALLS.values() for m in methods}

@@ -851,18 +851,22 @@ def smoke_gke_teams(
             _refused_pod(shell, b.namespace, "smoke-above", {"priorityClassName": "very-high"}),
         )
         checkpoints = cfg.bucket_name("checkpoints")
-        jobset = smoke_jobset(a, pools[SPOT_POOL], "smoke-jax", checkpoints, b)
+        jobsets = {
+            name: smoke_jobset(a, pools[SPOT_POOL], name, checkpoints, b, queued)
+            for name, queued in (("smoke-jax", True), ("smoke-unqueued", False))
+        }
         shapes = {p.name: shape_of(p) for p in gke.slice_pools}
-        offline = validate_all(platform_validator(), [*queue_objects(gke.teams, shapes), jobset], list(shapes.values()))
+        checked = [*queue_objects(gke.teams, shapes), jobsets["smoke-jax"]]
+        offline = validate_all(platform_validator(), checked, list(shapes.values()))
         report.add(
             "the team's JobSet passes the offline checks its queue and the schemas make",
             offline.ok,
             "; ".join(str(f) for f in offline.findings),
         )
         applied = {}
-        for name, queued in (("smoke-jax", True), ("smoke-unqueued", False)):
+        for name, jobset in jobsets.items():  # the JobSet checked offline is the one applied
             path = teams_file.with_name(f"{name}.json")
-            path.write_text(json.dumps(smoke_jobset(a, pools[SPOT_POOL], name, checkpoints, b, queued), indent=2))
+            path.write_text(json.dumps(jobset, indent=2))
             rc, _ = shell.run(["kubectl", "apply", "--server-side", "-f", str(path)])
             applied[name] = rc == 0
         rc, _ = shell.run(

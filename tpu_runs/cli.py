@@ -1,4 +1,4 @@
-"""`tpu-runs`: submit, list, logs, fetch and stop self-service runs on a stack's TPU VMs.
+"""`tpu-runs`: submit, list, logs, fetch, stop and report self-service runs on a stack's TPU VMs.
 
 The stack file (Pulumi.<stack>.yaml, read with the program's own strict parser) says which project,
 buckets and VMs there are, and which VMs take researchers' runs (selfService). Everything of a
@@ -344,9 +344,14 @@ def parser() -> argparse.ArgumentParser:
     sub.set_defaults(run=list_runs)
     sub = command("report", "Where a run's time went and what it cost, by category, in chip-hours and list-price USD.")
     sub.add_argument("run_id", metavar="RUN_ID", nargs="?", help="one run (default: every run of yours on the VM)")
-    sub.add_argument("--stack-run", action="store_true", help="the stack's run(s) on the VM, not yours")
+    sub.add_argument(
+        "--stack-run",
+        action="store_true",
+        help="the stack's run; without RUN_ID, all runs on the VM (its whole folder)",
+    )
     sub.add_argument("--month", help="without RUN_ID: runs that started in this UTC month, like 2026-11")
     sub.add_argument("--json", action="store_true", help="the report as JSON")
+    sub.add_argument("--history", type=Path, help="also write the runs' preemption record here (whatif --history)")
     sub.set_defaults(run=report_run)
     for name, helptext, run in (
         ("logs", "A run's log from Cloud Logging.", logs),
@@ -368,8 +373,8 @@ def main(argv: Sequence[str] | None = None, session: requests.Session | None = N
     args = parser().parse_args(argv)
     try:
         stack = load_stack(args.stack, args.stack_file)
-        if args.command_name in ("submit", "stop", "logs", "fetch"):
-            stack.self_service(args.vm)  # refused before any call
+        if args.command_name != "list" and not getattr(args, "stack_run", False):
+            stack.self_service(args.vm)  # a researcher's runs are on self-service VMs only: refused before any call
         google = Google(session or adc_session(), stack.cfg.stack)
         return args.run(google, stack, args)
     except (UsageError, CallError, OSError) as error:

@@ -1,6 +1,7 @@
 """`tpu-runs report`: where a run's time went and what it cost, from the timeline its VM's agent keeps; without
 a run id, every run of the VM the caller may read (her own; with `--stack-run`, the VM's whole folder), one
-line each and their sum by category, for one UTC month with `--month`.
+line each and their sum by category, for one UTC month with `--month`; `--history FILE` also writes their
+preemptions and running hours (run_contract/timeline.py PreemptionHistory), the record the what-if reads.
 
 The agent writes the run's events next to its state (run_contract/timeline.py RunEvents, at
 `<vm>/runs/<runId>/timeline.json` in the status bucket); this measures them by category, adds what the stack
@@ -13,13 +14,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from typing import Any
 
 from infra.config import TpuVmSettings
 from infra.goodput.pricing import Priced, price_timeline
-from run_contract.paths import member_key, runs_prefix, status_prefix, timeline_name
-from run_contract.timeline import BY_KEY, RunEvents, RunTimeline, TimelineError, measure
+from run_contract.paths import member_key, member_runs_prefix, runs_prefix, status_prefix, timeline_name
+from run_contract.timeline import BY_KEY, PreemptionHistory, RunEvents, RunTimeline, TimelineError, measure
 
 
 def timeline_object(vm: str, run_id: str, who: str, stack_run: bool) -> str:
@@ -102,10 +104,17 @@ def total(vm: TpuVmSettings, runs: list[RunTimeline], what: str) -> RunTimeline:
     return _on(vm, what, sum(t.billed_s for t in runs), measured, counts, trusted)
 
 
+def write_history(args: argparse.Namespace, runs: list[RunTimeline], source: str) -> None:
+    """With `--history FILE`: the runs' preemptions and running hours, the record `whatif --history` reads."""
+    if args.history:
+        args.history.write_text(json.dumps(PreemptionHistory.of(runs, source).to_json(), indent=1) + "\n")
+        print(f"preemption record: {args.history} (python -m tools.offline whatif --history)", file=sys.stderr)
+
+
 def report_vm(google: Any, stack: Any, args: argparse.Namespace, who: str) -> int:
     """Every readable run's timeline on the VM (in `args.month`, if given): a line each, and their sum."""
     vm = stack.vm(args.vm)
-    prefix = runs_prefix(vm.name) if args.stack_run else f"{runs_prefix(vm.name)}{member_key(who)}/"
+    prefix = runs_prefix(vm.name) if args.stack_run else member_runs_prefix(vm.name, who)
     runs: list[RunTimeline] = []
     for item in google.list_objects(stack.status, prefix):
         if not item["name"].endswith("/timeline.json"):
@@ -119,10 +128,11 @@ def report_vm(google: Any, stack: Any, args: argparse.Namespace, who: str) -> in
             runs.append(run_timeline(vm, events))
     scope = f"{vm.name}{' in ' + args.month if args.month else ''}"
     if not runs:
-        print(f"no run timelines of yours on {scope} under gs://{stack.status}/{prefix}")
+        print(f"no run timelines{'' if args.stack_run else ' of yours'} on {scope} under gs://{stack.status}/{prefix}")
         return 1
     summed = total(vm, runs, f"{len(runs)} run(s) on {scope}")
     priced = price_timeline(summed)
+    write_history(args, runs, summed.run_id)
     if args.json:
         each = [{"runId": t.run_id, **as_json(t, price_timeline(t))} for t in runs]
         print(json.dumps({"runs": each, "total": as_json(summed, priced)}, indent=1))
@@ -152,5 +162,6 @@ def report(google: Any, stack: Any, args: argparse.Namespace, who: str) -> int:
         print(f"gs://{stack.status}/{name} is not a run timeline: {error}")
         return 1
     priced = price_timeline(timeline)
+    write_history(args, [timeline], f"run {timeline.run_id} on {vm.name}")
     print(json.dumps(as_json(timeline, priced), indent=1) if args.json else table(timeline, priced))
     return 0

@@ -27,6 +27,11 @@ def _hex(seed: str, count: int) -> str:
     return hashlib.sha256(seed.encode()).hexdigest()[:count]
 
 
+def _dns_endpoint(project: str, location: str, cluster: str) -> str:
+    """The DNS endpoint the mocks give a GKE cluster: the Cluster resource's and the getCluster lookup's."""
+    return f"gke-{_hex(f'{project}/{location}/{cluster}', 32)}-{project_number(project)}.{location}.gke.goog"
+
+
 def project_number(project: str) -> str:
     return "1" + _digits(project, 11)
 
@@ -89,9 +94,9 @@ class GcpMocks(pulumi.runtime.Mocks):
             return {"email": email, "member": f"serviceAccount:{email}", "project": project}, []
         if args.token == "gcp:container/getCluster:getCluster":
             # The cluster as the environment's stack made it (the GKE admin phase looks it up): its DNS
-            # endpoint, named as the Cluster mock below names it.
+            # endpoint.
             location, name = inputs["location"], inputs["name"]
-            dns = f"gke-{_hex(f'{project}/{location}/{name}', 32)}-{project_number(project)}.{location}.gke.goog"
+            dns = _dns_endpoint(project, location, name)
             endpoints = [{"dnsEndpointConfigs": [{"endpoint": dns, "allowExternalTraffic": True}]}]
             return {
                 "name": name,
@@ -174,7 +179,7 @@ class GcpMocks(pulumi.runtime.Mocks):
         if token == "gcp:container/cluster:Cluster":
             # What GKE reports once the cluster runs: its DNS endpoint (the one way in: no IP endpoint).
             location = inputs["location"]
-            dns = f"gke-{_hex(f'{project}/{location}/{name}', 32)}-{project_number(project)}.{location}.gke.goog"
+            dns = _dns_endpoint(project, location, name)
             config = dict(inputs.get("controlPlaneEndpointsConfig") or {})
             config["dnsEndpointConfig"] = {**(config.get("dnsEndpointConfig") or {}), "endpoint": dns}
             state |= {

@@ -110,9 +110,13 @@ def run_program(
 
 
 def plan_stack(
-    stack: str, stack_file: Path | None = None, state: CloudState | None = None, project: str | None = None
+    stack: str,
+    stack_file: Path | None = None,
+    state: CloudState | None = None,
+    project: str | None = None,
+    program: Callable[[], Any] | None = None,
 ) -> PlanResult:
-    """The offline plan of a stack file: the real program with that stack's config (as `project`: by
-    default the environment's, Pulumi.yaml's; the GKE admin phase reads the same stack file)."""
+    """The offline plan of a stack file: the real program (or `program`) with that stack's config (as
+    `project`: by default the environment's, Pulumi.yaml's; the GKE admin phase reads the same stack file)."""
     config = read_stack_config(stack, ROOT, stack_file)
-    return run_program(stack, config, project=project or project_name(ROOT), state=state)
+    return run_program(stack, config, program, project=project or project_name(ROOT), state=state)

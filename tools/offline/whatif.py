@@ -58,8 +58,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     rate.add_argument(
         "--history",
         type=Path,
-        help="a record of preemptions (JSON: preemptions, "
-        "lostWithoutNotice, runningHours), as `tpu-runs report` will write it",
+        help="a record of preemptions (JSON: preemptions, lostWithoutNotice, runningHours), as "
+        "`tpu-runs report --history FILE` writes it",
     )
     events.add_argument(
         "--lost-without-notice-hours",
