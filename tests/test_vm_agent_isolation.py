@@ -380,7 +380,9 @@ def test_the_metadata_proxy_forwards_no_path_that_could_name_another_upstream(pa
     from vm_agent.metadata_proxy import MetadataProxy
 
     no_tokens: Any = None
-    proxy = MetadataProxy("http://127.0.0.1:9/computeMetadata/v1", no_tokens, "http://127.0.0.1:9", lambda *a, **k: 0)
+    proxy = MetadataProxy(
+        "http://127.0.0.1:9/computeMetadata/v1", no_tokens, "http://127.0.0.1:9", lambda *a, **k: None
+    )
     try:
         status, _, _ = proxy.answer(f"/computeMetadata/v1/{path}", {"Metadata-Flavor": "Google"}, ("127.0.0.1", 1))
         assert status == 403
