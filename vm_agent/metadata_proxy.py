@@ -169,10 +169,12 @@ class MetadataProxy:
         self.server.daemon_threads = True
         self.address = f"{host}:{self.server.server_address[1]}"
         self.servers = [self.server]
+        self._serving: list[http.server.ThreadingHTTPServer] = []  # shutdown() waits forever on one never served
         self.bridge_address = ""  # where containers reach it (listen)
 
     def start(self) -> None:
         threading.Thread(target=self.server.serve_forever, args=(0.2,), name="metadata-proxy", daemon=True).start()
+        self._serving.append(self.server)
 
     def listen(self, host: str) -> str:
         """Serve containers too, on `host` (the gateway of the runs' Docker network): its address, once."""
@@ -183,12 +185,14 @@ class MetadataProxy:
                 target=server.serve_forever, args=(0.2,), name="metadata-proxy-images", daemon=True
             ).start()
             self.servers.append(server)
+            self._serving.append(server)
             self.bridge_address = f"{host}:{server.server_address[1]}"
         return self.bridge_address
 
     def close(self) -> None:
         for server in self.servers:
-            server.shutdown()
+            if server in self._serving:
+                server.shutdown()
             server.server_close()
 
     def admit(self, uid: int, rules: list[dict[str, Any]]) -> None:
