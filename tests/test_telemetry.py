@@ -226,6 +226,7 @@ def test_ship_never_waits_for_a_hanging_endpoint_and_a_full_queue_drops_with_a_w
         shipper = Telemetry(env_for(api_url, metadata_url), warn=warnings.append, flush_every_s=0.01, queue_size=5)
         run = RunSpec("exp-42")
         shipper.ship("first", run)  # the thread takes it and hangs in its request
+        assert received.held.wait(30)  # before any other line is shipped, so its batch is that line alone
         done = threading.Event()
 
         def print_a_lot() -> None:

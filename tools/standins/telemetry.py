@@ -27,6 +27,7 @@ class Received:
     violations: list[str] = field(default_factory=list)
     status: int = 200  # what to answer
     hold: threading.Event | None = None  # when set, requests wait for it before answering
+    held: threading.Event = field(default_factory=threading.Event)  # set once a request waits on `hold`
 
     def bodies(self, method_id: str) -> list[dict[str, Any]]:
         return [call.body for mid, call, _ in self.calls if mid == method_id]
@@ -38,6 +39,7 @@ class _ApiHandler(Handler):
     def do_POST(self) -> None:  # noqa: N802 - http.server's name
         raw = self.body()
         if self.received.hold is not None:
+            self.received.held.set()
             self.received.hold.wait(30)
         try:
             body = json.loads(raw or b"{}")
