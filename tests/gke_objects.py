@@ -51,12 +51,7 @@ def jobset(
     slices: int = 1,
     priority: str = "medium",
 ) -> dict[str, Any]:
-    """The platform's team JobSet, with a failure rule written out as JobSet's webhook would default it
-    (a schema check sees objects before webhooks do)."""
-    out = team_jobset(
+    """The platform's team JobSet, with its failure rules (infra/gke/jobsets.py)."""
+    return team_jobset(
         team, shape, name, image=IMAGE, command=["python", "train.py"], slices=slices, priority=priority, max_restarts=3
     )
-    out["spec"]["failurePolicy"]["rules"] = [
-        {"name": "user_error", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]}
-    ]
-    return out

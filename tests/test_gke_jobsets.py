@@ -3,10 +3,19 @@ and what its team's queue and the schemas make of it."""
 
 from __future__ import annotations
 
+import dataclasses
+import re
+from typing import Any
+
+import pytest
+
 from infra import naming
-from infra.gke.jobsets import team_jobset
+from infra.gke import queues
+from infra.gke.jobsets import RUN_LABEL, run_jobset, team_jobset
 from infra.gke.quota import pod_sets
+from infra.gke.specs import SliceShape
 from infra.gke.validation import platform_validator, validate_all
+from run_contract.spec import FolderSource, ImageSource, RunSpec
 from tests import gke_objects as g
 
 
@@ -41,3 +50,130 @@ def test_it_passes_the_schemas_and_its_queue_admits_it():
         "JobSet/team-vision/big: spec.replicatedJobs: asks 32 TPU chips; ClusterQueue 'vision' can admit at most 16 "
         "(its nominal quota plus what it may borrow in its cohort)"
     ]
+
+
+# --- A researcher's run spec as a JobSet ------------------------------------------------------------------
+
+SINGLE_HOST = SliceShape("tpu-v5-lite-podslice", "2x4", "ct5lp-hightpu-8t", 8, 1, 1, "on-demand")
+RUN_TEAM = dataclasses.replace(g.VISION, nominal_chips=(("v5e", 16), ("iron", 8), ("one", 8)))
+SHAPES_BY_KIND = {  # (pool, shape, slices)
+    "single-host": ("one", SINGLE_HOST, 1),
+    "multi-host": ("v5e", g.V5E_16_SPOT, 1),
+    "multislice": ("v6e", g.V6E_16_FLEX, 2),
+}
+
+
+def a_run(run_id: str = "exp-1", **changes: Any) -> RunSpec:
+    fields: dict[str, Any] = {
+        "source": ImageSource(g.IMAGE),
+        "command": ("python", "train.py"),
+        "requester": "user:ada@example.com",
+        "env": (("EPOCHS", "3"),),
+    }
+    return RunSpec(run_id=run_id, **{**fields, **changes})
+
+
+def run_render(kind: str) -> dict[str, Any]:
+    _, shape, slices = SHAPES_BY_KIND[kind]
+    team = dataclasses.replace(g.NLP, nominal_chips=(("v6e", 32),)) if kind == "multislice" else RUN_TEAM
+    return run_jobset(a_run(), team, shape, checkpoints="ckpt", models="models", slices=slices)
+
+
+def run_queue_objects() -> list[dict[str, Any]]:
+    pools = {**g.POOLS, "one": SINGLE_HOST}
+    return queues.queue_objects((RUN_TEAM, g.NLP), pools)
+
+
+@pytest.mark.parametrize("kind", SHAPES_BY_KIND)
+def test_a_run_spec_renders_a_jobset_that_passes_the_schemas_and_its_queue_admits(kind: str):
+    jobset = run_render(kind)
+    pools = (*g.SHAPES, SINGLE_HOST)
+    report = validate_all(platform_validator(), [*run_queue_objects(), jobset], pools)
+    assert report.ok, report.findings
+    (pods,) = pod_sets(jobset)
+    _, shape, slices = SHAPES_BY_KIND[kind]
+    assert (pods.pods, pods.chips_per_pod) == (shape.vms_per_slice * slices, shape.chips_per_vm)
+    assert jobset["metadata"]["name"] == "exp-1" and jobset["metadata"]["labels"][RUN_LABEL] == "exp-1"
+
+
+def _pod(jobset: dict[str, Any]) -> dict[str, Any]:
+    return jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+
+
+def test_the_pods_get_the_run_contracts_environment_with_the_teams_folders():
+    env = {
+        e["name"]: e.get("value", e.get("valueFrom")) for e in _pod(run_render("multi-host"))["containers"][0]["env"]
+    }
+    assert env["TPU_PLATFORM_CHECKPOINT_DIR"] == "gs://ckpt/teams/vision/exp-1/"
+    assert env["TPU_PLATFORM_MODEL_DIR"] == "gs://models/teams/vision/exp-1/"
+    assert env["TPU_PLATFORM_WORKER_COUNT"] == "4" and env["EPOCHS"] == "3"
+    assert env["TPU_PLATFORM_WORKER_ID"] == {
+        "fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}
+    }
+    # Worker 0 of slice 0: JobSet names pods <jobset>-<replicated job>-<job index>-<pod index>, in the
+    # subdomain named after the JobSet.
+    assert env["TPU_PLATFORM_COORDINATOR"] == "exp-1-slice-0-0.exp-1:8482"
+    single = {e["name"]: e.get("value") for e in _pod(run_render("single-host"))["containers"][0]["env"]}
+    assert single["TPU_PLATFORM_COORDINATOR"] == ""
+    assert _pod(run_render("single-host"))["terminationGracePeriodSeconds"] == int(single["TPU_PLATFORM_GRACE_SECONDS"])
+
+
+def test_a_folder_source_or_an_image_by_tag_is_not_rendered():
+    folder = a_run(source=FolderSource("gs://artifacts/sources/x.tar.gz", "0" * 64))
+    with pytest.raises(ValueError, match="pinned by digest"):
+        run_jobset(folder, RUN_TEAM, g.V5E_16_SPOT, checkpoints="c", models="m")
+    tagged = a_run(source=ImageSource("us-docker.pkg.dev/acme/train:latest", allow_tag=True))
+    with pytest.raises(ValueError, match="pinned by digest"):
+        run_jobset(tagged, RUN_TEAM, g.V5E_16_SPOT, checkpoints="c", models="m")
+
+
+# How a pod's end becomes the JobSet's action: the Job controller's podFailurePolicy (its reason and, for a
+# FailJob rule, its message, kubernetes/kubernetes pkg/controller/job/pod_failure_policy.go), then the JobSet's
+# rules in order (reasons, then message patterns), RestartJobSet when none matches (JobSet "Failure Policy").
+
+
+def _job_failure(job: dict[str, Any], exit_code: int, conditions: tuple[str, ...]) -> tuple[str, str] | None:
+    if exit_code == 0 and not conditions:
+        return None
+    for index, rule in enumerate(job["podFailurePolicy"]["rules"]):
+        codes = rule.get("onExitCodes")
+        if codes and exit_code != 0:
+            hit = (exit_code in codes["values"]) == (codes["operator"] == "In")
+            if hit and rule["action"] == "FailJob":
+                container = codes["containerName"]
+                why = f"failed with exit code {exit_code} matching FailJob rule at index {index}"
+                return "PodFailurePolicy", f"Container {container} for pod ns/p {why}"
+        for pattern in rule.get("onPodConditions", ()):
+            if pattern["type"] in conditions and rule["action"] == "FailJob":
+                return (
+                    "PodFailurePolicy",
+                    f"Pod ns/p has condition {pattern['type']} matching FailJob rule at index {index}",
+                )
+    return "BackoffLimitExceeded", "Job has reached the specified backoff limit"  # backoffLimit 0
+
+
+def jobset_action(exit_code: int, *conditions: str) -> str | None:
+    jobset = run_render("multi-host")
+    failure = _job_failure(jobset["spec"]["replicatedJobs"][0]["template"]["spec"], exit_code, conditions)
+    if failure is None:
+        return None
+    reason, message = failure
+    for rule in jobset["spec"]["failurePolicy"]["rules"]:
+        if reason not in rule.get("onJobFailureReasons", [reason]):
+            continue
+        patterns = rule.get("onJobFailureMessagePatterns")
+        if patterns and not any(re.search(p, message) for p in patterns):
+            continue
+        return rule["action"]
+    return "RestartJobSet"
+
+
+def test_the_run_contracts_exit_codes_hold_in_pods():
+    assert jobset_action(0) is None
+    assert jobset_action(78) == "FailJobSet"  # the run cannot succeed: never retried
+    assert jobset_action(75) == "RestartJobSet"  # checkpointed, retried: counted, as the VM agent counts
+    assert jobset_action(1) == "RestartJobSet"
+    # A node lost (spot reclaim, drain): a restart that spends none of maxRestarts, whatever the exit code.
+    assert jobset_action(143, "DisruptionTarget") == "RestartJobSetAndIgnoreMaxRestarts"
+    assert jobset_action(75, "DisruptionTarget") == "RestartJobSetAndIgnoreMaxRestarts"
+    assert run_render("multi-host")["spec"]["failurePolicy"]["maxRestarts"] == 3
