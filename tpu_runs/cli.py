@@ -34,7 +34,7 @@ from infra.packaging import PackagingError, package
 from run_contract import paths
 from run_contract.names import IMAGE_REF, REQUEST_RUN_ID, REQUEST_RUN_ID_RULE, RUN_ID
 from run_contract.status import ENDED
-from tpu_runs import report
+from tpu_runs import gke, report
 from tpu_runs.gcp import CallError, Google, adc_session
 
 # Requests and states are JSON stored as octet-stream: gcp-storage-emulator reads an `application/json`
@@ -144,25 +144,22 @@ def _state(google: Google, stack: Stack, vm: str, who: str, run_id: str) -> dict
 
 
 def submit(google: Google, stack: Stack, args: argparse.Namespace) -> int:
+    if args.team:
+        if args.folder:
+            raise UsageError("--team runs an --image for now: a folder source on the GKE engine is not built yet")
+        team = gke.team_of(stack, args.team)
+        run_id, command, env, source = _run_fields(stack, args)
+        request = {
+            "runId": run_id,
+            "source": source,
+            "command": command,
+            "env": env,
+            "requester": requester(args.requester),
+        }
+        return gke.submit(google, stack, team, args, request)
     vm = stack.self_service(args.vm)
-    run_id = args.run_id or f"r{_stamp().lower().replace('t', '-')[:15]}"
-    if not REQUEST_RUN_ID.fullmatch(run_id):
-        raise UsageError(f"run id {run_id!r}: {REQUEST_RUN_ID_RULE}")
-    command = [c for c in args.command if c != "--"] if args.command else []
-    if not command:
-        raise UsageError("give the command to run after --, e.g. -- python train.py --epochs 3")
-    env = dict(item.split("=", 1) for item in args.env or [] if "=" in item)
-    if len(env) != len(args.env or []):
-        raise UsageError("--env takes NAME=value")
-    if args.image:
-        image = IMAGE_REF.fullmatch(args.image)
-        if image is None or not image["digest"] or image["region"] != stack.cfg.region:
-            raise UsageError(
-                f"--image {args.image!r}: an image of {stack.cfg.region}-docker.pkg.dev/{stack.cfg.project}/… "
-                "pinned by digest (@sha256:…)"
-            )
-        source: dict[str, str] = {"kind": "image", "image": args.image}
-    else:
+    run_id, command, env, source = _run_fields(stack, args)
+    if source is None:
         try:  # packaged exactly as the stack packages its folders: the same files, the same digest
             archive = package(Path(args.folder))
         except PackagingError as error:
@@ -188,8 +185,33 @@ def submit(google: Google, stack: Stack, args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_fields(stack: Stack, args: argparse.Namespace) -> tuple[str, list[str], dict[str, str], dict[str, str] | None]:
+    """What submit's flags say, on either engine: the run id, command, env, and an image source (None: a folder)."""
+    run_id = args.run_id or f"r{_stamp().lower().replace('t', '-')[:15]}"
+    if not REQUEST_RUN_ID.fullmatch(run_id):
+        raise UsageError(f"run id {run_id!r}: {REQUEST_RUN_ID_RULE}")
+    command = [c for c in args.command if c != "--"] if args.command else []
+    if not command:
+        raise UsageError("give the command to run after --, e.g. -- python train.py --epochs 3")
+    env = dict(item.split("=", 1) for item in args.env or [] if "=" in item)
+    if len(env) != len(args.env or []):
+        raise UsageError("--env takes NAME=value")
+    if args.image:
+        image = IMAGE_REF.fullmatch(args.image)
+        if image is None or not image["digest"] or image["region"] != stack.cfg.region:
+            raise UsageError(
+                f"--image {args.image!r}: an image of {stack.cfg.region}-docker.pkg.dev/{stack.cfg.project}/… "
+                "pinned by digest (@sha256:…)"
+            )
+        return run_id, command, env, {"kind": "image", "image": args.image}
+    return run_id, command, env, None
+
+
 def list_runs(google: Google, stack: Stack, args: argparse.Namespace) -> int:
-    """Each VM's TPU state; on self-service VMs, the researcher's own runs (no one else's are theirs to read)."""
+    """Each VM's TPU state; on self-service VMs, the researcher's own runs (no one else's are theirs to read).
+    With --team, the team's runs on the GKE engine and their Kueue state."""
+    if args.team:
+        return gke.list_runs(google, stack, gke.team_of(stack, args.team))
     vms = [stack.vm(args.vm)] if args.vm else list(stack.cfg.tpu_vms)
     who = requester(args.requester)
     nodes: dict[str, dict[str, Any]] = {}
@@ -286,6 +308,8 @@ def fetch(google: Google, stack: Stack, args: argparse.Namespace) -> int:
 def stop(google: Google, stack: Stack, args: argparse.Namespace) -> int:
     """Ask the VM to stop one of the researcher's own runs: the request goes to their own folder, and
     the agent stops only a run of the member whose folder it is."""
+    if args.team:
+        return gke.stop(google, stack, gke.team_of(stack, args.team), args.run_id)
     vm = stack.self_service(args.vm)
     who = requester(args.requester)
     state = _state(google, stack, vm.name, who, args.run_id)
@@ -323,15 +347,25 @@ def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="tpu-runs", description=(__doc__ or "").splitlines()[0])
     commands = top.add_subparsers(dest="command_name", required=True)
 
-    def command(name: str, helptext: str, vm_required: bool = True) -> argparse.ArgumentParser:
+    def command(name: str, helptext: str, vm_required: bool = True, team: bool = False) -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=helptext, description=helptext)
         sub.add_argument("--stack", required=True, help="the stack (Pulumi.<stack>.yaml)")
         sub.add_argument("--stack-file", type=Path, help="its file, when not ./Pulumi.<stack>.yaml")
-        sub.add_argument("--vm", required=vm_required, help="the TPU VM (tpuVms[].name)")
+        where = sub.add_mutually_exclusive_group(required=vm_required) if team else sub
+        where.add_argument("--vm", required=vm_required and not team, help="the TPU VM (tpuVms[].name)")
+        if team:
+            where.add_argument("--team", help="the GKE engine: your team (gke.teams[].name)")
         sub.add_argument("--requester", help="who you are: user:EMAIL or group:EMAIL (default: gcloud's account)")
         return sub
 
-    sub = command("submit", "Package a folder (or name an image) and ask a self-service VM to run it.")
+    sub = command(
+        "submit",
+        "Package a folder (or name an image) and ask a self-service VM, or your team's queue, to run it.",
+        team=True,
+    )
+    sub.add_argument("--pool", help="with --team: the slice pool (gke.slicePools[].name; default: your team's one)")
+    sub.add_argument("--slices", type=int, default=1, help="with --team: slices of the pool, for a multislice run")
+    sub.add_argument("--priority", help="with --team: a priority class up to your team's (default: medium)")
     what = sub.add_mutually_exclusive_group(required=True)
     what.add_argument("--folder", help="the folder to run (its requirements.txt is installed)")
     what.add_argument("--image", help="a container image in the stack's registry, pinned by digest")
@@ -340,7 +374,9 @@ def parser() -> argparse.ArgumentParser:
     sub.add_argument("--python", help="a Python version for the folder's environment, like 3.11")
     sub.add_argument("command", nargs=argparse.REMAINDER, help="-- the command to run")
     sub.set_defaults(run=submit)
-    sub = command("list", "The stack's VMs, their TPU state and their runs.", vm_required=False)
+    sub = command(
+        "list", "The stack's VMs, their TPU state and their runs; or your team's.", vm_required=False, team=True
+    )
     sub.set_defaults(run=list_runs)
     sub = command("report", "Where a run's time went and what it cost, by category, in chip-hours and list-price USD.")
     sub.add_argument("run_id", metavar="RUN_ID", nargs="?", help="one run (default: every run of yours on the VM)")
@@ -358,7 +394,7 @@ def parser() -> argparse.ArgumentParser:
         ("fetch", "Download a run's model and metrics.", fetch),
         ("stop", "Ask a self-service VM to stop a run (SIGTERM; it checkpoints).", stop),
     ):
-        sub = command(name, helptext)
+        sub = command(name, helptext, team=name == "stop")
         sub.add_argument("run_id", metavar="RUN_ID", type=_run_id)
         sub.set_defaults(run=run)
         if name == "logs":
@@ -373,11 +409,13 @@ def main(argv: Sequence[str] | None = None, session: requests.Session | None = N
     args = parser().parse_args(argv)
     try:
         stack = load_stack(args.stack, args.stack_file)
-        if args.command_name != "list" and not getattr(args, "stack_run", False):
+        if getattr(args, "team", None):
+            gke.team_of(stack, args.team)  # refused before any call
+        elif args.command_name != "list" and not getattr(args, "stack_run", False):
             stack.self_service(args.vm)  # a researcher's runs are on self-service VMs only: refused before any call
         google = Google(session or adc_session(), stack.cfg.stack)
         return args.run(google, stack, args)
-    except (UsageError, CallError, OSError) as error:
+    except (UsageError, CallError, OSError, gke.TeamError) as error:
         print(f"tpu-runs: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # leaving `logs --follow`: the run goes on

@@ -1,14 +1,19 @@
 """The REST calls of `tpu-runs`, on one HTTP session with the researcher's credentials.
 
-Exactly the methods of infra/access/researcher_calls.py (tests record them against the stand-ins).
+Exactly the methods of infra/access/researcher_calls.py (tests record them against the stand-ins); on
+the GKE engine, a team member's: the cluster's `get` (its DNS endpoint, as `gcloud container clusters
+get-credentials --dns-endpoint` reads it) and Kubernetes requests through that endpoint with the same
+Google token (infra/access/identities.py MEMBER_METHODS), which the team's Role allows (infra/gke/teams.py).
 Endpoints follow the usual overrides, for emulators and stand-ins on loopback:
-STORAGE_EMULATOR_HOST (Cloud Storage), TPU_API_ENDPOINT, LOGGING_API_ENDPOINT.
+STORAGE_EMULATOR_HOST (Cloud Storage), TPU_API_ENDPOINT, LOGGING_API_ENDPOINT, CONTAINER_API_ENDPOINT,
+KUBERNETES_API_ENDPOINT (instead of the cluster's DNS endpoint).
 """
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -42,8 +47,12 @@ class Google:
         self.storage = (os.environ.get("STORAGE_EMULATOR_HOST") or "https://storage.googleapis.com").rstrip("/")
         self.tpu = (os.environ.get("TPU_API_ENDPOINT") or "https://tpu.googleapis.com").rstrip("/")
         self.logging = (os.environ.get("LOGGING_API_ENDPOINT") or "https://logging.googleapis.com").rstrip("/")
+        self.container = (os.environ.get("CONTAINER_API_ENDPOINT") or "https://container.googleapis.com").rstrip("/")
+        self._kubernetes = (os.environ.get("KUBERNETES_API_ENDPOINT") or "").rstrip("/")
 
-    def _send(self, what: str, method: str, url: str, ok: tuple[int, ...] = (), **kwargs: Any) -> requests.Response:
+    def _send(
+        self, what: str, method: str, url: str, ok: tuple[int, ...] = (), refused: str = "", **kwargs: Any
+    ) -> requests.Response:
         from google.auth import exceptions
 
         try:
@@ -69,6 +78,8 @@ class Google:
         message = _google_message(answer)
         if answer.status_code == 401:
             raise CallError(f"could not {what}: Google did not accept your login (HTTP 401{message}); run `{LOGIN}`")
+        if answer.status_code == 403 and refused:
+            raise CallError(f"you may not {what} (HTTP 403{message}). {refused}")
         if answer.status_code == 403:
             raise CallError(
                 f"you may not {what} (HTTP 403{message}). Researchers of stack '{self.stack}' are listed "
@@ -141,6 +152,48 @@ class Google:
         if page_token:
             body["pageToken"] = page_token
         return self._send("read the run's log", "POST", f"{self.logging}/v2/entries:list", json=body).json()
+
+    # GKE: the cluster's DNS endpoint (container.projects.locations.clusters.get), then the Kubernetes API.
+    def kubernetes(self, project: str, location: str, cluster: str) -> str:
+        """The base URL of the cluster's Kubernetes API: its DNS endpoint, which takes a Google token
+        (KUBERNETES_API_ENDPOINT stands in for it on loopback)."""
+        name = f"projects/{project}/locations/{location}/clusters/{cluster}"
+        found = self._send(f"read the GKE cluster {name}", "GET", f"{self.container}/v1/{name}").json()
+        endpoint = ((found.get("controlPlaneEndpointsConfig") or {}).get("dnsEndpointConfig") or {}).get("endpoint")
+        if not endpoint:
+            raise CallError(f"the GKE cluster {name} has no DNS endpoint: its stack's `pulumi up` makes one")
+        return self._kubernetes or f"https://{endpoint}"
+
+    def apply(self, base: str, path: str, obj: Mapping[str, Any], manager: str, refused: str) -> dict[str, Any]:
+        """Server-side apply (Kubernetes "Server-Side Apply"): a PATCH of the whole object as
+        application/apply-patch+yaml (JSON is YAML), owned by `manager`; unknown fields refused (Strict)."""
+        meta = obj["metadata"]
+        return self._send(
+            f"apply {obj['kind']} {meta['namespace']}/{meta['name']}",
+            "PATCH",
+            f"{base}{path}/{quote(meta['name'], safe='')}",
+            refused=refused,
+            params={"fieldManager": manager, "fieldValidation": "Strict"},
+            data=json.dumps(obj).encode(),
+            headers={"Content-Type": "application/apply-patch+yaml"},
+        ).json()
+
+    def kube_list(self, base: str, path: str, what: str, refused: str, selector: str = "") -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = []
+        token = ""
+        while True:
+            params = {**({"labelSelector": selector} if selector else {}), **({"continue": token} if token else {})}
+            page = self._send(f"list {what}", "GET", f"{base}{path}", refused=refused, params=params).json()
+            items += page.get("items") or []
+            token = (page.get("metadata") or {}).get("continue") or ""
+            if not token:
+                return items
+
+    def kube_delete(self, base: str, path: str, name: str, what: str, refused: str) -> bool:
+        """Delete one object; False when there is none of that name."""
+        url = f"{base}{path}/{quote(name, safe='')}"
+        answer = self._send(f"delete {what}", "DELETE", url, ok=(404,), refused=refused)
+        return answer.status_code != 404
 
 
 def _first_line(error: BaseException) -> str:

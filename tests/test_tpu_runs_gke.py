@@ -1,0 +1,135 @@
+"""`tpu-runs --team` on the GKE engine, end to end against the loopback Kubernetes API stand-in
+(tools/standins/kubernetes.py): the cluster's `get` checked against container.v1's discovery document,
+every applied JobSet checked by the platform's validator, each request recorded as the authorization
+checks the API server makes and decided by the team's RBAC objects as the admin phase renders them for the
+stack (infra/gke/admin.py: infra/gke/teams.py admin_objects)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from infra.access.kubernetes import Subject
+from infra.config import parse_stack_config
+from infra.config.stackfile import read_stack_config
+from infra.gke import teams
+from infra.gke.jobsets import REQUESTER_ANNOTATION, RUN_LABEL
+from tools.standins.kubernetes import ClusterState, kubernetes_standin
+from tpu_runs import cli
+
+STACK_FILE = Path(__file__).resolve().parent / "stacks" / "Pulumi.gke.yaml"
+ROOT = Path(__file__).resolve().parents[1]
+CFG = parse_stack_config("gke", read_stack_config("gke", ROOT, STACK_FILE))
+ADA = "user:ada@example.com"  # team vision's member (the fixture stack)
+IMAGE = "us-central1-docker.pkg.dev/fixture-gke/tpu-gke/train@sha256:" + "a" * 64
+JOBSETS = ("jobset.x-k8s.io", "jobsets")
+WORKLOADS = ("kueue.x-k8s.io", "workloads")
+
+
+def plan_rbac() -> list[dict[str, Any]]:
+    assert CFG.gke is not None
+    return teams.admin_objects(CFG.gke.teams, CFG.deployer)
+
+
+class Cluster:
+    def __init__(self, url: str, state: ClusterState):
+        self.url = url
+        self.state = state
+
+    def run(self, *argv: str) -> int:
+        return cli.main([argv[0], "--stack", "gke", "--stack-file", str(STACK_FILE), *argv[1:]], requests.Session())
+
+
+@pytest.fixture
+def cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[Cluster]:
+    state = ClusterState(subject=Subject("User", "ada@example.com"), rbac_objects=plan_rbac())
+    with kubernetes_standin(state) as (url, state):
+        monkeypatch.setenv("CONTAINER_API_ENDPOINT", url)
+        monkeypatch.setenv("KUBERNETES_API_ENDPOINT", url)
+        monkeypatch.setenv("TPU_RUNS_REQUESTER", ADA)
+        yield Cluster(url, state)
+
+
+def submit(cluster: Cluster, run_id: str, *flags: str) -> int:
+    return cluster.run(
+        "submit", "--team", "vision", "--image", IMAGE, "--run-id", run_id, *flags, "--", "python", "t.py"
+    )
+
+
+def test_a_member_submits_lists_and_stops_a_run_through_the_teams_queue(cluster: Cluster, capsys):
+    assert submit(cluster, "exp-1") == 0, capsys.readouterr().err
+    jobset = cluster.state.get(*JOBSETS, "team-vision", "exp-1")
+    assert jobset is not None and cluster.state.refused == []
+    assert jobset["metadata"]["labels"] == {"kueue.x-k8s.io/queue-name": "vision", RUN_LABEL: "exp-1"}
+    assert jobset["metadata"]["annotations"][REQUESTER_ANNOTATION] == ADA
+    pod = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert pod["containers"][0]["image"] == IMAGE and pod["containers"][0]["command"] == ["python", "t.py"]
+    assert pod["priorityClassName"] == "medium"
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert env["TPU_PLATFORM_CHECKPOINT_DIR"] == f"gs://{CFG.bucket_name('checkpoints')}/teams/vision/exp-1/"
+    assert cluster.state.google_methods == ["container.projects.locations.clusters.get"]
+
+    # Kueue's Workload for it, as Kueue's controller would write it: waiting for quota.
+    waiting = "couldn't assign flavors to pod set slice: insufficient unused quota for google.com/tpu, 8 more needed"
+    cluster.state.put(
+        *WORKLOADS,
+        {
+            "metadata": {
+                "name": "jobset-exp-1-1a2b3",
+                "namespace": "team-vision",
+                "labels": {"kueue.x-k8s.io/job-uid": jobset["metadata"]["uid"]},
+            },
+            "status": {"conditions": [{"type": "QuotaReserved", "status": "False", "message": waiting}]},
+        },
+    )
+    capsys.readouterr()
+    assert cluster.run("list", "--team", "vision") == 0
+    out = capsys.readouterr().out
+    assert "exp-1" in out and "pending" in out and waiting in out and ADA in out
+
+    assert cluster.run("stop", "--team", "vision", "exp-1") == 0
+    assert cluster.state.get(*JOBSETS, "team-vision", "exp-1") is None
+    assert cluster.run("stop", "--team", "vision", "exp-1") == 2
+    assert "no run exp-1 in team vision" in capsys.readouterr().err
+
+
+def test_someone_outside_the_team_is_refused_in_a_sentence(cluster: Cluster, capsys):
+    cluster.state.subject = Subject("User", "mallory@example.com")
+    assert submit(cluster, "exp-1") == 2
+    err = capsys.readouterr().err
+    assert "you may not apply JobSet team-vision/exp-1 (HTTP 403" in err
+    assert "Members of team vision are listed under tpu-platform:gke.teams in Pulumi.gke.yaml" in err
+    assert "Traceback" not in err
+
+
+def test_a_run_its_queue_could_never_admit_is_refused_before_any_call(cluster: Cluster, capsys):
+    assert submit(cluster, "big", "--slices", "2") == 2  # 2 slices of 16 chips: vision holds 16 there, none to borrow
+    assert (
+        "tpu-runs: run big of team vision on pool v5e: asks 32 TPU chips; ClusterQueue 'vision' can admit at most 16"
+        in capsys.readouterr().err
+    )
+    assert submit(cluster, "high", "--priority", "very-high") == 2
+    assert "--priority 'very-high': team vision may use very-low, low, medium, high" in capsys.readouterr().err
+    assert cluster.run("submit", "--team", "nobody", "--image", IMAGE, "--", "x") == 2
+    assert "stack 'gke' has no GKE team 'nobody' (it has: vision, nlp)" in capsys.readouterr().err
+    assert cluster.state.accesses == [] and cluster.state.google_methods == []
+
+
+def test_the_standin_refuses_what_the_api_server_would(cluster: Cluster):
+    """Its checks can fail: an apply that is not server-side apply, or a body the validator refuses."""
+    assert submit(cluster, "exp-1") == 0
+    jobset = cluster.state.get(*JOBSETS, "team-vision", "exp-1")
+    assert jobset is not None
+    url = f"{cluster.url}/apis/jobset.x-k8s.io/v1alpha2/namespaces/team-vision/jobsets/exp-1"
+    merge = requests.patch(url, json=jobset, params={"fieldManager": "x"}, timeout=10)
+    assert merge.status_code == 422 and "server-side apply is application/apply-patch+yaml" in merge.json()["message"]
+    apply = {"Content-Type": "application/apply-patch+yaml"}
+    typo = {**jobset, "spec": {**jobset["spec"], "replicatedJob": []}}
+    refused = requests.patch(url, json=typo, params={"fieldManager": "x"}, headers=apply, timeout=10)
+    assert refused.status_code == 422 and "replicatedJob" in refused.json()["message"]
+    unowned = requests.patch(url, json=jobset, headers=apply, timeout=10)
+    assert unowned.status_code == 422 and "fieldManager is required" in unowned.json()["message"]

@@ -1,0 +1,177 @@
+"""`tpu-runs` on the GKE engine (`--team`): a researcher's run as their team's JobSet, through the Kubernetes API.
+
+The run spec is the one a VM takes (run_contract/request.py's form, parsed by run_contract/spec.py), rendered
+by the platform's one JobSet renderer (infra/gke/jobsets.py run_jobset) for a slice pool of the stack, checked
+by the platform's validator against the team's queues as the queues phase renders them (a run its queue
+could never admit is refused before any call), then applied with the researcher's own Google login through
+the cluster's DNS endpoint (server-side apply, field manager `tpu-runs`). Inside the cluster RBAC decides:
+the team's Role (infra/gke/teams.py RESEARCHER_RULES) holds exactly what these commands ask.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from infra import naming
+from infra.config.model import TeamSettings
+from infra.config.workload_code import registry
+from infra.gke import queues
+from infra.gke.jobsets import REQUESTER_ANNOTATION, RUN_LABEL, run_jobset
+from infra.gke.quota import QUEUE_LABEL
+from infra.gke.specs import shape_of
+from infra.gke.validation import platform_validator, validate_all
+from run_contract.request import REQUEST_FORM
+from run_contract.spec import Allowed, SpecError, parse_run_spec
+from tpu_runs.gcp import Google
+
+FIELD_MANAGER = "tpu-runs"
+JOBSETS = "/apis/jobset.x-k8s.io/v1alpha2/namespaces/{ns}/jobsets"
+WORKLOADS = f"/apis/{queues.KUEUE_API}/namespaces/{{ns}}/workloads"
+# Kueue labels each Workload with the UID of the job it queues (Kueue "Troubleshooting Jobs").
+JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+
+
+class TeamError(Exception):
+    """A team command that cannot be made as asked (said in words, before any call)."""
+
+
+def team_of(stack: Any, name: str) -> TeamSettings:
+    gke = stack.cfg.gke
+    teams = gke.teams if gke else ()
+    for team in teams:
+        if team.name == name:
+            return team
+    known = ", ".join(t.name for t in teams) or "none"
+    raise TeamError(f"stack '{stack.cfg.stack}' has no GKE team {name!r} (it has: {known})")
+
+
+def _refused(stack: Any, team: TeamSettings) -> str:
+    return (
+        f"Members of team {team.name} are listed under tpu-platform:gke.teams in Pulumi.{stack.cfg.stack}.yaml; "
+        "ask its owners to add you, then wait a minute for the cluster's RBAC to apply it"
+    )
+
+
+def _cluster(google: Google, stack: Any) -> str:
+    cfg = stack.cfg
+    return google.kubernetes(cfg.project, cfg.gke.region, naming.gke_cluster(cfg.stack))
+
+
+def _priority(team: TeamSettings, asked: str | None) -> str:
+    names = queues.PRIORITY_NAMES
+    if asked is None:  # medium, or the team's ceiling when that is lower
+        return names[min(names.index("medium"), names.index(team.priority))]
+    if asked not in names or names.index(asked) > names.index(team.priority):
+        allowed = ", ".join(names[: names.index(team.priority) + 1])
+        raise TeamError(f"--priority {asked!r}: team {team.name} may use {allowed}")
+    return asked
+
+
+def render(stack: Any, team: TeamSettings, args: argparse.Namespace, request: Mapping[str, Any]) -> dict[str, Any]:
+    """The run's JobSet, parsed, rendered and checked against the team's queues; TeamError if a cluster
+    would refuse it or never admit it."""
+    cfg = stack.cfg
+    pools = {p.name: p for p in cfg.gke.slice_pools}
+    mine = [pool for pool, _ in team.nominal_chips]
+    pool_name = args.pool or (mine[0] if len(mine) == 1 else None)
+    if pool_name not in pools:
+        choices = ", ".join(pools) or "none"
+        raise TeamError(f"--pool {pool_name or '(not given)'}: a slice pool of stack '{cfg.stack}' ({choices})")
+    allowed = Allowed(
+        f"gs://{stack.artifacts}", registry(cfg.region, cfg.project, naming.artifact_repository(cfg.stack))
+    )
+    try:
+        spec = parse_run_spec(json.dumps(request), allowed, f"run {request.get('runId')}", REQUEST_FORM)
+    except SpecError as error:
+        raise TeamError(str(error)) from None
+    shapes = {name: shape_of(pool) for name, pool in pools.items()}
+    jobset = run_jobset(
+        spec,
+        team,
+        shapes[pool_name],
+        checkpoints=cfg.bucket_name("checkpoints"),
+        models=cfg.bucket_name("models"),
+        slices=args.slices,
+        priority=_priority(team, args.priority),
+    )
+    report = validate_all(
+        platform_validator(), [*queues.queue_objects(cfg.gke.teams, shapes), jobset], list(shapes.values())
+    )
+    if not report.ok:
+        problems = "; ".join(f.message for f in report.findings)
+        raise TeamError(f"run {spec.run_id} of team {team.name} on pool {pool_name}: {problems}")
+    return jobset
+
+
+def submit(google: Google, stack: Any, team: TeamSettings, args: argparse.Namespace, request: dict[str, Any]) -> int:
+    jobset = render(stack, team, args, request)
+    base = _cluster(google, stack)
+    google.apply(base, JOBSETS.format(ns=team.namespace), jobset, FIELD_MANAGER, _refused(stack, team))
+    print(
+        f"submitted run {request['runId']} to team {team.name}'s queue ({team.namespace}/{jobset['metadata']['name']})"
+    )
+    print(f"see it queue: tpu-runs list --stack {stack.cfg.stack} --team {team.name}")
+    return 0
+
+
+def _condition(obj: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
+    for condition in (obj.get("status") or {}).get("conditions") or ():
+        if condition.get("type") == kind:
+            return condition
+    return None
+
+
+def _true(obj: Mapping[str, Any], kind: str) -> bool:
+    return (_condition(obj, kind) or {}).get("status") == "True"
+
+
+def run_state(jobset: Mapping[str, Any], workload: Mapping[str, Any] | None) -> tuple[str, str]:
+    """(state, why) of a run from its JobSet's conditions (JobSet: Completed, Failed, Suspended) and its Kueue
+    Workload's (Kueue "Troubleshooting Jobs": QuotaReserved, Admitted, Evicted, Finished; the message of a
+    QuotaReserved that is False says why it waits: quota, borrowing, priority)."""
+    for kind, state in (("Completed", "finished"), ("Failed", "failed")):
+        if _true(jobset, kind):
+            return state, str((_condition(jobset, kind) or {}).get("message", ""))
+    if workload is None:
+        return "queued", "Kueue has not queued it yet"
+    if _true(workload, "Evicted"):
+        return "evicted", str((_condition(workload, "Evicted") or {}).get("message", ""))
+    if _true(workload, "Admitted"):
+        restarts = (jobset.get("status") or {}).get("restarts", 0)
+        return "running", f"restarted {restarts} time(s)" if restarts else ""
+    reserved = _condition(workload, "QuotaReserved") or {}
+    return "pending", str(reserved.get("message", ""))
+
+
+def list_runs(google: Google, stack: Any, team: TeamSettings) -> int:
+    """The team's runs (its JobSets that `tpu-runs` made), each with its Kueue state."""
+    base = _cluster(google, stack)
+    refused = _refused(stack, team)
+    jobsets = google.kube_list(base, JOBSETS.format(ns=team.namespace), f"team {team.name}'s runs", refused, RUN_LABEL)
+    workloads = google.kube_list(
+        base, WORKLOADS.format(ns=team.namespace), f"team {team.name}'s Kueue workloads", refused
+    )
+    by_job = {(w["metadata"].get("labels") or {}).get(JOB_UID_LABEL): w for w in workloads}
+    print(f"team {team.name} ({team.namespace}), queue {team.name}")
+    for jobset in jobsets:
+        meta = jobset["metadata"]
+        state, why = run_state(jobset, by_job.get(meta.get("uid")))
+        who = (meta.get("annotations") or {}).get(REQUESTER_ANNOTATION, "")
+        queue = (meta.get("labels") or {}).get(QUEUE_LABEL, "")
+        print(f"  {meta['name']:<32} {state:<9} {who:<30} {queue}" + (f"  ({why})" if why else ""))
+    return 0
+
+
+def stop(google: Google, stack: Any, team: TeamSettings, run_id: str) -> int:
+    """Delete the run's JobSet: its pods get SIGTERM and their grace period to checkpoint (Kubernetes
+    "Pod termination"), and Kueue frees its quota."""
+    base = _cluster(google, stack)
+    if not google.kube_delete(base, JOBSETS.format(ns=team.namespace), run_id, f"run {run_id}", _refused(stack, team)):
+        raise TeamError(
+            f"no run {run_id} in team {team.name} (tpu-runs list --stack {stack.cfg.stack} --team {team.name})"
+        )
+    print(f"stopping run {run_id} of team {team.name}: its pods get SIGTERM and their grace period to checkpoint")
+    return 0
