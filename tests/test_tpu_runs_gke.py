@@ -18,7 +18,7 @@ from infra.config import parse_stack_config
 from infra.config.stackfile import read_stack_config
 from infra.gke import teams
 from infra.gke.jobsets import REQUESTER_ANNOTATION, RUN_LABEL
-from tools.standins.kubernetes import ClusterState, kubernetes_standin
+from tools.standins.kubernetes import Access, ClusterState, kubernetes_standin
 from tpu_runs import cli
 
 STACK_FILE = Path(__file__).resolve().parent / "stacks" / "Pulumi.gke.yaml"
@@ -95,6 +95,27 @@ def test_a_member_submits_lists_and_stops_a_run_through_the_teams_queue(cluster:
     assert cluster.state.get(*JOBSETS, "team-vision", "exp-1") is None
     assert cluster.run("stop", "--team", "vision", "exp-1") == 2
     assert "no run exp-1 in team vision" in capsys.readouterr().err
+
+
+def test_the_members_role_grants_exactly_what_the_commands_ask(cluster: Cluster, capsys):
+    """Every request the commands made is one the plan's RBAC allows her (the stand-in refused none), and
+    every verb and resource her Role grants is one they used: nothing more."""
+    assert submit(cluster, "exp-1") == 0
+    assert submit(cluster, "exp-1") == 0  # applied again: an update, a patch only
+    assert cluster.run("list", "--team", "vision") == 0
+    assert cluster.run("stop", "--team", "vision", "exp-1") == 0
+    assert cluster.state.refused == [], cluster.state.refused
+    used = {(a.group, a.resource, a.verb) for a in cluster.state.accesses}
+    granted = {
+        (group, resource, verb)
+        for rule in teams.RESEARCHER_RULES
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    assert used == granted
+    assert {a.namespace for a in cluster.state.accesses} == {"team-vision"}
+    assert Access("create", *JOBSETS, "team-vision", "exp-1") in cluster.state.accesses
 
 
 def test_someone_outside_the_team_is_refused_in_a_sentence(cluster: Cluster, capsys):

@@ -8,10 +8,12 @@ account its jobs run as, and who may do what there (RBAC). Pure: settings in, Ku
   network; `restricted` is warned about, not enforced (TPU images run as root).
 - ServiceAccount `tpu-workloads`: what the team's JobSets run as; with Workload Identity Federation for
   GKE it is the principal its bucket grants name (docs/design-gke.md, "Identities").
-- Role and RoleBinding for the members: JobSets in the team's own namespace (create, change, delete),
-  and reading what they make (Jobs, pods, their logs, events, Kueue's workloads and the local queue).
-  No pods, secrets, exec, RBAC or quota objects: a member runs code only through JobSets, which Kueue
-  admits against the team's quota.
+- Role and RoleBinding for the members: exactly what `tpu-runs --team` asks (tpu_runs/gke.py, proven by
+  tests/test_tpu_runs_gke.py against the requests it makes): JobSets in the team's own namespace, applied
+  server-side (patch, and create for a new one: k8s.io/apiserver pkg/endpoints/handlers/patch.go checks
+  `create` when an apply creates its object), listed and deleted; Kueue's Workloads listed. No pods,
+  secrets, exec, RBAC or quota objects: a member runs code only through JobSets, which Kueue admits
+  against the team's quota; a run's output is read through Cloud Logging, not the pods.
 - The deployer (CI's account, when the stack names one) gets exactly what the queues phase applies:
   ResourceFlavors, ClusterQueues and PriorityClasses cluster-wide (a ClusterRole and its binding), and
   LocalQueues and ResourceQuotas in the team namespaces (a Role and binding in each). Never `bind`,
@@ -40,10 +42,8 @@ POD_SECURITY = {
     "pod-security.kubernetes.io/warn": "restricted",
 }
 RESEARCHER_RULES = [
-    {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"], "verbs": WRITE},
-    {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": READ},
-    {"apiGroups": [""], "resources": ["pods", "pods/log", "events"], "verbs": READ},
-    {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads", "localqueues"], "verbs": READ},
+    {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"], "verbs": ["create", "patch", "list", "delete"]},
+    {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["list"]},
 ]
 DEPLOYER_CLUSTER_RULES = [
     {"apiGroups": ["kueue.x-k8s.io"], "resources": ["resourceflavors", "clusterqueues"], "verbs": WRITE},
