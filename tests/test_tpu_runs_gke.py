@@ -137,6 +137,9 @@ def test_a_run_its_queue_could_never_admit_is_refused_before_any_call(cluster: C
     assert "--priority 'very-high': team vision may use very-low, low, medium, high" in capsys.readouterr().err
     assert cluster.run("submit", "--team", "nobody", "--image", IMAGE, "--", "x") == 2
     assert "stack 'gke' has no GKE team 'nobody' (it has: vision, nlp)" in capsys.readouterr().err
+    assert cluster.run("submit", "--team", "vision", "--folder", ".", "--", "x") == 2
+    assert cluster.run("submit", "--team", "vision", "--image", IMAGE, "--python", "3.11", "--", "x") == 2
+    assert capsys.readouterr().err.count("--team runs an --image for now") == 2
     assert cluster.state.accesses == [] and cluster.state.google_methods == []
 
 

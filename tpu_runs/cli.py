@@ -145,7 +145,7 @@ def _state(google: Google, stack: Stack, vm: str, who: str, run_id: str) -> dict
 
 def submit(google: Google, stack: Stack, args: argparse.Namespace) -> int:
     if args.team:
-        if args.folder:
+        if args.folder or args.python:
             raise UsageError("--team runs an --image for now: a folder source on the GKE engine is not built yet")
         team = gke.team_of(stack, args.team)
         run_id, command, env, source = _run_fields(stack, args)
