@@ -106,14 +106,18 @@ def test_the_members_role_grants_exactly_what_the_commands_ask(cluster: Cluster,
     assert cluster.run("stop", "--team", "vision", "exp-1") == 0
     assert cluster.state.refused == [], cluster.state.refused
     used = {(a.group, a.resource, a.verb) for a in cluster.state.accesses}
-    granted = {
-        (group, resource, verb)
-        for rule in teams.RESEARCHER_RULES
-        for group in rule["apiGroups"]
-        for resource in rule["resources"]
-        for verb in rule["verbs"]
-    }
-    assert used == granted
+
+    def granted(rules: list[dict]) -> set[tuple[str, str, str]]:
+        return {
+            (group, resource, verb)
+            for rule in rules
+            for group in rule["apiGroups"]
+            for resource in rule["resources"]
+            for verb in rule["verbs"]
+        }
+
+    assert used == granted(teams.RUN_COMMAND_RULES)
+    assert granted(teams.RESEARCHER_RULES) == used | granted(teams.POD_OUTPUT_RULES)
     assert {a.namespace for a in cluster.state.accesses} == {"team-vision"}
     assert Access("create", *JOBSETS, "team-vision", "exp-1") in cluster.state.accesses
 

@@ -13,7 +13,8 @@ account its jobs run as, and who may do what there (RBAC). Pure: settings in, Ku
   server-side (patch, and create for a new one: k8s.io/apiserver pkg/endpoints/handlers/patch.go checks
   `create` when an apply creates its object), listed and deleted; Kueue's Workloads listed. No pods,
   secrets, exec, RBAC or quota objects: a member runs code only through JobSets, which Kueue admits
-  against the team's quota; a run's output is read through Cloud Logging, not the pods.
+  against the team's quota. Reading their own pods and their logs (get, list) stays, as the one way to
+  see a run's output until `tpu-runs logs --team` reads Cloud Logging.
 - The deployer (CI's account, when the stack names one) gets exactly what the queues phase applies:
   ResourceFlavors, ClusterQueues and PriorityClasses cluster-wide (a ClusterRole and its binding), and
   LocalQueues and ResourceQuotas in the team namespaces (a Role and binding in each). Never `bind`,
@@ -41,10 +42,15 @@ POD_SECURITY = {
     "pod-security.kubernetes.io/enforce": "baseline",
     "pod-security.kubernetes.io/warn": "restricted",
 }
-RESEARCHER_RULES = [
+# What `tpu-runs --team` asks, and nothing else (tests/test_tpu_runs_gke.py records its requests).
+RUN_COMMAND_RULES = [
     {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"], "verbs": ["create", "patch", "list", "delete"]},
     {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["list"]},
 ]
+# Reading their own runs' pods and output with kubectl: the one way to see a run's output while
+# `tpu-runs logs` does not yet read a team's Cloud Logging (a log view cannot select a namespace).
+POD_OUTPUT_RULES = [{"apiGroups": [""], "resources": ["pods", "pods/log"], "verbs": ["get", "list"]}]
+RESEARCHER_RULES = [*RUN_COMMAND_RULES, *POD_OUTPUT_RULES]
 DEPLOYER_CLUSTER_RULES = [
     {"apiGroups": ["kueue.x-k8s.io"], "resources": ["resourceflavors", "clusterqueues"], "verbs": WRITE},
     {"apiGroups": ["scheduling.k8s.io"], "resources": ["priorityclasses"], "verbs": WRITE},
