@@ -84,6 +84,96 @@ def test_misspelt_or_wrong_requests_fail(call, why):
         api(name).check(call)
 
 
+NODES = f"{TPU}/{NODE.rsplit('/', 1)[0]}?nodeId=n"
+LOGS = "/v2/entries:write"
+ENTRY = {"textPayload": "hi"}
+GLOBAL = {"type": "global", "labels": {"project_id": "p"}}
+
+
+@pytest.mark.parametrize(
+    ("name", "call", "why"),
+    [
+        # "Required." begins the description (field_behavior REQUIRED).
+        ("tpu.v2", Call("POST", NODES, {"acceleratorType": "v5litepod-4"}), "required field runtimeVersion"),
+        (
+            "tpu.v2",
+            Call("POST", NODES, {"runtimeVersion": "v2-alpha-tpuv5-lite", "acceleratorConfig": {"type": "V5E"}}),
+            "required field acceleratorConfig.topology",
+        ),
+        # storage.v1 names the methods that require a field (annotations.required).
+        ("storage.v1", Call("POST", "/storage/v1/b?project=p", {"location": "US"}), "required field name"),
+        # An entry's logName and resource may come from the request's defaults, but from somewhere.
+        ("logging.v2", Call("POST", LOGS, {"entries": [ENTRY]}), r"entries\[0\]\.logName is missing"),
+        ("logging.v2", Call("POST", LOGS, {}), "required field entries"),
+        ("tpu.v2", Call("DELETE", f"{TPU}/{NODE}?force=yes".replace("nodes", "queuedResources")), "true or false"),
+    ],
+)
+def test_a_request_without_a_required_field_fails(name, call, why):
+    with pytest.raises(ContractError, match=why):
+        api(name).check(call)
+
+
+def test_required_fields_that_are_output_only_conditional_or_defaulted_are_not_asked_for():
+    logs = api("logging.v2")
+    assert logs.check(Call("POST", LOGS, {"logName": "projects/p/logs/l", "resource": GLOBAL, "entries": [ENTRY]}))
+    entry = {**ENTRY, "logName": "projects/p/logs/l", "resource": GLOBAL}
+    assert logs.check(Call("POST", LOGS, {"entries": [entry]}))
+    node = {"runtimeVersion": "v2-alpha-tpuv5-lite", "acceleratorType": "v5litepod-4"}
+    assert api("tpu.v2").check(Call("POST", NODES, node)).id == "tpu.projects.locations.nodes.create"
+    # A partial update names what it sets: required fields outside its mask stay as they are.
+    patch = Call("PATCH", f"{TPU}/{NODE}?updateMask=labels", {"labels": {"a": "b"}})
+    assert api("tpu.v2").check(patch).id == "tpu.projects.locations.nodes.patch"
+
+
+UPLOAD = "/upload/storage/v1/b/bkt/o"
+
+
+def multipart(metadata: Any, content_type: str = "application/json; charset=UTF-8") -> tuple[bytes, str]:
+    """A multipart/related upload body as google-cloud-storage sends one: metadata, then the bytes."""
+    boundary = "==0123456789=="
+    body = (
+        f"--{boundary}\r\ncontent-type: {content_type}\r\n\r\n{json.dumps(metadata)}\r\n"
+        f"--{boundary}\r\ncontent-type: text/plain\r\n\r\nthe bytes\r\n--{boundary}--"
+    ).encode()
+    return body, f'multipart/related; boundary="{boundary}"'
+
+
+def test_multipart_and_resumable_uploads_are_checked_like_any_body():
+    storage = api("storage.v1")
+    body, kind = multipart({"name": "a/b.json", "metadata": {"k": "v"}})
+    assert storage.check(Call("POST", f"{UPLOAD}?uploadType=multipart", body, kind)).id == "storage.objects.insert"
+    start = Call("POST", f"{UPLOAD}?uploadType=resumable", {"name": "a/b.json"})
+    assert storage.check(start).id == "storage.objects.insert"
+    chunk = Call("PUT", f"{UPLOAD}?uploadType=resumable&upload_id=xyz", b"the bytes")
+    assert storage.check(chunk).id == "storage.objects.insert"
+    legacy = Call("POST", "/resumable/upload/storage/v1/b/bkt/o?uploadType=resumable&name=a", None)
+    assert storage.check(legacy).id == "storage.objects.insert"
+
+
+@pytest.mark.parametrize(
+    ("call", "why"),
+    [
+        (Call("POST", f"{UPLOAD}?uploadType=multipart", *multipart({"nmae": "a"})), "unknown field nmae"),
+        (
+            Call("POST", f"{UPLOAD}?uploadType=multipart", *multipart({"name": "a", "metadata": {"k": 1}})),
+            "metadata.k must be a string",
+        ),
+        (Call("POST", f"{UPLOAD}?uploadType=multipart", *multipart({"name": "a"}, "text/plain")), "JSON metadata"),
+        (Call("POST", f"{UPLOAD}?uploadType=multipart", b"bytes", "application/octet-stream"), "multipart/related"),
+        (Call("POST", f"{UPLOAD}?uploadType=multipart", *multipart({})), "the object has no name"),
+        (Call("POST", f"{UPLOAD}?uploadType=resumable", {"name": "a", "acl": "private"}), "acl must be a list"),
+        (Call("POST", f"{UPLOAD}?uploadType=resumable", {}), "the object has no name"),
+        (Call("POST", f"{UPLOAD}?uploadType=media", b"bytes"), "the object has no name"),
+        (Call("POST", f"{UPLOAD}?uploadType=chunked&name=a", b"bytes"), "uploadType='chunked'"),
+        (Call("PUT", f"{UPLOAD}?uploadType=media&upload_id=x", b"bytes"), "upload_id belongs to a resumable"),
+        (Call("PUT", f"{UPLOAD}?uploadType=media", b"bytes"), "no method of storage.v1 has this path"),
+    ],
+)
+def test_an_upload_with_a_bad_body_fails(call, why):
+    with pytest.raises(ContractError, match=why):
+        api("storage.v1").check(call)
+
+
 def test_a_misspelt_resource_field_fails():
     with pytest.raises(ContractError, match=r"unknown field mosaicLayout\.tiles\[0\]\.widht"):
         api("monitoring.v1").check_resource("Dashboard", {"mosaicLayout": {"tiles": [{"widht": 6}]}})
