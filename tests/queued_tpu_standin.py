@@ -1,5 +1,6 @@
 """A TPU API stand-in for queued resources on loopback, which checks every request against Google's
-discovery document (google-api-python-client's `tpu.v2.json` / `tpu.v2alpha1.json`).
+discovery document (google-api-python-client's `tpu.v2.json` / `tpu.v2alpha1.json`), with the checker
+every stand-in shares (tools/standins/contracts.py).
 
 It implements queuedResources create / get / delete and operations get, walks each request through
 the states a scenario gives (e.g. WAITING_FOR_RESOURCES -> PROVISIONING -> ACTIVE), answers stock-outs
@@ -12,118 +13,26 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 import threading
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, urlencode, urlsplit
 
-import googleapiclient
-
+from tools.standins.contracts import Call, ContractError, api
 from tools.standins.loopback import Handler, serve
-
-DISCOVERY_DIR = Path(googleapiclient.__file__).parent / "discovery_cache" / "documents"
-
-
-def discovery(version: str) -> dict[str, Any]:
-    return json.loads((DISCOVERY_DIR / f"tpu.{version}.json").read_text())
-
-
-def schema_errors(doc: dict[str, Any], value: Any, schema: dict[str, Any], path: str = "") -> list[str]:
-    """Unknown fields, wrong types, bad enum values, output-only fields and missing `Required.` fields."""
-    if "$ref" in schema:
-        return schema_errors(doc, value, doc["schemas"][schema["$ref"]], path)
-    kind = schema.get("type")
-    errs: list[str] = []
-    if kind == "object" or "properties" in schema:
-        if not isinstance(value, dict):
-            return [f"{path or '<body>'}: expected an object, got {value!r}"]
-        props = schema.get("properties")
-        if props is None:  # a map (labels, metadata) or a free-form object
-            extra = schema.get("additionalProperties")
-            for k, v in value.items():
-                if extra:
-                    errs += schema_errors(doc, v, extra, f"{path}.{k}")
-            return errs
-        for k, v in value.items():
-            if k not in props:
-                errs.append(f"{path}.{k}: unknown field (allowed: {', '.join(sorted(props))})")
-                continue
-            if props[k].get("readOnly"):
-                errs.append(f"{path}.{k}: output only, not accepted in a request")
-            errs += schema_errors(doc, v, props[k], f"{path}.{k}")
-        for k, p in props.items():
-            if p.get("description", "").startswith("Required.") and k not in value:
-                errs.append(f"{path}.{k}: required")
-        return errs
-    if kind == "array":
-        if not isinstance(value, list):
-            return [f"{path}: expected an array, got {value!r}"]
-        for i, v in enumerate(value):
-            errs += schema_errors(doc, v, schema["items"], f"{path}[{i}]")
-        return errs
-    if kind == "string":
-        if not isinstance(value, str):
-            return [f"{path}: expected a string, got {value!r}"]
-        if "enum" in schema and value not in schema["enum"]:
-            return [f"{path}: {value!r} is not one of {schema['enum']}"]
-        if schema.get("format") == "google-duration" and not re.fullmatch(r"-?\d+(\.\d+)?s", value):
-            return [f"{path}: {value!r} is not a duration like '3600s'"]
-        return []
-    if kind == "integer":
-        return [] if isinstance(value, int) and not isinstance(value, bool) else [f"{path}: expected an integer"]
-    if kind == "boolean":
-        return [] if isinstance(value, bool) else [f"{path}: expected a boolean"]
-    return []
-
-
-def _methods(doc: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    out: list[tuple[str, dict[str, Any]]] = []
-
-    def walk(res: dict[str, Any], prefix: str) -> None:
-        for name, m in res.get("methods", {}).items():
-            out.append((f"{prefix}.{name}", m))
-        for name, sub in res.get("resources", {}).items():
-            walk(sub, f"{prefix}.{name}" if prefix else name)
-
-    walk(doc, "")
-    return out
-
-
-def match_method(doc: dict[str, Any], http_method: str, path: str) -> tuple[str, dict[str, Any]] | None:
-    """The discovery method (id, spec) whose flatPath matches `path` (no leading slash)."""
-    for mid, m in _methods(doc):
-        if m["httpMethod"] != http_method:
-            continue
-        pattern = "^" + re.sub(r"\{[^}]+\}", "[^/:]+", m["flatPath"]) + "$"
-        if re.match(pattern, path):
-            return mid.lstrip("."), m
-    return None
 
 
 def request_errors(http_method: str, path: str, query: dict[str, list[str]], body: Any) -> list[str]:
-    """Whether a request is one the TPU API defines: method, path, query parameters and body."""
+    """What the TPU API's discovery document does not allow in a request (tools/standins/contracts.py)."""
     version = path.split("/", 1)[0]
     if version not in ("v2", "v2alpha1"):
         return [f"unknown API version in {path}"]
-    doc = discovery(version)
-    found = match_method(doc, http_method, path)
-    if found is None:
-        return [f"no {http_method} method for {path} in tpu.{version}.json"]
-    mid, m = found
-    errs: list[str] = []
-    for k, values in query.items():
-        p = m["parameters"].get(k)
-        if p is None or p.get("location") != "query":
-            errs.append(f"{mid}: unknown query parameter {k!r}")
-        elif p.get("type") == "boolean" and values != ["true"] and values != ["false"]:
-            errs.append(f"{mid}: {k}={values} is not a boolean")
-    if "request" in m:
-        errs += [f"{mid}: {e}" for e in schema_errors(doc, body, m["request"])]
-    elif body not in (None, b"", ""):
-        errs.append(f"{mid}: takes no body")
-    return errs
+    url = f"/{path}?{urlencode(query, doseq=True)}" if query else f"/{path}"
+    try:
+        api(f"tpu.{version}").check(Call(http_method, url, body))
+    except ContractError as error:
+        return [str(error)]
+    return []
 
 
 WALK = ("WAITING_FOR_RESOURCES", "PROVISIONING", "ACTIVE")

@@ -24,7 +24,9 @@ from infra.tpu.queued import (
     QueuedTpuProvider,
     request_from_props,
 )
-from tests.queued_tpu_standin import Scenario, StandIn, discovery, request_errors, schema_errors
+from tests.queued_tpu_standin import Scenario, StandIn, request_errors
+from tools.standins.contracts import api as contract
+from tools.standins.contracts import document
 
 ROOT = Path(__file__).resolve().parent.parent
 FAST = PollSettings(interval_s=0.01, operation_timeout_s=5, fallback_wait_s=0.2, settle_wait_s=0)
@@ -132,35 +134,35 @@ def test_spot_reservation_and_multislice_map_as_gcloud_does() -> None:
     assert "multiNodeParams" in flex["tpu"]["nodeSpec"][0]
 
 
-def test_schema_walker_rejects_misspelt_field_bad_enum_and_output_only() -> None:
+def test_the_checker_rejects_misspelt_field_bad_enum_output_only_and_missing_required() -> None:
     req = request_from_props(props())
     body = api.create_body(req, "us-west4-a")
-    doc = discovery("v2")
-    qr = {"$ref": "QueuedResource"}
-    assert schema_errors(doc, body, qr) == []
+    create = "tpu.projects.locations.queuedResources.create"
+
+    def errors(value: dict[str, Any], version: str = "v2") -> str:
+        return "; ".join(contract(f"tpu.{version}").problems("QueuedResource", value, writing=True, method=create))
+
+    assert errors(body) == ""
     typo = copy.deepcopy(body)
     typo["tpu"]["nodeSpec"][0]["node"]["serviceAcount"] = typo["tpu"]["nodeSpec"][0]["node"].pop("serviceAccount")
-    assert any("serviceAcount: unknown field" in e for e in schema_errors(doc, typo, qr))
+    assert "unknown field tpu.nodeSpec[0].node.serviceAcount" in errors(typo)
     # v2alpha1's name for multislice is not v2's.
     wrong_version = copy.deepcopy(body)
     wrong_version["tpu"]["nodeSpec"][0]["multiNodeParams"] = {"nodeCount": 2}
-    assert any("multiNodeParams: unknown field" in e for e in schema_errors(doc, wrong_version, qr))
+    assert "unknown field tpu.nodeSpec[0].multiNodeParams" in errors(wrong_version)
     # Flex-start is not in v2 at all.
-    assert any(
-        "provisioningModel: unknown field" in e
-        for e in schema_errors(doc, {**body, "provisioningModel": "FLEX_START"}, qr)
-    )
-    bad_enum = {**body, "provisioningModel": "FLEXSTART"}
-    assert any("not one of" in e for e in schema_errors(discovery("v2alpha1"), bad_enum, qr))
-    assert any("output only" in e for e in schema_errors(doc, {**body, "state": {"state": "ACTIVE"}}, qr))
+    assert "unknown field provisioningModel" in errors({**body, "provisioningModel": "FLEX_START"})
+    assert "must be one of" in errors({**body, "provisioningModel": "FLEXSTART"}, "v2alpha1")
+    assert "state is output only" in errors({**body, "state": {"state": "ACTIVE"}})
     missing = copy.deepcopy(body)
     del missing["tpu"]["nodeSpec"][0]["node"]["runtimeVersion"]
-    assert any("runtimeVersion: required" in e for e in schema_errors(doc, missing, qr))
+    assert "required field tpu.nodeSpec[0].node.runtimeVersion is missing" in errors(missing)
     assert request_errors("DELETE", "v2/projects/p/locations/z/queuedResources/q", {"forse": ["true"]}, None)
+    assert request_errors("DELETE", "v2/projects/p/locations/z/queuedResources/q", {"force": ["yes"]}, None)
 
 
 def test_queued_resources_have_no_update_method_so_inputs_replace() -> None:
-    qr = discovery("v2")["resources"]["projects"]["resources"]["locations"]["resources"]["queuedResources"]
+    qr = document("tpu.v2")["resources"]["projects"]["resources"]["locations"]["resources"]["queuedResources"]
     assert "patch" not in qr["methods"] and "update" not in qr["methods"]
     assert "force" in qr["methods"]["delete"]["parameters"]
 
