@@ -4,13 +4,17 @@
   Credential Access Boundary exchange. Every request is checked against that document: the method and
   path, no Authorization header ("do not send the Authorization HTTP header"), each field a property
   of GoogleIdentityStsV1ExchangeTokenRequest (form fields in snake_case, as google-auth sends them),
-  every field the document calls Required, the values its descriptions allow; and the boundary in
-  `options` as the downscoping page describes it (at most 10 rules; a bucket resource; `inRole:`
-  Cloud Storage roles; a condition CEL can compile). A request that breaks any of these is a 400 and a
-  recorded violation. It issues `downscoped-<n>` tokens and remembers each one's boundary.
-- `IamFront`: an HTTP front for the storage emulator (which enforces no IAM) that authorises each JSON
-  API object call as Cloud Storage would: the caller's bearer token is a principal with IAM grants
-  (bucket, role's permissions, condition), and a downscoped token is allowed only what both its
+  every field the document calls required (by the checker every stand-in shares), the values its
+  descriptions allow; and the boundary in `options` as the downscoping page describes it (at most 10
+  rules; a bucket resource; `inRole:` Cloud Storage roles; a condition CEL can compile). A request
+  that breaks any of these is a 400 and a recorded violation. It issues `downscoped-<n>` tokens and
+  remembers each one's boundary.
+- `IamFront`: an HTTP front for the storage emulator (which enforces no IAM and takes any body) that
+  first checks each call against the storage.v1 discovery document (tools/standins/contracts.py: the
+  method and path, its query parameters, the JSON body or an upload's metadata; a call that breaks it
+  is a 400 and a recorded violation), then authorises each JSON API object call as Cloud Storage
+  would: the caller's bearer token is a principal with IAM grants (bucket, role's permissions,
+  condition), and a downscoped token is allowed only what both its
   account's grants and its boundary allow; conditions are evaluated with a real CEL implementation on
   `resource.name` (`projects/_/buckets/B/objects/NAME`) and, for listing, the
   `storage.googleapis.com/objectListPrefix` attribute. Anything else is a 401/403 as Google answers.
@@ -32,7 +36,7 @@ import celpy
 
 from infra.access import iamdata
 from tests.iam_conditions import allows
-from tools.standins.contracts import document
+from tools.standins.contracts import Api, Call, ContractError, api, document
 
 
 def cel_allows(expression: str | None, resource: str, list_prefix: str | None = None) -> bool:
@@ -98,7 +102,7 @@ def check_exchange(path: str, headers: dict[str, str], form: dict[str, str]) -> 
         problems.append(f"fields {unknown} are not in {method['request']['$ref']}")
     for name, prop in schema.items():
         description = prop.get("description", "")
-        if description.startswith("Required") and name not in fields:
+        if Api.required(prop, method["id"]) and name not in fields:
             problems.append(f"{name} is required")
         # The type fields' descriptions list their values (`urn:...`); other fields' mention them in passing.
         allowed = re.findall(r"`(urn:[^`]+)`", description) if name.endswith("Type") else []
@@ -201,6 +205,7 @@ class IamFront:
         self.accounts = accounts  # VM token -> its account's grants
         self.sts = sts
         self.denied: list[tuple[str, str, str]] = []  # (token, permission, resource)
+        self.violations: list[str] = []  # calls the storage.v1 discovery document does not allow
 
     def allowed(self, token: str, permission: str, bucket: str, resource: str, prefix: str | None) -> bool:
         if token in self.accounts:
@@ -214,7 +219,13 @@ class IamFront:
 
     def handle(self, method: str, path: str, headers: dict[str, str], body: bytes) -> tuple[int, bytes, str]:
         token = headers.get("Authorization", "").removeprefix("Bearer ").strip()
-        permission, bucket, resource, prefix = storage_call(method, path, body, headers.get("Content-Type", ""))
+        content_type = next((v for k, v in headers.items() if k.lower() == "content-type"), "")
+        try:
+            api("storage.v1").check(Call(method, path, body, content_type))
+        except ContractError as error:
+            self.violations.append(str(error))
+            return 400, json.dumps({"error": {"code": 400, "message": str(error)}}).encode(), "application/json"
+        permission, bucket, resource, prefix = storage_call(method, path, body, content_type)
         if not token:
             return 401, b'{"error": {"code": 401, "message": "Anonymous caller"}}', "application/json"
         if not self.allowed(token, permission, bucket, resource, prefix):

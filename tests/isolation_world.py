@@ -146,6 +146,7 @@ def main(path: str) -> int:
         seen["sts_violations"] = sts.violations
         seen["boundaries"] = list(sts.issued.values())
         seen["denied"] = front.denied
+        seen["storage_violations"] = front.violations
         seen["entries"] = entries
     print(json.dumps(seen))
     return 0

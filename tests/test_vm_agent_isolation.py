@@ -312,6 +312,7 @@ def test_the_smoke_tests_boundary_probe_expects_what_cloud_storage_does_with_a_r
             front_server.shutdown()
     assert all(check["ok"] for check in report.values()), report
     assert sts.violations == [] and len(sts.issued) == 1
+    assert front.violations == []  # every storage call as the storage.v1 discovery document says
 
 
 def test_a_containers_metadata_traffic_goes_to_the_proxy_which_knows_it_by_its_address(tmp_path):
@@ -665,6 +666,7 @@ def test_a_run_never_holds_the_vms_token_only_its_own_downscoped_one(world):
         assert token["direct"] and token["direct"] == token["proxied"] != "sandbox-access-token"
         assert token["direct"].startswith("downscoped-")  # what the STS stand-in issued
     assert world["sts_violations"] == []  # every exchange as the sts.v1 discovery document says
+    assert world["storage_violations"] == []  # every storage call as the storage.v1 document says
     stack, request = world["boundaries"][:2]
     assert {r["availableResource"].rsplit("/", 1)[1] for r in stack} == {CKPT, MODELS}
     assert all(f"mnist/{SHARED}/r1/" in r["availabilityCondition"]["expression"] for r in stack)
