@@ -29,8 +29,9 @@ from typing import Any
 import requests
 
 from tests.iam_standins import Grant, IamFront, StsStandIn, serve, sts_handler
-from tests.sandbox import SANDBOX_TOKEN, metadata_server, storage_emulator, wait_for
+from tests.sandbox import storage_emulator, wait_for
 from tests.vm_agent_support import agent_environ, start_agent
+from tools.standins.metadata import SANDBOX_TOKEN, metadata_server
 from vm_agent.isolation import processes_of
 
 

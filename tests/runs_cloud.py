@@ -15,8 +15,9 @@ import pytest
 import requests
 
 from tests.logging_api import LoggingState, logging_standin
-from tests.sandbox import MetadataHost, metadata_server, storage_emulator
+from tests.sandbox import storage_emulator
 from tests.tpu_api import TpuState, tpu_api_standin
+from tools.standins.metadata import MetadataHost, metadata_server
 
 
 class RunsCloud:

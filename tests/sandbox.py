@@ -1,4 +1,5 @@
-"""A sandbox for the real start-up script: a GCS emulator and a GCE metadata server on loopback.
+"""A sandbox for the real start-up script: a GCS emulator and a GCE metadata server on loopback (the
+server is tools/standins/metadata.py).
 
 Shimmed, because it cannot exist here: `systemctl` (no systemd in a test; the shim starts the unit's
 ExecStart with its EnvironmentFile, detached, like `systemctl start`) and `python3` (the workloads'
@@ -11,17 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
-import http.server
-import json
 import os
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
-import urllib.parse
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import ClassVar
@@ -30,6 +26,7 @@ from google.cloud import storage as storage_client
 
 from tests.iam_standins import StsStandIn, serve, sts_handler
 from tests.workloads import workloads_python
+from tools.standins.metadata import SANDBOX_TOKEN
 
 SYSTEMCTL_SHIM = '''#!{python}
 """systemctl for the sandbox: daemon-reload is a no-op; start runs ExecStartPre (a failure fails the
@@ -150,131 +147,6 @@ def storage_emulator() -> Iterator[str]:
     finally:
         process.terminate()
         process.wait(10)
-
-
-JSON = "application/json"
-
-
-def metadata_etag(value: str) -> str:
-    """An attribute value's ETag (the real server's is an opaque hex string that changes with the value)."""
-    return hashlib.sha256(value.encode()).hexdigest()[:16]
-
-
-class _MetadataHandler(http.server.BaseHTTPRequestHandler):
-    """Instance attributes, and what google-auth asks of a metadata server to act as the instance's
-    service account: the ping (`/` answering `Metadata-Flavor: Google`), the account and a token.
-
-    Attributes answer with an `ETag` header and honour `wait_for_change=true&last_etag=E&timeout_sec=N`
-    as Compute Engine's server does (https://cloud.google.com/compute/docs/metadata/querying-metadata,
-    "Wait for changes"): held until the value's ETag differs from E, or N seconds pass, then answered
-    with the current value. Tests change attributes while it runs (`MetadataHost.set`/`.delete`)."""
-
-    attributes: ClassVar[dict[str, str]] = {}
-    changed: ClassVar[threading.Condition] = threading.Condition()
-
-    def do_GET(self) -> None:
-        prefix = "/computeMetadata/v1/instance/attributes/"
-        path, _, query = self.path.partition("?")
-        if self.headers.get("Metadata-Flavor") != "Google":
-            self.send_error(403, "Missing Metadata-Flavor: Google")  # as the real server answers
-            return
-        # The server answers for the account as `default` and by its email alike (querying-metadata,
-        # "service-accounts/"); google-auth asks by email once it has learnt it.
-        account = "/computeMetadata/v1/instance/service-accounts/default/"
-        path = path.replace(f"/service-accounts/{SANDBOX_ACCOUNT}/", "/service-accounts/default/")
-        if path in ("/", "/computeMetadata/v1/"):
-            self._answer("computeMetadata/")
-        elif path == account + "token":
-            self._answer(json.dumps({"access_token": SANDBOX_TOKEN, "expires_in": 3599, "token_type": "Bearer"}), JSON)
-        elif path == account:
-            info = {"email": SANDBOX_ACCOUNT, "aliases": ["default"], "scopes": [CLOUD_PLATFORM]}
-            self._answer(json.dumps(info), JSON)
-        elif path == account + "email":
-            self._answer(SANDBOX_ACCOUNT)
-        elif path.startswith(prefix):
-            self._attribute(path.removeprefix(prefix), urllib.parse.parse_qs(query))
-        else:
-            self._not_found()
-
-    def _attribute(self, name: str, query: dict[str, list[str]]) -> None:
-        with self.changed:
-            if query.get("wait_for_change") == ["true"]:
-                last = query.get("last_etag", [""])[0]
-                deadline = time.monotonic() + float(query.get("timeout_sec", ["3600"])[0])
-                while name in self.attributes and metadata_etag(self.attributes[name]) == last:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        break
-                    self.changed.wait(remaining)
-            value = self.attributes.get(name)
-        if value is None:
-            self._not_found()
-        else:
-            self._answer(value, etag=metadata_etag(value))
-
-    def _not_found(self) -> None:
-        self.send_response(404)
-        self.send_header("Metadata-Flavor", "Google")
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def _answer(self, text: str, content_type: str = "application/text", etag: str = "") -> None:
-        body = text.encode()
-        self.send_response(200)
-        self.send_header("Metadata-Flavor", "Google")
-        self.send_header("Content-Type", content_type)
-        if etag:
-            self.send_header("ETag", etag)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-
-class MetadataHost(str):
-    """GCE_METADATA_HOST of a sandbox metadata server, which can also change its attributes."""
-
-    handler: type[_MetadataHandler]
-
-    @property
-    def url(self) -> str:
-        return f"http://{self}/computeMetadata/v1"
-
-    def set(self, name: str, value: str) -> None:
-        with self.handler.changed:
-            self.handler.attributes[name] = value
-            self.handler.changed.notify_all()
-
-    def delete(self, name: str) -> None:
-        with self.handler.changed:
-            self.handler.attributes.pop(name, None)
-            self.handler.changed.notify_all()
-
-
-@contextlib.contextmanager
-def metadata_server(attributes: dict[str, str], address: tuple[str, int] = ("127.0.0.1", 0)) -> Iterator[MetadataHost]:
-    """A GCE metadata server on loopback answering instance attributes; yields GCE_METADATA_HOST. In a
-    network namespace of a test's own it may take the real server's address, 169.254.169.254:80."""
-    handler = type("Handler", (_MetadataHandler,), {"attributes": dict(attributes), "changed": threading.Condition()})
-    server = http.server.ThreadingHTTPServer(address, handler)
-    thread = threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True)  # a quick shutdown()
-    thread.start()
-    host = MetadataHost(f"{server.server_address[0]}:{server.server_address[1]}")
-    host.handler = handler
-    try:
-        yield host
-    finally:
-        with handler.changed:  # release requests still waiting for a change
-            handler.attributes.clear()
-            handler.changed.notify_all()
-        server.shutdown()
-
-
-SANDBOX_TOKEN = "sandbox-access-token"
-SANDBOX_ACCOUNT = "sandbox@acme-ml-sandbox.iam.gserviceaccount.com"
-CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
 
 
 @functools.cache

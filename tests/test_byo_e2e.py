@@ -35,9 +35,10 @@ from infra.config import parse_stack_config
 from infra.packaging import repository_folder
 from infra.startup import AGENT_UNIT, RUN_ATTRIBUTE
 from infra.tpu.metadata import source_digests, vm_metadata
-from tests.sandbox import SANDBOX_TOKEN, Vm, deployed_stack, metadata_server, storage_emulator, wait_for
+from tests.sandbox import Vm, deployed_stack, storage_emulator, wait_for
 from tests.support import stack_config, with_object
 from tests.vm_agent_support import CONTRACT, image_folder, install_docker_shim, wheel_index
+from tools.standins.metadata import SANDBOX_TOKEN, metadata_server
 
 pytestmark = pytest.mark.slow
 

@@ -23,9 +23,10 @@ import pytest
 import requests
 
 from infra.tpu_guard import source_files
-from tests.sandbox import SANDBOX_TOKEN, free_port, metadata_server, wait_for
+from tests.sandbox import free_port, wait_for
 from tests.test_tpu_guard import ACCOUNT, BUDGET, LISTING, OVER, PARENT, PROJECT
 from tests.tpu_api import tpu_api_standin
+from tools.standins.metadata import SANDBOX_TOKEN, metadata_server
 
 pytestmark = pytest.mark.slow
 

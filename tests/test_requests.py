@@ -19,9 +19,10 @@ import requests
 import vm_agent.gcs
 from run_contract.request import RunPlaces, parse_request
 from run_contract.spec import Allowed, FolderSource, RunSpec, SpecError, StopRequest
-from tests.sandbox import SANDBOX_TOKEN, metadata_server, storage_emulator
+from tests.sandbox import storage_emulator
 from tools.standins.contracts import Call, ContractError, api
 from tools.standins.loopback import Handler, serve
+from tools.standins.metadata import SANDBOX_TOKEN, metadata_server
 from vm_agent.gcs import Storage
 from vm_agent.run_requests import RequestSource
 from vm_agent.settings import Settings

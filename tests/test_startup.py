@@ -405,7 +405,7 @@ def boot(
     tmp_path: Path, attributes: dict[str, str], storage: str, port: str = "", of: StartupSpec | None = None
 ) -> tuple[subprocess.CompletedProcess, dict]:
     """Boot a worker against a metadata server and the storage emulator; the agent.env it wrote."""
-    from tests.sandbox import metadata_server
+    from tools.standins.metadata import metadata_server
 
     of = of or spec()
     script = render_startup_script(of)

@@ -27,18 +27,11 @@ from google.cloud import storage
 from infra.config import parse_stack_config
 from infra.startup import AGENT_UNIT
 from infra.tpu.metadata import source_digests, vm_metadata
-from tests.sandbox import (
-    Vm,
-    deployed_stack,
-    free_port,
-    metadata_server,
-    sandbox_sts,
-    storage_emulator,
-    wait_for,
-)
+from tests.sandbox import Vm, deployed_stack, free_port, sandbox_sts, storage_emulator, wait_for
 from tests.support import stack_config, with_object
 from tests.workloads import WORKLOADS, run_workload, workloads_python
 from tests.workloads import committed_steps as committed_checkpoints
+from tools.standins.metadata import metadata_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.workloads]
 

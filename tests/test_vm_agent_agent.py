@@ -20,7 +20,7 @@ import pytest
 
 from run_contract import timeline
 from run_contract.timeline import RunTimeline
-from tests.sandbox import metadata_server, storage_emulator, wait_for
+from tests.sandbox import storage_emulator, wait_for
 from tests.vm_agent_support import (
     ARTIFACTS,
     CHECKPOINTS,
@@ -34,6 +34,7 @@ from tests.vm_agent_support import (
     start_agent,
     trainer_folder,
 )
+from tools.standins.metadata import metadata_server
 from vm_agent import agent
 from vm_agent.gcs import Storage
 

@@ -17,7 +17,7 @@ import pytest
 
 from run_contract import completion_marker
 from run_contract.spec import parse_run_spec
-from tests.sandbox import metadata_server, storage_emulator, wait_for
+from tests.sandbox import storage_emulator, wait_for
 from tests.vm_agent_support import (
     ARTIFACTS,
     CHECKPOINTS,
@@ -28,6 +28,7 @@ from tests.vm_agent_support import (
     run_spec,
     trainer_folder,
 )
+from tools.standins.metadata import metadata_server
 from vm_agent.gcs import Folder, Storage
 from vm_agent.runner import Run
 from vm_agent.settings import Settings

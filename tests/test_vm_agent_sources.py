@@ -14,9 +14,9 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import pytest
 
 from run_contract.spec import Allowed, FolderSource, ImageSource, SpecError, StopRequest, parse_run_spec
-from tests.sandbox import metadata_server
 from tests.vm_agent_support import ARTIFACTS, REGISTRY
 from tools.standins.loopback import Handler, serve
+from tools.standins.metadata import metadata_server
 from vm_agent.sources import MetadataSource
 
 ALLOWED = Allowed(f"gs://{ARTIFACTS}", REGISTRY)
@@ -168,7 +168,7 @@ def test_the_agent_needs_at_most_python_3_8():
 
 
 def test_tokens_come_from_the_metadata_server_unless_an_emulator_is_used():
-    from tests.sandbox import SANDBOX_TOKEN
+    from tools.standins.metadata import SANDBOX_TOKEN
     from vm_agent.gcs import Storage, Tokens
 
     with metadata_server({}) as host:

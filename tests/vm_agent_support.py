@@ -28,7 +28,7 @@ import threading
 import zipfile
 from pathlib import Path
 
-from tests.sandbox import SANDBOX_TOKEN
+from tools.standins.metadata import SANDBOX_TOKEN
 
 SOURCES = Path(__file__).resolve().parent / "agent_sources"
 REPO = Path(__file__).resolve().parents[1]
