@@ -16,7 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tools.standins.telemetry import google_apis, metadata_server
+from tools.standins.metadata import metadata_server
+from tools.standins.telemetry import google_apis
 from vm_agent.telemetry import Telemetry
 from vm_agent.tensorboard import EventLog, crc32c
 
@@ -34,14 +35,14 @@ def main() -> None:
     n = args.lines
     text = "epoch 3/10: 1234/60000 examples, input pipeline 12 ms"
     training = json.dumps({"severity": "INFO", "message": "training", "step": 1, "loss": 0.12345, "steps_per_s": 9.5})
-    with google_apis() as (api_url, received), metadata_server() as (metadata_url, _):
+    with google_apis() as (api_url, received), metadata_server() as metadata:
         env = {
             "TPU_PLATFORM_PROJECT": "bench",
             "TPU_PLATFORM_STACK": "dev",
             "TPU_PLATFORM_VM": "vm",
             "TPU_PLATFORM_LOGGING_URL": api_url,
             "TPU_PLATFORM_MONITORING_URL": api_url,
-            "TPU_PLATFORM_METADATA_URL": metadata_url,
+            "TPU_PLATFORM_METADATA_URL": metadata.url,
         }
         with tempfile.TemporaryDirectory() as model_dir:
             for name, line in (("text line", text), ("training JSON line", training)):

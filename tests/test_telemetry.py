@@ -18,7 +18,8 @@ import pytest
 from infra.access.identities import WORKLOAD_METHODS
 from tests.sandbox import wait_for
 from tools.standins.contracts import Call, ContractError, api
-from tools.standins.telemetry import TOKEN, ZONE, Received, google_apis, metadata_server
+from tools.standins.metadata import SANDBOX_TOKEN, ZONE, metadata_server
+from tools.standins.telemetry import Received, google_apis
 from vm_agent import telemetry
 from vm_agent.telemetry import METHODS, Telemetry, severity_of
 
@@ -64,11 +65,11 @@ def env_for(api_url: str, metadata_url: str) -> dict[str, str]:
 
 @pytest.fixture
 def rig() -> Iterator[Rig]:
-    with google_apis() as (api_url, received), metadata_server() as (metadata_url, asked):
+    with google_apis() as (api_url, received), metadata_server() as metadata:
         clock, warnings = Clock(), []
         # Flushed by hand in the tests: the background thread's period is out of the way.
-        shipper = Telemetry(env_for(api_url, metadata_url), clock=clock, warn=warnings.append, flush_every_s=3600)
-        yield Rig(shipper, received, clock, warnings, asked)
+        shipper = Telemetry(env_for(api_url, metadata.url), clock=clock, warn=warnings.append, flush_every_s=3600)
+        yield Rig(shipper, received, clock, warnings, metadata.asked)
         shipper.close(5)
 
 
@@ -95,7 +96,7 @@ def test_json_lines_become_structured_entries_and_others_text(rig):
     assert (text["textPayload"], text["severity"]) == ("plain text from the program", "DEFAULT")
     assert "jsonPayload" not in text and "textPayload" not in first
     assert listed["textPayload"] == "[1, 2]"
-    assert {auth for _, _, auth in rig.received.calls} == {f"Bearer {TOKEN}"}
+    assert {auth for _, _, auth in rig.received.calls} == {f"Bearer {SANDBOX_TOKEN}"}
     assert rig.telemetry.counts.entries_sent == 4
 
 
@@ -220,10 +221,10 @@ def test_unreachable_endpoints_never_raise():
 
 
 def test_ship_never_waits_for_a_hanging_endpoint_and_a_full_queue_drops_with_a_warning():
-    with google_apis() as (api_url, received), metadata_server() as (metadata_url, _):
+    with google_apis() as (api_url, received), metadata_server() as metadata:
         received.hold = threading.Event()  # the API takes every request and answers nothing yet
         warnings: list[str] = []
-        shipper = Telemetry(env_for(api_url, metadata_url), warn=warnings.append, flush_every_s=0.01, queue_size=5)
+        shipper = Telemetry(env_for(api_url, metadata.url), warn=warnings.append, flush_every_s=0.01, queue_size=5)
         run = RunSpec("exp-42")
         shipper.ship("first", run)  # the thread takes it and hangs in its request
         assert received.held.wait(30)  # before any other line is shipped, so its batch is that line alone
@@ -323,10 +324,10 @@ def test_a_full_batch_goes_without_waiting_for_the_period(rig):
 
 
 def test_close_gives_up_on_a_hanging_endpoint_and_says_so():
-    with google_apis() as (api_url, received), metadata_server() as (metadata_url, _):
+    with google_apis() as (api_url, received), metadata_server() as metadata:
         received.hold = threading.Event()
         warnings: list[str] = []
-        shipper = Telemetry(env_for(api_url, metadata_url), warn=warnings.append, flush_every_s=0.01)
+        shipper = Telemetry(env_for(api_url, metadata.url), warn=warnings.append, flush_every_s=0.01)
         shipper.ship("first", RunSpec("exp-42"))
         wait_for(lambda: received.hold is not None and shipper._lock.locked(), 30, "a request in flight")
         shipper.ship("second", RunSpec("exp-42"))

@@ -17,7 +17,8 @@ from tests.sandbox import storage_emulator
 from tests.test_telemetry import RunSpec, env_for
 from tests.workloads import workloads_python
 from tools.standins.contracts import Call, api
-from tools.standins.telemetry import google_apis, metadata_server
+from tools.standins.metadata import metadata_server
+from tools.standins.telemetry import google_apis
 from vm_agent.telemetry import Telemetry, tensorboard_dir
 from vm_agent.tensorboard import FILE_VERSION, METHODS, EventLog, crc32c, masked_crc32c, record
 
@@ -91,11 +92,11 @@ def test_tensorflow_reads_the_event_file_back(tmp_path):
 
 @pytest.mark.slow
 def test_a_runs_scalars_reach_its_gs_model_dir(monkeypatch):
-    with storage_emulator() as host, google_apis() as (api_url, received), metadata_server() as (metadata_url, _):
+    with storage_emulator() as host, google_apis() as (api_url, received), metadata_server() as metadata:
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", host)
         client = storage.Client()
         client.create_bucket("acme-ml-sandbox-dev-models")
-        env = {**env_for(api_url, metadata_url), "TPU_PLATFORM_WORKER_ID": "0", "STORAGE_EMULATOR_HOST": host}
+        env = {**env_for(api_url, metadata.url), "TPU_PLATFORM_WORKER_ID": "0", "STORAGE_EMULATOR_HOST": host}
         shipper = Telemetry(env, flush_every_s=3600)
         run = RunSpec("exp-42", model_dir="gs://acme-ml-sandbox-dev-models/mnist/exp-42/model")
         for step in (1, 2, 3):

@@ -1,5 +1,6 @@
-"""A GCE metadata server on loopback: instance attributes (changed while it runs, with ETags and
-`wait_for_change`) and what google-auth asks of one to act as the instance's service account.
+"""A GCE metadata server on loopback, the one every test and benchmark uses: instance attributes
+(changed while it runs, with ETags and `wait_for_change`), the instance's zone, and what google-auth
+asks of one to act as the instance's service account. It keeps every path it was asked.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ def metadata_etag(value: str) -> str:
 
 class _MetadataHandler(http.server.BaseHTTPRequestHandler):
     """Instance attributes, and what google-auth asks of a metadata server to act as the instance's
-    service account: the ping (`/` answering `Metadata-Flavor: Google`), the account and a token.
+    service account: the ping (`/` answering `Metadata-Flavor: Google`), the account and a token; and
+    the instance's zone (`instance/zone` is `projects/NUMBER/zones/ZONE`, querying-metadata).
 
     Attributes answer with an `ETag` header and honour `wait_for_change=true&last_etag=E&timeout_sec=N`
     as Compute Engine's server does (https://cloud.google.com/compute/docs/metadata/querying-metadata,
@@ -33,8 +35,10 @@ class _MetadataHandler(http.server.BaseHTTPRequestHandler):
 
     attributes: ClassVar[dict[str, str]] = {}
     changed: ClassVar[threading.Condition] = threading.Condition()
+    asked: ClassVar[list[str]] = []
 
     def do_GET(self) -> None:
+        self.asked.append(self.path)
         prefix = "/computeMetadata/v1/instance/attributes/"
         path, _, query = self.path.partition("?")
         if self.headers.get("Metadata-Flavor") != "Google":
@@ -53,6 +57,8 @@ class _MetadataHandler(http.server.BaseHTTPRequestHandler):
             self._answer(json.dumps(info), JSON)
         elif path == account + "email":
             self._answer(SANDBOX_ACCOUNT)
+        elif path == "/computeMetadata/v1/instance/zone":
+            self._answer(f"projects/{PROJECT_NUMBER}/zones/{ZONE}")
         elif path.startswith(prefix):
             self._attribute(path.removeprefix(prefix), urllib.parse.parse_qs(query))
         else:
@@ -104,6 +110,11 @@ class MetadataHost(str):
     def url(self) -> str:
         return f"http://{self}/computeMetadata/v1"
 
+    @property
+    def asked(self) -> list[str]:
+        """Every path (with its query) the server was asked, in order."""
+        return self.handler.asked
+
     def set(self, name: str, value: str) -> None:
         with self.handler.changed:
             self.handler.attributes[name] = value
@@ -116,10 +127,13 @@ class MetadataHost(str):
 
 
 @contextlib.contextmanager
-def metadata_server(attributes: dict[str, str], address: tuple[str, int] = ("127.0.0.1", 0)) -> Iterator[MetadataHost]:
+def metadata_server(
+    attributes: dict[str, str] | None = None, address: tuple[str, int] = ("127.0.0.1", 0)
+) -> Iterator[MetadataHost]:
     """A GCE metadata server on loopback answering instance attributes; yields GCE_METADATA_HOST. In a
     network namespace of a test's own it may take the real server's address, 169.254.169.254:80."""
-    handler = type("Handler", (_MetadataHandler,), {"attributes": dict(attributes), "changed": threading.Condition()})
+    state = {"attributes": dict(attributes or {}), "changed": threading.Condition(), "asked": []}
+    handler = type("Handler", (_MetadataHandler,), state)
     server = http.server.ThreadingHTTPServer(address, handler)
     thread = threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True)  # a quick shutdown()
     thread.start()
@@ -137,3 +151,5 @@ def metadata_server(attributes: dict[str, str], address: tuple[str, int] = ("127
 SANDBOX_TOKEN = "sandbox-access-token"
 SANDBOX_ACCOUNT = "sandbox@acme-ml-sandbox.iam.gserviceaccount.com"
 CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
+PROJECT_NUMBER = 123456789
+ZONE = "us-central2-b"

@@ -1,6 +1,6 @@
 """Loopback stand-ins for what the VM's telemetry talks to: Cloud Logging's and Cloud Monitoring's write
-endpoints (every request checked against the APIs' discovery documents as it arrives) and the
-metadata server's token and zone. Plain http.server, as tests/sandbox.py does.
+endpoints, every request checked against the APIs' discovery documents as it arrives. The metadata
+server's token and zone are tools/standins/metadata.py's.
 """
 
 from __future__ import annotations
@@ -14,9 +14,6 @@ from typing import Any, ClassVar
 
 from tools.standins.contracts import Call, ContractError, api
 from tools.standins.loopback import Handler, serve
-
-TOKEN = "telemetry-test-token"
-ZONE = "us-central2-b"
 
 
 @dataclass
@@ -67,32 +64,3 @@ def google_apis() -> Iterator[tuple[str, Received]]:
         finally:
             if received.hold is not None:
                 received.hold.set()  # before the server stops: a held request would keep it waiting
-
-
-class _MetadataHandler(Handler):
-    asked: ClassVar[list[str]]
-
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
-        self.asked.append(self.path)
-        if self.headers.get("Metadata-Flavor") != "Google":
-            self.send_error(403, "Missing Metadata-Flavor: Google")  # as the real server answers
-            return
-        answers = {
-            "/computeMetadata/v1/instance/service-accounts/default/token": json.dumps(
-                {"access_token": TOKEN, "expires_in": 3599, "token_type": "Bearer"}
-            ),
-            "/computeMetadata/v1/instance/zone": f"projects/123456789/zones/{ZONE}",
-        }
-        text = answers.get(self.path.split("?", 1)[0])
-        if text is None:
-            self.send_error(404)
-            return
-        self.answer(200, text.encode(), {"Metadata-Flavor": "Google"})
-
-
-@contextlib.contextmanager
-def metadata_server() -> Iterator[tuple[str, list[str]]]:
-    """The metadata server's token and zone; yields TPU_PLATFORM_METADATA_URL and the paths asked."""
-    asked: list[str] = []
-    with serve(_MetadataHandler, asked=asked) as url:
-        yield f"{url}/computeMetadata/v1", asked
