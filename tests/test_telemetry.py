@@ -267,6 +267,21 @@ def test_the_token_is_asked_once_and_the_metadata_flavor_header_sent(rig):
     assert len(rig.received.bodies(WRITE)) == 3
 
 
+def test_the_api_stand_in_refuses_what_google_would_with_a_400():
+    """A write the schema refuses (here an entry with no log name, from neither it nor the request) is
+    answered 400, as Google does, not taken: a shipper that sent it would see its batch lost."""
+    import urllib.error
+    import urllib.request
+
+    with google_apis() as (api_url, received):
+        body = json.dumps({"entries": [{"textPayload": "x"}]}).encode()
+        request = urllib.request.Request(f"{api_url}/v2/entries:write", data=body, method="POST")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=10)
+    assert refused.value.code == 400
+    assert len(received.violations) == 1 and "logName is missing" in received.violations[0]
+
+
 def test_production_endpoints_are_googles():
     shipper = Telemetry({})
     assert shipper.logging_url == "https://logging.googleapis.com"

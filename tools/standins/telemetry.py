@@ -47,8 +47,11 @@ class _ApiHandler(Handler):
         try:
             method = api(name).check(call).id
         except ContractError as error:
+            # As Google answers a request its schema refuses: 400 INVALID_ARGUMENT, nothing written.
             self.received.violations.append(str(error))
-            method = "?"
+            self.received.calls.append(("?", call, self.headers.get("Authorization", "")))
+            self.answer(400, {"error": {"code": 400, "message": str(error), "status": "INVALID_ARGUMENT"}})
+            return
         self.received.calls.append((method, call, self.headers.get("Authorization", "")))
         self.answer(self.received.status, {})
 
