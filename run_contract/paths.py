@@ -84,3 +84,14 @@ def researcher_log(member: str) -> str:
     """The log a researcher's runs' output goes to, and the id of the log view that shows only it: letters,
     digits, '-' (a log id may not hold '@'; a view id is at most 100 characters)."""
     return "tpu-runs-" + hashlib.sha256(member.encode()).hexdigest()[:16]
+
+
+def guard_prefix(environment: str) -> str:
+    """The guard's own records in the run-status bucket (its recovery counts, the nodes' states): no VM's
+    folder, so no agent or run writes there."""
+    return f"_tpu-guard/{environment}/"
+
+
+def node_states_name(environment: str, node: str) -> str:
+    """A node's changes of state as the guard saw them (run_contract/timeline.py NodeStates)."""
+    return f"{guard_prefix(environment)}nodes/{node}.json"

@@ -565,34 +565,57 @@ class Measured:
     preemptions: int
     lost_without_notice: int
     steps: int
+    spans: tuple[tuple[float, float], ...] = ()  # the billed window of each boot, as (start, end)
+    node_billed: bool = False  # every boot's window came from the node's states, none from the agent alone
 
 
-def measure(events: Iterable[Event]) -> Measured:
+def measure(events: Iterable[Event], up: Iterable[tuple[float, float]] = ()) -> Measured:
     """Seconds by category from a run's events, boot by boot (each `boot` or `agentStart` opens one, and so
     does whatever follows an `end`).
 
-    In one boot: `boot` to `agentStart` is boot; `prepare` to the next `programStart` installs; an
+    In one boot: READY to `agentStart` is boot; `prepare` (the boot's first: from `agentStart`) to the
+    next `programStart` installs; an
     attempt's start to `restored` restore, then to `firstStep` firstStep; checkpoint stalls (the program's
     `seconds`) checkpointSave; an attempt that did not exit 0 loses the steps after its last committed
     checkpoint (to its last step line) as wastedProgress, none when that checkpoint holds its last step;
-    the rest of first step to last step line (or a save after it) is productive. The billed window runs
-    from `boot` (else the boot's first event) to its last event: the node's own READY comes earlier and is
-    the TPU API's to tell, so what this window leaves out is not here.
+    the rest of first step to last step line (or a save after it) is productive.
+
+    The billed window of a boot runs from the node's READY to the boot's last event, or to the node leaving
+    READY when that comes first (a preemption): `up` holds the node's running windows (NodeStates.up), and
+    a boot's is the one it overlaps most; the kernel's start, when earlier than the READY the guard saw,
+    starts it (the node ran). A boot that no window overlaps (no record of the node's states) falls back
+    to the agent's view: from `boot` (else the boot's first event). A run that starts after another run's
+    `end` in the same boot starts at its first event: the time before was the other run's or idle.
     A boot that ends with no `end` lost its run without notice (a host lost, kill -9).
     """
     seconds = {c.key: 0.0 for c in CATEGORIES if c.key != "unattributed"}
+    windows = list(up)
     billed = 0.0
+    spans: list[tuple[float, float]] = []
+    from_node = True
     preemptions = lost = steps = 0
     for life in _boots(list(events)):  # in the order recorded: a boot's clock may differ from the last one's
-        billed += life[-1].at - life[0].at
+        start, end = life[0].at, life[-1].at
+        window = max(windows, key=lambda w: min(end, w[1]) - max(start, w[0]), default=None)
+        if window is not None and min(end, window[1]) >= max(start, window[0]):
+            if life[0].kind in ("boot", "agentStart"):  # the node's READY started this boot's time
+                start = min(start, window[0])
+            end = min(end, window[1])
+        else:
+            from_node = False
+        spans.append((start, end))
+        billed += max(0.0, end - start)
         first = {e.kind: e for e in reversed(life)}  # each kind's first event in this boot
-        if "boot" in first and "agentStart" in first:
-            seconds["boot"] += max(0.0, first["agentStart"].at - first["boot"].at)
+        if "agentStart" in first and life[0].kind in ("boot", "agentStart"):
+            seconds["boot"] += max(0.0, first["agentStart"].at - start)
         prepare = None
+        # The agent's set-up for the run, from its start, is the first prepare's (installs: "the agent's start
+        # to the program's").
+        setup = first.get("agentStart") if life[0].kind in ("boot", "agentStart") else None
         attempt: list[Event] = []
         for event in life:
             if event.kind == "prepare":
-                prepare = event
+                prepare, setup = setup or event, None
             elif event.kind == "programStart":
                 if prepare is not None:
                     seconds["installs"] += event.at - prepare.at
@@ -609,7 +632,7 @@ def measure(events: Iterable[Event]) -> Measured:
             steps = max(steps, _attempt(attempt, seconds))
         if life[-1].kind != "end":
             lost += 1
-    return Measured(seconds, billed, preemptions, lost, steps)
+    return Measured(seconds, billed, preemptions, lost, steps, tuple(spans), from_node and bool(spans))
 
 
 def _boots(events: list[Event]) -> list[list[Event]]:
@@ -651,3 +674,85 @@ def _attempt(attempt: list[Event], seconds: dict[str, float]) -> int:
     seconds["wastedProgress"] += wasted
     seconds["productive"] += max(0.0, end - first_step.at - stalled - wasted)
     return last_step.step or 0
+
+
+# ------------------------------------------------------------------------------------ the node's states
+# Billed time is the node's, not the agent's: the TPU API's Node.state (tpu.v2 discovery document, Node.state)
+# says when the node runs. The guard (functions/tpu_guard/) lists the stack's nodes on every check and keeps
+# each node's changes of state, with when it saw them, at `_tpu-guard/<environment>/nodes/<node>.json` in the
+# status bucket (run_contract/paths.py node_states_name), a prefix no run writes. A preempted node's state
+# "changes from READY to PREEMPTED" (tpu/docs/preemptible, "Detecting if a TPU has been preempted"); a
+# stopped one goes STOPPING then STOPPED; a deleted one DELETING, then it is no longer listed (NOT_LISTED here).
+# The node runs from READY, and through the states a running node passes without stopping; any other state
+# (CREATING: the `queue` category; PREEMPTED, STOPPING, STOPPED, DELETING, TERMINATED) and no node at all
+# count as not running, so not billed.
+NODE_STATES_SCHEMA = "tpu-platform/node-states"
+NODE_STATES_VERSION = 1
+UP_STATES = ("READY", "RESTARTING", "REIMAGING", "REPAIRING")
+NOT_LISTED = "NOT_LISTED"  # not one of the API's states: no zone lists the node
+MAX_TRANSITIONS = 2000  # the oldest go first: a node re-created every hour for twelve weeks fits
+
+
+@dataclass(frozen=True)
+class NodeStates:
+    """One node's changes of state as the guard saw them: (state, when), oldest first."""
+
+    node: str
+    transitions: tuple[tuple[str, float], ...] = ()
+
+    def observe(self, state: str, at: float) -> NodeStates | None:
+        """The record with `state` seen at `at`, or None when that is the state it already holds."""
+        if self.transitions and self.transitions[-1][0] == state:
+            return None
+        return NodeStates(self.node, (*self.transitions, (state, at))[-MAX_TRANSITIONS:])
+
+    def up(self, now: float) -> list[tuple[float, float]]:
+        """The windows in which the node ran: from each change into a running state to the next change out of
+        one (`now` for a node still running)."""
+        windows: list[tuple[float, float]] = []
+        start: float | None = None
+        for state, at in self.transitions:
+            if state in UP_STATES and start is None:
+                start = at
+            elif state not in UP_STATES and start is not None:
+                windows.append((start, at))
+                start = None
+        if start is not None:
+            windows.append((start, max(start, now)))
+        return windows
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": NODE_STATES_SCHEMA,
+            "version": NODE_STATES_VERSION,
+            "node": self.node,
+            "transitions": [{"state": state, "at": at} for state, at in self.transitions],
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> NodeStates:
+        _header(data, "a node's states", NODE_STATES_SCHEMA, NODE_STATES_VERSION)
+        node, transitions = data.get("node"), data.get("transitions")
+        if set(data) - {"schema", "version", "node", "transitions"}:
+            raise TimelineError(f"unknown keys {sorted(set(data) - {'schema', 'version', 'node', 'transitions'})}")
+        if not isinstance(node, str) or not node or not isinstance(transitions, list):
+            raise TimelineError(f"node {node!r} is a non-empty string and transitions a list")
+        out = []
+        for item in transitions:
+            if not isinstance(item, dict) or set(item) != {"state", "at"}:
+                raise TimelineError(f"a transition is an object of state and at: not {item!r}")
+            if not isinstance(item["state"], str) or not item["state"] or not _seconds(item["at"]):
+                raise TimelineError(f"a transition's state is a string and at a time in seconds: not {item!r}")
+            out.append((item["state"], float(item["at"])))
+        return cls(node, tuple(out))
+
+
+def covered(windows: Iterable[tuple[float, float]], spans: Iterable[tuple[float, float]]) -> float:
+    """Seconds of `windows` that some span covers (spans may overlap one another; each counts once)."""
+    merged: list[list[float]] = []
+    for start, end in sorted(s for s in spans if s[1] > s[0]):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return sum(max(0.0, min(end, m_end) - max(start, m_start)) for start, end in windows for m_start, m_end in merged)

@@ -212,7 +212,7 @@ def test_the_agents_events_measure_each_category_boot_by_boot():
             "recoveryWait": 0.0,
             "idle": 0.0,
             "boot": 30.0 + 20.0,
-            "installs": 20.0 + 5.0,
+            "installs": 21.0 + 6.0,  # the agent's start to the program's
             "restore": 4.0,
             "firstStep": 10.0 + 10.0,
             "checkpointSave": 5.0,
@@ -225,6 +225,27 @@ def test_the_agents_events_measure_each_category_boot_by_boot():
         **IDENTITY, billed_s=found.billed_s, measured=found.seconds, preemptions=found.preemptions, steps=found.steps
     )
     assert timeline.seconds["unattributed"] == pytest.approx(found.billed_s - sum(v for k, v in found.seconds.items()))
+
+
+def test_billed_time_runs_from_the_nodes_ready_to_the_run_or_the_node_leaving_ready():
+    """The node's windows decide billed time: READY (before the kernel's start) opens a boot's, with boot time
+    from it; a preemption that takes the node before the agent's last event closes it."""
+    states = module.NodeStates("vm")
+    for state, at in (("CREATING", 900.0), ("READY", 980.0), ("PREEMPTED", 1162.0), ("NOT_LISTED", 1300.0)):
+        states = states.observe(state, at) or states
+    states = states.observe("READY", 4990.0) or states
+    assert states.observe("READY", 5500.0) is None  # no change: nothing to keep
+    windows = states.up(now=9000.0)
+    assert windows == [(980.0, 1162.0), (4990.0, 9000.0)]
+    found = module.measure(PREEMPTED_THEN_FINISHED, windows)
+    assert found.node_billed and found.spans == ((980.0, 1162.0), (4990.0, 5082.0))
+    assert found.billed_s == pytest.approx(182.0 + 92.0)
+    assert found.seconds["boot"] == pytest.approx(50.0 + 30.0)  # READY to the agent's start
+    assert module.covered(windows, found.spans) == pytest.approx(182.0 + 92.0)
+    assert module.NodeStates.from_json(json.loads(json.dumps(states.to_json()))) == states
+    # No window overlaps a boot (no record of the node): the agent's view, and said so.
+    alone = module.measure(PREEMPTED_THEN_FINISHED, [(100.0, 200.0)])
+    assert not alone.node_billed and alone.billed_s == pytest.approx(162.5 + 82.0)
 
 
 def test_a_boot_that_ends_under_the_program_lost_its_work_without_notice():

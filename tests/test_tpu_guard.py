@@ -23,6 +23,8 @@ import run_contract
 from infra.access import iamdata
 from infra.access.identities import GUARD_METHODS, GUARD_PERMISSIONS, guard_identities, guard_role
 from run_contract import completion_marker
+from run_contract.paths import node_states_name
+from run_contract.timeline import NOT_LISTED, NodeStates
 from tests.sandbox import free_port, storage_emulator
 from tests.support import fixture_config, plan, with_object
 from tests.tpu_api import tpu_api_standin
@@ -429,6 +431,35 @@ def test_recovery_recreates_a_preempted_node_with_its_spec(tpu, emulator):
     assert f"{PARENT}/spot-a" in recovery_record(emulator)["pending"]
     guard.recover(TICK)
     assert recovery_record(emulator)["pending"] == {} and tpu.did("create") == ["spot-a"]
+
+
+def node_record(emulator, node_id: str) -> NodeStates:
+    blob = emulator.bucket(STATE_BUCKET).blob(node_states_name("prod", node_id))
+    return NodeStates.from_json(json.loads(blob.download_as_bytes()))
+
+
+def test_each_check_keeps_the_stacks_nodes_changes_of_state(tpu, emulator, monkeypatch):
+    """What billed time comes from: each of the stack's nodes' states as listed at each check, a change kept
+    with when it was seen; a node no zone lists is NOT_LISTED; nodes not the stack's are not kept."""
+    monkeypatch.setattr(guard, "_now", lambda: NOW)
+    assert guard.recover(TICK)[1] == 200  # spot-a PREEMPTED: deleted and re-created (READY) in this check
+    at = NOW.timestamp()
+    assert node_record(emulator, "spot-a").transitions == (("PREEMPTED", at),)
+    assert node_record(emulator, "trainer").transitions == (("READY", at),)
+    assert node_record(emulator, "q-1").transitions == (("READY", at),)  # in its fallback zone
+    names = {b.name for b in emulator.list_blobs(STATE_BUCKET, prefix="_tpu-guard/prod/nodes/")}
+    assert names == {node_states_name("prod", n) for n in ("trainer", "spot-a", "slice", "q-0", "q-1")}
+    later = NOW + timedelta(minutes=5)
+    monkeypatch.setattr(guard, "_now", lambda: later)
+    tpu.nodes[f"{PARENT}/trainer"]["state"] = "STOPPED"
+    del tpu.nodes[f"{PARENT}/slice"]
+    assert guard.recover(TICK)[1] == 200
+    then = later.timestamp()
+    assert node_record(emulator, "spot-a").transitions == (("PREEMPTED", at), ("READY", then))
+    assert node_record(emulator, "trainer").transitions == (("READY", at), ("STOPPED", then))
+    assert node_record(emulator, "slice").transitions == (("READY", at), (NOT_LISTED, then))
+    assert node_record(emulator, "trainer").up(then + 60) == [(at, then)]
+    assert node_record(emulator, "spot-a").up(then + 60) == [(then, then + 60)]
 
 
 def test_a_failed_create_after_the_delete_does_not_lose_the_node(tpu, emulator):

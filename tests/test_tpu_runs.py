@@ -31,7 +31,7 @@ from infra.cost import chip_hour_price
 from infra.packaging import package
 from run_contract import paths
 from run_contract.spec import FolderSource, ImageSource, RunSpec, StopRequest
-from run_contract.timeline import Event, PreemptionHistory, RunEvents
+from run_contract.timeline import Event, NodeStates, PreemptionHistory, RunEvents
 from tests.runs_cloud import RunsCloud, runs_cloud
 from tests.support import STEP_LINE_CATEGORIES
 from tests.test_researchers import can, can_create
@@ -561,11 +561,11 @@ def test_a_researcher_reports_her_runs_time_and_cost_by_category(world: World, c
     categories = found["priced"]["categories"]
     expected = {
         "boot": 30.0,
-        "installs": 60.0,
+        "installs": 61.0,  # the agent's start to the program's
         "firstStep": 60.0,
         "checkpointSave": 12.0,
         "productive": 3588.0,
-        "unattributed": 3760.0 - 30 - 60 - 60 - 12 - 3588,
+        "unattributed": 3760.0 - 30 - 61 - 60 - 12 - 3588,
     }
     for key, seconds in expected.items():
         assert categories[key]["seconds"] == pytest.approx(seconds), key
@@ -595,6 +595,40 @@ def test_the_stack_run_is_reported_on_a_vm_that_takes_no_self_service_runs(world
     assert found["timeline"]["runId"] == run and found["timeline"]["billedSeconds"] == 3600.0
     assert world.run("report", "--vm", "reviewed-v5e-8", "--stack-run", "--month", "2026-10") == 1
     assert "no run timelines on reviewed-v5e-8 in 2026-10 under" in capsys.readouterr().out  # not "of yours"
+    assert world.session.violations == []
+
+
+def test_the_stack_runs_billed_time_runs_from_the_nodes_states_and_the_vm_report_shows_idle_time(world: World, capsys):
+    """With the guard's record of the node's states: a run's billed time starts at the node's READY (its boot
+    category with it) and ends with the run; the VM's report adds the time the node ran with no run on it."""
+    vm, ready = "reviewed-v5e-8", float(calendar.timegm((2026, 11, 20, 0, 0, 0)))
+    states = NodeStates(vm, (("CREATING", ready - 120), ("READY", ready), ("STOPPED", ready + 9000)))
+    world.write(STATUS, paths.node_states_name("self-service", vm), json.dumps(states.to_json()).encode())
+    first, second = "self-service/mnist/reviewed-v5e-8/r1", "self-service/mnist/reviewed-v5e-8/r2"
+    booted = (Event("boot", ready + 10), *_finished_run(ready + 30, 3000.0))  # ends at READY + 3030
+    later = (  # the next run on the same boot: its time starts at its own first event
+        Event("prepare", ready + 6000),
+        Event("programStart", ready + 6010),
+        Event("firstStep", ready + 6020, step=1),
+        Event("step", ready + 7990, step=100),
+        Event("exit", ready + 7995, code=0),
+        Event("end", ready + 8000),
+    )
+    for run, events in ((first, booted), (second, later)):
+        record = RunEvents(run, vm, events, step_lines_trusted=True)
+        world.write(STATUS, f"{vm}/runs/{run}/timeline.json", json.dumps(record.to_json()).encode())
+    capsys.readouterr()
+    assert world.run("report", "--vm", vm, "--stack-run", first, "--json") == 0
+    found = json.loads(capsys.readouterr().out)
+    assert found["billedFrom"] == "the node's states (the guard's record)"
+    assert found["timeline"]["billedSeconds"] == 3030.0  # READY to the run's end, not kernel boot to it
+    assert found["timeline"]["seconds"]["boot"] == 30.0  # READY to the agent's start
+    assert world.run("report", "--vm", vm, "--stack-run", "--month", "2026-11", "--json") == 0
+    summed = json.loads(capsys.readouterr().out)["total"]["timeline"]
+    assert summed["seconds"]["idle"] == 9000.0 - 3030.0 - 2000.0  # between the runs, and after until STOPPED
+    assert summed["billedSeconds"] == 9000.0  # the node's READY to STOPPED
+    assert world.run("report", "--vm", vm, "--stack-run") == 0
+    assert "billed time from the node's states" in capsys.readouterr().out
     assert world.session.violations == []
 
 
@@ -628,7 +662,7 @@ def test_a_researcher_reports_all_her_runs_on_a_vm_and_one_month_of_them(world: 
     assert world.run("report", "--vm", VM, "--month", "2026-11", "--json") == 0
     november_only = json.loads(capsys.readouterr().out)
     assert [r["runId"] for r in november_only["runs"]] == [f"{OWNER}/exp-1"]
-    assert november_only["total"]["timeline"]["seconds"]["installs"] == 10.0
+    assert november_only["total"]["timeline"]["seconds"]["installs"] == 11.0  # the agent's start to the program's
     history = world.tmp / "history.json"
     assert world.run("report", "--vm", VM, "--month", "2026-11", "--history", str(history)) == 0
     recorded = PreemptionHistory.from_json(json.loads(history.read_text()))  # what `whatif --history` reads

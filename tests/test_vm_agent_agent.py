@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -35,11 +36,15 @@ from tests.vm_agent_support import (
     trainer_folder,
 )
 from tools.standins.metadata import metadata_server
+from tpu_runs import report
 from vm_agent import agent
 from vm_agent.gcs import Storage
 
 IMAGE = f"{REGISTRY}/trainer@sha256:{'c' * 64}"
 BOOT_SECONDS = 7.5  # each sandbox boot's kernel-to-agent time, as its /proc/uptime says
+# Each step's time in the preempted runs: the sandbox's training, most of a run as on a TPU (the agent's own
+# bookkeeping, a few tenths of a second a boot, is the unattributed remainder).
+STEP_SECONDS = 0.5
 
 
 @pytest.fixture(scope="module")
@@ -106,19 +111,30 @@ class Vm:
         self.log_path = tmp / "agent.log"
         self.tmp = tmp
         self.process: subprocess.Popen | None = None
+        self.states = timeline.NodeStates(vm)  # the node's states, as the TPU API would list them
+
+    def _now_in(self, state: str, at: float) -> None:
+        self.states = self.states.observe(state, at) or self.states
 
     def boot(self, uptime: float = BOOT_SECONDS) -> None:
-        """The agent started `uptime` seconds after the VM's kernel (the agent reads it under its root)."""
+        """The agent started `uptime` seconds after the VM's kernel (the agent reads it under its root): the
+        node READY since its kernel started."""
         proc = Path(self.env["TPU_PLATFORM_ROOT"]) / "proc"
         proc.mkdir(parents=True, exist_ok=True)
         (proc / "uptime").write_text(f"{uptime} 0.0\n")
+        if self.states.transitions:  # a reboot: the kernel starts after the node left READY, not before
+            time.sleep(max(0.0, self.states.transitions[-1][1] + uptime - time.time()))
+        self._now_in("READY", time.time() - uptime)
         self.process = start_agent(self.env, self.log_path)
 
-    def shut_down(self) -> int:
-        """What systemd does at shutdown or preemption: SIGTERM to the agent, then wait for it."""
+    def shut_down(self, state: str = "STOPPED") -> int:
+        """What systemd does at shutdown or preemption: SIGTERM to the agent, then wait for it; then the node
+        is in `state` (PREEMPTED for a preemption)."""
         assert self.process is not None
         self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(60)
+        code = self.process.wait(60)
+        self._now_in(state, time.time())
+        return code
 
     def log(self) -> str:
         return self.log_path.read_text() if self.log_path.exists() else ""
@@ -133,7 +149,7 @@ def preempt_resume_complete(cloud, vm: Vm, run_id: str, prefix: str) -> None:
         wait_for(lambda: len(steps(cloud, prefix)) >= 2, 120, "two committed checkpoints", interval=0.2)
     except TimeoutError as error:
         raise AssertionError(f"{error}; the agent's log:\n{vm.log()[-3000:]}") from None
-    assert vm.shut_down() == 0
+    assert vm.shut_down("PREEMPTED") == 0
     stopped = state(cloud, vm.env["TPU_PLATFORM_VM"], run_id)
     assert (stopped["state"], stopped["exitCode"]) == ("stopped", 75), vm.log()[-3000:]
     assert vm.lines("SIGTERM: checkpoint committed, exiting 75")
@@ -171,10 +187,18 @@ def check_timeline(cloud, vm: Vm, run_id: str, preempted_at: int) -> None:
     assert kinds.count("boot") == kinds.count("agentStart") == 2  # the third boot started nothing
     assert kinds.count("sigterm") == 1 and kinds.count("restored") == 1 and kinds.count("end") == 2
     assert [e.code for e in events.events if e.kind == "exit"] == [75, 0]
-    measured = timeline.measure(events.events)
+    windows = vm.states.up(time.time())
+    assert [s for s, _ in vm.states.transitions] == ["READY", "PREEMPTED", "READY", "STOPPED", "READY", "STOPPED"]
+    measured = timeline.measure(events.events, windows)
+    assert measured.node_billed  # every boot's billed window is the node's
     assert (measured.preemptions, measured.lost_without_notice, measured.steps) == (1, 0, 12)
     seconds = measured.seconds
-    assert seconds["boot"] == pytest.approx(2 * BOOT_SECONDS)
+    lives = [events.events[: kinds.index("end") + 1], events.events[kinds.index("end") + 1 :]]
+    # Boot runs from the node's READY (the kernel's start) to the agent's: the sandbox's uptime, and the
+    # agent's own start-up.
+    started = [next(e.at for e in life if e.kind == "agentStart") for life in lives]
+    assert seconds["boot"] == pytest.approx(sum(a - w[0] for a, w in zip(started, windows, strict=False)))
+    assert seconds["boot"] >= 2 * BOOT_SECONDS
     saved = {line["step"]: line["seconds"] for line in vm.lines('"checkpoint saved"')}
     # The program's own figures; each attempt's first save comes before its first step line (in firstStep).
     assert sorted(saved) == list(range(1, 13))
@@ -186,10 +210,10 @@ def check_timeline(cloud, vm: Vm, run_id: str, preempted_at: int) -> None:
     assert last_save.step == last_step.step == preempted_at
     assert seconds["wastedProgress"] == 0.0  # nothing trained after the checkpoint saved on notice
     # Each step sleeps STEP_SECONDS: the steps between each attempt's first and last line (12 - 2) at least.
-    assert seconds["productive"] + seconds["checkpointSave"] + seconds["wastedProgress"] >= 10 * 0.25
-    assert seconds["firstStep"] >= 2 * 0.25 and seconds["installs"] > 0 and seconds["restore"] > 0
-    lives = [events.events[: kinds.index("end") + 1], events.events[kinds.index("end") + 1 :]]
-    assert measured.billed_s == pytest.approx(sum(life[-1].at - life[0].at for life in lives))
+    assert seconds["productive"] + seconds["checkpointSave"] + seconds["wastedProgress"] >= 10 * STEP_SECONDS
+    assert seconds["firstStep"] >= 2 * STEP_SECONDS and seconds["installs"] > 0 and seconds["restore"] > 0
+    # Billed from each boot's READY to the run's end in it; the third boot ran nothing.
+    assert measured.billed_s == pytest.approx(sum(life[-1].at - w[0] for life, w in zip(lives, windows, strict=False)))
     run = RunTimeline.of(
         run_id=run_id,
         vm=events.vm,
@@ -201,13 +225,20 @@ def check_timeline(cloud, vm: Vm, run_id: str, preempted_at: int) -> None:
         measured=seconds,
     )
     assert sum(run.seconds[c.key] for c in timeline.CATEGORIES if c.billed) == pytest.approx(measured.billed_s)
-    print(f"{run_id}: unattributed {run.seconds['unattributed']:.3f} s of {measured.billed_s:.3f} s billed")
+    share = run.seconds["unattributed"] / measured.billed_s
+    print(
+        f"{run_id}: unattributed {run.seconds['unattributed']:.3f} s of {measured.billed_s:.3f} s billed ({share:.2%})"
+    )
+    assert share < 0.02
+    # The VM's idle time: each boot after its run's end until the node stopped, and the whole third boot.
+    idle = sum(w[1] - life[-1].at for life, w in zip(lives, windows, strict=False)) + windows[2][1] - windows[2][0]
+    assert report.idle_seconds(windows, [measured]) == pytest.approx(idle)
 
 
 @pytest.mark.slow
 def test_a_folder_source_is_preempted_resumed_and_completed(cloud, tmp_path):
     run_id = "dev/trainer/trainer-1/folder"
-    spec = trainer_spec(cloud, "folder", 12, "0.25", modelDir=f"gs://{MODELS}/folder")
+    spec = trainer_spec(cloud, "folder", 12, str(STEP_SECONDS), modelDir=f"gs://{MODELS}/folder")
     with metadata_server({"tpu-platform-run": spec}) as metadata:
         vm = Vm(tmp_path, cloud, metadata.url, "folder-vm")
         preempt_resume_complete(cloud, vm, run_id, "folder/")
@@ -224,7 +255,7 @@ def test_an_image_source_runs_with_the_tpu_flags_and_is_preempted_resumed_and_co
         run_id,
         {"kind": "image", "image": IMAGE},
         ["python3", "train.py", "--steps", "12"],
-        env={"STEP_SECONDS": "0.25", "STORAGE_EMULATOR_HOST": cloud["host"]},
+        env={"STEP_SECONDS": str(STEP_SECONDS), "STORAGE_EMULATOR_HOST": cloud["host"]},
         checkpointDir=f"gs://{CHECKPOINTS}/image",
         completion=True,
     )

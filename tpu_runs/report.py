@@ -6,8 +6,13 @@ preemptions and running hours (run_contract/timeline.py PreemptionHistory), the 
 The agent writes the run's events next to its state (run_contract/timeline.py RunEvents, at
 `<vm>/runs/<runId>/timeline.json` in the status bucket); this measures them by category, adds what the stack
 says the VM is (type, chips, zone, provisioning) and prices each category in chip-hours and list-price USD
-with the catalog's price date (infra/goodput/pricing.py). Billed time is the agent's window, from the VM's
-kernel boot to the run's end in each boot; the unattributed remainder is what no event explains.
+with the catalog's price date (infra/goodput/pricing.py).
+
+Billed time comes from the node's states where the guard keeps them (run_contract/timeline.py NodeStates, read
+with `--stack-run`: the guard's records are the operator's to read, not a researcher's): each boot from the
+node's READY to the run's end, or to the node leaving READY first. Without them it is the agent's view, from
+the VM's kernel boot. The unattributed remainder is what no event explains. A VM's report with the node's
+states adds `idle`: the node running with no run on it (between runs, after the last one until it stopped).
 """
 
 from __future__ import annotations
@@ -16,12 +21,34 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Iterable
+from datetime import UTC, datetime
 from typing import Any
 
+from infra import naming
 from infra.config import TpuVmSettings
 from infra.goodput.pricing import Priced, price_timeline
-from run_contract.paths import member_key, member_runs_prefix, runs_prefix, status_prefix, timeline_name
-from run_contract.timeline import BY_KEY, PreemptionHistory, RunEvents, RunTimeline, TimelineError, measure
+from run_contract.paths import (
+    member_key,
+    member_runs_prefix,
+    node_states_name,
+    runs_prefix,
+    status_prefix,
+    timeline_name,
+)
+from run_contract.timeline import (
+    BY_KEY,
+    Measured,
+    NodeStates,
+    PreemptionHistory,
+    RunEvents,
+    RunTimeline,
+    TimelineError,
+    covered,
+    measure,
+)
+
+Windows = list[tuple[float, float]]
 
 
 def timeline_object(vm: str, run_id: str, who: str, stack_run: bool) -> str:
@@ -29,10 +56,50 @@ def timeline_object(vm: str, run_id: str, who: str, stack_run: bool) -> str:
     return status_prefix(vm) + timeline_name(run_id if stack_run else f"{member_key(who)}/{run_id}")
 
 
-def run_timeline(vm: TpuVmSettings, events: RunEvents) -> RunTimeline:
-    found = measure(events.events)
+def node_windows(google: Any, stack: Any, vm: TpuVmSettings, now: float) -> Windows | None:
+    """The VM's node's running windows from the guard's record (a multislice: its first slice, where worker 0
+    of the run is); None when the guard keeps none (no recovery checks in the stack, or none yet)."""
+    name = node_states_name(stack.cfg.stack, naming.node_ids(vm.name, vm.node_count)[0])
+    raw = google.read(stack.status, name)
+    if raw is None:
+        return None
+    try:
+        return NodeStates.from_json(json.loads(raw)).up(now)
+    except (ValueError, TimelineError) as error:
+        print(f"skipped gs://{stack.status}/{name}: not a node's states ({error}); billed time is the agent's view")
+        return None
+
+
+def run_timeline(vm: TpuVmSettings, events: RunEvents, found: Measured | None = None) -> RunTimeline:
+    """The run's timeline on `vm`, from `found` (its events measured against the node's windows), or from its
+    events alone."""
+    found = found or measure(events.events)
     counts = (found.preemptions, found.lost_without_notice, found.steps)
     return _on(vm, events.run_id, found.billed_s, found.seconds, counts, events.step_lines_trusted)
+
+
+def billed_from(found: Iterable[Measured]) -> str:
+    """Where the billed seconds come from, in words."""
+    runs = list(found)
+    if runs and all(m.node_billed for m in runs):
+        return "the node's states (the guard's record)"
+    return "the agent's view, from the VM's kernel boot (no record of the node's states for every boot)"
+
+
+def month_bounds(month: str) -> tuple[float, float]:
+    """A UTC month (YYYY-MM) as seconds since the epoch: its start, the next one's."""
+    year, number = (int(part) for part in month.split("-"))
+    start = datetime(year, number, 1, tzinfo=UTC)
+    end = datetime(year + number // 12, number % 12 + 1, 1, tzinfo=UTC)
+    return start.timestamp(), end.timestamp()
+
+
+def idle_seconds(windows: Windows, found: Iterable[Measured], month: str = "") -> float:
+    """The node running with no run on it: its windows (within `month`) less every run's billed spans."""
+    if month:
+        low, high = month_bounds(month)
+        windows = [(max(a, low), min(b, high)) for a, b in windows if min(b, high) > max(a, low)]
+    return sum(b - a for a, b in windows) - covered(windows, [span for m in found for span in m.spans])
 
 
 def _on(
@@ -96,12 +163,14 @@ def started_month(events: RunEvents) -> str:
     return time.strftime("%Y-%m", time.gmtime(events.events[0].at)) if events.events else ""
 
 
-def total(vm: TpuVmSettings, runs: list[RunTimeline], what: str) -> RunTimeline:
-    """The runs' seconds and counts summed, as one timeline of the VM (`what` names them)."""
+def total(vm: TpuVmSettings, runs: list[RunTimeline], what: str, idle: float = 0.0) -> RunTimeline:
+    """The runs' seconds and counts summed, with the VM's `idle` seconds, as one timeline of the VM (`what`
+    names them)."""
     measured = {key: sum(t.seconds[key] for t in runs) for key in BY_KEY if key != "unattributed"}
+    measured["idle"] += idle
     counts = (sum(t.preemptions for t in runs), sum(t.lost_without_notice for t in runs), sum(t.steps for t in runs))
     trusted = all(t.step_lines_trusted for t in runs)
-    return _on(vm, what, sum(t.billed_s for t in runs), measured, counts, trusted)
+    return _on(vm, what, sum(t.billed_s for t in runs) + idle, measured, counts, trusted)
 
 
 def write_history(args: argparse.Namespace, runs: list[RunTimeline], source: str) -> None:
@@ -115,7 +184,9 @@ def report_vm(google: Any, stack: Any, args: argparse.Namespace, who: str) -> in
     """Every readable run's timeline on the VM (in `args.month`, if given): a line each, and their sum."""
     vm = stack.vm(args.vm)
     prefix = runs_prefix(vm.name) if args.stack_run else member_runs_prefix(vm.name, who)
+    windows = node_windows(google, stack, vm, time.time()) if args.stack_run else None
     runs: list[RunTimeline] = []
+    found: list[Measured] = []
     for item in google.list_objects(stack.status, prefix):
         if not item["name"].endswith("/timeline.json"):
             continue
@@ -125,23 +196,28 @@ def report_vm(google: Any, stack: Any, args: argparse.Namespace, who: str) -> in
             print(f"skipped gs://{stack.status}/{item['name']}: not a run timeline ({error})")
             continue
         if not args.month or started_month(events) == args.month:
-            runs.append(run_timeline(vm, events))
+            found.append(measure(events.events, windows or ()))
+            runs.append(run_timeline(vm, events, found[-1]))
     scope = f"{vm.name}{' in ' + args.month if args.month else ''}"
     if not runs:
         print(f"no run timelines{'' if args.stack_run else ' of yours'} on {scope} under gs://{stack.status}/{prefix}")
         return 1
-    summed = total(vm, runs, f"{len(runs)} run(s) on {scope}")
+    # Idle needs every run on the VM (the whole folder) and the node's windows; a researcher sees neither.
+    idle = idle_seconds(windows, found, args.month) if windows is not None else 0.0
+    summed = total(vm, runs, f"{len(runs)} run(s) on {scope}", idle)
     priced = price_timeline(summed)
+    source = billed_from(found)
     write_history(args, runs, summed.run_id)
     if args.json:
         each = [{"runId": t.run_id, **as_json(t, price_timeline(t))} for t in runs]
-        print(json.dumps({"runs": each, "total": as_json(summed, priced)}, indent=1))
+        print(json.dumps({"runs": each, "total": as_json(summed, priced), "billedFrom": source}, indent=1))
         return 0
     for t in runs:
         usd = price_timeline(t).usd
         cost = "no price" if usd is None else f"{usd:.2f} USD"
         print(f"{t.run_id:<48} {t.billed_s / 3600:>8.2f} h  goodput {t.goodput:>6.1%}  {cost}")
     print(table(summed, priced))
+    print(f"billed time from {source}{'' if windows is not None else '; idle time needs them'}")
     return 0
 
 
@@ -156,12 +232,18 @@ def report(google: Any, stack: Any, args: argparse.Namespace, who: str) -> int:
         where = f"gs://{stack.status}/{name}"
         print(f"no timeline at {where}: the run has not started on {vm.name}, or its agent predates timelines")
         return 1
+    windows = node_windows(google, stack, vm, time.time()) if args.stack_run else None
     try:
-        timeline = run_timeline(vm, RunEvents.from_json(json.loads(raw)))
+        events = RunEvents.from_json(json.loads(raw))
+        found = measure(events.events, windows or ())
+        timeline = run_timeline(vm, events, found)
     except (ValueError, TimelineError) as error:
         print(f"gs://{stack.status}/{name} is not a run timeline: {error}")
         return 1
     priced = price_timeline(timeline)
     write_history(args, [timeline], f"run {timeline.run_id} on {vm.name}")
-    print(json.dumps(as_json(timeline, priced), indent=1) if args.json else table(timeline, priced))
+    if args.json:
+        print(json.dumps({**as_json(timeline, priced), "billedFrom": billed_from([found])}, indent=1))
+    else:
+        print(f"{table(timeline, priced)}\nbilled time from {billed_from([found])}")
     return 0

@@ -25,6 +25,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from run_contract import completion_marker
+from run_contract.timeline import NOT_LISTED
 
 RUNNING = {"READY", "CREATING", "STARTING", "RESTARTING", "REPAIRING"}
 GONE = {"DELETING"}
@@ -104,6 +105,16 @@ def owner(node: dict[str, Any], vms: dict[str, dict[str, Any]]) -> str | None:
         if short_name(name) in entry.get("nodes", ()) and zone_of(name) in entry.get("zones", ()):
             return vm
     return None
+
+
+def node_states(nodes: list[dict[str, Any]], vms: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """Each of the stack's nodes (TPU_VMS' node ids) by its state in this listing of every zone: NOT_LISTED when
+    no zone lists it. The guard keeps their changes (run_contract/timeline.py NodeStates): billed time."""
+    states = {node_id: NOT_LISTED for entry in vms.values() for node_id in entry.get("nodes", ())}
+    for node in nodes:
+        if owner(node, vms) is not None:
+            states[short_name(node["name"])] = node.get("state") or "STATE_UNSPECIFIED"
+    return states
 
 
 def removal(

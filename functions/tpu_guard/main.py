@@ -50,6 +50,7 @@ from decisions import (
     completion_steps,
     completion_target,
     marker_problem,
+    node_states,
     overrun_actions,
     recovery_actions,
     recovery_state,
@@ -59,6 +60,9 @@ from decisions import (
     worth_redelivery,
 )
 from google.auth.transport.requests import AuthorizedSession
+
+from run_contract.paths import guard_prefix, node_states_name
+from run_contract.timeline import NodeStates
 
 
 def _session() -> requests.Session:
@@ -243,7 +247,24 @@ def on_budget(event: Any) -> None:
 
 
 def _state_name() -> str:
-    return f"_tpu-guard/{os.environ['ENVIRONMENT']}/recovery.json"
+    return f"{guard_prefix(os.environ['ENVIRONMENT'])}recovery.json"
+
+
+def record_node_states(state_bucket: Objects, nodes: list[dict[str, Any]]) -> None:
+    """Keep each of the stack's nodes' changes of state, seen in this listing of every zone (billed time:
+    run_contract/timeline.py NodeStates). Seen at this check: a change comes up to one schedule period
+    before it. A record that cannot be kept is logged, never in the way of recovery."""
+    at = _now().timestamp()
+    for node_id, state in sorted(node_states(nodes, _vms()).items()):
+        name = node_states_name(os.environ["ENVIRONMENT"], node_id)
+        try:
+            stored = state_bucket.read(name)
+            record = NodeStates.from_json(json.loads(stored)) if stored else NodeStates(node_id)
+            changed = record.observe(state, at)
+            if changed is not None:
+                state_bucket.write(name, json.dumps(changed.to_json()).encode())
+        except (requests.RequestException, ValueError) as error:  # TimelineError is a ValueError
+            _log(f"cannot keep {node_id}'s states: {error!r}", "WARNING")
 
 
 @functions_framework.http
@@ -260,6 +281,7 @@ def recover(request: Any) -> tuple[str, int]:
     nodes, unlisted = list_nodes(tpu)
     if unlisted:
         return json.dumps({"error": f"cannot list zones {unlisted}"}), 503
+    record_node_states(state_bucket, nodes)
     actions = recovery_actions(
         nodes, environment=os.environ["ENVIRONMENT"], state=state, max_attempts=int(os.environ["MAX_ATTEMPTS"])
     )
