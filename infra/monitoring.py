@@ -28,6 +28,7 @@ import pulumi_gcp as gcp
 from infra import naming
 from infra.apis import ProjectApis
 from infra.config import Env, TpuVmSettings
+from run_contract import metrics
 
 TPU_WORKER = 'resource.type = "tpu_worker"'
 IDLE = "tpu.googleapis.com/tpu/tensorcore/idle_duration"
@@ -50,13 +51,9 @@ FUNCTION_STDOUT = "run.googleapis.com%2Fstdout"
 LOG_ALERT_PERIOD = "3600s"
 # What the VM agent ships (vm_agent/telemetry.py, the same names): each run's
 # output lines in this log, labelled with the stack, and its training metrics as custom metrics on
-# `generic_node` resources whose namespace is the stack.
+# `generic_node` resources whose namespace is the stack (declared in run_contract/metrics.py).
 WORKLOAD_LOG = "tpu-workload"
-TRAINING_METRICS = (
-    ("Training loss", "custom.googleapis.com/tpu_platform/loss"),
-    ("Training steps per second", "custom.googleapis.com/tpu_platform/steps_per_s"),
-    ("Training examples per second", "custom.googleapis.com/tpu_platform/examples_per_s"),
-)
+TRAINING_METRICS = tuple((metric.display_name, metric.type) for metric in metrics.TRAINING)
 
 # Alert policies, channels and the dashboard; the log-match alert and the logs panel read Cloud Logging.
 MONITORING_APIS = ("monitoring.googleapis.com", "logging.googleapis.com")

@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 
 from infra.access.identities import WORKLOAD_METHODS
+from run_contract import metrics
 from tests.sandbox import wait_for
+from tests.support import STEP_LINE_CATEGORIES
 from tools.standins.contracts import Call, ContractError, api
 from tools.standins.metadata import SANDBOX_TOKEN, ZONE, metadata_server
 from tools.standins.telemetry import Received, google_apis
@@ -142,6 +144,8 @@ def test_training_lines_become_custom_metrics_one_point_per_series_at_most_every
     series = {s["metric"]["type"]: s for s in first["timeSeries"]}
     assert set(series) == {f"custom.googleapis.com/tpu_platform/{m}" for m in ("loss", "steps_per_s", "examples_per_s")}
     loss = series["custom.googleapis.com/tpu_platform/loss"]
+    for written in series.values():
+        written_as_declared(written)
     assert loss["metric"]["labels"] == {"run_id": "exp-42", "vm": "mnist-dev", "worker": "1"}
     assert (loss["metricKind"], loss["valueType"]) == ("GAUGE", "DOUBLE")
     assert loss["points"][0]["value"] == {"doubleValue": 2.0}
@@ -149,6 +153,49 @@ def test_training_lines_become_custom_metrics_one_point_per_series_at_most_every
     later = {s["metric"]["type"]: s for s in second["timeSeries"]}["custom.googleapis.com/tpu_platform/loss"]
     assert later["points"][0]["value"] == {"doubleValue": 1.5}
     assert later["points"][0]["interval"]["endTime"] > loss["points"][0]["interval"]["endTime"]
+
+
+def test_every_metric_is_declared_once_in_a_descriptor_monitoring_v3_accepts():
+    """The declarations (run_contract/metrics.py) against Google's MetricDescriptor schema, enums and all; no
+    two of one type."""
+    monitoring = api("monitoring.v3")
+    for metric in metrics.METRICS:
+        monitoring.check_resource("MetricDescriptor", metric.descriptor())
+        assert metric.type.startswith("custom.googleapis.com/")  # user-defined metrics' domain
+    assert len({m.type for m in metrics.METRICS}) == len(metrics.METRICS)
+    with pytest.raises(ContractError, match="metricKind"):
+        monitoring.check_resource("MetricDescriptor", {**metrics.RUN_SECONDS.descriptor(), "metricKind": "SOMETIMES"})
+
+
+def written_as_declared(series: dict) -> None:
+    """A written series is its declaration's: its type declared, its labels exactly the declared keys, its
+    kind and value type the declared ones (the first write creates the descriptor from them)."""
+    declared = {m.type: m for m in metrics.METRICS}[series["metric"]["type"]]
+    assert set(series["metric"]["labels"]) == set(declared.label_keys)
+    assert (series["metricKind"], series["valueType"]) == (declared.kind, declared.value_type)
+
+
+def test_a_runs_time_by_category_becomes_run_seconds_points_as_declared(rig):
+    """What the timeline publishes when a run ends in a boot: one run_seconds series per category the agent
+    measures, labelled with the category and whether a program's step lines decide it."""
+    seconds = {key: float(i) for i, key in enumerate(metrics.AGENT_CATEGORIES, start=1)}
+    rig.telemetry.run_seconds("user-a@x.example/exp-1", seconds, trusted=False)
+    rig.telemetry.flush()
+    assert not rig.received.violations  # the request, checked against monitoring.v3 timeSeries.create
+    (body,) = rig.received.bodies(CREATE)
+    by_category = {s["metric"]["labels"]["category"]: s for s in body["timeSeries"]}
+    assert set(by_category) == set(metrics.AGENT_CATEGORIES) == set(seconds)
+    assert not {"queue", "recoveryWait", "idle"} & set(by_category)  # the TPU API's, the guard's, the VM's
+    for category, series in by_category.items():
+        written_as_declared(series)
+        assert series["metric"]["type"] == "custom.googleapis.com/tpu_platform/run_seconds"
+        assert series["points"][0]["value"] == {"doubleValue": seconds[category]}
+        assert series["metric"]["labels"]["run_id"] == "user-a@x.example/exp-1"
+        untrusted = category in STEP_LINE_CATEGORIES
+        assert series["metric"]["labels"]["untrusted"] == ("true" if untrusted else "false"), category
+    rig.telemetry.run_seconds("user-a@x.example/exp-1", seconds, trusted=False)
+    rig.telemetry.flush()  # the same series, at once: held back for Monitoring's 10 s a series
+    assert len(rig.received.bodies(CREATE)) == 1
 
 
 def test_lines_without_a_step_or_with_non_numbers_make_no_metric(rig):

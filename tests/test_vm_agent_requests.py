@@ -19,6 +19,7 @@ import pytest
 import requests
 
 from run_contract import paths
+from run_contract.timeline import RunEvents, measure
 from tests.runs_cloud import RunsCloud, runs_cloud
 from tests.sandbox import wait_for
 from tests.vm_agent_support import agent_environ, run_spec, start_agent, trainer_folder
@@ -161,11 +162,23 @@ def test_a_submitted_run_is_run_followed_stopped_with_a_checkpoint_and_the_next_
         assert agent.shut_down() == 0
     assert "Traceback" not in agent.log()
 
-    # Training metrics reached Cloud Monitoring, labelled with the run.
+    # Training metrics reached Cloud Monitoring, labelled with the run; and, when it stopped, its time by
+    # category as its record measures it, the categories its untrusted step lines decide marked so.
     points = [s for s in cloud.logs.time_series if s["metric"]["labels"]["run_id"] == f"{OWNER}/exp-1"]
-    assert {s["metric"]["type"] for s in points} == {"custom.googleapis.com/tpu_platform/loss"}
+    assert {s["metric"]["type"] for s in points} == {
+        "custom.googleapis.com/tpu_platform/loss",
+        "custom.googleapis.com/tpu_platform/run_seconds",
+    }
     assert points[0]["metric"]["labels"]["vm"] == SHARED
     assert cloud.logs.violations == []
+    goodput = {s["metric"]["labels"]["category"]: s for s in points if s["metric"]["type"].endswith("/run_seconds")}
+    record = json.loads(cloud.read(STACK.status, f"{SHARED}/runs/{OWNER}/exp-1/timeline.json") or b"null")
+    measured = measure(RunEvents.from_json(record).events).seconds
+    for category in ("installs", "firstStep", "productive"):
+        assert goodput[category]["points"][0]["value"]["doubleValue"] == pytest.approx(measured[category])
+        assert measured[category] > 0
+    assert goodput["productive"]["metric"]["labels"]["untrusted"] == "true"
+    assert goodput["installs"]["metric"]["labels"]["untrusted"] == "false"  # the agent's own events
 
     # Shared capacity: no completion marker (the guard would stop or delete the VM).
     assert cloud.read(STACK.status, f"{SHARED}/COMPLETE") is None

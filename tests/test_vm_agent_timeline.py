@@ -99,3 +99,29 @@ def test_a_hostile_save_line_neither_stops_the_reader_nor_spoils_the_record(tmp_
     saves = [e for e in stored(tmp_path).events if e.kind == "checkpoint"]
     assert [(e.step, e.seconds) for e in saves] in ([(4, None)], [(4, 0.0)])
     assert [e.kind for e in recorder(tmp_path).events] == ["programStart", "checkpoint", "exit"]
+
+
+def test_a_run_ending_in_a_boot_publishes_its_time_by_category_from_worker_0_only(tmp_path):
+    """What Monitoring gets (vm_agent/telemetry.py run_seconds): the record's seconds by category, with what the
+    agent's view of billed time leaves unattributed, when the run ends; a slice's other workers keep no record
+    and publish nothing."""
+    published: list[tuple[str, dict[str, float], bool]] = []
+    log = lambda *a, **k: None  # noqa: E731
+    kept = timeline.Recorder("r1", "vm", False, Folder(str(tmp_path)), log, publish=lambda *a: published.append(a))
+    for kind in ("agentStart", "prepare", "programStart"):
+        kept.record(kind)
+    kept.line('{"step": 1}')
+    kept.line('{"step": 2}')
+    kept.record("exit", code=0)
+    assert published == []  # not before the end
+    kept.record("end")
+    ((run_id, seconds, trusted),) = published
+    assert (run_id, trusted) == ("r1", False)
+    found = measure(kept.events)
+    assert {k: v for k, v in seconds.items() if k != "unattributed"} == found.seconds
+    assert sum(seconds.values()) == pytest.approx(found.billed_s)  # every billed second in some category
+    other = timeline.Recorder(
+        "r1", "vm", True, Folder(str(tmp_path)), log, write=False, publish=lambda *a: published.append(a)
+    )
+    other.record("end")
+    assert len(published) == 1

@@ -159,7 +159,13 @@ class Run:
         self._thread = threading.Thread(target=self._supervise, name=f"run-{spec.run_id}", daemon=True)
         # Its events (vm_agent/timeline.py): worker 0's agent keeps the run's; a request's step lines are untrusted.
         self.timeline = run_timeline.Recorder(
-            spec.run_id, settings.vm, not spec.request, status, log, write=settings.worker_id == 0
+            spec.run_id,
+            settings.vm,
+            not spec.request,
+            status,
+            log,
+            write=settings.worker_id == 0,
+            publish=telemetry.run_seconds,
         )
         self._opening = list(opening or [])  # this boot's and this agent's start, for the boot's first run
 

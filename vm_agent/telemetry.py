@@ -8,6 +8,8 @@ runId/vm/worker/stack. A JSON line that carries `step` and any of `loss`, `steps
 `examples_per_s` also becomes Cloud Monitoring custom metrics
 `custom.googleapis.com/tpu_platform/<name>` (labels run_id/vm/worker), and scalar summaries in a
 TensorBoard event file in the run's model dir (`<model-dir>/tensorboard/`, see vm_agent/tensorboard.py).
+When a run ends in a boot, its time by goodput category so far becomes `.../run_seconds` (labels category and
+untrusted besides). Every metric is declared once, in run_contract/metrics.py.
 
 Shipping never blocks or kills the run: `ship` only parses and puts on a bounded queue (a full queue
 drops the line and counts it), a background thread batches and sends, a failed request is dropped
@@ -37,7 +39,8 @@ Where Google says so:
   at most one data point to each of several time series ... The maximum number of TimeSeries objects
   per Create request is 200" (monitoring.v3 discovery document).
 - A metric descriptor is created by the first write of a custom metric (Cloud Monitoring,
-  "Auto-creation of metric descriptors"): the platform declares none.
+  "Auto-creation of metric descriptors"), with that write's labels, kind and value type: each point is
+  written with those of its metric's declaration (run_contract/metrics.py), so the descriptor is that one.
 """
 
 from __future__ import annotations
@@ -55,15 +58,17 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Protocol
+from typing import Any, Protocol, Tuple
 
+from run_contract import metrics
 from run_contract.paths import MEMBER, researcher_log
+from run_contract.timeline import untrusted_categories
 
 from vm_agent.tensorboard import EventLog, storage_url
 
 LOG_ID = "tpu-workload"
-METRIC_PREFIX = "custom.googleapis.com/tpu_platform/"
-METRICS = ("loss", "steps_per_s", "examples_per_s")
+METRIC_PREFIX = metrics.PREFIX
+METRICS = tuple(metric.name for metric in metrics.TRAINING)
 # The REST methods this module calls; infra/access/identities.py WORKLOAD_METHODS grants them (tested).
 METHODS = ("logging.entries.write", "monitoring.projects.timeSeries.create")
 
@@ -200,18 +205,34 @@ def resource(origin: Origin, zone: str) -> dict[str, Any]:
     }
 
 
-def time_series(name: str, value: float, run_id: str, origin: Origin, zone: str, now: float) -> dict[str, Any]:
-    """One TimeSeries (monitoring.v3) with one GAUGE point of a training metric."""
+Labels = Tuple[Tuple[str, str], ...]  # a metric's labels besides the run's (run_id, vm, worker)
+
+
+def time_series(
+    name: str, value: float, run_id: str, origin: Origin, zone: str, now: float, labels: Labels = ()
+) -> dict[str, Any]:
+    """One TimeSeries (monitoring.v3) with one point of the declared metric `name` (a GAUGE of DOUBLE)."""
     return {
         "metric": {
             "type": METRIC_PREFIX + name,
-            "labels": {"run_id": run_id, "vm": origin.vm, "worker": origin.worker},
+            "labels": {"run_id": run_id, "vm": origin.vm, "worker": origin.worker, **dict(labels)},
         },
         "resource": resource(origin, zone),
         "metricKind": "GAUGE",
         "valueType": "DOUBLE",
         "points": [{"interval": {"endTime": rfc3339(now)}, "value": {"doubleValue": value}}],
     }
+
+
+def run_seconds_points(seconds: Mapping[str, float], trusted: bool) -> list[tuple[Labels, float]]:
+    """A run's time by category (run_contract/timeline.py `measure`, and `unattributed`) as run_seconds points:
+    (labels, seconds) for each category the agent measures."""
+    untrusted = set(untrusted_categories(trusted))
+    return [
+        ((("category", key), ("untrusted", "true" if key in untrusted else "false")), float(seconds[key]))
+        for key in metrics.AGENT_CATEGORIES
+        if key in seconds
+    ]
 
 
 def tensorboard_dir(model_dir: str, worker: str) -> str:
@@ -226,18 +247,18 @@ class Sampler:
 
     def __init__(self, every_s: float = SAMPLE_EVERY_S):
         self.every_s = every_s
-        self.sent_at: dict[tuple[str, str], float] = {}  # (metric, run id) -> last write
-        self.pending: dict[tuple[str, str], float] = {}  # latest value not yet written
+        self.sent_at: dict[tuple[str, str, Labels], float] = {}  # (metric, run id, labels) -> last write
+        self.pending: dict[tuple[str, str, Labels], float] = {}  # latest value not yet written
 
-    def offer(self, metric: str, run_id: str, value: float) -> None:
-        self.pending[(metric, run_id)] = value
+    def offer(self, metric: str, run_id: str, value: float, labels: Labels = ()) -> None:
+        self.pending[(metric, run_id, labels)] = value
 
-    def due(self, now: float) -> list[tuple[str, str, float]]:
+    def due(self, now: float) -> list[tuple[str, str, Labels, float]]:
         """The series whose turn it is, each with its latest value; they count as written at `now`."""
         out = []
         for key, value in list(self.pending.items()):
             if now - self.sent_at.get(key, float("-inf")) >= self.every_s:
-                out.append((key[0], key[1], value))
+                out.append((*key, value))
                 self.sent_at[key] = now
                 del self.pending[key]
         return out
@@ -281,6 +302,7 @@ class Telemetry:
             queue_size
         )
         self._sampler = Sampler(sample_every_s)
+        self._sampler_lock = threading.Lock()  # run_seconds offers from a run's thread
         self._event_logs: dict[str, EventLog] = {}  # run id -> its TensorBoard event file
         self._token: tuple[str, float] | None = None  # (token, expires at)
         self._zone: str | None = None
@@ -317,6 +339,17 @@ class Telemetry:
                 self._warn(f"queue full: {self.counts.dropped_lines} lines dropped so far (not sent to Logging)")
         except Exception as error:  # a bug here must not take the run down with it
             self._warn(f"could not ship a line: {error!r}")
+
+    def run_seconds(self, run_id: str, seconds: Mapping[str, float], trusted: bool) -> None:
+        """A run's time by category so far (when it ends in a boot), sent with the next flush; never raises."""
+        try:
+            with self._sampler_lock:
+                for labels, value in run_seconds_points(seconds, trusted):
+                    self._sampler.offer(metrics.RUN_SECONDS.name, run_id, value, labels)
+            self._start()
+            self._wake.set()
+        except Exception as error:  # a bug here must not take the run down with it
+            self._warn(f"could not record run {run_id}'s time by category: {error!r}")
 
     # --- sending ----------------------------------------------------------------------------
 
@@ -358,8 +391,9 @@ class Telemetry:
             entries.append(entry)
             if training is not None:
                 run_id, model_dir, step, values = training
-                for name, value in values.items():
-                    self._sampler.offer(name, run_id, value)
+                with self._sampler_lock:
+                    for name, value in values.items():
+                        self._sampler.offer(name, run_id, value)
                 try:
                     self._event_log(run_id, model_dir, step, values)
                 except OSError as error:  # a model dir we cannot write: the logs and metrics still go
@@ -370,7 +404,8 @@ class Telemetry:
                 self._warn(f"out of time at exit: {len(entries) - start} log entries not sent")
                 break
             self._write_entries(entries[start : start + MAX_ENTRIES_PER_REQUEST])
-        points = self._sampler.due(self.clock())
+        with self._sampler_lock:
+            points = self._sampler.due(self.clock())
         for start in range(0, len(points), MAX_SERIES_PER_REQUEST):
             self._write_points(points[start : start + MAX_SERIES_PER_REQUEST])
         for log in self._event_logs.values():
@@ -405,9 +440,13 @@ class Telemetry:
         else:
             self.counts.lost_entries += len(entries)
 
-    def _write_points(self, points: list[tuple[str, str, float]]) -> None:
+    def _write_points(self, points: list[tuple[str, str, Labels, float]]) -> None:
         now, zone = self.clock(), self._location()
-        body = {"timeSeries": [time_series(name, value, run, self.origin, zone, now) for name, run, value in points]}
+        body = {
+            "timeSeries": [
+                time_series(name, value, run, self.origin, zone, now, labels) for name, run, labels, value in points
+            ]
+        }
         url = f"{self.monitoring_url.rstrip('/')}/v3/projects/{self.origin.project}/timeSeries"
         if self._post(url, body, "timeSeries.create"):
             self.counts.points_sent += len(points)
@@ -496,3 +535,8 @@ def default() -> Telemetry:
 def ship(line: str, run: Run) -> None:
     """The runner's hook: one line the run printed."""
     default().ship(line, run)
+
+
+def run_seconds(run_id: str, seconds: Mapping[str, float], trusted: bool) -> None:
+    """The timeline's hook (vm_agent/timeline.py): a run's time by category when it ends in a boot."""
+    default().run_seconds(run_id, seconds, trusted)

@@ -17,15 +17,17 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
+from typing import Callable, Dict
 
 from run_contract.paths import timeline_name
 from run_contract.timeline import (
+    BY_KEY,
     CHECKPOINT_MESSAGE,
     RESTORED_MESSAGE,
     Event,
     RunEvents,
     TimelineError,
+    measure,
     step_line,
     step_seconds,
 )
@@ -35,6 +37,7 @@ from vm_agent.gcs import Folder, StorageError
 STEP_WRITE_S = 30.0
 MAX_LINE_EVENTS = 2000  # an attempt's restores and checkpoint saves (a save every 5 minutes for a week)
 Log = Callable[..., None]
+Publish = Callable[[str, Dict[str, float], bool], None]  # run id, seconds by category, step lines trusted
 
 
 def boot_events(now: float | None = None, uptime: str = "/proc/uptime") -> list[Event]:
@@ -50,12 +53,30 @@ def boot_events(now: float | None = None, uptime: str = "/proc/uptime") -> list[
     return events
 
 
+def by_category(events: list[Event]) -> dict[str, float]:
+    """Seconds by category the agent measures, and what its view of billed time leaves unattributed."""
+    found = measure(events)
+    seconds = dict(found.seconds)
+    seconds["unattributed"] = max(0.0, found.billed_s - sum(v for k, v in seconds.items() if BY_KEY[k].billed))
+    return seconds
+
+
 class Recorder:
     """One run's events on this VM; `record` adds the agent's own, `line` reads a program's output line."""
 
-    def __init__(self, run_id: str, vm: str, trusted: bool, status: Folder, log: Log, write: bool = True):
+    def __init__(
+        self,
+        run_id: str,
+        vm: str,
+        trusted: bool,
+        status: Folder,
+        log: Log,
+        write: bool = True,
+        publish: Publish | None = None,
+    ):
         self.run_id, self.vm, self.trusted = run_id, vm, trusted
         self.status, self.log, self.write_enabled = status, log, write
+        self.publish = publish  # where the run's time by category goes when it ends in a boot (Monitoring)
         self.events: list[Event] = []
         self.writes = 0
         self._lock = threading.Lock()
@@ -81,12 +102,16 @@ class Recorder:
             return []
 
     def record(self, kind: str, code: int | None = None) -> None:
-        """One of the agent's own events, written at once."""
+        """One of the agent's own events, written at once; at the run's `end`, its time by category published
+        (worker 0's, which keeps the run's record)."""
         with self._lock:
             if kind == "programStart":
                 self._first_step_seen, self._step_index, self._line_events = False, None, 0
             self.events.append(Event(kind, time.time(), code=code))
             self._write()
+            events = list(self.events)
+        if kind == "end" and self.publish is not None and self.write_enabled:
+            self.publish(self.run_id, by_category(events), self.trusted)
 
     def extend(self, events: list[Event]) -> None:
         with self._lock:
