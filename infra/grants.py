@@ -39,14 +39,7 @@ def prefix_condition(bucket: str, prefix: str, title: str) -> gcp.storage.Bucket
     """
     if not re.fullmatch(r"[a-z0-9][a-z0-9._/-]*/", prefix):
         raise ValueError(f"prefix {prefix!r}: lowercase letters, digits, '.', '_', '-' and '/', ending in '/'")
-    return gcp.storage.BucketIAMMemberConditionArgs(
-        title=title[:100],
-        description=f"Only objects under {prefix}",
-        expression=(
-            f"{objects_under(bucket, prefix)} || "
-            f'api.getAttribute("storage.googleapis.com/objectListPrefix", "").startsWith("{prefix}")'
-        ),
-    )
+    return objects_in_any(bucket, [prefix], title, f"Only objects under {prefix}")
 
 
 def bucket_access(
