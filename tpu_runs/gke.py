@@ -19,6 +19,7 @@ from infra import naming
 from infra.config.model import TeamSettings
 from infra.config.workload_code import registry
 from infra.gke import queues
+from infra.gke.crds import JOBSET_API, KUEUE_API
 from infra.gke.jobsets import REQUESTER_ANNOTATION, RUN_LABEL, run_jobset
 from infra.gke.quota import QUEUE_LABEL
 from infra.gke.specs import shape_of
@@ -28,8 +29,8 @@ from run_contract.spec import Allowed, SpecError, parse_run_spec
 from tpu_runs.gcp import Google
 
 FIELD_MANAGER = "tpu-runs"
-JOBSETS = "/apis/jobset.x-k8s.io/v1alpha2/namespaces/{ns}/jobsets"
-WORKLOADS = f"/apis/{queues.KUEUE_API}/namespaces/{{ns}}/workloads"
+JOBSETS = f"/apis/{JOBSET_API}/namespaces/{{ns}}/jobsets"
+WORKLOADS = f"/apis/{KUEUE_API}/namespaces/{{ns}}/workloads"
 # Kueue labels each Workload with the UID of the job it queues (Kueue "Troubleshooting Jobs").
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 

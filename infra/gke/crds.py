@@ -32,7 +32,9 @@ from typing import Any
 Schema = dict[str, Any]
 
 KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"
+KUEUE_API = f"{KUEUE_GROUP}/{KUEUE_VERSION}"
 JOBSET_GROUP, JOBSET_VERSION = "jobset.x-k8s.io", "v1alpha2"
+JOBSET_API = f"{JOBSET_GROUP}/{JOBSET_VERSION}"
 # A subtree the validator checks as this core kind (apiVersion, kind) with kubernetes-validate.
 CORE_KIND = "x-tpu-platform-core-kind"
 INT32 = (-(2**31), 2**31 - 1)

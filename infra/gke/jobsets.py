@@ -31,6 +31,7 @@ from typing import Any
 
 from infra import naming
 from infra.config.model import TeamSettings
+from infra.gke.crds import JOBSET_API
 from infra.gke.quota import QUEUE_LABEL, TPU_RESOURCE
 from infra.gke.specs import SliceShape
 from infra.startup import COORDINATOR_PORT
@@ -113,7 +114,7 @@ def team_jobset(
         "template": {"spec": pod},
     }
     return {
-        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "apiVersion": JOBSET_API,
         "kind": "JobSet",
         "metadata": {
             "name": name,

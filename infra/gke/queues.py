@@ -30,10 +30,10 @@ from typing import Any
 
 from infra.config.model import TeamSettings
 from infra.config.settings import PRIORITY_CLASSES
+from infra.gke.crds import KUEUE_API
 from infra.gke.quota import TPU_RESOURCE
 from infra.gke.specs import ACCELERATOR_LABEL, SPOT_LABEL, TOPOLOGY_LABEL, SliceShape
 
-KUEUE_API = "kueue.x-k8s.io/v1beta2"
 COHORT = "tpu-platform"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "tpu-platform"}
 TEAM_LABEL = "tpu-platform/team"
