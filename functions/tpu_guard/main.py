@@ -250,11 +250,11 @@ def _state_name() -> str:
     return f"{guard_prefix(os.environ['ENVIRONMENT'])}recovery.json"
 
 
-def record_node_states(state_bucket: Objects, nodes: list[dict[str, Any]]) -> None:
-    """Keep each of the stack's nodes' changes of state, seen in this listing of every zone (billed time:
-    run_contract/timeline.py NodeStates). Seen at this check: a change comes up to one schedule period
-    before it. A record that cannot be kept is logged, never in the way of recovery."""
-    at = _now().timestamp()
+def record_node_states(state_bucket: Objects, nodes: list[dict[str, Any]], at: float) -> None:
+    """Keep each of the stack's nodes' changes of state, seen in this listing of every zone at `at` (billed
+    time: run_contract/timeline.py NodeStates). Seen at this check: a change comes up to one schedule period
+    before it. Kept after recovery has acted (a read per node must not delay it); a record that cannot be
+    kept is logged, never in the way of recovery."""
     for node_id, state in sorted(node_states(nodes, _vms()).items()):
         name = node_states_name(os.environ["ENVIRONMENT"], node_id)
         try:
@@ -281,7 +281,7 @@ def recover(request: Any) -> tuple[str, int]:
     nodes, unlisted = list_nodes(tpu)
     if unlisted:
         return json.dumps({"error": f"cannot list zones {unlisted}"}), 503
-    record_node_states(state_bucket, nodes)
+    listed_at = _now().timestamp()
     actions = recovery_actions(
         nodes, environment=os.environ["ENVIRONMENT"], state=state, max_attempts=int(os.environ["MAX_ATTEMPTS"])
     )
@@ -313,6 +313,7 @@ def recover(request: Any) -> tuple[str, int]:
     failed = _each(actions, recover_one)
     overruns = overrun_actions(nodes, environment=os.environ["ENVIRONMENT"], vms=_vms(), now=_now())
     failed += _each(overruns, lambda action: carry_out(tpu, action))
+    record_node_states(state_bucket, nodes, listed_at)
     done = [
         {"kind": a.kind, "node": a.node, "reason": a.reason, "failed": a.node in failed} for a in [*actions, *overruns]
     ]
