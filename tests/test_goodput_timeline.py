@@ -303,3 +303,14 @@ def test_a_save_on_notice_after_the_last_step_line_loses_no_work():
     assert found.seconds["productive"] == pytest.approx(125.0 - 20.0 - 5.0)
     earlier = (*events[:4], module.Event("checkpoint", 100.0, step=250, seconds=1.0), *events[4:5], *events[6:])
     assert module.measure(earlier).seconds["wastedProgress"] == pytest.approx(20.0)  # steps 251-300 lost
+
+
+def test_the_node_states_billing_reads_are_the_tpu_apis_own():
+    """Billed time reads Node.state (tpu.v2): each running state is one the API lists, and NOT_LISTED, which
+    stands for a node no zone lists, is none of them, so it can never be mistaken for a state the API sent."""
+    from tools.standins.contracts import document
+
+    states = set(document("tpu.v2")["schemas"]["Node"]["properties"]["state"]["enum"])
+    assert set(module.UP_STATES) <= states
+    assert module.NOT_LISTED not in states
+    assert "PREEMPTED" in states and "PREEMPTED" not in module.UP_STATES
