@@ -31,7 +31,9 @@ import re
 import urllib.parse
 from dataclasses import dataclass
 
-from run_contract.names import ENV_ATTRIBUTE, RUN_ATTRIBUTE
+# Worker 0 serves JAX's distributed runtime at COORDINATOR_PORT, passed explicitly so the same start-up path
+# works where JAX's own detection is off (a CPU sandbox).
+from run_contract.names import COORDINATOR_PORT, ENV_ATTRIBUTE, RUN_ATTRIBUTE
 
 # GCE metadata limits (https://cloud.google.com/compute/docs/metadata/setting-custom-metadata#limitations).
 MAX_METADATA_VALUE_BYTES = 256 * 1024
@@ -51,10 +53,6 @@ _SAFE_OBJECT = re.compile(r"[A-Za-z0-9_./-]{1,1024}")
 # The start-up script's and the agent's exit status for "this configuration cannot work": systemd
 # does not restart the unit for it (RestartPreventExitStatus), and GCE does not re-run the script.
 EXIT_CONFIG = 78  # EX_CONFIG of sysexits.h
-# Where worker 0 serves JAX's distributed runtime on a multi-host slice: the port JAX itself picks when
-# it finds a Cloud TPU slice itself (`coordinator_port = '8482'` in jax/_src/clusters/cloud_tpu_cluster.py).
-# Passed explicitly, so the same start-up path works where JAX's detection is off (a CPU sandbox).
-COORDINATOR_PORT = 8482
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ environment a run gets, and its exit codes."""
 from __future__ import annotations
 
 import re
+from typing import Mapping, NamedTuple
 
 # --- Ids --------------------------------------------------------------------------------------------
 # A stack run's id: segments of letters, digits, `.`, `_`, `-`, joined by `/` (`<stack>/<workload>/<vm>/<run>`).
@@ -51,6 +52,58 @@ WORKER_ID_ENV = "TPU_PLATFORM_WORKER_ID"
 WORKER_COUNT_ENV = "TPU_PLATFORM_WORKER_COUNT"
 COORDINATOR_ENV = "TPU_PLATFORM_COORDINATOR"
 GRACE_SECONDS_ENV = "TPU_PLATFORM_GRACE_SECONDS"
+
+# --- A worker's place in its slice, on either engine -------------------------------------------------
+# On a VM the start-up script writes TPU_PLATFORM_WORKER_ID/_COUNT/_COORDINATOR from the metadata server
+# (`agent-worker-number`, `worker-network-endpoints`). In a GKE pod, GKE injects TPU_WORKER_ID and
+# TPU_WORKER_HOSTNAMES (worker 0 first) into an Indexed Job asking for google.com/tpu (gke-tpu reference,
+# "The JobSet"); JAX's own GKE detection reads them the same way, coordinator = the first host at 8482
+# (jax/_src/clusters/cloud_tpu_cluster.py, GkeTpuCluster, jax 0.10.2).
+GKE_WORKER_ID_ENV = "TPU_WORKER_ID"
+GKE_WORKER_HOSTNAMES_ENV = "TPU_WORKER_HOSTNAMES"
+# Where worker 0 serves JAX's distributed runtime: the port JAX picks itself on a Cloud TPU slice
+# (`coordinator_port = '8482'`, ibid.); TPU_PLATFORM_COORDINATOR_PORT moves it (a sandbox of many slices).
+COORDINATOR_PORT = 8482
+COORDINATOR_PORT_ENV = "TPU_PLATFORM_COORDINATOR_PORT"
+
+
+class WorkerPlace(NamedTuple):
+    worker_id: int
+    worker_count: int
+    coordinator: str  # `host:port` of worker 0; "" on one host
+
+
+def worker_place(environ: Mapping[str, str]) -> WorkerPlace:
+    """This worker's place in its slice: the platform's variables where the VM engine set them, else what
+    GKE injects, else one host. ValueError names the variable and the value that do not make a place."""
+
+    def number(name: str, default: int, high: int = 4096) -> int:
+        value = environ.get(name, "")
+        if not value:
+            return default
+        if not re.fullmatch(r"[0-9]{1,5}", value) or int(value) > high:
+            raise ValueError(f"{name}={value!r}: a number from 0 to {high}")
+        return int(value)
+
+    if environ.get(WORKER_COUNT_ENV) or environ.get(WORKER_ID_ENV):
+        worker, count = number(WORKER_ID_ENV, 0), number(WORKER_COUNT_ENV, 1)
+        coordinator = environ.get(COORDINATOR_ENV, "")
+        named = WORKER_ID_ENV
+    elif environ.get(GKE_WORKER_HOSTNAMES_ENV):
+        listed = environ[GKE_WORKER_HOSTNAMES_ENV]
+        hosts = listed.split(",")
+        if not all(re.fullmatch(r"[A-Za-z0-9.-]+", host) for host in hosts):
+            raise ValueError(f"{GKE_WORKER_HOSTNAMES_ENV}={listed!r}: host names, comma-separated")
+        worker, count = number(GKE_WORKER_ID_ENV, 0), len(hosts)
+        port = number(COORDINATOR_PORT_ENV, COORDINATOR_PORT, 65535)
+        coordinator = f"{hosts[0]}:{port}" if count > 1 else ""
+        named = GKE_WORKER_ID_ENV
+    else:
+        return WorkerPlace(0, 1, "")
+    if count < 1 or worker >= count:
+        raise ValueError(f"{named}={worker} is not a worker of {count}")
+    return WorkerPlace(worker, count, coordinator)
+
 
 # --- Exit codes (sysexits.h) ------------------------------------------------------------------------
 EXIT_FINISHED = 0

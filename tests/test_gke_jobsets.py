@@ -101,20 +101,19 @@ def _pod(jobset: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_the_pods_get_the_run_contracts_environment_with_the_teams_folders():
-    env = {
-        e["name"]: e.get("value", e.get("valueFrom")) for e in _pod(run_render("multi-host"))["containers"][0]["env"]
-    }
+    jobset = run_render("multi-host")
+    env = {e["name"]: e["value"] for e in _pod(jobset)["containers"][0]["env"]}
     assert env["TPU_PLATFORM_CHECKPOINT_DIR"] == "gs://ckpt/teams/vision/exp-1/"
     assert env["TPU_PLATFORM_MODEL_DIR"] == "gs://models/teams/vision/exp-1/"
-    assert env["TPU_PLATFORM_WORKER_COUNT"] == "4" and env["EPOCHS"] == "3"
-    assert env["TPU_PLATFORM_WORKER_ID"] == {
-        "fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}
-    }
-    # Worker 0 of slice 0: JobSet names pods <jobset>-<replicated job>-<job index>-<pod index>, in the
-    # subdomain named after the JobSet.
-    assert env["TPU_PLATFORM_COORDINATOR"] == "exp-1-slice-0-0.exp-1:8482"
+    assert env["EPOCHS"] == "3"
+    # The worker's place is GKE's to inject, into an Indexed Job of more than one pod asking for
+    # google.com/tpu (gke-tpu reference, "The JobSet"): the JobSet says none of it, so none can disagree.
+    assert not {*env} & {"TPU_PLATFORM_WORKER_ID", "TPU_PLATFORM_WORKER_COUNT", "TPU_PLATFORM_COORDINATOR"}
+    assert not {*env} & {"TPU_WORKER_ID", "TPU_WORKER_HOSTNAMES"}
+    job = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]
+    assert (job["completionMode"], job["parallelism"]) == ("Indexed", 4)
+    assert _pod(jobset)["containers"][0]["resources"]["limits"]["google.com/tpu"] == 4
     single = {e["name"]: e.get("value") for e in _pod(run_render("single-host"))["containers"][0]["env"]}
-    assert single["TPU_PLATFORM_COORDINATOR"] == ""
     assert _pod(run_render("single-host"))["terminationGracePeriodSeconds"] == int(single["TPU_PLATFORM_GRACE_SECONDS"])
 
 

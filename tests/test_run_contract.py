@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import io
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -21,8 +22,9 @@ import run_contract
 from infra.config import parse_stack_config
 from infra.tpu.metadata import agent_package, run_spec, source_digests
 from infra.tpu_guard import source_files
-from run_contract import schema, spec
+from run_contract import names, schema, spec
 from tests.support import fixture_config
+from tests.workloads import ENGINES, slice_environment
 
 ROOT = Path(__file__).resolve().parents[1]
 PIP_WHEEL = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "--quiet"]
@@ -114,3 +116,32 @@ def test_the_program_renders_run_specs_that_the_schema_and_the_parser_accept():
         allowed = spec.Allowed(good["source"]["uri"].rsplit("/sources/", 1)[0], "")
         with pytest.raises(spec.SpecError):
             spec.parse_run_spec(json.dumps(bad), allowed)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize(("worker", "count"), [(0, 1), (0, 2), (3, 4)])
+def test_a_worker_finds_its_place_in_the_slice_from_either_engine(engine, worker, count):
+    """The same place from a VM's start-up script and from what GKE injects into a TPU pod."""
+    place = names.worker_place(slice_environment(engine, worker, count, 18482))
+    assert place == (worker, count, "127.0.0.1:18482" if count > 1 else "")
+
+
+def test_gke_s_workers_meet_at_the_first_host_on_jax_s_port():
+    """As JAX's GkeTpuCluster: worker 0 is the first of TPU_WORKER_HOSTNAMES, the coordinator port 8482."""
+    hosts = "run-slice-0-0.run,run-slice-0-1.run"
+    assert names.worker_place({"TPU_WORKER_ID": "1", "TPU_WORKER_HOSTNAMES": hosts}) == (1, 2, "run-slice-0-0.run:8482")
+    assert names.worker_place({}) == (0, 1, "")  # a single-host pod: GKE injects nothing into one pod
+
+
+@pytest.mark.parametrize(
+    ("environ", "problem"),
+    [
+        ({"TPU_WORKER_ID": "2", "TPU_WORKER_HOSTNAMES": "a,b"}, "TPU_WORKER_ID=2 is not a worker of 2"),
+        ({"TPU_WORKER_ID": "x", "TPU_WORKER_HOSTNAMES": "a,b"}, "TPU_WORKER_ID='x': a number from 0 to 4096"),
+        ({"TPU_WORKER_ID": "0", "TPU_WORKER_HOSTNAMES": "a,,b"}, "TPU_WORKER_HOSTNAMES='a,,b': host names"),
+        ({"TPU_PLATFORM_WORKER_ID": "1"}, "TPU_PLATFORM_WORKER_ID=1 is not a worker of 1"),
+    ],
+)
+def test_a_place_that_is_not_one_is_named(environ, problem):
+    with pytest.raises(ValueError, match=re.escape(problem)):
+        names.worker_place(environ)

@@ -11,10 +11,12 @@ import pytest
 
 from tests.sandbox import free_port, wait_for
 from tests.workloads import (
+    ENGINES,
     WORKLOADS,
     checkpoint_names,
     committed_steps,
     run_workload,
+    slice_environment,
     tensorboard_scalars,
     train_briefly,
     workloads_python,
@@ -70,16 +72,12 @@ def final_loss(log: str, step: int) -> float:
     return next(line["loss"] for line in lines if line["step"] == step)
 
 
-def start_slice(tmp_path, args: list[str], count: int = 2) -> list[subprocess.Popen]:
-    """`count` jax_mnist processes joined as one slice, with the environment the start-up script writes."""
+def start_slice(tmp_path, args: list[str], engine: str, count: int = 2) -> list[subprocess.Popen]:
+    """`count` jax_mnist processes joined as one slice, with the environment `engine` gives its workers."""
     port = free_port()
     processes = []
     for worker in range(count):
-        slice_env = {
-            "TPU_PLATFORM_WORKER_ID": str(worker),
-            "TPU_PLATFORM_WORKER_COUNT": str(count),
-            "TPU_PLATFORM_COORDINATOR": f"127.0.0.1:{port}",
-        }
+        slice_env = slice_environment(engine, worker, count, port)
         env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "", **slice_env}
         with open(tmp_path / f"worker-{worker}.log", "a") as out:  # the child keeps its own copy open
             processes.append(
@@ -94,8 +92,10 @@ def start_slice(tmp_path, args: list[str], count: int = 2) -> list[subprocess.Po
     return processes
 
 
-def test_two_processes_train_as_one_slice_stop_together_on_one_sigterm_and_resume(tmp_path):
-    """Two processes joined by jax.distributed on loopback (Gloo collectives), without the sandbox."""
+@pytest.mark.parametrize("engine", ENGINES)
+def test_two_processes_train_as_one_slice_stop_together_on_one_sigterm_and_resume(tmp_path, engine):
+    """Two processes joined by jax.distributed on loopback (Gloo collectives), without the sandbox, each
+    told its place in the slice as a VM's start-up script or GKE tells it."""
     sample = tmp_path / "mnist.npz"
     assert (
         run_workload("sample_mnist.py", str(sample), "--train", "1024", "--test", "256", cwd=tmp_path).returncode == 0
@@ -123,7 +123,7 @@ def test_two_processes_train_as_one_slice_stop_together_on_one_sigterm_and_resum
     def committed() -> list[int]:
         return committed_steps(checkpoint_names(tmp_path / "ckpt"))
 
-    first = start_slice(tmp_path, args)
+    first = start_slice(tmp_path, args, engine)
     wait_for(committed, 120, "a first committed checkpoint", interval=0.1)
     first[1].send_signal(signal.SIGTERM)  # one host of the slice is told it is preempted
     codes = [p.wait(60) for p in first]
@@ -133,7 +133,7 @@ def test_two_processes_train_as_one_slice_stop_together_on_one_sigterm_and_resum
     assert [s["signalled_here"] for s in stopped] == [False, True]  # worker 0 stopped for worker 1's signal
     assert stopped[0]["step"] == stopped[1]["step"] == committed()[-1] < steps
 
-    second = start_slice(tmp_path, args)
+    second = start_slice(tmp_path, args, engine)
     assert [p.wait(180) for p in second] == [0, 0]
     logs = [(tmp_path / f"worker-{w}.log").read_text() for w in range(2)]
     resumed = [json.loads(line)["step"] for log in logs for line in log.splitlines() if '"resumed from' in line]

@@ -20,6 +20,30 @@ def workloads_python() -> str:
     return str(python)
 
 
+# The engines a multi-host run meets, and what each puts in a worker's environment about its slice.
+ENGINES = ("vm", "gke")
+
+
+def slice_environment(engine: str, worker: int, count: int, port: int) -> dict[str, str]:
+    """Worker `worker` of a `count`-host slice on loopback, its coordinator at `port`, as each engine says it:
+    the VM's start-up script writes the platform's variables (infra/startup.py slice_env); a GKE pod gets
+    only what GKE injects into an Indexed Job asking for google.com/tpu (every host, worker 0 first), the
+    port moved as the sandbox moves the start-up script's (TPU_PLATFORM_COORDINATOR_PORT)."""
+    if engine == "vm":
+        return {
+            "TPU_WORKER_ID": str(worker),
+            "TPU_PLATFORM_WORKER_ID": str(worker),
+            "TPU_PLATFORM_WORKER_COUNT": str(count),
+            "TPU_PLATFORM_COORDINATOR": f"127.0.0.1:{port}" if count > 1 else "",
+        }
+    assert engine == "gke", engine
+    return {
+        "TPU_WORKER_ID": str(worker),
+        "TPU_WORKER_HOSTNAMES": ",".join(["127.0.0.1"] * count),
+        "TPU_PLATFORM_COORDINATOR_PORT": str(port),
+    }
+
+
 def run_workload(program: str, *args: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
     return subprocess.run(

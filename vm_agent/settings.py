@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from run_contract.names import REGISTRY
+from run_contract.names import REGISTRY, WorkerPlace, worker_place
 from run_contract.spec import Allowed
 
 from vm_agent.credentials import STS_URL
@@ -118,10 +118,11 @@ class Settings:
         if self_service == "1" and not workload:
             problems.append("TPU_PLATFORM_WORKLOAD is missing (self-service runs keep their files under it)")
         names = text("TPU_PLATFORM_RUNTIME_ENV", required=False, pattern=r"\w+(,\w+)*")
-        worker_id = int(number("TPU_PLATFORM_WORKER_ID", 0, 0, 4096))
-        worker_count = int(number("TPU_PLATFORM_WORKER_COUNT", 1, 1, 4096))
-        if worker_id >= worker_count:
-            problems.append(f"TPU_PLATFORM_WORKER_ID={worker_id} is not a worker of {worker_count}")
+        try:
+            place = worker_place(environ)
+        except ValueError as error:
+            problems.append(str(error))
+            place = WorkerPlace(0, 1, "")
         root = Path(environ.get("TPU_PLATFORM_ROOT", "") or "/")
         settings = cls(
             stack=stack,
@@ -131,9 +132,9 @@ class Settings:
             status_dir=status_dir.rstrip("/"),
             artifacts=artifacts,
             registry=registry,
-            worker_id=worker_id,
-            worker_count=worker_count,
-            coordinator=environ.get("TPU_PLATFORM_COORDINATOR", ""),
+            worker_id=place.worker_id,
+            worker_count=place.worker_count,
+            coordinator=place.coordinator,
             grace_s=number("TPU_PLATFORM_GRACE_SECONDS", DEFAULT_GRACE_SECONDS, 1, 3600),
             max_retries=int(number("TPU_PLATFORM_MAX_RETRIES", DEFAULT_MAX_RETRIES, 0, 100)),
             self_service=self_service == "1",

@@ -19,9 +19,11 @@ a crash: `BackoffLimitExceeded`) to the default action, RestartJobSet, counted a
 the VM agent counts retries (TPU_PLATFORM_MAX_RETRIES).
 
 `run_jobset` renders a researcher's run spec (run_contract/spec.py) this way, with the contract's
-environment: its checkpoint and model folders under the team's prefix (infra/naming.py team_prefix), the
-grace period, and the worker's place in its slice. GKE itself injects TPU_WORKER_ID and
-TPU_WORKER_HOSTNAMES into an Indexed Job asking for google.com/tpu (gke-tpu reference, "The JobSet").
+environment: its checkpoint and model folders under the team's prefix (infra/naming.py team_prefix) and
+the grace period. The worker's place in its slice is GKE's to say: it injects TPU_WORKER_ID and
+TPU_WORKER_HOSTNAMES into an Indexed Job asking for google.com/tpu (gke-tpu reference, "The JobSet"),
+which the contract reads (run_contract.names.worker_place) as JAX itself does; the JobSet spells neither
+its pods' host names nor their index again.
 """
 
 from __future__ import annotations
@@ -34,7 +36,6 @@ from infra.config.model import TeamSettings
 from infra.gke.crds import JOBSET_API
 from infra.gke.quota import QUEUE_LABEL, TPU_RESOURCE
 from infra.gke.specs import SliceShape
-from infra.startup import COORDINATOR_PORT
 from run_contract import names
 from run_contract.spec import ImageSource, RunSpec
 
@@ -46,8 +47,6 @@ GRACE_SECONDS = 30  # the run contract's default (TPU_PLATFORM_GRACE_SECONDS)
 MAX_RESTARTS = 3  # as the VM agent's TPU_PLATFORM_MAX_RETRIES (infra/tpu/metadata.py MAX_RETRIES)
 RUN_LABEL = "tpu-platform/run"  # the run id, on the JobSet: `tpu-runs` finds a run's JobSet by it
 REQUESTER_ANNOTATION = "tpu-platform/requester"  # an email is no label value
-# The pod's index in its slice's Indexed Job (Kubernetes "Jobs", completion mode Indexed).
-COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
 # The Job's failure reason when a podFailurePolicy FailJob rule matched (batch/v1 JobReasonPodFailurePolicy).
 POD_FAILURE_POLICY = "PodFailurePolicy"
 DISRUPTION = "DisruptionTarget"
@@ -135,22 +134,17 @@ def team_run_dir(bucket: str, team: str, run_id: str) -> str:
     return f"gs://{bucket}/{naming.team_prefix(team)}{run_id}/"
 
 
-def run_env(
-    spec: RunSpec, team: TeamSettings, shape: SliceShape, checkpoints: str, models: str
-) -> list[dict[str, Any]]:
-    """The run contract's environment in each pod (docs/run-contract.md, "The environment"), then the spec's."""
-    coordinator = f"{spec.run_id}-{REPLICATED_JOB}-0-0.{spec.run_id}:{COORDINATOR_PORT}"  # JobSet's pod hostnames
+def run_env(spec: RunSpec, team: TeamSettings, checkpoints: str, models: str) -> list[dict[str, Any]]:
+    """The run contract's environment in each pod (docs/run-contract.md, "The environment"), then the spec's;
+    the worker's place comes from GKE's injection."""
     contract = [
         (names.RUN_ID_ENV, spec.run_id),
         (names.DATA_ENV, spec.data),
         (names.CHECKPOINT_DIR_ENV, team_run_dir(checkpoints, team.name, spec.run_id)),
         (names.MODEL_DIR_ENV, team_run_dir(models, team.name, spec.run_id)),
-        (names.WORKER_COUNT_ENV, str(shape.vms_per_slice)),
-        (names.COORDINATOR_ENV, coordinator if shape.vms_per_slice > 1 else ""),
         (names.GRACE_SECONDS_ENV, str(GRACE_SECONDS)),
     ]
-    worker = {"name": names.WORKER_ID_ENV, "valueFrom": {"fieldRef": {"fieldPath": COMPLETION_INDEX}}}
-    return [*({"name": k, "value": v} for k, v in contract), worker, *({"name": k, "value": v} for k, v in spec.env)]
+    return [{"name": k, "value": v} for k, v in (*contract, *spec.env)]
 
 
 def run_jobset(
@@ -175,7 +169,7 @@ def run_jobset(
         slices=slices,
         priority=priority,
         max_restarts=MAX_RESTARTS,
-        env=run_env(spec, team, shape, checkpoints, models),
+        env=run_env(spec, team, checkpoints, models),
         labels={RUN_LABEL: spec.run_id},
         annotations={REQUESTER_ANNOTATION: spec.requester},
     )

@@ -3,7 +3,7 @@
 
 Plain JAX and Optax: Conv(32, 3x3) → ReLU → MaxPool 2x2 → Dense(64) → ReLU → Dense(10) logits, Adam,
 softmax cross-entropy. On a multi-host slice `jax.distributed` connects the workers (coordinator from
-the start-up script); each feeds its share of every global batch, they agree at each step boundary on
+the run contract, on either engine); each feeds its share of every global batch, they agree at each step boundary on
 checkpoints and on stopping (a SIGTERM to any host stops the slice), and only process 0 writes
 checkpoints, the model and metrics.
 Parameters, optimizer state, step and data position are checkpointed every N steps or minutes and
@@ -37,23 +37,23 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from tensorboardX import SummaryWriter
 
+from run_contract.names import worker_place
+
 
 def join_slice() -> None:
     """On a multi-host slice, connect this worker to the others through `jax.distributed`.
 
-    The start-up script derives the worker's id, the worker count and worker 0's address from the
-    metadata server (TPU_PLATFORM_WORKER_ID, _WORKER_COUNT, _COORDINATOR): passed explicitly, the same
-    path serves a TPU slice and processes on CPUs, where JAX detects no Cloud TPU by itself.
+    The run contract says the worker's id, the worker count and worker 0's address, from what either
+    engine gives (a VM's start-up script, GKE's injected variables): passed explicitly, the same path
+    serves a TPU slice and processes on CPUs, where JAX detects no Cloud TPU by itself.
     """
-    count = int(os.environ.get("TPU_PLATFORM_WORKER_COUNT") or 1)
-    if count <= 1:
+    place = worker_place(os.environ)
+    if place.worker_count <= 1:
         return
     # Collectives between CPU processes go over Gloo (the default from JAX 0.5; explicit for clarity).
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(
-        coordinator_address=os.environ["TPU_PLATFORM_COORDINATOR"],
-        num_processes=count,
-        process_id=int(os.environ["TPU_PLATFORM_WORKER_ID"]),
+        coordinator_address=place.coordinator, num_processes=place.worker_count, process_id=place.worker_id
     )
 
 
