@@ -28,6 +28,7 @@ ADA = "user:ada@example.com"  # team vision's member (the fixture stack)
 IMAGE = "us-central1-docker.pkg.dev/fixture-gke/tpu-gke/train@sha256:" + "a" * 64
 JOBSETS = ("jobset.x-k8s.io", "jobsets")
 WORKLOADS = ("kueue.x-k8s.io", "workloads")
+PENDING = ("visibility.kueue.x-k8s.io", "localqueues/pendingworkloads")
 
 
 def plan_rbac() -> list[dict[str, Any]]:
@@ -86,10 +87,17 @@ def test_a_member_submits_lists_and_stops_a_run_through_the_teams_queue(cluster:
             "status": {"conditions": [{"type": "QuotaReserved", "status": "False", "message": waiting}]},
         },
     )
+    # Kueue's queue: another team member's run is ahead of it.
+    cluster.state.queue("team-vision", "vision", ["jobset-exp-0-9z8y7", "jobset-exp-1-1a2b3"])
     capsys.readouterr()
     assert cluster.run("list", "--team", "vision") == 0
     out = capsys.readouterr().out
-    assert "exp-1" in out and "pending" in out and waiting in out and ADA in out
+    assert "exp-1" in out and "pending" in out and ADA in out
+    assert f"(#2 in the team's queue, #2 in its ClusterQueue; {waiting})" in out
+    cluster.state.visibility = False  # a cluster without Kueue's visibility API still lists its runs
+    assert cluster.run("list", "--team", "vision") == 0
+    out = capsys.readouterr().out
+    assert "queue positions unknown" in out and f"pending   {ADA}" in out and f"({waiting})" in out
 
     assert cluster.run("stop", "--team", "vision", "exp-1") == 0
     assert cluster.state.get(*JOBSETS, "team-vision", "exp-1") is None
@@ -120,6 +128,7 @@ def test_the_members_role_grants_exactly_what_the_commands_ask(cluster: Cluster,
     assert granted(teams.RESEARCHER_RULES) == used | granted(teams.POD_OUTPUT_RULES)
     assert {a.namespace for a in cluster.state.accesses} == {"team-vision"}
     assert Access("create", *JOBSETS, "team-vision", "exp-1") in cluster.state.accesses
+    assert Access("get", *PENDING, "team-vision", "vision") in cluster.state.accesses
 
 
 def test_someone_outside_the_team_is_refused_in_a_sentence(cluster: Cluster, capsys):

@@ -189,6 +189,11 @@ class Google:
             if not token:
                 return items
 
+    def kube_get(self, base: str, path: str, what: str, refused: str) -> dict[str, Any] | None:
+        """One object; None when the API server has none there (404: no such object, or API not served)."""
+        answer = self._send(f"read {what}", "GET", f"{base}{path}", ok=(404,), refused=refused)
+        return None if answer.status_code == 404 else answer.json()
+
     def kube_delete(self, base: str, path: str, name: str, what: str, refused: str) -> bool:
         """Delete one object; False when there is none of that name."""
         url = f"{base}{path}/{quote(name, safe='')}"

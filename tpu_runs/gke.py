@@ -19,7 +19,7 @@ from infra import naming
 from infra.config.model import TeamSettings
 from infra.config.workload_code import registry
 from infra.gke import queues
-from infra.gke.crds import JOBSET_API, KUEUE_API
+from infra.gke.crds import JOBSET_API, KUEUE_API, VISIBILITY_API
 from infra.gke.jobsets import REQUESTER_ANNOTATION, RUN_LABEL, run_jobset
 from infra.gke.quota import QUEUE_LABEL
 from infra.gke.specs import shape_of
@@ -31,6 +31,10 @@ from tpu_runs.gcp import Google
 FIELD_MANAGER = "tpu-runs"
 JOBSETS = f"/apis/{JOBSET_API}/namespaces/{{ns}}/jobsets"
 WORKLOADS = f"/apis/{KUEUE_API}/namespaces/{{ns}}/workloads"
+# A LocalQueue's pending Workloads, in the order Kueue will try them (Kueue "Pending Workloads on-demand",
+# Local Queue visibility): a PendingWorkloadsSummary whose items name each Workload and its 0-based
+# positionInLocalQueue and positionInClusterQueue (kubernetes-sigs/kueue apis/visibility/v1beta2/types.go).
+PENDING = f"/apis/{VISIBILITY_API}/namespaces/{{ns}}/localqueues/{{queue}}/pendingworkloads"
 # Kueue labels each Workload with the UID of the job it queues (Kueue "Troubleshooting Jobs").
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 
@@ -147,8 +151,20 @@ def run_state(jobset: Mapping[str, Any], workload: Mapping[str, Any] | None) -> 
     return "pending", str(reserved.get("message", ""))
 
 
+def queue_positions(summary: Mapping[str, Any] | None) -> dict[str, str]:
+    """Each pending Workload's place, by its name, counted from 1: in the team's queue and the ClusterQueue's."""
+    return {
+        item["metadata"]["name"]: (
+            f"#{item['positionInLocalQueue'] + 1} in the team's queue, #{item['positionInClusterQueue'] + 1} in its"
+            " ClusterQueue"
+        )
+        for item in (summary or {}).get("items") or ()
+    }
+
+
 def list_runs(google: Google, stack: Any, team: TeamSettings) -> int:
-    """The team's runs (its JobSets that `tpu-runs` made), each with its Kueue state."""
+    """The team's runs (its JobSets that `tpu-runs` made), each with its Kueue state; a pending one with its
+    place in the queue and why it waits."""
     base = _cluster(google, stack)
     refused = _refused(stack, team)
     jobsets = google.kube_list(base, JOBSETS.format(ns=team.namespace), f"team {team.name}'s runs", refused, RUN_LABEL)
@@ -156,10 +172,19 @@ def list_runs(google: Google, stack: Any, team: TeamSettings) -> int:
         base, WORKLOADS.format(ns=team.namespace), f"team {team.name}'s Kueue workloads", refused
     )
     by_job = {(w["metadata"].get("labels") or {}).get(JOB_UID_LABEL): w for w in workloads}
+    summary = google.kube_get(
+        base, PENDING.format(ns=team.namespace, queue=team.name), f"team {team.name}'s queue in order", refused
+    )
+    places = queue_positions(summary)
     print(f"team {team.name} ({team.namespace}), queue {team.name}")
+    if summary is None:
+        print("  (queue positions unknown: the cluster does not serve Kueue's visibility API)")
     for jobset in jobsets:
         meta = jobset["metadata"]
-        state, why = run_state(jobset, by_job.get(meta.get("uid")))
+        workload = by_job.get(meta.get("uid"))
+        state, why = run_state(jobset, workload)
+        place = places.get(workload["metadata"]["name"], "") if state == "pending" and workload else ""
+        why = "; ".join(filter(None, (place, why)))
         who = (meta.get("annotations") or {}).get(REQUESTER_ANNOTATION, "")
         queue = (meta.get("labels") or {}).get(QUEUE_LABEL, "")
         print(f"  {meta['name']:<32} {state:<9} {who:<30} {queue}" + (f"  ({why})" if why else ""))

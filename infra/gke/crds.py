@@ -33,6 +33,11 @@ Schema = dict[str, Any]
 
 KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"
 KUEUE_API = f"{KUEUE_GROUP}/{KUEUE_VERSION}"
+# Kueue's visibility API (on by default from Kueue 0.9, feature gate VisibilityOnDemand: kubernetes-sigs/kueue
+# pkg/features/kube_features.go): a LocalQueue's pending Workloads in order, each with its position
+# (apis/visibility/v1beta2/types.go PendingWorkloadsSummary; docs "Pending Workloads on-demand").
+VISIBILITY_GROUP = f"visibility.{KUEUE_GROUP}"
+VISIBILITY_API = f"{VISIBILITY_GROUP}/{KUEUE_VERSION}"
 JOBSET_GROUP, JOBSET_VERSION = "jobset.x-k8s.io", "v1alpha2"
 JOBSET_API = f"{JOBSET_GROUP}/{JOBSET_VERSION}"
 # A subtree the validator checks as this core kind (apiVersion, kind) with kubernetes-validate.

@@ -46,6 +46,9 @@ POD_SECURITY = {
 RUN_COMMAND_RULES = [
     {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"], "verbs": ["create", "patch", "list", "delete"]},
     {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["list"]},
+    # The team's queue in order (Kueue's visibility API; its own role for batch users,
+    # config/components/rbac/pending_workloads_lq_viewer_role.yaml, grants get, list and watch).
+    {"apiGroups": ["visibility.kueue.x-k8s.io"], "resources": ["localqueues/pendingworkloads"], "verbs": ["get"]},
 ]
 # Reading their own runs' pods and output with kubectl: the one way to see a run's output while
 # `tpu-runs logs` does not yet read a team's Cloud Logging (a log view cannot select a namespace).

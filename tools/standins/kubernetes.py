@@ -9,7 +9,9 @@ pkg/endpoints/handlers/patch.go, `createAuthorizerAttributes`). Given RBAC objec
 refuses with 403 what RBAC does not allow them (infra/access/kubernetes.py decides, as the authorizer does).
 Every applied body is checked as the API server's strict field validation would, by the platform's
 validator (infra/gke/validation.py): an object it finds fault with is refused with 422, like the API server.
-No controller runs: tests write the status a controller would (a Kueue Workload) with `put`.
+No controller runs: tests write the status a controller would (a Kueue Workload) with `put`, and the order
+Kueue's queue manager keeps, which its visibility API serves (`GET .../localqueues/<q>/pendingworkloads`,
+authorized as `get` on the subresource `localqueues/pendingworkloads`), with `queue`.
 """
 
 from __future__ import annotations
@@ -26,14 +28,19 @@ from urllib.parse import parse_qs, urlsplit
 import yaml
 
 from infra.access import kubernetes as rbac
+from infra.gke.crds import KUEUE_GROUP, VISIBILITY_API, VISIBILITY_GROUP
 from infra.gke.validation import platform_validator
 from tools.standins.contracts import Call, ContractError, api
 from tools.standins.loopback import Handler, serve
 
 APPLY = "application/apply-patch+yaml"
 OBJECTS = re.compile(
-    r"/apis/(?P<group>[^/]+)/(?P<version>[^/]+)/namespaces/(?P<ns>[^/]+)/(?P<plural>[^/]+)(/(?P<name>[^/]+))?"
+    r"/apis/(?P<group>[^/]+)/(?P<version>[^/]+)/namespaces/(?P<ns>[^/]+)/(?P<plural>[^/]+)"
+    r"(/(?P<name>[^/]+)(/(?P<subresource>[^/]+))?)?"
 )
+# Kueue's visibility API (kubernetes-sigs/kueue apis/visibility/v1beta2/types.go): a LocalQueue's pending
+# Workloads as a PendingWorkloadsSummary, the one subresource this stand-in serves.
+VISIBILITY = (VISIBILITY_GROUP, "localqueues", "pendingworkloads")
 CLUSTER = re.compile(r"/v1/projects/[^/]+/locations/[^/]+/clusters/(?P<name>[^/]+)")
 ENDPOINT = "gke-0123456789abcdef0123456789abcdef-000000000000.us-central1.gke.goog"
 
@@ -59,6 +66,35 @@ class ClusterState:
     refused: list[str] = field(default_factory=list)  # bodies the validator refused, and requests RBAC refused
     lock: threading.Lock = field(default_factory=threading.Lock)
     uids: Iterator[int] = field(default_factory=itertools.count)
+    queues: dict[tuple[str, str], list[str]] = field(default_factory=dict)  # (ns, LocalQueue) -> Workloads in order
+    visibility: bool = True  # False: the cluster does not serve Kueue's visibility API (404, as for any unknown path)
+
+    def queue(self, namespace: str, local_queue: str, workloads: Sequence[str]) -> None:
+        """The LocalQueue's pending Workloads (by name) in the order Kueue would try them."""
+        with self.lock:
+            self.queues[(namespace, local_queue)] = list(workloads)
+
+    def pending(self, namespace: str, local_queue: str) -> dict[str, Any]:
+        """What the visibility API answers: each pending Workload with its 0-based positions. This stand-in
+        has one LocalQueue per ClusterQueue (the platform's: one per team), so the two positions agree."""
+        items = []
+        for position, name in enumerate(self.queues.get((namespace, local_queue), ())):
+            workload = self.get(KUEUE_GROUP, "workloads", namespace, name) or {}
+            meta = workload.get("metadata") or {}
+            items.append(
+                {
+                    "metadata": {
+                        "name": name,
+                        "namespace": namespace,
+                        "ownerReferences": meta.get("ownerReferences", []),
+                    },
+                    "priority": (workload.get("spec") or {}).get("priority", 0),
+                    "localQueueName": local_queue,
+                    "positionInClusterQueue": position,
+                    "positionInLocalQueue": position,
+                }
+            )
+        return {"kind": "PendingWorkloadsSummary", "apiVersion": VISIBILITY_API, "metadata": {}, "items": items}
 
     def put(self, group: str, plural: str, obj: dict[str, Any]) -> None:
         meta = obj["metadata"]
@@ -109,10 +145,14 @@ class KubernetesHandler(Handler):
         if match is None:
             return self.answer(404, _status(404, "NotFound", f"no route {url.path}"))
         group, plural, ns, name = match["group"], match["plural"], match["ns"], match["name"] or ""
+        subresource = match["subresource"] or ""
+        if subresource and ((group, plural, subresource) != VISIBILITY or not self.state.visibility):
+            return self.answer(404, _status(404, "NotFound", f"no route {url.path}"))
         verb = {"GET": "get" if name else "list", "PATCH": "patch", "DELETE": "delete"}.get(method)
-        if verb is None or (verb in ("patch", "delete") and not name):
+        if verb is None or (verb in ("patch", "delete") and not name) or (subresource and verb != "get"):
             return self.answer(405, _status(405, "MethodNotAllowed", f"{method} {url.path}"))
-        checks = [Access(verb, group, plural, ns, name)]
+        resource = f"{plural}/{subresource}" if subresource else plural
+        checks = [Access(verb, group, resource, ns, name)]
         exists = self.state.get(group, plural, ns, name) is not None
         if verb == "patch" and not exists:
             checks.append(Access("create", group, plural, ns, name))  # apply that creates: create too
@@ -120,9 +160,11 @@ class KubernetesHandler(Handler):
             self.state.accesses.extend(checks)
         for check in checks:
             if not self.state.allowed(check):
-                message = f'{plural}.{group} is forbidden: cannot {check.verb} resource "{plural}" in "{ns}"'
+                message = f'{plural}.{group} is forbidden: cannot {check.verb} resource "{resource}" in "{ns}"'
                 self.state.refused.append(message)
                 return self.answer(403, _status(403, "Forbidden", message))
+        if subresource:
+            return self.answer(200, self.state.pending(ns, name))
         if verb == "list":
             items = [
                 o
