@@ -252,16 +252,23 @@ def test_gke_dry_run_plans_the_gke_stack_offline_and_lists_what_only_a_real_proj
         "kubectl apply --server-side -f",
         "kubectl apply --server-side -f",
         "kubectl wait jobset/smoke-jax -n",
-        "kubectl get jobset smoke-unqueued",
-        "kubectl delete jobset smoke-jax",
-        "pulumi up --stack smoke",  # the teams removed: their queues go before Kueue's CRDs
-        "pulumi destroy --stack smoke",  # the admin phase
-        "pulumi stack rm smoke",
+        "kubectl logs -n team-smoke-a",  # each pod's place in its slice, from what GKE injected
+        "kubectl apply --server-side -f",  # a team's run on the spot slice
+        "gcloud storage cat gs://acme-ml-sandbox-smoke-checkpoints/teams/smoke-a/smoke-resume/step-0",  # its checkpoint
         "kubectl get nodes -l",  # a node of the spot slice
         "kubectl get node gke-spot-0-0",
         "gcloud compute instances simulate-maintenance-event",  # its preemption
         "kubectl get nodes -l",  # the slice Ready again
         "kubectl get node gke-spot-0-0",  # registered anew
+        "kubectl wait jobset/smoke-resume -n",  # the run finished
+        "kubectl get jobset smoke-resume",  # restarted, not counted against its restarts
+        "kubectl logs -n team-smoke-a",  # resumed from its checkpoint
+        "kubectl delete jobset smoke-resume",
+        "kubectl get jobset smoke-unqueued",
+        "kubectl delete jobset smoke-jax",
+        "pulumi up --stack smoke",  # the teams removed: their queues go before Kueue's CRDs
+        "pulumi destroy --stack smoke",  # the admin phase
+        "pulumi stack rm smoke",
         "pulumi destroy --stack smoke",
         "pulumi stack rm smoke",
     ]
@@ -269,7 +276,8 @@ def test_gke_dry_run_plans_the_gke_stack_offline_and_lists_what_only_a_real_proj
     teams_file = stack_file_of(out).with_name("Pulumi.smoke.teams.yaml")
     assert commands[7].endswith(f"--config-file {teams_file} --yes --skip-preview")  # the admin phase's up
     assert commands[12].endswith(f"--config-file {teams_file}")  # the environment with its teams
-    assert commands[26].endswith(f"--config-file {stack_file_of(out)}")  # and without them again
+    assert commands[-5].endswith(f"--config-file {stack_file_of(out)}")  # and without them again
+    assert "jobset.sigs.k8s.io/jobset-name=smoke-resume" in commands[-9]
     teams = parse_stack_config("smoke", read_stack_config("smoke", ROOT, teams_file))
     assert teams.gke is not None and [t.name for t in teams.gke.teams] == ["smoke-a", "smoke-b"]
     assert "'privileged': true" in commands[18].replace('"', "'") and "hostNetwork" in commands[19]
@@ -343,8 +351,8 @@ def test_the_dry_run_lists_a_step_for_each_check_only_a_real_project_can_make(ca
     assert made < next(i for i, c in enumerate(commands) if c.startswith("pulumi up"))
 
 
-@pytest.mark.parametrize("failing", ["kubectl wait jobset", "kubectl auth can-i", "kubectl get clusterqueue"])
-def test_the_teams_part_removes_the_teams_and_the_admin_phase_whatever_failed(failing, tmp_path):
+def gke_smoke_with_teams(shell: smoke.Shell, tmp_path: Path) -> tuple[smoke.Report, Path, Path]:
+    """The GKE smoke run with its teams part, through `shell`, with no waiting: its report, stack file, teams file."""
     args = smoke.SmokeArgs(
         "acme-ml-sandbox", "01A2B3-C4D5E6-F7A8B9", "us-central1-a", "smoke", "o", "a@b.example", 10_000, ""
     )
@@ -352,8 +360,14 @@ def test_the_teams_part_removes_the_teams_and_the_admin_phase_whatever_failed(fa
     path.write_text(smoke.gke_stack_file_text(args, "ironwood-res"))
     teams.write_text(smoke.gke_stack_file_text(args, "ironwood-res", teams=True))
     cfg = parse_stack_config("smoke", read_stack_config("smoke", ROOT, path))
-    shell = FailingShell(failing)
     report = smoke.smoke_gke(cfg, path, shell, ready_minutes=0, poll_seconds=0, teams_file=teams, run_minutes=0)
+    return report, path, teams
+
+
+@pytest.mark.parametrize("failing", ["kubectl wait jobset", "kubectl auth can-i", "kubectl get clusterqueue"])
+def test_the_teams_part_removes_the_teams_and_the_admin_phase_whatever_failed(failing, tmp_path):
+    shell = FailingShell(failing)
+    report, path, teams = gke_smoke_with_teams(shell, tmp_path)
     assert not report.passed
     failed = next(i for i, c in enumerate(shell.printed) if c.startswith(failing))
     cleanup = [c for c in shell.printed[failed + 1 :] if c.startswith("pulumi")]
@@ -363,4 +377,64 @@ def test_the_teams_part_removes_the_teams_and_the_admin_phase_whatever_failed(fa
         "pulumi stack rm smoke --yes",
         f"pulumi destroy --stack smoke --config-file {path} --yes --skip-preview",  # the environment
         "pulumi stack rm smoke --yes",
+    ]
+
+
+def test_the_gke_dry_run_lists_the_run_steps_only_a_real_cluster_proves(capsys):
+    """GKE's injection of each worker's place, and a preempted spot slice giving its run back from its checkpoint."""
+    _, out, _ = dry_run(capsys, *GKE)
+    checks = [line.removeprefix("check ") for line in out.splitlines() if line.startswith("check ")]
+    for step in (
+        "GKE injects TPU_WORKER_ID and TPU_WORKER_HOSTNAMES into each pod of a multi-host slice",
+        "a team's run on the spot slice, checkpointing under its team's prefix",
+        "... its first checkpoint written",
+        "a preempted spot slice comes back whole",
+        "the preempted run restarted on the slice without counting against its restarts, resumed from its "
+        "checkpoint and finished",
+    ):
+        assert any(c.startswith(step) for c in checks), step
+    # The dry run's answer is read by the run contract: four workers of one slice, one coordinator.
+    injected = next(c for c in checks if c.startswith("GKE injects"))
+    assert "worker 3 of 4, coordinator smoke-jax-slice-0-0.smoke-jax:8482" in injected
+    # The preemption lands on the team's run, once: after its first checkpoint, before it is waited for.
+    assert (
+        checks.index("a preempted spot slice comes back whole")
+        == checks.index(next(c for c in checks if c.startswith("... its first checkpoint written"))) + 1
+    )
+
+
+class Answering(FailingShell):
+    """A real run's answers, but `answers` for the commands that start with their keys."""
+
+    def __init__(self, answers: dict[str, str]):
+        super().__init__("nothing")
+        self.answers = answers
+
+    def run(self, argv, *, cwd=None, answer=""):
+        line = " ".join(argv)
+        answer = next((a for start, a in self.answers.items() if line.startswith(start)), answer)
+        return super().run(argv, cwd=cwd, answer=answer)
+
+
+@pytest.mark.parametrize(
+    ("answers", "failed"),
+    [
+        # GKE injected nothing: every worker would think itself alone.
+        (
+            {"kubectl logs -n team-smoke-a -l jobset.sigs.k8s.io/jobset-name=smoke-jax": 'place {"TPU_WORKER_ID": ""}'},
+            "GKE injects",
+        ),
+        # The node's loss counted against the run's restarts.
+        ({"kubectl get jobset smoke-resume": "1 1"}, "the preempted run restarted"),
+        # It started over instead of resuming.
+        (
+            {"kubectl logs -n team-smoke-a -l jobset.sigs.k8s.io/jobset-name=smoke-resume": "finished at step 60"},
+            "the preempted run restarted",
+        ),
+    ],
+)
+def test_the_gke_run_steps_fail_when_the_cluster_does_not_do_it(answers, failed, tmp_path):
+    report, _, _ = gke_smoke_with_teams(Answering(answers), tmp_path)
+    assert [name for name, ok, _ in report.checks if not ok] == [
+        next(name for name, _, _ in report.checks if name.startswith(failed))
     ]

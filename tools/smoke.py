@@ -47,10 +47,14 @@ reserved tpu7x-16 slice in us-central1), checking what only a real project prove
      ceiling refusing a privileged pod, a host-network pod and a pod above the team's priority; a JobSet of
      the team (unprivileged, no host network, the team's service account) admitted on the spot slice, its four
      hosts finding each other and seeing 4 chips each, 16 in all, and writing under the team's prefix of the
-     checkpoints bucket, refused under the other team's (Workload Identity Federation); a JobSet without a
-     queue label held suspended; then the teams removed (the environment up without them) and the admin phase destroyed;
-  5. a preempted spot slice: one node's preemption simulated, then the whole slice Ready again, the
-     preempted node registered anew;
+     checkpoints bucket, refused under the other team's (Workload Identity Federation); GKE's injection of
+     TPU_WORKER_ID and TPU_WORKER_HOSTNAMES into each of its pods, read by the run contract as every worker's
+     own place and one coordinator; a JobSet without a queue label held suspended;
+  5. a preempted spot slice: a team's run on it writes its first checkpoint, one node's preemption is
+     simulated, then the whole slice is Ready again (the preempted node registered anew) and the run,
+     restarted without counting against its restarts, resumes from its checkpoint and finishes; then the
+     teams removed (the environment up without them) and the admin phase destroyed (without teams, the
+     preemption alone);
   6. always: `pulumi destroy` and `pulumi stack rm`.
 
 Pulumi reads the stack file through `--config-file` (Pulumi CLI: "Use the configuration values in the
@@ -90,6 +94,7 @@ from infra.gke.specs import shape_of
 from infra.gke.validation import platform_validator, validate_all
 from infra.platform import stack_identities
 from infra.tpu.metadata import run_prefix
+from run_contract.names import WorkerPlace, worker_place
 
 TEMPLATE = Path(__file__).with_name("smoke_stack.yaml")
 GKE_TEMPLATE = Path(__file__).with_name("smoke_gke_stack.yaml")
@@ -715,10 +720,14 @@ def gke_stack_file_text(args: SmokeArgs, tpu7x_reservation: str, teams: bool = F
 
 
 SMOKE_PROGRAM = """
+import json
+import os
+
 import jax
 from google.api_core.exceptions import Forbidden
 from google.cloud import storage
 
+print("place", json.dumps({{name: os.environ.get(name, "") for name in ("TPU_WORKER_ID", "TPU_WORKER_HOSTNAMES")}}))
 counts = (jax.local_device_count(), jax.device_count())
 assert counts == ({local}, {total}), counts
 bucket = storage.Client().bucket("{bucket}")
@@ -749,9 +758,64 @@ def smoke_jobset(
         own=naming.team_prefix(team.name),
         other=naming.team_prefix(other.name),
     )
+    return _python_jobset(team, pool, name, program, queued)
+
+
+# A run on the spot slice that checkpoints each step under its team's prefix (one object per worker) and
+# resumes from it: what a preempted slice must give back to the run, not only its nodes.
+RESUME_PROGRAM = """
+import os
+import time
+
+from google.cloud import storage
+
+blob = storage.Client().bucket("{bucket}").blob("{own}smoke-resume/step-" + os.environ.get("TPU_WORKER_ID", "0"))
+step = int(blob.download_as_text()) if blob.exists() else 0
+if step:
+    print("resumed from step", step, flush=True)
+while step < {steps}:
+    time.sleep({seconds})
+    step += 1
+    blob.upload_from_string(str(step))
+print("finished at step", step, flush=True)
+"""
+RESUME_STEPS, RESUME_STEP_SECONDS = 60, 10  # ten minutes: the preemption lands while it runs
+# JobSet labels each of its pods with its name (kubernetes-sigs/jobset api/jobset/v1alpha2/jobset_types.go
+# JobSetNameKey).
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+
+
+def _python_jobset(team: TeamSettings, pool: SlicePoolSettings, name: str, program: str, queued: bool = True):
+    """A team's JobSet on one slice of `pool` running `program` in a public Python image (its pip installs first)."""
     # bash -c SCRIPT ARG0: the program arrives as $0, with no shell quoting in between.
     command = ["bash", "-c", 'pip install --quiet "jax[tpu]" google-cloud-storage && exec python -c "$0"', program]
-    return team_jobset(team, shape, name, image="python:3.11-slim", command=command, queued=queued)
+    return team_jobset(team, shape_of(pool), name, image="python:3.11-slim", command=command, queued=queued)
+
+
+def resume_jobset(team: TeamSettings, pool: SlicePoolSettings, checkpoints: str) -> dict[str, object]:
+    """The team's run that a preempted spot slice must resume from its checkpoint."""
+    program = RESUME_PROGRAM.format(
+        bucket=checkpoints, own=naming.team_prefix(team.name), steps=RESUME_STEPS, seconds=RESUME_STEP_SECONDS
+    )
+    return _python_jobset(team, pool, "smoke-resume", program)
+
+
+def injected_places(logs: str) -> list[WorkerPlace]:
+    """Each worker's place in its slice as the run contract reads it from what GKE injected into its pod (the
+    smoke program's `place` lines). ValueError when a pod's variables make no place."""
+    return sorted(
+        worker_place(json.loads(line.removeprefix("place ")))
+        for line in logs.splitlines()
+        if line.startswith("place {")
+    )
+
+
+def _dry_run_logs(vms: int, name: str) -> str:
+    """What a dry run answers for the pods' `place` lines: GKE's variables for each of a slice's `vms` pods."""
+    hosts = ",".join(f"{name}-slice-0-{i}.{name}" for i in range(vms))
+    return "\n".join(
+        "place " + json.dumps({"TPU_WORKER_ID": str(i), "TPU_WORKER_HOSTNAMES": hosts}) for i in range(vms)
+    )
 
 
 def _refused_pod(shell: Shell, namespace: str, name: str, spec: Mapping[str, object]) -> bool:
@@ -777,10 +841,18 @@ def _refused_pod(shell: Shell, namespace: str, name: str, spec: Mapping[str, obj
 
 
 def smoke_gke_teams(
-    cfg: PlatformConfig, teams_file: Path, plain_file: Path, shell: Shell, report: Report, *, run_minutes: float
+    cfg: PlatformConfig,
+    teams_file: Path,
+    plain_file: Path,
+    shell: Shell,
+    report: Report,
+    *,
+    run_minutes: float,
+    preempt: Callable[[], bool],
 ) -> None:
-    """Part 2 on a running cluster: the admin phase, the queues phase, and what the teams can and cannot do.
-    Leaves the environment as it found it: the teams removed (`plain_file`), the admin phase destroyed."""
+    """Part 2 on a running cluster: the admin phase, the queues phase, and what the teams can and cannot do;
+    then a team's run on the spot slice while `preempt` preempts a node of it. Leaves the environment as it
+    found it: the teams removed (`plain_file`), the admin phase destroyed."""
     gke = cfg.gke
     assert gke is not None and len(gke.teams) == 2, "the GKE smoke stack's teams file declares two teams"
     a, b = gke.teams
@@ -886,6 +958,23 @@ def smoke_gke_teams(
             applied["smoke-jax"] and rc == 0,
             f"{a.namespace}/smoke-jax",
         )
+        vms = shape_of(pools[SPOT_POOL]).vms_per_slice
+        logs = ["kubectl", "logs", "-n", a.namespace, "-l", f"{JOBSET_NAME_LABEL}=smoke-jax", "--tail=-1"]
+        rc, out = shell.run(logs, answer=_dry_run_logs(vms, "smoke-jax"))
+        try:
+            places = injected_places(out)
+            seen = "; ".join(f"worker {p.worker_id} of {p.worker_count}, coordinator {p.coordinator}" for p in places)
+        except ValueError as error:
+            places, seen = [], str(error)
+        report.add(
+            "GKE injects TPU_WORKER_ID and TPU_WORKER_HOSTNAMES into each pod of a multi-host slice, from which "
+            "the run contract gives every worker its own place and one coordinator (run_contract.names.worker_place)",
+            rc == 0
+            and [p.worker_id for p in places] == list(range(vms))
+            and {(p.worker_count, p.coordinator) for p in places} == {(vms, places[0].coordinator)},
+            seen or "no pod printed its place",
+        )
+        smoke_preempted_run(cfg, a, pools[SPOT_POOL], teams_file, shell, report, run_minutes, preempt)
         rc, out = shell.run(
             ["kubectl", "get", "jobset", "smoke-unqueued", "-n", a.namespace, "-o", "jsonpath={.spec.suspend}"],
             answer="true",
@@ -901,6 +990,57 @@ def smoke_gke_teams(
         report.add("pulumi destroy (the admin phase)", rc == 0)
         rc, _ = shell.run(["pulumi", "stack", "rm", cfg.stack, "--yes"], cwd=admin_dir)
         report.add("pulumi stack rm (the admin phase)", rc == 0)
+
+
+def smoke_preempted_run(
+    cfg: PlatformConfig,
+    team: TeamSettings,
+    pool: SlicePoolSettings,
+    teams_file: Path,
+    shell: Shell,
+    report: Report,
+    run_minutes: float,
+    preempt: Callable[[], bool],
+) -> None:
+    """A team's run on the spot slice, preempted after its first checkpoint: the node lost restarts the JobSet
+    without counting against its restarts (infra/gke/jobsets.py), and the run resumes from its checkpoint."""
+    path = teams_file.with_name("smoke-resume.json")
+    path.write_text(json.dumps(resume_jobset(team, pool, cfg.bucket_name("checkpoints")), indent=2))
+    rc, _ = shell.run(["kubectl", "apply", "--server-side", "-f", str(path)])
+    if not report.add("a team's run on the spot slice, checkpointing under its team's prefix", rc == 0):
+        return
+    first = f"gs://{cfg.bucket_name('checkpoints')}/{naming.team_prefix(team.name)}smoke-resume/step-0"
+    checkpointed = wait_for(
+        shell,
+        ["gcloud", "storage", "cat", first, "--project", cfg.project],
+        lambda rc, out: rc == 0 and out.strip().isdigit(),
+        minutes=max(run_minutes, 1),
+        every=RESUME_STEP_SECONDS,
+        answer="1",
+    )
+    report.add("... its first checkpoint written", checkpointed, first)
+    report.add("a preempted spot slice comes back whole", checkpointed and preempt())
+    wait = ["kubectl", "wait", "jobset/smoke-resume", "-n", team.namespace, "--for=condition=Completed"]
+    rc, _ = shell.run([*wait, f"--timeout={max(int(run_minutes), 1)}m"])
+    restarts = "jsonpath={.status.restarts} {.status.restartsCountTowardsMax}"
+    _, counted = shell.run(
+        ["kubectl", "get", "jobset", "smoke-resume", "-n", team.namespace, "-o", restarts], answer="1 "
+    )
+    logs = ["kubectl", "logs", "-n", team.namespace, "-l", f"{JOBSET_NAME_LABEL}=smoke-resume", "--tail=-1"]
+    _, out = shell.run(logs, answer=f"resumed from step 3\nfinished at step {RESUME_STEPS}")
+    times = counted.split()
+    report.add(
+        "the preempted run restarted on the slice without counting against its restarts, resumed from its "
+        "checkpoint and finished",
+        rc == 0
+        and bool(times)
+        and times[0] not in ("", "0")
+        and times[1:] in ([], ["0"])
+        and "resumed from step" in out
+        and f"finished at step {RESUME_STEPS}" in out,
+        f"restarts, counted: {counted!r}",
+    )
+    shell.run(["kubectl", "delete", "jobset", "smoke-resume", "-n", team.namespace, "--wait"])
 
 
 def smoke_gke(
@@ -982,15 +1122,15 @@ def smoke_gke(
             rc == 0 and len(out.split()) == shape.vms_per_slice,
             selector,
         )
-        if teams_file is not None and teams_cfg is not None:
-            smoke_gke_teams(teams_cfg, teams_file, stack_file, shell, report, run_minutes=run_minutes)
-        report.add(
-            "a preempted spot slice comes back whole",
-            _preempt_a_spot_slice(
-                shell, naming.slice_node_pool(spot.name, 0), spot, project, ready_minutes, poll_seconds
-            ),
-            naming.slice_node_pool(spot.name, 0),
-        )
+
+        def preempt() -> bool:
+            node_pool = naming.slice_node_pool(spot.name, 0)
+            return _preempt_a_spot_slice(shell, node_pool, spot, project, ready_minutes, poll_seconds)
+
+        if teams_file is not None and teams_cfg is not None:  # the preemption lands on a team's run
+            smoke_gke_teams(teams_cfg, teams_file, stack_file, shell, report, run_minutes=run_minutes, preempt=preempt)
+        else:
+            report.add("a preempted spot slice comes back whole", preempt(), naming.slice_node_pool(spot.name, 0))
     return report
 
 
