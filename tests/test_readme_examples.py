@@ -16,6 +16,47 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = "\n".join(page.read_text() for page in sorted((ROOT / "docs").glob("*.md")))
 
 
+def readme_tpu_runs() -> dict[str, dict[str, str]]:
+    """The README's `tpu-runs` table, both engines side by side: {engine: {command: its line}}; a cell that
+    is no command (a feature not there yet on that engine) is left out."""
+    readme = (ROOT / "README.md").read_text()
+    start = readme.find("<!-- example: tpu-runs on both engines")
+    assert start >= 0, "the README lost its tpu-runs table"
+    table = []
+    for line in readme[start:].splitlines()[1:]:
+        if not line.startswith("|"):
+            break
+        table.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+    engines = table[0][1:]
+    found: dict[str, dict[str, str]] = {engine: {} for engine in engines}
+    for row in table[2:]:
+        for engine, cell in zip(engines, row[1:], strict=True):
+            if command := re.fullmatch(r"`(tpu-runs .*)`", cell):
+                found[engine][row[0]] = command[1]
+    return found
+
+
+def readme_argv(line: str, **values: str) -> list[str]:
+    """A README command as `tpu-runs`' arguments, less the `--stack dev` a test gives its own stack file for,
+    with `$NAME`s filled in."""
+    for name, value in values.items():
+        line = line.replace(f"${name}", value)
+    argv = shlex.split(line)
+    assert argv[0] == "tpu-runs" and argv[2:4] == ["--stack", "dev"], line
+    return [argv[1], *argv[4:]]
+
+
+def test_the_readme_shows_both_engines_side_by_side():
+    commands = readme_tpu_runs()
+    assert list(commands) == ["VM engine", "GKE engine"]
+    assert list(commands["VM engine"]) == ["submit", "list", "logs", "fetch", "stop"]
+    assert list(commands["GKE engine"]) == ["submit", "list", "stop"]
+    for engine, flag in (("VM engine", "--vm"), ("GKE engine", "--team")):
+        for name, line in commands[engine].items():
+            assert line.startswith(f"tpu-runs {name} --stack dev"), line
+            assert flag in line or (engine, name) == ("VM engine", "list"), line  # list --stack: every VM
+
+
 def example(marker: str) -> str:
     """The fenced block that follows `<!-- example: MARKER`."""
     start = DOCS.find(f"<!-- example: {marker}")

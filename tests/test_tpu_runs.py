@@ -34,6 +34,7 @@ from run_contract.spec import FolderSource, ImageSource, RunSpec, StopRequest
 from run_contract.timeline import Event, NodeStates, PreemptionHistory, RunEvents
 from tests.runs_cloud import RunsCloud, runs_cloud
 from tests.support import STEP_LINE_CATEGORIES
+from tests.test_readme_examples import readme_argv, readme_tpu_runs
 from tests.test_researchers import can, can_create
 from tools.standins.contracts import Call, ContractError, api
 from tpu_runs import cli
@@ -672,3 +673,24 @@ def test_a_researcher_reports_all_her_runs_on_a_vm_and_one_month_of_them(world: 
     assert "a UTC month like 2026-11" in capsys.readouterr().err
     assert world.session.violations == [] and outside_her_grants(world.session) == []
     assert set(world.session.methods) <= {m for methods in RESEARCHER_CALLS.values() for m in methods}
+
+
+def test_the_readmes_vm_commands_run_as_shown(world: World, monkeypatch, capsys: pytest.CaptureFixture[str]):
+    """Each `--vm` command of the README's table, from a folder holding ./exp, on a stack with its VM."""
+    commands = readme_tpu_runs()["VM engine"]
+    monkeypatch.chdir(world.tmp)
+    a_folder(world.tmp)
+    assert world.run(*readme_argv(commands["submit"])) == 0, capsys.readouterr().err
+    assert isinstance(world.agent().next(0), RunSpec)
+    assert world.run(*readme_argv(commands["list"])) == 0
+    assert "exp-42" in capsys.readouterr().out
+    assert world.run(*readme_argv(commands["stop"])) == 0
+    assert world.agent().next(0) == StopRequest(f"{OWNER}/exp-42")
+    # The agent stops it, and what it wrote can be read.
+    stopped = json.dumps({"runId": f"{OWNER}/exp-42", "state": "stopped"}).encode()
+    world.write(STATUS, f"{VM}/runs/{OWNER}/exp-42/status.json", stopped)
+    assert world.run(*readme_argv(commands["logs"])) == 1  # --follow until it ended; it did not finish
+    assert "run exp-42 stopped" in capsys.readouterr().out
+    world.write(MODELS, f"mnist/{VM}/{OWNER}/exp-42/model/saved.bin", b"weights")
+    assert world.run(*readme_argv(commands["fetch"])) == 0
+    assert (world.tmp / "out/model/saved.bin").read_bytes() == b"weights"

@@ -18,6 +18,7 @@ from infra.config import parse_stack_config
 from infra.config.stackfile import read_stack_config
 from infra.gke import teams
 from infra.gke.jobsets import REQUESTER_ANNOTATION, RUN_LABEL
+from tests.test_readme_examples import readme_argv, readme_tpu_runs
 from tools.standins.kubernetes import Access, ClusterState, kubernetes_standin
 from tpu_runs import cli
 
@@ -170,3 +171,14 @@ def test_the_standin_refuses_what_the_api_server_would(cluster: Cluster):
     assert refused.status_code == 422 and "replicatedJob" in refused.json()["message"]
     unowned = requests.patch(url, json=jobset, headers=apply, timeout=10)
     assert unowned.status_code == 422 and "fieldManager is required" in unowned.json()["message"]
+
+
+def test_the_readmes_gke_commands_run_as_shown(cluster: Cluster, capsys):
+    """Each `--team` command of the README's table, on a stack with its team (the fixture's vision)."""
+    commands = readme_tpu_runs()["GKE engine"]
+    assert cluster.run(*readme_argv(commands["submit"], IMAGE=IMAGE)) == 0, capsys.readouterr().err
+    assert cluster.state.get(*JOBSETS, "team-vision", "exp-42") is not None
+    assert cluster.run(*readme_argv(commands["list"])) == 0
+    assert "exp-42" in capsys.readouterr().out
+    assert cluster.run(*readme_argv(commands["stop"])) == 0
+    assert cluster.state.get(*JOBSETS, "team-vision", "exp-42") is None and cluster.state.refused == []
