@@ -51,7 +51,9 @@ RUN_COMMAND_RULES = [
     {"apiGroups": ["visibility.kueue.x-k8s.io"], "resources": ["localqueues/pendingworkloads"], "verbs": ["get"]},
 ]
 # Reading their own runs' pods and output with kubectl: the one way to see a run's output while
-# `tpu-runs logs` does not yet read a team's Cloud Logging (a log view cannot select a namespace).
+# `tpu-runs logs` does not yet read a team's Cloud Logging: a log view cannot select a namespace (its filter
+# takes only SOURCE(), resource.type and LOG_ID(): logging.v2's LogView.filter, discovery revision 20260911),
+# so a team's view needs a log bucket of the team's and a sink routing its namespace there.
 POD_OUTPUT_RULES = [{"apiGroups": [""], "resources": ["pods", "pods/log"], "verbs": ["get", "list"]}]
 RESEARCHER_RULES = [*RUN_COMMAND_RULES, *POD_OUTPUT_RULES]
 DEPLOYER_CLUSTER_RULES = [
