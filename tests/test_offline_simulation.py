@@ -40,6 +40,19 @@ def test_with_nothing_taking_the_vm_a_job_is_its_phases_steps_and_saves():
     assert out.preemptions == 0 and out.seconds["wastedProgress"] == 0
 
 
+def test_an_injected_preemption_takes_the_vm_then_and_the_guard_brings_it_back():
+    """A job of 10,500 s of steps, preempted 1,000 s after its first READY; a save on notice commits in 20 s."""
+    losses = Losses(NO_EVENTS, NO_EVENTS, 30, 20)
+    out = simulate(scenario(save_s=20, losses=losses, work_s=10_500.0, preempted_after_s=(1000.0,)), seed=0)
+    assert (out.preemptions, out.lost_without_notice, out.useful_s) == (1, 0, 10_500)
+    # READY at 90; 240 s of restart, then 760 s of steps kept by the save on notice, committed at 1,110. The
+    # guard's tick at 1,200 deletes (60 s) and creates (240 s): READY at 1,500; 270 s of restart, restore
+    # included; the 9,740 s of steps left in 11 stretches, each saved.
+    assert out.seconds["wastedProgress"] == 0 and out.seconds["recoveryWait"] == 1500 - 1110
+    assert out.seconds["restore"] == 30 and out.seconds["checkpointSave"] == 20 + 11 * 20
+    assert out.finished_s == 1500 + 270 + 9740 + 11 * 20
+
+
 def test_a_save_within_the_notice_keeps_the_work():
     kept = simulate(scenario(save_s=20, losses=Losses(Rate.every(2), NO_EVENTS, 30, 20), max_attempts=100), seed=1)
     lost = simulate(scenario(save_s=40, losses=Losses(Rate.every(2), NO_EVENTS, 30, 40), max_attempts=100), seed=1)

@@ -3,7 +3,8 @@ a real GCS emulator and a loopback metadata server that waits for changes (tests
 
 - A folder source outside workloads/ with its own requirement, and an image through the docker shim:
   each preempted (SIGTERM to the agent: the VM shutting down), resumed from its checkpoint on the
-  next start (a reboot), completed (status.json and COMPLETE), and not started again after that.
+  next start (a reboot), completed (status.json and COMPLETE), and not started again after that. Its
+  timeline is checked category by category, and the simulation fed its figures predicts it within 10%.
 - A changed `tpu-platform-run` starts the new run without a reboot; the old one leaves a committed
   checkpoint and ends `stopped` with exit 75.
 """
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from infra.goodput.interval import SPOT_NOTICE_S, Losses, Phases
 from run_contract import timeline
 from run_contract.timeline import RunTimeline
 from tests.sandbox import storage_emulator, wait_for
@@ -35,6 +37,7 @@ from tests.vm_agent_support import (
     start_agent,
     trainer_folder,
 )
+from tools.offline import simulation
 from tools.standins.metadata import metadata_server
 from tpu_runs import report
 from vm_agent import agent
@@ -233,6 +236,55 @@ def check_timeline(cloud, vm: Vm, run_id: str, preempted_at: int) -> None:
     # The VM's idle time: each boot after its run's end until the node stopped, and the whole third boot.
     idle = sum(w[1] - life[-1].at for life, w in zip(lives, windows, strict=False)) + windows[2][1] - windows[2][0]
     assert report.idle_seconds(windows, [measured]) == pytest.approx(idle)
+    check_simulation(events.events, lives, windows, measured)
+
+
+def check_simulation(events, lives, windows, measured: timeline.Measured) -> None:
+    """The simulation (tools/offline/simulation.py) fed this run's measured figures and its preemption predicts
+    its billed time and its time to finish within 10%. Fed: each boot's mean boot, installs and first step, the
+    restore, the program's mean save and step times (from its step lines), the preemption's time after the
+    first READY and its save on notice (SIGTERM to the run's end in that boot), and the time until the node was
+    READY again as the guard's re-creation. What it adds itself: how steps, saves, restarts and the save on
+    notice make up a run."""
+    attempts = measured.preemptions + 1
+    seconds = measured.seconds
+    saves = [e.seconds or 0.0 for e in events if e.kind == "checkpoint"]
+    save_s = sum(saves) / len(saves)
+    # The agent keeps an attempt's first and last step lines (and every save): the steps between, less their saves.
+    trained = stepped = 0.0
+    for life in lives:
+        first = next(e for e in life if e.kind == "firstStep")
+        last = [e for e in life if e.kind == "step"][-1]
+        assert first.step is not None and last.step is not None
+        stalled = sum(e.seconds or 0.0 for e in life if e.kind == "checkpoint" and first.at < e.at <= last.at)
+        trained, stepped = trained + last.at - first.at - stalled, stepped + last.step - first.step
+    step_s = trained / stepped
+    sigterm = next(e for e in lives[0] if e.kind == "sigterm")
+    scenario = simulation.Scenario(
+        interval_s=step_s,  # the trainer commits a checkpoint after every step
+        save_s=save_s,
+        losses=Losses(notice_s=SPOT_NOTICE_S, commit_s=lives[0][-1].at - sigterm.at),
+        phases=Phases(
+            boot_s=seconds["boot"] / attempts,
+            installs_s=seconds["installs"] / attempts,
+            restore_s=seconds["restore"] / measured.preemptions,  # a first start restores nothing
+            first_step_s=seconds["firstStep"] / attempts,
+        ),
+        recovery_every_s=1e-3,
+        delete_s=0.0,
+        create_s=windows[1][0] - windows[0][1],
+        work_s=(measured.steps - attempts) * step_s,  # each attempt's first step is in its firstStep
+        preempted_after_s=(sigterm.at - windows[0][0],),
+    )
+    predicted = simulation.simulate(scenario, seed=0)
+    finished = lives[1][-1].at - windows[0][0]
+    print(
+        f"simulated: billed {predicted.billed_s:.2f} s (measured {measured.billed_s:.2f} s), finished after "
+        f"{predicted.finished_s:.2f} s (measured {finished:.2f} s)"
+    )
+    assert predicted.preemptions == 1 and predicted.seconds["wastedProgress"] == 0
+    assert predicted.billed_s == pytest.approx(measured.billed_s, rel=0.10)
+    assert predicted.finished_s == pytest.approx(finished, rel=0.10)
 
 
 @pytest.mark.slow

@@ -5,7 +5,8 @@ by event and adds up where the time went, by the timeline's categories. Three ac
 other, as on GCP:
 
 - GCE takes the VM after a random running time: a preemption with notice (SIGTERM, then the grace
-  period) or a loss without notice; a preemptible VM at 24 h at the latest.
+  period) or a loss without notice; a preemptible VM at 24 h at the latest. A run to replay gives its
+  preemptions' times instead (`Scenario.preempted_after_s`).
 - The guard looks on its Cloud Scheduler tick (`automation.recovery.everyMinutes`) and decides with
   its own code (functions/tpu_guard/decisions.py: `recovery_state`, `recovery_actions`), so its
   window and `maxAttempts` give-ups are the real ones; a re-creation is a delete it waits for, then a
@@ -69,6 +70,9 @@ class Scenario:
     preemptible: bool = False
     work_s: float = math.inf  # the job's steps, in seconds; inf: it runs until the horizon
     horizon_s: float = MONTH_S
+    # Injected preemptions (a run to replay): the n-th incarnation is taken with notice after this many seconds
+    # from its READY; the incarnations after them meet the rates' random events.
+    preempted_after_s: tuple[float, ...] = ()
 
     @property
     def mean_recovery_wait_s(self) -> float:
@@ -105,6 +109,7 @@ class _Run:
         self.since = 0.0
         self.restart: tuple[tuple[str, float], ...] = ()  # this incarnation's restart: (category, seconds)
         self.guard_state: bytes | None = None  # the guard's state object, as its bucket would hold it
+        self.incarnations = 0
 
     def begin(self, phase: str | None) -> None:
         """Close the current phase's time into its category, and begin `phase`."""
@@ -124,6 +129,7 @@ class _Run:
         """One incarnation of the node, from READY until the job ends or the node is taken."""
         me = self.env.active_process
         assert me is not None  # this generator runs as a process
+        self.incarnations += 1
         self.env.process(self.reclaim(me))
         p, s = self.s.phases, self.s
         try:
@@ -201,6 +207,8 @@ class _Run:
         lost = self._running_time(losses.without_notice.per_hour)
         if self.s.preemptible:
             notice = min(notice, PREEMPTIBLE_LIFE_HOURS * HOUR)
+        if self.incarnations <= len(self.s.preempted_after_s):  # drawn all the same: the stream stays in step
+            notice, lost = self.s.preempted_after_s[self.incarnations - 1], math.inf
         wait = min(notice, lost)
         if math.isinf(wait):
             return
