@@ -75,16 +75,6 @@ class ArtifactsArgs:
     untagged_image_days: int = 30
 
 
-def object_condition(bucket: str, objects: Sequence[str], title: str) -> gcp.storage.BucketIAMMemberConditionArgs:
-    """Reads of exactly these objects. Cloud Storage names an object `projects/_/buckets/B/objects/NAME`
-    in conditions (resource attributes supported: reference/gcp-iam/README.md); listing is checked on
-    the bucket, so the account cannot list at all and reads each archive by its name."""
-    names = " || ".join(f'resource.name == "projects/_/buckets/{bucket}/objects/{o}"' for o in sorted(set(objects)))
-    return gcp.storage.BucketIAMMemberConditionArgs(
-        title=title[:100], description="Only the source archives it runs", expression=names
-    )
-
-
 def write_archive(package: Package) -> Path:
     """The archive as a file named by its hash (written once; the same hash is the same bytes)."""
     path = BUILD_DIR / f"{package.sha256}.tar.gz"
@@ -204,7 +194,7 @@ class WorkloadArtifacts(pulumi.ComponentResource):
                 condition = (
                     grants.prefix_condition(self.bucket_name, paths.SOURCES_PREFIX, f"{workload}-sources")
                     if code.any_source
-                    else object_condition(self.bucket_name, objects, f"{workload}-sources")
+                    else grants.object_condition(self.bucket_name, objects, f"{workload}-sources")
                 )
                 check_condition(
                     OBJECT_READER,
