@@ -194,7 +194,9 @@ class WorkloadArtifacts(pulumi.ComponentResource):
                 condition = (
                     grants.prefix_condition(self.bucket_name, paths.SOURCES_PREFIX, f"{workload}-sources")
                     if code.any_source
-                    else grants.object_condition(self.bucket_name, objects, f"{workload}-sources")
+                    else grants.object_condition(
+                        self.bucket_name, objects, f"{workload}-sources", "Only the source archives it runs"
+                    )
                 )
                 check_condition(
                     OBJECT_READER,

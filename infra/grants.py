@@ -81,14 +81,14 @@ def objects_in_any(
     return gcp.storage.BucketIAMMemberConditionArgs(title=title[:100], description=description, expression=expression)
 
 
-def object_condition(bucket: str, objects: Sequence[str], title: str) -> gcp.storage.BucketIAMMemberConditionArgs:
+def object_condition(
+    bucket: str, objects: Sequence[str], title: str, description: str
+) -> gcp.storage.BucketIAMMemberConditionArgs:
     """Reads of exactly these objects. Cloud Storage names an object `projects/_/buckets/B/objects/NAME`
     in conditions (resource attributes supported: reference/gcp-iam/README.md); listing is checked on
-    the bucket, so the account cannot list at all and reads each archive by its name."""
+    the bucket, so the holder cannot list at all and reads each object by its name."""
     names = " || ".join(f'resource.name == "projects/_/buckets/{bucket}/objects/{o}"' for o in sorted(set(objects)))
-    return gcp.storage.BucketIAMMemberConditionArgs(
-        title=title[:100], description="Only the source archives it runs", expression=names
-    )
+    return gcp.storage.BucketIAMMemberConditionArgs(title=title[:100], description=description, expression=names)
 
 
 def project_role(

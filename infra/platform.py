@@ -282,6 +282,7 @@ def self_service_vm(cfg: PlatformConfig, vm: TpuVmSettings) -> SelfServiceVm:
         data=workload.access("data") != "none",
         checkpoints=workload.access("checkpoints") == "write",
         models=workload.access("models") == "write",
+        nodes=tuple(naming.node_ids(vm.name, vm.node_count)),
     )
 
 

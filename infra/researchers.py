@@ -13,8 +13,10 @@ What a submitted program can reach, the researcher can; what a researcher can re
   a token narrowed to its own objects (vm_agent/credentials.py).
 - **Researchers, per member** (`user:`/`group:`): on the project a custom role with `tpu.nodes.list` (and
   the SSH rights with `researcherSsh`: project-wide, Cloud TPU has no per-node IAM); on the status
-  bucket, new objects under their own `<vm>/requests/<member>/` and reading their own runs' states
-  `<vm>/runs/<member>/`; on the models bucket, reading their own runs' results `<workload>/<vm>/<member>/`;
+  bucket, new objects under their own `<vm>/requests/<member>/`, reading their own runs' states
+  `<vm>/runs/<member>/` and the guard's record of the self-service VMs' nodes' states
+  (`_tpu-guard/<env>/nodes/<node>.json`: when the node ran, which `tpu-runs report` bills from; not the
+  guard's recovery record beside it); on the models bucket, reading their own runs' results `<workload>/<vm>/<member>/`;
   on the artifacts bucket, new archives under `sources/`; and their own runs' logs only: a log view of
   the `_Default` log bucket that shows the one log the agent writes their runs' output to
   (`run_contract.paths.researcher_log`), with `roles/logging.viewAccessor` granted on the project under a condition
@@ -46,6 +48,7 @@ from run_contract import paths
 REQUIRED_APIS = ("iam", "cloudresourcemanager", "storage", "logging")
 SSH_APIS = ("iap", "oslogin")
 VIEW_ACCESSOR = "roles/logging.viewAccessor"
+STORAGE = "storage.googleapis.com"
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,7 @@ class SelfServiceVm:
     data: bool  # the workload reads the data bucket
     checkpoints: bool  # the workload writes checkpoints
     models: bool  # and models
+    nodes: tuple[str, ...] = ()  # its TPU nodes (infra/naming.py node_ids): `tpu-runs report` reads their states
 
 
 @dataclass(frozen=True)
@@ -85,7 +89,7 @@ def _storage_condition(
     title: str, description: str, bucket: str, prefixes: Sequence[str], permissions: Sequence[str]
 ) -> gcp.storage.BucketIAMMemberConditionArgs:
     condition = grants.objects_in_any(bucket, prefixes, title, description)
-    check_condition(title, frozenset(permissions), str(condition.expression), "storage.googleapis.com")
+    check_condition(title, frozenset(permissions), str(condition.expression), STORAGE)
     return condition
 
 
@@ -172,6 +176,23 @@ class ResearcherAccess(pulumi.ComponentResource):
                         role=role_name,
                         member=member,
                         condition=_storage_condition(title, description, bucket, prefixes, permissions),
+                        opts=after,
+                    )
+                )
+            nodes = [paths.node_states_name(env.stack, node) for v in args.vms for node in v.nodes]
+            if nodes:  # the guard's record of the VMs' nodes' states: her report's billed time runs from READY
+                title = "vm-node-states"
+                condition = grants.object_condition(
+                    args.status_bucket, nodes, title, "Only the self-service VMs' nodes' states"
+                )
+                check_condition(title, frozenset(calls.READ_PERMISSIONS), str(condition.expression), STORAGE)
+                self.grants.append(
+                    gcp.storage.BucketIAMMember(
+                        f"{key}-node-states",
+                        bucket=args.status_bucket,
+                        role=read_role,
+                        member=member,
+                        condition=condition,
                         opts=after,
                     )
                 )

@@ -32,6 +32,7 @@ ARTIFACTS = "acme-ml-research-self-service-artifacts"
 MODELS = "acme-ml-research-self-service-models"
 ALICE = "user:alice@acme.example"
 OWNER = "user-alice@acme.example"  # her folders (infra/naming.py member_key)
+NODE_STATES = "_tpu-guard/self-service/nodes/shared-v5e-8.json"  # the guard's record of her VM's node
 
 
 def example_config() -> dict[str, str]:
@@ -152,6 +153,10 @@ def test_each_researcher_holds_exactly_what_the_commands_call_nothing_more():
         under(STATUS, f"shared-v5e-8/requests/{OWNER}/"): set(calls.permissions("requests")) | {"storage.objects.get"},
         under(ARTIFACTS, "sources/"): set(calls.permissions("artifacts")),
         under(MODELS, f"mnist/shared-v5e-8/{OWNER}/"): set(calls.permissions("models")),
+        # The guard's record of her VM's node, by its exact name: the list the role holds matches no listing.
+        f'{STATUS}:resource.name == "projects/_/buckets/{STATUS}/objects/{NODE_STATES}"': set(
+            calls.permissions("status")
+        ),
     }
     # "exactly": the project role is one permission (logs are read through the member's own view, whose
     # reading checks logging.views.access), and no write can replace an object.
@@ -271,6 +276,10 @@ def can(permission: str, bucket: str, object_name: str | None = None, list_prefi
         (MODELS, "mnist/shared-v5e-8/user-bob@acme.example/exp-1/model.keras", False),
         (MODELS, "mnist/shared-v5e-8/r1/model.keras", False),  # the stack run's, on the same VM
         (MODELS, "mnist/reviewed-v5e-8/r1/model.keras", False),
+        (STATUS, NODE_STATES, True),  # her VM's node's states
+        (STATUS, "_tpu-guard/self-service/nodes/reviewed-v5e-8.json", False),  # a VM she may not run on
+        (STATUS, "_tpu-guard/self-service/recovery.json", False),  # the guard's own counts
+        (STATUS, "_tpu-guard/dev/nodes/shared-v5e-8.json", False),  # another stack's
     ],
 )
 def test_a_researcher_reads_her_own_runs_states_and_results_and_nobody_elses(bucket, name, allowed):

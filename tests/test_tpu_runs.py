@@ -633,6 +633,28 @@ def test_the_stack_runs_billed_time_runs_from_the_nodes_states_and_the_vm_report
     assert world.session.violations == []
 
 
+def test_a_researchers_report_bills_from_the_nodes_states_within_her_grants(world: World, capsys):
+    """Her run's billed time runs from the node's READY too: she may read the guard's record of the self-service
+    VM's node (and nothing else of the guard's), and the read is one her grants allow. Idle time stays the VM
+    report's with `--stack-run`: it needs every run on the VM."""
+    ready = float(calendar.timegm((2026, 11, 20, 0, 0, 0)))
+    states = NodeStates(VM, (("CREATING", ready - 120), ("READY", ready), ("STOPPED", ready + 9000)))
+    world.write(STATUS, paths.node_states_name("self-service", VM), json.dumps(states.to_json()).encode())
+    record = RunEvents(f"{OWNER}/exp-1", VM, (Event("boot", ready + 10), *_finished_run(ready + 30, 3000.0)), False)
+    world.write(STATUS, f"{VM}/runs/{OWNER}/exp-1/timeline.json", json.dumps(record.to_json()).encode())
+    capsys.readouterr()
+    assert world.run("report", "--vm", VM, "exp-1", "--json") == 0
+    found = json.loads(capsys.readouterr().out)
+    assert found["billedFrom"] == "the node's states (the guard's record)"
+    assert found["timeline"]["billedSeconds"] == 3030.0 and found["timeline"]["seconds"]["boot"] == 30.0
+    assert world.run("report", "--vm", VM, "--json") == 0
+    summed = json.loads(capsys.readouterr().out)["total"]["timeline"]
+    assert summed["billedSeconds"] == 3030.0 and summed["seconds"]["idle"] == 0.0
+    assert ("storage.objects.get", STATUS, paths.node_states_name("self-service", VM)) in world.session.reached
+    assert world.session.violations == [] and outside_her_grants(world.session) == []
+    assert set(world.session.methods) <= {m for methods in RESEARCHER_CALLS.values() for m in methods}
+
+
 def _finished_run(start: float, billed: float) -> tuple[Event, ...]:
     return (
         Event("agentStart", start),

@@ -8,10 +8,11 @@ The agent writes the run's events next to its state (run_contract/timeline.py Ru
 says the VM is (type, chips, zone, provisioning) and prices each category in chip-hours and list-price USD
 with the catalog's price date (infra/goodput/pricing.py).
 
-Billed time comes from the node's states where the guard keeps them (run_contract/timeline.py NodeStates, read
-with `--stack-run`: the guard's records are the operator's to read, not a researcher's): each boot from the
-node's READY to the run's end, or to the node leaving READY first. Without them it is the agent's view, from
-the VM's kernel boot. The unattributed remainder is what no event explains. A VM's report with the node's
+Billed time comes from the node's states where the guard keeps them (run_contract/timeline.py NodeStates: the
+guard records them on its recovery checks, so only in a stack with `automation.recovery`; researchers may read
+those of the self-service VMs, infra/researchers.py): each boot from the node's READY to the run's end, or to
+the node leaving READY first. Without them it is the agent's view, from the VM's kernel boot, and the report
+says so. The unattributed remainder is what no event explains. A VM's report with `--stack-run` and the node's
 states adds `idle`: the node running with no run on it (between runs, after the last one until it stopped).
 """
 
@@ -47,6 +48,7 @@ from run_contract.timeline import (
     covered,
     measure,
 )
+from tpu_runs.gcp import CallError
 
 Windows = list[tuple[float, float]]
 
@@ -58,9 +60,14 @@ def timeline_object(vm: str, run_id: str, who: str, stack_run: bool) -> str:
 
 def node_windows(google: Any, stack: Any, vm: TpuVmSettings, now: float) -> Windows | None:
     """The VM's node's running windows from the guard's record (a multislice: its first slice, where worker 0
-    of the run is); None when the guard keeps none (no recovery checks in the stack, or none yet)."""
+    of the run is); None when the guard keeps none (no recovery checks in the stack, or none yet), or when the
+    caller may not read it (a stack deployed before researchers could)."""
     name = node_states_name(stack.cfg.stack, naming.node_ids(vm.name, vm.node_count)[0])
-    raw = google.read(stack.status, name)
+    try:
+        raw = google.read(stack.status, name)
+    except CallError as error:
+        print(f"could not read the node's states ({error}); billed time is the agent's view", file=sys.stderr)
+        return None
     if raw is None:
         return None
     try:
@@ -83,7 +90,10 @@ def billed_from(found: Iterable[Measured]) -> str:
     runs = list(found)
     if runs and all(m.node_billed for m in runs):
         return "the node's states (the guard's record)"
-    return "the agent's view, from the VM's kernel boot (no record of the node's states for every boot)"
+    return (
+        "the agent's view, from the VM's kernel boot (no record of the node's states for every boot: the guard "
+        "keeps them on its recovery checks, in stacks with automation.recovery)"
+    )
 
 
 def month_bounds(month: str) -> tuple[float, float]:
@@ -184,7 +194,7 @@ def report_vm(google: Any, stack: Any, args: argparse.Namespace, who: str) -> in
     """Every readable run's timeline on the VM (in `args.month`, if given): a line each, and their sum."""
     vm = stack.vm(args.vm)
     prefix = runs_prefix(vm.name) if args.stack_run else member_runs_prefix(vm.name, who)
-    windows = node_windows(google, stack, vm, time.time()) if args.stack_run else None
+    windows = node_windows(google, stack, vm, time.time())
     runs: list[RunTimeline] = []
     found: list[Measured] = []
     for item in google.list_objects(stack.status, prefix):
@@ -202,8 +212,8 @@ def report_vm(google: Any, stack: Any, args: argparse.Namespace, who: str) -> in
     if not runs:
         print(f"no run timelines{'' if args.stack_run else ' of yours'} on {scope} under gs://{stack.status}/{prefix}")
         return 1
-    # Idle needs every run on the VM (the whole folder) and the node's windows; a researcher sees neither.
-    idle = idle_seconds(windows, found, args.month) if windows is not None else 0.0
+    # Idle needs every run on the VM (the whole folder) and the node's windows; a researcher sees only her runs.
+    idle = idle_seconds(windows, found, args.month) if windows is not None and args.stack_run else 0.0
     summed = total(vm, runs, f"{len(runs)} run(s) on {scope}", idle)
     priced = price_timeline(summed)
     source = billed_from(found)
@@ -217,7 +227,7 @@ def report_vm(google: Any, stack: Any, args: argparse.Namespace, who: str) -> in
         cost = "no price" if usd is None else f"{usd:.2f} USD"
         print(f"{t.run_id:<48} {t.billed_s / 3600:>8.2f} h  goodput {t.goodput:>6.1%}  {cost}")
     print(table(summed, priced))
-    print(f"billed time from {source}{'' if windows is not None else '; idle time needs them'}")
+    print(f"billed time from {source}{'' if windows is not None or not args.stack_run else '; idle time needs them'}")
     return 0
 
 
@@ -232,7 +242,7 @@ def report(google: Any, stack: Any, args: argparse.Namespace, who: str) -> int:
         where = f"gs://{stack.status}/{name}"
         print(f"no timeline at {where}: the run has not started on {vm.name}, or its agent predates timelines")
         return 1
-    windows = node_windows(google, stack, vm, time.time()) if args.stack_run else None
+    windows = node_windows(google, stack, vm, time.time())
     try:
         events = RunEvents.from_json(json.loads(raw))
         found = measure(events.events, windows or ())

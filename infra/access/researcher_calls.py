@@ -15,7 +15,8 @@ from infra.access import iamdata
 RESEARCHER_CALLS: dict[str, tuple[str, ...]] = {
     # list: the VMs' state (nodes.list per zone: a queued multislice's nodes carry suffixes).
     "project": ("tpu.projects.locations.nodes.list",),
-    # list, logs, stop, report: the researcher's own runs' status.json and timeline.json under <vm>/runs/<member>/.
+    # list, logs, stop, report: the researcher's own runs' status.json and timeline.json under <vm>/runs/<member>/;
+    # report: the guard's record of the VM's nodes' states (_tpu-guard/<env>/nodes/<node>.json).
     "status": ("storage.objects.list", "storage.objects.get"),
     # submit, stop: a request object under <vm>/requests/<member>/ of a self-service VM.
     "requests": ("storage.objects.insert",),
