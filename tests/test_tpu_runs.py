@@ -13,6 +13,7 @@ import hashlib
 import http.server
 import json
 import os
+import shlex
 import shutil
 import socket
 import threading
@@ -653,6 +654,65 @@ def test_a_researchers_report_bills_from_the_nodes_states_within_her_grants(worl
     assert ("storage.objects.get", STATUS, paths.node_states_name("self-service", VM)) in world.session.reached
     assert world.session.violations == [] and outside_her_grants(world.session) == []
     assert set(world.session.methods) <= {m for methods in RESEARCHER_CALLS.values() for m in methods}
+
+
+def _stopped_and_resumed(ready: float) -> tuple[NodeStates, RunEvents]:
+    """A researcher's run of 4,000 steps on the on-demand VM: stopped after 2 h (its checkpoint saved on SIGTERM),
+    the node READY again 12 minutes later, the run resumed and finished; the node stopped after it."""
+    stopped, again = ready + 7200.0, ready + 7920.0
+    states = NodeStates(
+        VM,
+        (
+            ("CREATING", ready - 90),
+            ("READY", ready),
+            ("STOPPED", stopped),
+            ("READY", again),
+            ("STOPPED", again + 6000),
+        ),
+    )
+    first = (
+        Event("boot", ready + 5),
+        Event("agentStart", ready + 40),
+        Event("prepare", ready + 41),
+        Event("programStart", ready + 160),
+        Event("checkpoint", ready + 250, step=1, seconds=3.0),
+        Event("firstStep", ready + 251, step=1),
+        *(Event("checkpoint", ready + 251 + 1200 * k, step=1 + 800 * k, seconds=20.0) for k in range(1, 6)),
+        Event("sigterm", stopped - 25),
+        Event("checkpoint", stopped - 4, step=4160 // 2, seconds=18.0),
+        Event("step", stopped - 3, step=4160 // 2),
+        Event("exit", stopped - 2, code=75),
+        Event("end", stopped - 1),
+    )
+    second = (
+        Event("boot", again + 5),
+        Event("agentStart", again + 40),
+        Event("prepare", again + 41),
+        Event("programStart", again + 70),
+        Event("restored", again + 110, step=2080),
+        Event("checkpoint", again + 190, step=2081, seconds=3.0),
+        Event("firstStep", again + 191, step=2081),
+        *(Event("checkpoint", again + 191 + 1200 * k, step=2081 + 800 * k, seconds=20.0) for k in range(1, 3)),
+        Event("step", again + 3080, step=4000),
+        Event("exit", again + 3090, code=0),
+        Event("end", again + 3092),
+    )
+    return states, RunEvents(f"{OWNER}/exp-7", VM, first + second, step_lines_trusted=False)
+
+
+def test_the_docs_report_example_is_what_the_command_prints(world: World, capsys):
+    """docs/cost-and-lifecycle.md shows `tpu-runs report` of a stopped and resumed run: this is that run."""
+    from tests.test_readme_examples import example
+
+    states, record = _stopped_and_resumed(float(calendar.timegm((2026, 11, 20, 8, 0, 0))))
+    world.write(STATUS, paths.node_states_name("self-service", VM), json.dumps(states.to_json()).encode())
+    world.write(STATUS, f"{VM}/runs/{OWNER}/exp-7/timeline.json", json.dumps(record.to_json()).encode())
+    command, shown = example("`tpu-runs report` of a stopped and resumed run").split("\n", 1)
+    argv = shlex.split(command.removeprefix("$ tpu-runs "))
+    assert argv[:3] == ["report", "--stack", "self-service"]
+    capsys.readouterr()
+    assert world.run(argv[0], *argv[3:]) == 0
+    assert capsys.readouterr().out == shown
 
 
 def _finished_run(start: float, billed: float) -> tuple[Event, ...]:
