@@ -11,7 +11,15 @@ rounds: before and after a change, interleaved. Runs are interleaved, the order 
 the rounds reported, because the machine is shared. Prints wall time and CPU time (user + system,
 which a busy neighbour disturbs less), each as a ratio to the seed's, and the workloads' own input
 wait and checkpoint stall as shares of their training time, and their training loop's own seconds
-(the rest of the process is start-up, data, evaluation and export). Not a test: figures for docs/performance.md.
+(the rest of the process is start-up, data, evaluation and export).
+
+Each workload's output also goes, line by line, through the agent's run timeline (vm_agent/timeline.py
+Recorder, as vm_agent/runner.py feeds it, its record written to a local folder) between its programStart
+and exit, and is measured as the report measures it (run_contract/timeline.py measure): `first s` is
+the firstStep category, the program's start to its first step line (no installs: the environment is
+ready; imports, data, compilation and the steps before that line, runlib's first log at step 50), and
+`recording` the recorder's own time on the run's output path as a share of the training loop's time.
+Not a test: figures for docs/performance.md.
 """
 
 from __future__ import annotations
@@ -22,28 +30,52 @@ import os
 import resource
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from run_contract.timeline import measure  # noqa: E402
+from vm_agent import timeline  # noqa: E402
+from vm_agent.gcs import Folder  # noqa: E402
+
 WORKLOADS = ROOT / "workloads"
 PROGRAMS = ("seed", "tf_mnist", "jax_mnist")
 CHECKPOINT_EVERY_STEPS = 200  # workloads.<name>.checkpointEverySteps' default
 
 
-def timed(command: list[str], cwd: Path) -> tuple[float, float, str]:
-    """Wall seconds, CPU seconds (user + system, the child and its threads) and stdout of one run."""
+def timed(command: list[str], cwd: Path, recorder: timeline.Recorder | None = None) -> tuple[float, float, str, float]:
+    """Wall seconds, CPU seconds (user + system, the child and its threads), stdout of one run, and the seconds
+    `recorder` took over its output lines (each one as the agent's runner gives it), between programStart and exit."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    started = time.perf_counter()
-    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - started
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if done.returncode:
-        raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
+    recording = 0.0
+    with tempfile.TemporaryFile() as errors:
+        if recorder:
+            recorder.record("programStart")
+        started = time.perf_counter()
+        process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=errors, text=True)
+        assert process.stdout is not None
+        lines = []
+        for raw in process.stdout:
+            lines.append(raw)
+            if recorder:
+                mark = time.perf_counter()
+                recorder.line(raw.rstrip("\n"))
+                recording += time.perf_counter() - mark
+        code = process.wait()
+        wall = time.perf_counter() - started
+        if recorder:
+            recorder.record("exit", code=code)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        if code:
+            errors.seek(0)
+            raise SystemExit(f"{' '.join(command)} failed:\n{errors.read().decode(errors='replace')[-3000:]}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return wall, cpu, done.stdout
+    return wall, cpu, "".join(lines), recording
 
 
 def main() -> None:
@@ -73,7 +105,7 @@ def main() -> None:
             ],
             check=True,
         )
-        _, _, out = timed([args.python, str(WORKLOADS / "prepare_data.py"), str(sample), str(shards)], folder)
+        _, _, out, _ = timed([args.python, str(WORKLOADS / "prepare_data.py"), str(sample), str(shards)], folder)
         prep = json.loads(out.strip().splitlines()[-1])
         rate = f"{prep['examples_per_second']:,} examples/s, {prep['megabytes_per_second']} MB/s, local disk"
         print(f"prepare_data: {prep['examples']} examples, {prep['megabytes']} MB in {prep['seconds']} s ({rate})")
@@ -107,27 +139,39 @@ def main() -> None:
                         "--checkpoint-every-steps",
                         str(CHECKPOINT_EVERY_STEPS),
                     ]
-                wall, cpu, out = timed(command, folder)
+                recorder = None
+                if program != "seed":
+                    records = folder / f"records-{program}-{round_}"
+                    records.mkdir()
+                    recorder = timeline.Recorder(program, "bench", True, Folder(str(records)), lambda *a, **k: None)
+                wall, cpu, out, recording = timed(command, folder, recorder)
                 walls[program].append(wall)
                 cpus[program].append(cpu)
-                if program != "seed":
-                    shares[program].append(json.loads(out.strip().splitlines()[-1]))
+                if recorder:
+                    metrics = json.loads(out.strip().splitlines()[-1])
+                    found = measure(recorder.events).seconds
+                    metrics.update(first_step=found["firstStep"], recording_share=recording / metrics["wall_seconds"])
+                    shares[program].append(metrics)
                 print(f"  round {round_ + 1} {program}: {wall:.1f} s wall, {cpu:.1f} s CPU", flush=True)
 
         seed_wall, seed_cpu = statistics.median(walls["seed"]), statistics.median(cpus["seed"])
         print(f"\nmedian of {args.rounds} round(s); ratios are to the guide's script (benchmarks/seed_tpu_mnist.py)")
-        heads = ("wall s", "x seed", "CPU s", "x seed", "loop s")
-        print(f"{'program':<17} " + " ".join(f"{h:>7}" for h in heads) + f" {'input wait':>11} {'ckpt stall':>11}")
+        heads = ("wall s", "x seed", "CPU s", "x seed", "loop s", "first s")
+        shared = ("input wait", "ckpt stall", "recording")
+        print(f"{'program':<17} " + " ".join(f"{h:>7}" for h in heads) + " " + " ".join(f"{h:>11}" for h in shared))
         for program in programs:
             wall, cpu = statistics.median(walls[program]), statistics.median(cpus[program])
-            wait = stall = loop = "-"
+            wait = stall = loop = first = recorded = "-"
             if shares[program]:
-                loop = f"{statistics.median(m['wall_seconds'] for m in shares[program]):.1f}"
-                wait = f"{100 * statistics.median(m['input_wait_share'] for m in shares[program]):.2f}%"
-                stall = f"{100 * statistics.median(m['checkpoint_stall_share'] for m in shares[program]):.2f}%"
+                runs = shares[program]
+                loop = f"{statistics.median(m['wall_seconds'] for m in runs):.1f}"
+                first = f"{statistics.median(m['first_step'] for m in runs):.1f}"
+                wait = f"{100 * statistics.median(m['input_wait_share'] for m in runs):.2f}%"
+                stall = f"{100 * statistics.median(m['checkpoint_stall_share'] for m in runs):.2f}%"
+                recorded = f"{100 * statistics.median(m['recording_share'] for m in runs):.4f}%"
             print(
                 f"{program:<17} {wall:>7.1f} {wall / seed_wall:>7.2f} {cpu:>7.1f} {cpu / seed_cpu:>7.2f} "
-                f"{loop:>7} {wait:>11} {stall:>11}"
+                f"{loop:>7} {first:>7} {wait:>11} {stall:>11} {recorded:>11}"
             )
 
 
