@@ -17,8 +17,9 @@ Each workload's output also goes, line by line, through the agent's run timeline
 Recorder, as vm_agent/runner.py feeds it, its record written to a local folder) between its programStart
 and exit, and is measured as the report measures it (run_contract/timeline.py measure): `first s` is
 the firstStep category, the program's start to its first step line (no installs: the environment is
-ready; imports, data, compilation and the steps before that line, runlib's first log at step 50), and
-`recording` the recorder's own time on the run's output path as a share of the training loop's time.
+ready; imports, data, compilation and the steps before that line, runlib's first log at step 50);
+`start-up s` is that less those steps at the loop's mean step time; `recording` is the recorder's own
+time on the run's output path as a share of the training loop's time.
 Not a test: figures for docs/performance.md.
 """
 
@@ -150,28 +151,35 @@ def main() -> None:
                 if recorder:
                     metrics = json.loads(out.strip().splitlines()[-1])
                     found = measure(recorder.events).seconds
-                    metrics.update(first_step=found["firstStep"], recording_share=recording / metrics["wall_seconds"])
+                    line = next(e.step or 0 for e in recorder.events if e.kind == "firstStep")
+                    per_step = metrics["wall_seconds"] / metrics["steps"]
+                    metrics.update(
+                        first_step=found["firstStep"],
+                        start_up=found["firstStep"] - line * per_step,
+                        recording_share=recording / metrics["wall_seconds"],
+                    )
                     shares[program].append(metrics)
                 print(f"  round {round_ + 1} {program}: {wall:.1f} s wall, {cpu:.1f} s CPU", flush=True)
 
         seed_wall, seed_cpu = statistics.median(walls["seed"]), statistics.median(cpus["seed"])
         print(f"\nmedian of {args.rounds} round(s); ratios are to the guide's script (benchmarks/seed_tpu_mnist.py)")
         heads = ("wall s", "x seed", "CPU s", "x seed", "loop s", "first s")
-        shared = ("input wait", "ckpt stall", "recording")
+        shared = ("start-up s", "input wait", "ckpt stall", "recording")
         print(f"{'program':<17} " + " ".join(f"{h:>7}" for h in heads) + " " + " ".join(f"{h:>11}" for h in shared))
         for program in programs:
             wall, cpu = statistics.median(walls[program]), statistics.median(cpus[program])
-            wait = stall = loop = first = recorded = "-"
+            wait = stall = loop = first = start = recorded = "-"
             if shares[program]:
                 runs = shares[program]
                 loop = f"{statistics.median(m['wall_seconds'] for m in runs):.1f}"
                 first = f"{statistics.median(m['first_step'] for m in runs):.1f}"
+                start = f"{statistics.median(m['start_up'] for m in runs):.1f}"
                 wait = f"{100 * statistics.median(m['input_wait_share'] for m in runs):.2f}%"
                 stall = f"{100 * statistics.median(m['checkpoint_stall_share'] for m in runs):.2f}%"
                 recorded = f"{100 * statistics.median(m['recording_share'] for m in runs):.4f}%"
             print(
                 f"{program:<17} {wall:>7.1f} {wall / seed_wall:>7.2f} {cpu:>7.1f} {cpu / seed_cpu:>7.2f} "
-                f"{loop:>7} {first:>7} {wait:>11} {stall:>11} {recorded:>11}"
+                f"{loop:>7} {first:>7} {start:>11} {wait:>11} {stall:>11} {recorded:>11}"
             )
 
 
