@@ -6,9 +6,10 @@ the stack names (workloads/tf_mnist, workloads/jax_mnist) from its content-hashe
 For both examples: first boot starts the run; SIGTERM (what GCE sends before a preemption) to the
 agent reaches the program, which leaves a committed checkpoint in the bucket; the next boot resumes
 from that step, not from zero, and finishes with the same step count as an uninterrupted run and
-`resumes: 1`; a third boot runs nothing. The dev VM says `onCompletion: stop`, yet the VM holds no TPU
-API right (tests/test_access.py, the workload account's grants): the platform, not the VM, acts on a
-finished run.
+`resumes: 1`; a third boot runs nothing; the run's timeline holds both attempts, the SIGTERM with
+nothing lost, the restore at that step and every save with the stall the program logged. The dev VM
+says `onCompletion: stop`, yet the VM holds no TPU API right (tests/test_access.py, the workload
+account's grants): the platform, not the VM, acts on a finished run.
 And the guard's side of run to completion: the completion marker's event makes the guard stop the
 node; a scheduled start of that VM afterwards does nothing.
 """
@@ -27,6 +28,7 @@ from google.cloud import storage
 from infra.config import parse_stack_config
 from infra.startup import AGENT_UNIT
 from infra.tpu.metadata import source_digests, vm_metadata
+from run_contract.timeline import RunEvents, measure
 from tests.sandbox import Vm, deployed_stack, free_port, sandbox_sts, storage_emulator, wait_for
 from tests.support import stack_config, with_object
 from tests.workloads import WORKLOADS, run_workload, workloads_python
@@ -168,9 +170,32 @@ def test_preempted_run_resumes_and_finishes_once(program, module, emulator, tmp_
         assert third.returncode == 0, third.stderr
         wait_for(lambda: "not starting it again" in vm.log(unit), 60, "the agent to see the finished run")
         assert vm.log(unit).count('"training"') == trained
+    check_timeline(emulator, run_id, vm.log(unit), preempted_at)
 
 
 STATUS_BUCKET = "acme-ml-sandbox-dev-status"
+
+
+def check_timeline(client: storage.Client, run_id: str, log: str, preempted_at: int) -> None:
+    """The run's timeline against what the sandbox did: two attempts, one SIGTERM whose checkpoint was committed
+    (nothing lost), one restore at that step, every step, and every save with the stall the program logged."""
+    raw = client.bucket(STATUS_BUCKET).blob(f"mnist-v2-spot/runs/{run_id}/timeline.json").download_as_bytes()
+    events = RunEvents.from_json(json.loads(raw)).events
+    kinds = [e.kind for e in events]
+    assert kinds.count("agentStart") == 2 and kinds.count("programStart") == 2 and kinds.count("end") == 2
+    assert kinds.count("sigterm") == 1 and [e.code for e in events if e.kind == "exit"] == [75, 0]
+    assert [e.step for e in events if e.kind == "restored"] == [preempted_at]
+    lines = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+    saves = [line["seconds"] for line in lines if line.get("message") == "checkpoint saved"]
+    assert sorted(e.seconds or 0.0 for e in events if e.kind == "checkpoint") == pytest.approx(sorted(saves))
+    measured = measure(events)
+    assert (measured.preemptions, measured.lost_without_notice, measured.steps) == (1, 0, TOTAL_STEPS)
+    seconds = measured.seconds
+    assert seconds["wastedProgress"] == 0.0  # the save on SIGTERM kept every step trained
+    assert min(seconds[k] for k in ("installs", "restore", "firstStep", "productive", "checkpointSave")) > 0
+    assert seconds["checkpointSave"] <= sum(saves)  # each attempt's saves after its first step line
+    unattributed = measured.billed_s - sum(seconds.values())
+    print(f"{run_id}: {measured.billed_s:.1f} s billed, unattributed {unattributed:.1f} s (evaluation, export)")
 
 
 def completed(client: storage.Client, run_id: str) -> bool:
