@@ -128,11 +128,12 @@ def wait_for(predicate: Callable[[], object], timeout: float, what: str, interva
 
 @contextlib.contextmanager
 def storage_emulator() -> Iterator[str]:
-    """A real GCS emulator (gcp-storage-emulator) on loopback; yields STORAGE_EMULATOR_HOST."""
+    """A real GCS emulator (gcp-storage-emulator) on loopback; yields STORAGE_EMULATOR_HOST. Started through
+    tests/storage_emulator.py, which adds the generation headers Cloud Storage sends on a download."""
     port = free_port()
-    binary = Path(sys.executable).with_name("gcp-storage-emulator")
+    script = Path(__file__).with_name("storage_emulator.py")
     process = subprocess.Popen(
-        [str(binary), "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory"],
+        [sys.executable, "-I", str(script), "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
