@@ -221,9 +221,12 @@ def test_a_request_the_vm_cannot_take_is_refused_by_its_agent_and_recorded(cloud
 
 def exp_1_checkpointing(cloud: Cloud, step_seconds: float) -> Agent:
     """`tpu-runs submit` of exp-1 (12 steps) to the shared VM, and its agent, once the run has written
-    two checkpoints (the agent is shut down if it never does)."""
+    two checkpoints (the agent is shut down if it never does). Its first session holds at step 3 until
+    it is stopped: a stop that comes late on a loaded machine still finds it running, where it could
+    otherwise have trained all 12 steps and be exiting when the SIGTERM came."""
     folder = trainer_folder(cloud.tmp)
     submit = ("submit", "--vm", SHARED, "--folder", str(folder), "--env", f"STEP_SECONDS={step_seconds}")
+    submit = (*submit, "--env", "HOLD_AT_STEP=3")
     assert cloud.tpu_runs(*submit, "--run-id", "exp-1", "--", "python", "train.py", "--steps", "12") == 0
     agent = Agent(cloud, SHARED)
     try:

@@ -3,7 +3,9 @@
 Each step "trains" (sleeps STEP_SECONDS), then commits a checkpoint (one object: ckpt-<step>.json) to
 TPU_PLATFORM_CHECKPOINT_DIR, says so ("checkpoint saved", with how long it took) and prints a JSON line
 with step and loss. It resumes from the newest checkpoint. SIGTERM: finish the step, commit its
-checkpoint, exit 75 (retry later). After --steps:
+checkpoint, exit 75 (retry later). HOLD_AT_STEP=N: a session that started below step N waits after
+committing step N until its SIGTERM, so a test that stops it finds it running, however slowly the
+stop comes (a resumed session goes on). After --steps:
 write model.json to TPU_PLATFORM_MODEL_DIR and exit 0. `--fail-with N` exits N at once (exit codes).
 """
 
@@ -58,6 +60,8 @@ def main() -> int:
     if step:
         print(json.dumps({"message": "resumed from checkpoint", "step": step}), flush=True)
     pause = float(os.environ.get("STEP_SECONDS", "0.1"))
+    hold = int(os.environ.get("HOLD_AT_STEP", "0"))
+    held = step < hold  # this session holds at step `hold`
     while step < args.steps:
         time.sleep(pause)
         step, loss = step + 1, loss * 0.9
@@ -66,6 +70,8 @@ def main() -> int:
         saved = round(time.monotonic() - saving, 6)
         print(json.dumps({"message": "checkpoint saved", "step": step, "seconds": saved}), flush=True)
         print(json.dumps({"step": step, "loss": round(loss, 6)}), flush=True)
+        while held and step == hold and not stopping:
+            time.sleep(0.05)
         if stopping:
             print(json.dumps({"message": "SIGTERM: checkpoint committed, exiting 75", "step": step}), flush=True)
             return 75
