@@ -5,12 +5,14 @@ from __future__ import annotations
 import runpy
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from inspect import isawaitable
 from pathlib import Path
 from typing import Any
 
 import pulumi
 import pulumi.runtime
 import yaml
+from pulumi._types import is_input_type
 from pulumi.runtime import settings
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
@@ -52,6 +54,34 @@ class _WarningCollector:
         self.warnings.append(f"error: {msg}")
 
 
+async def _resolved(value: Any) -> tuple[Any, bool, bool]:
+    """What `Output.from_input(value)` resolves to, as (value, known, secret), read by walking the value:
+    the same deep unwrapping (outputs, args classes, dicts, lists, tuples, awaitables), without the chain of
+    `Output.all`s and `apply`s that from_input builds, two per dict, each a task on the loop (the TPU VMs'
+    outputs alone made some 1,000 for 300 VMs)."""
+    if isinstance(value, pulumi.Output):
+        if not await value.is_known():
+            return None, False, await value.is_secret()
+        inner, known, secret = await _resolved(await value.future())
+        return inner, known, secret or await value.is_secret()
+    if is_input_type(type(value)):
+        fields, known, secret = await _resolved(dict(value.__dict__))
+        return type(value)(**fields), known, secret
+    if isawaitable(value):
+        return await _resolved(await value)
+    if not value or not isinstance(value, dict | list | tuple):
+        return value, True, False
+    keys = value.keys() if isinstance(value, dict) else range(len(value))
+    resolved_keys = [await _resolved(k) for k in keys] if isinstance(value, dict) else [(k, True, False) for k in keys]
+    items = [await _resolved(value[k]) for k in keys]
+    known = all(k[1] for k in resolved_keys) and all(i[1] for i in items)
+    secret = any(k[2] for k in resolved_keys) or any(i[2] for i in items)
+    values = [i[0] for i in items]
+    if isinstance(value, dict):
+        return {k[0]: v for k, v in zip(resolved_keys, values, strict=True)}, known, secret
+    return (tuple(values) if isinstance(value, tuple) else values), known, secret
+
+
 def program_file(project: str) -> Path:
     """The `__main__.py` Pulumi runs for `project`: its Pulumi.yaml's folder (the repository root or one of
     its folders), or that file's `main` relative to it."""
@@ -89,8 +119,8 @@ def run_program(
 
     async def outputs() -> None:
         for key, value in getattr(root, "outputs", {}).items():
-            output = pulumi.Output.from_input(value)
-            collected[key] = SECRET if await output.is_secret() else await output.future()
+            resolved, known, secret = await _resolved(value)
+            collected[key] = SECRET if secret else resolved if known else None
 
     def body() -> Awaitable[None]:
         if program is None:
