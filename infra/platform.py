@@ -36,7 +36,6 @@ from infra.gke.install import TeamQueues, cluster_provider
 from infra.gke.slice_pools import SlicePool, SlicePoolArgs
 from infra.gke.specs import shape_of
 from infra.gke.team_access import TeamAccess, TeamAccessArgs
-from infra.gke.validation import platform_validator, validate_all
 from infra.identity import IDENTITY_APIS, WorkloadIdentity, WorkloadIdentityArgs
 from infra.lifecycle import (
     RUN_STATUS_APIS,
@@ -268,6 +267,10 @@ def gke_queue_objects(cfg: PlatformConfig) -> list[dict[str, Any]]:
     """The queues phase's objects (none without teams), checked as a cluster would check them."""
     if cfg.gke is None or not cfg.gke.teams:
         return []
+    # Imported here, not at the top: the validator brings jsonschema and a CEL interpreter, about a third
+    # of what the program imports beyond the SDK's own modules, and only a stack with GKE teams uses them.
+    from infra.gke.validation import platform_validator, validate_all
+
     pools = {p.name: shape_of(p) for p in cfg.gke.slice_pools}
     objs = queues.queue_objects(cfg.gke.teams, pools)
     validate_all(platform_validator(), objs, list(pools.values())).raise_for(cfg.stack, f"{PROJECT}:gke.teams")

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pulumi
 import pulumi_gcp as gcp
 
 from tools.offline.mocks import SECRET
 from tools.offline.runner import run_program
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_stack_outputs_are_what_from_input_resolves_them_to():
@@ -40,3 +48,24 @@ def test_stack_outputs_are_what_from_input_resolves_them_to():
     assert result.outputs["nested"]["deeper"] == [{"x": "EU"}]
     assert result.outputs["output of outputs"]["t"][0] == "a"
     assert isinstance(result.outputs["args"], gcp.storage.BucketIAMMemberConditionArgs)
+
+
+def test_a_stack_without_gke_teams_plans_without_loading_the_cluster_validator():
+    """jsonschema and the CEL interpreter check the queues of a stack with GKE teams; importing them is a
+    third of what the program loads beyond the SDK, so a stack without teams does not pay for them."""
+    code = (
+        "import json, sys\n"
+        "from tools.offline.runner import plan_stack\n"
+        "plan_stack('dev')\n"
+        "print(json.dumps(sorted(m for m in ('jsonschema', 'celpy', 'infra.gke.validation') if m in sys.modules)))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    )
+    assert json.loads(done.stdout.splitlines()[-1]) == []
