@@ -9,7 +9,7 @@ For the dev stack and for generated stacks of N TPU VMs, each run in a fresh pro
 - the offline tool's extras on the program's plan, each timed alone: the policy pack, the JSON plan
   (with the cost estimate), who-can-do-what (a later deploy's plan plus the access computation).
 
-Prints wall time (the process, imports included) and peak memory (max RSS) of both, their ratio, the
+Prints wall time and CPU time (the process, imports included) and peak memory (max RSS) of both, their ratios, the
 extras, and the marginal cost per extra VM. The machine may be shared: `--rounds` runs the floor and the
 program back to back several times, and the ratios of each round are what to read. Not a test: figures only.
 """
@@ -54,6 +54,12 @@ def _peak_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _figures() -> dict[str, Any]:
+    """Wall time, CPU time (both since the process started) and peak memory: on a shared machine a
+    process's CPU time moves far less with the load than its wall time."""
+    return {"wall_s": time.perf_counter() - STARTED, "cpu_s": time.process_time(), "peak_mib": _peak_mib()}
+
+
 def _lazy(module: object) -> bool:
     """A module pulumi's lazy import put in sys.modules and nothing loaded yet (pulumi._utils._LazyModule)."""
     return type(module).__name__ == "_LazyModule"
@@ -70,7 +76,7 @@ def _program(stack_file: Path, record: Path, extras: bool = True) -> dict:
 
     stack = stack_of(stack_file)
     result = plan_stack(stack, stack_file)
-    figures: dict[str, Any] = {"wall_s": time.perf_counter() - STARTED, "peak_mib": _peak_mib()}
+    figures: dict[str, Any] = _figures()
     figures["resources"] = len(result.resources)
     figures["vms"] = len(result.of_type(VM_TYPE))
     # What the program loaded; a provider SDK's subpackages it never touched stay lazy placeholders.
@@ -141,7 +147,7 @@ def _floor(stack_file: Path, record: Path) -> dict:
                 made[r["urn"]] = pulumi.ComponentResource(r["type"], r["name"], None, opts)
 
     result = plan_stack(stack, stack_file, program=replay)
-    figures = {"wall_s": time.perf_counter() - STARTED, "peak_mib": _peak_mib()}
+    figures = _figures()
     figures["resources"] = len(result.resources)
     assert figures["resources"] == len(registrations), "the floor registered another number of resources"
     return figures
@@ -178,6 +184,8 @@ def measure(label: str, stack_file: Path, rounds: int, folder: Path, extras: boo
         "program_s": statistics.median(p["wall_s"] for p in programs),
         "floor_s": statistics.median(f["wall_s"] for f in floors),
         "ratios": [p["wall_s"] / f["wall_s"] for p, f in zip(programs, floors, strict=True)],
+        "program_cpu_s": statistics.median(p["cpu_s"] for p in programs),
+        "floor_cpu_s": statistics.median(f["cpu_s"] for f in floors),
         "program_mib": statistics.median(p["peak_mib"] for p in programs),
         "floor_mib": statistics.median(f["peak_mib"] for f in floors),
         "extras": {k: statistics.median(p["extras"][k] for p in programs) for k in last["extras"]},
@@ -217,14 +225,16 @@ def main() -> None:
     print(f"load after: {os.getloadavg()[0]:.2f}")
     print(
         f"{'stack':>9} {'resources':>9} {'program s':>9} {'floor s':>8} {'ratio':>6}"
-        f" {'program MiB':>11} {'floor MiB':>9} {'ratio':>6}  ratio per round"
+        f" {'program MiB':>11} {'floor MiB':>9} {'ratio':>6} {'program CPU s':>13} {'floor CPU s':>11} {'ratio':>6}"
+        "  ratio per round"
     )
     for row in rows:
         rounds = ", ".join(f"{r:.2f}" for r in row["ratios"])
         print(
             f"{row['label']:>9} {row['resources']:>9} {row['program_s']:>9.2f} {row['floor_s']:>8.2f}"
             f" {row['program_s'] / row['floor_s']:>6.2f} {row['program_mib']:>11.0f} {row['floor_mib']:>9.0f}"
-            f" {row['program_mib'] / row['floor_mib']:>6.2f}  {rounds}"
+            f" {row['program_mib'] / row['floor_mib']:>6.2f} {row['program_cpu_s']:>13.2f} {row['floor_cpu_s']:>11.2f}"
+            f" {row['program_cpu_s'] / row['floor_cpu_s']:>6.2f}  {rounds}"
         )
     if not args.no_extras:
         print("the offline tool's extras on the program's plan, seconds:")
