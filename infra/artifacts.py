@@ -20,7 +20,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pulumi
@@ -30,7 +30,7 @@ from infra import grants, naming
 from infra.access import iam, iamdata
 from infra.access.conditions import check_condition
 from infra.buckets import lifecycle_rules, private_bucket
-from infra.config import Env
+from infra.config import ArtifactSettings, Env
 from infra.config.workload_code import registry
 from infra.packaging import Package
 from run_contract import paths
@@ -71,8 +71,9 @@ class ArtifactsArgs:
     packages: Mapping[str, Package]  # key (a source folder, or "vm-agent") -> its archive
     workloads: Mapping[str, WorkloadCode]  # workload name -> what its account reads
     pinned_digests: tuple[str, ...] = ()  # sha256 hex of the images the stack runs: never cleaned up
-    keep_image_versions: int = 10
-    untagged_image_days: int = 30
+    images: ArtifactSettings = field(
+        default_factory=ArtifactSettings
+    )  # the stack's image settings: what the cleanup keeps
 
 
 def write_archive(package: Package) -> Path:
@@ -96,14 +97,14 @@ def cleanup_policies(args: ArtifactsArgs) -> list[gcp.artifactregistry.Repositor
             id="keep-newest",
             action="KEEP",
             most_recent_versions=gcp.artifactregistry.RepositoryCleanupPolicyMostRecentVersionsArgs(
-                keep_count=args.keep_image_versions
+                keep_count=args.images.keep_image_versions
             ),
         ),
         gcp.artifactregistry.RepositoryCleanupPolicyArgs(
             id="delete-old-untagged",
             action="DELETE",
             condition=gcp.artifactregistry.RepositoryCleanupPolicyConditionArgs(
-                tag_state="UNTAGGED", older_than=f"{args.untagged_image_days * SECONDS_PER_DAY}s"
+                tag_state="UNTAGGED", older_than=f"{args.images.untagged_image_days * SECONDS_PER_DAY}s"
             ),
         ),
     ]

@@ -356,8 +356,7 @@ def artifacts_args(cfg: PlatformConfig, digests: dict[str, str]) -> ArtifactsArg
         packages=packages,
         workloads=workloads,
         pinned_digests=tuple(sorted({i.digest for i in images if i is not None and i.digest})),
-        keep_image_versions=cfg.artifacts.keep_image_versions,
-        untagged_image_days=cfg.artifacts.untagged_image_days,
+        images=cfg.artifacts,
     )
 
 

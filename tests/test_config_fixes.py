@@ -125,6 +125,7 @@ CASES: dict[str, tuple[str, dict[str, object]]] = {
             f"{VM}.hoursBetweenPreemptions": 48,
         },
     ),
+    "misspelled-key-of-a-declared-section": ("small", {f"{NS}:monitoring": {"idleMinute": 30}}),
     "budget-action-without-its-topic": ("small", {f"{NS}:automation.budgetAction": {"action": "stop"}}),
     "destroyable-production-bucket": ("small", {**PRODUCTION, f"{NS}:buckets.destroyable": ["checkpoints"]}),
     "self-service-in-production": ("small", {**PRODUCTION, f"{VM}.selfService": True}),

@@ -14,7 +14,7 @@ from infra.config import docs, parse_stack_config
 from infra.config.problems import ConfigError
 from infra.config.settings import SETTINGS, Setting
 from infra.config.stackfile import load_stack_yaml, read_stack_config
-from tests.support import FIXTURE_STACKS
+from tests.support import FIXTURE_STACKS, fixture_config
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = json.loads(docs.SCHEMA_FILE.read_text())
@@ -121,3 +121,14 @@ def test_each_fixture_stack_matches_the_schema(path):
     """The fixture stacks stand in for the shipped ones in the behaviour tests: they must be stack files
     an editor would accept too."""
     assert list(VALIDATOR.iter_errors(yaml.safe_load(path.read_text()))) == []
+
+
+@pytest.mark.parametrize("section", ["monitoring", "artifacts"])
+def test_a_section_left_out_takes_the_defaults_the_settings_table_states(section):
+    """One declaration: the value a stack without the section gets is the table's default, field by field."""
+    raw = {k: v for k, v in fixture_config("small").items() if k != f"tpu-platform:{section}"}
+    read = getattr(parse_stack_config("small", raw), section)
+    for s in SETTINGS:
+        if s.key.startswith(f"{section}.") and s.kind != "object":
+            field = next(n for n, f in type(read).model_fields.items() if f.alias == s.name)
+            assert getattr(read, field) == s.default, s.key

@@ -1,12 +1,16 @@
-"""The settings of one stack, as frozen objects: what the components read. Pure data, no parsing."""
+"""The settings of one stack, as frozen objects: what the components read. The sections declared as
+models (`Section`) are their settings' one declaration too: type, default, bounds and description."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from pydantic import Field
 
 from infra import naming
 from infra.catalog import RECLAIMABLE, AcceleratorType
 from infra.catalog.gke import GkeAcceleratorType
+from infra.config.declared import Flag, Integer, Section
 
 PROJECT = "tpu-platform"
 BUCKET_PURPOSES = ("data", "checkpoints", "models")
@@ -56,11 +60,21 @@ class WorkloadSource:
     image: str = ""  # <region>-docker.pkg.dev/<project>/<repo>/<name>@sha256:<hex> (or :tag where allowed)
 
 
-@dataclass(frozen=True)
-class ArtifactSettings:
-    allow_image_tags: bool = False  # images by tag (a warning each), not only by digest
-    keep_image_versions: int = 10  # newest versions of each image the registry's cleanup keeps
-    untagged_image_days: int = 30  # untagged versions older than this are deleted (unless kept above)
+class ArtifactSettings(Section):
+    """The artifacts bucket and the container image repository."""
+
+    allow_image_tags: Flag = Field(
+        default=False, description="Accept images by tag (with a warning); by default only by digest."
+    )
+    keep_image_versions: Integer = Field(
+        default=10, ge=1, le=1000, description="Newest versions of each image the repository's cleanup always keeps."
+    )
+    untagged_image_days: Integer = Field(
+        default=30,
+        ge=1,
+        le=3650,
+        description="Untagged image versions older than this are deleted (unless kept as newest or used by the stack).",
+    )
 
 
 @dataclass(frozen=True)
@@ -114,9 +128,12 @@ class AutomationSettings:
         return bool(self.budget_action or self.recovery_every_minutes)
 
 
-@dataclass(frozen=True)
-class MonitoringSettings:
-    idle_minutes: int  # alert when a TPU's TensorCores idle longer than this
+class MonitoringSettings(Section):
+    """Alerts."""
+
+    idle_minutes: Integer = Field(
+        default=60, ge=5, le=10080, description="Alert when a TPU's TensorCores idle longer than this."
+    )
 
 
 @dataclass(frozen=True)
@@ -276,7 +293,7 @@ class PlatformConfig:
     researchers: tuple[str, ...] = ()  # IAM members (user:/group:) granted the `tpu-runs` rights
     self_service_in_production: bool = False  # the explicit opt-in for selfService VMs in production
     researcher_ssh: bool = False  # IAP tunnel and OS Login for researchers (project-wide)
-    artifacts: ArtifactSettings = ArtifactSettings()
+    artifacts: ArtifactSettings = field(default_factory=ArtifactSettings)
     gke: GkeSettings | None = None  # the GKE engine, when the stack declares it
     warnings: tuple[str, ...] = ()  # legal settings that are likely mistakes, shown by the plan
 

@@ -30,8 +30,10 @@ class _Missing:
 
 
 MISSING = _Missing()
-_ASCII_INTEGER = re.compile(r"[-+]?[0-9]+")
-_ASCII_NUMBER = re.compile(r"[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?")
+ASCII_INTEGER = re.compile(r"[-+]?[0-9]+")
+ASCII_NUMBER = re.compile(r"[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?")
+# Pulumi passes scalar config as strings, and YAML 1.2 spells booleans these ways.
+YAML_BOOLEANS = {"true": True, "True": True, "TRUE": True, "false": False, "False": False, "FALSE": False}
 
 
 class _Remove:
@@ -252,7 +254,7 @@ class Problems:
             raise ConfigError(stack, self.items)
 
 
-def _type_name(value: object) -> str:
+def type_name(value: object) -> str:
     return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean"}.get(
         type(value), type(value).__name__
     )
@@ -310,6 +312,10 @@ class Node:
             self.problems.add(self.key(name), MISSING, "required")
         return value
 
+    def value(self, name: str) -> object:
+        """The value of `name` as given, or MISSING: for a section a model reads (infra/config/declared.py)."""
+        return self._get(name, False)
+
     @overload
     def text(
         self,
@@ -362,7 +368,7 @@ class Node:
         check: Callable[[str], str | None] | None = None,
     ) -> str:
         if not isinstance(value, str):
-            self.problems.add(key, value, f"must be a string, not {_type_name(value)}")
+            self.problems.add(key, value, f"must be a string, not {type_name(value)}")
             return ""
         if choices is not None:
             options = sorted(choices)
@@ -386,9 +392,8 @@ class Node:
             return default if isinstance(default, bool) else False
         if isinstance(value, bool):
             return value
-        # Pulumi passes scalar config as strings, and YAML 1.2 spells booleans these ways.
-        if isinstance(value, str) and value in ("true", "True", "TRUE", "false", "False", "FALSE"):
-            return value.lower() == "true"
+        if isinstance(value, str) and value in YAML_BOOLEANS:
+            return YAML_BOOLEANS[value]
         self.problems.add(self.key(name), value, "must be true or false")
         return False
 
@@ -396,9 +401,9 @@ class Node:
         """`value` as a finite number (an int when `integer`), or None when it is not one."""
         if isinstance(value, str):  # Pulumi passes scalar config as strings: ASCII digits only
             text = value.strip()
-            if integer and _ASCII_INTEGER.fullmatch(text):
+            if integer and ASCII_INTEGER.fullmatch(text):
                 value = int(text)
-            elif not integer and _ASCII_NUMBER.fullmatch(text):
+            elif not integer and ASCII_NUMBER.fullmatch(text):
                 value = float(text)
         if isinstance(value, bool) or not isinstance(value, int | float):
             return None
@@ -486,7 +491,7 @@ class Node:
         if value is MISSING:
             return list(default) if isinstance(default, list) else []
         if not isinstance(value, list):
-            self.problems.add(self.key(name), value, f"must be a list, not {_type_name(value)}")
+            self.problems.add(self.key(name), value, f"must be a list, not {type_name(value)}")
             return []
         if max_items is not None and len(value) > max_items:
             self.problems.add(self.key(name), value, f"must have at most {max_items} items")
@@ -522,7 +527,7 @@ class Node:
         if value is MISSING:
             return None if required else Node({}, self.key(name), self.problems)
         if not isinstance(value, Mapping):
-            self.problems.add(self.key(name), value, f"must be a mapping, not {_type_name(value)}")
+            self.problems.add(self.key(name), value, f"must be a mapping, not {type_name(value)}")
             return None
         return Node({str(k): v for k, v in value.items()}, self.key(name), self.problems)
 
@@ -551,7 +556,7 @@ class Node:
             elif value is None:
                 out.append((key, Node({}, parent.key(key), self.problems)))
             else:
-                self.problems.add(parent.key(key), value, f"must be a mapping, not {_type_name(value)}")
+                self.problems.add(parent.key(key), value, f"must be a mapping, not {type_name(value)}")
         return out
 
     def elements(
@@ -564,7 +569,7 @@ class Node:
             if isinstance(value, Mapping):
                 out.append(Node({str(k): v for k, v in value.items()}, key, self.problems))
             else:
-                self.problems.add(key, value, f"must be a mapping, not {_type_name(value)}")
+                self.problems.add(key, value, f"must be a mapping, not {type_name(value)}")
         return out
 
     def done(self, known_hint: Iterable[str] | None = None) -> None:

@@ -18,7 +18,8 @@ from infra import naming
 from infra.access import iam
 from infra.catalog import AcceleratorType, load_catalog
 from infra.catalog.gke import GkeAcceleratorType, load_gke_catalog
-from infra.config import rules, workload_code
+from infra.config import declared, rules, workload_code
+from infra.config.declared import S
 from infra.config.examples import EXAMPLES_FOLDER, examples
 from infra.config.model import (
     BUCKET_PURPOSES,
@@ -173,9 +174,9 @@ def _read(stack: str, raw: Mapping[str, str], problems: Problems) -> tuple[Platf
         problems.add(f"{PROJECT}:workloads", MISSING, "declare at least one workload")
     network = _network(root.child(f"{PROJECT}:network"))
     tpu_vms = tuple(_tpu_vm(node) for node in root.elements(f"{PROJECT}:tpuVms", []))
-    monitoring = _monitoring(root.child(f"{PROJECT}:monitoring", False))
+    monitoring = _section(root, "monitoring", MonitoringSettings)
     automation = _automation(root.child(f"{PROJECT}:automation", False))
-    artifacts = _artifacts(root.child(f"{PROJECT}:artifacts", False))
+    artifacts = _section(root, "artifacts", ArtifactSettings)
     gke = _gke(root.child(f"{PROJECT}:gke"), region) if f"{PROJECT}:gke" in own else None
     root.done([f"{PROJECT}:{k}" for k in SCALAR_KEYS + OBJECT_KEYS])
 
@@ -407,16 +408,9 @@ def _env(node: Node) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(out))
 
 
-def _artifacts(node: Node | None) -> ArtifactSettings:
-    if node is None or not node.data:
-        return ArtifactSettings()
-    settings = ArtifactSettings(
-        allow_image_tags=flag(node, "artifacts.allowImageTags"),
-        keep_image_versions=integer(node, "artifacts.keepImageVersions"),
-        untagged_image_days=integer(node, "artifacts.untaggedImageDays"),
-    )
-    node.done()
-    return settings
+def _section(root: Node, name: str, model: type[S]) -> S:
+    """A top-level section declared as a model (infra/config/declared.py)."""
+    return declared.read(model, root.value(f"{PROJECT}:{name}"), root.key(f"{PROJECT}:{name}"), root.problems)
 
 
 def _network(node: Node | None) -> NetworkSettings:
@@ -646,14 +640,6 @@ def _schedule(node: Node | None) -> ScheduleSettings | None:
         node.problems.add(node.path, dict(node.data), f"give {' or '.join(sides)}, or both")
     node.done()
     return schedule
-
-
-def _monitoring(node: Node | None) -> MonitoringSettings:
-    if node is None:
-        return MonitoringSettings(60)
-    settings = MonitoringSettings(idle_minutes=integer(node, "monitoring.idleMinutes"))
-    node.done()
-    return settings
 
 
 def _automation(node: Node | None) -> AutomationSettings:

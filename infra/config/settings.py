@@ -11,14 +11,19 @@ Limits are GCP's where GCP has one; the comment beside each says where it is doc
 
 from __future__ import annotations
 
+import inspect
+import typing
 from dataclasses import dataclass
 from typing import Literal
+
+from pydantic_core import PydanticUndefined
 
 from infra import naming
 from infra.access import iam
 from infra.catalog import PROVISIONING_MODELS, load_catalog
+from infra.config.declared import Section, base_type, limits, literal_choices
 from infra.config.examples import examples
-from infra.config.model import BUCKET_PURPOSES, PROJECT
+from infra.config.model import BUCKET_PURPOSES, PROJECT, ArtifactSettings, MonitoringSettings
 from infra.config.workload_code import FOLDER_ALLOWED, IMAGE_ALLOWED
 from run_contract.names import RESEARCHER
 
@@ -160,6 +165,38 @@ class Setting:
     @property
     def required(self) -> bool:
         return self.default is None and not self.optional and self.kind not in ("object", "map", "list")
+
+
+_KINDS: dict[object, Kind] = {bool: "boolean", int: "integer", float: "number", str: "string"}
+
+
+def declared(key: str, model: type[Section], *, optional: bool = True) -> tuple[Setting, ...]:
+    """The rows of a section declared as a model (infra/config/model.py): itself, then each of its fields."""
+    rows = [Setting(key, "object", inspect.cleandoc(model.__doc__ or ""), optional=optional)]
+    for name, info in model.model_fields.items():
+        child = f"{key}.{info.alias or name}"
+        kind = base_type(info.annotation)
+        if isinstance(kind, type) and issubclass(kind, Section):
+            rows.extend(declared(child, kind))
+            continue
+        choices = literal_choices(info.annotation)
+        low, high, exclusive = limits(info)
+        default = None if info.default is PydanticUndefined else info.default
+        rows.append(
+            Setting(
+                child,
+                _KINDS[type(choices[0]) if choices else typing.get_origin(kind) or kind],
+                info.description or "",
+                default=default,
+                optional=default is None and info.default is not PydanticUndefined,
+                minimum=low,
+                maximum=high,
+                exclusive_minimum=exclusive,
+                choices=choices,
+                example=info.examples[0] if info.examples else None,
+            )
+        )
+    return tuple(rows)
 
 
 SETTINGS: tuple[Setting, ...] = (
@@ -484,29 +521,7 @@ SETTINGS: tuple[Setting, ...] = (
         minimum=1,
         maximum=1_048_576,
     ),
-    Setting("artifacts", "object", "The artifacts bucket and the container image repository.", optional=True),
-    Setting(
-        "artifacts.allowImageTags",
-        "boolean",
-        "Accept images by tag (with a warning); by default only by digest.",
-        default=False,
-    ),
-    Setting(
-        "artifacts.keepImageVersions",
-        "integer",
-        "Newest versions of each image the repository's cleanup always keeps.",
-        default=10,
-        minimum=1,
-        maximum=1000,
-    ),
-    Setting(
-        "artifacts.untaggedImageDays",
-        "integer",
-        "Untagged image versions older than this are deleted (unless kept as newest or used by the stack).",
-        default=30,
-        minimum=1,
-        maximum=3650,
-    ),
+    *declared("artifacts", ArtifactSettings),
     Setting("network", "object", "The private network."),
     Setting(
         "network.subnets",
@@ -894,15 +909,7 @@ SETTINGS: tuple[Setting, ...] = (
         default="medium",
         choices=tuple(name for name, _ in PRIORITY_CLASSES),
     ),
-    Setting("monitoring", "object", "Alerts.", optional=True),
-    Setting(
-        "monitoring.idleMinutes",
-        "integer",
-        "Alert when a TPU's TensorCores idle longer than this.",
-        default=60,
-        minimum=5,
-        maximum=10080,
-    ),
+    *declared("monitoring", MonitoringSettings),
     Setting("automation", "object", "The TPU guard: budget actions and preemption recovery.", optional=True),
     Setting(
         "automation.budgetAction", "object", "Act on the TPUs when spend reaches a share of the budget.", optional=True
