@@ -90,7 +90,7 @@ def build_platform(cfg: PlatformConfig, secrets: Mapping[str, str] | None = None
     scheduled = tuple(vm for vm in cfg.tpu_vms if vm.schedule)
     schedule_args = TpuSchedulesArgs(scheduled) if scheduled else None
     monitoring_args = TpuMonitoringArgs(
-        cfg.monitoring.idle_minutes, cfg.tpu_vms, recovery=bool(cfg.automation.recovery_every_minutes)
+        cfg.monitoring.idle_minutes, cfg.tpu_vms, recovery=bool(cfg.automation.recovery.every_minutes)
     )
     researcher_args = researcher_args_of(cfg) if cfg.researchers else None
     gke = cfg.gke

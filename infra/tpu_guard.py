@@ -121,7 +121,7 @@ class TpuGuardArgs:
 
 
 def guard_apis(args: TpuGuardArgs) -> tuple[str, ...]:
-    return (*GUARD_APIS, "cloudscheduler.googleapis.com") if args.automation.recovery_every_minutes else GUARD_APIS
+    return (*GUARD_APIS, "cloudscheduler.googleapis.com") if args.automation.recovery.every_minutes else GUARD_APIS
 
 
 def guard_vms(vms: tuple[TpuVmSettings, ...]) -> str:
@@ -321,14 +321,14 @@ class TpuGuard(pulumi.ComponentResource):
             )
 
         self.budget_function = None
-        if auto.budget_action and topic is not None:
+        if auto.budget_action.action and topic is not None:
             self.budget_function = function(
                 "budget-guard",
                 "on_budget",
                 {
-                    "BUDGET_ACTION": auto.budget_action,
-                    "BUDGET_AT_PERCENT": f"{auto.budget_at_percent:g}",
-                    "DRY_RUN": "true" if auto.dry_run else "false",
+                    "BUDGET_ACTION": auto.budget_action.action,
+                    "BUDGET_AT_PERCENT": f"{auto.budget_action.at_percent:g}",
+                    "DRY_RUN": "true" if auto.budget_action.dry_run else "false",
                     "BILLING_ACCOUNT": args.billing_account,
                     "BUDGET_ID": budget_name,  # the full name; the guard takes its last segment
                 },
@@ -364,9 +364,9 @@ class TpuGuard(pulumi.ComponentResource):
             invoke_grant("complete-invoker", self.complete_function, member)
 
         self.recovery_function = None
-        if auto.recovery_every_minutes:
+        if auto.recovery.every_minutes:
             self.recovery_function = function(
-                "recovery", "recover", {"MAX_ATTEMPTS": str(auto.recovery_max_attempts)}, timeout=RECOVERY_TIMEOUT_S
+                "recovery", "recover", {"MAX_ATTEMPTS": str(auto.recovery.max_attempts)}, timeout=RECOVERY_TIMEOUT_S
             )
             invoker_ready.append(invoke_grant("recovery-invoker", self.recovery_function, invoker_member))
             gcp.cloudscheduler.Job(
@@ -375,7 +375,7 @@ class TpuGuard(pulumi.ComponentResource):
                 project=env.project,
                 region=region,
                 description=f"Re-create preempted spot TPUs of {env.stack}",
-                schedule=f"*/{auto.recovery_every_minutes} * * * *",
+                schedule=f"*/{auto.recovery.every_minutes} * * * *",
                 time_zone="Etc/UTC",
                 attempt_deadline=attempt_deadline(RECOVERY_TIMEOUT_S),
                 http_target=gcp.cloudscheduler.JobHttpTargetArgs(

@@ -36,7 +36,7 @@ from infra.config import (
     TpuVmSettings,
     WorkloadSettings,
 )
-from infra.config.model import GkeSettings, MaintenanceWindow, SlicePoolSettings
+from infra.config.model import GkeSettings, MaintenanceWindow, Recovery, SlicePoolSettings
 from infra.gke.cluster import GKE_APIS, GkeCluster, GkeClusterArgs
 from infra.gke.slice_pools import SlicePool, SlicePoolArgs
 from infra.identity import IDENTITY_APIS, WorkloadIdentity, WorkloadIdentityArgs
@@ -313,7 +313,7 @@ def test_tpu_guard_alone():
     vm = vm_settings(
         on_completion="stop", max_run_hours=5.0, schedule=ScheduleSettings("0 8 * * 1-5", "0 20 * * *", "UTC")
     )
-    automation = AutomationSettings(None, 100, False, recovery_every_minutes=0, recovery_max_attempts=3)
+    automation = AutomationSettings(recovery=Recovery(max_attempts=3))
     args = TpuGuardArgs(
         automation, (vm,), (("solo-vm", "solo/trainer/solo-vm/r1"),), "012345-6789AB-CDEF01", "EUROPE-WEST4"
     )
@@ -338,17 +338,17 @@ def test_tpu_guard_alone():
 
 
 def test_guard_is_needed_exactly_when_a_feature_uses_it():
-    off = AutomationSettings(None, 100, False, 0, 3)
+    off = AutomationSettings(recovery=Recovery(max_attempts=3))
     kept = vm_settings()
     assert not TpuGuardArgs(off, (kept,), (), "", "EU").needed
     assert TpuGuardArgs(off, (vm_settings(on_completion="delete"),), (), "", "EU").needed
-    assert TpuGuardArgs(AutomationSettings(None, 100, False, 10, 3), (kept,), (), "", "EU").needed
+    assert TpuGuardArgs(AutomationSettings(recovery=Recovery(every_minutes=10)), (kept,), (), "", "EU").needed
     # A scheduled start goes through the guard; a scheduled stop straight to the TPU API.
     starts, stops = ScheduleSettings("0 8 * * *", "", "UTC"), ScheduleSettings("", "0 20 * * *", "UTC")
     assert TpuGuardArgs(off, (vm_settings(schedule=starts),), (), "", "EU").needed
     assert not TpuGuardArgs(off, (vm_settings(schedule=stops),), (), "", "EU").needed
     assert "cloudscheduler.googleapis.com" in guard_apis(
-        TpuGuardArgs(AutomationSettings(None, 100, False, 10, 3), (kept,), (), "", "EU")
+        TpuGuardArgs(AutomationSettings(recovery=Recovery(every_minutes=10)), (kept,), (), "", "EU")
     )
     assert set(GUARD_APIS) <= set(guard_apis(TpuGuardArgs(off, (kept,), (), "", "EU")))
 

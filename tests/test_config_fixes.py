@@ -126,6 +126,10 @@ CASES: dict[str, tuple[str, dict[str, object]]] = {
         },
     ),
     "misspelled-key-of-a-declared-section": ("small", {f"{NS}:monitoring": {"idleMinute": 30}}),
+    "misspelled-choice-of-a-declared-section": (
+        "small",
+        {f"{NS}:automation.budgetAction": {"action": "stpo"}, f"{NS}:budget.pubsubTopic": True},
+    ),
     "budget-action-without-its-topic": ("small", {f"{NS}:automation.budgetAction": {"action": "stop"}}),
     "destroyable-production-bucket": ("small", {**PRODUCTION, f"{NS}:buckets.destroyable": ["checkpoints"]}),
     "self-service-in-production": ("small", {**PRODUCTION, f"{VM}.selfService": True}),

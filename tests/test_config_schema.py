@@ -123,12 +123,14 @@ def test_each_fixture_stack_matches_the_schema(path):
     assert list(VALIDATOR.iter_errors(yaml.safe_load(path.read_text()))) == []
 
 
-@pytest.mark.parametrize("section", ["monitoring", "artifacts"])
+@pytest.mark.parametrize("section", ["monitoring", "artifacts", "automation"])
 def test_a_section_left_out_takes_the_defaults_the_settings_table_states(section):
     """One declaration: the value a stack without the section gets is the table's default, field by field."""
     raw = {k: v for k, v in fixture_config("small").items() if k != f"tpu-platform:{section}"}
     read = getattr(parse_stack_config("small", raw), section)
     for s in SETTINGS:
         if s.key.startswith(f"{section}.") and s.kind != "object":
-            field = next(n for n, f in type(read).model_fields.items() if f.alias == s.name)
-            assert getattr(read, field) == s.default, s.key
+            value = read
+            for name in s.key.split(".")[1:]:
+                value = getattr(value, next(n for n, f in type(value).model_fields.items() if f.alias == name))
+            assert value == s.default, s.key

@@ -70,7 +70,7 @@ def _flag(value: object) -> object:
     return value
 
 
-def _text(value: object) -> object:
+def as_text(value: object) -> object:
     if not isinstance(value, str):
         raise PydanticCustomError("refused", "must be a string, not {kind}", {"kind": type_name(value)})
     return value
@@ -79,7 +79,7 @@ def _text(value: object) -> object:
 Integer = Annotated[int, BeforeValidator(as_integer)]
 Number = Annotated[float, BeforeValidator(_number)]
 Flag = Annotated[bool, BeforeValidator(_flag)]
-Text = Annotated[str, BeforeValidator(_text)]
+Text = Annotated[str, BeforeValidator(as_text)]
 
 
 S = TypeVar("S", bound=Section)
@@ -164,6 +164,11 @@ def _translate(model: type[Section], error: Any, data: Mapping[str, object], key
         problems.add(path, value, f"unknown key; known keys: {', '.join(known)}", fixes=fixes)
     elif kind == "missing":
         problems.add(path, MISSING, "required")
+    elif kind == "literal_error" and info is not None:
+        options = sorted(literal_choices(info.annotation), key=lambda c: (isinstance(c, str), c))
+        near = nearest(value, [c for c in options if isinstance(c, str)]) if isinstance(value, str) else None
+        fixes = [Fix.of({path: near})] if near else []
+        problems.add(path, value, f"must be one of {', '.join(str(c) for c in options)}", fixes=fixes)
     elif kind in ("greater_than", "greater_than_equal", "less_than_equal") and info is not None:
         integer = any(t is int for t in (info.annotation, *typing.get_args(info.annotation)))
         problems.add(path, value, f"must be {'an integer' if integer else 'a number'} {bounds(info)}")
@@ -202,6 +207,8 @@ def bounds(info: FieldInfo) -> str:
 def literal_choices(annotation: object) -> tuple[Any, ...]:
     """The values of a `Literal[...]` field (or of `Literal[...] | None`)."""
     for kind in (annotation, *typing.get_args(annotation)):
+        if typing.get_origin(kind) is Annotated:
+            kind = typing.get_args(kind)[0]
         if typing.get_origin(kind) is Literal:
             return typing.get_args(kind)
     return ()

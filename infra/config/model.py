@@ -3,14 +3,16 @@ models (`Section`) are their settings' one declaration too: type, default, bound
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass, field
+from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import BeforeValidator, Field
 
 from infra import naming
 from infra.catalog import RECLAIMABLE, AcceleratorType
 from infra.catalog.gke import GkeAcceleratorType
-from infra.config.declared import Flag, Integer, Section
+from infra.config.declared import Flag, Integer, Number, Section, as_integer, as_text
 
 PROJECT = "tpu-platform"
 BUCKET_PURPOSES = ("data", "checkpoints", "models")
@@ -115,17 +117,40 @@ class NetworkSettings:
         return dict(self.subnets).get(region)
 
 
-@dataclass(frozen=True)
-class AutomationSettings:
-    budget_action: str | None  # stop | delete the environment's TPUs when spend reaches budget_at_percent
-    budget_at_percent: float
-    dry_run: bool  # log what would be done, do nothing
-    recovery_every_minutes: int  # 0: no preemption recovery
-    recovery_max_attempts: int
+class BudgetAction(Section):
+    """Act on the TPUs when spend reaches a share of the budget."""
+
+    action: Annotated[Literal["stop", "delete"], BeforeValidator(as_text)] | None = Field(
+        default=None, description="Stop or delete the stack's TPUs."
+    )
+    at_percent: Number = Field(default=100, ge=1, le=1000, description="Percent of the budget that triggers it.")
+    dry_run: Flag = Field(default=False, description="Log what would be done, do nothing.")
+
+
+# `recovery.everyMinutes` becomes `*/N * * * *`: N must divide the hour, or the runs are uneven
+# (`*/45` fires at :00 and :45) or hourly (`*/90` is `0`).
+RecoveryInterval = Literal[1, 2, 3, 4, 5, 6, 10, 12, 15, 20, 30]
+RECOVERY_INTERVALS: tuple[int, ...] = typing.get_args(RecoveryInterval)
+
+
+class Recovery(Section):
+    """Re-create preempted spot or preemptible TPUs."""
+
+    every_minutes: Annotated[RecoveryInterval, BeforeValidator(as_integer)] | None = Field(
+        default=None, description="How often to look for preempted TPUs (divides the hour).", examples=[10]
+    )
+    max_attempts: Integer = Field(default=5, ge=1, le=100, description="Re-creations per TPU before giving up.")
+
+
+class AutomationSettings(Section):
+    """The TPU guard: budget actions and preemption recovery."""
+
+    budget_action: BudgetAction = BudgetAction()
+    recovery: Recovery = Recovery()
 
     @property
     def enabled(self) -> bool:
-        return bool(self.budget_action or self.recovery_every_minutes)
+        return bool(self.budget_action.action or self.recovery.every_minutes)
 
 
 class MonitoringSettings(Section):

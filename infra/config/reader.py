@@ -175,7 +175,7 @@ def _read(stack: str, raw: Mapping[str, str], problems: Problems) -> tuple[Platf
     network = _network(root.child(f"{PROJECT}:network"))
     tpu_vms = tuple(_tpu_vm(node) for node in root.elements(f"{PROJECT}:tpuVms", []))
     monitoring = _section(root, "monitoring", MonitoringSettings)
-    automation = _automation(root.child(f"{PROJECT}:automation", False))
+    automation = _section(root, "automation", AutomationSettings)
     artifacts = _section(root, "artifacts", ArtifactSettings)
     gke = _gke(root.child(f"{PROJECT}:gke"), region) if f"{PROJECT}:gke" in own else None
     root.done([f"{PROJECT}:{k}" for k in SCALAR_KEYS + OBJECT_KEYS])
@@ -640,24 +640,6 @@ def _schedule(node: Node | None) -> ScheduleSettings | None:
         node.problems.add(node.path, dict(node.data), f"give {' or '.join(sides)}, or both")
     node.done()
     return schedule
-
-
-def _automation(node: Node | None) -> AutomationSettings:
-    if node is None:
-        return AutomationSettings(None, 100, False, 0, 0)
-    action = node.child("budgetAction", False)
-    recovery = node.child("recovery", False)
-    settings = AutomationSettings(
-        budget_action=optional_text(action, "automation.budgetAction.action") if action else None,
-        budget_at_percent=number(action, "automation.budgetAction.atPercent") if action else 100,
-        dry_run=flag(action, "automation.budgetAction.dryRun") if action else False,
-        recovery_every_minutes=integer(recovery, "automation.recovery.everyMinutes") if recovery else 0,
-        recovery_max_attempts=integer(recovery, "automation.recovery.maxAttempts") if recovery else 0,
-    )
-    for child in (action, recovery, node):
-        if child is not None:
-            child.done()
-    return settings
 
 
 __all__ = ["SETTINGS", "check_stack_config", "parse_stack_config"]

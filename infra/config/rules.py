@@ -307,7 +307,7 @@ def _capacity(cfg: PlatformConfig, key: str, vm: TpuVmSettings, problems: Proble
                 "counts from the node's creation, so a schedule's daily restarts would trip it",
                 fixes=[drop, Fix.of({f"{key}.schedule": REMOVE})],
             )
-        if not cfg.automation.recovery_every_minutes:
+        if not cfg.automation.recovery.every_minutes:
             every = f"{PROJECT}:automation.recovery.everyMinutes"
             problems.add(
                 f"{key}.maxRunHours",
@@ -478,17 +478,17 @@ def _single_host(key: str, vm: TpuVmSettings, workload: WorkloadSettings) -> lis
 
 def _automation(cfg: PlatformConfig, problems: Problems) -> None:
     auto = cfg.automation
-    if auto.budget_action and not cfg.budget.pubsub_topic:
+    if auto.budget_action.action and not cfg.budget.pubsub_topic:
         problems.add(
             f"{PROJECT}:automation.budgetAction",
-            {"action": auto.budget_action},
+            {"action": auto.budget_action.action},
             "hears the budget through its Pub/Sub topic",
             fixes=[Fix.of({f"{PROJECT}:budget.pubsubTopic": True})],
         )
-    if auto.recovery_every_minutes and not any(vm.reclaimable or vm.max_run_hours for vm in cfg.tpu_vms):
+    if auto.recovery.every_minutes and not any(vm.reclaimable or vm.max_run_hours for vm in cfg.tpu_vms):
         problems.warn(
             f"{PROJECT}:automation.recovery",
-            {"everyMinutes": auto.recovery_every_minutes},
+            {"everyMinutes": auto.recovery.every_minutes},
             "no spot or preemptible TPU VM to recover",
         )
 

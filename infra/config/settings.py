@@ -23,7 +23,7 @@ from infra.access import iam
 from infra.catalog import PROVISIONING_MODELS, load_catalog
 from infra.config.declared import Section, base_type, limits, literal_choices
 from infra.config.examples import examples
-from infra.config.model import BUCKET_PURPOSES, PROJECT, ArtifactSettings, MonitoringSettings
+from infra.config.model import BUCKET_PURPOSES, PROJECT, ArtifactSettings, AutomationSettings, MonitoringSettings
 from infra.config.workload_code import FOLDER_ALLOWED, IMAGE_ALLOWED
 from run_contract.names import RESEARCHER
 
@@ -66,7 +66,6 @@ RESERVATION_NAME = r"[a-zA-Z0-9-]+"
 ZONE = r"[a-z]+-[a-z]+[0-9]+-[a-z]"
 # Flex-start: "for up to 7 days" (cloud.google.com/tpu/docs/request-using-flex-start).
 MAX_FLEX_START_HOURS = 7 * 24
-BUDGET_ACTIONS = ("stop", "delete")
 REGION = r"[a-z]+-[a-z]+[0-9]+"
 PRIVATE_CIDR = "a private IPv4 range (10/8, 172.16/12, 192.168/16), /8 to /29"
 # container.v1 ReleaseChannel.channel, less UNSPECIFIED (no channel: a static version nobody upgrades).
@@ -112,9 +111,6 @@ MAX_TPU_DESCRIPTION = 512
 # "Each resource can have up to 64 labels" (https://cloud.google.com/compute/docs/labeling-resources);
 # the platform sets RESERVED_LABELS on each TPU VM itself.
 MAX_LABELS = 64
-# `recovery.everyMinutes` becomes `*/N * * * *`: N must divide the hour, or the runs are uneven
-# (`*/45` fires at :00 and :45) or hourly (`*/90` is `0`).
-RECOVERY_INTERVALS = (1, 2, 3, 4, 5, 6, 10, 12, 15, 20, 30)
 # A workload's command and environment travel in the VM's metadata (256 KB per value, startup.py):
 # bounds well inside it. The contract's own variables (docs/run-contract.md) are the platform's.
 MAX_COMMAND_ITEMS = 256
@@ -910,43 +906,7 @@ SETTINGS: tuple[Setting, ...] = (
         choices=tuple(name for name, _ in PRIORITY_CLASSES),
     ),
     *declared("monitoring", MonitoringSettings),
-    Setting("automation", "object", "The TPU guard: budget actions and preemption recovery.", optional=True),
-    Setting(
-        "automation.budgetAction", "object", "Act on the TPUs when spend reaches a share of the budget.", optional=True
-    ),
-    Setting(
-        "automation.budgetAction.action",
-        "string",
-        "Stop or delete the stack's TPUs.",
-        optional=True,
-        choices=BUDGET_ACTIONS,
-    ),
-    Setting(
-        "automation.budgetAction.atPercent",
-        "number",
-        "Percent of the budget that triggers it.",
-        default=100,
-        minimum=1,
-        maximum=1000,
-    ),
-    Setting("automation.budgetAction.dryRun", "boolean", "Log what would be done, do nothing.", default=False),
-    Setting("automation.recovery", "object", "Re-create preempted spot or preemptible TPUs.", optional=True),
-    Setting(
-        "automation.recovery.everyMinutes",
-        "integer",
-        "How often to look for preempted TPUs (divides the hour).",
-        optional=True,
-        choices=RECOVERY_INTERVALS,
-        example=10,
-    ),
-    Setting(
-        "automation.recovery.maxAttempts",
-        "integer",
-        "Re-creations per TPU before giving up.",
-        default=5,
-        minimum=1,
-        maximum=100,
-    ),
+    *declared("automation", AutomationSettings),
 )
 
 BY_KEY = {s.key: s for s in SETTINGS}
