@@ -414,8 +414,8 @@ def _section(root: Node, name: str, model: type[S]) -> S:
 
 
 def _network(node: Node | None) -> NetworkSettings:
-    if node is None:
-        return NetworkSettings((), 0.5)
+    if node is None:  # missing or refused, said already: the declared defaults, for the checks across settings
+        node = Node({}, f"{PROJECT}:network", Problems())
     subnets: list[tuple[str, str]] = []
     entries = node.entries("subnets")
     allowed = setting("network.subnets").allowed
