@@ -96,7 +96,7 @@ class BudgetAlerts(pulumi.ComponentResource):
                 )
             ),
             threshold_rules=[
-                gcp.billing.BudgetThresholdRuleArgs(threshold_percent=t.percent / 100, spend_basis=t.basis)
+                gcp.billing.BudgetThresholdRuleArgs(threshold_percent=t.percent / 100, spend_basis=t.spend_basis)
                 for t in budget.thresholds
             ],
             all_updates_rule=gcp.billing.BudgetAllUpdatesRuleArgs(

@@ -160,7 +160,7 @@ BUCKETS = BucketSettings(
     kms_key_name=None,
     noncurrent_versions_to_keep=3,
     noncurrent_version_days=7,
-    destroyable=frozenset({"data"}),
+    destroyable=("data",),
 )
 WORKLOAD = WorkloadSettings(
     name="trainer",
@@ -248,7 +248,7 @@ def test_budget_alerts_alone():
     budget = BudgetSettings(
         amount=1234.5,
         currency="EUR",
-        thresholds=(Threshold(50, "CURRENT_SPEND"),),
+        thresholds=(Threshold(percent=50),),
         emails=("a@example.com",),
         pubsub_topic=True,
         fail_over_budget=False,
@@ -263,7 +263,7 @@ def test_budget_alerts_alone():
     assert topic["messageStoragePolicy"]["allowedPersistenceRegions"] == ["europe-west4"]  # the key's region
     assert one(result, "gcp:monitoring/notificationChannel:NotificationChannel").inputs["userLabels"] == ENV.labels
     # Pub/Sub only when there is a topic: without one, the budget declares neither.
-    without = dataclasses.replace(args, budget=dataclasses.replace(budget, pubsub_topic=False), kms_key_name=None)
+    without = dataclasses.replace(args, budget=budget.model_copy(update={"pubsub_topic": False}), kms_key_name=None)
     assert "pubsub.googleapis.com" in budget_apis(args) and "pubsub.googleapis.com" not in budget_apis(without)
     assert (
         build(lambda: BudgetAlerts("budget", ENV, without, enabled(budget_apis(without)))).of_type(
@@ -511,7 +511,7 @@ def gke_program():
     def program() -> None:
         apis = enabled(NETWORK_APIS, GKE_APIS)
         ranges = ClusterRanges(gke.region, gke.node_cidr, gke.pod_cidr, gke.service_cidr)
-        network = PrivateNetwork("net", ENV, NetworkSettings((), 0.5), apis, cluster=ranges)
+        network = PrivateNetwork("net", ENV, NetworkSettings(subnets=(), flow_log_sampling=0.5), apis, cluster=ranges)
         cluster = GkeCluster("gke", ENV, GkeClusterArgs(gke), network, apis)
         for pool in gke.slice_pools:
             SlicePool(f"slices-{pool.name}", ENV, SlicePoolArgs(pool, gke.tpu_pool_upgrades), cluster, apis)

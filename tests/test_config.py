@@ -20,7 +20,7 @@ def problems_of(raw: dict[str, str], stack: str = "small") -> str:
 def test_shipped_stacks_parse():
     dev = parse_stack_config("dev", stack_config("dev"))
     prod = parse_stack_config("prod", stack_config("prod"))
-    assert dev.buckets.destroyable == {"checkpoints", "models"}
+    assert set(dev.buckets.destroyable) == {"checkpoints", "models"}
     assert not dev.production and dev.buckets.kms_key_name is None
     assert prod.production and prod.buckets.kms_key_name and not prod.buckets.destroyable
     assert prod.budget.amount > dev.budget.amount

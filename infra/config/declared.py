@@ -13,14 +13,15 @@ import math
 import re
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar
 
 import annotated_types
-from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, GetCoreSchemaHandler, TypeAdapter, ValidationError
 from pydantic.alias_generators import to_camel
 from pydantic.fields import FieldInfo
-from pydantic_core import PydanticCustomError
+from pydantic_core import PydanticCustomError, core_schema
 
 from infra.config.problems import (
     ASCII_INTEGER,
@@ -30,6 +31,7 @@ from infra.config.problems import (
     YAML_BOOLEANS,
     Fix,
     Problems,
+    fullmatch,
     nearest,
     type_name,
 )
@@ -59,7 +61,7 @@ def _number(value: object) -> object:
         value = float(value.strip())
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise _refuse("a number (finite), like 2.5")
-    return float(value)
+    return value if isinstance(value, int) else float(value)  # an int stays one: compared exactly, shown as given
 
 
 def _flag(value: object) -> object:
@@ -77,22 +79,98 @@ def as_text(value: object) -> object:
 
 
 Integer = Annotated[int, BeforeValidator(as_integer)]
-Number = Annotated[float, BeforeValidator(_number)]
+Number = Annotated[float | int, BeforeValidator(_number)]
 Flag = Annotated[bool, BeforeValidator(_flag)]
 Text = Annotated[str, BeforeValidator(as_text)]
+
+
+class _Rule:
+    """Metadata of a field that checks its value after the type has (`Annotated[str, Allowed(...)]`)."""
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
+        return core_schema.no_info_after_validator_function(self, handler(source))
+
+    def __call__(self, value: Any) -> Any:
+        return value
+
+
+@dataclass(frozen=True)
+class Allowed(_Rule):
+    """What a setting takes beyond its type, in words (errors, the settings table), with the pattern and the
+    check that decide it."""
+
+    allowed: str = ""
+    pattern: str | None = None
+    check: Callable[[str], str | None] | None = None
+
+    def __call__(self, value: Any) -> Any:
+        if self.pattern is not None and not fullmatch(self.pattern, value):
+            raise _refuse_as(self.allowed or f"must match {self.pattern}")
+        if self.check is not None and (why := self.check(value)):
+            raise _refuse_as(why)
+        return value
+
+
+@dataclass(frozen=True)
+class OneOf(_Rule):
+    """The values a setting takes, from a tuple the code keeps (the catalog's, GCP's)."""
+
+    choices: tuple[Any, ...]
+
+    def __call__(self, value: Any) -> Any:
+        if value not in self.choices:
+            raise PydanticCustomError("literal_error", "not one of the choices")
+        return value
+
+
+@dataclass(frozen=True)
+class Items(_Rule):
+    """A list setting (at most `most` items, none repeated unless `repeats`), or a mapping's entries (read as
+    (name, value) pairs in the stack file's order)."""
+
+    most: int | None = None
+    repeats: bool = False
+    mapping: bool = False
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
+        inner = core_schema.no_info_after_validator_function(self.distinct, handler(source))
+        return core_schema.no_info_before_validator_function(self.read, inner)
+
+    def read(self, value: object) -> object:
+        if self.mapping and isinstance(value, tuple):  # already read: (key, value) pairs
+            return value
+        if not isinstance(value, Mapping if self.mapping else list | tuple):
+            raise _refuse_as(f"must be a {'mapping' if self.mapping else 'list'}, not {type_name(value)}")
+        if self.most is not None and len(value) > self.most:
+            raise _refuse_as(f"must have at most {self.most} {'entries' if self.mapping else 'items'}")
+        return tuple((str(k), v) for k, v in value.items()) if isinstance(value, Mapping) else tuple(value)
+
+    def distinct(self, items: tuple[Any, ...]) -> tuple[Any, ...]:
+        repeated = sorted({v for v in items if items.count(v) > 1}, key=str)
+        if repeated and not (self.repeats or self.mapping):
+            raise _refuse_as(f"must not repeat {', '.join(map(str, repeated))}")
+        return items
+
+
+def _refuse_as(why: str) -> PydanticCustomError:
+    return PydanticCustomError("refused", "{why}", {"why": why})
 
 
 S = TypeVar("S", bound=Section)
 
 
-def read(model: type[S], data: object, key: str, problems: Problems) -> S:
+def read(model: type[S], data: object, key: str, problems: Problems, *, required: bool = False) -> S:
     """`data` (the mapping at `key`) as `model`, every refusal recorded in `problems`. What could not be
-    read takes its default, so the checks across settings still see a whole section."""
+    read takes its default (a required setting an empty placeholder), so the checks across settings still
+    see a whole section."""
     if data is None or data is MISSING:
+        if required:
+            problems.add(key, MISSING, "required")
+            return _placeholder(model)
         data = {}
     if not isinstance(data, Mapping):
         problems.add(key, data, f"must be a mapping, not {type_name(data)}")
-        return model()
+        return _placeholder(model)
     data = _unset_nulls(model, data)
     try:
         return model.model_validate(data)
@@ -101,11 +179,27 @@ def read(model: type[S], data: object, key: str, problems: Problems) -> S:
         for e in error.errors():
             _translate(model, e, data, key, problems)
             refused.add(e["loc"][0])
-        kept = {k: v for k, v in data.items() if k not in refused}
-        try:
-            return model.model_validate(kept)
-        except ValidationError:
-            return model()
+        return _placeholder(model, {k: v for k, v in data.items() if k not in refused})
+
+
+def _placeholder(model: type[S], kept: Mapping[str, object] = {}) -> S:
+    """`model` from the settings `kept` (each valid on its own), the others at their defaults, the required ones
+    empty: "", 0, false or no items."""
+    values = {}
+    for name, info in model.model_fields.items():
+        given = kept.get(info.alias or name, kept.get(name, MISSING))
+        if given is not MISSING:
+            kind: Any = Annotated[(info.annotation, *info.metadata)] if info.metadata else info.annotation
+            values[name] = TypeAdapter(kind).validate_python(given)
+        elif info.is_required():
+            kind = base_type(info.annotation)
+            if isinstance(kind, type) and issubclass(kind, Section):
+                values[name] = _placeholder(kind)
+            else:
+                choices = literal_choices(info.annotation)
+                empty: Any = type(choices[0]) if choices else typing.get_origin(kind) or kind
+                values[name] = empty()
+    return model.model_construct(**values)
 
 
 def _unset_nulls(model: type[Section], data: Mapping[object, object]) -> dict[str, object]:
@@ -116,18 +210,26 @@ def _unset_nulls(model: type[Section], data: Mapping[object, object]) -> dict[st
         info, section = _step(model, str(key))
         if value is None and info is not None:
             continue
-        out[str(key)] = _unset_nulls(section, value) if section is not None and isinstance(value, Mapping) else value
+        if section is not None and isinstance(value, Mapping):
+            value = _unset_nulls(section, value)
+        elif section is not None and isinstance(value, list):
+            value = [_unset_nulls(section, v) if isinstance(v, Mapping) else v for v in value]
+        out[str(key)] = value
     return out
+
+
+def _section_in(annotation: object) -> type[Section] | None:
+    """The section a field holds: itself, or the items of its list."""
+    if isinstance(annotation, type) and issubclass(annotation, Section):
+        return annotation
+    return next(filter(None, (_section_in(a) for a in typing.get_args(annotation))), None)
 
 
 def _step(model: type[Section], name: object) -> tuple[FieldInfo | None, type[Section] | None]:
     """The field a stack-file key names in `model`, and its section type when it is one."""
     for field_name, info in model.model_fields.items():
         if name in (field_name, info.alias):
-            for kind in (info.annotation, *typing.get_args(info.annotation)):
-                if isinstance(kind, type) and issubclass(kind, Section):
-                    return info, kind
-            return info, None
+            return info, _section_in(info.annotation)
     return None, None
 
 
@@ -135,6 +237,8 @@ def _field_at(model: type[Section], loc: tuple[Any, ...]) -> tuple[FieldInfo | N
     """The field a problem's location names, and the section holding it."""
     info: FieldInfo | None = None
     for index, step in enumerate(loc):
+        if isinstance(step, int):  # an item of a list: the list's field still decides
+            continue
         info, section = _step(model, step)
         if section is not None and index < len(loc) - 1:
             model = section
@@ -144,14 +248,17 @@ def _field_at(model: type[Section], loc: tuple[Any, ...]) -> tuple[FieldInfo | N
 def _given(data: object, loc: tuple[Any, ...]) -> object:
     """What the stack file gives at `loc` (`"5"`, not the 5 it was read as)."""
     for step in loc:
-        data = data.get(step) if isinstance(data, Mapping) else None
+        if isinstance(data, list) and isinstance(step, int):
+            data = data[step] if step < len(data) else None
+        else:
+            data = data.get(step) if isinstance(data, Mapping) else None
     return data
 
 
 def _translate(model: type[Section], error: Any, data: Mapping[str, object], key: str, problems: Problems) -> None:
     """One refusal in the project's words: the key, the value given, what is allowed."""
     loc: tuple[Any, ...] = error["loc"]
-    path = ".".join([key, *(str(step) for step in loc)])
+    path = key + "".join(f"[{step}]" if isinstance(step, int) else f".{step}" for step in loc)
     info, owner = _field_at(model, loc)
     value = _given(data, loc)
     kind = error["type"]
@@ -165,12 +272,13 @@ def _translate(model: type[Section], error: Any, data: Mapping[str, object], key
     elif kind == "missing":
         problems.add(path, MISSING, "required")
     elif kind == "literal_error" and info is not None:
-        options = sorted(literal_choices(info.annotation), key=lambda c: (isinstance(c, str), c))
+        options = sorted(choices_of(info), key=lambda c: (isinstance(c, str), c))
         near = nearest(value, [c for c in options if isinstance(c, str)]) if isinstance(value, str) else None
         fixes = [Fix.of({path: near})] if near else []
-        problems.add(path, value, f"must be one of {', '.join(str(c) for c in options)}", fixes=fixes)
+        hint = next((f"; {m.allowed}" for m in marks(info) if isinstance(m, Allowed) and m.allowed), "")
+        problems.add(path, value, f"must be one of {', '.join(str(c) for c in options)}{hint}", fixes=fixes)
     elif kind in ("greater_than", "greater_than_equal", "less_than_equal") and info is not None:
-        integer = any(t is int for t in (info.annotation, *typing.get_args(info.annotation)))
+        integer = base_type(info.annotation) is int
         problems.add(path, value, f"must be {'an integer' if integer else 'a number'} {bounds(info)}")
     elif kind in ("model_type", "dict_type"):
         problems.add(path, value, f"must be a mapping, not {type_name(value)}")
@@ -204,18 +312,32 @@ def bounds(info: FieldInfo) -> str:
     return " and ".join(filter(None, parts))
 
 
+def choices_of(info: FieldInfo) -> tuple[Any, ...]:
+    return next((m.choices for m in marks(info) if isinstance(m, OneOf)), ()) or literal_choices(info.annotation)
+
+
+def marks(info: FieldInfo) -> list[object]:
+    """The metadata of a field, its items' and its `| None` alternative's included."""
+
+    def inner(annotation: object) -> list[object]:
+        args = typing.get_args(annotation)
+        own = list(args[1:]) if typing.get_origin(annotation) is Annotated else []
+        return own + [m for a in args for m in inner(a)]
+
+    return [*info.metadata, *inner(info.annotation)]
+
+
 def literal_choices(annotation: object) -> tuple[Any, ...]:
     """The values of a `Literal[...]` field (or of `Literal[...] | None`)."""
-    for kind in (annotation, *typing.get_args(annotation)):
-        if typing.get_origin(kind) is Annotated:
-            kind = typing.get_args(kind)[0]
-        if typing.get_origin(kind) is Literal:
-            return typing.get_args(kind)
-    return ()
+    if typing.get_origin(annotation) is Literal:
+        return typing.get_args(annotation)
+    if isinstance(annotation, OneOf):
+        return annotation.choices
+    return next(filter(None, (literal_choices(a) for a in typing.get_args(annotation))), ())
 
 
 def base_type(annotation: object) -> object:
     """The type of a field less `| None` and `Annotated`."""
     if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
         annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
-    return annotation
+    return typing.get_args(annotation)[0] if typing.get_origin(annotation) is Annotated else annotation

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import typing
 from dataclasses import dataclass, field
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field
 
 from infra import naming
 from infra.catalog import RECLAIMABLE, AcceleratorType
 from infra.catalog.gke import GkeAcceleratorType
-from infra.config.declared import Flag, Integer, Number, Section, as_integer, as_text
+from infra.config.declared import Allowed, Flag, Integer, Items, Number, OneOf, Section, Text, as_integer, as_text
 
 PROJECT = "tpu-platform"
 BUCKET_PURPOSES = ("data", "checkpoints", "models")
@@ -22,35 +22,100 @@ RESERVED_LABELS = ("environment", "owner", "managed-by", "workload", "provisioni
 # infra/tpu_guard.py): `service_account_id(name, stack)` of each. A workload may not take these
 # names, or its account would be the platform's.
 PLATFORM_ACCOUNTS = naming.PLATFORM_ACCOUNT_KINDS
+# Cloud Storage locations (https://cloud.google.com/storage/docs/locations): multi-regions,
+# predefined dual-regions and the regions where Cloud TPUs run or data is commonly kept.
+BUCKET_LOCATIONS = (
+    "US",
+    "EU",
+    "ASIA",
+    "NAM4",
+    "EUR4",
+    "EUR5",
+    "EUR7",
+    "EUR8",
+    "ASIA1",
+    "US-CENTRAL1",
+    "US-CENTRAL2",
+    "US-EAST1",
+    "US-EAST4",
+    "US-EAST5",
+    "US-SOUTH1",
+    "US-WEST1",
+    "US-WEST4",
+    "EUROPE-WEST4",
+    "EUROPE-WEST1",
+    "ASIA-EAST1",
+    "ASIA-NORTHEAST1",
+    "ASIA-SOUTHEAST1",
+)
+STORAGE_CLASSES = ("STANDARD", "NEARLINE", "COLDLINE", "ARCHIVE")
+SPEND_BASIS = {"current": "CURRENT_SPEND", "forecasted": "FORECASTED_SPEND"}
+PRIVATE_CIDR = "a private IPv4 range (10/8, 172.16/12, 192.168/16), /8 to /29"
+KMS_KEY = r"projects/(?P<project>[^/\s]+)/locations/(?P<location>[^/\s]+)/keyRings/[^/\s]+/cryptoKeys/[^/\s]+"
+EMAIL = r"[^@\s]+@[^@\s]+\.[a-z]{2,}"
+EGRESS = ("open", "google-only")
+PACKAGE_INDEX = r"(https://[a-z0-9-]+-python\.pkg\.dev/[a-z][a-z0-9-]{4,28}[a-z0-9]/[a-z][a-z0-9-]*/simple/)?"
+MAX_BUDGET_CHANNELS = 5  # the Billing Budgets API accepts at most 5 monitoring channels
+# Budget amounts are sent as `units`, an int64 (Billing Budgets API, google.type.Money).
+MAX_BUDGET_AMOUNT = 2**63 - 1
 
 
-@dataclass(frozen=True)
-class BucketSettings:
-    location: str
-    storage_class: str
-    kms_key_name: str | None
-    noncurrent_versions_to_keep: int
-    noncurrent_version_days: int
-    # Purposes whose bucket, objects included, `pulumi destroy` may delete. Empty by default.
-    destroyable: frozenset[str]
-    # Cloud Storage Data Access audit logs (who read or wrote which object); on unless turned off.
-    data_access_logs: bool = True
+class BucketSettings(Section):
+    """The data, checkpoints and models buckets."""
+
+    location: Annotated[Text, OneOf(BUCKET_LOCATIONS)] = Field(description="Location of all three buckets.")
+    storage_class: Annotated[Text, OneOf(STORAGE_CLASSES)] = Field(
+        default="STANDARD", description="Default storage class."
+    )
+    kms_key_name: Annotated[Text, Allowed("projects/P/locations/L/keyRings/R/cryptoKeys/K", KMS_KEY)] | None = Field(
+        default=None, description="Customer-managed key for the buckets, in their location; required in production."
+    )
+    noncurrent_versions_to_keep: Integer = Field(default=3, ge=1, le=100, description="Older object versions kept.")
+    noncurrent_version_days: Integer = Field(default=30, ge=1, le=3650, description="Days an older version is kept.")
+    # Purposes whose bucket, objects included, `pulumi destroy` may delete.
+    destroyable: Annotated[tuple[Annotated[Text, OneOf((*BUCKET_PURPOSES, "artifacts"))], ...], Items()] = Field(
+        default=(),
+        description="Buckets `pulumi destroy` may delete, objects included (never in production); `artifacts`: the "
+        "source archives and the image repository.",
+    )
+    data_access_logs: Flag = Field(
+        default=True,
+        description="Cloud Storage Data Access audit logs (reads and writes of objects) for the project; turning "
+        "them off is a visible choice.",
+    )
 
 
-@dataclass(frozen=True)
-class Threshold:
-    percent: float  # 100 = the whole budget
-    basis: str  # CURRENT_SPEND | FORECASTED_SPEND
+class Threshold(Section):
+    percent: Number = Field(gt=0, le=1000, description="Percent of the budget (100 = all of it).")
+    basis: Annotated[Text, OneOf(tuple(SPEND_BASIS))] = Field(
+        default="current", description="Spend so far or forecast for the month."
+    )
+
+    @property
+    def spend_basis(self) -> str:
+        return SPEND_BASIS[self.basis]
 
 
-@dataclass(frozen=True)
-class BudgetSettings:
-    amount: float
-    currency: str
-    thresholds: tuple[Threshold, ...]
-    emails: tuple[str, ...]
-    pubsub_topic: bool
-    fail_over_budget: bool  # an estimate above the budget fails the plan instead of warning
+class BudgetSettings(Section):
+    """The monthly budget on the billing account, scoped to the project."""
+
+    amount: Number = Field(gt=0, le=MAX_BUDGET_AMOUNT, description="Monthly budget.")
+    currency: Annotated[
+        Text, Allowed("an ISO 4217 code like USD, matching the billing account's currency", r"[A-Z]{3}")
+    ] = Field(default="USD", description="Currency of the amount; the billing account's.")
+    # A repeated threshold is refused by the reader, by its position.
+    thresholds: Annotated[tuple[Threshold, ...], Items(20, repeats=True)] = Field(
+        description="Alert thresholds (at least one)."
+    )
+    emails: Annotated[tuple[Annotated[Text, Allowed("an email address", EMAIL)], ...], Items(MAX_BUDGET_CHANNELS)] = (
+        Field(default=(), description="Who is emailed at each threshold.")
+    )
+    pubsub_topic: Flag = Field(
+        default=False, description="Publish budget notifications to a Pub/Sub topic (needed by budgetAction)."
+    )
+    fail_over_budget: Flag = Field(
+        default=False, description="Fail the plan when the cost estimate exceeds the budget (else warn)."
+    )
 
 
 @dataclass(frozen=True)
@@ -106,12 +171,26 @@ class WorkloadSettings:
         return dict(self.bucket_access).get(purpose, "none")
 
 
-@dataclass(frozen=True)
-class NetworkSettings:
-    subnets: tuple[tuple[str, str], ...]  # (region, private CIDR)
-    flow_log_sampling: float
-    egress: str = "open"  # open | google-only
-    package_index: str = ""  # with google-only: an Artifact Registry Python repository's index URL
+class NetworkSettings(Section):
+    """The private network."""
+
+    subnets: Annotated[tuple[tuple[str, Any], ...], Items(mapping=True), Allowed(PRIVATE_CIDR)] = Field(
+        description="Private IPv4 CIDR of the subnet in each region (one per TPU region)."
+    )
+    flow_log_sampling: Number = Field(default=0.5, gt=0, le=1, description="VPC flow log sampling rate.")
+    egress: Annotated[Text, OneOf(EGRESS)] = Field(
+        default="open",
+        description="What TPU VMs may reach: `open` (through Cloud NAT), or `google-only` (Google APIs through "
+        "private.googleapis.com and the job's own hosts; every other destination denied).",
+    )
+    package_index: Annotated[
+        Text, Allowed("https://REGION-python.pkg.dev/PROJECT/REPOSITORY/simple/", PACKAGE_INDEX)
+    ] = Field(
+        default="",
+        description="With egress google-only: the Python package index runs install from, an Artifact Registry "
+        "Python repository (https://REGION-python.pkg.dev/PROJECT/REPO/simple/), reached through "
+        "private.googleapis.com.",
+    )
 
     def cidr(self, region: str) -> str | None:
         return dict(self.subnets).get(region)

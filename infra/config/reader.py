@@ -23,6 +23,7 @@ from infra.config.declared import S
 from infra.config.examples import EXAMPLES_FOLDER, examples
 from infra.config.model import (
     BUCKET_PURPOSES,
+    PRIVATE_CIDR,
     PROJECT,
     RESERVED_LABELS,
     ArtifactSettings,
@@ -37,7 +38,6 @@ from infra.config.model import (
     ScheduleSettings,
     SlicePoolSettings,
     TeamSettings,
-    Threshold,
     TpuVmSettings,
     WorkloadSettings,
     WorkloadSource,
@@ -49,10 +49,8 @@ from infra.config.settings import (
     MAX_LABELS,
     MAX_TEAM_NAME,
     MAX_TPU_DESCRIPTION,
-    PRIVATE_CIDR,
     RESERVED_ENV_PREFIX,
     SETTINGS,
-    SPEND_BASIS,
     Setting,
     children,
     setting,
@@ -167,12 +165,12 @@ def _read(stack: str, raw: Mapping[str, str], problems: Problems) -> tuple[Platf
     self_service_in_production = flag(root, "selfServiceInProduction")
     researcher_ssh = flag(root, "researcherSsh")
 
-    buckets = _buckets(root.child(f"{PROJECT}:buckets"))
-    budget = _budget(root.child(f"{PROJECT}:budget"))
+    buckets = _section(root, "buckets", BucketSettings, required=True)
+    budget = _budget(_section(root, "budget", BudgetSettings, required=True), problems)
     workloads = tuple(_workload(name, node) for name, node in root.items(f"{PROJECT}:workloads"))
     if not workloads:
         problems.add(f"{PROJECT}:workloads", MISSING, "declare at least one workload")
-    network = _network(root.child(f"{PROJECT}:network"))
+    network = _network(_section(root, "network", NetworkSettings, required=True), problems)
     tpu_vms = tuple(_tpu_vm(node) for node in root.elements(f"{PROJECT}:tpuVms", []))
     monitoring = _section(root, "monitoring", MonitoringSettings)
     automation = _section(root, "automation", AutomationSettings)
@@ -212,54 +210,17 @@ def _label_value(value: str) -> str | None:
     return naming.label_value_problem(value)
 
 
-def _buckets(node: Node | None) -> BucketSettings:
-    if node is None:
-        return BucketSettings("", "STANDARD", None, 0, 0, frozenset())
-    settings = BucketSettings(
-        location=text(node, "buckets.location"),
-        storage_class=text(node, "buckets.storageClass"),
-        kms_key_name=optional_text(node, "buckets.kmsKeyName"),
-        noncurrent_versions_to_keep=integer(node, "buckets.noncurrentVersionsToKeep"),
-        noncurrent_version_days=integer(node, "buckets.noncurrentVersionDays"),
-        destroyable=frozenset(texts(node, "buckets.destroyable", [])),
-        data_access_logs=flag(node, "buckets.dataAccessLogs"),
-    )
-    node.done()
-    return settings
-
-
-def _budget(node: Node | None) -> BudgetSettings:
-    if node is None:
-        return BudgetSettings(0, "USD", (), (), False, False)
-    thresholds = []
-    for t in node.elements("thresholds", max_items=setting("budget.thresholds").max_items):
-        thresholds.append(
-            Threshold(
-                percent=number(t, "budget.thresholds[].percent"),
-                basis=SPEND_BASIS.get(text(t, "budget.thresholds[].basis"), ""),
-            )
-        )
-        t.done()
-    seen = [(t.percent, t.basis) for t in thresholds]
+def _budget(budget: BudgetSettings, problems: Problems) -> BudgetSettings:
+    key = f"{PROJECT}:budget.thresholds"
+    seen = [(t.percent, t.basis) for t in budget.thresholds]
     for i, pair in enumerate(seen):
         if pair in seen[:i]:
-            node.problems.add(
-                f"{node.key('thresholds')}[{i}]",
-                {"percent": pair[0]},
-                "duplicates an earlier threshold with the same percent and basis",
+            problems.add(
+                f"{key}[{i}]", {"percent": pair[0]}, "duplicates an earlier threshold with the same percent and basis"
             )
-    if not thresholds:
-        node.problems.add(node.key("thresholds"), MISSING, "list at least one threshold")
-    settings = BudgetSettings(
-        amount=number(node, "budget.amount"),
-        currency=text(node, "budget.currency"),
-        thresholds=tuple(thresholds),
-        emails=tuple(texts(node, "budget.emails", [])),
-        pubsub_topic=flag(node, "budget.pubsubTopic"),
-        fail_over_budget=flag(node, "budget.failOverBudget"),
-    )
-    node.done()
-    return settings
+    if not budget.thresholds:
+        problems.add(key, MISSING, "list at least one threshold")
+    return budget
 
 
 def _account_description(description: str) -> str | None:
@@ -408,43 +369,33 @@ def _env(node: Node) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(out))
 
 
-def _section(root: Node, name: str, model: type[S]) -> S:
+def _section(root: Node, name: str, model: type[S], *, required: bool = False) -> S:
     """A top-level section declared as a model (infra/config/declared.py)."""
-    return declared.read(model, root.value(f"{PROJECT}:{name}"), root.key(f"{PROJECT}:{name}"), root.problems)
+    key = root.key(f"{PROJECT}:{name}")
+    return declared.read(model, root.value(f"{PROJECT}:{name}"), key, root.problems, required=required)
 
 
-def _network(node: Node | None) -> NetworkSettings:
-    if node is None:  # missing or refused, said already: the declared defaults, for the checks across settings
-        node = Node({}, f"{PROJECT}:network", Problems())
+def _network(network: NetworkSettings, problems: Problems) -> NetworkSettings:
+    """The subnets that are private, apart and in a region; the package index only with google-only egress."""
     subnets: list[tuple[str, str]] = []
-    entries = node.entries("subnets")
-    allowed = setting("network.subnets").allowed
-    for region, cidr, key in entries:
+    for region, cidr in network.subnets:
+        key = f"{PROJECT}:network.subnets.{region}"
         if not re.fullmatch(r"[a-z]+-[a-z]+[0-9]+", region, flags=re.ASCII):
-            node.problems.add(key, cidr, f"'{region}' is not a GCP region like us-central1")
-            continue
-        if why := private_cidr_problem(cidr, allowed):
-            node.problems.add(key, cidr, why)
-            continue
-        network = ipaddress.ip_network(str(cidr))
-        clash = next((r for r, c in subnets if ipaddress.ip_network(c).overlaps(network)), None)
-        if clash:
-            node.problems.add(key, cidr, f"overlaps the subnet of {clash}")
-            continue
-        subnets.append((region, str(cidr)))
-    if not entries and "subnets" in node.data:
-        node.problems.add(node.key("subnets"), {}, "declare at least one region: CIDR")
-    settings = NetworkSettings(
-        subnets=tuple(subnets),
-        flow_log_sampling=number(node, "network.flowLogSampling"),
-        egress=text(node, "network.egress"),
-        package_index=text(node, "network.packageIndex"),
-    )
-    if settings.package_index and settings.egress != "google-only":
+            problems.add(key, cidr, f"'{region}' is not a GCP region like us-central1")
+        elif why := private_cidr_problem(cidr, PRIVATE_CIDR):
+            problems.add(key, cidr, why)
+        elif clash := next(
+            (r for r, c in subnets if ipaddress.ip_network(c).overlaps(ipaddress.ip_network(cidr))), None
+        ):
+            problems.add(key, cidr, f"overlaps the subnet of {clash}")
+        else:
+            subnets.append((region, str(cidr)))
+    if not network.subnets and network.model_fields_set >= {"subnets"}:
+        problems.add(f"{PROJECT}:network.subnets", {}, "declare at least one region: CIDR")
+    if network.package_index and network.egress != "google-only":
         why = "only with egress: google-only (open egress reaches any index through Cloud NAT)"
-        node.problems.add(node.key("packageIndex"), settings.package_index, why)
-    node.done()
-    return settings
+        problems.add(f"{PROJECT}:network.packageIndex", network.package_index, why)
+    return network.model_copy(update={"subnets": tuple(subnets)})
 
 
 def private_cidr_problem(cidr: object, allowed: str) -> str | None:

@@ -20,6 +20,7 @@ from infra.catalog import AcceleratorType, Generation, load_catalog
 from infra.catalog.gke import GkeAcceleratorType, GkeGeneration, load_gke_catalog
 from infra.config.model import (
     BUCKET_PURPOSES,
+    KMS_KEY,
     PLATFORM_ACCOUNTS,
     PROJECT,
     GkeSettings,
@@ -30,7 +31,7 @@ from infra.config.model import (
     service_account_id,
 )
 from infra.config.problems import MISSING, REMOVE, Fix, Problems
-from infra.config.settings import KMS_KEY, MIN_MAINTENANCE_HOURS_PER_32_DAYS, ON_COMPLETION, setting
+from infra.config.settings import MIN_MAINTENANCE_HOURS_PER_32_DAYS, ON_COMPLETION, setting
 from infra.config.workload_code import image_problem, parse_image, rebased_image
 from infra.goodput.interval import NO_EVENTS, PREEMPTIBLE_LIFE_HOURS, Losses, Rate, best_interval, waste
 

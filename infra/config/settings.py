@@ -21,43 +21,25 @@ from pydantic_core import PydanticUndefined
 from infra import naming
 from infra.access import iam
 from infra.catalog import PROVISIONING_MODELS, load_catalog
-from infra.config.declared import Section, base_type, limits, literal_choices
+from infra.config.declared import Allowed, Items, Section, base_type, choices_of, limits, literal_choices, marks
 from infra.config.examples import examples
-from infra.config.model import BUCKET_PURPOSES, PROJECT, ArtifactSettings, AutomationSettings, MonitoringSettings
+from infra.config.model import (
+    BUCKET_PURPOSES,
+    PRIVATE_CIDR,
+    PROJECT,
+    ArtifactSettings,
+    AutomationSettings,
+    BucketSettings,
+    BudgetSettings,
+    MonitoringSettings,
+    NetworkSettings,
+)
 from infra.config.workload_code import FOLDER_ALLOWED, IMAGE_ALLOWED
 from run_contract.names import RESEARCHER
 
 Kind = Literal["string", "integer", "number", "boolean", "list", "object", "map"]
 Scalar = str | int | float | bool
 
-# Cloud Storage locations (https://cloud.google.com/storage/docs/locations): multi-regions,
-# predefined dual-regions and the regions where Cloud TPUs run or data is commonly kept.
-BUCKET_LOCATIONS = (
-    "US",
-    "EU",
-    "ASIA",
-    "NAM4",
-    "EUR4",
-    "EUR5",
-    "EUR7",
-    "EUR8",
-    "ASIA1",
-    "US-CENTRAL1",
-    "US-CENTRAL2",
-    "US-EAST1",
-    "US-EAST4",
-    "US-EAST5",
-    "US-SOUTH1",
-    "US-WEST1",
-    "US-WEST4",
-    "EUROPE-WEST4",
-    "EUROPE-WEST1",
-    "ASIA-EAST1",
-    "ASIA-NORTHEAST1",
-    "ASIA-SOUTHEAST1",
-)
-STORAGE_CLASSES = ("STANDARD", "NEARLINE", "COLDLINE", "ARCHIVE")
-SPEND_BASIS = {"current": "CURRENT_SPEND", "forecasted": "FORECASTED_SPEND"}
 ON_COMPLETION = ("keep", "stop", "delete")
 CAPACITY = ("direct", "queued")
 # gcloud's short reservation name pattern (queued_api._RESERVATION; tpu.v2.json names the reservation
@@ -67,7 +49,6 @@ ZONE = r"[a-z]+-[a-z]+[0-9]+-[a-z]"
 # Flex-start: "for up to 7 days" (cloud.google.com/tpu/docs/request-using-flex-start).
 MAX_FLEX_START_HOURS = 7 * 24
 REGION = r"[a-z]+-[a-z]+[0-9]+"
-PRIVATE_CIDR = "a private IPv4 range (10/8, 172.16/12, 192.168/16), /8 to /29"
 # container.v1 ReleaseChannel.channel, less UNSPECIFIED (no channel: a static version nobody upgrades).
 RELEASE_CHANNELS = ("RAPID", "REGULAR", "STABLE", "EXTENDED")
 WEEKDAYS = ("MO", "TU", "WE", "TH", "FR", "SA", "SU")  # RFC 5545 BYDAY
@@ -80,8 +61,6 @@ TPU_POOL_UPGRADES = ("end-of-support", "maintenance-window")
 SLICE_POOL_PROVISIONING = ("on-demand", "spot", "reserved", "flex-start")
 GCP_PROJECT_ID = r"[a-z][a-z0-9-]{4,28}[a-z0-9]"
 BILLING_ACCOUNT = r"[0-9A-F]{6}-[0-9A-F]{6}-[0-9A-F]{6}"
-KMS_KEY = r"projects/(?P<project>[^/\s]+)/locations/(?P<location>[^/\s]+)/keyRings/[^/\s]+/cryptoKeys/[^/\s]+"
-EMAIL = r"[^@\s]+@[^@\s]+\.[a-z]{2,}"
 # IAM members a researcher grant may name: people and groups only (IAM "principal identifiers");
 # service accounts run the platform and are never researchers.
 RESEARCHER_MEMBER = RESEARCHER.pattern  # the run contract's (run_contract/names.py)
@@ -101,9 +80,6 @@ PRIORITY_CLASSES: tuple[tuple[str, int], ...] = (
     ("high", 750),
     ("very-high", 1000),
 )
-MAX_BUDGET_CHANNELS = 5  # the Billing Budgets API accepts at most 5 monitoring channels
-# Budget amounts are sent as `units`, an int64 (Billing Budgets API, google.type.Money).
-MAX_BUDGET_AMOUNT = 2**63 - 1
 # IAM ServiceAccount.description: "The maximum length is 256 UTF-8 bytes" (iam v1 discovery document).
 MAX_ACCOUNT_DESCRIPTION_BYTES = 256
 # Cloud TPU Node.description: "Maximum of 512 characters" (tpu v2 discovery document).
@@ -117,10 +93,6 @@ MAX_COMMAND_ITEMS = 256
 MAX_COMMAND_ARG = 4096
 MAX_ENV_ITEMS = 64
 RESERVED_ENV_PREFIX = "TPU_PLATFORM_"
-
-
-EGRESS = ("open", "google-only")
-PACKAGE_INDEX = r"(https://[a-z0-9-]+-python\.pkg\.dev/[a-z][a-z0-9-]{4,28}[a-z0-9]/[a-z][a-z0-9-]*/simple/)?"
 
 
 def tpu_regions() -> tuple[str, ...]:
@@ -163,7 +135,15 @@ class Setting:
         return self.default is None and not self.optional and self.kind not in ("object", "map", "list")
 
 
-_KINDS: dict[object, Kind] = {bool: "boolean", int: "integer", float: "number", str: "string"}
+_KINDS: dict[object, Kind] = {bool: "boolean", int: "integer", float: "number", str: "string", typing.Any: "string"}
+
+
+def _kind(annotation: object) -> Kind:
+    choices = literal_choices(annotation)
+    kind = base_type(annotation)
+    if isinstance(kind, type) and issubclass(kind, Section):
+        return "object"
+    return _KINDS[type(choices[0]) if choices else typing.get_origin(kind) or kind]
 
 
 def declared(key: str, model: type[Section], *, optional: bool = True) -> tuple[Setting, ...]:
@@ -173,25 +153,36 @@ def declared(key: str, model: type[Section], *, optional: bool = True) -> tuple[
         child = f"{key}.{info.alias or name}"
         kind = base_type(info.annotation)
         if isinstance(kind, type) and issubclass(kind, Section):
-            rows.extend(declared(child, kind))
+            rows.extend(declared(child, kind, optional=not info.is_required()))
             continue
-        choices = literal_choices(info.annotation)
+        rule = next((m for m in marks(info) if isinstance(m, Allowed)), Allowed())
+        many = next((m for m in info.metadata if isinstance(m, Items)), None)
+        item = typing.get_args(kind)[0] if many else None
+        if many and many.mapping:
+            item = typing.get_args(item)[1]
         low, high, exclusive = limits(info)
-        default = None if info.default is PydanticUndefined else info.default
+        default = None if info.default in (PydanticUndefined, ()) else info.default
         rows.append(
             Setting(
                 child,
-                _KINDS[type(choices[0]) if choices else typing.get_origin(kind) or kind],
+                ("map" if many.mapping else "list") if many else _kind(info.annotation),
                 info.description or "",
                 default=default,
-                optional=default is None and info.default is not PydanticUndefined,
+                optional=default is None and not info.is_required(),
                 minimum=low,
                 maximum=high,
                 exclusive_minimum=exclusive,
-                choices=choices,
+                choices=choices_of(info),
+                pattern=rule.pattern,
+                allowed=rule.allowed,
+                max_items=many.most if many else None,
+                items=_kind(item) if many else None,
+                unique=not (many and many.repeats),
                 example=info.examples[0] if info.examples else None,
             )
         )
+        if many and not many.mapping and _kind(item) == "object":
+            rows.extend(declared(f"{child}[]", base_type(item))[1:])  # type: ignore[arg-type]
     return tuple(rows)
 
 
@@ -260,92 +251,8 @@ SETTINGS: tuple[Setting, ...] = (
         "Grant researchers IAP tunnelling and OS Login: project-wide, as Cloud TPU has no per-node IAM.",
         default=False,
     ),
-    Setting("buckets", "object", "The data, checkpoints and models buckets."),
-    Setting("buckets.location", "string", "Location of all three buckets.", choices=BUCKET_LOCATIONS),
-    Setting("buckets.storageClass", "string", "Default storage class.", default="STANDARD", choices=STORAGE_CLASSES),
-    Setting(
-        "buckets.kmsKeyName",
-        "string",
-        "Customer-managed key for the buckets, in their location; required in production.",
-        optional=True,
-        pattern=KMS_KEY,
-        allowed="projects/P/locations/L/keyRings/R/cryptoKeys/K",
-    ),
-    Setting(
-        "buckets.noncurrentVersionsToKeep", "integer", "Older object versions kept.", default=3, minimum=1, maximum=100
-    ),
-    Setting(
-        "buckets.noncurrentVersionDays",
-        "integer",
-        "Days an older version is kept.",
-        default=30,
-        minimum=1,
-        maximum=3650,
-    ),
-    Setting(
-        "buckets.destroyable",
-        "list",
-        "Buckets `pulumi destroy` may delete, objects included (never in production); `artifacts`: the "
-        "source archives and the image repository.",
-        items="string",
-        choices=(*BUCKET_PURPOSES, "artifacts"),
-        optional=True,
-    ),
-    Setting(
-        "buckets.dataAccessLogs",
-        "boolean",
-        "Cloud Storage Data Access audit logs (reads and writes of objects) for the project; turning them off "
-        "is a visible choice.",
-        default=True,
-    ),
-    Setting("budget", "object", "The monthly budget on the billing account, scoped to the project."),
-    Setting("budget.amount", "number", "Monthly budget.", minimum=0, exclusive_minimum=True, maximum=MAX_BUDGET_AMOUNT),
-    Setting(
-        "budget.currency",
-        "string",
-        "Currency of the amount; the billing account's.",
-        default="USD",
-        pattern=r"[A-Z]{3}",
-        allowed="an ISO 4217 code like USD, matching the billing account's currency",
-    ),
-    Setting("budget.thresholds", "list", "Alert thresholds (at least one).", items="object", max_items=20),
-    Setting(
-        "budget.thresholds[].percent",
-        "number",
-        "Percent of the budget (100 = all of it).",
-        minimum=0,
-        exclusive_minimum=True,
-        maximum=1000,
-    ),
-    Setting(
-        "budget.thresholds[].basis",
-        "string",
-        "Spend so far or forecast for the month.",
-        default="current",
-        choices=tuple(SPEND_BASIS),
-    ),
-    Setting(
-        "budget.emails",
-        "list",
-        "Who is emailed at each threshold.",
-        items="string",
-        optional=True,
-        max_items=MAX_BUDGET_CHANNELS,
-        pattern=EMAIL,
-        allowed="an email address",
-    ),
-    Setting(
-        "budget.pubsubTopic",
-        "boolean",
-        "Publish budget notifications to a Pub/Sub topic (needed by budgetAction).",
-        default=False,
-    ),
-    Setting(
-        "budget.failOverBudget",
-        "boolean",
-        "Fail the plan when the cost estimate exceeds the budget (else warn).",
-        default=False,
-    ),
+    *declared("buckets", BucketSettings, optional=False),
+    *declared("budget", BudgetSettings, optional=False),
     Setting("workloads", "map", "Training workloads by name (1-16 lowercase letters, digits, '-').", items="object"),
     Setting(
         "workloads.<name>.description",
@@ -518,40 +425,7 @@ SETTINGS: tuple[Setting, ...] = (
         maximum=1_048_576,
     ),
     *declared("artifacts", ArtifactSettings),
-    Setting("network", "object", "The private network."),
-    Setting(
-        "network.subnets",
-        "map",
-        "Private IPv4 CIDR of the subnet in each region (one per TPU region).",
-        items="string",
-        allowed=PRIVATE_CIDR,
-    ),
-    Setting(
-        "network.flowLogSampling",
-        "number",
-        "VPC flow log sampling rate.",
-        default=0.5,
-        minimum=0,
-        exclusive_minimum=True,
-        maximum=1,
-    ),
-    Setting(
-        "network.egress",
-        "string",
-        "What TPU VMs may reach: `open` (through Cloud NAT), or `google-only` (Google APIs through "
-        "private.googleapis.com and the job's own hosts; every other destination denied).",
-        default="open",
-        choices=EGRESS,
-    ),
-    Setting(
-        "network.packageIndex",
-        "string",
-        "With egress google-only: the Python package index runs install from, an Artifact Registry Python "
-        "repository (https://REGION-python.pkg.dev/PROJECT/REPO/simple/), reached through private.googleapis.com.",
-        default="",
-        pattern=PACKAGE_INDEX,
-        allowed="https://REGION-python.pkg.dev/PROJECT/REPOSITORY/simple/",
-    ),
+    *declared("network", NetworkSettings, optional=False),
     Setting("tpuVms", "list", "The TPU VMs.", items="object", optional=True),
     Setting(
         "tpuVms[].name",
