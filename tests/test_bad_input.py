@@ -130,8 +130,12 @@ def test_a_trailing_newline_is_refused_everywhere(where):
         "tpuVms[0].name": ("tpuVms", lambda v: v[0].update(name=v[0]["name"] + "\n"), "tpuVms[0].name"),
         "workloads.run": ("workloads", lambda w: w["mnist"].update(run="r1\n"), "workloads.mnist.run"),
         "buckets.kmsKeyName": ("buckets", lambda b: b.update(kmsKeyName=b["kmsKeyName"] + "\n"), "buckets.kmsKeyName"),
-        "schedule.start": ("tpuVms", lambda v: v[0]["schedule"].update(start="0 8 * * 1-5\n#"), "tpuVms[0].schedule"),
-        "labels": ("tpuVms", lambda v: v[0]["labels"].update({"team": "ml\n"}), "tpuVms[0].labels.team"),
+        "schedule.start": (
+            "tpuVms",
+            lambda v: v[0]["schedule"].update(start="0 8 * * 1-5\n#"),
+            "tpuVms[office-v2].schedule",
+        ),
+        "labels": ("tpuVms", lambda v: v[0]["labels"].update({"team": "ml\n"}), "tpuVms[office-v2].labels.team"),
     }
     key, edit, problem_key = edits[where]
     stack = "production" if where == "buckets.kmsKeyName" else "scheduled"
@@ -207,7 +211,7 @@ def test_workload_descriptions_over_256_bytes_are_refused(length, char):
 @given(st.integers(513, 2000))
 def test_tpu_descriptions_over_512_characters_are_refused(length):
     raw = with_object(SANDBOX, "tpuVms", lambda v: v[0].update(description="d" * length))
-    refused(raw, f"{NS}:tpuVms[0].description")
+    refused(raw, f"{NS}:tpuVms[office-v2].description")
 
 
 @settings(max_examples=20, deadline=None)
@@ -215,7 +219,7 @@ def test_tpu_descriptions_over_512_characters_are_refused(length):
 def test_more_labels_than_gcp_allows_are_refused(count):
     labels = {f"l{i}": "x" for i in range(count)}  # with the platform's 6 reserved, over 64
     raw = with_object(SANDBOX, "tpuVms", lambda v: v[0].update(labels=labels))
-    assert "must have at most 58 entries" in refused(raw, f"{NS}:tpuVms[0].labels")
+    assert "must have at most 58 entries" in refused(raw, f"{NS}:tpuVms[office-v2].labels")
 
 
 def test_58_labels_are_accepted():
@@ -266,7 +270,7 @@ def test_international_lowercase_letters_are_accepted_in_label_values(value):
 @given(st.sampled_from(list("ÉÜΣЖABC .@")))
 def test_uppercase_and_punctuation_are_still_refused_in_label_values(char):
     raw = with_object(SANDBOX, "tpuVms", lambda v: v[0]["labels"].update({"team": f"ml{char}"}))
-    refused(raw, f"{NS}:tpuVms[0].labels.team")
+    refused(raw, f"{NS}:tpuVms[office-v2].labels.team")
 
 
 @settings(max_examples=15, deadline=None)

@@ -308,6 +308,7 @@ def test_the_plan_refuses_a_runtime_that_cannot_run_the_workload():
     jax = {"program": "jax_mnist", "frameworkVersion": "0.10.2"}
     raw = with_object(fixture_config("small"), "workloads", lambda w: w["mnist"].update(jax))
     raw = with_object(raw, "tpuVms", lambda v: v[0].update(runtimeVersion="tpu-ubuntu2204-base"))
-    assert "tpu-platform:tpuVms[0].runtimeVersion = 'tpu-ubuntu2204-base': jax 0.10.2 needs Python 3.11" in problems_of(
-        raw
+    assert (
+        "tpu-platform:tpuVms[small-v2].runtimeVersion = 'tpu-ubuntu2204-base': jax 0.10.2 needs Python 3.11"
+        in problems_of(raw)
     )

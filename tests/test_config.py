@@ -120,16 +120,16 @@ def test_a_copied_stack_that_keeps_the_deployer_it_was_copied_from_is_one_error_
     assert parse_stack_config("staging", other).deployer.startswith("ci-deployer@")
 
 
-VM = f"{NS}:tpuVms[0]"
+VM = f"{NS}:tpuVms[small-v2]"
 
 
 def test_a_misspelt_key_or_value_is_offered_the_nearest_valid_one():
     message = problems_of(Fix.of({f"{VM}.provisoning": "spot", f"{NS}:budget.amount": "lots"}).apply(fixture_config()))
-    assert "tpu-platform:tpuVms[0].provisoning = 'spot': unknown key; known keys: " in message
+    assert "tpu-platform:tpuVms[small-v2].provisoning = 'spot': unknown key; known keys: " in message
     assert "; remove provisoning and set provisioning: spot" in message
     assert "tpu-platform:budget.amount = 'lots': must be a number (finite), like 2.5" in message
     message = problems_of(Fix.of({f"{VM}.provisioning": "spto"}).apply(fixture_config()))
-    assert "tpu-platform:tpuVms[0].provisioning = 'spto': must be one of " in message
+    assert "tpu-platform:tpuVms[small-v2].provisioning = 'spto': must be one of " in message
     assert message.endswith("; set provisioning: spot")
     v5e = {
         f"{VM}.zone": "us-central1-a",
@@ -137,7 +137,7 @@ def test_a_misspelt_key_or_value_is_offered_the_nearest_valid_one():
         f"{NS}:workloads.mnist.frameworkVersion": "2.15.0",
     }
     message = problems_of(Fix.of({**v5e, f"{VM}.acceleratorType": "v5e-8"}).apply(fixture_config()))
-    assert "tpu-platform:tpuVms[0].acceleratorType = 'v5e-8': unknown TPU type" in message
+    assert "tpu-platform:tpuVms[small-v2].acceleratorType = 'v5e-8': unknown TPU type" in message
     assert message.endswith("; set acceleratorType: v5litepod-8")
 
 
@@ -207,4 +207,4 @@ def test_every_problem_is_reported_at_once():
 def test_an_empty_workload_of_a_vm_is_refused_not_a_crash():
     # Found by test_bad_input's fuzzing: '' passed the reader and crashed rendering the VM's metadata.
     raw = with_object(fixture_config("small"), "tpuVms", lambda vms: vms[0].update(workload=""))
-    assert "tpu-platform:tpuVms[0].workload = '': name one of the workloads" in problems_of(raw)
+    assert "tpu-platform:tpuVms[small-v2].workload = '': name one of the workloads" in problems_of(raw)

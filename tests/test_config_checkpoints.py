@@ -74,11 +74,11 @@ def test_an_on_demand_vm_is_never_preempted():
     [
         (
             {"provisioning": "on-demand", "hoursBetweenPreemptions": 3},
-            "tpuVms[0].hoursBetweenPreemptions = 3: only spot and preemptible VMs are preempted, not on-demand",
+            "tpuVms[office-v2].hoursBetweenPreemptions = 3: only spot and preemptible VMs are preempted, not on-demand",
         ),
         (
             {"provisioning": "preemptible", "hoursBetweenPreemptions": 30},
-            "tpuVms[0].hoursBetweenPreemptions = 30: a preemptible TPU lives at most 24 hours",
+            "tpuVms[office-v2].hoursBetweenPreemptions = 30: a preemptible TPU lives at most 24 hours",
         ),
     ],
 )

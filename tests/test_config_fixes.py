@@ -23,8 +23,8 @@ from tools.offline.runner import run_program
 
 ROOT = Path(__file__).resolve().parents[1]
 NS = "tpu-platform"
-VM = f"{NS}:tpuVms[0]"
-POOL = f"{NS}:gke.slicePools[0]"
+VM = f"{NS}:tpuVms[small-v2]"
+POOL = f"{NS}:gke.slicePools[v5e]"
 KEY = "projects/fixture-project/locations/us-central1/keyRings/r/cryptoKeys/k"
 V5E = {f"{VM}.acceleratorType": "v5litepod-8", f"{VM}.zone": "us-central1-a"}
 V5E_TF = {**V5E, f"{VM}.runtimeVersion": "tpu-vm-tf-2.15.0-pjrt", f"{NS}:workloads.mnist.frameworkVersion": "2.15.0"}
@@ -231,7 +231,7 @@ def test_a_new_pin_moves_every_vm_running_the_workload_and_is_not_offered_where_
     (fix,) = problem.fixes
     assert dict(fix.edits) == {
         f"{NS}:workloads.mnist.frameworkVersion": "2.15.0",
-        f"{NS}:tpuVms[1].runtimeVersion": "tpu-vm-tf-2.15.0-pjrt",
+        f"{NS}:tpuVms[old].runtimeVersion": "tpu-vm-tf-2.15.0-pjrt",
         f"{VM}.runtimeVersion": "tpu-vm-tf-2.15.0-pjrt",
     }
     stack, raw = broken("runtime-of-another-tf-version")  # a v2-8 on TF 2.13.0, the workload on 2.14.1
@@ -317,15 +317,15 @@ def test_a_fix_is_said_with_keys_as_near_to_the_problem_as_they_are_and_applied_
         f"remove schedule and set {NS}:selfServiceInProduction: true and set {NS}:tpuVms[1]: {{name: next}}"
     )
     raw = {
-        f"{NS}:tpuVms": '[{"name": "a", "runtimeVersion": "x", "schedule": {"stop": "0 20 * * *"}}]',
+        f"{NS}:tpuVms": '[{"name": "small-v2", "runtimeVersion": "x", "schedule": {"stop": "0 20 * * *"}}]',
         f"{NS}:workloads": '{"mnist": {"frameworkVersion": "2.14.1"}}',
     }
     assert fix.apply(raw) == {
-        f"{NS}:tpuVms": '[{"name": "a", "runtimeVersion": "tpu-vm-tf-2.15.0-pjrt"}, {"name": "next"}]',
+        f"{NS}:tpuVms": '[{"name": "small-v2", "runtimeVersion": "tpu-vm-tf-2.15.0-pjrt"}, {"name": "next"}]',
         f"{NS}:workloads": '{"mnist": {"frameworkVersion": "2.15.0"}}',
         f"{NS}:selfServiceInProduction": "true",
     }
-    assert raw[f"{NS}:tpuVms"].startswith('[{"name": "a", "runtimeVersion": "x"')  # a copy: the original is kept
+    assert raw[f"{NS}:tpuVms"].startswith('[{"name": "small-v2", "runtimeVersion": "x"')  # a copy: the original is kept
     beside = Fix.of({f"{NS}:budget.failOverBudget": False})
     assert beside.says(f"{NS}:budget.amount") == "set failOverBudget: false"  # beside it in its mapping
     assert beside.says(f"{NS}:automation.budgetAction") == f"set {NS}:budget.failOverBudget: false"

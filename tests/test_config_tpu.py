@@ -30,11 +30,11 @@ def test_bad_vm_name(name):
 
 
 def test_unknown_workload_lists_the_known_ones():
-    assert "tpu-platform:tpuVms[0].workload = 'bert': must be one of mnist" in vm_problems(workload="bert")
+    assert "tpu-platform:tpuVms[small-v2].workload = 'bert': must be one of mnist" in vm_problems(workload="bert")
 
 
 def test_missing_zone():
-    assert "tpu-platform:tpuVms[0].zone = (not set): required" in vm_problems(zone=None)
+    assert "tpu-platform:tpuVms[small-v2].zone = (not set): required" in vm_problems(zone=None)
 
 
 def test_duplicate_vm_names():
@@ -47,21 +47,21 @@ def test_zone_without_that_tpu():
         "production", acceleratorType="v4-8", runtimeVersion="tpu-vm-tf-2.15.0-pjrt", zone="europe-west4-a"
     )
     assert (
-        "tpuVms[0].zone = 'europe-west4-a': v4-8 is not offered in europe-west4-a; zones that offer it: us-central2-b"
-        in (message)
+        "tpuVms[on-demand-v5e].zone = 'europe-west4-a': "
+        "v4-8 is not offered in europe-west4-a; zones that offer it: us-central2-b" in (message)
     )
 
 
 def test_runtime_that_does_not_match_the_pinned_framework():
     message = vm_problems(runtimeVersion="tpu-vm-tf-2.13.0")
-    assert "tpuVms[0].runtimeVersion = 'tpu-vm-tf-2.13.0': the runtime carries TensorFlow 2.13.0" in message
+    assert "tpuVms[small-v2].runtimeVersion = 'tpu-vm-tf-2.13.0': the runtime carries TensorFlow 2.13.0" in message
     assert "set runtimeVersion: tpu-vm-tf-2.14.1, or set tpu-platform:workloads.mnist.frameworkVersion: 2.13.0" in (
         message
     )
 
 
 def test_unknown_accelerator_type():
-    assert "tpuVms[0].acceleratorType = 'v2-16': not a v2 size; valid sizes: v2-8, v2-32" in vm_problems(
+    assert "tpuVms[small-v2].acceleratorType = 'v2-16': not a v2 size; valid sizes: v2-8, v2-32" in vm_problems(
         acceleratorType="v2-16"
     )
 
@@ -72,7 +72,8 @@ def test_spot_vm_needs_checkpoints():
     )
     message = problems_of(raw, "scheduled")
     assert (
-        "tpu-platform:tpuVms[0].provisioning = 'spot': a spot TPU can be reclaimed at any time: its workload" in message
+        "tpu-platform:tpuVms[office-v2].provisioning = 'spot': a spot TPU can be reclaimed at any time: its workload"
+        in message
     )
 
 
@@ -88,9 +89,9 @@ def test_region_without_a_subnet():
 
 def test_reserved_and_bad_labels():
     message = vm_problems(labels={"owner": "someone-else", "Team": "x", "ok": "Not Valid"})
-    assert "tpuVms[0].labels.owner = 'someone-else': 'owner' is set by the platform" in message
-    assert "tpuVms[0].labels.Team = 'Team': label keys need" in message
-    assert "tpuVms[0].labels.ok = 'Not Valid': label values need" in message
+    assert "tpuVms[small-v2].labels.owner = 'someone-else': 'owner' is set by the platform" in message
+    assert "tpuVms[small-v2].labels.Team = 'Team': label keys need" in message
+    assert "tpuVms[small-v2].labels.ok = 'Not Valid': label values need" in message
 
 
 def test_bad_provisioning_model():
@@ -137,29 +138,35 @@ def prod_vm_problems(**changes) -> str:
     [
         (
             {"reservationName": "team-a", "provisioning": "reserved"},
-            "tpuVms[0].reservationName = 'team-a': only a queued request names a reservation (TPU API v2); "
+            "tpuVms[on-demand-v5e].reservationName = 'team-a': only a queued request names a reservation (TPU API v2); "
             "set capacity",
         ),
         (
             {"nodeCount": 2},
-            "tpuVms[0].nodeCount = 2: a multislice is a queued request; set capacity: queued, or remove nodeCount",
+            "tpuVms[on-demand-v5e].nodeCount = 2: "
+            "a multislice is a queued request; set capacity: queued, or remove nodeCount",
         ),
-        ({"fallbackZones": ["us-west4-a"]}, "tpuVms[0].fallbackZones = ['us-west4-a']: a direct VM's zone is fixed"),
+        (
+            {"fallbackZones": ["us-west4-a"]},
+            "tpuVms[on-demand-v5e].fallbackZones = ['us-west4-a']: a direct VM's zone is fixed",
+        ),
         (
             {"provisioning": "flex-start", "runDurationHours": 4},
-            "tpuVms[0].provisioning = 'flex-start': flex-start exists only for queued requests",
+            "tpuVms[on-demand-v5e].provisioning = 'flex-start': flex-start exists only for queued requests",
         ),
         (
             {"capacity": "queued", "provisioning": "preemptible"},
-            "tpuVms[0].provisioning = 'preemptible': a queued request takes on-demand, spot, reserved or flex-start",
+            "tpuVms[on-demand-v5e].provisioning = 'preemptible': "
+            "a queued request takes on-demand, spot, reserved or flex-start",
         ),
         (
             {"capacity": "queued", "reservationName": "team-a"},
-            "tpuVms[0].reservationName = 'team-a': only provisioning: reserved takes it; set provisioning: reserved",
+            "tpuVms[on-demand-v5e].reservationName = 'team-a': "
+            "only provisioning: reserved takes it; set provisioning: reserved",
         ),
         (
             {"capacity": "queued", "provisioning": "reserved", "reservationName": "team a"},
-            "tpuVms[0].reservationName = 'team a': a reservation's short name: letters, digits and '-'",
+            "tpuVms[on-demand-v5e].reservationName = 'team a': a reservation's short name: letters, digits and '-'",
         ),
         (
             {
@@ -173,34 +180,35 @@ def prod_vm_problems(**changes) -> str:
         ),
         (
             {"capacity": "queued", "provisioning": "flex-start"},
-            "tpuVms[0].runDurationHours = (not set): flex-start needs how long the VM runs, in hours",
+            "tpuVms[on-demand-v5e].runDurationHours = (not set): flex-start needs how long the VM runs, in hours",
         ),
         (
             {"capacity": "queued", "runDurationHours": 4},
-            "tpuVms[0].runDurationHours = 4: only provisioning: flex-start",
+            "tpuVms[on-demand-v5e].runDurationHours = 4: only provisioning: flex-start",
         ),
         (
             {"capacity": "queued", "provisioning": "flex-start", "runDurationHours": 200},
-            "tpuVms[0].runDurationHours = 200: must be a number > 0 and <= 168",
+            "tpuVms[on-demand-v5e].runDurationHours = 200: must be a number > 0 and <= 168",
         ),
         (
             {"capacity": "queued", "fallbackZones": ["us-central1-a"]},
-            "tpuVms[0].fallbackZones[0] = 'us-central1-a': is the VM's own zone",
+            "tpuVms[on-demand-v5e].fallbackZones[0] = 'us-central1-a': is the VM's own zone",
         ),
         (
             {"capacity": "queued", "fallbackZones": ["us-central2-b"]},
-            "tpuVms[0].fallbackZones[0] = 'us-central2-b': v5litepod-8 is not offered in us-central2-b; "
+            "tpuVms[on-demand-v5e].fallbackZones[0] = 'us-central2-b': v5litepod-8 is not offered in us-central2-b; "
             "zones that offer",
         ),
         (
             {"capacity": "queued", "fallbackZones": ["us-west4-a"]},
-            "tpuVms[0].fallbackZones[0] = 'us-west4-a': us-west4 has no subnet under tpu-platform:network.subnets; set "
+            "tpuVms[on-demand-v5e].fallbackZones[0] = 'us-west4-a': "
+            "us-west4 has no subnet under tpu-platform:network.subnets; set "
             "tpu-platform:network.subnets.us-west4: 10.0.0.0/20",
         ),
-        ({"nodeCount": 0}, "tpuVms[0].nodeCount = 0: must be an integer >= 1 and <= 1024"),
+        ({"nodeCount": 0}, "tpuVms[on-demand-v5e].nodeCount = 0: must be an integer >= 1 and <= 1024"),
         (
             {"maxRunHours": 24},
-            "tpuVms[0].maxRunHours = 24: bounds a run to completion, which keep never ends; set "
+            "tpuVms[on-demand-v5e].maxRunHours = 24: bounds a run to completion, which keep never ends; set "
             "onCompletion: stop, or set onCompletion: delete, or remove maxRunHours",
         ),
     ],
@@ -218,8 +226,9 @@ def roomy_network(raw: dict[str, str]) -> dict[str, str]:
 def test_flex_start_is_checked_against_googles_zones():
     flex = {"capacity": "queued", "provisioning": "flex-start", "runDurationHours": 4}
     west = with_object(roomy_network(fixture_config("production")), "tpuVms", vm_edit(**flex, zone="us-west1-c"))
-    assert "tpuVms[0].zone = 'us-west1-c': flex-start v5e is offered only in us-central1-a (serving), us-west4-a" in (
-        problems_of(west, "production")
+    assert (
+        "tpuVms[on-demand-v5e].zone = 'us-west1-c': "
+        "flex-start v5e is offered only in us-central1-a (serving), us-west4-a" in (problems_of(west, "production"))
     )
     fallback = with_object(
         roomy_network(fixture_config("production")),
@@ -227,17 +236,17 @@ def test_flex_start_is_checked_against_googles_zones():
         vm_edit(**flex, zone="us-west4-a", fallbackZones=["us-south1-a"]),
     )
     message = problems_of(fallback, "production")
-    assert "tpuVms[0].fallbackZones[0] = 'us-south1-a': flex-start v5e is offered only in" in message
+    assert "tpuVms[on-demand-v5e].fallbackZones[0] = 'us-south1-a': flex-start v5e is offered only in" in message
     # Listed for serving only: the plan goes on, and says so.
     serving = parse_stack_config("production", with_object(fixture_config("production"), "tpuVms", vm_edit(**flex)))
-    assert any("tpuVms[0].zone" in w and "for serving, not for training" in w for w in serving.warnings)
+    assert any("tpuVms[on-demand-v5e].zone" in w and "for serving, not for training" in w for w in serving.warnings)
     training = parse_stack_config(
         "production",
         with_object(roomy_network(fixture_config("production")), "tpuVms", vm_edit(**flex, zone="us-west4-a")),
     )
     assert not [w for w in training.warnings if "flex-start" in w]
     v5p = {"acceleratorType": "v5p-8", "zone": "us-east5-a", "runtimeVersion": "v2-alpha-tpuv5"}
-    assert "tpuVms[0].acceleratorType = 'v5p-8': v5p is not offered with flex-start" in vm_problems(
+    assert "tpuVms[on-demand-v5e].acceleratorType = 'v5p-8': v5p is not offered with flex-start" in vm_problems(
         "production", **flex, **v5p
     )
 
@@ -254,8 +263,11 @@ def test_a_queued_vm_is_never_stopped_only_deleted():
         runtimeVersion="tpu-vm-tf-2.15.0-pjrt",
         onCompletion="stop",
     )
-    assert "tpuVms[0].onCompletion = 'stop': a queued request's TPUs cannot be stopped, only deleted" in message
-    assert "tpuVms[0].schedule = {'start': '0 8 * * 1-5', 'stop': '0 20 * * 1-5'}: a queued request's TPUs" in message
+    assert "tpuVms[office-v2].onCompletion = 'stop': a queued request's TPUs cannot be stopped, only deleted" in message
+    assert (
+        "tpuVms[office-v2].schedule = {'start': '0 8 * * 1-5', 'stop': '0 20 * * 1-5'}: a queued request's TPUs"
+        in message
+    )
     deleted = parse_stack_config(
         "production", with_object(fixture_config("production"), "tpuVms", vm_edit(**queued, onCompletion="delete"))
     )
@@ -283,20 +295,20 @@ def test_a_multislices_node_names_are_its_own():
             ],
         ),
     )
-    assert "tpuVms[1].name = 'ms-1': its TPU nodes' names are taken by TPU VM ms" in problems_of(raw, "production")
+    assert "tpuVms[ms-1].name = 'ms-1': its TPU nodes' names are taken by TPU VM ms" in problems_of(raw, "production")
 
 
 def test_max_run_hours_needs_the_guards_periodic_check():
     raw = with_object(fixture_config("small"), "tpuVms", vm_edit(maxRunHours=24))
     assert (
-        "tpuVms[0].maxRunHours = 24: is enforced by the guard's periodic check; set "
+        "tpuVms[small-v2].maxRunHours = 24: is enforced by the guard's periodic check; set "
         "tpu-platform:automation.recovery.everyMinutes: 10"
     ) in problems_of(raw)
 
 
 def test_multislice_needs_a_type_the_catalog_marks_capable():
     message = vm_problems(capacity="queued", nodeCount=2, provisioning="spot")
-    assert "tpuVms[0].acceleratorType = 'v2-8': v2 is not offered through queued resources" in message
+    assert "tpuVms[small-v2].acceleratorType = 'v2-8': v2 is not offered through queued resources" in message
 
 
 def test_a_queued_multislice_with_fallbacks_is_accepted():

@@ -56,12 +56,12 @@ def test_a_stack_without_the_section_has_no_gke_engine():
     ],
 )
 def test_a_type_gke_does_not_take(type_name, message):
-    assert f"{NS}:gke.slicePools[0].acceleratorType = {message}" in pool_problems(acceleratorType=type_name)
+    assert f"{NS}:gke.slicePools[v5e].acceleratorType = {message}" in pool_problems(acceleratorType=type_name)
 
 
 def test_a_zone_without_that_type():
     assert (
-        f"{NS}:gke.slicePools[1].zone = 'us-central1-a': tpu7x-16 is not offered in us-central1-a; "
+        f"{NS}:gke.slicePools[ironwood].zone = 'us-central1-a': tpu7x-16 is not offered in us-central1-a; "
         "zones that offer it: us-central1-c"
     ) in pool_problems(1, zone="us-central1-a")
 
@@ -69,29 +69,29 @@ def test_a_zone_without_that_type():
 def test_a_zone_outside_the_clusters_region():
     message = pool_problems(zone="us-west4-a")
     assert (
-        f"{NS}:gke.slicePools[0].zone = 'us-west4-a': is not in the cluster's region us-central1; set zone: "
+        f"{NS}:gke.slicePools[v5e].zone = 'us-west4-a': is not in the cluster's region us-central1; set zone: "
         "us-central1-a"
     ) in message
 
 
 def test_reservations_go_with_reserved():
     assert (
-        f"{NS}:gke.slicePools[0].reservationName = (not set): a reserved pool names the reservation it consumes"
+        f"{NS}:gke.slicePools[v5e].reservationName = (not set): a reserved pool names the reservation it consumes"
         in pool_problems(provisioning="reserved")
     )
     assert (
-        f"{NS}:gke.slicePools[0].reservationName = 'res-1': only provisioning: reserved takes it; set "
+        f"{NS}:gke.slicePools[v5e].reservationName = 'res-1': only provisioning: reserved takes it; set "
         "provisioning: reserved, or remove reservationName" in pool_problems(reservationName="res-1")
     )
 
 
 def test_flex_start_settings():
-    assert f"{NS}:gke.slicePools[0].runDurationHours = 24: only provisioning: flex-start takes it" in pool_problems(
+    assert f"{NS}:gke.slicePools[v5e].runDurationHours = 24: only provisioning: flex-start takes it" in pool_problems(
         runDurationHours=24
     )
     message = pool_problems(acceleratorType="v4-16", zone="us-central2-b", provisioning="flex-start")
     assert "v4 node pools are not offered with flex-start; generations that are: v5e, v6e, tpu7x" in message
-    assert f"{NS}:gke.slicePools[0].runDurationHours = 200: must be a number > 0 and <= 168" in pool_problems(
+    assert f"{NS}:gke.slicePools[v5e].runDurationHours = 200: must be a number > 0 and <= 168" in pool_problems(
         provisioning="flex-start", runDurationHours=200
     )
 
@@ -99,15 +99,17 @@ def test_flex_start_settings():
 def test_preemptible_is_not_a_pool_provisioning():
     message = pool_problems(provisioning="preemptible")
     assert (
-        f"{NS}:gke.slicePools[0].provisioning = 'preemptible': must be one of flex-start, on-demand, reserved, spot"
+        f"{NS}:gke.slicePools[v5e].provisioning = 'preemptible': must be one of flex-start, on-demand, reserved, spot"
         in message
     )
 
 
 def test_pool_names():
     assert "another slice pool of this stack has this name" in pool_problems(1, name="v5e")
-    assert f"{NS}:gke.slicePools[0].name = '{'x' * 25}': 1-24 lowercase letters" in pool_problems(name="x" * 25)
-    assert f"{NS}:gke.slicePools[0].slices = 65: must be an integer" in pool_problems(slices=65)
+    assert f"{NS}:gke.slicePools[{'x' * 25}].name = '{'x' * 25}': 1-24 lowercase letters" in pool_problems(
+        name="x" * 25
+    )
+    assert f"{NS}:gke.slicePools[v5e].slices = 65: must be an integer" in pool_problems(slices=65)
 
 
 def test_a_cluster_needs_a_slice_pool():
@@ -147,7 +149,7 @@ def test_channel_and_upgrades_are_chosen_from_what_gke_has():
 
 
 def test_a_typo_is_refused_not_defaulted():
-    assert f"{NS}:gke.slicePools[0].slice" in pool_problems(slice=2)
+    assert f"{NS}:gke.slicePools[v5e].slice" in pool_problems(slice=2)
     assert f"{NS}:gke.systemPool.nodesPerzone" in gke_problems(lambda g: g.update(systemPool={"nodesPerzone": 2}))
 
 
@@ -176,7 +178,7 @@ def test_gke_only_types_are_refused_as_tpu_vms():
         ],
     )
     assert (
-        f"{NS}:tpuVms[0].acceleratorType = 'tpu7x-16': TPU7x (Ironwood) is offered only through Compute Engine and "
+        f"{NS}:tpuVms[iron].acceleratorType = 'tpu7x-16': TPU7x (Ironwood) is offered only through Compute Engine and "
         "GKE, not the Cloud TPU API"
     ) in problems_of(raw, "gke")
 
@@ -212,30 +214,50 @@ def test_teams_read_with_their_defaults():
     ("index", "changes", "message"),
     [
         (0, {"name": "Vision"}, "gke.teams[0].name = 'Vision': 1-30 lowercase letters"),
-        (0, {"name": "v" * 31}, f"gke.teams[0].name = '{'v' * 31}': 1-30 lowercase letters, digits and '-'"),
+        (0, {"name": "v" * 31}, f"gke.teams[{'v' * 31}].name = '{'v' * 31}': 1-30 lowercase letters, digits and '-'"),
         (1, {"name": "vision"}, "gke.teams[1].name = 'vision': another team of this stack has this name"),
-        (1, {"namespace": "team-vision"}, "gke.teams[1].namespace = 'team-vision': another team of this stack has"),
-        (0, {"namespace": "kube-system"}, "gke.teams[0].namespace = 'kube-system': a namespace of its own"),
-        (0, {"namespace": "kueue-system"}, "gke.teams[0].namespace = 'kueue-system': a namespace of its own"),
-        (0, {"namespace": "default"}, "gke.teams[0].namespace = 'default': a namespace of its own"),
-        (0, {"namespace": "gke-managed-x"}, "gke.teams[0].namespace = 'gke-managed-x': a namespace of its own"),
-        (0, {"namespace": "Team_A"}, "gke.teams[0].namespace = 'Team_A': 1-63 lowercase letters"),
-        (0, {"members": []}, "gke.teams[0].members = []: list at least one user: or group:"),
-        (0, {"members": ["ada@example.com"]}, "gke.teams[0].members[0] = 'ada@example.com': an IAM member user:EMAIL"),
-        (0, {"members": ["serviceAccount:x@p.iam.gserviceaccount.com"]}, "gke.teams[0].members[0] = 'serviceAccount:"),
-        (0, {"nominalChips": {"v6e": 16}}, "gke.teams[0].nominalChips.v6e = 16: names no slice pool of this stack"),
+        (1, {"namespace": "team-vision"}, "gke.teams[nlp].namespace = 'team-vision': another team of this stack has"),
+        (0, {"namespace": "kube-system"}, "gke.teams[vision].namespace = 'kube-system': a namespace of its own"),
+        (0, {"namespace": "kueue-system"}, "gke.teams[vision].namespace = 'kueue-system': a namespace of its own"),
+        (0, {"namespace": "default"}, "gke.teams[vision].namespace = 'default': a namespace of its own"),
+        (0, {"namespace": "gke-managed-x"}, "gke.teams[vision].namespace = 'gke-managed-x': a namespace of its own"),
+        (0, {"namespace": "Team_A"}, "gke.teams[vision].namespace = 'Team_A': 1-63 lowercase letters"),
+        (0, {"members": []}, "gke.teams[vision].members = []: list at least one user: or group:"),
+        (
+            0,
+            {"members": ["ada@example.com"]},
+            "gke.teams[vision].members[0] = 'ada@example.com': an IAM member user:EMAIL",
+        ),
+        (
+            0,
+            {"members": ["serviceAccount:x@p.iam.gserviceaccount.com"]},
+            "gke.teams[vision].members[0] = 'serviceAccount:",
+        ),
+        (
+            0,
+            {"nominalChips": {"v6e": 16}},
+            "gke.teams[vision].nominalChips.v6e = 16: names no slice pool of this stack",
+        ),
         (
             0,
             {"nominalChips": {"v5e": 8}},
-            "gke.teams[0].nominalChips.v5e = 8: a job takes whole slices: a multiple of 16",
+            "gke.teams[vision].nominalChips.v5e = 8: a job takes whole slices: a multiple of 16",
         ),
-        (0, {"nominalChips": {"v5e": 32}}, "gke.teams[0].nominalChips.v5e = 32: pool v5e holds 16 chips"),
-        (0, {"nominalChips": {"v5e": -16}}, "gke.teams[0].nominalChips.v5e = -16: a whole number of TPU chips, 0 or"),
-        (0, {"nominalChips": {"v5e": "16"}}, "gke.teams[0].nominalChips.v5e = '16': a whole number of TPU chips"),
-        (0, {"borrowingLimit": -1}, "gke.teams[0].borrowingLimit = -1: must be an integer >= 0"),
-        (0, {"borrowingLimit": "lots"}, "gke.teams[0].borrowingLimit = 'lots': must be an integer"),
-        (0, {"priority": "urgent"}, "gke.teams[0].priority = 'urgent': must be one of high, low, medium, very-high"),
-        (0, {"nominalChip": {"v5e": 16}}, "gke.teams[0].nominalChip = {'v5e': 16}: unknown key"),
+        (0, {"nominalChips": {"v5e": 32}}, "gke.teams[vision].nominalChips.v5e = 32: pool v5e holds 16 chips"),
+        (
+            0,
+            {"nominalChips": {"v5e": -16}},
+            "gke.teams[vision].nominalChips.v5e = -16: a whole number of TPU chips, 0 or",
+        ),
+        (0, {"nominalChips": {"v5e": "16"}}, "gke.teams[vision].nominalChips.v5e = '16': a whole number of TPU chips"),
+        (0, {"borrowingLimit": -1}, "gke.teams[vision].borrowingLimit = -1: must be an integer >= 0"),
+        (0, {"borrowingLimit": "lots"}, "gke.teams[vision].borrowingLimit = 'lots': must be an integer"),
+        (
+            0,
+            {"priority": "urgent"},
+            "gke.teams[vision].priority = 'urgent': must be one of high, low, medium, very-high",
+        ),
+        (0, {"nominalChip": {"v5e": 16}}, "gke.teams[vision].nominalChip = {'v5e': 16}: unknown key"),
     ],
 )
 def test_a_bad_team_is_named_with_its_fix(index, changes, message):
@@ -247,7 +269,7 @@ def test_a_bad_team_is_named_with_its_fix(index, changes, message):
 def test_groups_need_google_groups_for_rbac():
     message = team_problems(members=["group:vision@example.com"])
     assert (
-        f"{NS}:gke.teams[0].members = ['group:vision@example.com']: GKE resolves groups in RBAC only with Google "
+        f"{NS}:gke.teams[vision].members = ['group:vision@example.com']: GKE resolves groups in RBAC only with Google "
         f"Groups for RBAC: set {NS}:gke.rbacSecurityGroup"
     ) in message
 

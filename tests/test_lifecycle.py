@@ -115,14 +115,15 @@ def test_a_schedule_that_only_starts_a_vm_whose_runs_stop_it_makes_only_the_star
 
 def test_a_schedule_gives_at_least_one_side():
     message = problems_of(scheduled({"timeZone": "Europe/Berlin"}), "small")
-    assert "tpuVms[0].schedule = {'timeZone': 'Europe/Berlin'}: give start or stop, or both" in message
+    assert "tpuVms[small-v2].schedule = {'timeZone': 'Europe/Berlin'}: give start or stop, or both" in message
 
 
 def test_a_schedule_that_only_starts_a_vm_nothing_stops_is_refused():
     """A TPU VM is created running: with onCompletion keep, a start with no stop is an always-on VM."""
     message = problems_of(scheduled({"start": "0 8 * * 1-5"}), "small")
     assert (
-        "tpuVms[0].schedule = {'start': '0 8 * * 1-5'}: only starts it, and with onCompletion keep nothing stops "
+        "tpuVms[small-v2].schedule = {'start': '0 8 * * 1-5'}: "
+        "only starts it, and with onCompletion keep nothing stops "
         "it: it would run, and bill, every hour from its first start; set onCompletion: stop, or remove schedule, "
         "or give it a stop too"
     ) in message
@@ -131,10 +132,13 @@ def test_a_schedule_that_only_starts_a_vm_nothing_stops_is_refused():
 @pytest.mark.parametrize("side", ["start", "stop"])
 def test_one_side_of_a_schedule_is_checked_like_both(side):
     message = problems_of(scheduled({side: "8am"}, onCompletion="stop"), "small")
-    assert f"tpuVms[0].schedule.{side} = '8am': not a unix-cron schedule: needs 5 fields" in message
+    assert f"tpuVms[small-v2].schedule.{side} = '8am': not a unix-cron schedule: needs 5 fields" in message
     multi_host = {"acceleratorType": "v2-32", "zone": "us-central1-a", "runtimeVersion": "tpu-vm-tf-2.14.1-pod"}
     message = problems_of(scheduled({side: "0 20 * * *"}, onCompletion="delete", **multi_host), "small")
-    assert f"tpuVms[0].schedule = {{'{side}': '0 20 * * *'}}: v2-32 is a multi-host slice, which the TPU API" in message
+    assert (
+        f"tpuVms[small-v2].schedule = {{'{side}': '0 20 * * *'}}: v2-32 is a multi-host slice, which the TPU API"
+        in message
+    )
 
 
 def test_a_job_attempt_waits_within_cloud_schedulers_limits():
@@ -152,14 +156,14 @@ def test_a_job_attempt_waits_within_cloud_schedulers_limits():
 
 def test_bad_schedules():
     message = vm_problems(schedule={"start": "8am", "stop": "0 20 * * 1-5", "timeZone": "Mars/Olympus"})
-    assert "tpuVms[0].schedule.start = '8am': not a unix-cron schedule: needs 5 fields" in message
-    assert "tpuVms[0].schedule.timeZone = 'Mars/Olympus': an IANA time zone" in message
+    assert "tpuVms[small-v2].schedule.start = '8am': not a unix-cron schedule: needs 5 fields" in message
+    assert "tpuVms[small-v2].schedule.timeZone = 'Mars/Olympus': an IANA time zone" in message
 
 
 def test_a_schedule_with_a_trailing_newline_is_refused_not_sent_to_cloud_scheduler():
     """A YAML block scalar (`stop: |`) ends in a newline, which the job's `schedule` would carry as written."""
     message = vm_problems(schedule={"start": "0 8 * * 1-5", "stop": "0 20 * * 1-5\n", "timeZone": "Europe/Berlin"})
-    assert "tpuVms[0].schedule.stop = '0 20 * * 1-5\\n': not a unix-cron schedule" in message
+    assert "tpuVms[small-v2].schedule.stop = '0 20 * * 1-5\\n': not a unix-cron schedule" in message
     assert "separated by single spaces" in message
 
 

@@ -176,7 +176,7 @@ def test_a_tensorflow_pod_runtime_is_warned_that_a_runs_credentials_cannot_resol
     """TPUClusterResolver(TPU_NAME) calls the TPU API; a run's narrowed token is Cloud Storage only."""
     result = jobs_plan()
     (warning,) = [w for w in result.warnings if "TPU_NAME" in w]
-    assert "tpuVms[0].runtimeVersion" in warning and "tpu-vm-tf-2.14.1-pod" in warning
+    assert "tpuVms[slice].runtimeVersion" in warning and "tpu-vm-tf-2.14.1-pod" in warning
     assert not [
         w for w in plan(fixture_config("small"), "small").warnings if "TPU_NAME" in w
     ]  # single-host TF: nothing to say

@@ -81,7 +81,7 @@ def test_a_researcher_listed_twice_is_refused():
 
 def test_self_service_must_be_true_or_false():
     raw = with_object(example_config(), "tpuVms", lambda vms: vms[0].update(selfService="yes"))
-    assert "tpu-platform:tpuVms[0].selfService = 'yes'" in problems_of(raw, "self-service")
+    assert "tpu-platform:tpuVms[shared-v5e-8].selfService = 'yes'" in problems_of(raw, "self-service")
 
 
 def production(raw: dict[str, str]) -> dict[str, str]:
@@ -92,14 +92,14 @@ def production(raw: dict[str, str]) -> dict[str, str]:
 
 def test_self_service_is_refused_in_production_without_the_explicit_opt_in():
     message = problems_of(production(example_config()), "self-service")
-    assert "tpu-platform:tpuVms[0].selfService = True: production runs stay reviewed" in message
+    assert "tpu-platform:tpuVms[shared-v5e-8].selfService = True: production runs stay reviewed" in message
     assert "tpu-platform:selfServiceInProduction: true" in message
 
 
 def test_the_production_opt_in_is_accepted_and_warned_in_every_plan():
     raw = with_scalar(production(example_config()), "selfServiceInProduction", "true")
     cfg = parse_stack_config("self-service", raw)
-    assert any("tpuVms[0].selfService" in w and "unreviewed code" in w for w in cfg.warnings)
+    assert any("tpuVms[shared-v5e-8].selfService" in w and "unreviewed code" in w for w in cfg.warnings)
 
 
 def test_self_service_with_nobody_to_submit_is_warned():
@@ -341,7 +341,7 @@ def test_self_service_on_a_multi_host_slice_is_refused_in_the_plan():
     raw = {**raw, "tpu-platform:researchers": json.dumps(["user:ada@acme.example"])}
     with pytest.raises(ConfigError) as refused:
         parse_stack_config("small", raw)
-    assert "tpu-platform:tpuVms[0].selfService = True: v5p-16 is a multi-host slice" in str(refused.value)
+    assert "tpu-platform:tpuVms[small-v2].selfService = True: v5p-16 is a multi-host slice" in str(refused.value)
 
 
 def test_the_account_of_a_self_service_vm_may_read_what_researchers_submit_and_the_reviewed_vms_may_not():

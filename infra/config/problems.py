@@ -14,7 +14,7 @@ import itertools
 import json
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, overload
 
@@ -44,19 +44,35 @@ class _Remove:
 
 
 REMOVE = _Remove()
-_SEGMENT = re.compile(r"\.([^.\[\]]+)|\[([0-9]+)\]")
+_SEGMENT = re.compile(r"\.([^.\[\]]+)|\[([^.\[\]]+)\]")
+ITEM_NAME = re.compile(r"[a-z][a-z0-9-]{0,62}")  # a name GCP could take: longer ones are named by position
+
+
+class Named(str):
+    """The item of a list whose `name` is this (`tpuVms[mnist]`)."""
+
+
+def item_key(key: str, items: Sequence[object], index: int) -> str:
+    """The key of a list's item: by its name where it has a plain one no other item shares (`tpuVms[mnist]`),
+    else by its position (`tpuVms[0]`)."""
+    names = [i.get("name") if isinstance(i, Mapping) else getattr(i, "name", None) for i in items]
+    name = names[index]
+    plain = isinstance(name, str) and ITEM_NAME.fullmatch(name) and names.count(name) == 1
+    return f"{key}[{name if plain else index}]"
 
 
 def key_segments(key: str) -> list[str | int]:
-    """A problem's key as steps into the stack file's config: `tpu-platform:tpuVms[0].zone` is
-    `["tpu-platform:tpuVms", 0, "zone"]` (a top-level key, then mapping keys and list positions)."""
+    """A problem's key as steps into the stack file's config: `tpu-platform:tpuVms[mnist].zone` is
+    `["tpu-platform:tpuVms", Named("mnist"), "zone"]` (a top-level key, then mapping keys and list items, by
+    name or position)."""
     top = re.match(r"[^.\[]+", key)
     if top is None:
         raise ValueError(f"not a config key: {key!r}")
     steps: list[str | int] = [top[0]]
     rest = key[top.end() :]
     for match in _SEGMENT.finditer(rest):
-        steps.append(match[1] if match[1] is not None else int(match[2]))
+        item = match[2]
+        steps.append(match[1] if item is None else int(item) if re.fullmatch("[0-9]+", item) else Named(item))
     if "".join(m[0] for m in _SEGMENT.finditer(rest)) != rest:
         raise ValueError(f"not a config key: {key!r}")
     return steps
@@ -132,15 +148,25 @@ def _decoded(text: str | None) -> object:
 
 
 def _container(value: object, step: str | int) -> Any:
-    """`value` if it can hold `step` (a mapping for a key, a list for a position), else an empty one."""
-    kind = dict if isinstance(step, str) else list
+    """`value` if it can hold `step` (a mapping for a key, a list for an item), else an empty one."""
+    kind = dict if isinstance(step, str) and not isinstance(step, Named) else list
     return value if isinstance(value, kind) else kind()
+
+
+def _position(container: list[Any], step: str | int) -> int:
+    """Where the item `step` names is in a list (past its end: an item to add)."""
+    if isinstance(step, int):
+        return step
+    return next(
+        (i for i, v in enumerate(container) if isinstance(v, Mapping) and v.get("name") == step), len(container)
+    )
 
 
 def _child(container: Any, step: str | int) -> object:
     if isinstance(container, dict):
         return container.get(step)
-    return container[step] if isinstance(step, int) and step < len(container) else None
+    index = _position(container, step)
+    return container[index] if index < len(container) else None
 
 
 def _edit(container: Any, step: str | int, value: object) -> None:
@@ -150,7 +176,8 @@ def _edit(container: Any, step: str | int, value: object) -> None:
             container.pop(step, None)
         else:
             container[step] = value
-    elif isinstance(container, list) and isinstance(step, int):
+    elif isinstance(container, list):
+        step = _position(container, step)
         if value is REMOVE:
             del container[step : step + 1]
         elif step == len(container):
@@ -160,15 +187,15 @@ def _edit(container: Any, step: str | int, value: object) -> None:
 
 
 def _relative(path: str, key: str) -> str:
-    """`path` as seen from the problem at `key`: below the same list item (`tpuVms[0]`) or beside the
+    """`path` as seen from the problem at `key`: below the same list item (`tpuVms[mnist]`) or beside the
     key in its mapping, only the rest (`runtimeVersion`); anywhere else, the whole key."""
     steps, near = key_segments(path), key_segments(key)
     common = 0
     while common < min(len(steps) - 1, len(near)) and steps[common] == near[common]:
         common += 1
-    if common and (isinstance(steps[common - 1], int) or common == len(near) - 1):
+    if common and (isinstance(steps[common - 1], int | Named) or common == len(near) - 1):
         rest = steps[common:]
-        return "".join(f"[{s}]" if isinstance(s, int) else f".{s}" for s in rest).lstrip(".")
+        return "".join(f"[{s}]" if isinstance(s, int | Named) else f".{s}" for s in rest).lstrip(".")
     return path
 
 
@@ -564,8 +591,9 @@ class Node:
     ) -> list[Node]:
         """Each mapping of a list of mappings, e.g. budget thresholds."""
         out = []
-        for i, value in enumerate(self.sequence(name, default, max_items=max_items)):
-            key = f"{self.key(name)}[{i}]"
+        values = self.sequence(name, default, max_items=max_items)
+        for i, value in enumerate(values):
+            key = item_key(self.key(name), values, i)
             if isinstance(value, Mapping):
                 out.append(Node({str(k): v for k, v in value.items()}, key, self.problems))
             else:

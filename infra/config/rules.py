@@ -30,7 +30,7 @@ from infra.config.model import (
     bucket_name,
     service_account_id,
 )
-from infra.config.problems import MISSING, REMOVE, Fix, Problems
+from infra.config.problems import MISSING, REMOVE, Fix, Problems, item_key
 from infra.config.settings import MIN_MAINTENANCE_HOURS_PER_32_DAYS, ON_COMPLETION, setting
 from infra.config.workload_code import image_problem, parse_image, rebased_image
 from infra.goodput.interval import NO_EVENTS, PREEMPTIBLE_LIFE_HOURS, Losses, Rate, best_interval, waste
@@ -147,7 +147,7 @@ def _tpu_vms(cfg: PlatformConfig, problems: Problems) -> None:
     names: set[str] = set()
     nodes: dict[str, str] = {}  # TPU node id -> the VM it is a node of (a multislice's are `<vm>-<i>`)
     for index, vm in enumerate(cfg.tpu_vms):
-        key = f"{PROJECT}:tpuVms[{index}]"
+        key = item_key(f"{PROJECT}:tpuVms", cfg.tpu_vms, index)
         if vm.name and vm.name in names:
             problems.add(f"{key}.name", vm.name, "another TPU VM of this stack has this name")
         elif clash := sorted({nodes[n] for n in naming.node_ids(vm.name, vm.node_count) if n in nodes}):
@@ -448,7 +448,7 @@ def _pin(cfg: PlatformConfig, workload: WorkloadSettings, version: str) -> dict[
     (TensorFlow's runtime carries it; JAX's does not change); None when a VM's type takes no such runtime."""
     edits: dict[str, object] = {f"{PROJECT}:workloads.{workload.name}.frameworkVersion": version}
     for index, vm in enumerate(cfg.tpu_vms):
-        key = f"{PROJECT}:tpuVms[{index}]"
+        key = item_key(f"{PROJECT}:tpuVms", cfg.tpu_vms, index)
         if vm.workload != workload.name or vm.accelerator is NO_ACCELERATOR:
             continue
         if workload.framework == "tensorflow":
@@ -506,7 +506,7 @@ def _tensorflow_pods(cfg: PlatformConfig, problems: Problems) -> None:
     for index, vm in enumerate(cfg.tpu_vms):
         if any(name == "TPU_NAME" for name, _ in catalog.runtime_environment(vm.runtime_version, vm.name)):
             problems.warn(
-                f"{PROJECT}:tpuVms[{index}].runtimeVersion",
+                f"{item_key(f'{PROJECT}:tpuVms', cfg.tpu_vms, index)}.runtimeVersion",
                 vm.runtime_version,
                 "TensorFlow's pod runtime resolves its workers through the TPU API (TPU_NAME), which a run's "
                 "credentials cannot call (each run's token reaches only its own Cloud Storage objects): the run "
@@ -536,7 +536,7 @@ def _self_service(cfg: PlatformConfig, problems: Problems) -> None:
     for index, vm in enumerate(cfg.tpu_vms):
         if not vm.self_service:
             continue
-        key = f"{PROJECT}:tpuVms[{index}].selfService"
+        key = f"{item_key(f'{PROJECT}:tpuVms', cfg.tpu_vms, index)}.selfService"
         if cfg.production and not cfg.self_service_in_production:
             problems.add(
                 key,
@@ -590,7 +590,7 @@ def _checkpoint_intervals(cfg: PlatformConfig, problems: Problems) -> None:
 
     workloads = {w.name: w for w in cfg.workloads}
     for index, vm in enumerate(cfg.tpu_vms):
-        key = f"{PROJECT}:tpuVms[{index}].hoursBetweenPreemptions"
+        key = f"{item_key(f'{PROJECT}:tpuVms', cfg.tpu_vms, index)}.hoursBetweenPreemptions"
         hours = vm.hours_between_preemptions
         if hours is not None and not vm.reclaimable:
             problems.add(
@@ -714,7 +714,7 @@ def _gke(cfg: PlatformConfig, problems: Problems) -> None:
     catalog = load_gke_catalog()
     names: set[str] = set()
     for index, pool in enumerate(gke.slice_pools):
-        pool_key = f"{key}.slicePools[{index}]"
+        pool_key = item_key(f"{key}.slicePools", gke.slice_pools, index)
         if pool.name and pool.name in names:
             problems.add(f"{pool_key}.name", pool.name, "another slice pool of this stack has this name")
         names.add(pool.name)
@@ -778,7 +778,7 @@ def _teams(gke: GkeSettings, problems: Problems) -> None:
     namespaces: set[str] = set()
     promised: dict[str, int] = {}
     for index, team in enumerate(gke.teams):
-        team_key = f"{key}[{index}]"
+        team_key = item_key(key, gke.teams, index)
         if team.name and team.name in names:
             problems.add(f"{team_key}.name", team.name, "another team of this stack has this name")
         elif team.namespace in namespaces:
