@@ -43,8 +43,9 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True, strict=True)
 
 
-def _refuse(kind: str) -> PydanticCustomError:
-    return PydanticCustomError("refused", "must be {kind}", {"kind": kind})
+def _refuse(why: str) -> PydanticCustomError:
+    """A refusal in the project's words (`_translate` shows it as it is)."""
+    return PydanticCustomError("refused", "{why}", {"why": why})
 
 
 def as_integer(value: object) -> object:
@@ -52,7 +53,7 @@ def as_integer(value: object) -> object:
     if isinstance(value, str) and ASCII_INTEGER.fullmatch(value.strip()):
         return int(value.strip())
     if isinstance(value, bool) or not isinstance(value, int):
-        raise _refuse("an integer")
+        raise _refuse("must be an integer")
     return value
 
 
@@ -60,7 +61,7 @@ def _number(value: object) -> object:
     if isinstance(value, str) and ASCII_NUMBER.fullmatch(value.strip()):
         value = float(value.strip())
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise _refuse("a number (finite), like 2.5")
+        raise _refuse("must be a number (finite), like 2.5")
     return value if isinstance(value, int) else float(value)  # an int stays one: compared exactly, shown as given
 
 
@@ -68,13 +69,13 @@ def _flag(value: object) -> object:
     if isinstance(value, str) and value in YAML_BOOLEANS:
         return YAML_BOOLEANS[value]
     if not isinstance(value, bool):
-        raise _refuse("true or false")
+        raise _refuse("must be true or false")
     return value
 
 
 def as_text(value: object) -> object:
     if not isinstance(value, str):
-        raise PydanticCustomError("refused", "must be a string, not {kind}", {"kind": type_name(value)})
+        raise _refuse(f"must be a string, not {type_name(value)}")
     return value
 
 
@@ -105,9 +106,9 @@ class Allowed(_Rule):
 
     def __call__(self, value: Any) -> Any:
         if self.pattern is not None and not fullmatch(self.pattern, value):
-            raise _refuse_as(self.allowed or f"must match {self.pattern}")
+            raise _refuse(self.allowed or f"must match {self.pattern}")
         if self.check is not None and (why := self.check(value)):
-            raise _refuse_as(why)
+            raise _refuse(why)
         return value
 
 
@@ -140,20 +141,16 @@ class Items(_Rule):
         if self.mapping and isinstance(value, tuple):  # already read: (key, value) pairs
             return value
         if not isinstance(value, Mapping if self.mapping else list | tuple):
-            raise _refuse_as(f"must be a {'mapping' if self.mapping else 'list'}, not {type_name(value)}")
+            raise _refuse(f"must be a {'mapping' if self.mapping else 'list'}, not {type_name(value)}")
         if self.most is not None and len(value) > self.most:
-            raise _refuse_as(f"must have at most {self.most} {'entries' if self.mapping else 'items'}")
+            raise _refuse(f"must have at most {self.most} {'entries' if self.mapping else 'items'}")
         return tuple((str(k), v) for k, v in value.items()) if isinstance(value, Mapping) else tuple(value)
 
     def distinct(self, items: tuple[Any, ...]) -> tuple[Any, ...]:
         repeated = sorted({v for v in items if items.count(v) > 1}, key=str)
         if repeated and not (self.repeats or self.mapping):
-            raise _refuse_as(f"must not repeat {', '.join(map(str, repeated))}")
+            raise _refuse(f"must not repeat {', '.join(map(str, repeated))}")
         return items
-
-
-def _refuse_as(why: str) -> PydanticCustomError:
-    return PydanticCustomError("refused", "{why}", {"why": why})
 
 
 S = TypeVar("S", bound=Section)
