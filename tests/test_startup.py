@@ -343,7 +343,7 @@ def test_oversized_workload_is_a_config_error():
     with pytest.raises(ConfigError) as caught:
         vm_metadata(cfg)
     message = str(caught.value)
-    assert "tpu-platform:tpuVms[0].workload = 'mnist': metadata 'tpu-platform-run' is 2" in message
+    assert "tpu-platform:tpuVms[office-v2].workload = 'mnist': metadata 'tpu-platform-run' is 2" in message
     assert "GCP allows 262,144 per value" in message
 
 

@@ -13,7 +13,7 @@ from typing import Any
 from infra import naming
 from infra.catalog import framework_lock, load_catalog
 from infra.config.model import PROJECT, PlatformConfig, TpuVmSettings
-from infra.config.problems import Problems
+from infra.config.problems import Problems, item_key
 from infra.config.workload_code import registry
 from infra.packaging import Package, PackagingError, repository_folder, repository_packages
 from infra.startup import (
@@ -175,7 +175,11 @@ def vm_metadata(cfg: PlatformConfig, digests: Mapping[str, str] | None = None) -
     for index, vm in enumerate(cfg.tpu_vms):
         metadata = render_metadata(startup_spec(cfg, vm), run_spec(cfg, vm, digests))
         if why := metadata_size_problem(metadata):
-            problems.add(f"{PROJECT}:tpuVms[{index}].workload", vm.workload, f"{why}; ship a smaller program")
+            problems.add(
+                f"{item_key(f'{PROJECT}:tpuVms', cfg.tpu_vms, index)}.workload",
+                vm.workload,
+                f"{why}; ship a smaller program",
+            )
         out[vm.name] = metadata
     problems.raise_if_any(cfg.stack)
     return out
