@@ -10,6 +10,8 @@ from pathlib import Path
 
 from infra.cost import cost_table
 from tests.support import offline_cli, plan, stack_config
+from tools.offline import dev_examples
+from tools.offline.dev_examples import dev_with
 from tools.offline.render import to_text
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,14 +71,25 @@ def test_the_error_example_is_what_the_plan_prints(tmp_path):
     assert marker, "the docs' error example lost its marker"
     key, value = marker.groups()
     shown = DOCS[marker.end() :].split("```\n", 1)[1].split("```", 1)[0]
-    stack = (ROOT / "Pulumi.dev.yaml").read_text()
-    edited, count = re.subn(rf"(\n\s+{key}: )\S+", rf"\g<1>{value}", stack)
-    assert count == 1
     draft = tmp_path / "Pulumi.dev.yaml"
-    draft.write_text(edited)
+    draft.write_text(dev_with(key, value))
     done = offline_cli("plan", "--stack-file", str(draft))
     assert done.returncode == 2
     assert done.stderr == shown
+
+
+def test_golden_write_rewrites_the_examples_of_devs_own_output(tmp_path, monkeypatch):
+    """A team that edits dev runs `golden --write` (docs/development.md): both examples come back as the
+    command prints them, and nothing else on their pages moves."""
+    for name, marker in (("ERROR_PAGE", "<!-- example: Pulumi.dev.yaml with"), ("COST_PAGE", dev_examples.COST_MARKER)):
+        page = getattr(dev_examples, name).read_text()
+        stale = tmp_path / getattr(dev_examples, name).name
+        stale.write_text(dev_examples._with_block(page, page.index(marker), "an older dev's output\n"))
+        monkeypatch.setattr(dev_examples, name, stale)
+    assert sorted(path.name for path in dev_examples.write()) == ["cost-and-lifecycle.md", "offline-plan.md"]
+    for name in ("ERROR_PAGE", "COST_PAGE"):
+        assert getattr(dev_examples, name).read_text() == (ROOT / "docs" / getattr(dev_examples, name).name).read_text()
+    assert dev_examples.write() == []
 
 
 def test_the_settings_table_is_generated_from_the_declarations():

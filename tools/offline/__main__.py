@@ -30,6 +30,7 @@ from tools.offline.access import ACCESS_FILE, who_can_do_what
 from tools.offline.access import generate as generate_access
 from tools.offline.access import render as render_access
 from tools.offline.deploys import plan_deploys
+from tools.offline.dev_examples import write as write_dev_examples
 from tools.offline.diff import as_plan, diff_markdown, unreadable_markdown
 from tools.offline.golden import snapshot
 from tools.offline.golden import write as write_golden
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     schema = commands.add_parser("schema", help="the JSON Schema of stack files and the settings table of the docs")
     schema.add_argument("--write", action="store_true", help="regenerate schema/stack.schema.json and the table")
     golden = commands.add_parser("golden", help="each shipped stack's plan as JSON, as tests/golden/ keeps it")
-    golden.add_argument("--write", action="store_true", help="regenerate tests/golden/<stack>.json")
+    golden.add_argument("--write", action="store_true", help="regenerate tests/golden/ and dev's examples in docs/")
     whatif = commands.add_parser("whatif", help="a job's expected cost and time, and the interval that wastes least")
     whatif_arguments(whatif)
     args = parser.parse_args(argv)
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "golden":
         if args.write:
-            for path in write_golden():
+            for path in [*write_golden(), *write_dev_examples()]:
                 print(f"wrote {path.relative_to(ROOT)}", file=sys.stderr)
         else:
             for stack in available_stacks():
