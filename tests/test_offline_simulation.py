@@ -53,6 +53,36 @@ def test_an_injected_preemption_takes_the_vm_then_and_the_guard_brings_it_back()
     assert out.finished_s == 1500 + 270 + 9740 + 11 * 20
 
 
+@pytest.mark.parametrize(
+    ("interval_s", "save_s", "commit_s", "phases", "create_s", "preempted_after_s"),
+    [  # a sandbox-sized run whose committed steps summed an ulp short of the job: it never finished
+        (0.6715137367920163, 0.0067864115190876696, 0.6614034781424523, (4.489298226483888, 0.7495768111897567,
+         0.004008955954045934, 0.18983870393308366), 0.43877307011993694, 8.126208038515227),
+        # the save on notice kept the job's last steps, an ulp short of them: the next life trained "backwards"
+        (0.5771355427409304, 0.036189222347614736, 0.25813126965115574, (7.471106306273173, 0.2687034452953446,
+         0.42564697338840707, 0.949390621145361), 0.9983570741951342, 12.967288312199443),
+    ],
+)  # fmt: skip
+def test_a_job_finishes_when_its_steps_add_up_to_it_in_floating_point(
+    interval_s, save_s, commit_s, phases, create_s, preempted_after_s
+):
+    job = Scenario(
+        interval_s=interval_s,
+        save_s=save_s,
+        losses=Losses(notice_s=30.0, commit_s=commit_s),
+        phases=Phases(*(0.0, 0.0), *phases),
+        recovery_every_s=1e-3,
+        delete_s=0.0,
+        create_s=create_s,
+        work_s=10 * interval_s,
+        preempted_after_s=(preempted_after_s,),
+    )
+    out = simulate(job, seed=0)
+    assert out.finished_s is not None and out.useful_s == job.work_s
+    assert out.preemptions == 1 and out.seconds["wastedProgress"] == 0
+    assert out.seconds["productive"] == pytest.approx(job.work_s)
+
+
 def test_a_save_within_the_notice_keeps_the_work():
     kept = simulate(scenario(save_s=20, losses=Losses(Rate.every(2), NO_EVENTS, 30, 20), max_attempts=100), seed=1)
     lost = simulate(scenario(save_s=40, losses=Losses(Rate.every(2), NO_EVENTS, 30, 40), max_attempts=100), seed=1)

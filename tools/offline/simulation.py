@@ -162,6 +162,17 @@ class _Run:
             self.out.seconds[category] += min(seconds, max(0.0, elapsed))
             elapsed -= seconds
 
+    def _credit(self, work: float) -> float:
+        """Count `work` seconds of steps as committed; return them. The job's last piece ends it exactly:
+        useful + (work_s - useful) can fall an ulp short of work_s, and the job would never finish."""
+        if math.isclose(self.out.useful_s + work, self.s.work_s, rel_tol=1e-12):
+            work = self.s.work_s - self.out.useful_s
+            self.out.useful_s = self.s.work_s
+        else:
+            self.out.useful_s += work
+        self.out.seconds["productive"] += work
+        return work
+
     def _train(self, elapsed: float) -> tuple[float, float]:
         """Credit the stretches and saves that `elapsed` seconds of training completed; return the
         time into the stretch it was in and that stretch's length of steps."""
@@ -172,10 +183,8 @@ class _Run:
             stretches = math.ceil(left / s.interval_s - 1e-12)
             last = left - (stretches - 1) * s.interval_s
             done = stretches if elapsed >= (stretches - 1) * per + last + s.save_s - 1e-9 else min(done, stretches - 1)
-        work = min(done * s.interval_s, left)
-        self.out.seconds["productive"] += work
+        work = self._credit(min(done * s.interval_s, left))
         self.out.seconds["checkpointSave"] += done * s.save_s
-        self.out.useful_s += work
         self.since += work + done * s.save_s
         return self.env.now - self.since, min(s.interval_s, s.work_s - self.out.useful_s)
 
@@ -184,10 +193,8 @@ class _Run:
         if self.phase == TRAINING:
             into, length = self._train(self.env.now - self.since)
             if kind == "notice" and losses.fits:  # the save on SIGTERM keeps the stretch so far
-                kept = min(into, length)
-                self.out.seconds["productive"] += kept
+                kept = self._credit(min(into, length))
                 self.out.seconds["checkpointSave"] += into - kept
-                self.out.useful_s += kept
                 self.phase, self.since = "checkpointSave", self.env.now
                 yield self.env.timeout(losses.commit_s)
             else:
