@@ -35,7 +35,7 @@ from tools.offline.diff import as_plan, diff_markdown, unreadable_markdown
 from tools.offline.golden import snapshot
 from tools.offline.golden import write as write_golden
 from tools.offline.policy_check import check_policies
-from tools.offline.render import to_json, to_text
+from tools.offline.render import error_lines, error_text, to_json, to_text
 from tools.offline.runner import plan_stack
 from tools.offline.whatif import add_arguments as whatif_arguments
 from tools.offline.whatif import run as run_whatif
@@ -44,10 +44,6 @@ from tools.offline.whatif import run as run_whatif
 def _stack_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stack", default="dev", help=f"stack file to read (here: {', '.join(available_stacks())})")
     parser.add_argument("--stack-file", type=Path, help="read this Pulumi.<stack>.yaml instead (e.g. a draft)")
-
-
-def _error_lines(error: Exception) -> list[str]:
-    return str(error).splitlines()
 
 
 def _diff(base_path: Path, head_path: Path) -> int:
@@ -71,7 +67,7 @@ def _render(stack_name: str, stack_file: Path | None, vm_name: str | None, attri
         cfg = parse_stack_config(stack, read_stack_config(stack, ROOT, stack_file))
         metadata = vm_metadata(cfg)
     except (ConfigError, StackFileError) as error:
-        print("error: " + "\n".join(_error_lines(error)), file=sys.stderr)
+        print(error_text(error), file=sys.stderr)
         return 2
     names = sorted(metadata)
     if not names:
@@ -156,10 +152,9 @@ def main(argv: list[str] | None = None) -> int:
             result = plan_stack(stack, args.stack_file)
     except (ConfigError, StackFileError, pulumi.RunError) as error:
         # RunError: the program's own config error, as `pulumi up` would show it.
-        lines = _error_lines(error)
-        print("error: " + "\n".join(lines), file=sys.stderr)
+        print(error_text(error), file=sys.stderr)
         if args.json:  # the PR diff shows these instead of posting nothing
-            json.dump({"stack": stack, "errors": lines}, sys.stdout, indent=2)
+            json.dump({"stack": stack, "errors": error_lines(error)}, sys.stdout, indent=2)
             print()
         return 2
 

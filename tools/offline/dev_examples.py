@@ -16,6 +16,7 @@ import pulumi
 from infra.config.problems import ConfigError
 from infra.config.stackfile import ROOT, StackFileError, stack_of
 from infra.cost import cost_table
+from tools.offline.render import error_text
 from tools.offline.runner import plan_stack
 
 DEV = ROOT / "Pulumi.dev.yaml"
@@ -43,7 +44,7 @@ def error_example(key: str, value: str) -> str:
         try:
             plan_stack(stack_of(draft), draft)
         except (ConfigError, StackFileError, pulumi.RunError) as error:
-            return f"error: {error}\n"
+            return error_text(error) + "\n"
     raise SystemExit(f"dev with {key}: {value} plans: choose an edit that dev refuses")
 
 

@@ -60,6 +60,16 @@ def _show(value: Any) -> str:
     return json.dumps(value)
 
 
+def error_lines(error: Exception) -> list[str]:
+    """A refused stack's problems, a line each, as `plan --json` lists them."""
+    return str(error).splitlines()
+
+
+def error_text(error: Exception) -> str:
+    """A refused stack as the command prints it on stderr (and docs/offline-plan.md shows it)."""
+    return "error: " + "\n".join(error_lines(error))
+
+
 def to_json(plan: PlanResult, violations: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     resources = sorted(plan.resources, key=lambda r: r.urn)
     return {
