@@ -19,6 +19,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from run_contract.names import EXIT_RETRY
+
 SCHEMA = "tpu-platform/run-timeline"
 VERSION = 1
 
@@ -101,14 +103,15 @@ CATEGORIES: tuple[Category, ...] = (
     ),
     Category(
         "restore",
-        "the program's start to its checkpoint restored",
+        "restoring the checkpoint: the seconds the program's restore line reports (else its start to that line)",
         STEP_LINES,
         "BadputType.UNPRODUCTIVE_CHECKPOINT_RESTORE_TIME",
         True,
     ),
     Category(
         "firstStep",
-        "restored (or started) to the first step: compilation, device and data set-up",
+        "the program's start to its first step line (or first save past where it started), less the restore: "
+        "imports, device and data set-up, compilation",
         STEP_LINES,
         "BadputType.PROGRAM_STARTUP",
         True,
@@ -182,7 +185,7 @@ class RunTimeline:
     zone: str
     billed_s: float
     seconds: dict[str, float]
-    preemptions: int = 0  # notices: SIGTERM at a preemption, the program given its grace period
+    preemptions: int = 0  # stop notices: SIGTERM at a preemption (to this host or, on a slice, another)
     lost_without_notice: int = 0  # runs cut off with no stop recorded (a host lost, kill -9)
     steps: int = 0  # productive steps, from the step lines
     step_lines_trusted: bool = True  # False for a self-service program's lines
@@ -443,7 +446,7 @@ EVENT_KINDS = (
     "agentStart",  # the agent's process started (the start-up script has run)
     "prepare",  # the run's source fetch, verification and installs begin
     "programStart",  # the program's process was started (an attempt; retries start it again)
-    "restored",  # a step line: the program restored its checkpoint
+    "restored",  # a step line: the program restored its checkpoint at `step`, in `seconds` when it says so
     "firstStep",  # the first step line of an attempt
     "step",  # the last step line so far of an attempt (one event, moved along: not one per line)
     "checkpoint",  # a step line: a checkpoint committed at `step`, training stalled `seconds`
@@ -467,7 +470,7 @@ class Event:
     kind: str
     at: float  # seconds since the epoch, the agent's clock
     step: int | None = None
-    seconds: float | None = None  # a checkpoint's stall, as the program reports it
+    seconds: float | None = None  # a checkpoint's stall, or a restore's time, as the program reports it
     code: int | None = None  # the exit's code
 
     def to_json(self) -> dict[str, Any]:
@@ -574,11 +577,14 @@ def measure(events: Iterable[Event], up: Iterable[tuple[float, float]] = ()) -> 
     does whatever follows an `end`).
 
     In one boot: READY to `agentStart` is boot; `prepare` (the boot's first: from `agentStart`) to the
-    next `programStart` installs; an
-    attempt's start to `restored` restore, then to `firstStep` firstStep; checkpoint stalls (the program's
-    `seconds`) checkpointSave; an attempt that did not exit 0 loses the steps after its last committed
-    checkpoint (to its last step line) as wastedProgress, none when that checkpoint holds its last step;
-    the rest of first step to last step line (or a save after it) is productive.
+    next `programStart` installs. In an attempt (see _attempt): the restore's own seconds restore; its start
+    to its first progress, less those, firstStep; checkpoint stalls (the program's `seconds`)
+    checkpointSave; an attempt that did not exit 0 loses the steps after its last committed checkpoint (to
+    its last step line) as wastedProgress, none when that checkpoint holds its last step; the rest of first
+    progress to its last step line (or a save after it) is productive. Each attempt stopped on notice counts
+    once: the agent sent it SIGTERM, or it exited EXIT_RETRY (on a slice, the host told may be another: the
+    program's processes stop together, and this record is worker 0's). A SIGTERM with no program running
+    counts too.
 
     The billed window of a boot runs from the node's READY to the boot's last event, or to the node leaving
     READY when that comes first (a preemption): `up` holds the node's running windows (NodeStates.up), and
@@ -625,11 +631,13 @@ def measure(events: Iterable[Event], up: Iterable[tuple[float, float]] = ()) -> 
                 attempt.append(event)
                 if event.kind == "exit":
                     steps = max(steps, _attempt(attempt, seconds))
+                    preemptions += _noticed(attempt)
                     attempt = []
-            if event.kind == "sigterm":
+            elif event.kind == "sigterm":
                 preemptions += 1
         if attempt:  # no exit seen: the boot ended under the program
             steps = max(steps, _attempt(attempt, seconds))
+            preemptions += _noticed(attempt)
         if life[-1].kind != "end":
             lost += 1
     return Measured(seconds, billed, preemptions, lost, steps, tuple(spans), from_node and bool(spans))
@@ -648,32 +656,56 @@ def _boots(events: list[Event]) -> list[list[Event]]:
     return lives
 
 
+def _noticed(attempt: list[Event]) -> int:
+    """1 when the attempt was stopped on notice: SIGTERM from this agent, or EXIT_RETRY (a peer's notice)."""
+    exit_ = next((e for e in attempt if e.kind == "exit"), None)
+    return int(any(e.kind == "sigterm" for e in attempt) or (exit_ is not None and exit_.code == EXIT_RETRY))
+
+
 def _attempt(attempt: list[Event], seconds: dict[str, float]) -> int:
-    """One program attempt's seconds into `seconds`; the last step it reached."""
+    """One program attempt's seconds into `seconds`; the last step it reached.
+
+    Training starts at the attempt's first progress: its first step line, or a save of a step past the one it
+    started from, when the save began (a program may save before it prints a step: runlib prints every 50
+    steps and saves every `checkpointEverySteps`). The restore takes the seconds its line reports, at most
+    the time to that line; the rest of the start to the first progress is firstStep (the program's start-up).
+    """
     start = attempt[0]
     restored = next((e for e in attempt if e.kind == "restored"), None)
-    first_step = next((e for e in attempt if e.kind == "firstStep"), None)
-    last_step = next((e for e in reversed(attempt) if e.kind in ("step", "firstStep")), None)
     exit_ = next((e for e in attempt if e.kind == "exit"), None)
+    base = restored.step if restored is not None and restored.step is not None else 0
+    progress = [
+        e
+        for e in attempt
+        if e.kind in ("step", "firstStep") or (e.kind == "checkpoint" and e.step is not None and e.step > base)
+    ]
+    restore = 0.0
     if restored is not None:
-        seconds["restore"] += restored.at - start.at
-    if first_step is None or last_step is None:
+        to_line = restored.at - start.at
+        restore = to_line if restored.seconds is None else min(restored.seconds, to_line)
+        seconds["restore"] += restore
+    if not progress:
+        if restored is not None:  # started and restored, never stepped: the start-up is the program's all the same
+            seconds["firstStep"] += restored.at - start.at - restore
         return 0
-    seconds["firstStep"] += first_step.at - (restored or start).at
+    began = min(e.at - (e.seconds or 0.0) if e.kind == "checkpoint" else e.at for e in progress)
+    began = max(began, restored.at if restored is not None else start.at)
+    last_step = max(progress, key=lambda e: (e.at, e.step or 0))
+    seconds["firstStep"] += max(0.0, began - start.at - restore)
     # Training ends at its last step line, or at a save reported after it (runlib saves on notice, then says so).
-    # A save before the first step line is part of that first step.
-    saves = [e for e in attempt if e.kind == "checkpoint" and e.at >= first_step.at]
+    # A save before training began (of the step it started from) is part of the start-up.
+    saves = [e for e in attempt if e.kind == "checkpoint" and e.at >= began]
     end = max([last_step.at] + [e.at for e in saves])
-    stalled = min(sum(e.seconds or 0.0 for e in saves), end - first_step.at)
+    stalled = min(sum(e.seconds or 0.0 for e in saves), end - began)
     wasted = 0.0
     if exit_ is None or exit_.code != 0:  # the steps after the last committed checkpoint are lost
         kept = saves[-1] if saves else None
         if kept is None or kept.step is None or last_step.step is None or kept.step < last_step.step:
-            wasted = max(0.0, last_step.at - (kept.at if kept else first_step.at))
+            wasted = max(0.0, last_step.at - (kept.at if kept else began))
     seconds["checkpointSave"] += stalled
     seconds["wastedProgress"] += wasted
-    seconds["productive"] += max(0.0, end - first_step.at - stalled - wasted)
-    return last_step.step or 0
+    seconds["productive"] += max(0.0, end - began - stalled - wasted)
+    return max(e.step or 0 for e in progress)
 
 
 # ------------------------------------------------------------------------------------ the node's states

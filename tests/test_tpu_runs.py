@@ -677,7 +677,7 @@ def _stopped_and_resumed(ready: float) -> tuple[NodeStates, RunEvents]:
         Event("programStart", ready + 160),
         Event("checkpoint", ready + 250, step=1, seconds=3.0),
         Event("firstStep", ready + 251, step=1),
-        *(Event("checkpoint", ready + 251 + 1200 * k, step=1 + 800 * k, seconds=20.0) for k in range(1, 6)),
+        *(Event("checkpoint", ready + 251 + 1200 * k, step=1 + 400 * k, seconds=20.0) for k in range(1, 6)),
         Event("sigterm", stopped - 25),
         Event("checkpoint", stopped - 4, step=4160 // 2, seconds=18.0),
         Event("step", stopped - 3, step=4160 // 2),

@@ -125,3 +125,14 @@ def test_a_run_ending_in_a_boot_publishes_its_time_by_category_from_worker_0_onl
     )
     other.record("end")
     assert len(published) == 1
+
+
+def test_a_restore_line_keeps_the_seconds_the_program_says_it_took(tmp_path):
+    """runlib's restore line says how long the restore took (workloads/lib/runlib.py): the restore category is
+    that, not the program's whole start-up before the line."""
+    run = recorder(tmp_path)
+    run.record("programStart")
+    run.line(json.dumps({"message": "resumed from checkpoint", "step": 60, "resumes": 1, "seconds": 1.25}))
+    run.record("exit", code=0)
+    (restored,) = [e for e in stored(tmp_path).events if e.kind == "restored"]
+    assert (restored.step, restored.seconds) == (60, 1.25)

@@ -131,7 +131,7 @@ class Recorder:
                     return step
                 self._line_events += 1
                 kind = "restored" if message == RESTORED_MESSAGE else "checkpoint"
-                self.events.append(Event(kind, now, step, seconds if kind == "checkpoint" else None))
+                self.events.append(Event(kind, now, step, seconds))  # a save's stall, a restore's time
             elif not self._first_step_seen:
                 self._first_step_seen = True
                 self.events.append(Event("firstStep", now, step))
