@@ -71,7 +71,7 @@ BEFORE_PROGRAM = "the library's job starts with the program: it counts this only
 CATEGORIES: tuple[Category, ...] = (
     Category(
         "queue",
-        "request to the node's first READY: a queued request waiting, the node CREATING",
+        "the node provisioning: from its creation (Node.createTime) or its start to READY",
         TPU_API,
         "",
         False,
@@ -572,7 +572,9 @@ class Measured:
     node_billed: bool = False  # every boot's window came from the node's states, none from the agent alone
 
 
-def measure(events: Iterable[Event], up: Iterable[tuple[float, float]] = ()) -> Measured:
+def measure(
+    events: Iterable[Event], up: Iterable[tuple[float, float]] = (), waits: Iterable[tuple[str, float, float]] = ()
+) -> Measured:
     """Seconds by category from a run's events, boot by boot (each `boot` or `agentStart` opens one, and so
     does whatever follows an `end`).
 
@@ -592,6 +594,10 @@ def measure(events: Iterable[Event], up: Iterable[tuple[float, float]] = ()) -> 
     starts it (the node ran). A boot that no window overlaps (no record of the node's states) falls back
     to the agent's view: from `boot` (else the boot's first event). A run that starts after another run's
     `end` in the same boot starts at its first event: the time before was the other run's or idle.
+
+    `waits` (NodeStates.waits) are the node's waits before its windows: one that ends where a boot's window
+    starts, and that boot opens the run's time on the VM, is the run's: `queue` (the node provisioning) to the
+    boot's billed start, and `recoveryWait` (a disruption to READY again) when the run ran on an earlier boot.
     A boot that ends with no `end` lost its run without notice (a host lost, kill -9).
     """
     seconds = {c.key: 0.0 for c in CATEGORIES if c.key != "unattributed"}
@@ -600,12 +606,16 @@ def measure(events: Iterable[Event], up: Iterable[tuple[float, float]] = ()) -> 
     spans: list[tuple[float, float]] = []
     from_node = True
     preemptions = lost = steps = 0
-    for life in _boots(list(events)):  # in the order recorded: a boot's clock may differ from the last one's
+    node_waits = list(waits)
+    for number, life in enumerate(_boots(list(events))):  # as recorded: a boot's clock may differ from the last's
         start, end = life[0].at, life[-1].at
         window = max(windows, key=lambda w: min(end, w[1]) - max(start, w[0]), default=None)
         if window is not None and min(end, window[1]) >= max(start, window[0]):
             if life[0].kind in ("boot", "agentStart"):  # the node's READY started this boot's time
                 start = min(start, window[0])
+                for kind, since, ready in node_waits:
+                    if ready == window[0] and (kind == "queue" or number > 0):
+                        seconds[kind] += max(0.0, start - since)
             end = min(end, window[1])
         else:
             from_node = False
@@ -721,6 +731,12 @@ def _attempt(attempt: list[Event], seconds: dict[str, float]) -> int:
 NODE_STATES_SCHEMA = "tpu-platform/node-states"
 NODE_STATES_VERSION = 1
 UP_STATES = ("READY", "RESTARTING", "REIMAGING", "REPAIRING")
+# Between two windows, the node provisioning (created, or a stopped one started) is the `queue` category; a stretch
+# that a disruption opened (the node PREEMPTED, or TERMINATED, "the TPU has been terminated") is `recoveryWait`
+# to READY again, through the guard's delete and create. A node's CREATING is when the API says it was created
+# (Node.createTime, which the guard passes to `observe`), not when a check first saw it.
+PROVISIONING_STATES = ("CREATING", "STARTING")
+DISRUPTED_STATES = ("PREEMPTED", "TERMINATED")
 NOT_LISTED = "NOT_LISTED"  # not one of the API's states: no zone lists the node
 MAX_TRANSITIONS = 2000  # the oldest go first: a node re-created every hour for twelve weeks fits
 
@@ -732,11 +748,18 @@ class NodeStates:
     node: str
     transitions: tuple[tuple[str, float], ...] = ()
 
-    def observe(self, state: str, at: float) -> NodeStates | None:
-        """The record with `state` seen at `at`, or None when that is the state it already holds."""
-        if self.transitions and self.transitions[-1][0] == state:
-            return None
-        return NodeStates(self.node, (*self.transitions, (state, at))[-MAX_TRANSITIONS:])
+    def observe(self, state: str, at: float, created: float | None = None) -> NodeStates | None:
+        """The record with `state` seen at `at`, or None when it holds nothing new.
+
+        `created` is the node's Node.createTime. A node created since the last change seen (re-created by the
+        guard after a preemption, by a deploy, or new while CREATING at its first sight) was CREATING from
+        then. A node already past CREATING at its first sight says nothing of its READY: no guess."""
+        found = self.transitions
+        if created is not None and created <= at and (found[-1][1] < created if found else state == "CREATING"):
+            found = (*found, ("CREATING", created))
+        if found and found[-1][0] == state:
+            return None if found is self.transitions else NodeStates(self.node, found[-MAX_TRANSITIONS:])
+        return NodeStates(self.node, (*found, (state, at))[-MAX_TRANSITIONS:])
 
     def up(self, now: float) -> list[tuple[float, float]]:
         """The windows in which the node ran: from each change into a running state to the next change out of
@@ -752,6 +775,29 @@ class NodeStates:
         if start is not None:
             windows.append((start, max(start, now)))
         return windows
+
+    def waits(self) -> list[tuple[str, float, float]]:
+        """The node's waits before each window it ran in, as (category, since, READY): `recoveryWait` from a
+        disruption, else `queue` from the stretch's first provisioning state; none when neither was seen (a
+        stopped node started with no STARTING seen)."""
+        out: list[tuple[str, float, float]] = []
+        running = False
+        down: tuple[str, float] | None = None  # the state that ended the last window (or began the record)
+        provisioning: float | None = None
+        for state, at in self.transitions:
+            if state in UP_STATES:
+                if not running and down is not None and down[0] in DISRUPTED_STATES:
+                    out.append(("recoveryWait", down[1], at))
+                elif not running and provisioning is not None:
+                    out.append(("queue", provisioning, at))
+                running, down, provisioning = True, None, None
+                continue
+            if running or down is None:
+                down = (state, at)
+            running = False
+            if state in PROVISIONING_STATES and provisioning is None:
+                provisioning = at
+        return out
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -314,6 +314,9 @@ def test_the_node_states_billing_reads_are_the_tpu_apis_own():
     assert set(module.UP_STATES) <= states
     assert module.NOT_LISTED not in states
     assert "PREEMPTED" in states and "PREEMPTED" not in module.UP_STATES
+    waiting = {*module.PROVISIONING_STATES, *module.DISRUPTED_STATES}
+    assert waiting <= states and not waiting & set(module.UP_STATES)
+    assert document("tpu.v2")["schemas"]["Node"]["properties"]["createTime"]["format"] == "google-datetime"
 
 
 def test_training_begins_at_a_save_past_the_start_when_it_comes_before_the_first_step_line():
@@ -365,3 +368,63 @@ def test_a_slice_stopped_by_a_peers_notice_counts_it_once_whether_or_not_this_ag
     failed = (*stopped, module.Event("exit", 21.0, code=1), module.Event("end", 22.0))
     assert [module.measure(e).preemptions for e in (peer_first, both, failed)] == [1, 1, 0]
 
+
+def _seen(node: str, *changes: tuple[str, float, float | None]) -> module.NodeStates:
+    """The record the guard keeps of these checks: (state listed, when, the node's createTime)."""
+    states = module.NodeStates(node)
+    for state, at, created in changes:
+        states = states.observe(state, at, created) or states
+    return states
+
+
+def test_a_nodes_creation_is_its_create_time_not_the_check_that_first_saw_it():
+    fresh = _seen("vm", ("CREATING", 1000.0, 940.0), ("READY", 1300.0, 940.0))
+    assert fresh.transitions == (("CREATING", 940.0), ("READY", 1300.0))
+    # Already READY at first sight: when it got there is unknown, so no creation is kept (no made-up queue).
+    assert _seen("vm", ("READY", 1300.0, 100.0)).transitions == (("READY", 1300.0),)
+    # Preempted, then re-created by the guard between two checks: CREATING from the new node's createTime.
+    again = _seen("vm", ("READY", 1300.0, 940.0), ("PREEMPTED", 2000.0, 940.0), ("READY", 2600.0, 2050.0))
+    assert again.transitions == (("READY", 1300.0), ("PREEMPTED", 2000.0), ("CREATING", 2050.0), ("READY", 2600.0))
+    assert again.observe("READY", 2900.0, 2050.0) is None  # nothing new to keep
+    # Seen CREATING, its createTime first known at the next check: one CREATING, at createTime.
+    listed = _seen("vm", ("NOT_LISTED", 1000.0, None), ("CREATING", 1300.0, 1100.0))
+    assert listed.transitions == (("NOT_LISTED", 1000.0), ("CREATING", 1100.0))
+
+
+def test_the_nodes_waits_are_its_provisioning_and_its_recovery_from_a_disruption():
+    states = _seen(
+        "vm",
+        ("CREATING", 1000.0, 940.0),
+        ("READY", 1300.0, 940.0),
+        ("PREEMPTED", 2000.0, 940.0),  # the guard deletes and re-creates it at this check
+        ("CREATING", 2300.0, 2050.0),
+        ("READY", 2600.0, 2050.0),
+        ("STOPPING", 3000.0, 2050.0),  # the owner's stop: no wait of the run's
+        ("STOPPED", 3300.0, 2050.0),
+        ("STARTING", 5000.0, 2050.0),
+        ("READY", 5200.0, 2050.0),
+    )
+    assert states.waits() == [("queue", 940.0, 1300.0), ("recoveryWait", 2000.0, 2600.0), ("queue", 5000.0, 5200.0)]
+
+
+def test_a_runs_waits_are_those_before_its_boots_queue_first_recovery_after():
+    """The run's first boot waited for the node's creation; its second for the guard's recovery."""
+    states = _seen(
+        "vm",
+        ("CREATING", 900.0, 860.0),
+        ("READY", 980.0, 860.0),
+        ("PREEMPTED", 1162.0, 860.0),
+        ("CREATING", 4500.0, 4300.0),
+        ("READY", 4990.0, 4300.0),
+    )
+    found = module.measure(PREEMPTED_THEN_FINISHED, states.up(now=9000.0), states.waits())
+    assert found.seconds["queue"] == pytest.approx(980.0 - 860.0)
+    assert found.seconds["recoveryWait"] == pytest.approx(4990.0 - 1162.0)
+    timeline = RunTimeline.of(**IDENTITY, billed_s=found.billed_s, measured=found.seconds)
+    assert timeline.billed_s == found.billed_s  # waits are not billed: the node did not run
+    # A run that starts in a boot under way (its record opens with its own set-up) has none of the node's waits.
+    later = module.measure(PREEMPTED_THEN_FINISHED[2:11], states.up(9000.0), states.waits())
+    assert (later.seconds["queue"], later.seconds["recoveryWait"]) == (0.0, 0.0)
+    # Its only boot after a recovery: the disruption was another run's (or the idle node's), not this one's.
+    resumed = module.measure(PREEMPTED_THEN_FINISHED[11:], states.up(9000.0), states.waits())
+    assert resumed.seconds["recoveryWait"] == 0.0

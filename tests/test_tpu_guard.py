@@ -462,6 +462,24 @@ def test_each_check_keeps_the_stacks_nodes_changes_of_state(tpu, emulator, monke
     assert node_record(emulator, "spot-a").up(then + 60) == [(then, then + 60)]
 
 
+def test_a_recreated_nodes_creation_is_kept_at_its_create_time(tpu, emulator, monkeypatch):
+    """The queue and recovery waits start at the node's createTime (tpu.v2 Node.createTime), not at the check
+    that first saw the node: spot-a, re-created at one check, is CREATING from its createTime, then READY."""
+    monkeypatch.setattr(guard, "_now", lambda: NOW)
+    assert guard.recover(TICK)[1] == 200  # spot-a PREEMPTED: deleted and re-created in this check
+    made = NOW + timedelta(seconds=40)
+    tpu.nodes[f"{PARENT}/spot-a"]["createTime"] = made.isoformat().replace("+00:00", "Z")
+    later = NOW + timedelta(minutes=5)
+    monkeypatch.setattr(guard, "_now", lambda: later)
+    assert guard.recover(TICK)[1] == 200
+    at, then = NOW.timestamp(), later.timestamp()
+    states = node_record(emulator, "spot-a")
+    assert states.transitions == (("PREEMPTED", at), ("CREATING", made.timestamp()), ("READY", then))
+    assert states.waits() == [("recoveryWait", at, then)]
+    # A node READY at its first sight (created the day before) keeps no made-up creation.
+    assert node_record(emulator, "trainer").transitions == (("READY", at),)
+
+
 def test_a_failed_create_after_the_delete_does_not_lose_the_node(tpu, emulator):
     tpu.fail("create")
     _, status = guard.recover(TICK)

@@ -625,8 +625,10 @@ def test_the_stack_runs_billed_time_runs_from_the_nodes_states_and_the_vm_report
     assert found["billedFrom"] == "the node's states (the guard's record)"
     assert found["timeline"]["billedSeconds"] == 3030.0  # READY to the run's end, not kernel boot to it
     assert found["timeline"]["seconds"]["boot"] == 30.0  # READY to the agent's start
+    assert found["timeline"]["seconds"]["queue"] == 120.0  # the node CREATING: the run's wait, not billed
     assert world.run("report", "--vm", vm, "--stack-run", "--month", "2026-11", "--json") == 0
     summed = json.loads(capsys.readouterr().out)["total"]["timeline"]
+    assert summed["seconds"]["queue"] == 120.0  # the later run started on that boot: no wait of its own
     assert summed["seconds"]["idle"] == 9000.0 - 3030.0 - 2000.0  # between the runs, and after until STOPPED
     assert summed["billedSeconds"] == 9000.0  # the node's READY to STOPPED
     assert world.run("report", "--vm", vm, "--stack-run") == 0

@@ -58,10 +58,10 @@ def timeline_object(vm: str, run_id: str, who: str, stack_run: bool) -> str:
     return status_prefix(vm) + timeline_name(run_id if stack_run else f"{member_key(who)}/{run_id}")
 
 
-def node_windows(google: Any, stack: Any, vm: TpuVmSettings, now: float) -> Windows | None:
-    """The VM's node's running windows from the guard's record (a multislice: its first slice, where worker 0
-    of the run is); None when the guard keeps none (no recovery checks in the stack, or none yet), or when the
-    caller may not read it (a stack deployed before researchers could)."""
+def node_states(google: Any, stack: Any, vm: TpuVmSettings) -> NodeStates | None:
+    """The VM's node's states from the guard's record (a multislice: its first slice, where worker 0 of the run
+    is): its running windows and its waits; None when the guard keeps none (no recovery checks in the stack, or
+    none yet), or when the caller may not read it (a stack deployed before researchers could)."""
     name = node_states_name(stack.cfg.stack, naming.node_ids(vm.name, vm.node_count)[0])
     try:
         raw = google.read(stack.status, name)
@@ -71,7 +71,7 @@ def node_windows(google: Any, stack: Any, vm: TpuVmSettings, now: float) -> Wind
     if raw is None:
         return None
     try:
-        return NodeStates.from_json(json.loads(raw)).up(now)
+        return NodeStates.from_json(json.loads(raw))
     except (ValueError, TimelineError) as error:
         print(f"skipped gs://{stack.status}/{name}: not a node's states ({error}); billed time is the agent's view")
         return None
@@ -83,6 +83,13 @@ def run_timeline(vm: TpuVmSettings, events: RunEvents, found: Measured | None = 
     found = found or measure(events.events)
     counts = (found.preemptions, found.lost_without_notice, found.steps)
     return _on(vm, events.run_id, found.billed_s, found.seconds, counts, events.step_lines_trusted)
+
+
+def measured(events: RunEvents, states: NodeStates | None, now: float) -> Measured:
+    """The run's events measured against the node's windows and waits, when the guard keeps them."""
+    if states is None:
+        return measure(events.events)
+    return measure(events.events, states.up(now), states.waits())
 
 
 def billed_from(found: Iterable[Measured]) -> str:
@@ -153,8 +160,10 @@ def table(timeline: RunTimeline, priced: Priced) -> str:
         f"{'category':<16}{'seconds':>11}{'chip-hours':>12}{'USD':>10}  ",
     ]
     for line in priced.lines:
-        if not BY_KEY[line.category].billed and not line.seconds:
-            continue  # the TPU API's and the guard's waits: not in the agent's record
+        if not BY_KEY[line.category].billed:  # the node's waits (the guard's record): it did not run, nor bill
+            if line.seconds:
+                lines.append(f"{line.category:<16}{line.seconds:>11.1f}  not billed: the node did not run")
+            continue
         usd = "" if line.usd is None else f"{line.usd:.4f}"
         mark = "  untrusted (the program's step lines)" if line.untrusted else ""
         lines.append(f"{line.category:<16}{line.seconds:>11.1f}{line.chip_hours:>12.4f}{usd:>10}{mark}")
@@ -194,7 +203,8 @@ def report_vm(google: Any, stack: Any, args: argparse.Namespace, who: str) -> in
     """Every readable run's timeline on the VM (in `args.month`, if given): a line each, and their sum."""
     vm = stack.vm(args.vm)
     prefix = runs_prefix(vm.name) if args.stack_run else member_runs_prefix(vm.name, who)
-    windows = node_windows(google, stack, vm, time.time())
+    now = time.time()
+    states = node_states(google, stack, vm)
     runs: list[RunTimeline] = []
     found: list[Measured] = []
     for item in google.list_objects(stack.status, prefix):
@@ -206,14 +216,14 @@ def report_vm(google: Any, stack: Any, args: argparse.Namespace, who: str) -> in
             print(f"skipped gs://{stack.status}/{item['name']}: not a run timeline ({error})")
             continue
         if not args.month or started_month(events) == args.month:
-            found.append(measure(events.events, windows or ()))
+            found.append(measured(events, states, now))
             runs.append(run_timeline(vm, events, found[-1]))
     scope = f"{vm.name}{' in ' + args.month if args.month else ''}"
     if not runs:
         print(f"no run timelines{'' if args.stack_run else ' of yours'} on {scope} under gs://{stack.status}/{prefix}")
         return 1
     # Idle needs every run on the VM (the whole folder) and the node's windows; a researcher sees only her runs.
-    idle = idle_seconds(windows, found, args.month) if windows is not None and args.stack_run else 0.0
+    idle = idle_seconds(states.up(now), found, args.month) if states is not None and args.stack_run else 0.0
     summed = total(vm, runs, f"{len(runs)} run(s) on {scope}", idle)
     priced = price_timeline(summed)
     source = billed_from(found)
@@ -227,7 +237,7 @@ def report_vm(google: Any, stack: Any, args: argparse.Namespace, who: str) -> in
         cost = "no price" if usd is None else f"{usd:.2f} USD"
         print(f"{t.run_id:<48} {t.billed_s / 3600:>8.2f} h  goodput {t.goodput:>6.1%}  {cost}")
     print(table(summed, priced))
-    print(f"billed time from {source}{'' if windows is not None or not args.stack_run else '; idle time needs them'}")
+    print(f"billed time from {source}{'' if states is not None or not args.stack_run else '; idle time needs them'}")
     return 0
 
 
@@ -242,10 +252,10 @@ def report(google: Any, stack: Any, args: argparse.Namespace, who: str) -> int:
         where = f"gs://{stack.status}/{name}"
         print(f"no timeline at {where}: the run has not started on {vm.name}, or its agent predates timelines")
         return 1
-    windows = node_windows(google, stack, vm, time.time())
+    states = node_states(google, stack, vm)
     try:
         events = RunEvents.from_json(json.loads(raw))
-        found = measure(events.events, windows or ())
+        found = measured(events, states, time.time())
         timeline = run_timeline(vm, events, found)
     except (ValueError, TimelineError) as error:
         print(f"gs://{stack.status}/{name} is not a run timeline: {error}")

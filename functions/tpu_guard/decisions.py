@@ -380,6 +380,14 @@ def completion_steps(
     return _once(steps) or "; ".join(skipped)
 
 
+def created_at(node: dict[str, Any]) -> datetime | None:
+    """The node's tpu.v2 Node.createTime (RFC 3339, "Z"), or None when it has none that reads as a time."""
+    try:
+        return datetime.fromisoformat(str(node["createTime"]).replace("Z", "+00:00"))
+    except (KeyError, ValueError):
+        return None
+
+
 def overrun_actions(
     nodes: list[dict[str, Any]], *, environment: str, vms: dict[str, dict[str, Any]], now: datetime
 ) -> list[Action]:
@@ -395,13 +403,10 @@ def overrun_actions(
             continue
         entry = vms.get(owner(node, vms) or "") or {}
         limit, action = entry.get("maxRunHours"), entry.get("onCompletion")
-        created = node.get("createTime")
-        if limit is None or action not in ("stop", "delete") or not created:
+        created = created_at(node)
+        if limit is None or action not in ("stop", "delete") or created is None:
             continue
-        try:
-            age = now - datetime.fromisoformat(str(created).replace("Z", "+00:00"))
-        except ValueError:
-            continue
+        age = now - created
         if age > timedelta(hours=float(limit)):
             hours = age.total_seconds() / 3600
             step = removal(node, action, f"running {hours:.1f} h, past maxRunHours {float(limit):g}", vms)

@@ -49,12 +49,15 @@ from decisions import (
     budget_message_problem,
     completion_steps,
     completion_target,
+    created_at,
     marker_problem,
     node_states,
     overrun_actions,
+    owner,
     recovery_actions,
     recovery_state,
     recreate_body,
+    short_name,
     start_event,
     start_step,
     worth_redelivery,
@@ -253,14 +256,18 @@ def _state_name() -> str:
 def record_node_states(state_bucket: Objects, nodes: list[dict[str, Any]], at: float) -> None:
     """Keep each of the stack's nodes' changes of state, seen in this listing of every zone at `at` (billed
     time: run_contract/timeline.py NodeStates). Seen at this check: a change comes up to one schedule period
-    before it. Kept after recovery has acted (a read per node must not delay it); a record that cannot be
-    kept is logged, never in the way of recovery."""
-    for node_id, state in sorted(node_states(nodes, _vms()).items()):
+    before it; a node's creation is its createTime (the queue and recovery waits start there). Kept after
+    recovery has acted (a read per node must not delay it); a record that cannot be kept is logged, never in
+    the way of recovery."""
+    vms = _vms()
+    created = {short_name(n["name"]): created_at(n) for n in nodes if owner(n, vms) is not None}
+    for node_id, state in sorted(node_states(nodes, vms).items()):
         name = node_states_name(os.environ["ENVIRONMENT"], node_id)
+        when = created.get(node_id)
         try:
             stored = state_bucket.read(name)
             record = NodeStates.from_json(json.loads(stored)) if stored else NodeStates(node_id)
-            changed = record.observe(state, at)
+            changed = record.observe(state, at, when.timestamp() if when else None)
             if changed is not None:
                 state_bucket.write(name, json.dumps(changed.to_json()).encode())
         except (requests.RequestException, ValueError) as error:  # TimelineError is a ValueError
