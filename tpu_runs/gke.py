@@ -162,16 +162,23 @@ def queue_positions(summary: Mapping[str, Any] | None) -> dict[str, str]:
     }
 
 
-def list_runs(google: Google, stack: Any, team: TeamSettings) -> int:
-    """The team's runs (its JobSets that `tpu-runs` made), each with its Kueue state; a pending one with its
-    place in the queue and why it waits."""
-    base = _cluster(google, stack)
-    refused = _refused(stack, team)
+def team_runs(google: Google, base: str, team: TeamSettings, refused: str) -> list[tuple[dict, dict | None]]:
+    """The team's runs (its JobSets that `tpu-runs` made), each with its Kueue Workload (None until Kueue
+    queues it)."""
     jobsets = google.kube_list(base, JOBSETS.format(ns=team.namespace), f"team {team.name}'s runs", refused, RUN_LABEL)
     workloads = google.kube_list(
         base, WORKLOADS.format(ns=team.namespace), f"team {team.name}'s Kueue workloads", refused
     )
     by_job = {(w["metadata"].get("labels") or {}).get(JOB_UID_LABEL): w for w in workloads}
+    return [(jobset, by_job.get(jobset["metadata"].get("uid"))) for jobset in jobsets]
+
+
+def list_runs(google: Google, stack: Any, team: TeamSettings) -> int:
+    """The team's runs (its JobSets that `tpu-runs` made), each with its Kueue state; a pending one with its
+    place in the queue and why it waits."""
+    base = _cluster(google, stack)
+    refused = _refused(stack, team)
+    runs = team_runs(google, base, team, refused)
     summary = google.kube_get(
         base, PENDING.format(ns=team.namespace, queue=team.name), f"team {team.name}'s queue in order", refused
     )
@@ -179,9 +186,8 @@ def list_runs(google: Google, stack: Any, team: TeamSettings) -> int:
     print(f"team {team.name} ({team.namespace}), queue {team.name}")
     if summary is None:
         print("  (queue positions unknown: the cluster does not serve Kueue's visibility API)")
-    for jobset in jobsets:
+    for jobset, workload in runs:
         meta = jobset["metadata"]
-        workload = by_job.get(meta.get("uid"))
         state, why = run_state(jobset, workload)
         place = places.get(workload["metadata"]["name"], "") if state == "pending" and workload else ""
         why = "; ".join(filter(None, (place, why)))
