@@ -17,6 +17,7 @@ import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from run_contract.names import EXIT_RETRY
@@ -49,13 +50,14 @@ GOODPUT_TYPES = {"TOTAL": 1}  # "Productive time is not broken down by activitie
 
 # Who measures a category. A program's step lines are the program's word; the rest is the platform's.
 TPU_API, GUARD, AGENT, STEP_LINES, REMAINDER = "TPU API", "guard", "agent", "step lines", "remainder"
+KUEUE = "Kueue"  # a GKE run's Workload: the control plane's word, as the TPU API's is on VMs
 
 
 @dataclass(frozen=True)
 class Category:
     key: str  # its key in a timeline's `seconds`
     what: str  # the platform's events it runs between
-    measured_by: str  # TPU_API, GUARD, AGENT, STEP_LINES or REMAINDER
+    measured_by: str  # TPU_API (KUEUE on GKE), GUARD, AGENT, STEP_LINES or REMAINDER
     library: str  # "BadputType.X" or "GoodputType.TOTAL"; "" when the library does not count the time
     billed: bool  # the node runs (and bills) through it
     note: str = ""  # where the library counts it differently
@@ -71,7 +73,8 @@ BEFORE_PROGRAM = "the library's job starts with the program: it counts this only
 CATEGORIES: tuple[Category, ...] = (
     Category(
         "queue",
-        "the node provisioning: from its creation (Node.createTime) or its start to READY",
+        "the node provisioning: from its creation (Node.createTime) or its start to READY; on GKE, the run's "
+        "Kueue Workload from its creation to its admission",
         TPU_API,
         "",
         False,
@@ -834,3 +837,67 @@ def covered(windows: Iterable[tuple[float, float]], spans: Iterable[tuple[float,
         else:
             merged.append([start, end])
     return sum(max(0.0, min(end, m_end) - max(start, m_start)) for start, end in windows for m_start, m_end in merged)
+
+
+# ------------------------------------------------------------------------------------ a GKE run in Kueue
+# On GKE no agent runs beside the program, and every container of a pod holds the pod's one identity: what
+# the platform knows of a run without the run's word is the control plane's. Kueue's Workload for the run's
+# JobSet (kubernetes-sigs/kueue apis/kueue/v1beta2/workload_types.go, commit
+# 02237e7737a3ca8e291628d8edb0109342d4c9d2) has metav1.Conditions, each with the lastTransitionTime of its
+# latest change: QuotaReserved ("has reserved quota a ClusterQueue"), Admitted ("has reserved quota and all
+# the admissionChecks defined in the ClusterQueue are satisfied": a ProvisioningRequest's capacity, for
+# one), Finished, Evicted; `status.accumulatedPastExecutionTimeSeconds`, "the total time ... the workload
+# spent in Admitted state, in the previous Admit - Evict cycles"; `status.schedulingStats.evictions`, a count
+# by reason. Kueue writes the status; a run cannot (the team's Role grants no write to Workloads).
+KUEUE_WORKLOAD = "kueue.x-k8s.io/v1beta2 Workload (kubernetes-sigs/kueue 02237e7737a3ca8e291628d8edb0109342d4c9d2)"
+
+
+@dataclass(frozen=True)
+class KueueWait:
+    """A GKE run's time in Kueue, from its Workload: waiting for admission, and admitted (the time it held its
+    slices' quota: its pods ran, or were being scheduled, on nodes it alone held)."""
+
+    created: float
+    admitted: float | None  # the current admission, when Admitted is True
+    finished: float | None  # when Finished is True
+    admitted_before_s: float  # admitted time of earlier admissions, each ended by an eviction
+    evictions: int
+
+    @classmethod
+    def of(cls, workload: Mapping[str, Any]) -> KueueWait:
+        """The Workload's times, or TimelineError naming what is missing or not a time."""
+        meta, status = workload.get("metadata") or {}, workload.get("status") or {}
+        created = _k8s_time(meta.get("creationTimestamp"), "metadata.creationTimestamp")
+        conditions = {c.get("type"): c for c in status.get("conditions") or () if isinstance(c, dict)}
+
+        def since(kind: str) -> float | None:
+            condition = conditions.get(kind) or {}
+            if condition.get("status") != "True":
+                return None
+            return _k8s_time(condition.get("lastTransitionTime"), f"status.conditions[{kind}].lastTransitionTime")
+
+        before = status.get("accumulatedPastExecutionTimeSeconds") or 0
+        if not _seconds(before):
+            raise TimelineError(f"status.accumulatedPastExecutionTimeSeconds: {before!r} is not seconds")
+        stats = (status.get("schedulingStats") or {}).get("evictions") or ()
+        counted = sum(e.get("count") or 0 for e in stats if isinstance(e, dict) and isinstance(e.get("count"), int))
+        evictions = max(counted, 1 if since("Evicted") is not None or before else 0)
+        return cls(created, since("Admitted"), since("Finished"), float(before), evictions)
+
+    def queue_s(self, now: float) -> float:
+        """Seconds from its creation not admitted, to its current admission (or its end, or now)."""
+        until = self.admitted if self.admitted is not None else (self.finished or now)
+        return max(0.0, until - self.created - self.admitted_before_s)
+
+    def admitted_s(self, now: float) -> float:
+        """Seconds admitted: earlier admissions, and the current one to the run's end (or now)."""
+        current = 0.0 if self.admitted is None else max(0.0, (self.finished or now) - self.admitted)
+        return self.admitted_before_s + current
+
+
+def _k8s_time(value: Any, where: str) -> float:
+    """A Kubernetes metav1.Time (RFC 3339 in UTC, "2026-11-20T08:00:00Z") as seconds since the epoch."""
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        raise TimelineError(f"{where}: {value!r} is not a time") from None

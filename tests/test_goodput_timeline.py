@@ -4,6 +4,7 @@ move into a standard-library contract package (no import beyond the standard lib
 from __future__ import annotations
 
 import ast
+import calendar
 import json
 import subprocess
 import sys
@@ -428,3 +429,48 @@ def test_a_runs_waits_are_those_before_its_boots_queue_first_recovery_after():
     # Its only boot after a recovery: the disruption was another run's (or the idle node's), not this one's.
     resumed = module.measure(PREEMPTED_THEN_FINISHED[11:], states.up(9000.0), states.waits())
     assert resumed.seconds["recoveryWait"] == 0.0
+
+
+def _workload(conditions: dict[str, tuple[str, str]], **status) -> dict:
+    """A Kueue Workload as Kueue writes it (kueue.x-k8s.io/v1beta2): created at 08:00, the conditions given."""
+    return {
+        "metadata": {"name": "jobset-exp-1-1a2b3", "creationTimestamp": "2026-11-20T08:00:00Z"},
+        "status": {
+            "conditions": [
+                {"type": kind, "status": value, "lastTransitionTime": at, "reason": "", "message": ""}
+                for kind, (value, at) in conditions.items()
+            ],
+            **status,
+        },
+    }
+
+
+def test_a_gke_runs_wait_is_its_workloads_creation_to_its_admission():
+    created = calendar.timegm((2026, 11, 20, 8, 0, 0))
+    admitted = _workload(
+        {"QuotaReserved": ("True", "2026-11-20T08:10:00Z"), "Admitted": ("True", "2026-11-20T08:12:00Z")}
+    )
+    wait = module.KueueWait.of(admitted)
+    assert wait.queue_s(now=created + 3600) == 720.0  # quota at 10 minutes, the admission checks 2 more
+    assert wait.admitted_s(now=created + 3600) == 3600.0 - 720.0 and wait.evictions == 0
+    done = _workload(
+        {"Admitted": ("True", "2026-11-20T08:12:00Z"), "Finished": ("True", "2026-11-20T09:12:00Z")},
+    )
+    assert module.KueueWait.of(done).admitted_s(now=created + 99999) == 3600.0
+    pending = _workload({"QuotaReserved": ("False", "2026-11-20T08:00:01Z")})
+    assert module.KueueWait.of(pending).queue_s(now=created + 300) == 300.0
+
+
+def test_an_evicted_and_readmitted_runs_wait_leaves_out_its_earlier_admitted_time():
+    """Conditions keep only their latest change: the time admitted before an eviction is Kueue's own count."""
+    created = calendar.timegm((2026, 11, 20, 8, 0, 0))
+    again = _workload(
+        {"Admitted": ("True", "2026-11-20T10:00:00Z"), "Evicted": ("False", "2026-11-20T10:00:00Z")},
+        accumulatedPastExecutionTimeSeconds=3000,
+        schedulingStats={"evictions": [{"reason": "Preempted", "underlyingCause": "", "count": 2}]},
+    )
+    wait = module.KueueWait.of(again)
+    assert wait.queue_s(now=created + 9000) == 7200.0 - 3000.0
+    assert wait.admitted_s(now=created + 9000) == 3000.0 + 1800.0 and wait.evictions == 2
+    with pytest.raises(TimelineError, match="creationTimestamp: 'yesterday' is not a time"):
+        module.KueueWait.of({**again, "metadata": {"creationTimestamp": "yesterday"}})

@@ -6,6 +6,7 @@ stack (infra/gke/admin.py: infra/gke/teams.py admin_objects)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -182,3 +183,52 @@ def test_the_readmes_gke_commands_run_as_shown(cluster: Cluster, capsys):
     assert "exp-42" in capsys.readouterr().out
     assert cluster.run(*readme_argv(commands["stop"])) == 0
     assert cluster.state.get(*JOBSETS, "team-vision", "exp-42") is None and cluster.state.refused == []
+
+
+def test_a_members_team_report_is_kueues_word_on_each_runs_wait_and_admitted_time(cluster: Cluster, capsys):
+    """`report --team`: each run's wait from its Workload's creation to its admission and its admitted time,
+    priced for the slice pool its pods select; the program's own categories are said not to be recorded. The
+    calls are ones `list --team` makes already: her Role needs nothing more."""
+    assert submit(cluster, "exp-1") == 0
+    jobset = cluster.state.get(*JOBSETS, "team-vision", "exp-1")
+    assert jobset is not None
+    capsys.readouterr()
+    assert cluster.run("report", "--team", "vision", "--json") == 1  # not queued by Kueue yet: nothing to say
+    assert "Kueue has not queued it yet" in capsys.readouterr().out
+    cluster.state.put(
+        *WORKLOADS,
+        {
+            "metadata": {
+                "name": "jobset-exp-1-1a2b3",
+                "namespace": "team-vision",
+                "labels": {"kueue.x-k8s.io/job-uid": jobset["metadata"]["uid"]},
+                "creationTimestamp": "2026-11-20T08:00:00Z",
+            },
+            "status": {
+                "conditions": [
+                    {"type": "QuotaReserved", "status": "True", "lastTransitionTime": "2026-11-20T08:20:00Z"},
+                    {"type": "Admitted", "status": "True", "lastTransitionTime": "2026-11-20T08:30:00Z"},
+                    {"type": "Finished", "status": "True", "lastTransitionTime": "2026-11-20T10:30:00Z"},
+                ]
+            },
+        },
+    )
+    assert cluster.run("report", "--team", "vision", "exp-1", "--json") == 0
+    found = json.loads(capsys.readouterr().out)
+    (run,) = found["runs"]
+    timeline = run["timeline"]
+    assert (timeline["vm"], timeline["chips"], timeline["provisioning"]) == ("v5e", 16, "spot")
+    assert timeline["seconds"]["queue"] == 1800.0 and timeline["billedSeconds"] == 7200.0
+    assert timeline["seconds"]["unattributed"] == 7200.0  # nothing of the program's is recorded on GKE
+    assert run["priced"]["chipHours"] == 32.0 and "no agent runs beside its program" in found["notRecorded"]
+    assert cluster.run("report", "--team", "vision") == 0
+    out = capsys.readouterr().out
+    assert "queue                1800.0  not billed" in out and "from Kueue's Workloads" in out
+    assert cluster.run("report", "--team", "vision", "--month", "2026-10") == 1
+    assert cluster.state.refused == []
+    assert {(a.resource, a.verb) for a in cluster.state.accesses if a.verb != "create"} <= {
+        ("jobsets", "list"),
+        ("workloads", "list"),
+        ("jobsets", "get"),
+        ("jobsets", "patch"),
+    }

@@ -378,7 +378,12 @@ def parser() -> argparse.ArgumentParser:
         "list", "The stack's VMs, their TPU state and their runs; or your team's.", vm_required=False, team=True
     )
     sub.set_defaults(run=list_runs)
-    sub = command("report", "Where a run's time went and what it cost, by category, in chip-hours and list-price USD.")
+    sub = command(
+        "report",
+        "Where a run's time went and what it cost, by category, in chip-hours and list-price USD; or, with --team, "
+        "your team's runs as Kueue saw them.",
+        team=True,
+    )
     sub.add_argument("run_id", metavar="RUN_ID", nargs="?", help="one run (default: every run of yours on the VM)")
     sub.add_argument(
         "--stack-run",

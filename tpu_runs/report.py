@@ -14,6 +14,9 @@ those of the self-service VMs, infra/researchers.py): each boot from the node's 
 the node leaving READY first. Without them it is the agent's view, from the VM's kernel boot, and the report
 says so. The unattributed remainder is what no event explains. A VM's report with `--stack-run` and the node's
 states adds `idle`: the node running with no run on it (between runs, after the last one until it stopped).
+
+With `--team`, a team's runs on the GKE engine as Kueue saw them (below): each one's wait for admission and
+its admitted time, priced for its slice pool; nothing of the program's own categories.
 """
 
 from __future__ import annotations
@@ -28,7 +31,9 @@ from typing import Any
 
 from infra import naming
 from infra.config import TpuVmSettings
-from infra.goodput.pricing import Priced, price_timeline
+from infra.config.model import SlicePoolSettings, TeamSettings
+from infra.gke.specs import shape_of
+from infra.goodput.pricing import Priced, pool_price, price_timeline, priced
 from run_contract.paths import (
     member_key,
     member_runs_prefix,
@@ -39,6 +44,8 @@ from run_contract.paths import (
 )
 from run_contract.timeline import (
     BY_KEY,
+    KUEUE_WORKLOAD,
+    KueueWait,
     Measured,
     NodeStates,
     PreemptionHistory,
@@ -48,6 +55,7 @@ from run_contract.timeline import (
     covered,
     measure,
 )
+from tpu_runs import gke
 from tpu_runs.gcp import CallError
 
 Windows = list[tuple[float, float]]
@@ -149,7 +157,8 @@ def as_json(timeline: RunTimeline, priced: Priced) -> dict[str, Any]:
     return {"timeline": timeline.to_json(), "priced": priced.to_json(), "goodput": timeline.goodput}
 
 
-def table(timeline: RunTimeline, priced: Priced) -> str:
+def table(timeline: RunTimeline, priced: Priced, recorded: bool = True) -> str:
+    """The report's table; `recorded` False for a run whose program's categories nobody recorded (GKE)."""
     p = priced.price
     per_hour = "no price" if p.per_chip_hour is None else f"${p.per_chip_hour:g}/chip-hour"
     lines = [
@@ -162,7 +171,7 @@ def table(timeline: RunTimeline, priced: Priced) -> str:
     for line in priced.lines:
         if not BY_KEY[line.category].billed:  # the node's waits (the guard's record): it did not run, nor bill
             if line.seconds:
-                lines.append(f"{line.category:<16}{line.seconds:>11.1f}  not billed: the node did not run")
+                lines.append(f"{line.category:<16}{line.seconds:>11.1f}  not billed: waiting, not running")
             continue
         usd = "" if line.usd is None else f"{line.usd:.4f}"
         mark = "  untrusted (the program's step lines)" if line.untrusted else ""
@@ -170,6 +179,9 @@ def table(timeline: RunTimeline, priced: Priced) -> str:
     total = "" if priced.usd is None else f"{priced.usd:.4f}"
     lines.append(f"{'billed':<16}{timeline.billed_s:>11.1f}{priced.chip_hours:>12.4f}{total:>10}")
     share = timeline.seconds["unattributed"] / timeline.billed_s if timeline.billed_s else 0.0
+    if not recorded:
+        lines.append(f"goodput not recorded; {timeline.preemptions} eviction(s)")
+        return "\n".join(lines)
     lines.append(
         f"goodput {timeline.goodput:.1%}; unattributed {share:.1%}; {timeline.steps} steps; "
         f"{timeline.preemptions} stop notice(s), {timeline.lost_without_notice} lost without notice"
@@ -243,6 +255,8 @@ def report_vm(google: Any, stack: Any, args: argparse.Namespace, who: str) -> in
 
 def report(google: Any, stack: Any, args: argparse.Namespace, who: str) -> int:
     """Print the run's report (a table, or `--json`); 1 when the VM's agent has kept no timeline for it."""
+    if getattr(args, "team", None):
+        return report_team(google, stack, args, gke.team_of(stack, args.team))
     if not args.run_id:
         return report_vm(google, stack, args, who)
     vm = stack.vm(args.vm)
@@ -266,4 +280,77 @@ def report(google: Any, stack: Any, args: argparse.Namespace, who: str) -> int:
         print(json.dumps({**as_json(timeline, priced), "billedFrom": billed_from([found])}, indent=1))
     else:
         print(f"{table(timeline, priced)}\nbilled time from {billed_from([found])}")
+    return 0
+
+
+# ------------------------------------------------------------------------------------ a team's runs on GKE
+# No agent runs beside a GKE run's program, and a pod's containers share one identity: a record written from
+# inside the pod is the run's own word, under a prefix the run can write (run_contract/paths.py gives a
+# pod its team's). What the platform knows there is the control plane's: Kueue's Workload (KueueWait).
+GKE_NOT_RECORDED = (
+    "a GKE run keeps no timeline of its own: no agent runs beside its program, and any writer in its pod has "
+    "the pod's one identity, so the run could write the record; its admitted time is unattributed"
+)
+
+
+def pool_of(stack: Any, jobset: dict[str, Any]) -> SlicePoolSettings | None:
+    """The stack's slice pool whose nodes the JobSet's pods select (the first, where pools share a shape)."""
+    spec = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    selector = spec.get("nodeSelector") or {}
+    pools = stack.cfg.gke.slice_pools if stack.cfg.gke else ()
+    return next((p for p in pools if shape_of(p).node_labels == selector), None)
+
+
+def team_timeline(pool: SlicePoolSettings, jobset: dict[str, Any], wait: KueueWait, now: float) -> RunTimeline:
+    """A GKE run's timeline from its Workload: its queue wait, its admitted time billed (the slices' chips),
+    nothing attributed; its evictions as stop notices (Kueue deletes the pods, each with its grace period)."""
+    slices = int(jobset["spec"]["replicatedJobs"][0].get("replicas", 1))
+    return RunTimeline.of(
+        run_id=jobset["metadata"]["name"],
+        vm=pool.name,
+        accelerator_type=pool.accelerator.name,
+        chips=pool.accelerator.chips * slices,
+        provisioning=pool.provisioning,
+        zone=pool.zone,
+        billed_s=wait.admitted_s(now),
+        measured={"queue": wait.queue_s(now)},
+        preemptions=wait.evictions,
+    )
+
+
+def report_team(google: Any, stack: Any, args: argparse.Namespace, team: TeamSettings) -> int:
+    """The team's runs (or one) as Kueue saw them: a table each, or `--json`; 1 when there is none."""
+    base = gke._cluster(google, stack)
+    runs = gke.team_runs(google, base, team, gke._refused(stack, team))
+    now = time.time()
+    found: list[tuple[RunTimeline, Priced]] = []
+    for jobset, workload in runs:
+        name = jobset["metadata"]["name"]
+        if args.run_id and name != args.run_id:
+            continue
+        if workload is None:
+            print(f"skipped {name}: Kueue has not queued it yet")
+            continue
+        pool = pool_of(stack, jobset)
+        try:
+            wait = KueueWait.of(workload)
+            if pool is None:
+                raise TimelineError("its pods select no slice pool of the stack")
+            timeline = team_timeline(pool, jobset, wait, now)
+        except TimelineError as error:
+            print(f"skipped {name}: {error}")
+            continue
+        if args.month and time.strftime("%Y-%m", time.gmtime(wait.created)) != args.month:
+            continue
+        found.append((timeline, priced(timeline.seconds, timeline.chips, pool_price(pool))))
+    if not found:
+        print(f"no runs of team {team.name}{' named ' + args.run_id if args.run_id else ''} in Kueue")
+        return 1
+    if args.json:
+        each = [{"runId": t.run_id, **as_json(t, p)} for t, p in found]
+        print(json.dumps({"runs": each, "measuredBy": KUEUE_WORKLOAD, "notRecorded": GKE_NOT_RECORDED}, indent=1))
+        return 0
+    for timeline, cost in found:
+        print(table(timeline, cost, recorded=False))
+    print(f"from Kueue's Workloads ({KUEUE_WORKLOAD}); {GKE_NOT_RECORDED}")
     return 0

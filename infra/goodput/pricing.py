@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from infra.catalog import AcceleratorType, load_catalog
+from infra.catalog.gke import load_gke_catalog
+from infra.config.model import SlicePoolSettings
 from infra.cost import chip_hour_price, list_price_note
 from run_contract.timeline import BY_KEY, CATEGORIES, RunTimeline
 
@@ -34,7 +36,17 @@ class Price:
 
 def price(accelerator: AcceleratorType, provisioning: str, zones: Sequence[str]) -> Price:
     per_chip_hour, region = chip_hour_price(accelerator, provisioning, zones)
-    notes = [f"no price for {accelerator.name} in {region} in the source"] if per_chip_hour is None else []
+    return _dated(per_chip_hour, accelerator.name, region, provisioning)
+
+
+def pool_price(pool: SlicePoolSettings) -> Price:
+    """A GKE slice pool's chip-hour price: the lookup its cost table row uses (infra/cost.py pool_cost)."""
+    per_chip_hour = load_gke_catalog().price_per_chip_hour(pool.accelerator, pool.provisioning, pool.region)
+    return _dated(per_chip_hour, pool.accelerator.name, pool.region, pool.provisioning)
+
+
+def _dated(per_chip_hour: float | None, accelerator: str, region: str, provisioning: str) -> Price:
+    notes = [f"no price for {accelerator} in {region} in the source"] if per_chip_hour is None else []
     if at_list := list_price_note(provisioning):
         notes.append(at_list)
     catalog = load_catalog()
