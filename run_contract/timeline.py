@@ -842,14 +842,14 @@ def covered(windows: Iterable[tuple[float, float]], spans: Iterable[tuple[float,
 # ------------------------------------------------------------------------------------ a GKE run in Kueue
 # On GKE no agent runs beside the program, and every container of a pod holds the pod's one identity: what
 # the platform knows of a run without the run's word is the control plane's. Kueue's Workload for the run's
-# JobSet (kubernetes-sigs/kueue apis/kueue/v1beta2/workload_types.go, commit
-# 02237e7737a3ca8e291628d8edb0109342d4c9d2) has metav1.Conditions, each with the lastTransitionTime of its
+# JobSet (kubernetes-sigs/kueue apis/kueue/v1beta2/workload_types.go at v0.17.8, the release the GKE
+# engine installs) has metav1.Conditions, each with the lastTransitionTime of its
 # latest change: QuotaReserved ("has reserved quota a ClusterQueue"), Admitted ("has reserved quota and all
 # the admissionChecks defined in the ClusterQueue are satisfied": a ProvisioningRequest's capacity, for
 # one), Finished, Evicted; `status.accumulatedPastExecutionTimeSeconds`, "the total time ... the workload
 # spent in Admitted state, in the previous Admit - Evict cycles"; `status.schedulingStats.evictions`, a count
 # by reason. Kueue writes the status; a run cannot (the team's Role grants no write to Workloads).
-KUEUE_WORKLOAD = "kueue.x-k8s.io/v1beta2 Workload (kubernetes-sigs/kueue 02237e7737a3ca8e291628d8edb0109342d4c9d2)"
+KUEUE_WORKLOAD = "kueue.x-k8s.io/v1beta2 Workload (Kueue v0.17.8)"
 
 
 @dataclass(frozen=True)
