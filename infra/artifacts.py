@@ -28,7 +28,6 @@ import pulumi_gcp as gcp
 
 from infra import grants, naming
 from infra.access import iam, iamdata
-from infra.access.conditions import check_condition
 from infra.buckets import lifecycle_rules, private_bucket
 from infra.config import ArtifactSettings, Env
 from infra.config.workload_code import registry
@@ -192,18 +191,14 @@ class WorkloadArtifacts(pulumi.ComponentResource):
             made: list[pulumi.Resource] = []
             objects = [args.packages[k].object_name for k in code.packages]
             if objects or code.any_source:
-                condition = (
+                condition = grants.checked_storage_condition(
                     grants.prefix_condition(self.bucket_name, paths.SOURCES_PREFIX, f"{workload}-sources")
                     if code.any_source
                     else grants.object_condition(
                         self.bucket_name, objects, f"{workload}-sources", "Only the source archives it runs"
-                    )
-                )
-                check_condition(
+                    ),
                     OBJECT_READER,
                     iamdata.role_permissions(OBJECT_READER),
-                    str(condition.expression),
-                    "storage.googleapis.com",
                 )
                 made.append(
                     gcp.storage.BucketIAMMember(

@@ -3,6 +3,8 @@
 - Act-as on an attached account (a TPU VM's, a Scheduler job's, a function's) is checked on the account
   itself; the bootstrap, which makes the accounts, grants it there (`infra/access/accounts.py`).
 - `bucket_access`: read or write on one bucket, under one prefix when given.
+- `checked_storage_condition`: every condition the platform puts on a bucket grant passes through it,
+  checked against Cloud Storage's support for conditions (`infra/access/conditions.py`).
 - `project_role`: a project-level role. Conditions on resource attributes are refused for services
   that ignore them (`infra/access/conditions.py`): such a grant would silently apply to every resource
   of the service.
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import pulumi
 import pulumi_gcp as gcp
@@ -21,6 +23,8 @@ import pulumiverse_time as time
 
 from infra.access import iam, iamdata
 from infra.access.conditions import check_condition
+
+STORAGE = "storage.googleapis.com"  # the service of a bucket grant, as conditions-resource-attributes names it
 
 
 def objects_under(bucket: str, prefix: str) -> str:
@@ -58,11 +62,22 @@ def bucket_access(
     role = iam.BUCKET_ROLE_FOR_ACCESS[access]
     condition = None
     if prefix is not None:
-        condition = prefix_condition(bucket, prefix, title)
-        check_condition(role, iamdata.role_permissions(role), str(condition.expression), "storage.googleapis.com")
+        condition = checked_storage_condition(
+            prefix_condition(bucket, prefix, title), role, iamdata.role_permissions(role)
+        )
     return gcp.storage.BucketIAMMember(
         name, bucket=bucket_ref, role=role, member=member, condition=condition, opts=opts
     )
+
+
+def checked_storage_condition(
+    condition: gcp.storage.BucketIAMMemberConditionArgs, what: str, permissions: Iterable[str]
+) -> gcp.storage.BucketIAMMemberConditionArgs:
+    """`condition`, for a grant on a bucket of `permissions` (`what`: the role or grant, for the error),
+    once checked: a condition Cloud Storage cannot evaluate is refused (UnsupportedConditionError), where
+    Cloud Storage would ignore it and the grant cover the whole bucket."""
+    check_condition(what, frozenset(permissions), str(condition.expression), STORAGE)
+    return condition
 
 
 def objects_in_any(

@@ -39,7 +39,6 @@ import pulumi_gcp as gcp
 from infra import grants, naming
 from infra.access import researcher_calls as calls
 from infra.access.accounts import StackIdentities
-from infra.access.conditions import check_condition
 from infra.access.identities import researcher_roles
 from infra.apis import ProjectApis
 from infra.config import Env
@@ -48,7 +47,6 @@ from run_contract import paths
 REQUIRED_APIS = ("iam", "cloudresourcemanager", "storage", "logging")
 SSH_APIS = ("iap", "oslogin")
 VIEW_ACCESSOR = "roles/logging.viewAccessor"
-STORAGE = "storage.googleapis.com"
 
 
 @dataclass(frozen=True)
@@ -88,9 +86,9 @@ def _member_key(member: str) -> str:
 def _storage_condition(
     title: str, description: str, bucket: str, prefixes: Sequence[str], permissions: Sequence[str]
 ) -> gcp.storage.BucketIAMMemberConditionArgs:
-    condition = grants.objects_in_any(bucket, prefixes, title, description)
-    check_condition(title, frozenset(permissions), str(condition.expression), STORAGE)
-    return condition
+    return grants.checked_storage_condition(
+        grants.objects_in_any(bucket, prefixes, title, description), title, permissions
+    )
 
 
 class ResearcherAccess(pulumi.ComponentResource):
@@ -182,10 +180,13 @@ class ResearcherAccess(pulumi.ComponentResource):
             nodes = [paths.node_states_name(env.stack, node) for v in args.vms for node in v.nodes]
             if nodes:  # the guard's record of the VMs' nodes' states: her report's billed time runs from READY
                 title = "vm-node-states"
-                condition = grants.object_condition(
-                    args.status_bucket, nodes, title, "Only the self-service VMs' nodes' states"
+                condition = grants.checked_storage_condition(
+                    grants.object_condition(
+                        args.status_bucket, nodes, title, "Only the self-service VMs' nodes' states"
+                    ),
+                    title,
+                    calls.READ_PERMISSIONS,
                 )
-                check_condition(title, frozenset(calls.READ_PERMISSIONS), str(condition.expression), STORAGE)
                 self.grants.append(
                     gcp.storage.BucketIAMMember(
                         f"{key}-node-states",
