@@ -108,4 +108,5 @@ def worker_place(environ: Mapping[str, str]) -> WorkerPlace:
 # --- Exit codes (sysexits.h) ------------------------------------------------------------------------
 EXIT_FINISHED = 0
 EXIT_RETRY = 75  # EX_TEMPFAIL: stopped mid-run with a checkpoint; started again later, resuming from it
+EXIT_CHECKPOINT_FAILED = 74  # EX_IOERR: a checkpoint could not be written; failed, retried from the last committed one
 EXIT_CONFIG = 78  # EX_CONFIG: this run cannot work (a resume that would mix two runs); never retried
