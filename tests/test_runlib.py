@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -57,6 +58,9 @@ class Toy:
 
     def wait(self) -> None:
         pass
+
+    def failure(self) -> str | None:
+        return None
 
 
 def toy_run(tmp_path, *flags: str, identity: runlib.RunIdentity = IDENTITY) -> tuple[runlib.Outcome, Toy]:
@@ -344,3 +348,119 @@ def test_each_save_is_a_step_line_the_agents_timeline_reads(tmp_path, capsys):
     saves = [line for line in lines if line and line.get("message") == CHECKPOINT_MESSAGE]
     assert [line["step"] for line in saves] == toy.steps() == [4, 8, 12, 14]
     assert all(isinstance(line["seconds"], float) and line["seconds"] >= 0 for line in saves)
+
+
+# --- a checkpoint that cannot be written ends the run -----------------------------------------------
+
+
+class TellingPeers(runlib.Peers):
+    """Peers as another process would see them: what this one reported, and a failure reported to it."""
+
+    def __init__(self, reported: str | None = None) -> None:
+        self.told: list[str] = []
+        self.reported = reported
+
+    def report_failure(self, reason: str) -> None:
+        self.told.append(reason)
+
+    def failure(self) -> str | None:
+        return self.reported
+
+
+class Stalling(Toy):
+    """A framework's async saves: the save at `failed_at` fails in the background (failure() says so, as
+    Orbax's save thread would), and the save at `stalls_at` waits until `released`, as the next save of a
+    failed host waits at the framework's barrier."""
+
+    def __init__(self, folder: Path, failed_at: int | None, stalls_at: int) -> None:
+        super().__init__(folder, 4)
+        self.failed_at, self.stalls_at = failed_at, stalls_at
+        self.failed: str | None = None
+        self.released = threading.Event()
+
+    def save(self, step: int, run_state: dict, force: bool) -> bool:
+        saved = super().save(step, run_state, force)
+        if step == self.failed_at:
+            self.failed = "OSError: [Errno 5] Input/output error"
+        if step == self.stalls_at:
+            assert self.released.wait(60), "not released: the failure went unnoticed"
+        return saved
+
+    def failure(self) -> str | None:
+        return self.failed
+
+
+class Refusing(Toy):
+    def save(self, step: int, run_state: dict, force: bool) -> bool:
+        if step == 8:
+            raise OSError(28, "No space left on device")
+        return super().save(step, run_state, force)
+
+
+@pytest.fixture
+def exits(monkeypatch):
+    """runlib.exit_now's codes, recorded: the process is pytest's. It releases a stalled save (as the end
+    of the process would) and ends the thread that called it."""
+    codes: list[int] = []
+    stalled: list[Stalling] = []
+
+    def record(code: int):
+        codes.append(code)
+        for toy in stalled:
+            toy.released.set()
+        raise SystemExit(code)  # a thread ends quietly on it
+
+    monkeypatch.setattr(runlib, "exit_now", record)
+    monkeypatch.setattr(runlib.FailFast, "POLL_SECONDS", 0.01)
+    return codes, stalled
+
+
+# The recorded end of the process ends the fail-fast thread with SystemExit, which pytest reports.
+ENDS_A_THREAD = pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+
+
+def train_with(tmp_path, toy: Toy, peers: runlib.Peers) -> None:
+    data = runlib.Dataset(np.ones((64, 1)), np.zeros(64), np.zeros((1, 1)), np.zeros(1))
+    args = runlib.parse_args(
+        "toy",
+        ["--checkpoint-dir", str(toy.folder), "--batch-size", "8", "--steps", "16", "--checkpoint-every-steps", "4"],
+    )
+    runlib.train(args, runlib.Log("toy"), data, toy, IDENTITY, no_preemption(), toy.step, peers=peers)
+
+
+def errors(out: str) -> list[dict]:
+    return [json.loads(line) for line in out.splitlines() if '"severity": "ERROR"' in line]
+
+
+def test_a_save_that_raises_ends_the_run_with_the_failure_code_and_tells_the_other_processes(tmp_path, exits, capsys):
+    toy, peers = Refusing(tmp_path / "ckpt", 4), TellingPeers()
+    with pytest.raises(SystemExit):
+        train_with(tmp_path, toy, peers)
+    assert exits[0] == [runlib.CHECKPOINT_FAILED_EXIT] == [74]  # EX_IOERR: failed, retried
+    assert peers.told == ["OSError: [Errno 28] No space left on device"]
+    assert [e["message"] for e in errors(capsys.readouterr().out)] == ["checkpoint save failed; ending the run"]
+    assert toy.steps() == [4]
+
+
+@ENDS_A_THREAD
+def test_a_save_that_fails_in_the_background_ends_the_run_while_the_next_save_waits(tmp_path, exits, capsys):
+    toy, peers = Stalling(tmp_path / "ckpt", failed_at=4, stalls_at=8), TellingPeers()
+    exits[1].append(toy)
+    train_with(tmp_path, toy, peers)  # released by the (recorded) end of the process
+    assert exits[0] == [74]
+    assert peers.told == ["OSError: [Errno 5] Input/output error"]
+    assert errors(capsys.readouterr().out)[0]["message"] == "checkpoint save failed; ending the run"
+
+
+@ENDS_A_THREAD
+def test_a_failure_another_process_reports_ends_this_one_while_its_save_waits(tmp_path, exits, capsys):
+    toy, peers = Stalling(tmp_path / "ckpt", failed_at=None, stalls_at=8), TellingPeers("process 1: OSError: ...")
+    exits[1].append(toy)
+    train_with(tmp_path, toy, peers)
+    assert exits[0][0] == 74
+    assert peers.told == []  # it failed nothing itself
+    ended = errors(capsys.readouterr().out)[0]
+    assert (ended["message"], ended["error"]) == (
+        "another process's checkpoint save failed; ending the run",
+        "process 1: OSError: ...",
+    )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import subprocess
 
@@ -72,24 +73,41 @@ def final_loss(log: str, step: int) -> float:
     return next(line["loss"] for line in lines if line["step"] == step)
 
 
-def start_slice(tmp_path, args: list[str], engine: str, count: int = 2) -> list[subprocess.Popen]:
-    """`count` jax_mnist processes joined as one slice, with the environment `engine` gives its workers."""
+def start_slice(
+    tmp_path, args: list[str], engine: str, count: int = 2, cannot_write: int | None = None
+) -> list[subprocess.Popen]:
+    """`count` jax_mnist processes joined as one slice, with the environment `engine` gives its workers.
+
+    Worker `cannot_write` may not grow a file past FILE_LIMIT (RLIMIT_FSIZE, setrlimit(2)): the kernel
+    refuses its larger writes with EFBIG, as a full or failing disk would, so its checkpoint's array data
+    fails in TensorStore's asynchronous write. Its output goes to a pipe, which the limit spares: read it
+    with `communicate`."""
     port = free_port()
     processes = []
     for worker in range(count):
         slice_env = slice_environment(engine, worker, count, port)
         env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "", **slice_env}
+        limited = worker == cannot_write
         with open(tmp_path / f"worker-{worker}.log", "a") as out:  # the child keeps its own copy open
             processes.append(
                 subprocess.Popen(
                     [workloads_python(), str(WORKLOADS / "jax_mnist/jax_mnist.py"), *args],
-                    stdout=out,
+                    stdout=subprocess.PIPE if limited else out,
                     stderr=subprocess.STDOUT,
                     env=env,
                     cwd=tmp_path,
+                    preexec_fn=limit_file_size if limited else None,
                 )
             )
     return processes
+
+
+FILE_LIMIT = 64 * 1024  # above the run identity and Orbax's metadata files; below the model's arrays (1.3 MB)
+
+
+def limit_file_size() -> None:
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a refused write fails with EFBIG instead of killing
+    resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_LIMIT, FILE_LIMIT))
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -143,3 +161,42 @@ def test_two_processes_train_as_one_slice_stop_together_on_one_sigterm_and_resum
     assert (metrics["steps"], metrics["resumes"]) == (steps, 1)
     # The same global batches, split over two hosts and resumed: the loss of one uninterrupted process.
     assert final_loss(logs[0], steps) == pytest.approx(final_loss(one.stdout, steps), abs=LOSS_TOLERANCE)
+
+
+# Far below Orbax's own bound on a save's barriers (AsyncOptions.timeout_secs, 1200 s), which is how long
+# every host waited before; far above a start, a first save and a failure, even on a loaded machine.
+ENDS_WITHIN = 420
+
+
+@pytest.mark.workloads
+@pytest.mark.parametrize("failing", [0, 1])  # 0 also hosts jax.distributed's coordination service
+def test_a_checkpoint_one_host_cannot_write_ends_every_host_with_the_failure_code(tmp_path, failing):
+    """One host's async save fails on its storage: it exits 74 (EX_IOERR: failed, retried from the last
+    committed checkpoint), and so does the other, which was waiting for it at Orbax's commit barrier."""
+    sample = tmp_path / "mnist.npz"
+    assert (
+        run_workload("sample_mnist.py", str(sample), "--train", "1024", "--test", "256", cwd=tmp_path).returncode == 0
+    )
+    args = ["--data", str(sample), "--steps", "64", "--batch-size", "32", "--checkpoint-every-steps", "8"]
+    workers = start_slice(tmp_path, [*args, "--checkpoint-dir", str(tmp_path / "ckpt")], "vm", cannot_write=failing)
+    try:
+        outputs = {w: workers[w].communicate(timeout=ENDS_WITHIN)[0] for w in (failing, 1 - failing)}
+    finally:
+        for p in workers:
+            p.kill()
+    codes = [p.returncode for p in workers]
+    logs = [outputs[w].decode() if outputs[w] else (tmp_path / f"worker-{w}.log").read_text() for w in range(2)]
+    assert codes == [74, 74], logs[0][-3000:] + logs[1][-3000:]
+    ended = [json.loads(line) for log in logs for line in log.splitlines() if '"severity": "ERROR"' in line]
+    assert [(e["process"], e["message"]) for e in ended] == [
+        (
+            w,
+            "checkpoint save failed; ending the run"
+            if w == failing
+            else "another process's checkpoint save failed; ending the run",
+        )
+        for w in range(2)
+    ]
+    assert all("File too large" in e["error"] for e in ended)  # the storage's own error, on both hosts
+    assert ended[1 - failing]["error"].startswith(f"process {failing}: ")
+    assert committed_steps(checkpoint_names(tmp_path / "ckpt")) == []  # the failed save was never committed

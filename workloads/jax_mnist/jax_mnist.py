@@ -17,11 +17,14 @@ tensorboardX, which needs no TensorFlow (a JAX VM has none) and writes gs:// wit
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import json
+import logging
 import os
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +35,7 @@ import optax
 import orbax.checkpoint as ocp
 import runlib
 from jax import export as jax_export
+from jax._src import distributed
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -69,6 +73,42 @@ class SlicePeers(runlib.Peers):
 
     def barrier(self, name: str) -> None:
         multihost_utils.sync_global_devices(name)
+
+    # A failure is told through the key-value store of jax.distributed's coordination service, which
+    # answers while every collective and barrier is stuck; its client is reached the way Orbax reaches it
+    # (orbax-checkpoint 0.12.8 _src/multihost/multihost.py get_jax_distributed_client): JAX exports none.
+    FAILED = "runlib/failed"
+    SEEN = "runlib/failure-seen/"  # + the process index: it has seen the failure and is exiting
+    TELL_SECONDS = 30  # the longest a failed process waits for the others to see its failure
+
+    def report_failure(self, reason: str) -> None:
+        """Record `reason` for the others, then wait (bounded) until each has seen it: process 0 hosts the
+        coordination service, whose store goes with it."""
+        client = distributed.global_state.client
+        if client is None:  # one process: nobody to tell
+            return
+        with contextlib.suppress(jax.errors.JaxRuntimeError):  # another process failed first: its reason stands
+            client.key_value_set(self.FAILED, f"process {jax.process_index()}: {reason}")
+        deadline = time.monotonic() + self.TELL_SECONDS
+        for other in range(self.count):
+            if other == jax.process_index():
+                continue
+            left = int(1000 * (deadline - time.monotonic()))
+            with contextlib.suppress(jax.errors.JaxRuntimeError):  # gone, or the deadline passed
+                if left > 0:
+                    client.blocking_key_value_get(f"{self.SEEN}{other}", left)
+
+    def failure(self) -> str | None:
+        client = distributed.global_state.client
+        if client is None:
+            return None
+        try:
+            reason = client.key_value_try_get(self.FAILED)
+        except jax.errors.JaxRuntimeError:  # NOT_FOUND: none reported
+            return None
+        with contextlib.suppress(jax.errors.JaxRuntimeError):
+            client.key_value_set(f"{self.SEEN}{jax.process_index()}", "1")
+        return reason
 
 
 def local(tree: Any) -> Any:
@@ -202,6 +242,26 @@ def orbax_storage() -> None:
             os.environ.setdefault("GCE_METADATA_ROOT", metadata)
 
 
+class SaveFailures(logging.Handler):
+    """Orbax's report of a failed async save, when it fails. Its save thread (named `async_save`) logs the
+    error with its traceback and keeps it for the next wait, which a failed host reaches only after a
+    barrier the others never pass: the checkpoint manager's finalize thread takes it first and holds it
+    through that barrier (orbax-checkpoint 0.12.8: `_AsyncManager._thread_func` and `start_async_commit`
+    in _src/checkpointers/async_checkpointer.py, `CheckpointManager._finalize` in checkpoint_manager.py).
+    So `check_for_errors` cannot see it; the log record can."""
+
+    SAVE_THREAD = "async_save"
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.first: str | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.first is None and record.threadName == self.SAVE_THREAD and record.exc_info:
+            error = record.exc_info[1]
+            self.first = f"{type(error).__name__}: {error}"
+
+
 class Training:
     """The replicated training state (parameters, optimizer state) and its Orbax checkpoints: runlib's
     Checkpointer. Each checkpoint holds the state (`StandardSave`) and the loop's run state as JSON."""
@@ -211,6 +271,8 @@ class Training:
         self.where = directory
         options = ocp.CheckpointManagerOptions(max_to_keep=KEEP, save_interval_steps=every_steps, create=True)
         self.manager = ocp.CheckpointManager(directory, options=options) if directory else None
+        self.failures = SaveFailures()
+        logging.getLogger("absl").addHandler(self.failures)  # Orbax logs through absl's logger
 
     def steps(self) -> list[int]:
         return sorted(self.manager.all_steps()) if self.manager else []
@@ -235,6 +297,9 @@ class Training:
     def wait(self) -> None:
         if self.manager:
             self.manager.wait_until_finished()
+
+    def failure(self) -> str | None:
+        return self.failures.first
 
 
 def main(argv: list[str] | None = None) -> int:

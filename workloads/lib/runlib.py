@@ -3,7 +3,8 @@
 
 - One command line: data, checkpoint and model locations (defaults from the contract's environment,
   TPU_PLATFORM_*), epochs/steps, batch size, checkpoint intervals (by steps and by minutes), run id.
-- Exit codes: 0 finished, 75 (EX_TEMPFAIL) stopped with a checkpoint, 78 (EX_CONFIG) refused.
+- Exit codes: 0 finished, 75 (EX_TEMPFAIL) stopped with a checkpoint, 78 (EX_CONFIG) refused, 74 (EX_IOERR)
+  a checkpoint could not be written: then every process of the run exits at once (`FailFast`).
 - SIGTERM (GCE's notice before it reclaims a spot VM) sets a flag the loop reads at each step
   boundary; on many processes one host's SIGTERM stops them all at one step, behind a barrier that
   holds every process until the checkpoint is committed.
@@ -40,7 +41,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import numpy as np
 
@@ -53,6 +54,7 @@ COMPLETE = completion_marker.NAME
 # exits REFUSED_EXIT (a configuration that cannot work: a resume that would mix two runs).
 EXIT_RETRY = names.EXIT_RETRY
 REFUSED_EXIT = names.EXIT_CONFIG
+CHECKPOINT_FAILED_EXIT = names.EXIT_CHECKPOINT_FAILED  # a failure: retried from the last committed checkpoint
 
 
 # ---------------------------------------------------------------------------------------------- CLI
@@ -233,6 +235,11 @@ class Checkpointer(Protocol):
         """Return once every save so far is committed."""
         ...
 
+    def failure(self) -> str | None:
+        """Why a save of this process failed in the background, without waiting for saves in flight; None
+        if none has (yet). The run then ends (FailFast): a failed save is never retried in place."""
+        ...
+
 
 def pack(arrays: dict[str, np.ndarray]) -> bytes:
     buffer = io.BytesIO()
@@ -273,6 +280,68 @@ class Peers:
 
     def any(self, flags: list[bool]) -> list[bool]:
         return [any(column) for column in zip(*self.gather([int(f) for f in flags]), strict=True)]
+
+    def report_failure(self, reason: str) -> None:
+        """Tell the other processes that this one ends for `reason` (its checkpoint failed), before it exits.
+        Returns once they have seen it, or after a bounded wait."""
+
+    def failure(self) -> str | None:
+        """A failure another process reported, without waiting; None if none."""
+        return None
+
+
+def exit_now(code: int) -> NoReturn:
+    """End this process with `code` at once. A normal exit would wait for what a failed save leaves
+    behind: the framework's background save threads, held at a commit barrier that a failed host never
+    reaches, and jax.distributed's shutdown barrier, which the other processes never reach."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+class FailFast:
+    """A checkpoint that one process cannot write ends every process of the run at once, with
+    CHECKPOINT_FAILED_EXIT, instead of leaving them waiting for it.
+
+    An async save fails in a background thread: Orbax's save thread records the error and never reaches
+    the `async_write_complete` barrier, where every other process waits for it up to AsyncOptions'
+    `timeout_secs` (1200 s), and the failing process's next save or wait blocks at the next barrier
+    (orbax-checkpoint 0.12.8: `_background_wait_for_commit_futures` in
+    _src/checkpointers/async_checkpointer.py, `CheckpointManager._finalize` in checkpoint_manager.py).
+    So a thread asks, every POLL_SECONDS, this process's checkpointer for a failed save (`failure`, which
+    does not wait) and the peers for a failure one of them reported; the loop itself ends the same way
+    when a save or wait raises. The process that failed tells the others first.
+    """
+
+    POLL_SECONDS = 1.0
+
+    def __init__(self, checkpoints: Checkpointer, peers: Peers, log: Log):
+        self.checkpoints, self.peers, self.log = checkpoints, peers, log
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="runlib-fail-fast", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stopped.wait(self.POLL_SECONDS):
+            if reason := self.checkpoints.failure():
+                self.save_failed(reason)
+            self.peer_failed()
+
+    def save_failed(self, reason: str) -> NoReturn:
+        self.log("checkpoint save failed; ending the run", severity="ERROR", error=reason[:2000])
+        self.peers.report_failure(reason[:2000])
+        exit_now(CHECKPOINT_FAILED_EXIT)
+
+    def peer_failed(self) -> None:
+        """End this process if another one reported a failure."""
+        if reason := self.peers.failure():
+            self.log("another process's checkpoint save failed; ending the run", severity="ERROR", error=reason)
+            exit_now(CHECKPOINT_FAILED_EXIT)
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
 
 
 @dataclass
@@ -490,6 +559,47 @@ def train(
     if state["step"] > total:
         raise ResumeRefusedError(f"the checkpoint is at step {state['step']}, beyond this run's {total} steps")
 
+    fail_fast = FailFast(checkpoints, peers, log) if checkpoints else None
+    try:
+        return _train(args, log, data, checkpoints, preemption, step_fn, peers, on_log, state, restore_seconds)
+    except CheckpointFailedError as failed:
+        assert fail_fast
+        fail_fast.save_failed(str(failed))
+    except Exception:
+        if fail_fast:  # a peer that ended for its failed save breaks this one's collectives
+            fail_fast.peer_failed()
+        raise
+    finally:
+        if fail_fast:
+            fail_fast.stop()
+
+
+class CheckpointFailedError(Exception):
+    """A save, or the wait for one, raised: this process's checkpoint was not written."""
+
+
+@contextlib.contextmanager
+def _saving() -> Iterator[None]:
+    try:
+        yield
+    except Exception as error:
+        raise CheckpointFailedError(f"{type(error).__name__}: {error}") from error
+
+
+def _train(
+    args: argparse.Namespace,
+    log: Log,
+    data: Dataset,
+    checkpoints: Checkpointer | None,
+    preemption: Preemption,
+    step_fn: Callable[[np.ndarray, np.ndarray], Any],
+    peers: Peers,
+    on_log: Callable[[int, float], None] | None,
+    state: dict[str, Any],
+    restore_seconds: float,
+) -> Outcome:
+    """`train`'s loop, from the resumed `state`."""
+    total = steps_for(args, len(data.x_train))
     clock = Clock(60 * args.checkpoint_every_minutes)
     stalled = waited = 0.0
     start_step = step = state["step"]
@@ -520,11 +630,13 @@ def train(
         snapshot = time.perf_counter()
         state.update(step=step, wall_seconds=state["wall_seconds"] + snapshot - begun)
         begun = snapshot
-        saved = checkpoints.save(step, dict(state), force=timed or stop or step == total)
+        with _saving():
+            saved = checkpoints.save(step, dict(state), force=timed or stop or step == total)
         if saved:
             clock.reset()
         if stop:
-            checkpoints.wait()
+            with _saving():
+                checkpoints.wait()
             if peers.count > 1:
                 peers.barrier(f"stop-{step}")  # no process leaves before the checkpoint is committed
             preempted = True
@@ -535,7 +647,8 @@ def train(
         if stop:
             break
     if checkpoints:
-        checkpoints.wait()  # the last save is on storage before we go on
+        with _saving():
+            checkpoints.wait()  # the last save is on storage before we go on
     if preempted:
         log(
             "SIGTERM: checkpoint written, exiting for preemption",

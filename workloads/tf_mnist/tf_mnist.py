@@ -151,6 +151,11 @@ class Checkpoints:
         if pending:
             pending.result()
 
+    def failure(self) -> str | None:
+        pending = self._pending
+        error = pending.exception() if pending and pending.done() else None
+        return f"{type(error).__name__}: {error}" if error else None
+
 
 class Board:
     """TensorBoard scalars through `tf.summary` (staged like the checkpoints). `tf.summary.write` with
