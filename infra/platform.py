@@ -149,11 +149,7 @@ def build_platform(cfg: PlatformConfig, secrets: Mapping[str, str] | None = None
     status = RunStatus("run-status", env, status_args, emails, buckets.encryption, buckets.ready)
     # A VM deleted by the guard once its run completed is no longer declared, so `up`, `refresh` and
     # the drift check agree with the project (the status is read through an invoke; mocked offline).
-    gone = completed_runs(
-        env.project,
-        status.bucket_name,
-        {vm.name: run_id(cfg, vm) for vm in cfg.tpu_vms if vm.on_completion == "delete"},
-    )
+    gone = completed_runs(env.project, status.bucket_name, runs_to_check(cfg))
     for vm_name in sorted(gone):
         pulumi.log.warn(f"stack '{env.stack}': TPU VM {vm_name} completed its run and was deleted; no longer declared")
     vms = {
@@ -241,6 +237,12 @@ def guard_args_of(cfg: PlatformConfig) -> TpuGuardArgs | None:
         bucket_location=cfg.buckets.location,
     )
     return args if args.needed else None
+
+
+def runs_to_check(cfg: PlatformConfig) -> dict[str, str]:
+    """The TPU VMs whose completion the program reads from the status bucket (`completed_runs`): those
+    deleted once their run completes, each with its current run id."""
+    return {vm.name: run_id(cfg, vm) for vm in cfg.tpu_vms if vm.on_completion == "delete"}
 
 
 def stack_identities(cfg: PlatformConfig) -> StackIdentities:
