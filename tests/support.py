@@ -99,8 +99,7 @@ def shipped_plan(stack: str) -> PlanResult:
 
 @functools.cache
 def _deploys(stack: str, raw: tuple[tuple[str, str], ...]) -> dict[str, PlanResult]:
-    config = dict(raw)
-    return plan_deploys(lambda state: run_program(stack, config, state=state) if state else plan(config, stack))
+    return plan_deploys(plan(dict(raw), stack))
 
 
 def deploys(raw: dict[str, str], stack: str = "dev") -> dict[str, PlanResult]:

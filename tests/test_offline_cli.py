@@ -40,6 +40,20 @@ def test_text_plan_of_dev():
         assert expected in out
 
 
+def test_the_text_plan_runs_the_program_once(monkeypatch):
+    """Who-can-do-what covers a later deploy too, from the one run's registrations (tools/offline/deploys.py):
+    a second run of the program doubled the command's time at fleet scale."""
+    import infra.platform
+
+    runs = []
+    build = infra.platform.build_platform
+    monkeypatch.setattr(infra.platform, "build_platform", lambda *args: runs.append(args) or build(*args))
+    done = run_plan("--stack-file", "tests/stacks/Pulumi.production.yaml")
+    assert done.returncode == 0, done.stderr
+    assert "Who can do what in environment production" in done.stdout
+    assert len(runs) == 1
+
+
 def test_json_plan_of_a_production_stack_matches_the_text():
     done = run_plan("--stack-file", "tests/stacks/Pulumi.production.yaml", "--json")
     assert done.returncode == 0, done.stderr

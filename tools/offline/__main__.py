@@ -176,8 +176,8 @@ def main(argv: list[str] | None = None) -> int:
             if violations
             else (f"Policies: all {len(RULES)} rules of the policy pack pass.")
         )
-        deploys = plan_deploys(lambda state: plan_stack(stack, args.stack_file, state) if state else result)
-        print(to_text(result, [section, who_can_do_what(deploys, args.stack_file)]), end="")
+        deploys = plan_deploys(result)
+        print(to_text(result, [section, who_can_do_what(deploys)]), end="")
     mandatory = [v for v in violations if v.enforcement == "mandatory"]
     if mandatory:
         print(

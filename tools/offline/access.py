@@ -43,7 +43,7 @@ def quota_project(config: Mapping[str, str]) -> str | None:
 
 def stack_deploys(stack: str, stack_file: Path | None = None) -> dict[str, PlanResult]:
     """The stack planned as a first deploy and as a later one."""
-    return plan_deploys(lambda state: plan_stack(stack, stack_file, state))
+    return plan_deploys(plan_stack(stack, stack_file))
 
 
 def identities_of(stack: str, config: Mapping[str, str]) -> StackIdentities:
@@ -122,12 +122,11 @@ def not_made(stack: str, identities: StackIdentities, access: Mapping[str, Any])
     ]
 
 
-def who_can_do_what(deploys: Deploys, stack_file: Path | None = None) -> str:
+def who_can_do_what(deploys: Deploys) -> str:
     """Each identity of the environment and its reach, for reviewers: the CI identities as computed from
     this stack's plans (and where they reach beyond it), then every account the stack uses."""
     fresh = deploys["fresh"]
-    stack, project = fresh.stack, fresh.project
-    config = read_stack_config(stack, ROOT, stack_file)
+    stack, project, config = fresh.stack, fresh.project, fresh.config  # the config the stack was planned with
     access = access_of(stack, deploys, config)
     committed = read_access()
     lines = [f"Who can do what in environment {stack} (project {project}; Google's role data in reference/gcp-iam):"]
