@@ -6,8 +6,10 @@ For the dev stack and for generated stacks of N TPU VMs, each run in a fresh pro
 - the floor: the same resources (type, name, inputs, parent, as the program's run recorded them)
   registered as bare `CustomResource`s/`ComponentResource`s under the same mocks, after importing the
   same pulumi-gcp modules: what any program declaring these resources pays the SDK;
-- the offline tool's extras on the program's plan, each timed alone: the policy pack, the JSON plan
-  (with the cost estimate), who-can-do-what (a later deploy's plan plus the access computation).
+- the offline tool's extras on the program's plan, each timed alone: the stack reader again (who-can-do-what
+  reads the stack's identities from it), the policy pack, the cost estimate and its table, the JSON and text
+  plans, the later deploy's plan (from the program's one run: tools/offline/deploys.py) and who-can-do-what
+  (the access computation on both plans). Their marginal cost per extra VM shows whether each is linear.
 
 Prints wall time and CPU time (the process, imports included) and peak memory (max RSS) of both, their ratios, the
 extras, and the marginal cost per extra VM. The machine may be shared: `--rounds` runs the floor and the
@@ -39,10 +41,14 @@ ZONES = ["us-central1-b", "us-central1-c"]  # v2-8 zones inside the dev stack's 
 VM_TYPE = "gcp:tpu/v2Vm:V2Vm"
 
 
-def fleet_stack(count: int) -> dict:
+def fleet_stack(count: int, on_completion: str | None = None) -> dict:
+    """dev with `count` copies of its TPU VM; `on_completion`: theirs instead of dev's (`delete` makes the
+    program read each VM's completion marker in a later deploy)."""
     stack = yaml.safe_load((ROOT / "Pulumi.dev.yaml").read_text())
     config = stack["config"]
     template = config["tpu-platform:tpuVms"][0]
+    if on_completion:
+        template["onCompletion"] = on_completion
     config["tpu-platform:budget"].update(amount=10**9, failOverBudget=False)  # measure planning, not budgets
     config["tpu-platform:tpuVms"] = [
         {**template, "name": f"mnist-{i:04d}", "zone": ZONES[i % len(ZONES)]} for i in range(count)
@@ -86,7 +92,7 @@ def _program(stack_file: Path, record: Path, extras: bool = True) -> dict:
         for r in result.resources
     ]
     record.write_text(json.dumps({"modules": modules, "registrations": registrations}))
-    figures["extras"] = _extras(stack, stack_file, result) if extras else {}
+    figures["extras"] = _extras(result) if extras else {}
     return figures
 
 
@@ -97,23 +103,25 @@ def _timed(extras: dict[str, float], name: str, work):
     return value
 
 
-def _extras(stack: str, stack_file: Path, result) -> dict[str, float]:
+def _extras(result) -> dict[str, float]:
+    """Each of the offline tool's extras on the program's plan, timed alone (the command runs them all)."""
+    from infra.config import parse_stack_config
+    from infra.cost import cost_table, estimate
     from tools.offline.access import who_can_do_what
     from tools.offline.deploys import plan_deploys
     from tools.offline.policy_check import check_policies
     from tools.offline.render import to_json, to_text
-    from tools.offline.runner import plan_stack
 
     extras: dict[str, float] = {}
+    # The stack reader again, as who-can-do-what and the later plan use it (the program's own run is in its figures).
+    cfg = _timed(extras, "stack reader", lambda: parse_stack_config(result.stack, result.config))
     violations = _timed(extras, "policy pack", lambda: check_policies(result))
+    pools = cfg.gke.slice_pools if cfg.gke else ()
+    _timed(extras, "cost", lambda: cost_table(estimate(cfg.tpu_vms, cfg.budget, pools).as_output()))
     _timed(extras, "JSON plan", lambda: json.dumps(to_json(result, [v.as_dict() for v in violations]), default=str))
     _timed(extras, "text plan", lambda: to_text(result))
-
-    def plan(state):  # the first deploy is the plan already made
-        return plan_stack(stack, stack_file, state) if state else result
-
-    deploys = _timed(extras, "later plan", lambda: plan_deploys(plan))
-    _timed(extras, "who-can-do-what", lambda: who_can_do_what(deploys, stack_file))
+    deploys = _timed(extras, "later plan", lambda: plan_deploys(result))
+    _timed(extras, "who-can-do-what", lambda: who_can_do_what(deploys))
     return extras
 
 
@@ -198,6 +206,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="program and floor back to back, this many times")
     parser.add_argument("--no-dev", action="store_true", help="skip the dev stack itself")
     parser.add_argument("--no-extras", action="store_true", help="skip timing the offline tool's extras")
+    parser.add_argument(
+        "--on-completion", choices=("stop", "delete"), help="the fleet's onCompletion instead of dev's VM's"
+    )
     parser.add_argument("--child", nargs=3, metavar=("PHASE", "STACK_FILE", "RECORD"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -218,7 +229,7 @@ def main() -> None:
         for size in sorted(args.sizes):
             path = folder / str(size) / "Pulumi.dev.yaml"
             path.parent.mkdir()
-            path.write_text(yaml.safe_dump(fleet_stack(size)))
+            path.write_text(yaml.safe_dump(fleet_stack(size, args.on_completion)))
             row = measure(f"{size} VMs", path, args.rounds, folder, not args.no_extras)
             assert row["vms"] == size, f"planned {row['vms']} VMs, expected {size}"
             rows.append(row)
@@ -250,6 +261,9 @@ def main() -> None:
             f"marginal cost {smaller['vms']} -> {larger['vms']} VMs: {program:.1f} ms per extra TPU VM"
             f" (floor {floor:.1f} ms)"
         )
+        if not args.no_extras:
+            each = {k: 1000 * (larger["extras"][k] - smaller["extras"][k]) / span for k in larger["extras"]}
+            print("  extras, ms per extra TPU VM: " + ", ".join(f"{k} {v:.2f}" for k, v in each.items()))
 
 
 if __name__ == "__main__":

@@ -21,9 +21,10 @@ def run(*args: str) -> str:
 
 
 def test_plan_scale_benchmark_runs():
-    out = run("benchmarks/plan_scale.py", "--sizes", "1", "3")
+    out = run("benchmarks/plan_scale.py", "--sizes", "1", "3", "--on-completion", "delete")
     assert "marginal cost 1 -> 3 VMs" in out
     assert "floor s" in out and "policy pack" in out  # the SDK's floor beside the program, the extras alone
+    assert "extras, ms per extra TPU VM: stack reader" in out and "who-can-do-what" in out
 
 
 def test_workload_benchmark_runs():
