@@ -18,7 +18,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import ClassVar
 
@@ -27,6 +27,7 @@ from google.cloud import storage as storage_client
 from tests.iam_standins import StsStandIn, serve, sts_handler
 from tests.workloads import workloads_python
 from tools.standins.metadata import SANDBOX_TOKEN
+from tools.standins.storage import storage_emulator  # noqa: F401 (its importers find it here too)
 
 SYSTEMCTL_SHIM = '''#!{python}
 """systemctl for the sandbox: daemon-reload is a no-op; start runs ExecStartPre (a failure fails the
@@ -124,30 +125,6 @@ def wait_for(predicate: Callable[[], object], timeout: float, what: str, interva
             return result
         time.sleep(interval)
     raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
-
-
-@contextlib.contextmanager
-def storage_emulator() -> Iterator[str]:
-    """A real GCS emulator (gcp-storage-emulator) on loopback; yields STORAGE_EMULATOR_HOST. Started through
-    tests/storage_emulator.py, which adds the generation headers Cloud Storage sends on a download."""
-    port = free_port()
-    script = Path(__file__).with_name("storage_emulator.py")
-    process = subprocess.Popen(
-        [sys.executable, "-I", str(script), "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-
-        def accepting() -> bool:
-            with socket.socket() as s:
-                return s.connect_ex(("127.0.0.1", port)) == 0
-
-        wait_for(accepting, 30, "the storage emulator")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        process.terminate()
-        process.wait(10)
 
 
 @functools.cache

@@ -1,4 +1,4 @@
-"""The sandbox's storage emulator (tests/storage_emulator.py): a download carries the object's generation,
+"""The sandbox's storage emulator (tools/standins/storage.py): a download carries the object's generation,
 as Cloud Storage's does, and TensorStore (Orbax's array store) can read an object twice."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import requests
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
 
-from tests.sandbox import storage_emulator
 from tests.workloads import workloads_python
+from tools.standins.storage import storage_emulator
 
 
 def test_a_download_carries_the_objects_generation_on_every_route():
