@@ -8,7 +8,7 @@ PSTAMP := $(VENV)/.installed-plan
 WVENV := .venv-workloads
 WSTAMP := $(WVENV)/.installed
 
-.PHONY: plan plan-json test test-fast lint typecheck unit bench golden lock clean
+.PHONY: plan plan-json test test-fast lint typecheck unit bench golden lock agent-wheelhouse clean
 
 # Installs come from the lock files (every package pinned, with hashes): `make lock` recompiles them
 # from the requirements-*.txt files, which name the direct dependencies.
@@ -34,6 +34,8 @@ $(WSTAMP): requirements-workloads.lock
 LOCK := $(VENV)/bin/uv pip compile --quiet --generate-hashes --python-version 3.11 --python-platform x86_64-manylinux_2_28
 lock: $(STAMP)  ## recompile the *.lock files after editing a requirements-*.txt (and the examples' locks)
 	for r in requirements requirements-plan requirements-dev requirements-workloads; do $(LOCK) $$r.txt -o $$r.lock; done
+	# The VM agent's own environment (tools/agent_wheelhouse.py), resolved for the oldest Python it serves.
+	$(subst 3.11,3.10,$(LOCK)) requirements-agent.txt -o requirements-agent.lock
 	# What a VM installs for an example, by hash (vm_agent/installs.py); the TPU image brings the framework.
 	$(LOCK) workloads/jax_mnist/requirements.txt -o workloads/jax_mnist/requirements.lock \
 	  --no-emit-package jax --no-emit-package jaxlib --no-emit-package numpy --no-emit-package scipy \
@@ -46,6 +48,11 @@ lock: $(STAMP)  ## recompile the *.lock files after editing a requirements-*.txt
 	cd infra/catalog/framework_locks && for t in *.txt; do \
 	  $(VENV:%=../../../%)/bin/uv pip compile --quiet --generate-hashes --python-platform x86_64-manylinux_2_31 \
 	    --python-version $$(sed -n 's/^# python: //p' $$t) $$t -o $${t%.txt}.lock; done
+
+# The agent's wheels for each Python it serves, from requirements-agent.lock by hash, as one archive named by
+# its sha256 under build/agent-wheelhouse/ (it downloads from the package index; it installs nothing here).
+agent-wheelhouse: $(STAMP)
+	$(PY) -m tools.agent_wheelhouse
 
 NSTAMP := node_modules/.installed
 $(NSTAMP): package.json package-lock.json
