@@ -50,3 +50,9 @@ def test_goodput_model_benchmark_runs():
 def test_goodput_recording_benchmark_runs():
     out = run("benchmarks/goodput_recording.py", "--lines", "200")
     assert "us/line on the run's path" in out and "the record's write" in out
+
+
+def test_agent_environment_benchmark_runs():
+    # Builds the agent's wheelhouse from the lock: it downloads from the package index, as CI's installs do.
+    out = run("benchmarks/agent_environment.py", "--repeat", "1", "--python", sys.executable)
+    assert "boot install" in out and "start to first object read, google-cloud-storage" in out
