@@ -229,8 +229,10 @@ def test_a_source_told_why_refuses_every_request_with_that_reason(agent: Agent):
 def test_a_state_that_is_not_a_json_object_is_neither_resumed_nor_a_crash(agent: Agent):
     # Only the agent writes runs/ (researchers' grant covers requests/ only), but a damaged object
     # there must not stop it from taking requests or resuming the runs it can read.
-    agent.bucket.put(f"{VM}/runs/{OWNER}/exp-1/status.json", [1, 2])
-    agent.bucket.put(f"{VM}/runs/{OWNER}/exp-2/status.json", b"not json")
+    # (Runs other than the request's: a request for a run id whose state exists is refused as used before,
+    # since the state is created only if absent, ifGenerationMatch=0, which the sandbox's emulator now honours.)
+    agent.bucket.put(f"{VM}/runs/{OWNER}/exp-8/status.json", [1, 2])
+    agent.bucket.put(f"{VM}/runs/{OWNER}/exp-9/status.json", b"not json")
     agent.bucket.put(request(), SPEC)
     source = agent.source()
     assert source.unfinished() == []

@@ -62,3 +62,22 @@ def test_tensorstore_reads_and_writes_an_object_by_the_generation_it_read():
     assert done.returncode == 0, done.stderr[-2000:]  # before: "Malformed StorageGeneration"
     # The emulator ignores conditions: Cloud Storage would answer the second read 304 (unspecified).
     assert done.stdout.split() == ["value", "value", "n"]
+
+
+def test_an_upload_whose_generation_precondition_fails_is_refused_with_412():
+    """As Cloud Storage does (request-preconditions): ifGenerationMatch=0 writes only a new object, and a
+    generation that is not the live one's is refused; the emulator alone would overwrite."""
+    from google.api_core.exceptions import PreconditionFailed
+
+    with storage_emulator() as host:
+        client = storage.Client(project="p", credentials=AnonymousCredentials(), client_options={"api_endpoint": host})
+        bucket = client.create_bucket("b")
+        bucket.blob("claim").upload_from_string(b"first", if_generation_match=0)
+        with pytest.raises(PreconditionFailed):
+            bucket.blob("claim").upload_from_string(b"second", if_generation_match=0)
+        live = bucket.get_blob("claim")
+        assert live is not None and live.generation is not None and live.download_as_bytes() == b"first"
+        with pytest.raises(PreconditionFailed):
+            bucket.blob("claim").upload_from_string(b"third", if_generation_match=live.generation + 1)
+        bucket.blob("claim").upload_from_string(b"fourth", if_generation_match=live.generation)
+        assert bucket.blob("claim").download_as_bytes() == b"fourth"

@@ -2,9 +2,11 @@
 the benchmarks read and write objects through, as google-cloud-storage and the VM agent do when
 STORAGE_EMULATOR_HOST names it.
 
-It runs with the generation headers Cloud Storage sends on every object download and the emulator leaves
-out. Cloud Storage answers a media download (JSON API `objects.get?alt=media`, and the XML API's GET) with
-the object's `x-goog-generation` and `x-goog-metageneration` headers ("HTTP headers and common query
+It runs with two behaviours of Cloud Storage the emulator lacks: an upload's `ifGenerationMatch` precondition
+(install_upload_preconditions), and the generation headers Cloud Storage sends on every object download.
+
+Cloud Storage answers a media download (JSON API `objects.get?alt=media`, and the XML API's GET) with the
+object's `x-goog-generation` and `x-goog-metageneration` headers ("HTTP headers and common query
 string parameters", https://cloud.google.com/storage/docs/xml-api/reference-headers#xgooggeneration).
 TensorStore, which writes and reads Orbax's arrays, takes a read's generation from that header, 0 when it
 is absent (tensorstore/kvstore/gcs_http/object_metadata.cc, SetObjectMetadataFromHeaders), and refuses
@@ -88,8 +90,51 @@ def install_generation_headers() -> None:
                 routes[method] = download
 
 
+def install_upload_preconditions() -> None:
+    """Refuse an upload whose `ifGenerationMatch` does not hold, with 412 as Cloud Storage does ("0": no live
+    object of that name; https://cloud.google.com/storage/docs/request-preconditions). The emulator ignores
+    the parameter and overwrites, so a create-only write (vm_agent/gcs.py `Storage.create`) would always
+    seem to win."""
+    from gcp_storage_emulator import server
+    from gcp_storage_emulator.exceptions import NotFound
+    from gcp_storage_emulator.handlers import objects
+
+    emulators_insert = objects.insert
+
+    def insert(request: Any, response: Any, storage: Any, *args: Any, **kwargs: Any) -> None:
+        wanted = request.query.get("ifGenerationMatch", [None])[0]
+        name = request.query.get("name", [None])[0]
+        if name is None and isinstance(request.data, dict):  # a multipart upload names it in its metadata
+            name = (request.data.get("meta") or {}).get("name")
+        if wanted is not None and name is not None:
+            try:
+                generation = str(storage.get_file_obj(request.params["bucket_name"], name)["generation"])
+            except NotFound:
+                generation = "0"
+            if generation != wanted:
+                response.status = HTTPStatus.PRECONDITION_FAILED
+                response.json(
+                    {
+                        "error": {
+                            "code": 412,
+                            "message": "At least one of the pre-conditions you specified did not hold.",
+                        }
+                    }
+                )
+                return
+        emulators_insert(request, response, storage, *args, **kwargs)
+
+    objects.insert = insert
+    for _, handlers in server.HANDLERS:
+        routes = cast(dict[str, Any], handlers)
+        for method, handler in routes.items():
+            if handler is emulators_insert:
+                routes[method] = insert
+
+
 if __name__ == "__main__":
     from gcp_storage_emulator import __main__ as emulator
 
     install_generation_headers()
+    install_upload_preconditions()
     emulator.main()  # serves until stopped, then exits
