@@ -50,7 +50,12 @@ lock: $(STAMP)  ## recompile the *.lock files after editing a requirements-*.txt
 	    --python-version $$(sed -n 's/^# python: //p' $$t) $$t -o $${t%.txt}.lock; done
 
 # The agent's wheels for each Python it serves, from requirements-agent.lock by hash, as one archive named by
-# its sha256 under build/agent-wheelhouse/ (it downloads from the package index; it installs nothing here).
+# its sha256 under build/agent-wheelhouse/ (it downloads from the package index; it installs nothing here),
+# and that digest in requirements-agent.wheelhouse, which the plan reads. `pulumi up` uploads the archive; the
+# tests' sandboxed VMs install their agent's environment from it.
+WHEELHOUSE := build/agent-wheelhouse/$(shell sed -n 's/^sha256 //p' requirements-agent.wheelhouse).tar.gz
+$(WHEELHOUSE): requirements-agent.lock | $(STAMP)
+	$(PY) -m tools.agent_wheelhouse
 agent-wheelhouse: $(STAMP)
 	$(PY) -m tools.agent_wheelhouse
 
@@ -78,7 +83,7 @@ typecheck: $(STAMP)
 # Tests run in JOBS processes (pytest-xdist): two, the cores of the machines this project is built on;
 # a number, not `auto`, which counts the host's CPUs even where a container may use only two.
 JOBS ?= 2
-unit: $(STAMP) $(WSTAMP) $(NSTAMP)
+unit: $(STAMP) $(WSTAMP) $(NSTAMP) $(WHEELHOUSE)
 	WORKLOADS_PYTHON=$(WVENV)/bin/python $(PY) -m pytest -n $(JOBS)
 
 bench: $(STAMP) $(WSTAMP)  ## figures: offline-plan scale, workload throughput and checkpoint times, goodput model
@@ -87,7 +92,7 @@ bench: $(STAMP) $(WSTAMP)  ## figures: offline-plan scale, workload throughput a
 	$(PY) benchmarks/goodput_recording.py
 	$(PY) benchmarks/workloads.py --python $(WVENV)/bin/python
 
-test-fast: $(STAMP)  ## the tests that need no TensorFlow, JAX or npm, and no real training
+test-fast: $(STAMP) $(WHEELHOUSE)  ## the tests that need no TensorFlow, JAX or npm, and no real training
 	$(PY) -m pytest -q -m "not slow and not workloads and not npm"
 
 test: lint typecheck unit  ## everything CI runs

@@ -67,7 +67,7 @@ class ArtifactsArgs:
     destroyable: bool  # `pulumi destroy` may delete the bucket (objects included) and the repository
     noncurrent_versions_to_keep: int
     noncurrent_version_days: int
-    packages: Mapping[str, Package]  # key (a source folder, or "vm-agent") -> its archive
+    packages: Mapping[str, Package]  # key (a source folder, "vm-agent", "vm-agent-wheelhouse") -> its archive
     workloads: Mapping[str, WorkloadCode]  # workload name -> what its account reads
     pinned_digests: tuple[str, ...] = ()  # sha256 hex of the images the stack runs: never cleaned up
     images: ArtifactSettings = field(
@@ -76,7 +76,10 @@ class ArtifactsArgs:
 
 
 def write_archive(package: Package) -> Path:
-    """The archive as a file named by its hash (written once; the same hash is the same bytes)."""
+    """The archive as a file named by its hash (written once; the same hash is the same bytes); one built
+    before the plan (the agent's wheelhouse) is uploaded from where it was built."""
+    if package.built is not None:
+        return package.built
     path = BUILD_DIR / f"{package.sha256}.tar.gz"
     if not path.exists():
         BUILD_DIR.mkdir(parents=True, exist_ok=True)

@@ -42,6 +42,9 @@ class Package:
     data: bytes
     sha256: str
     files: int
+    # An archive built before the plan (the agent's wheelhouse, `make agent-wheelhouse`): uploaded from this
+    # file, which the plan does not read; `data` is then empty.
+    built: Path | None = None
 
     @property
     def object_name(self) -> str:
@@ -136,3 +139,29 @@ def repository_packages(*folders: str) -> Package:
             raise PackagingError(f"{path} is not a folder")
         members += [(path, folder), *_members(path, REPO_ROOT, f"{folder}/")]
     return _archive(members)
+
+
+# The VM agent's wheelhouse (tools/agent_wheelhouse.py): its digest is pinned in this file, which
+# `make agent-wheelhouse` writes, so a plan names the archive by digest without downloading a wheel (offline,
+# deterministic); `pulumi up` uploads the archive from WHEELHOUSE_DIR.
+WHEELHOUSE_PIN = REPO_ROOT / "requirements-agent.wheelhouse"
+WHEELHOUSE_DIR = REPO_ROOT / "build" / "agent-wheelhouse"
+_PIN_HEADER = (
+    "# The VM agent's wheelhouse: requirements-agent.lock's wheels for each Python the agent serves, as one\n"
+    "# archive named by its sha256 (tools/agent_wheelhouse.py). Written by `make agent-wheelhouse`; the plan\n"
+    "# names the archive by this digest, and `pulumi up` uploads build/agent-wheelhouse/<sha256>.tar.gz.\n"
+)
+
+
+def write_wheelhouse_pin(sha256: str) -> None:
+    WHEELHOUSE_PIN.write_text(f"{_PIN_HEADER}sha256 {sha256}\n")
+
+
+@functools.cache
+def agent_wheelhouse() -> Package:
+    """The pinned wheelhouse, by digest; its file is read only by `pulumi up`'s upload."""
+    words = [line.split() for line in WHEELHOUSE_PIN.read_text().splitlines() if line and not line.startswith("#")]
+    sha256 = dict(w for w in words if len(w) == 2).get("sha256", "")
+    if len(sha256) != 64 or not all(c in "0123456789abcdef" for c in sha256):
+        raise PackagingError(f"{WHEELHOUSE_PIN} names no sha256; run `make agent-wheelhouse`")
+    return Package(data=b"", sha256=sha256, files=0, built=WHEELHOUSE_DIR / f"{sha256}.tar.gz")

@@ -48,7 +48,7 @@ from infra.lifecycle import (
 )
 from infra.monitoring import MONITORING_APIS, TpuMonitoring, TpuMonitoringArgs
 from infra.network import ClusterRanges, PrivateNetwork, network_apis
-from infra.packaging import Package, repository_folder
+from infra.packaging import Package, agent_wheelhouse, repository_folder
 from infra.researchers import (
     ResearcherAccess,
     ResearcherArgs,
@@ -67,6 +67,7 @@ from infra.tpu_guard import TpuGuard, TpuGuardArgs, guard_apis
 TPU_BACKEND = "cloud-tpu"
 # The VM agent's package (docs/run-contract.md), uploaded next to the workloads' sources.
 AGENT_PACKAGE = "vm-agent"
+AGENT_WHEELHOUSE = "vm-agent-wheelhouse"  # the agent's own environment (infra/packaging.py agent_wheelhouse)
 
 
 def build_platform(cfg: PlatformConfig, secrets: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -329,6 +330,7 @@ def source_packages(cfg: PlatformConfig, digests: dict[str, str]) -> dict[str, P
         folders[key] = folder
         out[key] = archive
     out[AGENT_PACKAGE] = agent_package()
+    out[AGENT_WHEELHOUSE] = agent_wheelhouse()
     return out
 
 
@@ -340,7 +342,8 @@ def artifacts_args(cfg: PlatformConfig, digests: dict[str, str]) -> ArtifactsArg
     packages = source_packages(cfg, digests)
 
     def own(w: WorkloadSettings) -> tuple[str, ...]:
-        return (AGENT_PACKAGE, *((_package_key(w.source.folder),) if w.source.kind == "folder" else ()))
+        folder = (_package_key(w.source.folder),) if w.source.kind == "folder" else ()
+        return (AGENT_PACKAGE, AGENT_WHEELHOUSE, *folder)
 
     workloads = {w.name: WorkloadCode(packages=own(w), pulls_images=w.source.kind == "image") for w in cfg.workloads}
     # A self-service VM's own account reads any archive researchers submit, and pulls any image.

@@ -8,8 +8,12 @@ idempotent:
      release (`pip --require-hashes --no-deps`; no lock: refused). A boot whose image cannot run the
      workload logs one `tpu-platform: FATAL:` line, exits 78 and starts nothing: no restart loop
      keeps a TPU billing;
-  2. fetch the VM agent (vm_agent/, packaged by the stack) as the VM's own account, and keep it only
-     if its bytes hash to the digest the stack shipped;
+  2. fetch the VM agent (vm_agent/, packaged by the stack) and its wheelhouse (Google's client library
+     for Cloud Storage and its dependencies, tools/agent_wheelhouse.py) as the VM's own account, and
+     keep each only if its bytes hash to the digest the stack shipped; then check the agent's own
+     virtualenv against the wheelhouse, on every boot, and install it afresh from the wheelhouse when it
+     is not whole (vm_agent/environment.py: pip with no index and every hash checked). An image whose
+     Python the wheelhouse does not serve gets the FATAL line and exit 78, as in 1;
   3. write the agent's settings (the `tpu-platform-env` metadata, so a settings change is a metadata
      update, not a new script) with this worker's place in a multi-host slice (worker id, worker
      count, the coordinator's address), and install the agent as a systemd unit: it restarts on
@@ -74,6 +78,9 @@ class StartupSpec:
     vm: str
     workload: str
     agent: Artifact  # the platform's runner on the VM (vm_agent/), packaged by the stack
+    # The agent's wheelhouse (tools/agent_wheelhouse.py), and the Pythons it holds wheels for ("3.10", ...).
+    agent_environment: Artifact
+    agent_pythons: tuple[str, ...]
     # The agent's static settings (`agent.env`, docs/run-contract.md): NAME=value, from metadata.
     settings: tuple[tuple[str, str], ...]
     # The framework the image must hold for this workload ("" when the workload names none: nothing is
@@ -111,11 +118,13 @@ def _check(spec: StartupSpec) -> None:
         raise ValueError(f"unknown framework {spec.framework!r}")
     if not re.fullmatch(r"[0-9][A-Za-z0-9.]*|", spec.framework_version):
         raise ValueError(f"unsafe framework version {spec.framework_version!r}")
-    agent = spec.agent
-    if not (_SAFE_BUCKET.fullmatch(agent.bucket) and _SAFE_OBJECT.fullmatch(agent.name)):
-        raise ValueError(f"unsafe agent location {agent.uri!r}")
-    if not re.fullmatch(r"[0-9a-f]{64}", agent.sha256):
-        raise ValueError(f"agent digest {agent.sha256!r} is not a sha256")
+    for artifact in (spec.agent, spec.agent_environment):
+        if not (_SAFE_BUCKET.fullmatch(artifact.bucket) and _SAFE_OBJECT.fullmatch(artifact.name)):
+            raise ValueError(f"unsafe agent location {artifact.uri!r}")
+        if not re.fullmatch(r"[0-9a-f]{64}", artifact.sha256):
+            raise ValueError(f"agent digest {artifact.sha256!r} is not a sha256")
+    if not spec.agent_pythons or not all(re.fullmatch(r"3\.\d+", p) for p in spec.agent_pythons):
+        raise ValueError(f"unsafe agent Pythons {spec.agent_pythons!r}")
 
 
 def render_env(spec: StartupSpec) -> str:
@@ -182,6 +191,8 @@ def render_startup_script(spec: StartupSpec) -> str:
     framework = _ensure_framework(spec)
     constraints = " ".join(spec.constraints)
     agent_object = urllib.parse.quote(spec.agent.name, safe="")
+    environment_object = urllib.parse.quote(spec.agent_environment.name, safe="")
+    pythons = "|".join(spec.agent_pythons)
     verify = (
         f'echo "{spec.agent.sha256}  @AGENT_ARCHIVE@" | sha256sum --check --quiet --status '
         f'|| {{ echo "tpu-platform: FATAL: @AGENT_ARCHIVE@ does not match {spec.agent.sha256}" >&2; '
@@ -206,6 +217,11 @@ readonly AGENT_SHA256={spec.agent.sha256}
 readonly AGENT_URL="${{STORAGE}}/storage/v1/b/{spec.agent.bucket}/o/{agent_object}?alt=media"
 readonly AGENT_DIR="${{ROOT}}/opt/tpu-platform/agent/${{AGENT_SHA256}}"
 readonly AGENT_ARCHIVE="${{AGENT_DIR}}.tar.gz"
+readonly WHEELHOUSE_SHA256={spec.agent_environment.sha256}
+readonly WHEELHOUSE_URL="${{STORAGE}}/storage/v1/b/{spec.agent_environment.bucket}/o/{environment_object}?alt=media"
+readonly WHEELHOUSE="${{ROOT}}/opt/tpu-platform/agent-wheelhouse/${{WHEELHOUSE_SHA256}}.tar.gz"
+# The agent's own virtualenv, one per wheelhouse: root's alone, checked on every boot.
+readonly AGENT_ENV="${{ROOT}}/opt/tpu-platform/agent-env/${{WHEELHOUSE_SHA256}}"
 readonly ENV_FILE="${{ROOT}}/etc/tpu-platform/agent.env"
 readonly UNIT_FILE="${{ROOT}}/etc/systemd/system/{AGENT_UNIT}"
 readonly UNIT={AGENT_UNIT}
@@ -251,29 +267,51 @@ slice_env() {{
   echo "TPU_PLATFORM_COORDINATOR=${{coordinator}}"
 }}
 
-# The agent, as the VM's own account reads it (a token from the metadata server; no key on the VM): its
-# archive, kept root's alone and fetched again only when missing or not matching the digest the stack
-# shipped. Bytes that do not hash to that digest are never unpacked or run. The unit checks the archive
-# again and unpacks it afresh on every start of the agent (its ExecStartPre), so nothing edited in the
-# unpacked code outlives a restart.
-fetch_agent() {{
+# An object of the artifacts bucket, as the VM's own account reads it (a token from the metadata server; no
+# key on the VM): kept root's alone and fetched again only when missing or not matching the digest the
+# stack shipped. Bytes that do not hash to that digest are never unpacked or run.
+fetch_verified() {{
+  local url="$1" archive="$2" sha256="$3" what="$4"
   install -d -m 0755 "${{ROOT}}/opt/tpu-platform"
-  install -d -m 0700 "$(dirname "${{AGENT_DIR}}")"
-  if [[ -f "${{AGENT_ARCHIVE}}" ]] \\
-    && echo "${{AGENT_SHA256}}  ${{AGENT_ARCHIVE}}" | sha256sum --check --quiet --status; then
+  install -d -m 0700 "$(dirname "${{archive}}")"
+  if [[ -f "${{archive}}" ]] && echo "${{sha256}}  ${{archive}}" | sha256sum --check --quiet --status; then
     return 0
   fi
-  local token partial="${{AGENT_ARCHIVE}}.partial"
+  local token partial="${{archive}}.partial"
   token="$(metadata instance/service-accounts/default/token \\
     | "${{PYTHON}}" -c 'import json, sys; print(json.load(sys.stdin)["access_token"])')"
   # The token goes to curl on stdin, not on its command line, where any local user could read it.
-  curl --silent --fail --retry 5 --retry-connrefused -H @- -o "${{partial}}" "${{AGENT_URL}}" \\
-    <<< "Authorization: Bearer ${{token}}" || fatal "cannot read the agent {spec.agent.uri}"
-  if ! echo "${{AGENT_SHA256}}  ${{partial}}" | sha256sum --check --quiet --status; then
+  curl --silent --fail --retry 5 --retry-connrefused -H @- -o "${{partial}}" "${{url}}" \\
+    <<< "Authorization: Bearer ${{token}}" || fatal "cannot read ${{what}}"
+  if ! echo "${{sha256}}  ${{partial}}" | sha256sum --check --quiet --status; then
     rm -f "${{partial}}"
-    fatal "the agent {spec.agent.uri} does not match its digest ${{AGENT_SHA256}}"
+    fatal "${{what}} does not match its digest ${{sha256}}"
   fi
-  chmod 0600 "${{partial}}" && mv "${{partial}}" "${{AGENT_ARCHIVE}}"
+  chmod 0600 "${{partial}}" && mv "${{partial}}" "${{archive}}"
+}}
+
+# The agent runs from its own virtualenv: Google's client library for Cloud Storage and its dependencies,
+# from the wheelhouse's wheels for this Python only. The unit checks the agent's archive again and unpacks it
+# afresh on every start of the agent (its ExecStartPre), so nothing edited in the unpacked code outlives a
+# restart; the virtualenv is checked file by file against its install records on every boot, and made
+# afresh from the kept wheelhouse (no package index) when it is not whole (vm_agent/environment.py).
+agent_environment() {{
+  local version
+  version="$("${{PYTHON}}" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+  case "${{version}}" in
+    {pythons}) ;;
+    *) fatal "the platform's agent runs on Python {", ".join(spec.agent_pythons)} (its wheelhouse's wheels); \\
+this image has Python ${{version}}" ;;
+  esac
+  fetch_verified "${{AGENT_URL}}" "${{AGENT_ARCHIVE}}" "${{AGENT_SHA256}}" "the agent {spec.agent.uri}"
+  fetch_verified "${{WHEELHOUSE_URL}}" "${{WHEELHOUSE}}" "${{WHEELHOUSE_SHA256}}" \\
+    "the agent's wheelhouse {spec.agent_environment.uri}"
+  # Unpacked here too (just verified): its vm_agent.environment checks the virtualenv.
+  rm -rf "${{AGENT_DIR}}" && install -d -m 0700 "${{AGENT_DIR}}"
+  tar --extract --gzip --no-same-owner --file "${{AGENT_ARCHIVE}}" --directory "${{AGENT_DIR}}"
+  install -d -m 0700 "$(dirname "${{AGENT_ENV}}")"
+  PYTHONPATH="${{AGENT_DIR}}" "${{PYTHON}}" -s -m vm_agent.environment "${{WHEELHOUSE}}" "${{AGENT_ENV}}" \\
+    "${{WHEELHOUSE_SHA256}}" || exit
 }}
 
 write_env() {{
@@ -313,10 +351,12 @@ StartLimitBurst=5
 Type=simple
 EnvironmentFile=@ENV_FILE@
 Environment=PYTHONPATH=@AGENT_DIR@
+# Nothing under the agent's virtualenv is written after its install, so each boot's check finds it whole.
+Environment=PYTHONDONTWRITEBYTECODE=1
 {environment}# Every start: the kept archive checked against the digest the stack shipped, then unpacked afresh
 # (the archive holds the packages vm_agent/ and run_contract/, so PYTHONPATH holds those and nothing else).
 ExecStartPre=/bin/bash -c '{verify}'
-ExecStart=@PYTHON@ -u -m vm_agent
+ExecStart=@AGENT_ENV@/bin/python -u -m vm_agent
 Restart=on-failure
 RestartSec=30
 # Exit {EXIT_CONFIG}: a configuration error, which a restart cannot mend.
@@ -336,12 +376,13 @@ StandardError=journal
 SyslogIdentifier=tpu-platform-agent
 TPU_PLATFORM_UNIT
   sed -i -e "s|@ENV_FILE@|${{ENV_FILE}}|" -e "s|@PYTHON@|${{PYTHON}}|" \\
-    -e "s|@AGENT_DIR@|${{AGENT_DIR}}|g" -e "s|@AGENT_ARCHIVE@|${{AGENT_ARCHIVE}}|g" "${{UNIT_FILE}}"
+    -e "s|@AGENT_DIR@|${{AGENT_DIR}}|g" -e "s|@AGENT_ARCHIVE@|${{AGENT_ARCHIVE}}|g" \\
+    -e "s|@AGENT_ENV@|${{AGENT_ENV}}|g" "${{UNIT_FILE}}"
   systemctl daemon-reload
 }}
 
 {"ensure_framework" if spec.framework else ""}
-fetch_agent
+agent_environment
 write_env
 install_unit
 # Every boot: the agent resumes the run from its checkpoint, or does nothing when the run is complete.

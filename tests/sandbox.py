@@ -10,13 +10,16 @@ against the emulator.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +27,7 @@ from typing import ClassVar
 
 from google.cloud import storage as storage_client
 
+from infra.packaging import agent_wheelhouse
 from tests.iam_standins import StsStandIn, serve, sts_handler
 from tests.workloads import workloads_python
 from tools.standins.metadata import SANDBOX_TOKEN
@@ -139,12 +143,20 @@ def sandbox_sts() -> tuple[StsStandIn, str]:
 class Vm:
     """One sandboxed TPU VM worker: a root folder, shims on PATH, and a way to boot it."""
 
-    def __init__(self, folder: Path, metadata_host: str, emulator_host: str):
+    def __init__(self, folder: Path, metadata_host: str, emulator_host: str, agent_env: bool = True):
+        """`agent_env`: the VM holds its agent's environment from an earlier boot (a copy of one installed
+        once per test process), which its boots check file by file and keep; without, its first boot
+        installs it (pip, several seconds)."""
         self.root = folder / "root"
         self.state = folder / "state"
         self.shims = folder / "shims"
         for path in (self.root, self.state, self.shims):
             path.mkdir(parents=True, exist_ok=True)
+        if agent_env:
+            installed = installed_agent_env()
+            kept = self.root / "opt/tpu-platform/agent-env" / installed.name
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copytree(installed, kept, symlinks=True)
         systemctl = self.shims / "systemctl"
         systemctl.write_text(SYSTEMCTL_SHIM.format(python=sys.executable))
         systemctl.chmod(0o755)
@@ -245,4 +257,32 @@ def deployed_stack(folders: tuple[str, ...], prefix: str = "acme-ml-sandbox-dev"
     artifacts = client.bucket(f"{prefix}-artifacts")
     for archive in (agent_package(), *(repository_folder(folder) for folder in folders)):
         artifacts.blob(paths.source_object(archive.sha256)).upload_from_string(archive.data)
+    artifacts.blob(agent_wheelhouse().object_name).upload_from_filename(str(agent_wheelhouse_file()))
     return client
+
+
+@functools.cache
+def installed_agent_env() -> Path:
+    """The agent's environment as a VM's first boot installs it with the image's Python (vm_agent/environment.py),
+    once per test process."""
+    sha256 = agent_wheelhouse().sha256
+    env = Path(tempfile.mkdtemp(prefix="agent-env-")) / sha256
+    atexit.register(shutil.rmtree, env.parent, True)
+    done = subprocess.run(
+        [IMAGE_PYTHON, "-m", "vm_agent.environment", str(agent_wheelhouse_file()), str(env), sha256],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return env
+
+
+def agent_wheelhouse_file() -> Path:
+    """The agent's wheelhouse the plan names (requirements-agent.wheelhouse), as `make agent-wheelhouse` built
+    it: what `pulumi up` uploads, and what a sandboxed VM installs its agent's environment from."""
+    path = agent_wheelhouse().built
+    assert path is not None
+    if not path.is_file():
+        raise RuntimeError(f"{path} is missing: build the agent's wheelhouse with `make agent-wheelhouse`")
+    return path

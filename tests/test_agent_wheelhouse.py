@@ -102,3 +102,23 @@ def test_a_lock_whose_wheels_cannot_be_had_writes_no_archive(tmp_path):
     with pytest.raises(WheelhouseError, match=r"the lock's wheels for Python 3\.10"):
         agent_wheelhouse.build(lock, ("3.10",), tmp_path / "out", extra=("--no-index", "--find-links", str(empty)))
     assert not (tmp_path / "out").exists()
+
+
+def test_the_pinned_wheelhouse_is_what_the_lock_builds_for_every_python_the_catalog_serves():
+    """requirements-agent.wheelhouse, which the plan reads, names the archive `make agent-wheelhouse` built
+    from this lock (make test builds it first): its digest, the lock inside it, and a wheel of each compiled
+    package for each of the catalog's agent Pythons."""
+    from infra.catalog import load_catalog
+    from infra.packaging import agent_wheelhouse as pinned
+    from tests.sandbox import agent_wheelhouse_file
+
+    path = agent_wheelhouse_file()
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == pinned().sha256
+    with tarfile.open(path) as tar:
+        lock = tar.extractfile("requirements.lock")
+        assert lock is not None and lock.read() == (ROOT / "requirements-agent.lock").read_bytes()
+        wheels = [Path(m.name).name for m in tar.getmembers() if m.name.startswith("wheels/")]
+    for python in load_catalog().agent_pythons:
+        tag = "cp" + python.replace(".", "")
+        assert any(w.startswith("google_crc32c-") and f"-{tag}-{tag}-" in w for w in wheels), python
+    assert load_catalog().agent_pythons == agent_wheelhouse.PYTHONS  # the tool builds what the catalog serves

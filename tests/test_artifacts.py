@@ -16,7 +16,7 @@ from infra.artifacts import PULL_PERMISSIONS, SOURCE_METHODS
 from infra.config import parse_stack_config
 from infra.config.examples import examples
 from infra.config.workload_code import REPO_ROOT
-from infra.packaging import package, repository_folder
+from infra.packaging import agent_wheelhouse, package, repository_folder
 from infra.tpu import metadata as vm_metadata_module
 from infra.tpu.metadata import RUN_ATTRIBUTE, run_spec, source_digests, vm_metadata
 from tests.support import TF_MNIST_DEFAULT_COMMAND, depends_on, fixture_config, plan, with_object
@@ -30,6 +30,7 @@ TF_MNIST = examples()["tf_mnist"].folder  # the sources fixture's `mnist` (progr
 JAX_MNIST = examples()["jax_mnist"].folder  # and its `byo` (source: {folder: workloads/jax_mnist})
 TF_SHA, JAX_SHA = repository_folder(TF_MNIST).sha256, repository_folder(JAX_MNIST).sha256
 AGENT_SHA = vm_metadata_module.agent_package().sha256
+WHEELHOUSE_SHA = agent_wheelhouse().sha256
 
 
 @pytest.fixture
@@ -85,16 +86,19 @@ def test_a_destroyable_artifacts_bucket_may_be_emptied_and_deleted():
 
 def test_each_folder_is_one_object_named_by_its_content_and_kept_when_replaced():
     objects = by_name(sources_plan(), "gcp:storage/bucketObject:BucketObject")
-    # mnist (program: tf_mnist) and byo (workloads/jax_mnist) run one folder each; the agent is the third.
+    # mnist (program: tf_mnist) and byo (workloads/jax_mnist) run one folder each; the agent is the third, and
+    # its wheelhouse (built before the plan, named by the digest requirements-agent.wheelhouse pins) the fourth.
     assert sorted(objects) == [
         "artifacts-source-workloads-jax-mnist",
         "artifacts-source-workloads-tf-mnist",
         "artifacts-vm-agent",
+        "artifacts-vm-agent-wheelhouse",
     ]
     for key, sha in (
         ("source-workloads-tf-mnist", TF_SHA),
         ("source-workloads-jax-mnist", JAX_SHA),
         ("vm-agent", AGENT_SHA),
+        ("vm-agent-wheelhouse", WHEELHOUSE_SHA),
     ):
         archive = objects[f"artifacts-{key}"]
         assert archive.inputs["name"] == f"sources/{sha}.tar.gz"
@@ -106,7 +110,11 @@ def test_two_workloads_running_one_folder_share_one_archive():
     raw = with_object(fixture_config("sources"), "workloads", lambda w: w["byo"]["source"].update(folder=TF_MNIST))
     raw = with_object(raw, "workloads", lambda w: w["byo"].update(command=["python", "tf_mnist.py"]))
     objects = by_name(plan(raw, "sources"), "gcp:storage/bucketObject:BucketObject")
-    assert sorted(objects) == ["artifacts-source-workloads-tf-mnist", "artifacts-vm-agent"]
+    assert sorted(objects) == [
+        "artifacts-source-workloads-tf-mnist",
+        "artifacts-vm-agent",
+        "artifacts-vm-agent-wheelhouse",
+    ]
 
 
 def test_each_workload_reads_only_the_archives_it_runs_and_pulls_only_if_it_runs_an_image():
@@ -117,11 +125,12 @@ def test_each_workload_reads_only_the_archives_it_runs_and_pulls_only_if_it_runs
     def objects(*digests: str) -> set[str]:
         return {f'resource.name == "projects/_/buckets/{bucket}/objects/sources/{sha}.tar.gz"' for sha in digests}
 
-    # Every VM fetches the agent; a folder workload its own archive too; an image workload no archive more.
+    # Every VM fetches the agent and its wheelhouse; a folder workload its own archive too; an image workload
+    # no archive more.
     for workload, reads, pulls in (
-        ("mnist", objects(TF_SHA, AGENT_SHA), False),
-        ("byo", objects(JAX_SHA, AGENT_SHA), False),
-        ("img", objects(AGENT_SHA), True),
+        ("mnist", objects(TF_SHA, AGENT_SHA, WHEELHOUSE_SHA), False),
+        ("byo", objects(JAX_SHA, AGENT_SHA, WHEELHOUSE_SHA), False),
+        ("img", objects(AGENT_SHA, WHEELHOUSE_SHA), True),
     ):
         member = f"serviceAccount:tpu-{workload}-sources@fixture-project.iam.gserviceaccount.com"
         held = grants_to(member, resources, result.project, custom_roles(resources, result.project))
@@ -184,10 +193,14 @@ def test_the_agent_is_the_real_vm_agent_package_and_readable_by_every_workload()
     agent_files = {f"vm_agent/{name}" for name in ("__init__.py", "__main__.py", "agent.py", "runner.py", "sources.py")}
     assert agent_files | {"run_contract/__init__.py", "run_contract/spec.py"} <= names
     assert {w: code.packages for w, code in args.workloads.items()} == {
-        "byo": ("vm-agent", "source-workloads-jax-mnist"),
-        "img": ("vm-agent",),
-        "mnist": ("vm-agent", "source-workloads-tf-mnist"),
+        "byo": ("vm-agent", "vm-agent-wheelhouse", "source-workloads-jax-mnist"),
+        "img": ("vm-agent", "vm-agent-wheelhouse"),
+        "mnist": ("vm-agent", "vm-agent-wheelhouse", "source-workloads-tf-mnist"),
     }
+    # The wheelhouse is uploaded from where `make agent-wheelhouse` built it; the plan never reads its bytes.
+    wheelhouse = args.packages["vm-agent-wheelhouse"]
+    assert wheelhouse.sha256 == WHEELHOUSE_SHA and wheelhouse.data == b""
+    assert wheelhouse.built == REPO_ROOT / "build" / "agent-wheelhouse" / f"{WHEELHOUSE_SHA}.tar.gz"
 
 
 # --- the run spec -----------------------------------------------------------------------------------

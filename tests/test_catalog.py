@@ -312,3 +312,37 @@ def test_the_plan_refuses_a_runtime_that_cannot_run_the_workload():
         "tpu-platform:tpuVms[small-v2].runtimeVersion = 'tpu-ubuntu2204-base': jax 0.10.2 needs Python 3.11"
         in problems_of(raw)
     )
+
+
+def test_an_image_whose_python_the_agent_is_not_served_for_is_refused_where_the_catalog_knows_it(monkeypatch):
+    """The agent's wheelhouse holds wheels for the catalog's agent_pythons; an image with another Python
+    (Ubuntu 20.04's 3.8, a documented OS here for the test) is refused at plan time with the stack, the key,
+    the value and what is allowed. Today's documented images (Ubuntu 22.04: 3.10) pass; an image whose
+    Python is unknown is checked at boot (tests/test_startup.py)."""
+    import dataclasses
+
+    from infra.config import parse_stack_config
+    from infra.config.problems import ConfigError
+    from tests.support import fixture_config, with_object
+
+    assert catalog.agent_pythons == ("3.10", "3.11", "3.12")
+    assert all(catalog.agent_problem(runtime) is None for runtime in catalog.images)
+    old = dataclasses.replace(
+        catalog,
+        images={**catalog.images, "tpu-ubuntu2004-base": {"os": "Ubuntu 20.04", "framework": "none"}},
+        os_python={**catalog.os_python, "Ubuntu 20.04": "3.8"},
+    )
+    assert old.agent_problem("tpu-ubuntu2004-base") == (
+        "runtime tpu-ubuntu2004-base is Ubuntu 20.04, whose python3 is 3.8; the platform's agent runs on "
+        "Python 3.10, 3.11, 3.12 (its own environment's wheels)"
+    )
+    monkeypatch.setattr("infra.config.rules.load_catalog", lambda: old)
+    raw = with_object(
+        fixture_config("scheduled"), "tpuVms", lambda v: v[0].update(runtimeVersion="tpu-ubuntu2004-base")
+    )
+    with pytest.raises(ConfigError) as caught:
+        parse_stack_config("scheduled", raw)
+    assert (
+        "tpu-platform:tpuVms[office-v2].runtimeVersion = 'tpu-ubuntu2004-base': runtime tpu-ubuntu2004-base is "
+        "Ubuntu 20.04, whose python3 is 3.8; the platform's agent runs on Python 3.10, 3.11, 3.12"
+    ) in str(caught.value)

@@ -94,7 +94,10 @@ def test_after_the_hand_over_an_up_deletes_nothing(stack):
 
 def replaced_beyond_digests(change: diff.Change) -> bool:
     def undigested(value: object) -> str:
-        return re.sub(r"[0-9a-f]{16,64}", "<sha256>", json.dumps(value, sort_keys=True, default=str))
+        text = re.sub(r"[0-9a-f]{16,64}", "<sha256>", json.dumps(value, sort_keys=True, default=str))
+        # A read grant's condition names each content-named archive the account reads: one more of them (the
+        # agent's wheelhouse, since the agent has its own environment) is content too.
+        return re.sub(r'(resource\.name == \\"[^"\\]*<sha256>\.tar\.gz\\")( \|\| \1)+', r"\1", text)
 
     # The members of an archive named by its content (the guard's `tpu-guard-<digest>.zip`) are content too.
     return any(

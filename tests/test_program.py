@@ -17,8 +17,9 @@ INVENTORY = {
         "gcp:projects/service:Service": 16,
         # data, checkpoints, models, run status, the guard's function source, artifacts (source archives)
         "gcp:storage/bucket:Bucket": 6,
-        # the guard's source; the tf_mnist example's archive; the VM agent's (the start-up script fetches it)
-        "gcp:storage/bucketObject:BucketObject": 3,
+        # the guard's source; the tf_mnist example's archive; the VM agent's and its wheelhouse (the start-up
+        # script fetches both)
+        "gcp:storage/bucketObject:BucketObject": 4,
         "gcp:projects/iAMAuditConfig:IAMAuditConfig": 1,  # Cloud Storage Data Access logs
         # Its accounts and custom roles, and act-as on them, are the bootstrap's (none here).
         # Waits for fresh grants: the VM's, and the guard functions'.
@@ -61,7 +62,7 @@ INVENTORY = {
         # Scanning. The CMEK key's grant is the bootstrap's, so no Cloud KMS API here.
         "gcp:projects/service:Service": 17,
         "gcp:storage/bucket:Bucket": 6,  # + artifacts
-        "gcp:storage/bucketObject:BucketObject": 3,  # + the tf_mnist example's archive + the VM agent's
+        "gcp:storage/bucketObject:BucketObject": 4,  # + the tf_mnist example's archive, the VM agent's, its wheels
         "gcp:projects/iAMAuditConfig:IAMAuditConfig": 1,
         "time:index/sleep:Sleep": 3,  # each VM's, the guard functions'
         "gcp:projects/iAMMember:IAMMember": 5,

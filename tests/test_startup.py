@@ -20,6 +20,7 @@ import pytest
 from infra.catalog import framework_lock, load_catalog
 from infra.config import parse_stack_config
 from infra.config.problems import ConfigError
+from infra.packaging import agent_wheelhouse
 from infra.startup import (
     AGENT_UNIT,
     COORDINATOR_PORT,
@@ -34,6 +35,7 @@ from infra.startup import (
 from infra.tpu.metadata import agent_package, startup_spec, vm_metadata
 from run_contract import paths
 from tests.support import fixture_config, with_object
+from vm_agent.installs import pins
 
 ROOT = Path(__file__).resolve().parents[1]
 SHELLCHECK = shutil.which("shellcheck") or str(Path(sys.executable).with_name("shellcheck"))
@@ -139,7 +141,7 @@ def test_a_workload_naming_no_framework_checks_and_installs_none():
     assert own.framework == "" and own.constraints == ()
     script = render_startup_script(own)
     assert "FRAMEWORK_VERSION" not in script and "ensure_framework" not in script and "pip install" not in script
-    assert "ensure_framework\nfetch_agent\n" in render_startup_script(spec())  # the example does check, first
+    assert "ensure_framework\nagent_environment\n" in render_startup_script(spec())  # the example does check, first
 
 
 def tf_spec(version: str, runtime: str, accelerator: str | None = None) -> StartupSpec:
@@ -172,7 +174,10 @@ def test_the_rendered_unit_passes_systemd_analyze_verify_without_a_warning(stack
         "@PYTHON@": sys.executable,
         "@AGENT_DIR@": folder / "agent",
         "@AGENT_ARCHIVE@": folder / "agent.tar.gz",
+        "@AGENT_ENV@": folder / "env",
     }
+    (folder / "env/bin").mkdir(parents=True)
+    (folder / "env/bin/python").symlink_to(sys.executable)
     for placeholder, value in filled.items():
         unit = unit.replace(placeholder, str(value))
     path = folder / AGENT_UNIT
@@ -192,7 +197,7 @@ def test_each_tensorflow_runtime_gets_its_environment_in_the_unit():
     assert "Environment=TPU_NAME=office-v2\n" in pod and "Environment=TPU_LOAD_LIBRARY=0\n" in pod
     assert "NEXT_PLUGGABLE_DEVICE_USE_C_API" not in pod
     se = unit_of(render_startup_script(spec("scheduled")))  # tpu-vm-tf-2.14.1: stream executor
-    only_the_agents = ["Environment=PYTHONPATH=@AGENT_DIR@"]
+    only_the_agents = ["Environment=PYTHONPATH=@AGENT_DIR@", "Environment=PYTHONDONTWRITEBYTECODE=1"]
     assert [line for line in se.splitlines() if line.startswith("Environment=")] == only_the_agents
     # The agent passes the runtime's environment on to the run: it is told the names.
     assert "TPU_PLATFORM_RUNTIME_ENV=NEXT_PLUGGABLE_DEVICE_USE_C_API,TF_PLUGGABLE_DEVICE_LIBRARY_PATH\n" in render_env(
@@ -204,7 +209,10 @@ def test_the_unit_never_restarts_a_configuration_error_and_gives_up_on_a_crash_l
     unit = unit_of(render_startup_script(spec()))
     assert "Restart=on-failure\n" in unit and f"RestartPreventExitStatus={EXIT_CONFIG}\n" in unit
     assert "StartLimitIntervalSec=3600\n" in unit and "StartLimitBurst=5\n" in unit
-    assert "ExecStart=@PYTHON@ -u -m vm_agent\n" in unit and f"SyslogIdentifier={AGENT_UNIT.split('.')[0]}\n" in unit
+    assert (
+        "ExecStart=@AGENT_ENV@/bin/python -u -m vm_agent\n" in unit
+        and f"SyslogIdentifier={AGENT_UNIT.split('.')[0]}\n" in unit
+    )
 
 
 def test_pip_constraints_keep_protobuf_below_5_next_to_tensorflow_before_2_18():
@@ -383,14 +391,30 @@ def tampered_agent(real: bytes) -> bytes:
     return raw.getvalue()
 
 
+TAMPERED_WHEELHOUSE = "sources/tampered-wheelhouse.tar.gz"
+
+
+def tampered_wheelhouse(real: bytes) -> bytes:
+    """The real wheelhouse with one wheel's bytes changed (its lock unchanged): a wheel someone swapped."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=io.BytesIO(real), mode="r:gz") as source, tarfile.open(fileobj=raw, mode="w:gz") as out:
+        for member in source.getmembers():
+            data = source.extractfile(member).read() if member.isfile() else b""  # type: ignore[union-attr]
+            if member.name.startswith("wheels/requests-"):
+                data += b"\0"
+                member.size = len(data)
+            out.addfile(member, io.BytesIO(data) if member.isfile() else None)
+    return raw.getvalue()
+
+
 @pytest.fixture(scope="module")
 def artifacts() -> Iterator[str]:
-    """A storage emulator holding what `pulumi up` uploads (the agent, by digest) and a tampered agent;
-    yields STORAGE_EMULATOR_HOST."""
+    """A storage emulator holding what `pulumi up` uploads (the agent and its wheelhouse, by digest), a
+    tampered agent and a tampered wheelhouse; yields STORAGE_EMULATOR_HOST."""
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import storage
 
-    from tests.sandbox import storage_emulator
+    from tests.sandbox import agent_wheelhouse_file, storage_emulator
 
     with storage_emulator() as host:
         client = storage.Client("fixture-project", AnonymousCredentials(), client_options={"api_endpoint": host})
@@ -398,16 +422,42 @@ def artifacts() -> Iterator[str]:
         agent = agent_package()
         bucket.blob(paths.source_object(agent.sha256)).upload_from_string(agent.data)
         bucket.blob(TAMPERED).upload_from_string(tampered_agent(agent.data))
+        wheelhouse = agent_wheelhouse_file()
+        bucket.blob(agent_wheelhouse().object_name).upload_from_filename(str(wheelhouse))
+        bucket.blob(TAMPERED_WHEELHOUSE).upload_from_string(tampered_wheelhouse(wheelhouse.read_bytes()))
         yield host
 
 
+@pytest.fixture(scope="module")
+def installed_agent_env(tmp_path_factory) -> Path:
+    """The agent's environment as a first boot installs it with this Python (vm_agent/environment.py), made
+    once: a boot that finds a copy in its root checks it file by file and keeps it, as a VM's second boot
+    does; the first boot's install has its own test."""
+    from tests.sandbox import agent_wheelhouse_file
+    from vm_agent import environment
+
+    env = tmp_path_factory.mktemp("agent-env") / agent_wheelhouse().sha256
+    environment.install(agent_wheelhouse_file(), env, agent_wheelhouse().sha256)
+    return env
+
+
 def boot(
-    tmp_path: Path, attributes: dict[str, str], storage: str, port: str = "", of: StartupSpec | None = None
+    tmp_path: Path,
+    attributes: dict[str, str],
+    storage: str,
+    port: str = "",
+    of: StartupSpec | None = None,
+    env: Path | None = None,
 ) -> tuple[subprocess.CompletedProcess, dict]:
-    """Boot a worker against a metadata server and the storage emulator; the agent.env it wrote."""
+    """Boot a worker against a metadata server and the storage emulator; the agent.env it wrote. `env`: an
+    installed agent environment the VM already holds (copied in unless it has one)."""
     from tools.standins.metadata import metadata_server
 
     of = of or spec()
+    kept = tmp_path / "root/opt/tpu-platform/agent-env" / of.agent_environment.sha256
+    if env is not None and not kept.exists():
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(env, kept, symlinks=True)
     script = render_startup_script(of)
     with metadata_server({"tpu-platform-env": render_env(of), **attributes}) as host:
         extra = {
@@ -429,9 +479,9 @@ def start_checks(tmp_path: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(shlex.split(pre), capture_output=True, text=True, timeout=60)
 
 
-def test_the_agent_is_fetched_verified_and_started_from_its_own_folder(tmp_path, artifacts):
+def test_the_agent_is_fetched_verified_and_started_from_its_own_folder(tmp_path, artifacts, installed_agent_env):
     of = spec()
-    done, env = boot(tmp_path, {"agent-worker-number": "0"}, artifacts)
+    done, env = boot(tmp_path, {"agent-worker-number": "0"}, artifacts, env=installed_agent_env)
     assert done.returncode == 0, done.stderr
     agent = tmp_path / "root/opt/tpu-platform/agent" / of.agent.sha256
     archive = agent.with_name(f"{of.agent.sha256}.tar.gz")
@@ -451,12 +501,14 @@ def test_the_agent_is_fetched_verified_and_started_from_its_own_folder(tmp_path,
     assert (tmp_path / "root/etc/tpu-platform/agent.env").stat().st_mode & 0o777 == 0o600
 
 
-def test_edited_agent_code_does_not_survive_a_restart_and_a_changed_archive_starts_nothing(tmp_path, artifacts):
+def test_edited_agent_code_does_not_survive_a_restart_and_a_changed_archive_starts_nothing(
+    tmp_path, artifacts, installed_agent_env
+):
     """The agent's code is checked against its digest on every start of the unit, not once per VM: an
     edit of the unpacked files is gone after the next start, and an archive that no longer matches the
     digest stops the agent from starting (exit 78, no restart loop)."""
     of = spec()
-    done, _ = boot(tmp_path, {"agent-worker-number": "0"}, artifacts)
+    done, _ = boot(tmp_path, {"agent-worker-number": "0"}, artifacts, env=installed_agent_env)
     assert done.returncode == 0, done.stderr
     assert start_checks(tmp_path).returncode == 0
     agent = tmp_path / "root/opt/tpu-platform/agent" / of.agent.sha256
@@ -469,52 +521,54 @@ def test_edited_agent_code_does_not_survive_a_restart_and_a_changed_archive_star
     checked = start_checks(tmp_path)
     assert checked.returncode == EXIT_CONFIG and "does not match" in checked.stderr
     # The next boot fetches the archive again, by its digest, rather than trusting what it finds.
-    done, _ = boot(tmp_path, {"agent-worker-number": "0"}, artifacts)
+    done, _ = boot(tmp_path, {"agent-worker-number": "0"}, artifacts, env=installed_agent_env)
     assert done.returncode == 0 and start_checks(tmp_path).returncode == 0
 
 
-def test_a_tampered_agent_is_refused_and_nothing_starts(tmp_path, artifacts):
+def test_a_tampered_agent_is_refused_and_nothing_starts(tmp_path, artifacts, installed_agent_env):
     """Bytes in the bucket that do not hash to the digest the stack shipped are never unpacked or run."""
     real = spec()
     tampered = dataclasses.replace(real, agent=Artifact(ARTIFACTS, TAMPERED, real.agent.sha256))
-    done, env = boot(tmp_path, {"agent-worker-number": "0"}, artifacts, of=tampered)
+    done, env = boot(tmp_path, {"agent-worker-number": "0"}, artifacts, of=tampered, env=installed_agent_env)
     assert done.returncode == EXIT_CONFIG, done.stderr
     assert f"FATAL: the agent gs://{ARTIFACTS}/{TAMPERED} does not match its digest {real.agent.sha256}" in done.stderr
     assert not (tmp_path / "systemctl").exists() and env == {}
     assert list((tmp_path / "root/opt/tpu-platform/agent").iterdir()) == []  # neither archive nor files kept
 
 
-def test_an_agent_missing_from_the_bucket_is_a_configuration_error(tmp_path, artifacts):
+def test_an_agent_missing_from_the_bucket_is_a_configuration_error(tmp_path, artifacts, installed_agent_env):
     missing = dataclasses.replace(spec(), agent=Artifact(ARTIFACTS, paths.source_object("0" * 64), "0" * 64))
-    done, _ = boot(tmp_path, {"agent-worker-number": "0"}, artifacts, of=missing)
+    done, _ = boot(tmp_path, {"agent-worker-number": "0"}, artifacts, of=missing, env=installed_agent_env)
     assert done.returncode == EXIT_CONFIG
     assert f"FATAL: cannot read the agent gs://{ARTIFACTS}/{paths.source_object('0' * 64)}" in done.stderr
     assert not (tmp_path / "systemctl").exists()
 
 
-def test_each_worker_of_a_slice_gets_its_id_the_worker_count_and_worker_0_as_coordinator(tmp_path, artifacts):
+def test_each_worker_of_a_slice_gets_its_id_the_worker_count_and_worker_0_as_coordinator(
+    tmp_path, artifacts, installed_agent_env
+):
     # Both formats of worker-network-endpoints, as jax/_src/clusters/cloud_tpu_cluster.py reads them.
     endpoints = "t1k-w-0:0:10.130.0.5,t1k-w-1:1:10.130.0.6,t1k-w-2:2:10.130.0.7,t1k-w-3:3:10.130.0.8"
     attributes = {"agent-worker-number": "2", "worker-network-endpoints": endpoints}
-    done, env = boot(tmp_path / "a", attributes, artifacts)
+    done, env = boot(tmp_path / "a", attributes, artifacts, env=installed_agent_env)
     assert done.returncode == 0, done.stderr
     assert env["TPU_PLATFORM_WORKER_ID"] == env["TPU_WORKER_ID"] == "2"
     assert env["TPU_PLATFORM_WORKER_COUNT"] == "4"
     assert env["TPU_PLATFORM_COORDINATOR"] == f"10.130.0.5:{COORDINATOR_PORT}" == "10.130.0.5:8482"
     assert env["TPU_PLATFORM_VM"] == "office-v2"  # the stack's settings are still there
     attributes = {"agent-worker-number": "1", "worker-network-endpoints": "w-0,w-1"}
-    _, env = boot(tmp_path / "b", attributes, artifacts, "9000")
+    _, env = boot(tmp_path / "b", attributes, artifacts, "9000", env=installed_agent_env)
     assert (env["TPU_PLATFORM_WORKER_ID"], env["TPU_PLATFORM_WORKER_COUNT"]) == ("1", "2")
     assert env["TPU_PLATFORM_COORDINATOR"] == "w-0:9000"
 
 
-def test_a_tensorflow_pod_worker_knows_its_number_and_its_unit_names_the_pod(tmp_path, artifacts):
+def test_a_tensorflow_pod_worker_knows_its_number_and_its_unit_names_the_pod(tmp_path, artifacts, installed_agent_env):
     """TF pods are driven from worker 0 (TPU_NAME in the unit); tf_mnist on any other worker exits at
     once by TPU_WORKER_ID. A TF pod cannot run on a CPU: this checks what the script renders and writes."""
     pod = tf_spec("2.15.0", "tpu-vm-tf-2.15.0-pod-pjrt", "v2-32")  # 4 hosts
     endpoints = ",".join(f"w-{i}:{i}:10.0.0.{i + 2}" for i in range(4))
     attributes = {"agent-worker-number": "3", "worker-network-endpoints": endpoints}
-    done, env = boot(tmp_path, attributes, artifacts, of=pod)
+    done, env = boot(tmp_path, attributes, artifacts, of=pod, env=installed_agent_env)
     assert done.returncode == 0, done.stderr
     assert (env["TPU_WORKER_ID"], env["TPU_PLATFORM_WORKER_COUNT"]) == ("3", "4")
     unit = (tmp_path / f"root/etc/systemd/system/{AGENT_UNIT}").read_text()
@@ -524,8 +578,8 @@ def test_a_tensorflow_pod_worker_knows_its_number_and_its_unit_names_the_pod(tmp
     )
 
 
-def test_a_single_host_vm_is_one_worker_without_a_coordinator(tmp_path, artifacts):
-    done, env = boot(tmp_path, {"agent-worker-number": "0"}, artifacts)
+def test_a_single_host_vm_is_one_worker_without_a_coordinator(tmp_path, artifacts, installed_agent_env):
+    done, env = boot(tmp_path, {"agent-worker-number": "0"}, artifacts, env=installed_agent_env)
     assert done.returncode == 0, done.stderr
     assert (env["TPU_PLATFORM_WORKER_ID"], env["TPU_PLATFORM_WORKER_COUNT"], env["TPU_PLATFORM_COORDINATOR"]) == (
         "0",
@@ -534,17 +588,17 @@ def test_a_single_host_vm_is_one_worker_without_a_coordinator(tmp_path, artifact
     )
 
 
-def test_a_worker_number_outside_its_slice_is_a_configuration_error(tmp_path, artifacts):
+def test_a_worker_number_outside_its_slice_is_a_configuration_error(tmp_path, artifacts, installed_agent_env):
     attributes = {"agent-worker-number": "2", "worker-network-endpoints": "w-0,w-1"}
-    done, _ = boot(tmp_path, attributes, artifacts)
+    done, _ = boot(tmp_path, attributes, artifacts, env=installed_agent_env)
     assert done.returncode == EXIT_CONFIG
     assert "agent-worker-number '2' is not a worker of this 2-worker slice" in done.stderr
     assert not (tmp_path / "systemctl").exists()
 
 
-def test_a_workload_naming_no_framework_boots_without_touching_the_image(tmp_path, artifacts):
+def test_a_workload_naming_no_framework_boots_without_touching_the_image(tmp_path, artifacts, installed_agent_env):
     """The image's python3 is never asked for a framework's version, nor pip run."""
-    done, env = boot(tmp_path, {"agent-worker-number": "0"}, artifacts, of=own_folder_spec())
+    done, env = boot(tmp_path, {"agent-worker-number": "0"}, artifacts, of=own_folder_spec(), env=installed_agent_env)
     assert done.returncode == 0, done.stderr
     assert env["TPU_PLATFORM_PIP_CONSTRAINTS"] == ""
     assert (tmp_path / "systemctl").read_text().endswith(f"start {AGENT_UNIT}\n")
@@ -560,3 +614,82 @@ def test_a_stop_reaches_the_run_once_through_the_agent_and_before_docker_stops()
     assert "KillMode=mixed\n" in unit and "KillSignal=SIGTERM\n" in unit
     assert "After=docker.service\n" in unit and "Wants=docker.service\n" in unit
     assert "TimeoutStopSec=40\n" in unit  # the 30 s grace and 10 s for the agent's own records
+
+
+@pytest.mark.slow  # two installs of the environment (pip, about 8 s each on these machines)
+def test_the_first_boot_installs_the_agents_environment_and_every_boot_checks_it(tmp_path, artifacts):
+    """No environment on the VM: the boot installs Google's storage library from the wheelhouse, by hash,
+    into the agent's own virtualenv, and the unit runs the agent with it. The next boot checks it file by
+    file and keeps it; a file changed since is found, and the environment made afresh from the kept
+    wheelhouse (the bucket is not asked again)."""
+    of = own_folder_spec()
+    done, _ = boot(tmp_path, {"agent-worker-number": "0"}, artifacts, of=of)
+    assert done.returncode == 0, done.stderr
+    env = tmp_path / "root/opt/tpu-platform/agent-env" / of.agent_environment.sha256
+    assert f"agent environment {env} installed from {of.agent_environment.sha256}.tar.gz" in done.stdout
+    wheelhouse = tmp_path / "root/opt/tpu-platform/agent-wheelhouse" / f"{of.agent_environment.sha256}.tar.gz"
+    assert wheelhouse.stat().st_mode & 0o777 == 0o600 and env.parent.stat().st_mode & 0o777 == 0o700
+    unit = (tmp_path / f"root/etc/systemd/system/{AGENT_UNIT}").read_text()
+    assert f"ExecStart={env}/bin/python -u -m vm_agent\n" in unit
+    where = subprocess.run(
+        [str(env / "bin/python"), "-c", "import google.cloud.storage as s; print(s.__version__, s.__file__)"],
+        capture_output=True,
+        text=True,
+        env={"PATH": os.environ["PATH"], "PYTHONDONTWRITEBYTECODE": "1"},
+    )
+    version, path = where.stdout.split()
+    assert version == pins((ROOT / "requirements-agent.lock").read_text())["google-cloud-storage"]
+    assert Path(path).is_relative_to(env)
+
+    done, _ = boot(tmp_path, {"agent-worker-number": "0"}, artifacts, of=of)
+    assert done.returncode == 0 and f"agent environment {env} verified" in done.stdout, done.stdout + done.stderr
+
+    edited = next(env.glob("lib/python3.*/site-packages/requests/api.py"))
+    original = edited.read_bytes()
+    edited.write_bytes(original + b"\nimport os  # planted\n")
+    done, _ = boot(tmp_path, {"agent-worker-number": "0"}, artifacts, of=of)
+    assert done.returncode == 0, done.stderr
+    assert f"agent environment {env}: {edited} does not match its RECORD" in done.stdout
+    assert f"agent environment {env} installed from" in done.stdout
+    assert edited.read_bytes() == original
+
+
+def test_a_tampered_wheelhouse_is_refused_and_nothing_starts(tmp_path, artifacts):
+    """A wheelhouse in the bucket that does not hash to the digest the stack shipped (one wheel changed) is
+    never unpacked or installed: the boot says so once and exits 78."""
+    real = own_folder_spec()
+    tampered = dataclasses.replace(
+        real, agent_environment=Artifact(ARTIFACTS, TAMPERED_WHEELHOUSE, real.agent_environment.sha256)
+    )
+    done, env = boot(tmp_path, {"agent-worker-number": "0"}, artifacts, of=tampered)
+    assert done.returncode == EXIT_CONFIG, done.stderr
+    sha256 = real.agent_environment.sha256
+    assert (
+        f"FATAL: the agent's wheelhouse gs://{ARTIFACTS}/{TAMPERED_WHEELHOUSE} does not match its digest {sha256}"
+        in done.stderr
+    )
+    assert not (tmp_path / "systemctl").exists() and env == {}
+    assert list((tmp_path / "root/opt/tpu-platform/agent-wheelhouse").iterdir()) == []
+    assert not (tmp_path / "root/opt/tpu-platform/agent-env").exists()
+
+
+# An image whose python3 is 3.8 (Ubuntu 20.04's), which no wheel of the agent's wheelhouse serves.
+PYTHON_38_IMAGE = """#!/bin/bash
+case "$*" in
+  *"sys.version_info[:2]"*) echo 3.8 ;;
+  *) exit 1 ;;
+esac
+"""
+
+
+def test_an_image_python_the_agents_wheelhouse_does_not_serve_fails_once(tmp_path):
+    """The catalog does not know every image's Python (TensorFlow runtimes): the boot checks it before it
+    fetches anything, and refuses once."""
+    done, folder = boot_with(render_startup_script(own_folder_spec()), PYTHON_38_IMAGE, tmp_path)
+    assert done.returncode == EXIT_CONFIG
+    fatal = [line for line in done.stderr.splitlines() if "FATAL" in line]
+    assert fatal == [
+        "tpu-platform: FATAL: the platform's agent runs on Python 3.10, 3.11, 3.12 (its wheelhouse's wheels); "
+        f"this image has Python 3.8; not starting {AGENT_UNIT}. Fix the stack (see the plan's catalog checks)."
+    ]
+    assert not (folder / "systemctl").exists()

@@ -257,6 +257,9 @@ def install_docker_shim(shims: Path) -> Path:
 
 def agent_environ(tmp: Path, metadata_url: str, emulator: str, **extra: str) -> dict[str, str]:
     """agent.env as the start-up script writes it, for a sandboxed VM under `tmp`."""
+    from tests.sandbox import installed_agent_env
+
+    installed_agent_env()  # what start_agent runs the agent with: installed before any sandboxed VM's clock starts
     shims = tmp / "shims"
     install_docker_shim(shims)
     env = {
@@ -267,6 +270,7 @@ def agent_environ(tmp: Path, metadata_url: str, emulator: str, **extra: str) -> 
         "TPU_PLATFORM_VM": "trainer-1",
         "TPU_PLATFORM_PROJECT": "acme-ml-sandbox",
         "TPU_PLATFORM_ROOT": str(tmp / "root"),
+        "TPU_PLATFORM_PYTHON": "/usr/bin/python3",  # the image's, as agent.env names it
         "TPU_PLATFORM_STATUS_DIR": f"gs://{STATUS}/trainer-1",
         "TPU_PLATFORM_ARTIFACTS": f"gs://{ARTIFACTS}",
         "TPU_PLATFORM_REGISTRY": REGISTRY,
@@ -297,10 +301,18 @@ def agent_environ(tmp: Path, metadata_url: str, emulator: str, **extra: str) -> 
 
 
 def start_agent(env: dict[str, str], log: Path) -> subprocess.Popen:
-    """`python -m vm_agent` as the unit runs it, with the system's Python (a VM image's own)."""
+    """`python -m vm_agent` as the unit runs it: the Python of the agent's own environment (the image's
+    Python with the wheelhouse's libraries, vm_agent/environment.py), writing nothing into it."""
+    from tests.sandbox import installed_agent_env
+
+    python = str(installed_agent_env() / "bin" / "python")
     with open(log, "ab") as out:
         return subprocess.Popen(
-            ["/usr/bin/python3", "-m", "vm_agent"], env=env, stdout=out, stderr=subprocess.STDOUT, cwd=REPO
+            [python, "-m", "vm_agent"],
+            env={**env, "PYTHONDONTWRITEBYTECODE": "1"},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
         )
 
 

@@ -12,9 +12,10 @@ fixed times and modes, gzip mtime 0): the same lock gives the same bytes, wherev
 
     python -m tools.agent_wheelhouse [--python 3.10 --python 3.12] [--out build/agent-wheelhouse]
 
-prints the archive's path, digest and size. A VM installs from it with `pip install --no-index
---find-links <unpacked> --require-hashes --no-deps -r requirements-agent.lock`, so no package index is
-needed at boot.
+prints the archive's path, digest and size, and writes its digest to requirements-agent.wheelhouse, which
+the plan reads (infra/packaging.py agent_wheelhouse): the plan names the archive without building it, so
+`make plan` stays offline, and `pulumi up` uploads the file this wrote. A VM installs from it with no
+package index and every hash checked (vm_agent/environment.py).
 """
 
 from __future__ import annotations
@@ -28,15 +29,16 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.packaging import Package, package
+from infra.catalog import load_catalog
+from infra.packaging import WHEELHOUSE_DIR, WHEELHOUSE_PIN, Package, package, write_wheelhouse_pin
 from vm_agent.installs import requirement_lines
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCK = ROOT / "requirements-agent.lock"
-OUT = ROOT / "build" / "agent-wheelhouse"
-# Python 3.10: Ubuntu 22.04's python3, what tpu-ubuntu2204-base runs (infra/catalog/tpu.yaml os_python), and
-# the floor the lock is resolved for; 3.11 (this project's own, and Debian 12's); 3.12: Ubuntu 24.04's.
-PYTHONS = ("3.10", "3.11", "3.12")
+OUT = WHEELHOUSE_DIR
+# The catalog's agent_pythons: 3.10, Ubuntu 22.04's python3, what tpu-ubuntu2204-base runs (os_python), and the
+# floor the lock is resolved for; 3.11 (this project's own, and Debian 12's); 3.12: Ubuntu 24.04's.
+PYTHONS = load_catalog().agent_pythons
 # The manylinux tags a TPU VM's glibc accepts (Ubuntu 22.04: glibc 2.35); pip takes any of them.
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64")
 
@@ -121,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     except WheelhouseError as error:
         print(f"agent wheelhouse: {error}", file=sys.stderr)
         return 1
+    if args.lock == LOCK and args.out == OUT and not args.python:  # the stack's own: what the plan names
+        write_wheelhouse_pin(house.archive.sha256)
+        print(f"{WHEELHOUSE_PIN.name}: {house.archive.sha256}")
     size = len(house.archive.data)
     print(f"{path} sha256 {house.archive.sha256} {size / 2**20:.2f} MiB, {len(house.wheels)} wheels")
     return 0

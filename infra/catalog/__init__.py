@@ -141,6 +141,7 @@ class TpuCatalog:
     tf_protobuf: tuple[tuple[str, str], ...]  # (before TF version, constraint)
     tf_tpu_from: str
     tf_environment: dict[str, dict[str, str]]  # pod | pjrt | other -> variables
+    agent_pythons: tuple[str, ...]  # the Pythons the VM agent's wheelhouse serves ("3.10", ...)
 
     def runtime_image(self, runtime: str) -> RuntimeImage | None:
         """What the catalog knows of `runtime`; None for a runtime it does not know."""
@@ -177,6 +178,17 @@ class TpuCatalog:
         if image and image.os and image.framework is None and (why := self.install_problem(framework, version)):
             return f"runtime {runtime}'s image carries no {framework}, and {why}"  # the boot would only refuse
         return None
+
+    def agent_problem(self, runtime: str) -> str | None:
+        """Why the VM agent cannot run on `runtime`'s image, known before anything boots: its Python, where
+        the catalog knows it, is not one the agent's wheelhouse serves."""
+        image = self.runtime_image(runtime)
+        if image is None or image.python is None or image.python in self.agent_pythons:
+            return None
+        return (
+            f"runtime {runtime} is {image.os}, whose python3 is {image.python}; the platform's agent runs on "
+            f"Python {', '.join(self.agent_pythons)} (its own environment's wheels)"
+        )
 
     def newest_for_image(self, runtime: str, framework: str) -> str | None:
         """The newest `framework` release `runtime`'s image can run, where the catalog bounds it (JAX on a
@@ -487,6 +499,7 @@ def load_catalog(path: Path = CATALOG_FILE) -> TpuCatalog:
         ),
         tf_protobuf=tuple((str(r["before"]), str(r["constraint"])) for r in data["packages"]["tensorflow_protobuf"]),
         tf_tpu_from=str(data["packages"]["tensorflow_tpu_from"]),
+        agent_pythons=tuple(str(p) for p in data["packages"]["agent_pythons"]),
         tf_environment={
             k: {str(n): str(v) for n, v in (e or {}).items()} for k, e in data["tensorflow_environment"].items()
         },

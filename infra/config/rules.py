@@ -373,6 +373,8 @@ def _against_catalog(key: str, vm: TpuVmSettings, workload: WorkloadSettings, pr
             "write access to the checkpoints bucket to resume",
             fixes=[_checkpoint_writes(workload), Fix.of({f"{key}.provisioning": "on-demand"})],
         )
+    if vm.runtime_version and (why := catalog.agent_problem(vm.runtime_version)):
+        problems.add(f"{key}.runtimeVersion", vm.runtime_version, why)
     accelerator = vm.accelerator
     if accelerator is NO_ACCELERATOR:
         return

@@ -15,7 +15,7 @@ from infra.catalog import framework_lock, load_catalog
 from infra.config.model import PROJECT, PlatformConfig, TpuVmSettings
 from infra.config.problems import Problems, item_key
 from infra.config.workload_code import registry
-from infra.packaging import Package, PackagingError, repository_folder, repository_packages
+from infra.packaging import Package, PackagingError, agent_wheelhouse, repository_folder, repository_packages
 from infra.startup import (
     ENV_ATTRIBUTE,
     RUN_ATTRIBUTE,
@@ -137,12 +137,15 @@ def startup_spec(cfg: PlatformConfig, vm: TpuVmSettings) -> StartupSpec:
     catalog = load_catalog()
     environment = catalog.runtime_environment(vm.runtime_version, vm.name)
     framework, version = workload.framework, workload.framework_version
-    agent = agent_package()
+    agent, wheelhouse = agent_package(), agent_wheelhouse()
+    artifacts = cfg.bucket_name(naming.ARTIFACTS)
     return StartupSpec(
         stack=cfg.stack,
         vm=vm.name,
         workload=workload.name,
-        agent=Artifact(cfg.bucket_name(naming.ARTIFACTS), paths.source_object(agent.sha256), agent.sha256),
+        agent=Artifact(artifacts, paths.source_object(agent.sha256), agent.sha256),
+        agent_environment=Artifact(artifacts, wheelhouse.object_name, wheelhouse.sha256),
+        agent_pythons=catalog.agent_pythons,
         settings=agent_settings(cfg, vm, environment),
         framework=framework,
         framework_version=version if framework else "",
