@@ -172,7 +172,8 @@ class StsStandIn:
 
 
 # -------------------------------------------------------------------------------------------- IAM front
-OBJECT = re.compile(r"/storage/v1/b/([^/]+)/o/([^?]+)")
+# google-cloud-storage reads an object's bytes under /download/ (tools/standins/contracts.py says why).
+OBJECT = re.compile(r"(?:/download)?/storage/v1/b/([^/]+)/o/([^?]+)")
 OBJECTS = re.compile(r"/storage/v1/b/([^/]+)/o")
 UPLOAD = re.compile(r"/upload/storage/v1/b/([^/]+)/o")
 
@@ -218,7 +219,9 @@ class IamFront:
         return within and self.allowed(subject, permission, bucket, resource, prefix)
 
     def handle(self, method: str, path: str, headers: dict[str, str], body: bytes) -> tuple[int, bytes, str]:
-        token = headers.get("Authorization", "").removeprefix("Bearer ").strip()
+        # Header names are case-insensitive (RFC 9110 5.1); google-auth sends `authorization`.
+        authorization = next((v for k, v in headers.items() if k.lower() == "authorization"), "")
+        token = authorization.removeprefix("Bearer ").strip()
         content_type = next((v for k, v in headers.items() if k.lower() == "content-type"), "")
         try:
             api("storage.v1").check(Call(method, path, body, content_type))

@@ -117,6 +117,12 @@ def boot(vm: Vm, metadata: dict[str, str]) -> None:
     done = vm.boot(metadata["startup-script"])
     assert done.returncode == 0, done.stderr + done.stdout
     assert f"agent started as {AGENT_UNIT}" in done.stdout
+    # The agent reads and writes objects through Google's library, from its own environment on the VM.
+    env = vm.root / "opt/tpu-platform/agent-env"
+    assert f"agent environment {env}/" in done.stdout and " verified" in done.stdout
+    waiting(vm, lambda: lines(vm, "objects through google-cloud-storage"), 60, "the agent's start")
+    (started,) = lines(vm, "objects through google-cloud-storage")[-1:]
+    assert f"({env}/" in started["message"]
 
 
 def waiting(vm: Vm, predicate, timeout: float, what: str) -> None:

@@ -57,7 +57,11 @@ class _Proxy(Handler):
     def _forward(self) -> None:
         body = self.body()
         try:
-            self.seen.methods.append(api("storage.v1").check(Call(self.command, self.path, body or None)).id)
+            self.seen.methods.append(
+                api("storage.v1")
+                .check(Call(self.command, self.path, body or None, self.headers.get("Content-Type", "")))
+                .id
+            )
         except ContractError as error:
             self.seen.violations.append(str(error))
         self.seen.authorization.add(self.headers.get("Authorization", ""))
@@ -292,7 +296,7 @@ def test_a_run_id_used_before_is_refused_without_touching_that_run(agent: Agent)
 
 
 def test_an_unreachable_bucket_is_logged_and_retried_not_raised(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(vm_agent.gcs.time, "sleep", lambda seconds: None)  # Storage's own retries, at once
+    monkeypatch.setattr(vm_agent.gcs, "RETRY_SECONDS", 1.0)  # the library's retries, over at once
     lines: list[str] = []
     storage = Storage(environ={"STORAGE_EMULATOR_HOST": "127.0.0.1:9"})  # nothing listens there
     source = RequestSource(

@@ -56,7 +56,7 @@ def cloud(tmp_path_factory):
     with storage_emulator() as host:
         storage = Storage(environ={"STORAGE_EMULATOR_HOST": host})
         for bucket in (ARTIFACTS, STATUS, CHECKPOINTS, MODELS):
-            storage._request("POST", f"{host}/storage/v1/b", json.dumps({"name": bucket}).encode(), "application/json")
+            storage.client.create_bucket(bucket)
         archive, sha = pack(trainer_folder(tmp))
         storage.write(ARTIFACTS, f"sources/{sha}.tar.gz", archive, "application/gzip")
         yield {"host": host, "storage": storage, "sha": sha, "image": image_folder(tmp)}

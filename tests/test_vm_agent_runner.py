@@ -44,7 +44,7 @@ def bucket_env(tmp_path_factory):
     with storage_emulator() as host, metadata_server({}) as metadata:
         storage = Storage(environ={"STORAGE_EMULATOR_HOST": host})
         for bucket in (ARTIFACTS, STATUS, CHECKPOINTS, MODELS):
-            storage._request("POST", f"{host}/storage/v1/b", json.dumps({"name": bucket}).encode(), "application/json")
+            storage.client.create_bucket(bucket)
         archive, sha = pack(trainer_folder(tmp))
         storage.write(ARTIFACTS, f"sources/{sha}.tar.gz", archive, "application/gzip")
         env = agent_environ(tmp, metadata.url, host, TPU_PLATFORM_PYTHON="/usr/bin/python3")

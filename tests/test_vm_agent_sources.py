@@ -3,12 +3,14 @@ metadata server that waits for changes as Compute Engine's does."""
 
 from __future__ import annotations
 
+import email
+import email.message
 import json
 import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, cast
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import pytest
@@ -168,15 +170,23 @@ def test_the_agent_needs_at_most_python_3_8():
 
 
 def test_tokens_come_from_the_metadata_server_unless_an_emulator_is_used():
+    """Cloud Storage itself is asked with the VM account's token from the metadata server; an emulator with
+    none, unless the sandbox gives the tokens (to check them)."""
     from tools.standins.metadata import SANDBOX_TOKEN
     from vm_agent.gcs import Storage, Tokens
 
-    with metadata_server({}) as host:
+    objects: dict[str, bytes] = {}
+    with metadata_server({}) as host, serve(_CreateOnlyGcs, objects=objects) as url:
         tokens = Tokens(host.url)
         assert tokens.get() == SANDBOX_TOKEN
         storage = Storage(environ={"TPU_PLATFORM_METADATA_URL": host.url})
-        assert storage.base == "https://storage.googleapis.com" and storage.tokens is not None
+        assert storage.client.api_endpoint == "https://storage.googleapis.com"
+        assert storage.tokens is not None and storage.tokens.base_url == host.url
         assert Storage(environ={"STORAGE_EMULATOR_HOST": "127.0.0.1:9"}).tokens is None  # an emulator needs none
+        _CreateOnlyGcs.authorizations = []
+        Storage(environ={"STORAGE_EMULATOR_HOST": url}).create("status", "anonymous", b"1")
+        Storage(tokens, environ={"STORAGE_EMULATOR_HOST": url}).create("status", "the-vms", b"1")
+    assert _CreateOnlyGcs.authorizations == ["", f"Bearer {SANDBOX_TOKEN}"]
 
 
 class _CreateOnlyGcs(Handler):
@@ -184,10 +194,15 @@ class _CreateOnlyGcs(Handler):
     https://cloud.google.com/storage/docs/request-preconditions) and a delete of a missing object (404)."""
 
     objects: ClassVar[dict[str, bytes]]
+    authorizations: ClassVar[list[str]] = []
 
     def do_POST(self) -> None:  # noqa: N802 - http.server's name
         query = parse_qs(urlsplit(self.path).query)
-        name, data = query["name"][0], self.body()
+        self.authorizations.append(self.headers.get("Authorization", ""))
+        # A multipart upload (the library's for a small object): its metadata part names it, then its bytes.
+        body = b"Content-Type: " + self.headers["Content-Type"].encode() + b"\r\n\r\n" + self.body()
+        metadata, media = cast(list[email.message.Message], email.message_from_bytes(body).get_payload())
+        name, data = json.loads(str(metadata.get_payload()))["name"], cast(bytes, media.get_payload(decode=True))
         if query.get("ifGenerationMatch") != ["0"]:
             self.answer(400, {"error": {"code": 400, "message": "a create without ifGenerationMatch=0"}})
         elif name in self.objects:

@@ -300,7 +300,12 @@ def main(environ: dict | None = None) -> int:
     if isinstance(isolation, str):
         log(f"FATAL: {isolation}; no run starts unisolated", severity="CRITICAL")
         return 78
-    storage = Storage(Tokens(settings.metadata_url), environ)  # the VM account's token, with an emulator too
+    try:
+        storage = Storage(Tokens(settings.metadata_url), environ)  # the VM account's token, with an emulator too
+    except ImportError as error:
+        log(f"FATAL: {error}: the agent runs from its own environment (vm_agent/environment.py)", severity="CRITICAL")
+        return 78
+    log(f"objects through {storage.library}")
     sources: list[RunSource] = [MetadataSource(settings.metadata_url, settings.allowed, log=log)]
     requests = None
     if settings.status_dir.startswith("gs://") and settings.worker_id == 0:  # one taker per VM folder

@@ -1,32 +1,33 @@
-"""Cloud Storage through its JSON API with urllib, as the VM's own service account.
+"""Cloud Storage as the VM's own service account, through Google's client library (google-cloud-storage,
+from the agent's own environment: vm_agent/environment.py), and the metadata server's tokens.
 
 The token comes from the metadata server (`instance/service-accounts/default/token`,
-https://cloud.google.com/compute/docs/access/authenticate-workloads#applications); requests follow
-the JSON API reference (https://cloud.google.com/storage/docs/json_api/v1/objects: `get` with
-`alt=media` for the bytes, `insert` at `/upload/storage/v1` with `uploadType=media`, `list` with
-`prefix` and `pageToken`). `STORAGE_EMULATOR_HOST` points it at an emulator, as Google's client
-libraries do, and then no token is asked for.
+https://cloud.google.com/compute/docs/access/authenticate-workloads#applications), through `Tokens`, the
+one cache of it the agent keeps (the downscoped tokens of vm_agent/credentials.py are exchanged from it).
+`STORAGE_EMULATOR_HOST` points the library at an emulator, as it does everywhere, and then no token is
+asked for. The library is imported when a `Storage` is made: the agent's other modules, and a local
+folder (a dev run), need none of it.
 """
 
 from __future__ import annotations
 
 import builtins
+import datetime
 import json
 import os
-import shutil
 import threading
 import time
 import urllib.error
-import urllib.parse
 import urllib.request
-import uuid
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, TypeVar
 
 DEFAULT_METADATA_URL = "http://metadata.google.internal/computeMetadata/v1"
-GCS_URL = "https://storage.googleapis.com"
 # Transient answers worth a retry (https://cloud.google.com/storage/docs/retry-strategy).
 RETRIABLE = (408, 429, 500, 502, 503, 504)
+# How long the library retries one call (google.api_core's backoff), not its 120 s: the agent's loops try again.
+RETRY_SECONDS = 20.0
+T = TypeVar("T")
 
 
 class StorageError(Exception):
@@ -65,6 +66,7 @@ class Tokens:
 
 
 def _send(request: urllib.request.Request, what: str, timeout: float = 60, attempts: int = 5) -> bytes:
+    """The metadata server's answer (its token), retried as Cloud Storage's retry strategy says."""
     for attempt in range(attempts):
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:
@@ -88,81 +90,108 @@ def split_gs(url: str) -> tuple[str, str]:
     return bucket, name.strip("/")
 
 
+def _credentials(tokens: Tokens) -> Any:
+    """google-auth credentials that take the VM account's token from `tokens` (renewed there)."""
+    from google.auth import credentials
+
+    class VmCredentials(credentials.Credentials):
+        def refresh(self, request: Any) -> None:
+            self.token = tokens.get()
+            left = max(0.0, tokens.expires_at - time.monotonic())
+            # google-auth keeps naive UTC times (google.auth._helpers.utcnow).
+            self.expiry = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None) + datetime.timedelta(
+                seconds=left
+            )
+
+    return VmCredentials()
+
+
 class Storage:
-    """The objects calls the agent makes."""
+    """The objects calls the agent makes, each a call of google-cloud-storage; its errors become
+    StorageError with the HTTP status (404, 412, ...)."""
 
     def __init__(self, tokens: Tokens | None = None, environ: Mapping[str, str] | None = None):
         """An emulator asks for no token unless `tokens` is given (a sandbox that checks the token)."""
+        from google.auth.credentials import AnonymousCredentials
+        from google.cloud import storage
+
+        # google-cloud-storage 3.17 looks up each bucket it touches (storage.buckets.get, in a background
+        # thread) to label its OpenTelemetry spans, unless this is set (google/cloud/storage/
+        # _opentelemetry_tracing.py DISABLE_BUCKET_MD_ENV_VAR): a call the VM's object roles do not allow.
+        os.environ.setdefault("DISABLE_GCS_PYTHON_CLIENT_OTEL_BUCKET_METADATA", "true")
         environ = os.environ if environ is None else environ
         emulator = environ.get("STORAGE_EMULATOR_HOST", "")
         if emulator and "://" not in emulator:
             emulator = "http://" + emulator
-        self.base = (emulator or GCS_URL).rstrip("/")
-        self.tokens = tokens if tokens is not None or emulator else Tokens(metadata_url(environ))
+        if tokens is None and not emulator:
+            tokens = Tokens(metadata_url(environ))
+        self.tokens = tokens
+        self.library = f"google-cloud-storage {storage.__version__} ({Path(storage.__file__).parents[2]})"
+        self.client = storage.Client(
+            project=None,  # no project: the agent names every bucket
+            credentials=AnonymousCredentials() if tokens is None else _credentials(tokens),
+            client_options={"api_endpoint": emulator} if emulator else None,
+        )
 
-    def _request(self, method: str, url: str, data: bytes | None = None, content_type: str = "") -> bytes:
-        headers = {}
-        if self.tokens is not None:
-            headers["Authorization"] = "Bearer " + self.tokens.get()
-        if content_type:
-            headers["Content-Type"] = content_type
-        request = urllib.request.Request(url, data=data, method=method, headers=headers)
-        return _send(request, f"{method} {url}")
+    def _blob(self, bucket: str, name: str) -> Any:
+        return self.client.bucket(bucket).blob(name)
 
-    def _object_url(self, bucket: str, name: str) -> str:
-        return f"{self.base}/storage/v1/b/{bucket}/o/{urllib.parse.quote(name, safe='')}"
+    @staticmethod
+    def _retry() -> Any:
+        """The library's retry of transient answers (https://cloud.google.com/storage/docs/retry-strategy),
+        within RETRY_SECONDS. Every call here is idempotent: reads, deletes, a whole object written again,
+        and a create under a precondition."""
+        from google.cloud.storage.retry import DEFAULT_RETRY
+
+        return DEFAULT_RETRY.with_timeout(RETRY_SECONDS)
+
+    def _call(self, what: str, call: Callable[[], T]) -> T:
+        from google.api_core import exceptions
+        from google.auth import exceptions as auth_exceptions
+        from requests import exceptions as transport
+
+        try:
+            return call()
+        except exceptions.GoogleAPICallError as error:
+            raise StorageError(f"{what}: HTTP {error.code} {error.message}"[:400], int(error.code or 0)) from None
+        except (exceptions.RetryError, auth_exceptions.GoogleAuthError, transport.RequestException) as error:
+            raise StorageError(f"{what}: {error}"[:400]) from None
 
     def read(self, bucket: str, name: str) -> bytes:
-        return self._request("GET", self._object_url(bucket, name) + "?alt=media")
+        return self._call(
+            f"read gs://{bucket}/{name}", lambda: self._blob(bucket, name).download_as_bytes(retry=self._retry())
+        )
 
     def download(self, bucket: str, name: str, target: Path) -> None:
         """Stream an object to a file (an archive may be larger than memory should hold)."""
-        headers = {"Authorization": "Bearer " + self.tokens.get()} if self.tokens is not None else {}
-        request = urllib.request.Request(self._object_url(bucket, name) + "?alt=media", headers=headers)
         partial = target.with_name(target.name + ".partial")
-        try:
-            with urllib.request.urlopen(request, timeout=300) as response, open(partial, "wb") as out:
-                shutil.copyfileobj(response, out, 1 << 20)
-        except urllib.error.HTTPError as error:
-            raise StorageError(f"download gs://{bucket}/{name}: HTTP {error.code}", error.code) from None
-        except (urllib.error.URLError, OSError) as error:
-            raise StorageError(f"download gs://{bucket}/{name}: {error}") from None
+        blob = self._blob(bucket, name)
+        self._call(f"download gs://{bucket}/{name}", lambda: blob.download_to_filename(partial, retry=self._retry()))
         partial.replace(target)
 
     def exists(self, bucket: str, name: str) -> bool:
-        try:
-            self._request("GET", self._object_url(bucket, name))
-        except StorageError as error:
-            if error.status == 404:
-                return False
-            raise
-        return True
+        return self._call(f"look up gs://{bucket}/{name}", lambda: self._blob(bucket, name).exists(retry=self._retry()))
 
     def write(self, bucket: str, name: str, data: bytes, content_type: str = "application/json") -> None:
-        """A multipart upload: the object's metadata (name, content type) and its bytes in one request
-        (https://cloud.google.com/storage/docs/uploading-objects, JSON API multipart upload)."""
-        boundary = "tpu-platform-" + uuid.uuid4().hex
-        metadata = json.dumps({"name": name, "contentType": content_type}).encode()
-        body = b"".join(
-            [
-                f"--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n".encode(),
-                metadata,
-                f"\r\n--{boundary}\r\nContent-Type: {content_type}\r\n\r\n".encode(),
-                data,
-                f"\r\n--{boundary}--\r\n".encode(),
-            ]
+        """The object's bytes, replacing any: retried as an idempotent call (the same bytes again)."""
+        blob = self._blob(bucket, name)
+        self._call(
+            f"write gs://{bucket}/{name}",
+            lambda: blob.upload_from_string(data, content_type=content_type, retry=self._retry()),
         )
-        url = f"{self.base}/upload/storage/v1/b/{bucket}/o?uploadType=multipart"
-        self._request("POST", url, body, f"multipart/related; boundary={boundary}")
 
     def create(self, bucket: str, name: str, data: bytes, content_type: str = "application/octet-stream") -> bool:
-        """A new object only: False when one of that name exists. A media upload with
-        `ifGenerationMatch=0`, which Cloud Storage answers with 412 when the object exists
-        (https://cloud.google.com/storage/docs/request-preconditions). Octet-stream by default: the
-        sandbox's emulator drops a media upload sent as application/json."""
-        query = urllib.parse.urlencode({"uploadType": "media", "name": name, "ifGenerationMatch": "0"})
+        """A new object only: False when one of that name exists (`ifGenerationMatch=0`, which Cloud
+        Storage answers with 412 when the object exists: https://cloud.google.com/storage/docs/request-preconditions;
+        the library retries such a conditional upload)."""
+        blob = self._blob(bucket, name)
         try:
-            self._request("POST", f"{self.base}/upload/storage/v1/b/{bucket}/o?{query}", data, content_type)
+            self._call(
+                f"create gs://{bucket}/{name}",
+                lambda: blob.upload_from_string(
+                    data, content_type=content_type, if_generation_match=0, retry=self._retry()
+                ),
+            )
         except StorageError as error:
             if error.status == 412:
                 return False
@@ -170,21 +199,18 @@ class Storage:
         return True
 
     def delete(self, bucket: str, name: str) -> None:
-        self._request("DELETE", self._object_url(bucket, name))
+        self._call(f"delete gs://{bucket}/{name}", lambda: self._blob(bucket, name).delete(retry=self._retry()))
 
     def list(self, bucket: str, prefix: str) -> builtins.list[str]:
-        names: list[str] = []
-        token = ""
-        while True:
-            query = {"prefix": prefix, "fields": "items(name),nextPageToken"}
-            if token:
-                query["pageToken"] = token
-            url = f"{self.base}/storage/v1/b/{bucket}/o?{urllib.parse.urlencode(query)}"
-            page = json.loads(self._request("GET", url).decode() or "{}")
-            names.extend(item["name"] for item in page.get("items", []))
-            token = page.get("nextPageToken", "")
-            if not token:
-                return names
+        return self._call(
+            f"list gs://{bucket}/{prefix}",
+            lambda: [
+                blob.name
+                for blob in self.client.list_blobs(
+                    bucket, prefix=prefix, fields="items(name),nextPageToken", retry=self._retry()
+                )
+            ],
+        )
 
 
 class Folder:

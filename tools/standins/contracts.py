@@ -121,6 +121,21 @@ class Api:
                     False,
                 )
             )
+            if method.get("useMediaDownloadService"):
+                # Its media (alt=media) is served under /download/ too, where Google's own client library
+                # reads it (google-cloud-storage blob.py _DOWNLOAD_URL_TEMPLATE,
+                # "{hostname}/download/storage/{api_version}{path}?alt=media").
+                self.methods.append(
+                    Method(
+                        method["id"],
+                        method["httpMethod"],
+                        re.compile(re.escape("/download" + base) + pattern),
+                        literal,
+                        parameters,
+                        request,
+                        False,
+                    )
+                )
             for protocol in method.get("mediaUpload", {}).get("protocols", {}).values():
                 pattern, literal = _template(protocol["path"])
                 compiled = re.compile(pattern)
