@@ -1,9 +1,11 @@
 """The platform's runner on a TPU VM: it reads the desired run, starts it under the run contract,
 stops it cleanly when the desired run changes, and records each run's state.
 
-Standard library only, and Python 3.8 syntax and APIs: it runs on the TPU VM image's own Python
-before anything is installed. The catalog (infra/catalog/tpu.yaml) knows only tpu-ubuntu2204-base's
-(3.10); the other images' Python is undocumented, so the agent keeps to 3.8, what Ubuntu 20.04 ships.
-Every module has `from __future__ import annotations`, so the
-modern annotations are never evaluated.
+It runs from its own virtualenv (vm_agent/environment.py): the image's Python with google-cloud-storage
+and its dependencies, from the stack's wheelhouse (requirements-agent.lock). That wheelhouse serves the
+catalog's `agent_pythons` (3.10 to 3.12): the plan refuses an image whose Python the catalog knows to be
+another, and the start-up script one whose Python it does not know. vm_agent/environment.py, which makes
+that virtualenv, runs before it exists: standard library only. Every module has
+`from __future__ import annotations`, so the modern annotations are never evaluated; the vermin check
+(tests/test_vm_agent_sources.py) still holds the code to 3.8 syntax, a floor lower than it needs.
 """
