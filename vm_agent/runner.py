@@ -68,6 +68,7 @@ from run_contract.status import ENDED
 
 from vm_agent import credentials, installs, telemetry
 from vm_agent import timeline as run_timeline
+from vm_agent.archives import sha256_file, unpack
 from vm_agent.firewall import RUNS_NETWORK
 from vm_agent.gcs import Folder, Storage, StorageError, Tokens, split_gs
 from vm_agent.isolation import CachedTree, Isolation, IsolationError, RunSandbox, root_own_tree
@@ -372,7 +373,7 @@ class Run:
         """The source, unpacked afresh for this run from the archive verified by its digest on this very use."""
         archives = self.settings.opt / "archives"
         archive = archives / f"{source.sha256}.tar.gz"
-        if archive.is_file() and _sha256(archive) != source.sha256:
+        if archive.is_file() and sha256_file(archive) != source.sha256:
             self.log(f"{archive} does not match its digest: fetched again", severity="WARNING", run=self.spec.run_id)
             archive.unlink()
         if not archive.is_file():
@@ -383,7 +384,7 @@ class Run:
                 self.storage.download(bucket, name, fetching)
             except StorageError as error:
                 raise SourceError(f"cannot fetch {source.uri}: {error}", final=error.status in (403, 404)) from None
-            digest = _sha256(fetching)
+            digest = sha256_file(fetching)
             if digest != source.sha256:
                 fetching.unlink()
                 raise SourceError(
@@ -397,7 +398,7 @@ class Run:
         shutil.rmtree(target, ignore_errors=True)
         target.mkdir(mode=0o755)
         try:
-            _unpack(archive, target)
+            unpack(archive, target)
         except (tarfile.TarError, ValueError) as error:
             shutil.rmtree(target, ignore_errors=True)
             raise SourceError(f"{source.uri}: {error}", final=True) from None
@@ -417,7 +418,7 @@ class Run:
                     "source": source.sha256,
                     "python": self.spec.python,
                     "bounds": list(self.settings.pip_constraints),
-                    "lock": _sha256(lock) if lock else "",
+                    "lock": sha256_file(lock) if lock else "",
                     "requester": self.spec.requester,
                 },
                 sort_keys=True,
@@ -692,31 +693,3 @@ def container_argv(
 def _signal_group(process: subprocess.Popen, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, sig)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _unpack(archive: Path, target: Path) -> None:
-    """Unpack refusing what could write outside `target`: absolute names, `..`, links out, devices."""
-    with tarfile.open(archive, "r:gz") as tar:
-        members = tar.getmembers()
-        for member in members:
-            parts = Path(member.name).parts
-            if member.name.startswith("/") or ".." in parts:
-                raise ValueError(f"archive member {member.name!r} would land outside the folder")
-            if member.issym() or member.islnk():
-                link = Path(member.name).parent / member.linkname
-                if member.linkname.startswith("/") or ".." in link.parts:
-                    raise ValueError(f"archive link {member.name!r} -> {member.linkname!r} points outside the folder")
-            elif not (member.isfile() or member.isdir()):
-                raise ValueError(f"archive member {member.name!r} is not a file, folder or link")
-        if hasattr(tarfile, "data_filter"):  # 3.12, and security releases of 3.8 to 3.11
-            tar.extractall(target, members=members, filter="data")
-        else:
-            tar.extractall(target, members=members)
