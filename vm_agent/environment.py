@@ -34,20 +34,14 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from vm_agent.archives import sha256_file, unpack
+
 STAMP = "tpu-platform-wheelhouse"  # in ENV: the archive's sha256, written last
 EXIT_CONFIG = 78
 
 
 class AgentEnvironmentError(Exception):
     pass
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def site_packages(env: Path) -> Path:
@@ -103,17 +97,16 @@ def problems(env: Path, sha256: str) -> list[str]:
 
 def install(archive: Path, env: Path, sha256: str) -> None:
     """ENV made afresh from the archive (see the module's docstring); AgentEnvironmentError when pip refuses."""
-    if _sha256(archive) != sha256:
+    if sha256_file(archive) != sha256:
         raise AgentEnvironmentError(f"{archive} does not match {sha256}")
     shutil.rmtree(env, ignore_errors=True)
     env.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=env.parent) as staging:
         unpacked = Path(staging)
-        with tarfile.open(archive) as tar:
-            for member in tar.getmembers():  # the archive's own layout: wheels/ and requirements.lock
-                if not (member.isfile() or member.isdir()) or member.name.startswith(("/", "..")):
-                    raise AgentEnvironmentError(f"{archive} holds {member.name!r}, not a wheel or the lock")
-            tar.extractall(unpacked)
+        try:
+            unpack(archive, unpacked)
+        except (tarfile.TarError, ValueError) as error:
+            raise AgentEnvironmentError(f"{archive}: {error}") from None
         pip = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-input"]
         only_the_archive = ["--no-index", "--find-links", str(unpacked / "wheels"), "--require-hashes", "--no-deps"]
         into = ["--target", str(site_packages(env)), "-r", str(unpacked / "requirements.lock")]
