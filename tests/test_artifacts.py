@@ -230,8 +230,8 @@ def test_the_run_spec_in_metadata_is_the_designs():
 def test_an_image_run_spec_names_the_image_and_a_folder_one_its_python():
     cfg = parse_stack_config("sources", fixture_config("sources"))
     (vm,) = cfg.tpu_vms
-    image_vm = type(vm)(**{**vm.__dict__, "workload": "img"})
-    folder_vm = type(vm)(**{**vm.__dict__, "workload": "byo"})
+    image_vm = vm.model_copy(update={"workload": "img"})
+    folder_vm = vm.model_copy(update={"workload": "byo"})
     image = run_spec(cfg, image_vm, {})
     assert image["source"] == {
         "kind": "image",

@@ -36,7 +36,7 @@ from infra.config import (
     TpuVmSettings,
     WorkloadSettings,
 )
-from infra.config.model import GkeSettings, MaintenanceWindow, Recovery, SlicePoolSettings
+from infra.config.model import GkeSettings, MaintenanceWindow, Recovery, SlicePoolSettings, SystemPool
 from infra.gke.cluster import GKE_APIS, GkeCluster, GkeClusterArgs
 from infra.gke.slice_pools import SlicePool, SlicePoolArgs
 from infra.identity import IDENTITY_APIS, WorkloadIdentity, WorkloadIdentityArgs
@@ -311,7 +311,9 @@ def test_tpu_vm_alone_with_its_network_and_identity():
 
 def test_tpu_guard_alone():
     vm = vm_settings(
-        on_completion="stop", max_run_hours=5.0, schedule=ScheduleSettings("0 8 * * 1-5", "0 20 * * *", "UTC")
+        on_completion="stop",
+        max_run_hours=5.0,
+        schedule=ScheduleSettings(start="0 8 * * 1-5", stop="0 20 * * *", time_zone="UTC"),
     )
     automation = AutomationSettings(recovery=Recovery(max_attempts=3))
     args = TpuGuardArgs(
@@ -344,7 +346,10 @@ def test_guard_is_needed_exactly_when_a_feature_uses_it():
     assert TpuGuardArgs(off, (vm_settings(on_completion="delete"),), (), "", "EU").needed
     assert TpuGuardArgs(AutomationSettings(recovery=Recovery(every_minutes=10)), (kept,), (), "", "EU").needed
     # A scheduled start goes through the guard; a scheduled stop straight to the TPU API.
-    starts, stops = ScheduleSettings("0 8 * * *", "", "UTC"), ScheduleSettings("", "0 20 * * *", "UTC")
+    starts, stops = (
+        ScheduleSettings(start="0 8 * * *", time_zone="UTC"),
+        ScheduleSettings(stop="0 20 * * *", time_zone="UTC"),
+    )
     assert TpuGuardArgs(off, (vm_settings(schedule=starts),), (), "", "EU").needed
     assert not TpuGuardArgs(off, (vm_settings(schedule=stops),), (), "", "EU").needed
     assert "cloudscheduler.googleapis.com" in guard_apis(
@@ -354,7 +359,7 @@ def test_guard_is_needed_exactly_when_a_feature_uses_it():
 
 
 def test_tpu_schedules_alone():
-    vm = vm_settings(schedule=ScheduleSettings("0 8 * * 1-5", "0 20 * * 1-5", "Europe/Amsterdam"))
+    vm = vm_settings(schedule=ScheduleSettings(start="0 8 * * 1-5", stop="0 20 * * 1-5", time_zone="Europe/Amsterdam"))
     args = TpuSchedulesArgs((vm,))
 
     def program() -> None:
@@ -377,7 +382,7 @@ def test_tpu_schedules_alone():
 
 def test_tpu_monitoring_alone():
     always_on = vm_settings("always-on")
-    scheduled = vm_settings("nightly", schedule=ScheduleSettings("0 8 * * *", "0 20 * * *", "UTC"))
+    scheduled = vm_settings("nightly", schedule=ScheduleSettings(start="0 8 * * *", stop="0 20 * * *", time_zone="UTC"))
     args = TpuMonitoringArgs(idle_minutes=45, vms=(always_on, scheduled), recovery=False)
     result = build(lambda: TpuMonitoring("monitoring", ENV, args, enabled(MONITORING_APIS), []))
     policies = {r.name: r.inputs for r in result.of_type("gcp:monitoring/alertPolicy:AlertPolicy")}
@@ -405,7 +410,9 @@ def test_a_component_missing_a_declared_api_is_refused(component, apis):
             PrivateNetwork("net", ENV, NETWORK, enabled_apis)
         else:
             start = StartTarget(pulumi.Output.from_input("u"), pulumi.Output.from_input("e"), [], "300s")
-            stops = vm_settings(schedule=ScheduleSettings("", "0 20 * * *", "UTC"))  # its grant needs the API
+            stops = vm_settings(
+                schedule=ScheduleSettings(stop="0 20 * * *", time_zone="UTC")
+            )  # its grant needs the API
             TpuSchedules("s", ENV, TpuSchedulesArgs((stops,)), enabled_apis, {}, start)
 
     with pytest.raises(ValueError, match="APIs not enabled"):
@@ -493,13 +500,18 @@ def gke_settings(**changes) -> GkeSettings:
         "pod_cidr": "10.44.0.0/14",
         "service_cidr": "10.48.0.0/20",
         "release_channel": "STABLE",
-        "maintenance": MaintenanceWindow(("SU",), "03:00", 12),
+        "maintenance": MaintenanceWindow(days=("SU",), start_utc="03:00", hours=12),
         "tpu_pool_upgrades": "end-of-support",
-        "system_machine_type": "e2-standard-8",
-        "system_nodes_per_zone": 2,
+        "system_pool": SystemPool(machine_type="e2-standard-8", nodes_per_zone=2),
         "slice_pools": (
-            SlicePoolSettings("v5e", v5e, "us-central1-a", "spot", slices=2),
-            SlicePoolSettings("iron", tpu7x, "us-central1-c", "reserved", reservation_name="iron-res"),
+            SlicePoolSettings(name="v5e", accelerator=v5e, zone="us-central1-a", provisioning="spot", slices=2),
+            SlicePoolSettings(
+                name="iron",
+                accelerator=tpu7x,
+                zone="us-central1-c",
+                provisioning="reserved",
+                reservation_name="iron-res",
+            ),
         ),
     }
     return GkeSettings(**(settings | changes))

@@ -60,6 +60,8 @@ CASES: dict[str, tuple[str, dict[str, object]]] = {
     ),
     "misspelt-key": ("small", {f"{VM}.provisoning": "spot"}),
     "misspelt-choice": ("small", {f"{VM}.provisioning": "spto"}),
+    "misspelt-workload-key": ("small", {f"{NS}:workloads.mnist.bacthSize": 128}),
+    "misspelt-workload-choice": ("small", {f"{NS}:workloads.mnist.bucketAccess.checkpoints": "wrte"}),
     "generation-name-as-accelerator-type": ("small", {**V5E_TF, f"{VM}.acceleratorType": "v5e-8"}),
     "zone-in-a-region-without-a-subnet": ("small", {f"{VM}.zone": "asia-east1-c"}),
     "no-subnets-at-all": ("small", {f"{NS}:network.subnets": REMOVE}),

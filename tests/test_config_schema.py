@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from infra.config import docs, parse_stack_config
+from infra.config.declared import stack_key
 from infra.config.problems import ConfigError
 from infra.config.settings import SETTINGS, Setting
 from infra.config.stackfile import load_stack_yaml, read_stack_config
@@ -132,5 +133,5 @@ def test_a_section_left_out_takes_the_defaults_the_settings_table_states(section
         if s.key.startswith(f"{section}.") and s.kind != "object":
             value = read
             for name in s.key.split(".")[1:]:
-                value = getattr(value, next(n for n, f in type(value).model_fields.items() if f.alias == name))
+                value = getattr(value, next(n for n, f in type(value).model_fields.items() if stack_key(n, f) == name))
             assert value == s.default, s.key

@@ -66,6 +66,15 @@ def test_unknown_accelerator_type():
     )
 
 
+def test_an_empty_accelerator_type_is_refused():
+    assert "tpuVms[small-v2].acceleratorType = '': a TPU type like v5litepod-8" in vm_problems(acceleratorType="")
+
+
+def test_a_time_zone_too_long_for_a_file_name_is_refused_not_a_crash():
+    schedule = {"stop": "0 20 * * *", "timeZone": "a" * 600}
+    assert "tpuVms[small-v2].schedule.timeZone = 'aaaa" in vm_problems(schedule=schedule)
+
+
 def test_spot_vm_needs_checkpoints():
     raw = with_object(
         fixture_config("scheduled"), "workloads", lambda w: w["mnist"].update(bucketAccess={"checkpoints": "none"})

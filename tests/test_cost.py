@@ -164,8 +164,8 @@ def test_a_region_without_a_price_is_left_out_and_said_so(monkeypatch):
     v5e = catalog.generations["v5e"]
     no_central = dataclasses.replace(v5e, prices=tuple(p for p in v5e.prices if p.region != "us-central1"))
     bare = dataclasses.replace(catalog, generations={**catalog.generations, "v5e": no_central})
-    # The parsed VM carries its generation, prices included (the reader's catalog).
-    monkeypatch.setattr("infra.config.reader.load_catalog", lambda: bare)
+    # The parsed VM carries its generation, prices included (the catalog its model reads the type from).
+    monkeypatch.setattr("infra.config.model.load_catalog", lambda: bare)
     raw = with_object(fixture_config("production"), "tpuVms", lambda v: v.__delitem__(1))
     cost = cost_of(raw, "production")
     assert cost.unpriced == ["on-demand-v5e"] and cost.monthly_total == 0

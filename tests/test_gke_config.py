@@ -134,7 +134,8 @@ def test_the_clusters_ranges(key, value, message):
 def test_the_maintenance_window_gives_gke_enough_time():
     short = gke_problems(lambda gke: gke.update(maintenanceWindow={"days": ["SU"], "hours": 4}))
     assert "GKE needs a window open at least 48 hours in any 32 days; this one is open 16: add days or hours" in short
-    assert "list each day once" in gke_problems(lambda gke: gke.update(maintenanceWindow={"days": ["SA", "SA"]}))
+    twice = gke_problems(lambda gke: gke.update(maintenanceWindow={"days": ["SA", "SU", "SA"]}))
+    assert f"{NS}:gke.maintenanceWindow.days = ['SA', 'SU', 'SA']: must not repeat SA; set days: [SA, SU]" in twice
     assert f"{NS}:gke.maintenanceWindow.startUtc = '25:00': HH:MM" in gke_problems(
         lambda gke: gke.update(maintenanceWindow={"startUtc": "25:00"})
     )
@@ -205,7 +206,14 @@ def test_teams_read_with_their_defaults():
     gke = parse_stack_config("gke", BASE).gke
     assert gke is not None
     vision, nlp = gke.teams
-    assert vision == TeamSettings("vision", ("user:ada@example.com",), "team-vision", (("v5e", 16),), 8, "high")
+    assert vision == TeamSettings(
+        name="vision",
+        members=("user:ada@example.com",),
+        namespace="team-vision",
+        nominal_chips=(("v5e", 16),),
+        borrowing_limit=8,
+        priority="high",
+    )
     assert (nlp.namespace, nlp.borrowing_limit, nlp.priority) == ("team-nlp", None, "medium")
     assert gke.rbac_security_group == ""
 

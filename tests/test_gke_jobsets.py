@@ -3,7 +3,6 @@ and what its team's queue and the schemas make of it."""
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from typing import Any
 
@@ -55,7 +54,7 @@ def test_it_passes_the_schemas_and_its_queue_admits_it():
 # --- A researcher's run spec as a JobSet ------------------------------------------------------------------
 
 SINGLE_HOST = SliceShape("tpu-v5-lite-podslice", "2x4", "ct5lp-hightpu-8t", 8, 1, 1, "on-demand")
-RUN_TEAM = dataclasses.replace(g.VISION, nominal_chips=(("v5e", 16), ("iron", 8), ("one", 8)))
+RUN_TEAM = g.VISION.model_copy(update={"nominal_chips": (("v5e", 16), ("iron", 8), ("one", 8))})
 SHAPES_BY_KIND = {  # (pool, shape, slices)
     "single-host": ("one", SINGLE_HOST, 1),
     "multi-host": ("v5e", g.V5E_16_SPOT, 1),
@@ -75,7 +74,7 @@ def a_run(run_id: str = "exp-1", **changes: Any) -> RunSpec:
 
 def run_render(kind: str) -> dict[str, Any]:
     _, shape, slices = SHAPES_BY_KIND[kind]
-    team = dataclasses.replace(g.NLP, nominal_chips=(("v6e", 32),)) if kind == "multislice" else RUN_TEAM
+    team = g.NLP.model_copy(update={"nominal_chips": (("v6e", 32),)}) if kind == "multislice" else RUN_TEAM
     return run_jobset(a_run(), team, shape, checkpoints="ckpt", models="models", slices=slices)
 
 

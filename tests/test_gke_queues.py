@@ -56,7 +56,7 @@ def test_a_local_queue_per_team_in_its_namespace():
 
 def test_a_teams_chips_in_pools_of_one_shape_add_up_in_its_flavor():
     pools = {**g.POOLS, "v5e-more": replace(g.V5E_16_SPOT, slices=2)}
-    team = replace(g.VISION, nominal_chips=(("v5e", 16), ("v5e-more", 32), ("iron", 8)))
+    team = g.VISION.model_copy(update={"nominal_chips": (("v5e", 16), ("v5e-more", 32), ("iron", 8))})
     assert queues.nominal_by_flavor(team, pools) == {g.flavor(g.V5E_16_SPOT): 48, g.flavor(g.TPU7X_8): 8}
     (cq,) = [o for o in queues.queue_objects([team], pools) if o["kind"] == "ClusterQueue"]
     quotas = {f["name"]: f["resources"][0]["nominalQuota"] for f in cq["spec"]["resourceGroups"][0]["flavors"]}
@@ -70,5 +70,5 @@ def test_priorities_and_each_teams_ceiling():
     assert ceilings["team-vision"]["scopeSelector"]["matchExpressions"][0]["values"] == ["very-high"]
     assert ceilings["team-nlp"]["scopeSelector"]["matchExpressions"][0]["values"] == ["high", "very-high"]
     assert all(c["hard"] == {"pods": "0"} for c in ceilings.values())
-    top = replace(g.VISION, priority="very-high")
+    top = g.VISION.model_copy(update={"priority": "very-high"})
     assert queues.priority_ceiling(top) is None  # never a zero-pod quota without a scope

@@ -25,7 +25,14 @@ POOLS = {"p": replace(SHAPE, slices=64)}
 
 def objects(nominals: list[int], limits: list[int | None]):
     teams = [
-        TeamSettings(name, ("user:x@example.com",), f"team-{name}", (("p", nominal),), limit, "medium")
+        TeamSettings(
+            name=name,
+            members=("user:x@example.com",),
+            namespace=f"team-{name}",
+            nominal_chips=(("p", nominal),),
+            borrowing_limit=limit,
+            priority="medium",
+        )
         for name, nominal, limit in zip(TEAM_NAMES, nominals, limits, strict=False)
     ]
     (flavor,) = queues.flavors(POOLS.values())

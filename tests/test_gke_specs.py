@@ -28,7 +28,7 @@ def pool(accelerator: str, provisioning: str = "on-demand", **changes: Any) -> S
     gke = load_gke_catalog().accelerator(accelerator)
     assert isinstance(gke, GkeAcceleratorType), gke
     zone = gke.generation.zones_for(gke.size)[0]
-    return SlicePoolSettings("p", gke, zone, provisioning, **changes)
+    return SlicePoolSettings(name="p", accelerator=gke, zone=zone, provisioning=provisioning, **changes)
 
 
 ALL_KINDS = [
@@ -166,8 +166,14 @@ def test_flex_start_scales_per_zone_from_zero():
 @pytest.mark.parametrize(
     ("window", "expected"),
     [
-        (MaintenanceWindow(("SA", "SU"), "02:00", 8), ("2025-01-06T02:00:00Z", "2025-01-06T10:00:00Z", "SA,SU")),
-        (MaintenanceWindow(("FR",), "20:30", 12), ("2025-01-06T20:30:00Z", "2025-01-07T08:30:00Z", "FR")),
+        (
+            MaintenanceWindow(days=("SA", "SU"), start_utc="02:00", hours=8),
+            ("2025-01-06T02:00:00Z", "2025-01-06T10:00:00Z", "SA,SU"),
+        ),
+        (
+            MaintenanceWindow(days=("FR",), start_utc="20:30", hours=12),
+            ("2025-01-06T20:30:00Z", "2025-01-07T08:30:00Z", "FR"),
+        ),
     ],
 )
 def test_the_maintenance_window(window, expected):

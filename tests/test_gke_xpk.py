@@ -26,7 +26,8 @@ LABELS = {"environment": "dev", "owner": "ml", "managed-by": "pulumi"}
 def pool(accelerator: str, zone: str, provisioning: str, slices: int = 1, reservation: str = "") -> SlicePoolSettings:
     gke = load_gke_catalog().accelerator(accelerator)
     assert isinstance(gke, GkeAcceleratorType), gke
-    return SlicePoolSettings("golden", gke, zone, provisioning, reservation_name=reservation, slices=slices)
+    made = SlicePoolSettings(name="golden", accelerator=gke, zone=zone, provisioning=provisioning, slices=slices)
+    return made.model_copy(update={"reservation_name": reservation})
 
 
 # fixture -> the slice pool that asks for the same slices

@@ -9,16 +9,25 @@ allowed), never shown in the library's words.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import types
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 import annotated_types
-from pydantic import BaseModel, BeforeValidator, ConfigDict, GetCoreSchemaHandler, TypeAdapter, ValidationError
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    GetCoreSchemaHandler,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError, core_schema
@@ -32,6 +41,7 @@ from infra.config.problems import (
     Fix,
     Problems,
     fullmatch,
+    item_key,
     nearest,
     type_name,
 )
@@ -41,11 +51,37 @@ class Section(BaseModel):
     """One mapping of the stack file. Its docstring is its description in the settings table."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True, strict=True)
+    # Settings of which the stack must give at least one (the schema's anyOf, the table's "at least one of").
+    any_of: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def complete(cls, data: Mapping[str, Any]) -> Mapping[str, Any]:
+        """The section as the stack gives it, with what follows from it (a default another setting decides)."""
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _completed(cls, data: Any) -> Any:
+        return cls.complete(data) if isinstance(data, Mapping) else data
 
 
-def _refuse(why: str) -> PydanticCustomError:
-    """A refusal in the project's words (`_translate` shows it as it is)."""
-    return PydanticCustomError("refused", "{why}", {"why": why})
+def refuse(why: str, fix: object = None) -> PydanticCustomError:
+    """A refusal in the project's words (`_translate` shows it as it is), with the value that would do instead."""
+    return PydanticCustomError("refused", "{why}", {"why": why, "fix": fix})
+
+
+@dataclass(frozen=True)
+class Unstated:
+    """An optional setting whose default the table and the schema do not state: the objects read the field's
+    default ("" for a string), the stack simply leaves the setting out."""
+
+
+@dataclass(frozen=True)
+class Placeholder:
+    """What a required field that is not a plain type holds while its stack is refused (the plan stops before
+    anything reads it)."""
+
+    value: object
 
 
 def as_integer(value: object) -> object:
@@ -53,7 +89,7 @@ def as_integer(value: object) -> object:
     if isinstance(value, str) and ASCII_INTEGER.fullmatch(value.strip()):
         return int(value.strip())
     if isinstance(value, bool) or not isinstance(value, int):
-        raise _refuse("must be an integer")
+        raise refuse("must be an integer")
     return value
 
 
@@ -61,7 +97,7 @@ def _number(value: object) -> object:
     if isinstance(value, str) and ASCII_NUMBER.fullmatch(value.strip()):
         value = float(value.strip())
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise _refuse("must be a number (finite), like 2.5")
+        raise refuse("must be a number (finite), like 2.5")
     return value if isinstance(value, int) else float(value)  # an int stays one: compared exactly, shown as given
 
 
@@ -69,13 +105,13 @@ def _flag(value: object) -> object:
     if isinstance(value, str) and value in YAML_BOOLEANS:
         return YAML_BOOLEANS[value]
     if not isinstance(value, bool):
-        raise _refuse("must be true or false")
+        raise refuse("must be true or false")
     return value
 
 
 def as_text(value: object) -> object:
     if not isinstance(value, str):
-        raise _refuse(f"must be a string, not {type_name(value)}")
+        raise refuse(f"must be a string, not {type_name(value)}")
     return value
 
 
@@ -106,9 +142,9 @@ class Allowed(_Rule):
 
     def __call__(self, value: Any) -> Any:
         if self.pattern is not None and not fullmatch(self.pattern, value):
-            raise _refuse(self.allowed or f"must match {self.pattern}")
+            raise refuse(self.allowed or f"must match {self.pattern}")
         if self.check is not None and (why := self.check(value)):
-            raise _refuse(why)
+            raise refuse(why)
         return value
 
 
@@ -141,15 +177,15 @@ class Items(_Rule):
         if self.mapping and isinstance(value, tuple):  # already read: (key, value) pairs
             return value
         if not isinstance(value, Mapping if self.mapping else list | tuple):
-            raise _refuse(f"must be a {'mapping' if self.mapping else 'list'}, not {type_name(value)}")
+            raise refuse(f"must be a {'mapping' if self.mapping else 'list'}, not {type_name(value)}")
         if self.most is not None and len(value) > self.most:
-            raise _refuse(f"must have at most {self.most} {'entries' if self.mapping else 'items'}")
+            raise refuse(f"must have at most {self.most} {'entries' if self.mapping else 'items'}")
         return tuple((str(k), v) for k, v in value.items()) if isinstance(value, Mapping) else tuple(value)
 
     def distinct(self, items: tuple[Any, ...]) -> tuple[Any, ...]:
         repeated = sorted({v for v in items if items.count(v) > 1}, key=str)
         if repeated and not (self.repeats or self.mapping):
-            raise _refuse(f"must not repeat {', '.join(map(str, repeated))}")
+            raise refuse(f"must not repeat {', '.join(map(str, repeated))}", list(dict.fromkeys(items)))
         return items
 
 
@@ -172,31 +208,68 @@ def read(model: type[S], data: object, key: str, problems: Problems, *, required
     try:
         return model.model_validate(data)
     except ValidationError as error:
-        refused = set()
         for e in error.errors():
             _translate(model, e, data, key, problems)
-            refused.add(e["loc"][0])
-        return _placeholder(model, {k: v for k, v in data.items() if k not in refused})
+        return _recovered(model, data, [e["loc"] for e in error.errors()])
+
+
+def _recovered(model: type[S], data: Mapping[str, object], refused: list[tuple[Any, ...]]) -> S:
+    """`model` from `data` less the settings at the `refused` locations: a section or a list item with a refused
+    setting keeps its others, as the checks across settings expect."""
+    kept: dict[str, object] = {}
+    for name, value in data.items():
+        below = [loc[1:] for loc in refused if loc[0] == name]
+        if not below:
+            kept[name] = value
+            continue
+        _, section = _step(model, name)
+        if section is None or not all(below):
+            continue
+        if isinstance(value, Mapping):
+            kept[name] = _recovered(section, value, below)
+        elif isinstance(value, list) and all(isinstance(loc[0], int) for loc in below):
+            items = [(item, [loc[1:] for loc in below if loc[0] == i]) for i, item in enumerate(value)]
+            kept[name] = [
+                _recovered(section, item, wrong) if wrong else section.model_validate(item)
+                for item, wrong in items
+                if isinstance(item, Mapping) and () not in wrong
+            ]
+    return _placeholder(model, kept)
 
 
 def _placeholder(model: type[S], kept: Mapping[str, object] = {}) -> S:
     """`model` from the settings `kept` (each valid on its own), the others at their defaults, the required ones
     empty: "", 0, false or no items."""
     values = {}
+    kept = model.complete(kept)
     for name, info in model.model_fields.items():
-        given = kept.get(info.alias or name, kept.get(name, MISSING))
+        given = kept.get(stack_key(name, info), kept.get(name, MISSING))
         if given is not MISSING:
-            kind: Any = Annotated[(info.annotation, *info.metadata)] if info.metadata else info.annotation
-            values[name] = TypeAdapter(kind).validate_python(given)
-        elif info.is_required():
+            try:
+                values[name] = _field_reader(model, name).validate_python(given)
+                continue
+            except ValidationError:  # a section valid only with what was refused from it: its default
+                pass
+        if info.is_required():
             kind = base_type(info.annotation)
-            if isinstance(kind, type) and issubclass(kind, Section):
+            held = next((m.value for m in info.metadata if isinstance(m, Placeholder)), MISSING)
+            if held is not MISSING:
+                values[name] = held
+            elif isinstance(kind, type) and issubclass(kind, Section):
                 values[name] = _placeholder(kind)
             else:
                 choices = literal_choices(info.annotation)
                 empty: Any = type(choices[0]) if choices else typing.get_origin(kind) or kind
                 values[name] = empty()
     return model.model_construct(**values)
+
+
+@functools.cache
+def _field_reader(model: type[Section], name: str) -> TypeAdapter[Any]:
+    """What reads one field of `model` on its own (built once: building one takes milliseconds)."""
+    info = model.model_fields[name]
+    kind: Any = Annotated[(info.annotation, *info.metadata)] if info.metadata else info.annotation
+    return TypeAdapter(kind)
 
 
 def _unset_nulls(model: type[Section], data: Mapping[object, object]) -> dict[str, object]:
@@ -225,7 +298,7 @@ def _section_in(annotation: object) -> type[Section] | None:
 def _step(model: type[Section], name: object) -> tuple[FieldInfo | None, type[Section] | None]:
     """The field a stack-file key names in `model`, and its section type when it is one."""
     for field_name, info in model.model_fields.items():
-        if name in (field_name, info.alias):
+        if name in (field_name, stack_key(field_name, info)):
             return info, _section_in(info.annotation)
     return None, None
 
@@ -255,12 +328,18 @@ def _given(data: object, loc: tuple[Any, ...]) -> object:
 def _translate(model: type[Section], error: Any, data: Mapping[str, object], key: str, problems: Problems) -> None:
     """One refusal in the project's words: the key, the value given, what is allowed."""
     loc: tuple[Any, ...] = error["loc"]
-    path = key + "".join(f"[{step}]" if isinstance(step, int) else f".{step}" for step in loc)
+    path = key
+    for index, step in enumerate(loc):
+        items = _given(data, loc[:index])
+        if isinstance(step, int) and isinstance(items, list):
+            path = item_key(path, items, step)
+        else:
+            path = f"{path}[{step}]" if isinstance(step, int) else f"{path}.{step}"
     info, owner = _field_at(model, loc)
     value = _given(data, loc)
     kind = error["type"]
     if kind == "extra_forbidden":
-        known = sorted(f.alias or n for n, f in owner.model_fields.items())
+        known = sorted(stack_key(n, f) for n, f in owner.model_fields.items())
         here = _given(data, loc[:-1])
         plain = re.fullmatch(r"[A-Za-z][A-Za-z0-9]*", str(loc[-1]))  # a misspelling, not a key no path can name
         near = nearest(str(loc[-1]), [k for k in known if not isinstance(here, Mapping) or k not in here])
@@ -280,9 +359,16 @@ def _translate(model: type[Section], error: Any, data: Mapping[str, object], key
     elif kind in ("model_type", "dict_type"):
         problems.add(path, value, f"must be a mapping, not {type_name(value)}")
     elif kind == "refused":
-        problems.add(path, value, error["msg"])
+        fix = error.get("ctx", {}).get("fix")
+        problems.add(path, value, error["msg"], fixes=[Fix.of({path: fix})] if fix is not None else [])
     else:  # a refusal this module does not word yet: said plainly, never in the library's words
         problems.add(path, value, "is not a value this setting takes (see docs/stack-settings.md)")
+
+
+def stack_key(name: str, info: FieldInfo) -> str:
+    """The key a field has in the stack file: camelCase, or the name it is read by where that differs
+    (`acceleratorType` for a VM's `accelerator`)."""
+    return info.validation_alias if isinstance(info.validation_alias, str) else info.alias or name
 
 
 def limits(info: FieldInfo) -> tuple[float | None, float | None, bool]:
@@ -290,7 +376,7 @@ def limits(info: FieldInfo) -> tuple[float | None, float | None, bool]:
     low: float | None = None
     high: float | None = None
     exclusive = False
-    for m in info.metadata:
+    for m in marks(info):
         if isinstance(m, annotated_types.Ge):
             low = m.ge  # type: ignore[assignment]
         elif isinstance(m, annotated_types.Gt):

@@ -3,16 +3,37 @@ models (`Section`) are their settings' one declaration too: type, default, bound
 
 from __future__ import annotations
 
+import ipaddress
 import typing
+import zoneinfo
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field
+import annotated_types
+from pydantic import BeforeValidator, Field, InstanceOf, model_validator
 
 from infra import naming
-from infra.catalog import RECLAIMABLE, AcceleratorType
-from infra.catalog.gke import GkeAcceleratorType
-from infra.config.declared import Allowed, Flag, Integer, Items, Number, OneOf, Section, Text, as_integer, as_text
+from infra.catalog import PROVISIONING_MODELS, RECLAIMABLE, AcceleratorType, Generation, load_catalog
+from infra.catalog.gke import GkeAcceleratorType, GkeGeneration, load_gke_catalog
+from infra.config.declared import (
+    Allowed,
+    Flag,
+    Integer,
+    Items,
+    Number,
+    OneOf,
+    Placeholder,
+    Section,
+    Text,
+    Unstated,
+    as_integer,
+    as_text,
+    refuse,
+)
+from infra.config.problems import fullmatch
+from infra.schedule import CronError, parse_cron
+from run_contract.names import RESEARCHER
 
 PROJECT = "tpu-platform"
 BUCKET_PURPOSES = ("data", "checkpoints", "models")
@@ -58,6 +79,58 @@ PACKAGE_INDEX = r"(https://[a-z0-9-]+-python\.pkg\.dev/[a-z][a-z0-9-]{4,28}[a-z0
 MAX_BUDGET_CHANNELS = 5  # the Billing Budgets API accepts at most 5 monitoring channels
 # Budget amounts are sent as `units`, an int64 (Billing Budgets API, google.type.Money).
 MAX_BUDGET_AMOUNT = 2**63 - 1
+ON_COMPLETION = ("keep", "stop", "delete")
+CAPACITY = ("direct", "queued")
+# gcloud's short reservation name pattern (queued_api._RESERVATION; tpu.v2.json names the reservation
+# projects/P/locations/ZONE/reservations/NAME).
+RESERVATION_NAME = r"[a-zA-Z0-9-]+"
+ZONE = r"[a-z]+-[a-z]+[0-9]+-[a-z]"
+# Flex-start: "for up to 7 days" (cloud.google.com/tpu/docs/request-using-flex-start).
+MAX_FLEX_START_HOURS = 7 * 24
+# "Each resource can have up to 64 labels" (https://cloud.google.com/compute/docs/labeling-resources);
+# the platform sets RESERVED_LABELS on each TPU VM itself.
+MAX_LABELS = 64
+# Cloud TPU Node.description: "Maximum of 512 characters" (tpu v2 discovery document).
+MAX_TPU_DESCRIPTION = 512
+ACCELERATOR_NAME = r"[a-z][a-z0-9]*-[0-9]{1,5}"
+TPU_TYPE_ALLOWED = "a TPU type like v5litepod-8"
+GKE_TPU_TYPE_ALLOWED = "a TPU type GKE node pools take, like v5litepod-16"
+REGION = r"[a-z]+-[a-z]+[0-9]+"
+# container.v1 ReleaseChannel.channel, less UNSPECIFIED (no channel: a static version nobody upgrades).
+RELEASE_CHANNELS = ("RAPID", "REGULAR", "STABLE", "EXTENDED")
+WEEKDAYS = ("MO", "TU", "WE", "TH", "FR", "SA", "SU")  # RFC 5545 BYDAY
+# GKE ("Maintenance windows and exclusions"): a window is open at least 4 consecutive hours, and 48
+# hours in any 32 days.
+MIN_MAINTENANCE_WINDOW_HOURS = 4
+MIN_MAINTENANCE_HOURS_PER_32_DAYS = 48
+TPU_POOL_UPGRADES = ("end-of-support", "maintenance-window")
+# A GKE pool's capacity; preemptible is the Spot VMs' predecessor and not offered for TPU pools here.
+SLICE_POOL_PROVISIONING = ("on-demand", "spot", "reserved", "flex-start")
+# IAM members a researcher grant may name: people and groups only (IAM "principal identifiers");
+# service accounts run the platform and are never researchers.
+RESEARCHER_MEMBER = RESEARCHER.pattern  # the run contract's (run_contract/names.py)
+# container.v1 AuthenticatorGroupsConfig (pulumi-gcp: "Group name must be in format
+# gke-security-groups@yourdomain.com"): the group of groups GKE looks members up in for RBAC.
+RBAC_SECURITY_GROUP = r"gke-security-groups@[^@\s]+\.[a-z]{2,}"
+# A team's name becomes its ClusterQueue's and LocalQueue's (label values, 63) and its namespace's default
+# team-NAME; 30 leaves the namespace and the names derived from it room (infra/naming.py).
+MAX_TEAM_NAME = 30
+# The priority classes of the GKE engine's jobs, lowest first (xpk's five, core/kueue_manager.py): a team's
+# `priority` names the highest its jobs may use; infra/gke/queues.py renders them.
+PRIORITY_CLASSES: tuple[tuple[str, int], ...] = (
+    ("very-low", 100),
+    ("low", 250),
+    ("medium", 500),
+    ("high", 750),
+    ("very-high", 1000),
+)
+# Stands in for an accelerator type that was refused: the parse stops before anything reads it.
+NO_ACCELERATOR = AcceleratorType(
+    Generation("", "", "chips", (), frozenset(), 1, 1, 0.0, 0.0, False, "", "0.0.0", {}, (), {}, False, False, {}), 0
+)
+NO_GKE_ACCELERATOR = GkeAcceleratorType(
+    GkeGeneration("", "", "chips", "", {1: ""}, (), {0: ""}, {}, (), 0.0, False, False), 0
+)
 
 
 class BucketSettings(Section):
@@ -240,13 +313,44 @@ class MonitoringSettings(Section):
     )
 
 
-@dataclass(frozen=True)
-class ScheduleSettings:
-    """When Cloud Scheduler starts and stops a VM: either side may be left out ("" when not given)."""
+def _cron(expression: str) -> str | None:
+    try:
+        parse_cron(expression)
+    except CronError as error:
+        return f"not a unix-cron schedule: {error}"
+    return None
 
-    start: str  # unix-cron, as Cloud Scheduler reads it
-    stop: str
-    time_zone: str
+
+def _time_zone(name: str) -> str | None:
+    try:
+        zoneinfo.ZoneInfo(name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):  # OSError: a name too long for a file name
+        return "an IANA time zone like Europe/Berlin or America/New_York"
+    return None
+
+
+CRON = Allowed("5 fields: minute hour day-of-month month day-of-week", check=_cron)
+
+
+class ScheduleSettings(Section):
+    """Stop and start it on a schedule (Cloud Scheduler): both, or only stop (people start it), or only start (with
+    onCompletion stop or delete, which end each run)."""
+
+    any_of = ("start", "stop")
+
+    start: Annotated[Text, CRON, Unstated()] = Field(
+        default="", description="When to start it: unix-cron as Cloud Scheduler reads it."
+    )
+    stop: Annotated[Text, CRON, Unstated()] = Field(default="", description="When to stop it: unix-cron.")
+    time_zone: Annotated[Text, Allowed("an IANA time zone like Europe/Berlin", check=_time_zone)] = Field(
+        default="Etc/UTC", description="IANA time zone of the schedule."
+    )
+
+    @model_validator(mode="after")
+    def _a_side(self) -> ScheduleSettings:
+        if not self.start and not self.stop:
+            raise refuse(f"give {' or '.join(self.any_of)}, or both")
+        return self
 
     @property
     def given(self) -> dict[str, str]:
@@ -254,26 +358,108 @@ class ScheduleSettings:
         return {side: cron for side, cron in (("start", self.start), ("stop", self.stop)) if cron}
 
 
-@dataclass(frozen=True)
-class TpuVmSettings:
-    name: str
-    accelerator: AcceleratorType
-    zone: str
-    runtime_version: str
-    provisioning: str  # on-demand | spot | preemptible | reserved
-    workload: str
-    labels: tuple[tuple[str, str], ...]
-    description: str
-    schedule: ScheduleSettings | None
-    on_completion: str  # keep | stop | delete: what happens to the TPU when its run has finished
-    capacity: str = "direct"  # direct | queued (infra/tpu/queued.py)
-    reservation_name: str = ""  # a named reservation in `zone` (queued, reserved)
-    node_count: int = 1  # > 1: multislice (queued)
-    fallback_zones: tuple[str, ...] = ()  # tried in order after `zone` on a stock-out (queued)
-    run_duration_hours: float | None = None  # flex-start only
-    max_run_hours: float | None = None  # expected hours of a run to completion; the guard enforces it
-    hours_between_preemptions: float | None = None  # spot/preemptible: mean running hours, from a record
-    self_service: bool = False  # researchers may submit runs to it (vm_agent/run_requests.py takes them)
+def _tpu_type(value: object) -> object:
+    """A TPU type of the catalog (infra/catalog/tpu.yaml), by its name."""
+    if isinstance(value, AcceleratorType):
+        return value
+    name = as_text(value)
+    if not fullmatch(ACCELERATOR_NAME, str(name)):
+        raise refuse(TPU_TYPE_ALLOWED)
+    accelerator = load_catalog().accelerator(str(name))
+    if isinstance(accelerator, str):
+        raise refuse(accelerator, load_catalog().meant(str(name)))
+    return accelerator
+
+
+def _tpu_description(description: str) -> str | None:
+    return f"at most {MAX_TPU_DESCRIPTION} characters" if len(description) > MAX_TPU_DESCRIPTION else None
+
+
+Hours = Annotated[Number, annotated_types.Gt(0)]
+
+
+class TpuVmSettings(Section):
+    """A TPU VM."""
+
+    name: Annotated[
+        Text,
+        Allowed(
+            "1-63 lowercase letters, digits and '-', starting with a letter",
+            check=lambda n: naming.resource_id_problem(n, 63),
+        ),
+    ] = Field(description="TPU node name.")
+    accelerator: Annotated[
+        InstanceOf[AcceleratorType], BeforeValidator(_tpu_type), Allowed(TPU_TYPE_ALLOWED), Placeholder(NO_ACCELERATOR)
+    ] = Field(validation_alias="acceleratorType", description="TPU type, like v5litepod-8 (infra/catalog/tpu.yaml).")
+    zone: Annotated[Text, Allowed("a zone like us-central1-b", ZONE)] = Field(
+        description="Zone offering that TPU type."
+    )
+    runtime_version: Text = Field(description="TPU software version matching the workload's framework.")
+    provisioning: Annotated[Text, OneOf(PROVISIONING_MODELS)] = Field(
+        default="on-demand", description="How the capacity is bought (flex-start: queued only, with runDurationHours)."
+    )
+    capacity: Annotated[Text, OneOf(CAPACITY)] = Field(
+        default="direct",
+        description="direct: one TPU API node in its zone; queued: a queued resource (fallback zones, reservations, "
+        "multislice, flex-start).",
+    )
+    reservation_name: Annotated[
+        Text, Allowed("a reservation's short name: letters, digits and '-'", RESERVATION_NAME), Unstated()
+    ] = Field(
+        default="",
+        description="A named reservation in the VM's zone (queued, provisioning reserved, no fallbackZones).",
+    )
+    node_count: Integer = Field(
+        default=1,
+        ge=1,
+        le=1024,
+        description="Slices asked for together (more than 1: multislice; queued, a multislice-capable type).",
+    )
+    fallback_zones: Annotated[tuple[Annotated[Text, Allowed("a zone like us-central1-b", ZONE)], ...], Items(10)] = (
+        Field(
+            default=(),
+            description="Zones tried in order after the VM's own on a stock-out (queued only; each needs a subnet).",
+        )
+    )
+    run_duration_hours: Annotated[Hours, annotated_types.Le(MAX_FLEX_START_HOURS)] | None = Field(
+        default=None,
+        description="How long a flex-start VM runs before Google deletes it (flex-start only; at most "
+        f"{MAX_FLEX_START_HOURS}).",
+    )
+    max_run_hours: Annotated[Hours, annotated_types.Le(8760)] | None = Field(
+        default=None,
+        description="Expected hours of a run to completion: priced for them, and the guard stops or deletes the node "
+        "running past them (onCompletion stop or delete).",
+    )
+    hours_between_preemptions: Annotated[Hours, annotated_types.Le(8760)] | None = Field(
+        default=None,
+        description="Mean running hours between preemptions of this spot or preemptible VM, from your record of them: "
+        "the plan checks its workload's checkpoint interval against it.",
+    )
+    workload: Annotated[Text, Allowed(check=lambda w: None if w else "name one of the workloads")] = Field(
+        description="The workload it runs (a key of workloads)."
+    )
+    self_service: Flag = Field(
+        default=False,
+        description="Researchers may submit and stop runs on it with `tpu-runs` (requests the VM's agent takes in "
+        "order).",
+    )
+    # Each label's key and value are checked by the reader, which names the label.
+    labels: Annotated[tuple[tuple[str, Any], ...], Items(mapping=True)] = Field(
+        default=(), description=f"Extra labels (at most {MAX_LABELS} with the platform's own)."
+    )
+    description: Annotated[Text, Allowed(f"at most {MAX_TPU_DESCRIPTION} characters", check=_tpu_description)] = Field(
+        default="", description="Node description."
+    )
+    on_completion: Annotated[Text, OneOf(ON_COMPLETION)] = Field(
+        default="keep", description="What happens to the TPU when its run has finished."
+    )
+    schedule: ScheduleSettings | None = None
+
+    @classmethod
+    def complete(cls, data: Mapping[str, Any]) -> Mapping[str, Any]:
+        """An empty schedule is none."""
+        return {k: v for k, v in data.items() if k != "schedule"} if data.get("schedule") == {} else data
 
     @property
     def reclaimable(self) -> bool:
@@ -294,60 +480,211 @@ class TpuVmSettings:
         return (self.zone, *self.fallback_zones)
 
 
-@dataclass(frozen=True)
-class SlicePoolSettings:
+def private_cidr_problem(cidr: object, allowed: str = PRIVATE_CIDR) -> str | None:
+    """Why `cidr` is not a private IPv4 network with no host bits set, /8 to /29 (or None)."""
+    try:
+        network = ipaddress.ip_network(str(cidr), strict=True)
+    except ValueError:
+        return "must be an IPv4 network like 10.20.0.0/20, with no host bits set"
+    if not isinstance(cidr, str) or not network.is_private or network.version != 4 or not 8 <= network.prefixlen <= 29:
+        return f"must be {allowed}"
+    return None
+
+
+PrivateCidr = Annotated[Text, Allowed(PRIVATE_CIDR, check=private_cidr_problem)]
+
+
+class MaintenanceWindow(Section):
+    """When GKE may upgrade the cluster, weekly (default: SA and SU from 02:00 UTC for 8 hours)."""
+
+    days: Annotated[tuple[Annotated[Text, OneOf(WEEKDAYS)], ...], Items(len(WEEKDAYS)), Unstated()] = Field(
+        default=("SA", "SU"), description="Days of the week of the window (default SA, SU)."
+    )
+    start_utc: Annotated[Text, Allowed("HH:MM, 24-hour clock", r"([01][0-9]|2[0-3]):[0-5][0-9]")] = Field(
+        default="02:00", description="When the window opens, UTC."
+    )
+    hours: Integer = Field(
+        default=8,
+        ge=MIN_MAINTENANCE_WINDOW_HOURS,
+        le=24,
+        description=f"How long the window stays open (GKE: at least {MIN_MAINTENANCE_WINDOW_HOURS} hours).",
+    )
+
+
+class SystemPool(Section):
+    """The small node pool for the cluster's own pods."""
+
+    machine_type: Annotated[
+        Text, Allowed("a Compute Engine machine type like e2-standard-4", r"[a-z][a-z0-9]*-[a-z0-9-]+")
+    ] = Field(default="e2-standard-4", description="Machine type of the system nodes.")
+    nodes_per_zone: Integer = Field(default=1, ge=1, le=10, description="System nodes in each zone of the slice pools.")
+
+
+def _gke_tpu_type(value: object) -> object:
+    """A TPU type GKE node pools take (infra/catalog/tpu.yaml, gke), by its name."""
+    if isinstance(value, GkeAcceleratorType):
+        return value
+    name = str(as_text(value))
+    if not fullmatch(ACCELERATOR_NAME, name):
+        raise refuse(GKE_TPU_TYPE_ALLOWED)
+    accelerator = load_gke_catalog().accelerator(name)
+    if isinstance(accelerator, str):
+        raise refuse(accelerator)
+    return accelerator
+
+
+class SlicePoolSettings(Section):
     """TPU slices of one type in one zone, one GKE node pool per slice (infra/gke/)."""
 
-    name: str
-    accelerator: GkeAcceleratorType
-    zone: str
-    provisioning: str  # on-demand | spot | reserved | flex-start
-    reservation_name: str = ""  # the specific reservation of a reserved pool
-    slices: int = 1
-    run_duration_hours: float | None = None  # flex-start: how long a node lives
+    name: Annotated[
+        Text,
+        Allowed(
+            f"1-{naming.MAX_SLICE_POOL} lowercase letters, digits and '-', starting with a letter",
+            check=lambda n: naming.resource_id_problem(n, naming.MAX_SLICE_POOL),
+        ),
+    ] = Field(description="Pool name; its slices are the node pools NAME-0, NAME-1, ...")
+    accelerator: Annotated[
+        InstanceOf[GkeAcceleratorType],
+        BeforeValidator(_gke_tpu_type),
+        Allowed(GKE_TPU_TYPE_ALLOWED),
+        Placeholder(NO_GKE_ACCELERATOR),
+    ] = Field(
+        validation_alias="acceleratorType",
+        description="TPU type of each slice, like v5litepod-16 or tpu7x-16 (infra/catalog/tpu.yaml, gke).",
+    )
+    zone: Annotated[Text, Allowed("a zone like us-central1-a", ZONE)] = Field(
+        description="Zone offering that type, in the cluster's region."
+    )
+    provisioning: Annotated[Text, OneOf(SLICE_POOL_PROVISIONING)] = Field(
+        default="on-demand",
+        description="How the capacity is bought: on-demand, spot, a specific reservation (reserved, with "
+        "reservationName) or flex-start (the pool scales from zero when a job asks).",
+    )
+    reservation_name: Annotated[
+        Text, Allowed("a reservation's short name: letters, digits and '-'", RESERVATION_NAME), Unstated()
+    ] = Field(default="", description="The specific reservation a reserved pool consumes, in its zone.")
+    slices: Integer = Field(
+        default=1, ge=1, le=naming.MAX_SLICES, description="Slices of this type: one node pool each."
+    )
+    run_duration_hours: Annotated[Hours, annotated_types.Le(MAX_FLEX_START_HOURS)] | None = Field(
+        default=None,
+        description="How long a flex-start node lives before GKE deletes it (flex-start only; at most "
+        f"{MAX_FLEX_START_HOURS}).",
+    )
 
     @property
     def region(self) -> str:
         return self.zone.rsplit("-", 1)[0]
 
 
-@dataclass(frozen=True)
-class MaintenanceWindow:
-    """When GKE may upgrade the cluster: weekly, on `days`, from `start_utc` for `hours`."""
+def _team_namespace(namespace: str) -> str | None:
+    if why := naming.resource_id_problem(namespace):
+        return why
+    if namespace in naming.SYSTEM_NAMESPACES or namespace.startswith(naming.SYSTEM_NAMESPACE_PREFIXES):
+        return "a namespace of its own: not default, a kube-/gke- namespace or a controller's"
+    return None
 
-    days: tuple[str, ...]  # RFC 5545 weekdays: MO TU WE TH FR SA SU
-    start_utc: str  # HH:MM
-    hours: int
+
+def _team_name_problem(name: str) -> str | None:
+    return naming.resource_id_problem(name, MAX_TEAM_NAME)
 
 
-@dataclass(frozen=True)
-class TeamSettings:
+class TeamSettings(Section):
     """A team sharing the GKE engine's slice pools through its own Kueue queues (infra/gke/queues.py)."""
 
-    name: str
-    members: tuple[str, ...]  # IAM members user:EMAIL / group:EMAIL: who runs the team's jobs
-    namespace: str  # the team's Kubernetes namespace: its jobs, its queue, its workloads' identity
-    nominal_chips: tuple[tuple[str, int], ...]  # (slice pool, TPU chips guaranteed there), pools of one shape add up
-    borrowing_limit: int | None  # chips above nominal it may borrow in each flavor; None: what the cohort lends
-    priority: str  # the highest priority class its runs may use
+    name: Annotated[
+        Text,
+        Allowed(
+            f"1-{MAX_TEAM_NAME} lowercase letters, digits and '-', starting with a letter", check=_team_name_problem
+        ),
+    ] = Field(description="Team name: its ClusterQueue and LocalQueue are named so.")
+    members: Annotated[
+        tuple[Annotated[Text, Allowed("an IAM member user:EMAIL or group:EMAIL", RESEARCHER_MEMBER)], ...], Items(100)
+    ] = Field(default=(), description="Who runs the team's jobs: JobSets in its namespace, nowhere else.")
+    namespace: Annotated[
+        Text,
+        Allowed(
+            "1-63 lowercase letters, digits and '-', starting with a letter, not a system namespace",
+            check=_team_namespace,
+        ),
+        Unstated(),
+    ] = Field(
+        default="",
+        description="The team's Kubernetes namespace (default team-NAME): its jobs, its queue and its workloads' "
+        "identity.",
+    )
+    # Each pool's chips are checked by the reader, which names the pool (`int | Any`: an integer, read as given).
+    nominal_chips: Annotated[tuple[tuple[str, int | Any], ...], Items(mapping=True)] = Field(
+        default=(),
+        description="TPU chips guaranteed to the team, by slice pool (whole slices; pools of one shape add up; "
+        "together at most what the pools hold).",
+    )
+    borrowing_limit: Annotated[Integer, annotated_types.Ge(0), annotated_types.Le(1_000_000)] | None = Field(
+        default=None,
+        description="Chips above its nominal ones the team may borrow in each pool shape while others leave them idle "
+        "(unset: as many as the cohort lends; 0: none).",
+    )
+    priority: Annotated[Text, OneOf(tuple(name for name, _ in PRIORITY_CLASSES))] = Field(
+        default="medium",
+        description="The highest priority class the team's jobs may use; a job preempts only the team's own lesser "
+        "ones.",
+    )
+
+    @classmethod
+    def complete(cls, data: Mapping[str, Any]) -> Mapping[str, Any]:
+        """A team without a namespace gets team-NAME (once its name is one)."""
+        name = data.get("name")
+        if data.get("namespace") is None and isinstance(name, str) and not _team_name_problem(name):
+            return {**data, "namespace": naming.team_namespace(name)}
+        return data
 
 
-@dataclass(frozen=True)
-class GkeSettings:
-    """The GKE engine: one regional cluster and its TPU slice pools."""
+class GkeSettings(Section):
+    """The GKE engine: one regional cluster (private nodes, Workload Identity, Dataplane V2) and TPU slice node
+    pools, one node pool per slice. TPU7x runs only here."""
 
-    region: str
-    node_cidr: str  # the cluster subnet's primary range (nodes)
-    pod_cidr: str  # its secondary ranges
-    service_cidr: str
-    release_channel: str  # RAPID | REGULAR | STABLE | EXTENDED
-    maintenance: MaintenanceWindow
-    tpu_pool_upgrades: str  # end-of-support | maintenance-window
-    system_machine_type: str
-    system_nodes_per_zone: int
-    slice_pools: tuple[SlicePoolSettings, ...]
-    teams: tuple[TeamSettings, ...] = ()
-    rbac_security_group: str = ""  # gke-security-groups@DOMAIN: Google Groups as RBAC subjects ("": none)
+    region: Annotated[Text, Allowed("a region like us-central1", REGION), Unstated()] = Field(
+        default="", description="Region of the cluster; its slice pools' zones are in it. Default: gcp:region."
+    )
+    node_cidr: PrivateCidr = Field(description="Private IPv4 range of the cluster's subnet: its nodes.")
+    pod_cidr: PrivateCidr = Field(description="Secondary range of the subnet for pods.")
+    service_cidr: PrivateCidr = Field(description="Secondary range of the subnet for services.")
+    release_channel: Annotated[Text, OneOf(RELEASE_CHANNELS)] = Field(
+        default="REGULAR",
+        description="GKE release channel: the control plane and nodes follow it (node auto-upgrade cannot be off on "
+        "a channel; tpuPoolUpgrades decides when TPU pools take it).",
+    )
+    maintenance: MaintenanceWindow = Field(default=MaintenanceWindow(), validation_alias="maintenanceWindow")
+    tpu_pool_upgrades: Annotated[Text, OneOf(TPU_POOL_UPGRADES)] = Field(
+        default="end-of-support",
+        description="When TPU slice pools are upgraded, which recreates their nodes and kills the jobs on them: "
+        "end-of-support (an exclusion keeps them on their version until its end of support; you upgrade them "
+        "between runs) or maintenance-window (in the window, like the system pool).",
+    )
+    system_pool: SystemPool = SystemPool()
+    slice_pools: Annotated[tuple[SlicePoolSettings, ...], Items(100, repeats=True)] = Field(
+        description="The TPU slice pools."
+    )
+    rbac_security_group: Annotated[
+        Text, Allowed("gke-security-groups@ followed by your domain", RBAC_SECURITY_GROUP), Unstated()
+    ] = Field(
+        default="",
+        description="Google Groups for RBAC: the group gke-security-groups@DOMAIN whose member groups GKE resolves, "
+        "so a team may list group: members (needed when one does).",
+    )
+    teams: Annotated[tuple[TeamSettings, ...], Items(50, repeats=True)] = Field(
+        default=(),
+        description="Teams sharing the slice pools through Kueue: a queue each in one cohort, chips guaranteed per "
+        "pool, idle chips lent and reclaimed, jobs only in the team's own namespace.",
+    )
+
+    @property
+    def system_machine_type(self) -> str:
+        return self.system_pool.machine_type
+
+    @property
+    def system_nodes_per_zone(self) -> int:
+        return self.system_pool.nodes_per_zone
 
     @property
     def zones(self) -> tuple[str, ...]:

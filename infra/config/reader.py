@@ -11,19 +11,16 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import re
-import zoneinfo
 from collections.abc import Callable, Mapping
 
 from infra import naming
 from infra.access import iam
-from infra.catalog import AcceleratorType, load_catalog
-from infra.catalog.gke import GkeAcceleratorType, load_gke_catalog
 from infra.config import declared, rules, workload_code
 from infra.config.declared import S
 from infra.config.examples import EXAMPLES_FOLDER, examples
 from infra.config.model import (
     BUCKET_PURPOSES,
-    PRIVATE_CIDR,
+    MAX_LABELS,
     PROJECT,
     RESERVED_LABELS,
     ArtifactSettings,
@@ -31,37 +28,28 @@ from infra.config.model import (
     BucketSettings,
     BudgetSettings,
     GkeSettings,
-    MaintenanceWindow,
     MonitoringSettings,
     NetworkSettings,
     PlatformConfig,
-    ScheduleSettings,
-    SlicePoolSettings,
-    TeamSettings,
     TpuVmSettings,
     WorkloadSettings,
     WorkloadSource,
+    private_cidr_problem,
 )
-from infra.config.problems import MISSING, Fix, Node, Problems, decode_objects
+from infra.config.problems import MISSING, Node, Problems, decode_objects, item_key, type_name
 from infra.config.settings import (
     MAX_ACCOUNT_DESCRIPTION_BYTES,
     MAX_COMMAND_ARG,
-    MAX_LABELS,
-    MAX_TEAM_NAME,
-    MAX_TPU_DESCRIPTION,
     RESERVED_ENV_PREFIX,
     SETTINGS,
     Setting,
     children,
     setting,
 )
-from infra.schedule import CronError, parse_cron
 
 OBJECT_KEYS = tuple(s.name for s in children("") if s.kind in ("object", "map", "list"))
 SCALAR_KEYS = tuple(s.name for s in children("") if s.kind not in ("object", "map", "list"))
-_ACCELERATOR_NAME = r"[a-z][a-z0-9]*-[0-9]{1,5}"
 # A built-in program's own settings (its command line); a workload with its own source would ignore them.
-DEFAULT_MAINTENANCE_DAYS = ("SA", "SU")
 PROGRAM_ONLY = (
     "frameworkVersion",
     "epochs",
@@ -171,11 +159,12 @@ def _read(stack: str, raw: Mapping[str, str], problems: Problems) -> tuple[Platf
     if not workloads:
         problems.add(f"{PROJECT}:workloads", MISSING, "declare at least one workload")
     network = _network(_section(root, "network", NetworkSettings, required=True), problems)
-    tpu_vms = tuple(_tpu_vm(node) for node in root.elements(f"{PROJECT}:tpuVms", []))
+    tpu_vms = _tpu_vms(root.value(f"{PROJECT}:tpuVms"), problems)
     monitoring = _section(root, "monitoring", MonitoringSettings)
     automation = _section(root, "automation", AutomationSettings)
     artifacts = _section(root, "artifacts", ArtifactSettings)
-    gke = _gke(root.child(f"{PROJECT}:gke"), region) if f"{PROJECT}:gke" in own else None
+    root.value(f"{PROJECT}:gke")  # read here: a null section is refused, not left out
+    gke = _gke(own.get(f"{PROJECT}:gke", MISSING), region, problems)
     root.done([f"{PROJECT}:{k}" for k in SCALAR_KEYS + OBJECT_KEYS])
 
     cfg = PlatformConfig(
@@ -382,7 +371,7 @@ def _network(network: NetworkSettings, problems: Problems) -> NetworkSettings:
         key = f"{PROJECT}:network.subnets.{region}"
         if not re.fullmatch(r"[a-z]+-[a-z]+[0-9]+", region, flags=re.ASCII):
             problems.add(key, cidr, f"'{region}' is not a GCP region like us-central1")
-        elif why := private_cidr_problem(cidr, PRIVATE_CIDR):
+        elif why := private_cidr_problem(cidr):
             problems.add(key, cidr, why)
         elif clash := next(
             (r for r, c in subnets if ipaddress.ip_network(c).overlaps(ipaddress.ip_network(cidr))), None
@@ -398,199 +387,65 @@ def _network(network: NetworkSettings, problems: Problems) -> NetworkSettings:
     return network.model_copy(update={"subnets": tuple(subnets)})
 
 
-def private_cidr_problem(cidr: object, allowed: str) -> str | None:
-    """Why `cidr` is not a private IPv4 network with no host bits set, /8 to /29 (or None)."""
-    try:
-        network = ipaddress.ip_network(str(cidr), strict=True)
-    except ValueError:
-        return "must be an IPv4 network like 10.20.0.0/20, with no host bits set"
-    if not isinstance(cidr, str) or not network.is_private or network.version != 4 or not 8 <= network.prefixlen <= 29:
-        return f"must be {allowed}"
-    return None
+def _tpu_vms(value: object, problems: Problems) -> tuple[TpuVmSettings, ...]:
+    """Each TPU VM as its model reads it, its labels checked one by one."""
+    key = f"{PROJECT}:tpuVms"
+    if value is MISSING or value is None:
+        return ()
+    if not isinstance(value, list):
+        problems.add(key, value, f"must be a list, not {type_name(value)}")
+        return ()
+    vms = []
+    for index, item in enumerate(value):
+        at = item_key(key, value, index)
+        if not isinstance(item, Mapping):
+            problems.add(at, item, f"must be a mapping, not {type_name(item)}")
+            continue
+        vm = declared.read(TpuVmSettings, item, at, problems)
+        if vm.labels:
+            vm = vm.model_copy(update={"labels": _labels(vm.labels, f"{at}.labels", problems)})
+        vms.append(vm)
+    return tuple(vms)
 
 
-def _labels(node: Node) -> tuple[tuple[str, str], ...]:
+def _labels(labels: tuple[tuple[str, object], ...], key: str, problems: Problems) -> tuple[tuple[str, str], ...]:
+    if len(labels) > MAX_LABELS - len(RESERVED_LABELS):
+        problems.add(key, dict(labels), f"must have at most {MAX_LABELS - len(RESERVED_LABELS)} entries")
+        return ()
     user_labels: list[tuple[str, str]] = []
-    for key, value, path in node.entries("labels", False, max_items=MAX_LABELS - len(RESERVED_LABELS)):
-        if why := naming.label_key_problem(key):
-            node.problems.add(path, key, f"label keys need {why}")
-        elif key in RESERVED_LABELS:
-            node.problems.add(path, value, f"'{key}' is set by the platform; reserved: {', '.join(RESERVED_LABELS)}")
+    for name, value in labels:
+        path = f"{key}.{name}"
+        if why := naming.label_key_problem(name):
+            problems.add(path, name, f"label keys need {why}")
+        elif name in RESERVED_LABELS:
+            problems.add(path, value, f"'{name}' is set by the platform; reserved: {', '.join(RESERVED_LABELS)}")
         elif not isinstance(value, str) or (why := naming.label_value_problem(value)):
-            node.problems.add(path, value, f"label values need {why or 'a string'}")
+            problems.add(path, value, f"label values need {why or 'a string'}")
         else:
-            user_labels.append((key, value))
+            user_labels.append((name, value))
     return tuple(user_labels)
 
 
-def _accelerator(node: Node) -> AcceleratorType | None:
-    name = text(node, "tpuVms[].acceleratorType")
-    if not name:
+def _gke(value: object, default_region: str, problems: Problems) -> GkeSettings | None:
+    """The GKE engine's section, when the stack has one; each team's chips checked pool by pool."""
+    if value is MISSING:
         return None
-    if not re.fullmatch(_ACCELERATOR_NAME, name, flags=re.ASCII):
-        node.problems.add(node.key("acceleratorType"), name, setting("tpuVms[].acceleratorType").allowed)
+    if not isinstance(value, Mapping):  # refused: no engine to check further
+        declared.read(GkeSettings, value, f"{PROJECT}:gke", problems, required=True)
         return None
-    accelerator = load_catalog().accelerator(name)
-    if isinstance(accelerator, str):
-        meant = load_catalog().meant(name)
-        fixes = [Fix.of({node.key("acceleratorType"): meant})] if meant else []
-        node.problems.add(node.key("acceleratorType"), name, accelerator, fixes=fixes)
-        return None
-    return accelerator
-
-
-def _tpu_description(description: str) -> str | None:
-    return f"at most {MAX_TPU_DESCRIPTION} characters" if len(description) > MAX_TPU_DESCRIPTION else None
-
-
-def _tpu_vm(node: Node) -> TpuVmSettings:
-    accelerator = _accelerator(node)
-    vm = TpuVmSettings(
-        name=text(node, "tpuVms[].name", check=lambda n: naming.resource_id_problem(n, 63)),
-        accelerator=accelerator or rules.NO_ACCELERATOR,
-        zone=text(node, "tpuVms[].zone"),
-        runtime_version=text(node, "tpuVms[].runtimeVersion"),
-        provisioning=text(node, "tpuVms[].provisioning"),
-        workload=text(node, "tpuVms[].workload", check=lambda w: None if w else "name one of the workloads"),
-        labels=_labels(node),
-        description=text(node, "tpuVms[].description", check=_tpu_description),
-        schedule=_schedule(node.child("schedule", False)),
-        on_completion=text(node, "tpuVms[].onCompletion"),
-        capacity=text(node, "tpuVms[].capacity"),
-        reservation_name=optional_text(node, "tpuVms[].reservationName") or "",
-        node_count=integer(node, "tpuVms[].nodeCount"),
-        fallback_zones=tuple(texts(node, "tpuVms[].fallbackZones", [])),
-        run_duration_hours=optional_number(node, "tpuVms[].runDurationHours"),
-        max_run_hours=optional_number(node, "tpuVms[].maxRunHours"),
-        hours_between_preemptions=optional_number(node, "tpuVms[].hoursBetweenPreemptions"),
-        self_service=flag(node, "tpuVms[].selfService"),
-    )
-    node.done()
-    return vm
-
-
-def _gke(node: Node | None, default_region: str) -> GkeSettings | None:
-    if node is None:
-        return None
-    # An absent (or refused) window or system pool takes the defaults.
-    window = node.child("maintenanceWindow", False) or Node({}, node.key("maintenanceWindow"), node.problems)
-    system = node.child("systemPool", False) or Node({}, node.key("systemPool"), node.problems)
-    settings = GkeSettings(
-        region=optional_text(node, "gke.region") or default_region,
-        node_cidr=text(node, "gke.nodeCidr", check=_private_cidr),
-        pod_cidr=text(node, "gke.podCidr", check=_private_cidr),
-        service_cidr=text(node, "gke.serviceCidr", check=_private_cidr),
-        release_channel=text(node, "gke.releaseChannel"),
-        maintenance=MaintenanceWindow(
-            days=tuple(texts(window, "gke.maintenanceWindow.days", list(DEFAULT_MAINTENANCE_DAYS))),
-            start_utc=text(window, "gke.maintenanceWindow.startUtc"),
-            hours=integer(window, "gke.maintenanceWindow.hours"),
-        ),
-        tpu_pool_upgrades=text(node, "gke.tpuPoolUpgrades"),
-        system_machine_type=text(system, "gke.systemPool.machineType"),
-        system_nodes_per_zone=integer(system, "gke.systemPool.nodesPerZone"),
-        slice_pools=tuple(
-            _slice_pool(pool) for pool in node.elements("slicePools", max_items=setting("gke.slicePools").max_items)
-        ),
-        teams=tuple(_team(team) for team in node.elements("teams", [], max_items=setting("gke.teams").max_items)),
-        rbac_security_group=optional_text(node, "gke.rbacSecurityGroup") or "",
-    )
-    for child in (window, system, node):
-        child.done()
-    return settings
-
-
-def _private_cidr(cidr: str) -> str | None:
-    return private_cidr_problem(cidr, PRIVATE_CIDR)
-
-
-def _gke_accelerator(node: Node) -> GkeAcceleratorType | None:
-    name = text(node, "gke.slicePools[].acceleratorType")
-    if not name:
-        return None
-    if not re.fullmatch(_ACCELERATOR_NAME, name, flags=re.ASCII):
-        node.problems.add(node.key("acceleratorType"), name, setting("gke.slicePools[].acceleratorType").allowed)
-        return None
-    accelerator = load_gke_catalog().accelerator(name)
-    if isinstance(accelerator, str):
-        node.problems.add(node.key("acceleratorType"), name, accelerator)
-        return None
-    return accelerator
-
-
-def _slice_pool(node: Node) -> SlicePoolSettings:
-    accelerator = _gke_accelerator(node)
-    pool = SlicePoolSettings(
-        name=text(node, "gke.slicePools[].name", check=lambda n: naming.resource_id_problem(n, naming.MAX_SLICE_POOL)),
-        accelerator=accelerator or rules.NO_GKE_ACCELERATOR,
-        zone=text(node, "gke.slicePools[].zone"),
-        provisioning=text(node, "gke.slicePools[].provisioning"),
-        reservation_name=optional_text(node, "gke.slicePools[].reservationName") or "",
-        slices=integer(node, "gke.slicePools[].slices"),
-        run_duration_hours=optional_number(node, "gke.slicePools[].runDurationHours"),
-    )
-    node.done()
-    return pool
-
-
-def _team(node: Node) -> TeamSettings:
-    name = text(node, "gke.teams[].name", check=lambda n: naming.resource_id_problem(n, MAX_TEAM_NAME))
-    chips: list[tuple[str, int]] = []
-    for pool, value, path in node.entries("nominalChips", False):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            node.problems.add(path, value, "a whole number of TPU chips, 0 or more")
-        else:
-            chips.append((pool, value))
-    limit = node.data.get("borrowingLimit")
-    team = TeamSettings(
-        name=name,
-        members=tuple(texts(node, "gke.teams[].members", [])),
-        namespace=optional_text(node, "gke.teams[].namespace", check=_team_namespace) or naming.team_namespace(name),
-        nominal_chips=tuple(chips),
-        borrowing_limit=None if limit is None else integer(node, "gke.teams[].borrowingLimit"),
-        priority=text(node, "gke.teams[].priority"),
-    )
-    node.done()
-    return team
-
-
-def _team_namespace(namespace: str) -> str | None:
-    if why := naming.resource_id_problem(namespace):
-        return why
-    if namespace in naming.SYSTEM_NAMESPACES or namespace.startswith(naming.SYSTEM_NAMESPACE_PREFIXES):
-        return "a namespace of its own: not default, a kube-/gke- namespace or a controller's"
-    return None
-
-
-def _cron(expression: str) -> str | None:
-    try:
-        parse_cron(expression)
-    except CronError as error:
-        return f"not a unix-cron schedule: {error}"
-    return None
-
-
-def _time_zone(name: str) -> str | None:
-    try:
-        zoneinfo.ZoneInfo(name)
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
-        return "an IANA time zone like Europe/Berlin or America/New_York"
-    return None
-
-
-def _schedule(node: Node | None) -> ScheduleSettings | None:
-    if node is None or not node.data:
-        return None
-    schedule = ScheduleSettings(
-        start=optional_text(node, "tpuVms[].schedule.start", check=_cron) or "",
-        stop=optional_text(node, "tpuVms[].schedule.stop", check=_cron) or "",
-        time_zone=text(node, "tpuVms[].schedule.timeZone", check=_time_zone),
-    )
-    sides = setting("tpuVms[].schedule").any_of
-    if not any(node.data.get(side) is not None for side in sides):
-        node.problems.add(node.path, dict(node.data), f"give {' or '.join(sides)}, or both")
-    node.done()
-    return schedule
+    gke = declared.read(GkeSettings, value, f"{PROJECT}:gke", problems)
+    teams = value.get("teams") if isinstance(value, Mapping) else None
+    checked = []
+    for index, team in enumerate(gke.teams):
+        chips: list[tuple[str, int]] = []
+        for pool, count in team.nominal_chips:
+            if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+                at = item_key(f"{PROJECT}:gke.teams", teams if isinstance(teams, list) else gke.teams, index)
+                problems.add(f"{at}.nominalChips.{pool}", count, "a whole number of TPU chips, 0 or more")
+            else:
+                chips.append((pool, count))
+        checked.append(team.model_copy(update={"nominal_chips": tuple(chips)}))
+    return gke.model_copy(update={"region": gke.region or default_region, "teams": tuple(checked)})
 
 
 __all__ = ["SETTINGS", "check_stack_config", "parse_stack_config"]

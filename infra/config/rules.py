@@ -13,14 +13,17 @@ import ipaddress
 import math
 import re
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import replace
 
 from infra import naming
-from infra.catalog import AcceleratorType, Generation, load_catalog
-from infra.catalog.gke import GkeAcceleratorType, GkeGeneration, load_gke_catalog
+from infra.catalog import AcceleratorType, load_catalog
+from infra.catalog.gke import load_gke_catalog
 from infra.config.model import (
     BUCKET_PURPOSES,
     KMS_KEY,
+    MIN_MAINTENANCE_HOURS_PER_32_DAYS,
+    NO_ACCELERATOR,
+    NO_GKE_ACCELERATOR,
+    ON_COMPLETION,
     PLATFORM_ACCOUNTS,
     PROJECT,
     GkeSettings,
@@ -31,17 +34,9 @@ from infra.config.model import (
     service_account_id,
 )
 from infra.config.problems import MISSING, REMOVE, Fix, Problems, item_key
-from infra.config.settings import MIN_MAINTENANCE_HOURS_PER_32_DAYS, ON_COMPLETION, setting
+from infra.config.settings import setting
 from infra.config.workload_code import image_problem, parse_image, rebased_image
 from infra.goodput.interval import NO_EVENTS, PREEMPTIBLE_LIFE_HOURS, Losses, Rate, best_interval, waste
-
-# Stands in for an accelerator type that was refused: the parse stops before anything reads it.
-NO_ACCELERATOR = AcceleratorType(
-    Generation("", "", "chips", (), frozenset(), 1, 1, 0.0, 0.0, False, "", "0.0.0", {}, (), {}, False, False, {}), 0
-)
-NO_GKE_ACCELERATOR = GkeAcceleratorType(
-    GkeGeneration("", "", "chips", "", {1: ""}, (), {0: ""}, {}, (), 0.0, False, False), 0
-)
 
 
 def check(cfg: PlatformConfig, problems: Problems) -> None:
@@ -696,14 +691,7 @@ def _gke(cfg: PlatformConfig, problems: Problems) -> None:
             )
         taken.append((f"{key}.{name}", cidr))
     window = gke.maintenance
-    if len(set(window.days)) != len(window.days):
-        problems.add(
-            f"{key}.maintenanceWindow.days",
-            list(window.days),
-            "list each day once",
-            fixes=[Fix.of({f"{key}.maintenanceWindow.days": list(dict.fromkeys(window.days))})],
-        )
-    elif window.days and window.hours and 4 * len(window.days) * window.hours < MIN_MAINTENANCE_HOURS_PER_32_DAYS:
+    if window.days and window.hours and 4 * len(window.days) * window.hours < MIN_MAINTENANCE_HOURS_PER_32_DAYS:
         # Four weeks fit in any 32 days: the window's hours in them are the least GKE can count.
         hours = math.ceil(MIN_MAINTENANCE_HOURS_PER_32_DAYS / (4 * len(window.days)))
         problems.add(
@@ -816,7 +804,9 @@ def _teams(gke: GkeSettings, problems: Problems) -> None:
                 problems.add(chips_key, chips, f"pool {pool} holds {shape.chips} chips")
             else:
                 guaranteed.append((pool, chips))
-        for flavor, chips in queues.nominal_by_flavor(replace(team, nominal_chips=tuple(guaranteed)), shapes).items():
+        for flavor, chips in queues.nominal_by_flavor(
+            team.model_copy(update={"nominal_chips": tuple(guaranteed)}), shapes
+        ).items():
             promised[flavor] = promised.get(flavor, 0) + chips
     for flavor in queues.flavors(shapes.values()):
         if promised.get(flavor.name, 0) > flavor.chips:

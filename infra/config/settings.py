@@ -12,81 +12,51 @@ Limits are GCP's where GCP has one; the comment beside each says where it is doc
 from __future__ import annotations
 
 import inspect
+import types
 import typing
 from dataclasses import dataclass
 from typing import Literal
 
 from pydantic_core import PydanticUndefined
 
-from infra import naming
 from infra.access import iam
-from infra.catalog import PROVISIONING_MODELS, load_catalog
-from infra.config.declared import Allowed, Items, Section, base_type, choices_of, limits, literal_choices, marks
+from infra.catalog import load_catalog
+from infra.config.declared import (
+    Allowed,
+    Items,
+    Section,
+    Unstated,
+    base_type,
+    choices_of,
+    limits,
+    literal_choices,
+    marks,
+    stack_key,
+)
 from infra.config.examples import examples
 from infra.config.model import (
     BUCKET_PURPOSES,
-    PRIVATE_CIDR,
     PROJECT,
+    RESEARCHER_MEMBER,
     ArtifactSettings,
     AutomationSettings,
     BucketSettings,
     BudgetSettings,
+    GkeSettings,
     MonitoringSettings,
     NetworkSettings,
+    TpuVmSettings,
 )
 from infra.config.workload_code import FOLDER_ALLOWED, IMAGE_ALLOWED
-from run_contract.names import RESEARCHER
 
 Kind = Literal["string", "integer", "number", "boolean", "list", "object", "map"]
 Scalar = str | int | float | bool
 
-ON_COMPLETION = ("keep", "stop", "delete")
-CAPACITY = ("direct", "queued")
-# gcloud's short reservation name pattern (queued_api._RESERVATION; tpu.v2.json names the reservation
-# projects/P/locations/ZONE/reservations/NAME).
-RESERVATION_NAME = r"[a-zA-Z0-9-]+"
-ZONE = r"[a-z]+-[a-z]+[0-9]+-[a-z]"
-# Flex-start: "for up to 7 days" (cloud.google.com/tpu/docs/request-using-flex-start).
-MAX_FLEX_START_HOURS = 7 * 24
-REGION = r"[a-z]+-[a-z]+[0-9]+"
-# container.v1 ReleaseChannel.channel, less UNSPECIFIED (no channel: a static version nobody upgrades).
-RELEASE_CHANNELS = ("RAPID", "REGULAR", "STABLE", "EXTENDED")
-WEEKDAYS = ("MO", "TU", "WE", "TH", "FR", "SA", "SU")  # RFC 5545 BYDAY
-# GKE ("Maintenance windows and exclusions"): a window is open at least 4 consecutive hours, and 48
-# hours in any 32 days.
-MIN_MAINTENANCE_WINDOW_HOURS = 4
-MIN_MAINTENANCE_HOURS_PER_32_DAYS = 48
-TPU_POOL_UPGRADES = ("end-of-support", "maintenance-window")
-# A GKE pool's capacity; preemptible is the Spot VMs' predecessor and not offered for TPU pools here.
-SLICE_POOL_PROVISIONING = ("on-demand", "spot", "reserved", "flex-start")
 GCP_PROJECT_ID = r"[a-z][a-z0-9-]{4,28}[a-z0-9]"
 BILLING_ACCOUNT = r"[0-9A-F]{6}-[0-9A-F]{6}-[0-9A-F]{6}"
-# IAM members a researcher grant may name: people and groups only (IAM "principal identifiers");
-# service accounts run the platform and are never researchers.
-RESEARCHER_MEMBER = RESEARCHER.pattern  # the run contract's (run_contract/names.py)
-# container.v1 AuthenticatorGroupsConfig (pulumi-gcp: "Group name must be in format
-# gke-security-groups@yourdomain.com"): the group of groups GKE looks members up in for RBAC.
-RBAC_SECURITY_GROUP = r"gke-security-groups@[^@\s]+\.[a-z]{2,}"
 SERVICE_ACCOUNT_EMAIL = r"[a-z][-a-z0-9]{4,28}[a-z0-9]@[a-z][-a-z0-9]{4,28}[a-z0-9]\.iam\.gserviceaccount\.com"
-# A team's name becomes its ClusterQueue's and LocalQueue's (label values, 63) and its namespace's default
-# team-NAME; 30 leaves the namespace and the names derived from it room (infra/naming.py).
-MAX_TEAM_NAME = 30
-# The priority classes of the GKE engine's jobs, lowest first (xpk's five, core/kueue_manager.py): a team's
-# `priority` names the highest its jobs may use; infra/gke/queues.py renders them.
-PRIORITY_CLASSES: tuple[tuple[str, int], ...] = (
-    ("very-low", 100),
-    ("low", 250),
-    ("medium", 500),
-    ("high", 750),
-    ("very-high", 1000),
-)
 # IAM ServiceAccount.description: "The maximum length is 256 UTF-8 bytes" (iam v1 discovery document).
 MAX_ACCOUNT_DESCRIPTION_BYTES = 256
-# Cloud TPU Node.description: "Maximum of 512 characters" (tpu v2 discovery document).
-MAX_TPU_DESCRIPTION = 512
-# "Each resource can have up to 64 labels" (https://cloud.google.com/compute/docs/labeling-resources);
-# the platform sets RESERVED_LABELS on each TPU VM itself.
-MAX_LABELS = 64
 # A workload's command and environment travel in the VM's metadata (256 KB per value, startup.py):
 # bounds well inside it. The contract's own variables (docs/run-contract.md) are the platform's.
 MAX_COMMAND_ITEMS = 256
@@ -135,7 +105,14 @@ class Setting:
         return self.default is None and not self.optional and self.kind not in ("object", "map", "list")
 
 
-_KINDS: dict[object, Kind] = {bool: "boolean", int: "integer", float: "number", str: "string", typing.Any: "string"}
+_KINDS: dict[object, Kind] = {
+    bool: "boolean",
+    int: "integer",
+    float: "number",
+    float | int: "number",
+    str: "string",
+    typing.Any: "string",
+}
 
 
 def _kind(annotation: object) -> Kind:
@@ -143,14 +120,18 @@ def _kind(annotation: object) -> Kind:
     kind = base_type(annotation)
     if isinstance(kind, type) and issubclass(kind, Section):
         return "object"
-    return _KINDS[type(choices[0]) if choices else typing.get_origin(kind) or kind]
+    plain = type(choices[0]) if choices else kind
+    if plain not in _KINDS and isinstance(plain, types.UnionType):  # `int | Any`: its first type says what it takes
+        plain = typing.get_args(plain)[0]
+    return _KINDS.get(plain) or _KINDS.get(typing.get_origin(plain), "string")  # else a catalog type, by name
 
 
 def declared(key: str, model: type[Section], *, optional: bool = True) -> tuple[Setting, ...]:
     """The rows of a section declared as a model (infra/config/model.py): itself, then each of its fields."""
-    rows = [Setting(key, "object", inspect.cleandoc(model.__doc__ or ""), optional=optional)]
+    description = " ".join(inspect.cleandoc(model.__doc__ or "").splitlines())
+    rows = [Setting(key, "object", description, optional=optional, any_of=model.any_of)]
     for name, info in model.model_fields.items():
-        child = f"{key}.{info.alias or name}"
+        child = f"{key}.{stack_key(name, info)}"
         kind = base_type(info.annotation)
         if isinstance(kind, type) and issubclass(kind, Section):
             rows.extend(declared(child, kind, optional=not info.is_required()))
@@ -161,7 +142,8 @@ def declared(key: str, model: type[Section], *, optional: bool = True) -> tuple[
         if many and many.mapping:
             item = typing.get_args(item)[1]
         low, high, exclusive = limits(info)
-        default = None if info.default in (PydanticUndefined, ()) else info.default
+        unstated = any(isinstance(m, Unstated) for m in marks(info))
+        default = None if info.default in (PydanticUndefined, ()) or unstated else info.default
         rows.append(
             Setting(
                 child,
@@ -427,358 +409,8 @@ SETTINGS: tuple[Setting, ...] = (
     *declared("artifacts", ArtifactSettings),
     *declared("network", NetworkSettings, optional=False),
     Setting("tpuVms", "list", "The TPU VMs.", items="object", optional=True),
-    Setting(
-        "tpuVms[].name",
-        "string",
-        "TPU node name.",
-        allowed="1-63 lowercase letters, digits and '-', starting with a letter",
-    ),
-    Setting(
-        "tpuVms[].acceleratorType",
-        "string",
-        "TPU type, like v5litepod-8 (infra/catalog/tpu.yaml).",
-        allowed="a TPU type like v5litepod-8",
-    ),
-    Setting(
-        "tpuVms[].zone",
-        "string",
-        "Zone offering that TPU type.",
-        pattern=ZONE,
-        allowed="a zone like us-central1-b",
-    ),
-    Setting("tpuVms[].runtimeVersion", "string", "TPU software version matching the workload's framework."),
-    Setting(
-        "tpuVms[].provisioning",
-        "string",
-        "How the capacity is bought (flex-start: queued only, with runDurationHours).",
-        default="on-demand",
-        choices=PROVISIONING_MODELS,
-    ),
-    Setting(
-        "tpuVms[].capacity",
-        "string",
-        "direct: one TPU API node in its zone; queued: a queued resource (fallback zones, reservations, "
-        "multislice, flex-start).",
-        default="direct",
-        choices=CAPACITY,
-    ),
-    Setting(
-        "tpuVms[].reservationName",
-        "string",
-        "A named reservation in the VM's zone (queued, provisioning reserved, no fallbackZones).",
-        optional=True,
-        pattern=RESERVATION_NAME,
-        allowed="a reservation's short name: letters, digits and '-'",
-    ),
-    Setting(
-        "tpuVms[].nodeCount",
-        "integer",
-        "Slices asked for together (more than 1: multislice; queued, a multislice-capable type).",
-        default=1,
-        minimum=1,
-        maximum=1024,
-    ),
-    Setting(
-        "tpuVms[].fallbackZones",
-        "list",
-        "Zones tried in order after the VM's own on a stock-out (queued only; each needs a subnet).",
-        items="string",
-        optional=True,
-        pattern=ZONE,
-        allowed="a zone like us-central1-b",
-        max_items=10,
-    ),
-    Setting(
-        "tpuVms[].runDurationHours",
-        "number",
-        f"How long a flex-start VM runs before Google deletes it (flex-start only; at most {MAX_FLEX_START_HOURS}).",
-        optional=True,
-        minimum=0,
-        exclusive_minimum=True,
-        maximum=MAX_FLEX_START_HOURS,
-    ),
-    Setting(
-        "tpuVms[].maxRunHours",
-        "number",
-        "Expected hours of a run to completion: priced for them, and the guard stops or deletes the node "
-        "running past them (onCompletion stop or delete).",
-        optional=True,
-        minimum=0,
-        exclusive_minimum=True,
-        maximum=8760,
-    ),
-    Setting(
-        "tpuVms[].hoursBetweenPreemptions",
-        "number",
-        "Mean running hours between preemptions of this spot or preemptible VM, from your record of them: the "
-        "plan checks its workload's checkpoint interval against it.",
-        optional=True,
-        minimum=0,
-        exclusive_minimum=True,
-        maximum=8760,
-    ),
-    Setting("tpuVms[].workload", "string", "The workload it runs (a key of workloads)."),
-    Setting(
-        "tpuVms[].selfService",
-        "boolean",
-        "Researchers may submit and stop runs on it with `tpu-runs` (requests the VM's agent takes in order).",
-        default=False,
-    ),
-    Setting(
-        "tpuVms[].labels",
-        "map",
-        f"Extra labels (at most {MAX_LABELS} with the platform's own).",
-        items="string",
-        optional=True,
-    ),
-    Setting(
-        "tpuVms[].description",
-        "string",
-        "Node description.",
-        default="",
-        allowed=f"at most {MAX_TPU_DESCRIPTION} characters",
-    ),
-    Setting(
-        "tpuVms[].onCompletion",
-        "string",
-        "What happens to the TPU when its run has finished.",
-        default="keep",
-        choices=ON_COMPLETION,
-    ),
-    Setting(
-        "tpuVms[].schedule",
-        "object",
-        "Stop and start it on a schedule (Cloud Scheduler): both, or only stop (people start it), or only start "
-        "(with onCompletion stop or delete, which end each run).",
-        optional=True,
-        any_of=("start", "stop"),
-    ),
-    Setting(
-        "tpuVms[].schedule.start",
-        "string",
-        "When to start it: unix-cron as Cloud Scheduler reads it.",
-        optional=True,
-        allowed="5 fields: minute hour day-of-month month day-of-week",
-    ),
-    Setting(
-        "tpuVms[].schedule.stop",
-        "string",
-        "When to stop it: unix-cron.",
-        optional=True,
-        allowed="5 fields: minute hour day-of-month month day-of-week",
-    ),
-    Setting(
-        "tpuVms[].schedule.timeZone",
-        "string",
-        "IANA time zone of the schedule.",
-        default="Etc/UTC",
-        allowed="an IANA time zone like Europe/Berlin",
-    ),
-    Setting(
-        "gke",
-        "object",
-        "The GKE engine: one regional cluster (private nodes, Workload Identity, Dataplane V2) and TPU slice "
-        "node pools, one node pool per slice. TPU7x runs only here.",
-        optional=True,
-    ),
-    Setting(
-        "gke.region",
-        "string",
-        "Region of the cluster; its slice pools' zones are in it. Default: gcp:region.",
-        optional=True,
-        pattern=REGION,
-        allowed="a region like us-central1",
-    ),
-    Setting(
-        "gke.nodeCidr",
-        "string",
-        "Private IPv4 range of the cluster's subnet: its nodes.",
-        allowed=PRIVATE_CIDR,
-    ),
-    Setting("gke.podCidr", "string", "Secondary range of the subnet for pods.", allowed=PRIVATE_CIDR),
-    Setting("gke.serviceCidr", "string", "Secondary range of the subnet for services.", allowed=PRIVATE_CIDR),
-    Setting(
-        "gke.releaseChannel",
-        "string",
-        "GKE release channel: the control plane and nodes follow it (node auto-upgrade cannot be off on a "
-        "channel; tpuPoolUpgrades decides when TPU pools take it).",
-        default="REGULAR",
-        choices=RELEASE_CHANNELS,
-    ),
-    Setting(
-        "gke.maintenanceWindow",
-        "object",
-        "When GKE may upgrade the cluster, weekly (default: SA and SU from 02:00 UTC for 8 hours).",
-        optional=True,
-    ),
-    Setting(
-        "gke.maintenanceWindow.days",
-        "list",
-        "Days of the week of the window (default SA, SU).",
-        items="string",
-        optional=True,
-        choices=WEEKDAYS,
-        max_items=len(WEEKDAYS),
-    ),
-    Setting(
-        "gke.maintenanceWindow.startUtc",
-        "string",
-        "When the window opens, UTC.",
-        default="02:00",
-        pattern=r"([01][0-9]|2[0-3]):[0-5][0-9]",
-        allowed="HH:MM, 24-hour clock",
-    ),
-    Setting(
-        "gke.maintenanceWindow.hours",
-        "integer",
-        f"How long the window stays open (GKE: at least {MIN_MAINTENANCE_WINDOW_HOURS} hours).",
-        default=8,
-        minimum=MIN_MAINTENANCE_WINDOW_HOURS,
-        maximum=24,
-    ),
-    Setting(
-        "gke.tpuPoolUpgrades",
-        "string",
-        "When TPU slice pools are upgraded, which recreates their nodes and kills the jobs on them: "
-        "end-of-support (an exclusion keeps them on their version until its end of support; you upgrade them "
-        "between runs) or maintenance-window (in the window, like the system pool).",
-        default="end-of-support",
-        choices=TPU_POOL_UPGRADES,
-    ),
-    Setting("gke.systemPool", "object", "The small node pool for the cluster's own pods.", optional=True),
-    Setting(
-        "gke.systemPool.machineType",
-        "string",
-        "Machine type of the system nodes.",
-        default="e2-standard-4",
-        pattern=r"[a-z][a-z0-9]*-[a-z0-9-]+",
-        allowed="a Compute Engine machine type like e2-standard-4",
-    ),
-    Setting(
-        "gke.systemPool.nodesPerZone",
-        "integer",
-        "System nodes in each zone of the slice pools.",
-        default=1,
-        minimum=1,
-        maximum=10,
-    ),
-    Setting("gke.slicePools", "list", "The TPU slice pools.", items="object", max_items=100),
-    Setting(
-        "gke.slicePools[].name",
-        "string",
-        "Pool name; its slices are the node pools NAME-0, NAME-1, ...",
-        allowed=f"1-{naming.MAX_SLICE_POOL} lowercase letters, digits and '-', starting with a letter",
-    ),
-    Setting(
-        "gke.slicePools[].acceleratorType",
-        "string",
-        "TPU type of each slice, like v5litepod-16 or tpu7x-16 (infra/catalog/tpu.yaml, gke).",
-        allowed="a TPU type GKE node pools take, like v5litepod-16",
-    ),
-    Setting(
-        "gke.slicePools[].zone",
-        "string",
-        "Zone offering that type, in the cluster's region.",
-        pattern=ZONE,
-        allowed="a zone like us-central1-a",
-    ),
-    Setting(
-        "gke.slicePools[].provisioning",
-        "string",
-        "How the capacity is bought: on-demand, spot, a specific reservation (reserved, with reservationName) or "
-        "flex-start (the pool scales from zero when a job asks).",
-        default="on-demand",
-        choices=SLICE_POOL_PROVISIONING,
-    ),
-    Setting(
-        "gke.slicePools[].reservationName",
-        "string",
-        "The specific reservation a reserved pool consumes, in its zone.",
-        optional=True,
-        pattern=RESERVATION_NAME,
-        allowed="a reservation's short name: letters, digits and '-'",
-    ),
-    Setting(
-        "gke.slicePools[].slices",
-        "integer",
-        "Slices of this type: one node pool each.",
-        default=1,
-        minimum=1,
-        maximum=naming.MAX_SLICES,
-    ),
-    Setting(
-        "gke.slicePools[].runDurationHours",
-        "number",
-        f"How long a flex-start node lives before GKE deletes it (flex-start only; at most {MAX_FLEX_START_HOURS}).",
-        optional=True,
-        minimum=0,
-        exclusive_minimum=True,
-        maximum=MAX_FLEX_START_HOURS,
-    ),
-    Setting(
-        "gke.rbacSecurityGroup",
-        "string",
-        "Google Groups for RBAC: the group gke-security-groups@DOMAIN whose member groups GKE resolves, so a "
-        "team may list group: members (needed when one does).",
-        optional=True,
-        pattern=RBAC_SECURITY_GROUP,
-        allowed="gke-security-groups@ followed by your domain",
-    ),
-    Setting(
-        "gke.teams",
-        "list",
-        "Teams sharing the slice pools through Kueue: a queue each in one cohort, chips guaranteed per pool, "
-        "idle chips lent and reclaimed, jobs only in the team's own namespace.",
-        items="object",
-        optional=True,
-        max_items=50,
-    ),
-    Setting(
-        "gke.teams[].name",
-        "string",
-        "Team name: its ClusterQueue and LocalQueue are named so.",
-        allowed=f"1-{MAX_TEAM_NAME} lowercase letters, digits and '-', starting with a letter",
-    ),
-    Setting(
-        "gke.teams[].members",
-        "list",
-        "Who runs the team's jobs: JobSets in its namespace, nowhere else.",
-        items="string",
-        pattern=RESEARCHER_MEMBER,
-        allowed="an IAM member user:EMAIL or group:EMAIL",
-        max_items=100,
-    ),
-    Setting(
-        "gke.teams[].namespace",
-        "string",
-        "The team's Kubernetes namespace (default team-NAME): its jobs, its queue and its workloads' identity.",
-        optional=True,
-        allowed="1-63 lowercase letters, digits and '-', starting with a letter, not a system namespace",
-    ),
-    Setting(
-        "gke.teams[].nominalChips",
-        "map",
-        "TPU chips guaranteed to the team, by slice pool (whole slices; pools of one shape add up; together "
-        "at most what the pools hold).",
-        items="integer",
-        optional=True,
-    ),
-    Setting(
-        "gke.teams[].borrowingLimit",
-        "integer",
-        "Chips above its nominal ones the team may borrow in each pool shape while others leave them idle "
-        "(unset: as many as the cohort lends; 0: none).",
-        optional=True,
-        minimum=0,
-        maximum=1_000_000,
-    ),
-    Setting(
-        "gke.teams[].priority",
-        "string",
-        "The highest priority class the team's jobs may use; a job preempts only the team's own lesser ones.",
-        default="medium",
-        choices=tuple(name for name, _ in PRIORITY_CLASSES),
-    ),
+    *declared("tpuVms[]", TpuVmSettings)[1:],
+    *declared("gke", GkeSettings),
     *declared("monitoring", MonitoringSettings),
     *declared("automation", AutomationSettings),
 )

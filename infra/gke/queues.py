@@ -28,8 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from infra.config.model import TeamSettings
-from infra.config.settings import PRIORITY_CLASSES
+from infra.config.model import PRIORITY_CLASSES, TeamSettings
 from infra.gke.crds import KUEUE_API
 from infra.gke.quota import TPU_RESOURCE
 from infra.gke.specs import ACCELERATOR_LABEL, SPOT_LABEL, TOPOLOGY_LABEL, SliceShape
