@@ -36,6 +36,7 @@ import pulumi
 import pulumi_gcp as gcp
 
 from bootstrap import PROJECT
+from bootstrap.getters import Node
 from infra import naming
 from infra.access import iam
 from infra.access.accounts import SERVICE_ACCOUNT_USER, StackIdentities
@@ -46,7 +47,7 @@ from infra.access.environment import (
     object_reads_condition,
 )
 from infra.config import BILLING_ACCOUNT, GCP_PROJECT_ID
-from infra.config.problems import Node, Problems, decode_objects
+from infra.config.problems import Problems, decode_objects
 from infra.grants import propagation_wait
 from infra.stack import raw_stack_config
 

@@ -103,8 +103,11 @@ def test_unknown_keys_anywhere_at_top_level_are_named(extra):
 from hypothesis import assume  # noqa: E402
 
 from infra.config import PLATFORM_ACCOUNTS  # noqa: E402
-from infra.config.model import MAX_BUDGET_AMOUNT, RECOVERY_INTERVALS  # noqa: E402
-from infra.config.settings import tpu_regions  # noqa: E402
+from infra.config.model import (  # noqa: E402
+    MAX_BUDGET_AMOUNT,
+    RECOVERY_INTERVALS,
+    tpu_regions,
+)
 from tests.support import replace_object, with_object, with_scalar, workload_settings  # noqa: E402
 from tools.offline.mocks import GcpMocks, RecordingMonitor  # noqa: E402
 from tools.offline.runner import run_program  # noqa: E402

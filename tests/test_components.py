@@ -36,7 +36,7 @@ from infra.config import (
     TpuVmSettings,
     WorkloadSettings,
 )
-from infra.config.model import GkeSettings, MaintenanceWindow, Recovery, SlicePoolSettings, SystemPool
+from infra.config.model import BucketAccess, GkeSettings, MaintenanceWindow, Recovery, SlicePoolSettings, SystemPool
 from infra.gke.cluster import GKE_APIS, GkeCluster, GkeClusterArgs
 from infra.gke.slice_pools import SlicePool, SlicePoolArgs
 from infra.identity import IDENTITY_APIS, WorkloadIdentity, WorkloadIdentityArgs
@@ -165,13 +165,12 @@ BUCKETS = BucketSettings(
 WORKLOAD = WorkloadSettings(
     name="trainer",
     description="trains",
-    bucket_access=(("data", "read"), ("checkpoints", "write")),
+    bucket_levels=BucketAccess(data="read", checkpoints="write", models="none"),
     project_roles=("roles/logging.logWriter",),
     program="jax_mnist",
     framework="jax",
     framework_version="0.4.35",
     memory_gib_per_chip=None,
-    data_object="",
     run="r1",
     checkpoint_every_steps=100,
     checkpoint_every_minutes=10,

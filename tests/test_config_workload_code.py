@@ -79,6 +79,7 @@ def test_a_program_is_a_folder_source_with_its_own_command_and_settings():
         ({"source": {"folder": "workloads"}, "command": ["python", "../x.py"]}, "command", "must be a file inside"),
         ({"source": {"folder": "workloads"}, "command": ["python", ""]}, "command[1]", "not empty"),
         ({"source": {"folder": "workloads"}, "command": "python x.py"}, "command", "must be a list"),
+        ({"source": {"folder": "a" * 600}}, "source.folder", "is not a folder of the repository"),
         ({"python": "2.7"}, "python", "a Python version like 3.11"),
         ({"env": {"TPU_PLATFORM_RUN_ID": "x"}}, "env.TPU_PLATFORM_RUN_ID", "not starting with TPU_PLATFORM_"),
         ({"env": {"lower": "x"}}, "env.lower", "NAME of A-Z"),

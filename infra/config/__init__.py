@@ -11,7 +11,9 @@ Components never read `pulumi.Config`; they take these objects, so they are test
 """
 
 from infra.config.model import (
+    BILLING_ACCOUNT,
     BUCKET_PURPOSES,
+    GCP_PROJECT_ID,
     PLATFORM_ACCOUNTS,
     PROJECT,
     ArtifactSettings,
@@ -29,7 +31,6 @@ from infra.config.model import (
 )
 from infra.config.problems import ConfigError
 from infra.config.reader import parse_stack_config
-from infra.config.settings import BILLING_ACCOUNT, GCP_PROJECT_ID
 
 __all__ = [
     "BILLING_ACCOUNT",

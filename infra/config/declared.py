@@ -192,10 +192,19 @@ class Items(_Rule):
 S = TypeVar("S", bound=Section)
 
 
-def read(model: type[S], data: object, key: str, problems: Problems, *, required: bool = False) -> S:
+def read(
+    model: type[S],
+    data: object,
+    key: str,
+    problems: Problems,
+    *,
+    required: bool = False,
+    supplied: Mapping[str, object] = {},
+) -> S:
     """`data` (the mapping at `key`) as `model`, every refusal recorded in `problems`. What could not be
     read takes its default (a required setting an empty placeholder), so the checks across settings still
-    see a whole section."""
+    see a whole section. `supplied`: the values of fields that are not the stack's (`exclude=True`, like a
+    workload's name, its key in the stack), which the stack may not give itself."""
     if data is None or data is MISSING:
         if required:
             problems.add(key, MISSING, "required")
@@ -205,6 +214,9 @@ def read(model: type[S], data: object, key: str, problems: Problems, *, required
         problems.add(key, data, f"must be a mapping, not {type_name(data)}")
         return _placeholder(model)
     data = _unset_nulls(model, data)
+    for name in supplied.keys() & data.keys():
+        _translate(model, {"type": "extra_forbidden", "loc": (name,)}, data, key, problems)
+    data = {**{k: v for k, v in data.items() if k not in supplied}, **supplied}
     try:
         return model.model_validate(data)
     except ValidationError as error:
@@ -334,12 +346,12 @@ def _translate(model: type[Section], error: Any, data: Mapping[str, object], key
         if isinstance(step, int) and isinstance(items, list):
             path = item_key(path, items, step)
         else:
-            path = f"{path}[{step}]" if isinstance(step, int) else f"{path}.{step}"
+            path = f"{path}[{step}]" if isinstance(step, int) else f"{path}{'' if path.endswith(':') else '.'}{step}"
     info, owner = _field_at(model, loc)
     value = _given(data, loc)
     kind = error["type"]
     if kind == "extra_forbidden":
-        known = sorted(stack_key(n, f) for n, f in owner.model_fields.items())
+        known = sorted(stack_key(n, f) for n, f in owner.model_fields.items() if not f.exclude)
         here = _given(data, loc[:-1])
         plain = re.fullmatch(r"[A-Za-z][A-Za-z0-9]*", str(loc[-1]))  # a misspelling, not a key no path can name
         near = nearest(str(loc[-1]), [k for k in known if not isinstance(here, Mapping) or k not in here])

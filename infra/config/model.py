@@ -14,6 +14,7 @@ import annotated_types
 from pydantic import BeforeValidator, Field, InstanceOf, model_validator
 
 from infra import naming
+from infra.access import iam
 from infra.catalog import PROVISIONING_MODELS, RECLAIMABLE, AcceleratorType, Generation, load_catalog
 from infra.catalog.gke import GkeAcceleratorType, GkeGeneration, load_gke_catalog
 from infra.config.declared import (
@@ -31,7 +32,9 @@ from infra.config.declared import (
     as_text,
     refuse,
 )
+from infra.config.examples import examples
 from infra.config.problems import fullmatch
+from infra.config.workload_code import FOLDER_ALLOWED, IMAGE_ALLOWED, folder_problem
 from infra.schedule import CronError, parse_cron
 from run_contract.names import RESEARCHER
 
@@ -79,6 +82,17 @@ PACKAGE_INDEX = r"(https://[a-z0-9-]+-python\.pkg\.dev/[a-z][a-z0-9-]{4,28}[a-z0
 MAX_BUDGET_CHANNELS = 5  # the Billing Budgets API accepts at most 5 monitoring channels
 # Budget amounts are sent as `units`, an int64 (Billing Budgets API, google.type.Money).
 MAX_BUDGET_AMOUNT = 2**63 - 1
+GCP_PROJECT_ID = r"[a-z][a-z0-9-]{4,28}[a-z0-9]"
+BILLING_ACCOUNT = r"[0-9A-F]{6}-[0-9A-F]{6}-[0-9A-F]{6}"
+SERVICE_ACCOUNT_EMAIL = r"[a-z][-a-z0-9]{4,28}[a-z0-9]@[a-z][-a-z0-9]{4,28}[a-z0-9]\.iam\.gserviceaccount\.com"
+# IAM ServiceAccount.description: "The maximum length is 256 UTF-8 bytes" (iam v1 discovery document).
+MAX_ACCOUNT_DESCRIPTION_BYTES = 256
+# A workload's command and environment travel in the VM's metadata (256 KB per value, startup.py):
+# bounds well inside it. The contract's own variables (docs/run-contract.md) are the platform's.
+MAX_COMMAND_ITEMS = 256
+MAX_COMMAND_ARG = 4096
+MAX_ENV_ITEMS = 64
+RESERVED_ENV_PREFIX = "TPU_PLATFORM_"
 ON_COMPLETION = ("keep", "stop", "delete")
 CAPACITY = ("direct", "queued")
 # gcloud's short reservation name pattern (queued_api._RESERVATION; tpu.v2.json names the reservation
@@ -131,6 +145,68 @@ NO_ACCELERATOR = AcceleratorType(
 NO_GKE_ACCELERATOR = GkeAcceleratorType(
     GkeGeneration("", "", "chips", "", {1: ""}, (), {0: ""}, {}, (), 0.0, False, False), 0
 )
+
+
+def tpu_regions() -> tuple[str, ...]:
+    """Regions with a Cloud TPU zone in the catalog."""
+    zones = {z for g in load_catalog().generations.values() for z in g.zones}
+    return tuple(sorted({z.rsplit("-", 1)[0] for z in zones}))
+
+
+class GcpSettings(Section):
+    """The provider's settings the platform reads (gcp:project, gcp:region); Pulumi's others are its own."""
+
+    project: Annotated[Text, Allowed("a GCP project id: 6-30 lowercase letters, digits and '-'", GCP_PROJECT_ID)] = (
+        Field(description="GCP project the stack deploys into.")
+    )
+    region: Annotated[Text, OneOf(tpu_regions())] = Field(
+        default="us-central1",
+        description="Region of the stack's regional services (functions, schedules); a region with Cloud TPUs.",
+    )
+
+
+def _label_value(value: str) -> str | None:
+    if not value:
+        return "must not be empty"
+    return naming.label_value_problem(value)
+
+
+class StackSettings(Section):
+    """The stack's own keys that are not sections (tpu-platform:owner, ...)."""
+
+    owner: Annotated[
+        Text, Allowed("a label value: at most 63 lowercase letters, digits, '_' or '-'", check=_label_value)
+    ] = Field(description="Team that owns the environment; the `owner` label on every labelled resource.")
+    billing_account: Annotated[Text, Allowed("a billing account id like 012345-6789AB-CDEF01", BILLING_ACCOUNT)] = (
+        Field(description="Billing account that pays for the project; the budget is created on it.")
+    )
+    production: Flag = Field(default=False, description="Production: buckets need CMEK and none may be destroyed.")
+    name_prefix: Text = Field(
+        default="",
+        description="Prefix of bucket names; empty means the GCP project id. Changing it replaces the buckets.",
+    )
+    deployer: Annotated[
+        Text,
+        Allowed(
+            "a service account email like ci-deployer@PROJECT.iam.gserviceaccount.com", f"({SERVICE_ACCOUNT_EMAIL})?"
+        ),
+    ] = Field(default="", description="CI's deploy service account (the bootstrap's output); empty when people deploy.")
+    researchers: Annotated[
+        tuple[Annotated[Text, Allowed("an IAM member user:EMAIL or group:EMAIL", RESEARCHER_MEMBER)], ...], Items(100)
+    ] = Field(
+        default=(),
+        description="People and groups who may follow, fetch and (on VMs with selfService) submit and stop runs with "
+        "`tpu-runs`.",
+    )
+    self_service_in_production: Flag = Field(
+        default=False,
+        description="Let researchers submit runs to production VMs marked selfService (off: production runs stay "
+        "reviewed).",
+    )
+    researcher_ssh: Flag = Field(
+        default=False,
+        description="Grant researchers IAP tunnelling and OS Login: project-wide, as Cloud TPU has no per-node IAM.",
+    )
 
 
 class BucketSettings(Section):
@@ -191,13 +267,22 @@ class BudgetSettings(Section):
     )
 
 
-@dataclass(frozen=True)
-class WorkloadSource:
-    """Where a workload's code comes from (infra/config/workload_code.py checks it)."""
+class WorkloadSource(Section):
+    """Where its code comes from: exactly one of folder or image (instead of program)."""
 
-    kind: str  # "folder" | "image"
-    folder: str = ""  # a folder of the repository, relative to its root (POSIX separators)
-    image: str = ""  # <region>-docker.pkg.dev/<project>/<repo>/<name>@sha256:<hex> (or :tag where allowed)
+    folder: Annotated[Text, Allowed(FOLDER_ALLOWED, check=folder_problem), Unstated()] = Field(
+        default="",
+        description="A folder of this repository, packaged by `pulumi up` into the artifacts bucket by its sha256.",
+    )
+    image: Annotated[Text, Allowed(IMAGE_ALLOWED), Unstated()] = Field(
+        default="", description="A container image in the stack's Artifact Registry repository, by digest."
+    )
+
+    @property
+    def kind(self) -> str:
+        """folder (a folder of the repository, relative to its root) or image
+        (<region>-docker.pkg.dev/<project>/<repo>/<name>@sha256:<hex>, or :tag where allowed)."""
+        return "image" if self.image else "folder"
 
 
 class ArtifactSettings(Section):
@@ -217,28 +302,134 @@ class ArtifactSettings(Section):
     )
 
 
-@dataclass(frozen=True)
-class WorkloadSettings:
-    name: str
-    description: str
-    bucket_access: tuple[tuple[str, str], ...]  # (purpose, "read" | "write")
-    project_roles: tuple[str, ...]
-    program: str  # an example folder's name (infra/config/examples.py), or "" for a workload with its own source
-    framework_version: str  # the framework release the program is pinned to
-    memory_gib_per_chip: float | None  # declared HBM need per chip, checked against the TPU type
-    data_object: str  # path of the training data in the data bucket; "" = the program's own download
-    run: str  # run id: checkpoints, model and completion marker live under it; a new id is a new run
-    checkpoint_every_steps: int
-    checkpoint_every_minutes: float
-    epochs: int
-    batch_size: int
-    step_seconds: float | None = None  # one step on its TPU VMs, declared or measured (program only)
-    checkpoint_seconds: float | None = None  # a checkpoint's commit, the most it stalls training (program only)
-    source: WorkloadSource = WorkloadSource("folder")
-    command: tuple[str, ...] = ()  # the program's argv; for an image, empty runs the image's own
-    python: str = ""  # a Python version the boot installs for a folder source ("": the image's)
-    env: tuple[tuple[str, str], ...] = ()  # extra environment of the program (never secrets)
-    framework: str = ""  # the example program's framework, "" for a workload with its own source
+AccessLevel = Annotated[Text, OneOf((*iam.BUCKET_ROLE_FOR_ACCESS, "none"))]
+
+
+class BucketAccess(Section):
+    """Access to each bucket: read, write or none."""
+
+    data: AccessLevel = Field(default=iam.DEFAULT_BUCKET_ACCESS["data"], description="Access to the data bucket.")
+    checkpoints: AccessLevel = Field(
+        default=iam.DEFAULT_BUCKET_ACCESS["checkpoints"], description="Access to the checkpoints bucket."
+    )
+    models: AccessLevel = Field(default=iam.DEFAULT_BUCKET_ACCESS["models"], description="Access to the models bucket.")
+
+
+def _account_description(description: str) -> str | None:
+    if len(description.encode()) > MAX_ACCOUNT_DESCRIPTION_BYTES:
+        return f"at most {MAX_ACCOUNT_DESCRIPTION_BYTES} UTF-8 bytes (a service account description)"
+    return None
+
+
+def _argument(value: object) -> object:
+    """One argument of a command line: a string, not empty, not overlong, no NUL."""
+    if not isinstance(value, str) or not value or len(value) > MAX_COMMAND_ARG or "\x00" in value:
+        raise refuse(f"{COMMAND_ALLOWED}, not empty")
+    return value
+
+
+COMMAND_ALLOWED = f"strings of at most {MAX_COMMAND_ARG} characters"
+ENV_ALLOWED = (
+    f"NAME: value, NAME of A-Z, 0-9 and '_' not starting with {RESERVED_ENV_PREFIX}, values of at most "
+    f"{MAX_COMMAND_ARG} characters"
+)
+ROLES_ALLOWED = (
+    "project roles are allow-listed in infra/access/iam.py; storage access is granted per bucket with bucketAccess "
+    "(read, write or none)"
+)
+
+
+class WorkloadSettings(Section):
+    """A training workload: its code, its service account's access and its program's settings."""
+
+    # The workload's key in `workloads` (checked by the reader): not a setting of its own.
+    name: str = Field(default="", exclude=True)
+    description: Annotated[
+        Text, Allowed(f"at most {MAX_ACCOUNT_DESCRIPTION_BYTES} UTF-8 bytes", check=_account_description), Unstated()
+    ] = Field(default="", description="Description of the workload's service account.")
+    program: Annotated[Text, OneOf(tuple(examples())), Unstated()] = Field(
+        default="",
+        description="An example of this repository (the source folder `workloads/<program>` and its command); or "
+        "give source and command.",
+    )
+    framework_version: Annotated[
+        Text, Allowed("an exact release like 2.15.0", r"[0-9]+\.[0-9]+\.[0-9]+"), Unstated()
+    ] = Field(default="", description="Exact framework release the program is pinned to (required with program).")
+    source: WorkloadSource = WorkloadSource()
+    command: Annotated[
+        tuple[Annotated[str, BeforeValidator(_argument)], ...],
+        Items(MAX_COMMAND_ITEMS, repeats=True),
+        Allowed(COMMAND_ALLOWED),
+    ] = Field(
+        default=(),
+        description="The program's command line (a folder source: a file or module of the folder; an image: its "
+        "arguments, empty runs the image's own).",
+    )
+    python: Annotated[Text, Allowed("a Python version like 3.11", r"3\.[0-9]{1,2}"), Unstated()] = Field(
+        default="", description="Python version installed for a folder source (with uv); default: the TPU image's own."
+    )
+    # Each variable is checked by the reader, which names it.
+    env: Annotated[tuple[tuple[str, Any], ...], Items(MAX_ENV_ITEMS, mapping=True), Allowed(ENV_ALLOWED)] = Field(
+        default=(), description="Extra environment of the program (visible in the VM's metadata: never a secret)."
+    )
+    bucket_levels: BucketAccess = Field(default=BucketAccess(), validation_alias="bucketAccess")
+    project_roles: Annotated[
+        tuple[Annotated[Text, OneOf(tuple(sorted(iam.ALLOWED_PROJECT_ROLES))), Allowed(ROLES_ALLOWED)], ...],
+        Items(),
+        Unstated(),
+    ] = Field(default=iam.DEFAULT_PROJECT_ROLES, description="Project roles of the workload's account (allow-listed).")
+    memory_gib_per_chip: Number | None = Field(
+        default=None, gt=0, le=1024, description="Accelerator memory the workload needs per chip (checked)."
+    )
+    data_object: Annotated[
+        Text, Allowed("an object path in the data bucket like mnist/mnist.npz", r"([A-Za-z0-9_.-]+/)*[A-Za-z0-9_.-]+")
+    ] = Field(default="", description="Training data in the data bucket; empty: the program downloads it.")
+    run: Annotated[
+        Text,
+        Allowed(
+            "1-32 lowercase letters, digits and '-', starting with a letter",
+            check=lambda r: naming.resource_id_problem(r, 32),
+        ),
+    ] = Field(default="r1", description="Run id: a new id starts a new run (new checkpoints and model).")
+    checkpoint_every_steps: Integer = Field(
+        default=200, ge=1, le=10**7, description="Checkpoint every N steps (program only)."
+    )
+    checkpoint_every_minutes: Number = Field(
+        default=10, ge=0.5, le=1440, description="Checkpoint at least every N minutes (program only)."
+    )
+    step_seconds: Number | None = Field(
+        default=None,
+        gt=0,
+        le=86_400,
+        description="Seconds one training step takes on its TPU VMs, measured or declared: with checkpointSeconds, "
+        "the plan checks checkpointEverySteps against the interval that wastes least (program only).",
+    )
+    checkpoint_seconds: Number | None = Field(
+        default=None,
+        gt=0,
+        le=86_400,
+        description="Seconds a checkpoint takes to commit, the most it stalls training; within the VM's notice, a "
+        "save on SIGTERM keeps a preempted run's work (program only).",
+    )
+    epochs: Integer = Field(
+        default=5, ge=1, le=10_000, description="Training epochs (program only: a source takes them in command)."
+    )
+    batch_size: Integer = Field(default=256, ge=1, le=1_048_576, description="Global batch size (program only).")
+    # The example program's framework, "" for a workload with its own source (the reader sets it).
+    framework: str = Field(default="", exclude=True)
+
+    @classmethod
+    def complete(cls, data: Mapping[str, Any]) -> Mapping[str, Any]:
+        """A workload without a description is described by its name."""
+        if data.get("description") is None and isinstance(data.get("name"), str):
+            return {**data, "description": f"TPU workload {data['name']}"}
+        return data
+
+    @property
+    def bucket_access(self) -> tuple[tuple[str, str], ...]:
+        """(purpose, read or write) of each bucket it may use."""
+        levels = ((p, getattr(self.bucket_levels, p)) for p in BUCKET_PURPOSES)
+        return tuple((p, level) for p, level in levels if level != "none")
 
     def access(self, purpose: str) -> str:
         return dict(self.bucket_access).get(purpose, "none")

@@ -1,4 +1,4 @@
-"""Read a stack's raw config into `PlatformConfig`, each value through its declaration in `settings.py`.
+"""Read a stack's raw config into `PlatformConfig`, each section through its model (model.py).
 
 `parse_stack_config` is pure: it takes the raw config strings exactly as Pulumi hands them to the
 program (objects JSON-encoded) and either returns a `PlatformConfig` or raises one `ConfigError`
@@ -11,44 +11,43 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 from infra import naming
-from infra.access import iam
 from infra.config import declared, rules, workload_code
-from infra.config.declared import S
+from infra.config.declared import S, stack_key
 from infra.config.examples import EXAMPLES_FOLDER, examples
 from infra.config.model import (
-    BUCKET_PURPOSES,
+    ENV_ALLOWED,
+    MAX_COMMAND_ARG,
     MAX_LABELS,
     PROJECT,
+    RESERVED_ENV_PREFIX,
     RESERVED_LABELS,
     ArtifactSettings,
     AutomationSettings,
     BucketSettings,
     BudgetSettings,
+    GcpSettings,
     GkeSettings,
     MonitoringSettings,
     NetworkSettings,
     PlatformConfig,
+    StackSettings,
     TpuVmSettings,
     WorkloadSettings,
     WorkloadSource,
     private_cidr_problem,
 )
-from infra.config.problems import MISSING, Node, Problems, decode_objects, item_key, type_name
+from infra.config.problems import MISSING, Problems, decode_objects, item_key, type_name
 from infra.config.settings import (
-    MAX_ACCOUNT_DESCRIPTION_BYTES,
-    MAX_COMMAND_ARG,
-    RESERVED_ENV_PREFIX,
     SETTINGS,
-    Setting,
     children,
-    setting,
 )
 
 OBJECT_KEYS = tuple(s.name for s in children("") if s.kind in ("object", "map", "list"))
 SCALAR_KEYS = tuple(s.name for s in children("") if s.kind not in ("object", "map", "list"))
+TOP_KEYS = tuple(stack_key(name, info) for name, info in StackSettings.model_fields.items())
 # A built-in program's own settings (its command line); a workload with its own source would ignore them.
 PROGRAM_ONLY = (
     "frameworkVersion",
@@ -59,62 +58,6 @@ PROGRAM_ONLY = (
     "stepSeconds",
     "checkpointSeconds",
 )
-
-
-def _name(s: Setting) -> str:
-    """How the key is found in its node: top-level keys whole (`tpu-platform:owner`), others by leaf."""
-    return s.full if "." not in s.key else s.name
-
-
-def _str_choices(s: Setting) -> tuple[str, ...] | None:
-    return tuple(c for c in s.choices if isinstance(c, str)) or None
-
-
-def text(node: Node, key: str, check: Callable[[str], str | None] | None = None) -> str:
-    s = setting(key)
-    default = s.default if isinstance(s.default, str) else MISSING
-    return node.text(_name(s), default, choices=_str_choices(s), pattern=s.pattern, allowed=s.allowed, check=check)
-
-
-def optional_text(node: Node, key: str, check: Callable[[str], str | None] | None = None) -> str | None:
-    s = setting(key)
-    return node.text(_name(s), None, choices=_str_choices(s), pattern=s.pattern, allowed=s.allowed, check=check)
-
-
-def texts(node: Node, key: str, default: list[str]) -> list[str]:
-    s = setting(key)
-    return node.texts(
-        _name(s), default, max_items=s.max_items, choices=_str_choices(s), pattern=s.pattern, allowed=s.allowed
-    )
-
-
-def integer(node: Node, key: str) -> int:
-    s = setting(key)
-    default = s.default if isinstance(s.default, int) and not isinstance(s.default, bool) else MISSING
-    ints = tuple(c for c in s.choices if isinstance(c, int)) or None
-    return node.integer(
-        _name(s),
-        0 if s.optional and default is MISSING else default,
-        minimum=None if s.minimum is None else int(s.minimum),
-        maximum=None if s.maximum is None else int(s.maximum),
-        choices=ints,
-    )
-
-
-def number(node: Node, key: str) -> float:
-    s = setting(key)
-    default = s.default if isinstance(s.default, int | float) and not isinstance(s.default, bool) else MISSING
-    return node.number(_name(s), default, minimum=s.minimum, maximum=s.maximum, exclusive_minimum=s.exclusive_minimum)
-
-
-def optional_number(node: Node, key: str) -> float | None:
-    s = setting(key)
-    return node.optional_number(_name(s), minimum=s.minimum, maximum=s.maximum, exclusive_minimum=s.exclusive_minimum)
-
-
-def flag(node: Node, key: str) -> bool:
-    s = setting(key)
-    return node.boolean(_name(s), s.default if isinstance(s.default, bool) else MISSING)
 
 
 def parse_stack_config(stack: str, raw: Mapping[str, str]) -> PlatformConfig:
@@ -137,45 +80,42 @@ def _read(stack: str, raw: Mapping[str, str], problems: Problems) -> tuple[Platf
     own = decode_objects(
         {k: v for k, v in raw.items() if k.startswith(f"{PROJECT}:")}, [f"{PROJECT}:{k}" for k in OBJECT_KEYS], problems
     )
-    gcp = Node({k: v for k, v in raw.items() if k.startswith("gcp:")}, "", problems)
-    root = Node(own, "", problems)
-
     if why := naming.stack_problem(stack):
         problems.add("stack name", stack, why)
-    project = text(gcp, "gcp:project")
-    region = text(gcp, "gcp:region")
-    owner = text(root, "owner", check=_label_value)
-    billing_account = text(root, "billingAccount")
-    production = flag(root, "production")
-    name_prefix = text(root, "namePrefix") or project
-    deployer = text(root, "deployer")
-    researchers = tuple(texts(root, "researchers", []))
-    self_service_in_production = flag(root, "selfServiceInProduction")
-    researcher_ssh = flag(root, "researcherSsh")
-
-    buckets = _section(root, "buckets", BucketSettings, required=True)
-    budget = _budget(_section(root, "budget", BudgetSettings, required=True), problems)
-    workloads = tuple(_workload(name, node) for name, node in root.items(f"{PROJECT}:workloads"))
+    # Only the provider's keys the platform reads: Pulumi's others (gcp:billingProject, ...) are its own.
+    gcp = declared.read(
+        GcpSettings,
+        {k.removeprefix("gcp:"): raw[k] for k in ("gcp:project", "gcp:region") if k in raw},
+        "gcp:",
+        problems,
+    )
+    top = declared.read(
+        StackSettings, {k: v for k in TOP_KEYS if (v := own.get(f"{PROJECT}:{k}")) is not None}, f"{PROJECT}:", problems
+    )
+    buckets = _section(own, "buckets", BucketSettings, problems, required=True)
+    budget = _budget(_section(own, "budget", BudgetSettings, problems, required=True), problems)
+    workloads = _workloads(_value(own, "workloads"), problems)
     if not workloads:
         problems.add(f"{PROJECT}:workloads", MISSING, "declare at least one workload")
-    network = _network(_section(root, "network", NetworkSettings, required=True), problems)
-    tpu_vms = _tpu_vms(root.value(f"{PROJECT}:tpuVms"), problems)
-    monitoring = _section(root, "monitoring", MonitoringSettings)
-    automation = _section(root, "automation", AutomationSettings)
-    artifacts = _section(root, "artifacts", ArtifactSettings)
-    root.value(f"{PROJECT}:gke")  # read here: a null section is refused, not left out
-    gke = _gke(own.get(f"{PROJECT}:gke", MISSING), region, problems)
-    root.done([f"{PROJECT}:{k}" for k in SCALAR_KEYS + OBJECT_KEYS])
+    network = _network(_section(own, "network", NetworkSettings, problems, required=True), problems)
+    tpu_vms = _tpu_vms(_value(own, "tpuVms"), problems)
+    monitoring = _section(own, "monitoring", MonitoringSettings, problems)
+    automation = _section(own, "automation", AutomationSettings, problems)
+    artifacts = _section(own, "artifacts", ArtifactSettings, problems)
+    gke = _gke(own.get(f"{PROJECT}:gke", MISSING), gcp.region, problems)  # null: refused, not left out
+    known = sorted(f"{PROJECT}:{k}" for k in SCALAR_KEYS + OBJECT_KEYS)
+    for key in own.keys() - set(known):
+        problems.add(key, own[key], f"unknown key; known keys: {', '.join(known)}")
 
     cfg = PlatformConfig(
         stack=stack,
-        project=project,
-        region=region,
-        owner=owner,
-        billing_account=billing_account,
-        production=production,
-        name_prefix=name_prefix,
-        deployer=deployer,
+        project=gcp.project,
+        region=gcp.region,
+        owner=top.owner,
+        billing_account=top.billing_account,
+        production=top.production,
+        name_prefix=top.name_prefix or gcp.project,
+        deployer=top.deployer,
         buckets=buckets,
         budget=budget,
         workloads=workloads,
@@ -183,20 +123,14 @@ def _read(stack: str, raw: Mapping[str, str], problems: Problems) -> tuple[Platf
         tpu_vms=tpu_vms,
         monitoring=monitoring,
         automation=automation,
-        researchers=researchers,
-        self_service_in_production=self_service_in_production,
-        researcher_ssh=researcher_ssh,
+        researchers=top.researchers,
+        self_service_in_production=top.self_service_in_production,
+        researcher_ssh=top.researcher_ssh,
         artifacts=artifacts,
         gke=gke,
     )
     rules.check(cfg, problems)
     return cfg, problems
-
-
-def _label_value(value: str) -> str | None:
-    if not value:
-        return "must not be empty"
-    return naming.label_value_problem(value)
 
 
 def _budget(budget: BudgetSettings, problems: Problems) -> BudgetSettings:
@@ -212,111 +146,79 @@ def _budget(budget: BudgetSettings, problems: Problems) -> BudgetSettings:
     return budget
 
 
-def _account_description(description: str) -> str | None:
-    if len(description.encode()) > MAX_ACCOUNT_DESCRIPTION_BYTES:
-        return f"at most {MAX_ACCOUNT_DESCRIPTION_BYTES} UTF-8 bytes (a service account description)"
-    return None
+def _workloads(value: object, problems: Problems) -> tuple[WorkloadSettings, ...]:
+    """Each workload by its name, as its model reads it, then its code and environment checked."""
+    key = f"{PROJECT}:workloads"
+    if value is MISSING:
+        return ()
+    if not isinstance(value, Mapping):
+        problems.add(key, value, f"must be a mapping, not {type_name(value)}")
+        return ()
+    out = []
+    for name, item in value.items():
+        at = f"{key}.{name}"
+        if item is None:
+            item = {}
+        if not isinstance(item, Mapping):
+            problems.add(at, item, f"must be a mapping, not {type_name(item)}")
+            continue
+        if why := naming.resource_id_problem(str(name), max_length=16):
+            problems.add(at, name, f"workload names need {why}")
+        workload = declared.read(WorkloadSettings, item, at, problems, supplied={"name": str(name)})
+        out.append(workload.model_copy(update=_code(workload, item, at, problems)))
+    return tuple(out)
 
 
-def _workload(name: str, node: Node) -> WorkloadSettings:
-    if why := naming.resource_id_problem(name, max_length=16):
-        node.problems.add(node.path, name, f"workload names need {why}")
-    access_node = node.child("bucketAccess", False)
-    access = {p: str(setting(f"workloads.<name>.bucketAccess.{p}").default) for p in BUCKET_PURPOSES}
-    if access_node is not None:
-        for purpose in BUCKET_PURPOSES:
-            access[purpose] = text(access_node, f"workloads.<name>.bucketAccess.{purpose}") or access[purpose]
-        access_node.done(BUCKET_PURPOSES)
-    settings = WorkloadSettings(
-        name=name,
-        description=optional_text(node, "workloads.<name>.description", check=_account_description)
-        or f"TPU workload {name}",
-        bucket_access=tuple((p, level) for p, level in access.items() if level != "none"),
-        project_roles=tuple(texts(node, "workloads.<name>.projectRoles", list(iam.DEFAULT_PROJECT_ROLES))),
-        program=optional_text(node, "workloads.<name>.program") or "",
-        framework_version=optional_text(node, "workloads.<name>.frameworkVersion") or "",
-        memory_gib_per_chip=optional_number(node, "workloads.<name>.memoryGibPerChip"),
-        data_object=text(node, "workloads.<name>.dataObject"),
-        run=text(node, "workloads.<name>.run", check=lambda r: naming.resource_id_problem(r, 32)),
-        checkpoint_every_steps=integer(node, "workloads.<name>.checkpointEverySteps"),
-        checkpoint_every_minutes=number(node, "workloads.<name>.checkpointEveryMinutes"),
-        step_seconds=optional_number(node, "workloads.<name>.stepSeconds"),
-        checkpoint_seconds=optional_number(node, "workloads.<name>.checkpointSeconds"),
-        epochs=integer(node, "workloads.<name>.epochs"),
-        batch_size=integer(node, "workloads.<name>.batchSize"),
-    )
-    settings = dataclasses.replace(settings, **_code(node, settings))
-    node.done()
-    return settings
-
-
-def _code(node: Node, workload: WorkloadSettings) -> dict[str, object]:
-    """The workload's source, command, Python and environment; a built-in program is a folder source."""
-    source_node = node.child("source", False)
-    command = _command(node)
-    python = optional_text(node, "workloads.<name>.python") or ""
-    env = _env(node)
-    if source_node is None or (node.data.get("program") is not None and not workload.program):  # refused already
-        return {"env": env}
-    given = bool(source_node.data)
+def _code(workload: WorkloadSettings, item: Mapping[str, object], at: str, problems: Problems) -> dict[str, object]:
+    """The checks of a workload's source, command, Python and environment across them; a built-in program is a
+    folder source with its own command."""
+    env = _env(workload.env, f"{at}.env", problems)
+    given = item.get("source")
+    if (given is not None and not isinstance(given, Mapping)) or (
+        item.get("program") is not None and not workload.program
+    ):
+        return {"env": env}  # refused already
     if workload.program:
-        for key, value in (("source", source_node.data), ("command", command), ("python", python)):
+        for key, value in (("source", given), ("command", list(workload.command)), ("python", workload.python)):
             if value:
-                node.problems.add(
-                    node.key(key), value, "not with program: a built-in program brings its own source and command"
+                problems.add(
+                    f"{at}.{key}", value, "not with program: a built-in program brings its own source and command"
                 )
-        source_node.done(())
         if not workload.framework_version:
-            node.problems.add(node.key("frameworkVersion"), MISSING, "required with program")
+            problems.add(f"{at}.frameworkVersion", MISSING, "required with program")
         example = examples().get(workload.program)
         if example is None:  # the settings' choices are this checkout's; the stack's repository may differ
-            node.problems.add(
-                node.key("program"),
+            problems.add(
+                f"{at}.program",
                 workload.program,
                 f"not an example of the stack's repository "
                 f"({EXAMPLES_FOLDER}/{workload.program}/example.json); its examples: {', '.join(examples()) or 'none'}",
             )
             return {"env": env, "program": ""}  # refused: nothing else is checked against it
         return {
-            "source": WorkloadSource("folder", example.folder),
+            "source": WorkloadSource(folder=example.folder),
             "command": ("python", example.entry, *_program_flags(workload)),
             "env": env,
             "framework": example.framework,
         }
     if not given:
-        node.problems.add(
-            node.key("source"),
-            MISSING,
-            f"give source (folder or image) and command, or program: {', '.join(examples())}",
+        problems.add(
+            f"{at}.source", MISSING, f"give source (folder or image) and command, or program: {', '.join(examples())}"
         )
         return {"env": env}
     for key in PROGRAM_ONLY:
-        if key in node.data:
-            node.problems.add(
-                node.key(key),
-                node.data[key],
-                f"only with program: a workload with its own source takes {key} in its command or env",
-            )
-    folder = optional_text(source_node, "workloads.<name>.source.folder", check=workload_code.folder_problem)
-    image = optional_text(source_node, "workloads.<name>.source.image")
-    source_node.done()
-    if (folder is None) == (image is None):
-        source_node.problems.add(source_node.path, dict(source_node.data), "exactly one of folder or image")
-        return {"env": env}
-    if folder is not None:
-        if not folder:  # refused above
-            return {"env": env}
-        if why := workload_code.command_problem(tuple(command), folder):
-            node.problems.add(node.key("command"), command, why)
-        return {
-            "source": WorkloadSource("folder", folder=folder),
-            "command": tuple(command),
-            "python": python,
-            "env": env,
-        }
-    if python:
-        node.problems.add(node.key("python"), python, "only for a folder source: an image brings its own Python")
-    return {"source": WorkloadSource("image", image=image or ""), "command": tuple(command), "env": env}
+        if key in item:
+            why = f"only with program: a workload with its own source takes {key} in its command or env"
+            problems.add(f"{at}.{key}", item[key], why)
+    if [side for side in ("folder", "image") if given.get(side) is not None] not in (["folder"], ["image"]):
+        problems.add(f"{at}.source", dict(given), "exactly one of folder or image")
+    elif given.get("folder") is not None:
+        folder, read = workload.source.folder, item.get("command") in (None, list(workload.command))  # else refused
+        if folder and read and (why := workload_code.command_problem(workload.command, folder)):
+            problems.add(f"{at}.command", list(workload.command), why)
+    elif workload.python:
+        problems.add(f"{at}.python", workload.python, "only for a folder source: an image brings its own Python")
+    return {"env": env}
 
 
 def _program_flags(workload: WorkloadSettings) -> tuple[str, ...]:
@@ -333,35 +235,27 @@ def _program_flags(workload: WorkloadSettings) -> tuple[str, ...]:
     )
 
 
-def _command(node: Node) -> list[str]:
-    """A command line: strings, repeats allowed (`--x 1 --y 1`), none empty or overlong."""
-    key = node.key("command")
-    out = []
-    for i, item in enumerate(node.sequence("command", [], max_items=setting("workloads.<name>.command").max_items)):
-        if not isinstance(item, str) or not item or len(item) > MAX_COMMAND_ARG or "\x00" in item:
-            node.problems.add(f"{key}[{i}]", item, setting("workloads.<name>.command").allowed + ", not empty")
-            continue
-        out.append(item)
-    return out
-
-
-def _env(node: Node) -> tuple[tuple[str, str], ...]:
+def _env(env: tuple[tuple[str, object], ...], key: str, problems: Problems) -> tuple[tuple[str, str], ...]:
     out: list[tuple[str, str]] = []
-    allowed = setting("workloads.<name>.env").allowed
-    for name, value, path in node.entries("env", False, max_items=setting("workloads.<name>.env").max_items):
+    for name, value in env:
         if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", name, flags=re.ASCII) or name.startswith(RESERVED_ENV_PREFIX):
-            node.problems.add(path, name, f"must be {allowed}")
+            problems.add(f"{key}.{name}", name, f"must be {ENV_ALLOWED}")
         elif not isinstance(value, str) or len(value) > MAX_COMMAND_ARG or "\x00" in value:
-            node.problems.add(path, value, f"must be {allowed}")
+            problems.add(f"{key}.{name}", value, f"must be {ENV_ALLOWED}")
         else:
             out.append((name, value))
     return tuple(sorted(out))
 
 
-def _section(root: Node, name: str, model: type[S], *, required: bool = False) -> S:
+def _value(own: Mapping[str, object], name: str) -> object:
+    """The stack's value of `tpu-platform:<name>`, or MISSING (null is not set)."""
+    value = own.get(f"{PROJECT}:{name}")
+    return MISSING if value is None else value
+
+
+def _section(own: Mapping[str, object], name: str, model: type[S], problems: Problems, *, required: bool = False) -> S:
     """A top-level section declared as a model (infra/config/declared.py)."""
-    key = root.key(f"{PROJECT}:{name}")
-    return declared.read(model, root.value(f"{PROJECT}:{name}"), key, root.problems, required=required)
+    return declared.read(model, _value(own, name), f"{PROJECT}:{name}", problems, required=required)
 
 
 def _network(network: NetworkSettings, problems: Problems) -> NetworkSettings:

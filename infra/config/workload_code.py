@@ -119,7 +119,11 @@ def folder_problem(folder: str, root: Path | None = None) -> str | None:
     resolved = path.resolve()
     if not resolved.is_relative_to(root.resolve()):
         return f"leads out of the repository (a symbolic link to {resolved}); CI packages only the repository"
-    if not path.is_dir():
+    try:
+        folder_exists = path.is_dir()
+    except OSError:  # a name too long for a file name
+        folder_exists = False
+    if not folder_exists:
         return f"is not a folder of the repository ({path.relative_to(root)} does not exist or is a file)"
     return None
 
