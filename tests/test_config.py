@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from infra.config import parse_stack_config
-from infra.config.problems import ConfigError, Fix
+from infra.config.problems import ConfigError, Fix, item_key, item_keys
 from tests.support import NS, fixture_config, replace_object, stack_config, with_object, with_scalar, workload_settings
 
 
@@ -208,3 +208,17 @@ def test_an_empty_workload_of_a_vm_is_refused_not_a_crash():
     # Found by test_bad_input's fuzzing: '' passed the reader and crashed rendering the VM's metadata.
     raw = with_object(fixture_config("small"), "tpuVms", lambda vms: vms[0].update(workload=""))
     assert "tpu-platform:tpuVms[small-v2].workload = '': name one of the workloads" in problems_of(raw)
+
+
+def test_a_list_item_is_keyed_by_its_name_unless_another_item_shares_it_or_it_is_not_plain():
+    items = [{"name": "a"}, {"name": "b"}, {"name": "a"}, {"name": "has space"}, {}, "not a mapping"]
+    keys = item_keys("tpu-platform:tpuVms", items)
+    assert keys == [
+        "tpu-platform:tpuVms[0]",
+        "tpu-platform:tpuVms[b]",
+        "tpu-platform:tpuVms[2]",
+        "tpu-platform:tpuVms[3]",
+        "tpu-platform:tpuVms[4]",
+        "tpu-platform:tpuVms[5]",
+    ]
+    assert [item_key("tpu-platform:tpuVms", items, i) for i in range(len(items))] == keys

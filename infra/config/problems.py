@@ -6,6 +6,7 @@ skip it, and `Problems.raise_if_any` stops the parse before anything else could 
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import difflib
 import itertools
@@ -52,10 +53,18 @@ class Named(str):
 def item_key(key: str, items: Sequence[object], index: int) -> str:
     """The key of a list's item: by its name where it has a plain one no other item shares (`tpuVms[mnist]`),
     else by its position (`tpuVms[0]`)."""
+    return item_keys(key, items)[index]
+
+
+def item_keys(key: str, items: Sequence[object]) -> list[str]:
+    """Every item's key (`item_key`), the names counted once: a loop over a fleet's VMs that asked
+    `item_key` for each would count them once per VM."""
     names = [i.get("name") if isinstance(i, Mapping) else getattr(i, "name", None) for i in items]
-    name = names[index]
-    plain = isinstance(name, str) and ITEM_NAME.fullmatch(name) and names.count(name) == 1
-    return f"{key}[{name if plain else index}]"
+    counts = collections.Counter(n for n in names if isinstance(n, str))
+    return [
+        f"{key}[{name if isinstance(name, str) and ITEM_NAME.fullmatch(name) and counts[name] == 1 else index}]"
+        for index, name in enumerate(names)
+    ]
 
 
 def key_segments(key: str) -> list[str | int]:

@@ -39,7 +39,7 @@ from infra.config.model import (
     WorkloadSource,
     private_cidr_problem,
 )
-from infra.config.problems import MISSING, Problems, decode_objects, item_key, type_name
+from infra.config.problems import MISSING, Problems, decode_objects, item_key, item_keys, type_name
 from infra.config.settings import (
     SETTINGS,
     children,
@@ -290,8 +290,7 @@ def _tpu_vms(value: object, problems: Problems) -> tuple[TpuVmSettings, ...]:
         problems.add(key, value, f"must be a list, not {type_name(value)}")
         return ()
     vms = []
-    for index, item in enumerate(value):
-        at = item_key(key, value, index)
+    for item, at in zip(value, item_keys(key, value), strict=True):
         if not isinstance(item, Mapping):
             problems.add(at, item, f"must be a mapping, not {type_name(item)}")
             continue

@@ -33,7 +33,7 @@ from infra.config.model import (
     bucket_name,
     service_account_id,
 )
-from infra.config.problems import MISSING, REMOVE, Fix, Problems, item_key
+from infra.config.problems import MISSING, REMOVE, Fix, Problems, item_keys
 from infra.config.settings import setting
 from infra.config.workload_code import image_problem, parse_image, rebased_image
 from infra.goodput.interval import NO_EVENTS, PREEMPTIBLE_LIFE_HOURS, Losses, Rate, best_interval, waste
@@ -141,8 +141,7 @@ def _tpu_vms(cfg: PlatformConfig, problems: Problems) -> None:
     pin = functools.cache(lambda name, version: _pin(cfg, workloads[name], version))
     names: set[str] = set()
     nodes: dict[str, str] = {}  # TPU node id -> the VM it is a node of (a multislice's are `<vm>-<i>`)
-    for index, vm in enumerate(cfg.tpu_vms):
-        key = item_key(f"{PROJECT}:tpuVms", cfg.tpu_vms, index)
+    for vm, key in zip(cfg.tpu_vms, item_keys(f"{PROJECT}:tpuVms", cfg.tpu_vms), strict=True):
         if vm.name and vm.name in names:
             problems.add(f"{key}.name", vm.name, "another TPU VM of this stack has this name")
         elif clash := sorted({nodes[n] for n in naming.node_ids(vm.name, vm.node_count) if n in nodes}):
@@ -444,8 +443,7 @@ def _pin(cfg: PlatformConfig, workload: WorkloadSettings, version: str) -> dict[
     """The workload pinned to `version`, with each VM running it on the runtime for that version
     (TensorFlow's runtime carries it; JAX's does not change); None when a VM's type takes no such runtime."""
     edits: dict[str, object] = {f"{PROJECT}:workloads.{workload.name}.frameworkVersion": version}
-    for index, vm in enumerate(cfg.tpu_vms):
-        key = item_key(f"{PROJECT}:tpuVms", cfg.tpu_vms, index)
+    for vm, key in zip(cfg.tpu_vms, item_keys(f"{PROJECT}:tpuVms", cfg.tpu_vms), strict=True):
         if vm.workload != workload.name or vm.accelerator is NO_ACCELERATOR:
             continue
         if workload.framework == "tensorflow":
@@ -500,10 +498,10 @@ def _tensorflow_pods(cfg: PlatformConfig, problems: Problems) -> None:
     (vm_agent/credentials.py; "Other Google Cloud services don't support this feature"): such a run cannot
     find its workers until the agent serves them. Warned in every plan; self-service refuses multi-host."""
     catalog = load_catalog()
-    for index, vm in enumerate(cfg.tpu_vms):
+    for vm, key in zip(cfg.tpu_vms, item_keys(f"{PROJECT}:tpuVms", cfg.tpu_vms), strict=True):
         if any(name == "TPU_NAME" for name, _ in catalog.runtime_environment(vm.runtime_version, vm.name)):
             problems.warn(
-                f"{item_key(f'{PROJECT}:tpuVms', cfg.tpu_vms, index)}.runtimeVersion",
+                f"{key}.runtimeVersion",
                 vm.runtime_version,
                 "TensorFlow's pod runtime resolves its workers through the TPU API (TPU_NAME), which a run's "
                 "credentials cannot call (each run's token reaches only its own Cloud Storage objects): the run "
@@ -530,10 +528,10 @@ def _self_service(cfg: PlatformConfig, problems: Problems) -> None:
     Production runs stay reviewed by default: a run there is a PR. A team that shares
     production capacity on purpose says so with selfServiceInProduction, which every plan then repeats.
     """
-    for index, vm in enumerate(cfg.tpu_vms):
+    for vm, vm_key in zip(cfg.tpu_vms, item_keys(f"{PROJECT}:tpuVms", cfg.tpu_vms), strict=True):
         if not vm.self_service:
             continue
-        key = f"{item_key(f'{PROJECT}:tpuVms', cfg.tpu_vms, index)}.selfService"
+        key = f"{vm_key}.selfService"
         if cfg.production and not cfg.self_service_in_production:
             problems.add(
                 key,
@@ -586,8 +584,8 @@ def _checkpoint_intervals(cfg: PlatformConfig, problems: Problems) -> None:
     from infra.goodput.whatif import NOTICE_S  # the agent's grace period: infra.tpu imports this package
 
     workloads = {w.name: w for w in cfg.workloads}
-    for index, vm in enumerate(cfg.tpu_vms):
-        key = f"{item_key(f'{PROJECT}:tpuVms', cfg.tpu_vms, index)}.hoursBetweenPreemptions"
+    for vm, vm_key in zip(cfg.tpu_vms, item_keys(f"{PROJECT}:tpuVms", cfg.tpu_vms), strict=True):
+        key = f"{vm_key}.hoursBetweenPreemptions"
         hours = vm.hours_between_preemptions
         if hours is not None and not vm.reclaimable:
             problems.add(
@@ -703,8 +701,7 @@ def _gke(cfg: PlatformConfig, problems: Problems) -> None:
         )
     catalog = load_gke_catalog()
     names: set[str] = set()
-    for index, pool in enumerate(gke.slice_pools):
-        pool_key = item_key(f"{key}.slicePools", gke.slice_pools, index)
+    for pool, pool_key in zip(gke.slice_pools, item_keys(f"{key}.slicePools", gke.slice_pools), strict=True):
         if pool.name and pool.name in names:
             problems.add(f"{pool_key}.name", pool.name, "another slice pool of this stack has this name")
         names.add(pool.name)
@@ -767,8 +764,7 @@ def _teams(gke: GkeSettings, problems: Problems) -> None:
     names: set[str] = set()
     namespaces: set[str] = set()
     promised: dict[str, int] = {}
-    for index, team in enumerate(gke.teams):
-        team_key = item_key(key, gke.teams, index)
+    for team, team_key in zip(gke.teams, item_keys(key, gke.teams), strict=True):
         if team.name and team.name in names:
             problems.add(f"{team_key}.name", team.name, "another team of this stack has this name")
         elif team.namespace in namespaces:
