@@ -21,7 +21,7 @@ from infra.gke import teams
 from infra.gke.jobsets import REQUESTER_ANNOTATION, RUN_LABEL
 from tests.test_readme_examples import readme_argv, readme_tpu_runs
 from tools.standins.kubernetes import Access, ClusterState, kubernetes_standin
-from tpu_runs import cli
+from tpu_runs import cli, gke
 
 STACK_FILE = Path(__file__).resolve().parent / "stacks" / "Pulumi.gke.yaml"
 ROOT = Path(__file__).resolve().parents[1]
@@ -232,3 +232,52 @@ def test_a_members_team_report_is_kueues_word_on_each_runs_wait_and_admitted_tim
         ("jobsets", "get"),
         ("jobsets", "patch"),
     }
+
+
+def test_a_queue_answer_without_positions_lists_them_as_unknown(cluster: Cluster, capsys, monkeypatch):
+    """Kueue writes both positions, but what serves the visibility path may not: no KeyError traceback."""
+    assert submit(cluster, "exp-1") == 0
+    jobset = cluster.state.get(*JOBSETS, "team-vision", "exp-1")
+    assert jobset is not None
+    cluster.state.put(
+        *WORKLOADS,
+        {
+            "metadata": {
+                "name": "jobset-exp-1-1a2b3",
+                "namespace": "team-vision",
+                "labels": {"kueue.x-k8s.io/job-uid": jobset["metadata"]["uid"]},
+            },
+            "status": {"conditions": [{"type": "QuotaReserved", "status": "False", "message": "waiting"}]},
+        },
+    )
+    cluster.state.queue("team-vision", "vision", ["jobset-exp-1-1a2b3"])
+    answered = cluster.state.pending
+
+    def without_positions(namespace: str, local_queue: str) -> dict[str, Any]:
+        summary = answered(namespace, local_queue)
+        for item in summary["items"]:
+            del item["positionInClusterQueue"]
+        return summary
+
+    monkeypatch.setattr(cluster.state, "pending", without_positions)
+    capsys.readouterr()
+    assert cluster.run("list", "--team", "vision") == 0
+    captured = capsys.readouterr()
+    assert "(#1 in the team's queue, place in its ClusterQueue unknown; waiting)" in captured.out
+    assert "Traceback" not in captured.err
+
+
+def test_queue_positions_read_what_the_answer_holds():
+    summary = {
+        "items": [
+            {"metadata": {"name": "a"}, "positionInLocalQueue": 0, "positionInClusterQueue": 3},
+            {"metadata": {"name": "b"}, "positionInLocalQueue": "1"},
+            {"metadata": {}},
+            "garbage",
+        ]
+    }
+    assert gke.queue_positions(summary) == {
+        "a": "#1 in the team's queue, #4 in its ClusterQueue",
+        "b": "place in the team's queue unknown, place in its ClusterQueue unknown",
+    }
+    assert gke.queue_positions(None) == {}

@@ -151,15 +151,26 @@ def run_state(jobset: Mapping[str, Any], workload: Mapping[str, Any] | None) -> 
     return "pending", str(reserved.get("message", ""))
 
 
+def _place(position: Any, where: str) -> str:
+    """`#N in <where>` from a 0-based position; a position the answer lacks (or garbles) is said to be unknown."""
+    if isinstance(position, int) and not isinstance(position, bool) and position >= 0:
+        return f"#{position + 1} in {where}"
+    return f"place in {where} unknown"
+
+
 def queue_positions(summary: Mapping[str, Any] | None) -> dict[str, str]:
-    """Each pending Workload's place, by its name, counted from 1: in the team's queue and the ClusterQueue's."""
-    return {
-        item["metadata"]["name"]: (
-            f"#{item['positionInLocalQueue'] + 1} in the team's queue, #{item['positionInClusterQueue'] + 1} in its"
-            " ClusterQueue"
-        )
-        for item in (summary or {}).get("items") or ()
-    }
+    """Each pending Workload's place, by its name, counted from 1: in the team's queue and the ClusterQueue's.
+    Kueue always writes both (types.go, no `omitempty`), but the answer comes from whatever serves the path, a
+    Kueue of another version or an aggregated API in front of it: a position it lacks reads as unknown, never
+    as a traceback."""
+    places: dict[str, str] = {}
+    for item in (summary or {}).get("items") or ():
+        name = (item.get("metadata") or {}).get("name") if isinstance(item, Mapping) else None
+        if not name:
+            continue
+        local = _place(item.get("positionInLocalQueue"), "the team's queue")
+        places[name] = f"{local}, {_place(item.get('positionInClusterQueue'), 'its ClusterQueue')}"
+    return places
 
 
 def team_runs(google: Google, base: str, team: TeamSettings, refused: str) -> list[tuple[dict, dict | None]]:
