@@ -5,6 +5,7 @@
 - `bucket_access`: read or write on one bucket, under one prefix when given.
 - `checked_storage_condition`: every condition the platform puts on a bucket grant passes through it,
   checked against Cloud Storage's support for conditions (`infra/access/conditions.py`).
+- `view_reader`: one log view, read through roles/logging.viewAccessor under a condition naming it.
 - `project_role`: a project-level role. Conditions on resource attributes are refused for services
   that ignore them (`infra/access/conditions.py`): such a grant would silently apply to every resource
   of the service.
@@ -130,6 +131,36 @@ def project_role(
         member=member,
         condition=condition,
         opts=pulumi.ResourceOptions(parent=parent, depends_on=depends_on),
+    )
+
+
+VIEW_ACCESSOR = "roles/logging.viewAccessor"
+
+
+def view_reader(
+    name: str,
+    project: str,
+    member: str,
+    view: str,
+    title: str,
+    description: str,
+    *,
+    parent: pulumi.Resource,
+    depends_on: list[pulumi.Resource],
+) -> gcp.projects.IAMMember:
+    """Reading one log view (`projects/P/locations/L/buckets/B/views/V`) and no other: roles/logging.viewAccessor
+    on the project under a condition naming the view (Logging, "Configure log views on a log bucket": a grant
+    on the project "restricted by an IAM condition to a specific log view"; Logging honours resource.name)."""
+    return project_role(
+        name,
+        project,
+        VIEW_ACCESSOR,
+        member,
+        parent=parent,
+        depends_on=depends_on,
+        condition=gcp.projects.IAMMemberConditionArgs(
+            title=title[:100], description=description, expression=f'resource.name == "{view}"'
+        ),
     )
 
 

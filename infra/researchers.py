@@ -46,7 +46,6 @@ from run_contract import paths
 
 REQUIRED_APIS = ("iam", "cloudresourcemanager", "storage", "logging")
 SSH_APIS = ("iap", "oslogin")
-VIEW_ACCESSOR = "roles/logging.viewAccessor"
 
 
 @dataclass(frozen=True)
@@ -207,20 +206,16 @@ class ResearcherAccess(pulumi.ComponentResource):
                     filter=f'SOURCE("projects/{env.project}") AND LOG_ID("{view_id}")',
                     opts=pulumi.ResourceOptions(parent=self, depends_on=logging_apis),
                 )
-                view = naming.researcher_log_view(env.project, member)
                 self.grants.append(
-                    grants.project_role(
+                    grants.view_reader(
                         f"{key}-logs",
                         env.project,
-                        VIEW_ACCESSOR,
                         member,
+                        naming.researcher_log_view(env.project, member),
+                        f"own-run-logs-{view_id}",
+                        f"Only the log view of {member}'s runs",
                         parent=self,
                         depends_on=[*apis.needs("cloudresourcemanager"), self.views[member]],
-                        condition=gcp.projects.IAMMemberConditionArgs(
-                            title=f"own-run-logs-{view_id}"[:100],
-                            description=f"Only the log view of {member}'s runs",
-                            expression=f'resource.name == "{view}"',
-                        ),
                     )
                 )
             if args.ssh:
