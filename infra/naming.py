@@ -264,3 +264,27 @@ def team_namespace(team: str) -> str:
 def team_prefix(team: str) -> str:
     """A team's objects in the checkpoints and models buckets: apart from every workload's `<workload>/`."""
     return f"teams/{team}/"
+
+
+# A team's run output (infra/gke/team_access.py): a log bucket of its own, which a sink fills with its namespace's
+# container logs, and one view on it that its members read. A log view's filter cannot select a namespace
+# (logging.v2 LogView.filter: SOURCE(), resource.type and LOG_ID() only), so the bucket itself is the team's.
+# Bucket and sink ids: at most 100 letters, digits, '_', '-' and '.' (logging.v2 buckets.create bucketId,
+# LogSink.name); `tpu-<stack>-team-<team>` is at most 52.
+TEAM_LOG_VIEW = "runs"
+TEAM_LOG_LOCATION = "global"
+
+
+def team_log_bucket(stack: str, team: str) -> str:
+    """The id of a team's log bucket, and of the sink that fills it."""
+    return f"tpu-{stack}-team-{team}"
+
+
+def team_log_bucket_path(project: str, stack: str, team: str) -> str:
+    return f"projects/{project}/locations/{TEAM_LOG_LOCATION}/buckets/{team_log_bucket(stack, team)}"
+
+
+def team_log_view(project: str, stack: str, team: str) -> str:
+    """The full name of a team's log view: what `tpu-runs logs --team` reads and its members' viewAccessor grant
+    is conditioned on."""
+    return f"{team_log_bucket_path(project, stack, team)}/views/{TEAM_LOG_VIEW}"

@@ -197,3 +197,102 @@ def test_members_reach_the_cluster_with_the_bootstraps_team_role_and_nothing_ins
         if r.type == "gcp:projects/iAMCustomRole:IAMCustomRole" and r.inputs["roleId"] == "tpuPlatformGkeTeamGke"
     ]
     assert sorted(made.inputs["permissions"]) == ["container.clusters.connect", "container.clusters.get"]
+
+
+# --- the teams' run output (tpu-runs logs --team) ---------------------------------------------------------
+
+LOG_BUCKET = "gcp:logging/projectBucketConfig:ProjectBucketConfig"
+LOG_SINK = "gcp:logging/projectSink:ProjectSink"
+LOG_VIEW = "gcp:logging/logView:LogView"
+PROJECT_GRANT = "gcp:projects/iAMMember:IAMMember"
+
+
+def test_each_team_has_a_log_bucket_filled_by_a_sink_of_its_namespace_and_one_view():
+    buckets = {b.inputs["bucketId"]: b for b in gke_plan().of_type(LOG_BUCKET)}
+    assert set(buckets) == {"tpu-gke-team-vision", "tpu-gke-team-nlp"}
+    assert {b.inputs["location"] for b in buckets.values()} == {"global"}
+    sinks = {s.inputs["name"]: s.inputs for s in gke_plan().of_type(LOG_SINK)}
+    assert sinks["tpu-gke-team-vision"]["destination"] == (
+        f"logging.googleapis.com/{HOME}/locations/global/buckets/tpu-gke-team-vision"
+    )
+    assert sinks["tpu-gke-team-vision"]["filter"] == (
+        f'resource.type="k8s_container" AND resource.labels.project_id="{PROJECT}" AND '
+        'resource.labels.cluster_name="tpu-gke" AND resource.labels.namespace_name="team-vision"'
+    )
+    assert 'namespace_name="team-nlp"' in sinks["tpu-gke-team-nlp"]["filter"]
+    views = {v.inputs["bucket"]: v.inputs for v in gke_plan().of_type(LOG_VIEW)}
+    assert set(views) == {f"{HOME}/locations/global/buckets/tpu-gke-team-{t}" for t in ("vision", "nlp")}
+    assert {v["name"] for v in views.values()} == {"runs"}
+    # A view's filter takes only SOURCE(), resource.type and LOG_ID() (logging.v2 LogView.filter): the bucket,
+    # not the view, is what keeps one team's output from another.
+    assert {v["filter"] for v in views.values()} == {f'SOURCE("{HOME}") AND resource.type = "k8s_container"'}
+
+
+def test_a_teams_logs_outlive_a_destroy():
+    for bucket in gke_plan().of_type(LOG_BUCKET):
+        assert bucket.retain_on_delete, bucket.name
+
+
+def test_no_one_is_granted_to_write_the_team_log_buckets():
+    """A sink into a log bucket of its own project has no writer identity and needs no grant (logging.v2
+    LogSink.writerIdentity): nothing grants bucketWriter, and nothing names a sink's writer identity."""
+    roles = {g.inputs["role"] for g in gke_plan().resources if "role" in g.inputs}
+    assert "roles/logging.bucketWriter" not in roles
+    # Nothing of a team may write logs as the platform: its members and its code hold no log-writing role.
+    team = {"user:ada@example.com", "user:grace@example.com", principal("team-vision"), principal("team-nlp")}
+    assert not [
+        g for g in gke_plan().of_type(PROJECT_GRANT) if g.inputs["member"] in team and "Writer" in g.inputs["role"]
+    ]
+    assert not [s for s in gke_plan().of_type(LOG_SINK) if s.inputs.get("uniqueWriterIdentity") is False]
+
+
+def team_view(team: str) -> str:
+    return f"{HOME}/locations/global/buckets/tpu-gke-team-{team}/views/runs"
+
+
+def view_grants(member: str) -> list:
+    return [
+        g
+        for g in gke_plan().of_type(PROJECT_GRANT)
+        if g.inputs["member"] == member and g.inputs["role"] == "roles/logging.viewAccessor"
+    ]
+
+
+def test_a_member_reads_her_teams_log_view_and_no_other():
+    (grant,) = view_grants("user:ada@example.com")
+    expression = grant.inputs["condition"]["expression"]
+
+    def reads(view: str) -> bool:
+        return allows(expression, (view, None))
+
+    assert reads(team_view("vision"))
+    assert not reads(team_view("nlp"))
+    assert not reads(f"{HOME}/locations/global/buckets/tpu-gke-team-vision/views/_AllLogs")  # the bucket's own view
+    assert not reads(f"{HOME}/locations/global/buckets/_Default/views/_AllLogs")  # every log of the project
+    assert not reads(f"{HOME}/locations/global/buckets/_Default/views/{team_view('vision').rsplit('/', 1)[1]}")
+    (grace,) = view_grants("user:grace@example.com")
+    assert allows(grace.inputs["condition"]["expression"], (team_view("nlp"), None))
+
+
+def test_a_members_project_grants_are_the_cluster_role_and_her_teams_view_nothing_more():
+    """Least privilege, by permissions: reading entries through a view checks logging.views.access on the view
+    (infra/access/researcher_calls.py VIEW_PERMISSIONS), which viewAccessor holds and no other logging read."""
+    for member in ("user:ada@example.com", "user:grace@example.com"):
+        granted = [g.inputs for g in gke_plan().of_type(PROJECT_GRANT) if g.inputs["member"] == member]
+        assert sorted((g["role"], bool(g.get("condition"))) for g in granted) == [
+            (f"{HOME}/roles/tpuPlatformGkeTeamGke", False),
+            ("roles/logging.viewAccessor", True),
+        ]
+    held = iamdata.role_permissions("roles/logging.viewAccessor")
+    assert "logging.views.access" in held and "logging.logEntries.list" not in held
+
+
+def test_the_deployer_needs_the_team_log_calls_and_the_bootstrap_gives_them():
+    why = gke_needs().permissions[HOME]
+    assert any("team-access-vision-log-bucket" in w for w in why["logging.buckets.create"])
+    assert any("team-access-vision-log-sink" in w for w in why["logging.sinks.create"])
+    assert any("team-access-vision-log-view" in w for w in why["logging.views.create"])
+    held = held_by(deployer(STACK), gke_boot())
+    assert missing(gke_needs(), held, [HOME]) == []
+    (limited,) = [g for g in held if g.role == PROJECT_IAM_ADMIN]
+    assert "roles/logging.viewAccessor" in (limited.grantable_roles or ())

@@ -139,6 +139,27 @@ RESOURCE_CALLS: dict[str, Calls] = {
     # resource_logging_log_view.go (magic-modules LogView.yaml: create POST .../views?viewId=, read GET,
     # update PATCH with an updateMask, delete DELETE): a researcher's own view of the _Default log bucket.
     "gcp:logging/logView:LogView": _crud("logging.projects.locations.buckets.views"),
+    # resource_logging_project_bucket_config.go: create reads the bucket first (one that exists is acquired and
+    # updated), else POST buckets:createAsync and polls the operation, then reads it; update PATCH with an
+    # updateMask; delete (resource_logging_bucket_config.go) DELETE. A team's log bucket (infra/gke/team_access.py).
+    "gcp:logging/projectBucketConfig:ProjectBucketConfig": Calls(
+        create=(
+            "logging.projects.locations.buckets.get",
+            "logging.projects.locations.buckets.createAsync",
+            "logging.projects.locations.operations.get",
+        ),
+        read=("logging.projects.locations.buckets.get",),
+        update=("logging.projects.locations.buckets.patch",),
+        delete=("logging.projects.locations.buckets.delete",),
+    ),
+    # resource_logging_project_sink.go: create gets the sink (one that exists is acquired: patched), else
+    # sinks.create, then reads it; update sinks.patch with an updateMask; delete sinks.delete.
+    "gcp:logging/projectSink:ProjectSink": Calls(
+        create=("logging.projects.sinks.get", "logging.projects.sinks.create"),
+        read=("logging.projects.sinks.get",),
+        update=("logging.projects.sinks.patch",),
+        delete=("logging.projects.sinks.delete",),
+    ),
     # Updates never happen here: the platform's objects set only bucket, name and source, and a new
     # source (its md5) forces a new object (resource_storage_bucket_object.go: ForceNew).
     "gcp:storage/bucketObject:BucketObject": Calls(
@@ -386,6 +407,10 @@ FIELD_REVIEW: dict[str, str] = {
     "(infra/access/kubernetes.py); on the GCP side only the DNS endpoint's IAM check (container.clusters.connect)",
     "gcp:compute/resourcePolicy:ResourcePolicy": "compute.v1: no caller check named in its description fields",
     "gcp:logging/logView:LogView": "logging.v2 LogView: filter is data (a log id), no caller check named",
+    "gcp:logging/projectBucketConfig:ProjectBucketConfig": "logging.v2 LogBucket: cmekSettings.kmsKeyName (unused) "
+    "is used by Logging's agent; no caller check named",
+    "gcp:logging/projectSink:ProjectSink": "logging.v2 LogSink: the destination is written as the sink's writer "
+    "identity, not the caller, and a log bucket of the same project needs none (writerIdentity); filter is data",
     "gcp:dns/managedZone:ManagedZone": "dns.v1 ManagedZone: privateVisibilityConfig.networks[].networkUrl binds the "
     "zone to a network of the same project, dns.networks.bindPrivateDNSZone (in iamdata's METHOD_FIXES for create "
     "and patch); peeringConfig, forwardingConfig unused",

@@ -8,6 +8,14 @@
 - The team's members reach the cluster: a custom role (the bootstrap's to make, infra/access/accounts.py)
   holding what `gcloud container clusters get-credentials --dns-endpoint` and kubectl through the DNS
   endpoint check, and nothing inside the cluster, which RBAC decides.
+- The team's run output, for `tpu-runs logs --team`: a log view cannot select a namespace (logging.v2
+  LogView.filter takes SOURCE(), resource.type and LOG_ID() only), so each team has a log bucket of its own
+  (infra/naming.py team_log_bucket), a sink that routes its namespace's container logs there, and one view on
+  that bucket; each member reads that view and no other (grants.view_reader). The sink needs no grant: "Sinks
+  that have a destination that is a log bucket in the same project as the sink cannot have a writer_identity
+  and no additional permissions are required" (logging.v2 LogSink.writerIdentity; a grant to its empty writer
+  identity is refused, terraform-google-log-export #116). The entries stay in `_Default` as well, where no
+  member may read them. The bucket outlives a `pulumi destroy` (retain_on_delete): its logs are the team's.
 """
 
 from __future__ import annotations
@@ -27,6 +35,24 @@ from infra.config.model import TeamSettings
 
 # Where a team's code reads and writes (by bucket purpose), as a workload's default access.
 TEAM_BUCKET_ACCESS: tuple[tuple[str, str], ...] = tuple(iam.DEFAULT_BUCKET_ACCESS.items())
+# Cloud Logging's own default retention for a bucket (logging.v2 LogBucket.retentionDays: 30 when 0 is given).
+TEAM_LOG_RETENTION_DAYS = 30
+# The monitored resource GKE writes a container's stdout and stderr under (Cloud Logging, GKE queries:
+# resource.type "k8s_container" with the labels cluster_name, namespace_name, pod_name, container_name).
+CONTAINER_LOGS = "k8s_container"
+
+
+def team_log_filter(project: str, cluster: str, namespace: str) -> str:
+    """What a team's sink routes to its log bucket: the containers of its namespace in the stack's cluster."""
+    return (
+        f'resource.type="{CONTAINER_LOGS}" AND resource.labels.project_id="{project}" AND '
+        f'resource.labels.cluster_name="{cluster}" AND resource.labels.namespace_name="{namespace}"'
+    )
+
+
+def team_view_filter(project: str) -> str:
+    """The team's view shows what the sink routed: the project's container logs."""
+    return f'SOURCE("projects/{project}") AND resource.type = "{CONTAINER_LOGS}"'
 
 
 @dataclass(frozen=True)
@@ -50,8 +76,11 @@ class TeamAccess(pulumi.ComponentResource):
         after = pulumi.ResourceOptions(parent=self, depends_on=list(cluster))
         number = gcp.organizations.get_project_output(project_id=env.project).number
         role = member_role(env.stack)
+        logging_apis = apis.needs("logging")
         self.grants: list[pulumi.Resource] = []
+        self.views: dict[str, gcp.logging.LogView] = {}
         for team in args.teams:
+            self.views[team.name] = self._team_logs(name, env, team, logging_apis)
             principal = number.apply(
                 lambda n, t=team: iam.kubernetes_principal(n, env.project, t.namespace, naming.TEAM_SERVICE_ACCOUNT)
             )
@@ -81,4 +110,49 @@ class TeamAccess(pulumi.ComponentResource):
                         permissions=frozenset(role.permissions),
                     )
                 )
+                self.grants.append(
+                    grants.view_reader(
+                        f"{name}-{team.name}-{member.replace(':', '-')}-logs",
+                        env.project,
+                        member,
+                        naming.team_log_view(env.project, env.stack, team.name),
+                        f"team-{team.name}-run-logs",
+                        f"Only the log view of team {team.name}'s runs",
+                        parent=self,
+                        depends_on=[*apis.needs("cloudresourcemanager"), self.views[team.name]],
+                    )
+                )
         self.register_outputs({})
+
+    def _team_logs(
+        self, name: str, env: Env, team: TeamSettings, logging_apis: list[pulumi.Resource]
+    ) -> gcp.logging.LogView:
+        """The team's log bucket, the sink that fills it and the view its members read."""
+        bucket_id = naming.team_log_bucket(env.stack, team.name)
+        bucket = gcp.logging.ProjectBucketConfig(
+            f"{name}-{team.name}-log-bucket",
+            project=env.project,
+            location=naming.TEAM_LOG_LOCATION,
+            bucket_id=bucket_id,
+            retention_days=TEAM_LOG_RETENTION_DAYS,
+            description=f"The output of team {team.name}'s runs on the GKE engine (tpu-runs logs --team)",
+            opts=pulumi.ResourceOptions(parent=self, depends_on=logging_apis, retain_on_delete=True),
+        )
+        path = naming.team_log_bucket_path(env.project, env.stack, team.name)
+        gcp.logging.ProjectSink(
+            f"{name}-{team.name}-log-sink",
+            project=env.project,
+            name=bucket_id,
+            destination=f"logging.googleapis.com/{path}",
+            filter=team_log_filter(env.project, naming.gke_cluster(env.stack), team.namespace),
+            description=f"Team {team.name}'s container logs, to its own log bucket",
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[bucket]),
+        )
+        return gcp.logging.LogView(
+            f"{name}-{team.name}-log-view",
+            bucket=path,
+            name=naming.TEAM_LOG_VIEW,
+            description=f"The output of team {team.name}'s runs (tpu-runs logs --team)",
+            filter=team_view_filter(env.project),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[bucket]),
+        )
