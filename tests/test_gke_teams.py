@@ -35,7 +35,9 @@ def test_a_member_runs_jobsets_in_the_teams_namespace_only():
     assert allowed(OBJS, VISION_MEMBER, "create", "jobsets", "jobset.x-k8s.io", "team-vision")
     assert allowed(OBJS, VISION_MEMBER, "delete", "jobsets", "jobset.x-k8s.io", "team-vision")
     assert allowed(OBJS, VISION_MEMBER, "list", "workloads", "kueue.x-k8s.io", "team-vision")
-    assert allowed(OBJS, VISION_MEMBER, "get", "pods/log", "", "team-vision")  # a run's output, with kubectl
+    # A run's output is read through the team's log view (tpu-runs logs --team), not its pods.
+    assert not allowed(OBJS, VISION_MEMBER, "get", "pods/log", "", "team-vision")
+    assert not allowed(OBJS, VISION_MEMBER, "list", "pods", "", "team-vision")
     assert not allowed(OBJS, VISION_MEMBER, "create", "pods", "", "team-vision")
     assert not allowed(OBJS, VISION_MEMBER, "create", "jobsets", "jobset.x-k8s.io", "team-nlp")
     assert not allowed(OBJS, VISION_MEMBER, "get", "pods", "", "team-nlp")

@@ -19,6 +19,8 @@ from infra.config import parse_stack_config
 from infra.config.stackfile import read_stack_config
 from infra.gke import teams
 from infra.gke.jobsets import REQUESTER_ANNOTATION, RUN_LABEL
+from tests.logging_api import LoggingState, logging_standin
+from tests.support import fixture_config, plan
 from tests.test_readme_examples import readme_argv, readme_tpu_runs
 from tools.standins.kubernetes import Access, ClusterState, kubernetes_standin
 from tpu_runs import cli, gke
@@ -126,8 +128,7 @@ def test_the_members_role_grants_exactly_what_the_commands_ask(cluster: Cluster,
             for verb in rule["verbs"]
         }
 
-    assert used == granted(teams.RUN_COMMAND_RULES)
-    assert granted(teams.RESEARCHER_RULES) == used | granted(teams.POD_OUTPUT_RULES)
+    assert used == granted(teams.RUN_COMMAND_RULES) == granted(teams.RESEARCHER_RULES)
     assert {a.namespace for a in cluster.state.accesses} == {"team-vision"}
     assert Access("create", *JOBSETS, "team-vision", "exp-1") in cluster.state.accesses
     assert Access("get", *PENDING, "team-vision", "vision") in cluster.state.accesses
@@ -174,13 +175,19 @@ def test_the_standin_refuses_what_the_api_server_would(cluster: Cluster):
     assert unowned.status_code == 422 and "fieldManager is required" in unowned.json()["message"]
 
 
-def test_the_readmes_gke_commands_run_as_shown(cluster: Cluster, capsys):
+def test_the_readmes_gke_commands_run_as_shown(cluster: Cluster, team_logs: LoggingState, capsys):
     """Each `--team` command of the README's table, on a stack with its team (the fixture's vision)."""
     commands = readme_tpu_runs()["GKE engine"]
     assert cluster.run(*readme_argv(commands["submit"], IMAGE=IMAGE)) == 0, capsys.readouterr().err
-    assert cluster.state.get(*JOBSETS, "team-vision", "exp-42") is not None
+    jobset = cluster.state.get(*JOBSETS, "team-vision", "exp-42")
+    assert jobset is not None
     assert cluster.run(*readme_argv(commands["list"])) == 0
     assert "exp-42" in capsys.readouterr().out
+    team_logs.entries.append(container_entry("team-vision", "exp-42", 0, "2026-12-01T10:00:01Z", "step 1"))
+    jobset["status"] = {"conditions": [{"type": "Completed", "status": "True"}]}
+    assert cluster.run(*readme_argv(commands["logs"])) == 0
+    assert "step 1" in capsys.readouterr().out
+    jobset.pop("status")
     assert cluster.run(*readme_argv(commands["stop"])) == 0
     assert cluster.state.get(*JOBSETS, "team-vision", "exp-42") is None and cluster.state.refused == []
 
@@ -281,3 +288,102 @@ def test_queue_positions_read_what_the_answer_holds():
         "b": "place in the team's queue unknown, place in its ClusterQueue unknown",
     }
     assert gke.queue_positions(None) == {}
+
+
+# --- logs --team: the team's log view (infra/gke/team_access.py) on the Logging stand-in ------------------
+
+
+@pytest.fixture
+def team_logs(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> Iterator[LoggingState]:
+    """The Logging stand-in, routing as the fixture stack's plan declares: its sinks into the teams' buckets,
+    its views of them."""
+    declared = plan(fixture_config("gke"), "gke")
+    with logging_standin() as (url, state):
+        state.route(
+            [r.inputs for r in declared.of_type("gcp:logging/projectSink:ProjectSink")],
+            [r.inputs for r in declared.of_type("gcp:logging/logView:LogView")],
+        )
+        monkeypatch.setenv("LOGGING_API_ENDPOINT", url)
+        yield state
+
+
+def container_entry(
+    namespace: str, run: str, worker: int, at: str, text: str, *, cluster: str = "tpu-gke", slice_: int = 0
+) -> dict[str, Any]:
+    """A container's line as GKE's logging agent writes it: the k8s_container resource of the pod, and the
+    pod's labels under `k8s-pod/` (JobSet's and the Job controller's)."""
+    return {
+        "logName": "projects/fixture-gke/logs/stdout",
+        "resource": {
+            "type": "k8s_container",
+            "labels": {
+                "project_id": "fixture-gke",
+                "location": "us-central1",
+                "cluster_name": cluster,
+                "namespace_name": namespace,
+                "pod_name": f"{run}-slice-{slice_}-{worker}-x1y2z",
+                "container_name": "main",
+            },
+        },
+        "labels": {gke.RUN_POD_LABEL: run, gke.SLICE_POD_LABEL: str(slice_), gke.WORKER_POD_LABEL: str(worker)},
+        "timestamp": at,
+        "severity": "INFO",
+        "textPayload": text,
+    }
+
+
+def test_logs_read_the_runs_containers_through_the_teams_view_and_nothing_else(
+    cluster: Cluster, team_logs: LoggingState, capsys
+):
+    team_logs.entries += [
+        container_entry("team-vision", "exp-1", 1, "2026-12-01T10:00:02Z", "worker 1: step 10"),
+        container_entry("team-vision", "exp-1", 0, "2026-12-01T10:00:01Z", "worker 0: step 10"),
+        container_entry("team-vision", "exp-2", 0, "2026-12-01T10:00:03Z", "another run of the team"),
+        container_entry("team-nlp", "exp-1", 0, "2026-12-01T10:00:04Z", "nlp's run of the same id"),
+        container_entry("team-vision", "exp-1", 0, "2026-12-01T10:00:05Z", "another stack's", cluster="tpu-prod"),
+    ]
+    assert cluster.run("logs", "--team", "vision", "exp-1") == 0, capsys.readouterr().err
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(" ", 1)[0] for line in lines] == ["2026-12-01T10:00:01Z", "2026-12-01T10:00:02Z"]
+    assert "0/0 worker 0: step 10" in lines[0] and "0/1 worker 1: step 10" in lines[1]
+    (body,) = team_logs.bodies
+    assert body["resourceNames"] == ["projects/fixture-gke/locations/global/buckets/tpu-gke-team-vision/views/runs"]
+    assert body["filter"] == 'labels."k8s-pod/jobset_sigs_k8s_io/jobset-name"="exp-1"'
+    assert team_logs.violations == []
+    assert cluster.state.accesses == [] and cluster.state.google_methods == []  # no cluster call for a plain read
+
+
+def test_logs_follow_a_run_until_its_jobset_ends(cluster: Cluster, team_logs: LoggingState, capsys):
+    assert submit(cluster, "exp-1") == 0
+    team_logs.entries.append(container_entry("team-vision", "exp-1", 0, "2026-12-01T10:00:01Z", "done"))
+    jobset = cluster.state.get(*JOBSETS, "team-vision", "exp-1")
+    assert jobset is not None
+    jobset["status"] = {"conditions": [{"type": "Completed", "status": "True", "message": "jobset completed"}]}
+    capsys.readouterr()
+    assert cluster.run("logs", "--team", "vision", "exp-1", "--follow") == 0
+    out = capsys.readouterr().out
+    assert "done" in out and out.rstrip().endswith("run exp-1 finished: jobset completed")
+    assert Access("list", *JOBSETS, "team-vision") in cluster.state.accesses and cluster.state.refused == []
+
+    assert cluster.run("stop", "--team", "vision", "exp-1") == 0
+    capsys.readouterr()
+    assert cluster.run("logs", "--team", "vision", "exp-1", "--follow") == 1
+    assert "run exp-1 is no longer in team vision's queue" in capsys.readouterr().out
+
+
+def test_logs_of_a_team_one_is_not_in_are_refused_in_a_sentence(cluster: Cluster, capsys):
+    """IAM refuses the view (the grants' conditions: tests/test_gke_access.py), as Logging answers a 403; the
+    command says what to do."""
+    refusing = requests.Session()
+    refusing.request = lambda *a, **k: _forbidden()  # type: ignore[method-assign]
+    code = cli.main(["logs", "--stack", "gke", "--stack-file", str(STACK_FILE), "--team", "vision", "x"], refusing)
+    err = capsys.readouterr().err
+    assert code == 2 and "you may not read the run's log (HTTP 403: denied)" in err
+    assert "Members of team vision read its runs' output through its log view" in err and "Traceback" not in err
+
+
+def _forbidden() -> requests.Response:
+    answer = requests.Response()
+    answer.status_code = 403
+    answer._content = b'{"error": {"code": 403, "message": "denied"}}'
+    return answer

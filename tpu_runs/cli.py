@@ -18,7 +18,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -244,23 +244,48 @@ def _format(entry: dict[str, Any]) -> str:
     text = entry.get("textPayload")
     if payload is not None:
         text = payload.get("message") if set(payload) == {"message"} else json.dumps(payload, sort_keys=True)
-    worker = entry.get("labels", {}).get("worker", "")
+    labels = entry.get("labels") or {}
+    worker = labels.get("worker") or gke.worker_of(labels)  # the VM agent's label, or a GKE pod's slice/worker
     return f"{entry.get('timestamp', '')} {entry.get('severity', 'DEFAULT'):<8} {worker:>2} {text}"
 
 
 def logs(google: Google, stack: Stack, args: argparse.Namespace) -> int:
     """The run's output, read through the researcher's own log view (infra/researchers.py): it shows their
-    runs' log and nothing else, whatever the filter asks."""
+    runs' log and nothing else, whatever the filter asks. With --team, through the team's view, which shows
+    its namespace's containers and nothing else (infra/gke/team_access.py)."""
+    if args.team:
+        source = gke.log_source(google, stack, gke.team_of(stack, args.team), args.run_id)
+        return _read_log(google, source.view, source.filter, args, source.ended, source.refused)
     vm = stack.self_service(args.vm)
     who = requester(args.requester)
     view = naming.researcher_log_view(stack.cfg.project, who)
     run = f"{paths.member_key(who)}/{args.run_id}"  # the agent's id of a researcher's run (vm_agent/run_requests.py)
-    base = f'labels.runId="{run}" AND labels.vm="{vm.name}"'
+
+    def ended() -> tuple[str, int] | None:
+        state = _state(google, stack, vm.name, who, args.run_id) or {}
+        if state.get("state") not in ENDED:
+            return None
+        said = f"run {args.run_id} {state['state']}" + (f": {state['reason']}" if state.get("reason") else "")
+        return said, 0 if state["state"] == "finished" else 1
+
+    return _read_log(google, view, f'labels.runId="{run}" AND labels.vm="{vm.name}"', args, ended)
+
+
+def _read_log(
+    google: Google,
+    view: str,
+    base: str,
+    args: argparse.Namespace,
+    ended: Callable[[], tuple[str, int] | None],
+    refused: str = "",
+) -> int:
+    """Print the entries of `view` that `base` selects, oldest first; with --follow, then the new ones, until
+    `ended` says the run is over (what to say, and the exit code)."""
     last = ""
     while True:
         token = None
         while True:
-            page = google.entries(view, base + (f' AND timestamp>"{last}"' if last else ""), token)
+            page = google.entries(view, base + (f' AND timestamp>"{last}"' if last else ""), token, refused)
             for entry in page.get("entries", []):
                 print(_format(entry), flush=True)
                 last = max(last, entry.get("timestamp", ""))
@@ -269,10 +294,10 @@ def logs(google: Google, stack: Stack, args: argparse.Namespace) -> int:
                 break
         if not args.follow:
             return 0
-        state = _state(google, stack, vm.name, who, args.run_id) or {}
-        if state.get("state") in ENDED:
-            print(f"run {args.run_id} {state['state']}" + (f": {state['reason']}" if state.get("reason") else ""))
-            return 0 if state["state"] == "finished" else 1
+        over = ended()
+        if over is not None:
+            print(over[0])
+            return over[1]
         time.sleep(args.interval)
 
 
@@ -399,7 +424,7 @@ def parser() -> argparse.ArgumentParser:
         ("fetch", "Download a run's model and metrics.", fetch),
         ("stop", "Ask a self-service VM to stop a run (SIGTERM; it checkpoints).", stop),
     ):
-        sub = command(name, helptext, team=name == "stop")
+        sub = command(name, helptext, team=name in ("logs", "stop"))
         sub.add_argument("run_id", metavar="RUN_ID", type=_run_id)
         sub.set_defaults(run=run)
         if name == "logs":

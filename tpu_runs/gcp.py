@@ -142,7 +142,7 @@ class Google:
                 return out
 
     # Cloud Logging: entries.list, through a log view (resourceNames names the view).
-    def entries(self, view: str, log_filter: str, page_token: str | None = None) -> dict[str, Any]:
+    def entries(self, view: str, log_filter: str, page_token: str | None = None, refused: str = "") -> dict[str, Any]:
         body: dict[str, Any] = {
             "resourceNames": [view],
             "filter": log_filter,
@@ -151,7 +151,8 @@ class Google:
         }
         if page_token:
             body["pageToken"] = page_token
-        return self._send("read the run's log", "POST", f"{self.logging}/v2/entries:list", json=body).json()
+        url = f"{self.logging}/v2/entries:list"
+        return self._send("read the run's log", "POST", url, refused=refused, json=body).json()
 
     # GKE: the cluster's DNS endpoint (container.projects.locations.clusters.get), then the Kubernetes API.
     def kubernetes(self, project: str, location: str, cluster: str) -> str:

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from infra import naming
@@ -37,6 +38,20 @@ WORKLOADS = f"/apis/{KUEUE_API}/namespaces/{{ns}}/workloads"
 PENDING = f"/apis/{VISIBILITY_API}/namespaces/{{ns}}/localqueues/{{queue}}/pendingworkloads"
 # Kueue labels each Workload with the UID of the job it queues (Kueue "Troubleshooting Jobs").
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+
+
+def pod_label(key: str) -> str:
+    """How a pod's label appears on its containers' log entries: `labels."k8s-pod/<key>"`, the key's dots as
+    underscores (Cloud Logging's GKE queries, "User-defined Kubernetes labels"; apple/axlearn's
+    axlearn/cloud/gcp/jobs/logs.py filters on `k8s-pod/jobset_sigs_k8s_io/job-index`)."""
+    return f"k8s-pod/{key.replace('.', '_')}"
+
+
+# JobSet labels each pod with its JobSet's name (the run id here) and its Job's index in the replicated job (the
+# slice); the Job controller with the pod's completion index (its worker in the slice).
+RUN_POD_LABEL = pod_label("jobset.sigs.k8s.io/jobset-name")
+SLICE_POD_LABEL = pod_label("jobset.sigs.k8s.io/job-index")
+WORKER_POD_LABEL = pod_label("batch.kubernetes.io/job-completion-index")
 
 
 class TeamError(Exception):
@@ -218,3 +233,46 @@ def stop(google: Google, stack: Any, team: TeamSettings, run_id: str) -> int:
         )
     print(f"stopping run {run_id} of team {team.name}: its pods get SIGTERM and their grace period to checkpoint")
     return 0
+
+
+def worker_of(labels: Mapping[str, str]) -> str:
+    """`<slice>/<worker>` of a container's log entry, from its pod's labels; "" when it carries none."""
+    worker = labels.get(WORKER_POD_LABEL)
+    return f"{labels.get(SLICE_POD_LABEL, '?')}/{worker}" if worker is not None else ""
+
+
+@dataclass(frozen=True)
+class LogSource:
+    """Where `tpu-runs logs --team` reads a run's output, and how it learns the run has ended."""
+
+    view: str
+    filter: str
+    refused: str
+    ended: Callable[[], tuple[str, int] | None]  # None while the run goes on, else (what to say, exit code)
+
+
+def log_source(google: Google, stack: Any, team: TeamSettings, run_id: str) -> LogSource:
+    """The run's containers' entries in the team's log view (infra/gke/team_access.py), which holds the team's
+    namespace's container logs only; the run's end from its JobSet's conditions, looked up lazily (a plain
+    `logs` makes no Kubernetes call)."""
+    cfg = stack.cfg
+    refused = (
+        f"Members of team {team.name} read its runs' output through its log view; they are listed under "
+        f"tpu-platform:gke.teams in Pulumi.{cfg.stack}.yaml: ask its owners to add you, then wait a minute for IAM"
+    )
+
+    def ended() -> tuple[str, int] | None:
+        base = _cluster(google, stack)
+        found = google.kube_list(
+            base, JOBSETS.format(ns=team.namespace), f"run {run_id}", _refused(stack, team), f"{RUN_LABEL}={run_id}"
+        )
+        if not found:
+            return f"run {run_id} is no longer in team {team.name}'s queue (stopped, or ended and expired)", 1
+        state, why = run_state(found[0], None)
+        if state in ("finished", "failed"):
+            return f"run {run_id} {state}" + (f": {why}" if why else ""), 0 if state == "finished" else 1
+        return None
+
+    return LogSource(
+        naming.team_log_view(cfg.project, cfg.stack, team.name), f'labels."{RUN_POD_LABEL}"="{run_id}"', refused, ended
+    )

@@ -13,8 +13,8 @@ account its jobs run as, and who may do what there (RBAC). Pure: settings in, Ku
   server-side (patch, and create for a new one: k8s.io/apiserver pkg/endpoints/handlers/patch.go checks
   `create` when an apply creates its object), listed and deleted; Kueue's Workloads listed. No pods,
   secrets, exec, RBAC or quota objects: a member runs code only through JobSets, which Kueue admits
-  against the team's quota. Reading their own pods and their logs (get, list) stays, as the one way to
-  see a run's output until `tpu-runs logs --team` reads Cloud Logging.
+  against the team's quota. A run's output is read from Cloud Logging, through the team's log view
+  (infra/gke/team_access.py), not from its pods.
 - The deployer (CI's account, when the stack names one) gets exactly what the queues phase applies:
   ResourceFlavors, ClusterQueues and PriorityClasses cluster-wide (a ClusterRole and its binding), and
   LocalQueues and ResourceQuotas in the team namespaces (a Role and binding in each). Never `bind`,
@@ -50,12 +50,7 @@ RUN_COMMAND_RULES = [
     # config/components/rbac/pending_workloads_lq_viewer_role.yaml, grants get, list and watch).
     {"apiGroups": ["visibility.kueue.x-k8s.io"], "resources": ["localqueues/pendingworkloads"], "verbs": ["get"]},
 ]
-# Reading their own runs' pods and output with kubectl: the one way to see a run's output while
-# `tpu-runs logs` does not yet read a team's Cloud Logging: a log view cannot select a namespace (its filter
-# takes only SOURCE(), resource.type and LOG_ID(): logging.v2's LogView.filter, discovery revision 20260911),
-# so a team's view needs a log bucket of the team's and a sink routing its namespace there.
-POD_OUTPUT_RULES = [{"apiGroups": [""], "resources": ["pods", "pods/log"], "verbs": ["get", "list"]}]
-RESEARCHER_RULES = [*RUN_COMMAND_RULES, *POD_OUTPUT_RULES]
+RESEARCHER_RULES = RUN_COMMAND_RULES
 DEPLOYER_CLUSTER_RULES = [
     {"apiGroups": ["kueue.x-k8s.io"], "resources": ["resourceflavors", "clusterqueues"], "verbs": WRITE},
     {"apiGroups": ["scheduling.k8s.io"], "resources": ["priorityclasses"], "verbs": WRITE},
