@@ -52,7 +52,7 @@ def test_the_readme_shows_both_engines_side_by_side():
     commands = readme_tpu_runs()
     assert list(commands) == ["VM engine", "GKE engine"]
     assert list(commands["VM engine"]) == ["submit", "list", "logs", "fetch", "stop"]
-    assert list(commands["GKE engine"]) == ["submit", "list", "logs", "stop"]
+    assert list(commands["GKE engine"]) == ["submit", "list", "logs", "fetch", "stop"]
     for engine, flag in (("VM engine", "--vm"), ("GKE engine", "--team")):
         for name, line in commands[engine].items():
             assert line.startswith(f"tpu-runs {name} --stack dev"), line

@@ -20,6 +20,7 @@ from infra.config.stackfile import read_stack_config
 from infra.gke import teams
 from infra.gke.jobsets import REQUESTER_ANNOTATION, RUN_LABEL
 from tests.logging_api import LoggingState, logging_standin
+from tests.sandbox import storage_emulator
 from tests.support import fixture_config, plan
 from tests.test_readme_examples import readme_argv, readme_tpu_runs
 from tools.standins.kubernetes import Access, ClusterState, kubernetes_standin
@@ -175,7 +176,9 @@ def test_the_standin_refuses_what_the_api_server_would(cluster: Cluster):
     assert unowned.status_code == 422 and "fieldManager is required" in unowned.json()["message"]
 
 
-def test_the_readmes_gke_commands_run_as_shown(cluster: Cluster, team_logs: LoggingState, capsys):
+def test_the_readmes_gke_commands_run_as_shown(
+    cluster: Cluster, team_logs: LoggingState, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys
+):
     """Each `--team` command of the README's table, on a stack with its team (the fixture's vision)."""
     commands = readme_tpu_runs()["GKE engine"]
     assert cluster.run(*readme_argv(commands["submit"], IMAGE=IMAGE)) == 0, capsys.readouterr().err
@@ -188,6 +191,13 @@ def test_the_readmes_gke_commands_run_as_shown(cluster: Cluster, team_logs: Logg
     assert cluster.run(*readme_argv(commands["logs"])) == 0
     assert "step 1" in capsys.readouterr().out
     jobset.pop("status")
+    with storage_emulator() as storage:
+        requests.post(f"{storage}/storage/v1/b", params={"project": CFG.project}, json={"name": MODELS}, timeout=10)
+        upload(storage, "teams/vision/exp-42/model.keras", b"weights")
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", storage)
+        monkeypatch.chdir(tmp_path)
+        assert cluster.run(*readme_argv(commands["fetch"])) == 0
+        assert (tmp_path / "out" / "model.keras").read_bytes() == b"weights"
     assert cluster.run(*readme_argv(commands["stop"])) == 0
     assert cluster.state.get(*JOBSETS, "team-vision", "exp-42") is None and cluster.state.refused == []
 
@@ -379,7 +389,7 @@ def test_logs_of_a_team_one_is_not_in_are_refused_in_a_sentence(cluster: Cluster
     code = cli.main(["logs", "--stack", "gke", "--stack-file", str(STACK_FILE), "--team", "vision", "x"], refusing)
     err = capsys.readouterr().err
     assert code == 2 and "you may not read the run's log (HTTP 403: denied)" in err
-    assert "Members of team vision read its runs' output through its log view" in err and "Traceback" not in err
+    assert "Members of team vision read its runs' output and results" in err and "Traceback" not in err
 
 
 def _forbidden() -> requests.Response:
@@ -387,3 +397,40 @@ def _forbidden() -> requests.Response:
     answer.status_code = 403
     answer._content = b'{"error": {"code": 403, "message": "denied"}}'
     return answer
+
+
+# --- fetch --team: the team's run's models, as its JobSet's TPU_PLATFORM_MODEL_DIR points --------------------
+
+MODELS = CFG.bucket_name("models")
+
+
+def upload(storage: str, name: str, data: bytes) -> None:
+    requests.post(
+        f"{storage}/upload/storage/v1/b/{MODELS}/o", params={"uploadType": "media", "name": name}, data=data, timeout=10
+    ).raise_for_status()
+
+
+def test_fetch_downloads_the_teams_runs_models_where_its_jobset_wrote_them(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys
+):
+    assert submit(cluster, "exp-1") == 0
+    jobset = cluster.state.get(*JOBSETS, "team-vision", "exp-1")
+    assert jobset is not None
+    pod = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    model_dir = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}["TPU_PLATFORM_MODEL_DIR"]
+    assert model_dir == f"gs://{MODELS}/teams/vision/exp-1/"
+    with storage_emulator() as storage:
+        requests.post(f"{storage}/storage/v1/b", params={"project": CFG.project}, json={"name": MODELS}, timeout=10)
+        prefix = model_dir.removeprefix(f"gs://{MODELS}/")
+        upload(storage, f"{prefix}model.keras", b"weights")
+        upload(storage, f"{prefix}metrics/summary.json", b"{}")
+        upload(storage, "teams/nlp/exp-1/model.keras", b"nlp's")  # another team's run of the same id
+        upload(storage, "teams/vision/exp-10/model.keras", b"a sibling run")
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", storage)
+        assert cluster.run("fetch", "--team", "vision", "exp-1", "--to", str(tmp_path / "out")) == 0
+        assert "fetched 2 files of run exp-1" in capsys.readouterr().out
+        fetched = sorted(str(p.relative_to(tmp_path / "out")) for p in (tmp_path / "out").rglob("*") if p.is_file())
+        assert fetched == ["metrics/summary.json", "model.keras"]
+        assert (tmp_path / "out" / "model.keras").read_bytes() == b"weights"
+        assert cluster.run("fetch", "--team", "vision", "exp-2", "--to", str(tmp_path / "none")) == 2
+        assert f"nothing under gs://{MODELS}/teams/vision/exp-2/ yet" in capsys.readouterr().err

@@ -30,6 +30,7 @@ from infra import naming
 from infra.config import ConfigError, PlatformConfig, TpuVmSettings, parse_stack_config
 from infra.config.stackfile import ROOT, StackFileError, read_stack_config
 from infra.config.workload_code import reading_repository
+from infra.gke.jobsets import team_run_prefix
 from infra.packaging import PackagingError, package
 from run_contract import paths
 from run_contract.names import IMAGE_REF, REQUEST_RUN_ID, REQUEST_RUN_ID_RULE, RUN_ID
@@ -309,16 +310,21 @@ def model_prefix(vm: TpuVmSettings, who: str, run_id: str) -> str:
 
 
 def fetch(google: Google, stack: Stack, args: argparse.Namespace) -> int:
-    vm = stack.self_service(args.vm)
-    prefix = model_prefix(vm, requester(args.requester), args.run_id)
+    """The run's model and metrics: a researcher's own run's folder, or with --team, the team's run's
+    (`teams/<team>/<runId>/`, where the JobSet's TPU_PLATFORM_MODEL_DIR points: infra/gke/jobsets.py)."""
+    if args.team:
+        team = gke.team_of(stack, args.team)
+        prefix, refused = team_run_prefix(team.name, args.run_id), gke.refused_data(stack, team)
+    else:
+        prefix, refused = model_prefix(stack.self_service(args.vm), requester(args.requester), args.run_id), ""
     target = Path(args.to or args.run_id)
     count = 0
-    for item in google.list_objects(stack.models, prefix):
+    for item in google.list_objects(stack.models, prefix, refused):
         relative = item["name"][len(prefix) :]
         path = (target / relative).resolve()
         if not relative or relative.endswith("/") or not path.is_relative_to(target.resolve()):
             continue
-        data = google.read(stack.models, item["name"])
+        data = google.read(stack.models, item["name"], refused)
         if data is None:
             continue
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -424,7 +430,7 @@ def parser() -> argparse.ArgumentParser:
         ("fetch", "Download a run's model and metrics.", fetch),
         ("stop", "Ask a self-service VM to stop a run (SIGTERM; it checkpoints).", stop),
     ):
-        sub = command(name, helptext, team=name in ("logs", "stop"))
+        sub = command(name, helptext, team=True)
         sub.add_argument("run_id", metavar="RUN_ID", type=_run_id)
         sub.set_defaults(run=run)
         if name == "logs":

@@ -92,20 +92,25 @@ class Google:
     def _object(self, bucket: str, name: str) -> str:
         return f"{self.storage}/storage/v1/b/{quote(bucket, safe='')}/o/{quote(name, safe='')}"
 
-    def list_objects(self, bucket: str, prefix: str) -> Iterator[dict[str, Any]]:
+    def list_objects(self, bucket: str, prefix: str, refused: str = "") -> Iterator[dict[str, Any]]:
         token = None
         while True:
             params = {"prefix": prefix, **({"pageToken": token} if token else {})}
             url = f"{self.storage}/storage/v1/b/{quote(bucket, safe='')}/o"
-            page = self._send(f"list gs://{bucket}/{prefix}", "GET", url, params=params).json()
+            page = self._send(f"list gs://{bucket}/{prefix}", "GET", url, refused=refused, params=params).json()
             yield from page.get("items", [])
             token = page.get("nextPageToken")
             if not token:
                 return
 
-    def read(self, bucket: str, name: str) -> bytes | None:
+    def read(self, bucket: str, name: str, refused: str = "") -> bytes | None:
         answer = self._send(
-            f"read gs://{bucket}/{name}", "GET", self._object(bucket, name), ok=(404,), params={"alt": "media"}
+            f"read gs://{bucket}/{name}",
+            "GET",
+            self._object(bucket, name),
+            ok=(404,),
+            refused=refused,
+            params={"alt": "media"},
         )
         return None if answer.status_code == 404 else answer.content
 

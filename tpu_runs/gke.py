@@ -251,15 +251,21 @@ class LogSource:
     ended: Callable[[], tuple[str, int] | None]  # None while the run goes on, else (what to say, exit code)
 
 
+def refused_data(stack: Any, team: TeamSettings) -> str:
+    """What a member refused the team's logs or results should do."""
+    return (
+        f"Members of team {team.name} read its runs' output and results; they are listed under "
+        f"tpu-platform:gke.teams in Pulumi.{stack.cfg.stack}.yaml: ask its owners to add you, then wait a minute "
+        "for IAM to apply it"
+    )
+
+
 def log_source(google: Google, stack: Any, team: TeamSettings, run_id: str) -> LogSource:
     """The run's containers' entries in the team's log view (infra/gke/team_access.py), which holds the team's
     namespace's container logs only; the run's end from its JobSet's conditions, looked up lazily (a plain
     `logs` makes no Kubernetes call)."""
     cfg = stack.cfg
-    refused = (
-        f"Members of team {team.name} read its runs' output through its log view; they are listed under "
-        f"tpu-platform:gke.teams in Pulumi.{cfg.stack}.yaml: ask its owners to add you, then wait a minute for IAM"
-    )
+    refused = refused_data(stack, team)
 
     def ended() -> tuple[str, int] | None:
         base = _cluster(google, stack)

@@ -143,5 +143,17 @@ def member_role(stack: str) -> RoleSpec:
     )
 
 
+def member_read_role(stack: str) -> RoleSpec:
+    """Reading the team's runs' models and metrics (`tpu-runs fetch --team`): granted on the models bucket under
+    the team's prefix only (infra/gke/team_access.py); the same calls as a researcher's `fetch`."""
+    return RoleSpec.of(
+        "gke-team-read",
+        stack,
+        "GKE team member read",
+        "Read the team's runs' models and metrics for tpu-runs fetch --team.",
+        researcher.permissions("models"),
+    )
+
+
 def team_identities(stack: str) -> StackIdentities:
-    return StackIdentities(roles=(member_role(stack),))
+    return StackIdentities(roles=(member_role(stack), member_read_role(stack)))

@@ -129,9 +129,14 @@ def team_jobset(
     }
 
 
+def team_run_prefix(team: str, run_id: str) -> str:
+    """A team's run's objects in the checkpoints or models bucket: `teams/<team>/<runId>/`."""
+    return f"{naming.team_prefix(team)}{run_id}/"
+
+
 def team_run_dir(bucket: str, team: str, run_id: str) -> str:
     """A team's run's folder in the checkpoints or models bucket: `gs://<bucket>/teams/<team>/<runId>/`."""
-    return f"gs://{bucket}/{naming.team_prefix(team)}{run_id}/"
+    return f"gs://{bucket}/{team_run_prefix(team, run_id)}"
 
 
 def run_env(spec: RunSpec, team: TeamSettings, checkpoints: str, models: str) -> list[dict[str, Any]]:

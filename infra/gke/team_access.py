@@ -8,6 +8,9 @@
 - The team's members reach the cluster: a custom role (the bootstrap's to make, infra/access/accounts.py)
   holding what `gcloud container clusters get-credentials --dns-endpoint` and kubectl through the DNS
   endpoint check, and nothing inside the cluster, which RBAC decides.
+- The team's members read the team's runs' models and metrics (`tpu-runs fetch --team`): a custom role of
+  exactly the command's calls (infra/access/identities.py member_read_role) on the models bucket, under the
+  team's prefix only, with the prefix condition Cloud Storage honours.
 - The team's run output, for `tpu-runs logs --team`: a log view cannot select a namespace (logging.v2
   LogView.filter takes SOURCE(), resource.type and LOG_ID() only), so each team has a log bucket of its own
   (infra/naming.py team_log_bucket), a sink that routes its namespace's container logs there, and one view on
@@ -28,13 +31,15 @@ import pulumi_gcp as gcp
 
 from infra import grants, naming
 from infra.access import iam
-from infra.access.identities import member_role
+from infra.access.conditions import check_condition
+from infra.access.identities import member_read_role, member_role
 from infra.apis import ProjectApis
 from infra.config import Env
 from infra.config.model import TeamSettings
 
 # Where a team's code reads and writes (by bucket purpose), as a workload's default access.
 TEAM_BUCKET_ACCESS: tuple[tuple[str, str], ...] = tuple(iam.DEFAULT_BUCKET_ACCESS.items())
+STORAGE = "storage.googleapis.com"
 # Cloud Logging's own default retention for a bucket (logging.v2 LogBucket.retentionDays: 30 when 0 is given).
 TEAM_LOG_RETENTION_DAYS = 30
 # The monitored resource GKE writes a container's stdout and stderr under (Cloud Logging, GKE queries:
@@ -76,6 +81,8 @@ class TeamAccess(pulumi.ComponentResource):
         after = pulumi.ResourceOptions(parent=self, depends_on=list(cluster))
         number = gcp.organizations.get_project_output(project_id=env.project).number
         role = member_role(env.stack)
+        read = member_read_role(env.stack)
+        models = env.bucket_name("models")
         logging_apis = apis.needs("logging")
         self.grants: list[pulumi.Resource] = []
         self.views: dict[str, gcp.logging.LogView] = {}
@@ -108,6 +115,18 @@ class TeamAccess(pulumi.ComponentResource):
                         parent=self,
                         depends_on=apis.needs("cloudresourcemanager"),
                         permissions=frozenset(role.permissions),
+                    )
+                )
+                condition = grants.prefix_condition(models, naming.team_prefix(team.name), f"team-{team.name}-results")
+                check_condition(read.name(env.project), frozenset(read.permissions), str(condition.expression), STORAGE)
+                self.grants.append(
+                    gcp.storage.BucketIAMMember(
+                        f"{name}-{team.name}-{member.replace(':', '-')}-results",
+                        bucket=buckets["models"].name,
+                        role=read.name(env.project),
+                        member=member,
+                        condition=condition,
+                        opts=after,
                     )
                 )
                 self.grants.append(
