@@ -4,7 +4,7 @@ environment a run gets, and its exit codes."""
 from __future__ import annotations
 
 import re
-from typing import Mapping, NamedTuple
+from typing import Callable, Mapping, NamedTuple
 
 # --- Ids --------------------------------------------------------------------------------------------
 # A stack run's id: segments of letters, digits, `.`, `_`, `-`, joined by `/` (`<stack>/<workload>/<vm>/<run>`).
@@ -65,6 +65,18 @@ GKE_WORKER_HOSTNAMES_ENV = "TPU_WORKER_HOSTNAMES"
 # (`coordinator_port = '8482'`, ibid.); TPU_PLATFORM_COORDINATOR_PORT moves it (a sandbox of many slices).
 COORDINATOR_PORT = 8482
 COORDINATOR_PORT_ENV = "TPU_PLATFORM_COORDINATOR_PORT"
+# A multislice run on GKE: each pod's JobSet says how many slices there are, which one is the pod's, and where
+# slice 0's worker 0 is (infra/gke/jobsets.py multislice_env); JAX's TPU cluster detection reads these four
+# (jax/_src/clusters/cloud_tpu_cluster.py, BaseTpuCluster, jax 0.10.2): its world is every slice's workers,
+# worker `slice id * workers per slice + TPU_WORKER_ID`, meeting at the coordinator's host (its port dropped)
+# on 8482. MEGASCALE_PORT is the port of libtpu's own cross-slice (DCN) service on that host.
+MEGASCALE_COORDINATOR_ENV = "MEGASCALE_COORDINATOR_ADDRESS"
+MEGASCALE_NUM_SLICES_ENV = "MEGASCALE_NUM_SLICES"
+MEGASCALE_SLICE_ID_ENV = "MEGASCALE_SLICE_ID"
+MEGASCALE_PORT_ENV = "MEGASCALE_PORT"
+
+
+_HOST = r"[A-Za-z0-9.-]+"
 
 
 class WorkerPlace(NamedTuple):
@@ -89,20 +101,39 @@ def worker_place(environ: Mapping[str, str]) -> WorkerPlace:
         worker, count = number(WORKER_ID_ENV, 0), number(WORKER_COUNT_ENV, 1)
         coordinator = environ.get(COORDINATOR_ENV, "")
         named = WORKER_ID_ENV
-    elif environ.get(GKE_WORKER_HOSTNAMES_ENV):
-        listed = environ[GKE_WORKER_HOSTNAMES_ENV]
-        hosts = listed.split(",")
-        if not all(re.fullmatch(r"[A-Za-z0-9.-]+", host) for host in hosts):
-            raise ValueError(f"{GKE_WORKER_HOSTNAMES_ENV}={listed!r}: host names, comma-separated")
-        worker, count = number(GKE_WORKER_ID_ENV, 0), len(hosts)
-        port = number(COORDINATOR_PORT_ENV, COORDINATOR_PORT, 65535)
-        coordinator = f"{hosts[0]}:{port}" if count > 1 else ""
-        named = GKE_WORKER_ID_ENV
+    elif environ.get(GKE_WORKER_HOSTNAMES_ENV) or environ.get(MEGASCALE_NUM_SLICES_ENV):
+        return _gke_place(environ, number)
     else:
         return WorkerPlace(0, 1, "")
     if count < 1 or worker >= count:
         raise ValueError(f"{named}={worker} is not a worker of {count}")
     return WorkerPlace(worker, count, coordinator)
+
+
+def _gke_place(environ: Mapping[str, str], number: Callable[..., int]) -> WorkerPlace:
+    """A pod's place from what GKE injects (its slice's hosts, its index there) and, in a multislice run, what
+    its JobSet says (the slices, its own, where the coordinator is): as JAX's GkeTpuCluster reads them."""
+    listed = environ.get(GKE_WORKER_HOSTNAMES_ENV, "")
+    hosts = listed.split(",") if listed else []
+    if not all(re.fullmatch(_HOST, host) for host in hosts):
+        raise ValueError(f"{GKE_WORKER_HOSTNAMES_ENV}={listed!r}: host names, comma-separated")
+    per_slice = len(hosts) or 1  # a single-host slice's pod gets no host list
+    in_slice = number(GKE_WORKER_ID_ENV, 0)
+    if in_slice >= per_slice:
+        raise ValueError(f"{GKE_WORKER_ID_ENV}={in_slice} is not a worker of {per_slice}")
+    slices, slice_id = number(MEGASCALE_NUM_SLICES_ENV, 1), number(MEGASCALE_SLICE_ID_ENV, 0)
+    if slices < 1 or slice_id >= slices:
+        raise ValueError(f"{MEGASCALE_SLICE_ID_ENV}={slice_id} is not a slice of {slices}")
+    address = environ.get(MEGASCALE_COORDINATOR_ENV, "")
+    host = address.rsplit(":", 1)[0] if re.fullmatch(rf"{_HOST}(:[0-9]{{1,5}})?", address) else ""
+    if address and not host:
+        raise ValueError(f"{MEGASCALE_COORDINATOR_ENV}={address!r}: a host name, with a port or not")
+    if slices > 1 and not host:
+        raise ValueError(f"{MEGASCALE_NUM_SLICES_ENV}={slices} without {MEGASCALE_COORDINATOR_ENV}: no slice 0 to meet")
+    count = per_slice * slices
+    port = number(COORDINATOR_PORT_ENV, COORDINATOR_PORT, 65535)
+    coordinator = f"{host or hosts[0]}:{port}" if count > 1 else ""
+    return WorkerPlace(slice_id * per_slice + in_slice, count, coordinator)
 
 
 # --- Exit codes (sysexits.h) ------------------------------------------------------------------------

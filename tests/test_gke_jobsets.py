@@ -14,6 +14,7 @@ from infra.gke.jobsets import RUN_LABEL, run_jobset, team_jobset
 from infra.gke.quota import pod_sets
 from infra.gke.specs import SliceShape
 from infra.gke.validation import platform_validator, validate_all
+from run_contract.names import worker_place
 from run_contract.spec import FolderSource, ImageSource, RunSpec
 from tests import gke_objects as g
 
@@ -175,3 +176,65 @@ def test_the_run_contracts_exit_codes_hold_in_pods():
     assert jobset_action(143, "DisruptionTarget") == "RestartJobSetAndIgnoreMaxRestarts"
     assert jobset_action(75, "DisruptionTarget") == "RestartJobSetAndIgnoreMaxRestarts"
     assert run_render("multi-host")["spec"]["failurePolicy"]["maxRestarts"] == 3
+
+
+# --- Multislice: what joins the slices (MEGASCALE_*), and the contract's place from it ---------------------
+
+
+def _env(jobset: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {e["name"]: e for e in _pod(jobset)["containers"][0]["env"]}
+
+
+def test_a_multislice_run_tells_each_pod_the_slices_its_own_and_where_slice_0_waits():
+    env = _env(run_render("multislice"))
+    assert env["MEGASCALE_NUM_SLICES"] == {"name": "MEGASCALE_NUM_SLICES", "value": "2"}
+    assert env["MEGASCALE_SLICE_ID"]["valueFrom"] == {
+        "fieldRef": {"fieldPath": "metadata.labels['jobset.sigs.k8s.io/job-index']"}
+    }
+    assert env["MEGASCALE_COORDINATOR_ADDRESS"]["value"] == "exp-1-slice-0-0.exp-1"  # JobSet's host of slice 0, pod 0
+    assert env["MEGASCALE_PORT"]["value"] == "8081"
+    for kind in ("single-host", "multi-host"):  # one slice: nothing to join
+        assert not [name for name in _env(run_render(kind)) if name.startswith("MEGASCALE_")]
+
+
+def test_every_pod_of_a_multislice_run_finds_a_place_of_its_own_in_one_world():
+    """Each pod's environment as it would be: the JobSet's variables, its slice id from its Job's index label
+    (the downward API), and what GKE injects into a pod of an Indexed Job (its index, its slice's hosts, worker
+    0 first, under JobSet's host names); the run contract then gives every pod of every slice its own place,
+    one count and one coordinator: slice 0's worker 0."""
+    jobset = run_render("multislice")
+    _, shape, slices = SHAPES_BY_KIND["multislice"]
+    rendered = _env(jobset)
+    places = []
+    for slice_index in range(slices):
+        hosts = ",".join(f"exp-1-slice-{slice_index}-{i}.exp-1" for i in range(shape.vms_per_slice))
+        for worker in range(shape.vms_per_slice):
+            environ = {name: e["value"] for name, e in rendered.items() if "value" in e}
+            environ |= {"MEGASCALE_SLICE_ID": str(slice_index), "TPU_WORKER_ID": str(worker)}
+            environ |= {"TPU_WORKER_HOSTNAMES": hosts}
+            places.append(worker_place(environ))
+    count = shape.vms_per_slice * slices
+    assert sorted(p.worker_id for p in places) == list(range(count))
+    assert {(p.worker_count, p.coordinator) for p in places} == {(count, "exp-1-slice-0-0.exp-1:8482")}
+
+
+def test_the_validator_refuses_a_multislice_jobset_that_cannot_join():
+    jobset = run_render("multislice")
+    pods = _pod(jobset)
+    pods["containers"][0]["env"] = [e for e in pods["containers"][0]["env"] if e["name"] != "MEGASCALE_SLICE_ID"]
+    jobset["spec"]["replicatedJobs"][0]["replicas"] = 3
+    found = [str(f) for f in validate_all(platform_validator(), [jobset]).findings]
+    where = "JobSet/team-nlp/exp-1: spec.replicatedJobs[0] container main"
+    assert f"{where}: 3 slices need MEGASCALE_NUM_SLICES = {{'value': '3'}}; it has {{'value': '2'}}" in found
+    assert any(f.startswith(f"{where}: 3 slices need MEGASCALE_SLICE_ID") and "it has none" in f for f in found)
+    one = run_render("multi-host")
+    _pod(one)["containers"][0]["env"].append({"name": "MEGASCALE_NUM_SLICES", "value": "2"})
+    assert [str(f) for f in validate_all(platform_validator(), [one]).findings if "MEGASCALE" in str(f)] == [
+        "JobSet/team-vision/exp-1: spec.replicatedJobs[0] container main: one slice, but MEGASCALE_NUM_SLICES says "
+        "otherwise"
+    ]
+
+
+def test_more_slices_of_a_single_host_pool_are_refused():
+    with pytest.raises(ValueError, match=r"2 slices of a single-host pool .*GKE joins slices of multi-host pools only"):
+        run_jobset(a_run(), RUN_TEAM, SINGLE_HOST, checkpoints="ckpt", models="models", slices=2)

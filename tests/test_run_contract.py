@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import io
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -24,7 +25,7 @@ from infra.tpu.metadata import agent_package, run_spec, source_digests
 from infra.tpu_guard import source_files
 from run_contract import names, schema, spec
 from tests.support import fixture_config
-from tests.workloads import ENGINES, slice_environment
+from tests.workloads import ENGINES, slice_environment, workloads_python
 
 ROOT = Path(__file__).resolve().parents[1]
 PIP_WHEEL = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "--quiet"]
@@ -145,3 +146,79 @@ def test_gke_s_workers_meet_at_the_first_host_on_jax_s_port():
 def test_a_place_that_is_not_one_is_named(environ, problem):
     with pytest.raises(ValueError, match=re.escape(problem)):
         names.worker_place(environ)
+
+
+def test_a_multislice_pod_finds_its_place_across_the_slices_as_jax_does():
+    """As JAX's BaseTpuCluster: worker = slice id * workers per slice + TPU_WORKER_ID, every slice's workers one
+    world, meeting at MEGASCALE_COORDINATOR_ADDRESS's host (a port dropped) on 8482."""
+    environ = {
+        "TPU_WORKER_ID": "1",
+        "TPU_WORKER_HOSTNAMES": "run-slice-1-0.run,run-slice-1-1.run",
+        "MEGASCALE_NUM_SLICES": "3",
+        "MEGASCALE_SLICE_ID": "1",
+        "MEGASCALE_COORDINATOR_ADDRESS": "run-slice-0-0.run:8081",
+        "MEGASCALE_PORT": "8081",
+    }
+    assert names.worker_place(environ) == (3, 6, "run-slice-0-0.run:8482")
+    assert names.worker_place({**environ, "MEGASCALE_NUM_SLICES": "1", "MEGASCALE_SLICE_ID": "0"}) == (
+        1,
+        2,
+        "run-slice-0-0.run:8482",
+    )
+
+
+@pytest.mark.parametrize(
+    ("changes", "problem"),
+    [
+        ({"MEGASCALE_SLICE_ID": "3"}, "MEGASCALE_SLICE_ID=3 is not a slice of 3"),
+        ({"MEGASCALE_COORDINATOR_ADDRESS": ""}, "MEGASCALE_NUM_SLICES=3 without MEGASCALE_COORDINATOR_ADDRESS"),
+        ({"MEGASCALE_COORDINATOR_ADDRESS": "a b"}, "MEGASCALE_COORDINATOR_ADDRESS='a b': a host name"),
+        ({"TPU_WORKER_ID": "2"}, "TPU_WORKER_ID=2 is not a worker of 2"),
+    ],
+)
+def test_a_multislice_place_that_is_not_one_is_named(changes, problem):
+    environ = {
+        "TPU_WORKER_ID": "0",
+        "TPU_WORKER_HOSTNAMES": "a,b",
+        "MEGASCALE_NUM_SLICES": "3",
+        "MEGASCALE_SLICE_ID": "0",
+        "MEGASCALE_COORDINATOR_ADDRESS": "a",
+    }
+    with pytest.raises(ValueError, match=re.escape(problem)):
+        names.worker_place({**environ, **changes})
+
+
+# JAX's own reading of a GKE pod's environment (jax/_src/clusters/cloud_tpu_cluster.py, GkeTpuCluster), run in the
+# workloads' environment: its process id, process count and coordinator, as JSON.
+JAX_PLACE = """
+import json
+import os
+from jax._src.clusters.cloud_tpu_cluster import GkeTpuCluster as cluster
+print(json.dumps([cluster.get_process_id(), cluster.get_process_count(), cluster.get_coordinator_address(5, None)]))
+"""
+
+
+@pytest.mark.workloads
+@pytest.mark.parametrize(("slice_id", "worker"), [(0, 0), (0, 1), (1, 0), (2, 1)])
+def test_a_gke_pods_place_is_the_one_jax_computes(slice_id, worker):
+    """The contract's place and JAX's for the same pod of a 3-slice, 2-host-per-slice run (host names that
+    resolve on loopback: JAX waits until the coordinator's name resolves)."""
+    environ = {
+        "TPU_WORKER_ID": str(worker),
+        "TPU_WORKER_HOSTNAMES": "localhost,127.0.0.1",
+        "MEGASCALE_NUM_SLICES": "3",
+        "MEGASCALE_SLICE_ID": str(slice_id),
+        "MEGASCALE_COORDINATOR_ADDRESS": "localhost",
+        "MEGASCALE_PORT": "8081",
+    }
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("TPU_", "MEGASCALE_"))}
+    answer = subprocess.run(
+        [workloads_python(), "-c", JAX_PLACE], env={**clean, **environ}, capture_output=True, text=True, timeout=120
+    )
+    assert answer.returncode == 0, answer.stderr[-2000:]
+    jax_id, jax_count, jax_coordinator = json.loads(answer.stdout.strip().splitlines()[-1])
+    assert (
+        names.worker_place(environ)
+        == (jax_id, jax_count, jax_coordinator)
+        == (slice_id * 2 + worker, 6, "localhost:8482")
+    )

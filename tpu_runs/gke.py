@@ -108,15 +108,18 @@ def render(stack: Any, team: TeamSettings, args: argparse.Namespace, request: Ma
     except SpecError as error:
         raise TeamError(str(error)) from None
     shapes = {name: shape_of(pool) for name, pool in pools.items()}
-    jobset = run_jobset(
-        spec,
-        team,
-        shapes[pool_name],
-        checkpoints=cfg.bucket_name("checkpoints"),
-        models=cfg.bucket_name("models"),
-        slices=args.slices,
-        priority=_priority(team, args.priority),
-    )
+    try:
+        jobset = run_jobset(
+            spec,
+            team,
+            shapes[pool_name],
+            checkpoints=cfg.bucket_name("checkpoints"),
+            models=cfg.bucket_name("models"),
+            slices=args.slices,
+            priority=_priority(team, args.priority),
+        )
+    except ValueError as error:
+        raise TeamError(f"run {spec.run_id} of team {team.name} on pool {pool_name}: {error}") from None
     report = validate_all(
         platform_validator(), [*queues.queue_objects(cfg.gke.teams, shapes), jobset], list(shapes.values())
     )

@@ -24,11 +24,24 @@ the grace period. The worker's place in its slice is GKE's to say: it injects TP
 TPU_WORKER_HOSTNAMES into an Indexed Job asking for google.com/tpu (gke-tpu reference, "The JobSet"),
 which the contract reads (run_contract.names.worker_place) as JAX itself does; the JobSet spells neither
 its pods' host names nor their index again.
+
+A multislice run (`slices` > 1) needs what joins the slices over the data-center network, in every pod:
+MEGASCALE_NUM_SLICES, MEGASCALE_SLICE_ID, MEGASCALE_COORDINATOR_ADDRESS and MEGASCALE_PORT (the names JAX's
+BaseTpuCluster reads, jax/_src/clusters/cloud_tpu_cluster.py, and Ray's get_tpu_coordinator_env_vars sets,
+ray-project/ray python/ray/util/tpu.py, with port 8081). The JobSet sets them itself, as xpk's Pathways
+template does (src/xpk/templates/pathways_workload_create.yaml.j2: MEGASCALE_SLICE_ID from the pod's
+`jobset.sigs.k8s.io/job-index` label through the downward API), rather than trusting GKE to: the slice
+count is the replicas, and the coordinator is slice 0's worker 0 under JobSet's stable host name
+`<jobset>-<replicatedJob>-<jobIndex>-<podIndex>.<subdomain>`, the subdomain being the JobSet's name (JobSet
+API, `Network`: enableDNSHostnames, subdomain "Defaults to <jobSet.name>"), the names GKE lists in
+TPU_WORKER_HOSTNAMES. GKE runs multislice on multi-host TPU slice node pools only (GKE, "Deploy TPU Multislice
+in GKE", "Multislice availability in GKE"), so more slices of a single-host pool are refused. `multislice_problems`
+checks these shapes on any JobSet (the validator runs it: infra/gke/validation.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from infra import naming
@@ -50,6 +63,69 @@ REQUESTER_ANNOTATION = "tpu-platform/requester"  # an email is no label value
 # The Job's failure reason when a podFailurePolicy FailJob rule matched (batch/v1 JobReasonPodFailurePolicy).
 POD_FAILURE_POLICY = "PodFailurePolicy"
 DISRUPTION = "DisruptionTarget"
+
+# Kubernetes' downward API reads a pod's own label (JobSet sets job-index on each pod of a replicated job's Job).
+JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
+MEGASCALE_PORT = 8081
+
+
+def worker_host(jobset: str, slice_index: int, worker: int) -> str:
+    """A pod's stable host name in its JobSet (JobSet's default network: the JobSet's name as subdomain)."""
+    return f"{jobset}-{REPLICATED_JOB}-{slice_index}-{worker}.{jobset}"
+
+
+def multislice_env(jobset: str, slices: int) -> list[dict[str, Any]]:
+    """What a multislice run's pods need to join their slices; nothing for one slice."""
+    if slices <= 1:
+        return []
+    return [
+        {"name": names.MEGASCALE_NUM_SLICES_ENV, "value": str(slices)},
+        {
+            "name": names.MEGASCALE_SLICE_ID_ENV,
+            "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{JOB_INDEX_LABEL}']"}},
+        },
+        {"name": names.MEGASCALE_COORDINATOR_ENV, "value": worker_host(jobset, 0, 0)},
+        {"name": names.MEGASCALE_PORT_ENV, "value": str(MEGASCALE_PORT)},
+    ]
+
+
+def multislice_problems(jobset: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(where, what) for each TPU container whose multislice variables disagree with its replicated job: the
+    slice count its replicas, the slice id its Job's index, the coordinator slice 0's worker 0; none for one
+    slice."""
+    name = str((jobset.get("metadata") or {}).get("name"))
+    spec: Mapping[str, Any] = jobset.get("spec") or {}
+    subdomain = (spec.get("network") or {}).get("subdomain") or name
+    found: list[tuple[str, str]] = []
+    for i, replicated in enumerate(spec.get("replicatedJobs") or ()):
+        slices = int(replicated.get("replicas", 1))
+        job: Any = (replicated.get("template") or {}).get("spec") or {}
+        containers: list[Any] = ((job.get("template") or {}).get("spec") or {}).get("containers") or []
+        for container in containers:
+            if TPU_RESOURCE not in ((container.get("resources") or {}).get("limits") or {}):
+                continue
+            where = f"spec.replicatedJobs[{i}] container {container.get('name')}"
+            env = {e.get("name"): e for e in container.get("env") or ()}
+            if slices <= 1:
+                if names.MEGASCALE_NUM_SLICES_ENV in env and env[names.MEGASCALE_NUM_SLICES_ENV].get("value") != "1":
+                    found.append((where, f"one slice, but {names.MEGASCALE_NUM_SLICES_ENV} says otherwise"))
+                continue
+            host = f"{name}-{replicated.get('name')}-0-0.{subdomain}"
+            wanted = {
+                names.MEGASCALE_NUM_SLICES_ENV: {"value": str(slices)},
+                names.MEGASCALE_SLICE_ID_ENV: {
+                    "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{JOB_INDEX_LABEL}']"}}
+                },
+                names.MEGASCALE_COORDINATOR_ENV: {"value": host},
+            }
+            for variable, value in wanted.items():
+                have = {k: v for k, v in env.get(variable, {}).items() if k != "name"}
+                if have != value:
+                    found.append((where, f"{slices} slices need {variable} = {value}; it has {have or 'none'}"))
+            if not str(env.get(names.MEGASCALE_PORT_ENV, {}).get("value", "")).isdigit():
+                found.append((where, f"{slices} slices need {names.MEGASCALE_PORT_ENV}, a port number"))
+    return found
+
 
 # Job level: the failures that end a Job with reason PodFailurePolicy, each with its own message.
 POD_FAILURE_RULES: list[dict[str, Any]] = [
@@ -87,11 +163,17 @@ def team_jobset(
     annotations: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     vms = shape.vms_per_slice
+    if slices > 1 and vms == 1:
+        raise ValueError(
+            f"{slices} slices of a single-host pool ({shape.chips_per_vm} chips on one VM): GKE joins slices of "
+            "multi-host pools only; ask for one slice, or use a multi-host pool"
+        )
+    env = [*env, *multislice_env(name, slices)]
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": image,
         **({"command": list(command)} if command else {}),  # none: the image's own entrypoint
-        **({"env": list(env)} if env else {}),
+        **({"env": env} if env else {}),
         "resources": {"limits": {TPU_RESOURCE: shape.chips_per_vm}},
         "securityContext": {"allowPrivilegeEscalation": False},
     }

@@ -39,7 +39,7 @@ from celpy.evaluation import CELEvalError
 
 from infra import naming
 from infra.config.problems import ConfigError, Problem
-from infra.gke import quota
+from infra.gke import jobsets, quota
 from infra.gke.crds import CORE_KIND, REDUCED_CRDS
 from infra.gke.specs import SliceShape
 
@@ -391,6 +391,7 @@ def _jobset_findings(
 ) -> list[Finding]:
     name, meta = describe(jobset), jobset.get("metadata") or {}
     found = [Finding(name, "metadata.name", problem) for problem in quota.jobset_name_problems(jobset)]
+    found += [Finding(name, where, problem) for where, problem in jobsets.multislice_problems(jobset)]
     queue_name = (meta.get("labels") or {}).get(quota.QUEUE_LABEL)
     lq = by_kind.get("LocalQueue", {}).get(f"{meta.get('namespace')}/{queue_name}")
     if lq is None:
