@@ -253,6 +253,7 @@ def test_gke_dry_run_plans_the_gke_stack_offline_and_lists_what_only_a_real_proj
         "kubectl apply --server-side -f",
         "kubectl wait jobset/smoke-jax -n",
         "kubectl logs -n team-smoke-a",  # each pod's place in its slice, from what GKE injected
+        'gcloud logging read \'labels."k8s-pod/jobset_sigs_k8s_io/jobset-name"="smoke-jax"\'',  # the team's log view
         "kubectl apply --server-side -f",  # a team's run on the spot slice
         "gcloud storage cat gs://acme-ml-sandbox-smoke-checkpoints/teams/smoke-a/smoke-resume/step-0",  # its checkpoint
         "kubectl get nodes -l",  # a node of the spot slice
@@ -386,6 +387,7 @@ def test_the_gke_dry_run_lists_the_run_steps_only_a_real_cluster_proves(capsys):
     checks = [line.removeprefix("check ") for line in out.splitlines() if line.startswith("check ")]
     for step in (
         "GKE injects TPU_WORKER_ID and TPU_WORKER_HOSTNAMES into each pod of a multi-host slice",
+        "the run's lines reach team smoke-a's log bucket through its sink and show in its log view",
         "a team's run on the spot slice, checkpointing under its team's prefix",
         "... its first checkpoint written",
         "a preempted spot slice comes back whole",
@@ -424,6 +426,8 @@ class Answering(FailingShell):
             {"kubectl logs -n team-smoke-a -l jobset.sigs.k8s.io/jobset-name=smoke-jax": 'place {"TPU_WORKER_ID": ""}'},
             "GKE injects",
         ),
+        # The team's log view shows none of the run's lines (no sink routed them, or another label).
+        ({"gcloud logging read": ""}, "the run's lines reach team smoke-a's log bucket"),
         # The node's loss counted against the run's restarts.
         ({"kubectl get jobset smoke-resume": "1 1"}, "the preempted run restarted"),
         # It started over instead of resuming.

@@ -49,7 +49,9 @@ reserved tpu7x-16 slice in us-central1), checking what only a real project prove
      hosts finding each other and seeing 4 chips each, 16 in all, and writing under the team's prefix of the
      checkpoints bucket, refused under the other team's (Workload Identity Federation); GKE's injection of
      TPU_WORKER_ID and TPU_WORKER_HOSTNAMES into each of its pods, read by the run contract as every worker's
-     own place and one coordinator; a JobSet without a queue label held suspended;
+     own place and one coordinator; its pods' lines in the team's log view (its own log bucket, filled by the
+     sink of its namespace), under the pod label `tpu-runs logs --team` selects a run by; a JobSet without a
+     queue label held suspended;
   5. a preempted spot slice: a team's run on it writes its first checkpoint, one node's preemption is
      simulated, then the whole slice is Ready again (the preempted node registered anew) and the run,
      restarted without counting against its restarts, resumes from its checkpoint and finishes; then the
@@ -95,6 +97,7 @@ from infra.gke.validation import platform_validator, validate_all
 from infra.platform import stack_identities
 from infra.tpu.metadata import run_prefix
 from run_contract.names import WorkerPlace, worker_place
+from tpu_runs.gke import RUN_POD_LABEL
 
 TEMPLATE = Path(__file__).with_name("smoke_stack.yaml")
 GKE_TEMPLATE = Path(__file__).with_name("smoke_gke_stack.yaml")
@@ -849,6 +852,7 @@ def smoke_gke_teams(
     *,
     run_minutes: float,
     preempt: Callable[[], bool],
+    poll_seconds: float = 30,
 ) -> None:
     """Part 2 on a running cluster: the admin phase, the queues phase, and what the teams can and cannot do;
     then a team's run on the spot slice while `preempt` preempts a node of it. Leaves the environment as it
@@ -974,6 +978,7 @@ def smoke_gke_teams(
             and {(p.worker_count, p.coordinator) for p in places} == {(vms, places[0].coordinator)},
             seen or "no pod printed its place",
         )
+        smoke_team_log_view(cfg, a, vms, shell, report, poll_seconds)
         smoke_preempted_run(cfg, a, pools[SPOT_POOL], teams_file, shell, report, run_minutes, preempt)
         rc, out = shell.run(
             ["kubectl", "get", "jobset", "smoke-unqueued", "-n", a.namespace, "-o", "jsonpath={.spec.suspend}"],
@@ -990,6 +995,49 @@ def smoke_gke_teams(
         report.add("pulumi destroy (the admin phase)", rc == 0)
         rc, _ = shell.run(["pulumi", "stack", "rm", cfg.stack, "--yes"], cwd=admin_dir)
         report.add("pulumi stack rm (the admin phase)", rc == 0)
+
+
+def smoke_team_log_view(
+    cfg: PlatformConfig, team: TeamSettings, vms: int, shell: Shell, report: Report, poll_seconds: float
+) -> None:
+    """What `tpu-runs logs --team` relies on and only Cloud Logging shows: the team's sink routes its namespace's
+    container lines into its log bucket, they show in its log view, and they carry JobSet's pod label the command
+    selects a run by, as `k8s-pod/jobset_sigs_k8s_io/jobset-name` (infra/gke/team_access.py, tpu_runs/gke.py).
+    Routing takes a moment: read again, ten times `poll_seconds` apart."""
+    read = [
+        "gcloud",
+        "logging",
+        "read",
+        f'labels."{RUN_POD_LABEL}"="smoke-jax"',
+        "--project",
+        cfg.project,
+        "--bucket",
+        naming.team_log_bucket(cfg.stack, team.name),
+        "--location",
+        naming.TEAM_LOG_LOCATION,
+        "--view",
+        naming.TEAM_LOG_VIEW,
+        "--freshness",
+        "1d",
+        "--format",
+        "value(textPayload)",
+    ]
+    workers: list[int] = []
+    for _attempt in range(10):
+        rc, out = shell.run(read, answer=_dry_run_logs(vms, "smoke-jax"))
+        try:
+            workers = sorted(p.worker_id for p in injected_places(out)) if rc == 0 else []
+        except ValueError:
+            workers = []
+        if workers == list(range(vms)) or shell.dry_run:
+            break
+        time.sleep(poll_seconds)
+    report.add(
+        f"the run's lines reach team {team.name}'s log bucket through its sink and show in its log view, selected "
+        "by the pod label tpu-runs logs --team reads (every host's)",
+        workers == list(range(vms)),
+        f"workers seen: {workers}",
+    )
 
 
 def smoke_preempted_run(
@@ -1128,7 +1176,16 @@ def smoke_gke(
             return _preempt_a_spot_slice(shell, node_pool, spot, project, ready_minutes, poll_seconds)
 
         if teams_file is not None and teams_cfg is not None:  # the preemption lands on a team's run
-            smoke_gke_teams(teams_cfg, teams_file, stack_file, shell, report, run_minutes=run_minutes, preempt=preempt)
+            smoke_gke_teams(
+                teams_cfg,
+                teams_file,
+                stack_file,
+                shell,
+                report,
+                run_minutes=run_minutes,
+                preempt=preempt,
+                poll_seconds=poll_seconds,
+            )
         else:
             report.add("a preempted spot slice comes back whole", preempt(), naming.slice_node_pool(spot.name, 0))
     return report
