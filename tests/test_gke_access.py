@@ -13,7 +13,17 @@ import bootstrap.program
 from bootstrap.program import PROJECT_IAM_ADMIN, read_access
 from infra.access import iamdata, researcher_calls
 from infra.access.environment import RETIRED_PROJECT_ROLES
-from infra.access.model import DEPLOY, PREVIEW, Target, custom_roles, missing, missing_act_as, needs_of, unneeded
+from infra.access.model import (
+    DEPLOY,
+    PREVIEW,
+    Target,
+    custom_roles,
+    missing,
+    missing_act_as,
+    needs_of,
+    role_permissions,
+    unneeded,
+)
 from infra.gke.cluster import NODE_ROLE
 from tests.iam_conditions import allows
 from tests.support import deploys, fixture_config, plan
@@ -142,13 +152,21 @@ def object_in(purpose: str, name: str) -> Target:
     return (f"projects/_/buckets/{PROJECT}-{STACK}-{purpose}/objects/{name}", None)
 
 
+@cache
+def boot_roles() -> dict[str, frozenset[str]]:
+    """The custom roles the bootstrap makes for the GKE environment, by name."""
+    return custom_roles(declared(gke_boot()), PROJECT)
+
+
 def can(member: str, purpose: str, target: Target, permission: str) -> bool:
-    """Whether a bucket grant of the plan lets `member` do `permission` on `target`, its condition evaluated."""
+    """Whether a bucket grant of the plan lets `member` do `permission` on `target`, its condition evaluated; a
+    custom role holds what the bootstrap makes it with."""
+    custom = boot_roles()
     for grant in gke_plan().of_type(BUCKET_GRANT):
         inputs = grant.inputs
         if inputs["member"] != member or inputs["bucket"] != f"{PROJECT}-{STACK}-{purpose}":
             continue
-        if permission not in iamdata.role_permissions(inputs["role"]):
+        if permission not in role_permissions(inputs["role"], custom):
             continue
         condition = inputs.get("condition")
         if condition is None or allows(condition["expression"], target):
@@ -302,7 +320,6 @@ def test_the_deployer_needs_the_team_log_calls_and_the_bootstrap_gives_them():
 
 
 def test_a_member_reads_her_teams_runs_results_and_nothing_else_with_exactly_fetchs_calls():
-    read_role = f"{HOME}/roles/tpuPlatformGkeTeamReadGke"
     (made,) = [
         r
         for r in declared(gke_boot())
@@ -310,28 +327,14 @@ def test_a_member_reads_her_teams_runs_results_and_nothing_else_with_exactly_fet
     ]
     assert sorted(made.inputs["permissions"]) == sorted(researcher_calls.permissions("models"))
     assert sorted(made.inputs["permissions"]) == ["storage.objects.get", "storage.objects.list"]
-    custom = {read_role: frozenset(made.inputs["permissions"])}
-
-    def member_can(member: str, purpose: str, target: Target, permission: str) -> bool:
-        for grant in gke_plan().of_type(BUCKET_GRANT):
-            inputs = grant.inputs
-            if inputs["member"] != member or inputs["bucket"] != f"{PROJECT}-{STACK}-{purpose}":
-                continue
-            role = inputs["role"]
-            if permission in (custom[role] if role in custom else iamdata.role_permissions(role)):
-                condition = inputs.get("condition")
-                if condition is None or allows(condition["expression"], target):
-                    return True
-        return False
-
     ada, grace = "user:ada@example.com", "user:grace@example.com"
     models = f"projects/_/buckets/{PROJECT}-{STACK}-models"
-    assert member_can(ada, "models", object_in("models", "teams/vision/exp-1/model.keras"), "storage.objects.get")
-    assert member_can(ada, "models", (models, "teams/vision/exp-1/"), "storage.objects.list")
+    assert can(ada, "models", object_in("models", "teams/vision/exp-1/model.keras"), "storage.objects.get")
+    assert can(ada, "models", (models, "teams/vision/exp-1/"), "storage.objects.list")
     for elsewhere in ("teams/nlp/exp-1/model.keras", "teams/vision-b/x", "mnist/r1/model.keras"):
-        assert not member_can(ada, "models", object_in("models", elsewhere), "storage.objects.get"), elsewhere
-    assert not member_can(ada, "models", (models, "teams/"), "storage.objects.list")
-    assert not member_can(ada, "models", object_in("models", "teams/vision/x"), "storage.objects.create")
-    assert member_can(grace, "models", object_in("models", "teams/nlp/exp-1/model.keras"), "storage.objects.get")
+        assert not can(ada, "models", object_in("models", elsewhere), "storage.objects.get"), elsewhere
+    assert not can(ada, "models", (models, "teams/"), "storage.objects.list")
+    assert not can(ada, "models", object_in("models", "teams/vision/x"), "storage.objects.create")
+    assert can(grace, "models", object_in("models", "teams/nlp/exp-1/model.keras"), "storage.objects.get")
     for purpose in ("data", "checkpoints"):  # a member reads nothing else of the stack's
-        assert not member_can(ada, purpose, object_in(purpose, "teams/vision/exp-1/x"), "storage.objects.get")
+        assert not can(ada, purpose, object_in(purpose, "teams/vision/exp-1/x"), "storage.objects.get")
