@@ -31,7 +31,6 @@ import pulumi_gcp as gcp
 
 from infra import grants, naming
 from infra.access import iam
-from infra.access.conditions import check_condition
 from infra.access.identities import member_read_role, member_role
 from infra.apis import ProjectApis
 from infra.config import Env
@@ -39,7 +38,6 @@ from infra.config.model import TeamSettings
 
 # Where a team's code reads and writes (by bucket purpose), as a workload's default access.
 TEAM_BUCKET_ACCESS: tuple[tuple[str, str], ...] = tuple(iam.DEFAULT_BUCKET_ACCESS.items())
-STORAGE = "storage.googleapis.com"
 # Cloud Logging's own default retention for a bucket (logging.v2 LogBucket.retentionDays: 30 when 0 is given).
 TEAM_LOG_RETENTION_DAYS = 30
 # The monitored resource GKE writes a container's stdout and stderr under (Cloud Logging, GKE queries:
@@ -117,8 +115,11 @@ class TeamAccess(pulumi.ComponentResource):
                         permissions=frozenset(role.permissions),
                     )
                 )
-                condition = grants.prefix_condition(models, naming.team_prefix(team.name), f"team-{team.name}-results")
-                check_condition(read.name(env.project), frozenset(read.permissions), str(condition.expression), STORAGE)
+                condition = grants.checked_storage_condition(
+                    grants.prefix_condition(models, naming.team_prefix(team.name), f"team-{team.name}-results"),
+                    read.name(env.project),
+                    read.permissions,
+                )
                 self.grants.append(
                     gcp.storage.BucketIAMMember(
                         f"{name}-{team.name}-{member.replace(':', '-')}-results",
