@@ -576,7 +576,10 @@ class Measured:
 
 
 def measure(
-    events: Iterable[Event], up: Iterable[tuple[float, float]] = (), waits: Iterable[tuple[str, float, float]] = ()
+    events: Iterable[Event],
+    up: Iterable[tuple[float, float]] = (),
+    waits: Iterable[tuple[str, float, float]] = (),
+    trusted: bool = True,
 ) -> Measured:
     """Seconds by category from a run's events, boot by boot (each `boot` or `agentStart` opens one, and so
     does whatever follows an `end`).
@@ -589,7 +592,9 @@ def measure(
     progress to its last step line (or a save after it) is productive. Each attempt stopped on notice counts
     once: the agent sent it SIGTERM, or it exited EXIT_RETRY (on a slice, the host told may be another: the
     program's processes stop together, and this record is worker 0's). A SIGTERM with no program running
-    counts too.
+    counts too. An untrusted (self-service) program's exit code is its own word: with `trusted` False only
+    the agent's SIGTERMs count, or a program could fill the stack's preemption record (the what-if's rate)
+    by exiting EXIT_RETRY.
 
     The billed window of a boot runs from the node's READY to the boot's last event, or to the node leaving
     READY when that comes first (a preemption): `up` holds the node's running windows (NodeStates.up), and
@@ -644,13 +649,13 @@ def measure(
                 attempt.append(event)
                 if event.kind == "exit":
                     steps = max(steps, _attempt(attempt, seconds))
-                    preemptions += _noticed(attempt)
+                    preemptions += _noticed(attempt, trusted)
                     attempt = []
             elif event.kind == "sigterm":
                 preemptions += 1
         if attempt:  # no exit seen: the boot ended under the program
             steps = max(steps, _attempt(attempt, seconds))
-            preemptions += _noticed(attempt)
+            preemptions += _noticed(attempt, trusted)
         if life[-1].kind != "end":
             lost += 1
     return Measured(seconds, billed, preemptions, lost, steps, tuple(spans), from_node and bool(spans))
@@ -669,10 +674,12 @@ def _boots(events: list[Event]) -> list[list[Event]]:
     return lives
 
 
-def _noticed(attempt: list[Event]) -> int:
-    """1 when the attempt was stopped on notice: SIGTERM from this agent, or EXIT_RETRY (a peer's notice)."""
+def _noticed(attempt: list[Event], trusted: bool) -> int:
+    """1 when the attempt was stopped on notice: SIGTERM from this agent, or EXIT_RETRY from a trusted
+    program (a peer's notice)."""
     exit_ = next((e for e in attempt if e.kind == "exit"), None)
-    return int(any(e.kind == "sigterm" for e in attempt) or (exit_ is not None and exit_.code == EXIT_RETRY))
+    retried = trusted and exit_ is not None and exit_.code == EXIT_RETRY
+    return int(any(e.kind == "sigterm" for e in attempt) or retried)
 
 
 def _attempt(attempt: list[Event], seconds: dict[str, float]) -> int:

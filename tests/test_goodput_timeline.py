@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import calendar
+import dataclasses
 import json
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from run_contract.timeline import (
     TimelineError,
 )
 from tests.support import STEP_LINE_CATEGORIES
+from tpu_runs import report
 from vm_agent import telemetry
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -368,6 +370,27 @@ def test_a_slice_stopped_by_a_peers_notice_counts_it_once_whether_or_not_this_ag
     both = (*stopped, module.Event("sigterm", 20.5), module.Event("exit", 21.0, code=75), module.Event("end", 22.0))
     failed = (*stopped, module.Event("exit", 21.0, code=1), module.Event("end", 22.0))
     assert [module.measure(e).preemptions for e in (peer_first, both, failed)] == [1, 1, 0]
+
+
+def test_an_untrusted_programs_own_exit_retry_is_no_preemption_but_the_agents_sigterm_is():
+    """A self-service program chooses its exit code: were EXIT_RETRY a notice, it could fill the stack's
+    preemption record, which sets the what-if's rate, by exiting 75 again and again."""
+    started = [module.Event("programStart", 0.0), module.Event("firstStep", 10.0, step=1)]
+    by_itself = (*started, module.Event("exit", 21.0, code=75), module.Event("end", 22.0))
+    told = (*started, module.Event("sigterm", 20.5), module.Event("exit", 21.0, code=75), module.Event("end", 22.0))
+    assert [module.measure(e, trusted=False).preemptions for e in (by_itself, told)] == [0, 1]
+    assert [module.measure(e).preemptions for e in (by_itself, told)] == [1, 1]
+
+
+def test_a_report_measures_a_self_service_runs_exits_as_untrusted():
+    events = module.RunEvents(
+        "r1",
+        "vm",
+        (module.Event("programStart", 0.0), module.Event("exit", 5.0, code=75), module.Event("end", 6.0)),
+        step_lines_trusted=False,
+    )
+    assert report.measured(events, None, 10.0).preemptions == 0
+    assert report.measured(dataclasses.replace(events, step_lines_trusted=True), None, 10.0).preemptions == 1
 
 
 def _seen(node: str, *changes: tuple[str, float, float | None]) -> module.NodeStates:

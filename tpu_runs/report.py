@@ -88,7 +88,7 @@ def node_states(google: Any, stack: Any, vm: TpuVmSettings) -> NodeStates | None
 def run_timeline(vm: TpuVmSettings, events: RunEvents, found: Measured | None = None) -> RunTimeline:
     """The run's timeline on `vm`, from `found` (its events measured against the node's windows), or from its
     events alone."""
-    found = found or measure(events.events)
+    found = found or measure(events.events, trusted=events.step_lines_trusted)
     counts = (found.preemptions, found.lost_without_notice, found.steps)
     return _on(vm, events.run_id, found.billed_s, found.seconds, counts, events.step_lines_trusted)
 
@@ -96,8 +96,8 @@ def run_timeline(vm: TpuVmSettings, events: RunEvents, found: Measured | None = 
 def measured(events: RunEvents, states: NodeStates | None, now: float) -> Measured:
     """The run's events measured against the node's windows and waits, when the guard keeps them."""
     if states is None:
-        return measure(events.events)
-    return measure(events.events, states.up(now), states.waits())
+        return measure(events.events, trusted=events.step_lines_trusted)
+    return measure(events.events, states.up(now), states.waits(), events.step_lines_trusted)
 
 
 def billed_from(found: Iterable[Measured]) -> str:
