@@ -36,6 +36,7 @@ lock: $(STAMP)  ## recompile the *.lock files after editing a requirements-*.txt
 	for r in requirements requirements-plan requirements-dev requirements-workloads; do $(LOCK) $$r.txt -o $$r.lock; done
 	# The VM agent's own environment (tools/agent_wheelhouse.py), resolved for the oldest Python it serves.
 	$(subst 3.11,3.10,$(LOCK)) requirements-agent.txt -o requirements-agent.lock
+	$(PY) -m tools.agent_wheelhouse --write-pin  # the digest of the wheelhouse that lock builds, which the plan names
 	# What a VM installs for an example, by hash (vm_agent/installs.py); the TPU image brings the framework.
 	$(LOCK) workloads/jax_mnist/requirements.txt -o workloads/jax_mnist/requirements.lock \
 	  --no-emit-package jax --no-emit-package jaxlib --no-emit-package numpy --no-emit-package scipy \
@@ -51,8 +52,8 @@ lock: $(STAMP)  ## recompile the *.lock files after editing a requirements-*.txt
 
 # The agent's wheels for each Python it serves, from requirements-agent.lock by hash, as one archive named by
 # its sha256 under build/agent-wheelhouse/ (it downloads from the package index; it installs nothing here),
-# and that digest in requirements-agent.wheelhouse, which the plan reads. `pulumi up` uploads the archive; the
-# tests' sandboxed VMs install their agent's environment from it.
+# checked against the digest requirements-agent.wheelhouse pins, which the plan reads (a different build fails;
+# `make lock` writes the pin). `pulumi up` uploads the archive; the tests' sandboxed VMs install from it.
 WHEELHOUSE := build/agent-wheelhouse/$(shell sed -n 's/^sha256 //p' requirements-agent.wheelhouse).tar.gz
 $(WHEELHOUSE): requirements-agent.lock | $(STAMP)
 	$(PY) -m tools.agent_wheelhouse

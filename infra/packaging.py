@@ -157,11 +157,17 @@ def write_wheelhouse_pin(sha256: str) -> None:
     WHEELHOUSE_PIN.write_text(f"{_PIN_HEADER}sha256 {sha256}\n")
 
 
+def pinned_sha256() -> str:
+    """The digest requirements-agent.wheelhouse pins; '' when it names none."""
+    words = [line.split() for line in WHEELHOUSE_PIN.read_text().splitlines() if line and not line.startswith("#")]
+    sha256 = dict(w for w in words if len(w) == 2).get("sha256", "")
+    return sha256 if len(sha256) == 64 and all(c in "0123456789abcdef" for c in sha256) else ""
+
+
 @functools.cache
 def agent_wheelhouse() -> Package:
     """The pinned wheelhouse, by digest; its file is read only by `pulumi up`'s upload."""
-    words = [line.split() for line in WHEELHOUSE_PIN.read_text().splitlines() if line and not line.startswith("#")]
-    sha256 = dict(w for w in words if len(w) == 2).get("sha256", "")
-    if len(sha256) != 64 or not all(c in "0123456789abcdef" for c in sha256):
-        raise PackagingError(f"{WHEELHOUSE_PIN} names no sha256; run `make agent-wheelhouse`")
+    sha256 = pinned_sha256()
+    if not sha256:
+        raise PackagingError(f"{WHEELHOUSE_PIN} names no sha256; run `make lock`")
     return Package(data=b"", sha256=sha256, files=0, built=WHEELHOUSE_DIR / f"{sha256}.tar.gz")

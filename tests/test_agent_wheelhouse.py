@@ -122,3 +122,27 @@ def test_the_pinned_wheelhouse_is_what_the_lock_builds_for_every_python_the_cata
         tag = "cp" + python.replace(".", "")
         assert any(w.startswith("google_crc32c-") and f"-{tag}-{tag}-" in w for w in wheels), python
     assert load_catalog().agent_pythons == agent_wheelhouse.PYTHONS  # the tool builds what the catalog serves
+
+
+@pytest.mark.parametrize("write_pin", [False, True])
+def test_a_build_that_differs_from_the_reviewed_pin_fails_unless_asked_to_write_it(
+    tmp_path, monkeypatch, capsys, write_pin
+):
+    """A deploy runs `make agent-wheelhouse` and uploads what it built: a digest other than the one the PR
+    showed must stop it, not quietly become the new pin."""
+    import infra.packaging
+
+    pin = tmp_path / "requirements-agent.wheelhouse"
+    reviewed = "a" * 64
+    monkeypatch.setattr(infra.packaging, "WHEELHOUSE_PIN", pin)
+    infra.packaging.write_wheelhouse_pin(reviewed)
+    built = tmp_path / ("b" * 64 + ".tar.gz")
+    built.write_bytes(b"archive")
+    house = agent_wheelhouse.Wheelhouse(infra.packaging.Package(data=b"archive", sha256="b" * 64, files=1), ())
+    monkeypatch.setattr(agent_wheelhouse, "build", lambda *args: (house, built))
+    code = agent_wheelhouse.main(["--write-pin"] if write_pin else [])
+    if write_pin:
+        assert code == 0 and infra.packaging.pinned_sha256() == "b" * 64
+    else:
+        assert code == 1 and infra.packaging.pinned_sha256() == reviewed and not built.exists()
+        assert f"built sha256 {'b' * 64}, but requirements-agent.wheelhouse pins {reviewed}" in capsys.readouterr().err

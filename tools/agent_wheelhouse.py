@@ -10,12 +10,15 @@ the hashes of every file of each pinned release, so one lock serves every interp
 exist. The folder of wheels is then packed as infra/packaging.py packs a source folder (sorted members,
 fixed times and modes, gzip mtime 0): the same lock gives the same bytes, wherever it is built.
 
-    python -m tools.agent_wheelhouse [--python 3.10 --python 3.12] [--out build/agent-wheelhouse]
+    python -m tools.agent_wheelhouse [--write-pin] [--python 3.10 --python 3.12] [--out build/agent-wheelhouse]
 
-prints the archive's path, digest and size, and writes its digest to requirements-agent.wheelhouse, which
-the plan reads (infra/packaging.py agent_wheelhouse): the plan names the archive without building it, so
-`make plan` stays offline, and `pulumi up` uploads the file this wrote. A VM installs from it with no
-package index and every hash checked (vm_agent/environment.py).
+prints the archive's path, digest and size. The stack's own wheelhouse must have the digest
+requirements-agent.wheelhouse pins, which the plan reads (infra/packaging.py agent_wheelhouse): the plan
+names the archive without building it, so `make plan` stays offline, and `pulumi up` uploads the file
+this wrote. A build whose digest differs from the reviewed pin fails and changes nothing, so a deploy
+never ships an archive its PR did not show; `--write-pin` (`make lock`, after editing
+requirements-agent.txt) writes the new digest. A VM installs from it with no package index and every hash
+checked (vm_agent/environment.py).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from infra.catalog import load_catalog
-from infra.packaging import WHEELHOUSE_DIR, WHEELHOUSE_PIN, Package, package, write_wheelhouse_pin
+from infra.packaging import WHEELHOUSE_DIR, WHEELHOUSE_PIN, Package, package, pinned_sha256, write_wheelhouse_pin
 from vm_agent.installs import requirement_lines
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -117,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--python", action="append", help=f"interpreter version to serve (default {PYTHONS})")
     parser.add_argument("--lock", type=Path, default=LOCK)
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--write-pin", action="store_true", help=f"write the digest to {WHEELHOUSE_PIN.name}")
     args = parser.parse_args(argv)
     try:
         house, path = build(args.lock, tuple(args.python or PYTHONS), args.out)
@@ -124,8 +128,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"agent wheelhouse: {error}", file=sys.stderr)
         return 1
     if args.lock == LOCK and args.out == OUT and not args.python:  # the stack's own: what the plan names
-        write_wheelhouse_pin(house.archive.sha256)
-        print(f"{WHEELHOUSE_PIN.name}: {house.archive.sha256}")
+        if args.write_pin:
+            write_wheelhouse_pin(house.archive.sha256)
+            print(f"{WHEELHOUSE_PIN.name}: {house.archive.sha256}")
+        elif house.archive.sha256 != (pinned := pinned_sha256()):
+            path.unlink()
+            print(
+                f"agent wheelhouse: {args.lock.name} built sha256 {house.archive.sha256}, but {WHEELHOUSE_PIN.name} "
+                f"pins {pinned or 'nothing'}: after editing the lock, run `make lock` (which writes the pin with "
+                "--write-pin) and commit both, so the plan shows the new archive",
+                file=sys.stderr,
+            )
+            return 1
     size = len(house.archive.data)
     print(f"{path} sha256 {house.archive.sha256} {size / 2**20:.2f} MiB, {len(house.wheels)} wheels")
     return 0
