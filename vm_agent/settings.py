@@ -54,7 +54,7 @@ class Settings:
     workload: str = ""
     checkpoints: str = ""  # gs://<checkpoints-bucket>
     models: str = ""  # gs://<models-bucket>
-    python: str = sys.executable  # the image's Python, which runs the agent
+    python: str = sys.executable  # the image's Python, which runs the programs (the agent has its own)
     docker: str = "docker"
     # Where the agent's claims on run uids live (machine-wide, so two agents of one machine never share a uid:
     # the tests) and the device nodes the TPU chips appear as (vm_agent/isolation.py).

@@ -15,8 +15,8 @@ Shipping never blocks or kills the run: `ship` only parses and puts on a bounded
 drops the line and counts it), a background thread batches and sends, a failed request is dropped
 with a counted warning on stderr, and `close` (also at exit) sends what is left within a time limit.
 
-Runs on the VM image's system Python: stdlib only, Python 3.8, as the rest of the agent (the oldest
-images' Python is undocumented).
+Runs in the agent's own environment (vm_agent/environment.py) but needs nothing from it: stdlib only,
+Python 3.8 syntax, as the rest of the agent's modules.
 
 Where Google says so:
 - Writing: `POST https://logging.googleapis.com/v2/entries:write` (logging.v2 discovery document,

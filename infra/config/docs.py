@@ -91,7 +91,7 @@ def json_schema() -> JsonSchema:
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "Pulumi.<stack>.yaml of tpu-platform",
-        "description": "Generated from infra/config/settings.py by `python -m tools.offline schema --write`.",
+        "description": "Generated from infra/config/model.py by `python -m tools.offline schema --write`.",
         "type": "object",
         "properties": {
             "secretsprovider": {"type": "string"},

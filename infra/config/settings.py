@@ -1,7 +1,8 @@
-"""One declaration per stack setting: key, type, default, bounds and description.
+"""The stack's settings as rows (key, type, default, bounds and description), derived from their one
+declaration, the models of `model.py`.
 
-The reader (`reader.py`) reads each value through its declaration, and the JSON Schema of
-`Pulumi.<stack>.yaml` and the settings table of docs/stack-settings.md are generated from the same list
+The reader (`reader.py`) reads each section through its model (`declared.read`), and the JSON Schema of
+`Pulumi.<stack>.yaml` and the settings table of docs/stack-settings.md are generated from these rows
 (`python -m tools.offline schema --write`), so the three cannot disagree.
 
 Keys are paths below the stack file's `config:`: `tpu-platform:budget.amount`; `[]` is each item
