@@ -14,8 +14,9 @@ from tools.offline.runner import plan_stack
 BUCKET_GRANT = "gcp:storage/bucketIAMMember:BucketIAMMember"
 READER = "roles/storage.objectViewer"
 # Between them: a VM's status folder and a researcher's folders (bucket_access, researchers), the
-# guard's node states (researchers), packaged sources by name and by prefix (artifacts).
-STACKS = ("self-service", "sources")
+# guard's node states (researchers), packaged sources by name and by prefix (artifacts), a GKE team's
+# results (infra/gke/team_access.py).
+STACKS = ("self-service", "sources", "gke")
 
 
 @pytest.fixture
