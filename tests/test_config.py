@@ -6,6 +6,7 @@ import pytest
 
 from infra.config import parse_stack_config
 from infra.config.problems import ConfigError, Fix, item_key, item_keys
+from infra.config.stackfile import ROOT
 from tests.support import NS, fixture_config, replace_object, stack_config, with_object, with_scalar, workload_settings
 
 
@@ -222,3 +223,19 @@ def test_a_list_item_is_keyed_by_its_name_unless_another_item_shares_it_or_it_is
         "tpu-platform:tpuVms[5]",
     ]
     assert [item_key("tpu-platform:tpuVms", items, i) for i in range(len(items))] == keys
+
+
+def test_a_program_is_one_of_the_examples_of_the_repository_being_read(tmp_path):
+    """An installed `tpu-runs` reads a stack of the repository its stack file is in, not of the package it
+    was installed from: the examples a `program` may name are that repository's, found when it is read."""
+    import shutil
+
+    from infra.config.workload_code import reading_repository
+
+    theirs = tmp_path / "their-repository"
+    shutil.copytree(ROOT / "workloads" / "tf_mnist", theirs / "workloads" / "their_mnist")
+    raw = with_object(stack_config("dev"), "workloads", lambda w: w["mnist"].update(program="their_mnist"))
+    with reading_repository(theirs):
+        assert parse_stack_config("dev", raw).workloads[0].program == "their_mnist"
+    with pytest.raises(ConfigError, match=r"workloads\.mnist\.program = 'their_mnist'"):
+        parse_stack_config("dev", raw)

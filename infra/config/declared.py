@@ -150,9 +150,15 @@ class Allowed(_Rule):
 
 @dataclass(frozen=True)
 class OneOf(_Rule):
-    """The values a setting takes, from a tuple the code keeps (the catalog's, GCP's)."""
+    """The values a setting takes: a tuple the code keeps (the catalog's, GCP's), or a function that gives
+    them when a stack is read (the examples of the repository being read, which an installed `tpu-runs`
+    learns only from the stack file's path)."""
 
-    choices: tuple[Any, ...]
+    given: tuple[Any, ...] | Callable[[], tuple[Any, ...]]
+
+    @property
+    def choices(self) -> tuple[Any, ...]:
+        return self.given() if callable(self.given) else self.given
 
     def __call__(self, value: Any) -> Any:
         if value not in self.choices:

@@ -347,7 +347,7 @@ class WorkloadSettings(Section):
     description: Annotated[
         Text, Allowed(f"at most {MAX_ACCOUNT_DESCRIPTION_BYTES} UTF-8 bytes", check=_account_description), Unstated()
     ] = Field(default="", description="Description of the workload's service account.")
-    program: Annotated[Text, OneOf(tuple(examples())), Unstated()] = Field(
+    program: Annotated[Text, OneOf(lambda: tuple(examples())), Unstated()] = Field(
         default="",
         description="An example of this repository (the source folder `workloads/<program>` and its command); or "
         "give source and command.",
