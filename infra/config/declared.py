@@ -155,13 +155,18 @@ class OneOf(_Rule):
     learns only from the stack file's path)."""
 
     given: tuple[Any, ...] | Callable[[], tuple[Any, ...]]
+    refusal: Callable[[Any], str] | None = None  # the refusal in words of its own, else "must be one of ..."
 
     @property
     def choices(self) -> tuple[Any, ...]:
         return self.given() if callable(self.given) else self.given
 
     def __call__(self, value: Any) -> Any:
-        if value not in self.choices:
+        choices = self.choices
+        if value not in choices:
+            if self.refusal is not None:
+                near = nearest(value, [c for c in choices if isinstance(c, str)]) if isinstance(value, str) else None
+                raise refuse(self.refusal(value), near)
             raise PydanticCustomError("literal_error", "not one of the choices")
         return value
 

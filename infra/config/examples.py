@@ -30,6 +30,14 @@ class Example:
         return f"{EXAMPLES_FOLDER}/{self.name}"
 
 
+def not_an_example(name: object) -> str:
+    """Why `program: <name>` is refused: no such example in the repository being read."""
+    return (
+        f"not an example of the stack's repository ({EXAMPLES_FOLDER}/{name}/example.json); "
+        f"its examples: {', '.join(examples()) or 'none'}"
+    )
+
+
 def examples() -> dict[str, Example]:
     """The examples of the repository whose stack is being read (infra/config/workload_code.py `repository`)."""
     return _examples(repository())

@@ -32,7 +32,7 @@ from infra.config.declared import (
     as_text,
     refuse,
 )
-from infra.config.examples import examples
+from infra.config.examples import examples, not_an_example
 from infra.config.problems import fullmatch
 from infra.config.workload_code import FOLDER_ALLOWED, IMAGE_ALLOWED, folder_problem
 from infra.schedule import CronError, parse_cron
@@ -347,7 +347,7 @@ class WorkloadSettings(Section):
     description: Annotated[
         Text, Allowed(f"at most {MAX_ACCOUNT_DESCRIPTION_BYTES} UTF-8 bytes", check=_account_description), Unstated()
     ] = Field(default="", description="Description of the workload's service account.")
-    program: Annotated[Text, OneOf(lambda: tuple(examples())), Unstated()] = Field(
+    program: Annotated[Text, OneOf(lambda: tuple(examples()), not_an_example), Unstated()] = Field(
         default="",
         description="An example of this repository (the source folder `workloads/<program>` and its command); or "
         "give source and command.",

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from infra import naming
 from infra.config import declared, rules, workload_code
 from infra.config.declared import S, stack_key
-from infra.config.examples import EXAMPLES_FOLDER, examples
+from infra.config.examples import examples, not_an_example
 from infra.config.model import (
     ENV_ALLOWED,
     MAX_COMMAND_ARG,
@@ -188,12 +188,7 @@ def _code(workload: WorkloadSettings, item: Mapping[str, object], at: str, probl
             problems.add(f"{at}.frameworkVersion", MISSING, "required with program")
         example = examples().get(workload.program)
         if example is None:  # the settings' choices are this checkout's; the stack's repository may differ
-            problems.add(
-                f"{at}.program",
-                workload.program,
-                f"not an example of the stack's repository "
-                f"({EXAMPLES_FOLDER}/{workload.program}/example.json); its examples: {', '.join(examples()) or 'none'}",
-            )
+            problems.add(f"{at}.program", workload.program, not_an_example(workload.program))
             return {"env": env, "program": ""}  # refused: nothing else is checked against it
         return {
             "source": WorkloadSource(folder=example.folder),
