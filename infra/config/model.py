@@ -98,6 +98,10 @@ CAPACITY = ("direct", "queued")
 # gcloud's short reservation name pattern (queued_api._RESERVATION; tpu.v2.json names the reservation
 # projects/P/locations/ZONE/reservations/NAME).
 RESERVATION_NAME = r"[a-zA-Z0-9-]+"
+# A specific reservation's short name, as a VM and a GKE slice pool both take it.
+ReservationName = Annotated[
+    Text, Allowed("a reservation's short name: letters, digits and '-'", RESERVATION_NAME), Unstated()
+]
 ZONE = r"[a-z]+-[a-z]+[0-9]+-[a-z]"
 # Flex-start: "for up to 7 days" (cloud.google.com/tpu/docs/request-using-flex-start).
 MAX_FLEX_START_HOURS = 7 * 24
@@ -594,9 +598,7 @@ class TpuVmSettings(Section):
         description="direct: one TPU API node in its zone; queued: a queued resource (fallback zones, reservations, "
         "multislice, flex-start).",
     )
-    reservation_name: Annotated[
-        Text, Allowed("a reservation's short name: letters, digits and '-'", RESERVATION_NAME), Unstated()
-    ] = Field(
+    reservation_name: ReservationName = Field(
         default="",
         description="A named reservation in the VM's zone (queued, provisioning reserved, no fallbackZones).",
     )
@@ -751,9 +753,9 @@ class SlicePoolSettings(Section):
         description="How the capacity is bought: on-demand, spot, a specific reservation (reserved, with "
         "reservationName) or flex-start (the pool scales from zero when a job asks).",
     )
-    reservation_name: Annotated[
-        Text, Allowed("a reservation's short name: letters, digits and '-'", RESERVATION_NAME), Unstated()
-    ] = Field(default="", description="The specific reservation a reserved pool consumes, in its zone.")
+    reservation_name: ReservationName = Field(
+        default="", description="The specific reservation a reserved pool consumes, in its zone."
+    )
     slices: Integer = Field(
         default=1, ge=1, le=naming.MAX_SLICES, description="Slices of this type: one node pool each."
     )
