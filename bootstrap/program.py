@@ -40,10 +40,12 @@ from bootstrap.getters import Node
 from infra import naming
 from infra.access import iam
 from infra.access.accounts import SERVICE_ACCOUNT_USER, StackIdentities
+from infra.access.conditions import check_condition
 from infra.access.environment import (
     BILLING_DEPLOY_ROLE,
     BILLING_PREVIEW_ROLE,
     ObjectReads,
+    log_names_condition,
     object_reads_condition,
 )
 from infra.config import BILLING_ACCOUNT, GCP_PROJECT_ID
@@ -465,6 +467,33 @@ def _environment(
     grants.append(
         gcp.projects.IAMMember(f"deployer-{stack}-grant", project=project, role=role.name, member=member, opts=in_env)
     )
+    if entry["deployerLogPermissions"]:
+        # Logging sees log buckets and views by name in a condition (conditions-resource-attributes): the deployer
+        # edits the platform's own only, never `_Default` itself nor another's bucket or view.
+        log_role = _environment_role(
+            stack,
+            project,
+            in_env,
+            "deployer-logs",
+            "The deployer's calls on the platform's own log buckets and views, under a condition naming them.",
+            entry["deployerLogPermissions"],
+        )
+        expression = log_names_condition(entry["deployerLogPrefixes"])
+        check_condition("deployer-logs", frozenset(entry["deployerLogPermissions"]), expression)
+        grants.append(
+            gcp.projects.IAMMember(
+                f"deployer-{stack}-logs-grant",
+                project=project,
+                role=log_role.name,
+                member=member,
+                condition=gcp.projects.IAMMemberConditionArgs(
+                    title="only-platform-logs",
+                    description=f"Only the {stack} stack's log buckets and views",
+                    expression=expression,
+                ),
+                opts=in_env,
+            )
+        )
     grants.append(
         gcp.projects.IAMMember(
             f"deployer-{stack}-grants-only-platform-roles",

@@ -284,6 +284,19 @@ def team_log_bucket_path(project: str, stack: str, team: str) -> str:
     return f"projects/{project}/locations/{TEAM_LOG_LOCATION}/buckets/{team_log_bucket(stack, team)}"
 
 
+# How every `paths.researcher_log` id starts (a test compares them; the run contract ships byte for byte).
+RESEARCHER_LOG_PREFIX = "tpu-runs-"
+
+
+def platform_log_prefixes(project: str, stack: str) -> tuple[str, str]:
+    """The starts of the full names of the stack's log buckets and views: the teams' buckets (and their views)
+    and the researchers' views of `_Default`. The deployer edits no other (infra/access/environment.py)."""
+    return (
+        f"projects/{project}/locations/{TEAM_LOG_LOCATION}/buckets/{team_log_bucket(stack, '')}",
+        f"projects/{project}/locations/global/buckets/{LOG_BUCKET}/views/{RESEARCHER_LOG_PREFIX}",
+    )
+
+
 def team_log_view(project: str, stack: str, team: str) -> str:
     """The full name of a team's log view: what `tpu-runs logs --team` reads and its members' viewAccessor grant
     is conditioned on."""

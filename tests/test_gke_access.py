@@ -5,17 +5,20 @@ nodes' account (which the bootstrap makes), and the node role to grant, nothing 
 
 from __future__ import annotations
 
+import re
 from functools import cache
 
 import pytest
 
 import bootstrap.program
 from bootstrap.program import PROJECT_IAM_ADMIN, read_access
+from infra import naming
 from infra.access import iamdata, researcher_calls
-from infra.access.environment import RETIRED_PROJECT_ROLES
+from infra.access.environment import RETIRED_PROJECT_ROLES, AccessError, Plan, environment_access
 from infra.access.model import (
     DEPLOY,
     PREVIEW,
+    Declared,
     Target,
     custom_roles,
     missing,
@@ -25,6 +28,7 @@ from infra.access.model import (
     unneeded,
 )
 from infra.gke.cluster import NODE_ROLE
+from run_contract import paths
 from tests.iam_conditions import allows
 from tests.support import deploys, fixture_config, plan
 from tests.test_access import ADMIN, deployer, held_by
@@ -105,10 +109,11 @@ def test_a_refresh_reads_clusters_pools_and_policies_and_connects_for_the_queues
 
 def test_the_bootstraps_deployer_of_a_gke_environment_holds_what_its_plan_needs_and_nothing_more():
     held = held_by(deployer(STACK), gke_boot())
-    assert missing(gke_needs(), held, [HOME]) == []
-    (role,) = [g for g in held if g.role.startswith(f"{HOME}/roles/")]
+    assert missing(gke_needs(), held, [HOME], evaluate=allows) == []
+    (role,) = [g for g in held if g.role == f"{HOME}/roles/tpuPlatformDeployerGke"]
+    (logs,) = [g for g in held if g.role == f"{HOME}/roles/tpuPlatformDeployerLogsGke"]
     assert role.permissions >= GKE_PERMISSIONS
-    assert unneeded(gke_needs(), HOME, role.permissions) == []
+    assert unneeded(gke_needs(), HOME, role.permissions | logs.permissions) == []
     (limited,) = [g for g in held if g.role == PROJECT_IAM_ADMIN]
     assert NODE_ROLE in (limited.grantable_roles or ())
     assert limited.grantable_roles == gke_needs().project_grants[PROJECT] | set(RETIRED_PROJECT_ROLES)
@@ -311,9 +316,90 @@ def test_the_deployer_needs_the_team_log_calls_and_the_bootstrap_gives_them():
     assert any("team-access-vision-log-sink" in w for w in why["logging.sinks.create"])
     assert any("team-access-vision-log-view" in w for w in why["logging.views.create"])
     held = held_by(deployer(STACK), gke_boot())
-    assert missing(gke_needs(), held, [HOME]) == []
+    assert missing(gke_needs(), held, [HOME], evaluate=allows) == []
     (limited,) = [g for g in held if g.role == PROJECT_IAM_ADMIN]
     assert "roles/logging.viewAccessor" in (limited.grantable_roles or ())
+
+
+NAMED_LOG_CALLS = {
+    "logging.buckets.get",
+    "logging.buckets.update",
+    "logging.buckets.delete",
+    "logging.views.get",
+    "logging.views.update",
+    "logging.views.delete",
+}
+
+
+def test_the_deployer_edits_the_platforms_log_buckets_and_views_only_under_a_condition_naming_them():
+    """Logging sees log buckets and views by name in a condition (conditions-resource-attributes: LogBucket and
+    LogView). Unconditioned, the deployer could shorten `_Default`'s retention, delete a security team's log
+    bucket, or rewrite another stack's views."""
+    held = held_by(deployer(STACK), gke_boot())
+    unconditioned = {p for g in held if g.condition is None for p in g.permissions}
+    assert not unconditioned & NAMED_LOG_CALLS
+    (logs,) = [g for g in held if g.permissions & NAMED_LOG_CALLS]
+    assert logs.permissions == NAMED_LOG_CALLS and logs.condition
+    # Every one of those calls names its bucket or view, and the condition admits each (the proof above).
+    targets = {t for p in NAMED_LOG_CALLS for t in gke_needs().targets[HOME][p]}
+    assert {name for name, _ in targets} == {
+        f"{HOME}/locations/global/buckets/tpu-gke-team-{team}{view}"
+        for team in ("vision", "nlp")
+        for view in ("", "/views/runs")
+    }
+    admitted = [
+        f"{HOME}/locations/global/buckets/tpu-gke-team-vision",
+        team_view("nlp"),
+        f"{HOME}/locations/global/buckets/_Default/views/tpu-runs-0123456789abcdef",  # a researcher's view
+    ]
+    refused = [
+        f"{HOME}/locations/global/buckets/_Default",
+        f"{HOME}/locations/global/buckets/_Required",
+        f"{HOME}/locations/global/buckets/_Default/views/_AllLogs",
+        f"{HOME}/locations/global/buckets/_Default/views/_Default",
+        f"{HOME}/locations/global/buckets/security-audit",
+        f"{HOME}/locations/global/buckets/security-audit/views/tpu-runs-0123456789abcdef",
+        f"{HOME}/locations/global/buckets/tpu-gke-prod-team-vision",  # another stack's
+        f"{HOME}/locations/eu/buckets/tpu-gke-team-vision",
+        "projects/other-project/locations/global/buckets/tpu-gke-team-vision",
+    ]
+    assert [n for n in admitted if not allows(logs.condition, (n, None))] == []
+    assert [n for n in refused if allows(logs.condition, (n, None))] == []
+
+
+def test_what_no_condition_can_narrow_stays_in_the_deployers_role():
+    """A create is checked on its parent, and a sink (or an operation) is no resource a condition sees: those
+    calls name no target, so a conditioned grant never counts for them (docs/ci-and-bootstrap.md says what they
+    leave the deployer)."""
+    untargeted = gke_needs().untargeted[HOME]
+    assert {
+        "logging.buckets.create",
+        "logging.views.create",
+        "logging.operations.get",
+        "logging.sinks.create",
+        "logging.sinks.get",
+        "logging.sinks.update",
+        "logging.sinks.delete",
+    } <= untargeted
+    assert not untargeted & NAMED_LOG_CALLS
+
+
+def test_a_plan_naming_a_log_bucket_outside_the_platforms_names_is_refused():
+    audit = Declared(
+        "gcp:logging/projectBucketConfig:ProjectBucketConfig",
+        "audit",
+        {"project": "p", "location": "global", "bucketId": "security-audit"},
+    )
+    outside = "logging.buckets.delete on projects/p/locations/global/buckets/security-audit, outside"
+    with pytest.raises(AccessError, match=re.escape(outside)):
+        environment_access(STACK, "p", [Plan([audit])], log_prefixes=naming.platform_log_prefixes("p", STACK))
+
+
+def test_the_researchers_views_start_as_the_deployer_may_edit_them():
+    assert paths.researcher_log("user:ada@example.com").startswith(naming.RESEARCHER_LOG_PREFIX)
+    assert naming.researcher_log_view(PROJECT, "user:ada@example.com").startswith(
+        naming.platform_log_prefixes(PROJECT, STACK)[1]
+    )
 
 
 # --- the teams' results (tpu-runs fetch --team) ------------------------------------------------------------

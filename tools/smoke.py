@@ -290,6 +290,7 @@ def computed_permissions() -> set[str]:
         for entry in access.values()
         for p in [
             *entry["deployerPermissions"],
+            *entry["deployerLogPermissions"],
             *entry["previewerPermissions"],
             *(q for role in entry["roles"].values() for q in role["permissions"]),
         ]

@@ -11,6 +11,10 @@ read what earlier deploys left. What the identities hold is the union of both pl
   (billing-account roles cannot be custom at project level). It holds no `iam.roles.*` and no right on
   service accounts themselves: the accounts and custom roles are the bootstrap's to make
   (`infra/access/accounts.py`), and a plan that would create one is refused here.
+  Its calls on a log bucket or log view by name (get, update, delete: the two Logging resources IAM
+  Conditions see) come from a second custom role, under a condition admitting only the platform's own
+  log names (`log_names_condition`); a create, an operation and every sink call name nothing a condition sees
+  (conditions-resource-attributes), so they stay in the first role: docs/ci-and-bootstrap.md says what that leaves.
 - The previewer: one custom role of the reads `pulumi preview --refresh` makes, except object reads,
   which it holds only for the objects a refresh reads (`ObjectReads`: by name, under a condition).
 A permission needed anywhere else (another project, say a KMS key's) is an error: such grants are
@@ -123,6 +127,25 @@ def _glob(glob: str) -> re.Pattern[str]:
     return re.compile("[^/]*".join(re.escape(part) for part in glob.split("*")))
 
 
+# The deployer's permissions that a condition on resource.name can narrow: Logging's on log buckets and views
+# (conditions-resource-attributes: logging.googleapis.com/LogBucket and /LogView), each held under the condition
+# only where every call of it names its bucket or view (infra/access/model.py: a get, patch or delete).
+NAMED_LOG_PERMISSIONS = ("logging.buckets.", "logging.views.")
+
+
+def log_names_condition(prefixes: Sequence[str]) -> str:
+    """An IAM condition (CEL) admitting the log buckets and views whose full names
+    (`projects/P/locations/L/buckets/B[/views/V]`, conditions-resource-attributes) start with one of `prefixes`."""
+    if not prefixes:
+        raise ValueError("a log names condition needs at least one prefix")
+    for prefix in prefixes:
+        if not re.fullmatch(
+            r"projects/[a-z0-9-]+/locations/[a-z0-9-]+/buckets/[A-Za-z0-9_.-]+(/views/[A-Za-z0-9_.-]*)?", prefix
+        ):
+            raise ValueError(f"{prefix!r}: not the start of a log bucket's or view's name")
+    return " || ".join(f"resource.name.startsWith('{prefix}')" for prefix in prefixes)
+
+
 def object_reads_condition(reads: ObjectReads) -> str:
     """An IAM condition (CEL) allowing object reads of exactly `reads`: Cloud Storage names an object
     `projects/_/buckets/B/objects/NAME` and checks a listing on the bucket, `projects/_/buckets/B`
@@ -154,6 +177,9 @@ class EnvironmentAccess:
     deployer_acts_as: tuple[str, ...] = ()  # account ids the plans attach
     previewer_object_reads: ObjectReads = ObjectReads()
     identities: StackIdentities = field(default_factory=StackIdentities)
+    # Held under `log_names_condition(deployer_log_prefixes)`: see NAMED_LOG_PERMISSIONS.
+    deployer_log_permissions: tuple[str, ...] = ()
+    deployer_log_prefixes: tuple[str, ...] = ()
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -161,6 +187,8 @@ class EnvironmentAccess:
             "project": self.project,
             "deployerPermissions": list(self.deployer_permissions),
             "deployerActsAs": list(self.deployer_acts_as),
+            "deployerLogPermissions": list(self.deployer_log_permissions),
+            "deployerLogPrefixes": list(self.deployer_log_prefixes),
             "grantableRoles": list(self.grantable_roles),
             "previewerPermissions": list(self.previewer_permissions),
             "previewerObjectReads": self.previewer_object_reads.as_json(),
@@ -184,7 +212,9 @@ def environment_access(
     plans: Sequence[Plan],
     quota_project: str | None = None,
     identities: StackIdentities | None = None,
+    log_prefixes: Sequence[str] = (),
 ) -> EnvironmentAccess:
+    """`log_prefixes`: where the platform's log buckets and views are named (infra/naming.py platform_log_prefixes)."""
     identities = identities or StackIdentities()
     for plan in plans:
         made = sorted(f"{r.name} ({r.type})" for r in plan.resources if r.type in BOOTSTRAP_TYPES)
@@ -230,10 +260,26 @@ def environment_access(
         )
     resources = [r for plan in plans for r in plan.resources]
     agents = list({json_key(g): g for g in agent_grants(resources)}.values())
+    named_logs = {
+        p
+        for p in deploy.in_scope(home)
+        if p.startswith(NAMED_LOG_PERMISSIONS) and p not in deploy.untargeted.get(home, set())
+    }
+    for permission in sorted(named_logs):
+        outside = sorted(
+            name for name, _ in deploy.targets[home][permission] if not name.startswith(tuple(log_prefixes))
+        )
+        if outside:
+            raise AccessError(
+                f"stack {stack!r}: the plan needs {permission} on {', '.join(outside)}, outside the platform's log "
+                f"names ({', '.join(log_prefixes) or 'none given'}): name it with infra/naming.py"
+            )
     return EnvironmentAccess(
         stack=stack,
         project=project,
-        deployer_permissions=tuple(sorted(deploy.in_scope(home) - {SET_PROJECT_IAM})),
+        deployer_permissions=tuple(sorted(deploy.in_scope(home) - {SET_PROJECT_IAM} - named_logs)),
+        deployer_log_permissions=tuple(sorted(named_logs)),
+        deployer_log_prefixes=tuple(log_prefixes) if named_logs else (),
         grantable_roles=tuple(sorted(deploy.project_grants.get(project, set()) | set(RETIRED_PROJECT_ROLES))),
         previewer_permissions=tuple(sorted(reads - by_name)),
         billing_accounts=tuple(sorted(billing)),

@@ -134,10 +134,37 @@ class Needs:
         return out
 
 
-def _targets(resource: Declared) -> list[Target]:
-    """The objects a resource's calls name (its own, for a Cloud Storage object)."""
+# Cloud Logging's resources that IAM Conditions see, by their full names: log buckets and log views
+# (conditions-resource-attributes lists logging.googleapis.com/LogBucket and /LogView, named
+# `projects/P/locations/L/buckets/B[/views/V]`, and no other Logging type: not a sink, a location or an
+# operation). A get, patch or delete is checked on the bucket or view it names (logging.v2: `name`).
+LOG_BUCKET_TYPE = "gcp:logging/projectBucketConfig:ProjectBucketConfig"
+LOG_VIEW_TYPE = "gcp:logging/logView:LogView"
+_NAMED_LOG_CALLS = {
+    LOG_BUCKET_TYPE: "logging.projects.locations.buckets",
+    LOG_VIEW_TYPE: "logging.projects.locations.buckets.views",
+}
+
+
+def _log_name(resource: Declared, default_project: str) -> str:
+    """A log bucket's or log view's full name, as Logging names it."""
+    inputs = resource.inputs
+    if resource.type == LOG_VIEW_TYPE:
+        return f"{inputs.get('bucket')}/views/{inputs.get('name')}"
+    project = inputs.get("project") or default_project
+    return f"projects/{project}/locations/{inputs.get('location')}/buckets/{inputs.get('bucketId')}"
+
+
+def _targets(resource: Declared, method: str, default_project: str) -> list[Target]:
+    """What one call of a resource names as a condition sees it: a Cloud Storage object its own name; a log
+    bucket's or view's get, patch and delete the bucket or view. A create is checked on its parent, which
+    Google does not document as a condition's resource.name: it names no target, and a grant under a
+    condition never counts for it."""
     if resource.type == "gcp:storage/bucketObject:BucketObject":
         return [object_target(str(resource.inputs.get("bucket")), str(resource.inputs.get("name")))]
+    collection, _, verb = method.rpartition(".")
+    if verb in ("get", "patch", "delete") and _NAMED_LOG_CALLS.get(resource.type) == collection:
+        return [(_log_name(resource, default_project), None)]
     return []
 
 
@@ -174,9 +201,9 @@ def needs_of(
     for resource in resources:
         calls = calls_for(resource.type)
         scope = scope_of(resource, default_project)
-        targets = _targets(resource)
         for phase in phases:
             for method in calls.methods(phase, resource.inputs):
+                targets = _targets(resource, method, default_project)
                 need(scope, method, f"{phase} {resource.name} ({resource.type})", targets)
             if phase not in ("create", "update"):
                 continue

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from infra import naming
 from infra.access.accounts import StackIdentities
 from infra.access.environment import EnvironmentAccess, Plan, environment_access
 from infra.access.model import Declared, custom_roles, grants_to
@@ -56,7 +57,14 @@ def access_of(stack: str, deploys: Deploys | None = None, config: Mapping[str, s
     fresh = deploys["fresh"]
     config = config if config is not None else (fresh.config or read_stack_config(stack))
     plans = [Plan(declared(result), result.invokes) for result in deploys.values()]
-    return environment_access(stack, fresh.project, plans, quota_project(config), identities_of(stack, config))
+    return environment_access(
+        stack,
+        fresh.project,
+        plans,
+        quota_project(config),
+        identities_of(stack, config),
+        naming.platform_log_prefixes(fresh.project, stack),
+    )
 
 
 def cmek_keys(stack: str) -> list[dict[str, str]]:
