@@ -392,6 +392,16 @@ def test_logs_of_a_team_one_is_not_in_are_refused_in_a_sentence(cluster: Cluster
     assert "Members of team vision read its runs' output and results" in err and "Traceback" not in err
 
 
+def test_logs_says_its_lines_are_untrusted(capsys):
+    """A team's sink selects entries by fields their writer sets, and Logging records no writer (logging.v2
+    LogEntry: only receiveTimestamp is Logging's own): whatever may write logs in the project can forge a line
+    (docs/design-gke.md). The command says so where a member reads how to use it."""
+    with pytest.raises(SystemExit):
+        cli.main(["logs", "--help"])
+    said = " ".join(capsys.readouterr().out.split())
+    assert "Its lines are untrusted" in said and "Logging records no writer" in said
+
+
 def _forbidden() -> requests.Response:
     answer = requests.Response()
     answer.status_code = 403

@@ -426,7 +426,12 @@ def parser() -> argparse.ArgumentParser:
     sub.add_argument("--history", type=Path, help="also write the runs' preemption record here (whatif --history)")
     sub.set_defaults(run=report_run)
     for name, helptext, run in (
-        ("logs", "A run's log from Cloud Logging.", logs),
+        (
+            "logs",
+            "A run's log from Cloud Logging. Its lines are untrusted: whatever may write logs in the project (a VM's "
+            "or a GKE node's account) can write one that looks like your run's, and Logging records no writer.",
+            logs,
+        ),
         ("fetch", "Download a run's model and metrics.", fetch),
         ("stop", "Ask a self-service VM to stop a run (SIGTERM; it checkpoints).", stop),
     ):
