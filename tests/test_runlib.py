@@ -155,6 +155,37 @@ def test_the_status_command_reads_the_status_dir_from_the_environment(tmp_path, 
     assert capsys.readouterr().out == "complete\n"
 
 
+# A program that has taken its SIGTERM and leaves with the contract's code (here 75, after a committed stop),
+# then meets a notice late in its interpreter's finalization, as a slice's host does when its own agent is
+# told after a peer's notice stopped it: the object below sends it when `__main__`'s names are cleared.
+LATE_NOTICE = """
+import os, signal, sys
+sys.path.insert(0, {workloads!r})
+import runlib
+
+class LateNotice:
+    def __init__(self):
+        self.kill, self.pid = os.kill, os.getpid()
+
+    def __del__(self):
+        self.kill(self.pid, signal.SIGTERM)
+
+preemption = runlib.Preemption()
+notice = LateNotice()
+sys.exit(75)
+"""
+
+
+def test_a_sigterm_while_the_program_is_on_its_way_out_leaves_its_exit_code_alone():
+    """CPython's finalization gives SIGTERM back its default action (`_PySignal_Fini`) before it tears down
+    the modules (jaxlib's runtime takes a tenth of a second or more); a notice then would end the program by
+    that signal (-15), not with the code it chose."""
+    done = subprocess.run(
+        [sys.executable, "-c", LATE_NOTICE.format(workloads=str(WORKLOADS))], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 75, (done.returncode, done.stderr[-2000:])
+
+
 def test_resumed_batches_continue_the_data_position():
     data = runlib.Dataset(np.arange(100).reshape(100, 1), np.arange(100), np.zeros((1, 1)), np.zeros(1))
     straight = [(s, x[0].tolist()) for s, x, _ in runlib.batches(data, 10, 0, 25)]

@@ -7,6 +7,7 @@ import os
 import resource
 import signal
 import subprocess
+import time
 
 import pytest
 
@@ -144,6 +145,11 @@ def test_two_processes_train_as_one_slice_stop_together_on_one_sigterm_and_resum
     first = start_slice(tmp_path, args, engine)
     wait_for(committed, 120, "a first committed checkpoint", interval=0.1)
     first[1].send_signal(signal.SIGTERM)  # one host of the slice is told it is preempted
+    wait_for(lambda: "SIGTERM: checkpoint" in (tmp_path / "worker-0.log").read_text(), 60, "worker 0 to stop")
+    # The rest of the slice is told as it leaves, its stop committed: notices until it is gone.
+    while first[0].poll() is None:
+        first[0].send_signal(signal.SIGTERM)
+        time.sleep(0.01)
     codes = [p.wait(60) for p in first]
     logs = [(tmp_path / f"worker-{w}.log").read_text() for w in range(2)]
     assert codes == [75, 75], logs[0][-2000:] + logs[1][-2000:]  # checkpointed, resume later (the run contract)

@@ -25,6 +25,7 @@ As a program: `python3 runlib.py status --checkpoint-dir URL [--status-dir URL]`
 from __future__ import annotations
 
 import argparse
+import atexit
 import concurrent.futures
 import contextlib
 import hashlib
@@ -254,11 +255,23 @@ def unpack(data: bytes) -> dict[str, np.ndarray]:
 
 # -------------------------------------------------------------------------------------- preemption
 class Preemption:
-    """GCE sends SIGTERM before reclaiming a spot VM; the loop checks `requested` after each step."""
+    """GCE sends SIGTERM before reclaiming a spot VM; the loop checks `requested` after each step.
+
+    Take it after the framework has started: jax.distributed.initialize installs a SIGTERM handler of
+    its own (XLA's preemption notifier), which would otherwise take the notice.
+
+    Once the program is on its way out (its atexit handlers run), a SIGTERM asks for nothing it is not
+    already doing, and is ignored. CPython's finalization would otherwise give SIGTERM back its default
+    action (`_PySignal_Fini`, which `Py_FinalizeEx` calls after the atexit handlers) while the modules are
+    still torn down (jaxlib's runtime: a tenth of a second or more), and a notice then would end a program
+    that leaves with 75, its stop committed, by that signal instead. A slice's other hosts are told just
+    then: a peer's notice stopped them, and their own agents' arrives as they leave.
+    """
 
     def __init__(self) -> None:
         self.requested = False
         signal.signal(signal.SIGTERM, self._handle)
+        atexit.register(signal.signal, signal.SIGTERM, signal.SIG_IGN)
 
     def _handle(self, signum: int, frame: Any) -> None:
         self.requested = True
