@@ -211,11 +211,11 @@ def write_history(args: argparse.Namespace, runs: list[RunTimeline], source: str
         print(f"preemption record: {args.history} (python -m tools.offline whatif --history)", file=sys.stderr)
 
 
-def report_vm(google: Any, stack: Any, args: argparse.Namespace, who: str) -> int:
-    """Every readable run's timeline on the VM (in `args.month`, if given): a line each, and their sum."""
-    vm = stack.vm(args.vm)
-    prefix = runs_prefix(vm.name) if args.stack_run else member_runs_prefix(vm.name, who)
-    now = time.time()
+def vm_runs(
+    google: Any, stack: Any, vm: TpuVmSettings, prefix: str, month: str, now: float
+) -> tuple[list[Measured], list[RunTimeline], NodeStates | None]:
+    """The timelines under `prefix` of the VM's folder (those that started in `month`, if given), each measured
+    against the node's states until `now`, and the states (None when the guard keeps none)."""
     states = node_states(google, stack, vm)
     runs: list[RunTimeline] = []
     found: list[Measured] = []
@@ -227,16 +227,38 @@ def report_vm(google: Any, stack: Any, args: argparse.Namespace, who: str) -> in
         except (ValueError, TimelineError) as error:
             print(f"skipped gs://{stack.status}/{item['name']}: not a run timeline ({error})")
             continue
-        if not args.month or started_month(events) == args.month:
+        if not month or started_month(events) == month:
             found.append(measured(events, states, now))
             runs.append(run_timeline(vm, events, found[-1]))
-    scope = f"{vm.name}{' in ' + args.month if args.month else ''}"
+    return found, runs, states
+
+
+def vm_total(
+    vm: TpuVmSettings,
+    runs: list[RunTimeline],
+    found: list[Measured],
+    states: NodeStates | None,
+    month: str,
+    whole: bool,
+    now: float,
+) -> RunTimeline:
+    """The VM's runs summed; with `whole` (every run on the VM, its whole folder) and the node's states, its idle
+    time too. A researcher sees only her runs, so idle time is not hers to know."""
+    idle = idle_seconds(states.up(now), found, month) if states is not None and whole else 0.0
+    return total(vm, runs, f"{len(runs)} run(s) on {vm.name}{' in ' + month if month else ''}", idle)
+
+
+def report_vm(google: Any, stack: Any, args: argparse.Namespace, who: str) -> int:
+    """Every readable run's timeline on the VM (in `args.month`, if given): a line each, and their sum."""
+    vm = stack.vm(args.vm)
+    prefix = runs_prefix(vm.name) if args.stack_run else member_runs_prefix(vm.name, who)
+    now = time.time()
+    found, runs, states = vm_runs(google, stack, vm, prefix, args.month, now)
     if not runs:
+        scope = f"{vm.name}{' in ' + args.month if args.month else ''}"
         print(f"no run timelines{'' if args.stack_run else ' of yours'} on {scope} under gs://{stack.status}/{prefix}")
         return 1
-    # Idle needs every run on the VM (the whole folder) and the node's windows; a researcher sees only her runs.
-    idle = idle_seconds(states.up(now), found, args.month) if states is not None and args.stack_run else 0.0
-    summed = total(vm, runs, f"{len(runs)} run(s) on {scope}", idle)
+    summed = vm_total(vm, runs, found, states, args.month, args.stack_run, now)
     priced = price_timeline(summed)
     source = billed_from(found)
     write_history(args, runs, summed.run_id)
@@ -318,15 +340,17 @@ def team_timeline(pool: SlicePoolSettings, jobset: dict[str, Any], wait: KueueWa
     )
 
 
-def report_team(google: Any, stack: Any, args: argparse.Namespace, team: TeamSettings) -> int:
-    """The team's runs (or one) as Kueue saw them: a table each, or `--json`; 1 when there is none."""
+def team_timelines(
+    google: Any, stack: Any, team: TeamSettings, refused: str, month: str, run_id: str = ""
+) -> list[tuple[RunTimeline, Priced]]:
+    """The team's runs (or the one named `run_id`) that Kueue has queued, started in `month` if given, each
+    timed from its Workload and priced for its slice pool; what cannot be is said and skipped."""
     base = gke._cluster(google, stack)
-    runs = gke.team_runs(google, base, team, gke._refused(stack, team))
     now = time.time()
     found: list[tuple[RunTimeline, Priced]] = []
-    for jobset, workload in runs:
+    for jobset, workload in gke.team_runs(google, base, team, refused):
         name = jobset["metadata"]["name"]
-        if args.run_id and name != args.run_id:
+        if run_id and name != run_id:
             continue
         if workload is None:
             print(f"skipped {name}: Kueue has not queued it yet")
@@ -340,9 +364,15 @@ def report_team(google: Any, stack: Any, args: argparse.Namespace, team: TeamSet
         except TimelineError as error:
             print(f"skipped {name}: {error}")
             continue
-        if args.month and time.strftime("%Y-%m", time.gmtime(wait.created)) != args.month:
+        if month and time.strftime("%Y-%m", time.gmtime(wait.created)) != month:
             continue
         found.append((timeline, priced(timeline.seconds, timeline.chips, pool_price(pool))))
+    return found
+
+
+def report_team(google: Any, stack: Any, args: argparse.Namespace, team: TeamSettings) -> int:
+    """The team's runs (or one) as Kueue saw them: a table each, or `--json`; 1 when there is none."""
+    found = team_timelines(google, stack, team, gke._refused(stack, team), args.month, args.run_id)
     if not found:
         print(f"no runs of team {team.name}{' named ' + args.run_id if args.run_id else ''} in Kueue")
         return 1
