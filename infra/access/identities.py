@@ -7,7 +7,7 @@ permissions Google's method table gives for the methods it is for; the component
 from __future__ import annotations
 
 from infra import naming
-from infra.access import calls, iamdata
+from infra.access import iamdata
 from infra.access import researcher_calls as researcher
 from infra.access.accounts import AccountSpec, RoleSpec, StackIdentities
 
@@ -127,9 +127,8 @@ def gke_node_account(stack: str) -> AccountSpec:
     )
 
 
-# The calls a member's kubectl makes on the GCP side: get-credentials reads the cluster; every Kubernetes
-# request goes through the DNS endpoint (infra/access/iamdata.py says what Google checks on each).
-MEMBER_METHODS = (f"{calls.GKE_CLUSTERS}.get", calls.KUBERNETES_API)
+# The calls a member's kubectl makes on the GCP side: get-credentials reads the cluster, then the DNS endpoint.
+MEMBER_METHODS = researcher.CLUSTER_CALLS
 
 
 def member_role(stack: str) -> RoleSpec:

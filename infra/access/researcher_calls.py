@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from infra.access import iamdata
+from infra.access import calls, iamdata
 
 # scope -> methods. `requests` and `artifacts` writes are new objects only (ifGenerationMatch=0).
 RESEARCHER_CALLS: dict[str, tuple[str, ...]] = {
@@ -27,6 +27,10 @@ RESEARCHER_CALLS: dict[str, tuple[str, ...]] = {
     # logs: Cloud Logging entries.list on the researcher's own log view (resourceNames names the view).
     "logs": ("logging.entries.list",),
 }
+# What reaching a GKE cluster's Kubernetes API calls on the GCP side, for a team member's kubectl and tpu-runs
+# alike: the cluster's endpoint is read; every Kubernetes request goes through its DNS endpoint (iamdata says
+# what Google checks on each).
+CLUSTER_CALLS = (f"{calls.GKE_CLUSTERS}.get", calls.KUBERNETES_API)
 # Reading entries through a log view checks logging.views.access on the view, not logging.logEntries.list
 # on the project: roles/logging.viewAccessor holds the one and not the other (reference/gcp-iam roles;
 # Logging, "Configure log views on a log bucket": viewAccessor is what reading a view needs).
