@@ -30,13 +30,13 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import pulumi
 import pulumi_gcp as gcp
+from pydantic import Field
 
 from bootstrap import PROJECT
-from bootstrap.getters import Node
 from infra import naming
 from infra.access import iam
 from infra.access.accounts import SERVICE_ACCOUNT_USER, StackIdentities
@@ -48,8 +48,10 @@ from infra.access.environment import (
     log_names_condition,
     object_reads_condition,
 )
-from infra.config import BILLING_ACCOUNT, GCP_PROJECT_ID
-from infra.config.problems import Problems, decode_objects
+from infra.config import BILLING_ACCOUNT, GCP_PROJECT_ID, declared
+from infra.config.declared import Allowed, Items, Section, Text
+from infra.config.model import GcpSettings
+from infra.config.problems import Fix, Problems, decode_objects, fullmatch, nearest, type_name
 from infra.grants import propagation_wait
 from infra.stack import raw_stack_config
 
@@ -93,33 +95,35 @@ BOOTSTRAP_ADMIN_ROLES: dict[str, tuple[str, ...]] = {
 ENCRYPTER_DECRYPTER = "roles/cloudkms.cryptoKeyEncrypterDecrypter"
 
 
-KEYS = (
-    "githubRepository",
-    "githubRepositoryId",
-    "githubRepositoryOwnerId",
-    "deployRef",
-    "stateBucket",
-    "location",
-    "billingAccount",
-    "environments",
-    "adopt",
-)
+NUMERIC_ID = r"[0-9]{1,20}"
+GIT_REF = r"refs/(heads|tags)/[A-Za-z0-9_./-]+"
 
 
-@dataclass(frozen=True)
-class BootstrapConfig:
-    project: str
-    repository: str
-    repository_id: str
-    repository_owner_id: str
-    deploy_ref: str
-    state_bucket: str
-    location: str
-    billing_account: str | None
-    environments: dict[str, str]  # stack -> its GCP project
+class BootstrapConfig(Section):
+    """The bootstrap's own keys (`tpu-platform-bootstrap:...`), read as the platform's (infra/config/declared.py)."""
+
+    # gcp:project, the admin project: the provider's key, not the bootstrap's (the reader supplies it).
+    project: str = Field(default="", exclude=True)
+    repository: Annotated[Text, Allowed("owner/name of a GitHub repository", r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+")] = (
+        Field(validation_alias="githubRepository")
+    )
+    repository_id: Annotated[
+        Text, Allowed("the repository's numeric id (gh api repos/OWNER/NAME --jq .id)", NUMERIC_ID)
+    ] = Field(validation_alias="githubRepositoryId")
+    repository_owner_id: Annotated[
+        Text, Allowed("the owner's numeric id (gh api repos/OWNER/NAME --jq .owner.id)", NUMERIC_ID)
+    ] = Field(validation_alias="githubRepositoryOwnerId")
+    deploy_ref: Annotated[Text, Allowed("a full git ref like refs/heads/main", GIT_REF)] = "refs/heads/main"
+    state_bucket: Annotated[Text, Allowed(check=naming.bucket_name_problem)]
+    location: Annotated[Text, Allowed("a region like us-central1", r"[a-z]+-[a-z]+\d+")] = "us-central1"
+    billing_account: (
+        Annotated[Text, Allowed("a billing account id like 012345-6789AB-CDEF01", BILLING_ACCOUNT)] | None
+    ) = None
+    # Each platform stack and its GCP project, checked by the reader, which names the stack.
+    environments: Annotated[tuple[tuple[str, Any], ...], Items(mapping=True)]
     # Environments whose accounts and custom roles the stack made before the bootstrap did: imported
     # once (docs/ci-and-bootstrap.md, "Upgrading a stack that made its own accounts").
-    adopt: tuple[str, ...] = ()
+    adopt: Annotated[tuple[Text, ...], Items()] = ()
 
 
 def parse_bootstrap_config(stack: str, raw: dict[str, str]) -> BootstrapConfig:
@@ -128,57 +132,27 @@ def parse_bootstrap_config(stack: str, raw: dict[str, str]) -> BootstrapConfig:
     own = decode_objects(
         {k: v for k, v in raw.items() if k.startswith(f"{NAMESPACE}:")}, [envs_key, adopt_key], problems
     )
-    root = Node(own, "", problems)
-    project = Node(raw, "", problems).text("gcp:project", pattern=GCP_PROJECT_ID, allowed="a GCP project id")
+    gcp_project = raw.get("gcp:project")
+    project = declared.read(GcpSettings, {} if gcp_project is None else {"project": gcp_project}, "gcp:", problems)
+    given = {k.removeprefix(f"{NAMESPACE}:"): v for k, v in own.items()}
+    config = declared.read(BootstrapConfig, given, f"{NAMESPACE}:", problems, supplied={"project": project.project})
     environments: dict[str, str] = {}
-    for name, value, key in root.entries(envs_key):
+    for name, value in config.environments:
+        key = f"{envs_key}.{name}"
         # The program's own rule: an environment it would refuse to plan gets no accounts.
         if why := naming.stack_problem(name):
             problems.add(key, name, f"a stack name of {why}")
+        elif not isinstance(value, str):
+            problems.add(key, value, f"must be a string, not {type_name(value)}")
+        elif not fullmatch(GCP_PROJECT_ID, value):
+            problems.add(key, value, "a GCP project id")
         else:
-            env_project = root.check_text(key, value, pattern=GCP_PROJECT_ID, allowed="a GCP project id")
-            if env_project is not None:
-                environments[name] = env_project
-    numeric = r"[0-9]{1,20}"
-    config = BootstrapConfig(
-        project=project,
-        repository=root.text(
-            f"{NAMESPACE}:githubRepository",
-            pattern=r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+",
-            allowed="owner/name of a GitHub repository",
-        ),
-        repository_id=root.text(
-            f"{NAMESPACE}:githubRepositoryId",
-            pattern=numeric,
-            allowed="the repository's numeric id (gh api repos/OWNER/NAME --jq .id)",
-        ),
-        repository_owner_id=root.text(
-            f"{NAMESPACE}:githubRepositoryOwnerId",
-            pattern=numeric,
-            allowed="the owner's numeric id (gh api repos/OWNER/NAME --jq .owner.id)",
-        ),
-        deploy_ref=root.text(
-            f"{NAMESPACE}:deployRef",
-            "refs/heads/main",
-            pattern=r"refs/(heads|tags)/[A-Za-z0-9_./-]+",
-            allowed="a full git ref like refs/heads/main",
-        ),
-        state_bucket=root.text(f"{NAMESPACE}:stateBucket", check=naming.bucket_name_problem),
-        location=root.text(
-            f"{NAMESPACE}:location", "us-central1", pattern=r"[a-z]+-[a-z]+\d+", allowed="a region like us-central1"
-        ),
-        billing_account=root.text(
-            f"{NAMESPACE}:billingAccount",
-            None,
-            pattern=BILLING_ACCOUNT,
-            allowed="a billing account id like 012345-6789AB-CDEF01",
-        ),
-        environments=environments,
-        adopt=tuple(
-            root.texts(adopt_key, [], choices=sorted(environments), allowed="an environment of this bootstrap")
-        ),
-    )
-    root.done([f"{NAMESPACE}:{k}" for k in KEYS])
+            environments[name] = value
+    for index, name in enumerate(config.adopt):
+        if name not in environments:
+            key, near = f"{adopt_key}[{index}]", nearest(name, sorted(environments))
+            allowed = f"must be one of {', '.join(sorted(environments))}; an environment of this bootstrap"
+            problems.add(key, name, allowed, fixes=[Fix.of({key: near})] if near else [])
     access = read_access()
     for name, env_project in environments.items():
         entry = access.get(name)
@@ -188,7 +162,7 @@ def parse_bootstrap_config(stack: str, raw: dict[str, str]) -> BootstrapConfig:
             planned = f"the project of Pulumi.{name}.yaml ({entry['project']}), as planned in {ACCESS_FILE.name}"
             problems.add(f"{envs_key}.{name}", env_project, planned)
     problems.raise_if_any(stack)
-    return config
+    return config.model_copy(update={"environments": tuple(environments.items())})
 
 
 def read_access() -> dict[str, Any]:
@@ -373,7 +347,7 @@ def build_bootstrap(cfg: BootstrapConfig, access: dict[str, Any] | None = None) 
 
     deployers: dict[str, pulumi.Output[str]] = {}
     secrets: dict[str, pulumi.Output[str]] = {}
-    for stack, project in sorted(cfg.environments.items()):
+    for stack, project in sorted(cfg.environments):
         deployers[stack], secrets[stack] = _environment(shared, stack, project, access[stack])
 
     # IAM changes "typically propagate in 2 minutes, but could potentially take 7 minutes or longer"

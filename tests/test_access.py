@@ -240,7 +240,7 @@ def example_bootstrap() -> PlanResult:
         state_bucket="acme-ml-pulumi-state",
         location="us-central1",
         billing_account="01A2B3-C4D5E6-F7A8B9",
-        environments={n: e["project"] for n, e in access.items()},
+        environments=tuple((n, e["project"]) for n, e in access.items()),
     )
     return run_program(
         "acme", raw, program=lambda: export_all(build_bootstrap(cfg, access)), project="tpu-platform-bootstrap"

@@ -142,6 +142,28 @@ def test_bad_bootstrap_settings(key, value, expected):
         parse_bootstrap_config("acme", bootstrap_config(**{key: value}))
 
 
+def test_the_bootstraps_settings_are_refused_all_at_once_in_the_platforms_words():
+    """The bootstrap's keys are read as the platform's (a model): every problem at once, each with its key and
+    value, a misspelt key with the one it misspells in full, a type named in words."""
+    raw = {k: v for k, v in bootstrap_config().items() if k != "tpu-platform-bootstrap:stateBucket"}
+    raw |= {"tpu-platform-bootstrap:stateBuckt": "acme-state", "tpu-platform-bootstrap:adopt": '{"dev": 1}'}
+    with pytest.raises(ConfigError) as error:
+        parse_bootstrap_config("acme", raw)
+    assert [str(p) for p in error.value.problems] == [
+        "tpu-platform-bootstrap:stateBucket = (not set): required",
+        "tpu-platform-bootstrap:adopt = {'dev': 1}: must be a list, not a mapping",
+        "tpu-platform-bootstrap:stateBuckt = 'acme-state': unknown key; known keys: "
+        + ", ".join(
+            f"tpu-platform-bootstrap:{k}"
+            for k in (
+                *("adopt", "billingAccount", "deployRef", "environments", "githubRepository", "githubRepositoryId"),
+                *("githubRepositoryOwnerId", "location", "stateBucket"),
+            )
+        )
+        + "; remove tpu-platform-bootstrap:stateBuckt and set tpu-platform-bootstrap:stateBucket: acme-state",
+    ]
+
+
 def test_pulumi_runs_the_bootstrap_from_the_repository_root():
     """The bootstrap imports infra/ as a package: Pulumi runs it with the root on the import path."""
     assert program_directory() == ROOT

@@ -363,11 +363,12 @@ def _translate(model: type[Section], error: Any, data: Mapping[str, object], key
     kind = error["type"]
     if kind == "extra_forbidden":
         known = sorted(stack_key(n, f) for n, f in owner.model_fields.items() if not f.exclude)
-        here = _given(data, loc[:-1])
+        here, beside = _given(data, loc[:-1]), path.removesuffix(str(loc[-1]))  # `a.b.` or a namespace's `ns:`
         plain = re.fullmatch(r"[A-Za-z][A-Za-z0-9]*", str(loc[-1]))  # a misspelling, not a key no path can name
         near = nearest(str(loc[-1]), [k for k in known if not isinstance(here, Mapping) or k not in here])
-        fixes = [Fix.of({path: REMOVE, f"{path.rsplit('.', 1)[0]}.{near}": value})] if near and plain else []
-        problems.add(path, value, f"unknown key; known keys: {', '.join(known)}", fixes=fixes)
+        fixes = [Fix.of({path: REMOVE, f"{beside}{near}": value})] if near and plain else []
+        shown = [f"{beside}{k}" if beside.endswith(":") else k for k in known]  # top-level keys in full
+        problems.add(path, value, f"unknown key; known keys: {', '.join(shown)}", fixes=fixes)
     elif kind == "missing":
         problems.add(path, MISSING, "required")
     elif kind == "literal_error" and info is not None:
