@@ -28,13 +28,13 @@ from infra.config.model import (
     PROJECT,
     GkeSettings,
     PlatformConfig,
+    Recovery,
     TpuVmSettings,
     WorkloadSettings,
     bucket_name,
     service_account_id,
 )
 from infra.config.problems import MISSING, REMOVE, Fix, Problems, item_keys
-from infra.config.settings import setting
 from infra.config.workload_code import image_problem, parse_image, rebased_image
 from infra.goodput.interval import NO_EVENTS, PREEMPTIBLE_LIFE_HOURS, Losses, Rate, best_interval, waste
 
@@ -53,6 +53,11 @@ def check(cfg: PlatformConfig, problems: Problems) -> None:
     _gke(cfg, problems)
     if cfg.name_prefix and not problems.items:
         _names(cfg, problems)
+
+
+def _vms(cfg: PlatformConfig) -> Iterator[tuple[TpuVmSettings, str]]:
+    """Each TPU VM with its key (`tpu-platform:tpuVms[mnist]`)."""
+    return zip(cfg.tpu_vms, item_keys(f"{PROJECT}:tpuVms", cfg.tpu_vms), strict=True)
 
 
 def _deployer(cfg: PlatformConfig, problems: Problems) -> None:
@@ -141,7 +146,7 @@ def _tpu_vms(cfg: PlatformConfig, problems: Problems) -> None:
     pin = functools.cache(lambda name, version: _pin(cfg, workloads[name], version))
     names: set[str] = set()
     nodes: dict[str, str] = {}  # TPU node id -> the VM it is a node of (a multislice's are `<vm>-<i>`)
-    for vm, key in zip(cfg.tpu_vms, item_keys(f"{PROJECT}:tpuVms", cfg.tpu_vms), strict=True):
+    for vm, key in _vms(cfg):
         if vm.name and vm.name in names:
             problems.add(f"{key}.name", vm.name, "another TPU VM of this stack has this name")
         elif clash := sorted({nodes[n] for n in naming.node_ids(vm.name, vm.node_count) if n in nodes}):
@@ -260,31 +265,18 @@ def _capacity(cfg: PlatformConfig, key: str, vm: TpuVmSettings, problems: Proble
                 why,
                 fixes=[Fix.of({f"{key}.schedule": REMOVE}), Fix.of({f"{key}.capacity": "direct"})],
             )
-    if vm.reservation_name and vm.queued:
-        if vm.provisioning != "reserved":
-            problems.add(
-                f"{key}.reservationName",
-                vm.reservation_name,
-                "only provisioning: reserved takes it",
-                fixes=[Fix.of({f"{key}.provisioning": "reserved"}), Fix.of({f"{key}.reservationName": REMOVE})],
-            )
-        if vm.fallback_zones:
-            problems.add(
-                f"{key}.reservationName",
-                vm.reservation_name,
-                f"a reservation belongs to one zone ({vm.zone}), so a request for it falls back nowhere",
-                fixes=[Fix.of({f"{key}.fallbackZones": REMOVE})],
-            )
+    _only_with_their_provisioning(key, vm.provisioning, vm.reservation_name if vm.queued else "", None, problems)
+    if vm.reservation_name and vm.queued and vm.fallback_zones:
+        problems.add(
+            f"{key}.reservationName",
+            vm.reservation_name,
+            f"a reservation belongs to one zone ({vm.zone}), so a request for it falls back nowhere",
+            fixes=[Fix.of({f"{key}.fallbackZones": REMOVE})],
+        )
     flex = vm.provisioning == "flex-start"
     if flex and vm.run_duration_hours is None:
         problems.add(f"{key}.runDurationHours", MISSING, "flex-start needs how long the VM runs, in hours")
-    if not flex and vm.run_duration_hours is not None:
-        problems.add(
-            f"{key}.runDurationHours",
-            vm.run_duration_hours,
-            "only provisioning: flex-start takes it",
-            fixes=[Fix.of({f"{key}.runDurationHours": REMOVE})],
-        )
+    _only_with_their_provisioning(key, vm.provisioning, "", vm.run_duration_hours, problems)
     if vm.max_run_hours is not None:
         drop = Fix.of({f"{key}.maxRunHours": REMOVE})
         if vm.on_completion == "keep":
@@ -308,7 +300,7 @@ def _capacity(cfg: PlatformConfig, key: str, vm: TpuVmSettings, problems: Proble
                 f"{key}.maxRunHours",
                 vm.max_run_hours,
                 "is enforced by the guard's periodic check",
-                fixes=[Fix.of({every: setting("automation.recovery.everyMinutes").example})],
+                fixes=[Fix.of({every: v}) for v in (Recovery.model_fields["every_minutes"].examples or [])[:1]],
             )
     for index, zone in enumerate(vm.fallback_zones):
         zone_key = f"{key}.fallbackZones[{index}]"
@@ -333,6 +325,27 @@ def _capacity(cfg: PlatformConfig, key: str, vm: TpuVmSettings, problems: Proble
             problems.add(f"{key}.acceleratorType", vm.accelerator.name, why)
         elif flex and vm.queued:
             _flex_start_zones(key, vm, problems)
+
+
+def _only_with_their_provisioning(
+    key: str, provisioning: str, reservation: str, run_hours: float | None, problems: Problems
+) -> None:
+    """A reservation's name only with reserved capacity, a run's duration only with flex-start (a TPU VM's and a
+    GKE slice pool's alike)."""
+    if reservation and provisioning != "reserved":
+        problems.add(
+            f"{key}.reservationName",
+            reservation,
+            "only provisioning: reserved takes it",
+            fixes=[Fix.of({f"{key}.provisioning": "reserved"}), Fix.of({f"{key}.reservationName": REMOVE})],
+        )
+    if run_hours is not None and provisioning != "flex-start":
+        problems.add(
+            f"{key}.runDurationHours",
+            run_hours,
+            "only provisioning: flex-start takes it",
+            fixes=[Fix.of({f"{key}.runDurationHours": REMOVE})],
+        )
 
 
 def _flex_start_zones(key: str, vm: TpuVmSettings, problems: Problems) -> None:
@@ -443,7 +456,7 @@ def _pin(cfg: PlatformConfig, workload: WorkloadSettings, version: str) -> dict[
     """The workload pinned to `version`, with each VM running it on the runtime for that version
     (TensorFlow's runtime carries it; JAX's does not change); None when a VM's type takes no such runtime."""
     edits: dict[str, object] = {f"{PROJECT}:workloads.{workload.name}.frameworkVersion": version}
-    for vm, key in zip(cfg.tpu_vms, item_keys(f"{PROJECT}:tpuVms", cfg.tpu_vms), strict=True):
+    for vm, key in _vms(cfg):
         if vm.workload != workload.name or vm.accelerator is NO_ACCELERATOR:
             continue
         if workload.framework == "tensorflow":
@@ -498,7 +511,7 @@ def _tensorflow_pods(cfg: PlatformConfig, problems: Problems) -> None:
     (vm_agent/credentials.py; "Other Google Cloud services don't support this feature"): such a run cannot
     find its workers until the agent serves them. Warned in every plan; self-service refuses multi-host."""
     catalog = load_catalog()
-    for vm, key in zip(cfg.tpu_vms, item_keys(f"{PROJECT}:tpuVms", cfg.tpu_vms), strict=True):
+    for vm, key in _vms(cfg):
         if any(name == "TPU_NAME" for name, _ in catalog.runtime_environment(vm.runtime_version, vm.name)):
             problems.warn(
                 f"{key}.runtimeVersion",
@@ -528,7 +541,7 @@ def _self_service(cfg: PlatformConfig, problems: Problems) -> None:
     Production runs stay reviewed by default: a run there is a PR. A team that shares
     production capacity on purpose says so with selfServiceInProduction, which every plan then repeats.
     """
-    for vm, vm_key in zip(cfg.tpu_vms, item_keys(f"{PROJECT}:tpuVms", cfg.tpu_vms), strict=True):
+    for vm, vm_key in _vms(cfg):
         if not vm.self_service:
             continue
         key = f"{vm_key}.selfService"
@@ -584,7 +597,7 @@ def _checkpoint_intervals(cfg: PlatformConfig, problems: Problems) -> None:
     from infra.goodput.whatif import NOTICE_S  # the agent's grace period: infra.tpu imports this package
 
     workloads = {w.name: w for w in cfg.workloads}
-    for vm, vm_key in zip(cfg.tpu_vms, item_keys(f"{PROJECT}:tpuVms", cfg.tpu_vms), strict=True):
+    for vm, vm_key in _vms(cfg):
         key = f"{vm_key}.hoursBetweenPreemptions"
         hours = vm.hours_between_preemptions
         if hours is not None and not vm.reclaimable:
@@ -723,28 +736,13 @@ def _gke(cfg: PlatformConfig, problems: Problems) -> None:
             and (why := catalog.zone_problem(pool.accelerator, pool.zone))
         ):
             problems.add(f"{pool_key}.zone", pool.zone, why)
-        reserved, flex = pool.provisioning == "reserved", pool.provisioning == "flex-start"
-        if reserved and not pool.reservation_name:
+        if pool.provisioning == "reserved" and not pool.reservation_name:
             problems.add(f"{pool_key}.reservationName", MISSING, "a reserved pool names the reservation it consumes")
-        if pool.reservation_name and not reserved:
-            problems.add(
-                f"{pool_key}.reservationName",
-                pool.reservation_name,
-                "only provisioning: reserved takes it",
-                fixes=[
-                    Fix.of({f"{pool_key}.provisioning": "reserved"}),
-                    Fix.of({f"{pool_key}.reservationName": REMOVE}),
-                ],
-            )
-        if pool.run_duration_hours is not None and not flex:
-            problems.add(
-                f"{pool_key}.runDurationHours",
-                pool.run_duration_hours,
-                "only provisioning: flex-start takes it",
-                fixes=[Fix.of({f"{pool_key}.runDurationHours": REMOVE})],
-            )
+        _only_with_their_provisioning(
+            pool_key, pool.provisioning, pool.reservation_name, pool.run_duration_hours, problems
+        )
         if (
-            flex
+            pool.provisioning == "flex-start"
             and pool.accelerator is not NO_GKE_ACCELERATOR
             and (why := catalog.flex_start_problem(pool.accelerator))
         ):

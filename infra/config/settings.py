@@ -67,7 +67,6 @@ class Setting:
     max_items: int | None = None
     items: Kind | None = None  # kind of list items / map values
     unique: bool = True  # list items may not repeat (a command's arguments may)
-    example: Scalar | None = None  # what an error suggests when a rule needs it set and it has no default
     any_of: tuple[str, ...] = ()  # an object: at least one of these children must be given
 
     @property
@@ -142,7 +141,6 @@ def declared(key: str, model: type[Section], *, optional: bool = True) -> tuple[
                 max_items=many.most if many else None,
                 items=_kind(item) if many else None,
                 unique=not (many and many.repeats),
-                example=info.examples[0] if info.examples else None,
             )
         )
         if many and not many.mapping and _kind(item) == "object":
