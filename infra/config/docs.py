@@ -20,46 +20,39 @@ TABLE_END = "<!-- end of settings table -->"
 JsonSchema = dict[str, object]
 
 
+def _object(key: str) -> JsonSchema:
+    """A mapping of the settings below `key`, no other key allowed."""
+    subs = children(key)
+    out: JsonSchema = {
+        "type": "object",
+        "properties": {c.name: _property(c) for c in subs},
+        "additionalProperties": False,
+    }
+    if required := [c.name for c in subs if c.required]:
+        out["required"] = required
+    return out
+
+
 def _property(s: Setting) -> JsonSchema:
     prop: JsonSchema = {"description": s.description}
-    if s.kind in ("object", "map"):
+    if s.kind == "object":
+        prop.update(_object(s.key))
+        if s.any_of:
+            prop["anyOf"] = [{"required": [name]} for name in s.any_of]
+        return prop
+    if s.kind == "map":
         prop["type"] = "object"
-        if s.kind == "object":
-            subs = children(s.key)
-            prop["properties"] = {c.name: _property(c) for c in subs}
-            prop["additionalProperties"] = False
-            required = [c.name for c in subs if c.required]
-            if required:
-                prop["required"] = required
-            if s.any_of:
-                prop["anyOf"] = [{"required": [name]} for name in s.any_of]
-        else:
-            values = children(f"{s.key}.<name>")
-            value: JsonSchema = (
-                {"type": "object", "properties": {c.name: _property(c) for c in values}, "additionalProperties": False}
-                if values
-                else {"type": s.items or "string"}
-            )
-            if values and (required := [c.name for c in values if c.required]):
-                value["required"] = required
-            prop["additionalProperties"] = value
-            if s.max_items is not None:
-                prop["maxProperties"] = s.max_items
+        values = children(f"{s.key}.<name>")
+        prop["additionalProperties"] = _object(f"{s.key}.<name>") if values else {"type": s.items or "string"}
+        if s.max_items is not None:
+            prop["maxProperties"] = s.max_items
         return prop
     if s.kind == "list":
         prop["type"] = "array"
         if s.items == "object":
-            subs = children(f"{s.key}[]")
-            item: JsonSchema = {
-                "type": "object",
-                "properties": {c.name: _property(c) for c in subs},
-                "additionalProperties": False,
-            }
-            if required := [c.name for c in subs if c.required]:
-                item["required"] = required
-            prop["items"] = item
+            prop["items"] = _object(f"{s.key}[]")
         else:
-            item = {"type": s.items or "string"}
+            item: JsonSchema = {"type": s.items or "string"}
             if s.choices:
                 item["enum"] = list(s.choices)
             if s.pattern:
