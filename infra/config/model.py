@@ -7,7 +7,7 @@ import ipaddress
 import typing
 import zoneinfo
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import annotated_types
@@ -907,16 +907,13 @@ class Env:
         return bucket_name(self.name_prefix, self.stack, purpose)
 
 
-@dataclass(frozen=True)
-class PlatformConfig:
+class PlatformConfig(StackSettings):
+    """Every setting of one stack, read: what the composition root is given. Its own keys (owner, production, ...)
+    are StackSettings' fields, declared there once."""
+
     stack: str
     project: str
     region: str
-    owner: str
-    billing_account: str
-    production: bool
-    name_prefix: str
-    deployer: str  # CI's deploy service account, or "" when people deploy
     buckets: BucketSettings
     budget: BudgetSettings
     workloads: tuple[WorkloadSettings, ...]
@@ -924,11 +921,8 @@ class PlatformConfig:
     tpu_vms: tuple[TpuVmSettings, ...]
     monitoring: MonitoringSettings
     automation: AutomationSettings
-    researchers: tuple[str, ...] = ()  # IAM members (user:/group:) granted the `tpu-runs` rights
-    self_service_in_production: bool = False  # the explicit opt-in for selfService VMs in production
-    researcher_ssh: bool = False  # IAP tunnel and OS Login for researchers (project-wide)
-    artifacts: ArtifactSettings = field(default_factory=ArtifactSettings)
-    gke: GkeSettings | None = None  # the GKE engine, when the stack declares it
+    artifacts: ArtifactSettings
+    gke: GkeSettings | None  # the GKE engine, when the stack declares it
     warnings: tuple[str, ...] = ()  # legal settings that are likely mistakes, shown by the plan
 
     @property

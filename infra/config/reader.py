@@ -8,7 +8,6 @@ listing every bad setting with its key, value and what is allowed. Rules that sp
 
 from __future__ import annotations
 
-import dataclasses
 import ipaddress
 import re
 from collections.abc import Mapping
@@ -64,7 +63,7 @@ def parse_stack_config(stack: str, raw: Mapping[str, str]) -> PlatformConfig:
     """Parse the raw config of `stack` (keys like `tpu-platform:budget`), or raise ConfigError."""
     cfg, problems = check_stack_config(stack, raw)
     problems.raise_if_any(stack)
-    return dataclasses.replace(cfg, warnings=tuple(f"stack '{stack}': {w}" for w in problems.warnings))
+    return cfg.model_copy(update={"warnings": tuple(f"stack '{stack}': {w}" for w in problems.warnings)})
 
 
 def check_stack_config(stack: str, raw: Mapping[str, str]) -> tuple[PlatformConfig, Problems]:
@@ -107,15 +106,11 @@ def _read(stack: str, raw: Mapping[str, str], problems: Problems) -> tuple[Platf
     for key in own.keys() - set(known):
         problems.add(key, own[key], f"unknown key; known keys: {', '.join(known)}")
 
-    cfg = PlatformConfig(
+    cfg = PlatformConfig.model_construct(  # each part read and checked already
+        **{**dict(top), "name_prefix": top.name_prefix or gcp.project},
         stack=stack,
         project=gcp.project,
         region=gcp.region,
-        owner=top.owner,
-        billing_account=top.billing_account,
-        production=top.production,
-        name_prefix=top.name_prefix or gcp.project,
-        deployer=top.deployer,
         buckets=buckets,
         budget=budget,
         workloads=workloads,
@@ -123,9 +118,6 @@ def _read(stack: str, raw: Mapping[str, str], problems: Problems) -> tuple[Platf
         tpu_vms=tpu_vms,
         monitoring=monitoring,
         automation=automation,
-        researchers=top.researchers,
-        self_service_in_production=top.self_service_in_production,
-        researcher_ssh=top.researcher_ssh,
         artifacts=artifacts,
         gke=gke,
     )
