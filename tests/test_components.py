@@ -73,6 +73,7 @@ WHOLE_CONFIG_READERS = {
     "config/model.py": "defines it",
     "config/reader.py": "parses the raw stack config into it",
     "config/rules.py": "cross-setting rules read several parts at once",
+    "config/settings.py": "lists its fields' declarations as rows (the schema, the settings table)",
     # The Pulumi edge: reads the raw config and hands the parsed whole to platform.py.
     "stack.py": "the edge that builds it",
     # Pure (no Pulumi): a VM's metadata joins the VM, its workload's settings, the stack's bucket

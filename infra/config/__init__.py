@@ -1,8 +1,9 @@
 """A stack's settings, parsed and validated once into frozen objects.
 
-- `model`: the frozen objects components read (`PlatformConfig` and its parts);
-- `settings`: one declaration per setting (key, type, default, bounds, description), from which
-  the reader, the JSON Schema of stack files and the settings table of docs/stack-settings.md are made;
+- `model`: the frozen objects components read (`PlatformConfig` and its parts), each setting's one
+  declaration (type, default, bounds, description);
+- `settings`: the declarations as rows, from which the JSON Schema of stack files and the settings table
+  of docs/stack-settings.md are made;
 - `reader`: `parse_stack_config`, raw Pulumi config -> `PlatformConfig` or one `ConfigError`;
 - `rules`: checks across settings (the TPU catalog, production, names);
 - `docs`: the JSON Schema and the settings table, generated.

@@ -911,19 +911,24 @@ class PlatformConfig(StackSettings):
     """Every setting of one stack, read: what the composition root is given. Its own keys (owner, production, ...)
     are StackSettings' fields, declared there once."""
 
-    stack: str
-    project: str
-    region: str
+    # Not the stack's keys: its name, and the provider's gcp:project and gcp:region (GcpSettings).
+    stack: str = Field(exclude=True)
+    project: str = Field(exclude=True)
+    region: str = Field(exclude=True)
+    # The sections, in the order the settings table and the schema list them; a required one is refused when absent.
     buckets: BucketSettings
     budget: BudgetSettings
-    workloads: tuple[WorkloadSettings, ...]
+    # A mapping by name in the stack file; each workload holds its name (the reader supplies it).
+    workloads: Annotated[tuple[WorkloadSettings, ...], Items(mapping=True)] = Field(
+        description="Training workloads by name (1-16 lowercase letters, digits, '-')."
+    )
+    artifacts: ArtifactSettings = ArtifactSettings()
     network: NetworkSettings
-    tpu_vms: tuple[TpuVmSettings, ...]
-    monitoring: MonitoringSettings
-    automation: AutomationSettings
-    artifacts: ArtifactSettings
-    gke: GkeSettings | None  # the GKE engine, when the stack declares it
-    warnings: tuple[str, ...] = ()  # legal settings that are likely mistakes, shown by the plan
+    tpu_vms: Annotated[tuple[TpuVmSettings, ...], Items()] = Field(default=(), description="The TPU VMs.")
+    gke: GkeSettings | None = None  # the GKE engine, when the stack declares it
+    monitoring: MonitoringSettings = MonitoringSettings()
+    automation: AutomationSettings = AutomationSettings()
+    warnings: tuple[str, ...] = Field(default=(), exclude=True)  # legal settings that are likely mistakes
 
     @property
     def has_schedules(self) -> bool:

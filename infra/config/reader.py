@@ -91,12 +91,12 @@ def _read(stack: str, raw: Mapping[str, str], problems: Problems) -> tuple[Platf
     top = declared.read(
         StackSettings, {k: v for k in TOP_KEYS if (v := own.get(f"{PROJECT}:{k}")) is not None}, f"{PROJECT}:", problems
     )
-    buckets = _section(own, "buckets", BucketSettings, problems, required=True)
-    budget = _budget(_section(own, "budget", BudgetSettings, problems, required=True), problems)
+    buckets = _section(own, "buckets", BucketSettings, problems)
+    budget = _budget(_section(own, "budget", BudgetSettings, problems), problems)
     workloads = _workloads(_value(own, "workloads"), problems)
     if not workloads:
         problems.add(f"{PROJECT}:workloads", MISSING, "declare at least one workload")
-    network = _network(_section(own, "network", NetworkSettings, problems, required=True), problems)
+    network = _network(_section(own, "network", NetworkSettings, problems), problems)
     tpu_vms = _tpu_vms(_value(own, "tpuVms"), problems)
     monitoring = _section(own, "monitoring", MonitoringSettings, problems)
     automation = _section(own, "automation", AutomationSettings, problems)
@@ -240,8 +240,9 @@ def _value(own: Mapping[str, object], name: str) -> object:
     return MISSING if value is None else value
 
 
-def _section(own: Mapping[str, object], name: str, model: type[S], problems: Problems, *, required: bool = False) -> S:
-    """A top-level section declared as a model (infra/config/declared.py)."""
+def _section(own: Mapping[str, object], name: str, model: type[S], problems: Problems) -> S:
+    """A top-level section declared as a model (infra/config/declared.py), required where PlatformConfig says."""
+    required = PlatformConfig.model_fields[name].is_required()
     return declared.read(model, _value(own, name), f"{PROJECT}:{name}", problems, required=required)
 
 

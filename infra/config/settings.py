@@ -32,20 +32,7 @@ from infra.config.declared import (
     marks,
     stack_key,
 )
-from infra.config.model import (
-    PROJECT,
-    ArtifactSettings,
-    AutomationSettings,
-    BucketSettings,
-    BudgetSettings,
-    GcpSettings,
-    GkeSettings,
-    MonitoringSettings,
-    NetworkSettings,
-    StackSettings,
-    TpuVmSettings,
-    WorkloadSettings,
-)
+from infra.config.model import PROJECT, GcpSettings, PlatformConfig
 
 Kind = Literal["string", "integer", "number", "boolean", "list", "object", "map"]
 Scalar = str | int | float | bool
@@ -120,7 +107,7 @@ def declared(key: str, model: type[Section], *, optional: bool = True) -> tuple[
         rule = next((m for m in marks(info) if isinstance(m, Allowed)), Allowed())
         many = next((m for m in info.metadata if isinstance(m, Items)), None)
         item = typing.get_args(kind)[0] if many else None
-        if many and many.mapping:
+        if many and many.mapping and typing.get_args(item):  # (name, value) pairs; else sections by name
             item = typing.get_args(item)[1]
         low, high, exclusive = limits(info)
         unstated = any(isinstance(m, Unstated) for m in marks(info))
@@ -143,26 +130,12 @@ def declared(key: str, model: type[Section], *, optional: bool = True) -> tuple[
                 unique=not (many and many.repeats),
             )
         )
-        if many and not many.mapping and _kind(item) == "object":
-            rows.extend(declared(f"{child}[]", base_type(item))[1:])  # type: ignore[arg-type]
+        if many and _kind(item) == "object":
+            rows.extend(declared(f"{child}{'.<name>' if many.mapping else '[]'}", base_type(item))[1:])  # type: ignore[arg-type]
     return tuple(rows)
 
 
-SETTINGS: tuple[Setting, ...] = (
-    *declared("gcp:", GcpSettings)[1:],
-    *declared("", StackSettings)[1:],
-    *declared("buckets", BucketSettings, optional=False),
-    *declared("budget", BudgetSettings, optional=False),
-    Setting("workloads", "map", "Training workloads by name (1-16 lowercase letters, digits, '-').", items="object"),
-    *declared("workloads.<name>", WorkloadSettings)[1:],
-    *declared("artifacts", ArtifactSettings),
-    *declared("network", NetworkSettings, optional=False),
-    Setting("tpuVms", "list", "The TPU VMs.", items="object", optional=True),
-    *declared("tpuVms[]", TpuVmSettings)[1:],
-    *declared("gke", GkeSettings),
-    *declared("monitoring", MonitoringSettings),
-    *declared("automation", AutomationSettings),
-)
+SETTINGS: tuple[Setting, ...] = (*declared("gcp:", GcpSettings)[1:], *declared("", PlatformConfig)[1:])
 
 BY_KEY = {s.key: s for s in SETTINGS}
 
