@@ -130,6 +130,14 @@ RESEARCHER_MEMBER = RESEARCHER.pattern  # the run contract's (run_contract/names
 # container.v1 AuthenticatorGroupsConfig (pulumi-gcp: "Group name must be in format
 # gke-security-groups@yourdomain.com"): the group of groups GKE looks members up in for RBAC.
 RBAC_SECURITY_GROUP = r"gke-security-groups@[^@\s]+\.[a-z]{2,}"
+# A container image pinned by digest, in the image reference grammar (distribution/reference, regexp.go: an
+# optional registry host and port, lowercase path components, an optional tag, `@sha256:` and 64 hex digits).
+PINNED_IMAGE = (
+    r"([a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*(:[0-9]+)?/)?"
+    r"[a-z0-9]+([._-]+[a-z0-9]+)*(/[a-z0-9]+([._-]+[a-z0-9]+)*)*(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
+    r"@sha256:[0-9a-f]{64}"
+)
+PINNED_IMAGE_ALLOWED = "an image pinned by digest, like python:3.12-slim@sha256:<64 hex digits>"
 # A team's name becomes its ClusterQueue's and LocalQueue's (label values, 63) and its namespace's default
 # team-NAME; 30 leaves the namespace and the names derived from it room (infra/naming.py).
 MAX_TEAM_NAME = 30
@@ -869,6 +877,12 @@ class GkeSettings(Section):
         default=(),
         description="Teams sharing the slice pools through Kueue: a queue each in one cohort, chips guaranteed per "
         "pool, idle chips lent and reclaimed, jobs only in the team's own namespace.",
+    )
+    folder_image: Annotated[Text, Allowed(PINNED_IMAGE_ALLOWED, PINNED_IMAGE), Unstated()] = Field(
+        default="",
+        description="The public image a team's folder source runs in (tpu-runs submit --team --folder), pinned by "
+        "digest; it needs Python 3, bash, curl, sha256sum and tar. Default: none, and only images are submitted.",
+        examples=["python:3.12-slim@sha256:<64 hex digits>"],
     )
 
     @property
