@@ -185,6 +185,36 @@ ensure_framework() {{
 """
 
 
+# The shell functions that fetch an object of the artifacts bucket and keep it only if its bytes hash to the
+# digest the platform shipped: one home, rendered into the TPU VM's start-up script and into the GKE engine's
+# fetch step for a folder source (render_pod_fetch). They need METADATA, STORAGE, PYTHON, ROOT and `fatal`.
+METADATA_FUNCTION = """metadata() {
+  curl --silent --fail --retry 5 --retry-connrefused -H 'Metadata-Flavor: Google' "${METADATA}/$1"
+}
+"""
+
+FETCH_VERIFIED_FUNCTION = """fetch_verified() {
+  local url="$1" archive="$2" sha256="$3" what="$4"
+  install -d -m 0755 "${ROOT}/opt/tpu-platform"
+  install -d -m 0700 "$(dirname "${archive}")"
+  if [[ -f "${archive}" ]] && echo "${sha256}  ${archive}" | sha256sum --check --quiet --status; then
+    return 0
+  fi
+  local token partial="${archive}.partial"
+  token="$(metadata instance/service-accounts/default/token \\
+    | "${PYTHON}" -c 'import json, sys; print(json.load(sys.stdin)["access_token"])')"
+  # The token goes to curl on stdin, not on its command line, where any local user could read it.
+  curl --silent --fail --retry 5 --retry-connrefused -H @- -o "${partial}" "${url}" \\
+    <<< "Authorization: Bearer ${token}" || fatal "cannot read ${what}"
+  if ! echo "${sha256}  ${partial}" | sha256sum --check --quiet --status; then
+    rm -f "${partial}"
+    fatal "${what} does not match its digest ${sha256}"
+  fi
+  chmod 0600 "${partial}" && mv "${partial}" "${archive}"
+}
+"""
+
+
 def render_startup_script(spec: StartupSpec) -> str:
     _check(spec)
     environment = "".join(f"Environment={name}={value}\n" for name, value in spec.environment)
@@ -236,10 +266,7 @@ fatal() {{
   exit {EXIT_CONFIG}
 }}
 
-metadata() {{
-  curl --silent --fail --retry 5 --retry-connrefused -H 'Metadata-Flavor: Google' "${{METADATA}}/$1"
-}}
-
+{METADATA_FUNCTION}
 {framework}# This worker's place in its slice, for the agent's environment: its number (`agent-worker-number`), the
 # number of workers and worker 0's address as the coordinator of JAX's distributed runtime. Cloud TPU
 # lists the workers in `worker-network-endpoints`, worker 0 first, each `host` or `name:id:ip` (the
@@ -270,26 +297,7 @@ slice_env() {{
 # An object of the artifacts bucket, as the VM's own account reads it (a token from the metadata server; no
 # key on the VM): kept root's alone and fetched again only when missing or not matching the digest the
 # stack shipped. Bytes that do not hash to that digest are never unpacked or run.
-fetch_verified() {{
-  local url="$1" archive="$2" sha256="$3" what="$4"
-  install -d -m 0755 "${{ROOT}}/opt/tpu-platform"
-  install -d -m 0700 "$(dirname "${{archive}}")"
-  if [[ -f "${{archive}}" ]] && echo "${{sha256}}  ${{archive}}" | sha256sum --check --quiet --status; then
-    return 0
-  fi
-  local token partial="${{archive}}.partial"
-  token="$(metadata instance/service-accounts/default/token \\
-    | "${{PYTHON}}" -c 'import json, sys; print(json.load(sys.stdin)["access_token"])')"
-  # The token goes to curl on stdin, not on its command line, where any local user could read it.
-  curl --silent --fail --retry 5 --retry-connrefused -H @- -o "${{partial}}" "${{url}}" \\
-    <<< "Authorization: Bearer ${{token}}" || fatal "cannot read ${{what}}"
-  if ! echo "${{sha256}}  ${{partial}}" | sha256sum --check --quiet --status; then
-    rm -f "${{partial}}"
-    fatal "${{what}} does not match its digest ${{sha256}}"
-  fi
-  chmod 0600 "${{partial}}" && mv "${{partial}}" "${{archive}}"
-}}
-
+{FETCH_VERIFIED_FUNCTION}
 # The agent runs from its own virtualenv: Google's client library for Cloud Storage and its dependencies,
 # from the wheelhouse's wheels for this Python only. The unit checks the agent's archive again and unpacks it
 # afresh on every start of the agent (its ExecStartPre), so nothing edited in the unpacked code outlives a
@@ -401,3 +409,57 @@ def metadata_size_problem(metadata: dict[str, str]) -> str | None:
     if total > MAX_METADATA_TOTAL_BYTES:
         return f"metadata totals {total:,} bytes; GCP allows {MAX_METADATA_TOTAL_BYTES:,} per VM"
     return None
+
+
+def render_pod_fetch(runner: Artifact, source: Artifact, root: str, folder: str) -> str:
+    """The GKE engine's fetch step for a folder source (an initContainer in the pinned public image the stack
+    names, infra/gke/jobsets.py): the runner (vm_agent/ and run_contract/, the archive the stack uploads for its
+    VMs) and the folder's archive, each fetched as the pod's own identity from the GKE metadata server and kept
+    only if its bytes hash to the digest the JobSet names; the runner's vm_agent.archives then checks the
+    folder's archive again and unpacks it into `<root>/<folder>` refusing anything that would land outside it.
+    Any failure exits 78: the run cannot succeed, and its JobSet fails at once rather than retry.
+    `TPU_PLATFORM_ROOT` (for `root`), `GCE_METADATA_HOST` and `STORAGE_EMULATOR_HOST` let the tests run the very
+    same script on loopback stand-ins, as the start-up script's."""
+    for artifact in (runner, source):
+        if not _SAFE_BUCKET.fullmatch(artifact.bucket) or not _SAFE_OBJECT.fullmatch(artifact.name):
+            raise ValueError(f"unsafe archive location {artifact.uri!r}")
+        if not re.fullmatch(r"[0-9a-f]{64}", artifact.sha256):
+            raise ValueError(f"archive digest {artifact.sha256!r} is not a sha256")
+    if not re.fullmatch(r"(/[A-Za-z0-9_-]+)+", root) or not re.fullmatch(r"[A-Za-z0-9_-]+", folder):
+        raise ValueError(f"unsafe folder {root!r}/{folder!r}")
+
+    def url(artifact: Artifact) -> str:
+        return f"${{STORAGE}}/storage/v1/b/{artifact.bucket}/o/{urllib.parse.quote(artifact.name, safe='')}?alt=media"
+
+    return f"""set -euo pipefail
+# tpu-platform: fetch a folder source and the runner, each checked against its digest (infra/startup.py).
+readonly ROOT="${{TPU_PLATFORM_ROOT:-{root}}}"
+readonly FOLDER="${{ROOT}}/{folder}"
+readonly PYTHON="${{TPU_PLATFORM_PYTHON:-python3}}"
+readonly METADATA="http://${{GCE_METADATA_HOST:-metadata.google.internal}}/computeMetadata/v1"
+readonly STORAGE="${{STORAGE_EMULATOR_HOST:-https://storage.googleapis.com}}"
+readonly ARCHIVES="${{ROOT}}/opt/tpu-platform/archives"
+readonly RUNNER="${{ROOT}}/opt/tpu-platform/runner"
+
+fatal() {{
+  echo "tpu-platform: FATAL: $*; the run cannot start." >&2
+  exit {EXIT_CONFIG}
+}}
+
+for tool in curl sha256sum tar "${{PYTHON}}"; do
+  command -v "${{tool}}" >/dev/null || fatal "the folder image has no ${{tool}} (gke.folderImage)"
+done
+
+{METADATA_FUNCTION}
+# An object of the artifacts bucket, as the pod's own identity reads it (the GKE metadata server's token).
+{FETCH_VERIFIED_FUNCTION}
+fetch_verified "{url(runner)}" "${{ARCHIVES}}/{runner.sha256}.tar.gz" {runner.sha256} \\
+  "the runner {runner.uri}"
+fetch_verified "{url(source)}" "${{ARCHIVES}}/{source.sha256}.tar.gz" {source.sha256} \\
+  "the source {source.uri}"
+rm -rf "${{RUNNER}}" && install -d -m 0755 "${{RUNNER}}"
+tar --extract --gzip --no-same-owner --file "${{ARCHIVES}}/{runner.sha256}.tar.gz" --directory "${{RUNNER}}"
+PYTHONPATH="${{RUNNER}}" "${{PYTHON}}" -s -m vm_agent.archives "${{ARCHIVES}}/{source.sha256}.tar.gz" \\
+  {source.sha256} "${{FOLDER}}" || exit {EXIT_CONFIG}
+echo "tpu-platform: {source.uri} checked and unpacked into ${{FOLDER}}"
+"""

@@ -10,10 +10,11 @@ import pytest
 
 from infra import naming
 from infra.gke import queues
-from infra.gke.jobsets import RUN_LABEL, run_jobset, team_jobset
+from infra.gke.jobsets import FETCH_CONTAINER, RUN_LABEL, FolderRun, run_jobset, team_jobset
 from infra.gke.quota import pod_sets
 from infra.gke.specs import SliceShape
 from infra.gke.validation import platform_validator, validate_all
+from infra.startup import Artifact
 from run_contract.names import worker_place
 from run_contract.spec import FolderSource, ImageSource, RunSpec
 from tests import gke_objects as g
@@ -73,10 +74,17 @@ def a_run(run_id: str = "exp-1", **changes: Any) -> RunSpec:
     return RunSpec(run_id=run_id, **{**fields, **changes})
 
 
-def run_render(kind: str) -> dict[str, Any]:
+FOLDER_IMAGE = "python:3.12-slim@sha256:" + "c" * 64
+RUNNER = Artifact("acme-artifacts", "sources/" + "e" * 64 + ".tar.gz", "e" * 64)
+FOLDER = FolderSource("gs://acme-artifacts/teams/vision/sources/" + "f" * 64 + ".tar.gz", "f" * 64)
+
+
+def run_render(kind: str, source: ImageSource | FolderSource = ImageSource(g.IMAGE)) -> dict[str, Any]:
     _, shape, slices = SHAPES_BY_KIND[kind]
     team = g.NLP.model_copy(update={"nominal_chips": (("v6e", 32),)}) if kind == "multislice" else RUN_TEAM
-    return run_jobset(a_run(), team, shape, checkpoints="ckpt", models="models", slices=slices)
+    folder = FolderRun(FOLDER_IMAGE, RUNNER)
+    run = a_run(source=source)
+    return run_jobset(run, team, shape, checkpoints="ckpt", models="models", slices=slices, folder=folder)
 
 
 def run_queue_objects() -> list[dict[str, Any]]:
@@ -84,9 +92,10 @@ def run_queue_objects() -> list[dict[str, Any]]:
     return queues.queue_objects((RUN_TEAM, g.NLP), pools)
 
 
+@pytest.mark.parametrize("source", [ImageSource(g.IMAGE), FOLDER], ids=["image", "folder"])
 @pytest.mark.parametrize("kind", SHAPES_BY_KIND)
-def test_a_run_spec_renders_a_jobset_that_passes_the_schemas_and_its_queue_admits(kind: str):
-    jobset = run_render(kind)
+def test_a_run_spec_renders_a_jobset_that_passes_the_schemas_and_its_queue_admits(kind: str, source):
+    jobset = run_render(kind, source)
     pools = (*g.SHAPES, SINGLE_HOST)
     report = validate_all(platform_validator(), [*run_queue_objects(), jobset], pools)
     assert report.ok, report.findings
@@ -117,9 +126,9 @@ def test_the_pods_get_the_run_contracts_environment_with_the_teams_folders():
     assert _pod(run_render("single-host"))["terminationGracePeriodSeconds"] == int(single["TPU_PLATFORM_GRACE_SECONDS"])
 
 
-def test_a_folder_source_or_an_image_by_tag_is_not_rendered():
-    folder = a_run(source=FolderSource("gs://artifacts/sources/x.tar.gz", "0" * 64))
-    with pytest.raises(ValueError, match="pinned by digest"):
+def test_an_image_by_tag_or_a_folder_source_without_the_stacks_folder_image_is_not_rendered():
+    folder = a_run(source=FolderSource("gs://artifacts/teams/vision/sources/x.tar.gz", "0" * 64))
+    with pytest.raises(ValueError, match="a folder source needs the stack's gke.folderImage"):
         run_jobset(folder, RUN_TEAM, g.V5E_16_SPOT, checkpoints="c", models="m")
     tagged = a_run(source=ImageSource("us-docker.pkg.dev/acme/train:latest", allow_tag=True))
     with pytest.raises(ValueError, match="pinned by digest"):
@@ -131,15 +140,16 @@ def test_a_folder_source_or_an_image_by_tag_is_not_rendered():
 # rules in order (reasons, then message patterns), RestartJobSet when none matches (JobSet "Failure Policy").
 
 
-def _job_failure(job: dict[str, Any], exit_code: int, conditions: tuple[str, ...]) -> tuple[str, str] | None:
+def _job_failure(
+    job: dict[str, Any], exit_code: int, conditions: tuple[str, ...], container: str = "main"
+) -> tuple[str, str] | None:
     if exit_code == 0 and not conditions:
         return None
     for index, rule in enumerate(job["podFailurePolicy"]["rules"]):
         codes = rule.get("onExitCodes")
-        if codes and exit_code != 0:
+        if codes and exit_code != 0 and codes.get("containerName", container) == container:
             hit = (exit_code in codes["values"]) == (codes["operator"] == "In")
             if hit and rule["action"] == "FailJob":
-                container = codes["containerName"]
                 why = f"failed with exit code {exit_code} matching FailJob rule at index {index}"
                 return "PodFailurePolicy", f"Container {container} for pod ns/p {why}"
         for pattern in rule.get("onPodConditions", ()):
@@ -151,9 +161,9 @@ def _job_failure(job: dict[str, Any], exit_code: int, conditions: tuple[str, ...
     return "BackoffLimitExceeded", "Job has reached the specified backoff limit"  # backoffLimit 0
 
 
-def jobset_action(exit_code: int, *conditions: str) -> str | None:
-    jobset = run_render("multi-host")
-    failure = _job_failure(jobset["spec"]["replicatedJobs"][0]["template"]["spec"], exit_code, conditions)
+def jobset_action(exit_code: int, *conditions: str, container: str = "main", jobset: Any = None) -> str | None:
+    jobset = jobset or run_render("multi-host")
+    failure = _job_failure(jobset["spec"]["replicatedJobs"][0]["template"]["spec"], exit_code, conditions, container)
     if failure is None:
         return None
     reason, message = failure
@@ -176,6 +186,35 @@ def test_the_run_contracts_exit_codes_hold_in_pods():
     assert jobset_action(143, "DisruptionTarget") == "RestartJobSetAndIgnoreMaxRestarts"
     assert jobset_action(75, "DisruptionTarget") == "RestartJobSetAndIgnoreMaxRestarts"
     assert run_render("multi-host")["spec"]["failurePolicy"]["maxRestarts"] == 3
+
+
+def test_a_folder_sources_fetch_step_that_refuses_its_archives_fails_the_run_at_once():
+    folder = run_render("multi-host", FOLDER)
+    assert jobset_action(78, container=FETCH_CONTAINER, jobset=folder) == "FailJobSet"  # a digest that does not match
+    assert jobset_action(1, container=FETCH_CONTAINER, jobset=folder) == "RestartJobSet"  # anything else: retried
+    assert jobset_action(78, container=FETCH_CONTAINER) == "RestartJobSet"  # an image's pod has no such step
+    # The program's own codes hold as for an image.
+    assert jobset_action(78, jobset=folder) == "FailJobSet" and jobset_action(75, jobset=folder) == "RestartJobSet"
+
+
+def test_a_folder_source_runs_in_the_stacks_image_from_the_folder_its_fetch_step_checked():
+    jobset = run_render("multi-host", FOLDER)
+    pod = _pod(jobset)
+    (fetch,) = pod["initContainers"]
+    (main,) = pod["containers"]
+    assert fetch["name"] == FETCH_CONTAINER and fetch["image"] == main["image"] == FOLDER_IMAGE
+    assert pod["volumes"] == [{"name": "source", "emptyDir": {}}]
+    assert fetch["volumeMounts"] == [{"name": "source", "mountPath": "/tpu-platform"}]
+    assert main["volumeMounts"] == [{"name": "source", "mountPath": "/tpu-platform", "readOnly": True}]
+    assert main["workingDir"] == "/tpu-platform/source" and main["command"] == ["python", "train.py"]
+    script = fetch["command"][2]
+    assert fetch["command"][:2] == ["bash", "-c"]
+    assert f"storage/v1/b/acme-artifacts/o/sources%2F{'e' * 64}.tar.gz?alt=media" in script
+    assert f"storage/v1/b/acme-artifacts/o/teams%2Fvision%2Fsources%2F{'f' * 64}.tar.gz?alt=media" in script
+    assert script.count("e" * 64) >= 3 and script.count("f" * 64) >= 3  # fetched, checked, unpacked by digest
+    # The contract's environment is the image's, and the fetch step holds none of it.
+    assert _env(jobset).keys() == _env(run_render("multi-host")).keys() and "env" not in fetch
+    assert "initContainers" not in _pod(run_render("multi-host")) and "volumes" not in _pod(run_render("multi-host"))
 
 
 # --- Multislice: what joins the slices (MEGASCALE_*), and the contract's place from it ---------------------

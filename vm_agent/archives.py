@@ -1,11 +1,18 @@
 """The archives the agent fetches (a run's source folder, its own wheelhouse): a file's sha256, and an
-unpack that refuses what could write outside its folder. Standard library only."""
+unpack that refuses what could write outside its folder. Standard library only.
+
+Run as a program (`python -m vm_agent.archives ARCHIVE SHA256 FOLDER`), it is a GKE pod's last step before a
+folder source runs (infra/startup.py render_pod_fetch): the archive is checked against its digest once more and
+unpacked into FOLDER, or the step exits with the run contract's 78 and nothing of it runs."""
 
 from __future__ import annotations
 
 import hashlib
+import sys
 import tarfile
 from pathlib import Path
+
+from run_contract.names import EXIT_CONFIG
 
 
 def sha256_file(path: Path) -> str:
@@ -34,3 +41,28 @@ def unpack(archive: Path, target: Path) -> None:
             tar.extractall(target, members=members, filter="data")
         else:
             tar.extractall(target, members=members)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3:
+        print("usage: python -m vm_agent.archives ARCHIVE SHA256 FOLDER", file=sys.stderr)
+        return 2
+    archive, sha256, target = Path(argv[0]), argv[1], Path(argv[2])
+    digest = sha256_file(archive)
+    if digest != sha256:
+        print(
+            f"tpu-platform: FATAL: {archive} has sha256 {digest}, the run says {sha256}: nothing of it runs",
+            file=sys.stderr,
+        )
+        return EXIT_CONFIG
+    target.mkdir(parents=True, exist_ok=True)
+    try:
+        unpack(archive, target)
+    except (tarfile.TarError, ValueError) as error:
+        print(f"tpu-platform: FATAL: {archive}: {error}: nothing of it runs", file=sys.stderr)
+        return EXIT_CONFIG
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

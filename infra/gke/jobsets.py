@@ -42,6 +42,7 @@ checks these shapes on any JobSet (the validator runs it: infra/gke/validation.p
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from infra import naming
@@ -49,8 +50,9 @@ from infra.config.model import TeamSettings
 from infra.gke.crds import JOBSET_API
 from infra.gke.quota import QUEUE_LABEL, TPU_RESOURCE
 from infra.gke.specs import SliceShape
+from infra.startup import Artifact, render_pod_fetch
 from run_contract import names
-from run_contract.spec import ImageSource, RunSpec
+from run_contract.spec import FolderSource, RunSpec
 
 EXCLUSIVE_TOPOLOGY = {"alpha.jobset.sigs.k8s.io/exclusive-topology": "cloud.google.com/gke-nodepool"}
 TTL_SECONDS = 43_200  # xpk's: a finished JobSet is deleted after 12 hours
@@ -127,14 +129,28 @@ def multislice_problems(jobset: Mapping[str, Any]) -> list[tuple[str, str]]:
     return found
 
 
+def _fails_job_on_78(container: str) -> dict[str, Any]:
+    return {
+        "action": "FailJob",
+        "onExitCodes": {"containerName": container, "operator": "In", "values": [names.EXIT_CONFIG]},
+    }
+
+
 # Job level: the failures that end a Job with reason PodFailurePolicy, each with its own message.
 POD_FAILURE_RULES: list[dict[str, Any]] = [
-    {
-        "action": "FailJob",
-        "onExitCodes": {"containerName": CONTAINER, "operator": "In", "values": [names.EXIT_CONFIG]},
-    },
+    _fails_job_on_78(CONTAINER),
     {"action": "FailJob", "onPodConditions": [{"type": DISRUPTION, "status": "True"}]},
 ]
+# A folder source's fetch step exits 78 when an archive does not match its digest (infra/startup.py
+# render_pod_fetch): the run cannot succeed. A rule's exit codes are looked up in the init containers' statuses
+# too, and its containerName may name an init container (batch/v1 PodFailurePolicyOnExitCodesRequirement).
+FETCH_CONTAINER = "fetch-source"
+FETCH_FAILURE_RULE = _fails_job_on_78(FETCH_CONTAINER)
+# The folder source's pod: one emptyDir both containers mount, the fetch step read-write, the program read-only
+# (as on a VM its unpacked folder is root's, read-only to the run).
+SOURCE_VOLUME = "source"
+SOURCE_ROOT = "/tpu-platform"
+SOURCE_FOLDER = "source"
 # JobSet level: what each Job failure does to the run, first match wins; no match is RestartJobSet (counted).
 JOBSET_FAILURE_RULES: list[dict[str, Any]] = [
     {
@@ -145,6 +161,34 @@ JOBSET_FAILURE_RULES: list[dict[str, Any]] = [
     },
     {"name": "run_cannot_succeed", "action": "FailJobSet", "onJobFailureReasons": [POD_FAILURE_POLICY]},
 ]
+
+
+def split_gs(uri: str) -> tuple[str, str]:
+    bucket, _, name = uri.removeprefix("gs://").partition("/")
+    return bucket, name
+
+
+@dataclass(frozen=True)
+class FolderRun:
+    """What runs a folder source on the GKE engine: the stack's pinned public image (gke.folderImage) and the
+    runner's archive (vm_agent/ and run_contract/, infra/tpu/metadata.py agent_package), which the fetch step
+    takes from the artifacts bucket by digest before the folder's."""
+
+    image: str
+    runner: Artifact
+
+    def container(self, source: FolderSource) -> dict[str, Any]:
+        """The fetch step: the runner and the folder's archive into the pod's emptyDir, each checked against its
+        digest, or exit 78 before anything of them runs."""
+        bucket, name = split_gs(source.uri)
+        script = render_pod_fetch(self.runner, Artifact(bucket, name, source.sha256), SOURCE_ROOT, SOURCE_FOLDER)
+        return {
+            "name": FETCH_CONTAINER,
+            "image": self.image,
+            "command": ["bash", "-c", script],
+            "volumeMounts": [{"name": SOURCE_VOLUME, "mountPath": SOURCE_ROOT}],
+            "securityContext": {"allowPrivilegeEscalation": False},
+        }
 
 
 def team_jobset(
@@ -161,6 +205,8 @@ def team_jobset(
     env: Sequence[dict[str, Any]] = (),
     labels: dict[str, str] | None = None,
     annotations: dict[str, str] | None = None,
+    fetch: FolderRun | None = None,
+    source: FolderSource | None = None,
 ) -> dict[str, Any]:
     vms = shape.vms_per_slice
     if slices > 1 and vms == 1:
@@ -177,6 +223,18 @@ def team_jobset(
         "resources": {"limits": {TPU_RESOURCE: shape.chips_per_vm}},
         "securityContext": {"allowPrivilegeEscalation": False},
     }
+    folder: dict[str, Any] = {}
+    rules = POD_FAILURE_RULES
+    if fetch is not None and source is not None:
+        container.update(
+            workingDir=f"{SOURCE_ROOT}/{SOURCE_FOLDER}",
+            volumeMounts=[{"name": SOURCE_VOLUME, "mountPath": SOURCE_ROOT, "readOnly": True}],
+        )
+        folder = {
+            "initContainers": [fetch.container(source)],
+            "volumes": [{"name": SOURCE_VOLUME, "emptyDir": {}}],
+        }
+        rules = [*POD_FAILURE_RULES, FETCH_FAILURE_RULE]
     pod = {
         "serviceAccountName": naming.TEAM_SERVICE_ACCOUNT,
         "restartPolicy": "Never",
@@ -184,6 +242,7 @@ def team_jobset(
         "priorityClassName": priority,
         "nodeSelector": shape.node_labels,
         "tolerations": [{"key": TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
+        **folder,
         "containers": [container],
     }
     job = {
@@ -191,7 +250,7 @@ def team_jobset(
         "completions": vms,
         "completionMode": "Indexed",
         "backoffLimit": 0,
-        "podFailurePolicy": {"rules": POD_FAILURE_RULES},
+        "podFailurePolicy": {"rules": rules},
         "template": {"spec": pod},
     }
     return {
@@ -243,15 +302,24 @@ def run_jobset(
     models: str,
     slices: int = 1,
     priority: str = "medium",
+    folder: FolderRun | None = None,
 ) -> dict[str, Any]:
-    """A researcher's run as their team's JobSet, named by its run id: an image source pinned by digest."""
-    if not isinstance(spec.source, ImageSource) or not spec.source.by_digest:
+    """A researcher's run as their team's JobSet, named by its run id: an image source pinned by digest, or a
+    folder source in `folder`'s image, fetched and checked by digest before the program runs in it."""
+    source = spec.source
+    if isinstance(source, FolderSource):
+        if folder is None:
+            raise ValueError(f"run {spec.run_id}: a folder source needs the stack's gke.folderImage")
+        image = folder.image
+    elif not source.by_digest:
         raise ValueError(f"run {spec.run_id}: the GKE engine runs an image pinned by digest")
+    else:
+        image = source.image
     return team_jobset(
         team,
         shape,
         spec.run_id,
-        image=spec.source.image,
+        image=image,
         command=spec.command,
         slices=slices,
         priority=priority,
@@ -259,4 +327,6 @@ def run_jobset(
         env=run_env(spec, team, checkpoints, models),
         labels={RUN_LABEL: spec.run_id},
         annotations={REQUESTER_ANNOTATION: spec.requester},
+        fetch=folder if isinstance(source, FolderSource) else None,
+        source=source if isinstance(source, FolderSource) else None,
     )

@@ -1,0 +1,127 @@
+"""A folder source's fetch step on the GKE engine (infra/startup.py render_pod_fetch), the very script a team's
+JobSet carries, run against the storage emulator and a metadata server on loopback: the runner and the folder's
+archive are fetched as the pod's identity and unpacked only when each matches the digest the JobSet names;
+anything else ends the step with 78, which fails the run at once (tests/test_gke_jobsets.py)."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import subprocess
+import sys
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+from infra.gke.jobsets import FETCH_CONTAINER, FolderRun, run_jobset
+from infra.packaging import package
+from infra.startup import Artifact
+from infra.tpu.metadata import agent_package
+from run_contract import paths
+from run_contract.spec import FolderSource, RunSpec
+from tests import gke_objects as g
+from tools.standins.metadata import SANDBOX_TOKEN, metadata_server
+from tools.standins.storage import storage_emulator
+
+ROOT = Path(__file__).resolve().parents[1]
+BUCKET = "fixture-gke-gke-artifacts"
+TRAINER = ROOT / "tests/agent_sources/trainer"
+IMAGE = "python:3.12-slim@sha256:" + "c" * 64
+
+
+def put(storage: str, name: str, data: bytes) -> None:
+    requests.post(
+        f"{storage}/upload/storage/v1/b/{BUCKET}/o", params={"uploadType": "media", "name": name}, data=data, timeout=10
+    ).raise_for_status()
+
+
+def hostile_archive() -> bytes:
+    """A well-formed archive whose member climbs out of the folder it is unpacked into."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w:gz") as tar:
+        body = b"print('escaped')\n"
+        member = tarfile.TarInfo("../escaped.py")
+        member.size = len(body)
+        tar.addfile(member, io.BytesIO(body))
+    return raw.getvalue()
+
+
+HOSTILE = hostile_archive()  # once: gzip stamps the time
+
+
+@pytest.fixture(scope="module")
+def world() -> Iterator[tuple[str, str]]:
+    """The artifacts bucket as `pulumi up` and `tpu-runs submit --team` leave it, and a metadata server; yields
+    (STORAGE_EMULATOR_HOST, GCE_METADATA_HOST)."""
+    with storage_emulator() as storage, metadata_server() as metadata:
+        requests.post(f"{storage}/storage/v1/b", params={"project": "fixture-gke"}, json={"name": BUCKET}, timeout=10)
+        runner = agent_package()
+        put(storage, paths.source_object(runner.sha256), runner.data)
+        trainer = package(TRAINER)
+        put(storage, f"teams/vision/sources/{trainer.sha256}.tar.gz", trainer.data)
+        put(storage, "teams/vision/sources/tampered.tar.gz", trainer.data + b"\0")
+        put(storage, "teams/vision/sources/hostile.tar.gz", HOSTILE)
+        yield storage, str(metadata)
+
+
+def fetch_step(source: FolderSource) -> list[str]:
+    """The fetch step's command, as the JobSet of a run of this source carries it."""
+    runner = agent_package()
+    spec = RunSpec(run_id="exp-1", source=source, command=("python", "train.py"), requester="user:ada@example.com")
+    folder = FolderRun(IMAGE, Artifact(BUCKET, paths.source_object(runner.sha256), runner.sha256))
+    jobset = run_jobset(spec, g.VISION, g.V5E_16_SPOT, checkpoints="c", models="m", folder=folder)
+    (step,) = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["initContainers"]
+    assert step["name"] == FETCH_CONTAINER
+    return step["command"]
+
+
+def run(world: tuple[str, str], tmp_path: Path, source: FolderSource) -> subprocess.CompletedProcess[str]:
+    storage, metadata = world
+    env = {
+        "PATH": os.environ["PATH"],
+        "TPU_PLATFORM_ROOT": str(tmp_path),
+        "TPU_PLATFORM_PYTHON": sys.executable,
+        "GCE_METADATA_HOST": metadata,
+        "STORAGE_EMULATOR_HOST": storage,
+    }
+    return subprocess.run(fetch_step(source), env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_the_folder_is_unpacked_where_the_program_runs_once_both_archives_match(world, tmp_path):
+    trainer = package(TRAINER)
+    done = run(
+        world, tmp_path, FolderSource(f"gs://{BUCKET}/teams/vision/sources/{trainer.sha256}.tar.gz", trainer.sha256)
+    )
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "source/train.py").read_bytes() == (TRAINER / "train.py").read_bytes()
+    assert sorted(p.name for p in (tmp_path / "source").iterdir()) == sorted(p.name for p in TRAINER.iterdir())
+
+
+def test_an_archive_that_does_not_match_its_digest_ends_the_step_with_78_and_nothing_unpacked(world, tmp_path):
+    trainer = package(TRAINER)
+    done = run(world, tmp_path, FolderSource(f"gs://{BUCKET}/teams/vision/sources/tampered.tar.gz", trainer.sha256))
+    assert done.returncode == 78
+    assert f"does not match its digest {trainer.sha256}" in done.stderr
+    assert not (tmp_path / "source").exists()
+    assert not list((tmp_path / "opt/tpu-platform/archives").glob(f"{trainer.sha256}*"))  # the bad bytes are gone
+
+
+def test_an_archive_that_would_write_outside_the_folder_is_refused_by_the_runners_unpack(world, tmp_path):
+    digest = hashlib.sha256(HOSTILE).hexdigest()
+    done = run(world, tmp_path, FolderSource(f"gs://{BUCKET}/teams/vision/sources/hostile.tar.gz", digest))
+    assert done.returncode == 78
+    assert "would land outside the folder" in done.stderr
+    assert not (tmp_path / "escaped.py").exists()
+
+
+def test_the_step_reads_the_archives_as_the_pods_identity(world, tmp_path):
+    """The token comes from the metadata server (the GKE metadata server's, for the team's Kubernetes account),
+    and goes to Cloud Storage as a bearer token: no key in the pod."""
+    trainer = package(TRAINER)
+    script = fetch_step(FolderSource(f"gs://{BUCKET}/teams/vision/sources/{trainer.sha256}.tar.gz", trainer.sha256))[2]
+    assert "instance/service-accounts/default/token" in script and "Authorization: Bearer" in script
+    assert SANDBOX_TOKEN not in script
