@@ -103,8 +103,21 @@ def object_condition(
     """Reads of exactly these objects. Cloud Storage names an object `projects/_/buckets/B/objects/NAME`
     in conditions (resource attributes supported: reference/gcp-iam/README.md); listing is checked on
     the bucket, so the holder cannot list at all and reads each object by its name."""
-    names = " || ".join(f'resource.name == "projects/_/buckets/{bucket}/objects/{o}"' for o in sorted(set(objects)))
+    names = " || ".join(_named(bucket, objects))
     return gcp.storage.BucketIAMMemberConditionArgs(title=title[:100], description=description, expression=names)
+
+
+def _named(bucket: str, objects: Sequence[str]) -> list[str]:
+    return [f'resource.name == "projects/_/buckets/{bucket}/objects/{o}"' for o in sorted(set(objects))]
+
+
+def reads_of(
+    bucket: str, objects: Sequence[str], prefixes: Sequence[str], title: str, description: str
+) -> gcp.storage.BucketIAMMemberConditionArgs:
+    """Reads of exactly these objects and of any object under these prefixes, each by its name: no listing, which
+    Cloud Storage checks on the bucket (`object_condition` and `objects_under` together)."""
+    expression = " || ".join([*_named(bucket, objects), *(objects_under(bucket, prefix) for prefix in prefixes)])
+    return gcp.storage.BucketIAMMemberConditionArgs(title=title[:100], description=description, expression=expression)
 
 
 def project_role(

@@ -266,6 +266,12 @@ def team_prefix(team: str) -> str:
     return f"teams/{team}/"
 
 
+def team_sources_prefix(team: str) -> str:
+    """A team's folder sources in the artifacts bucket (`tpu-runs submit --team --folder`), apart from `sources/`,
+    which the self-service VMs' accounts read whole."""
+    return f"{team_prefix(team)}{paths.SOURCES_PREFIX}"
+
+
 # A team's run output (infra/gke/team_access.py): a log bucket of its own, which a sink fills with its namespace's
 # container logs, and one view on it that its members read. A log view's filter cannot select a namespace
 # (logging.v2 LogView.filter: SOURCE(), resource.type and LOG_ID() only), so the bucket itself is the team's.

@@ -194,7 +194,12 @@ def build_platform(cfg: PlatformConfig, secrets: Mapping[str, str] | None = None
         engine["gke"] = {**cluster.outputs, "slicePools": {name: pool.outputs for name, pool in pools.items()}}
         if cluster_args.gke.teams:
             TeamAccess(
-                "team-access", env, TeamAccessArgs(cluster_args.gke.teams), buckets.buckets, apis, [cluster.cluster]
+                "team-access",
+                env,
+                TeamAccessArgs(cluster_args.gke.teams, runner=agent_package().object_name),
+                {**buckets.buckets, naming.ARTIFACTS: code.bucket},
+                apis,
+                [cluster.cluster],
             )
         if team_queues:
             # The queues phase: the admin phase (gke-admin/) installed Kueue and gave this stack's deployer

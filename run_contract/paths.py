@@ -13,11 +13,12 @@ MEMBER = re.compile(r"(user|group):([^@\s:/]+@[^@\s/]+\.[a-z]{2,})")
 MEMBER_KEY = re.compile(r"(user|group)-([^@\s:/]+@[^@\s/]+\.[a-z]{2,})")
 
 
-def source_object(sha256: str) -> str:
-    """A packaged source folder (or the agent) in the artifacts bucket, named by its content."""
+def source_object(sha256: str, prefix: str = SOURCES_PREFIX) -> str:
+    """A packaged source folder (or the agent) in the artifacts bucket, named by its content: under `sources/`, or
+    a GKE team's folder sources under the team's own prefix (infra/naming.py team_sources_prefix)."""
     if not re.fullmatch(r"[0-9a-f]{64}", sha256):
         raise ValueError(f"not a sha256 hex digest: {sha256!r}")
-    return f"{SOURCES_PREFIX}{sha256}.tar.gz"
+    return f"{prefix}{sha256}.tar.gz"
 
 
 def status_prefix(vm: str) -> str:

@@ -28,6 +28,7 @@ from infra.access.model import (
     unneeded,
 )
 from infra.gke.cluster import NODE_ROLE
+from infra.tpu.metadata import agent_package
 from run_contract import paths
 from tests.iam_conditions import allows
 from tests.support import deploys, fixture_config, plan
@@ -424,3 +425,45 @@ def test_a_member_reads_her_teams_runs_results_and_nothing_else_with_exactly_fet
     assert can(grace, "models", object_in("models", "teams/nlp/exp-1/model.keras"), "storage.objects.get")
     for purpose in ("data", "checkpoints"):  # a member reads nothing else of the stack's
         assert not can(ada, purpose, object_in(purpose, "teams/vision/exp-1/x"), "storage.objects.get")
+
+
+# --- the teams' folder sources (tpu-runs submit --team --folder) -------------------------------------------
+
+RUNNER = paths.source_object(agent_package().sha256)
+SHA = "a" * 64
+
+
+def test_a_teams_pods_read_the_runner_and_their_teams_sources_by_name_and_nothing_else_of_the_artifacts():
+    vision, nlp = principal("team-vision"), principal("team-nlp")
+    assert can(vision, "artifacts", object_in("artifacts", RUNNER), "storage.objects.get")
+    assert can(vision, "artifacts", object_in("artifacts", f"teams/vision/sources/{SHA}.tar.gz"), "storage.objects.get")
+    assert can(nlp, "artifacts", object_in("artifacts", f"teams/nlp/sources/{SHA}.tar.gz"), "storage.objects.get")
+    for elsewhere in (
+        f"teams/nlp/sources/{SHA}.tar.gz",  # another team's code
+        f"sources/{SHA}.tar.gz",  # a workload's or a self-service researcher's
+        f"teams/vision-b/sources/{SHA}.tar.gz",
+        f"teams/vision/{SHA}.tar.gz",
+    ):
+        assert not can(vision, "artifacts", object_in("artifacts", elsewhere), "storage.objects.get"), elsewhere
+    artifacts = f"projects/_/buckets/{PROJECT}-{STACK}-artifacts"
+    for prefix in ("teams/vision/sources/", "sources/", ""):  # no listing: each archive is read by its name
+        assert not can(vision, "artifacts", (artifacts, prefix), "storage.objects.list"), prefix
+    for write in ("storage.objects.create", "storage.objects.delete"):  # the program cannot swap its own source
+        assert not can(vision, "artifacts", object_in("artifacts", f"teams/vision/sources/{SHA}.tar.gz"), write)
+
+
+def test_a_member_uploads_her_teams_folder_sources_only_with_exactly_the_uploads_calls():
+    (made,) = [
+        r
+        for r in declared(gke_boot())
+        if r.type == "gcp:projects/iAMCustomRole:IAMCustomRole" and r.inputs["roleId"] == "tpuPlatformGkeTeamSubmitGke"
+    ]
+    assert sorted(made.inputs["permissions"]) == sorted(researcher_calls.permissions("artifacts"))
+    assert sorted(made.inputs["permissions"]) == ["storage.objects.create", "storage.objects.get"]
+    ada, grace = "user:ada@example.com", "user:grace@example.com"
+    mine = object_in("artifacts", f"teams/vision/sources/{SHA}.tar.gz")
+    assert can(ada, "artifacts", mine, "storage.objects.create") and can(ada, "artifacts", mine, "storage.objects.get")
+    assert not can(ada, "artifacts", mine, "storage.objects.delete")  # never replaced: a new object or none
+    for elsewhere in (f"teams/nlp/sources/{SHA}.tar.gz", RUNNER, f"sources/{SHA}.tar.gz"):
+        assert not can(ada, "artifacts", object_in("artifacts", elsewhere), "storage.objects.create"), elsewhere
+    assert can(grace, "artifacts", object_in("artifacts", f"teams/nlp/sources/{SHA}.tar.gz"), "storage.objects.create")

@@ -154,5 +154,18 @@ def member_read_role(stack: str) -> RoleSpec:
     )
 
 
+def member_submit_role(stack: str) -> RoleSpec:
+    """Uploading a folder source for the team's runs (`tpu-runs submit --team --folder`): granted on the artifacts
+    bucket under the team's sources prefix only (infra/gke/team_access.py); the same calls as a researcher's
+    upload of a folder source."""
+    return RoleSpec.of(
+        "gke-team-submit",
+        stack,
+        "GKE team member submit",
+        "Put new folder sources for the team's runs for tpu-runs submit --team.",
+        researcher.permissions("artifacts"),
+    )
+
+
 def team_identities(stack: str) -> StackIdentities:
-    return StackIdentities(roles=(member_role(stack), member_read_role(stack)))
+    return StackIdentities(roles=(member_role(stack), member_read_role(stack), member_submit_role(stack)))

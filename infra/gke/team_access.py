@@ -8,6 +8,11 @@
 - The team's members reach the cluster: a custom role (the bootstrap's to make, infra/access/accounts.py)
   holding what `gcloud container clusters get-credentials --dns-endpoint` and kubectl through the DNS
   endpoint check, and nothing inside the cluster, which RBAC decides.
+- A folder source runs in a pod as the team's code (infra/gke/jobsets.py FolderRun): its fetch step reads the
+  runner's archive (`sources/<sha256>.tar.gz` of the artifacts bucket, by its name) and the team's folder
+  archives (`teams/<team>/sources/`, by name: no listing), nothing else of that bucket. Its members upload
+  those archives: a custom role of exactly the upload's calls (infra/access/identities.py member_submit_role),
+  under the team's sources prefix only; an archive is a new object, named by its sha256, never replaced.
 - The team's members read the team's runs' models and metrics (`tpu-runs fetch --team`): a custom role of
   exactly the command's calls (infra/access/identities.py member_read_role) on the models bucket, under the
   team's prefix only, with the prefix condition Cloud Storage honours.
@@ -30,9 +35,10 @@ import pulumi
 import pulumi_gcp as gcp
 
 from infra import grants, naming
-from infra.access import iam
-from infra.access.identities import member_read_role, member_role
+from infra.access import iam, iamdata
+from infra.access.identities import member_read_role, member_role, member_submit_role
 from infra.apis import ProjectApis
+from infra.artifacts import OBJECT_READER
 from infra.config import Env
 from infra.config.model import TeamSettings
 
@@ -61,6 +67,7 @@ def team_view_filter(project: str) -> str:
 @dataclass(frozen=True)
 class TeamAccessArgs:
     teams: tuple[TeamSettings, ...]
+    runner: str  # the runner's archive in the artifacts bucket, which a folder source's pod fetches
 
 
 class TeamAccess(pulumi.ComponentResource):
@@ -80,7 +87,9 @@ class TeamAccess(pulumi.ComponentResource):
         number = gcp.organizations.get_project_output(project_id=env.project).number
         role = member_role(env.stack)
         read = member_read_role(env.stack)
+        submit = member_submit_role(env.stack)
         models = env.bucket_name("models")
+        artifacts = env.bucket_name(naming.ARTIFACTS)
         logging_apis = apis.needs("logging")
         self.grants: list[pulumi.Resource] = []
         self.views: dict[str, gcp.logging.LogView] = {}
@@ -103,7 +112,39 @@ class TeamAccess(pulumi.ComponentResource):
                         opts=after,
                     )
                 )
+            sources = naming.team_sources_prefix(team.name)
+            fetch = grants.checked_storage_condition(
+                grants.reads_of(
+                    artifacts, [args.runner], [sources], f"team-{team.name}-fetch", "The runner and the team's sources"
+                ),
+                OBJECT_READER,
+                iamdata.role_permissions(OBJECT_READER),
+            )
+            self.grants.append(
+                gcp.storage.BucketIAMMember(
+                    f"{name}-{team.name}-sources-read",
+                    bucket=buckets[naming.ARTIFACTS].name,
+                    role=OBJECT_READER,
+                    member=principal,
+                    condition=fetch,
+                    opts=after,
+                )
+            )
             for member in team.members:
+                self.grants.append(
+                    gcp.storage.BucketIAMMember(
+                        f"{name}-{team.name}-{member.replace(':', '-')}-sources",
+                        bucket=buckets[naming.ARTIFACTS].name,
+                        role=submit.name(env.project),
+                        member=member,
+                        condition=grants.checked_storage_condition(
+                            grants.prefix_condition(artifacts, sources, f"team-{team.name}-sources"),
+                            submit.name(env.project),
+                            submit.permissions,
+                        ),
+                        opts=after,
+                    )
+                )
                 self.grants.append(
                     grants.project_role(
                         f"{name}-{team.name}-{member.replace(':', '-')}",
