@@ -326,7 +326,9 @@ def test_the_folder_image_is_pinned_by_digest(image):
 
 
 def test_the_folder_image_reads_pinned_and_defaults_to_none():
-    assert parse_stack_config("gke", BASE).gke.folder_image == ""  # type: ignore[union-attr]
+    assert parse_stack_config("gke", BASE).gke.folder_image == PYTHON_SLIM  # type: ignore[union-attr]
+    unset = parse_stack_config("gke", with_object(BASE, "gke", lambda g: g.pop("folderImage")))
+    assert unset.gke is not None and unset.gke.folder_image == ""
     for image in (PYTHON_SLIM, "us-docker.pkg.dev/acme/public/jax:0.6@sha256:" + "d" * 64):
         gke = parse_stack_config("gke", with_object(BASE, "gke", lambda g, i=image: g.update(folderImage=i))).gke
         assert gke is not None and gke.folder_image == image

