@@ -4,6 +4,7 @@ credentials, no Pulumi CLI): its dry run, its order of commands, its `finally` a
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -254,6 +255,15 @@ def test_gke_dry_run_plans_the_gke_stack_offline_and_lists_what_only_a_real_proj
         "kubectl wait jobset/smoke-jax -n",
         "kubectl logs -n team-smoke-a",  # each pod's place in its slice, from what GKE injected
         'gcloud logging read \'labels."k8s-pod/jobset_sigs_k8s_io/jobset-name"="smoke-jax"\'',  # the team's log view
+        "gcloud container images describe",  # the folder image, pinned to its digest
+        f"{sys.executable} -m tpu_runs submit",  # a team's folder source
+        "kubectl wait -n team-smoke-a",  # ... finished
+        "kubectl logs -n team-smoke-a",  # each pod's fetch step
+        "kubectl logs -n team-smoke-a",  # ... and its program, in the folder
+        "kubectl apply --server-side -f",  # the same archive under another digest
+        "kubectl wait -n team-smoke-a",  # ... failed
+        "kubectl get jobset smoke-tampered",  # ... never restarted
+        "kubectl delete jobset smoke-folder",
         "kubectl apply --server-side -f",  # a team's run on the spot slice
         "gcloud storage cat gs://acme-ml-sandbox-smoke-checkpoints/teams/smoke-a/smoke-resume/step-0",  # its checkpoint
         "kubectl get nodes -l",  # a node of the spot slice
@@ -393,6 +403,10 @@ def test_the_gke_dry_run_lists_the_run_steps_only_a_real_cluster_proves(capsys):
         "a preempted spot slice comes back whole",
         "the preempted run restarted on the slice without counting against its restarts, resumed from its "
         "checkpoint and finished",
+        "tpu-runs submit --team smoke-a --folder: uploaded under its sources, applied",
+        "each pod's fetch step reads the runner and the folder as the team's Kubernetes account, checks both "
+        "digests in the pinned public image, and the program runs in the folder",
+        "a folder's archive that does not match the digest its JobSet names fails the run at once",
     ):
         assert any(c.startswith(step) for c in checks), step
     # The dry run's answer is read by the run contract: four workers of one slice, one coordinator.
@@ -430,6 +444,13 @@ class Answering(FailingShell):
         ({"gcloud logging read": ""}, "the run's lines reach team smoke-a's log bucket"),
         # The node's loss counted against the run's restarts.
         ({"kubectl get jobset smoke-resume": "1 1"}, "the preempted run restarted"),
+        # The folder's fetch step never ran (or the image lacked what it needs): the program ran on nothing.
+        (
+            {"kubectl logs -n team-smoke-a -l jobset.sigs.k8s.io/jobset-name=smoke-folder -c fetch-source": ""},
+            "each pod's fetch step",
+        ),
+        # An archive under a digest it does not have was retried, not refused for good.
+        ({"kubectl get jobset smoke-tampered": "1"}, "a folder's archive that does not match"),
         # It started over instead of resuming.
         (
             {"kubectl logs -n team-smoke-a -l jobset.sigs.k8s.io/jobset-name=smoke-resume": "finished at step 60"},

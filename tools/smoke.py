@@ -51,7 +51,10 @@ reserved tpu7x-16 slice in us-central1), checking what only a real project prove
      TPU_WORKER_ID and TPU_WORKER_HOSTNAMES into each of its pods, read by the run contract as every worker's
      own place and one coordinator; its pods' lines in the team's log view (its own log bucket, filled by the
      sink of its namespace), under the pod label `tpu-runs logs --team` selects a run by; a JobSet without a
-     queue label held suspended;
+     queue label held suspended; a team's folder source (`tpu-runs submit --team --folder`) in a public image
+     pinned by digest, each pod's fetch step reading the runner and the folder's archive as the team's account
+     through the GKE metadata server and checking both digests, the program running in the folder; the same
+     archive under a digest it does not have failing its JobSet at once (the fetch step's 78);
   5. a preempted spot slice: a team's run on it writes its first checkpoint, one node's preemption is
      simulated, then the whole slice is Ready again (the preempted node registered anew) and the run,
      restarted without counting against its restarts, resumes from its checkpoint and finishes; then the
@@ -90,13 +93,17 @@ from infra.config.model import SlicePoolSettings, TeamSettings
 from infra.config.problems import ConfigError
 from infra.config.stackfile import ROOT, read_stack_config
 from infra.gke.controllers import RELEASES
-from infra.gke.jobsets import team_jobset
+from infra.gke.jobsets import FETCH_CONTAINER, FolderRun, run_jobset, team_jobset
 from infra.gke.queues import queue_objects
 from infra.gke.specs import shape_of
 from infra.gke.validation import platform_validator, validate_all
+from infra.packaging import package
 from infra.platform import stack_identities
-from infra.tpu.metadata import run_prefix
+from infra.startup import Artifact
+from infra.tpu.metadata import agent_package, run_prefix
+from run_contract import paths
 from run_contract.names import WorkerPlace, worker_place
+from run_contract.spec import FolderSource, RunSpec
 from tpu_runs.gke import RUN_POD_LABEL
 
 TEMPLATE = Path(__file__).with_name("smoke_stack.yaml")
@@ -980,6 +987,7 @@ def smoke_gke_teams(
             seen or "no pod printed its place",
         )
         smoke_team_log_view(cfg, a, vms, shell, report, poll_seconds)
+        smoke_folder_run(cfg, a, pools[SPOT_POOL], teams_file, shell, report, run_minutes)
         smoke_preempted_run(cfg, a, pools[SPOT_POOL], teams_file, shell, report, run_minutes, preempt)
         rc, out = shell.run(
             ["kubectl", "get", "jobset", "smoke-unqueued", "-n", a.namespace, "-o", "jsonpath={.spec.suspend}"],
@@ -1039,6 +1047,104 @@ def smoke_team_log_view(
         workers == list(range(vms)),
         f"workers seen: {workers}",
     )
+
+
+# The folder step's image: Google's Cloud SDK image (Python 3, bash, curl, sha256sum, tar), pinned to the digest
+# its `slim` tag names when the smoke test runs, as a stack pins gke.folderImage.
+FOLDER_IMAGE = "gcr.io/google.com/cloudsdktool/google-cloud-cli"
+FOLDER_PROGRAM = (
+    'import os\nprint("folder run on worker", os.environ["TPU_WORKER_ID"], "in", os.getcwd(), flush=True)\n'
+)
+
+
+def smoke_folder_run(
+    cfg: PlatformConfig,
+    team: TeamSettings,
+    pool: SlicePoolSettings,
+    teams_file: Path,
+    shell: Shell,
+    report: Report,
+    run_minutes: float,
+) -> None:
+    """A team's folder source on the spot slice (`tpu-runs submit --team --folder`): what only a cluster proves is
+    that each pod's fetch step reads the runner and the folder's archive as the team's Kubernetes account through
+    the GKE metadata server (Workload Identity Federation), in the pinned public image, before the program runs in
+    the folder; and that a JobSet naming another digest for the same archive fails at once (the fetch step's 78,
+    podFailurePolicy), never restarted."""
+    _, digest = shell.run(
+        [
+            "gcloud",
+            "container",
+            "images",
+            "describe",
+            f"{FOLDER_IMAGE}:slim",
+            "--format",
+            "value(image_summary.digest)",
+        ],
+        answer="sha256:" + "0" * 64,
+    )
+    image = f"{FOLDER_IMAGE}@{digest}"
+    stack_file = teams_file.with_name(f"Pulumi.{cfg.stack}.folder.yaml")
+    stack_file.write_text(teams_file.read_text() + f"    folderImage: {image}\n")
+    folder = teams_file.with_name("smoke-folder")
+    folder.mkdir(exist_ok=True)
+    (folder / "main.py").write_text(FOLDER_PROGRAM)
+    submit = [sys.executable, "-m", "tpu_runs", "submit", "--stack", cfg.stack, "--stack-file", str(stack_file)]
+    submit += ["--team", team.name, "--pool", pool.name, "--folder", str(folder), "--run-id", "smoke-folder"]
+    rc, _ = shell.run([*submit, "--", "python3", "main.py"], cwd=ROOT)
+    if not report.add(f"tpu-runs submit --team {team.name} --folder: uploaded under its sources, applied", rc == 0):
+        return
+    wait = ["kubectl", "wait", "-n", team.namespace, f"--timeout={max(int(run_minutes), 1)}m"]
+    rc, _ = shell.run([*wait, "jobset/smoke-folder", "--for=condition=Completed"])
+    label = f"{JOBSET_NAME_LABEL}=smoke-folder"
+    vms = shape_of(pool).vms_per_slice
+    _, fetched = shell.run(
+        ["kubectl", "logs", "-n", team.namespace, "-l", label, "-c", FETCH_CONTAINER, "--tail=-1"],
+        answer="tpu-platform: ... checked and unpacked into /tpu-platform/source\n" * vms,
+    )
+    _, ran = shell.run(
+        ["kubectl", "logs", "-n", team.namespace, "-l", label, "-c", "main", "--tail=-1"],
+        answer="".join(f"folder run on worker {w} in /tpu-platform/source\n" for w in range(vms)),
+    )
+    report.add(
+        "each pod's fetch step reads the runner and the folder as the team's Kubernetes account, checks both "
+        "digests in the pinned public image, and the program runs in the folder",
+        rc == 0
+        and fetched.count("checked and unpacked") == vms
+        and sorted(re.findall(r"folder run on worker (\d+) in /tpu-platform/source", ran))
+        == [str(w) for w in range(vms)],
+        image,
+    )
+    # The same archive under a digest it does not have: the fetch step refuses it and the JobSet fails at once.
+    sha256 = package(folder).sha256
+    artifacts = cfg.bucket_name(naming.ARTIFACTS)
+    name = paths.source_object(sha256, naming.team_sources_prefix(team.name))
+    source = FolderSource(f"gs://{artifacts}/{name}", "0" * 64)
+    runner = agent_package()
+    spec = RunSpec(run_id="smoke-tampered", source=source, command=("python3", "main.py"), requester=team.members[0])
+    tampered = run_jobset(
+        spec,
+        team,
+        shape_of(pool),
+        checkpoints=cfg.bucket_name("checkpoints"),
+        models=cfg.bucket_name("models"),
+        folder=FolderRun(image, Artifact(artifacts, runner.object_name, runner.sha256)),
+    )
+    path = teams_file.with_name("smoke-tampered.json")
+    path.write_text(json.dumps(tampered, indent=2))
+    rc, _ = shell.run(["kubectl", "apply", "--server-side", "-f", str(path)])
+    rc2, _ = shell.run([*wait, "jobset/smoke-tampered", "--for=condition=Failed"])
+    _, restarts = shell.run(
+        ["kubectl", "get", "jobset", "smoke-tampered", "-n", team.namespace, "-o", "jsonpath={.status.restarts}"],
+        answer="0",
+    )
+    report.add(
+        "a folder's archive that does not match the digest its JobSet names fails the run at once (the fetch "
+        "step's exit 78), never restarted",
+        rc == 0 and rc2 == 0 and restarts.strip() in ("", "0"),
+        f"restarts: {restarts!r}",
+    )
+    shell.run(["kubectl", "delete", "jobset", "smoke-folder", "smoke-tampered", "-n", team.namespace, "--wait"])
 
 
 def smoke_preempted_run(
