@@ -414,7 +414,9 @@ def metadata_size_problem(metadata: dict[str, str]) -> str | None:
 def render_pod_fetch(runner: Artifact, source: Artifact, root: str, folder: str) -> str:
     """The GKE engine's fetch step for a folder source (an initContainer in the pinned public image the stack
     names, infra/gke/jobsets.py): the runner (vm_agent/ and run_contract/, the archive the stack uploads for its
-    VMs) and the folder's archive, each fetched as the pod's own identity from the GKE metadata server and kept
+    VMs) and the folder's archive, each fetched as the pod's own identity with a token from the GKE metadata server
+    (the slice pools' `workloadMetadataConfig.mode` GKE_METADATA, which "exposes a metadata API to workloads that is
+    compatible with the V1 Compute Metadata APIs": container.v1 discovery document) and kept
     only if its bytes hash to the digest the JobSet names; the runner's vm_agent.archives then checks the
     folder's archive again and unpacks it into `<root>/<folder>` refusing anything that would land outside it.
     Any failure exits 78: the run cannot succeed, and its JobSet fails at once rather than retry.
