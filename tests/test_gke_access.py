@@ -164,6 +164,16 @@ def boot_roles() -> dict[str, frozenset[str]]:
     return custom_roles(declared(gke_boot()), PROJECT)
 
 
+def boot_role(role_id: str):
+    """The custom role the bootstrap makes for the GKE environment by this id."""
+    (made,) = [
+        r
+        for r in declared(gke_boot())
+        if r.type == "gcp:projects/iAMCustomRole:IAMCustomRole" and r.inputs["roleId"] == role_id
+    ]
+    return made
+
+
 def can(member: str, purpose: str, target: Target, permission: str) -> bool:
     """Whether a bucket grant of the plan lets `member` do `permission` on `target`, its condition evaluated; a
     custom role holds what the bootstrap makes it with."""
@@ -215,11 +225,7 @@ def test_members_reach_the_cluster_with_the_bootstraps_team_role_and_nothing_ins
     role = f"{HOME}/roles/tpuPlatformGkeTeamGke"
     granted = {(g.inputs["member"], g.inputs["role"]) for g in gke_plan().of_type("gcp:projects/iAMMember:IAMMember")}
     assert {("user:ada@example.com", role), ("user:grace@example.com", role)} <= granted
-    (made,) = [
-        r
-        for r in declared(gke_boot())
-        if r.type == "gcp:projects/iAMCustomRole:IAMCustomRole" and r.inputs["roleId"] == "tpuPlatformGkeTeamGke"
-    ]
+    made = boot_role("tpuPlatformGkeTeamGke")
     assert sorted(made.inputs["permissions"]) == ["container.clusters.connect", "container.clusters.get"]
 
 
@@ -407,11 +413,7 @@ def test_the_researchers_views_start_as_the_deployer_may_edit_them():
 
 
 def test_a_member_reads_her_teams_runs_results_and_nothing_else_with_exactly_fetchs_calls():
-    (made,) = [
-        r
-        for r in declared(gke_boot())
-        if r.type == "gcp:projects/iAMCustomRole:IAMCustomRole" and r.inputs["roleId"] == "tpuPlatformGkeTeamReadGke"
-    ]
+    made = boot_role("tpuPlatformGkeTeamReadGke")
     assert sorted(made.inputs["permissions"]) == sorted(researcher_calls.permissions("models"))
     assert sorted(made.inputs["permissions"]) == ["storage.objects.get", "storage.objects.list"]
     ada, grace = "user:ada@example.com", "user:grace@example.com"
@@ -453,11 +455,7 @@ def test_a_teams_pods_read_the_runner_and_their_teams_sources_by_name_and_nothin
 
 
 def test_a_member_uploads_her_teams_folder_sources_only_with_exactly_the_uploads_calls():
-    (made,) = [
-        r
-        for r in declared(gke_boot())
-        if r.type == "gcp:projects/iAMCustomRole:IAMCustomRole" and r.inputs["roleId"] == "tpuPlatformGkeTeamSubmitGke"
-    ]
+    made = boot_role("tpuPlatformGkeTeamSubmitGke")
     assert sorted(made.inputs["permissions"]) == sorted(researcher_calls.permissions("artifacts"))
     assert sorted(made.inputs["permissions"]) == ["storage.objects.create", "storage.objects.get"]
     ada, grace = "user:ada@example.com", "user:grace@example.com"
