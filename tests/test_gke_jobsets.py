@@ -79,7 +79,10 @@ RUNNER = Artifact("acme-artifacts", "sources/" + "e" * 64 + ".tar.gz", "e" * 64)
 FOLDER = FolderSource("gs://acme-artifacts/teams/vision/sources/" + "f" * 64 + ".tar.gz", "f" * 64)
 
 
-def run_render(kind: str, source: ImageSource | FolderSource = ImageSource(g.IMAGE)) -> dict[str, Any]:
+IMAGE_SOURCE = ImageSource(g.IMAGE)
+
+
+def run_render(kind: str, source: ImageSource | FolderSource = IMAGE_SOURCE) -> dict[str, Any]:
     _, shape, slices = SHAPES_BY_KIND[kind]
     team = g.NLP.model_copy(update={"nominal_chips": (("v6e", 32),)}) if kind == "multislice" else RUN_TEAM
     folder = FolderRun(FOLDER_IMAGE, RUNNER)
@@ -92,7 +95,7 @@ def run_queue_objects() -> list[dict[str, Any]]:
     return queues.queue_objects((RUN_TEAM, g.NLP), pools)
 
 
-@pytest.mark.parametrize("source", [ImageSource(g.IMAGE), FOLDER], ids=["image", "folder"])
+@pytest.mark.parametrize("source", [IMAGE_SOURCE, FOLDER], ids=["image", "folder"])
 @pytest.mark.parametrize("kind", SHAPES_BY_KIND)
 def test_a_run_spec_renders_a_jobset_that_passes_the_schemas_and_its_queue_admits(kind: str, source):
     jobset = run_render(kind, source)
@@ -128,7 +131,7 @@ def test_the_pods_get_the_run_contracts_environment_with_the_teams_folders():
 
 def test_an_image_by_tag_or_a_folder_source_without_the_stacks_folder_image_is_not_rendered():
     folder = a_run(source=FolderSource("gs://artifacts/teams/vision/sources/x.tar.gz", "0" * 64))
-    with pytest.raises(ValueError, match="a folder source needs the stack's gke.folderImage"):
+    with pytest.raises(ValueError, match=r"a folder source needs the stack's gke\.folderImage"):
         run_jobset(folder, RUN_TEAM, g.V5E_16_SPOT, checkpoints="c", models="m")
     tagged = a_run(source=ImageSource("us-docker.pkg.dev/acme/train:latest", allow_tag=True))
     with pytest.raises(ValueError, match="pinned by digest"):
