@@ -465,3 +465,10 @@ def test_a_member_uploads_her_teams_folder_sources_only_with_exactly_the_uploads
     for elsewhere in (f"teams/nlp/sources/{SHA}.tar.gz", RUNNER, f"sources/{SHA}.tar.gz"):
         assert not can(ada, "artifacts", object_in("artifacts", elsewhere), "storage.objects.create"), elsewhere
     assert can(grace, "artifacts", object_in("artifacts", f"teams/nlp/sources/{SHA}.tar.gz"), "storage.objects.create")
+    # She looks the runner up by its name (submit refuses a checkout the stack was not deployed from), and reads
+    # nothing else of the bucket: no listing, no other object, no write.
+    assert can(ada, "artifacts", object_in("artifacts", RUNNER), "storage.objects.get")
+    artifacts = f"projects/_/buckets/{PROJECT}-{STACK}-artifacts"
+    assert not can(ada, "artifacts", (artifacts, "sources/"), "storage.objects.list")
+    assert not can(ada, "artifacts", object_in("artifacts", f"sources/{SHA}.tar.gz"), "storage.objects.get")
+    assert not can(ada, "artifacts", object_in("artifacts", f"teams/nlp/sources/{SHA}.tar.gz"), "storage.objects.get")

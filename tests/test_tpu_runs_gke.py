@@ -191,6 +191,8 @@ def test_the_readmes_gke_commands_run_as_shown(
     with storage_emulator() as storage:
         for bucket in (MODELS, ARTIFACTS):
             requests.post(f"{storage}/storage/v1/b", params={"project": CFG.project}, json={"name": bucket}, timeout=10)
+        runner = agent_package()
+        put(storage, ARTIFACTS, runner.object_name, runner.data)  # as the stack's pulumi up leaves it
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", storage)
         monkeypatch.chdir(tmp_path)
         (tmp_path / "exp").mkdir()
@@ -532,8 +534,12 @@ MODELS = CFG.bucket_name("models")
 
 
 def upload(storage: str, name: str, data: bytes) -> None:
+    put(storage, MODELS, name, data)
+
+
+def put(storage: str, bucket: str, name: str, data: bytes) -> None:
     requests.post(
-        f"{storage}/upload/storage/v1/b/{MODELS}/o", params={"uploadType": "media", "name": name}, data=data, timeout=10
+        f"{storage}/upload/storage/v1/b/{bucket}/o", params={"uploadType": "media", "name": name}, data=data, timeout=10
     ).raise_for_status()
 
 
@@ -582,6 +588,8 @@ def test_a_folder_source_is_uploaded_under_the_teams_sources_and_fetched_by_dige
     name = f"teams/vision/sources/{archive.sha256}.tar.gz"
     with storage_emulator() as storage:
         requests.post(f"{storage}/storage/v1/b", params={"project": CFG.project}, json={"name": ARTIFACTS}, timeout=10)
+        runner = agent_package()
+        put(storage, ARTIFACTS, runner.object_name, runner.data)  # as the stack's pulumi up leaves it
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", storage)
         session = StorageChecked(storage)
         argv = ["submit", "--team", "vision", "--folder", str(folder), "--run-id", "f-1", "--", "python", "train.py"]
@@ -597,9 +605,11 @@ def test_a_folder_source_is_uploaded_under_the_teams_sources_and_fetched_by_dige
     # The requests it made: Cloud Storage's checked against storage.v1 and each allowed her by the plan's grants,
     # IAM Conditions evaluated; the cluster's checked by the stand-in (RBAC, the validator).
     assert session.violations == []
-    assert session.methods == ["storage.objects.get", "storage.objects.insert", "storage.objects.get"]
+    first = ["storage.objects.get", "storage.objects.get", "storage.objects.insert"]  # the runner, the source, upload
+    assert session.methods == [*first, "storage.objects.get", "storage.objects.get"]
+    assert {obj for _, _, obj in session.reached} == {runner.object_name, name}
     for method, bucket, obj in session.reached:
-        assert bucket == ARTIFACTS and obj == name
+        assert bucket == ARTIFACTS
         for permission in iamdata.method_permissions(method, acls=False, overwrite=False):
             assert can(ADA, "artifacts", object_in("artifacts", obj), permission), (method, permission)
     assert cluster.state.refused == []
@@ -611,7 +621,6 @@ def test_a_folder_source_is_uploaded_under_the_teams_sources_and_fetched_by_dige
     (main,) = pod["containers"]
     assert fetch["image"] == main["image"] == CFG.gke.folder_image  # type: ignore[union-attr]
     assert main["command"] == ["python", "train.py"] and main["workingDir"] == "/tpu-platform/source"
-    runner = agent_package()
     script = fetch["command"][2]
     for sha256, obj in ((archive.sha256, name), (runner.sha256, runner.object_name)):
         assert f"/b/{ARTIFACTS}/o/{quote(obj, safe='')}?alt=media" in script and sha256 in script
@@ -640,4 +649,24 @@ def test_a_folder_with_requirements_is_refused_on_the_gke_engine_before_any_call
     assert "has requirements (requirements.lock): on the GKE engine a folder runs with the packages" in (
         capsys.readouterr().err
     )
+    assert cluster.state.accesses == [] and cluster.state.google_methods == []
+
+
+def test_a_folder_source_from_a_checkout_the_stack_was_not_deployed_from_is_refused_before_any_upload(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys
+):
+    """Its runner is not the one the stack uploaded: every pod's fetch step would fail to read it."""
+    folder = tmp_path / "exp"
+    folder.mkdir()
+    shutil.copy(TRAINER / "train.py", folder)
+    with storage_emulator() as storage:
+        requests.post(f"{storage}/storage/v1/b", params={"project": CFG.project}, json={"name": ARTIFACTS}, timeout=10)
+        put(storage, ARTIFACTS, "sources/" + "0" * 64 + ".tar.gz", b"another checkout's runner")
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", storage)
+        assert cluster.run("submit", "--team", "vision", "--folder", str(folder), "--", "python", "train.py") == 2
+        listed = requests.get(f"{storage}/storage/v1/b/{ARTIFACTS}/o", timeout=10).json().get("items", [])
+    err = capsys.readouterr().err
+    assert f"stack 'gke' holds no runner gs://{ARTIFACTS}/{agent_package().object_name}" in err
+    assert "run tpu-runs from the checkout the stack was deployed from" in err
+    assert [item["name"] for item in listed] == ["sources/" + "0" * 64 + ".tar.gz"]  # nothing uploaded
     assert cluster.state.accesses == [] and cluster.state.google_methods == []

@@ -163,6 +163,7 @@ def submit(google: Google, stack: Stack, args: argparse.Namespace) -> int:
                         f"--folder {args.folder} has requirements ({lock}): on the GKE engine a folder runs with the "
                         "packages of the stack's gke.folderImage and installs none; build them into an --image"
                     )
+            gke.check_runner(google, stack, team)
             source = _upload(google, stack, args.folder, naming.team_sources_prefix(team.name))
         request = {
             "runId": run_id,

@@ -106,6 +106,25 @@ def folder_image(stack: Any) -> str:
     return image
 
 
+def runner(stack: Any) -> Artifact:
+    """The runner a folder source's pods fetch: the VM agent's archive as `pulumi up` uploads it from the checkout
+    (infra/tpu/metadata.py agent_package), which is this command's."""
+    package = agent_package()
+    return Artifact(stack.artifacts, package.object_name, package.sha256)
+
+
+def check_runner(google: Google, stack: Any, team: TeamSettings) -> None:
+    """TeamError unless the stack's artifacts bucket holds the runner this command names: a checkout other than the
+    one the stack was last deployed from names another, which every pod's fetch step would fail to read."""
+    wanted = runner(stack)
+    if not google.exists(wanted.bucket, wanted.name):
+        raise TeamError(
+            f"stack '{stack.cfg.stack}' holds no runner {wanted.uri}: this tpu-runs's vm_agent/ and run_contract/ are "
+            f"not what the stack's last pulumi up uploaded, so team {team.name}'s pods could not fetch it; run "
+            "tpu-runs from the checkout the stack was deployed from"
+        )
+
+
 def render(stack: Any, team: TeamSettings, args: argparse.Namespace, request: Mapping[str, Any]) -> dict[str, Any]:
     """The run's JobSet, parsed, rendered and checked against the team's queues; TeamError if a cluster
     would refuse it or never admit it."""
@@ -128,8 +147,7 @@ def render(stack: Any, team: TeamSettings, args: argparse.Namespace, request: Ma
         expected = f"gs://{stack.artifacts}/{naming.team_sources_prefix(team.name)}"
         if not spec.source.uri.startswith(expected):
             raise TeamError(f"run {spec.run_id}: a folder source of team {team.name} is an archive under {expected}")
-        runner = agent_package()
-        folder = FolderRun(folder_image(stack), Artifact(stack.artifacts, runner.object_name, runner.sha256))
+        folder = FolderRun(folder_image(stack), runner(stack))
     shapes = {name: shape_of(pool) for name, pool in pools.items()}
     try:
         jobset = run_jobset(

@@ -144,7 +144,8 @@ def member_role(stack: str) -> RoleSpec:
 
 def member_read_role(stack: str) -> RoleSpec:
     """Reading the team's runs' models and metrics (`tpu-runs fetch --team`): granted on the models bucket under
-    the team's prefix only (infra/gke/team_access.py); the same calls as a researcher's `fetch`."""
+    the team's prefix only (infra/gke/team_access.py); the same calls as a researcher's `fetch`. Also granted on
+    the runner's one object of the artifacts bucket, which `submit --team --folder` looks for by its name."""
     return RoleSpec.of(
         "gke-team-read",
         stack,

@@ -131,6 +131,22 @@ class TeamAccess(pulumi.ComponentResource):
                 )
             )
             for member in team.members:
+                # `tpu-runs submit --team --folder` first reads the runner's object (by its name only), so a
+                # checkout other than the deployed one is refused in words, not at each pod's fetch step.
+                self.grants.append(
+                    gcp.storage.BucketIAMMember(
+                        f"{name}-{team.name}-{member.replace(':', '-')}-runner",
+                        bucket=buckets[naming.ARTIFACTS].name,
+                        role=read.name(env.project),
+                        member=member,
+                        condition=grants.checked_storage_condition(
+                            grants.reads_of(artifacts, [args.runner], [], f"team-{team.name}-runner", "The runner"),
+                            read.name(env.project),
+                            read.permissions,
+                        ),
+                        opts=after,
+                    )
+                )
                 self.grants.append(
                     gcp.storage.BucketIAMMember(
                         f"{name}-{team.name}-{member.replace(':', '-')}-sources",
