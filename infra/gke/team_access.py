@@ -28,7 +28,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import pulumi
@@ -62,6 +62,22 @@ def team_log_filter(project: str, cluster: str, namespace: str) -> str:
 def team_view_filter(project: str) -> str:
     """The team's view shows what the sink routed: the project's container logs."""
     return f'SOURCE("projects/{project}") AND resource.type = "{CONTAINER_LOGS}"'
+
+
+def _grant(
+    name: str,
+    bucket: gcp.storage.Bucket,
+    role: tuple[str, Iterable[str]],
+    member: pulumi.Input[str],
+    condition: gcp.storage.BucketIAMMemberConditionArgs,
+    opts: pulumi.ResourceOptions,
+) -> gcp.storage.BucketIAMMember:
+    """`role` (its name, its permissions) on `bucket` for `member`, under `condition` once it is checked."""
+    role_name, permissions = role
+    checked = grants.checked_storage_condition(condition, role_name, permissions)
+    return gcp.storage.BucketIAMMember(
+        name, bucket=bucket.name, role=role_name, member=member, condition=checked, opts=opts
+    )
 
 
 @dataclass(frozen=True)
@@ -113,57 +129,32 @@ class TeamAccess(pulumi.ComponentResource):
                     )
                 )
             sources = naming.team_sources_prefix(team.name)
-            fetch = grants.checked_storage_condition(
-                grants.reads_of(
-                    artifacts, [args.runner], [sources], f"team-{team.name}-fetch", "The runner and the team's sources"
-                ),
-                OBJECT_READER,
-                iamdata.role_permissions(OBJECT_READER),
+            fetch = grants.reads_of(
+                artifacts, [args.runner], [sources], f"team-{team.name}-fetch", "The runner and the team's sources"
             )
+            reader = (OBJECT_READER, iamdata.role_permissions(OBJECT_READER))
             self.grants.append(
-                gcp.storage.BucketIAMMember(
-                    f"{name}-{team.name}-sources-read",
-                    bucket=buckets[naming.ARTIFACTS].name,
-                    role=OBJECT_READER,
-                    member=principal,
-                    condition=fetch,
-                    opts=after,
-                )
+                _grant(f"{name}-{team.name}-sources-read", buckets[naming.ARTIFACTS], reader, principal, fetch, after)
             )
             for member in team.members:
+                key = f"{name}-{team.name}-{member.replace(':', '-')}"
                 # `tpu-runs submit --team --folder` first reads the runner's object (by its name only), so a
                 # checkout other than the deployed one is refused in words, not at each pod's fetch step.
-                self.grants.append(
-                    gcp.storage.BucketIAMMember(
-                        f"{name}-{team.name}-{member.replace(':', '-')}-runner",
-                        bucket=buckets[naming.ARTIFACTS].name,
-                        role=read.name(env.project),
-                        member=member,
-                        condition=grants.checked_storage_condition(
-                            grants.reads_of(artifacts, [args.runner], [], f"team-{team.name}-runner", "The runner"),
-                            read.name(env.project),
-                            read.permissions,
-                        ),
-                        opts=after,
-                    )
+                runner = grants.reads_of(artifacts, [args.runner], [], f"team-{team.name}-runner", "The runner")
+                upload = grants.prefix_condition(artifacts, sources, f"team-{team.name}-sources")
+                results = grants.prefix_condition(models, naming.team_prefix(team.name), f"team-{team.name}-results")
+                reads, submits = (
+                    (read.name(env.project), read.permissions),
+                    (submit.name(env.project), submit.permissions),
                 )
-                self.grants.append(
-                    gcp.storage.BucketIAMMember(
-                        f"{name}-{team.name}-{member.replace(':', '-')}-sources",
-                        bucket=buckets[naming.ARTIFACTS].name,
-                        role=submit.name(env.project),
-                        member=member,
-                        condition=grants.checked_storage_condition(
-                            grants.prefix_condition(artifacts, sources, f"team-{team.name}-sources"),
-                            submit.name(env.project),
-                            submit.permissions,
-                        ),
-                        opts=after,
-                    )
-                )
+                self.grants += [
+                    _grant(f"{key}-runner", buckets[naming.ARTIFACTS], reads, member, runner, after),
+                    _grant(f"{key}-sources", buckets[naming.ARTIFACTS], submits, member, upload, after),
+                    _grant(f"{key}-results", buckets["models"], reads, member, results, after),
+                ]
                 self.grants.append(
                     grants.project_role(
-                        f"{name}-{team.name}-{member.replace(':', '-')}",
+                        key,
                         env.project,
                         role.name(env.project),
                         member,
@@ -172,24 +163,9 @@ class TeamAccess(pulumi.ComponentResource):
                         permissions=frozenset(role.permissions),
                     )
                 )
-                condition = grants.checked_storage_condition(
-                    grants.prefix_condition(models, naming.team_prefix(team.name), f"team-{team.name}-results"),
-                    read.name(env.project),
-                    read.permissions,
-                )
-                self.grants.append(
-                    gcp.storage.BucketIAMMember(
-                        f"{name}-{team.name}-{member.replace(':', '-')}-results",
-                        bucket=buckets["models"].name,
-                        role=read.name(env.project),
-                        member=member,
-                        condition=condition,
-                        opts=after,
-                    )
-                )
                 self.grants.append(
                     grants.view_reader(
-                        f"{name}-{team.name}-{member.replace(':', '-')}-logs",
+                        f"{key}-logs",
                         env.project,
                         member,
                         naming.team_log_view(env.project, env.stack, team.name),
