@@ -115,7 +115,7 @@ def main() -> int:
                 "TPU_PLATFORM_VM": "trainer-1",
                 "TPU_PLATFORM_STATUS_DIR": f"gs://{BUCKET}/trainer-1",
                 "TPU_PLATFORM_ROOT": str(Path(scratch) / "root"),
-                "TPU_PLATFORM_METADATA_URL": metadata.url,
+                "GCE_METADATA_HOST": metadata,
                 "TPU_PLATFORM_METADATA_REDIRECT": "0",
                 "TPU_PLATFORM_PYTHON": args.python,
             }

@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tools.standins.metadata import metadata_server
+from tools.standins.metadata import metadata_server, sandbox_credentials
 from tools.standins.telemetry import google_apis
 from vm_agent.telemetry import Telemetry
 from vm_agent.tensorboard import EventLog, crc32c
@@ -42,11 +42,11 @@ def main() -> None:
             "TPU_PLATFORM_VM": "vm",
             "TPU_PLATFORM_LOGGING_URL": api_url,
             "TPU_PLATFORM_MONITORING_URL": api_url,
-            "TPU_PLATFORM_METADATA_URL": metadata.url,
+            "GCE_METADATA_HOST": metadata,
         }
         with tempfile.TemporaryDirectory() as model_dir:
             for name, line in (("text line", text), ("training JSON line", training)):
-                shipper = Telemetry(env, flush_every_s=0.5, queue_size=n + 1)
+                shipper = Telemetry(env, flush_every_s=0.5, queue_size=n + 1, credentials=sandbox_credentials())
                 run = Run("bench", model_dir)
                 start = time.perf_counter()
                 for _ in range(n):

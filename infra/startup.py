@@ -329,12 +329,13 @@ write_env() {{
     metadata "instance/attributes/{ENV_ATTRIBUTE}"
     slice_env
     echo "TPU_PLATFORM_ROOT=${{ROOT}}"
-    echo "TPU_PLATFORM_METADATA_URL=${{METADATA}}"
     echo "TPU_PLATFORM_PYTHON=${{PYTHON}}"
     echo "TPU_PLATFORM_PIP_CONSTRAINTS={constraints}"
     # Runs' metadata traffic goes to the agent's proxy (vm_agent/firewall.py). Only the tests' sandbox, which
     # shares its machine's firewall, turns it off (TPU_PLATFORM_METADATA_REDIRECT=0 in the script's env).
     echo "TPU_PLATFORM_METADATA_REDIRECT=${{TPU_PLATFORM_METADATA_REDIRECT:-1}}"
+    # The metadata server where google-auth looks (GCE_METADATA_HOST); only a sandbox has another.
+    [[ -z "${{GCE_METADATA_HOST:-}}" ]] || echo "GCE_METADATA_HOST=${{GCE_METADATA_HOST}}"
     [[ -z "${{STORAGE_EMULATOR_HOST:-}}" ]] || echo "STORAGE_EMULATOR_HOST=${{STORAGE_EMULATOR_HOST}}"
   }} > "${{ENV_FILE}}.new"
   chmod 0600 "${{ENV_FILE}}.new" && mv "${{ENV_FILE}}.new" "${{ENV_FILE}}"

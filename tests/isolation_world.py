@@ -41,7 +41,9 @@ def logging_handler(entries: list[dict[str, Any]]):
     available for Cloud Storage"), nor is no token."""
 
     def handle(method: str, path: str, headers: dict[str, str], body: bytes) -> tuple[int, bytes, str]:
-        if headers.get("Authorization") != f"Bearer {SANDBOX_TOKEN}":
+        # Header names are case-insensitive (RFC 9110 5.1); google-auth's AuthorizedSession sends `authorization`.
+        authorization = next((v for k, v in headers.items() if k.lower() == "authorization"), "")
+        if authorization != f"Bearer {SANDBOX_TOKEN}":
             return 403, b'{"error": {"code": 403, "message": "permission denied"}}', "application/json"
         if path.endswith("/entries:write"):
             request = json.loads(body)
@@ -96,7 +98,7 @@ def main(path: str) -> int:
         with metadata_server(attributes, ("169.254.169.254", 80)) as md:
             env = agent_environ(
                 tmp,
-                md.url,
+                md,
                 front_url,
                 TPU_PLATFORM_METADATA_REDIRECT="1",
                 TPU_PLATFORM_STS_URL=f"{sts_url}/v1/token",

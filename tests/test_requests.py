@@ -22,7 +22,7 @@ from run_contract.spec import Allowed, FolderSource, RunSpec, SpecError, StopReq
 from tests.sandbox import storage_emulator
 from tools.standins.contracts import Call, ContractError, api
 from tools.standins.loopback import Handler, serve
-from tools.standins.metadata import SANDBOX_TOKEN, metadata_server
+from tools.standins.metadata import SANDBOX_TOKEN, metadata_server, sandbox_credentials
 from vm_agent.gcs import Storage
 from vm_agent.run_requests import RequestSource
 from vm_agent.settings import Settings
@@ -109,7 +109,7 @@ class Agent:
 
     def source(self, **overrides: str) -> RequestSource:
         env = {**self.env, **overrides}
-        return RequestSource.from_settings(Settings.from_environ(env), env)
+        return RequestSource.from_settings(Settings.from_environ(env), env, credentials=sandbox_credentials())
 
 
 @pytest.fixture
@@ -127,7 +127,7 @@ def agent() -> Iterator[Agent]:
                 "TPU_PLATFORM_REGISTRY": REGISTRY,
                 "TPU_PLATFORM_SELF_SERVICE": "1",
                 "STORAGE_EMULATOR_HOST": proxy,
-                "TPU_PLATFORM_METADATA_URL": f"http://{metadata}/computeMetadata/v1",
+                "GCE_METADATA_HOST": metadata,
                 "TPU_PLATFORM_STACK": "dev",
                 "TPU_PLATFORM_VM": VM,
                 "TPU_PLATFORM_WORKLOAD": "mnist",

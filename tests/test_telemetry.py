@@ -20,7 +20,7 @@ from run_contract import metrics
 from tests.sandbox import wait_for
 from tests.support import STEP_LINE_CATEGORIES
 from tools.standins.contracts import Call, ContractError, api
-from tools.standins.metadata import SANDBOX_TOKEN, ZONE, metadata_server
+from tools.standins.metadata import SANDBOX_TOKEN, ZONE, metadata_server, sandbox_credentials
 from tools.standins.telemetry import Received, google_apis
 from vm_agent import telemetry
 from vm_agent.telemetry import METHODS, Telemetry, severity_of
@@ -53,7 +53,7 @@ class Rig:
     metadata_asked: list[str]
 
 
-def env_for(api_url: str, metadata_url: str) -> dict[str, str]:
+def env_for(api_url: str, metadata_host: str) -> dict[str, str]:
     return {
         "TPU_PLATFORM_PROJECT": "acme-ml-sandbox",
         "TPU_PLATFORM_STACK": "dev",
@@ -61,7 +61,7 @@ def env_for(api_url: str, metadata_url: str) -> dict[str, str]:
         "TPU_PLATFORM_WORKER_ID": "1",
         "TPU_PLATFORM_LOGGING_URL": api_url,
         "TPU_PLATFORM_MONITORING_URL": api_url,
-        "TPU_PLATFORM_METADATA_URL": metadata_url,
+        "GCE_METADATA_HOST": metadata_host,
     }
 
 
@@ -70,7 +70,13 @@ def rig() -> Iterator[Rig]:
     with google_apis() as (api_url, received), metadata_server() as metadata:
         clock, warnings = Clock(), []
         # Flushed by hand in the tests: the background thread's period is out of the way.
-        shipper = Telemetry(env_for(api_url, metadata.url), clock=clock, warn=warnings.append, flush_every_s=3600)
+        shipper = Telemetry(
+            env_for(api_url, metadata),
+            clock=clock,
+            warn=warnings.append,
+            flush_every_s=3600,
+            credentials=sandbox_credentials(),
+        )
         yield Rig(shipper, received, clock, warnings, metadata.asked)
         shipper.close(5)
 
@@ -259,7 +265,12 @@ def test_unreachable_endpoints_never_raise():
         s.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{s.getsockname()[1]}"
     warnings: list[str] = []
-    shipper = Telemetry(env_for(dead, dead), warn=warnings.append, flush_every_s=3600)
+    shipper = Telemetry(
+        env_for(dead, dead.removeprefix("http://")),
+        warn=warnings.append,
+        flush_every_s=3600,
+        credentials=sandbox_credentials(),
+    )
     shipper.ship(json.dumps({"step": 1, "loss": 1.0}), RunSpec("exp-42"))
     shipper.flush()
     counts = shipper.close(5)
@@ -271,7 +282,13 @@ def test_ship_never_waits_for_a_hanging_endpoint_and_a_full_queue_drops_with_a_w
     with google_apis() as (api_url, received), metadata_server() as metadata:
         received.hold = threading.Event()  # the API takes every request and answers nothing yet
         warnings: list[str] = []
-        shipper = Telemetry(env_for(api_url, metadata.url), warn=warnings.append, flush_every_s=0.01, queue_size=5)
+        shipper = Telemetry(
+            env_for(api_url, metadata),
+            warn=warnings.append,
+            flush_every_s=0.01,
+            queue_size=5,
+            credentials=sandbox_credentials(),
+        )
         run = RunSpec("exp-42")
         shipper.ship("first", run)  # the thread takes it and hangs in its request
         assert received.held.wait(30)  # before any other line is shipped, so its batch is that line alone
@@ -304,13 +321,14 @@ def test_a_run_without_the_attributes_is_a_warning_not_an_exception(rig):
     assert any("could not ship" in w for w in rig.warnings)
 
 
-def test_the_token_is_asked_once_and_the_metadata_flavor_header_sent(rig):
+def test_the_zone_is_asked_once_with_the_metadata_flavor_header(rig):
+    """The token is the credentials' (google-auth's, renewed there: tests/test_vm_agent_sources.py); the zone is
+    asked of the metadata server once (the stand-in refuses a request without `Metadata-Flavor: Google`)."""
     run = RunSpec("exp-42")
     for _ in range(3):
         rig.telemetry.ship("x", run)
         rig.telemetry.flush()
-    assert rig.metadata_asked.count("/computeMetadata/v1/instance/service-accounts/default/token") == 1
-    assert rig.metadata_asked.count("/computeMetadata/v1/instance/zone") == 1
+    assert rig.metadata_asked == ["/computeMetadata/v1/instance/zone"]
     assert len(rig.received.bodies(WRITE)) == 3
 
 
@@ -350,7 +368,8 @@ def test_the_workload_account_is_granted_every_method_telemetry_calls(rig):
 
 @pytest.mark.parametrize("module", ["telemetry", "tensorboard"])
 def test_runs_on_the_vm_images_python(module):
-    """The VM image's Python is 3.10 (catalog os_python: Ubuntu 22.04); stdlib only."""
+    """The VM image's Python is 3.10 (catalog os_python: Ubuntu 22.04); the standard library and the agent's own
+    environment (google-auth and requests, from requirements-agent.lock) only."""
     from infra.catalog import load_catalog
 
     major, minor = min(tuple(int(p) for p in v.split(".")) for v in load_catalog().os_python.values())
@@ -363,7 +382,9 @@ def test_runs_on_the_vm_images_python(module):
         if isinstance(node, (ast.Import, ast.ImportFrom))
         for alias in node.names
     }
-    assert imported - sys.stdlib_module_names - {"__future__", "vm_agent", "run_contract"} == set()
+    assert (
+        imported - sys.stdlib_module_names - {"__future__", "vm_agent", "run_contract", "google", "requests"} == set()
+    )
     assert oldest == (3, 10)
 
 
@@ -389,7 +410,9 @@ def test_close_gives_up_on_a_hanging_endpoint_and_says_so():
     with google_apis() as (api_url, received), metadata_server() as metadata:
         received.hold = threading.Event()
         warnings: list[str] = []
-        shipper = Telemetry(env_for(api_url, metadata.url), warn=warnings.append, flush_every_s=0.01)
+        shipper = Telemetry(
+            env_for(api_url, metadata), warn=warnings.append, flush_every_s=0.01, credentials=sandbox_credentials()
+        )
         shipper.ship("first", RunSpec("exp-42"))
         wait_for(lambda: received.hold is not None and shipper._lock.locked(), 30, "a request in flight")
         shipper.ship("second", RunSpec("exp-42"))
@@ -402,8 +425,8 @@ def test_close_gives_up_on_a_hanging_endpoint_and_says_so():
 
 def test_without_a_project_nothing_is_sent_and_it_says_why(rig):
     warnings: list[str] = []
-    env = {**env_for(rig.telemetry.logging_url, rig.telemetry.metadata_url), "TPU_PLATFORM_PROJECT": ""}
-    shipper = Telemetry(env, warn=warnings.append, flush_every_s=3600)
+    env = {**rig.telemetry.env, "TPU_PLATFORM_PROJECT": ""}
+    shipper = Telemetry(env, warn=warnings.append, flush_every_s=3600, credentials=sandbox_credentials())
     shipper.ship("hello", RunSpec("exp-42"))
     counts = shipper.close(5)
     assert counts.lost_entries == 1 and not rig.received.calls

@@ -39,6 +39,7 @@ from tests.support import STEP_LINE_CATEGORIES
 from tests.test_readme_examples import readme_argv, readme_tpu_runs
 from tests.test_researchers import can, can_create
 from tools.standins.contracts import Call, ContractError, api
+from tools.standins.metadata import sandbox_credentials
 from tpu_runs import cli
 from vm_agent.run_requests import RequestSource
 from vm_agent.settings import Settings
@@ -139,12 +140,12 @@ class World(RunsCloud):
             "TPU_PLATFORM_REGISTRY": f"us-central1-docker.pkg.dev/{PROJECT}/runs",
             "TPU_PLATFORM_SELF_SERVICE": "1" if self_service else "0",
             "STORAGE_EMULATOR_HOST": self.storage,
-            "TPU_PLATFORM_METADATA_URL": f"http://{self.metadata}/computeMetadata/v1",
+            "GCE_METADATA_HOST": self.metadata,
             "TPU_PLATFORM_STACK": "self-service",
             "TPU_PLATFORM_VM": VM,
             "TPU_PLATFORM_WORKLOAD": "mnist",
         }
-        return RequestSource.from_settings(Settings.from_environ(env), env)
+        return RequestSource.from_settings(Settings.from_environ(env), env, credentials=sandbox_credentials())
 
 
 @pytest.fixture

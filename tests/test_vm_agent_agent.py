@@ -101,11 +101,11 @@ def steps(cloud, prefix: str) -> list[int]:
 class Vm:
     """A sandboxed VM for the agent: its root, its log, and boots of the agent."""
 
-    def __init__(self, tmp: Path, cloud, metadata_url: str, vm: str):
+    def __init__(self, tmp: Path, cloud, metadata_host: str, vm: str):
         images = json.dumps({IMAGE: str(cloud["image"])})
         self.env = agent_environ(
             tmp,
-            metadata_url,
+            metadata_host,
             cloud["host"],
             DOCKER_SHIM_IMAGES=images,
             TPU_PLATFORM_VM=vm,
@@ -293,7 +293,7 @@ def test_a_folder_source_is_preempted_resumed_and_completed(cloud, tmp_path):
     run_id = "dev/trainer/trainer-1/folder"
     spec = trainer_spec(cloud, "folder", 12, str(STEP_SECONDS), modelDir=f"gs://{MODELS}/folder")
     with metadata_server({"tpu-platform-run": spec}) as metadata:
-        vm = Vm(tmp_path, cloud, metadata.url, "folder-vm")
+        vm = Vm(tmp_path, cloud, metadata, "folder-vm")
         preempt_resume_complete(cloud, vm, run_id, "folder/")
     contract = vm.lines('"contract"')[0]
     assert contract["env"]["TPU_PLATFORM_MODEL_DIR"] == f"gs://{MODELS}/folder"
@@ -313,7 +313,7 @@ def test_an_image_source_runs_with_the_tpu_flags_and_is_preempted_resumed_and_co
         completion=True,
     )
     with metadata_server({"tpu-platform-run": spec}) as metadata:
-        vm = Vm(tmp_path, cloud, metadata.url, "image-vm")
+        vm = Vm(tmp_path, cloud, metadata, "image-vm")
         preempt_resume_complete(cloud, vm, run_id, "image/")
     calls = [json.loads(line) for line in (tmp_path / "docker" / "calls.jsonl").read_text().splitlines()]
     assert calls[0] == ["login", "-u", "oauth2accesstoken", "--password-stdin", "https://us-central1-docker.pkg.dev"]
@@ -343,7 +343,7 @@ def test_a_changed_run_setting_starts_the_new_run_without_a_reboot(cloud, tmp_pa
     first = trainer_spec(cloud, "a", 1000, "0.2")
     second = trainer_spec(cloud, "b", 3, "0")
     with metadata_server({"tpu-platform-run": first}) as metadata:
-        vm = Vm(tmp_path, cloud, metadata.url, "change-vm")
+        vm = Vm(tmp_path, cloud, metadata, "change-vm")
         vm.boot()
         try:
             wait_for(lambda: len(steps(cloud, "a/")) >= 2, 120, "the first run's checkpoints", interval=0.2)
@@ -370,7 +370,7 @@ def test_a_refused_spec_is_logged_and_recorded_and_the_agent_keeps_waiting(cloud
         }
     )
     with metadata_server({"tpu-platform-run": bad}) as metadata:
-        vm = Vm(tmp_path, cloud, metadata.url, "bad-vm")
+        vm = Vm(tmp_path, cloud, metadata, "bad-vm")
         vm.boot()
         try:
             wait_for(lambda: state(cloud, "bad-vm", "dev/trainer/trainer-1/bad"), 30, "the refusal's record")
@@ -420,7 +420,7 @@ def test_a_poll_interval_that_is_not_a_number_is_a_settings_problem_not_a_traceb
 def test_a_removed_run_stops_cleanly_and_resumes_when_it_is_wanted_again(cloud, tmp_path):
     spec = trainer_spec(cloud, "again", 8, "0.25")
     with metadata_server({"tpu-platform-run": spec}) as metadata:
-        vm = Vm(tmp_path, cloud, metadata.url, "again-vm")
+        vm = Vm(tmp_path, cloud, metadata, "again-vm")
         vm.boot()
         try:
             wait_for(lambda: len(steps(cloud, "again/")) >= 2, 120, "checkpoints", interval=0.2)

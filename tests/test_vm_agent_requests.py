@@ -69,7 +69,7 @@ class Agent:
         settings = STACK.vm(vm)
         self.env = agent_environ(
             cloud.tmp / vm,
-            cloud.metadata.url,
+            cloud.metadata,
             cloud.storage,
             TPU_PLATFORM_STACK="self-service",
             TPU_PLATFORM_VM=vm,

@@ -47,7 +47,7 @@ def bucket_env(tmp_path_factory):
             storage.client.create_bucket(bucket)
         archive, sha = pack(trainer_folder(tmp))
         storage.write(ARTIFACTS, f"sources/{sha}.tar.gz", archive, "application/gzip")
-        env = agent_environ(tmp, metadata.url, host, TPU_PLATFORM_PYTHON="/usr/bin/python3")
+        env = agent_environ(tmp, metadata, host, TPU_PLATFORM_PYTHON="/usr/bin/python3")
         yield {"env": env, "storage": storage, "sha": sha, "tmp": tmp}
 
 

@@ -169,23 +169,48 @@ def test_the_agent_needs_at_most_python_3_8():
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_tokens_come_from_the_metadata_server_unless_an_emulator_is_used():
-    """Cloud Storage itself is asked with the VM account's token from the metadata server; an emulator with
-    none, unless the sandbox gives the tokens (to check them)."""
+VM_TOKEN = """
+import sys
+from vm_agent.gcs import Storage, fresh_token, metadata_url, vm_credentials
+
+credentials = vm_credentials()
+assert vm_credentials() is credentials  # one token source in the process
+token, left = fresh_token(credentials)
+assert fresh_token(credentials)[0] == token  # still valid: not asked again
+print(token, 3000 < left <= 3599, metadata_url())
+print(Storage().credentials is credentials, Storage().client.api_endpoint)
+emulator = {"STORAGE_EMULATOR_HOST": sys.argv[1]}
+print(Storage(environ=emulator).credentials)  # an emulator needs none
+Storage(environ=emulator).create("status", "anonymous", b"1")
+Storage(credentials, environ=emulator).create("status", "the-vms", b"1")
+"""
+
+
+def test_the_vm_accounts_token_comes_from_the_metadata_server_google_auth_finds():
+    """One token source: google-auth's compute_engine credentials, which ask the metadata server at
+    GCE_METADATA_HOST (read when google-auth is first imported, so a process of its own). Cloud Storage itself
+    is asked with them; an emulator with none, unless given (a sandbox that checks the token)."""
+    import os
+    import sys
+
     from tools.standins.metadata import SANDBOX_TOKEN
-    from vm_agent.gcs import Storage, Tokens
 
     objects: dict[str, bytes] = {}
+    root = Path(__file__).resolve().parents[1]
     with metadata_server({}) as host, serve(_CreateOnlyGcs, objects=objects) as url:
-        tokens = Tokens(host.url)
-        assert tokens.get() == SANDBOX_TOKEN
-        storage = Storage(environ={"TPU_PLATFORM_METADATA_URL": host.url})
-        assert storage.client.api_endpoint == "https://storage.googleapis.com"
-        assert storage.tokens is not None and storage.tokens.base_url == host.url
-        assert Storage(environ={"STORAGE_EMULATOR_HOST": "127.0.0.1:9"}).tokens is None  # an emulator needs none
         _CreateOnlyGcs.authorizations = []
-        Storage(environ={"STORAGE_EMULATOR_HOST": url}).create("status", "anonymous", b"1")
-        Storage(tokens, environ={"STORAGE_EMULATOR_HOST": url}).create("status", "the-vms", b"1")
+        env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(root), "GCE_METADATA_HOST": host}
+        done = subprocess.run(
+            [sys.executable, "-W", "ignore", "-c", VM_TOKEN, url], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert done.stdout.split("\n")[:3] == [
+            f"{SANDBOX_TOKEN} True {host.url}",
+            "True https://storage.googleapis.com",
+            "None",
+        ]
+        asked = [path.partition("?")[0] for path in host.asked]
+        assert asked.count("/computeMetadata/v1/instance/service-accounts/default/token") == 1  # google-auth keeps it
     assert _CreateOnlyGcs.authorizations == ["", f"Bearer {SANDBOX_TOKEN}"]
 
 

@@ -255,7 +255,7 @@ def install_docker_shim(shims: Path) -> Path:
     return docker
 
 
-def agent_environ(tmp: Path, metadata_url: str, emulator: str, **extra: str) -> dict[str, str]:
+def agent_environ(tmp: Path, metadata_host: str, emulator: str, **extra: str) -> dict[str, str]:
     """agent.env as the start-up script writes it, for a sandboxed VM under `tmp`."""
     from tests.sandbox import installed_agent_env
 
@@ -282,7 +282,7 @@ def agent_environ(tmp: Path, metadata_url: str, emulator: str, **extra: str) -> 
         "TPU_PLATFORM_RETRY_DELAY_SECONDS": "0",
         "TPU_PLATFORM_SELF_SERVICE": "0",
         "TPU_PLATFORM_METADATA_REDIRECT": "0",  # the machine's firewall is shared (tests/sandbox.py says why)
-        "TPU_PLATFORM_METADATA_URL": metadata_url,
+        "GCE_METADATA_HOST": metadata_host,  # where google-auth and the agent find the metadata server
         "TPU_PLATFORM_POLL_SECONDS": "2",  # an absent attribute is asked for again this often
         "TPU_PLATFORM_RUNTIME_ENV": "TPU_RUNTIME_FLAG",
         "TPU_RUNTIME_FLAG": "from-the-catalog",

@@ -45,7 +45,7 @@ from run_contract.spec import RunSpec, SpecError, StopRequest
 from vm_agent import telemetry
 from vm_agent import timeline as run_timeline
 from vm_agent.firewall import Firewall, FirewallError
-from vm_agent.gcs import Folder, Storage, StorageError, Tokens
+from vm_agent.gcs import Folder, Storage, StorageError, vm_credentials
 from vm_agent.isolation import UID_FIRST, UID_LAST, Isolation
 from vm_agent.metadata_proxy import MetadataProxy, tpu_environment
 from vm_agent.run_requests import RequestSource
@@ -301,7 +301,7 @@ def main(environ: dict | None = None) -> int:
         log(f"FATAL: {isolation}; no run starts unisolated", severity="CRITICAL")
         return 78
     try:
-        storage = Storage(Tokens(settings.metadata_url), environ)  # the VM account's token, with an emulator too
+        storage = Storage(vm_credentials(), environ)  # the VM account's token, with an emulator too
     except ImportError as error:
         log(f"FATAL: {error}: the agent runs from its own environment (vm_agent/environment.py)", severity="CRITICAL")
         return 78
@@ -332,7 +332,7 @@ def isolate_runs(settings: Settings) -> Isolation | str:
     problem = Isolation.check()
     if problem:
         return problem
-    proxy = MetadataProxy(settings.metadata_url, Tokens(settings.metadata_url), settings.sts_url, log)
+    proxy = MetadataProxy(settings.metadata_url, vm_credentials(), settings.sts_url, log)
     proxy.start()
     redirect = None
     if settings.metadata_redirect:

@@ -37,7 +37,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
-from vm_agent.gcs import StorageError, Tokens, split_gs
+from vm_agent.gcs import StorageError, fresh_token, split_gs
 
 STS_URL = "https://sts.googleapis.com/v1/token"
 GRANT_TYPE = "urn:ietf:params:oauth:grant-type:token-exchange"
@@ -111,11 +111,12 @@ class Issued:
 
 
 class Downscoper:
-    """Downscoped tokens for one boundary, exchanged again from a fresh VM token before they expire."""
+    """Downscoped tokens for one boundary, exchanged again from a fresh VM token before they expire.
+    `credentials`: google-auth credentials of the source account (vm_agent/gcs.py vm_credentials)."""
 
-    def __init__(self, rules: list[dict[str, Any]], tokens: Tokens, sts_url: str = STS_URL):
+    def __init__(self, rules: list[dict[str, Any]], credentials: Any, sts_url: str = STS_URL):
         self.rules = rules
-        self.tokens = tokens
+        self.credentials = credentials
         self.sts_url = sts_url
         self._issued: Issued | None = None
         self._lock = threading.Lock()
@@ -125,8 +126,7 @@ class Downscoper:
             now = time.monotonic()
             if self._issued is not None and self._issued.expires_at - now > REFRESH_BEFORE_S:
                 return self._issued
-            subject = self.tokens.get()
-            source_left = self.tokens.expires_at - now
+            subject, source_left = fresh_token(self.credentials)
             request = urllib.request.Request(
                 self.sts_url,
                 data=exchange_body(subject, self.rules),

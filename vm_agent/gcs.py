@@ -1,12 +1,16 @@
 """Cloud Storage as the VM's own service account, through Google's client library (google-cloud-storage,
-from the agent's own environment: vm_agent/environment.py), and the metadata server's tokens.
+from the agent's own environment: vm_agent/environment.py), and the VM account's credentials.
 
-The token comes from the metadata server (`instance/service-accounts/default/token`,
-https://cloud.google.com/compute/docs/access/authenticate-workloads#applications), through `Tokens`, the
-one cache of it the agent keeps (the downscoped tokens of vm_agent/credentials.py are exchanged from it).
-`STORAGE_EMULATOR_HOST` points the library at an emulator, as it does everywhere, and then no token is
-asked for. The library is imported when a `Storage` is made: the agent's other modules, and a local
-folder (a dev run), need none of it.
+The credentials are google-auth's `compute_engine.Credentials`, one per process (`vm_credentials`): every
+client the agent has takes its token from them, and google-auth renews it from the metadata server
+(`instance/service-accounts/default/token`, https://cloud.google.com/compute/docs/access/authenticate-workloads#applications)
+before it expires. google-auth finds the metadata server at `GCE_METADATA_HOST` (default
+metadata.google.internal), read once, when `google.auth.compute_engine` is first imported
+(google/auth/compute_engine/_metadata.py, `_GCE_METADATA_HOST`): the agent's own address of it comes from
+the same variable (`metadata_url`), so the two cannot disagree. `STORAGE_EMULATOR_HOST` points the library at
+an emulator, as it does everywhere, and then no token is asked for unless credentials are given. The
+libraries are imported when first used: the agent's other modules, and a local folder (a dev run), need
+none of them.
 """
 
 from __future__ import annotations
@@ -16,15 +20,12 @@ import datetime
 import json
 import os
 import threading
-import time
-import urllib.error
-import urllib.request
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, TypeVar
+from typing import Any, TypeVar
 
-DEFAULT_METADATA_URL = "http://metadata.google.internal/computeMetadata/v1"
-# Transient answers worth a retry (https://cloud.google.com/storage/docs/retry-strategy).
-RETRIABLE = (408, 429, 500, 502, 503, 504)
+METADATA_HOST_ENV = "GCE_METADATA_HOST"  # google-auth's name (google/auth/environment_vars.py)
+DEFAULT_METADATA_HOST = "metadata.google.internal"
 # How long the library retries one call (google.api_core's backoff), not its 120 s: the agent's loops try again.
 RETRY_SECONDS = 20.0
 T = TypeVar("T")
@@ -39,47 +40,49 @@ class StorageError(Exception):
 
 
 def metadata_url(environ: Mapping[str, str] | None = None) -> str:
+    """The metadata server's v1 root, where google-auth finds it: `GCE_METADATA_HOST` (host or host:port)."""
     environ = os.environ if environ is None else environ
-    return environ.get("TPU_PLATFORM_METADATA_URL") or DEFAULT_METADATA_URL
+    return f"http://{environ.get(METADATA_HOST_ENV) or DEFAULT_METADATA_HOST}/computeMetadata/v1"
 
 
-class Tokens:
-    """Access tokens of the VM's service account, from the metadata server, renewed before expiry."""
-
-    def __init__(self, base_url: str):
-        self.base_url = base_url.rstrip("/")
-        self._token = ""
-        self.expires_at = 0.0  # time.monotonic() when the token ends
-        self._lock = threading.Lock()
-
-    def get(self) -> str:
-        with self._lock:
-            if time.monotonic() < self.expires_at - 60:
-                return self._token
-            request = urllib.request.Request(
-                self.base_url + "/instance/service-accounts/default/token", headers={"Metadata-Flavor": "Google"}
-            )
-            body = json.loads(_send(request, "the metadata server's token").decode())
-            self._token = body["access_token"]
-            self.expires_at = time.monotonic() + float(body.get("expires_in", 0))
-            return self._token
+_vm_credentials: Any = None
+_vm_credentials_lock = threading.Lock()
 
 
-def _send(request: urllib.request.Request, what: str, timeout: float = 60, attempts: int = 5) -> bytes:
-    """The metadata server's answer (its token), retried as Cloud Storage's retry strategy says."""
-    for attempt in range(attempts):
-        try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
-                return response.read()
-        except urllib.error.HTTPError as error:
-            if error.code not in RETRIABLE or attempt == attempts - 1:
-                detail = error.read().decode(errors="replace")[:300]
-                raise StorageError(f"{what}: HTTP {error.code} {detail}".strip(), error.code) from None
-        except (urllib.error.URLError, OSError) as error:
-            if attempt == attempts - 1:
-                raise StorageError(f"{what}: {error}") from None
-        time.sleep(min(2**attempt * 0.5, 8))
-    raise AssertionError("unreachable")
+def vm_credentials() -> Any:
+    """The VM account's credentials (google-auth's compute_engine.Credentials), the one token source of this
+    process: made once, renewed by google-auth. Only the agent's own process uses them; a run gets a
+    narrowed token of its own (vm_agent/credentials.py)."""
+    global _vm_credentials
+    with _vm_credentials_lock:
+        if _vm_credentials is None:
+            from google.auth import compute_engine
+
+            _vm_credentials = compute_engine.Credentials()
+        return _vm_credentials
+
+
+_refresh_lock = threading.Lock()
+
+
+def fresh_token(credentials: Any) -> tuple[str, float]:
+    """(an access token of `credentials`, its seconds left; inf when unknown), refreshed first unless still
+    valid (google-auth counts a token that ends within its refresh threshold as not valid). For what sends
+    the token itself: a token exchange, a `docker login`. StorageError when it cannot be had."""
+    with _refresh_lock:
+        if not credentials.valid:
+            from google.auth import exceptions
+            from google.auth.transport.requests import Request
+
+            try:
+                credentials.refresh(Request())
+            except exceptions.GoogleAuthError as error:
+                raise StorageError(f"no access token for the VM's account: {error}"[:400]) from None
+        expiry = credentials.expiry  # naive UTC (google.auth._helpers.utcnow), None for no end
+    if expiry is None:
+        return credentials.token, float("inf")
+    now = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
+    return credentials.token, (expiry - now).total_seconds()
 
 
 def split_gs(url: str) -> tuple[str, str]:
@@ -90,28 +93,13 @@ def split_gs(url: str) -> tuple[str, str]:
     return bucket, name.strip("/")
 
 
-def _credentials(tokens: Tokens) -> Any:
-    """google-auth credentials that take the VM account's token from `tokens` (renewed there)."""
-    from google.auth import credentials
-
-    class VmCredentials(credentials.Credentials):
-        def refresh(self, request: Any) -> None:
-            self.token = tokens.get()
-            left = max(0.0, tokens.expires_at - time.monotonic())
-            # google-auth keeps naive UTC times (google.auth._helpers.utcnow).
-            self.expiry = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None) + datetime.timedelta(
-                seconds=left
-            )
-
-    return VmCredentials()
-
-
 class Storage:
     """The objects calls the agent makes, each a call of google-cloud-storage; its errors become
     StorageError with the HTTP status (404, 412, ...)."""
 
-    def __init__(self, tokens: Tokens | None = None, environ: Mapping[str, str] | None = None):
-        """An emulator asks for no token unless `tokens` is given (a sandbox that checks the token)."""
+    def __init__(self, credentials: Any = None, environ: Mapping[str, str] | None = None):
+        """The VM account's credentials (`vm_credentials`) unless others are given; an emulator asks for no
+        token unless `credentials` are given (a sandbox that checks the token)."""
         from google.auth.credentials import AnonymousCredentials
         from google.cloud import storage
 
@@ -123,13 +111,13 @@ class Storage:
         emulator = environ.get("STORAGE_EMULATOR_HOST", "")
         if emulator and "://" not in emulator:
             emulator = "http://" + emulator
-        if tokens is None and not emulator:
-            tokens = Tokens(metadata_url(environ))
-        self.tokens = tokens
+        if credentials is None and not emulator:
+            credentials = vm_credentials()
+        self.credentials = credentials
         self.library = f"google-cloud-storage {storage.__version__} ({Path(storage.__file__).parents[2]})"
         self.client = storage.Client(
             project=None,  # no project: the agent names every bucket
-            credentials=AnonymousCredentials() if tokens is None else _credentials(tokens),
+            credentials=AnonymousCredentials() if credentials is None else credentials,
             client_options={"api_endpoint": emulator} if emulator else None,
         )
 

@@ -42,7 +42,7 @@ import urllib.request
 from typing import Any, Callable
 
 from vm_agent.credentials import Downscoper
-from vm_agent.gcs import StorageError, Tokens
+from vm_agent.gcs import StorageError
 
 PREFIX = "/computeMetadata/v1/"
 ACCOUNT = re.compile(r"instance/service-accounts/([^/]+)/(.*)")
@@ -141,9 +141,12 @@ def caller_uid(peer: tuple[str, int], table: str = "/proc/net/tcp") -> int | Non
 class MetadataProxy:
     """A metadata server for runs, on loopback (see the module's docstring)."""
 
-    def __init__(self, upstream: str, tokens: Tokens, sts_url: str, log: Callable[..., None], host: str = "127.0.0.1"):
+    def __init__(
+        self, upstream: str, credentials: Any, sts_url: str, log: Callable[..., None], host: str = "127.0.0.1"
+    ):
+        """`credentials`: the VM account's (vm_agent/gcs.py vm_credentials), which each run's token is narrowed from."""
         self.upstream = upstream.rstrip("/")
-        self.tokens = tokens
+        self.credentials = credentials
         self.sts_url = sts_url
         self.log = log
         self._runs: dict[int, Downscoper | None] = {}
@@ -198,7 +201,7 @@ class MetadataProxy:
     def admit(self, uid: int, rules: list[dict[str, Any]]) -> None:
         """The run of `uid` may ask for its token: one narrowed to `rules` (none when they are empty)."""
         with self._lock:
-            self._runs[uid] = Downscoper(rules, self.tokens, self.sts_url) if rules else None
+            self._runs[uid] = Downscoper(rules, self.credentials, self.sts_url) if rules else None
 
     def admit_container(self, address: str, uid: int) -> None:
         """The container at `address` on the runs' network is the run of `uid` (vm_agent/firewall.py)."""

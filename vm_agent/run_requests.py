@@ -50,7 +50,7 @@ from run_contract.request import REQUEST_NAME, RunPlaces, parse_request
 from run_contract.spec import Allowed, RunSpec, SpecError, StopRequest
 from run_contract.status import RESUMABLE
 
-from vm_agent.gcs import Folder, Storage, StorageError, Tokens, split_gs
+from vm_agent.gcs import Folder, Storage, StorageError, split_gs, vm_credentials
 from vm_agent.runner import utc_now
 from vm_agent.settings import Settings
 
@@ -85,10 +85,15 @@ class RequestSource:
 
     @classmethod
     def from_settings(
-        cls, settings: Settings, environ: Mapping[str, str], log: Callable[[str], None] | None = None
+        cls,
+        settings: Settings,
+        environ: Mapping[str, str],
+        log: Callable[[str], None] | None = None,
+        credentials: Any = None,
     ) -> RequestSource:
-        """From agent.env, as `Settings` parsed it (docs/run-contract.md); `environ` only for an emulator."""
-        storage = Storage(Tokens(settings.metadata_url), environ)  # the VM account's token, with an emulator too
+        """From agent.env, as `Settings` parsed it (docs/run-contract.md); `environ` only for an emulator.
+        `credentials`: the VM account's (vm_credentials) unless given, with an emulator too."""
+        storage = Storage(credentials or vm_credentials(), environ)
         places = RunPlaces(settings.checkpoints, settings.models, settings.workload, split_gs(settings.status_dir)[1])
         refusal = ""
         if settings.worker_count > 1:

@@ -70,7 +70,7 @@ from vm_agent import credentials, installs, telemetry
 from vm_agent import timeline as run_timeline
 from vm_agent.archives import sha256_file, unpack
 from vm_agent.firewall import RUNS_NETWORK
-from vm_agent.gcs import Folder, Storage, StorageError, Tokens, split_gs
+from vm_agent.gcs import Folder, Storage, StorageError, fresh_token, split_gs, vm_credentials
 from vm_agent.isolation import CachedTree, Isolation, IsolationError, RunSandbox, root_own_tree
 from vm_agent.settings import Settings
 
@@ -538,7 +538,7 @@ class Run:
             )
         registry_host = source.image.split("/", 1)[0]
         try:
-            token = Tokens(self.settings.metadata_url).get()
+            token, _ = fresh_token(vm_credentials())
         except StorageError as error:
             raise SourceError(f"no access token from the metadata server to pull {source.image}: {error}") from None
         login = [docker, "login", "-u", "oauth2accesstoken", "--password-stdin", f"https://{registry_host}"]

@@ -15,7 +15,7 @@ from run_contract.names import REGISTRY, WorkerPlace, worker_place
 from run_contract.spec import Allowed
 
 from vm_agent.credentials import STS_URL
-from vm_agent.gcs import DEFAULT_METADATA_URL
+from vm_agent.gcs import metadata_url
 
 DEFAULT_GRACE_SECONDS = 30.0  # a spot VM's preemption notice gives about 30 s
 DEFAULT_MAX_RETRIES = 3
@@ -138,7 +138,7 @@ class Settings:
             grace_s=number("TPU_PLATFORM_GRACE_SECONDS", DEFAULT_GRACE_SECONDS, 1, 3600),
             max_retries=int(number("TPU_PLATFORM_MAX_RETRIES", DEFAULT_MAX_RETRIES, 0, 100)),
             self_service=self_service == "1",
-            metadata_url=environ.get("TPU_PLATFORM_METADATA_URL", "") or DEFAULT_METADATA_URL,
+            metadata_url=metadata_url(environ),  # GCE_METADATA_HOST, where google-auth looks too
             runtime_env=tuple((n, environ.get(n, "")) for n in names.split(",") if n) if names else (),
             retry_delay_s=number("TPU_PLATFORM_RETRY_DELAY_SECONDS", DEFAULT_RETRY_DELAY_SECONDS, 0, 3600),
             poll_s=number("TPU_PLATFORM_POLL_SECONDS", DEFAULT_POLL_SECONDS, 0.1, 3600),

@@ -15,15 +15,15 @@ Shipping never blocks or kills the run: `ship` only parses and puts on a bounded
 drops the line and counts it), a background thread batches and sends, a failed request is dropped
 with a counted warning on stderr, and `close` (also at exit) sends what is left within a time limit.
 
-Runs in the agent's own environment (vm_agent/environment.py) but needs nothing from it: stdlib only,
-Python 3.8 syntax, as the rest of the agent's modules.
+Runs in the agent's own environment (vm_agent/environment.py): requests go through google-auth's
+`AuthorizedSession`, with the VM account's credentials (vm_agent/gcs.py vm_credentials), the agent's one
+token source; the event files through the agent's Cloud Storage client (vm_agent/gcs.py Storage).
 
 Where Google says so:
 - Writing: `POST https://logging.googleapis.com/v2/entries:write` (logging.v2 discovery document,
   method logging.entries.write) and `POST https://monitoring.googleapis.com/v3/projects/P/timeSeries`
   (monitoring.v3, monitoring.projects.timeSeries.create); both request bodies are checked against
-  those documents in the tests. The token comes from the metadata server
-  (`instance/service-accounts/default/token`, header `Metadata-Flavor: Google`).
+  those documents in the tests.
 - The monitored resource is `generic_node` (labels location, namespace, node_id) for logs and metrics
   alike. `tpu_worker` is the resource of Cloud TPU's own system metrics and is not among the resource
   types Cloud Monitoring accepts for user-defined metrics (monitoring/custom-metrics/creating-metrics,
@@ -52,8 +52,6 @@ import queue
 import sys
 import threading
 import time
-import urllib.error
-import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -64,7 +62,8 @@ from run_contract import metrics
 from run_contract.paths import MEMBER, researcher_log
 from run_contract.timeline import untrusted_categories
 
-from vm_agent.tensorboard import EventLog, storage_url
+from vm_agent.gcs import Storage, metadata_url, vm_credentials
+from vm_agent.tensorboard import EventLog
 
 LOG_ID = "tpu-workload"
 METRIC_PREFIX = metrics.PREFIX
@@ -74,11 +73,9 @@ METHODS = ("logging.entries.write", "monitoring.projects.timeSeries.create")
 
 LOGGING_URL = "https://logging.googleapis.com"
 MONITORING_URL = "https://monitoring.googleapis.com"
-METADATA_URL = "http://metadata.google.internal/computeMetadata/v1"
 # Endpoints overridable for tests and sandboxes; production uses Google's hosts.
 LOGGING_ENV = "TPU_PLATFORM_LOGGING_URL"
 MONITORING_ENV = "TPU_PLATFORM_MONITORING_URL"
-METADATA_ENV = "TPU_PLATFORM_METADATA_URL"
 
 SAMPLE_EVERY_S = 10.0  # per time series: Monitoring refuses faster writes (module docstring)
 MAX_SERIES_PER_REQUEST = 200  # CreateTimeSeriesRequest's limit
@@ -148,12 +145,13 @@ def rfc3339(seconds: float) -> str:
 
 
 def parse(line: str) -> dict[str, Any] | None:
-    """A JSON object line as a dict; None for any other line."""
+    """A JSON object line as a dict; None for any other line. Python's `NaN`/`Infinity`/`-Infinity`, which JSON
+    has not, stay strings: a request body holds JSON only (requests refuses to send them as numbers)."""
     text = line.strip()
     if not text.startswith("{"):
         return None
     try:
-        value = json.loads(text)
+        value = json.loads(text, parse_constant=str)
     except ValueError:
         return None
     return value if isinstance(value, dict) else None
@@ -287,13 +285,16 @@ class Telemetry:
         flush_every_s: float = FLUSH_EVERY_S,
         queue_size: int = QUEUE_SIZE,
         sample_every_s: float = SAMPLE_EVERY_S,
+        credentials: Any = None,
     ):
+        """`credentials`: google-auth credentials to send with (the VM account's, vm_credentials, unless given)."""
         env = os.environ if env is None else env
+        self.env = env
         self.origin = Origin.from_env(env)
         self.logging_url = env.get(LOGGING_ENV) or LOGGING_URL
         self.monitoring_url = env.get(MONITORING_ENV) or MONITORING_URL
-        self.metadata_url = (env.get(METADATA_ENV) or METADATA_URL).rstrip("/")
-        self.storage_url = storage_url(env)
+        self.metadata_url = metadata_url(env)
+        self._given_credentials = credentials
         self.clock = clock
         self.flush_every_s = flush_every_s
         self.counts = Counts()
@@ -304,7 +305,8 @@ class Telemetry:
         self._sampler = Sampler(sample_every_s)
         self._sampler_lock = threading.Lock()  # run_seconds offers from a run's thread
         self._event_logs: dict[str, EventLog] = {}  # run id -> its TensorBoard event file
-        self._token: tuple[str, float] | None = None  # (token, expires at)
+        self._session: Any = None  # google-auth's AuthorizedSession, made at the first request
+        self._storage: Storage | None = None  # for the event files, made at the first gs:// one
         self._zone: str | None = None
         self._lock = threading.Lock()  # one flush at a time
         self._start_lock = threading.Lock()
@@ -419,10 +421,9 @@ class Telemetry:
             log = self._event_logs[run_id] = EventLog(
                 tensorboard_dir(model_dir, self.origin.worker),
                 f"{self.origin.vm or 'vm'}-w{self.origin.worker}",
-                token=self._access_token,
+                storage=self._event_storage,
                 warn=self._warn,
                 clock=self.clock,
-                storage=self.storage_url,
             )
         log.scalars(step, values)
 
@@ -453,45 +454,45 @@ class Telemetry:
         else:
             self.counts.lost_points += len(points)
 
+    def _credentials(self) -> Any:
+        return self._given_credentials if self._given_credentials is not None else vm_credentials()
+
+    def _event_storage(self) -> Storage:
+        if self._storage is None:
+            self._storage = Storage(self._credentials(), self.env)
+        return self._storage
+
     def _post(self, url: str, body: dict[str, Any], what: str) -> bool:
         if not self.origin.project:  # agent.env without TPU_PLATFORM_PROJECT: every request would fail
             self._failed(f"{what} not sent: TPU_PLATFORM_PROJECT is not set")
             return False
+        from google.auth import exceptions
+        from requests import RequestException
+
         try:
-            request = urllib.request.Request(
-                url,
-                data=json.dumps(body).encode(),
-                method="POST",
-                headers={"Authorization": f"Bearer {self._access_token()}", "Content-Type": "application/json"},
-            )
-            with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
-                response.read()
-            return True
-        except urllib.error.HTTPError as error:
-            detail = error.read()[:300].decode(errors="replace")
-            self._failed(f"{what} answered {error.code}: {detail}")
-        except (OSError, ValueError) as error:  # URLError, timeouts, a bad token answer
+            if self._session is None:
+                from google.auth.transport.requests import AuthorizedSession
+
+                self._session = AuthorizedSession(self._credentials())
+            response = self._session.post(url, json=body, timeout=REQUEST_TIMEOUT_S)
+        except (RequestException, exceptions.GoogleAuthError) as error:  # timeouts, no token
             self._failed(f"{what} failed: {error}")
-        return False
+            return False
+        if response.status_code >= 400:
+            self._failed(f"{what} answered {response.status_code}: {response.text[:300]}")
+            return False
+        return True
 
     def _failed(self, message: str) -> None:
         self.counts.failed_requests += 1
         self._warn(f"{message} (dropped; {self.counts.failed_requests} failed requests so far)")
 
-    # --- the metadata server ----------------------------------------------------------------
+    # --- the metadata server: the VM's zone ---------------------------------------------------
 
     def _metadata(self, path: str) -> bytes:
         request = urllib.request.Request(f"{self.metadata_url}/{path}", headers={"Metadata-Flavor": "Google"})
         with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
             return response.read()
-
-    def _access_token(self) -> str:
-        now = time.monotonic()
-        if self._token is None or now >= self._token[1]:
-            answer = json.loads(self._metadata("instance/service-accounts/default/token"))
-            # Renewed a minute early: a token that expires in flight fails the request.
-            self._token = (answer["access_token"], now + max(0, int(answer.get("expires_in", 0)) - 60))
-        return self._token[0]
 
     def _location(self) -> str:
         """The VM's zone (`instance/zone` is `projects/<number>/zones/<zone>`); "global" if unknown."""

@@ -17,9 +17,9 @@ The first event of a file carries `file_version: "brain.Event:2"`. We write only
 5 fixed32), which TensorBoard's own reader reads back.
 
 The run's model dir is a gs:// URI on a TPU VM: the file is written locally and uploaded whole to
-`<model-dir>/tensorboard/<file name>` (Cloud Storage JSON API, simple media upload: the workload
-account's `storage.objects.insert`/`delete` on its models prefix, infra/access/identities.py WORKLOAD_METHODS)
-at most every UPLOAD_EVERY_S and when the run ends. A local model dir is written in place.
+`<model-dir>/tensorboard/<file name>` through the agent's Cloud Storage client (vm_agent/gcs.py Storage.write:
+the workload account's `storage.objects.insert`/`delete` on its models prefix, infra/access/identities.py
+WORKLOAD_METHODS) at most every UPLOAD_EVERY_S and when the run ends. A local model dir is written in place.
 """
 
 from __future__ import annotations
@@ -27,27 +27,20 @@ from __future__ import annotations
 import struct
 import tempfile
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from vm_agent.gcs import StorageError, split_gs
+
+if TYPE_CHECKING:
+    from vm_agent.gcs import Storage
 
 FILE_VERSION = "brain.Event:2"
 # The REST method the upload calls, on the models bucket; reference/gcp-iam methods.json: it checks
 # storage.objects.create, and storage.objects.delete when it overwrites (each re-upload does).
 METHODS = ("storage.objects.insert",)
 UPLOAD_EVERY_S = 30.0
-STORAGE_URL = "https://storage.googleapis.com"
-STORAGE_ENV = "STORAGE_EMULATOR_HOST"  # honoured as the start-up script does, for the sandbox
-
-
-def storage_url(env: Mapping[str, str]) -> str:
-    """Cloud Storage's JSON API root: STORAGE_EMULATOR_HOST (host:port or URL) when set, else Google's."""
-    emulator = env.get(STORAGE_ENV, "")
-    if emulator and "://" not in emulator:
-        emulator = f"http://{emulator}"
-    return (emulator or STORAGE_URL).rstrip("/")
 
 
 def _crc32c_table() -> list[int]:
@@ -124,18 +117,19 @@ class EventLog:
         directory: str,
         host: str,
         *,
-        token: Callable[[], str] = lambda: "",
+        storage: Callable[[], Storage] | None = None,
         warn: Callable[[str], None] = lambda message: None,
         clock: Callable[[], float] = time.time,
-        storage: str = STORAGE_URL,
     ):
+        """`storage`: the Cloud Storage client a gs:// `directory` is uploaded with (asked for at the first upload)."""
         self.directory = directory
         self.clock = clock
         self.name = f"events.out.tfevents.{int(clock()):010d}.{host}"
-        self._token = token
+        self._storage = storage
         self._warn = warn
         self._remote = directory.startswith("gs://")
-        self._storage_url = storage.rstrip("/")
+        if self._remote and storage is None:
+            raise ValueError(f"{directory}: a gs:// folder needs a Cloud Storage client")
         folder = Path(tempfile.mkdtemp(prefix="tpu-platform-tb-")) if self._remote else Path(directory)
         folder.mkdir(parents=True, exist_ok=True)
         self.path = folder / self.name
@@ -158,29 +152,17 @@ class EventLog:
         now = time.monotonic()
         if not force and now - self._uploaded_at < UPLOAD_EVERY_S:
             return
-        url = self.upload_url()
+        assert self._storage is not None
         try:
-            request = urllib.request.Request(
-                url,
-                data=self.path.read_bytes(),
-                method="POST",
-                headers={"Authorization": f"Bearer {self._token()}", "Content-Type": "application/octet-stream"},
-            )
-            with urllib.request.urlopen(request, timeout=30) as response:
-                response.read()
+            bucket, name = split_gs(self.uri)
+            self._storage().write(bucket, name, self.path.read_bytes(), content_type="application/octet-stream")
             self._uploaded_at, self._changed = now, False
-        except (OSError, ValueError) as error:
+        except (OSError, StorageError) as error:
             self._warn(f"TensorBoard event file upload to {self.uri} failed: {error} (retried later)")
 
     @property
     def uri(self) -> str:
         return f"{self.directory.rstrip('/')}/{self.name}"
-
-    def upload_url(self) -> str:
-        """The simple media upload (storage.objects.insert) of the whole file to its gs:// folder."""
-        bucket, _, name = self.uri[len("gs://") :].partition("/")  # str.removeprefix is 3.9+
-        query = urllib.parse.urlencode({"uploadType": "media", "name": name})
-        return f"{self._storage_url}/upload/storage/v1/b/{urllib.parse.quote(bucket, safe='')}/o?{query}"
 
     def close(self) -> None:
         self.sync(force=True)

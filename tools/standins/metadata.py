@@ -13,7 +13,7 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Iterator
-from typing import ClassVar
+from typing import Any, ClassVar
 
 JSON = "application/json"
 
@@ -153,3 +153,12 @@ SANDBOX_ACCOUNT = "sandbox@acme-ml-sandbox.iam.gserviceaccount.com"
 CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
 PROJECT_NUMBER = 123456789
 ZONE = "us-central2-b"
+
+
+def sandbox_credentials() -> Any:
+    """google-auth credentials holding the token this server gives, for code run inside a test's own process:
+    google-auth reads GCE_METADATA_HOST once per process (google/auth/compute_engine/_metadata.py), so a
+    process cannot ask each test's own server. A sandboxed agent (its own process) asks the server itself."""
+    from google.oauth2.credentials import Credentials
+
+    return Credentials(SANDBOX_TOKEN)
