@@ -369,7 +369,7 @@ def test_the_workload_account_is_granted_every_method_telemetry_calls(rig):
 @pytest.mark.parametrize("module", ["telemetry", "tensorboard"])
 def test_runs_on_the_vm_images_python(module):
     """The VM image's Python is 3.10 (catalog os_python: Ubuntu 22.04); the standard library and the agent's own
-    environment (google-auth and requests, from requirements-agent.lock) only."""
+    environment (google-auth, protobuf, google-crc32c and requests, from requirements-agent.lock) only."""
     from infra.catalog import load_catalog
 
     major, minor = min(tuple(int(p) for p in v.split(".")) for v in load_catalog().os_python.values())
@@ -383,7 +383,10 @@ def test_runs_on_the_vm_images_python(module):
         for alias in node.names
     }
     assert (
-        imported - sys.stdlib_module_names - {"__future__", "vm_agent", "run_contract", "google", "requests"} == set()
+        imported
+        - sys.stdlib_module_names
+        - {"__future__", "vm_agent", "run_contract", "google", "google_crc32c", "requests"}
+        == set()
     )
     assert oldest == (3, 10)
 

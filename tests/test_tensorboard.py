@@ -1,6 +1,6 @@
-"""The hand-written TensorBoard event file (vm_agent/tensorboard.py): its CRC against a published test
-vector and Google's crc32c, its records read back by TensorFlow's own reader (the workloads'
-environment), and its upload to a gs:// model dir (the real GCS emulator)."""
+"""The TensorBoard event file (vm_agent/tensorboard.py): its framing and its Event messages byte for byte as
+TensorFlow's own writer and protobuf messages make them, its records read back by TensorFlow's own reader (the
+workloads' environment), and its upload to a gs:// model dir (the real GCS emulator)."""
 
 from __future__ import annotations
 
@@ -20,21 +20,18 @@ from tests.workloads import workloads_python
 from tools.standins.metadata import SANDBOX_TOKEN, metadata_server, sandbox_credentials
 from tools.standins.telemetry import google_apis
 from vm_agent.telemetry import Telemetry, tensorboard_dir
-from vm_agent.tensorboard import FILE_VERSION, METHODS, EventLog, crc32c, masked_crc32c, record
+from vm_agent.tensorboard import FILE_VERSION, METHODS, EventLog, event, masked_crc32c, record
 
 
-def test_crc32c_matches_the_standard_check_value_and_googles_library():
-    assert crc32c(b"123456789") == 0xE3069283  # CRC-32C check value (RFC 3720, B.4 / the Castagnoli catalogue)
-    for data in (b"", b"a", bytes(range(256)) * 3):
-        assert crc32c(data) == int.from_bytes(google_crc32c.Checksum(data).digest(), "big")
-
-
-def test_a_record_is_length_crc_data_crc():
+def test_a_record_is_length_crc_data_crc_with_googles_crc32c():
     framed = record(b"abc")
     assert framed[:8] == (3).to_bytes(8, "little")
     assert framed[8:12] == masked_crc32c(framed[:8]).to_bytes(4, "little")
     assert framed[12:15] == b"abc"
     assert framed[15:] == masked_crc32c(b"abc").to_bytes(4, "little")
+    crc = google_crc32c.value(b"123456789")
+    assert crc == 0xE3069283  # CRC-32C check value (RFC 3720, B.4 / the Castagnoli catalogue)
+    assert masked_crc32c(b"123456789") == (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
 def test_worker_0_writes_next_to_the_model_and_others_below_it():
@@ -49,10 +46,39 @@ READ_BACK = textwrap.dedent(
     out = []
     for event in tf.compat.v1.train.summary_iterator(sys.argv[1]):  # checks both CRCs of every record
         out.append({"step": event.step, "wall_time": event.wall_time, "file_version": event.file_version,
-                    "values": {v.tag: v.simple_value for v in event.summary.value}})
+                    "values": {v.tag: v.simple_value for v in event.summary.value},
+                    "scalars": [v.WhichOneof("value") for v in event.summary.value]})
     print(json.dumps(out))
     """
 )
+# TensorFlow's own record writer and Event message, for the same record and event as ours.
+TF_WROTE = textwrap.dedent(
+    """
+    import sys
+    import tensorflow as tf
+    with tf.io.TFRecordWriter(sys.argv[1]) as writer:
+        writer.write(b"an event's bytes")
+    value = tf.compat.v1.Summary.Value(tag="loss", simple_value=0.0)
+    message = tf.compat.v1.Event(wall_time=1.5, step=2**40, summary=tf.compat.v1.Summary(value=[value]))
+    print(message.SerializeToString().hex())
+    print(tf.compat.v1.Event(wall_time=1.5, file_version="brain.Event:2").SerializeToString().hex())
+    """
+)
+
+
+@pytest.mark.slow
+@pytest.mark.workloads
+def test_records_and_events_are_byte_for_byte_tensorflows(tmp_path):
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
+    path = tmp_path / "tf.tfrecord"
+    done = subprocess.run(
+        [workloads_python(), "-c", TF_WROTE, str(path)], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    scalar, first = done.stdout.strip().splitlines()[-2:]
+    assert path.read_bytes() == record(b"an event's bytes")
+    assert event(1.5, 2**40, scalars={"loss": 0.0}).hex() == scalar  # a 0.0 is still a scalar
+    assert event(1.5, file_version=FILE_VERSION).hex() == first
 
 
 @pytest.mark.slow
@@ -63,6 +89,7 @@ def test_tensorflow_reads_the_event_file_back(tmp_path):
     log.scalars(10, {"loss": 2.5, "steps_per_s": 4.0, "examples_per_s": 512.0})
     log.scalars(20, {"loss": 1.25})
     log.scalars(2**40, {"loss": 0.5})  # a step past 32 bits: a multi-byte varint
+    log.scalars(30, {"loss": 0.0})  # a scalar of 0.0: present all the same
     log.close()
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
     done = subprocess.run(
@@ -75,8 +102,10 @@ def test_tensorflow_reads_the_event_file_back(tmp_path):
         (10, {"loss": 2.5, "steps_per_s": 4.0, "examples_per_s": 512.0}),
         (20, {"loss": 1.25}),
         (2**40, {"loss": 0.5}),
+        (30, {"loss": 0.0}),
     ]
-    assert [e["wall_time"] for e in events] == [1_800_000_000 + i for i in range(1, 5)]
+    assert events[-1]["scalars"] == ["simple_value"]
+    assert [e["wall_time"] for e in events] == [1_800_000_000 + i for i in range(1, 6)]
     assert log.path.name.startswith("events.out.tfevents.1800000000.mnist-dev-w0")  # what TensorBoard looks for
 
     # A corrupted byte is caught by TensorFlow's reader: the CRCs are really checked.
