@@ -156,17 +156,34 @@ def test_metadata_requests_carry_the_flavor_header_and_the_wait_parameters():
     assert "last_etag=etag-1" in seen[1]
 
 
-def test_the_agent_needs_at_most_python_3_8():
-    """It runs on the TPU image's Python, undocumented for most images: kept to 3.8. vermin reads every syntax form
-    and standard-library use and names the oldest version that has them all."""
-    vermin = Path(__file__).resolve().parents[1] / ".venv" / "bin" / "vermin"
+def _floor(versions: tuple[str, ...]) -> str:
+    return min(versions, key=lambda version: tuple(int(part) for part in version.split(".")))
+
+
+@pytest.mark.parametrize("package", ["vm_agent", "run_contract"])
+def test_the_agent_needs_at_most_its_pythons_floor_and_the_run_contract_3_8(package):
+    """The agent runs from its own environment, on the catalog's `agent_pythons` (the start-up script refuses any
+    other before vm_agent.environment runs): its floor, 3.10, is what vm_agent may use, and what ruff and pyright
+    hold it to. The run contract is also imported by programs (runlib), on whatever Python their image has: kept
+    to 3.8. vermin reads every syntax form and standard-library use and names the oldest version that has them all."""
+    import tomllib
+
+    from infra.catalog import load_catalog
+
+    root = Path(__file__).resolve().parents[1]
+    floor = _floor(load_catalog().agent_pythons) if package == "vm_agent" else "3.8"
     done = subprocess.run(
-        [str(vermin), "-t=3.8-", "--no-tips", "--violations", "vm_agent", "run_contract"],
+        [str(root / ".venv" / "bin" / "vermin"), f"-t={floor}-", "--no-tips", "--violations", package],
         capture_output=True,
         text=True,
-        cwd=Path(__file__).resolve().parents[1],
+        cwd=root,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+    pyright = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["pyright"]["executionEnvironments"]
+    assert {"root": package, "pythonVersion": floor, "extraPaths": ["."]} in pyright
+    if package == "vm_agent":
+        ruff = tomllib.loads((root / "vm_agent" / "ruff.toml").read_text())
+        assert ruff["target-version"] == "py" + floor.replace(".", "")
 
 
 VM_TOKEN = """

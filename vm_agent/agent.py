@@ -36,7 +36,8 @@ import queue
 import signal
 import sys
 import threading
-from typing import Any, Callable, Union
+from collections.abc import Callable
+from typing import Any
 
 from run_contract import completion_marker as marker_schema
 from run_contract.paths import status_name
@@ -53,7 +54,7 @@ from vm_agent.runner import COMPLETE, Run, completion_marker, utc_now
 from vm_agent.settings import Settings
 from vm_agent.sources import MetadataSource, RunSource
 
-Desired = Union[RunSpec, StopRequest, SpecError]
+Desired = RunSpec | StopRequest | SpecError
 FROM_STACK, FROM_REQUESTS = "stack", "requests"
 
 

@@ -23,7 +23,8 @@ token it came from (google-auth: "the same expiration time as the source credent
 token is exchanged again, from a fresh VM token, before either expires. The request is the one the
 discovery document describes.
 
-Standard library only, Python 3.8 (the agent's rules).
+The source token comes from google-auth credentials (vm_agent/gcs.py fresh_token); the exchange itself is
+the standard library's.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from typing import Callable
+from collections.abc import Callable
 
 NAT_CHAIN = "TPU-PLATFORM-RUNS"
 FILTER_CHAIN = "TPU-PLATFORM-RUNS"

@@ -17,7 +17,7 @@ each lock's reason.
 `uv` itself, when the image has none, is installed the same way from the agent's own lock
 (`uv-requirements.txt`, beside this file, the project's `uv` pin and hashes: tests compare them).
 
-Standard library only, Python 3.8 (the agent's rules).
+Standard library only.
 """
 
 from __future__ import annotations

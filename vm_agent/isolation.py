@@ -38,8 +38,9 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import TYPE_CHECKING
 
 from vm_agent.firewall import RUNS_GATEWAY, RUNS_NETWORK, Firewall, FirewallError, container_ip, network_create
 

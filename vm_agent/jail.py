@@ -20,7 +20,7 @@ run's environment. As root, it
 It exits 70 (EX_SOFTWARE), saying why on stderr, when any step fails: nothing of the run has run.
 
 SPEC is JSON: {"uid", "gid", "cwd", "private": {target: folder}, "hide": [folder], "keep": [path],
-"writable": [path], "memlock": bool}. Standard library only, Python 3.8 (the agent's rules).
+"writable": [path], "memlock": bool}. Standard library only.
 """
 
 from __future__ import annotations

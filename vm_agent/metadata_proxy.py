@@ -24,7 +24,7 @@ same network namespace), or, for a container of a single-host image run on the r
 its address there, which the agent gave it (vm_agent/firewall.py); only a run admitted by the agent,
 while it lives, gets a token.
 
-Standard library only, Python 3.8 (the agent's rules).
+Standard library only.
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from vm_agent.credentials import Downscoper
 from vm_agent.gcs import StorageError

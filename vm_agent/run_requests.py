@@ -31,8 +31,6 @@ or taken is recorded as `runs/<member>/refused-<request name>/` (or `runs/refuse
 A request is parsed by the run contract (run_contract/request.py `parse_request`: the one run-spec parser
 with a request's own rules on top) into its `RunSpec`; its checkpoint and model dirs are the platform's
 (`RunPlaces`), never the researcher's.
-
-Stdlib only, Python 3.8 (as the rest of vm_agent).
 """
 
 from __future__ import annotations
@@ -41,8 +39,9 @@ import json
 import re
 import sys
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from run_contract.names import REQUEST_RUN_ID
 from run_contract.paths import member_of_key, requests_prefix, runs_prefix, status_name, status_prefix

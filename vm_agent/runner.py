@@ -47,10 +47,11 @@ import signal
 import subprocess
 import tarfile
 import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from run_contract import completion_marker as marker_schema
 from run_contract.names import (
@@ -79,7 +80,7 @@ COMPLETE = marker_schema.NAME
 Log = Callable[..., None]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def image_paths(python: str) -> tuple[Path, ...]:
     """The image's Python's folder and the folders it imports from (its sys.path), which a run's jail must keep
     readable where they lie under a folder it covers: never on a VM (they are under /usr), in the tests where

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 from run_contract.names import REGISTRY, WorkerPlace, worker_place
 from run_contract.spec import Allowed

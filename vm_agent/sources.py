@@ -7,7 +7,8 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Callable, Protocol, Tuple
+from collections.abc import Callable
+from typing import Protocol
 
 from run_contract.spec import RUN_ATTRIBUTE, Allowed, RunSpec, StopRequest, parse_run_spec
 
@@ -16,7 +17,7 @@ class RunSource(Protocol):
     def next(self, timeout_s: float) -> RunSpec | StopRequest | None: ...  # None: nothing new
 
 
-Fetch = Callable[[str, float], Tuple[int, str, str]]  # url, timeout -> (status, ETag, body)
+Fetch = Callable[[str, float], tuple[int, str, str]]  # url, timeout -> (status, ETag, body)
 
 
 def _fetch(url: str, timeout: float) -> tuple[int, str, str]:

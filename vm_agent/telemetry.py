@@ -59,7 +59,7 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Protocol, Tuple
+from typing import Any, Protocol
 
 from run_contract import metrics
 from run_contract.paths import MEMBER, researcher_log
@@ -206,7 +206,7 @@ def resource(origin: Origin, zone: str) -> dict[str, Any]:
     }
 
 
-Labels = Tuple[Tuple[str, str], ...]  # a metric's labels besides the run's (run_id, vm, worker)
+Labels = tuple[tuple[str, str], ...]  # a metric's labels besides the run's (run_id, vm, worker)
 
 
 def time_series(

@@ -64,7 +64,7 @@ def record(data: bytes) -> bytes:
     return length + struct.pack("<I", masked_crc32c(length)) + data + struct.pack("<I", masked_crc32c(data))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _event_class() -> Any:
     """The `Event` message class of the fields the module docstring lists, built by protobuf's message_factory
     from a descriptor declared here, in a pool of its own (proto2: explicit presence)."""

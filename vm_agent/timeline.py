@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable, Dict
+from collections.abc import Callable
 
 from run_contract.paths import timeline_name
 from run_contract.timeline import (
@@ -37,7 +37,7 @@ from vm_agent.gcs import Folder, StorageError
 STEP_WRITE_S = 30.0
 MAX_LINE_EVENTS = 2000  # an attempt's restores and checkpoint saves (a save every 5 minutes for a week)
 Log = Callable[..., None]
-Publish = Callable[[str, Dict[str, float], bool], None]  # run id, seconds by category, step lines trusted
+Publish = Callable[[str, dict[str, float], bool], None]  # run id, seconds by category, step lines trusted
 
 
 def boot_events(now: float | None = None, uptime: str = "/proc/uptime") -> list[Event]:

@@ -28,7 +28,8 @@ lists, writes and deletes there, and is refused (403) listing and writing OUTSID
 and reading MARKER (the completion marker the guard acts on). The token given is the caller's own, which
 reaches all three: a refusal is the boundary's.
 
-Standard library only, Python 3.8 (the agent's rules).
+Standard library only: it runs on the probe node's python3 (tpu-ubuntu2204-base: 3.10), not in the agent's
+environment.
 """
 
 from __future__ import annotations
