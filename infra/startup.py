@@ -412,7 +412,7 @@ def metadata_size_problem(metadata: dict[str, str]) -> str | None:
     return None
 
 
-def render_pod_fetch(runner: Artifact, source: Artifact, root: str, folder: str) -> str:
+def render_pod_fetch(runner: Artifact, source: Artifact, root: str, folder: str, python_floor: str) -> str:
     """The GKE engine's fetch step for a folder source (an initContainer in the pinned public image the stack
     names, infra/gke/jobsets.py): the runner (vm_agent/ and run_contract/, the archive the stack uploads for its
     VMs) and the folder's archive, each fetched as the pod's own identity with a token from the GKE metadata server
@@ -420,7 +420,9 @@ def render_pod_fetch(runner: Artifact, source: Artifact, root: str, folder: str)
     compatible with the V1 Compute Metadata APIs": container.v1 discovery document) and kept
     only if its bytes hash to the digest the JobSet names; the runner's vm_agent.archives then checks the
     folder's archive again and unpacks it into `<root>/<folder>` refusing anything that would land outside it.
-    Any failure exits 78: the run cannot succeed, and its JobSet fails at once rather than retry.
+    The runner's code is held to `python_floor` (the catalog's oldest agent Python), so an older python3 in the
+    image is refused before it runs. Any failure exits 78: the run cannot succeed, and its JobSet fails at once
+    rather than retry.
     `TPU_PLATFORM_ROOT` (for `root`), `GCE_METADATA_HOST` and `STORAGE_EMULATOR_HOST` let the tests run the very
     same script on loopback stand-ins, as the start-up script's."""
     for artifact in (runner, source):
@@ -430,6 +432,9 @@ def render_pod_fetch(runner: Artifact, source: Artifact, root: str, folder: str)
             raise ValueError(f"archive digest {artifact.sha256!r} is not a sha256")
     if not re.fullmatch(r"(/[A-Za-z0-9_-]+)+", root) or not re.fullmatch(r"[A-Za-z0-9_-]+", folder):
         raise ValueError(f"unsafe folder {root!r}/{folder!r}")
+    if not re.fullmatch(r"3\.\d+", python_floor):
+        raise ValueError(f"unsafe Python floor {python_floor!r}")
+    major, minor = python_floor.split(".")
 
     def url(artifact: Artifact) -> str:
         return f"${{STORAGE}}/storage/v1/b/{artifact.bucket}/o/{urllib.parse.quote(artifact.name, safe='')}?alt=media"
@@ -452,6 +457,8 @@ fatal() {{
 for tool in curl sha256sum tar "${{PYTHON}}"; do
   command -v "${{tool}}" >/dev/null || fatal "the folder image has no ${{tool}} (gke.folderImage)"
 done
+"${{PYTHON}}" -c 'import sys; sys.exit(sys.version_info < ({major}, {minor}))' \\
+  || fatal "the runner needs Python {python_floor}+; the folder image has $("${{PYTHON}}" -V 2>&1) (gke.folderImage)"
 
 {METADATA_FUNCTION}
 # An object of the artifacts bucket, as the pod's own identity reads it (the GKE metadata server's token).

@@ -79,12 +79,14 @@ def fetch_step(source: FolderSource) -> list[str]:
     return step["command"]
 
 
-def run(world: tuple[str, str], tmp_path: Path, source: FolderSource) -> subprocess.CompletedProcess[str]:
+def run(
+    world: tuple[str, str], tmp_path: Path, source: FolderSource, python: str = sys.executable
+) -> subprocess.CompletedProcess[str]:
     storage, metadata = world
     env = {
         "PATH": os.environ["PATH"],
         "TPU_PLATFORM_ROOT": str(tmp_path),
-        "TPU_PLATFORM_PYTHON": sys.executable,
+        "TPU_PLATFORM_PYTHON": python,
         "GCE_METADATA_HOST": metadata,
         "STORAGE_EMULATOR_HOST": storage,
     }
@@ -125,3 +127,17 @@ def test_the_step_reads_the_archives_as_the_pods_identity(world, tmp_path):
     script = fetch_step(FolderSource(f"gs://{BUCKET}/teams/vision/sources/{trainer.sha256}.tar.gz", trainer.sha256))[2]
     assert "instance/service-accounts/default/token" in script and "Authorization: Bearer" in script
     assert SANDBOX_TOKEN not in script
+
+
+def test_an_image_whose_python_is_older_than_the_runners_floor_is_refused_with_78(world, tmp_path):
+    """The runner's code (vm_agent) is held to the catalog's oldest agent Python; an older python3 in the folder
+    image is named before the runner runs on it. The stand-in answers as Python 3.9 does."""
+    old = tmp_path / "python3.9"
+    old.write_text('#!/bin/sh\ncase "$1" in -V) echo "Python 3.9.18" ;; *) exit 1 ;; esac\n')  # version_info < floor
+    old.chmod(0o755)
+    trainer = package(TRAINER)
+    source = FolderSource(f"gs://{BUCKET}/teams/vision/sources/{trainer.sha256}.tar.gz", trainer.sha256)
+    done = run(world, tmp_path, source, python=str(old))
+    assert done.returncode == 78
+    assert "the runner needs Python 3.10+; the folder image has Python 3.9.18" in done.stderr
+    assert not (tmp_path / "source").exists()

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from infra import naming
+from infra.catalog import load_catalog
 from infra.config.model import TeamSettings
 from infra.gke.crds import JOBSET_API
 from infra.gke.quota import QUEUE_LABEL, TPU_RESOURCE
@@ -181,7 +182,8 @@ class FolderRun:
         """The fetch step: the runner and the folder's archive into the pod's emptyDir, each checked against its
         digest, or exit 78 before anything of them runs."""
         bucket, name = split_gs(source.uri)
-        script = render_pod_fetch(self.runner, Artifact(bucket, name, source.sha256), SOURCE_ROOT, SOURCE_FOLDER)
+        floor = min(load_catalog().agent_pythons, key=lambda version: tuple(map(int, version.split("."))))
+        script = render_pod_fetch(self.runner, Artifact(bucket, name, source.sha256), SOURCE_ROOT, SOURCE_FOLDER, floor)
         return {
             "name": FETCH_CONTAINER,
             "image": self.image,
