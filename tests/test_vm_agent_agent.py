@@ -167,8 +167,10 @@ def preempt_resume_complete(cloud, vm: Vm, run_id: str, prefix: str) -> None:
         raise AssertionError(f"{error}; the agent's log:\n{vm.log()[-3000:]}") from None
     assert vm.lines("resumed from checkpoint")[-1]["step"] == preempted_at
     assert steps(cloud, prefix)[-1] == 12
-    marker = read_json(cloud, STATUS, f"{vm.env['TPU_PLATFORM_VM']}/COMPLETE")
-    assert marker is not None and marker["runId"] == run_id and marker["steps"] == 12
+    # The agent writes the marker after the run's state, last, since the guard stops the VM when it appears.
+    marker_path = f"{vm.env['TPU_PLATFORM_VM']}/COMPLETE"
+    marker = wait_for(lambda: read_json(cloud, STATUS, marker_path), 30, "the completion marker", interval=0.2)
+    assert isinstance(marker, dict) and marker["runId"] == run_id and marker["steps"] == 12
     assert vm.shut_down() == 0
 
     vm.boot()  # after completion: not started again, the marker told again
