@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import annotated_types
-from pydantic import BeforeValidator, Field, InstanceOf, model_validator
+from pydantic import BeforeValidator, Field, GetCoreSchemaHandler, InstanceOf, model_validator
+from pydantic_core import core_schema
 
 from infra import naming
 from infra.access import iam
@@ -103,6 +104,7 @@ ReservationName = Annotated[
     Text, Allowed("a reservation's short name: letters, digits and '-'", RESERVATION_NAME), Unstated()
 ]
 ZONE = r"[a-z]+-[a-z]+[0-9]+-[a-z]"
+VmZone = Annotated[Text, Allowed("a zone like us-central1-b", ZONE)]
 # Flex-start: "for up to 7 days" (cloud.google.com/tpu/docs/request-using-flex-start).
 MAX_FLEX_START_HOURS = 7 * 24
 # "Each resource can have up to 64 labels" (https://cloud.google.com/compute/docs/labeling-resources);
@@ -127,6 +129,9 @@ SLICE_POOL_PROVISIONING = ("on-demand", "spot", "reserved", "flex-start")
 # IAM members a researcher grant may name: people and groups only (IAM "principal identifiers");
 # service accounts run the platform and are never researchers.
 RESEARCHER_MEMBER = RESEARCHER.pattern  # the run contract's (run_contract/names.py)
+Members = Annotated[
+    tuple[Annotated[Text, Allowed("an IAM member user:EMAIL or group:EMAIL", RESEARCHER_MEMBER)], ...], Items(100)
+]
 # container.v1 AuthenticatorGroupsConfig (pulumi-gcp: "Group name must be in format
 # gke-security-groups@yourdomain.com"): the group of groups GKE looks members up in for RBAC.
 RBAC_SECURITY_GROUP = r"gke-security-groups@[^@\s]+\.[a-z]{2,}"
@@ -157,6 +162,12 @@ NO_ACCELERATOR = AcceleratorType(
 NO_GKE_ACCELERATOR = GkeAcceleratorType(
     GkeGeneration("", "", "chips", "", {1: ""}, (), {0: ""}, {}, (), 0.0, False, False), 0
 )
+
+
+def resource_id(most: int) -> Allowed:
+    """A name GCP takes as an id, of at most `most` characters."""
+    why = f"1-{most} lowercase letters, digits and '-', starting with a letter"
+    return Allowed(why, check=lambda name: naming.resource_id_problem(name, most))
 
 
 def tpu_regions() -> tuple[str, ...]:
@@ -203,9 +214,7 @@ class StackSettings(Section):
             "a service account email like ci-deployer@PROJECT.iam.gserviceaccount.com", f"({SERVICE_ACCOUNT_EMAIL})?"
         ),
     ] = Field(default="", description="CI's deploy service account (the bootstrap's output); empty when people deploy.")
-    researchers: Annotated[
-        tuple[Annotated[Text, Allowed("an IAM member user:EMAIL or group:EMAIL", RESEARCHER_MEMBER)], ...], Items(100)
-    ] = Field(
+    researchers: Members = Field(
         default=(),
         description="People and groups who may follow, fetch and (on VMs with selfService) submit and stop runs with "
         "`tpu-runs`.",
@@ -396,13 +405,9 @@ class WorkloadSettings(Section):
     data_object: Annotated[
         Text, Allowed("an object path in the data bucket like mnist/mnist.npz", r"([A-Za-z0-9_.-]+/)*[A-Za-z0-9_.-]+")
     ] = Field(default="", description="Training data in the data bucket; empty: the program downloads it.")
-    run: Annotated[
-        Text,
-        Allowed(
-            "1-32 lowercase letters, digits and '-', starting with a letter",
-            check=lambda r: naming.resource_id_problem(r, 32),
-        ),
-    ] = Field(default="r1", description="Run id: a new id starts a new run (new checkpoints and model).")
+    run: Annotated[Text, resource_id(32)] = Field(
+        default="r1", description="Run id: a new id starts a new run (new checkpoints and model)."
+    )
     checkpoint_every_steps: Integer = Field(
         default=200, ge=1, le=10**7, description="Checkpoint every N steps (program only)."
     )
@@ -561,17 +566,24 @@ class ScheduleSettings(Section):
         return {side: cron for side, cron in (("start", self.start), ("stop", self.stop)) if cron}
 
 
-def _tpu_type(value: object) -> object:
-    """A TPU type of the catalog (infra/catalog/tpu.yaml), by its name."""
-    if isinstance(value, AcceleratorType):
-        return value
-    name = as_text(value)
-    if not fullmatch(ACCELERATOR_NAME, str(name)):
-        raise refuse(TPU_TYPE_ALLOWED)
-    accelerator = load_catalog().accelerator(str(name))
-    if isinstance(accelerator, str):
-        raise refuse(accelerator, load_catalog().meant(str(name)))
-    return accelerator
+@dataclass(frozen=True)
+class TpuTypeName(Allowed):
+    """A TPU type of the catalog (infra/catalog/tpu.yaml), or of its GKE part, read by its name."""
+
+    gke: bool = False
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
+        return core_schema.no_info_before_validator_function(self.read, handler(source))
+
+    def read(self, value: object) -> object:
+        if isinstance(value, AcceleratorType | GkeAcceleratorType):
+            return value
+        name = str(as_text(value))
+        if not fullmatch(ACCELERATOR_NAME, name):
+            raise refuse(self.allowed)
+        if isinstance(accelerator := (load_gke_catalog() if self.gke else load_catalog()).accelerator(name), str):
+            raise refuse(accelerator, None if self.gke else load_catalog().meant(name))
+        return accelerator
 
 
 def _tpu_description(description: str) -> str | None:
@@ -584,19 +596,11 @@ Hours = Annotated[Number, annotated_types.Gt(0)]
 class TpuVmSettings(Section):
     """A TPU VM."""
 
-    name: Annotated[
-        Text,
-        Allowed(
-            "1-63 lowercase letters, digits and '-', starting with a letter",
-            check=lambda n: naming.resource_id_problem(n, 63),
-        ),
-    ] = Field(description="TPU node name.")
-    accelerator: Annotated[
-        InstanceOf[AcceleratorType], BeforeValidator(_tpu_type), Allowed(TPU_TYPE_ALLOWED), Placeholder(NO_ACCELERATOR)
-    ] = Field(validation_alias="acceleratorType", description="TPU type, like v5litepod-8 (infra/catalog/tpu.yaml).")
-    zone: Annotated[Text, Allowed("a zone like us-central1-b", ZONE)] = Field(
-        description="Zone offering that TPU type."
+    name: Annotated[Text, resource_id(63)] = Field(description="TPU node name.")
+    accelerator: Annotated[InstanceOf[AcceleratorType], TpuTypeName(TPU_TYPE_ALLOWED), Placeholder(NO_ACCELERATOR)] = (
+        Field(validation_alias="acceleratorType", description="TPU type, like v5litepod-8 (infra/catalog/tpu.yaml).")
     )
+    zone: VmZone = Field(description="Zone offering that TPU type.")
     runtime_version: Text = Field(description="TPU software version matching the workload's framework.")
     provisioning: Annotated[Text, OneOf(PROVISIONING_MODELS)] = Field(
         default="on-demand", description="How the capacity is bought (flex-start: queued only, with runDurationHours)."
@@ -616,11 +620,9 @@ class TpuVmSettings(Section):
         le=1024,
         description="Slices asked for together (more than 1: multislice; queued, a multislice-capable type).",
     )
-    fallback_zones: Annotated[tuple[Annotated[Text, Allowed("a zone like us-central1-b", ZONE)], ...], Items(10)] = (
-        Field(
-            default=(),
-            description="Zones tried in order after the VM's own on a stock-out (queued only; each needs a subnet).",
-        )
+    fallback_zones: Annotated[tuple[VmZone, ...], Items(10)] = Field(
+        default=(),
+        description="Zones tried in order after the VM's own on a stock-out (queued only; each needs a subnet).",
     )
     run_duration_hours: Annotated[Hours, annotated_types.Le(MAX_FLEX_START_HOURS)] | None = Field(
         default=None,
@@ -721,33 +723,15 @@ class SystemPool(Section):
     nodes_per_zone: Integer = Field(default=1, ge=1, le=10, description="System nodes in each zone of the slice pools.")
 
 
-def _gke_tpu_type(value: object) -> object:
-    """A TPU type GKE node pools take (infra/catalog/tpu.yaml, gke), by its name."""
-    if isinstance(value, GkeAcceleratorType):
-        return value
-    name = str(as_text(value))
-    if not fullmatch(ACCELERATOR_NAME, name):
-        raise refuse(GKE_TPU_TYPE_ALLOWED)
-    accelerator = load_gke_catalog().accelerator(name)
-    if isinstance(accelerator, str):
-        raise refuse(accelerator)
-    return accelerator
-
-
 class SlicePoolSettings(Section):
     """TPU slices of one type in one zone, one GKE node pool per slice (infra/gke/)."""
 
-    name: Annotated[
-        Text,
-        Allowed(
-            f"1-{naming.MAX_SLICE_POOL} lowercase letters, digits and '-', starting with a letter",
-            check=lambda n: naming.resource_id_problem(n, naming.MAX_SLICE_POOL),
-        ),
-    ] = Field(description="Pool name; its slices are the node pools NAME-0, NAME-1, ...")
+    name: Annotated[Text, resource_id(naming.MAX_SLICE_POOL)] = Field(
+        description="Pool name; its slices are the node pools NAME-0, NAME-1, ..."
+    )
     accelerator: Annotated[
         InstanceOf[GkeAcceleratorType],
-        BeforeValidator(_gke_tpu_type),
-        Allowed(GKE_TPU_TYPE_ALLOWED),
+        TpuTypeName(GKE_TPU_TYPE_ALLOWED, gke=True),
         Placeholder(NO_GKE_ACCELERATOR),
     ] = Field(
         validation_alias="acceleratorType",
@@ -786,22 +770,15 @@ def _team_namespace(namespace: str) -> str | None:
     return None
 
 
-def _team_name_problem(name: str) -> str | None:
-    return naming.resource_id_problem(name, MAX_TEAM_NAME)
-
-
 class TeamSettings(Section):
     """A team sharing the GKE engine's slice pools through its own Kueue queues (infra/gke/queues.py)."""
 
-    name: Annotated[
-        Text,
-        Allowed(
-            f"1-{MAX_TEAM_NAME} lowercase letters, digits and '-', starting with a letter", check=_team_name_problem
-        ),
-    ] = Field(description="Team name: its ClusterQueue and LocalQueue are named so.")
-    members: Annotated[
-        tuple[Annotated[Text, Allowed("an IAM member user:EMAIL or group:EMAIL", RESEARCHER_MEMBER)], ...], Items(100)
-    ] = Field(default=(), description="Who runs the team's jobs: JobSets in its namespace, nowhere else.")
+    name: Annotated[Text, resource_id(MAX_TEAM_NAME)] = Field(
+        description="Team name: its ClusterQueue and LocalQueue are named so."
+    )
+    members: Members = Field(
+        default=(), description="Who runs the team's jobs: JobSets in its namespace, nowhere else."
+    )
     namespace: Annotated[
         Text,
         Allowed(
@@ -835,7 +812,11 @@ class TeamSettings(Section):
     def complete(cls, data: Mapping[str, Any]) -> Mapping[str, Any]:
         """A team without a namespace gets team-NAME (once its name is one)."""
         name = data.get("name")
-        if data.get("namespace") is None and isinstance(name, str) and not _team_name_problem(name):
+        if (
+            data.get("namespace") is None
+            and isinstance(name, str)
+            and not naming.resource_id_problem(name, MAX_TEAM_NAME)
+        ):
             return {**data, "namespace": naming.team_namespace(name)}
         return data
 
