@@ -360,6 +360,10 @@ ROLES_ALLOWED = (
 )
 
 
+Positive = Annotated[Number, annotated_types.Gt(0)]
+Seconds = Annotated[Positive, annotated_types.Le(86_400)]  # at most a day
+
+
 class WorkloadSettings(Section):
     """A training workload: its code, its service account's access and its program's settings."""
 
@@ -414,17 +418,13 @@ class WorkloadSettings(Section):
     checkpoint_every_minutes: Number = Field(
         default=10, ge=0.5, le=1440, description="Checkpoint at least every N minutes (program only)."
     )
-    step_seconds: Number | None = Field(
+    step_seconds: Seconds | None = Field(
         default=None,
-        gt=0,
-        le=86_400,
         description="Seconds one training step takes on its TPU VMs, measured or declared: with checkpointSeconds, "
         "the plan checks checkpointEverySteps against the interval that wastes least (program only).",
     )
-    checkpoint_seconds: Number | None = Field(
+    checkpoint_seconds: Seconds | None = Field(
         default=None,
-        gt=0,
-        le=86_400,
         description="Seconds a checkpoint takes to commit, the most it stalls training; within the VM's notice, a "
         "save on SIGTERM keeps a preempted run's work (program only).",
     )
@@ -590,9 +590,6 @@ def _tpu_description(description: str) -> str | None:
     return f"at most {MAX_TPU_DESCRIPTION} characters" if len(description) > MAX_TPU_DESCRIPTION else None
 
 
-Hours = Annotated[Number, annotated_types.Gt(0)]
-
-
 class TpuVmSettings(Section):
     """A TPU VM."""
 
@@ -624,17 +621,17 @@ class TpuVmSettings(Section):
         default=(),
         description="Zones tried in order after the VM's own on a stock-out (queued only; each needs a subnet).",
     )
-    run_duration_hours: Annotated[Hours, annotated_types.Le(MAX_FLEX_START_HOURS)] | None = Field(
+    run_duration_hours: Annotated[Positive, annotated_types.Le(MAX_FLEX_START_HOURS)] | None = Field(
         default=None,
         description="How long a flex-start VM runs before Google deletes it (flex-start only; at most "
         f"{MAX_FLEX_START_HOURS}).",
     )
-    max_run_hours: Annotated[Hours, annotated_types.Le(8760)] | None = Field(
+    max_run_hours: Annotated[Positive, annotated_types.Le(8760)] | None = Field(
         default=None,
         description="Expected hours of a run to completion: priced for them, and the guard stops or deletes the node "
         "running past them (onCompletion stop or delete).",
     )
-    hours_between_preemptions: Annotated[Hours, annotated_types.Le(8760)] | None = Field(
+    hours_between_preemptions: Annotated[Positive, annotated_types.Le(8760)] | None = Field(
         default=None,
         description="Mean running hours between preemptions of this spot or preemptible VM, from your record of them: "
         "the plan checks its workload's checkpoint interval against it.",
@@ -751,7 +748,7 @@ class SlicePoolSettings(Section):
     slices: Integer = Field(
         default=1, ge=1, le=naming.MAX_SLICES, description="Slices of this type: one node pool each."
     )
-    run_duration_hours: Annotated[Hours, annotated_types.Le(MAX_FLEX_START_HOURS)] | None = Field(
+    run_duration_hours: Annotated[Positive, annotated_types.Le(MAX_FLEX_START_HOURS)] | None = Field(
         default=None,
         description="How long a flex-start node lives before GKE deletes it (flex-start only; at most "
         f"{MAX_FLEX_START_HOURS}).",

@@ -311,11 +311,10 @@ def _gke(value: object, default_region: str, problems: Problems) -> GkeSettings 
     """The GKE engine's section, when the stack has one; each team's chips checked pool by pool."""
     if value is MISSING:
         return None
+    gke = declared.read(GkeSettings, value, f"{PROJECT}:gke", problems, required=True)
     if not isinstance(value, Mapping):  # refused: no engine to check further
-        declared.read(GkeSettings, value, f"{PROJECT}:gke", problems, required=True)
         return None
-    gke = declared.read(GkeSettings, value, f"{PROJECT}:gke", problems)
-    teams = value.get("teams") if isinstance(value, Mapping) else None
+    teams = value.get("teams")
     checked = []
     for index, team in enumerate(gke.teams):
         chips: list[tuple[str, int]] = []
