@@ -9,6 +9,7 @@ allowed), never shown in the library's words.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import re
@@ -18,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
-import annotated_types
+from annotated_types import Ge, Gt, Le
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -397,25 +398,13 @@ def stack_key(name: str, info: FieldInfo) -> str:
 
 def limits(info: FieldInfo) -> tuple[float | None, float | None, bool]:
     """(minimum, maximum, whether the minimum is exclusive) of a field."""
-    low: float | None = None
-    high: float | None = None
-    exclusive = False
-    for m in marks(info):
-        if isinstance(m, annotated_types.Ge):
-            low = m.ge  # type: ignore[assignment]
-        elif isinstance(m, annotated_types.Gt):
-            low, exclusive = m.gt, True  # type: ignore[assignment]
-        elif isinstance(m, annotated_types.Le):
-            high = m.le  # type: ignore[assignment]
-    return low, high, exclusive
+    bound = {k: v for m in marks(info) if isinstance(m, Ge | Gt | Le) for k, v in dataclasses.asdict(m).items()}
+    return bound.get("ge", bound.get("gt")), bound.get("le"), "gt" in bound
 
 
 def bounds(info: FieldInfo) -> str:
     low, high, exclusive = limits(info)
-    parts = (
-        "" if low is None else f"{'>' if exclusive else '>='} {low:g}",
-        "" if high is None else f"<= {high:g}",
-    )
+    parts = ("" if low is None else f"{'>' if exclusive else '>='} {low:g}", "" if high is None else f"<= {high:g}")
     return " and ".join(filter(None, parts))
 
 
