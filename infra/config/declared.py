@@ -63,7 +63,11 @@ class Section(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _completed(cls, data: Any) -> Any:
-        return cls.complete(data) if isinstance(data, Mapping) else data
+        """Less the settings given as null, which the stack file means as not set (an unknown key stays, to be
+        refused), then completed."""
+        if not isinstance(data, Mapping):
+            return data
+        return cls.complete({k: v for k, v in data.items() if v is not None or _step(cls, k)[0] is None})
 
 
 def refuse(why: str, fix: object = None) -> PydanticCustomError:
@@ -225,8 +229,7 @@ def read(
     if not isinstance(data, Mapping):
         problems.add(key, data, f"must be a mapping, not {type_name(data)}")
         return _placeholder(model)
-    data = _unset_nulls(model, data)
-    for name in supplied.keys() & data.keys():
+    for name in supplied.keys() & {k for k, v in data.items() if v is not None}:
         _translate(model, {"type": "extra_forbidden", "loc": (name,)}, data, key, problems)
     data = {**{k: v for k, v in data.items() if k not in supplied}, **supplied}
     try:
@@ -267,8 +270,8 @@ def _placeholder(model: type[S], kept: Mapping[str, object] = {}) -> S:
     values = {}
     kept = model.complete(kept)
     for name, info in model.model_fields.items():
-        given = kept.get(stack_key(name, info), kept.get(name, MISSING))
-        if given is not MISSING:
+        given = kept.get(stack_key(name, info), kept.get(name))
+        if given is not None:
             try:
                 values[name] = _field_reader(model, name).validate_python(given)
                 continue
@@ -294,22 +297,6 @@ def _field_reader(model: type[Section], name: str) -> TypeAdapter[Any]:
     info = model.model_fields[name]
     kind: Any = Annotated[(info.annotation, *info.metadata)] if info.metadata else info.annotation
     return TypeAdapter(kind)
-
-
-def _unset_nulls(model: type[Section], data: Mapping[object, object]) -> dict[str, object]:
-    """`data` less the settings it gives as null, which the stack file means as not set (an unknown key stays,
-    to be refused)."""
-    out = {}
-    for key, value in data.items():
-        info, section = _step(model, str(key))
-        if value is None and info is not None:
-            continue
-        if section is not None and isinstance(value, Mapping):
-            value = _unset_nulls(section, value)
-        elif section is not None and isinstance(value, list):
-            value = [_unset_nulls(section, v) if isinstance(v, Mapping) else v for v in value]
-        out[str(key)] = value
-    return out
 
 
 def _section_in(annotation: object) -> type[Section] | None:
@@ -366,7 +353,7 @@ def _translate(model: type[Section], error: Any, data: Mapping[str, object], key
         known = sorted(stack_key(n, f) for n, f in owner.model_fields.items() if not f.exclude)
         here, beside = _given(data, loc[:-1]), path.removesuffix(str(loc[-1]))  # `a.b.` or a namespace's `ns:`
         plain = re.fullmatch(r"[A-Za-z][A-Za-z0-9]*", str(loc[-1]))  # a misspelling, not a key no path can name
-        near = nearest(str(loc[-1]), [k for k in known if not isinstance(here, Mapping) or k not in here])
+        near = nearest(str(loc[-1]), [k for k in known if not isinstance(here, Mapping) or here.get(k) is None])
         fixes = [Fix.of({path: REMOVE, f"{beside}{near}": value})] if near and plain else []
         shown = [f"{beside}{k}" if beside.endswith(":") else k for k in known]  # top-level keys in full
         problems.add(path, value, f"unknown key; known keys: {', '.join(shown)}", fixes=fixes)
