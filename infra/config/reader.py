@@ -9,7 +9,6 @@ listing every bad setting with its key, value and what is allowed. Rules that sp
 from __future__ import annotations
 
 import ipaddress
-import re
 from collections.abc import Mapping
 
 from infra import naming
@@ -21,6 +20,7 @@ from infra.config.model import (
     MAX_COMMAND_ARG,
     MAX_LABELS,
     PROJECT,
+    REGION,
     RESERVED_ENV_PREFIX,
     RESERVED_LABELS,
     ArtifactSettings,
@@ -38,7 +38,7 @@ from infra.config.model import (
     WorkloadSource,
     private_cidr_problem,
 )
-from infra.config.problems import MISSING, Problems, decode_objects, item_key, item_keys, type_name
+from infra.config.problems import MISSING, Problems, decode_objects, fullmatch, item_key, item_keys, type_name
 from infra.config.settings import (
     SETTINGS,
     children,
@@ -225,7 +225,7 @@ def _program_flags(workload: WorkloadSettings) -> tuple[str, ...]:
 def _env(env: tuple[tuple[str, object], ...], key: str, problems: Problems) -> tuple[tuple[str, str], ...]:
     out: list[tuple[str, str]] = []
     for name, value in env:
-        if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", name, flags=re.ASCII) or name.startswith(RESERVED_ENV_PREFIX):
+        if not fullmatch(r"[A-Z_][A-Z0-9_]*", name) or name.startswith(RESERVED_ENV_PREFIX):
             problems.add(f"{key}.{name}", name, f"must be {ENV_ALLOWED}")
         elif not isinstance(value, str) or len(value) > MAX_COMMAND_ARG or "\x00" in value:
             problems.add(f"{key}.{name}", value, f"must be {ENV_ALLOWED}")
@@ -251,7 +251,7 @@ def _network(network: NetworkSettings, problems: Problems) -> NetworkSettings:
     subnets: list[tuple[str, str]] = []
     for region, cidr in network.subnets:
         key = f"{PROJECT}:network.subnets.{region}"
-        if not re.fullmatch(r"[a-z]+-[a-z]+[0-9]+", region, flags=re.ASCII):
+        if not fullmatch(REGION, region):
             problems.add(key, cidr, f"'{region}' is not a GCP region like us-central1")
         elif why := private_cidr_problem(cidr):
             problems.add(key, cidr, why)
