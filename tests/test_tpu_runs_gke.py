@@ -18,7 +18,7 @@ import requests
 
 from infra.access import iamdata
 from infra.access.calls import KUBERNETES_API
-from infra.access.kubernetes import Subject, escalations, namespaces_running_code
+from infra.access.kubernetes import Subject, allowed, escalations, namespaces_running_code
 from infra.access.researcher_calls import OPERATOR_REPORT_CALLS
 from infra.config import parse_stack_config
 from infra.config.stackfile import read_stack_config
@@ -285,9 +285,9 @@ def admitted(jobset: dict[str, Any], name: str, created: str, admitted: str, fin
 OPERATOR = "user:ops@example.com"
 
 
-def operator_rbac() -> list[dict[str, Any]]:
-    """OPERATOR_REPORT_RULES bound to the operator cluster-wide, as docs/goodput.md says to (the plan binds it to
-    nobody: the stack names no operator)."""
+def operator_rbac(namespaces: tuple[str, ...] = ("team-vision", "team-nlp")) -> list[dict[str, Any]]:
+    """OPERATOR_REPORT_RULES in a ClusterRole, bound to the operator by a RoleBinding in each team's namespace, as
+    docs/goodput.md says to (the plan binds it to nobody: the stack names no operator)."""
     role = {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "tpu-platform:operator-report"}
     return [
         {
@@ -296,13 +296,16 @@ def operator_rbac() -> list[dict[str, Any]]:
             "metadata": {"name": role["name"]},
             "rules": teams.OPERATOR_REPORT_RULES,
         },
-        {
-            "apiVersion": teams.RBAC_API,
-            "kind": "ClusterRoleBinding",
-            "metadata": {"name": role["name"]},
-            "roleRef": role,
-            "subjects": [teams.subject(OPERATOR)],
-        },
+        *(
+            {
+                "apiVersion": teams.RBAC_API,
+                "kind": "RoleBinding",
+                "metadata": {"name": role["name"], "namespace": namespace},
+                "roleRef": role,
+                "subjects": [teams.subject(OPERATOR)],
+            }
+            for namespace in namespaces
+        ),
     ]
 
 
@@ -355,6 +358,12 @@ def test_an_operators_report_sums_every_teams_runs_with_the_rules_the_docs_name(
     }
     assert {a.namespace for a in cluster.state.accesses} == {"team-vision", "team-nlp"}
     operator = Subject("User", "ops@example.com")
+    # The binding holds the lists in the teams' namespaces and nowhere else: `list` returns whole objects (a
+    # JobSet's pod template, its `--env` values included), so a cluster-wide binding would read every namespace's.
+    for group, resource in (("jobset.x-k8s.io", "jobsets"), ("kueue.x-k8s.io", "workloads")):
+        assert allowed(operator_rbac(), operator, "list", resource, group, "team-vision")
+        assert not allowed(operator_rbac(), operator, "list", resource, group, "kube-system")
+        assert not allowed(operator_rbac(), operator, "list", resource, group, None)
     assert escalations(operator_rbac(), operator) == []
     assert namespaces_running_code(operator_rbac(), operator, ["team-vision", "team-nlp"]) == set()
     # The cluster read, then every request above through its DNS endpoint (no REST method: KUBERNETES_API).
