@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -23,7 +25,7 @@ from infra.access.researcher_calls import OPERATOR_REPORT_CALLS
 from infra.config import parse_stack_config
 from infra.config.stackfile import read_stack_config
 from infra.gke import teams
-from infra.gke.jobsets import REQUESTER_ANNOTATION, RUN_LABEL
+from infra.gke.jobsets import REQUESTER_ANNOTATION, RUN_LABEL, TTL_SECONDS
 from infra.packaging import package
 from infra.tpu.metadata import agent_package
 from tests.logging_api import LoggingState, logging_standin
@@ -329,8 +331,14 @@ def test_an_operators_report_sums_every_teams_runs_with_the_rules_the_docs_name(
     cluster.state.accesses.clear()
     cluster.state.google_methods.clear()
     capsys.readouterr()
+    before = time.time()
     assert cluster.run("report", "--all", "--month", "2026-11", "--json") == 0
+    after = time.time()
     found = json.loads(capsys.readouterr().out)
+    # The cluster holds a finished JobSet for TTL_SECONDS only: the report says which runs its team rows can hold.
+    since = datetime.strptime(found["gkeCoverage"]["finishedSince"], "%Y-%m-%dT%H:%M:%S%z").timestamp()
+    assert before - TTL_SECONDS - 1 <= since <= after - TTL_SECONDS
+    assert "2026-11's team rows hold only its runs still running" in found["gkeCoverage"]["note"]
     by_team = {t["team"]: t for t in found["teams"]}
     assert found["vms"] == [] and sorted(by_team) == ["nlp", "vision"]
     assert [r["runId"] for r in by_team["vision"]["runs"]] == ["exp-1"] and by_team["vision"]["chipHours"] == 32.0
@@ -349,6 +357,7 @@ def test_an_operators_report_sums_every_teams_runs_with_the_rules_the_docs_name(
     table = capsys.readouterr().out
     assert "team vision" in table and "team nlp" in table and "from Kueue's Workloads" in table
     assert "the total's USD leaves out what has no price in the catalog: team nlp" in table
+    assert "the teams' rows count only runs still running or finished since" in table
 
     assert cluster.state.refused == []
     used = {(a.group, a.resource, a.verb) for a in cluster.state.accesses}

@@ -32,6 +32,7 @@ from typing import Any
 from infra import naming
 from infra.config import TpuVmSettings
 from infra.config.model import SlicePoolSettings, TeamSettings
+from infra.gke.jobsets import TTL_SECONDS
 from infra.gke.specs import shape_of
 from infra.goodput.pricing import Priced, pool_price, price_timeline, priced
 from run_contract.paths import (
@@ -398,6 +399,23 @@ OPERATOR_REFUSED = (
 )
 
 
+def gke_coverage(now: float, month: str) -> dict[str, Any]:
+    """What the teams' rows can count: the cluster keeps a JobSet (and Kueue's Workload, which it owns) until
+    TTL_SECONDS after it finishes, so a run that finished before then is in no row and no total."""
+    since = now - TTL_SECONDS
+    held = datetime.fromtimestamp(since, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    gone = f"runs that finished before {held} are gone from the cluster and counted nowhere"
+    if month and month_bounds(month)[1] <= since:
+        gone += f": {month}'s team rows hold only its runs still running"
+    return {
+        "finishedSince": held,
+        "note": (
+            f"the teams' rows count only runs still running or finished since {held} (a finished JobSet is deleted "
+            f"after {TTL_SECONDS // 3600} h, its Workload with it); {gone}, so the total's GKE part is a lower bound"
+        ),
+    }
+
+
 def _usd(costs: Iterable[float | None]) -> float | None:
     """A sum of USD figures; None when any has no price."""
     known = list(costs)
@@ -434,8 +452,11 @@ def report_stack(google: Any, stack: Any, args: argparse.Namespace) -> int:
                 }
             )
     scope = f"stack {stack.cfg.stack}{' in ' + month if month else ''}"
+    coverage = gke_coverage(now, month) if stack.cfg.gke and stack.cfg.gke.teams else None
     if not vms and not teams:
         print(f"no runs on {scope}: no VM's run timelines under gs://{stack.status}/, no team's runs in Kueue")
+        if coverage:
+            print(coverage["note"])
         return 1
     total_s = sum(v["timeline"]["billedSeconds"] for v in vms) + sum(t["billedSeconds"] for t in teams)
     chip_hours = sum(v["priced"]["chipHours"] for v in vms) + sum(t["chipHours"] for t in teams)
@@ -446,7 +467,14 @@ def report_stack(google: Any, stack: Any, args: argparse.Namespace) -> int:
     if args.json:
         print(
             json.dumps(
-                {"stack": stack.cfg.stack, "month": month or None, "vms": vms, "teams": teams, "total": overall},
+                {
+                    "stack": stack.cfg.stack,
+                    "month": month or None,
+                    "vms": vms,
+                    "teams": teams,
+                    "gkeCoverage": coverage,
+                    "total": overall,
+                },
                 indent=1,
             )
         )
@@ -476,4 +504,6 @@ def report_stack(google: Any, stack: Any, args: argparse.Namespace) -> int:
         print("a VM's billed time runs from the node's states where the guard keeps them, else the agent's view")
     if teams:
         print(f"a team's runs: from Kueue's Workloads ({KUEUE_WORKLOAD}); no goodput: {GKE_NOT_RECORDED}")
+    if coverage:
+        print(coverage["note"])
     return 0
