@@ -112,6 +112,12 @@ def stack_problem(stack: str) -> str | None:
     """Why `stack` cannot name a stack: the program's and the bootstrap's one rule."""
     if not _STACK.fullmatch(stack):
         return f"1-{MAX_STACK} lowercase letters, digits and single '-' between them, starting with a letter"
+    if TEAM_PART in stack.split("-")[1:]:
+        # A team's log bucket is `tpu-<stack>-team-<team>` and a team may be named `x-team-a`: stack `dev-team-x`'s
+        # team `a` would be stack `dev`'s team `x-team-a`, and `dev`'s deployer, whose log role admits its stack's
+        # names by their start (platform_log_prefixes), could edit it. With no `team` part after the first, the
+        # first `-team-` of such a name ends the stack.
+        return f"no '-'-separated part after the first may be '{TEAM_PART}' (it would read as a team's log bucket)"
     return None
 
 
@@ -281,9 +287,12 @@ TEAM_LOG_VIEW = "runs"
 TEAM_LOG_LOCATION = "global"
 
 
+TEAM_PART = "team"
+
+
 def team_log_bucket(stack: str, team: str) -> str:
     """The id of a team's log bucket, and of the sink that fills it."""
-    return f"tpu-{stack}-team-{team}"
+    return f"tpu-{stack}-{TEAM_PART}-{team}"
 
 
 def team_log_bucket_path(project: str, stack: str, team: str) -> str:
@@ -296,7 +305,11 @@ RESEARCHER_LOG_PREFIX = "tpu-runs-"
 
 def platform_log_prefixes(project: str, stack: str) -> tuple[str, str]:
     """The starts of the full names of the stack's log buckets and views: the teams' buckets (and their views)
-    and the researchers' views of `_Default`. The deployer edits no other (infra/access/environment.py)."""
+    and the researchers' views of `_Default`. The deployer edits no other (infra/access/environment.py).
+    The first is the stack's alone (stack_problem: no other stack's team bucket starts so). The second names no
+    stack: a researcher's view is named by the member (`paths.researcher_log`), one per project, so stacks that
+    share a project share it, and each one's deployer may edit the others' researchers' views
+    (docs/ci-and-bootstrap.md)."""
     return (
         f"projects/{project}/locations/{TEAM_LOG_LOCATION}/buckets/{team_log_bucket(stack, '')}",
         f"projects/{project}/locations/global/buckets/{LOG_BUCKET}/views/{RESEARCHER_LOG_PREFIX}",

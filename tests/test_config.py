@@ -191,10 +191,10 @@ def test_bad_stack_name():
     assert "stack name = 'Production-EU-West'" in problems_of(fixture_config("small"), "Production-EU-West")
 
 
-@pytest.mark.parametrize("stack", ["dev-", "a--b", "abcdefghijklm"])
+@pytest.mark.parametrize("stack", ["dev-", "a--b", "abcdefghijklm", "dev-team-x"])
 def test_a_stack_name_the_bootstrap_refuses_is_refused_on_the_stack_name(stack):
-    """`dev-` would end every derived account id in '-', `a--b` share `a-b`'s custom role ids: the bootstrap's
-    rule and the reader's are one (naming.stack_problem)."""
+    """`dev-` would end every derived account id in '-', `a--b` share `a-b`'s custom role ids, `dev-team-x`'s team
+    log buckets start as `dev`'s: the bootstrap's rule and the reader's are one (naming.stack_problem)."""
     assert f"stack name = '{stack}'" in problems_of(fixture_config("small"), stack)
 
 

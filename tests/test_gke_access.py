@@ -14,7 +14,13 @@ import bootstrap.program
 from bootstrap.program import PROJECT_IAM_ADMIN, read_access
 from infra import naming
 from infra.access import iamdata, researcher_calls
-from infra.access.environment import RETIRED_PROJECT_ROLES, AccessError, Plan, environment_access
+from infra.access.environment import (
+    RETIRED_PROJECT_ROLES,
+    AccessError,
+    Plan,
+    environment_access,
+    log_names_condition,
+)
 from infra.access.model import (
     DEPLOY,
     PREVIEW,
@@ -407,6 +413,35 @@ def test_the_researchers_views_start_as_the_deployer_may_edit_them():
     assert naming.researcher_log_view(PROJECT, "user:ada@example.com").startswith(
         naming.platform_log_prefixes(PROJECT, STACK)[1]
     )
+
+
+def test_no_stacks_deployer_edits_another_stacks_team_log_buckets_or_views():
+    """Two stacks may share a project (the bootstrap's `environments`). A team's bucket is `tpu-<stack>-team-<team>`,
+    and a team may be named `x-team-a`: were `dev-team-x` a stack, its team `a`'s bucket would start as `dev`'s
+    deployer may edit. No stack has a `team` part after its first (naming.stack_problem), so every other stack's
+    team buckets and views fall outside each stack's condition, as IAM evaluates it."""
+    assert naming.stack_problem("dev-team-x") is not None and naming.stack_problem("dev-team") is not None
+    assert naming.stack_problem("team-a") is None
+    names = ["a", "team"]
+    names += [f"{x}-{y}" for x in names for y in names]
+    names += [f"{x}-{y}" for x in names[:2] for y in names[2:]]
+    stacks = [n for n in names if naming.stack_problem(n) is None]
+    assert stacks == ["a", "team", "a-a", "team-a", "a-a-a", "team-a-a"]
+    for stack in stacks:
+        condition = log_names_condition(naming.platform_log_prefixes(PROJECT, stack))
+        for other in stacks:
+            for team in names:
+                bucket = naming.team_log_bucket_path(PROJECT, other, team)
+                for name in (bucket, naming.team_log_view(PROJECT, other, team)):
+                    assert allows(condition, (name, None)) == (other == stack), (stack, name)
+
+
+def test_stacks_sharing_a_project_share_their_researchers_views():
+    """What the condition does not separate (docs/ci-and-bootstrap.md): a researcher's view of `_Default` is named
+    by the member alone, one per project, so each stack's deployer in a shared project may edit every stack's."""
+    view = naming.researcher_log_view(PROJECT, "user:ada@example.com")
+    for stack in ("dev", "prod"):
+        assert allows(log_names_condition(naming.platform_log_prefixes(PROJECT, stack)), (view, None))
 
 
 # --- the teams' results (tpu-runs fetch --team) ------------------------------------------------------------
