@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import email
 import email.message
+import io
 import json
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -278,3 +280,33 @@ def test_a_folder_creates_new_objects_only_and_deleting_a_gone_one_is_no_error(t
             assert folder.create("runs/a/status.json", b"third") is True
     assert objects == {"vm/runs/a/status.json": b"third"}
     assert (tmp_path / "status" / "runs/a/status.json").read_bytes() == b"third"
+
+
+class _Writes(io.StringIO):
+    """A stream that keeps each write apart, as an unbuffered one hands each to the journal."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.writes.append(text)
+        return super().write(text)
+
+
+def test_each_agent_line_reaches_the_journal_in_one_write(monkeypatch):
+    """Under `python -u` another thread's line could land between a line and its newline if they were two
+    writes (a clean-clone run saw a telemetry warning inside an agent's JSON entry)."""
+    from vm_agent import agent, telemetry
+
+    out, err = _Writes(), _Writes()
+    monkeypatch.setattr(sys, "stdout", out)
+    monkeypatch.setattr(sys, "stderr", err)
+    agent.log("run r stopped", run="r")
+    shipper = telemetry.Telemetry({}, flush_every_s=3600, credentials=object())
+    shipper._warn("Logging failed")  # its own default warning
+    shipper.close(1)
+    assert [json.loads(text) for text in out.writes] == [
+        {"severity": "INFO", "message": "run r stopped", "component": "tpu-platform-agent", "run": "r"}
+    ]
+    assert err.writes == ["telemetry: Logging failed\n"]
