@@ -3,7 +3,8 @@
 - The artifacts bucket (`<prefix>-<stack>-artifacts`) is secured like every bucket of the stack
   (uniform access, public access prevention enforced, versioning, the stack's key) and kept by
   `pulumi destroy` unless the stack lists `artifacts` as destroyable. Each packaged folder is the
-  object `sources/<sha256>.tar.gz` (infra/packaging.py): a changed folder is a new object.
+  object `sources/<sha256>.tar.gz` (infra/packaging.py), the agent `runners/<sha256>.tar.gz` (a prefix only
+  `pulumi up` writes, run_contract/paths.py RUNNERS_PREFIX): a changed folder is a new object.
   Old objects are kept (retain_on_delete): an archive is a few hundred KB, and keeping each one lets a
   rollback, an audit of what a past run ran, and a VM re-created from an earlier recorded spec find
   their code; overwritten versions expire like the other buckets' (noncurrent rules).
@@ -195,7 +196,13 @@ class WorkloadArtifacts(pulumi.ComponentResource):
             objects = [args.packages[k].object_name for k in code.packages]
             if objects or code.any_source:
                 condition = grants.checked_storage_condition(
-                    grants.prefix_condition(self.bucket_name, paths.SOURCES_PREFIX, f"{workload}-sources")
+                    # Researchers' archives under `sources/`, and the runners (the agent) beside them.
+                    grants.objects_in_any(
+                        self.bucket_name,
+                        [paths.SOURCES_PREFIX, paths.RUNNERS_PREFIX],
+                        f"{workload}-sources",
+                        f"Only objects under {paths.SOURCES_PREFIX} and {paths.RUNNERS_PREFIX}",
+                    )
                     if code.any_source
                     else grants.object_condition(
                         self.bucket_name, objects, f"{workload}-sources", "Only the source archives it runs"

@@ -45,10 +45,11 @@ class Package:
     # An archive built before the plan (the agent's wheelhouse, `make agent-wheelhouse`): uploaded from this
     # file, which the plan does not read; `data` is then empty.
     built: Path | None = None
+    prefix: str = paths.SOURCES_PREFIX  # where in the artifacts bucket: run_contract/paths.py
 
     @property
     def object_name(self) -> str:
-        return paths.source_object(self.sha256)
+        return paths.source_object(self.sha256, self.prefix)
 
 
 def _members(folder: Path, within: Path, under: str = "") -> list[tuple[Path, str]]:

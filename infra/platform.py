@@ -196,7 +196,7 @@ def build_platform(cfg: PlatformConfig, secrets: Mapping[str, str] | None = None
             TeamAccess(
                 "team-access",
                 env,
-                TeamAccessArgs(cluster_args.gke.teams, runner=agent_package().object_name),
+                TeamAccessArgs(cluster_args.gke.teams),
                 {**buckets.buckets, naming.ARTIFACTS: code.bucket},
                 apis,
                 [cluster.cluster],

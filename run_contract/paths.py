@@ -9,13 +9,17 @@ import hashlib
 import re
 
 SOURCES_PREFIX = "sources/"  # in the artifacts bucket: `sources/<sha256>.tar.gz`, named by content
+# The runner (the VM agent and the run contract, infra/tpu/metadata.py agent_package): `runners/<sha256>.tar.gz`, a
+# prefix only `pulumi up` writes (researchers upload under `sources/`), so the readers of every runner a
+# queued or restarted run still pins are granted the prefix, not the current deploy's object alone.
+RUNNERS_PREFIX = "runners/"
 MEMBER = re.compile(r"(user|group):([^@\s:/]+@[^@\s/]+\.[a-z]{2,})")
 MEMBER_KEY = re.compile(r"(user|group)-([^@\s:/]+@[^@\s/]+\.[a-z]{2,})")
 
 
 def source_object(sha256: str, prefix: str = SOURCES_PREFIX) -> str:
-    """A packaged source folder (or the agent) in the artifacts bucket, named by its content: under `sources/`, or
-    a GKE team's folder sources under the team's own prefix (infra/naming.py team_sources_prefix)."""
+    """A packaged source folder in the artifacts bucket, named by its content: under `sources/`, the runner under
+    `runners/`, a GKE team's folder sources under the team's own prefix (infra/naming.py team_sources_prefix)."""
     if not re.fullmatch(r"[0-9a-f]{64}", sha256):
         raise ValueError(f"not a sha256 hex digest: {sha256!r}")
     return f"{prefix}{sha256}.tar.gz"

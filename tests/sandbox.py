@@ -249,14 +249,13 @@ def deployed_stack(folders: tuple[str, ...], prefix: str = "acme-ml-sandbox-dev"
     uploads to the artifacts bucket (infra/artifacts.py): the agent and these folders, by content."""
     from infra.packaging import repository_folder
     from infra.tpu.metadata import agent_package
-    from run_contract import paths
 
     client = storage_client.Client()
     for purpose in ("data", "checkpoints", "models", "status", "artifacts"):
         client.create_bucket(f"{prefix}-{purpose}")
     artifacts = client.bucket(f"{prefix}-artifacts")
     for archive in (agent_package(), *(repository_folder(folder) for folder in folders)):
-        artifacts.blob(paths.source_object(archive.sha256)).upload_from_string(archive.data)
+        artifacts.blob(archive.object_name).upload_from_string(archive.data)
     artifacts.blob(agent_wheelhouse().object_name).upload_from_filename(str(agent_wheelhouse_file()))
     return client
 

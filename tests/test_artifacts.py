@@ -94,14 +94,14 @@ def test_each_folder_is_one_object_named_by_its_content_and_kept_when_replaced()
         "artifacts-vm-agent",
         "artifacts-vm-agent-wheelhouse",
     ]
-    for key, sha in (
-        ("source-workloads-tf-mnist", TF_SHA),
-        ("source-workloads-jax-mnist", JAX_SHA),
-        ("vm-agent", AGENT_SHA),
-        ("vm-agent-wheelhouse", WHEELHOUSE_SHA),
+    for key, name, sha in (
+        ("source-workloads-tf-mnist", "sources", TF_SHA),
+        ("source-workloads-jax-mnist", "sources", JAX_SHA),
+        ("vm-agent", "runners", AGENT_SHA),  # the deployer's own prefix, which no researcher writes
+        ("vm-agent-wheelhouse", "sources", WHEELHOUSE_SHA),
     ):
         archive = objects[f"artifacts-{key}"]
-        assert archive.inputs["name"] == f"sources/{sha}.tar.gz"
+        assert archive.inputs["name"] == f"{name}/{sha}.tar.gz"
         assert archive.inputs["source"] == {"file": f"{sha}.tar.gz", "sha256": sha[:16]}
         assert archive.retain_on_delete  # old archives stay: rollbacks, audits, re-created VMs
 
@@ -123,7 +123,11 @@ def test_each_workload_reads_only_the_archives_it_runs_and_pulls_only_if_it_runs
     bucket = "fixture-project-sources-artifacts"
 
     def objects(*digests: str) -> set[str]:
-        return {f'resource.name == "projects/_/buckets/{bucket}/objects/sources/{sha}.tar.gz"' for sha in digests}
+        return {
+            f'resource.name == "projects/_/buckets/{bucket}/objects/{"runners" if sha == AGENT_SHA else "sources"}/'
+            f'{sha}.tar.gz"'
+            for sha in digests
+        }
 
     # Every VM fetches the agent and its wheelhouse; a folder workload its own archive too; an image workload
     # no archive more.

@@ -5,12 +5,16 @@ nodes' account (which the bootstrap makes), and the node role to grant, nothing 
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import urllib.parse
 from functools import cache
 
 import pytest
 
 import bootstrap.program
+import infra.platform
+import infra.tpu.metadata
 from bootstrap.program import PROJECT_IAM_ADMIN, read_access
 from infra import naming
 from infra.access import iamdata, researcher_calls
@@ -33,9 +37,14 @@ from infra.access.model import (
     role_permissions,
     unneeded,
 )
+from infra.config import parse_stack_config
 from infra.gke.cluster import NODE_ROLE
+from infra.gke.jobsets import FETCH_CONTAINER, FolderRun, run_jobset
+from infra.startup import Artifact
 from infra.tpu.metadata import agent_package
 from run_contract import paths
+from run_contract.spec import FolderSource, RunSpec
+from tests.gke_objects import V5E_16_SPOT
 from tests.iam_conditions import allows
 from tests.support import deploys, fixture_config, plan
 from tests.test_access import ADMIN, deployer, held_by
@@ -44,7 +53,7 @@ from tests.test_bootstrap import plan as plan_bootstrap
 from tools.offline.access import access_of, declared
 from tools.offline.mocks import project_number
 from tools.offline.policy_check import check_policies
-from tools.offline.runner import PlanResult
+from tools.offline.runner import PlanResult, run_program
 
 STACK, PROJECT = "gke", "fixture-gke"
 HOME = f"projects/{PROJECT}"
@@ -180,11 +189,11 @@ def boot_role(role_id: str):
     return made
 
 
-def can(member: str, purpose: str, target: Target, permission: str) -> bool:
-    """Whether a bucket grant of the plan lets `member` do `permission` on `target`, its condition evaluated; a
-    custom role holds what the bootstrap makes it with."""
+def can(member: str, purpose: str, target: Target, permission: str, result: PlanResult | None = None) -> bool:
+    """Whether a bucket grant of the plan (`result`, the fixture stack's by default) lets `member` do `permission`
+    on `target`, its condition evaluated; a custom role holds what the bootstrap makes it with."""
     custom = boot_roles()
-    for grant in gke_plan().of_type(BUCKET_GRANT):
+    for grant in (result or gke_plan()).of_type(BUCKET_GRANT):
         inputs = grant.inputs
         if inputs["member"] != member or inputs["bucket"] != f"{PROJECT}-{STACK}-{purpose}":
             continue
@@ -466,7 +475,7 @@ def test_a_member_reads_her_teams_runs_results_and_nothing_else_with_exactly_fet
 
 # --- the teams' folder sources (tpu-runs submit --team --folder) -------------------------------------------
 
-RUNNER = paths.source_object(agent_package().sha256)
+RUNNER = paths.source_object(agent_package().sha256, paths.RUNNERS_PREFIX)
 SHA = "a" * 64
 
 
@@ -487,6 +496,43 @@ def test_a_teams_pods_read_the_runner_and_their_teams_sources_by_name_and_nothin
         assert not can(vision, "artifacts", (artifacts, prefix), "storage.objects.list"), prefix
     for write in ("storage.objects.create", "storage.objects.delete"):  # the program cannot swap its own source
         assert not can(vision, "artifacts", object_in("artifacts", f"teams/vision/sources/{SHA}.tar.gz"), write)
+
+
+def test_a_run_submitted_against_one_runner_still_fetches_after_a_deploy_of_another(monkeypatch):
+    """A JobSet pins the runner it was submitted with. A later `pulumi up` that uploads another runner (a changed
+    vm_agent/ or run_contract/) must leave that run's fetch step readable: a run still queued in Kueue, or
+    restarted after a spot node's loss, fetches the runner it pinned, and a refused read fails it for good (78)."""
+    artifacts = f"{PROJECT}-{STACK}-artifacts"
+    first = agent_package()
+    source = FolderSource(f"gs://{artifacts}/teams/vision/sources/{SHA}.tar.gz", SHA)
+    spec = RunSpec(run_id="exp-1", source=source, command=("python3", "main.py"), requester="user:ada@example.com")
+    gke = parse_stack_config(STACK, gke_plan().config).gke
+    assert gke is not None
+    (team,) = [t for t in gke.teams if t.name == "vision"]
+    folder = FolderRun("python:3.12-slim@sha256:" + "c" * 64, Artifact(artifacts, first.object_name, first.sha256))
+    jobset = run_jobset(spec, team, V5E_16_SPOT, checkpoints="ckpt", models="models", folder=folder)
+    pods = [job["template"]["spec"]["template"]["spec"] for job in jobset["spec"]["replicatedJobs"]]
+    scripts = [c["command"][2] for pod in pods for c in pod["initContainers"] if c["name"] == FETCH_CONTAINER]
+    assert scripts
+    fetched = {
+        (bucket, urllib.parse.unquote(name))
+        for script in scripts
+        for bucket, name in re.findall(r"/storage/v1/b/([^/]+)/o/([^?]+)\?alt=media", script)
+    }
+    assert fetched == {(artifacts, first.object_name), (artifacts, f"teams/vision/sources/{SHA}.tar.gz")}
+
+    # The stack planned again with another runner, as `pulumi up` after a change to the runner's folders.
+    second = dataclasses.replace(first, data=first.data + b"\0", sha256="b" * 64)
+    for module in (infra.platform, infra.tpu.metadata):
+        monkeypatch.setattr(module, "agent_package", lambda: second)
+    later = run_program(STACK, gke_plan().config)
+    uploaded = {o.inputs["name"] for o in later.of_type("gcp:storage/bucketObject:BucketObject")}
+    assert second.object_name in uploaded and first.object_name not in uploaded
+    for _, name in sorted(fetched):
+        assert can(principal("team-vision"), "artifacts", object_in("artifacts", name), "storage.objects.get", later)
+    # And what the runner's prefix lets the pods read is the deployer's alone: no member writes there.
+    for member in ("user:ada@example.com", "user:grace@example.com"):
+        assert not can(member, "artifacts", object_in("artifacts", second.object_name), "storage.objects.create", later)
 
 
 def test_a_member_uploads_her_teams_folder_sources_only_with_exactly_the_uploads_calls():

@@ -75,7 +75,7 @@ def a_run(run_id: str = "exp-1", **changes: Any) -> RunSpec:
 
 
 FOLDER_IMAGE = "python:3.12-slim@sha256:" + "c" * 64
-RUNNER = Artifact("acme-artifacts", "sources/" + "e" * 64 + ".tar.gz", "e" * 64)
+RUNNER = Artifact("acme-artifacts", "runners/" + "e" * 64 + ".tar.gz", "e" * 64)
 FOLDER = FolderSource("gs://acme-artifacts/teams/vision/sources/" + "f" * 64 + ".tar.gz", "f" * 64)
 
 
@@ -212,7 +212,7 @@ def test_a_folder_source_runs_in_the_stacks_image_from_the_folder_its_fetch_step
     assert main["workingDir"] == "/tpu-platform/source" and main["command"] == ["python", "train.py"]
     script = fetch["command"][2]
     assert fetch["command"][:2] == ["bash", "-c"]
-    assert f"storage/v1/b/acme-artifacts/o/sources%2F{'e' * 64}.tar.gz?alt=media" in script
+    assert f"storage/v1/b/acme-artifacts/o/runners%2F{'e' * 64}.tar.gz?alt=media" in script
     assert f"storage/v1/b/acme-artifacts/o/teams%2Fvision%2Fsources%2F{'f' * 64}.tar.gz?alt=media" in script
     assert script.count("e" * 64) >= 3 and script.count("f" * 64) >= 3  # fetched, checked, unpacked by digest
     # The contract's environment is the image's, and the fetch step holds none of it.

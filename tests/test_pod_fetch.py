@@ -21,7 +21,6 @@ from infra.gke.jobsets import FETCH_CONTAINER, FolderRun, run_jobset
 from infra.packaging import package
 from infra.startup import Artifact
 from infra.tpu.metadata import agent_package
-from run_contract import paths
 from run_contract.spec import FolderSource, RunSpec
 from tests import gke_objects as g
 from tools.standins.metadata import SANDBOX_TOKEN, metadata_server
@@ -60,7 +59,7 @@ def world() -> Iterator[tuple[str, str]]:
     with storage_emulator() as storage, metadata_server() as metadata:
         requests.post(f"{storage}/storage/v1/b", params={"project": "fixture-gke"}, json={"name": BUCKET}, timeout=10)
         runner = agent_package()
-        put(storage, paths.source_object(runner.sha256), runner.data)
+        put(storage, runner.object_name, runner.data)
         trainer = package(TRAINER)
         put(storage, f"teams/vision/sources/{trainer.sha256}.tar.gz", trainer.data)
         put(storage, "teams/vision/sources/tampered.tar.gz", trainer.data + b"\0")
@@ -72,7 +71,7 @@ def fetch_step(source: FolderSource) -> list[str]:
     """The fetch step's command, as the JobSet of a run of this source carries it."""
     runner = agent_package()
     spec = RunSpec(run_id="exp-1", source=source, command=("python", "train.py"), requester="user:ada@example.com")
-    folder = FolderRun(IMAGE, Artifact(BUCKET, paths.source_object(runner.sha256), runner.sha256))
+    folder = FolderRun(IMAGE, Artifact(BUCKET, runner.object_name, runner.sha256))
     jobset = run_jobset(spec, g.VISION, g.V5E_16_SPOT, checkpoints="c", models="m", folder=folder)
     (step,) = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["initContainers"]
     assert step["name"] == FETCH_CONTAINER

@@ -303,7 +303,8 @@ def test_the_script_carries_the_agent_by_digest_and_no_program():
     agent = agent_package()
     script = render_startup_script(spec())
     assert f"readonly AGENT_SHA256={agent.sha256}\n" in script
-    assert f"/storage/v1/b/{ARTIFACTS}/o/{paths.source_object(agent.sha256).replace('/', '%2F')}?alt=media" in script
+    runner = paths.source_object(agent.sha256, paths.RUNNERS_PREFIX)  # the deployer's own prefix
+    assert f"/storage/v1/b/{ARTIFACTS}/o/{runner.replace('/', '%2F')}?alt=media" in script
     for program in ("workloads/tf_mnist/tf_mnist.py", "workloads/lib/runlib.py"):
         assert (ROOT / program).read_text()[:400] not in script
     assert len(script.encode()) < 16 * 1024  # no program inlined: far below the 256 KiB a value may hold
@@ -420,7 +421,7 @@ def artifacts() -> Iterator[str]:
         client = storage.Client("fixture-project", AnonymousCredentials(), client_options={"api_endpoint": host})
         bucket = client.create_bucket(ARTIFACTS)
         agent = agent_package()
-        bucket.blob(paths.source_object(agent.sha256)).upload_from_string(agent.data)
+        bucket.blob(agent.object_name).upload_from_string(agent.data)
         bucket.blob(TAMPERED).upload_from_string(tampered_agent(agent.data))
         wheelhouse = agent_wheelhouse_file()
         bucket.blob(agent_wheelhouse().object_name).upload_from_filename(str(wheelhouse))

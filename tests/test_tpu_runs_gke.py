@@ -679,12 +679,12 @@ def test_a_folder_source_from_a_checkout_the_stack_was_not_deployed_from_is_refu
     shutil.copy(TRAINER / "train.py", folder)
     with storage_emulator() as storage:
         requests.post(f"{storage}/storage/v1/b", params={"project": CFG.project}, json={"name": ARTIFACTS}, timeout=10)
-        put(storage, ARTIFACTS, "sources/" + "0" * 64 + ".tar.gz", b"another checkout's runner")
+        put(storage, ARTIFACTS, "runners/" + "0" * 64 + ".tar.gz", b"another checkout's runner")
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", storage)
         assert cluster.run("submit", "--team", "vision", "--folder", str(folder), "--", "python", "train.py") == 2
         listed = requests.get(f"{storage}/storage/v1/b/{ARTIFACTS}/o", timeout=10).json().get("items", [])
     err = capsys.readouterr().err
     assert f"stack 'gke' holds no runner gs://{ARTIFACTS}/{agent_package().object_name}" in err
     assert "run tpu-runs from the checkout the stack was deployed from" in err
-    assert [item["name"] for item in listed] == ["sources/" + "0" * 64 + ".tar.gz"]  # nothing uploaded
+    assert [item["name"] for item in listed] == ["runners/" + "0" * 64 + ".tar.gz"]  # nothing uploaded
     assert cluster.state.accesses == [] and cluster.state.google_methods == []

@@ -9,10 +9,14 @@
   holding what `gcloud container clusters get-credentials --dns-endpoint` and kubectl through the DNS
   endpoint check, and nothing inside the cluster, which RBAC decides.
 - A folder source runs in a pod as the team's code (infra/gke/jobsets.py FolderRun): its fetch step reads the
-  runner's archive (`sources/<sha256>.tar.gz` of the artifacts bucket, by its name) and the team's folder
-  archives (`teams/<team>/sources/`, by name: no listing), nothing else of that bucket. Its members upload
-  those archives: a custom role of exactly the upload's calls (infra/access/identities.py member_submit_role),
-  under the team's sources prefix only; an archive is a new object, named by its sha256, never replaced.
+  runner's archive (`runners/<sha256>.tar.gz` of the artifacts bucket) and the team's folder archives
+  (`teams/<team>/sources/`), each by its name (no listing), nothing else of that bucket. Every runner is
+  readable, not the current deploy's alone: a JobSet pins the runner it was submitted with, and still fetches it
+  while queued or after a restart, when a later `pulumi up` may have uploaded another. Only `pulumi up` writes
+  under `runners/` (run_contract/paths.py RUNNERS_PREFIX), and the fetch step checks the archive's digest. Its
+  members upload the team's archives: a custom role of exactly the upload's calls (infra/access/identities.py
+  member_submit_role), under the team's sources prefix only; an archive is a new object, named by its sha256,
+  never replaced.
 - The team's members read the team's runs' models and metrics (`tpu-runs fetch --team`): a custom role of
   exactly the command's calls (infra/access/identities.py member_read_role) on the models bucket, under the
   team's prefix only, with the prefix condition Cloud Storage honours.
@@ -41,6 +45,7 @@ from infra.apis import ProjectApis
 from infra.artifacts import OBJECT_READER
 from infra.config import Env
 from infra.config.model import TeamSettings
+from run_contract import paths
 
 # Where a team's code reads and writes (by bucket purpose), as a workload's default access.
 TEAM_BUCKET_ACCESS: tuple[tuple[str, str], ...] = tuple(iam.DEFAULT_BUCKET_ACCESS.items())
@@ -83,7 +88,6 @@ def _grant(
 @dataclass(frozen=True)
 class TeamAccessArgs:
     teams: tuple[TeamSettings, ...]
-    runner: str  # the runner's archive in the artifacts bucket, which a folder source's pod fetches
 
 
 class TeamAccess(pulumi.ComponentResource):
@@ -130,7 +134,11 @@ class TeamAccess(pulumi.ComponentResource):
                 )
             sources = naming.team_sources_prefix(team.name)
             fetch = grants.reads_of(
-                artifacts, [args.runner], [sources], f"team-{team.name}-fetch", "The runner and the team's sources"
+                artifacts,
+                [],
+                [paths.RUNNERS_PREFIX, sources],
+                f"team-{team.name}-fetch",
+                "The runners and the team's sources",
             )
             reader = (OBJECT_READER, iamdata.role_permissions(OBJECT_READER))
             self.grants.append(
@@ -139,8 +147,10 @@ class TeamAccess(pulumi.ComponentResource):
             for member in team.members:
                 key = f"{name}-{team.name}-{member.replace(':', '-')}"
                 # `tpu-runs submit --team --folder` first reads the runner's object (by its name only), so a
-                # checkout other than the deployed one is refused in words, not at each pod's fetch step.
-                runner = grants.reads_of(artifacts, [args.runner], [], f"team-{team.name}-runner", "The runner")
+                # checkout whose runner no deploy uploaded is refused in words, not at each pod's fetch step.
+                runner = grants.reads_of(
+                    artifacts, [], [paths.RUNNERS_PREFIX], f"team-{team.name}-runner", "The runners"
+                )
                 upload = grants.prefix_condition(artifacts, sources, f"team-{team.name}-sources")
                 results = grants.prefix_condition(models, naming.team_prefix(team.name), f"team-{team.name}-results")
                 reads, submits = (

@@ -6,6 +6,7 @@ fails the plan with a config error and nothing registered.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -92,7 +93,8 @@ def render_run_spec(spec: Mapping[str, Any]) -> str:
 
 
 # The VM agent (vm_agent/, docs/run-contract.md) and the run contract it keeps (run_contract/): one archive
-# with both packages side by side, fetched by the start-up script, verified by its digest.
+# with both packages side by side, fetched by the start-up script (and a GKE folder run's fetch step), verified
+# by its digest, under the runners' prefix (run_contract/paths.py RUNNERS_PREFIX).
 AGENT_PACKAGES = ("vm_agent", "run_contract")
 # How long a run has between SIGTERM and SIGKILL: GCE gives a spot/preemptible VM about 30 s of notice
 # (https://cloud.google.com/compute/docs/instances/preemptible#preemption-process).
@@ -101,7 +103,7 @@ MAX_RETRIES = 3  # a run exiting 75 or crashing is started again this many times
 
 
 def agent_package() -> Package:
-    return repository_packages(*AGENT_PACKAGES)
+    return dataclasses.replace(repository_packages(*AGENT_PACKAGES), prefix=paths.RUNNERS_PREFIX)
 
 
 def agent_settings(
@@ -143,7 +145,7 @@ def startup_spec(cfg: PlatformConfig, vm: TpuVmSettings) -> StartupSpec:
         stack=cfg.stack,
         vm=vm.name,
         workload=workload.name,
-        agent=Artifact(artifacts, paths.source_object(agent.sha256), agent.sha256),
+        agent=Artifact(artifacts, agent.object_name, agent.sha256),
         agent_environment=Artifact(artifacts, wheelhouse.object_name, wheelhouse.sha256),
         agent_pythons=catalog.agent_pythons,
         settings=agent_settings(cfg, vm, environment),
