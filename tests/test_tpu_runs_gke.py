@@ -529,6 +529,23 @@ def test_logs_of_a_team_one_is_not_in_are_refused_in_a_sentence(cluster: Cluster
     assert "Members of team vision read its runs' output and results" in err and "Traceback" not in err
 
 
+def test_a_folder_source_from_someone_the_team_does_not_count_is_refused_in_a_teams_sentence(tmp_path: Path, capsys):
+    """Cloud Storage answers 403 for the runner to whom the team's read grant does not apply (its condition false:
+    tests/test_gke_access.py): the command names the team's members list, not the self-service researchers'."""
+    folder = tmp_path / "exp"
+    folder.mkdir()
+    shutil.copy(TRAINER / "train.py", folder)
+    refusing = requests.Session()
+    refusing.request = lambda *a, **k: _forbidden()  # type: ignore[method-assign]
+    argv = ["submit", "--stack", "gke", "--stack-file", str(STACK_FILE), "--team", "vision", "--folder", str(folder)]
+    code = cli.main([*argv, "--", "python", "train.py"], refusing)
+    err = capsys.readouterr().err
+    assert code == 2 and f"you may not read gs://{ARTIFACTS}/{agent_package().object_name} (HTTP 403: denied)" in err
+    assert "Members of team vision are listed under tpu-platform:gke.teams in Pulumi.gke.yaml" in err
+    assert "wait a few minutes for its IAM grants to apply" in err
+    assert "Researchers" not in err and "Traceback" not in err
+
+
 def test_logs_says_its_lines_are_untrusted(capsys):
     """A team's sink selects entries by fields their writer sets, and Logging records no writer (logging.v2
     LogEntry: only receiveTimestamp is Logging's own): whatever may write logs in the project can forge a line

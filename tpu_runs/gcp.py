@@ -114,8 +114,8 @@ class Google:
         )
         return None if answer.status_code == 404 else answer.content
 
-    def exists(self, bucket: str, name: str) -> bool:
-        answer = self._send(f"read gs://{bucket}/{name}", "GET", self._object(bucket, name), ok=(404,))
+    def exists(self, bucket: str, name: str, refused: str = "") -> bool:
+        answer = self._send(f"read gs://{bucket}/{name}", "GET", self._object(bucket, name), ok=(404,), refused=refused)
         return answer.status_code != 404
 
     def create(self, bucket: str, name: str, data: bytes, content_type: str) -> bool:

@@ -72,10 +72,10 @@ def team_of(stack: Any, name: str) -> TeamSettings:
     raise TeamError(f"stack '{stack.cfg.stack}' has no GKE team {name!r} (it has: {known})")
 
 
-def _refused(stack: Any, team: TeamSettings) -> str:
+def _refused(stack: Any, team: TeamSettings, then: str = "wait a minute for the cluster's RBAC to apply it") -> str:
     return (
         f"Members of team {team.name} are listed under tpu-platform:gke.teams in Pulumi.{stack.cfg.stack}.yaml; "
-        "ask its owners to add you, then wait a minute for the cluster's RBAC to apply it"
+        f"ask its owners to add you, then {then}"
     )
 
 
@@ -114,13 +114,17 @@ def runner(stack: Any) -> Artifact:
 
 
 def check_runner(google: Google, stack: Any, team: TeamSettings) -> None:
-    """TeamError unless the stack's artifacts bucket holds the runner this command names: a checkout other than the
-    one the stack was last deployed from names another, which every pod's fetch step would fail to read."""
+    """TeamError unless the stack's artifacts bucket holds the runner this command names: a checkout the stack was
+    never deployed from names another, which every pod's fetch step would fail to read. A team's members read
+    every runner (infra/gke/team_access.py), so Cloud Storage answers 404 for a runner no deploy uploaded and 403
+    only to someone the stack does not count in the team (an IAM condition that is false refuses the call)."""
     wanted = runner(stack)
-    if not google.exists(wanted.bucket, wanted.name):
+    # IAM grants take effect within minutes (https://cloud.google.com/iam/docs/access-change-propagation).
+    refused = _refused(stack, team, "wait a few minutes for its IAM grants to apply")
+    if not google.exists(wanted.bucket, wanted.name, refused=refused):
         raise TeamError(
             f"stack '{stack.cfg.stack}' holds no runner {wanted.uri}: this tpu-runs's vm_agent/ and run_contract/ are "
-            f"not what the stack's last pulumi up uploaded, so team {team.name}'s pods could not fetch it; run "
+            f"not what any pulumi up of the stack uploaded, so team {team.name}'s pods could not fetch it; run "
             "tpu-runs from the checkout the stack was deployed from"
         )
 
