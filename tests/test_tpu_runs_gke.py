@@ -529,6 +529,28 @@ def test_logs_of_a_team_one_is_not_in_are_refused_in_a_sentence(cluster: Cluster
     assert "Members of team vision read its runs' output and results" in err and "Traceback" not in err
 
 
+def test_other_bytes_planted_under_a_folders_digest_name_are_refused_not_reused(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys
+):
+    """A teammate may upload under the team's sources first, under the name a known folder's archive will have:
+    submit compares the stored object's MD5 (Cloud Storage's md5Hash) with the archive's, and refuses in words."""
+    folder = tmp_path / "exp"
+    folder.mkdir()
+    shutil.copy(TRAINER / "train.py", folder)
+    name = f"teams/vision/sources/{package(folder).sha256}.tar.gz"
+    with storage_emulator() as storage:
+        requests.post(f"{storage}/storage/v1/b", params={"project": CFG.project}, json={"name": ARTIFACTS}, timeout=10)
+        runner = agent_package()
+        put(storage, ARTIFACTS, runner.object_name, runner.data)
+        put(storage, ARTIFACTS, name, b"junk")
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", storage)
+        assert cluster.run("submit", "--team", "vision", "--folder", str(folder), "--", "python", "train.py") == 2
+    err = capsys.readouterr().err
+    assert f"gs://{ARTIFACTS}/{name} holds other bytes than {folder}'s archive" in err
+    assert "Ask the stack's admins (the team's, on the GKE engine) to remove that object" in err
+    assert cluster.state.accesses == [] and cluster.state.google_methods == []  # nothing submitted
+
+
 def test_a_folder_source_from_someone_the_team_does_not_count_is_refused_in_a_teams_sentence(tmp_path: Path, capsys):
     """Cloud Storage answers 403 for the runner to whom the team's read grant does not apply (its condition false:
     tests/test_gke_access.py): the command names the team's members list, not the self-service researchers'."""

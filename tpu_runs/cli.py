@@ -12,7 +12,9 @@ those folders; IAM lets them read and write no one else's.
 from __future__ import annotations
 
 import argparse
+import base64
 import configparser
+import hashlib
 import json
 import os
 import re
@@ -199,7 +201,18 @@ def _upload(google: Google, stack: Stack, folder: str, prefix: str) -> dict[str,
         raise UsageError(f"--folder {folder}: {error}") from None
     data, digest = archive.data, archive.sha256
     name = paths.source_object(digest, prefix)
-    if google.exists(stack.artifacts, name):
+    stored = google.stat(stack.artifacts, name)
+    if stored is not None:
+        # Anyone who may upload under the prefix may have put other bytes under this name first, and every run of
+        # the folder would then fail its digest check: the object must hold these bytes. Cloud Storage keeps an
+        # object's MD5 as base64 in md5Hash (storage.v1 Object; a composite object has none, and no upload of
+        # ours makes one).
+        if stored.get("md5Hash") != base64.b64encode(hashlib.md5(data).digest()).decode():
+            raise UsageError(
+                f"gs://{stack.artifacts}/{name} holds other bytes than {folder}'s archive, which is named by its "
+                "digest: every run of it would fail to check them. Ask the stack's admins (the team's, on the GKE "
+                "engine) to remove that object, then submit again"
+            )
         print(f"source {digest[:12]} is there already")
     else:
         google.create(stack.artifacts, name, data, "application/gzip")

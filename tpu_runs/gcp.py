@@ -114,9 +114,13 @@ class Google:
         )
         return None if answer.status_code == 404 else answer.content
 
-    def exists(self, bucket: str, name: str, refused: str = "") -> bool:
+    def stat(self, bucket: str, name: str, refused: str = "") -> dict[str, Any] | None:
+        """The object's metadata (storage.v1 objects.get: its size, md5Hash, crc32c), or None when there is none."""
         answer = self._send(f"read gs://{bucket}/{name}", "GET", self._object(bucket, name), ok=(404,), refused=refused)
-        return answer.status_code != 404
+        return None if answer.status_code == 404 else answer.json()
+
+    def exists(self, bucket: str, name: str, refused: str = "") -> bool:
+        return self.stat(bucket, name, refused) is not None
 
     def create(self, bucket: str, name: str, data: bytes, content_type: str) -> bool:
         """Upload a new object; False when one of that name exists already (ifGenerationMatch=0)."""
