@@ -133,15 +133,20 @@ def render_env(spec: StartupSpec) -> str:
     return "".join(f"{name}={value}\n" for name, value in spec.settings)
 
 
+def _python_at_least(version: str) -> str:
+    """A shell test that the image's `${PYTHON}` is `version` ("3.10") or newer."""
+    major, minor = version.split(".")
+    return f"""\"${{PYTHON}}\" -c 'import sys; sys.exit(sys.version_info < ({major}, {minor}))'"""
+
+
 def _ensure_framework(spec: StartupSpec) -> str:
     """The boot's check of the image's framework, and its install when the image lacks it."""
     if not spec.framework:
         return ""
     module = FRAMEWORK_MODULES[spec.framework]
     if spec.min_python:
-        major, minor = spec.min_python.split(".")
         need = f"{spec.framework} ${{FRAMEWORK_VERSION}} needs Python {spec.min_python} or newer"
-        python_check = f"""  if ! "${{PYTHON}}" -c 'import sys; sys.exit(sys.version_info < ({major}, {minor}))'; then
+        python_check = f"""  if ! {_python_at_least(spec.min_python)}; then
     fatal "{need}; this image has $("${{PYTHON}}" -V 2>&1)"
   fi
 """
@@ -434,7 +439,6 @@ def render_pod_fetch(runner: Artifact, source: Artifact, root: str, folder: str,
         raise ValueError(f"unsafe folder {root!r}/{folder!r}")
     if not re.fullmatch(r"3\.\d+", python_floor):
         raise ValueError(f"unsafe Python floor {python_floor!r}")
-    major, minor = python_floor.split(".")
 
     def url(artifact: Artifact) -> str:
         return f"${{STORAGE}}/storage/v1/b/{artifact.bucket}/o/{urllib.parse.quote(artifact.name, safe='')}?alt=media"
@@ -457,7 +461,7 @@ fatal() {{
 for tool in curl sha256sum tar "${{PYTHON}}"; do
   command -v "${{tool}}" >/dev/null || fatal "the folder image has no ${{tool}} (gke.folderImage)"
 done
-"${{PYTHON}}" -c 'import sys; sys.exit(sys.version_info < ({major}, {minor}))' \\
+{_python_at_least(python_floor)} \\
   || fatal "the runner needs Python {python_floor}+; the folder image has $("${{PYTHON}}" -V 2>&1) (gke.folderImage)"
 
 {METADATA_FUNCTION}

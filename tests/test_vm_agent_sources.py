@@ -158,10 +158,6 @@ def test_metadata_requests_carry_the_flavor_header_and_the_wait_parameters():
     assert "last_etag=etag-1" in seen[1]
 
 
-def _floor(versions: tuple[str, ...]) -> str:
-    return min(versions, key=lambda version: tuple(int(part) for part in version.split(".")))
-
-
 @pytest.mark.parametrize("package", ["vm_agent", "run_contract"])
 def test_the_agent_needs_at_most_its_pythons_floor_and_the_run_contract_3_8(package):
     """The agent runs from its own environment, on the catalog's `agent_pythons` (the start-up script refuses any
@@ -173,7 +169,7 @@ def test_the_agent_needs_at_most_its_pythons_floor_and_the_run_contract_3_8(pack
     from infra.catalog import load_catalog
 
     root = Path(__file__).resolve().parents[1]
-    floor = _floor(load_catalog().agent_pythons) if package == "vm_agent" else "3.8"
+    floor = load_catalog().agent_python_floor if package == "vm_agent" else "3.8"
     done = subprocess.run(
         [str(root / ".venv" / "bin" / "vermin"), f"-t={floor}-", "--no-tips", "--violations", package],
         capture_output=True,

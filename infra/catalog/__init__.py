@@ -143,6 +143,11 @@ class TpuCatalog:
     tf_environment: dict[str, dict[str, str]]  # pod | pjrt | other -> variables
     agent_pythons: tuple[str, ...]  # the Pythons the VM agent's wheelhouse serves ("3.10", ...)
 
+    @property
+    def agent_python_floor(self) -> str:
+        """The oldest of `agent_pythons`: what vm_agent's code is held to."""
+        return min(self.agent_pythons, key=lambda version: tuple(int(part) for part in version.split(".")))
+
     def runtime_image(self, runtime: str) -> RuntimeImage | None:
         """What the catalog knows of `runtime`; None for a runtime it does not know."""
         match = TF_RUNTIME.fullmatch(runtime)

@@ -182,8 +182,13 @@ class FolderRun:
         """The fetch step: the runner and the folder's archive into the pod's emptyDir, each checked against its
         digest, or exit 78 before anything of them runs."""
         bucket, name = split_gs(source.uri)
-        floor = min(load_catalog().agent_pythons, key=lambda version: tuple(map(int, version.split("."))))
-        script = render_pod_fetch(self.runner, Artifact(bucket, name, source.sha256), SOURCE_ROOT, SOURCE_FOLDER, floor)
+        script = render_pod_fetch(
+            self.runner,
+            Artifact(bucket, name, source.sha256),
+            SOURCE_ROOT,
+            SOURCE_FOLDER,
+            load_catalog().agent_python_floor,
+        )
         return {
             "name": FETCH_CONTAINER,
             "image": self.image,
