@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 # Worker 0 serves JAX's distributed runtime at COORDINATOR_PORT, passed explicitly so the same start-up path
 # works where JAX's own detection is off (a CPU sandbox).
-from run_contract.names import COORDINATOR_PORT, ENV_ATTRIBUTE, RUN_ATTRIBUTE
+from run_contract.names import COORDINATOR_PORT, ENV_ATTRIBUTE, EXIT_RETRY, RUN_ATTRIBUTE
 
 # GCE metadata limits (https://cloud.google.com/compute/docs/metadata/setting-custom-metadata#limitations).
 MAX_METADATA_VALUE_BYTES = 256 * 1024
@@ -192,7 +192,16 @@ ensure_framework() {{
 
 # The shell functions that fetch an object of the artifacts bucket and keep it only if its bytes hash to the
 # digest the platform shipped: one home, rendered into the TPU VM's start-up script and into the GKE engine's
-# fetch step for a folder source (render_pod_fetch). They need METADATA, STORAGE, PYTHON, ROOT and `fatal`.
+# fetch step for a folder source (render_pod_fetch). They need METADATA, STORAGE, PYTHON, ROOT, `fatal` (a
+# refusal: exit 78) and `retryable` (a failure that may heal: exit 75).
+# The retries are curl's own (--retry 5: waits of 1, 2, 4, 8 and 16 s), on what Cloud Storage's retry strategy
+# calls transient (https://cloud.google.com/storage/docs/retry-strategy, "Response": HTTP 408, 429 and 5xx,
+# socket timeouts and TCP disconnects): curl retries 408, 429, 500, 502, 503 and 504 and timeouts by itself,
+# and --retry-all-errors (curl 7.71 or newer) adds every transfer error (refused, reset, a cut body); without
+# --fail an HTTP answer is no transfer error, so a 403 or 404, which no retry mends, is not retried. What
+# still fails after them is sorted by its answer: none, 408, 429 or 5xx may heal (`retryable`), the rest is
+# a refusal (`fatal`). A token the metadata server does not give may heal too (the GKE metadata server answers
+# no pod in its first seconds: r-lib/gargle#186, googleapis/google-auth-library-python#1261).
 METADATA_FUNCTION = """metadata() {
   curl --silent --fail --retry 5 --retry-connrefused -H 'Metadata-Flavor: Google' "${METADATA}/$1"
 }
@@ -205,12 +214,20 @@ FETCH_VERIFIED_FUNCTION = """fetch_verified() {
   if [[ -f "${archive}" ]] && echo "${sha256}  ${archive}" | sha256sum --check --quiet --status; then
     return 0
   fi
-  local token partial="${archive}.partial"
+  local token partial="${archive}.partial" answer status=0
   token="$(metadata instance/service-accounts/default/token \\
-    | "${PYTHON}" -c 'import json, sys; print(json.load(sys.stdin)["access_token"])')"
+    | "${PYTHON}" -c 'import json, sys; print(json.load(sys.stdin)["access_token"])')" \\
+    || retryable "the metadata server gave no token to read ${what}"
   # The token goes to curl on stdin, not on its command line, where any local user could read it.
-  curl --silent --fail --retry 5 --retry-connrefused -H @- -o "${partial}" "${url}" \\
-    <<< "Authorization: Bearer ${token}" || fatal "cannot read ${what}"
+  answer="$(curl --silent --show-error --retry 5 --retry-all-errors --write-out '%{http_code}' -H @- \\
+    -o "${partial}" "${url}" <<< "Authorization: Bearer ${token}")" || status=$?
+  if (( status != 0 )) || [[ "${answer}" != 200 ]]; then
+    rm -f "${partial}"
+    case "${answer}" in
+      000 | 200 | 408 | 429 | 5??) retryable "cannot read ${what} (HTTP ${answer}, curl exit ${status})" ;;
+      *) fatal "cannot read ${what} (HTTP ${answer:-none}, curl exit ${status})" ;;
+    esac
+  fi
   if ! echo "${sha256}  ${partial}" | sha256sum --check --quiet --status; then
     rm -f "${partial}"
     fatal "${what} does not match its digest ${sha256}"
@@ -269,6 +286,13 @@ log() {{ echo "tpu-platform: $*"; }}
 fatal() {{
   echo "tpu-platform: FATAL: $*; not starting ${{UNIT}}. Fix the stack (see the plan's catalog checks)." >&2
   exit {EXIT_CONFIG}
+}}
+
+# A failure that may heal (Cloud Storage or the metadata server unreachable or busy after curl's retries): said
+# as such, with EX_TEMPFAIL; the next boot tries again.
+retryable() {{
+  echo "tpu-platform: FATAL: $*; not starting ${{UNIT}}. This may pass: reboot to try again." >&2
+  exit {EXIT_RETRY}
 }}
 
 {METADATA_FUNCTION}
@@ -426,8 +450,10 @@ def render_pod_fetch(runner: Artifact, source: Artifact, root: str, folder: str,
     only if its bytes hash to the digest the JobSet names; the runner's vm_agent.archives then checks the
     folder's archive again and unpacks it into `<root>/<folder>` refusing anything that would land outside it.
     The runner's code is held to `python_floor` (the catalog's oldest agent Python), so an older python3 in the
-    image is refused before it runs. Any failure exits 78: the run cannot succeed, and its JobSet fails at once
-    rather than retry.
+    image is refused before it runs. A refusal (a digest that does not match, a member outside the folder, an
+    answer such as 403 or 404 that no retry mends, a missing tool) exits 78: the run cannot succeed, and its JobSet
+    fails at once rather than retry. A read that still fails after curl's retries but may heal (FETCH_VERIFIED_FUNCTION)
+    exits 75, which the JobSet retries within its restarts.
     `TPU_PLATFORM_ROOT` (for `root`), `GCE_METADATA_HOST` and `STORAGE_EMULATOR_HOST` let the tests run the very
     same script on loopback stand-ins, as the start-up script's."""
     for artifact in (runner, source):
@@ -458,7 +484,14 @@ fatal() {{
   exit {EXIT_CONFIG}
 }}
 
-for tool in curl sha256sum tar "${{PYTHON}}"; do
+# A failure that may heal, after curl's retries: exit {EXIT_RETRY}, which no podFailurePolicy rule names, so the
+# pod's failure counts against the JobSet's restarts (infra/gke/jobsets.py) and a new pod fetches again.
+retryable() {{
+  echo "tpu-platform: $*; the run's JobSet restarts it." >&2
+  exit {EXIT_RETRY}
+}}
+
+for tool in curl sha256sum tar gzip "${{PYTHON}}"; do
   command -v "${{tool}}" >/dev/null || fatal "the folder image has no ${{tool}} (gke.folderImage)"
 done
 {_python_at_least(python_floor)} \\

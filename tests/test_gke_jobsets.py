@@ -200,6 +200,25 @@ def test_a_folder_sources_fetch_step_that_refuses_its_archives_fails_the_run_at_
     assert jobset_action(78, jobset=folder) == "FailJobSet" and jobset_action(75, jobset=folder) == "RestartJobSet"
 
 
+def exit_code_of(script: str, function: str) -> int:
+    """The status a shell function of `script` ends it with (`fatal`, `retryable`)."""
+    body = re.search(rf"^{function}\(\) {{\n(.*?)^}}", script, re.MULTILINE | re.DOTALL)
+    assert body, f"the script has no {function}()"
+    (code,) = re.findall(r"exit (\d+)", body.group(1))
+    return int(code)
+
+
+def test_the_fetch_steps_refusals_fail_the_run_and_what_may_heal_is_retried_within_its_restarts():
+    """The codes the rendered step itself exits with: a refusal (`fatal`) is the rule's 78; a read that still
+    fails after curl's retries (`retryable`) matches no rule, so the JobSet restarts the run, counted."""
+    folder = run_render("multi-host", FOLDER)
+    script = _pod(folder)["initContainers"][0]["command"][2]
+    refused, may_heal = exit_code_of(script, "fatal"), exit_code_of(script, "retryable")
+    assert jobset_action(refused, container=FETCH_CONTAINER, jobset=folder) == "FailJobSet"
+    assert jobset_action(may_heal, container=FETCH_CONTAINER, jobset=folder) == "RestartJobSet"
+    assert (refused, may_heal) == (78, 75)  # the run contract's EX_CONFIG and EX_TEMPFAIL
+
+
 def test_a_folder_source_runs_in_the_stacks_image_from_the_folder_its_fetch_step_checked():
     jobset = run_render("multi-host", FOLDER)
     pod = _pod(jobset)

@@ -1,18 +1,24 @@
 """A folder source's fetch step on the GKE engine (infra/startup.py render_pod_fetch), the very script a team's
 JobSet carries, run against the storage emulator and a metadata server on loopback: the runner and the folder's
 archive are fetched as the pod's identity and unpacked only when each matches the digest the JobSet names;
-anything else ends the step with 78, which fails the run at once (tests/test_gke_jobsets.py)."""
+a refusal ends the step with 78, which fails the run at once, and a read that may heal is retried in the step
+and then ends it with 75, which the JobSet retries (tests/test_gke_jobsets.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
+import socket
+import struct
 import subprocess
 import sys
 import tarfile
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, ClassVar
 
 import pytest
 import requests
@@ -23,6 +29,8 @@ from infra.startup import Artifact
 from infra.tpu.metadata import agent_package
 from run_contract.spec import FolderSource, RunSpec
 from tests import gke_objects as g
+from tests.test_gke_jobsets import jobset_action
+from tools.standins.loopback import Handler, serve
 from tools.standins.metadata import SANDBOX_TOKEN, metadata_server
 from tools.standins.storage import storage_emulator
 
@@ -67,12 +75,17 @@ def world() -> Iterator[tuple[str, str]]:
         yield storage, str(metadata)
 
 
-def fetch_step(source: FolderSource) -> list[str]:
-    """The fetch step's command, as the JobSet of a run of this source carries it."""
+def folder_jobset(source: FolderSource) -> dict[str, Any]:
+    """The JobSet of a run of this source."""
     runner = agent_package()
     spec = RunSpec(run_id="exp-1", source=source, command=("python", "train.py"), requester="user:ada@example.com")
     folder = FolderRun(IMAGE, Artifact(BUCKET, runner.object_name, runner.sha256))
-    jobset = run_jobset(spec, g.VISION, g.V5E_16_SPOT, checkpoints="c", models="m", folder=folder)
+    return run_jobset(spec, g.VISION, g.V5E_16_SPOT, checkpoints="c", models="m", folder=folder)
+
+
+def fetch_step(source: FolderSource) -> list[str]:
+    """The fetch step's command, as the JobSet of a run of this source carries it."""
+    jobset = folder_jobset(source)
     (step,) = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["initContainers"]
     assert step["name"] == FETCH_CONTAINER
     return step["command"]
@@ -140,3 +153,93 @@ def test_an_image_whose_python_is_older_than_the_runners_floor_is_refused_with_7
     assert done.returncode == 78
     assert "the runner needs Python 3.10+; the folder image has Python 3.9.18" in done.stderr
     assert not (tmp_path / "source").exists()
+
+
+# --- Cloud Storage on a bad minute: what may heal is retried in the step, then left to the JobSet ------------
+
+
+@dataclass
+class Reads:
+    """What a flaky Cloud Storage answered: each read's path, in order."""
+
+    failures: int  # the first this many reads fail
+    failure: int | str  # with this HTTP status, or "reset": the connection dropped before any answer
+    paths: list[str] = field(default_factory=list)
+
+
+class _Flaky(Handler):
+    target: ClassVar[str]
+    reads: ClassVar[Reads]
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        self.reads.paths.append(self.path)
+        if len(self.reads.paths) > self.reads.failures:
+            answer = requests.get(self.target + self.path, timeout=10)
+            self.answer(answer.status_code, answer.content)
+        elif self.reads.failure == "reset":
+            # SO_LINGER on, 0 s: close() sends a TCP reset, not a FIN.
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.connection.close()
+            self.close_connection = True
+        else:
+            status = int(self.reads.failure)
+            self.answer(status, {"error": {"code": status, "message": "as Cloud Storage answers"}})
+
+
+@contextlib.contextmanager
+def flaky_storage(storage: str, reads: Reads) -> Iterator[str]:
+    """`storage` behind a front whose first `reads.failures` reads fail; yields its STORAGE_EMULATOR_HOST."""
+    with serve(_Flaky, target=storage, reads=reads) as flaky:
+        yield flaky
+
+
+def run_flaky(
+    world: tuple[str, str], tmp_path: Path, reads: Reads, source: FolderSource
+) -> subprocess.CompletedProcess[str]:
+    storage, metadata = world
+    with flaky_storage(storage, reads) as flaky:
+        return run((flaky, metadata), tmp_path, source)
+
+
+def trainer_source() -> FolderSource:
+    trainer = package(TRAINER)
+    return FolderSource(f"gs://{BUCKET}/teams/vision/sources/{trainer.sha256}.tar.gz", trainer.sha256)
+
+
+@pytest.mark.parametrize("failure", [503, 429, "reset"])
+def test_a_read_that_fails_for_a_moment_is_retried_within_the_step(world, tmp_path, failure):
+    """Cloud Storage's transient answers (408, 429, 5xx, a dropped connection) are retried by the step itself:
+    the runner's read fails twice, then both archives are read and the folder unpacked."""
+    reads = Reads(failures=2, failure=failure)
+    done = run_flaky(world, tmp_path, reads, trainer_source())
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "source/train.py").read_bytes() == (TRAINER / "train.py").read_bytes()
+    runner, source = (f"/storage/v1/b/{BUCKET}/o/{name}" for name in ("runners%2F", "teams%2Fvision%2Fsources%2F"))
+    assert [p.startswith(runner) for p in reads.paths] == [True, True, True, False]
+    assert reads.paths[3].startswith(source)
+
+
+@pytest.mark.slow  # curl's five waits, 1 + 2 + 4 + 8 + 16 s
+def test_a_read_that_keeps_failing_ends_the_step_with_75_and_the_jobset_restarts_the_run(world, tmp_path):
+    reads = Reads(failures=1_000, failure=503)
+    source = trainer_source()
+    done = run_flaky(world, tmp_path, reads, source)
+    assert done.returncode == 75, done.stderr
+    assert len(reads.paths) == 6  # one read and five retries: bounded
+    assert "cannot read the runner gs://" in done.stderr and "(HTTP 503, curl exit 0)" in done.stderr
+    assert not (tmp_path / "source").exists()
+    assert jobset_action(done.returncode, container=FETCH_CONTAINER, jobset=folder_jobset(source)) == "RestartJobSet"
+
+
+@pytest.mark.parametrize("status", [403, 404])
+def test_an_answer_no_retry_mends_is_a_refusal_at_once(world, tmp_path, status):
+    """403 (the pod's identity may not read it) and 404 (no such object) do not heal: read once, exit 78, and
+    the run fails without spending its restarts."""
+    reads = Reads(failures=1_000, failure=status)
+    source = trainer_source()
+    done = run_flaky(world, tmp_path, reads, source)
+    assert done.returncode == 78, done.stderr
+    assert len(reads.paths) == 1
+    assert f"FATAL: cannot read the runner gs://{BUCKET}/runners/" in done.stderr
+    assert f"(HTTP {status}, curl exit 0)" in done.stderr
+    assert jobset_action(done.returncode, container=FETCH_CONTAINER, jobset=folder_jobset(source)) == "FailJobSet"

@@ -537,6 +537,18 @@ def test_a_tampered_agent_is_refused_and_nothing_starts(tmp_path, artifacts, ins
     assert list((tmp_path / "root/opt/tpu-platform/agent").iterdir()) == []  # neither archive nor files kept
 
 
+def test_a_read_of_the_agent_cut_off_twice_is_retried_within_the_boot(tmp_path, artifacts, installed_agent_env):
+    """Cloud Storage dropping the connection is transient (its retry strategy: TCP disconnects): the boot's own
+    retries read the agent on the third try, and the agent starts."""
+    from tests.test_pod_fetch import Reads, flaky_storage
+
+    reads = Reads(failures=2, failure="reset")
+    with flaky_storage(artifacts, reads) as storage:
+        done, env = boot(tmp_path, {"agent-worker-number": "0"}, storage, env=installed_agent_env)
+    assert done.returncode == 0, done.stderr
+    assert env["TPU_PLATFORM_VM"] == "office-v2" and len(reads.paths) == 4  # agent 3 times, its wheelhouse once
+
+
 def test_an_agent_missing_from_the_bucket_is_a_configuration_error(tmp_path, artifacts, installed_agent_env):
     missing = dataclasses.replace(spec(), agent=Artifact(ARTIFACTS, paths.source_object("0" * 64), "0" * 64))
     done, _ = boot(tmp_path, {"agent-worker-number": "0"}, artifacts, of=missing, env=installed_agent_env)

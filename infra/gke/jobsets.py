@@ -145,6 +145,10 @@ POD_FAILURE_RULES: list[dict[str, Any]] = [
 # A folder source's fetch step exits 78 when an archive does not match its digest (infra/startup.py
 # render_pod_fetch): the run cannot succeed. A rule's exit codes are looked up in the init containers' statuses
 # too, and its containerName may name an init container (batch/v1 PodFailurePolicyOnExitCodesRequirement).
+# A read that may heal exits 75 after the step's own retries: no rule names it, so, as for the program's own 75,
+# the pod (failed with its init container under restartPolicy Never: Kubernetes, "Init Containers") counts
+# against backoffLimit 0, the Job fails with BackoffLimitExceeded and the JobSet restarts the run, counted
+# (Kubernetes, "Jobs", Pod failure policy: a failed pod no rule matches counts towards backoffLimit).
 FETCH_CONTAINER = "fetch-source"
 FETCH_FAILURE_RULE = _fails_job_on_78(FETCH_CONTAINER)
 # The folder source's pod: one emptyDir both containers mount, the fetch step read-write, the program read-only
