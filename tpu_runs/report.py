@@ -399,6 +399,12 @@ OPERATOR_REFUSED = (
 )
 
 
+# A Workload goes with its JobSet: Kueue makes the JobSet the Workload's controlling owner
+# (kubernetes-sigs/kueue pkg/controller/jobframework/reconciler.go, ConstructWorkload's SetControllerReference,
+# the reconciler JobSet's integration uses: pkg/controller/jobs/jobset/jobset_controller.go; commit ff69552e79ad),
+# and drops its finalizer once the Workload is finished (same file, Reconcile). JobSet deletes a finished
+# JobSet after its TTL with foreground propagation (kubernetes-sigs/jobset pkg/controllers/ttl_after_finished.go,
+# deleteJobSet; commit 08dfbdfd6827), so the garbage collector deletes the Workload with the JobSet.
 def gke_coverage(now: float, month: str) -> dict[str, Any]:
     """What the teams' rows can count: the cluster keeps a JobSet (and Kueue's Workload, which it owns) until
     TTL_SECONDS after it finishes, so a run that finished before then is in no row and no total."""
