@@ -1049,8 +1049,12 @@ def smoke_team_log_view(
     )
 
 
-# The folder step's image: Google's Cloud SDK image (Python 3, bash, curl, sha256sum, tar), pinned to the digest
-# its `slim` tag names when the smoke test runs, as a stack pins gke.folderImage.
+# The folder step's image: Google's Cloud SDK image, pinned to the digest its `slim` tag names when the smoke test
+# runs, as a stack pins gke.folderImage. It holds what the fetch step needs (infra/startup.py render_pod_fetch):
+# GoogleCloudPlatform/cloud-sdk-docker debian_slim/Dockerfile (commit 91b7ffa786a5) is `FROM debian:trixie-slim`
+# and installs curl and python3-dev (so python3, Debian 13's 3.13, over the runner's floor), and checks
+# `python3 --version` as it builds; bash, coreutils (sha256sum), tar and gzip are Debian's Essential packages,
+# in every debian:*-slim. Debian 13's curl is 8.14, past the 7.71 that --retry-all-errors needs.
 FOLDER_IMAGE = "gcr.io/google.com/cloudsdktool/google-cloud-cli"
 FOLDER_PROGRAM = (
     'import os\nprint("folder run on worker", os.environ["TPU_WORKER_ID"], "in", os.getcwd(), flush=True)\n'

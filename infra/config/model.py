@@ -859,8 +859,10 @@ class GkeSettings(Section):
     folder_image: Annotated[Text, Allowed(PINNED_IMAGE_ALLOWED, PINNED_IMAGE), Unstated()] = Field(
         default="",
         description="The public image a team's folder source runs in (tpu-runs submit --team --folder), pinned by "
-        "digest; it needs Python 3, bash, curl, sha256sum and tar. Default: none, and only images are submitted.",
-        examples=["python:3.12-slim@sha256:<64 hex digits>"],
+        "digest; it needs python3 no older than the VM agent's oldest, bash, curl 7.71 or newer, sha256sum, tar and "
+        "gzip: Google's google-cloud-cli:slim has them (docs/design-gke.md), python:*-slim has no curl. Default: "
+        "none, and only images are submitted.",
+        examples=["gcr.io/google.com/cloudsdktool/google-cloud-cli@sha256:<64 hex digits>"],
     )
 
     @property
