@@ -199,8 +199,9 @@ class Items(_Rule):
         return tuple((str(k), v) for k, v in value.items()) if isinstance(value, Mapping) else tuple(value)
 
     def distinct(self, items: tuple[Any, ...]) -> tuple[Any, ...]:
-        repeated = sorted({v for v in items if items.count(v) > 1}, key=str)
-        if repeated and not (self.repeats or self.mapping):
+        if self.repeats or self.mapping:  # items that may repeat need not be hashable (a slice pool's catalog type)
+            return items
+        if repeated := sorted({v for v in items if items.count(v) > 1}, key=str):
             raise refuse(f"must not repeat {', '.join(map(str, repeated))}", list(dict.fromkeys(items)))
         return items
 
