@@ -916,7 +916,8 @@ class PlatformConfig(StackSettings):
     )
     artifacts: ArtifactSettings = ArtifactSettings()
     network: NetworkSettings
-    tpu_vms: Annotated[tuple[TpuVmSettings, ...], Items()] = Field(default=(), description="The TPU VMs.")
+    # Two VMs alike are refused by the rules, by their names.
+    tpu_vms: Annotated[tuple[TpuVmSettings, ...], Items(repeats=True)] = Field(default=(), description="The TPU VMs.")
     gke: GkeSettings | None = None  # the GKE engine, when the stack declares it
     monitoring: MonitoringSettings = MonitoringSettings()
     automation: AutomationSettings = AutomationSettings()
