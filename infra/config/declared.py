@@ -17,7 +17,7 @@ import types
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, TypeVar
 
 from annotated_types import Ge, Gt, Le
 from pydantic import (
@@ -161,6 +161,7 @@ class OneOf(_Rule):
 
     given: tuple[Any, ...] | Callable[[], tuple[Any, ...]]
     refusal: Callable[[Any], str] | None = None  # the refusal in words of its own, else "must be one of ..."
+    hint: str = ""  # said after "must be one of ..."
 
     @property
     def choices(self) -> tuple[Any, ...]:
@@ -168,12 +169,13 @@ class OneOf(_Rule):
 
     def __call__(self, value: Any) -> Any:
         choices = self.choices
-        if value not in choices:
-            if self.refusal is not None:
-                near = nearest(value, [c for c in choices if isinstance(c, str)]) if isinstance(value, str) else None
-                raise refuse(self.refusal(value), near)
-            raise PydanticCustomError("literal_error", "not one of the choices")
-        return value
+        if value in choices:
+            return value
+        near = nearest(value, [c for c in choices if isinstance(c, str)]) if isinstance(value, str) else None
+        if self.refusal is not None:
+            raise refuse(self.refusal(value), near)
+        options = sorted(choices, key=lambda c: (isinstance(c, str), c))
+        raise refuse(f"must be one of {', '.join(map(str, options))}{self.hint and f'; {self.hint}'}", near)
 
 
 @dataclass(frozen=True)
@@ -286,8 +288,7 @@ def _placeholder(model: type[S], kept: Mapping[str, object] = {}) -> S:
             elif isinstance(kind, type) and issubclass(kind, Section):
                 values[name] = _placeholder(kind)
             else:
-                choices = literal_choices(info.annotation)
-                empty: Any = type(choices[0]) if choices else typing.get_origin(kind) or kind
+                empty: Any = typing.get_origin(kind) or kind
                 values[name] = empty()
     return model.model_construct(**values)
 
@@ -360,12 +361,6 @@ def _translate(model: type[Section], error: Any, data: Mapping[str, object], key
         problems.add(path, value, f"unknown key; known keys: {', '.join(shown)}", fixes=fixes)
     elif kind == "missing":
         problems.add(path, MISSING, "required")
-    elif kind == "literal_error" and info is not None:
-        options = sorted(choices_of(info), key=lambda c: (isinstance(c, str), c))
-        near = nearest(value, [c for c in options if isinstance(c, str)]) if isinstance(value, str) else None
-        fixes = [Fix.of({path: near})] if near else []
-        hint = next((f"; {m.allowed}" for m in marks(info) if isinstance(m, Allowed) and m.allowed), "")
-        problems.add(path, value, f"must be one of {', '.join(str(c) for c in options)}{hint}", fixes=fixes)
     elif kind in ("greater_than", "greater_than_equal", "less_than_equal") and info is not None:
         integer = base_type(info.annotation) is int
         problems.add(path, value, f"must be {'an integer' if integer else 'a number'} {bounds(info)}")
@@ -397,7 +392,7 @@ def bounds(info: FieldInfo) -> str:
 
 
 def choices_of(info: FieldInfo) -> tuple[Any, ...]:
-    return next((m.choices for m in marks(info) if isinstance(m, OneOf)), ()) or literal_choices(info.annotation)
+    return next((m.choices for m in marks(info) if isinstance(m, OneOf)), ())
 
 
 def marks(info: FieldInfo) -> list[object]:
@@ -409,15 +404,6 @@ def marks(info: FieldInfo) -> list[object]:
         return own + [m for a in args for m in inner(a)]
 
     return [*info.metadata, *inner(info.annotation)]
-
-
-def literal_choices(annotation: object) -> tuple[Any, ...]:
-    """The values of a `Literal[...]` field (or of `Literal[...] | None`)."""
-    if typing.get_origin(annotation) is Literal:
-        return typing.get_args(annotation)
-    if isinstance(annotation, OneOf):
-        return annotation.choices
-    return next(filter(None, (literal_choices(a) for a in typing.get_args(annotation))), ())
 
 
 def base_type(annotation: object) -> object:
