@@ -42,7 +42,7 @@ from infra.config.problems import (
     Fix,
     Problems,
     fullmatch,
-    item_key,
+    item_keys,
     nearest,
     type_name,
 )
@@ -212,34 +212,21 @@ S = TypeVar("S", bound=Section)
 
 
 def read(
-    model: type[S],
-    data: object,
-    key: str,
-    problems: Problems,
-    *,
-    required: bool = False,
-    supplied: Mapping[str, object] = {},
+    model: type[S], data: Mapping[str, object], key: str, problems: Problems, supplied: Mapping[str, object] = {}
 ) -> S:
     """`data` (the mapping at `key`) as `model`, every refusal recorded in `problems`. What could not be
     read takes its default (a required setting an empty placeholder), so the checks across settings still
     see a whole section. `supplied`: the values of fields that are not the stack's (`exclude=True`, like a
     workload's name, its key in the stack), which the stack may not give itself."""
-    if data is None or data is MISSING:
-        if required:
-            problems.add(key, MISSING, "required")
-            return _placeholder(model)
-        data = {}
-    if not isinstance(data, Mapping):
-        problems.add(key, data, f"must be a mapping, not {type_name(data)}")
-        return _placeholder(model)
+    keys: dict[tuple[str, int], list[str]] = {}  # each list's item keys, made once however many items are refused
     for name in supplied.keys() & {k for k, v in data.items() if v is not None}:
-        _translate(model, {"type": "extra_forbidden", "loc": (name,)}, data, key, problems)
+        _translate(model, {"type": "extra_forbidden", "loc": (name,)}, data, key, problems, keys)
     data = {**{k: v for k, v in data.items() if k not in supplied}, **supplied}
     try:
         return model.model_validate(data)
     except ValidationError as error:
         for e in error.errors():
-            _translate(model, e, data, key, problems)
+            _translate(model, e, data, key, problems, keys)
         return _recovered(model, data, [e["loc"] for e in error.errors()])
 
 
@@ -338,14 +325,23 @@ def _given(data: object, loc: tuple[Any, ...]) -> object:
     return data
 
 
-def _translate(model: type[Section], error: Any, data: Mapping[str, object], key: str, problems: Problems) -> None:
+def _translate(
+    model: type[Section],
+    error: Any,
+    data: Mapping[str, object],
+    key: str,
+    problems: Problems,
+    keys: dict[tuple[str, int], list[str]],
+) -> None:
     """One refusal in the project's words: the key, the value given, what is allowed."""
     loc: tuple[Any, ...] = error["loc"]
     path = key
     for index, step in enumerate(loc):
         items = _given(data, loc[:index])
         if isinstance(step, int) and isinstance(items, list):
-            path = item_key(path, items, step)
+            if (path, id(items)) not in keys:
+                keys[path, id(items)] = item_keys(path, items)
+            path = keys[path, id(items)][step]
         else:
             path = f"{path}[{step}]" if isinstance(step, int) else f"{path}{'' if path.endswith(':') else '.'}{step}"
     info, owner = _field_at(model, loc)

@@ -79,7 +79,7 @@ def _read(stack: str, raw: Mapping[str, str], problems: Problems) -> tuple[Platf
         "gcp:",
         problems,
     )
-    workloads = _workloads(_value(own, "workloads"), problems)
+    workloads = _workloads(own.get(f"{PROJECT}:workloads"), problems)
     if not workloads:
         problems.add(f"{PROJECT}:workloads", MISSING, "declare at least one workload")
     known = sorted(f"{PROJECT}:{k}" for k in SCALAR_KEYS + OBJECT_KEYS)
@@ -124,7 +124,7 @@ def _budget(budget: BudgetSettings, problems: Problems) -> BudgetSettings:
 def _workloads(value: object, problems: Problems) -> tuple[WorkloadSettings, ...]:
     """Each workload by its name, as its model reads it, then its code and environment checked."""
     key = f"{PROJECT}:workloads"
-    if value is MISSING:
+    if value is None:  # not set: said by the caller
         return ()
     if not isinstance(value, Mapping):
         problems.add(key, value, f"must be a mapping, not {type_name(value)}")
@@ -215,12 +215,6 @@ def _env(env: tuple[tuple[str, object], ...], key: str, problems: Problems) -> t
         else:
             out.append((name, value))
     return tuple(sorted(out))
-
-
-def _value(own: Mapping[str, object], name: str) -> object:
-    """The stack's value of `tpu-platform:<name>`, or MISSING (null is not set)."""
-    value = own.get(f"{PROJECT}:{name}")
-    return MISSING if value is None else value
 
 
 def _network(network: NetworkSettings, problems: Problems) -> NetworkSettings:
