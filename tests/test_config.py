@@ -239,3 +239,13 @@ def test_a_program_is_one_of_the_examples_of_the_repository_being_read(tmp_path)
         assert parse_stack_config("dev", raw).workloads[0].program == "their_mnist"
     with pytest.raises(ConfigError, match=r"workloads\.mnist\.program = 'their_mnist'"):
         parse_stack_config("dev", raw)
+
+
+@pytest.mark.parametrize("every", [45, 2**70])
+def test_a_recovery_interval_that_does_not_divide_the_hour_is_told_the_ones_that_do(every):
+    # 2**70 once fell through to the catch-all "is not a value this setting takes".
+    raw = with_object(fixture_config("small"), "automation", lambda a: a.update(recovery={"everyMinutes": every}))
+    assert (
+        f"{NS}:automation.recovery.everyMinutes = {every}: must be one of 1, 2, 3, 4, 5, 6, 10, 12, 15, 20, 30"
+        in problems_of(raw)
+    )

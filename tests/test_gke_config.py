@@ -112,6 +112,13 @@ def test_pool_names():
     assert f"{NS}:gke.slicePools[v5e].slices = 65: must be an integer" in pool_problems(slices=65)
 
 
+def test_a_pool_given_twice_is_named_not_a_traceback():
+    # A pool holds its catalog type, which cannot be hashed: the list's check for repeats once raised TypeError.
+    assert "slicePools[2].name = 'v5e': another slice pool of this stack has this name" in gke_problems(
+        lambda gke: gke["slicePools"].append(dict(gke["slicePools"][0]))
+    )
+
+
 def test_a_cluster_needs_a_slice_pool():
     assert f"{NS}:gke.slicePools = []: declare at least one slice pool" in gke_problems(
         lambda gke: gke.update(slicePools=[])

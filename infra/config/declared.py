@@ -17,7 +17,7 @@ import types
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, TypeVar
 
 from annotated_types import Ge, Gt, Le
 from pydantic import (
@@ -42,7 +42,7 @@ from infra.config.problems import (
     Fix,
     Problems,
     fullmatch,
-    item_key,
+    item_keys,
     nearest,
     type_name,
 )
@@ -161,6 +161,7 @@ class OneOf(_Rule):
 
     given: tuple[Any, ...] | Callable[[], tuple[Any, ...]]
     refusal: Callable[[Any], str] | None = None  # the refusal in words of its own, else "must be one of ..."
+    hint: str = ""  # said after "must be one of ..."
 
     @property
     def choices(self) -> tuple[Any, ...]:
@@ -168,12 +169,13 @@ class OneOf(_Rule):
 
     def __call__(self, value: Any) -> Any:
         choices = self.choices
-        if value not in choices:
-            if self.refusal is not None:
-                near = nearest(value, [c for c in choices if isinstance(c, str)]) if isinstance(value, str) else None
-                raise refuse(self.refusal(value), near)
-            raise PydanticCustomError("literal_error", "not one of the choices")
-        return value
+        if value in choices:
+            return value
+        near = nearest(value, [c for c in choices if isinstance(c, str)]) if isinstance(value, str) else None
+        if self.refusal is not None:
+            raise refuse(self.refusal(value), near)
+        options = sorted(choices, key=lambda c: (isinstance(c, str), c))
+        raise refuse(f"must be one of {', '.join(map(str, options))}{self.hint and f'; {self.hint}'}", near)
 
 
 @dataclass(frozen=True)
@@ -199,8 +201,9 @@ class Items(_Rule):
         return tuple((str(k), v) for k, v in value.items()) if isinstance(value, Mapping) else tuple(value)
 
     def distinct(self, items: tuple[Any, ...]) -> tuple[Any, ...]:
-        repeated = sorted({v for v in items if items.count(v) > 1}, key=str)
-        if repeated and not (self.repeats or self.mapping):
+        if self.repeats or self.mapping:  # items that may repeat need not be hashable (a slice pool's catalog type)
+            return items
+        if repeated := sorted({v for v in items if items.count(v) > 1}, key=str):
             raise refuse(f"must not repeat {', '.join(map(str, repeated))}", list(dict.fromkeys(items)))
         return items
 
@@ -209,34 +212,21 @@ S = TypeVar("S", bound=Section)
 
 
 def read(
-    model: type[S],
-    data: object,
-    key: str,
-    problems: Problems,
-    *,
-    required: bool = False,
-    supplied: Mapping[str, object] = {},
+    model: type[S], data: Mapping[str, object], key: str, problems: Problems, supplied: Mapping[str, object] = {}
 ) -> S:
     """`data` (the mapping at `key`) as `model`, every refusal recorded in `problems`. What could not be
     read takes its default (a required setting an empty placeholder), so the checks across settings still
     see a whole section. `supplied`: the values of fields that are not the stack's (`exclude=True`, like a
     workload's name, its key in the stack), which the stack may not give itself."""
-    if data is None or data is MISSING:
-        if required:
-            problems.add(key, MISSING, "required")
-            return _placeholder(model)
-        data = {}
-    if not isinstance(data, Mapping):
-        problems.add(key, data, f"must be a mapping, not {type_name(data)}")
-        return _placeholder(model)
+    keys: dict[tuple[str, int], list[str]] = {}  # each list's item keys, made once however many items are refused
     for name in supplied.keys() & {k for k, v in data.items() if v is not None}:
-        _translate(model, {"type": "extra_forbidden", "loc": (name,)}, data, key, problems)
+        _translate(model, {"type": "extra_forbidden", "loc": (name,)}, data, key, problems, keys)
     data = {**{k: v for k, v in data.items() if k not in supplied}, **supplied}
     try:
         return model.model_validate(data)
     except ValidationError as error:
         for e in error.errors():
-            _translate(model, e, data, key, problems)
+            _translate(model, e, data, key, problems, keys)
         return _recovered(model, data, [e["loc"] for e in error.errors()])
 
 
@@ -285,8 +275,7 @@ def _placeholder(model: type[S], kept: Mapping[str, object] = {}) -> S:
             elif isinstance(kind, type) and issubclass(kind, Section):
                 values[name] = _placeholder(kind)
             else:
-                choices = literal_choices(info.annotation)
-                empty: Any = type(choices[0]) if choices else typing.get_origin(kind) or kind
+                empty: Any = typing.get_origin(kind) or kind
                 values[name] = empty()
     return model.model_construct(**values)
 
@@ -336,14 +325,23 @@ def _given(data: object, loc: tuple[Any, ...]) -> object:
     return data
 
 
-def _translate(model: type[Section], error: Any, data: Mapping[str, object], key: str, problems: Problems) -> None:
+def _translate(
+    model: type[Section],
+    error: Any,
+    data: Mapping[str, object],
+    key: str,
+    problems: Problems,
+    keys: dict[tuple[str, int], list[str]],
+) -> None:
     """One refusal in the project's words: the key, the value given, what is allowed."""
     loc: tuple[Any, ...] = error["loc"]
     path = key
     for index, step in enumerate(loc):
         items = _given(data, loc[:index])
         if isinstance(step, int) and isinstance(items, list):
-            path = item_key(path, items, step)
+            if (path, id(items)) not in keys:
+                keys[path, id(items)] = item_keys(path, items)
+            path = keys[path, id(items)][step]
         else:
             path = f"{path}[{step}]" if isinstance(step, int) else f"{path}{'' if path.endswith(':') else '.'}{step}"
     info, owner = _field_at(model, loc)
@@ -359,12 +357,6 @@ def _translate(model: type[Section], error: Any, data: Mapping[str, object], key
         problems.add(path, value, f"unknown key; known keys: {', '.join(shown)}", fixes=fixes)
     elif kind == "missing":
         problems.add(path, MISSING, "required")
-    elif kind == "literal_error" and info is not None:
-        options = sorted(choices_of(info), key=lambda c: (isinstance(c, str), c))
-        near = nearest(value, [c for c in options if isinstance(c, str)]) if isinstance(value, str) else None
-        fixes = [Fix.of({path: near})] if near else []
-        hint = next((f"; {m.allowed}" for m in marks(info) if isinstance(m, Allowed) and m.allowed), "")
-        problems.add(path, value, f"must be one of {', '.join(str(c) for c in options)}{hint}", fixes=fixes)
     elif kind in ("greater_than", "greater_than_equal", "less_than_equal") and info is not None:
         integer = base_type(info.annotation) is int
         problems.add(path, value, f"must be {'an integer' if integer else 'a number'} {bounds(info)}")
@@ -396,7 +388,7 @@ def bounds(info: FieldInfo) -> str:
 
 
 def choices_of(info: FieldInfo) -> tuple[Any, ...]:
-    return next((m.choices for m in marks(info) if isinstance(m, OneOf)), ()) or literal_choices(info.annotation)
+    return next((m.choices for m in marks(info) if isinstance(m, OneOf)), ())
 
 
 def marks(info: FieldInfo) -> list[object]:
@@ -408,15 +400,6 @@ def marks(info: FieldInfo) -> list[object]:
         return own + [m for a in args for m in inner(a)]
 
     return [*info.metadata, *inner(info.annotation)]
-
-
-def literal_choices(annotation: object) -> tuple[Any, ...]:
-    """The values of a `Literal[...]` field (or of `Literal[...] | None`)."""
-    if typing.get_origin(annotation) is Literal:
-        return typing.get_args(annotation)
-    if isinstance(annotation, OneOf):
-        return annotation.choices
-    return next(filter(None, (literal_choices(a) for a in typing.get_args(annotation))), ())
 
 
 def base_type(annotation: object) -> object:

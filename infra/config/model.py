@@ -4,11 +4,10 @@ models (`Section`) are their settings' one declaration too: type, default, bound
 from __future__ import annotations
 
 import ipaddress
-import typing
 import zoneinfo
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import annotated_types
 from pydantic import BeforeValidator, Field, GetCoreSchemaHandler, InstanceOf, model_validator
@@ -29,7 +28,6 @@ from infra.config.declared import (
     Section,
     Text,
     Unstated,
-    as_integer,
     as_text,
     refuse,
 )
@@ -399,7 +397,7 @@ class WorkloadSettings(Section):
     )
     bucket_levels: BucketAccess = Field(default=BucketAccess(), validation_alias="bucketAccess")
     project_roles: Annotated[
-        tuple[Annotated[Text, OneOf(tuple(sorted(iam.ALLOWED_PROJECT_ROLES))), Allowed(ROLES_ALLOWED)], ...],
+        tuple[Annotated[Text, OneOf(tuple(sorted(iam.ALLOWED_PROJECT_ROLES)), hint=ROLES_ALLOWED)], ...],
         Items(),
         Unstated(),
     ] = Field(default=iam.DEFAULT_PROJECT_ROLES, description="Project roles of the workload's account (allow-listed).")
@@ -480,7 +478,7 @@ class NetworkSettings(Section):
 class BudgetAction(Section):
     """Act on the TPUs when spend reaches a share of the budget."""
 
-    action: Annotated[Literal["stop", "delete"], BeforeValidator(as_text)] | None = Field(
+    action: Annotated[Text, OneOf(("stop", "delete"))] | None = Field(
         default=None, description="Stop or delete the stack's TPUs."
     )
     at_percent: Number = Field(default=100, ge=1, le=1000, description="Percent of the budget that triggers it.")
@@ -489,14 +487,13 @@ class BudgetAction(Section):
 
 # `recovery.everyMinutes` becomes `*/N * * * *`: N must divide the hour, or the runs are uneven
 # (`*/45` fires at :00 and :45) or hourly (`*/90` is `0`).
-RecoveryInterval = Literal[1, 2, 3, 4, 5, 6, 10, 12, 15, 20, 30]
-RECOVERY_INTERVALS: tuple[int, ...] = typing.get_args(RecoveryInterval)
+RECOVERY_INTERVALS = (1, 2, 3, 4, 5, 6, 10, 12, 15, 20, 30)
 
 
 class Recovery(Section):
     """Re-create preempted spot or preemptible TPUs."""
 
-    every_minutes: Annotated[RecoveryInterval, BeforeValidator(as_integer)] | None = Field(
+    every_minutes: Annotated[Integer, OneOf(RECOVERY_INTERVALS)] | None = Field(
         default=None, description="How often to look for preempted TPUs (divides the hour).", examples=[10]
     )
     max_attempts: Integer = Field(default=5, ge=1, le=100, description="Re-creations per TPU before giving up.")
@@ -918,7 +915,8 @@ class PlatformConfig(StackSettings):
     )
     artifacts: ArtifactSettings = ArtifactSettings()
     network: NetworkSettings
-    tpu_vms: Annotated[tuple[TpuVmSettings, ...], Items()] = Field(default=(), description="The TPU VMs.")
+    # Two VMs alike are refused by the rules, by their names.
+    tpu_vms: Annotated[tuple[TpuVmSettings, ...], Items(repeats=True)] = Field(default=(), description="The TPU VMs.")
     gke: GkeSettings | None = None  # the GKE engine, when the stack declares it
     monitoring: MonitoringSettings = MonitoringSettings()
     automation: AutomationSettings = AutomationSettings()

@@ -1,4 +1,5 @@
-"""Read a stack's raw config into `PlatformConfig`, each section through its model (model.py).
+"""Read a stack's raw config into `PlatformConfig`, read whole as one model (model.py), then the checks a
+setting's type cannot make (a workload's code, labels, subnets, a team's chips).
 
 `parse_stack_config` is pure: it takes the raw config strings exactly as Pulumi hands them to the
 program (objects JSON-encoded) and either returns a `PlatformConfig` or raises one `ConfigError`
@@ -13,7 +14,6 @@ from collections.abc import Mapping
 
 from infra import naming
 from infra.config import declared, rules, workload_code
-from infra.config.declared import S, stack_key
 from infra.config.examples import examples, not_an_example
 from infra.config.model import (
     ENV_ALLOWED,
@@ -23,30 +23,21 @@ from infra.config.model import (
     REGION,
     RESERVED_ENV_PREFIX,
     RESERVED_LABELS,
-    ArtifactSettings,
-    AutomationSettings,
-    BucketSettings,
     BudgetSettings,
     GcpSettings,
     GkeSettings,
-    MonitoringSettings,
     NetworkSettings,
     PlatformConfig,
-    StackSettings,
     TpuVmSettings,
     WorkloadSettings,
     WorkloadSource,
     private_cidr_problem,
 )
 from infra.config.problems import MISSING, Problems, decode_objects, fullmatch, item_key, item_keys, type_name
-from infra.config.settings import (
-    SETTINGS,
-    children,
-)
+from infra.config.settings import children
 
 OBJECT_KEYS = tuple(s.name for s in children("") if s.kind in ("object", "map", "list"))
 SCALAR_KEYS = tuple(s.name for s in children("") if s.kind not in ("object", "map", "list"))
-TOP_KEYS = tuple(stack_key(name, info) for name, info in StackSettings.model_fields.items())
 # A built-in program's own settings (its command line); a workload with its own source would ignore them.
 PROGRAM_ONLY = (
     "frameworkVersion",
@@ -88,38 +79,30 @@ def _read(stack: str, raw: Mapping[str, str], problems: Problems) -> tuple[Platf
         "gcp:",
         problems,
     )
-    top = declared.read(
-        StackSettings, {k: v for k in TOP_KEYS if (v := own.get(f"{PROJECT}:{k}")) is not None}, f"{PROJECT}:", problems
-    )
-    buckets = _section(own, "buckets", BucketSettings, problems)
-    budget = _budget(_section(own, "budget", BudgetSettings, problems), problems)
-    workloads = _workloads(_value(own, "workloads"), problems)
+    workloads = _workloads(own.get(f"{PROJECT}:workloads"), problems)
     if not workloads:
         problems.add(f"{PROJECT}:workloads", MISSING, "declare at least one workload")
-    network = _network(_section(own, "network", NetworkSettings, problems), problems)
-    tpu_vms = _tpu_vms(_value(own, "tpuVms"), problems)
-    monitoring = _section(own, "monitoring", MonitoringSettings, problems)
-    automation = _section(own, "automation", AutomationSettings, problems)
-    artifacts = _section(own, "artifacts", ArtifactSettings, problems)
-    gke = _gke(own.get(f"{PROJECT}:gke", MISSING), gcp.region, problems)  # null: refused, not left out
     known = sorted(f"{PROJECT}:{k}" for k in SCALAR_KEYS + OBJECT_KEYS)
     for key in own.keys() - set(known):
         problems.add(key, own[key], f"unknown key; known keys: {', '.join(known)}")
-
-    cfg = PlatformConfig.model_construct(  # each part read and checked already
-        **{**dict(top), "name_prefix": top.name_prefix or gcp.project},
-        stack=stack,
-        project=gcp.project,
-        region=gcp.region,
-        buckets=buckets,
-        budget=budget,
-        workloads=workloads,
-        network=network,
-        tpu_vms=tpu_vms,
-        monitoring=monitoring,
-        automation=automation,
-        artifacts=artifacts,
-        gke=gke,
+    if own.get(f"{PROJECT}:gke", MISSING) is None:  # null: refused, not left out
+        problems.add(f"{PROJECT}:gke", MISSING, "required")
+    given = {k: v for k in known if k != f"{PROJECT}:workloads" and (v := own.get(k)) is not None}
+    cfg = declared.read(
+        PlatformConfig,
+        {k.removeprefix(f"{PROJECT}:"): v for k, v in given.items()},
+        f"{PROJECT}:",
+        problems,
+        supplied={"stack": stack, "project": gcp.project, "region": gcp.region, "workloads": workloads},
+    )
+    cfg = cfg.model_copy(
+        update={
+            "name_prefix": cfg.name_prefix or gcp.project,
+            "budget": _budget(cfg.budget, problems),
+            "network": _network(cfg.network, problems),
+            "tpu_vms": _tpu_vms(cfg.tpu_vms, own.get(f"{PROJECT}:tpuVms"), problems),
+            "gke": _gke(cfg.gke, own.get(f"{PROJECT}:gke"), gcp.region, problems),
+        }
     )
     rules.check(cfg, problems)
     return cfg, problems
@@ -141,7 +124,7 @@ def _budget(budget: BudgetSettings, problems: Problems) -> BudgetSettings:
 def _workloads(value: object, problems: Problems) -> tuple[WorkloadSettings, ...]:
     """Each workload by its name, as its model reads it, then its code and environment checked."""
     key = f"{PROJECT}:workloads"
-    if value is MISSING:
+    if value is None:  # not set: said by the caller
         return ()
     if not isinstance(value, Mapping):
         problems.add(key, value, f"must be a mapping, not {type_name(value)}")
@@ -234,18 +217,6 @@ def _env(env: tuple[tuple[str, object], ...], key: str, problems: Problems) -> t
     return tuple(sorted(out))
 
 
-def _value(own: Mapping[str, object], name: str) -> object:
-    """The stack's value of `tpu-platform:<name>`, or MISSING (null is not set)."""
-    value = own.get(f"{PROJECT}:{name}")
-    return MISSING if value is None else value
-
-
-def _section(own: Mapping[str, object], name: str, model: type[S], problems: Problems) -> S:
-    """A top-level section declared as a model (infra/config/declared.py), required where PlatformConfig says."""
-    required = PlatformConfig.model_fields[name].is_required()
-    return declared.read(model, _value(own, name), f"{PROJECT}:{name}", problems, required=required)
-
-
 def _network(network: NetworkSettings, problems: Problems) -> NetworkSettings:
     """The subnets that are private, apart and in a region; the package index only with google-only egress."""
     subnets: list[tuple[str, str]] = []
@@ -269,24 +240,16 @@ def _network(network: NetworkSettings, problems: Problems) -> NetworkSettings:
     return network.model_copy(update={"subnets": tuple(subnets)})
 
 
-def _tpu_vms(value: object, problems: Problems) -> tuple[TpuVmSettings, ...]:
-    """Each TPU VM as its model reads it, its labels checked one by one."""
-    key = f"{PROJECT}:tpuVms"
-    if value is MISSING or value is None:
-        return ()
-    if not isinstance(value, list):
-        problems.add(key, value, f"must be a list, not {type_name(value)}")
-        return ()
-    vms = []
-    for item, at in zip(value, item_keys(key, value), strict=True):
-        if not isinstance(item, Mapping):
-            problems.add(at, item, f"must be a mapping, not {type_name(item)}")
-            continue
-        vm = declared.read(TpuVmSettings, item, at, problems)
-        if vm.labels:
-            vm = vm.model_copy(update={"labels": _labels(vm.labels, f"{at}.labels", problems)})
-        vms.append(vm)
-    return tuple(vms)
+def _tpu_vms(vms: tuple[TpuVmSettings, ...], given: object, problems: Problems) -> tuple[TpuVmSettings, ...]:
+    """Each TPU VM's labels checked one by one, named by the VM's key in the list the stack gives."""
+    items = given if isinstance(given, list) else []
+    keys = [
+        at for item, at in zip(items, item_keys(f"{PROJECT}:tpuVms", items), strict=True) if isinstance(item, Mapping)
+    ]
+    return tuple(
+        vm.model_copy(update={"labels": _labels(vm.labels, f"{at}.labels", problems)}) if vm.labels else vm
+        for vm, at in zip(vms, keys, strict=True)
+    )
 
 
 def _labels(labels: tuple[tuple[str, object], ...], key: str, problems: Problems) -> tuple[tuple[str, str], ...]:
@@ -307,14 +270,11 @@ def _labels(labels: tuple[tuple[str, object], ...], key: str, problems: Problems
     return tuple(user_labels)
 
 
-def _gke(value: object, default_region: str, problems: Problems) -> GkeSettings | None:
+def _gke(gke: GkeSettings | None, given: object, default_region: str, problems: Problems) -> GkeSettings | None:
     """The GKE engine's section, when the stack has one; each team's chips checked pool by pool."""
-    if value is MISSING:
+    if gke is None or not isinstance(given, Mapping):
         return None
-    gke = declared.read(GkeSettings, value, f"{PROJECT}:gke", problems, required=True)
-    if not isinstance(value, Mapping):  # refused: no engine to check further
-        return None
-    teams = value.get("teams")
+    teams = given.get("teams")
     checked = []
     for index, team in enumerate(gke.teams):
         chips: list[tuple[str, int]] = []
@@ -328,4 +288,4 @@ def _gke(value: object, default_region: str, problems: Problems) -> GkeSettings 
     return gke.model_copy(update={"region": gke.region or default_region, "teams": tuple(checked)})
 
 
-__all__ = ["SETTINGS", "check_stack_config", "parse_stack_config"]
+__all__ = ["check_stack_config", "parse_stack_config"]

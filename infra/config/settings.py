@@ -28,7 +28,6 @@ from infra.config.declared import (
     base_type,
     choices_of,
     limits,
-    literal_choices,
     marks,
     stack_key,
 )
@@ -82,11 +81,9 @@ _KINDS: dict[object, Kind] = {
 
 
 def _kind(annotation: object) -> Kind:
-    choices = literal_choices(annotation)
-    kind = base_type(annotation)
-    if isinstance(kind, type) and issubclass(kind, Section):
+    plain = base_type(annotation)
+    if isinstance(plain, type) and issubclass(plain, Section):
         return "object"
-    plain = type(choices[0]) if choices else kind
     if plain not in _KINDS and isinstance(plain, types.UnionType):  # `int | Any`: its first type says what it takes
         plain = typing.get_args(plain)[0]
     return _KINDS.get(plain) or _KINDS.get(typing.get_origin(plain), "string")  # else a catalog type, by name
