@@ -235,7 +235,15 @@ def check_timeline(cloud, vm: Vm, run_id: str, preempted_at: int) -> None:
     print(
         f"{run_id}: unattributed {run.seconds['unattributed']:.3f} s of {measured.billed_s:.3f} s billed ({share:.2%})"
     )
-    assert share < 0.02
+    # No phase of the run is missing from the categories: the remainder is exactly what the design leaves
+    # unattributed, in each boot from the program's last step or save line to the run's end (the program's exit,
+    # then the agent's status and completion marker). From the events, not the categories, so a phase measured
+    # short or not at all fails here; how long the bookkeeping takes (the machine's load) does not.
+    trained = ("firstStep", "step", "checkpoint")
+    last_lines = [max(i for i, e in enumerate(life) if e.kind in trained) for life in lives]
+    assert [[e.kind for e in life[i + 1 :]] for life, i in zip(lives, last_lines, strict=True)] == [["exit", "end"]] * 2
+    bookkeeping = sum(life[-1].at - life[i].at for life, i in zip(lives, last_lines, strict=True))
+    assert run.seconds["unattributed"] == pytest.approx(bookkeeping, abs=1e-6)
     # The VM's idle time: each boot after its run's end until the node stopped, and the whole third boot.
     idle = sum(w[1] - life[-1].at for life, w in zip(lives, windows, strict=False)) + windows[2][1] - windows[2][0]
     assert report.idle_seconds(windows, [measured]) == pytest.approx(idle)
