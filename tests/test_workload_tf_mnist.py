@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 
 import pytest
@@ -23,6 +24,30 @@ serve = tf.saved_model.load({export!r}).signatures["serving_default"]
 print(json.dumps({{"shape": logits.shape.as_list(),
                   "accuracy": float(np.mean(logits.numpy().argmax(1) == data["y_test"]))}}))
 """
+
+
+# The program's TensorFlow, imported as the program imports it, with the kernels it runs on the CPU.
+KERNELS = """
+import json, sys
+sys.path.insert(0, {workloads!r} + "/tf_mnist")  # the example's source folder
+import tf_mnist
+from tensorflow.python.util import _pywrap_util_port
+print(json.dumps({{"onednn": _pywrap_util_port.IsMklEnabled()}}))
+"""
+
+
+def probe(source: str, **env: str) -> dict:
+    """Run `source` in the workloads' Python; its last line of output, as JSON."""
+    environment = {k: v for k, v in os.environ.items() if k != "TF_ENABLE_ONEDNN_OPTS"}
+    done = subprocess.run(
+        [workloads_python(), "-c", source.format(workloads=str(WORKLOADS))],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**environment, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": "", **env},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
@@ -66,3 +91,10 @@ def test_bad_data_location_fails_clearly(tmp_path):
     done = run_workload("tf_mnist/tf_mnist.py", "--data", str(tmp_path / "missing.npz"), "--epochs", "1", cwd=tmp_path)
     assert done.returncode != 0
     assert "missing.npz" in done.stderr
+
+
+def test_the_program_runs_tensorflows_onednn_kernels_unless_told_not_to():
+    # TensorFlow turns them on by itself only on CPUs with AVX-512 VNNI/BF16, AVX-VNNI or AMX; an AVX2
+    # machine such as CI's shows the program's own choice.
+    assert probe(KERNELS) == {"onednn": True}
+    assert probe(KERNELS, TF_ENABLE_ONEDNN_OPTS="0") == {"onednn": False}

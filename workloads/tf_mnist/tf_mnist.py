@@ -31,8 +31,14 @@ from typing import Any
 
 import numpy as np
 import runlib
-import tensorflow as tf
-from tensorflow.core.framework import summary_pb2
+
+# Read once, as TensorFlow loads. Its oneDNN kernels for the CPU are on by default only where the CPU
+# has AVX-512 VNNI or BF16, AVX-VNNI or AMX (IsMklEnabled, tensorflow/core/util/port.cc); elsewhere, as
+# on this AVX2 machine, TensorFlow runs Eigen's kernels, with which a step of this model took 1.5x the
+# CPU time (the max-pooling gradient alone a fifth of it). An explicit setting is kept.
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+import tensorflow as tf  # noqa: E402
+from tensorflow.core.framework import summary_pb2  # noqa: E402
 
 PROGRAM = "tf_mnist"
 SAVED_MODEL = "saved_model"  # under --model-dir
