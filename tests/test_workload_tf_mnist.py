@@ -28,11 +28,11 @@ print(json.dumps({{"shape": logits.shape.as_list(),
 
 # The program's TensorFlow, imported as the program imports it, with the kernels it runs on the CPU.
 KERNELS = """
-import json, sys
+import gc, json, sys
 sys.path.insert(0, {workloads!r} + "/tf_mnist")  # the example's source folder
 import tf_mnist
 from tensorflow.python.util import _pywrap_util_port
-print(json.dumps({{"onednn": _pywrap_util_port.IsMklEnabled()}}))
+print(json.dumps({{"onednn": _pywrap_util_port.IsMklEnabled(), "collecting": gc.isenabled()}}))
 """
 
 
@@ -96,5 +96,5 @@ def test_bad_data_location_fails_clearly(tmp_path):
 def test_the_program_runs_tensorflows_onednn_kernels_unless_told_not_to():
     # TensorFlow turns them on by itself only on CPUs with AVX-512 VNNI/BF16, AVX-VNNI or AMX; an AVX2
     # machine such as CI's shows the program's own choice.
-    assert probe(KERNELS) == {"onednn": True}
-    assert probe(KERNELS, TF_ENABLE_ONEDNN_OPTS="0") == {"onednn": False}
+    assert probe(KERNELS) == {"onednn": True, "collecting": True}  # collecting again after the import
+    assert probe(KERNELS, TF_ENABLE_ONEDNN_OPTS="0") == {"onednn": False, "collecting": True}
