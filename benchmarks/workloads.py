@@ -7,8 +7,9 @@ three epochs, the whole process timed from start to exit. All three read the sam
 the workloads from prepare_data.py's shards, with checkpoints every 200 steps (the stack setting's
 default) and the model export on, as the platform runs them. `--compare DIR` also times the workloads
 of another checkout (DIR/workloads; e.g. `git archive main workloads | tar -x -C DIR`) in the same
-rounds: before and after a change, interleaved. Runs are interleaved, the order rotated each round, and the median of
-the rounds reported, because the machine is shared. Prints wall time and CPU time (user + system,
+rounds: before and after a change, interleaved; `--programs tf_mnist` times only that one beside the
+seed's. Runs are interleaved, the order rotated each round, and the median of the rounds reported,
+because the machine is shared. Prints wall time and CPU time (user + system,
 which a busy neighbour disturbs less), each as a ratio to the seed's, and the workloads' own input
 wait and checkpoint stall as shares of their training time, and their training loop's own seconds
 (the rest of the process is start-up, data, evaluation and export).
@@ -89,8 +90,11 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--compare", type=Path, help="another checkout whose workloads run in the same rounds")
+    parser.add_argument(
+        "--programs", nargs="+", choices=PROGRAMS[1:], default=PROGRAMS[1:], help="workloads to time (default: both)"
+    )
     args = parser.parse_args()
-    programs = PROGRAMS + (tuple(f"{p}@before" for p in PROGRAMS[1:]) if args.compare else ())
+    programs = ("seed", *args.programs) + (tuple(f"{p}@before" for p in args.programs) if args.compare else ())
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         sample, shards = folder / "mnist.npz", folder / "shards"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 
 import pytest
@@ -23,6 +24,57 @@ serve = tf.saved_model.load({export!r}).signatures["serving_default"]
 print(json.dumps({{"shape": logits.shape.as_list(),
                   "accuracy": float(np.mean(logits.numpy().argmax(1) == data["y_test"]))}}))
 """
+
+
+# The program's TensorFlow, imported as the program imports it, with the kernels it runs on the CPU.
+KERNELS = """
+import gc, json, sys
+sys.path.insert(0, {workloads!r} + "/tf_mnist")  # the example's source folder
+import tf_mnist
+from tensorflow.python.util import _pywrap_util_port
+print(json.dumps({{"onednn": _pywrap_util_port.IsMklEnabled(), "collecting": gc.isenabled()}}))
+"""
+
+# Chunks of 3 then 1 steps through a Trainer of 4 steps per call, against the same 4 steps one per call.
+CHUNKS = """
+import json, sys
+import numpy as np
+import tensorflow as tf
+sys.path.insert(0, {workloads!r} + "/tf_mnist")
+import tf_mnist
+
+rng = np.random.default_rng(0)
+x = rng.integers(0, 256, (4, 32, 28, 28)).astype("uint8")
+y = rng.integers(0, 10, (4, 32)).astype("int64")
+chunked = tf_mnist.Trainer(tf.distribute.get_strategy(), 32, steps_per_call=4)
+initial = chunked.model.get_weights()
+chunked.train(x[:3], y[:3])
+chunked.train(x[3:], y[3:])
+alone = tf_mnist.Trainer(tf.distribute.get_strategy(), 32, steps_per_call=1)
+alone.model.set_weights(initial)
+for i in range(4):
+    alone.train(x[i : i + 1], y[i : i + 1])
+print(json.dumps({{
+    "traces": chunked.train_steps.experimental_get_tracing_count(),
+    "iterations": int(chunked.optimizer.iterations.numpy()),
+    "moved": min(float(np.abs(w - w0).max()) for w, w0 in zip(chunked.model.get_weights(), initial)),
+    "apart": max(float(np.abs(w - v).max()) for w, v in zip(chunked.model.get_weights(), alone.model.get_weights())),
+}}))
+"""
+
+
+def probe(source: str, **env: str) -> dict:
+    """Run `source` in the workloads' Python; its last line of output, as JSON."""
+    environment = {k: v for k, v in os.environ.items() if k != "TF_ENABLE_ONEDNN_OPTS"}
+    done = subprocess.run(
+        [workloads_python(), "-c", source.format(workloads=str(WORKLOADS))],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**environment, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": "", **env},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
@@ -66,3 +118,18 @@ def test_bad_data_location_fails_clearly(tmp_path):
     done = run_workload("tf_mnist/tf_mnist.py", "--data", str(tmp_path / "missing.npz"), "--epochs", "1", cwd=tmp_path)
     assert done.returncode != 0
     assert "missing.npz" in done.stderr
+
+
+def test_the_program_runs_tensorflows_onednn_kernels_unless_told_not_to():
+    # TensorFlow turns them on by itself only on CPUs with AVX-512 VNNI/BF16, AVX-VNNI or AMX; an AVX2
+    # machine such as CI's shows the program's own choice.
+    assert probe(KERNELS) == {"onednn": True, "collecting": True}  # collecting again after the import
+    assert probe(KERNELS, TF_ENABLE_ONEDNN_OPTS="0") == {"onednn": False, "collecting": True}
+
+
+def test_a_short_chunk_trains_only_its_own_steps_through_the_one_traced_step():
+    result = probe(CHUNKS)
+    assert result["traces"] == 1  # chunks of 3 and of 1 steps: one shape, one trace
+    assert result["iterations"] == 4  # the padding batches are not trained on
+    assert result["moved"] > 1e-4
+    assert result["apart"] <= 1e-6  # the same steps as one call each

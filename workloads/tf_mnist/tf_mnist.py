@@ -19,6 +19,7 @@ STORAGE_EMULATOR_HOST): the same path on a VM and in the sandbox.
 from __future__ import annotations
 
 import concurrent.futures
+import gc
 import glob
 import json
 import os
@@ -31,8 +32,18 @@ from typing import Any
 
 import numpy as np
 import runlib
-import tensorflow as tf
-from tensorflow.core.framework import summary_pb2
+
+# Read once, as TensorFlow loads. Its oneDNN kernels for the CPU are on by default only where the CPU
+# has AVX-512 VNNI or BF16, AVX-VNNI or AMX (IsMklEnabled, tensorflow/core/util/port.cc); elsewhere, as
+# on this AVX2 machine, TensorFlow runs Eigen's kernels, with which a step of this model took 1.5x the
+# CPU time (the max-pooling gradient alone a fifth of it). An explicit setting is kept.
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+gc.disable()  # TensorFlow's import would collect ~800 times over objects that live as long as the program
+import tensorflow as tf  # noqa: E402
+from tensorflow.core.framework import summary_pb2  # noqa: E402
+
+gc.freeze()  # and later collections skip them
+gc.enable()
 
 PROGRAM = "tf_mnist"
 SAVED_MODEL = "saved_model"  # under --model-dir
@@ -202,13 +213,14 @@ def build_model() -> tf.keras.Model:
 
 
 class Trainer:
-    def __init__(self, strategy: tf.distribute.Strategy, batch_size: int):
+    def __init__(self, strategy: tf.distribute.Strategy, batch_size: int, steps_per_call: int = 1):
         replicas = strategy.num_replicas_in_sync
         if batch_size % replicas:
             raise ValueError(f"batch size {batch_size} must divide evenly over {replicas} replicas")
         self.strategy = strategy
         self.batch_size = batch_size
         self.per_replica = batch_size // replicas
+        self.steps_per_call = steps_per_call
         with strategy.scope():
             self.model = build_model()
             self.optimizer = tf.keras.optimizers.Adam()
@@ -231,13 +243,26 @@ class Trainer:
 
         return self.strategy.experimental_distribute_values_from_function(part)
 
-    @tf.function(reduce_retracing=True)
-    def train_steps(self, x: Any, y: Any) -> tf.Tensor:
-        """k steps in one call (as Keras' steps_per_execution): on a TPU, a host round trip per step is
-        what makes a small model slow. Returns the last step's mean loss over the global batch.
+    def train(self, x: np.ndarray, y: np.ndarray) -> tf.Tensor:
+        """Train on k stacked global batches x[k, B, ...] (k <= steps_per_call) in one call. A shorter
+        chunk (one that ends at a checkpoint step, or the run's last) is padded to steps_per_call batches
+        that are not trained on, so every call has the same shapes: `train_steps` is traced once (on a
+        TPU, compiled once) instead of once more for each new k."""
+        count = len(x)
+        if count < self.steps_per_call:
+            rows = self.steps_per_call - count
+            x = np.concatenate([x, np.zeros((rows, *x.shape[1:]), x.dtype)])
+            y = np.concatenate([y, np.zeros((rows, *y.shape[1:]), y.dtype)])
+        return self.train_steps(*self.distribute(x, y), tf.constant(count))
 
-        No `jit_compile` here: TPUStrategy compiles with XLA anyway, and on the CPU XLA's convolution
-        is slower than the oneDNN kernels TensorFlow uses (measured: 3 epochs took 70 s instead of 23 s).
+    @tf.function
+    def train_steps(self, x: Any, y: Any, count: Any) -> tf.Tensor:
+        """The first `count` of the stacked batches in x, y, a step each, in one call (as Keras'
+        steps_per_execution): on a TPU, a host round trip per step is what makes a small model slow.
+        Returns the last step's mean loss over the global batch.
+
+        No `jit_compile` here: TPUStrategy compiles with XLA anyway, and on the CPU XLA's convolution is
+        slower than TensorFlow's own kernels (measured: a step took 4x the CPU time).
         """
 
         def step(i: tf.Tensor, x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
@@ -250,7 +275,7 @@ class Trainer:
             return loss
 
         loss = tf.constant(0.0)
-        for i in tf.range(tf.shape(self.strategy.experimental_local_results(x)[0])[0]):
+        for i in tf.range(count):
             per_replica = self.strategy.run(step, args=(i, x, y))
             loss = self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
         return loss
@@ -294,14 +319,14 @@ def main(argv: list[str] | None = None) -> int:
     log(f"Running on {device} with {strategy.num_replicas_in_sync} replica(s)", device=device)
     data = load(args.data)
     identity = runlib.RunIdentity(PROGRAM, f"tensorflow {tf.__version__}", args.batch_size, data.fingerprint())
-    trainer = Trainer(strategy, args.batch_size)
+    trainer = Trainer(strategy, args.batch_size, args.steps_per_call)
     checkpoints = (
         Checkpoints(trainer, args.checkpoint_dir, args.checkpoint_every_steps) if args.checkpoint_dir else None
     )
     board = Board(args.model_dir) if args.model_dir else None
 
     def step_fn(x: np.ndarray, y: np.ndarray) -> tf.Tensor:
-        return trainer.train_steps(*trainer.distribute(x, y.astype("int64")))
+        return trainer.train(x, y.astype("int64"))
 
     def logged(step: int, loss: float) -> None:
         if board:
