@@ -80,6 +80,9 @@ class SlicePeers(runlib.Peers):
     FAILED = "runlib/failed"
     SEEN = "runlib/failure-seen/"  # + the process index: it has seen the failure and is exiting
     TELL_SECONDS = 30  # the longest a failed process waits for the others to see its failure
+    # How long process 0 stays once the others have seen the failure (or it has seen theirs): each of them
+    # then only writes a line and exits, far less, even on a loaded machine.
+    LEAVE_LAST_SECONDS = 3.0
 
     def report_failure(self, reason: str) -> None:
         """Record `reason` for the others, then wait (bounded) until each has seen it: process 0 hosts the
@@ -97,6 +100,7 @@ class SlicePeers(runlib.Peers):
             with contextlib.suppress(jax.errors.JaxRuntimeError):  # gone, or the deadline passed
                 if left > 0:
                     client.blocking_key_value_get(f"{self.SEEN}{other}", left)
+        self.leave_last()
 
     def failure(self) -> str | None:
         client = distributed.global_state.client
@@ -108,7 +112,16 @@ class SlicePeers(runlib.Peers):
             return None
         with contextlib.suppress(jax.errors.JaxRuntimeError):
             client.key_value_set(f"{self.SEEN}{jax.process_index()}", "1")
+        self.leave_last()
         return reason
+
+    def leave_last(self) -> None:
+        """Process 0 hosts the coordination service, and its going ends every process still connected: JAX's
+        client aborts it (SIGABRT, "Terminating process because the JAX distributed service detected fatal
+        errors", jaxlib's client.h), which then never exits with the run's code. The others exit as soon as
+        they have told or seen the failure; process 0 stays LEAVE_LAST_SECONDS longer, so it leaves last."""
+        if self.count > 1 and jax.process_index() == 0:
+            time.sleep(self.LEAVE_LAST_SECONDS)
 
 
 def local(tree: Any) -> Any:
