@@ -43,6 +43,39 @@ print(json.dumps({{"shape": list(logits.shape), "accuracy": float(np.mean(logits
 """
 
 
+# The convolution's own kernel gradient against XLA's, on random images and a random upstream gradient.
+GRADIENTS = """
+import json, sys
+import jax, jax.numpy as jnp
+sys.path.insert(0, {folder!r})
+import jax_mnist
+kx, kk, kd = jax.random.split(jax.random.PRNGKey(7), 3)
+x = jax.random.uniform(kx, (8, 28, 28, 1))
+kernel = jax.random.normal(kk, (3, 3, 1, 32))
+dy = jax.random.normal(kd, (8, 26, 26, 32))
+ours = jax.vjp(jax_mnist.convolve, x, kernel)
+xlas = jax.vjp(jax_mnist._convolve, x, kernel)
+(dx, dk), (dx0, dk0) = ours[1](dy), xlas[1](dy)
+most = lambda a: float(jnp.max(jnp.abs(a)))
+print(json.dumps({{"forward": most(ours[0] - xlas[0]), "kernel": most(dk - dk0) / most(dk0), "images": most(dx-dx0)}}))
+"""
+
+
+def test_the_convolutions_own_kernel_gradient_is_xlas():
+    """jax_mnist takes the kernel's gradient as one matrix product (faster on XLA:CPU); it must be the same sums."""
+    done = subprocess.run(
+        [workloads_python(), "-c", GRADIENTS.format(folder=str(WORKLOADS / "jax_mnist"))],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    differences = json.loads(done.stdout.strip().splitlines()[-1])
+    assert differences["forward"] == 0.0 and differences["images"] == 0.0
+    assert differences["kernel"] < 1e-5, differences  # float summation order only
+
+
 def test_trains_and_exports_a_model_that_predicts_on_the_cpu(tmp_path):
     sample = tmp_path / "mnist.npz"
     made = run_workload("sample_mnist.py", str(sample), "--train", "1024", "--test", "256", cwd=tmp_path)
