@@ -166,3 +166,16 @@ def policies_as_bootstrapped(result: PlanResult) -> list:
         return check_policies(result)
     finally:
         policy.stack_grants.bootstrap_roles = original
+
+
+class Writes(io.StringIO):
+    """A stream that keeps each write apart, as an unbuffered one hands each to the pipe or the journal: a line
+    and its newline in two writes is a line another thread's output can land inside."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.writes.append(text)
+        return super().write(text)

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from run_contract.timeline import CHECKPOINT_MESSAGE, step_line
+from tests.support import Writes
 from tests.workloads import WORKLOADS, checkpoint_names, committed_steps, run_workload, workloads_python
 
 sys.path.insert(0, str(WORKLOADS))
@@ -379,6 +380,18 @@ def test_each_save_is_a_step_line_the_agents_timeline_reads(tmp_path, capsys):
     saves = [line for line in lines if line and line.get("message") == CHECKPOINT_MESSAGE]
     assert [line["step"] for line in saves] == toy.steps() == [4, 8, 12, 14]
     assert all(isinstance(line["seconds"], float) and line["seconds"] >= 0 for line in saves)
+
+
+def test_each_log_line_reaches_stdout_in_one_write(monkeypatch):
+    """Unbuffered, a line and its newline written apart let a line from another thread land between them (a
+    sandboxed jax_mnist run saw TensorStore's C++ log inside its first "checkpoint saved" entry)."""
+    out = Writes()
+    monkeypatch.setattr(sys, "stdout", out)
+    runlib.Log("run", 1)(CHECKPOINT_MESSAGE, step=20)
+    entry = {"severity": "INFO", "message": CHECKPOINT_MESSAGE, "run_id": "run", "process": 1, "step": 20}
+    assert out.writes == [json.dumps(entry) + "\n"]
+    runlib.line('{"steps": 20}')  # the workloads' own last lines
+    assert out.writes[1:] == ['{"steps": 20}\n']
 
 
 # --- a checkpoint that cannot be written ends the run -----------------------------------------------

@@ -189,7 +189,10 @@ def check_timeline(
     assert record.vm == "mnist-v2-spot" and record.step_lines_trusted
     events = record.events
     kinds = [e.kind for e in events]
-    assert kinds.count("agentStart") == 2 and kinds.count("programStart") == 2 and kinds.count("end") == 2
+    # Else: every event with its step and exit code, and the errors the log holds (what ended an attempt early).
+    errors = [line for line in log.splitlines() if '"severity": "ERROR"' in line or "Terminating process" in line]
+    described = ([(e.kind, e.step, e.code) for e in events], errors[-5:])
+    assert kinds.count("agentStart") == 2 and kinds.count("programStart") == 2 and kinds.count("end") == 2, described
     # Exit 75 even when this agent's SIGTERM reaches the program on its way out (runlib ignores it then).
     assert kinds.count("sigterm") == told and [e.code for e in events if e.kind == "exit"] == [75, 0]
     lines = [json.loads(line) for line in log.splitlines() if line.startswith("{")]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import email
 import email.message
-import io
 import json
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import pytest
 
 from run_contract.spec import Allowed, FolderSource, ImageSource, SpecError, StopRequest, parse_run_spec
+from tests.support import Writes
 from tests.vm_agent_support import ARTIFACTS, REGISTRY
 from tools.standins.loopback import Handler, serve
 from tools.standins.metadata import metadata_server
@@ -278,24 +278,12 @@ def test_a_folder_creates_new_objects_only_and_deleting_a_gone_one_is_no_error(t
     assert (tmp_path / "status" / "runs/a/status.json").read_bytes() == b"third"
 
 
-class _Writes(io.StringIO):
-    """A stream that keeps each write apart, as an unbuffered one hands each to the journal."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.writes: list[str] = []
-
-    def write(self, text: str) -> int:
-        self.writes.append(text)
-        return super().write(text)
-
-
 def test_each_agent_line_reaches_the_journal_in_one_write(monkeypatch):
     """Under `python -u` another thread's line could land between a line and its newline if they were two
     writes (a clean-clone run saw a telemetry warning inside an agent's JSON entry)."""
     from vm_agent import agent, telemetry
 
-    out, err = _Writes(), _Writes()
+    out, err = Writes(), Writes()
     monkeypatch.setattr(sys, "stdout", out)
     monkeypatch.setattr(sys, "stderr", err)
     agent.log("run r stopped", run="r")

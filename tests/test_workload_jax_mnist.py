@@ -43,6 +43,39 @@ print(json.dumps({{"shape": list(logits.shape), "accuracy": float(np.mean(logits
 """
 
 
+# The convolution's own kernel gradient against XLA's, on random images and a random upstream gradient.
+GRADIENTS = """
+import json, sys
+import jax, jax.numpy as jnp
+sys.path.insert(0, {folder!r})
+import jax_mnist
+kx, kk, kd = jax.random.split(jax.random.PRNGKey(7), 3)
+x = jax.random.uniform(kx, (8, 28, 28, 1))
+kernel = jax.random.normal(kk, (3, 3, 1, 32))
+dy = jax.random.normal(kd, (8, 26, 26, 32))
+ours = jax.vjp(jax_mnist.convolve, x, kernel)
+xlas = jax.vjp(jax_mnist._convolve, x, kernel)
+(dx, dk), (dx0, dk0) = ours[1](dy), xlas[1](dy)
+most = lambda a: float(jnp.max(jnp.abs(a)))
+print(json.dumps({{"forward": most(ours[0] - xlas[0]), "kernel": most(dk - dk0) / most(dk0), "images": most(dx-dx0)}}))
+"""
+
+
+def test_the_convolutions_own_kernel_gradient_is_xlas():
+    """jax_mnist takes the kernel's gradient as one matrix product (faster on XLA:CPU); it must be the same sums."""
+    done = subprocess.run(
+        [workloads_python(), "-c", GRADIENTS.format(folder=str(WORKLOADS / "jax_mnist"))],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    differences = json.loads(done.stdout.strip().splitlines()[-1])
+    assert differences["forward"] == 0.0 and differences["images"] == 0.0
+    assert differences["kernel"] < 1e-5, differences  # float summation order only
+
+
 def test_trains_and_exports_a_model_that_predicts_on_the_cpu(tmp_path):
     sample = tmp_path / "mnist.npz"
     made = run_workload("sample_mnist.py", str(sample), "--train", "1024", "--test", "256", cwd=tmp_path)
@@ -167,6 +200,57 @@ def test_two_processes_train_as_one_slice_stop_together_on_one_sigterm_and_resum
     assert (metrics["steps"], metrics["resumes"]) == (steps, 1)
     # The same global batches, split over two hosts and resumed: the loss of one uninterrupted process.
     assert final_loss(logs[0], steps) == pytest.approx(final_loss(one.stdout, steps), abs=LOSS_TOLERANCE)
+
+
+# SlicePeers against a stand-in for jax.distributed's client (its key-value store), in one process told it is
+# process {process} of two: what it asks and sets when it fails or sees another's failure, and whether it stays.
+LEAVING = """
+import json, sys, time
+sys.path.insert(0, {folder!r})
+import jax, jax_mnist
+from jax._src import distributed
+
+events = []
+
+class Client:
+    def __init__(self, store):
+        self.store = store
+    def key_value_set(self, key, value):
+        self.store[key] = value
+        events.append(["set", key])
+    def key_value_try_get(self, key):
+        if key not in self.store:
+            raise jax.errors.JaxRuntimeError("NOT_FOUND: " + key)
+        return self.store[key]
+    def blocking_key_value_get(self, key, timeout_ms):
+        events.append(["waited for", key])  # the other process set it: it answers at once
+        return "1"
+
+peers = jax_mnist.SlicePeers()  # its backend started first: one process, on the CPU
+peers.count = 2
+distributed.global_state.client = Client({store!r})
+jax.process_index = lambda: {process}
+time.sleep = lambda seconds: events.append(["stayed", seconds])
+peers.report_failure("OSError: disk") if {failing} else peers.failure()
+print(json.dumps(events))
+"""
+
+
+@pytest.mark.parametrize(("process", "failing"), [(0, True), (0, False), (1, True), (1, False)])
+def test_process_0_which_hosts_the_coordination_service_leaves_last(process, failing):
+    """Once process 0 (the coordination service's host) is gone, JAX aborts every process still connected
+    (SIGABRT: a clean-clone run ended the fail-fast slice [74, -6]). So a process that failed, or saw the
+    failure, exits at once, but process 0 stays a while after, whichever of the two failed."""
+    store = {} if failing else {"runlib/failed": "process 1: OSError: disk"}
+    script = LEAVING.format(folder=str(WORKLOADS / "jax_mnist"), store=store, process=process, failing=failing)
+    done = subprocess.run([workloads_python(), "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    events = json.loads(done.stdout.strip().splitlines()[-1])
+    other = 1 - process
+    told = [["set", "runlib/failed"], ["waited for", f"runlib/failure-seen/{other}"]]
+    seen = [["set", f"runlib/failure-seen/{process}"]]
+    stays = [["stayed", 3.0]] if process == 0 else []
+    assert events == (told if failing else seen) + stays
 
 
 # Far below Orbax's own bound on a save's barriers (AsyncOptions.timeout_secs, 1200 s), which is how long

@@ -92,6 +92,16 @@ def parse_args(description: str, argv: list[str] | None = None) -> argparse.Name
 
 
 # -------------------------------------------------------------------------------------------- logs
+def line(text: str) -> None:
+    """Write `text` and its newline to stdout in one write, and flush. Unbuffered (PYTHONUNBUFFERED, which
+    container images often set), `print` writes a line and its newline apart, and a line the framework's
+    C++ writes to stderr meanwhile (TensorStore's first gs:// access, during the first checkpoint save) lands
+    between them, inside a JSON entry the agent's timeline and Cloud Logging can no longer parse. The
+    agent's own lines are written the same way (vm_agent/journal.py)."""
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
 class Log:
     """One JSON object per line: Cloud Logging turns them into structured entries with severity."""
 
@@ -101,7 +111,7 @@ class Log:
 
     def __call__(self, message: str, severity: str = "INFO", **fields: Any) -> None:
         entry = {"severity": severity, "message": message, "run_id": self.run_id, "process": self.process, **fields}
-        print(json.dumps(entry, default=str), flush=True)
+        line(json.dumps(entry, default=str))
 
 
 # ----------------------------------------------------------------------------------------- storage

@@ -344,12 +344,12 @@ def main(argv: list[str] | None = None) -> int:
     accuracy = trainer.accuracy(data.x_test, data.y_test)
     metrics = {"framework": "tensorflow", "device": device, **outcome.metrics, "val_accuracy": round(accuracy, 4)}
     wall = metrics["wall_seconds"]
-    print(f"Training took {wall:.1f} s on {device}; final validation accuracy {accuracy:.4f}", flush=True)
+    runlib.line(f"Training took {wall:.1f} s on {device}; final validation accuracy {accuracy:.4f}")
     if board:
         board.scalar("val_accuracy", accuracy, outcome.step)
         board.sync_to_bucket()
     runlib.finish(args, PROGRAM, trainer.saved_model(), metrics, process)
-    print(json.dumps(metrics), flush=True)
+    runlib.line(json.dumps(metrics))
     return 0
 
 
