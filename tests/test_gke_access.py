@@ -530,9 +530,13 @@ def test_a_run_submitted_against_one_runner_still_fetches_after_a_deploy_of_anot
     assert second.object_name in uploaded and first.object_name not in uploaded
     for _, name in sorted(fetched):
         assert can(principal("team-vision"), "artifacts", object_in("artifacts", name), "storage.objects.get", later)
-    # And what the runner's prefix lets the pods read is the deployer's alone: no member writes there.
-    for member in ("user:ada@example.com", "user:grace@example.com"):
-        assert not can(member, "artifacts", object_in("artifacts", second.object_name), "storage.objects.create", later)
+    # And what the runner's prefix lets the pods read is the deployer's alone: no one the plan grants anything on
+    # the artifacts bucket (members, teams' pods, workloads, the platform's own accounts) writes there.
+    granted = {g.inputs["member"] for g in later.of_type(BUCKET_GRANT) if g.inputs["bucket"] == artifacts}
+    assert {"user:ada@example.com", "user:grace@example.com", principal("team-vision")} <= granted
+    for member in sorted(granted):
+        for write in ("storage.objects.create", "storage.objects.delete"):
+            assert not can(member, "artifacts", object_in("artifacts", second.object_name), write, later), member
 
 
 def test_a_member_uploads_her_teams_folder_sources_only_with_exactly_the_uploads_calls():
