@@ -150,10 +150,12 @@ class StsStandIn:
     issued: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     violations: list[str] = field(default_factory=list)
     requests: int = 0
+    forms: list[dict[str, str]] = field(default_factory=list)  # each request's form, as received
 
     def handle(self, path: str, headers: dict[str, str], body: bytes) -> tuple[int, dict[str, Any]]:
         self.requests += 1
         form = dict(urllib.parse.parse_qsl(body.decode(), keep_blank_values=True))
+        self.forms.append(form)
         problems = check_exchange(path, headers, form)
         if form.get("subject_token") not in self.subject_tokens:
             problems.append("subject_token is not a token of this VM's account")

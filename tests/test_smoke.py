@@ -102,7 +102,8 @@ def test_what_only_a_real_tpu_proves_about_runs_is_in_the_dry_run(capsys):
     (scp,) = [c for c in commands if " scp --recurse " in c]
     assert scp.split()[6].endswith("/vm_agent") and "smoke-probe:/tmp/tpu-probe/" in scp
     (boundary,) = [c for c in commands if "tpu_probe boundary" in c]
-    assert "gcloud auth print-access-token | python3 -m vm_agent.tpu_probe boundary" in boundary
+    # by this environment's Python, which has google-auth (the exchange is its: vm_agent/credentials.py)
+    assert f"gcloud auth print-access-token | {sys.executable} -m vm_agent.tpu_probe boundary" in boundary
     assert "gs://acme-ml-sandbox-smoke-checkpoints/mnist/smoke-tpu/smoke/" in boundary
     assert "gs://acme-ml-sandbox-smoke-checkpoints/mnist/smoke-tpu/another-run/" in boundary
     assert "gs://acme-ml-sandbox-smoke-status/smoke-tpu/COMPLETE" in boundary

@@ -679,7 +679,8 @@ def boundary_probe(cfg: PlatformConfig, shell: Shell, report: Report, marker: st
     checkpoints = cfg.bucket_name("checkpoints")
     inside = f"gs://{checkpoints}/{run_prefix(cfg, vm)}/"
     outside = f"gs://{checkpoints}/{run_prefix(cfg, vm).rsplit('/', 1)[0]}/another-run/"
-    probe = shlex.join(["python3", "-m", "vm_agent.tpu_probe", "boundary", inside, outside, marker])
+    # google-auth does the exchange (vm_agent/credentials.py): this environment has it, a bare python3 need not.
+    probe = shlex.join([sys.executable, "-m", "vm_agent.tpu_probe", "boundary", inside, outside, marker])
     names = ("list_inside", "write_inside", "delete_inside", "list_outside", "write_outside", "read_marker")
     answer = json.dumps({n: {"ok": True, "status": 403 if "outside" in n or "marker" in n else 200} for n in names})
     rc, out = shell.run(["bash", "-c", f"gcloud auth print-access-token | {probe}"], cwd=ROOT, answer=answer)

@@ -38,13 +38,15 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vm_agent.firewall import RUNS_GATEWAY, RUNS_NETWORK, Firewall, FirewallError, container_ip, network_create
 
 if TYPE_CHECKING:
+    from google.auth.downscoped import AccessBoundaryRule
+
     from vm_agent.metadata_proxy import MetadataProxy
     from vm_agent.settings import Settings
 
@@ -344,7 +346,7 @@ class Isolation:
         self._images_proxy = address
         return address
 
-    def open(self, rules: list[dict] | None = None) -> RunSandbox:
+    def open(self, rules: Sequence[AccessBoundaryRule] | None = None) -> RunSandbox:
         """A uid and folders for one run, whose token (if any) reaches only what `rules` name
         (vm_agent/credentials.py boundary)."""
         return RunSandbox(self, self.pool.claim(), rules or [])
@@ -353,7 +355,7 @@ class Isolation:
 class RunSandbox:
     """One run's uid and folders, from its first install to its end."""
 
-    def __init__(self, isolation: Isolation, claim: UidClaim, rules: list[dict]):
+    def __init__(self, isolation: Isolation, claim: UidClaim, rules: Sequence[AccessBoundaryRule]):
         self.isolation = isolation
         self.claim = claim
         self.uid = claim.uid

@@ -39,11 +39,14 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from vm_agent.credentials import Downscoper
 from vm_agent.gcs import StorageError
+
+if TYPE_CHECKING:
+    from google.auth.downscoped import AccessBoundaryRule
 
 PREFIX = "/computeMetadata/v1/"
 ACCOUNT = re.compile(r"instance/service-accounts/([^/]+)/(.*)")
@@ -199,7 +202,7 @@ class MetadataProxy:
                 server.shutdown()
             server.server_close()
 
-    def admit(self, uid: int, rules: list[dict[str, Any]]) -> None:
+    def admit(self, uid: int, rules: Sequence[AccessBoundaryRule]) -> None:
         """The run of `uid` may ask for its token: one narrowed to `rules` (none when they are empty)."""
         with self._lock:
             self._runs[uid] = Downscoper(rules, self.credentials, self.sts_url) if rules else None

@@ -21,15 +21,16 @@ and one JSON line reports:
   (its uid, --cap-drop=ALL, no-new-privileges, only the TPU's nodes, memlock, no --privileged): the TPU
   initialises in the container.
 
-`python3 -m vm_agent.tpu_probe boundary INSIDE OUTSIDE MARKER` (a token on stdin, run where the smoke test
-runs): what Cloud Storage itself does with a run's boundary (vm_agent/credentials.py), which the tests
+`python -m vm_agent.tpu_probe boundary INSIDE OUTSIDE MARKER` (a token on stdin, run where the smoke test
+runs, by its Python): what Cloud Storage itself does with a run's boundary (vm_agent/credentials.py), which the tests
 only model (CEL over object names): the token exchanged for a boundary of the folder INSIDE (gs://B/P/)
 lists, writes and deletes there, and is refused (403) listing and writing OUTSIDE (a folder of another run)
 and reading MARKER (the completion marker the guard acts on). The token given is the caller's own, which
 reaches all three: a refusal is the boundary's.
 
-Standard library only: it runs on the probe node's python3 (tpu-ubuntu2204-base: 3.10), not in the agent's
-environment.
+The node's part is standard library only: it runs on the probe node's python3 (tpu-ubuntu2204-base: 3.10),
+not in the agent's environment. `boundary` exchanges the token with google-auth (vm_agent/credentials.py), so
+it runs in the smoke test's own environment, which has it (requirements.lock).
 """
 
 from __future__ import annotations
@@ -115,8 +116,8 @@ def probe(
 
 
 class _Given:
-    """The caller's own token, as google-auth credentials show one (`token`, `valid`, `expiry`: no end known).
-    The probe runs on the image's python3, which has no google-auth."""
+    """The caller's own token, as google-auth credentials show one (`token`, `valid`, `expiry`: no end known):
+    the smoke test hands the operator's (gcloud's), not credentials."""
 
     valid = True
     expiry = None
