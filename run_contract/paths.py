@@ -8,13 +8,15 @@ from __future__ import annotations
 import hashlib
 import re
 
+from run_contract.names import MEMBER_ADDRESS
+
 SOURCES_PREFIX = "sources/"  # in the artifacts bucket: `sources/<sha256>.tar.gz`, named by content
 # The runner (the VM agent and the run contract, infra/tpu/metadata.py agent_package): `runners/<sha256>.tar.gz`, a
 # prefix only `pulumi up` writes (researchers upload under `sources/`), so the readers of every runner a
 # queued or restarted run still pins are granted the prefix, not the current deploy's object alone.
 RUNNERS_PREFIX = "runners/"
-MEMBER = re.compile(r"(user|group):([^@\s:/]+@[^@\s/]+\.[a-z]{2,})")
-MEMBER_KEY = re.compile(r"(user|group)-([^@\s:/]+@[^@\s/]+\.[a-z]{2,})")
+MEMBER = re.compile(rf"(user|group):({MEMBER_ADDRESS})")
+MEMBER_KEY = re.compile(rf"(user|group)-({MEMBER_ADDRESS})")
 
 
 def source_object(sha256: str, prefix: str = SOURCES_PREFIX) -> str:

@@ -142,6 +142,37 @@ def test_a_researchers_run_reaches_only_its_own_objects(permission, bucket, name
 
 
 @pytest.mark.parametrize(
+    "key",
+    [
+        "user-o'brien@acme.example",  # an apostrophe ends an unescaped CEL literal
+        "user-a\\b@acme.example",  # a backslash escapes what follows in one
+        "user-x')||true||('@evil.example",  # an address as an injection: closes the literal, ORs in true
+    ],
+)
+def test_a_prefix_is_a_literal_in_the_boundary_never_part_of_the_expression(key):
+    """A run's prefixes hold its member's key. The platform takes no address with these characters (below), and
+    the boundary quotes what it is given all the same: it compiles, reaches the run's own objects and no one
+    else's."""
+    places = RunPlaces(f"gs://{CKPT}", f"gs://{MODELS}", "mnist", SHARED).of(f"{key}/exp-1")
+    rules = sent(boundary(places["checkpoint_dir"], places["model_dir"], ""))
+    assert check_boundary(rules) == []
+    within = boundary_grants(rules)
+    assert allowed(account(SHARED), CREATE, CKPT, f"mnist/{SHARED}/{key}/exp-1/ckpt-0000000100/state", within=within)
+    assert allowed(account(SHARED), LIST, CKPT, prefix=f"mnist/{SHARED}/{key}/exp-1/", within=within)
+    assert not allowed(account(SHARED), GET, CKPT, f"mnist/{SHARED}/{A}/exp-1/ckpt-0000000100/state", within=within)
+    assert not allowed(account(SHARED), LIST, CKPT, prefix=f"mnist/{SHARED}/", within=within)
+
+
+@pytest.mark.parametrize("member", ["user:o'brien@acme.example", "user:x')||true||('@evil.example"])
+def test_no_member_key_holds_what_a_condition_would_read_as_code(member):
+    """The run contract's one pattern of a researcher (run_contract/names.py) refuses them: the stack's
+    researchers setting (tests/test_config.py), a request's requester and a member's folders alike."""
+    with pytest.raises(ValueError, match="not a researcher member"):
+        paths.member_key(member)
+    assert paths.member_of_key(member.replace(":", "-", 1)) is None
+
+
+@pytest.mark.parametrize(
     ("bucket", "prefix", "reachable"),
     [
         (CKPT, f"mnist/{SHARED}/{A}/exp-1/", True),  # runlib lists its own checkpoints

@@ -74,6 +74,18 @@ def test_a_researcher_must_be_a_user_or_a_group(member):
     assert "user:EMAIL or group:EMAIL" in message
 
 
+@pytest.mark.parametrize("member", ["user:o'brien@acme.example", "user:x')||true||('@evil.example"])
+def test_an_address_a_condition_would_read_as_code_is_refused_before_anything_is_planned(member):
+    """A researcher's folders are named by their address, in object paths and in IAM conditions (CEL) that the
+    plan and the VM agent write: an apostrophe or a parenthesis there would end a literal. Refused with the
+    characters that are taken; before, the stack was read and the plan raised a ValueError."""
+    raw = {**example_config(), "tpu-platform:researchers": json.dumps([member])}
+    message = problems_of(raw, "self-service")
+    assert f"tpu-platform:researchers[0] = {member!r}: an IAM member user:EMAIL or group:EMAIL, the address in " in (
+        message
+    )
+
+
 def test_a_researcher_listed_twice_is_refused():
     raw = {**example_config(), "tpu-platform:researchers": json.dumps([ALICE, ALICE])}
     assert f"must not repeat {ALICE}" in problems_of(raw, "self-service")

@@ -20,7 +20,7 @@ from google.auth import credentials as google_credentials
 
 from tests.iam_standins import StsStandIn, serve, sts_handler
 from tests.vm_agent_support import REPO
-from vm_agent.credentials import READ, BoundaryError, Downscoper, access_boundary, boundary, rule
+from vm_agent.credentials import MAX_EXPRESSION, READ, BoundaryError, Downscoper, access_boundary, boundary, rule
 from vm_agent.gcs import StorageError
 
 RUN = "w/vm/run-a"
@@ -204,6 +204,22 @@ def test_what_google_auth_refuses_of_a_boundary_is_a_boundary_error():
     with pytest.raises(BoundaryError, match="'gs:///ckpt' names no bucket"):
         boundary("gs:///ckpt", "", "")
     assert boundary("", "", "") == []  # a run that touches no object gets no token at all
+
+
+def test_a_condition_longer_than_sts_takes_is_refused_before_the_run_starts():
+    """STS takes a condition expression of at most 2048 characters; a longer one would start the run and refuse
+    every token it asked for. The folder's prefix appears twice in it (objects, listing)."""
+
+    def length(folder: str) -> int:
+        condition = rule(f"gs://b/{folder}", READ, "t").availability_condition
+        assert condition is not None
+        return len(condition.expression)
+
+    fixed = length("a") - 2 * len("a/")  # all but the prefix
+    fits = "a" * ((MAX_EXPRESSION - fixed) // 2 - 1)
+    assert length(fits) in (MAX_EXPRESSION - 1, MAX_EXPRESSION)
+    with pytest.raises(BoundaryError, match=r"^the condition for 'gs://b/a+b' is 20[45]\d characters; STS takes 2048$"):
+        boundary(f"gs://b/{fits}b", "", "")
 
 
 def test_the_module_imports_without_google_auth():

@@ -65,6 +65,9 @@ ACCESS_TOKEN_TYPE = "urn:ietf:params:oauth:token-type:access_token"
 WRITE = "inRole:roles/storage.objectAdmin"  # an upper bound: IAM's own grant (objectUser) is what holds
 READ = "inRole:roles/storage.objectViewer"
 REFRESH_BEFORE_S = 300.0  # a token closer than this to its end is exchanged again
+# "The maximum length of the expression field is 2048 characters" (the STS API reference, AccessBoundaryRule
+# availabilityCondition: cloud.google.com/iam/docs/reference/sts/rest/v1/AccessBoundary).
+MAX_EXPRESSION = 2048
 EXCHANGE_TIMEOUT_S = 30  # a run waits on its token (the transport's own default is 120 s)
 
 
@@ -79,6 +82,13 @@ def _prefix(url: str, folder: bool) -> tuple[str, str]:
     return bucket, (f"{name}/" if folder else name) if name else ""
 
 
+def cel_string(text: str) -> str:
+    """`text` as a CEL string literal. A prefix holds a member's key, and an address may hold `'` (o'brien@) or
+    `\\`: unescaped, the first breaks the expression (STS refuses it, the run gets no token) and the second changes
+    what it names. The CEL spec's escapes (cel-spec doc/langdef.md, "String and Bytes Values")."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 def rule(url: str, permission: str, title: str, folder: bool = True) -> AccessBoundaryRule:
     """One rule: the objects under the gs:// URL `url` (and listing them), up to `permission`. `folder`: `url`
     is a folder (`<url>/...` only); else an object or a folder (data: one .npz or a folder of shards)."""
@@ -87,11 +97,15 @@ def rule(url: str, permission: str, title: str, folder: bool = True) -> AccessBo
     bucket, prefix = _prefix(url, folder)
     condition = None
     if prefix:
-        condition = downscoped.AvailabilityCondition(
-            f"resource.name.startsWith('projects/_/buckets/{bucket}/objects/{prefix}') || "
-            f"api.getAttribute('storage.googleapis.com/objectListPrefix', '').startsWith('{prefix}')",
-            title=title,
+        expression = (
+            f"resource.name.startsWith({cel_string(f'projects/_/buckets/{bucket}/objects/{prefix}')}) || "
+            f"api.getAttribute('storage.googleapis.com/objectListPrefix', '').startsWith({cel_string(prefix)})"
         )
+        if len(expression) > MAX_EXPRESSION:
+            raise BoundaryError(
+                f"the condition for {url!r} is {len(expression)} characters; STS takes {MAX_EXPRESSION}"
+            )
+        condition = downscoped.AvailabilityCondition(expression, title=title)
     return downscoped.AccessBoundaryRule(
         f"//storage.googleapis.com/projects/_/buckets/{bucket}", [permission], condition
     )

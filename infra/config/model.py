@@ -35,7 +35,7 @@ from infra.config.examples import examples, not_an_example
 from infra.config.problems import fullmatch
 from infra.config.workload_code import FOLDER_ALLOWED, IMAGE_ALLOWED, folder_problem
 from infra.schedule import CronError, parse_cron
-from run_contract.names import RESEARCHER
+from run_contract.names import MEMBER_ADDRESS_RULE, RESEARCHER
 
 PROJECT = "tpu-platform"
 BUCKET_PURPOSES = ("data", "checkpoints", "models")
@@ -128,7 +128,11 @@ SLICE_POOL_PROVISIONING = ("on-demand", "spot", "reserved", "flex-start")
 # service accounts run the platform and are never researchers.
 RESEARCHER_MEMBER = RESEARCHER.pattern  # the run contract's (run_contract/names.py)
 Members = Annotated[
-    tuple[Annotated[Text, Allowed("an IAM member user:EMAIL or group:EMAIL", RESEARCHER_MEMBER)], ...], Items(100)
+    tuple[
+        Annotated[Text, Allowed(f"an IAM member user:EMAIL or group:EMAIL, {MEMBER_ADDRESS_RULE}", RESEARCHER_MEMBER)],
+        ...,
+    ],
+    Items(100),
 ]
 # container.v1 AuthenticatorGroupsConfig (pulumi-gcp: "Group name must be in format
 # gke-security-groups@yourdomain.com"): the group of groups GKE looks members up in for RBAC.
