@@ -37,7 +37,6 @@ from tools.standins.storage import storage_emulator
 ROOT = Path(__file__).resolve().parents[1]
 BUCKET = "fixture-gke-gke-artifacts"
 TRAINER = ROOT / "tests/agent_sources/trainer"
-IMAGE = "python:3.12-slim@sha256:" + "c" * 64
 
 
 def put(storage: str, name: str, data: bytes) -> None:
@@ -78,8 +77,8 @@ def world() -> Iterator[tuple[str, str]]:
 def folder_jobset(source: FolderSource) -> dict[str, Any]:
     """The JobSet of a run of this source."""
     runner = agent_package()
-    spec = RunSpec(run_id="exp-1", source=source, command=("python", "train.py"), requester="user:ada@example.com")
-    folder = FolderRun(IMAGE, Artifact(BUCKET, runner.object_name, runner.sha256))
+    spec = RunSpec(run_id="exp-1", source=source, command=("python3", "train.py"), requester="user:ada@example.com")
+    folder = FolderRun(g.FOLDER_IMAGE, Artifact(BUCKET, runner.object_name, runner.sha256))
     return run_jobset(spec, g.VISION, g.V5E_16_SPOT, checkpoints="c", models="m", folder=folder)
 
 
