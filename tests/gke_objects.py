@@ -10,6 +10,9 @@ from infra.gke.jobsets import team_jobset
 from infra.gke.specs import SliceShape
 
 IMAGE = "us-docker.pkg.dev/acme/train@sha256:" + "0" * 64
+# A folder source's image, as the fixture stack pins it (tests/stacks/Pulumi.gke.yaml gke.folderImage): Google's
+# Cloud SDK image, Debian's python3 and no `python` command (docs/design-gke.md), so its commands say python3.
+FOLDER_IMAGE = "gcr.io/google.com/cloudsdktool/google-cloud-cli@sha256:" + "c" * 64
 
 V5E_16_SPOT = SliceShape("tpu-v5-lite-podslice", "4x4", "ct5lp-hightpu-4t", 4, 4, 1, "spot")
 V6E_16_FLEX = SliceShape("tpu-v6e-slice", "4x4", "ct6e-standard-4t", 4, 4, 2, "flex-start")

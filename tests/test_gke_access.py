@@ -44,7 +44,7 @@ from infra.startup import Artifact
 from infra.tpu.metadata import agent_package
 from run_contract import paths
 from run_contract.spec import FolderSource, RunSpec
-from tests.gke_objects import V5E_16_SPOT
+from tests.gke_objects import FOLDER_IMAGE, V5E_16_SPOT
 from tests.iam_conditions import allows
 from tests.support import deploys, fixture_config, plan
 from tests.test_access import ADMIN, deployer, held_by
@@ -509,7 +509,7 @@ def test_a_run_submitted_against_one_runner_still_fetches_after_a_deploy_of_anot
     gke = parse_stack_config(STACK, gke_plan().config).gke
     assert gke is not None
     (team,) = [t for t in gke.teams if t.name == "vision"]
-    folder = FolderRun("python:3.12-slim@sha256:" + "c" * 64, Artifact(artifacts, first.object_name, first.sha256))
+    folder = FolderRun(FOLDER_IMAGE, Artifact(artifacts, first.object_name, first.sha256))
     jobset = run_jobset(spec, team, V5E_16_SPOT, checkpoints="ckpt", models="models", folder=folder)
     pods = [job["template"]["spec"]["template"]["spec"] for job in jobset["spec"]["replicatedJobs"]]
     scripts = [c["command"][2] for pod in pods for c in pod["initContainers"] if c["name"] == FETCH_CONTAINER]

@@ -9,6 +9,7 @@ import pytest
 
 from infra.config import parse_stack_config
 from infra.config.model import TeamSettings
+from tests.gke_objects import FOLDER_IMAGE
 from tests.support import NS, fixture_config, replace_object, with_object
 from tests.test_config import problems_of
 
@@ -315,27 +316,25 @@ def test_teams_are_guaranteed_at_most_the_chips_their_pools_hold():
     assert parse_stack_config("gke", with_object(BASE, "gke", two_pools_of_one_shape)).gke is not None
 
 
-PYTHON_SLIM = "python:3.12-slim@sha256:" + "c" * 64
-
-
 @pytest.mark.parametrize(
     "image",
     [
-        "python:3.12-slim",  # a tag moves under a running stack
+        "gcr.io/google.com/cloudsdktool/google-cloud-cli:slim",  # a tag moves under a running stack
         "python@sha256:" + "c" * 63,
         "Python@sha256:" + "c" * 64,
-        "python:3.12-slim@sha1:" + "c" * 40,
+        "gcr.io/google.com/cloudsdktool/google-cloud-cli@sha1:" + "c" * 40,
     ],
 )
 def test_the_folder_image_is_pinned_by_digest(image):
     message = gke_problems(lambda gke: gke.update(folderImage=image))
-    assert f"{NS}:gke.folderImage = {image!r}: an image pinned by digest, like python:3.12-slim@sha256:" in message
+    allowed = "an image pinned by digest, like gcr.io/google.com/cloudsdktool/google-cloud-cli@sha256:<64 hex digits>"
+    assert f"{NS}:gke.folderImage = {image!r}: {allowed}" in message
 
 
 def test_the_folder_image_reads_pinned_and_defaults_to_none():
-    assert parse_stack_config("gke", BASE).gke.folder_image == PYTHON_SLIM  # type: ignore[union-attr]
+    assert parse_stack_config("gke", BASE).gke.folder_image == FOLDER_IMAGE  # type: ignore[union-attr]
     unset = parse_stack_config("gke", with_object(BASE, "gke", lambda g: g.pop("folderImage")))
     assert unset.gke is not None and unset.gke.folder_image == ""
-    for image in (PYTHON_SLIM, "us-docker.pkg.dev/acme/public/jax:0.6@sha256:" + "d" * 64):
+    for image in (FOLDER_IMAGE, "us-docker.pkg.dev/acme/public/jax:0.6@sha256:" + "d" * 64):
         gke = parse_stack_config("gke", with_object(BASE, "gke", lambda g, i=image: g.update(folderImage=i))).gke
         assert gke is not None and gke.folder_image == image

@@ -67,14 +67,13 @@ SHAPES_BY_KIND = {  # (pool, shape, slices)
 def a_run(run_id: str = "exp-1", **changes: Any) -> RunSpec:
     fields: dict[str, Any] = {
         "source": ImageSource(g.IMAGE),
-        "command": ("python", "train.py"),
+        "command": ("python3", "train.py"),  # python3: a folder runs in g.FOLDER_IMAGE, which has no `python`
         "requester": "user:ada@example.com",
         "env": (("EPOCHS", "3"),),
     }
     return RunSpec(run_id=run_id, **{**fields, **changes})
 
 
-FOLDER_IMAGE = "python:3.12-slim@sha256:" + "c" * 64
 RUNNER = Artifact("acme-artifacts", "runners/" + "e" * 64 + ".tar.gz", "e" * 64)
 FOLDER = FolderSource("gs://acme-artifacts/teams/vision/sources/" + "f" * 64 + ".tar.gz", "f" * 64)
 
@@ -85,7 +84,7 @@ IMAGE_SOURCE = ImageSource(g.IMAGE)
 def run_render(kind: str, source: ImageSource | FolderSource = IMAGE_SOURCE) -> dict[str, Any]:
     _, shape, slices = SHAPES_BY_KIND[kind]
     team = g.NLP.model_copy(update={"nominal_chips": (("v6e", 32),)}) if kind == "multislice" else RUN_TEAM
-    folder = FolderRun(FOLDER_IMAGE, RUNNER)
+    folder = FolderRun(g.FOLDER_IMAGE, RUNNER)
     run = a_run(source=source)
     return run_jobset(run, team, shape, checkpoints="ckpt", models="models", slices=slices, folder=folder)
 
@@ -224,11 +223,11 @@ def test_a_folder_source_runs_in_the_stacks_image_from_the_folder_its_fetch_step
     pod = _pod(jobset)
     (fetch,) = pod["initContainers"]
     (main,) = pod["containers"]
-    assert fetch["name"] == FETCH_CONTAINER and fetch["image"] == main["image"] == FOLDER_IMAGE
+    assert fetch["name"] == FETCH_CONTAINER and fetch["image"] == main["image"] == g.FOLDER_IMAGE
     assert pod["volumes"] == [{"name": "source", "emptyDir": {}}]
     assert fetch["volumeMounts"] == [{"name": "source", "mountPath": "/tpu-platform"}]
     assert main["volumeMounts"] == [{"name": "source", "mountPath": "/tpu-platform", "readOnly": True}]
-    assert main["workingDir"] == "/tpu-platform/source" and main["command"] == ["python", "train.py"]
+    assert main["workingDir"] == "/tpu-platform/source" and main["command"] == ["python3", "train.py"]
     script = fetch["command"][2]
     assert fetch["command"][:2] == ["bash", "-c"]
     assert f"storage/v1/b/acme-artifacts/o/runners%2F{'e' * 64}.tar.gz?alt=media" in script

@@ -37,7 +37,6 @@ from tools.standins.storage import storage_emulator
 ROOT = Path(__file__).resolve().parents[1]
 BUCKET = "fixture-gke-gke-artifacts"
 TRAINER = ROOT / "tests/agent_sources/trainer"
-IMAGE = "python:3.12-slim@sha256:" + "c" * 64
 
 
 def put(storage: str, name: str, data: bytes) -> None:
@@ -78,8 +77,8 @@ def world() -> Iterator[tuple[str, str]]:
 def folder_jobset(source: FolderSource) -> dict[str, Any]:
     """The JobSet of a run of this source."""
     runner = agent_package()
-    spec = RunSpec(run_id="exp-1", source=source, command=("python", "train.py"), requester="user:ada@example.com")
-    folder = FolderRun(IMAGE, Artifact(BUCKET, runner.object_name, runner.sha256))
+    spec = RunSpec(run_id="exp-1", source=source, command=("python3", "train.py"), requester="user:ada@example.com")
+    folder = FolderRun(g.FOLDER_IMAGE, Artifact(BUCKET, runner.object_name, runner.sha256))
     return run_jobset(spec, g.VISION, g.V5E_16_SPOT, checkpoints="c", models="m", folder=folder)
 
 
@@ -92,13 +91,18 @@ def fetch_step(source: FolderSource) -> list[str]:
 
 
 def run(
-    world: tuple[str, str], tmp_path: Path, source: FolderSource, python: str = sys.executable
+    world: tuple[str, str],
+    tmp_path: Path,
+    source: FolderSource,
+    python: str | None = sys.executable,
+    path: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
+    """The step with `python` as its Python; with None, the one its PATH names `python3`, as in a pod."""
     storage, metadata = world
     env = {
-        "PATH": os.environ["PATH"],
+        "PATH": path or os.environ["PATH"],
         "TPU_PLATFORM_ROOT": str(tmp_path),
-        "TPU_PLATFORM_PYTHON": python,
+        **({"TPU_PLATFORM_PYTHON": python} if python else {}),
         "GCE_METADATA_HOST": metadata,
         "STORAGE_EMULATOR_HOST": storage,
     }
@@ -139,6 +143,24 @@ def test_the_step_reads_the_archives_as_the_pods_identity(world, tmp_path):
     script = fetch_step(FolderSource(f"gs://{BUCKET}/teams/vision/sources/{trainer.sha256}.tar.gz", trainer.sha256))[2]
     assert "instance/service-accounts/default/token" in script and "Authorization: Bearer" in script
     assert SANDBOX_TOKEN not in script
+
+
+def test_the_step_runs_the_images_python3_and_never_a_python_command(world, tmp_path):
+    """The folder image is Debian's python3 with no `python` command (docs/design-gke.md: google-cloud-cli's
+    Dockerfile; in Debian only python-is-python3 ships /usr/bin/python). As in a pod, with no
+    TPU_PLATFORM_PYTHON, the step runs `python3` from its PATH; a `python` ahead of it there is never run."""
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "python3").symlink_to(sys.executable)
+    ran = tmp_path / "python-ran"
+    (tools / "python").write_text(f'#!/bin/sh\necho "$@" > {ran}\nexit 127\n')
+    (tools / "python").chmod(0o755)
+    trainer = package(TRAINER)
+    source = FolderSource(f"gs://{BUCKET}/teams/vision/sources/{trainer.sha256}.tar.gz", trainer.sha256)
+    done = run(world, tmp_path / "pod", source, python=None, path=f"{tools}{os.pathsep}{os.environ['PATH']}")
+    assert done.returncode == 0, done.stderr
+    assert not ran.exists()
+    assert (tmp_path / "pod/source/train.py").read_bytes() == (TRAINER / "train.py").read_bytes()
 
 
 def test_an_image_whose_python_is_older_than_the_runners_floor_is_refused_with_78(world, tmp_path):

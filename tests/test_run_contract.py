@@ -23,8 +23,8 @@ import run_contract
 from infra.config import parse_stack_config
 from infra.tpu.metadata import agent_package, run_spec, source_digests
 from infra.tpu_guard import source_files
-from run_contract import names, schema, spec
-from tests.support import fixture_config
+from run_contract import lines, names, schema, spec
+from tests.support import Writes, fixture_config
 from tests.workloads import ENGINES, slice_environment, workloads_python
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,6 +82,17 @@ def test_the_tpu_runs_and_runlib_wheels_carry_the_contract(tmp_path):
     expected = run_contract.digest()
     assert run_contract.digest(_contract(tpu_runs)) == expected
     assert run_contract.digest(_contract(runlib_wheel)) == expected
+
+
+def test_a_line_and_its_newline_reach_the_stream_in_one_write(monkeypatch):
+    """Unbuffered, a line and its newline written apart let other output land between them: a sandboxed jax_mnist
+    run saw TensorStore's C++ log inside its first "checkpoint saved" entry, a clean-clone run a telemetry
+    warning inside an agent's JSON entry."""
+    out, err = Writes(), Writes()
+    monkeypatch.setattr(sys, "stdout", out)
+    lines.line('{"steps": 20}')
+    lines.line("telemetry: Logging failed", err)
+    assert out.writes == ['{"steps": 20}\n'] and err.writes == ["telemetry: Logging failed\n"]
 
 
 def test_the_run_spec_schema_in_the_docs_is_the_generated_one():

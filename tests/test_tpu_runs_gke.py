@@ -544,7 +544,7 @@ def test_other_bytes_planted_under_a_folders_digest_name_are_refused_not_reused(
         put(storage, ARTIFACTS, runner.object_name, runner.data)
         put(storage, ARTIFACTS, name, b"junk")
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", storage)
-        assert cluster.run("submit", "--team", "vision", "--folder", str(folder), "--", "python", "train.py") == 2
+        assert cluster.run("submit", "--team", "vision", "--folder", str(folder), "--", "python3", "train.py") == 2
     err = capsys.readouterr().err
     assert f"gs://{ARTIFACTS}/{name} holds other bytes than {folder}'s archive" in err
     assert "Ask the stack's admins (the team's, on the GKE engine) to remove that object" in err
@@ -560,7 +560,7 @@ def test_a_folder_source_from_someone_the_team_does_not_count_is_refused_in_a_te
     refusing = requests.Session()
     refusing.request = lambda *a, **k: _forbidden()  # type: ignore[method-assign]
     argv = ["submit", "--stack", "gke", "--stack-file", str(STACK_FILE), "--team", "vision", "--folder", str(folder)]
-    code = cli.main([*argv, "--", "python", "train.py"], refusing)
+    code = cli.main([*argv, "--", "python3", "train.py"], refusing)
     err = capsys.readouterr().err
     assert code == 2 and f"you may not read gs://{ARTIFACTS}/{agent_package().object_name} (HTTP 403: denied)" in err
     assert "Members of team vision are listed under tpu-platform:gke.teams in Pulumi.gke.yaml" in err
@@ -649,7 +649,7 @@ def test_a_folder_source_is_uploaded_under_the_teams_sources_and_fetched_by_dige
         put(storage, ARTIFACTS, runner.object_name, runner.data)  # as the stack's pulumi up leaves it
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", storage)
         session = StorageChecked(storage)
-        argv = ["submit", "--team", "vision", "--folder", str(folder), "--run-id", "f-1", "--", "python", "train.py"]
+        argv = ["submit", "--team", "vision", "--folder", str(folder), "--run-id", "f-1", "--", "python3", "train.py"]
         run = [argv[0], "--stack", "gke", "--stack-file", str(STACK_FILE), *argv[1:]]
         assert cli.main(run, session) == 0, capsys.readouterr().err
         assert f"as gs://{ARTIFACTS}/{name}" in capsys.readouterr().out
@@ -657,7 +657,7 @@ def test_a_folder_source_is_uploaded_under_the_teams_sources_and_fetched_by_dige
             f"{storage}/storage/v1/b/{ARTIFACTS}/o/{quote(name, safe='')}", params={"alt": "media"}, timeout=10
         )
         assert stored.content == archive.data
-        assert cli.main([*run[:-4], "f-2", "--", "python", "train.py"], session) == 0  # the same folder again
+        assert cli.main([*run[:-4], "f-2", "--", "python3", "train.py"], session) == 0  # the same folder again
         assert "is there already" in capsys.readouterr().out
     # The requests it made: Cloud Storage's checked against storage.v1 and each allowed her by the plan's grants,
     # IAM Conditions evaluated; the cluster's checked by the stand-in (RBAC, the validator).
@@ -677,7 +677,7 @@ def test_a_folder_source_is_uploaded_under_the_teams_sources_and_fetched_by_dige
     (fetch,) = pod["initContainers"]
     (main,) = pod["containers"]
     assert fetch["image"] == main["image"] == CFG.gke.folder_image  # type: ignore[union-attr]
-    assert main["command"] == ["python", "train.py"] and main["workingDir"] == "/tpu-platform/source"
+    assert main["command"] == ["python3", "train.py"] and main["workingDir"] == "/tpu-platform/source"
     script = fetch["command"][2]
     for sha256, obj in ((archive.sha256, name), (runner.sha256, runner.object_name)):
         assert f"/b/{ARTIFACTS}/o/{quote(obj, safe='')}?alt=media" in script and sha256 in script
@@ -693,7 +693,7 @@ def test_a_folder_source_on_a_stack_without_a_folder_image_is_refused_before_any
     stack_file.write_text(without + "\n")
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:9")  # nothing answers: no call may be made
     argv = ["submit", "--stack", "gke", "--stack-file", str(stack_file), "--team", "vision", "--folder", str(TRAINER)]
-    assert cli.main([*argv, "--", "python", "train.py"], requests.Session()) == 2
+    assert cli.main([*argv, "--", "python3", "train.py"], requests.Session()) == 2
     err = capsys.readouterr().err
     assert "stack 'gke' names no image for folder sources on the GKE engine: set tpu-platform:gke.folderImage" in err
     assert cluster.state.accesses == [] and cluster.state.google_methods == []
@@ -701,7 +701,7 @@ def test_a_folder_source_on_a_stack_without_a_folder_image_is_refused_before_any
 
 def test_a_folder_with_requirements_is_refused_on_the_gke_engine_before_any_call(cluster: Cluster, capsys):
     """The VM agent installs a folder's requirements; a pod installs none, so the run would fail on its imports."""
-    argv = ["submit", "--team", "vision", "--folder", str(TRAINER), "--", "python", "train.py"]
+    argv = ["submit", "--team", "vision", "--folder", str(TRAINER), "--", "python3", "train.py"]
     assert cluster.run(*argv) == 2
     assert "has requirements (requirements.lock): on the GKE engine a folder runs with the packages" in (
         capsys.readouterr().err
@@ -720,7 +720,7 @@ def test_a_folder_source_from_a_checkout_the_stack_was_not_deployed_from_is_refu
         requests.post(f"{storage}/storage/v1/b", params={"project": CFG.project}, json={"name": ARTIFACTS}, timeout=10)
         put(storage, ARTIFACTS, "runners/" + "0" * 64 + ".tar.gz", b"another checkout's runner")
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", storage)
-        assert cluster.run("submit", "--team", "vision", "--folder", str(folder), "--", "python", "train.py") == 2
+        assert cluster.run("submit", "--team", "vision", "--folder", str(folder), "--", "python3", "train.py") == 2
         listed = requests.get(f"{storage}/storage/v1/b/{ARTIFACTS}/o", timeout=10).json().get("items", [])
     err = capsys.readouterr().err
     assert f"stack 'gke' holds no runner gs://{ARTIFACTS}/{agent_package().object_name}" in err

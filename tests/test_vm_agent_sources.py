@@ -279,8 +279,9 @@ def test_a_folder_creates_new_objects_only_and_deleting_a_gone_one_is_no_error(t
 
 
 def test_each_agent_line_reaches_the_journal_in_one_write(monkeypatch):
-    """Under `python -u` another thread's line could land between a line and its newline if they were two
-    writes (a clean-clone run saw a telemetry warning inside an agent's JSON entry)."""
+    """The agent's log and the telemetry's warnings are written as the run contract's one-write lines
+    (run_contract/lines.py): under `python -u` another thread's line could otherwise land between a line and its
+    newline (a clean-clone run saw a telemetry warning inside an agent's JSON entry)."""
     from vm_agent import agent, telemetry
 
     out, err = Writes(), Writes()

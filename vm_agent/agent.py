@@ -40,10 +40,11 @@ from collections.abc import Callable
 from typing import Any
 
 from run_contract import completion_marker as marker_schema
+from run_contract import lines
 from run_contract.paths import status_name
 from run_contract.spec import RunSpec, SpecError, StopRequest
 
-from vm_agent import journal, telemetry
+from vm_agent import telemetry
 from vm_agent import timeline as run_timeline
 from vm_agent.firewall import Firewall, FirewallError
 from vm_agent.gcs import Folder, Storage, StorageError, vm_credentials
@@ -61,7 +62,7 @@ FROM_STACK, FROM_REQUESTS = "stack", "requests"
 def log(message: str, severity: str = "INFO", **fields: Any) -> None:
     """One JSON line on stdout (the journal; Cloud Logging parses it)."""
     entry = {"severity": severity, "message": message, "component": "tpu-platform-agent", **fields}
-    journal.line(json.dumps(entry, default=str))
+    lines.line(json.dumps(entry, default=str))
 
 
 class Agent:

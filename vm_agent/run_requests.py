@@ -43,13 +43,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
+from run_contract import lines
 from run_contract.names import REQUEST_RUN_ID
 from run_contract.paths import member_of_key, requests_prefix, runs_prefix, status_name, status_prefix
 from run_contract.request import REQUEST_NAME, RunPlaces, parse_request
 from run_contract.spec import Allowed, RunSpec, SpecError, StopRequest
 from run_contract.status import RESUMABLE
 
-from vm_agent import journal
 from vm_agent.gcs import Folder, Storage, StorageError, split_gs, vm_credentials
 from vm_agent.runner import utc_now
 from vm_agent.settings import Settings
@@ -81,7 +81,7 @@ class RequestSource:
         self.bucket = Folder(f"gs://{bucket}", storage)  # the whole status bucket: names are object names
         self.poll_s = poll_s
         self.prefix = requests_prefix(self.vm)
-        self.log = log or (lambda line: journal.line(f"requests: {line}", sys.stderr))
+        self.log = log or (lambda line: lines.line(f"requests: {line}", sys.stderr))
 
     @classmethod
     def from_settings(

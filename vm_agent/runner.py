@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from run_contract import completion_marker as marker_schema
+from run_contract import lines
 from run_contract.names import (
     CHECKPOINT_DIR_ENV,
     CONTRACT_PREFIX,
@@ -67,7 +68,7 @@ from run_contract.paths import status_name
 from run_contract.spec import FolderSource, ImageSource, RunSpec
 from run_contract.status import ENDED
 
-from vm_agent import credentials, installs, journal, telemetry
+from vm_agent import credentials, installs, telemetry
 from vm_agent import timeline as run_timeline
 from vm_agent.archives import sha256_file, unpack
 from vm_agent.firewall import RUNS_NETWORK
@@ -288,7 +289,7 @@ class Run:
         assert process.stdout is not None
         for raw in process.stdout:
             line = raw.decode(errors="replace").rstrip("\n")
-            journal.line(line)
+            lines.line(line)
             step = self.timeline.line(line)
             if step is not None:  # the last step a step line reports, for the completion marker
                 self.steps = step
@@ -524,7 +525,7 @@ class Run:
             self._process = None
         text = output.decode(errors="replace")
         for line in text.splitlines():
-            journal.line(line)
+            lines.line(line)
         if process.returncode != 0:
             tail = " | ".join(text.strip().splitlines()[-3:])
             raise SourceError(f"`{' '.join(argv)}` exited {process.returncode}: {tail}")

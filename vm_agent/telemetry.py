@@ -61,11 +61,10 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
-from run_contract import metrics
+from run_contract import lines, metrics
 from run_contract.paths import MEMBER, researcher_log
 from run_contract.timeline import untrusted_categories
 
-from vm_agent import journal
 from vm_agent.gcs import Storage, metadata_url, vm_credentials
 from vm_agent.tensorboard import EventLog
 
@@ -302,7 +301,7 @@ class Telemetry:
         self.clock = clock
         self.flush_every_s = flush_every_s
         self.counts = Counts()
-        self._warn = warn or (lambda message: journal.line(f"telemetry: {message}", sys.stderr))
+        self._warn = warn or (lambda message: lines.line(f"telemetry: {message}", sys.stderr))
         self._queue: queue.Queue[tuple[dict[str, Any], tuple[str, str, int, dict[str, float]] | None]] = queue.Queue(
             queue_size
         )

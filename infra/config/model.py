@@ -144,7 +144,9 @@ PINNED_IMAGE = (
     r"[a-z0-9]+([._-]+[a-z0-9]+)*(/[a-z0-9]+([._-]+[a-z0-9]+)*)*(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
     r"@sha256:[0-9a-f]{64}"
 )
-PINNED_IMAGE_ALLOWED = "an image pinned by digest, like python:3.12-slim@sha256:<64 hex digits>"
+PINNED_IMAGE_ALLOWED = (
+    "an image pinned by digest, like gcr.io/google.com/cloudsdktool/google-cloud-cli@sha256:<64 hex digits>"
+)
 # A team's name becomes its ClusterQueue's and LocalQueue's (label values, 63) and its namespace's default
 # team-NAME; 30 leaves the namespace and the names derived from it room (infra/naming.py).
 MAX_TEAM_NAME = 30
@@ -861,8 +863,9 @@ class GkeSettings(Section):
         default="",
         description="The public image a team's folder source runs in (tpu-runs submit --team --folder), pinned by "
         "digest; it needs python3 no older than the VM agent's oldest, bash, curl 7.71 or newer, sha256sum, tar and "
-        "gzip: Google's google-cloud-cli:slim has them (docs/design-gke.md), python:*-slim has no curl. Default: "
-        "none, and only images are submitted.",
+        "gzip: Google's google-cloud-cli:slim has them (docs/design-gke.md), python:*-slim has no curl. The "
+        "researchers' commands run in it too: in that Debian image they say python3, as it has no python command. "
+        "Default: none, and only images are submitted.",
         examples=["gcr.io/google.com/cloudsdktool/google-cloud-cli@sha256:<64 hex digits>"],
     )
 

@@ -41,6 +41,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from tensorboardX import SummaryWriter
 
+from run_contract.lines import line
 from run_contract.names import worker_place
 
 
@@ -413,13 +414,13 @@ def main(argv: list[str] | None = None) -> int:
     accuracy = float(np.mean(np.argmax(np.asarray(logits), axis=1) == data.y_test))
     metrics = {"framework": "jax", "device": device, **outcome.metrics, "val_accuracy": round(accuracy, 4)}
     wall = metrics["wall_seconds"]
-    runlib.line(f"Training took {wall:.1f} s on {device}; final validation accuracy {accuracy:.4f}")
+    line(f"Training took {wall:.1f} s on {device}; final validation accuracy {accuracy:.4f}")
     if board:
         board.add_scalar("val_accuracy", accuracy, outcome.step)
         board.close()
     model = {"params.npz": runlib.pack(local(training.params)), EXPORT: export_model(training.params)}
     runlib.finish(args, PROGRAM, model, metrics, process)
-    runlib.line(json.dumps(metrics))
+    line(json.dumps(metrics))
     return 0
 
 

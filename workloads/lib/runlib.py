@@ -47,6 +47,7 @@ from typing import Any, NoReturn, Protocol
 import numpy as np
 
 from run_contract import completion_marker, names
+from run_contract.lines import line
 from run_contract.timeline import CHECKPOINT_MESSAGE, RESTORED_MESSAGE
 
 COMPLETE = completion_marker.NAME
@@ -92,18 +93,9 @@ def parse_args(description: str, argv: list[str] | None = None) -> argparse.Name
 
 
 # -------------------------------------------------------------------------------------------- logs
-def line(text: str) -> None:
-    """Write `text` and its newline to stdout in one write, and flush. Unbuffered (PYTHONUNBUFFERED, which
-    container images often set), `print` writes a line and its newline apart, and a line the framework's
-    C++ writes to stderr meanwhile (TensorStore's first gs:// access, during the first checkpoint save) lands
-    between them, inside a JSON entry the agent's timeline and Cloud Logging can no longer parse. The
-    agent's own lines are written the same way (vm_agent/journal.py)."""
-    sys.stdout.write(text + "\n")
-    sys.stdout.flush()
-
-
 class Log:
-    """One JSON object per line: Cloud Logging turns them into structured entries with severity."""
+    """One JSON object per line, each in one write (run_contract/lines.py): Cloud Logging turns them into
+    structured entries with severity."""
 
     def __init__(self, run_id: str, process: int = 0):
         self.run_id = run_id

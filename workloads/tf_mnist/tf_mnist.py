@@ -33,6 +33,8 @@ from typing import Any
 import numpy as np
 import runlib
 
+from run_contract.lines import line
+
 # Read once, as TensorFlow loads. Its oneDNN kernels for the CPU are on by default only where the CPU
 # has AVX-512 VNNI or BF16, AVX-VNNI or AMX (IsMklEnabled, tensorflow/core/util/port.cc); elsewhere, as
 # on this AVX2 machine, TensorFlow runs Eigen's kernels, with which a step of this model took 1.5x the
@@ -344,12 +346,12 @@ def main(argv: list[str] | None = None) -> int:
     accuracy = trainer.accuracy(data.x_test, data.y_test)
     metrics = {"framework": "tensorflow", "device": device, **outcome.metrics, "val_accuracy": round(accuracy, 4)}
     wall = metrics["wall_seconds"]
-    runlib.line(f"Training took {wall:.1f} s on {device}; final validation accuracy {accuracy:.4f}")
+    line(f"Training took {wall:.1f} s on {device}; final validation accuracy {accuracy:.4f}")
     if board:
         board.scalar("val_accuracy", accuracy, outcome.step)
         board.sync_to_bucket()
     runlib.finish(args, PROGRAM, trainer.saved_model(), metrics, process)
-    runlib.line(json.dumps(metrics))
+    line(json.dumps(metrics))
     return 0
 
 
