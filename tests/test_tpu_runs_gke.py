@@ -165,7 +165,9 @@ def test_a_run_its_queue_could_never_admit_is_refused_before_any_call(cluster: C
     assert "stack 'gke' has no GKE team 'nobody' (it has: vision, nlp)" in capsys.readouterr().err
     assert cluster.run("submit", "--team", "vision", "--image", IMAGE, "--python", "3.11", "--", "x") == 2
     refused = "--python: on the GKE engine a folder source runs in the Python of the stack's folder image"
-    assert f"{refused} (tpu-platform:gke.folderImage in Pulumi.gke.yaml)" in capsys.readouterr().err
+    assert f"{refused} (tpu-platform:gke.folderImage in Pulumi.gke.yaml): name it in the command, e.g. -- python3" in (
+        capsys.readouterr().err
+    )
     assert cluster.state.accesses == [] and cluster.state.google_methods == []
 
 

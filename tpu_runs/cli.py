@@ -152,7 +152,8 @@ def submit(google: Google, stack: Stack, args: argparse.Namespace) -> int:
         if args.python:
             raise UsageError(
                 "--python: on the GKE engine a folder source runs in the Python of the stack's folder image "
-                f"(tpu-platform:gke.folderImage in Pulumi.{stack.cfg.stack}.yaml)"
+                f"(tpu-platform:gke.folderImage in Pulumi.{stack.cfg.stack}.yaml): name it in the command, "
+                "e.g. -- python3 train.py"
             )
         team = gke.team_of(stack, args.team)
         run_id, command, env, source = _run_fields(stack, args)
