@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
 import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pulumi
 import pulumi_gcp as gcp
+import yaml
 
+from benchmarks.plan_scale import fleet_stack
 from tools.offline.mocks import SECRET
-from tools.offline.runner import run_program
+from tools.offline.runner import plan_stack, run_program
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -69,3 +74,53 @@ def test_a_stack_without_gke_teams_plans_without_loading_the_cluster_validator()
         timeout=300,
     )
     assert json.loads(done.stdout.splitlines()[-1]) == []
+
+
+OUR_CODE = tuple(str(ROOT / folder) + os.sep for folder in ("infra", "tools", "policy", "run_contract", "bootstrap"))
+
+
+def _lines_of_our_code_run(stack_file: Path) -> int:
+    """How many lines of this project's code the plan of `stack_file` runs, the mocks' included: they answer
+    the SDK in its executor's threads, so the plan gets a fresh executor whose threads start traced."""
+    lines = 0
+
+    def count(frame, event, arg):
+        nonlocal lines
+        lines += event == "line"
+        return count
+
+    def ours(frame, event, arg):
+        return count if frame.f_code.co_filename.startswith(OUR_CODE) else None
+
+    loop = asyncio.get_event_loop()
+    traced = ThreadPoolExecutor()
+    loop.set_default_executor(traced)
+    before = sys.gettrace(), threading.gettrace()  # a coverage tool's, if one runs
+    threading.settrace(ours)
+    sys.settrace(ours)
+    try:
+        plan_stack("dev", stack_file)
+    finally:
+        sys.settrace(before[0])
+        threading.settrace(before[1])
+        traced.shutdown()
+        loop.set_default_executor(ThreadPoolExecutor())
+    return lines
+
+
+def test_each_further_tpu_vm_costs_the_plan_the_same_lines_of_our_code(tmp_path):
+    """The plan's work per TPU VM must not grow with the fleet: a rule, a mock or a name check that scans
+    every VM (or every registration) once per VM made the stack reader quadratic before (310a050). Lines run
+    are counted, not timed: each line of a loop's body counts once per pass, so such a scan adds lines per VM
+    with every VM, while a linear plan adds the same lines for each. Fleets are benchmarks/plan_scale.py's."""
+    stack_files = {}
+    for count in (2, 4, 6, 8):
+        stack_files[count] = tmp_path / str(count) / "Pulumi.dev.yaml"
+        stack_files[count].parent.mkdir()
+        stack_files[count].write_text(yaml.safe_dump(fleet_stack(count)))
+    # The first plan in a process also runs imports and fills caches: the largest fleet first, not counted,
+    # so each counted plan finds the same caches whatever other tests planned before.
+    _lines_of_our_code_run(stack_files[8])
+    runs = {count: _lines_of_our_code_run(stack_file) for count, stack_file in stack_files.items()}
+    per_two_vms = [runs[4] - runs[2], runs[6] - runs[4], runs[8] - runs[6]]
+    assert per_two_vms[0] > 0 and per_two_vms == [per_two_vms[0]] * 3, runs
