@@ -129,6 +129,48 @@ def test_the_step_interval_is_the_frameworks_and_the_end_and_the_clock_force_a_s
     assert Toy(tmp_path / "timed" / "ckpt", 100).steps() == list(range(1, 7))  # due by time after every step
 
 
+class Lazy:
+    """A step's loss as a device value: reading it (`float`) waits until the steps that make it have run."""
+
+    def __init__(self, value: float) -> None:
+        self.value, self.read = value, False
+
+    def __float__(self) -> float:
+        self.read = True
+        return self.value
+
+
+class Queued(Toy):
+    """A framework that runs steps asynchronously: at each save, whether the loop had waited for the chunk's
+    steps (read its loss) first; a save would otherwise count their time as its own."""
+
+    def __init__(self, folder: Path, every_steps: int) -> None:
+        super().__init__(folder, every_steps)
+        self.losses: list[Lazy] = []
+        self.waited: list[bool] = []
+
+    def step(self, x: np.ndarray, y: np.ndarray, count: int) -> Lazy:
+        self.losses.append(Lazy(super().step(x, y, count)))
+        return self.losses[-1]
+
+    def save(self, step: int, run_state: dict, force: bool) -> bool:
+        saved = super().save(step, run_state, force)
+        if saved:
+            self.waited.append(self.losses[-1].read)
+        return saved
+
+
+def test_the_loop_waits_for_a_chunks_steps_before_it_times_a_save_and_only_then(tmp_path):
+    data = runlib.Dataset(np.ones((64, 1)), np.zeros(64), np.zeros((1, 1)), np.zeros(1))
+    flags = ["--checkpoint-dir", str(tmp_path), "--batch-size", "8", "--steps", "14", "--checkpoint-every-steps", "4"]
+    args = runlib.parse_args("toy", [*flags, "--steps-per-call", "3"])
+    toy = Queued(tmp_path, 4)
+    runlib.train(args, runlib.Log("toy"), data, toy, IDENTITY, no_preemption(), toy.step)
+    assert toy.steps() == [4, 8, 12, 14] and toy.waited == [True] * 4
+    # Chunks 0-3, 3-4, 4-7, 7-8, 8-11, 11-12, 12-14: the host waits only at the four that end at a save.
+    assert [loss.read for loss in toy.losses] == [False, True, False, True, False, True, True]
+
+
 def test_a_finished_run_marks_its_checkpoints_and_never_writes_the_platforms_completion_object(tmp_path):
     """Only the VM agent writes `<status-dir>/COMPLETE` (the object the guard acts on, where no run's
     credentials reach): runlib marks the run complete beside its checkpoints and leaves the status folder be."""

@@ -667,11 +667,17 @@ def _train(
                 break
             continue
         timed, stop = peers.any([clock.due(), preemption.requested])
+        force = timed or stop or step == total
+        if force or (args.checkpoint_every_steps and step % args.checkpoint_every_steps == 0):
+            # A save copies the state once the chunk's steps have run (Orbax: transfer_arrays_to_host waits
+            # for the arrays), and those steps may still be queued (JAX dispatches asynchronously): wait for
+            # them first, so that the stall below is the save's own and the wait counts as training.
+            float(loss)
         snapshot = time.perf_counter()
         state.update(step=step, wall_seconds=state["wall_seconds"] + snapshot - begun)
         begun = snapshot
         with _saving():
-            saved = checkpoints.save(step, dict(state), force=timed or stop or step == total)
+            saved = checkpoints.save(step, dict(state), force=force)
         if saved:
             clock.reset()
         if stop:
