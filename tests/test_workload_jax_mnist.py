@@ -136,6 +136,35 @@ def test_a_short_chunk_trains_only_its_own_steps_through_the_one_compiled_step()
     assert result["apart"] <= 1e-6  # the same steps as one call each
 
 
+# The program's checkpointer in a fresh folder, every 8 steps: which steps it saves unforced, and which it commits.
+FIRST_SAVE = """
+import json, sys
+import jax
+sys.path.insert(0, {folder!r})
+import jax_mnist
+params = jax_mnist.init_params(jax.random.PRNGKey(0))
+training = jax_mnist.Training(params, jax_mnist.OPTIMIZER.init(params), {directory!r}, 8)
+saved = [step for step in (4, 8, 12, 16) if training.save(step, {{"step": step}}, force=False)]
+training.wait()
+print(json.dumps({{"saved": saved, "committed": training.steps()}}))
+"""
+
+
+def test_a_fresh_run_saves_at_its_step_interval_only(tmp_path):
+    """Orbax's default policy also saves the first step of a run with no checkpoint (InitialSavePolicy): in the
+    seed's job, step 32, a checkpoint no one asked for whose save waited inside the loop for the first compile."""
+    script = FIRST_SAVE.format(folder=str(WORKLOADS / "jax_mnist"), directory=str(tmp_path / "ckpt"))
+    done = subprocess.run(
+        [workloads_python(), "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"saved": [8, 16], "committed": [8, 16]}
+
+
 def test_trains_and_exports_a_model_that_predicts_on_the_cpu(tmp_path):
     sample = tmp_path / "mnist.npz"
     made = run_workload("sample_mnist.py", str(sample), "--train", "1024", "--test", "256", cwd=tmp_path)

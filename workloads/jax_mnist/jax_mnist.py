@@ -316,7 +316,18 @@ class Training:
     def __init__(self, params: Any, opt_state: Any, directory: str, every_steps: int):
         self.params, self.opt_state = params, opt_state
         self.where = directory
-        options = ocp.CheckpointManagerOptions(max_to_keep=KEEP, save_interval_steps=every_steps, create=True)
+        # The step interval and JAX's preemption notice: Orbax's default with `save_interval_steps`, less its
+        # InitialSavePolicy, which saves at the first call of a run with no checkpoint yet (the first chunk's
+        # step: a checkpoint no one asked for, the first save's costly set-up inside the loop); orbax-checkpoint
+        # 0.12.8, checkpoint_manager.py `_get_default_save_decision_policy`. SIGTERM, the end and the clock are
+        # runlib's forced saves, as before.
+        policy = ocp.checkpoint_managers.AnySavePolicy(
+            [
+                ocp.checkpoint_managers.FixedIntervalPolicy(every_steps),
+                ocp.checkpoint_managers.PreemptionCheckpointingPolicy(),
+            ]
+        )
+        options = ocp.CheckpointManagerOptions(max_to_keep=KEEP, save_decision_policy=policy, create=True)
         self.manager = ocp.CheckpointManager(directory, options=options) if directory else None
         self.failures = SaveFailures()
         logging.getLogger("absl").addHandler(self.failures)  # Orbax logs through absl's logger
