@@ -572,9 +572,9 @@ def train(
     `step_fn(x, y, count)` trains on the first `count` of the global batches stacked as x[steps per call,
     batch, ...] (uint8 images, as stored; `batches` gives every chunk that one shape, padded after its
     `count` steps with rows no step may train on) in one call to the device, and returns the last loss as
-    anything `float()` reads (the loop reads it only to log, every 50 steps or so, so the host does not
-    wait for the device every call); `on_log(step, loss)` sees each logged loss (the workload's
-    TensorBoard). The checkpointer's framework saves by its step interval; the loop forces a save when
+    anything `float()` reads (the loop reads it only to log, every 50 steps or so, and before a save, so
+    the host does not wait for the device every call); `on_log(step, loss)` sees each logged loss (the
+    workload's TensorBoard). The checkpointer's framework saves by its step interval; the loop forces a save when
     `--checkpoint-every-minutes` have passed, at the end, and on SIGTERM.
 
     On many processes (`peers`), all resume from the same step, decide together at each step boundary
