@@ -38,8 +38,8 @@ class Toy:
         self.folder, self.every_steps, self.where = folder, every_steps, str(folder)
         folder.mkdir(parents=True, exist_ok=True)
 
-    def step(self, x: np.ndarray, y: np.ndarray) -> float:
-        self.weight += float(x.sum())
+    def step(self, x: np.ndarray, y: np.ndarray, count: int) -> float:
+        self.weight += float(x[:count].sum())
         return self.weight
 
     def steps(self) -> list[int]:
@@ -129,6 +129,48 @@ def test_the_step_interval_is_the_frameworks_and_the_end_and_the_clock_force_a_s
     assert Toy(tmp_path / "timed" / "ckpt", 100).steps() == list(range(1, 7))  # due by time after every step
 
 
+class Lazy:
+    """A step's loss as a device value: reading it (`float`) waits until the steps that make it have run."""
+
+    def __init__(self, value: float) -> None:
+        self.value, self.read = value, False
+
+    def __float__(self) -> float:
+        self.read = True
+        return self.value
+
+
+class Queued(Toy):
+    """A framework that runs steps asynchronously: at each save, whether the loop had waited for the chunk's
+    steps (read its loss) first; a save would otherwise count their time as its own."""
+
+    def __init__(self, folder: Path, every_steps: int) -> None:
+        super().__init__(folder, every_steps)
+        self.losses: list[Lazy] = []
+        self.waited: list[bool] = []
+
+    def step(self, x: np.ndarray, y: np.ndarray, count: int) -> Lazy:
+        self.losses.append(Lazy(super().step(x, y, count)))
+        return self.losses[-1]
+
+    def save(self, step: int, run_state: dict, force: bool) -> bool:
+        saved = super().save(step, run_state, force)
+        if saved:
+            self.waited.append(self.losses[-1].read)
+        return saved
+
+
+def test_the_loop_waits_for_a_chunks_steps_before_it_times_a_save_and_only_then(tmp_path):
+    data = runlib.Dataset(np.ones((64, 1)), np.zeros(64), np.zeros((1, 1)), np.zeros(1))
+    flags = ["--checkpoint-dir", str(tmp_path), "--batch-size", "8", "--steps", "14", "--checkpoint-every-steps", "4"]
+    args = runlib.parse_args("toy", [*flags, "--steps-per-call", "3"])
+    toy = Queued(tmp_path, 4)
+    runlib.train(args, runlib.Log("toy"), data, toy, IDENTITY, no_preemption(), toy.step)
+    assert toy.steps() == [4, 8, 12, 14] and toy.waited == [True] * 4
+    # Chunks 0-3, 3-4, 4-7, 7-8, 8-11, 11-12, 12-14: the host waits only at the four that end at a save.
+    assert [loss.read for loss in toy.losses] == [False, True, False, True, False, True, True]
+
+
 def test_a_finished_run_marks_its_checkpoints_and_never_writes_the_platforms_completion_object(tmp_path):
     """Only the VM agent writes `<status-dir>/COMPLETE` (the object the guard acts on, where no run's
     credentials reach): runlib marks the run complete beside its checkpoints and leaves the status folder be."""
@@ -189,8 +231,8 @@ def test_a_sigterm_while_the_program_is_on_its_way_out_leaves_its_exit_code_alon
 
 def test_resumed_batches_continue_the_data_position():
     data = runlib.Dataset(np.arange(100).reshape(100, 1), np.arange(100), np.zeros((1, 1)), np.zeros(1))
-    straight = [(s, x[0].tolist()) for s, x, _ in runlib.batches(data, 10, 0, 25)]
-    resumed = [(s, x[0].tolist()) for s, x, _ in runlib.batches(data, 10, 13, 25)]
+    straight = [(s, x[0].tolist()) for s, _, x, _ in runlib.batches(data, 10, 0, 25)]
+    resumed = [(s, x[0].tolist()) for s, _, x, _ in runlib.batches(data, 10, 13, 25)]
     assert resumed == straight[13:]
     assert [s for s, _ in straight] == list(range(25))
     # Each epoch is a full permutation of the examples.
@@ -198,12 +240,29 @@ def test_resumed_batches_continue_the_data_position():
     assert sorted(first_epoch) == [[i] for i in range(100)]
 
 
-def test_chunks_of_steps_stop_at_checkpoint_steps_and_hold_the_same_batches():
-    data = runlib.Dataset(np.arange(100).reshape(100, 1), np.arange(100), np.zeros((1, 1)), np.zeros(1))
-    one_by_one = [x[0] for _, x, _ in runlib.batches(data, 10, 3, 25)]
+def test_chunks_of_steps_stop_at_checkpoint_steps_hold_the_same_batches_and_have_one_shape():
+    data = runlib.Dataset(np.arange(1, 101).reshape(100, 1), np.arange(1, 101), np.zeros((1, 1)), np.zeros(1))
+    one_by_one = [(x[0], y[0]) for _, _, x, y in runlib.batches(data, 10, 3, 25)]
     chunks = list(runlib.batches(data, 10, 3, 25, per_call=8, boundary=10))
-    assert [(first, len(x)) for first, x, _ in chunks] == [(3, 7), (10, 8), (18, 2), (20, 5)]
-    assert np.array_equal(np.concatenate([x for _, x, _ in chunks]), np.stack(one_by_one))
+    assert [(first, count) for first, count, _, _ in chunks] == [(3, 7), (10, 8), (18, 2), (20, 5)]
+    # One shape for every chunk (a framework traces its step once): the short ones padded with zeros.
+    assert {(x.shape, y.shape) for _, _, x, y in chunks} == {((8, 10, 1), (8, 10))}
+    assert np.array_equal(
+        np.concatenate([x[:count] for _, count, x, _ in chunks]), np.stack([x for x, _ in one_by_one])
+    )
+    assert np.array_equal(
+        np.concatenate([y[:count] for _, count, _, y in chunks]), np.stack([y for _, y in one_by_one])
+    )
+    assert all(not x[count:].any() and not y[count:].any() for _, count, x, y in chunks)  # no example is 0
+    # Never more steps per call than the checkpoint interval or the run holds: no chunk mostly padding.
+    assert {x.shape[0] for _, _, x, _ in runlib.batches(data, 10, 0, 25, per_call=32, boundary=10)} == {10}
+    assert {x.shape[0] for _, _, x, _ in runlib.batches(data, 10, 0, 5, per_call=32, boundary=10)} == {5}
+
+
+def test_steps_per_call_below_one_is_refused():
+    data = runlib.Dataset(np.zeros((100, 1)), np.zeros(100), np.zeros((1, 1)), np.zeros(1))
+    with pytest.raises(ValueError, match="steps per call must be at least 1, not 0"):
+        next(runlib.batches(data, 10, 0, 25, per_call=0))
 
 
 def test_the_clock_is_due_after_its_interval():

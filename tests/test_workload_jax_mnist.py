@@ -76,6 +76,95 @@ def test_the_convolutions_own_kernel_gradient_is_xlas():
     assert differences["kernel"] < 1e-5, differences  # float summation order only
 
 
+# runlib's chunks of 3 steps per call (3 steps, then 1 to the checkpoint step 4, then 2 to the run's end) through
+# the program's step function, against the same 6 steps one per call. Compilations are counted by JAX's own
+# monitoring event for each XLA compilation (jax/_src/dispatch.py BACKEND_COMPILE_EVENT, recorded by
+# pxla._cached_compilation with the function's name; jax.monitoring's public listener).
+CHUNKS = """
+import json, sys
+import jax, numpy as np
+sys.path.insert(0, {folder!r})
+import jax_mnist, runlib
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+compiled = []
+def listen(event, seconds, **labels):
+    if event == "/jax/core/compile/backend_compile_duration" and "train_step" in str(labels.get("fun_name")):
+        compiled.append(labels["fun_name"])
+jax.monitoring.register_event_duration_secs_listener(listen)
+
+rng = np.random.default_rng(0)
+data = runlib.Dataset(rng.integers(0, 256, (128, 28, 28)).astype("uint8"), rng.integers(0, 10, 128), None, None)
+mesh = Mesh(np.array(jax.devices()), ("data",))
+initial = jax.tree_util.tree_map(np.asarray, jax_mnist.init_params(jax.random.PRNGKey(0)))  # on the host: steps donate
+
+def trained(per_call):
+    state = jax.device_put((initial, jax_mnist.OPTIMIZER.init(initial)), NamedSharding(mesh, P()))
+    training = jax_mnist.Training(*state, "", 4)
+    step_fn = jax_mnist.chunk_trainer(training, NamedSharding(mesh, P(None, "data")), slice(0, 32))
+    for _, count, x, y in runlib.batches(data, 32, 0, 6, per_call, boundary=4):
+        step_fn(x, y, count)
+    return training
+
+chunked = trained(3)
+compiles = len(compiled)
+alone = trained(1)
+most = lambda tree: max(float(np.abs(leaf).max()) for leaf in jax.tree_util.tree_leaves(tree))
+difference = lambda a, b: jax.tree_util.tree_map(lambda u, v: np.asarray(u) - np.asarray(v), a, b)
+print(json.dumps({{
+    "compiles": compiles,
+    "steps": int(chunked.opt_state[0].count),
+    "moved": most(difference(chunked.params, initial)),
+    "apart": most(difference(chunked.params, alone.params)),
+}}))
+"""
+
+
+def test_a_short_chunk_trains_only_its_own_steps_through_the_one_compiled_step():
+    done = subprocess.run(
+        [workloads_python(), "-c", CHUNKS.format(folder=str(WORKLOADS / "jax_mnist"))],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["compiles"] == 1  # chunks of 3, 1 and 2 steps: one shape, one compilation
+    assert result["steps"] == 6  # Adam's step count: the padding batches are not trained on
+    assert result["moved"] > 1e-4
+    assert result["apart"] <= 1e-6  # the same steps as one call each
+
+
+# The program's checkpointer in a fresh folder, every 8 steps: which steps it saves unforced, and which it commits.
+FIRST_SAVE = """
+import json, sys
+import jax
+sys.path.insert(0, {folder!r})
+import jax_mnist
+params = jax_mnist.init_params(jax.random.PRNGKey(0))
+training = jax_mnist.Training(params, jax_mnist.OPTIMIZER.init(params), {directory!r}, 8)
+saved = [step for step in (4, 8, 12, 16) if training.save(step, {{"step": step}}, force=False)]
+training.wait()
+print(json.dumps({{"saved": saved, "committed": training.steps()}}))
+"""
+
+
+def test_a_fresh_run_saves_at_its_step_interval_only(tmp_path):
+    """Orbax's default policy also saves the first step of a run with no checkpoint (InitialSavePolicy): in the
+    seed's job, step 32, a checkpoint no one asked for whose save waited inside the loop for the first compile."""
+    script = FIRST_SAVE.format(folder=str(WORKLOADS / "jax_mnist"), directory=str(tmp_path / "ckpt"))
+    done = subprocess.run(
+        [workloads_python(), "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"saved": [8, 16], "committed": [8, 16]}
+
+
 def test_trains_and_exports_a_model_that_predicts_on_the_cpu(tmp_path):
     sample = tmp_path / "mnist.npz"
     made = run_workload("sample_mnist.py", str(sample), "--train", "1024", "--test", "256", cwd=tmp_path)

@@ -35,25 +35,28 @@ from tensorflow.python.util import _pywrap_util_port
 print(json.dumps({{"onednn": _pywrap_util_port.IsMklEnabled(), "collecting": gc.isenabled()}}))
 """
 
-# Chunks of 3 then 1 steps through a Trainer of 4 steps per call, against the same 4 steps one per call.
+# runlib's chunks of 3 steps per call (3 steps, then 1 to the checkpoint step 4, then 2 to the run's end), against
+# the same 6 steps one per call.
 CHUNKS = """
 import json, sys
 import numpy as np
 import tensorflow as tf
 sys.path.insert(0, {workloads!r} + "/tf_mnist")
-import tf_mnist
+import runlib, tf_mnist
 
 rng = np.random.default_rng(0)
-x = rng.integers(0, 256, (4, 32, 28, 28)).astype("uint8")
-y = rng.integers(0, 10, (4, 32)).astype("int64")
-chunked = tf_mnist.Trainer(tf.distribute.get_strategy(), 32, steps_per_call=4)
+data = runlib.Dataset(rng.integers(0, 256, (128, 28, 28)).astype("uint8"), rng.integers(0, 10, 128), None, None)
+
+def train(trainer, per_call):
+    for _, count, x, y in runlib.batches(data, 32, 0, 6, per_call, boundary=4):
+        trainer.train(x, y.astype("int64"), count)
+
+chunked = tf_mnist.Trainer(tf.distribute.get_strategy(), 32)
 initial = chunked.model.get_weights()
-chunked.train(x[:3], y[:3])
-chunked.train(x[3:], y[3:])
-alone = tf_mnist.Trainer(tf.distribute.get_strategy(), 32, steps_per_call=1)
+train(chunked, 3)
+alone = tf_mnist.Trainer(tf.distribute.get_strategy(), 32)
 alone.model.set_weights(initial)
-for i in range(4):
-    alone.train(x[i : i + 1], y[i : i + 1])
+train(alone, 1)
 print(json.dumps({{
     "traces": chunked.train_steps.experimental_get_tracing_count(),
     "iterations": int(chunked.optimizer.iterations.numpy()),
@@ -129,7 +132,7 @@ def test_the_program_runs_tensorflows_onednn_kernels_unless_told_not_to():
 
 def test_a_short_chunk_trains_only_its_own_steps_through_the_one_traced_step():
     result = probe(CHUNKS)
-    assert result["traces"] == 1  # chunks of 3 and of 1 steps: one shape, one trace
-    assert result["iterations"] == 4  # the padding batches are not trained on
+    assert result["traces"] == 1  # chunks of 3, 1 and 2 steps: one shape, one trace
+    assert result["iterations"] == 6  # the padding batches are not trained on
     assert result["moved"] > 1e-4
     assert result["apart"] <= 1e-6  # the same steps as one call each

@@ -317,7 +317,18 @@ class Training:
     def __init__(self, params: Any, opt_state: Any, directory: str, every_steps: int):
         self.params, self.opt_state = params, opt_state
         self.where = directory
-        options = ocp.CheckpointManagerOptions(max_to_keep=KEEP, save_interval_steps=every_steps, create=True)
+        # The step interval and JAX's preemption notice: Orbax's default with `save_interval_steps`, less its
+        # InitialSavePolicy, which saves at the first call of a run with no checkpoint yet (the first chunk's
+        # step: a checkpoint no one asked for, the first save's costly set-up inside the loop); orbax-checkpoint
+        # 0.12.8, checkpoint_manager.py `_get_default_save_decision_policy`. SIGTERM, the end and the clock are
+        # runlib's forced saves, as before.
+        policy = ocp.checkpoint_managers.AnySavePolicy(
+            [
+                ocp.checkpoint_managers.FixedIntervalPolicy(every_steps),
+                ocp.checkpoint_managers.PreemptionCheckpointingPolicy(),
+            ]
+        )
+        options = ocp.CheckpointManagerOptions(max_to_keep=KEEP, save_decision_policy=policy, create=True)
         self.manager = ocp.CheckpointManager(directory, options=options) if directory else None
         self.failures = SaveFailures()
         logging.getLogger("absl").addHandler(self.failures)  # Orbax logs through absl's logger
@@ -350,6 +361,27 @@ class Training:
         return self.failures.first
 
 
+def chunk_trainer(
+    training: Training, sharding: NamedSharding, rows: slice
+) -> Callable[[np.ndarray, np.ndarray, int], jax.Array]:
+    """runlib's step_fn: `count` steps on the global batches x[k, B, ...] of a chunk, of which this
+    process feeds `rows` of each, placed on its devices by `sharding` (along B). It places its rows of
+    all k batches at once, then dispatches the first `count` steps; JAX runs them asynchronously, so
+    the next chunk is built while these train. runlib's `batches` gives every chunk the same k (a
+    shorter one padded), so `train_step` is compiled once, not once more for each shorter chunk."""
+
+    def step_fn(x: np.ndarray, y: np.ndarray, count: int) -> jax.Array:
+        xs = jax.make_array_from_process_local_data(sharding, x[:, rows])
+        ys = jax.make_array_from_process_local_data(sharding, y[:, rows].astype("int32"))
+        params, opt_state, loss = training.params, training.opt_state, None
+        for i in range(count):
+            params, opt_state, loss = train_step(params, opt_state, xs, ys, i)
+        training.params, training.opt_state = params, opt_state
+        return loss
+
+    return step_fn
+
+
 def main(argv: list[str] | None = None) -> int:
     args = runlib.parse_args((__doc__ or "").splitlines()[0], argv)
     keep_freed_memory()  # before JAX starts its threads and allocates
@@ -378,19 +410,7 @@ def main(argv: list[str] | None = None) -> int:
         *jax.device_put((params, OPTIMIZER.init(params)), replicated), args.checkpoint_dir, args.checkpoint_every_steps
     )
     share = args.batch_size // processes  # each process feeds its slice of the global batch
-
-    def step_fn(x: np.ndarray, y: np.ndarray) -> jax.Array:
-        """k batches x[k, B, ...]: this process places its share of all k on its devices at once, then
-        dispatches k steps; JAX runs them asynchronously, so the next chunk is built while these train."""
-        local = slice(process * share, (process + 1) * share)
-        xs = jax.make_array_from_process_local_data(batch_sharding, x[:, local])
-        ys = jax.make_array_from_process_local_data(batch_sharding, y[:, local].astype("int32"))
-        params, opt_state, loss = training.params, training.opt_state, None
-        for i in range(len(x)):
-            params, opt_state, loss = train_step(params, opt_state, xs, ys, i)
-        training.params, training.opt_state = params, opt_state
-        return loss
-
+    step_fn = chunk_trainer(training, batch_sharding, slice(process * share, (process + 1) * share))
     board = SummaryWriter(runlib.tensorboard_dir(args.model_dir)) if args.model_dir and process == 0 else None
 
     def logged(step: int, loss: float) -> None:

@@ -440,17 +440,33 @@ def epoch_order(epoch: int, count: int, seed: int = 0) -> np.ndarray:
 
 def batches(
     data: Dataset, batch_size: int, start_step: int, total_steps: int, per_call: int = 1, boundary: int = 0
-) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-    """(first step, x, y) from `start_step` on: `per_call` full batches stacked as x[k, batch, ...] (k is
-    smaller where a chunk would cross a multiple of `boundary`, the checkpoint interval, or the end).
-    Full batches only (static shapes for TPUs); built ahead on a thread, so training rarely waits."""
+) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
+    """(first step, count, x, y) from `start_step` on: x[per_call, batch, ...] stacks the batches of the
+    `count` steps from `first`. count is per_call, or fewer where a chunk would cross a multiple of
+    `boundary` (the checkpoint interval) or the end; the rows after them are zeros, which no step may train
+    on. One shape for every chunk, so a framework traces (compiles) its step once, not once more for each
+    shorter chunk. per_call is capped at `boundary` and at the run's steps, so that a chunk is never mostly
+    padding. Full batches only (static shapes for TPUs); built ahead on a thread, so training rarely waits."""
     per_epoch = len(data.x_train) // batch_size
     if per_epoch == 0:
         raise ValueError(f"batch size {batch_size} exceeds the {len(data.x_train)} training examples")
+    if per_call < 1:
+        raise ValueError(f"steps per call must be at least 1, not {per_call}")
+    per_call = min(per_call, boundary or per_call, max(total_steps, 1))
 
     def rows(step: int) -> np.ndarray:
         epoch, index = divmod(step, per_epoch)
         return epoch_order(epoch, len(data.x_train))[index * batch_size : (index + 1) * batch_size]
+
+    def gather(source: np.ndarray, order: np.ndarray) -> np.ndarray:
+        """source's rows `order` [count, batch] into a new [per_call, batch, ...] array: the rows are copied
+        once, straight into place, and only the padding rows are written besides. np.take into `out`, with
+        mode "clip" (which these indices never need): with the default "raise", "`out` is always buffered"
+        (the `take` docstring of numpy 2.4.6, the installed one), a second copy."""
+        chunk = np.empty((per_call, *order.shape[1:], *source.shape[1:]), source.dtype)
+        np.take(source, order, axis=0, out=chunk[: len(order)], mode="clip")
+        chunk[len(order) :] = 0
+        return chunk
 
     def produce(out: queue.Queue) -> None:
         step = start_step
@@ -459,7 +475,7 @@ def batches(
             if boundary:
                 end = min(end, (step // boundary + 1) * boundary)
             order = np.stack([rows(s) for s in range(step, end)])
-            out.put((step, data.x_train[order], data.y_train[order]))
+            out.put((step, end - step, gather(data.x_train, order), gather(data.y_train, order)))
             step = end
         out.put(None)
 
@@ -538,19 +554,20 @@ def train(
     checkpoints: Checkpointer | None,
     identity: RunIdentity,
     preemption: Preemption,
-    step_fn: Callable[[np.ndarray, np.ndarray], Any],
+    step_fn: Callable[[np.ndarray, np.ndarray, int], Any],
     process: int = 0,
     peers: Peers | None = None,
     on_log: Callable[[int, float], None] | None = None,
 ) -> Outcome:
     """The loop every workload shares: resume, train, checkpoint on time and on SIGTERM.
 
-    `step_fn` trains on k global batches stacked as x[k, batch, ...] (uint8 images, as stored) in one
-    call to the device, and returns the last loss as anything `float()` reads (the loop reads it only
-    to log, every 50 steps or so, so the host does not wait for the device every call); `on_log(step,
-    loss)` sees each logged loss (the workload's TensorBoard). The checkpointer's framework saves by
-    its step interval; the loop forces a save when `--checkpoint-every-minutes` have passed, at the
-    end, and on SIGTERM.
+    `step_fn(x, y, count)` trains on the first `count` of the global batches stacked as x[steps per call,
+    batch, ...] (uint8 images, as stored; `batches` gives every chunk that one shape, padded after its
+    `count` steps with rows no step may train on) in one call to the device, and returns the last loss as
+    anything `float()` reads (the loop reads it only to log, every 50 steps or so, and before a save, so
+    the host does not wait for the device every call); `on_log(step, loss)` sees each logged loss (the
+    workload's TensorBoard). The checkpointer's framework saves by its step interval; the loop forces a save when
+    `--checkpoint-every-minutes` have passed, at the end, and on SIGTERM.
 
     On many processes (`peers`), all resume from the same step, decide together at each step boundary
     whether a save is due by time and whether to stop (one host's SIGTERM stops them all), save
@@ -607,7 +624,7 @@ def _train(
     data: Dataset,
     checkpoints: Checkpointer | None,
     preemption: Preemption,
-    step_fn: Callable[[np.ndarray, np.ndarray], Any],
+    step_fn: Callable[[np.ndarray, np.ndarray, int], Any],
     peers: Peers,
     on_log: Callable[[int, float], None] | None,
     state: dict[str, Any],
@@ -628,9 +645,9 @@ def _train(
         waited += time.perf_counter() - fetch
         if item is None:
             break
-        first, x, y = item
-        loss = step_fn(x, y)  # not read here: reading it would wait for the device every call
-        step = first + len(x)
+        first, count, x, y = item
+        loss = step_fn(x, y, count)  # not read here: reading it would wait for the device every call
+        step = first + count
         if step // 50 > first // 50 or step == total:
             value = round(float(loss), 5)
             log("training", step=step, loss=value, total_steps=total)
@@ -642,11 +659,17 @@ def _train(
                 break
             continue
         timed, stop = peers.any([clock.due(), preemption.requested])
+        force = timed or stop or step == total
+        if force or (args.checkpoint_every_steps and step % args.checkpoint_every_steps == 0):
+            # A save copies the state once the chunk's steps have run (Orbax: transfer_arrays_to_host waits
+            # for the arrays), and those steps may still be queued (JAX dispatches asynchronously): wait for
+            # them first, so that the stall below is the save's own and the wait counts as training.
+            float(loss)
         snapshot = time.perf_counter()
         state.update(step=step, wall_seconds=state["wall_seconds"] + snapshot - begun)
         begun = snapshot
         with _saving():
-            saved = checkpoints.save(step, dict(state), force=timed or stop or step == total)
+            saved = checkpoints.save(step, dict(state), force=force)
         if saved:
             clock.reset()
         if stop:

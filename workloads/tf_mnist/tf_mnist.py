@@ -215,14 +215,13 @@ def build_model() -> tf.keras.Model:
 
 
 class Trainer:
-    def __init__(self, strategy: tf.distribute.Strategy, batch_size: int, steps_per_call: int = 1):
+    def __init__(self, strategy: tf.distribute.Strategy, batch_size: int):
         replicas = strategy.num_replicas_in_sync
         if batch_size % replicas:
             raise ValueError(f"batch size {batch_size} must divide evenly over {replicas} replicas")
         self.strategy = strategy
         self.batch_size = batch_size
         self.per_replica = batch_size // replicas
-        self.steps_per_call = steps_per_call
         with strategy.scope():
             self.model = build_model()
             self.optimizer = tf.keras.optimizers.Adam()
@@ -230,7 +229,7 @@ class Trainer:
             self.loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
 
     def distribute(self, x: np.ndarray, y: np.ndarray) -> tuple[Any, Any]:
-        """Split k stacked global batches x[k, B, ...] over the replicas: replica r gets the rows
+        """Split the stacked global batches x[k, B, ...] over the replicas: replica r gets the rows
         [r*B/N, (r+1)*B/N) of each batch.
 
         `Strategy.run` splits only distributed values; a plain tensor would reach every replica whole,
@@ -245,16 +244,10 @@ class Trainer:
 
         return self.strategy.experimental_distribute_values_from_function(part)
 
-    def train(self, x: np.ndarray, y: np.ndarray) -> tf.Tensor:
-        """Train on k stacked global batches x[k, B, ...] (k <= steps_per_call) in one call. A shorter
-        chunk (one that ends at a checkpoint step, or the run's last) is padded to steps_per_call batches
-        that are not trained on, so every call has the same shapes: `train_steps` is traced once (on a
-        TPU, compiled once) instead of once more for each new k."""
-        count = len(x)
-        if count < self.steps_per_call:
-            rows = self.steps_per_call - count
-            x = np.concatenate([x, np.zeros((rows, *x.shape[1:]), x.dtype)])
-            y = np.concatenate([y, np.zeros((rows, *y.shape[1:]), y.dtype)])
+    def train(self, x: np.ndarray, y: np.ndarray, count: int) -> tf.Tensor:
+        """runlib's step_fn: train on the first `count` of the stacked global batches x[k, B, ...] in one
+        call. runlib's `batches` gives every chunk the same k (a shorter one padded), so `train_steps` is
+        traced once (on a TPU, compiled once); `count` is a tensor, so its value traces nothing new."""
         return self.train_steps(*self.distribute(x, y), tf.constant(count))
 
     @tf.function
@@ -321,14 +314,14 @@ def main(argv: list[str] | None = None) -> int:
     log(f"Running on {device} with {strategy.num_replicas_in_sync} replica(s)", device=device)
     data = load(args.data)
     identity = runlib.RunIdentity(PROGRAM, f"tensorflow {tf.__version__}", args.batch_size, data.fingerprint())
-    trainer = Trainer(strategy, args.batch_size, args.steps_per_call)
+    trainer = Trainer(strategy, args.batch_size)
     checkpoints = (
         Checkpoints(trainer, args.checkpoint_dir, args.checkpoint_every_steps) if args.checkpoint_dir else None
     )
     board = Board(args.model_dir) if args.model_dir else None
 
-    def step_fn(x: np.ndarray, y: np.ndarray) -> tf.Tensor:
-        return trainer.train(x, y.astype("int64"))
+    def step_fn(x: np.ndarray, y: np.ndarray, count: int) -> tf.Tensor:
+        return trainer.train(x, y.astype("int64"), count)
 
     def logged(step: int, loss: float) -> None:
         if board:
