@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import SupportsFloat
 
 import numpy as np
 import pytest
@@ -38,7 +39,7 @@ class Toy:
         self.folder, self.every_steps, self.where = folder, every_steps, str(folder)
         folder.mkdir(parents=True, exist_ok=True)
 
-    def step(self, x: np.ndarray, y: np.ndarray, count: int) -> float:
+    def step(self, x: np.ndarray, y: np.ndarray, count: int) -> SupportsFloat:  # a loss as runlib reads it
         self.weight += float(x[:count].sum())
         return self.weight
 
@@ -150,7 +151,7 @@ class Queued(Toy):
         self.waited: list[bool] = []
 
     def step(self, x: np.ndarray, y: np.ndarray, count: int) -> Lazy:
-        self.losses.append(Lazy(super().step(x, y, count)))
+        self.losses.append(Lazy(float(super().step(x, y, count))))
         return self.losses[-1]
 
     def save(self, step: int, run_state: dict, force: bool) -> bool:
@@ -254,7 +255,7 @@ def test_chunks_of_steps_stop_at_checkpoint_steps_hold_the_same_batches_and_have
         np.concatenate([y[:count] for _, count, _, y in chunks]), np.stack([y for _, y in one_by_one])
     )
     assert all(not x[count:].any() and not y[count:].any() for _, count, x, y in chunks)  # no example is 0
-    # Never more steps per call than the checkpoint interval or the run holds: no chunk mostly padding.
+    # Never more steps per call than the checkpoint interval or the run holds.
     assert {x.shape[0] for _, _, x, _ in runlib.batches(data, 10, 0, 25, per_call=32, boundary=10)} == {10}
     assert {x.shape[0] for _, _, x, _ in runlib.batches(data, 10, 0, 5, per_call=32, boundary=10)} == {5}
 
