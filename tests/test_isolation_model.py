@@ -147,6 +147,8 @@ def test_a_researchers_run_reaches_only_its_own_objects(permission, bucket, name
         "user-o'brien@acme.example",  # an apostrophe ends an unescaped CEL literal
         "user-a\\b@acme.example",  # a backslash escapes what follows in one
         "user-x')||true||('@evil.example",  # an address as an injection: closes the literal, ORs in true
+        "user-a\nb@acme.example",  # a line break may not stand unescaped in a quoted literal
+        "user-a\rb@acme.example",
     ],
 )
 def test_a_prefix_is_a_literal_in_the_boundary_never_part_of_the_expression(key):

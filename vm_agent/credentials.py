@@ -85,8 +85,10 @@ def _prefix(url: str, folder: bool) -> tuple[str, str]:
 def cel_string(text: str) -> str:
     """`text` as a CEL string literal. A prefix holds a member's key, and an address may hold `'` (o'brien@) or
     `\\`: unescaped, the first breaks the expression (STS refuses it, the run gets no token) and the second changes
-    what it names. The CEL spec's escapes (cel-spec doc/langdef.md, "String and Bytes Values")."""
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    what it names. A quoted literal takes any character but its delimiter and line breaks (CR, LF) unescaped,
+    and `\\` begins an escape (cel-spec doc/langdef.md, "String and Bytes Values"): those four are escaped."""
+    escaped = text.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n").replace("\r", "\\r")
+    return f"'{escaped}'"
 
 
 def rule(url: str, permission: str, title: str, folder: bool = True) -> AccessBoundaryRule:
@@ -175,9 +177,13 @@ class Downscoper:
                 raise StorageError(f"STS refused the token exchange: {error.args[0]}"[:400]) from None
             except (exceptions.GoogleAuthError, OSError, ValueError) as error:  # ValueError: a 200 that is not JSON
                 raise StorageError(f"STS token exchange: {error}"[:400]) from None
-            token = answer.get("access_token")
+            token = answer.get("access_token") if isinstance(answer, dict) else None
             if not isinstance(token, str) or not token:
-                raise StorageError(f"STS token exchange: an answer without an access_token ({sorted(answer)})")
-            lifetime = float(answer.get("expires_in") or source_left)
+                given = sorted(answer) if isinstance(answer, dict) else type(answer).__name__
+                raise StorageError(f"STS token exchange: an answer without an access_token ({given})")
+            try:
+                lifetime = float(answer.get("expires_in") or source_left)
+            except (TypeError, ValueError):
+                raise StorageError(f"STS token exchange: expires_in {answer['expires_in']!r} is not seconds") from None
             self._issued = Issued(token, now + min(lifetime, source_left))
             return self._issued
