@@ -834,3 +834,13 @@ def test_the_readmes_vm_commands_run_as_shown(world: World, monkeypatch, capsys:
     world.write(MODELS, f"mnist/{VM}/{OWNER}/exp-42/model/saved.bin", b"weights")
     assert world.run(*readme_argv(commands["fetch"])) == 0
     assert (world.tmp / "out/model/saved.bin").read_bytes() == b"weights"
+
+
+def test_a_requester_the_platform_cannot_name_is_a_sentence_not_a_traceback(capsys):
+    """The run contract's one pattern of a member (run_contract/names.py): an address its folders and conditions
+    cannot hold is refused before anything is read, in the words of the stack reader's refusal."""
+    argv = ["list", "--stack", "self-service", "--stack-file", str(EXAMPLE), "--requester", "user:o'brien@acme.example"]
+    assert cli.main(argv, Forbidden()) == 2
+    err = capsys.readouterr().err
+    assert 'who is asking? "user:o\'brien@acme.example": pass --requester user:EMAIL, the address in letters' in err
+    assert "Traceback" not in err

@@ -35,7 +35,7 @@ from infra.config.workload_code import reading_repository
 from infra.gke.jobsets import team_run_prefix
 from infra.packaging import PackagingError, package
 from run_contract import paths
-from run_contract.names import IMAGE_REF, REQUEST_RUN_ID, REQUEST_RUN_ID_RULE, RUN_ID
+from run_contract.names import IMAGE_REF, MEMBER_ADDRESS_RULE, REQUEST_RUN_ID, REQUEST_RUN_ID_RULE, RESEARCHER, RUN_ID
 from run_contract.status import ENDED
 from tpu_runs import gke, report
 from tpu_runs.gcp import CallError, Google, adc_session
@@ -120,8 +120,10 @@ def requester(given: str | None) -> str:
         parser.read(config / "configurations" / f"config_{active}")
         account = parser.get("core", "account", fallback="")
         who = f"user:{account}" if account else ""
-    if not re.fullmatch(r"(user|group):[^@\s:]+@[^@\s]+\.[a-z]{2,}", who or ""):
-        raise UsageError(f"who is asking? {who!r}: pass --requester user:EMAIL (or set gcloud's account)")
+    if not RESEARCHER.fullmatch(who or ""):
+        raise UsageError(
+            f"who is asking? {who!r}: pass --requester user:EMAIL, {MEMBER_ADDRESS_RULE} (or set gcloud's account)"
+        )
     return who
 
 
