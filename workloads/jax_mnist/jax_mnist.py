@@ -321,12 +321,11 @@ class Training:
         # InitialSavePolicy, which saves at the first call of a run with no checkpoint yet (the first chunk's
         # step: a checkpoint no one asked for, the first save's costly set-up inside the loop); orbax-checkpoint
         # 0.12.8, checkpoint_manager.py `_get_default_save_decision_policy`. SIGTERM, the end and the clock are
-        # runlib's forced saves, as before.
+        # runlib's forced saves, as before. An interval of 0 is none (runlib's "no step interval"): Orbax's
+        # FixedIntervalPolicy would divide by it.
+        every = [ocp.checkpoint_managers.FixedIntervalPolicy(every_steps)] if every_steps > 0 else []
         policy = ocp.checkpoint_managers.AnySavePolicy(
-            [
-                ocp.checkpoint_managers.FixedIntervalPolicy(every_steps),
-                ocp.checkpoint_managers.PreemptionCheckpointingPolicy(),
-            ]
+            [*every, ocp.checkpoint_managers.PreemptionCheckpointingPolicy()]
         )
         options = ocp.CheckpointManagerOptions(max_to_keep=KEEP, save_decision_policy=policy, create=True)
         self.manager = ocp.CheckpointManager(directory, options=options) if directory else None

@@ -445,8 +445,10 @@ def batches(
     `count` steps from `first`. count is per_call, or fewer where a chunk would cross a multiple of
     `boundary` (the checkpoint interval) or the end; the rows after them are zeros, which no step may train
     on. One shape for every chunk, so a framework traces (compiles) its step once, not once more for each
-    shorter chunk. per_call is capped at `boundary` and at the run's steps, so that a chunk is never mostly
-    padding. Full batches only (static shapes for TPUs); built ahead on a thread, so training rarely waits."""
+    shorter chunk. per_call is capped at `boundary` and at the run's steps, so that no chunk is larger than a
+    whole interval or run (a chunk that ends at an interval not a multiple of per_call is still mostly padding:
+    8 of 32 in the seed's job, which costs a call, not a compile). Full batches only (static shapes for TPUs);
+    built ahead on a thread, so training rarely waits."""
     per_epoch = len(data.x_train) // batch_size
     if per_epoch == 0:
         raise ValueError(f"batch size {batch_size} exceeds the {len(data.x_train)} training examples")
