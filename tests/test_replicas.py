@@ -42,7 +42,7 @@ def one_step(strategy):
     trainer.model.set_weights(initial)
     batch = trainer.distribute(x, y)
     seen = strategy.run(lambda x, y: tf.shape(x)[1], args=batch)
-    loss = float(trainer.train(x, y))
+    loss = float(trainer.train(x, y, 1))  # the chunk's one step
     return {{
         "seen": [int(s) for s in strategy.experimental_local_results(seen)],
         "loss": loss,
