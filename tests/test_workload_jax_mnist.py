@@ -61,17 +61,22 @@ print(json.dumps({{"forward": most(ours[0] - xlas[0]), "kernel": most(dk - dk0) 
 """
 
 
-def test_the_convolutions_own_kernel_gradient_is_xlas():
-    """jax_mnist takes the kernel's gradient as one matrix product (faster on XLA:CPU); it must be the same sums."""
+def probe(script: str) -> dict:
+    """Run `script` in the workloads' Python on the CPU; what it printed last, as JSON."""
     done = subprocess.run(
-        [workloads_python(), "-c", GRADIENTS.format(folder=str(WORKLOADS / "jax_mnist"))],
+        [workloads_python(), "-c", script],
         capture_output=True,
         text=True,
         timeout=300,
         env={**os.environ, "JAX_PLATFORMS": "cpu"},
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    differences = json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_the_convolutions_own_kernel_gradient_is_xlas():
+    """jax_mnist takes the kernel's gradient as one matrix product (faster on XLA:CPU); it must be the same sums."""
+    differences = probe(GRADIENTS.format(folder=str(WORKLOADS / "jax_mnist")))
     assert differences["forward"] == 0.0 and differences["images"] == 0.0
     assert differences["kernel"] < 1e-5, differences  # float summation order only
 
@@ -121,15 +126,7 @@ print(json.dumps({{
 
 
 def test_a_short_chunk_trains_only_its_own_steps_through_the_one_compiled_step():
-    done = subprocess.run(
-        [workloads_python(), "-c", CHUNKS.format(folder=str(WORKLOADS / "jax_mnist"))],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "JAX_PLATFORMS": "cpu"},
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = probe(CHUNKS.format(folder=str(WORKLOADS / "jax_mnist")))
     assert result["compiles"] == 1  # chunks of 3, 1 and 2 steps: one shape, one compilation
     assert result["steps"] == 6  # Adam's step count: the padding batches are not trained on
     assert result["moved"] > 1e-4
@@ -154,15 +151,7 @@ def test_a_fresh_run_saves_at_its_step_interval_only(tmp_path):
     """Orbax's default policy also saves the first step of a run with no checkpoint (InitialSavePolicy): in the
     seed's job, step 32, a checkpoint no one asked for whose save waited inside the loop for the first compile."""
     script = FIRST_SAVE.format(folder=str(WORKLOADS / "jax_mnist"), directory=str(tmp_path / "ckpt"))
-    done = subprocess.run(
-        [workloads_python(), "-c", script],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "JAX_PLATFORMS": "cpu"},
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"saved": [8, 16], "committed": [8, 16]}
+    assert probe(script) == {"saved": [8, 16], "committed": [8, 16]}
 
 
 def test_trains_and_exports_a_model_that_predicts_on_the_cpu(tmp_path):
