@@ -8,14 +8,14 @@ from __future__ import annotations
 import hashlib
 import re
 
-from run_contract.names import MEMBER_ADDRESS
+from run_contract.names import MEMBER_ADDRESS, RESEARCHER
 
 SOURCES_PREFIX = "sources/"  # in the artifacts bucket: `sources/<sha256>.tar.gz`, named by content
 # The runner (the VM agent and the run contract, infra/tpu/metadata.py agent_package): `runners/<sha256>.tar.gz`, a
 # prefix only `pulumi up` writes (researchers upload under `sources/`), so the readers of every runner a
 # queued or restarted run still pins are granted the prefix, not the current deploy's object alone.
 RUNNERS_PREFIX = "runners/"
-MEMBER = re.compile(rf"(user|group):({MEMBER_ADDRESS})")
+MEMBER = RESEARCHER  # the run contract's one pattern of a member (names.py)
 MEMBER_KEY = re.compile(rf"(user|group)-({MEMBER_ADDRESS})")
 
 
@@ -55,10 +55,9 @@ def timeline_name(run_id: str) -> str:
 
 def member_key(member: str) -> str:
     """`user:alice@acme.example` -> `user-alice@acme.example`: the path part of a researcher's folders."""
-    match = MEMBER.fullmatch(member)
-    if match is None:
+    if not MEMBER.fullmatch(member):
         raise ValueError(f"not a researcher member: {member!r}")
-    return f"{match[1]}-{match[2]}"
+    return member.replace(":", "-", 1)
 
 
 def member_of_key(key: str) -> str | None:
