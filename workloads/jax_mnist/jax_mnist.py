@@ -148,46 +148,71 @@ def init_params(key: jax.Array) -> dict[str, jax.Array]:
 
 
 def _convolve(x: jax.Array, kernel: jax.Array) -> jax.Array:
+    """XLA's VALID convolution of images x[n, h, w, 1] with kernel[kh, kw, 1, c]: the reference `conv_pool` is
+    tested against."""
     return jax.lax.conv_general_dilated(x, kernel, (1, 1), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"))
 
 
-@jax.custom_vjp
-def convolve(x: jax.Array, kernel: jax.Array) -> jax.Array:
-    """The VALID convolution of images x[n, h, w, 1] with kernel[kh, kw, 1, c]: XLA's convolution, whose
-    kernel gradient is taken as one matrix product instead (below)."""
-    return _convolve(x, kernel)
+PHASES = ((0, 0), (0, 1), (1, 0), (1, 1))  # the four places of a 2x2 pooling window
 
 
-def _convolve_forward(x: jax.Array, kernel: jax.Array) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-    return _convolve(x, kernel), (x, kernel)
+def phase_views(images: jax.Array, kh: int, kw: int) -> jax.Array:
+    """The patches of images[n, h, w] under a kh x kw kernel at the positions of each pooling window's
+    place, as views[place, kh*kw, n*rows*cols]: every convolution output is one row of them against the
+    kernel, and the four places of a window are the same (row, col) of the four phases."""
+    n, height, width = images.shape
+    rows, cols = (height - kh + 1) // 2, (width - kw + 1) // 2
+    views = [
+        images[:, a + i : a + i + 2 * rows - 1 : 2, b + j : b + j + 2 * cols - 1 : 2]
+        for a, b in PHASES
+        for i in range(kh)
+        for j in range(kw)
+    ]
+    return jnp.stack(views).reshape(len(PHASES), kh * kw, n * rows * cols)
 
 
-def _convolve_backward(saved: tuple[jax.Array, jax.Array], dy: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """The kernel's gradient as the image's kh*kw shifted views against dy, one matrix product over the
-    batch and positions: the same sums as XLA's convolution filter gradient, which XLA:CPU ran at four
-    times the forward pass's cost (a third of a step). The images' gradient is XLA's own (training
-    never asks for it; jit drops it)."""
-    x, kernel = saved
+def _conv_pool(x: jax.Array, kernel: jax.Array) -> tuple[jax.Array, tuple[Any, ...]]:
+    n, height, width, _ = x.shape
     kh, kw, _, channels = kernel.shape
-    h, w = dy.shape[1:3]
-    views = jnp.stack([x[:, i : i + h, j : j + w, 0] for i in range(kh) for j in range(kw)], axis=-1)
-    dkernel = jnp.einsum("nhwk,nhwc->kc", views, dy).reshape(kh, kw, 1, channels)
-    (dx,) = jax.vjp(lambda images: _convolve(images, kernel), x)[1](dy)
-    return dx, dkernel
+    views = phase_views(x[..., 0], kh, kw)
+    y = jnp.einsum("pkm,kc->pmc", views, kernel.reshape(kh * kw, channels))  # each place's convolution
+    rows, cols = (height - kh + 1) // 2, (width - kw + 1) // 2
+    pooled = y.max(axis=0).reshape(n, rows, cols, channels)
+    return pooled, (x, kernel, views, jnp.argmax(y, axis=0).astype(jnp.int8))
 
 
-convolve.defvjp(_convolve_forward, _convolve_backward)
+@jax.custom_vjp
+def conv_pool(x: jax.Array, kernel: jax.Array) -> jax.Array:
+    """The VALID convolution of images x[n, h, w, 1] with kernel[kh, kw, 1, c], then 2x2 max pooling (VALID,
+    stride 2), as four matrix products: one per place of the pooling window, on the patches there
+    (`phase_views`), and their maximum. The same values as XLA's convolution then pooling, whose gradients
+    took XLA:CPU about half a step: the filter gradient (a convolution over the batch) and the pooling's
+    (a tie count and selects over the full convolution output). Here the kernel's gradient is one matrix
+    product over the patches already made, and the pooling's is a select by the place that won, a
+    byte per output (a tie gives it to the first place, as XLA's pooling gradient does)."""
+    return _conv_pool(x, kernel)[0]
+
+
+def _conv_pool_backward(saved: tuple[Any, ...], dpooled: jax.Array) -> tuple[jax.Array, jax.Array]:
+    x, kernel, views, won = saved
+    kh, kw, _, channels = kernel.shape
+    d = dpooled.reshape(-1, channels)
+    dy = jnp.stack([jnp.where(won == place, d, 0.0) for place in range(len(PHASES))])  # [place, m, c]
+    dkernel = jnp.einsum("pkm,pmc->kc", views, dy).reshape(kernel.shape)
+    # The images' gradient, for completeness: training never asks for it, and jit drops it.
+    dviews = jnp.einsum("pmc,kc->pkm", dy, kernel.reshape(kh * kw, channels))
+    (dimages,) = jax.vjp(lambda images: phase_views(images, kh, kw), x[..., 0])[1](dviews)
+    return dimages[..., None], dkernel
+
+
+conv_pool.defvjp(_conv_pool, _conv_pool_backward)
 
 
 def forward(params: dict[str, jax.Array], x: jax.Array) -> jax.Array:
-    y = convolve(x, params["conv_w"])
-    # 2x2 max pooling as a maximum over a reshape, before the bias and ReLU: the same values as ReLU
-    # then pooling (adding a constant and ReLU are monotone), on a quarter of the elements, with an
-    # elementwise gradient (reduce_window's, select_and_scatter, cost XLA:CPU half a step).
-    n, height, width, channels = y.shape
-    rows, cols = height // 2, width // 2
-    y = y[:, : 2 * rows, : 2 * cols].reshape(n, rows, 2, cols, 2, channels).max(axis=(2, 4))
-    y = jax.nn.relu(y + params["conv_b"]).reshape(n, -1)
+    # Pooling before the bias and ReLU: the same values as ReLU then pooling (adding a constant and ReLU are
+    # monotone), on a quarter of the elements.
+    y = conv_pool(x, params["conv_w"])
+    y = jax.nn.relu(y + params["conv_b"]).reshape(y.shape[0], -1)
     y = jax.nn.relu(y @ params["dense_w"] + params["dense_b"])
     return y @ params["out_w"] + params["out_b"]
 
