@@ -119,7 +119,7 @@ jax.monitoring.register_event_duration_secs_listener(listen)
 rng = np.random.default_rng(0)
 data = runlib.Dataset(rng.integers(0, 256, (128, 28, 28)).astype("uint8"), rng.integers(0, 10, 128), None, None)
 mesh = Mesh(np.array(jax.devices()), ("data",))
-initial = jax.tree_util.tree_map(np.asarray, jax_mnist.init_params(jax.random.PRNGKey(0)))  # on the host: steps donate
+initial = jax_mnist.init_params(0)  # on the host: steps donate
 
 def trained(per_call):
     state = jax.device_put((initial, jax_mnist.OPTIMIZER.init(initial)), NamedSharding(mesh, P()))
@@ -157,7 +157,7 @@ import json, sys
 import jax
 sys.path.insert(0, {folder!r})
 import jax_mnist
-params = jax_mnist.init_params(jax.random.PRNGKey(0))
+params = jax.device_put(jax_mnist.init_params(0))
 training = jax_mnist.Training(params, jax_mnist.OPTIMIZER.init(params), {directory!r}, 8)
 saved = [step for step in (4, 8, 12, 16) if training.save(step, {{"step": step}}, force=False)]
 training.wait()
