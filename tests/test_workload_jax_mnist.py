@@ -44,8 +44,9 @@ print(json.dumps({{"shape": list(logits.shape), "accuracy": float(np.mean(logits
 
 
 # conv_pool against XLA's convolution then 2x2 max pooling (`lax.reduce_window`), on random images and on images with
-# a blank margin, where the four places of a window tie at zero: the values, the kernel's gradient and the images'
-# gradient for a random upstream gradient.
+# a blank margin, where the four places of a window tie at zero: the values without a gradient ("plain", XLA's own
+# operations) and under one (the four matrix products), the kernel's gradient and the images' gradient for a random
+# upstream gradient.
 GRADIENTS = """
 import json, sys
 import jax, jax.numpy as jnp
@@ -64,6 +65,7 @@ for name, x in (("random", random), ("margin", random.at[:, :8].set(0.0).at[:, :
     ours, theirs = jax.vjp(jax_mnist.conv_pool, x, kernel), jax.vjp(xlas, x, kernel)
     (dx, dk), (dx0, dk0) = ours[1](dpooled), theirs[1](dpooled)
     found[name] = {{
+        "plain": most(jax_mnist.conv_pool(x, kernel) - theirs[0]),
         "forward": most(ours[0] - theirs[0]) / most(theirs[0]),
         "kernel": most(dk - dk0) / most(dk0),
         "images": most(dx - dx0) / most(dx0),
@@ -94,6 +96,7 @@ def test_the_convolution_and_pooling_as_four_matrix_products_are_xlas():
     pooling gradient (select_and_scatter) gives a tie to the window's first place, and so does conv_pool."""
     found = probe(GRADIENTS.format(folder=str(WORKLOADS / "jax_mnist")))
     assert set(found) == {"random", "margin"}
+    assert all(differences["plain"] == 0.0 for differences in found.values()), found
     for name, differences in found.items():
         for what in ("forward", "kernel", "images"):
             assert differences[what] < SUMMATION, (name, what, differences)
