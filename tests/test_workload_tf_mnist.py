@@ -66,6 +66,46 @@ print(json.dumps({{
 """
 
 
+# The program's model against the guide's layer order (ReLU in the convolution, before the pooling), with the same
+# weights, on images with a blank margin (where whole windows are negative or tie): the logits and every gradient.
+GUIDES_ORDER = """
+import json, sys
+import numpy as np
+import tensorflow as tf
+sys.path.insert(0, {workloads!r} + "/tf_mnist")
+import tf_mnist
+
+ours = tf_mnist.build_model()
+guides = tf.keras.Sequential([
+    tf.keras.layers.Input(shape=(28, 28, 1)),
+    tf.keras.layers.Conv2D(32, 3, activation="relu"),
+    tf.keras.layers.MaxPooling2D(),
+    tf.keras.layers.Flatten(),
+    tf.keras.layers.Dense(64, activation="relu"),
+    tf.keras.layers.Dense(10),
+])
+guides.set_weights(ours.get_weights())
+rng = np.random.default_rng(3)
+images = rng.uniform(0, 1, (16, 28, 28, 1)).astype("float32")
+images[:, :8] = 0.0
+labels = rng.integers(0, 10, 16)
+loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+def run(model):
+    with tf.GradientTape() as tape:
+        logits = model(images, training=True)
+        value = loss(labels, logits)
+    return logits.numpy(), [g.numpy() for g in tape.gradient(value, model.trainable_variables)]
+
+(a, ga), (b, gb) = run(ours), run(guides)
+print(json.dumps({{
+    "weights": [w.shape for w in ours.get_weights()] == [w.shape for w in guides.get_weights()],
+    "logits": float(np.abs(a - b).max()),
+    "gradients": max(float(np.abs(u - v).max()) for u, v in zip(ga, gb)),
+}}))
+"""
+
+
 def probe(source: str, **env: str) -> dict:
     """Run `source` in the workloads' Python; its last line of output, as JSON."""
     environment = {k: v for k, v in os.environ.items() if k != "TF_ENABLE_ONEDNN_OPTS"}
@@ -136,3 +176,11 @@ def test_a_short_chunk_trains_only_its_own_steps_through_the_one_traced_step():
     assert result["iterations"] == 6  # the padding batches are not trained on
     assert result["moved"] > 1e-4
     assert result["apart"] <= 1e-6  # the same steps as one call each
+
+
+def test_the_model_is_the_guides_with_its_relu_after_the_pooling():
+    """The same weights give the same logits and gradients as the guide's order (ReLU, then pooling)."""
+    result = probe(GUIDES_ORDER)
+    assert result["weights"] is True
+    assert result["logits"] == 0.0  # the same operations on the same values: a maximum commutes with ReLU
+    assert result["gradients"] <= 1e-6, result  # float summation order only
