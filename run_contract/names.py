@@ -14,14 +14,16 @@ MAX_RUN_ID = 200
 # `tpu-runs` takes it from a flag and the agent from the request. Their run is `<member key>/<id>`.
 REQUEST_RUN_ID = re.compile(r"[a-z](?:[a-z0-9-]{0,30}[a-z0-9])?")
 REQUEST_RUN_ID_RULE = "1-32 lowercase letters, digits and '-', starting with a letter"
-# Who asks: "stack" for the stack's own run; a researcher (user:) or their group (group:) for a request.
-REQUESTER = re.compile(r"stack|(user|group):[^\s@]+@[^\s@]+")
 # A researcher's address, in the characters the platform names unquoted in object paths and IAM conditions
 # (infra/grants.py objects_in_any): an apostrophe or a parenthesis would end a CEL literal and make the rest of the
 # address part of the condition. The member's folders are `user-ADDRESS` (run_contract/paths.py member_key).
 MEMBER_ADDRESS = r"[A-Za-z0-9._+-]+@[A-Za-z0-9.-]+\.[a-z]{2,}"
 MEMBER_ADDRESS_RULE = "the address in letters, digits, '.', '_', '+' and '-'"
 RESEARCHER = re.compile(rf"(user|group):{MEMBER_ADDRESS}")
+# Who asks: "stack" for the stack's own run; a researcher (user:) or their group (group:) for a request, in the
+# researcher's one pattern: a request's requester must be the member whose folder holds it (run_contract/request.py).
+REQUESTER = re.compile(rf"stack|{RESEARCHER.pattern}")
+REQUESTER_RULE = f'"stack", "user:<email>" or "group:<email>", {MEMBER_ADDRESS_RULE}'
 SHA256 = re.compile(r"[0-9a-f]{64}")
 
 # --- Image references -------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
-from run_contract.names import REQUEST_RUN_ID, REQUEST_RUN_ID_RULE, RESEARCHER
+from run_contract.names import MEMBER_ADDRESS_RULE, REQUEST_RUN_ID, REQUEST_RUN_ID_RULE, RESEARCHER
 from run_contract.paths import member_key
 from run_contract.spec import Allowed, FolderSource, Form, RunSpec, SpecError, parse_run_spec
 
@@ -34,7 +34,7 @@ REQUEST_FORM = Form(
     REQUEST_RUN_ID,
     REQUEST_RUN_ID_RULE,
     RESEARCHER,
-    "a researcher's user:EMAIL or group:EMAIL",
+    f"a researcher's user:EMAIL or group:EMAIL, {MEMBER_ADDRESS_RULE}",
     noun="fields",
 )
 

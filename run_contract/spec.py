@@ -20,6 +20,7 @@ from run_contract.names import (
     IMAGE_NAME,
     MAX_RUN_ID,
     REQUESTER,
+    REQUESTER_RULE,
     RUN_ATTRIBUTE,
     RUN_ID,
     SHA256,
@@ -35,7 +36,7 @@ SPEC_KEYS = {
     "command": "the program and its arguments",
     "env": "extra environment for the program",
     "python": "a Python version for a folder's virtualenv, e.g. 3.11",
-    "requester": '"stack", "user:<email>" or "group:<email>"',
+    "requester": REQUESTER_RULE,
     "data": "gs:// URL of the run's data, or empty",
     "checkpointDir": "gs:// URL for checkpoints, or empty",
     "modelDir": "gs:// URL for the model, or empty",
@@ -64,7 +65,7 @@ STACK_FORM = Form(
     RUN_ID,
     f"needs letters, digits, '.', '_', '-' in '/'-separated parts, at most {MAX_RUN_ID} characters",
     REQUESTER,
-    '"stack", "user:<email>" or "group:<email>"',
+    REQUESTER_RULE,
 )
 
 

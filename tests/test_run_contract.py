@@ -130,6 +130,26 @@ def test_the_program_renders_run_specs_that_the_schema_and_the_parser_accept():
             spec.parse_run_spec(json.dumps(bad), allowed)
 
 
+@pytest.mark.parametrize("requester", ["user:o'brien@example.com", "group:ml(team)@example.com", "user:ada@example"])
+def test_a_requester_outside_the_researcher_pattern_is_refused_by_the_parser_and_the_schema(requester):
+    """A requester is "stack" or a member in the run contract's one researcher pattern (names.py RESEARCHER): an
+    apostrophe or a parenthesis, which would end a CEL literal in a grant's condition, is refused with the key,
+    the value and what is allowed, by the parser and by the schema that editors check a spec with."""
+    cfg = parse_stack_config("sources", fixture_config("sources"))
+    good = {**run_spec(cfg, cfg.tpu_vms[0], source_digests(cfg)), "completion": False}  # the stack's alone
+    allowed = spec.Allowed(good["source"]["uri"].rsplit("/sources/", 1)[0], "")
+    validator = jsonschema.Draft202012Validator(schema.run_spec_schema())
+    for fine in ("stack", "user:ada.lovelace+ml@example.com", "group:ml-team@research.example.org"):
+        assert not list(validator.iter_errors({**good, "requester": fine})), fine
+        assert spec.parse_run_spec(json.dumps({**good, "requester": fine}), allowed).requester == fine
+    bad = {**good, "requester": requester}
+    assert [error.path[0] for error in validator.iter_errors(bad)] == ["requester"]
+    with pytest.raises(spec.SpecError) as refused:
+        spec.parse_run_spec(json.dumps(bad), allowed)
+    assert refused.value.problems == [f"requester {requester!r}: {names.REQUESTER_RULE}"]
+    assert "the address in letters, digits, '.', '_', '+' and '-'" in str(refused.value)
+
+
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize(("worker", "count"), [(0, 1), (0, 2), (3, 4)])
 def test_a_worker_finds_its_place_in_the_slice_from_either_engine(engine, worker, count):
