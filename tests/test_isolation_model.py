@@ -14,13 +14,14 @@ from __future__ import annotations
 from functools import cache
 
 import pytest
+from google.auth.downscoped import CredentialAccessBoundary
 
 from infra.config.stackfile import ROOT
 from run_contract import paths
 from run_contract.request import RunPlaces
 from tests.iam_standins import Grant, account_grants, boundary_grants, check_boundary, vm_account
 from tools.offline.runner import PlanResult, plan_stack
-from vm_agent.credentials import access_boundary, boundary
+from vm_agent.credentials import boundary
 
 EXAMPLE = ROOT / "tests" / "stacks" / "Pulumi.self-service.yaml"
 STATUS, CKPT, MODELS, DATA = (f"acme-ml-research-self-service-{p}" for p in ("status", "checkpoints", "models", "data"))
@@ -45,9 +46,10 @@ def account(vm: str) -> list[Grant]:
     return account_grants(resources, vm_account(resources, vm))
 
 
-def sent(rules: list) -> list[dict]:
+def sent(within: CredentialAccessBoundary | None) -> list[dict]:
     """The rules as the agent sends them to STS (google-auth's JSON of the boundary)."""
-    return access_boundary(rules).to_json()["accessBoundary"]["accessBoundaryRules"]
+    assert within is not None
+    return within.to_json()["accessBoundary"]["accessBoundaryRules"]
 
 
 def stack_run_boundary() -> list[Grant]:
@@ -115,9 +117,9 @@ def test_the_reviewed_vms_account_cannot_mark_the_self_service_vm_complete():
 
 
 def test_a_boundary_is_within_cloud_storages_limit_and_names_buckets_only():
-    for rules in (boundary("gs://c/a", "gs://m/a", "gs://d/x"), boundary("gs://c/a", "", "")):
-        assert rules and check_boundary(sent(rules)) == []  # 1 to 10 rules, buckets, inRole: storage roles, CEL
-    assert boundary("", "", "") == []  # a run that touches no object gets no token at all
+    for within in (boundary("gs://c/a", "gs://m/a", "gs://d/x"), boundary("gs://c/a", "", "")):
+        assert check_boundary(sent(within)) == []  # 1 to 10 rules, buckets, inRole: storage roles, CEL
+    assert boundary("", "", "") is None  # a run that touches no object gets no token at all
 
 
 @pytest.mark.parametrize(

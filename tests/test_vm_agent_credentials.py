@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from google.auth import credentials as google_credentials
+from google.auth import downscoped
 
 from tests.iam_standins import StsStandIn, serve, sts_handler
 from tests.vm_agent_support import REPO
@@ -55,8 +56,10 @@ def sts() -> Iterator[tuple[StsStandIn, str]]:
         server.server_close()
 
 
-def run_boundary() -> list:
-    return boundary(f"gs://ckpt/{RUN}", f"gs://models/{RUN}", "gs://data/mnist/mnist.npz")
+def run_boundary() -> downscoped.CredentialAccessBoundary:
+    within = boundary(f"gs://ckpt/{RUN}", f"gs://models/{RUN}", "gs://data/mnist/mnist.npz")
+    assert within is not None
+    return within
 
 
 def condition(bucket: str, prefix: str, title: str) -> dict[str, str]:
@@ -104,6 +107,25 @@ def test_the_exchange_is_the_request_the_sts_api_takes(sts):
         }
     }
     assert stand_in.issued["downscoped-1"] == options["accessBoundary"]["accessBoundaryRules"]
+
+
+def test_a_runs_boundary_is_built_once_and_what_was_checked_is_what_is_sent(sts, monkeypatch):
+    """google-auth's CredentialAccessBoundary refuses what STS would (more than 10 rules): the one `boundary`
+    builds before the run starts is the one whose JSON its token is exchanged under, not a second one."""
+    built: list[downscoped.CredentialAccessBoundary] = []
+
+    class Counted(downscoped.CredentialAccessBoundary):
+        def __init__(self, rules: Any = ()) -> None:
+            super().__init__(rules)
+            built.append(self)
+
+    monkeypatch.setattr(downscoped, "CredentialAccessBoundary", Counted)
+    stand_in, url = sts
+    within = run_boundary()
+    Downscoper(within, VmCredentials(3600), url).token()
+    assert built == [within] and len(within.rules) == 3
+    (form,) = stand_in.forms
+    assert json.loads(urllib.parse.unquote(form["options"])) == within.to_json()
 
 
 def eleven_rules() -> str:
@@ -203,7 +225,7 @@ def test_what_google_auth_refuses_of_a_boundary_is_a_boundary_error():
         access_boundary([rule(f"gs://b/p{n}", READ, "t") for n in range(11)])
     with pytest.raises(BoundaryError, match="'gs:///ckpt' names no bucket"):
         boundary("gs:///ckpt", "", "")
-    assert boundary("", "", "") == []  # a run that touches no object gets no token at all
+    assert boundary("", "", "") is None  # a run that touches no object gets no token at all
 
 
 def test_a_condition_longer_than_sts_takes_is_refused_before_the_run_starts():

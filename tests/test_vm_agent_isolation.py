@@ -356,7 +356,7 @@ def test_a_containers_metadata_traffic_goes_to_the_proxy_which_knows_it_by_its_a
             )
             return connection.getresponse().read().decode()
 
-        proxy.admit(UID_FIRST + 7, [])  # a run that reaches no object: admitted, and no token to give
+        proxy.admit(UID_FIRST + 7, None)  # a run that reaches no object: admitted, and no token to give
         proxy.admit_container("127.0.0.2", UID_FIRST + 7)
         assert "this run reaches no Cloud Storage object" in token_from("127.0.0.2")
         assert "only a running run of this VM gets one" in token_from("127.0.0.3")  # root's, no container

@@ -20,7 +20,8 @@ its installed google/auth/downscoped.py and google/oauth2/sts.py):
 - The boundary is its types, `AccessBoundaryRule`, `AvailabilityCondition` and `CredentialAccessBoundary`:
   `to_json()` is the page's `{"accessBoundary": {"accessBoundaryRules": [...]}}` (a condition's
   `expression`, and its `title` when set), and `CredentialAccessBoundary` refuses more than 10 rules
-  (`InvalidValue`), which `access_boundary` words as a BoundaryError.
+  (`InvalidValue`), which `access_boundary` words as a BoundaryError. A run's is built once, by `boundary` before
+  the run starts: what was checked is what its Downscoper sends.
 - The exchange is its STS client, `google.oauth2.sts.Client(endpoint).exchange_token`, called with what
   `downscoped.Credentials.refresh` passes it: grant_type token-exchange, subject and requested token types
   access_token, the VM's token as the subject, the boundary's JSON as `additional_options`. It POSTs that
@@ -123,8 +124,9 @@ def access_boundary(rules: Sequence[AccessBoundaryRule]) -> CredentialAccessBoun
         raise BoundaryError(f"{len(rules)} access boundary rules: {error}") from None
 
 
-def boundary(checkpoint_dir: str, model_dir: str, data: str) -> list[AccessBoundaryRule]:
-    """The rules of one run's boundary; [] when it touches no object (it then gets no token at all)."""
+def boundary(checkpoint_dir: str, model_dir: str, data: str) -> CredentialAccessBoundary | None:
+    """One run's boundary, built (and so checked) once, before the run starts rather than at its first token;
+    None when it touches no object (it then gets no token at all)."""
     rules = []
     if checkpoint_dir:
         rules.append(rule(checkpoint_dir, WRITE, "this run's checkpoints"))
@@ -132,8 +134,7 @@ def boundary(checkpoint_dir: str, model_dir: str, data: str) -> list[AccessBound
         rules.append(rule(model_dir, WRITE, "this run's model"))
     if data:
         rules.append(rule(data.rstrip("/"), READ, "this run's data", folder=False))
-    access_boundary(rules)  # refused here, before the run starts, rather than at its first token
-    return rules
+    return access_boundary(rules) if rules else None
 
 
 @dataclass
@@ -143,11 +144,12 @@ class Issued:
 
 
 class Downscoper:
-    """Downscoped tokens for one boundary, exchanged again from a fresh VM token before they expire.
-    `credentials`: google-auth credentials of the source account (vm_agent/gcs.py vm_credentials)."""
+    """Downscoped tokens for one boundary (`boundary` or `access_boundary`), exchanged again from a fresh VM token
+    before they expire. `credentials`: google-auth credentials of the source account (vm_agent/gcs.py
+    vm_credentials)."""
 
-    def __init__(self, rules: Sequence[AccessBoundaryRule], credentials: Any, sts_url: str = STS_URL):
-        self.options = access_boundary(rules).to_json()
+    def __init__(self, within: CredentialAccessBoundary, credentials: Any, sts_url: str = STS_URL):
+        self.options = within.to_json()
         self.credentials = credentials
         self.sts_url = sts_url
         self._issued: Issued | None = None

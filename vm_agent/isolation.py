@@ -38,14 +38,14 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vm_agent.firewall import RUNS_GATEWAY, RUNS_NETWORK, Firewall, FirewallError, container_ip, network_create
 
 if TYPE_CHECKING:
-    from google.auth.downscoped import AccessBoundaryRule
+    from google.auth.downscoped import CredentialAccessBoundary
 
     from vm_agent.metadata_proxy import MetadataProxy
     from vm_agent.settings import Settings
@@ -346,16 +346,16 @@ class Isolation:
         self._images_proxy = address
         return address
 
-    def open(self, rules: Sequence[AccessBoundaryRule] | None = None) -> RunSandbox:
-        """A uid and folders for one run, whose token (if any) reaches only what `rules` name
-        (vm_agent/credentials.py boundary)."""
-        return RunSandbox(self, self.pool.claim(), rules or [])
+    def open(self, within: CredentialAccessBoundary | None = None) -> RunSandbox:
+        """A uid and folders for one run, whose token reaches only what `within` names (vm_agent/credentials.py
+        boundary); None: the run gets no token."""
+        return RunSandbox(self, self.pool.claim(), within)
 
 
 class RunSandbox:
     """One run's uid and folders, from its first install to its end."""
 
-    def __init__(self, isolation: Isolation, claim: UidClaim, rules: Sequence[AccessBoundaryRule]):
+    def __init__(self, isolation: Isolation, claim: UidClaim, within: CredentialAccessBoundary | None):
         self.isolation = isolation
         self.claim = claim
         self.uid = claim.uid
@@ -376,7 +376,7 @@ class RunSandbox:
             os.chown(home, claim.uid, claim.gid)
             self.devices = isolation.devices.lend(claim)
             if isolation.proxy is not None:
-                isolation.proxy.admit(claim.uid, rules)
+                isolation.proxy.admit(claim.uid, within)
         except BaseException:
             claim.release()
             raise

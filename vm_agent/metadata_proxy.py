@@ -39,14 +39,14 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from vm_agent.credentials import Downscoper
 from vm_agent.gcs import StorageError
 
 if TYPE_CHECKING:
-    from google.auth.downscoped import AccessBoundaryRule
+    from google.auth.downscoped import CredentialAccessBoundary
 
 PREFIX = "/computeMetadata/v1/"
 ACCOUNT = re.compile(r"instance/service-accounts/([^/]+)/(.*)")
@@ -202,10 +202,10 @@ class MetadataProxy:
                 server.shutdown()
             server.server_close()
 
-    def admit(self, uid: int, rules: Sequence[AccessBoundaryRule]) -> None:
-        """The run of `uid` may ask for its token: one narrowed to `rules` (none when they are empty)."""
+    def admit(self, uid: int, within: CredentialAccessBoundary | None) -> None:
+        """The run of `uid` may ask for its token: one narrowed to `within` (none when it is None)."""
         with self._lock:
-            self._runs[uid] = Downscoper(rules, self.credentials, self.sts_url) if rules else None
+            self._runs[uid] = Downscoper(within, self.credentials, self.sts_url) if within is not None else None
 
     def admit_container(self, address: str, uid: int) -> None:
         """The container at `address` on the runs' network is the run of `uid` (vm_agent/firewall.py)."""

@@ -319,11 +319,11 @@ class Run:
                 raise SourceError(f"{problem}; no run starts without its own uid", final=True)
             spec = self.spec
             try:
-                rules = credentials.boundary(spec.checkpoint_dir, spec.model_dir, spec.data)
+                within = credentials.boundary(spec.checkpoint_dir, spec.model_dir, spec.data)
             except (credentials.BoundaryError, ValueError) as error:
                 raise SourceError(f"this run's objects cannot be its token's boundary: {error}", final=True) from None
             try:
-                self.sandbox = self.isolation.open(rules)
+                self.sandbox = self.isolation.open(within)
             except IsolationError as error:
                 raise SourceError(str(error)) from None
             self.log(f"run {self.spec.run_id} runs as uid {self.sandbox.uid}", run=self.spec.run_id)

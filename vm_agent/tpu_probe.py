@@ -48,7 +48,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from vm_agent.credentials import STS_URL, Downscoper, boundary
+from vm_agent.credentials import STS_URL, BoundaryError, Downscoper, boundary
 from vm_agent.gcs import split_gs
 from vm_agent.isolation import Isolation, RunSandbox
 from vm_agent.metadata_proxy import tpu_environment
@@ -144,7 +144,10 @@ def boundary_probe(
     sts_url: str = STS_URL,
 ) -> dict[str, Any]:
     """Each call of the module's docstring with the downscoped token: {name: {"status", "expected", "ok"}}."""
-    narrowed = Downscoper(boundary(inside, "", ""), _Given(token), sts_url).token().token
+    within = boundary(inside, "", "")  # a run's, its checkpoint folder alone
+    if within is None:
+        raise BoundaryError(f"INSIDE {inside!r}: the folder gs://BUCKET/PREFIX/ the probe's token is narrowed to")
+    narrowed = Downscoper(within, _Given(token), sts_url).token().token
     api = f"{storage}/storage/v1/b"
 
     def listing(url: str) -> str:
