@@ -254,3 +254,20 @@ def test_the_module_imports_without_google_auth():
         text=True,
     )
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("inside", ["not-a-folder", "s3://ckpt/run/"])
+def test_the_probe_says_which_folder_it_cannot_narrow_to_without_a_traceback(inside):
+    """`python -m vm_agent.tpu_probe boundary INSIDE OUTSIDE MARKER` (tools/smoke.py's) on an INSIDE that names no
+    gs:// folder: one JSON line naming it and exit 1, before any token is exchanged (it was a traceback)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "vm_agent.tpu_probe", "boundary", inside, "gs://other/run/", "gs://status/COMPLETE"],
+        cwd=REPO,
+        input="vm-token-1\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (done.returncode, done.stderr) == (1, ""), done.stderr
+    (said,) = [json.loads(line) for line in done.stdout.splitlines()]
+    assert inside in said["error"], said

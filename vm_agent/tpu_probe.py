@@ -49,7 +49,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from vm_agent.credentials import STS_URL, BoundaryError, Downscoper, boundary
-from vm_agent.gcs import split_gs
+from vm_agent.gcs import StorageError, split_gs
 from vm_agent.isolation import Isolation, RunSandbox
 from vm_agent.metadata_proxy import tpu_environment
 
@@ -184,7 +184,12 @@ def boundary_probe(
 def main(argv: list[str]) -> int:
     if argv[:1] == ["boundary"] and len(argv) == 4:
         token = sys.stdin.readline().strip()
-        print(json.dumps(boundary_probe(token, *argv[1:]), sort_keys=True))
+        try:
+            report = boundary_probe(token, *argv[1:])
+        except (BoundaryError, StorageError, ValueError) as refused:  # no gs:// folder (split_gs), STS's refusal
+            print(json.dumps({"error": str(refused)}))
+            return 1
+        print(json.dumps(report, sort_keys=True))
         return 0
     image = ""
     if argv[:1] == ["--image"] and len(argv) > 1:
