@@ -171,9 +171,14 @@ def view_reader(
         member,
         parent=parent,
         depends_on=depends_on,
-        condition=gcp.projects.IAMMemberConditionArgs(
-            title=title[:100], description=description, expression=f'resource.name == "{view}"'
-        ),
+        condition=view_condition(view, title, description),
+    )
+
+
+def view_condition(view: str, title: str, description: str) -> gcp.projects.IAMMemberConditionArgs:
+    """The condition "this log view and no other", as `view_reader` puts it on its grant."""
+    return gcp.projects.IAMMemberConditionArgs(
+        title=title[:100], description=description, expression=f'resource.name == "{view}"'
     )
 
 
