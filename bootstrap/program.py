@@ -54,6 +54,7 @@ from infra.config.model import GcpSettings
 from infra.config.problems import Fix, Problems, decode_objects, fullmatch, nearest, type_name
 from infra.grants import propagation_wait
 from infra.stack import raw_stack_config
+from run_contract.cel import cel_string
 
 NAMESPACE = PROJECT
 PLATFORM_PROJECT = "tpu-platform"  # the Pulumi project name of the platform (its state paths)
@@ -175,7 +176,7 @@ def load_bootstrap_config() -> BootstrapConfig:
 
 def modified_grants_condition(roles: list[str]) -> str:
     """Grant or revoke only these roles (cloud.google.com/iam/docs/setting-limits-on-granting-roles)."""
-    listed = ", ".join(f"'{role}'" for role in roles)
+    listed = ", ".join(cel_string(role) for role in roles)
     return f"api.getAttribute('iam.googleapis.com/modifiedGrantsByRole', []).hasOnly([{listed}])"
 
 
@@ -187,7 +188,7 @@ def state_paths_condition(bucket: str, stack: str) -> str:
     not match `dev-eu` (a stack file, then folders ending in '/').
     """
     objects = f"projects/_/buckets/{bucket}/objects/"
-    return " || ".join(f"resource.name.startsWith('{objects}{path}')" for path in _own_state(stack))
+    return " || ".join(f"resource.name.startsWith({cel_string(objects + path)})" for path in _own_state(stack))
 
 
 def state_reads_condition(bucket: str, stack: str) -> str:
@@ -196,10 +197,10 @@ def state_reads_condition(bucket: str, stack: str) -> str:
     stack's folders and of the project's stacks. Listing is checked on the bucket, so it is limited with
     the `objectListPrefix` API attribute (Cloud Storage, "IAM Conditions: API attributes")."""
     lists = " || ".join(
-        f"api.getAttribute('storage.googleapis.com/objectListPrefix', '').startsWith('{path}')"
+        f"api.getAttribute('storage.googleapis.com/objectListPrefix', '').startsWith({cel_string(path)})"
         for path in [*_own_state(stack), f".pulumi/stacks/{PLATFORM_PROJECT}/"]
     )
-    return f"resource.name == 'projects/_/buckets/{bucket}/objects/.pulumi/meta.yaml' || {lists}"
+    return f"resource.name == {cel_string(f'projects/_/buckets/{bucket}/objects/.pulumi/meta.yaml')} || {lists}"
 
 
 def _own_state(stack: str) -> list[str]:
@@ -314,8 +315,8 @@ def build_bootstrap(cfg: BootstrapConfig, access: dict[str, Any] | None = None) 
         # Numeric ids, not the name: a deleted-and-recreated repository, or one renamed into the old name,
         # keeps the name but not the id (GitHub's OIDC claims repository_id, repository_owner_id).
         attribute_condition=(
-            f"assertion.repository_id == '{cfg.repository_id}' && "
-            f"assertion.repository_owner_id == '{cfg.repository_owner_id}'"
+            f"assertion.repository_id == {cel_string(cfg.repository_id)} && "
+            f"assertion.repository_owner_id == {cel_string(cfg.repository_owner_id)}"
         ),
         opts=after_apis,
     )

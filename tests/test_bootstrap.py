@@ -7,14 +7,23 @@ import json
 import runpy
 from pathlib import Path
 
+import celpy
 import pytest
 import yaml
+from celpy import celtypes
 
 from bootstrap import PROJECT
-from bootstrap.program import parse_bootstrap_config
+from bootstrap.program import (
+    modified_grants_condition,
+    parse_bootstrap_config,
+    state_paths_condition,
+    state_reads_condition,
+)
 from infra.access import iamdata
 from infra.config.problems import ConfigError
 from infra.config.stackfile import read_stack_config
+from tests.iam_conditions import allows
+from tests.test_cel import HOSTILE
 from tools.offline.runner import PlanResult, run_program
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -185,3 +194,39 @@ def test_no_bootstrap_module_edits_the_import_path():
             and node.value.id == "sys"
         ]
         assert not edits, f"{module.name}:{edits} changes sys.path; import shared code as a package"
+
+
+@pytest.mark.parametrize("hostile", [h for h in HOSTILE if h])
+def test_a_hostile_stack_name_names_that_stacks_state_and_no_other(hostile):
+    """A stack's name reaches the state conditions as a literal, however the stack file spells it."""
+    writes, reads = state_paths_condition("state", hostile), state_reads_condition("state", hostile)
+    objects = "projects/_/buckets/state/objects/.pulumi/"
+    assert allows(writes, (f"{objects}stacks/tpu-platform/{hostile}.json", None))
+    assert allows(writes, (f"{objects}history/tpu-platform/{hostile}/1.json", None))
+    assert not allows(writes, (f"{objects}stacks/tpu-platform/dev.json", None))
+    assert not allows(writes, (f"{objects}meta.yaml", None))
+    assert allows(reads, (f"{objects}meta.yaml", None))
+    assert allows(reads, ("projects/_/buckets/state", f".pulumi/locks/tpu-platform/{hostile}/"))
+    assert not allows(reads, ("projects/_/buckets/state", ".pulumi/locks/tpu-platform/dev/"))
+
+
+@pytest.mark.parametrize("hostile", [h for h in HOSTILE if h])
+def test_a_hostile_role_is_one_role_of_the_grantable_list(hostile):
+    """The condition with cel-python; `hasOnly` is IAM's own, as its page says it: true when the roles a policy
+    change grants or revokes are all in the list (cloud.google.com/iam/docs/setting-limits-on-granting-roles)."""
+
+    def grants_of(roles: list[str]) -> bool:
+        env = celpy.Environment()
+        expression = modified_grants_condition([hostile, "roles/viewer"])
+        program = env.program(
+            env.compile(expression),
+            functions={
+                "getAttribute": lambda api, key, default: api.get(key, default),
+                "hasOnly": lambda found, listed: celtypes.BoolType(all(r in listed for r in found)),
+            },
+        )
+        modified = celtypes.ListType([celtypes.StringType(r) for r in roles])
+        return bool(program.evaluate({"api": celtypes.MapType({"iam.googleapis.com/modifiedGrantsByRole": modified})}))
+
+    assert grants_of([hostile]) and grants_of(["roles/viewer", hostile])
+    assert not grants_of(["roles/owner"]) and not grants_of([hostile, "roles/owner"])

@@ -9,6 +9,8 @@ from infra import grants
 from infra.access import iamdata
 from infra.access.conditions import UnsupportedConditionError
 from infra.config.stackfile import ROOT
+from tests.iam_conditions import allows
+from tests.test_cel import HOSTILE
 from tools.offline.runner import plan_stack
 
 BUCKET_GRANT = "gcp:storage/bucketIAMMember:BucketIAMMember"
@@ -62,3 +64,61 @@ def test_a_stack_whose_bucket_conditions_cloud_storage_cannot_evaluate_is_refuse
 ):
     with pytest.raises(UnsupportedConditionError, match=r"storage\.googleapis\.com"):
         plan_stack(STACKS[0], ROOT / "tests" / "stacks" / f"Pulumi.{STACKS[0]}.yaml")
+
+
+# Values that end or change a CEL literal (tests/test_cel.py). A name the platform makes never holds them; a
+# condition built from one names it and nothing more, or the builder refuses it before any grant.
+HOSTILE_NAMES = [h for h in HOSTILE if h]
+
+
+def objects(bucket: str, name: str) -> str:
+    return f"projects/_/buckets/{bucket}/objects/{name}"
+
+
+@pytest.mark.parametrize("hostile", HOSTILE_NAMES)
+def test_a_hostile_object_name_is_read_as_that_name_and_no_other(hostile):
+    name = f"sources/{hostile}.tar.gz"
+    expression = str(grants.object_condition("b", [name, "runners/a.tar.gz"], "t", "d").expression)
+    assert allows(expression, (objects("b", name), None))
+    assert allows(expression, (objects("b", "runners/a.tar.gz"), None))
+    assert not allows(expression, (objects("b", "sources/other.tar.gz"), None))
+    assert not allows(expression, ("projects/_/buckets/b", "sources/"))
+
+
+@pytest.mark.parametrize("hostile", HOSTILE_NAMES)
+def test_a_hostile_prefix_read_by_name_reaches_only_its_folder(hostile):
+    prefix = f"results/{hostile}/"
+    expression = str(grants.reads_of("b", ["a.json"], [prefix], "t", "d").expression)
+    assert allows(expression, (objects("b", f"{prefix}model.keras"), None))
+    assert allows(expression, (objects("b", "a.json"), None))
+    assert not allows(expression, (objects("b", "results/other/model.keras"), None))
+    assert not allows(expression, ("projects/_/buckets/b", prefix))  # no listing
+
+
+@pytest.mark.parametrize("hostile", HOSTILE_NAMES)
+def test_a_hostile_bucket_name_is_part_of_the_objects_name_only(hostile):
+    expression = str(grants.objects_in_any(hostile, ["runs/"], "t", "d").expression)
+    assert allows(expression, (objects(hostile, "runs/x"), None))
+    assert allows(expression, ("projects/_/buckets/b", "runs/x"))
+    assert not allows(expression, (objects(hostile, "other/x"), None))
+    assert not allows(expression, (objects("b", "runs/x"), None))
+
+
+@pytest.mark.parametrize("hostile", HOSTILE_NAMES)
+def test_a_hostile_view_name_is_that_view_and_no_other(hostile):
+    view = f"projects/p/locations/global/buckets/b/views/{hostile}"
+    expression = str(grants.view_condition(view, "t", "d").expression)
+    assert allows(expression, (view, None))
+    assert not allows(expression, ("projects/p/locations/global/buckets/b/views/other", None))
+
+
+@pytest.mark.parametrize("hostile", HOSTILE_NAMES)
+def test_a_hostile_prefix_for_listing_is_refused_before_any_grant(hostile):
+    """objects_in_any's pattern stays: quoting keeps a condition whole, the pattern keeps the grant to a folder
+    (never empty, ending in '/') in the platform's names."""
+    for build in (
+        lambda: grants.prefix_condition("b", f"{hostile}/", "t"),
+        lambda: grants.objects_in_any("b", [f"runs/{hostile}/"], "t", "d"),
+    ):
+        with pytest.raises(ValueError, match=r"^prefix .*: (lowercase )?letters, digits, .* ending in '/'$"):
+            build()

@@ -53,6 +53,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from run_contract.cel import cel_string
+
 from vm_agent.gcs import StorageError, fresh_token, split_gs
 
 if TYPE_CHECKING:
@@ -81,15 +83,6 @@ def _prefix(url: str, folder: bool) -> tuple[str, str]:
     if not bucket:
         raise BoundaryError(f"{url!r} names no bucket")
     return bucket, (f"{name}/" if folder else name) if name else ""
-
-
-def cel_string(text: str) -> str:
-    """`text` as a CEL string literal. A prefix holds a member's key, and an address may hold `'` (o'brien@) or
-    `\\`: unescaped, the first breaks the expression (STS refuses it, the run gets no token) and the second changes
-    what it names. A quoted literal takes any character but its delimiter and line breaks (CR, LF) unescaped,
-    and `\\` begins an escape (cel-spec doc/langdef.md, "String and Bytes Values"): those four are escaped."""
-    escaped = text.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n").replace("\r", "\\r")
-    return f"'{escaped}'"
 
 
 def rule(url: str, permission: str, title: str, folder: bool = True) -> AccessBoundaryRule:

@@ -31,6 +31,7 @@ from typing import Any
 from infra.access import iamdata
 from infra.access.accounts import StackIdentities
 from infra.access.model import DEPLOY, PREVIEW, SET_PROJECT_IAM, USE_QUOTA_PROJECT, Declared, Needs, needs_of
+from run_contract.cel import cel_string
 
 BILLING_DEPLOY_ROLE = "roles/billing.costsManager"
 BILLING_PREVIEW_ROLE = "roles/billing.viewer"
@@ -143,14 +144,14 @@ def log_names_condition(prefixes: Sequence[str]) -> str:
             r"projects/[a-z0-9-]+/locations/[a-z0-9-]+/buckets/[A-Za-z0-9_.-]+(/views/[A-Za-z0-9_.-]*)?", prefix
         ):
             raise ValueError(f"{prefix!r}: not the start of a log bucket's or view's name")
-    return " || ".join(f"resource.name.startsWith('{prefix}')" for prefix in prefixes)
+    return " || ".join(f"resource.name.startsWith({cel_string(prefix)})" for prefix in prefixes)
 
 
 def object_reads_condition(reads: ObjectReads) -> str:
     """An IAM condition (CEL) allowing object reads of exactly `reads`: Cloud Storage names an object
     `projects/_/buckets/B/objects/NAME` and checks a listing on the bucket, `projects/_/buckets/B`
     (conditions-resource-attributes). One `*` per glob: a name prefix and a suffix."""
-    terms = [f"resource.name == 'projects/_/buckets/{bucket}'" for bucket in reads.listings]
+    terms = [f"resource.name == {cel_string(f'projects/_/buckets/{bucket}')}" for bucket in reads.listings]
     for entry in reads.objects:
         bucket, glob = entry.split("/", 1)
         head, star, tail = glob.partition("*")
@@ -158,9 +159,9 @@ def object_reads_condition(reads: ObjectReads) -> str:
             raise ValueError(f"{entry}: one '*' at most in a read the previewer is limited to")
         base = f"projects/_/buckets/{bucket}/objects/{head}"
         terms.append(
-            f"(resource.name.startsWith('{base}') && resource.name.endsWith('{tail}'))"
+            f"(resource.name.startsWith({cel_string(base)}) && resource.name.endsWith({cel_string(tail)}))"
             if star
-            else f"resource.name == '{base}'"
+            else f"resource.name == {cel_string(base)}"
         )
     return " || ".join(terms) or "false"
 

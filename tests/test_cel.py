@@ -1,0 +1,48 @@
+"""A CEL string literal (run_contract/cel.py), read back by a real CEL implementation (cel-python): whatever the
+text holds, the literal is that text, in either delimiter, and never more of the expression."""
+
+from __future__ import annotations
+
+import celpy
+import pytest
+
+from run_contract.cel import cel_string
+
+# What ends a literal or changes what it reads (cel-spec doc/langdef.md, "String and Bytes Values"): either
+# delimiter, the escape character, the line breaks a quoted literal may not hold; an injection in each quote.
+HOSTILE = [
+    "o'brien@acme.example",
+    'say "hi"',
+    "back\\slash",
+    "\\'",
+    'a\\"',
+    "line\nbreak",
+    "carriage\rreturn",
+    "x')||true||('",
+    'x")||true||("',
+    "tab\tand é",
+    "",
+]
+
+
+def value(expression: str) -> object:
+    env = celpy.Environment()
+    return env.program(env.compile(expression)).evaluate({})
+
+
+@pytest.mark.parametrize("quote", ["'", '"'])
+@pytest.mark.parametrize("text", HOSTILE)
+def test_the_literal_is_the_text_in_either_quote(text, quote):
+    literal = cel_string(text, quote)
+    assert literal[0] == literal[-1] == quote
+    assert value(literal) == text
+    assert value(f"{literal} == {cel_string(text)}")  # the same string whichever the delimiter
+
+
+def test_the_agents_quote_is_the_default():
+    assert cel_string("gs-prefix/") == "'gs-prefix/'"
+
+
+def test_a_delimiter_cel_does_not_have_is_refused():
+    with pytest.raises(ValueError, match=r"quote '`': a CEL string literal is delimited by ' or \""):
+        cel_string("x", quote="`")
