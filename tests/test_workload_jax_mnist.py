@@ -43,10 +43,12 @@ print(json.dumps({{"shape": list(logits.shape), "accuracy": float(np.mean(logits
 """
 
 
-# conv_pool against XLA's convolution then 2x2 max pooling (`lax.reduce_window`), on random images and on images with
-# a blank margin, where the four places of a window tie at zero: the values without a gradient ("plain", XLA's own
-# operations) and under one (the four matrix products), the kernel's gradient and the images' gradient for a random
-# upstream gradient.
+# conv_pool against XLA's convolution then 2x2 max pooling (`lax.reduce_window`): the values without a gradient
+# ("plain", XLA's own operations) and under one (the four matrix products), the kernel's gradient and the images'
+# gradient for a random upstream gradient. On random images; on images with a blank margin, where the four places of
+# the margin's windows tie at zero over blank patches; and on ties of different patches: a kernel that reads one
+# pixel, and in every window places (0, 1) and (1, 0) at the same brightest value, so that the kernel's gradient
+# depends on which place a tie goes to.
 GRADIENTS = """
 import json, sys
 import jax, jax.numpy as jnp
@@ -61,7 +63,13 @@ def xlas(x, kernel):
 most = lambda a: float(jnp.max(jnp.abs(a)))
 found = {{}}
 random = jax.random.uniform(kx, (8, 28, 28, 1))
-for name, x in (("random", random), ("margin", random.at[:, :8].set(0.0).at[:, :, 20:].set(0.0))):
+one_pixel = jnp.zeros_like(kernel).at[0, 0].set(jax.random.uniform(kk, (1, 32), minval=0.5, maxval=1.5))
+tied = random.at[:, 0:26:2, 1:26:2].set(2.0).at[:, 1:26:2, 0:26:2].set(2.0)
+for name, x, kernel in (
+    ("random", random, kernel),
+    ("margin", random.at[:, :8].set(0.0).at[:, :, 20:].set(0.0), kernel),
+    ("tied", tied, one_pixel),
+):
     ours, theirs = jax.vjp(jax_mnist.conv_pool, x, kernel), jax.vjp(xlas, x, kernel)
     (dx, dk), (dx0, dk0) = ours[1](dpooled), theirs[1](dpooled)
     found[name] = {{
@@ -70,7 +78,13 @@ for name, x in (("random", random), ("margin", random.at[:, :8].set(0.0).at[:, :
         "kernel": most(dk - dk0) / most(dk0),
         "images": most(dx - dx0) / most(dx0),
     }}
-print(json.dumps(found))
+refused = []
+for images, depth in (((2, 3, 3, 1), 1), ((2, 28, 28, 3), 3)):  # too small for the kernel; three channels
+    try:
+        jax.vjp(jax_mnist.conv_pool, jnp.ones(images), jnp.ones((3, 3, depth, 4)))
+    except ValueError as error:
+        refused.append(str(error))
+print(json.dumps({{"cases": found, "refused": refused}}))
 """
 
 
@@ -93,13 +107,19 @@ SUMMATION = 1e-5
 
 def test_the_convolution_and_pooling_as_four_matrix_products_are_xlas():
     """jax_mnist's conv_pool (faster on XLA:CPU) must give XLA's values and gradients, ties included: XLA's
-    pooling gradient (select_and_scatter) gives a tie to the window's first place, and so does conv_pool."""
-    found = probe(GRADIENTS.format(folder=str(WORKLOADS / "jax_mnist")))
-    assert set(found) == {"random", "margin"}
+    pooling gradient (select_and_scatter) gives a tie to the window's first place, and so does conv_pool. It
+    failed with the ties given to the last place, and with PHASES in another order."""
+    result = probe(GRADIENTS.format(folder=str(WORKLOADS / "jax_mnist")))
+    found = result["cases"]
+    assert set(found) == {"random", "margin", "tied"}
     assert all(differences["plain"] == 0.0 for differences in found.values()), found
     for name, differences in found.items():
         for what in ("forward", "kernel", "images"):
             assert differences[what] < SUMMATION, (name, what, differences)
+    assert result["refused"] == [  # shapes it was not written for: a sentence, not a failed reshape
+        "images of 3x3 are too small for a 3x3 kernel and 2x2 pooling",
+        "conv_pool takes images of one channel, not 3 (a kernel of 3)",
+    ]
 
 
 # runlib's chunks of 3 steps per call (3 steps, then 1 to the checkpoint step 4, then 2 to the run's end) through

@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """MNIST in JAX: the same model as tf_mnist.py, data-parallel over every TPU chip of a slice.
 
-Plain JAX and Optax: Conv(32, 3x3) → ReLU → MaxPool 2x2 → Dense(64) → ReLU → Dense(10) logits, Adam,
-softmax cross-entropy. On a multi-host slice `jax.distributed` connects the workers (coordinator from
-the run contract, on either engine); each feeds its share of every global batch, they agree at each step boundary on
-checkpoints and on stopping (a SIGTERM to any host stops the slice), and only process 0 writes
-checkpoints, the model and metrics.
-Parameters, optimizer state, step and data position are checkpointed every N steps or minutes and
-on SIGTERM; a restart resumes from the newest complete checkpoint. Same command line as tf_mnist.py.
+Plain JAX and Optax: Conv(32, 3x3) → ReLU → MaxPool 2x2 → Dense(64) → ReLU → Dense(10) logits (computed
+as pooling, then bias and ReLU: the same values), Adam, softmax cross-entropy. On a multi-host slice
+`jax.distributed` connects the workers (coordinator from the run contract, on either engine); each feeds
+its share of every global batch, they agree at each step boundary on checkpoints and on stopping (a
+SIGTERM to any host stops the slice), and only process 0 writes checkpoints, the model and metrics.
+Parameters, optimizer state, step and data position are checkpointed every N steps or minutes and on
+SIGTERM; a restart resumes from the newest complete checkpoint. Same command line as tf_mnist.py.
 
 Checkpoints are Orbax's (`CheckpointManager`: the step interval, the last three kept, async saves,
 committed or never listed), written by every process together straight to the checkpoint folder,
@@ -169,7 +169,16 @@ def max_pool(y: jax.Array) -> jax.Array:
     return y[:, : 2 * rows, : 2 * cols].reshape(n, rows, 2, cols, 2, channels).max(axis=(2, 4))
 
 
-PHASES = ((0, 0), (0, 1), (1, 0), (1, 1))  # the four places of a 2x2 pooling window
+PHASES = ((0, 0), (0, 1), (1, 0), (1, 1))  # the four places of a 2x2 pooling window, in XLA's order
+
+
+def pooled_size(height: int, width: int, kh: int, kw: int) -> tuple[int, int]:
+    """The rows and columns of 2x2 pooling (VALID, stride 2) over the VALID convolution of an image
+    height x width with a kh x kw kernel."""
+    rows, cols = (height - kh + 1) // 2, (width - kw + 1) // 2
+    if rows < 1 or cols < 1:
+        raise ValueError(f"images of {height}x{width} are too small for a {kh}x{kw} kernel and 2x2 pooling")
+    return rows, cols
 
 
 def phase_views(images: jax.Array, kh: int, kw: int) -> jax.Array:
@@ -177,7 +186,7 @@ def phase_views(images: jax.Array, kh: int, kw: int) -> jax.Array:
     place, as views[place, kh*kw, n*rows*cols]: every convolution output is one row of them against the
     kernel, and the four places of a window are the same (row, col) of the four phases."""
     n, height, width = images.shape
-    rows, cols = (height - kh + 1) // 2, (width - kw + 1) // 2
+    rows, cols = pooled_size(height, width, kh, kw)
     views = [
         images[:, a + i : a + i + 2 * rows - 1 : 2, b + j : b + j + 2 * cols - 1 : 2]
         for a, b in PHASES
@@ -188,11 +197,13 @@ def phase_views(images: jax.Array, kh: int, kw: int) -> jax.Array:
 
 
 def _conv_pool(x: jax.Array, kernel: jax.Array) -> tuple[jax.Array, tuple[Any, ...]]:
-    n, height, width, _ = x.shape
-    kh, kw, _, channels = kernel.shape
+    n, height, width, depth = x.shape
+    kh, kw, kernel_depth, channels = kernel.shape
+    if depth != 1 or kernel_depth != 1:
+        raise ValueError(f"conv_pool takes images of one channel, not {depth} (a kernel of {kernel_depth})")
+    rows, cols = pooled_size(height, width, kh, kw)
     views = phase_views(x[..., 0], kh, kw)
     y = jnp.einsum("pkm,kc->pmc", views, kernel.reshape(kh * kw, channels))  # each place's convolution
-    rows, cols = (height - kh + 1) // 2, (width - kw + 1) // 2
     pooled = y.max(axis=0).reshape(n, rows, cols, channels)
     return pooled, (x, kernel, views, jnp.argmax(y, axis=0).astype(jnp.int8))
 
@@ -225,10 +236,19 @@ def _conv_pool_backward(saved: tuple[Any, ...], dpooled: jax.Array) -> tuple[jax
 conv_pool.defvjp(_conv_pool, _conv_pool_backward)
 
 
+def convolve_and_pool(x: jax.Array, kernel: jax.Array) -> jax.Array:
+    """The convolution then 2x2 max pooling: `conv_pool` on XLA:CPU, where its gradient was measured faster;
+    elsewhere XLA's own convolution, pooling and gradients. A TPU runs convolutions on its matrix units, and
+    the four products' [9, 32] kernel would fill little of them; they were not measured there."""
+    if jax.default_backend() == "cpu":  # at trace time: the backend is up (after jax.distributed, on a slice)
+        return conv_pool(x, kernel)
+    return max_pool(_convolve(x, kernel))
+
+
 def forward(params: dict[str, jax.Array], x: jax.Array) -> jax.Array:
     # Pooling before the bias and ReLU: the same values as ReLU then pooling (adding a constant and ReLU are
     # monotone), on a quarter of the elements.
-    y = conv_pool(x, params["conv_w"])
+    y = convolve_and_pool(x, params["conv_w"])
     y = jax.nn.relu(y + params["conv_b"]).reshape(y.shape[0], -1)
     y = jax.nn.relu(y @ params["dense_w"] + params["dense_b"])
     return y @ params["out_w"] + params["out_b"]
