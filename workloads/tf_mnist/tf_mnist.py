@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """MNIST on a Cloud TPU with TensorFlow (a hand-written guide's `tpu_mnist.py`), preemption-safe.
 
-TPUStrategy when the VM has a TPU, the default strategy on CPU/GPU; the guide's model (Conv2D(32,3)
-→ MaxPool → Flatten → Dense(64) → Dense(10) logits), Adam, sparse categorical cross-entropy from
-logits, batch 256, 5 epochs. Training state (weights, optimizer slots, step, data position) is
-checkpointed every N steps or minutes and on SIGTERM by `tf.train.CheckpointManager`; a restart
-resumes from the newest complete checkpoint. Prints the device, wall time and validation accuracy,
-writes TensorBoard scalars with `tf.summary`, and exports the model and metrics.json at the end. The
-command line is runlib's contract, shared with jax_mnist.py.
+TPUStrategy when the VM has a TPU, the default strategy on CPU/GPU; the guide's model (Conv2D(32,3) →
+ReLU → MaxPool → Flatten → Dense(64) → ReLU → Dense(10) logits, computed as pooling then ReLU: the same
+values), Adam, sparse categorical cross-entropy from logits, batch 256, 5 epochs. Training state
+(weights, optimizer slots, step, data position) is checkpointed every N steps or minutes and on SIGTERM
+by `tf.train.CheckpointManager`; a restart resumes from the newest complete checkpoint. Prints the
+device, wall time and validation accuracy, writes TensorBoard scalars with `tf.summary`, and exports the
+model and metrics.json at the end. The command line is runlib's contract, shared with jax_mnist.py.
 
 TensorFlow's gs:// file system talks to Google's endpoint only (its URL is fixed:
 tsl/platform/cloud/gcs_file_system.cc, kGcsUriBase; no variable points it elsewhere), so it cannot
