@@ -122,6 +122,47 @@ def test_the_convolution_and_pooling_as_four_matrix_products_are_xlas():
     ]
 
 
+# The model's two paths (convolve_and_pool): the CPU's conv_pool, and every other platform's XLA convolution and
+# pooling with XLA's gradients, here taken on the CPU by answering "tpu" for the platform at trace time. One batch
+# of images of random brightness, without ties: the loss and every parameter's gradient; and which path each traced
+# (whether its jaxpr holds XLA's convolution). Ties part the paths, each a subgradient of the maximum: JAX's
+# gradient of the maximum over a reshape splits a tie, conv_pool gives it to the window's first place; one tied
+# window of 86,528 put them 3.5e-3 apart in the kernel's gradient, on images of whole uint8 levels.
+PATHS = """
+import json, sys
+import jax, numpy as np, optax
+sys.path.insert(0, {folder!r})
+import jax_mnist
+params = jax.device_put(jax_mnist.init_params(0))
+rng = np.random.default_rng(5)
+x = rng.uniform(0, 1, (16, 28, 28, 1)).astype("float32")
+y = rng.integers(0, 10, 16)
+loss = lambda p: optax.softmax_cross_entropy_with_integer_labels(jax_mnist.forward(p, x), y).mean()
+def traced(platform):
+    jax_mnist.jax.default_backend = lambda: platform
+    grad = jax.value_and_grad(loss)
+    primitives = {{str(e.primitive) for e in jax.make_jaxpr(grad)(params).eqns}}
+    value, grads = jax.jit(grad)(params)
+    return float(value), grads, "conv_general_dilated" in primitives
+cpu, other = traced("cpu"), traced("tpu")
+most = lambda a: float(np.max(np.abs(a)))
+print(json.dumps({{
+    "xlas_convolution": [cpu[2], other[2]],
+    "loss": abs(cpu[0] - other[0]),
+    "gradients": max(most(cpu[1][k] - other[1][k]) / most(other[1][k]) for k in params),
+}}))
+"""
+
+
+def test_the_models_other_platforms_path_trains_the_same_model():
+    """A TPU takes XLA's convolution, pooling and gradients (conv_pool was measured on XLA:CPU only): that path is
+    traced and trained here on the CPU, and gives conv_pool's loss and gradients to float summation order."""
+    result = probe(PATHS.format(folder=str(WORKLOADS / "jax_mnist")))
+    assert result["xlas_convolution"] == [False, True]  # the CPU's path is conv_pool's products; the other, XLA's
+    assert result["loss"] < 1e-6, result
+    assert result["gradients"] < SUMMATION, result
+
+
 # runlib's chunks of 3 steps per call (3 steps, then 1 to the checkpoint step 4, then 2 to the run's end) through
 # the program's step function, against the same 6 steps one per call. Compilations are counted by JAX's own
 # monitoring event for each XLA compilation (jax/_src/dispatch.py BACKEND_COMPILE_EVENT, recorded by
