@@ -54,7 +54,7 @@ from infra.config.model import GcpSettings
 from infra.config.problems import Fix, Problems, decode_objects, fullmatch, nearest, type_name
 from infra.grants import propagation_wait
 from infra.stack import raw_stack_config
-from run_contract.cel import cel_string
+from run_contract.cel import cel_string, listed_under, named_under, object_name
 
 NAMESPACE = PROJECT
 PLATFORM_PROJECT = "tpu-platform"  # the Pulumi project name of the platform (its state paths)
@@ -187,8 +187,7 @@ def state_paths_condition(bucket: str, stack: str) -> str:
     Object reads and writes are checked on the object (`resource.name`). Whole names only: `dev` must
     not match `dev-eu` (a stack file, then folders ending in '/').
     """
-    objects = f"projects/_/buckets/{bucket}/objects/"
-    return " || ".join(f"resource.name.startsWith({cel_string(objects + path)})" for path in _own_state(stack))
+    return " || ".join(named_under(bucket, path) for path in _own_state(stack))
 
 
 def state_reads_condition(bucket: str, stack: str) -> str:
@@ -196,11 +195,8 @@ def state_reads_condition(bucket: str, stack: str) -> str:
     deployer could otherwise rewrite for every stack: pulumi/pulumi#12437), and listings of its own
     stack's folders and of the project's stacks. Listing is checked on the bucket, so it is limited with
     the `objectListPrefix` API attribute (Cloud Storage, "IAM Conditions: API attributes")."""
-    lists = " || ".join(
-        f"api.getAttribute('storage.googleapis.com/objectListPrefix', '').startsWith({cel_string(path)})"
-        for path in [*_own_state(stack), f".pulumi/stacks/{PLATFORM_PROJECT}/"]
-    )
-    return f"resource.name == {cel_string(f'projects/_/buckets/{bucket}/objects/.pulumi/meta.yaml')} || {lists}"
+    lists = " || ".join(listed_under(path) for path in [*_own_state(stack), f".pulumi/stacks/{PLATFORM_PROJECT}/"])
+    return f"resource.name == {cel_string(object_name(bucket, '.pulumi/meta.yaml'))} || {lists}"
 
 
 def _own_state(stack: str) -> list[str]:

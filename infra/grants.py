@@ -24,21 +24,13 @@ import pulumiverse_time as time
 
 from infra.access import iam, iamdata
 from infra.access.conditions import check_condition
+from run_contract import cel
 from run_contract.cel import cel_string
 
+# The delimiter of every CEL literal these helpers have deployed: an expression that changed only its quotes would
+# replace the grant (run_contract/cel.py).
+QUOTE = '"'
 STORAGE = "storage.googleapis.com"  # the service of a bucket grant, as conditions-resource-attributes names it
-
-
-def _literal(text: str) -> str:
-    """`text` as a CEL string literal in `"`, the delimiter of every condition these helpers have deployed: an
-    expression that changed only its quotes would replace the grant (run_contract/cel.py)."""
-    return cel_string(text, quote='"')
-
-
-def objects_under(bucket: str, prefix: str) -> str:
-    """The condition "objects named `prefix`…" as Cloud Storage evaluates it on an object call: an object's
-    name is `projects/_/buckets/BUCKET/objects/NAME` (conditions-resource-attributes)."""
-    return f"resource.name.startsWith({_literal(f'projects/_/buckets/{bucket}/objects/{prefix}')})"
 
 
 def prefix_condition(bucket: str, prefix: str, title: str) -> gcp.storage.BucketIAMMemberConditionArgs:
@@ -93,16 +85,12 @@ def objects_in_any(
 ) -> gcp.storage.BucketIAMMemberConditionArgs:
     """Objects under any of `prefixes`, listing each included: `prefix_condition` for several prefixes
     (a researcher's own folders on each self-service VM), one condition so one binding per member."""
-    # The literal is quoted whatever it holds (_literal); the pattern is what keeps the grant narrow: a folder, never
+    # The literal is quoted whatever it holds (cel_string); the pattern is what keeps the grant narrow: a folder, never
     # empty (the whole bucket) and ending in '/' (`runs` would also match `runs-old/`), in the platform's names.
     for prefix in prefixes:
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._@+/-]*/", prefix):
             raise ValueError(f"prefix {prefix!r}: letters, digits, '.', '_', '@', '+', '-' and '/', ending in '/'")
-    expression = " || ".join(
-        f"{objects_under(bucket, prefix)} || "
-        f'api.getAttribute("storage.googleapis.com/objectListPrefix", "").startsWith({_literal(prefix)})'
-        for prefix in prefixes
-    )
+    expression = " || ".join(cel.objects_under(bucket, prefix, QUOTE) for prefix in prefixes)
     return gcp.storage.BucketIAMMemberConditionArgs(title=title[:100], description=description, expression=expression)
 
 
@@ -117,15 +105,16 @@ def object_condition(
 
 
 def _named(bucket: str, objects: Sequence[str]) -> list[str]:
-    return [f"resource.name == {_literal(f'projects/_/buckets/{bucket}/objects/{o}')}" for o in sorted(set(objects))]
+    return [f"resource.name == {cel_string(cel.object_name(bucket, o), QUOTE)}" for o in sorted(set(objects))]
 
 
 def reads_of(
     bucket: str, objects: Sequence[str], prefixes: Sequence[str], title: str, description: str
 ) -> gcp.storage.BucketIAMMemberConditionArgs:
     """Reads of exactly these objects and of any object under these prefixes, each by its name: no listing, which
-    Cloud Storage checks on the bucket (`object_condition` and `objects_under` together)."""
-    expression = " || ".join([*_named(bucket, objects), *(objects_under(bucket, prefix) for prefix in prefixes)])
+    Cloud Storage checks on the bucket (`object_condition` and names under the prefixes together)."""
+    names_under = (cel.named_under(bucket, prefix, QUOTE) for prefix in prefixes)
+    expression = " || ".join([*_named(bucket, objects), *names_under])
     return gcp.storage.BucketIAMMemberConditionArgs(title=title[:100], description=description, expression=expression)
 
 
@@ -187,7 +176,7 @@ def view_reader(
 def view_condition(view: str, title: str, description: str) -> gcp.projects.IAMMemberConditionArgs:
     """The condition "this log view and no other", as `view_reader` puts it on its grant."""
     return gcp.projects.IAMMemberConditionArgs(
-        title=title[:100], description=description, expression=f"resource.name == {_literal(view)}"
+        title=title[:100], description=description, expression=f"resource.name == {cel_string(view, QUOTE)}"
     )
 
 

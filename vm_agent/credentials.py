@@ -53,7 +53,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from run_contract.cel import cel_string
+from run_contract.cel import objects_under
 
 from vm_agent.gcs import StorageError, fresh_token, split_gs
 
@@ -93,10 +93,7 @@ def rule(url: str, permission: str, title: str, folder: bool = True) -> AccessBo
     bucket, prefix = _prefix(url, folder)
     condition = None
     if prefix:
-        expression = (
-            f"resource.name.startsWith({cel_string(f'projects/_/buckets/{bucket}/objects/{prefix}')}) || "
-            f"api.getAttribute('storage.googleapis.com/objectListPrefix', '').startsWith({cel_string(prefix)})"
-        )
+        expression = objects_under(bucket, prefix)
         if len(expression) > MAX_EXPRESSION:
             raise BoundaryError(
                 f"the condition for {url!r} is {len(expression)} characters; STS takes {MAX_EXPRESSION}"
