@@ -15,7 +15,6 @@ SOURCES_PREFIX = "sources/"  # in the artifacts bucket: `sources/<sha256>.tar.gz
 # prefix only `pulumi up` writes (researchers upload under `sources/`), so the readers of every runner a
 # queued or restarted run still pins are granted the prefix, not the current deploy's object alone.
 RUNNERS_PREFIX = "runners/"
-MEMBER = RESEARCHER  # the run contract's one pattern of a member (names.py)
 MEMBER_KEY = re.compile(rf"(user|group)-({MEMBER_ADDRESS})")
 
 
@@ -55,7 +54,7 @@ def timeline_name(run_id: str) -> str:
 
 def member_key(member: str) -> str:
     """`user:alice@acme.example` -> `user-alice@acme.example`: the path part of a researcher's folders."""
-    if not MEMBER.fullmatch(member):
+    if not RESEARCHER.fullmatch(member):
         raise ValueError(f"not a researcher member: {member!r}")
     return member.replace(":", "-", 1)
 

@@ -62,7 +62,8 @@ from datetime import datetime, timezone
 from typing import Any, Protocol
 
 from run_contract import lines, metrics
-from run_contract.paths import MEMBER, researcher_log
+from run_contract.names import RESEARCHER
+from run_contract.paths import researcher_log
 from run_contract.timeline import untrusted_categories
 
 from vm_agent.gcs import Storage, metadata_url, vm_credentials
@@ -326,7 +327,8 @@ class Telemetry:
             now = self.clock()
             self.counts.lines += 1
             requester = getattr(run, "requester", "") or ""
-            mine = researcher_log(requester) if getattr(run, "request", "") and MEMBER.fullmatch(requester) else LOG_ID
+            requested = getattr(run, "request", "") and RESEARCHER.fullmatch(requester)
+            mine = researcher_log(requester) if requested else LOG_ID
             entry = log_entry(line, run.run_id, self.origin, now, mine)
             training = None
             payload = entry.get("jsonPayload")
