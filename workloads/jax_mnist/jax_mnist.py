@@ -289,7 +289,14 @@ train_step = make_train_step(OPTIMIZER)
 
 
 def prepare_on_device(x: jax.Array) -> jax.Array:
-    return (x.astype(jnp.float32) / 255.0)[..., None]  # uint8 crosses to the device, a quarter of float32
+    """uint8 images [n, 28, 28] as the model's input, in [0, 1] with a channel axis: uint8 crosses to the device,
+    a quarter of float32, in training, evaluation and the export alike."""
+    return (x.astype(jnp.float32) / 255.0)[..., None]
+
+
+def predict(params: dict[str, Any], images: jax.Array) -> jax.Array:
+    """Logits [n, 10] of uint8 images [n, 28, 28]."""
+    return forward(params, prepare_on_device(images))
 
 
 def keep_freed_memory() -> None:
@@ -310,23 +317,16 @@ def keep_freed_memory() -> None:
         libc.mallopt(option, value)
 
 
-def prepare(x: np.ndarray) -> np.ndarray:
-    return (x.astype("float32") / 255.0)[..., np.newaxis]
-
-
 def export_model(params: dict[str, jax.Array]) -> bytes:
     """The export: the trained predictor serialised with `jax.export` (StableHLO, weights inside)
     for CPU and TPU. Load it with `jax.export.deserialize(blob).call(images)`: uint8 [n, 28, 28] in,
     logits [n, 10] out, any n. Not jax2tf: that needs TensorFlow, which a JAX TPU VM does not install.
     """
     weights = local(params)
-
-    def predict(images: jax.Array) -> jax.Array:
-        return forward(weights, (images.astype(jnp.float32) / 255.0)[..., None])
-
     (n,) = jax_export.symbolic_shape("n")
     spec = jax.ShapeDtypeStruct((n, 28, 28), jnp.uint8)
-    return bytes(jax_export.export(jax.jit(predict), platforms=("cpu", "tpu"))(spec).serialize())
+    exported = jax_export.export(jax.jit(functools.partial(predict, weights)), platforms=("cpu", "tpu"))(spec)
+    return bytes(exported.serialize())
 
 
 KEEP = 3  # checkpoints kept (Orbax's max_to_keep)
@@ -488,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
             board.flush()
     if outcome.preempted:
         return runlib.EXIT_RETRY  # checkpointed: the platform resumes it
-    logits = jax.jit(forward)(local(training.params), prepare(data.x_test))  # on this process's devices
+    logits = jax.jit(predict)(local(training.params), data.x_test)  # on this process's devices
     accuracy = float(np.mean(np.argmax(np.asarray(logits), axis=1) == data.y_test))
     metrics = {"framework": "jax", "device": device, **outcome.metrics, "val_accuracy": round(accuracy, 4)}
     wall = metrics["wall_seconds"]

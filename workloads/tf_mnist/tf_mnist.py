@@ -197,8 +197,10 @@ def load(location: str) -> runlib.Dataset:
     return runlib.Dataset(x_train, y_train, x_test, y_test)
 
 
-def prepare(x: np.ndarray) -> np.ndarray:
-    return (x.astype("float32") / 255.0)[..., np.newaxis]  # [0, 1], with a channel axis
+def prepare(images: Any) -> tf.Tensor:
+    """uint8 images [n, 28, 28] as the model's input, in [0, 1] with a channel axis: uint8 crosses to the device,
+    in training, evaluation and the export alike."""
+    return tf.cast(images, tf.float32)[..., tf.newaxis] / 255.0
 
 
 def build_model() -> tf.keras.Model:
@@ -264,7 +266,7 @@ class Trainer:
         """
 
         def step(i: tf.Tensor, x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
-            images = tf.cast(x[i], tf.float32)[..., tf.newaxis] / 255.0  # uint8 crosses to the device
+            images = prepare(x[i])
             with tf.GradientTape() as tape:
                 logits = self.model(images, training=True)
                 loss = tf.nn.compute_average_loss(self.loss(y[i], logits), global_batch_size=self.batch_size)
@@ -288,7 +290,7 @@ class Trainer:
         model = self.model
 
         def serve(images: tf.Tensor) -> tf.Tensor:
-            return model(tf.cast(images, tf.float32)[..., tf.newaxis] / 255.0, training=False)
+            return model(prepare(images), training=False)
 
         with tempfile.TemporaryDirectory() as tmp:
             archive = tf.keras.export.ExportArchive()
