@@ -9,7 +9,12 @@ Cloud Storage checks object calls on the object, whose name in a condition is
 
 from __future__ import annotations
 
+import re
+
 QUOTES = ("'", '"')
+# One quoted literal as `cel_string` writes it: any character but its delimiter, `\\` and line breaks, or an escape.
+LITERAL = r"'(?:[^'\\\r\n]|\\.)*'|\"(?:[^\"\\\r\n]|\\.)*\""
+_ESCAPED = {"n": "\n", "r": "\r"}
 
 
 def cel_string(text: str, quote: str = "'") -> str:
@@ -26,6 +31,11 @@ def cel_string(text: str, quote: str = "'") -> str:
         raise ValueError(f"quote {quote!r}: a CEL string literal is delimited by ' or \"")
     escaped = text.replace("\\", "\\\\").replace(quote, f"\\{quote}").replace("\n", "\\n").replace("\r", "\\r")
     return f"{quote}{escaped}{quote}"
+
+
+def literal_text(literal: str) -> str:
+    """The text of one quoted literal (`LITERAL`), as `cel_string` wrote it: its escapes undone."""
+    return re.sub(r"\\(.)", lambda escape: _ESCAPED.get(escape[1], escape[1]), literal[1:-1])
 
 
 LIST_PREFIX = "storage.googleapis.com/objectListPrefix"  # the API attribute of an objects.list call's prefix

@@ -20,6 +20,7 @@ from bootstrap.program import (
     state_reads_condition,
 )
 from infra.access import iamdata
+from infra.access.model import Grant
 from infra.config.problems import ConfigError
 from infra.config.stackfile import read_stack_config
 from tests.iam_conditions import allows
@@ -230,3 +231,12 @@ def test_a_hostile_role_is_one_role_of_the_grantable_list(hostile):
 
     assert grants_of([hostile]) and grants_of(["roles/viewer", hostile])
     assert not grants_of(["roles/owner"]) and not grants_of([hostile, "roles/owner"])
+    # And the platform's own reader of the condition, which the escalation proof asks (infra/access/model.py):
+    # the same two roles, read as written.
+    read = Grant(
+        "project",
+        "roles/resourcemanager.projectIamAdmin",
+        frozenset(),
+        modified_grants_condition([hostile, "roles/viewer"]),
+    )
+    assert read.grantable_roles == {hostile, "roles/viewer"}

