@@ -50,7 +50,7 @@ from infra.access.model import (
 )
 from infra.config.stackfile import ROOT, read_stack_config
 from infra.platform import export_all
-from tests.iam_conditions import allows
+from tests.iam_conditions import HOSTILE_NAMES, allows
 from tests.support import (
     FIXTURE_STACKS,
     depends_on,
@@ -61,7 +61,6 @@ from tests.support import (
     stack_config,
 )
 from tests.test_bootstrap import plan as plan_bootstrap
-from tests.test_cel import HOSTILE
 from tools.offline.access import ACCESS_FILE, access_of, declared, generate, quota_project
 from tools.offline.deploys import DEPLOYS, later_state, vm_names
 from tools.offline.runner import PlanResult, run_program
@@ -416,7 +415,7 @@ def test_each_deployer_writes_only_its_own_stacks_state_and_never_the_backend_la
     assert not allows(reads, (bucket, ".pulumi/history/tpu-platform/prod/"))
 
 
-@pytest.mark.parametrize("hostile", [h for h in HOSTILE if h])
+@pytest.mark.parametrize("hostile", HOSTILE_NAMES)
 def test_a_hostile_log_name_is_refused_before_any_grant(hostile):
     for prefix in (
         f"projects/p/locations/global/buckets/{hostile}",
@@ -429,7 +428,7 @@ def test_a_hostile_log_name_is_refused_before_any_grant(hostile):
 # --- the previewer ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("hostile", [h for h in HOSTILE if h])
+@pytest.mark.parametrize("hostile", HOSTILE_NAMES)
 def test_a_hostile_object_name_a_refresh_reads_is_read_as_that_name(hostile):
     """The previewer's reads are the plan's object names, which no pattern checks: each is a literal of its own."""
     condition = object_reads_condition(ObjectReads((f"b/{hostile}", f"b/dir/{hostile}-*.json"), (hostile,)))

@@ -5,31 +5,14 @@ from __future__ import annotations
 
 import re
 
-import celpy
 import pytest
 
 from run_contract.cel import LITERAL, cel_string, literal_text
-
-# What ends a literal or changes what it reads (cel-spec doc/langdef.md, "String and Bytes Values"): either
-# delimiter, the escape character, the line breaks a quoted literal may not hold; an injection in each quote.
-HOSTILE = [
-    "o'brien@acme.example",
-    'say "hi"',
-    "back\\slash",
-    "\\'",
-    'a\\"',
-    "line\nbreak",
-    "carriage\rreturn",
-    "x')||true||('",
-    'x")||true||("',
-    "tab\tand é",
-    "",
-]
+from tests.iam_conditions import HOSTILE, evaluate
 
 
 def value(expression: str) -> object:
-    env = celpy.Environment()
-    return env.program(env.compile(expression)).evaluate({})
+    return evaluate(expression)
 
 
 @pytest.mark.parametrize("quote", ["'", '"'])

@@ -9,8 +9,7 @@ from infra import grants
 from infra.access import iamdata
 from infra.access.conditions import UnsupportedConditionError
 from infra.config.stackfile import ROOT
-from tests.iam_conditions import allows
-from tests.test_cel import HOSTILE
+from tests.iam_conditions import HOSTILE_NAMES, allows
 from tools.offline.runner import plan_stack
 
 BUCKET_GRANT = "gcp:storage/bucketIAMMember:BucketIAMMember"
@@ -68,7 +67,6 @@ def test_a_stack_whose_bucket_conditions_cloud_storage_cannot_evaluate_is_refuse
 
 # Values that end or change a CEL literal (tests/test_cel.py). A name the platform makes never holds them; a
 # condition built from one names it and nothing more, or the builder refuses it before any grant.
-HOSTILE_NAMES = [h for h in HOSTILE if h]
 
 
 def objects(bucket: str, name: str) -> str:
