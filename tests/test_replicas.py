@@ -7,16 +7,12 @@ logical devices for TensorFlow, `--xla_force_host_platform_device_count=4` for J
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-
 import numpy as np
 import pytest
 
-from tests.workloads import WORKLOADS, workloads_python
+from tests.workloads import WORKLOADS, workload_probe
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.workloads]  # all run the workloads' own Python
 
 BATCH, REPLICAS = 64, 4
 
@@ -90,16 +86,7 @@ print(json.dumps({{"initial": [np.asarray(v).tolist() for v in jax.tree_util.tre
 
 
 def probe(source: str, **env: str) -> dict:
-    script = source.format(workloads=str(WORKLOADS), batch=BATCH, replicas=REPLICAS)
-    done = subprocess.run(
-        [workloads_python(), "-c", script],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": "", **env},
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return workload_probe(source.format(workloads=str(WORKLOADS), batch=BATCH, replicas=REPLICAS), env=env)
 
 
 def check_same_step(result: dict) -> None:

@@ -21,6 +21,7 @@ from tests.workloads import (
     slice_environment,
     tensorboard_scalars,
     train_briefly,
+    workload_probe,
     workloads_python,
 )
 
@@ -28,7 +29,7 @@ from tests.workloads import (
 LOSS_TOLERANCE = 1e-3  # measured: equal to the 5 decimals the log keeps
 
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.workloads]  # all run the workloads' own Python
 
 LOAD_AND_PREDICT = """
 import json, sys
@@ -90,15 +91,7 @@ print(json.dumps({{"cases": found, "refused": refused}}))
 
 def probe(script: str) -> dict:
     """Run `script` in the workloads' Python on the CPU; what it printed last, as JSON."""
-    done = subprocess.run(
-        [workloads_python(), "-c", script],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "JAX_PLATFORMS": "cpu"},
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return workload_probe(script, env={"JAX_PLATFORMS": "cpu"})
 
 
 # float summation order only: the products are the same, summed in another order (measured: under 4e-7)

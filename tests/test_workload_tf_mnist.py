@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 
 import pytest
 
-from tests.workloads import WORKLOADS, run_workload, tensorboard_scalars, train_briefly, workloads_python
+from tests.workloads import (
+    WORKLOADS,
+    run_workload,
+    tensorboard_scalars,
+    train_briefly,
+    workload_probe,
+    workloads_python,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.workloads]
 
@@ -107,17 +113,8 @@ print(json.dumps({{
 
 
 def probe(source: str, **env: str) -> dict:
-    """Run `source` in the workloads' Python; its last line of output, as JSON."""
-    environment = {k: v for k, v in os.environ.items() if k != "TF_ENABLE_ONEDNN_OPTS"}
-    done = subprocess.run(
-        [workloads_python(), "-c", source.format(workloads=str(WORKLOADS))],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**environment, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": "", **env},
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    """Run `source` in the workloads' Python, TensorFlow's oneDNN choice left to the program unless `env` sets it."""
+    return workload_probe(source.format(workloads=str(WORKLOADS)), env=env, without=("TF_ENABLE_ONEDNN_OPTS",))
 
 
 @pytest.fixture(scope="module")

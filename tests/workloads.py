@@ -20,6 +20,21 @@ def workloads_python() -> str:
     return str(python)
 
 
+def workload_probe(script: str, *args: str, env: dict[str, str] | None = None, without: tuple[str, ...] = ()) -> dict:
+    """Run `script` (already formatted) in the workloads' Python on the CPU, with `args`; the last line it printed,
+    as JSON. `env` is added to this process's environment, less the names in `without`."""
+    environment = {k: v for k, v in os.environ.items() if k not in without}
+    done = subprocess.run(
+        [workloads_python(), "-c", script, *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**environment, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": "", **(env or {})},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 # The engines a multi-host run meets, and what each puts in a worker's environment about its slice.
 ENGINES = ("vm", "gke")
 
@@ -98,12 +113,4 @@ print(json.dumps(scalars))
 def tensorboard_scalars(folder: Path) -> dict[str, list[list]]:
     """Each tag's [step, value, kind] in a folder's event files, read by TensorFlow's own reader; kind is
     the plug-in a tensor summary names (TensorBoard's scalars plug-in reads "scalars") or simple_value."""
-    done = subprocess.run(
-        [workloads_python(), "-c", READ_SCALARS, str(folder)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return workload_probe(READ_SCALARS, str(folder))
