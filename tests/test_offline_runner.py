@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pulumi
 import pulumi_gcp as gcp
+import pytest
 import yaml
 
 from benchmarks.plan_scale import fleet_stack
@@ -108,6 +109,7 @@ def _lines_of_our_code_run(stack_file: Path) -> int:
     return lines
 
 
+@pytest.mark.slow  # five plans under a tracer: 6 s alone, more on shared cores
 def test_each_further_tpu_vm_costs_the_plan_the_same_lines_of_our_code(tmp_path):
     """The plan's work per TPU VM must not grow with the fleet: a rule, a mock or a name check that scans
     every VM (or every registration) once per VM made the stack reader quadratic before (310a050). Lines run

@@ -105,6 +105,7 @@ def run(model):
 
 (a, ga), (b, gb) = run(ours), run(guides)
 print(json.dumps({{
+    "layers": [type(layer).__name__ for layer in ours.layers],
     "weights": [w.shape for w in ours.get_weights()] == [w.shape for w in guides.get_weights()],
     "logits": float(np.abs(a - b).max()),
     "gradients": max(float(np.abs(u - v).max()) for u, v in zip(ga, gb)),
@@ -178,6 +179,7 @@ def test_a_short_chunk_trains_only_its_own_steps_through_the_one_traced_step():
 def test_the_model_is_the_guides_with_its_relu_after_the_pooling():
     """The same weights give the same logits and gradients as the guide's order (ReLU, then pooling)."""
     result = probe(GUIDES_ORDER)
+    assert result["layers"] == ["Conv2D", "MaxPooling2D", "ReLU", "Flatten", "Dense", "Dense"]
     assert result["weights"] is True
     assert result["logits"] == 0.0  # the same operations on the same values: a maximum commutes with ReLU
     assert result["gradients"] <= 1e-6, result  # float summation order only
