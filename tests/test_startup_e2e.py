@@ -382,7 +382,10 @@ def test_two_host_slice_trains_stops_together_on_one_sigterm_and_resumes(emulato
         # Boot 2: both resume from that step and finish together.
         boot_all()
         finished = "the resumed slice to finish"
-        wait_for(lambda: completed(emulator, run_id), 300, finished, interval=0.5)
+        try:
+            wait_for(lambda: completed(emulator, run_id), 300, finished, interval=0.5)
+        except TimeoutError as error:  # once in a clean-clone run, with no logs to say why: now they say
+            raise AssertionError(f"{error}; the workers' logs:\n{logs()}") from None
         resumed = [
             [json.loads(line)["step"] for line in vm.log(unit).splitlines() if '"resumed from checkpoint"' in line]
             for vm in vms
